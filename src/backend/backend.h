@@ -1,0 +1,117 @@
+/* backend.h: the backend interface, a struct of function pointers for every op the engine runs.
+ *
+ * The model and trainer never branch on the device: they call through these slots. The CPU backend (backend/cpu) is
+ * the reference; a CUDA backend fills the same slots with device pointers. All tensors are row-major fp32 here.
+ *
+ * Dimension names, the same everywhere: B batch rows, T sequence length, N = B*T tokens, C model width,
+ * OC output width of a linear layer, NH query heads, NKV key/value heads, HD head dim, V vocabulary, I MLP width.
+ *
+ * Gradient convention: every *_bwd op ACCUMULATES (+=) into each gradient output it is given, and a NULL gradient
+ * output is skipped (a frozen parameter, or an input that needs no gradient). The caller zeroes what must start
+ * at zero. Linear weights are stored [OC, C] (the nn.Linear layout), whatever the file layout was. */
+#ifndef SNUG_BACKEND_H
+#define SNUG_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct snug_backend snug_backend;
+
+struct snug_backend {
+    const char *name; /* "cpu", "cuda" */
+    void *ctx;
+    int nthreads;
+
+    void (*destroy)(snug_backend *be);
+
+    /* --- memory: the blocks arenas are carved from --- */
+    void *(*alloc)(snug_backend *be, size_t bytes); /* zero-filled, 64-byte aligned; NULL on failure */
+    void (*free)(snug_backend *be, void *p);
+    void (*to_device)(snug_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*to_host)(snug_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*zero)(snug_backend *be, void *dst, size_t bytes);
+
+    /* --- embeddings --- */
+    /* out (N,C) = table[ids[n]] (+= when accumulate) ; ids (N) in [0, rows) */
+    void (*embed_fwd)(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,
+                      int accumulate);
+    /* dtable (rows,C) += scatter of dout (N,C) by ids; deterministic (same result for any thread count) */
+    void (*embed_bwd)(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C);
+
+    /* --- normalisation --- */
+    /* out (N,C) = inp * rstd * w ; rstd (N) saved for backward */
+    void (*rmsnorm_fwd)(snug_backend *be, float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                        float eps);
+    void (*rmsnorm_bwd)(snug_backend *be, float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, const float *rstd, int N, int C);
+    /* out (N,C) = (inp - mean) * rstd * w + b ; mean, rstd (N) saved */
+    void (*layernorm_fwd)(snug_backend *be, float *out, float *mean, float *rstd, const float *inp, const float *w,
+                          const float *b, int N, int C, float eps);
+    void (*layernorm_bwd)(snug_backend *be, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                          const float *w, const float *mean, const float *rstd, int N, int C);
+
+    /* --- linear layers --- */
+    /* out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC, may be NULL) */
+    void (*matmul_fwd)(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
+                       int C, int OC);
+    /* dinp (N,C) += dout @ w ; dw (OC,C) += dout^T @ inp ; dbias (OC) += column sums of dout. Any may be NULL. */
+    void (*matmul_bwd)(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                       const float *w, int N, int C, int OC);
+
+    /* --- rotary position embedding, rotate-half convention (HF Llama), in place --- */
+    /* x: N rows of `stride` floats; heads [0, H) of HD floats start at the row's beginning. pos (N) position ids.
+     * cos/sin (max_pos, HD/2) tables. Rotates pairs (i, i + HD/2). */
+    void (*rope_fwd)(snug_backend *be, float *x, const int32_t *pos, const float *cos, const float *sin, int N,
+                     int H, int HD, int stride);
+    /* the inverse rotation applied in place to a gradient laid out like x (rope is orthogonal) */
+    void (*rope_bwd)(snug_backend *be, float *dx, const int32_t *pos, const float *cos, const float *sin, int N,
+                     int H, int HD, int stride);
+
+    /* --- attention: causal, grouped-query, variable length; no (T,T) buffer anywhere --- */
+    /* qkv (N, (NH + 2*NKV)*HD): per row, NH query heads, then NKV key heads, then NKV value heads (q already roped).
+     * Query head h uses key/value head h / (NH/NKV). Token t of batch row b attends to tokens s of the same row with
+     * seg_start[b*T+t] <= s <= t; seg_start NULL means 0 (plain causal). out (N, NH*HD); lse (N, NH) the log-sum-exp
+     * of the scaled scores of each query row, saved for backward. scale is usually 1/sqrt(HD). */
+    void (*attention_fwd)(snug_backend *be, float *out, float *lse, const float *qkv, const int32_t *seg_start,
+                          int B, int T, int NH, int NKV, int HD, float scale);
+    /* dqkv (N, (NH+2*NKV)*HD) += gradients for q, k, v; recomputes probabilities from qkv and lse. */
+    void (*attention_bwd)(snug_backend *be, float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
+                          float scale);
+
+    /* --- activations --- */
+    /* gu (N, 2I): gate in columns [0,I), up in [I,2I). out (N,I) = silu(gate) * up */
+    void (*swiglu_fwd)(snug_backend *be, float *out, const float *gu, int N, int I);
+    void (*swiglu_bwd)(snug_backend *be, float *dgu, const float *dout, const float *gu, int N, int I);
+    /* tanh-approximate GELU (GPT-2 "gelu_new"), elementwise over n */
+    void (*gelu_fwd)(snug_backend *be, float *out, const float *inp, size_t n);
+    void (*gelu_bwd)(snug_backend *be, float *dinp, const float *dout, const float *inp, size_t n);
+
+    /* --- elementwise --- */
+    void (*add)(snug_backend *be, float *out, const float *a, const float *b, size_t n); /* out = a + b */
+    void (*accumulate)(snug_backend *be, float *dst, const float *src, size_t n);      /* dst += src */
+    void (*scale)(snug_backend *be, float *x, float s, size_t n);                      /* x *= s */
+
+    /* --- loss: output projection + softmax + cross-entropy, chunked over tokens --- */
+    /* For tokens n with labels[n] >= 0: loss_n = logsumexp(h_n . w^T) - (h_n . w^T)[labels[n]]. Returns the sum of
+     * loss_n over supervised tokens (the caller divides). When dh or dw is non-NULL, also accumulates
+     * grad_scale * d(sum loss)/dh into dh (N,C) and into dw (V,C). Logits exist only `chunk` rows at a time in
+     * logits_ws (chunk, V). Tokens with labels[n] < 0 contribute nothing. */
+    double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const float *w,
+                           const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
+                           int chunk);
+
+    /* --- optimizer --- */
+    /* sum of squares of x (n), in double */
+    double (*sumsq)(snug_backend *be, const float *x, size_t n);
+    /* AdamW with decoupled weight decay, bias correction by step (1-based), torch.optim.AdamW's exact order:
+     * p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+     * p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps). g is read after multiplying by grad_scale. */
+    void (*adamw)(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int step, float grad_scale);
+};
+
+/* The CPU backend: OpenMP threads (nthreads <= 0: all cores) and OpenBLAS for GEMM. */
+snug_backend *snug_backend_cpu_create(int nthreads);
+
+#endif

@@ -1,0 +1,89 @@
+/* options.h: the training configuration a user writes (YAML, Axolotl-style keys with Hugging Face
+ * TrainingArguments names as aliases) and overrides on the command line (`--learning_rate 1e-4`).
+ *
+ * One table of keys (options.c) drives parsing, type checking, the "did you mean" suggestion for unknown keys, the
+ * "not supported yet" refusal for features not built, and the `snug train --help` listing, so help text and parser
+ * cannot disagree. */
+#ifndef SNUG_OPTIONS_H
+#define SNUG_OPTIONS_H
+
+#include <stdio.h>
+
+#include "core/error.h"
+
+#define SNUG_MAX_DATASETS 16
+
+typedef struct snug_dataset_spec {
+    char path[1024];   /* datasets[i].path: a JSONL file */
+    char type[32];     /* datasets[i].type: "completion" (default), later alpaca, chat, pretokenized */
+    char field[64];    /* datasets[i].field: the text field for completion (default "text") */
+} snug_dataset_spec;
+
+typedef struct snug_options {
+    char config_path[1024];   /* the YAML file read, "" for none (errors name it) */
+
+    /* model */
+    char base_model[1024];    /* a Hugging Face model folder; "" = train the built-in model from scratch */
+    char model_preset[64];    /* model_preset: built-in architecture when base_model is empty ("tiny-llama") */
+    char tokenizer[1024];     /* tokenizer: folder or tokenizer.json; "" = base_model's, or the built-in */
+
+    /* data */
+    int ndatasets;
+    snug_dataset_spec datasets[SNUG_MAX_DATASETS];
+    int sequence_len;         /* 256 */
+    double val_set_size;      /* fraction (<1) or count (>=1) of examples held out; 0 = none */
+
+    /* batch and schedule */
+    int micro_batch_size;     /* 4;  alias per_device_train_batch_size */
+    int gradient_accumulation_steps; /* 1 */
+    int num_epochs;           /* 1; alias num_train_epochs */
+    int max_steps;            /* -1 = from epochs */
+    double learning_rate;     /* 3e-4 */
+    char lr_scheduler[16];    /* "cosine" | "linear" | "constant"; alias lr_scheduler_type */
+    int warmup_steps;         /* 0 */
+    double warmup_ratio;      /* 0; used when warmup_steps is 0 */
+    double weight_decay;      /* 0.0 */
+    double adam_beta1, adam_beta2, adam_epsilon; /* 0.9, 0.999, 1e-8 */
+    double max_grad_norm;     /* 1.0; 0 = no clipping */
+    char optimizer[32];       /* "adamw" (alias adamw_torch); alias optim */
+
+    /* output and logging */
+    char output_dir[1024];    /* "out" */
+    int seed;                 /* 42 */
+    int logging_steps;        /* 1 */
+    int eval_steps;           /* 0 = at the end of each epoch only */
+    int save_steps;           /* 0 = only at the end */
+    int threads;              /* 0 = all cores */
+
+    /* generation after training (and `snug generate`) */
+    char sample_prompt[1024]; /* printed after training; "" = none */
+    int sample_tokens;        /* 64 */
+    double temperature;       /* 0.8 */
+    int top_k;                /* 40 */
+    double top_p;             /* 0.95 */
+
+    /* memory budget for the arenas (bytes, 0 = none); memory_budget: "40GB" */
+    double memory_budget;
+} snug_options;
+
+/* Fills every field with its default. */
+void snug_options_defaults(snug_options *o);
+
+/* Reads a YAML file into o (over the defaults). Errors: YAML syntax (with line and column), unknown key (with the
+ * closest valid key), wrong type (with line), a key of a feature not built yet ("not supported yet"). */
+int snug_options_load_yaml(snug_options *o, const char *path, snug_error *e);
+
+/* Applies one "key=value" or key + value from the command line, with the same checks as the YAML. */
+int snug_options_set(snug_options *o, const char *key, const char *value, const char *where, snug_error *e);
+
+/* Parses argv after the subcommand: an optional config path (first non-flag argument) and --key value /
+ * --key=value overrides. Overrides win over the YAML whatever their position. */
+int snug_options_parse_args(snug_options *o, int argc, char **argv, snug_error *e);
+
+/* Checks cross-field consistency after everything is set (positive sizes, known scheduler, ...). */
+int snug_options_validate(const snug_options *o, snug_error *e);
+
+/* Prints every key with its type, default, aliases and one line of help, grouped as in this header. */
+void snug_options_print_help(FILE *f);
+
+#endif

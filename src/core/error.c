@@ -1,0 +1,37 @@
+/* error.c: filling snug_error (see error.h). */
+#include "core/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+int snug_fail(snug_error *e, int code, const char *fmt, ...) {
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+        e->code = code;
+    }
+    return code;
+}
+
+int snug_error_wrap(snug_error *e, const char *fmt, ...) {
+    if (!e)
+        return SNUG_EINTERNAL;
+    char prefix[512], old[sizeof e->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, e->msg, sizeof old);
+    snprintf(e->msg, sizeof e->msg, "%s%s", prefix, old);
+    return e->code ? e->code : SNUG_EINTERNAL;
+}
+
+void snug_error_clear(snug_error *e) {
+    if (e) {
+        e->code = 0;
+        e->msg[0] = '\0';
+    }
+}

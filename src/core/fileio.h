@@ -1,0 +1,37 @@
+/* fileio.h: atomic file writes and whole-file reads with errors that name the file. */
+#ifndef SNUG_FILEIO_H
+#define SNUG_FILEIO_H
+
+#include <stdio.h>
+#include <stddef.h>
+
+#include "core/error.h"
+
+/* Writing a file atomically: data goes to "<path>.tmp.<pid>", is fsync'ed, then renamed over path. A failed or
+ * abandoned write leaves path untouched and removes the temporary file. */
+typedef struct snug_atomic_file {
+    FILE *f;
+    char path[4096];
+    char tmp[4200];
+} snug_atomic_file;
+
+int snug_atomic_open(snug_atomic_file *af, const char *path, snug_error *e);
+int snug_atomic_write(snug_atomic_file *af, const void *data, size_t n, snug_error *e);
+int snug_atomic_commit(snug_atomic_file *af, snug_error *e); /* fsync + rename (+ fsync of the directory) */
+void snug_atomic_abort(snug_atomic_file *af);
+
+/* Writes a whole buffer atomically. */
+int snug_write_file_atomic(const char *path, const void *data, size_t n, snug_error *e);
+
+/* Reads a whole file into a malloc'd, NUL-terminated buffer. */
+int snug_read_file(const char *path, char **out, size_t *len, snug_error *e);
+
+/* Copies src to dst atomically. */
+int snug_copy_file(const char *src, const char *dst, snug_error *e);
+
+/* mkdir -p */
+int snug_mkdirs(const char *path, snug_error *e);
+
+int snug_file_exists(const char *path);
+
+#endif

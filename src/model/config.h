@@ -1,0 +1,58 @@
+/* config.h: the model architecture, as read from (and written to) a Hugging Face config.json.
+ *
+ * One layer implementation serves every family; the families differ only in the data below:
+ *   Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases except
+ *   Qwen2's q/k/v bias, tied or untied embeddings.
+ *   GPT-2: LayerNorm with bias, learned positions, tanh-GELU MLP, biases everywhere, tied head. */
+#ifndef SNUG_MODEL_CONFIG_H
+#define SNUG_MODEL_CONFIG_H
+
+#include "core/error.h"
+
+typedef enum snug_arch { SNUG_ARCH_LLAMA = 0, SNUG_ARCH_GPT2 = 1 } snug_arch;
+
+typedef enum snug_rope_type { SNUG_ROPE_DEFAULT = 0, SNUG_ROPE_LLAMA3, SNUG_ROPE_LINEAR } snug_rope_type;
+
+typedef struct snug_model_config {
+    snug_arch arch;
+    char model_type[32];      /* "llama", "mistral", "qwen2", "gpt2" */
+    char architecture[64];    /* "LlamaForCausalLM", ... (architectures[0]) */
+    int vocab_size;           /* V */
+    int hidden_size;          /* C */
+    int intermediate_size;    /* I (GPT-2: n_inner or 4*C) */
+    int n_layer;              /* L */
+    int n_head;               /* NH */
+    int n_kv_head;            /* NKV (GPT-2: NH) */
+    int head_dim;             /* HD (default C / NH) */
+    int max_position;         /* max_position_embeddings / n_positions */
+    float norm_eps;           /* rms_norm_eps / layer_norm_epsilon */
+    int qkv_bias;             /* Qwen2, GPT-2 */
+    int o_bias;               /* GPT-2 (c_proj bias), attention_bias=true Llama */
+    int mlp_bias;             /* GPT-2, mlp_bias=true Llama */
+    int tie_embeddings;       /* lm_head shares the token embedding */
+    double rope_theta;
+    snug_rope_type rope_type;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_position;
+    int bos_token_id, eos_token_id, pad_token_id; /* -1 when absent; eos is the first when a list */
+    char torch_dtype[16];     /* "float32", "bfloat16", ... as read; written back unchanged */
+    float initializer_range;  /* default 0.02 */
+} snug_model_config;
+
+/* Parses config.json (transformers v4 and v5 spellings: torch_dtype/dtype, rope_scaling/rope_parameters,
+ * rope_type/type). Checks consistency: heads divide the width (unless head_dim is given), KV heads divide heads,
+ * positive sizes; errors name the file, the key and the fix. Unsupported model_type is an error. */
+int snug_model_config_load(snug_model_config *cfg, const char *path, snug_error *e);
+/* Parses config.json text already in memory; `path` only names it in errors. */
+int snug_model_config_parse(snug_model_config *cfg, const char *json_text, const char *path, snug_error *e);
+/* Writes config.json atomically with the keys transformers' AutoConfig expects for this architecture. */
+int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_error *e);
+/* Writes generation_config.json (bos/eos ids) atomically. */
+int snug_generation_config_save(const snug_model_config *cfg, const char *path, snug_error *e);
+/* Checks a config built in code (the built-in presets) the same way a loaded one is checked. */
+int snug_model_config_validate(const snug_model_config *cfg, const char *path, snug_error *e);
+
+/* Number of trainable parameters (tied embedding counted once). */
+long long snug_model_config_nparams(const snug_model_config *cfg);
+
+#endif

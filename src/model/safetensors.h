@@ -1,0 +1,63 @@
+/* safetensors.h: reading and writing the safetensors format (Hugging Face model weights).
+ *
+ * Reading memory-maps each file and validates the header completely before anything is used: header length inside
+ * the file, JSON that parses, known dtypes, shape * dtype size == byte length, offsets inside the buffer, and the
+ * buffer covered with no overlap and no holes. A folder is read through model.safetensors or through the shards
+ * listed by model.safetensors.index.json. Every error names the file and the tensor or byte offset. */
+#ifndef SNUG_SAFETENSORS_H
+#define SNUG_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+#define SNUG_ST_MAXDIM 8
+
+typedef struct snug_st_tensor {
+    char *name;
+    snug_dtype dtype;
+    int ndim;
+    int64_t shape[SNUG_ST_MAXDIM];
+    const void *data; /* inside the memory map */
+    size_t nbytes;
+    int file;         /* index into snug_st_set.paths */
+} snug_st_tensor;
+
+typedef struct snug_st_set {
+    int nfiles;
+    char **paths;     /* the files, for error messages */
+    void **maps;
+    size_t *map_sizes;
+    int ntensors;
+    snug_st_tensor *tensors; /* sorted by name for lookup */
+} snug_st_set;
+
+/* Opens one .safetensors file. */
+int snug_st_open_file(snug_st_set *s, const char *path, snug_error *e);
+/* Opens a model folder: model.safetensors, or model.safetensors.index.json and its shards. */
+int snug_st_open_dir(snug_st_set *s, const char *dir, snug_error *e);
+const snug_st_tensor *snug_st_find(const snug_st_set *s, const char *name);
+void snug_st_close(snug_st_set *s);
+
+/* Converts a F32/F16/BF16 tensor to fp32 into dst (numel floats). transpose2d: the tensor is 2-D [R, K] and dst
+ * receives its transpose [K, R] (GPT-2's Conv1D weights). Fails with the file and tensor named when a value is NaN
+ * or infinite, or when the dtype is not a float type. */
+int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e);
+
+/* A tensor to write. */
+typedef struct snug_st_out {
+    const char *name;
+    snug_dtype dtype;   /* dtype in the file */
+    int ndim;
+    int64_t shape[SNUG_ST_MAXDIM];
+    const float *f32;   /* source values in fp32, converted to dtype while writing */
+    int transpose2d;    /* write the transpose of a 2-D source (source is [shape[1], shape[0]]) */
+} snug_st_out;
+
+/* Writes one file atomically, the way the reference writer does: tensors sorted by dtype alignment (descending)
+ * then name, header padded with spaces so 8 + header length is a multiple of 8, metadata {"format":"pt"}. */
+int snug_st_write(const char *path, const snug_st_out *t, int n, snug_error *e);
+
+#endif

@@ -1,0 +1,26 @@
+# The ctest suite. Every tests/unit/test_*.c is one executable and one test. Python parity tests (tests/parity)
+# need a virtual environment with torch and transformers; scripts/venv.sh makes it and the tests find it through
+# SNUG_VENV.
+file(GLOB SNUG_UNIT_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/unit/test_*.c)
+foreach(src ${SNUG_UNIT_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${src} ${CMAKE_SOURCE_DIR}/tests/unit/check.c)
+  target_link_libraries(${name} PRIVATE snug_lib)
+  add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2" LABELS unit)
+endforeach()
+
+file(GLOB SNUG_SHELL_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cli/test_*.sh)
+foreach(src ${SNUG_SHELL_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME cli_${name} COMMAND bash ${src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(cli_${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR}" LABELS cli)
+endforeach()
+
+set(SNUG_VENV "$ENV{HOME}/.cache/snug/venv" CACHE PATH "virtual environment with torch, transformers, safetensors")
+file(GLOB SNUG_PARITY_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/parity/test_*.py)
+foreach(src ${SNUG_PARITY_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME parity_${name} COMMAND ${SNUG_VENV}/bin/python ${src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(parity_${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2" LABELS parity TIMEOUT 1200)
+endforeach()

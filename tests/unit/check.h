@@ -1,0 +1,39 @@
+/* check.h: the tiny assertion kit every unit test uses. A failed CHECK prints file:line and the expression and counts
+ * a failure; check_finish() prints "N passed, N failed" and returns the exit status. */
+#ifndef SNUG_CHECK_H
+#define SNUG_CHECK_H
+
+#include <stdio.h>
+
+extern int check_passed, check_failed;
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (cond) {                                                              \
+            check_passed++;                                                      \
+        } else {                                                                 \
+            check_failed++;                                                      \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                        \
+    } while (0)
+
+#define CHECKF(cond, ...)                                                        \
+    do {                                                                         \
+        if (cond) {                                                              \
+            check_passed++;                                                      \
+        } else {                                                                 \
+            check_failed++;                                                      \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                        \
+            fputc('\n', stderr);                                                 \
+        }                                                                        \
+    } while (0)
+
+/* Relative error |a-b| / max(|a|,|b|,floor). */
+double check_relerr(double a, double b, double floor);
+/* Largest relative error over two arrays, measured against the largest magnitude of the reference (so that
+ * individual near-zero entries do not dominate). */
+double check_max_relerr(const float *a, const double *ref, size_t n);
+int check_finish(const char *name);
+
+#endif
