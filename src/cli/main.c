@@ -1,3 +1,100 @@
-/* main.c: the snug command line. */
+/* main.c: the snug command line: train, plan, generate, and the parity harness the tests drive.
+ *
+ * The only place that prints errors and chooses exit statuses: 0 success, 2 bad input (config, data, model files),
+ * 1 anything else. */
 #include <stdio.h>
-int main(void) { puts("snug"); return 0; }
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/options.h"
+#include "cli/parity.h"
+#include "core/error.h"
+#include "train/trainer.h"
+#include "cli/generate_cmd.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: snug <command> [CONFIG.yaml] [--key value ...]\n"
+            "\n"
+            "commands:\n"
+            "  train [CONFIG]        train (no CONFIG: the built-in default job, a small Llama on fortunes)\n"
+            "  plan [CONFIG]         print the memory plan of a training run without allocating it\n"
+            "  generate MODEL_DIR    sample from a saved model: --prompt TEXT --max_new_tokens N --temperature T\n"
+            "                        --top_k K --top_p P --seed S\n"
+            "  help                  this text; `snug train --help` lists every configuration key\n"
+            "\n"
+            "Every configuration key can be given in the YAML file or on the command line (--learning_rate 1e-4).\n");
+}
+
+static int exit_status(int code) { return code == SNUG_EINPUT ? 2 : 1; }
+
+static int report(const snug_error *e) {
+    fprintf(stderr, "snug: error: %s\n", e->msg);
+    return exit_status(e->code);
+}
+
+static int has_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+/* `snug train` with no configuration file runs the built-in default job. */
+static int load_options(snug_options *o, int argc, char **argv, snug_error *e) {
+    snug_options_defaults(o);
+    int has_config = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) != 0) {
+            has_config = 1;
+            break;
+        }
+        if (!strchr(argv[i], '='))
+            i++;
+    }
+    if (!has_config) {
+        char def[4096];
+        snprintf(def, sizeof def, "%s/configs/default.yaml", SNUG_SOURCE_DIR);
+        SNUG_TRY(snug_options_load_yaml(o, def, e));
+    }
+    SNUG_TRY(snug_options_parse_args(o, argc, argv, e));
+    return snug_options_validate(o, e);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        if (argc >= 2) {
+            printf("\nconfiguration keys:\n");
+            snug_options_print_help(stdout);
+        }
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    snug_error e = {0};
+    snug_options *o = calloc(1, sizeof *o);
+    if (!o)
+        return 1;
+    int rc;
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "plan")) {
+        if (has_help(argc - 2, argv + 2)) {
+            printf("usage: snug %s [CONFIG.yaml] [--key value ...]\n\nconfiguration keys:\n", cmd);
+            snug_options_print_help(stdout);
+            free(o);
+            return 0;
+        }
+        rc = load_options(o, argc - 2, argv + 2, &e);
+        if (!rc)
+            rc = !strcmp(cmd, "train") ? snug_train(o, stdout, &e) : snug_plan_cmd(o, stdout, &e);
+    } else if (!strcmp(cmd, "generate")) {
+        rc = snug_generate_cmd(argc - 2, argv + 2, stdout, &e);
+    } else if (!strcmp(cmd, "parity")) {
+        rc = snug_parity_cmd(argc - 2, argv + 2, &e);
+    } else {
+        snug_fail(&e, SNUG_EINPUT, "unknown command '%s'; run `snug help`", cmd);
+        rc = SNUG_EINPUT;
+    }
+    free(o);
+    fflush(stdout);
+    return rc ? report(&e) : 0;
+}

@@ -14,7 +14,8 @@
 #define SNUG_MAX_DATASETS 16
 
 typedef struct snug_dataset_spec {
-    char path[1024];   /* datasets[i].path: a JSONL file */
+    char path[1024];   /* datasets[i].path: a JSONL file; a relative path in the YAML is stored joined to the YAML
+                        * file's folder, one from --dataset is kept as written */
     char type[32];     /* datasets[i].type: "completion" (default), later alpaca, chat, pretokenized */
     char field[64];    /* datasets[i].field: the text field for completion (default "text") */
 } snug_dataset_spec;
@@ -66,24 +67,34 @@ typedef struct snug_options {
     double memory_budget;
 } snug_options;
 
-/* Fills every field with its default. */
+/* Fills every field with its default (the defaults live in options.c's key table). */
 void snug_options_defaults(snug_options *o);
 
 /* Reads a YAML file into o (over the defaults). Errors: YAML syntax (with line and column), unknown key (with the
- * closest valid key), wrong type (with line), a key of a feature not built yet ("not supported yet"). */
+ * closest valid key), wrong type (with line), a key of a feature not built yet ("not supported yet"). A key left
+ * empty (`key:`) keeps its default. o is unchanged when it fails. */
 int snug_options_load_yaml(snug_options *o, const char *path, snug_error *e);
 
-/* Applies one "key=value" or key + value from the command line, with the same checks as the YAML. */
+/* Applies one key + value from the command line, with the same checks as the YAML; `where` names the source in
+ * errors ("command line"). Dashes in key count as underscores (--learning-rate). Key "dataset"/"datasets" appends
+ * one completion dataset with the path kept as written. */
 int snug_options_set(snug_options *o, const char *key, const char *value, const char *where, snug_error *e);
 
-/* Parses argv after the subcommand: an optional config path (first non-flag argument) and --key value /
- * --key=value overrides. Overrides win over the YAML whatever their position. */
+/* Parses argv after the subcommand (argv[0] is the first argument, not the program or subcommand name): an optional
+ * config path (the one non-flag argument) and --key value / --key=value overrides; a bare --flag of a boolean key
+ * means true. Overrides win over the YAML whatever their position; the first --dataset replaces the config's datasets
+ * and later ones add to it. o should hold the defaults (snug_options_defaults) first; it is unchanged on failure.
+ * --help is not handled here. */
 int snug_options_parse_args(snug_options *o, int argc, char **argv, snug_error *e);
 
 /* Checks cross-field consistency after everything is set (positive sizes, known scheduler, ...). */
 int snug_options_validate(const snug_options *o, snug_error *e);
 
-/* Prints every key with its type, default, aliases and one line of help, grouped as in this header. */
+/* snug_options_validate, plus what training needs beyond it: at least one dataset. */
+int snug_options_validate_train(const snug_options *o, snug_error *e);
+
+/* Prints every key with its type, default, aliases and one line of help, grouped as in this header, then the keys
+ * recognised but not supported yet. */
 void snug_options_print_help(FILE *f);
 
 #endif

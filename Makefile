@@ -1,0 +1,36 @@
+# The two commands of the README: `make run` (the default training job) and `make test` (every test).
+# Both install what is missing (Debian packages; for tests also a Python virtual environment with PyTorch and
+# transformers as the reference), configure and build first.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= $(shell nproc)
+
+.PHONY: run test build setup asan-test bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/snug train
+
+test: build
+	@venv=$$(bash scripts/venv.sh) && \
+	  cmake -S . -B $(BUILD) -DSNUG_VENV=$$venv >/dev/null && \
+	  cd $(BUILD) && ctest --output-on-failure -j 2
+	@$(MAKE) --no-print-directory asan-test
+
+# The unit tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
+asan-test: setup
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSNUG_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L "unit|cli"
+
+bench: build
+	@venv=$$(bash scripts/venv.sh) && $$venv/bin/python bench/bench_train.py --snug $(BUILD)/snug
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,92 @@
+/* backend_cpu.c: the CPU backend object: host memory blocks for the arenas and the table of op slots.
+ *
+ * Memory is plain host memory, 64-byte aligned and zeroed; to_device/to_host are copies. The ops live in ops_cpu.c,
+ * attention_cpu.c and xent_cpu.c; they run on be->nthreads OpenMP threads and use OpenBLAS for the GEMMs. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/ops_cpu.h"
+
+/* OpenBLAS keeps one global thread count; remember what we set so that a GEMM does not pay for setting it again. */
+static int blas_nthreads_set = 0;
+
+void snug_cpu_blas_threads(snug_backend *be) {
+    if (blas_nthreads_set != be->nthreads) {
+        openblas_set_num_threads(be->nthreads);
+        blas_nthreads_set = be->nthreads;
+    }
+}
+
+static void cpu_destroy(snug_backend *be) { free(be); }
+
+static void *cpu_alloc(snug_backend *be, size_t bytes) {
+    size_t n = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
+    if (n == 0)
+        n = 64;
+    if (n < bytes) /* overflow */
+        return NULL;
+    void *p = aligned_alloc(64, n);
+    if (p)
+        memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(snug_backend *be, void *p) { free(p); }
+
+static void cpu_copy(snug_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(snug_backend *be, void *dst, size_t bytes) {
+    if (bytes)
+        memset(dst, 0, bytes);
+}
+
+snug_backend *snug_backend_cpu_create(int nthreads) {
+    snug_backend *be = calloc(1, sizeof(*be));
+    if (!be)
+        return NULL;
+    if (nthreads <= 0)
+        nthreads = omp_get_num_procs();
+    if (nthreads <= 0)
+        nthreads = 1;
+    be->name = "cpu";
+    be->ctx = NULL;
+    be->nthreads = nthreads;
+    be->destroy = cpu_destroy;
+
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->to_device = cpu_copy;
+    be->to_host = cpu_copy;
+    be->zero = cpu_zero;
+
+    be->embed_fwd = snug_cpu_embed_fwd;
+    be->embed_bwd = snug_cpu_embed_bwd;
+    be->rmsnorm_fwd = snug_cpu_rmsnorm_fwd;
+    be->rmsnorm_bwd = snug_cpu_rmsnorm_bwd;
+    be->layernorm_fwd = snug_cpu_layernorm_fwd;
+    be->layernorm_bwd = snug_cpu_layernorm_bwd;
+    be->matmul_fwd = snug_cpu_matmul_fwd;
+    be->matmul_bwd = snug_cpu_matmul_bwd;
+    be->rope_fwd = snug_cpu_rope_fwd;
+    be->rope_bwd = snug_cpu_rope_bwd;
+    be->attention_fwd = snug_cpu_attention_fwd;
+    be->attention_bwd = snug_cpu_attention_bwd;
+    be->swiglu_fwd = snug_cpu_swiglu_fwd;
+    be->swiglu_bwd = snug_cpu_swiglu_bwd;
+    be->gelu_fwd = snug_cpu_gelu_fwd;
+    be->gelu_bwd = snug_cpu_gelu_bwd;
+    be->add = snug_cpu_add;
+    be->accumulate = snug_cpu_accumulate;
+    be->scale = snug_cpu_scale;
+    be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
+    be->sumsq = snug_cpu_sumsq;
+    be->adamw = snug_cpu_adamw;
+
+    snug_cpu_blas_threads(be);
+    return be;
+}

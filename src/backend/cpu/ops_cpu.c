@@ -1,0 +1,377 @@
+/* ops_cpu.c: the CPU backend's row-wise and elementwise ops: embeddings, rmsnorm, layernorm, linear layers (OpenBLAS),
+ * rotary embeddings, activations, elementwise arithmetic and the optimizer (sumsq, AdamW).
+ *
+ * Forward ops are parallel over rows. Parameter gradients summed over rows (dw, db, dbias, dtable) are parallel over
+ * blocks of columns, each column summed over the rows in order, so no two threads write the same float and the
+ * result does not depend on the thread count. Row reductions are in double. Attention and the loss have their own
+ * files (attention_cpu.c, xent_cpu.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/ops_cpu.h"
+
+#define NT(be) ((be)->nthreads)
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* ------------------------------------------------------------------------------------------------ embeddings */
+
+void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,
+                        int accumulate) {
+    // out (N,C), ids (N), table (rows,C)
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * C >= SNUG_CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        const float *row = table + (size_t)ids[n] * C;
+        if (accumulate)
+            for (int c = 0; c < C; c++)
+                o[c] += row[c];
+        else
+            memcpy(o, row, (size_t)C * sizeof(float));
+    }
+}
+
+void snug_cpu_embed_bwd(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C) {
+    // dtable (rows,C) += scatter of dout (N,C). Threads own column blocks; each column adds the tokens in order n.
+    int nblk = (C + SNUG_CPU_CBLK - 1) / SNUG_CPU_CBLK;
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * C >= SNUG_CPU_PAR_MIN)
+    for (int bk = 0; bk < nblk; bk++) {
+        int c0 = bk * SNUG_CPU_CBLK, c1 = MIN(C, c0 + SNUG_CPU_CBLK);
+        for (int n = 0; n < N; n++) {
+            float *d = dtable + (size_t)ids[n] * C;
+            const float *g = dout + (size_t)n * C;
+            for (int c = c0; c < c1; c++)
+                d[c] += g[c];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ normalisation */
+
+void snug_cpu_rmsnorm_fwd(snug_backend *be, float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                          float eps) {
+    // out (N,C) = inp * rstd * w ; rstd (N) = 1/sqrt(mean(inp^2) + eps)
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * C >= SNUG_CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++)
+            ss += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(ss / C + eps));
+        for (int c = 0; c < C; c++)
+            o[c] = x[c] * r * w[c];
+        if (rstd)
+            rstd[n] = r;
+    }
+}
+
+void snug_cpu_rmsnorm_bwd(snug_backend *be, float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, const float *rstd, int N, int C) {
+    // y = x r w with r = (mean(x^2)+eps)^-1/2:  dx = r w g - x r^3/C * sum(g w x) ;  dw = sum_n g x r
+    int big = (size_t)N * C >= SNUG_CPU_PAR_MIN;
+    if (dinp) {
+#pragma omp parallel for num_threads(NT(be)) if (big)
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            double r = rstd[n], dot = 0;
+            for (int c = 0; c < C; c++)
+                dot += (double)g[c] * w[c] * x[c];
+            float rf = (float)r, k = (float)(dot * r * r * r / C);
+            for (int c = 0; c < C; c++)
+                dx[c] += rf * w[c] * g[c] - k * x[c];
+        }
+    }
+    if (dw) {
+        int nblk = (C + SNUG_CPU_CBLK - 1) / SNUG_CPU_CBLK;
+#pragma omp parallel for num_threads(NT(be)) if (big)
+        for (int bk = 0; bk < nblk; bk++) {
+            int c0 = bk * SNUG_CPU_CBLK, c1 = MIN(C, c0 + SNUG_CPU_CBLK);
+            double acc[SNUG_CPU_CBLK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+                double r = rstd[n];
+                for (int c = c0; c < c1; c++)
+                    acc[c - c0] += (double)g[c] * x[c] * r;
+            }
+            for (int c = c0; c < c1; c++)
+                dw[c] += (float)acc[c - c0];
+        }
+    }
+}
+
+void snug_cpu_layernorm_fwd(snug_backend *be, float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C, float eps) {
+    // out (N,C) = (inp - mean) * rstd * w + b ; mean, rstd (N), biased variance
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * C >= SNUG_CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double s = 0, ss = 0;
+        for (int c = 0; c < C; c++)
+            s += x[c];
+        double mu = s / C;
+        for (int c = 0; c < C; c++)
+            ss += (x[c] - mu) * (x[c] - mu);
+        float m = (float)mu, r = (float)(1.0 / sqrt(ss / C + eps));
+        for (int c = 0; c < C; c++)
+            o[c] = (x[c] - m) * r * w[c] + b[c];
+        if (mean)
+            mean[n] = m;
+        if (rstd)
+            rstd[n] = r;
+    }
+}
+
+void snug_cpu_layernorm_bwd(snug_backend *be, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C) {
+    // xhat = (x - mean) r, dn = g w:  dx = r (dn - mean(dn) - xhat mean(dn xhat)) ; dw = sum_n g xhat ; db = sum_n g
+    int big = (size_t)N * C >= SNUG_CPU_PAR_MIN;
+    if (dinp) {
+#pragma omp parallel for num_threads(NT(be)) if (big)
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float m = mean[n], r = rstd[n];
+            double sdn = 0, sdnx = 0;
+            for (int c = 0; c < C; c++) {
+                double dn = (double)g[c] * w[c];
+                sdn += dn;
+                sdnx += dn * ((x[c] - m) * r);
+            }
+            float mdn = (float)(sdn / C), mdnx = (float)(sdnx / C);
+            for (int c = 0; c < C; c++) {
+                float xhat = (x[c] - m) * r;
+                dx[c] += r * (g[c] * w[c] - mdn - xhat * mdnx);
+            }
+        }
+    }
+    if (dw || db) {
+        int nblk = (C + SNUG_CPU_CBLK - 1) / SNUG_CPU_CBLK;
+#pragma omp parallel for num_threads(NT(be)) if (big)
+        for (int bk = 0; bk < nblk; bk++) {
+            int c0 = bk * SNUG_CPU_CBLK, c1 = MIN(C, c0 + SNUG_CPU_CBLK);
+            double aw[SNUG_CPU_CBLK] = {0}, ab[SNUG_CPU_CBLK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+                float m = mean[n], r = rstd[n];
+                for (int c = c0; c < c1; c++) {
+                    aw[c - c0] += (double)g[c] * ((x[c] - m) * r);
+                    ab[c - c0] += g[c];
+                }
+            }
+            for (int c = c0; c < c1; c++) {
+                if (dw)
+                    dw[c] += (float)aw[c - c0];
+                if (db)
+                    db[c] += (float)ab[c - c0];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ linear layers */
+
+void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
+                         int C, int OC) {
+    // out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC): the bias is written first and the GEMM adds onto it
+    if (N <= 0 || C <= 0 || OC <= 0)
+        return;
+    float beta = 0.0f;
+    if (bias) {
+        for (int n = 0; n < N; n++)
+            memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    snug_cpu_blas_threads(be);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+}
+
+void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                         const float *w, int N, int C, int OC) {
+    if (N <= 0 || C <= 0 || OC <= 0)
+        return;
+    snug_cpu_blas_threads(be);
+    if (dinp) // dinp (N,C) += dout (N,OC) @ w (OC,C)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+    if (dw) // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dbias) { // dbias (OC) += column sums of dout
+        int nblk = (OC + SNUG_CPU_CBLK - 1) / SNUG_CPU_CBLK;
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * OC >= SNUG_CPU_PAR_MIN)
+        for (int bk = 0; bk < nblk; bk++) {
+            int c0 = bk * SNUG_CPU_CBLK, c1 = MIN(OC, c0 + SNUG_CPU_CBLK);
+            double acc[SNUG_CPU_CBLK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *g = dout + (size_t)n * OC;
+                for (int c = c0; c < c1; c++)
+                    acc[c - c0] += g[c];
+            }
+            for (int c = c0; c < c1; c++)
+                dbias[c] += (float)acc[c - c0];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ rotary embeddings */
+
+/* Rotates the pairs (i, i+HD/2) of each head by +angle (sgn = 1, forward) or -angle (sgn = -1, the transpose). */
+static void rope_rotate(snug_backend *be, float *x, const int32_t *pos, const float *cos, const float *sin, int N,
+                        int H, int HD, int stride, float sgn) {
+    // x: N rows of `stride` floats, heads [0,H) of HD ; cos/sin (max_pos, HD/2)
+    int half = HD / 2;
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * H * HD >= SNUG_CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *cr = cos + (size_t)pos[n] * half, *sr = sin + (size_t)pos[n] * half;
+        for (int h = 0; h < H; h++) {
+            float *xh = x + (size_t)n * stride + (size_t)h * HD;
+            for (int i = 0; i < half; i++) {
+                float c = cr[i], s = sgn * sr[i];
+                float x0 = xh[i], x1 = xh[i + half];
+                xh[i] = x0 * c - x1 * s;
+                xh[i + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}
+
+void snug_cpu_rope_fwd(snug_backend *be, float *x, const int32_t *pos, const float *cos, const float *sin, int N,
+                       int H, int HD, int stride) {
+    rope_rotate(be, x, pos, cos, sin, N, H, HD, stride, 1.0f);
+}
+
+void snug_cpu_rope_bwd(snug_backend *be, float *dx, const int32_t *pos, const float *cos, const float *sin, int N,
+                       int H, int HD, int stride) {
+    rope_rotate(be, dx, pos, cos, sin, N, H, HD, stride, -1.0f);
+}
+
+/* ------------------------------------------------------------------------------------------------ activations */
+
+void snug_cpu_swiglu_fwd(snug_backend *be, float *out, const float *gu, int N, int I) {
+    // gu (N,2I) = [gate | up] ; out (N,I) = silu(gate) * up
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * I >= SNUG_CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * I, *u = g + I;
+        float *o = out + (size_t)n * I;
+        for (int i = 0; i < I; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+void snug_cpu_swiglu_bwd(snug_backend *be, float *dgu, const float *dout, const float *gu, int N, int I) {
+    // d silu(x)/dx = sig(x) (1 + x (1 - sig(x)))
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * I >= SNUG_CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
+        float *dg = dgu + (size_t)n * 2 * I, *du = dg + I;
+        for (int i = 0; i < I; i++) {
+            float sig = 1.0f / (1.0f + expf(-g[i]));
+            dg[i] += d[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
+            du[i] += d[i] * (g[i] * sig);
+        }
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+void snug_cpu_gelu_fwd(snug_backend *be, float *out, const float *inp, size_t n) {
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void snug_cpu_gelu_bwd(snug_backend *be, float *dinp, const float *dout, const float *inp, size_t n) {
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += dout[i] * d;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ elementwise */
+
+void snug_cpu_add(snug_backend *be, float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+void snug_cpu_accumulate(snug_backend *be, float *dst, const float *src, size_t n) {
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n) {
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+/* ------------------------------------------------------------------------------------------------ optimizer */
+
+double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n) {
+    // SNUG_CPU_NBLK fixed blocks, each summed in double, then added in order: the same bits for any thread count
+    double part[SNUG_CPU_NBLK];
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (int b = 0; b < SNUG_CPU_NBLK; b++) {
+        size_t i0 = n / SNUG_CPU_NBLK * b + MIN((size_t)b, n % SNUG_CPU_NBLK);
+        size_t i1 = i0 + n / SNUG_CPU_NBLK + ((size_t)b < n % SNUG_CPU_NBLK);
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = i0; i < i1; i++)
+            s += (double)x[i] * x[i];
+        part[b] = s;
+    }
+    double total = 0;
+    for (int b = 0; b < SNUG_CPU_NBLK; b++)
+        total += part[b];
+    return total;
+}
+
+/* The hyperparameters arrive as floats, but torch does its scalar arithmetic (1-beta1, lr/bc1, 1-lr*wd) on the
+ * Python doubles the user wrote. Recover that short decimal (0.9f -> 0.9) so those scalars round the same way. */
+static double typed_value(float x) {
+    char buf[40];
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
+        double d = strtod(buf, NULL);
+        if ((float)d == x)
+            return d;
+    }
+    return x;
+}
+
+void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int step, float grad_scale) {
+    // torch.optim.AdamW (single-tensor path), operation by operation in fp32:
+    //   p.mul_(1 - lr*wd); m.lerp_(g, 1-b1); v.mul_(b2).addcmul_(g, g, 1-b2);
+    //   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr/bc1)
+    double lr_d = typed_value(lr), b1 = typed_value(beta1), b2 = typed_value(beta2);
+    double wd = typed_value(weight_decay);
+    double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
+    float decay = (float)(1.0 - lr_d * wd);
+    float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
+    float neg_step_size = (float)-(lr_d / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    int lerp_small = fabsf(w1) < 0.5f; /* torch's lerp picks its formula by the weight */
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * grad_scale;
+        float pi = p[i] * decay;
+        float mi = m[i];
+        mi = lerp_small ? fmaf(w1, gi - mi, mi) : fmaf(w1 - 1.0f, gi - mi, gi);
+        float vi = v[i] * beta2;
+        vi = vi + w2 * gi * gi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi + neg_step_size * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}

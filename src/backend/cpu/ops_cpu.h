@@ -1,0 +1,77 @@
+/* ops_cpu.h: the CPU backend's ops, shared by ops_cpu.c, attention_cpu.c, xent_cpu.c and backend_cpu.c (which puts
+ * them into the snug_backend slots). Semantics and shapes are those of backend/backend.h; nothing here is public.
+ *
+ * Threads: every parallel loop runs on be->nthreads OpenMP threads, and every reduction is split into blocks that do
+ * not depend on the thread count, so results are bitwise the same for any nthreads. */
+#ifndef SNUG_OPS_CPU_H
+#define SNUG_OPS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+/* OpenBLAS's cblas.h includes <complex.h>, whose macro `I` would clobber the MLP width I of backend.h: ask for its
+ * struct complex types instead, and drop `I` should another cblas.h define it anyway. Include cblas.h only here. */
+#define FORCE_OPENBLAS_COMPLEX_STRUCT
+#include <cblas.h>
+#undef I
+
+/* Fixed number of blocks that a long reduction (sumsq, the loss of a chunk) is split into before the partial sums
+ * are added in order: independent of the thread count, hence deterministic. */
+#define SNUG_CPU_NBLK 256
+/* Column block width of the parameter-gradient reductions over rows (dw, db, dbias, dtable). */
+#define SNUG_CPU_CBLK 64
+/* Below this many elements a loop is not worth waking the thread team for. */
+#define SNUG_CPU_PAR_MIN 16384
+
+/* Points OpenBLAS at be->nthreads before a GEMM (a global setting in OpenBLAS; cheap when unchanged). */
+void snug_cpu_blas_threads(snug_backend *be);
+
+void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,
+                        int accumulate);
+void snug_cpu_embed_bwd(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C);
+
+void snug_cpu_rmsnorm_fwd(snug_backend *be, float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                          float eps);
+void snug_cpu_rmsnorm_bwd(snug_backend *be, float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, const float *rstd, int N, int C);
+void snug_cpu_layernorm_fwd(snug_backend *be, float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C, float eps);
+void snug_cpu_layernorm_bwd(snug_backend *be, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C);
+
+void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
+                         int C, int OC);
+void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                         const float *w, int N, int C, int OC);
+
+void snug_cpu_rope_fwd(snug_backend *be, float *x, const int32_t *pos, const float *cos, const float *sin, int N,
+                       int H, int HD, int stride);
+void snug_cpu_rope_bwd(snug_backend *be, float *dx, const int32_t *pos, const float *cos, const float *sin, int N,
+                       int H, int HD, int stride);
+
+void snug_cpu_attention_fwd(snug_backend *be, float *out, float *lse, const float *qkv, const int32_t *seg_start,
+                            int B, int T, int NH, int NKV, int HD, float scale);
+void snug_cpu_attention_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
+                            float scale);
+
+void snug_cpu_swiglu_fwd(snug_backend *be, float *out, const float *gu, int N, int I);
+void snug_cpu_swiglu_bwd(snug_backend *be, float *dgu, const float *dout, const float *gu, int N, int I);
+void snug_cpu_gelu_fwd(snug_backend *be, float *out, const float *inp, size_t n);
+void snug_cpu_gelu_bwd(snug_backend *be, float *dinp, const float *dout, const float *inp, size_t n);
+
+void snug_cpu_add(snug_backend *be, float *out, const float *a, const float *b, size_t n);
+void snug_cpu_accumulate(snug_backend *be, float *dst, const float *src, size_t n);
+void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n);
+
+double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const float *w,
+                             const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
+                             int chunk);
+
+double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n);
+void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int step, float grad_scale);
+
+#endif

@@ -1,0 +1,76 @@
+/* xent_cpu.c: the fused output projection + softmax + cross-entropy on the CPU, chunked over tokens.
+ *
+ * For each chunk of `chunk` tokens: logits (chunk,V) = h_chunk @ w^T (one GEMM), then per row the loss
+ * lse - logit[label], and when gradients are wanted the row is overwritten in place by
+ * G = grad_scale * (softmax - onehot), from which two more GEMMs give dh_chunk += G @ w and dw += G^T @ h_chunk.
+ * The full (N,V) logits never exist. Chunks without any supervised token are skipped. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/ops_cpu.h"
+
+#define NT(be) ((be)->nthreads)
+
+double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const float *w,
+                             const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
+                             int chunk) {
+    // h (N,C), w (V,C), labels (N), dh (N,C) +=, dw (V,C) +=, logits_ws (chunk,V)
+    int grad = dh || dw;
+    if (chunk <= 0)
+        chunk = N;
+    double total = 0.0;
+    snug_cpu_blas_threads(be);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        int nc = N - n0 < chunk ? N - n0 : chunk;
+        const float *hc = h + (size_t)n0 * C;
+        const int32_t *lab = labels + n0;
+        int any = 0;
+        for (int r = 0; r < nc && !any; r++)
+            any = lab[r] >= 0;
+        if (!any)
+            continue;
+
+        // logits (nc,V) = h_chunk (nc,C) @ w (V,C)^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, V, C, 1.0f, hc, C, w, C, 0.0f, logits_ws, V);
+
+        // rows in SNUG_CPU_NBLK fixed blocks; each block's loss in double, then added in order (deterministic)
+        double part[SNUG_CPU_NBLK];
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)nc * V >= SNUG_CPU_PAR_MIN)
+        for (int bk = 0; bk < SNUG_CPU_NBLK; bk++) {
+            int r0 = (int)((int64_t)nc * bk / SNUG_CPU_NBLK), r1 = (int)((int64_t)nc * (bk + 1) / SNUG_CPU_NBLK);
+            double acc = 0.0;
+            for (int r = r0; r < r1; r++) {
+                float *row = logits_ws + (size_t)r * V;
+                int y = lab[r];
+                if (y < 0) {
+                    if (grad)
+                        memset(row, 0, (size_t)V * sizeof(float));
+                    continue;
+                }
+                float mx = row[0];
+                for (int v = 1; v < V; v++)
+                    mx = row[v] > mx ? row[v] : mx;
+                double sum = 0.0;
+                for (int v = 0; v < V; v++)
+                    sum += expf(row[v] - mx);
+                acc += mx + log(sum) - row[y];
+                if (grad) { // row <- grad_scale * (softmax - onehot)
+                    float k = (float)(grad_scale / sum);
+                    for (int v = 0; v < V; v++)
+                        row[v] = expf(row[v] - mx) * k;
+                    row[y] -= grad_scale;
+                }
+            }
+            part[bk] = acc;
+        }
+        for (int bk = 0; bk < SNUG_CPU_NBLK; bk++)
+            total += part[bk];
+
+        if (dh) // dh_chunk (nc,C) += G (nc,V) @ w (V,C)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, C, V, 1.0f, logits_ws, V, w, C, 1.0f,
+                        dh + (size_t)n0 * C, C);
+        if (dw) // dw (V,C) += G^T (V,nc) @ h_chunk (nc,C)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, nc, 1.0f, logits_ws, V, hc, C, 1.0f, dw, C);
+    }
+    return total;
+}

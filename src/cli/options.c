@@ -1,0 +1,988 @@
+/* options.c: the training configuration from YAML and the command line (see options.h).
+ *
+ * Everything a user can write is one row of `keys` below: its name and other spellings (Hugging Face
+ * TrainingArguments, TRL), its type, where it lives in snug_options, its default, one line of help, and whether snug
+ * does it yet. Defaults, parsing, type errors, the "did you mean" suggestion, the refusal of features not built and
+ * the --help listing all read that one table, so they cannot disagree.
+ *
+ * A key of a feature snug has not built is recognised and refused ("bf16 is not supported yet"), never silently
+ * ignored; but a value that asks for nothing (`bf16: false`, an empty `wandb_project:`) is accepted, so existing
+ * Axolotl configs load unchanged when they only switch such features off. */
+#include "cli/options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+typedef enum key_type {
+    KT_INT,      /* int, strict decimal (3.0 is accepted, 2.5 is not) */
+    KT_FLOAT,    /* double: 3e-4, 0.0003 */
+    KT_BOOL,     /* true/false/yes/no/on/off */
+    KT_STRING,   /* char[size] */
+    KT_ENUM,     /* char[size] holding one of `values` */
+    KT_SIZE,     /* double bytes from "40GB", "512 MiB", "1000000" */
+    KT_DATASETS, /* the datasets list */
+    KT_LIST,     /* only for keys not supported yet */
+    KT_MAP,      /* only for keys not supported yet */
+} key_type;
+
+/* Groups of the --help listing, in the order of options.h. G_DATASET keys live inside each datasets entry. */
+enum { G_MODEL, G_DATA, G_DATASET, G_BATCH, G_OPTIM, G_OUTPUT, G_GEN, G_MEMORY, NGROUPS };
+
+static const char *const group_titles[NGROUPS] = {
+    "model", "data", "each datasets entry", "batch & schedule", "optimizer", "output & logging", "generation",
+    "memory",
+};
+
+typedef struct key_spec {
+    const char *name;
+    const char *aliases;      /* other spellings, space-separated, or NULL */
+    key_type type;
+    int group;
+    size_t offset, size;      /* field in snug_options (snug_dataset_spec for G_DATASET) */
+    const char *def;          /* default, written as a user would write it; NULL = none */
+    const char *values;       /* KT_ENUM: accepted values, "name" or "spelling=name", space-separated */
+    const char *later_values; /* KT_ENUM: values recognised but not built yet; "*" = every other value */
+    const char *off;          /* not-supported keys: values that ask for nothing (besides null, empty and false) */
+    const char *later;        /* non-NULL: the key is not supported yet, and this says what it would do */
+    const char *help;
+} key_spec;
+
+/* Field placement with a compile-time type check: a row whose type disagrees with its field does not compile. */
+#define AT_INT(f) .offset = _Generic(((snug_options *)0)->f, int: offsetof(snug_options, f)), .size = sizeof(int)
+#define AT_DBL(f) .offset = _Generic(((snug_options *)0)->f, double: offsetof(snug_options, f)), .size = sizeof(double)
+#define AT_STR(f) \
+    .offset = _Generic(((snug_options *)0)->f, char *: offsetof(snug_options, f)), .size = sizeof(((snug_options *)0)->f)
+#define DS_STR(f)                                                                  \
+    .offset = _Generic(((snug_dataset_spec *)0)->f, char *: offsetof(snug_dataset_spec, f)), \
+    .size = sizeof(((snug_dataset_spec *)0)->f)
+
+#define LATER_BOOL(n, why) {.name = n, .type = KT_BOOL, .later = why}
+#define LATER(n, t, why) {.name = n, .type = t, .later = why}
+
+static const key_spec keys[] = {
+    /* model */
+    {.name = "base_model", .aliases = "model_name_or_path", .type = KT_STRING, .group = G_MODEL, AT_STR(base_model),
+     .def = "", .help = "Hugging Face model folder to fine-tune; empty = train model_preset from scratch"},
+    {.name = "model_preset", .type = KT_STRING, .group = G_MODEL, AT_STR(model_preset), .def = "tiny-llama",
+     .help = "built-in architecture trained from scratch when base_model is empty"},
+    {.name = "tokenizer", .aliases = "tokenizer_config tokenizer_name", .type = KT_STRING, .group = G_MODEL,
+     AT_STR(tokenizer), .def = "", .help = "tokenizer folder or tokenizer.json; empty = base_model's, or the built-in one"},
+
+    /* data */
+    {.name = "datasets", .aliases = "dataset", .type = KT_DATASETS, .group = G_DATA,
+     .help = "training data: a list of entries (keys below); on the command line --dataset FILE.jsonl adds a "
+             "completion dataset, and the first one given there replaces the config's list"},
+    {.name = "sequence_len", .aliases = "max_seq_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
+     .def = "256", .help = "tokens per training row (the context length trained)"},
+    {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
+     .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
+
+    /* each datasets entry */
+    {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
+     .help = "JSONL file, one example per line (required); relative to the YAML file's folder"},
+    {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_STR(type), .def = "completion", .values = "completion",
+     .later_values = "alpaca chat chat_template sharegpt input_output pretokenized",
+     .help = "completion = train on every token of the text"},
+    {.name = "field", .type = KT_STRING, .group = G_DATASET, DS_STR(field), .def = "text",
+     .help = "the JSON field that holds the text"},
+    {.name = "split", .type = KT_STRING, .group = G_DATASET, .off = "train",
+     .later = "splits of Hugging Face hub datasets; snug reads local JSONL files"},
+    {.name = "name", .type = KT_STRING, .group = G_DATASET,
+     .later = "configurations of Hugging Face hub datasets; snug reads local JSONL files"},
+    {.name = "data_files", .type = KT_LIST, .group = G_DATASET,
+     .later = "several files per entry; give each file its own entry"},
+    {.name = "ds_type", .type = KT_STRING, .group = G_DATASET, .off = "json",
+     .later = "formats other than JSONL"},
+    {.name = "field_messages", .type = KT_STRING, .group = G_DATASET, .later = "chat datasets"},
+    {.name = "message_property_mappings", .type = KT_MAP, .group = G_DATASET, .later = "chat datasets"},
+    {.name = "roles_to_train", .type = KT_LIST, .group = G_DATASET, .later = "chat datasets"},
+
+    /* batch & schedule */
+    {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
+     AT_INT(micro_batch_size), .def = "4", .help = "examples per forward/backward pass"},
+    {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
+     .def = "1", .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
+    {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
+     .def = "1", .help = "passes over the training data (used when max_steps is -1)"},
+    {.name = "max_steps", .type = KT_INT, .group = G_BATCH, AT_INT(max_steps), .def = "-1",
+     .help = "optimizer steps to run; -1 = as many as num_epochs gives"},
+    {.name = "learning_rate", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(learning_rate), .def = "3e-4",
+     .help = "peak learning rate, reached after warmup"},
+    {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_STR(lr_scheduler),
+     .def = "cosine", .values = "cosine linear constant constant_with_warmup=constant",
+     .later_values = "cosine_with_restarts polynomial inverse_sqrt reduce_lr_on_plateau cosine_with_min_lr "
+                     "warmup_stable_decay one_cycle rex",
+     .help = "after warmup: cosine or linear decay to 0, or constant"},
+    {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
+     .help = "steps of linear warmup from 0 to learning_rate"},
+    {.name = "warmup_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(warmup_ratio), .def = "0",
+     .help = "warmup as a fraction of all steps, used when warmup_steps is 0"},
+
+    /* optimizer */
+    {.name = "optimizer", .aliases = "optim", .type = KT_ENUM, .group = G_OPTIM, AT_STR(optimizer), .def = "adamw",
+     .values = "adamw adamw_torch=adamw adamw_torch_fused=adamw", .later_values = "*",
+     .help = "AdamW with decoupled weight decay (adamw_torch and adamw_torch_fused mean the same)"},
+    {.name = "weight_decay", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(weight_decay), .def = "0",
+     .help = "decoupled weight decay"},
+    {.name = "adam_beta1", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta1), .def = "0.9",
+     .help = "decay of the first-moment average"},
+    {.name = "adam_beta2", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta2), .def = "0.999",
+     .help = "decay of the second-moment average"},
+    {.name = "adam_epsilon", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_epsilon), .def = "1e-8",
+     .help = "added to the root of the second moment"},
+    {.name = "max_grad_norm", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(max_grad_norm), .def = "1.0",
+     .help = "clip the global gradient norm to this; 0 = no clipping"},
+
+    /* output & logging */
+    {.name = "output_dir", .type = KT_STRING, .group = G_OUTPUT, AT_STR(output_dir), .def = "out",
+     .help = "folder for checkpoints and the final model (relative to the current directory)"},
+    {.name = "seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(seed), .def = "42",
+     .help = "seed for initialisation, shuffling and sampling"},
+    {.name = "logging_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(logging_steps), .def = "1",
+     .help = "print loss, learning rate and throughput every N steps"},
+    {.name = "eval_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(eval_steps), .def = "0",
+     .help = "evaluate on the held-out set every N steps; 0 = at the end of each epoch"},
+    {.name = "save_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_steps), .def = "0",
+     .help = "save a checkpoint every N steps; 0 = only at the end"},
+    {.name = "threads", .aliases = "num_threads", .type = KT_INT, .group = G_OUTPUT, AT_INT(threads), .def = "0",
+     .help = "CPU threads; 0 = all cores"},
+
+    /* generation */
+    {.name = "sample_prompt", .type = KT_STRING, .group = G_GEN, AT_STR(sample_prompt), .def = "",
+     .help = "text to continue after training; empty = none"},
+    {.name = "sample_tokens", .aliases = "max_new_tokens", .type = KT_INT, .group = G_GEN, AT_INT(sample_tokens),
+     .def = "64", .help = "tokens to generate"},
+    {.name = "temperature", .type = KT_FLOAT, .group = G_GEN, AT_DBL(temperature), .def = "0.8",
+     .help = "sampling temperature; 0 = greedy"},
+    {.name = "top_k", .type = KT_INT, .group = G_GEN, AT_INT(top_k), .def = "40",
+     .help = "sample among the k most likely tokens; 0 = all"},
+    {.name = "top_p", .type = KT_FLOAT, .group = G_GEN, AT_DBL(top_p), .def = "0.95",
+     .help = "sample among the most likely tokens whose probabilities add up to this; 1 = all"},
+
+    /* memory */
+    {.name = "memory_budget", .type = KT_SIZE, .group = G_MEMORY, AT_DBL(memory_budget), .def = "0",
+     .help = "most memory snug may plan and allocate: 40GB, 40 GiB, 512MiB or bytes; 0 = no limit"},
+
+    /* recognised, not supported yet */
+    LATER_BOOL("gradient_checkpointing", "recomputing activations in the backward pass"),
+    LATER("gradient_checkpointing_every_n_layers", KT_INT, "recomputing activations in the backward pass"),
+    LATER("gradient_checkpointing_kwargs", KT_MAP, "recomputing activations in the backward pass"),
+    LATER_BOOL("activation_offloading", "offloading activations to the CPU"),
+    LATER_BOOL("flash_attention", "fused attention kernels"),
+    LATER_BOOL("sdp_attention", "fused attention kernels"),
+    LATER_BOOL("xformers_attention", "fused attention kernels"),
+    LATER_BOOL("bf16", "bf16 mixed precision; snug trains in fp32"),
+    LATER_BOOL("fp16", "fp16 mixed precision; snug trains in fp32"),
+    LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
+    LATER_BOOL("master_weights", "separate fp32 master weights for low-precision training"),
+    LATER_BOOL("load_in_8bit", "quantised base models"),
+    LATER_BOOL("load_in_4bit", "quantised base models"),
+    LATER("adapter", KT_STRING, "LoRA/QLoRA adapters; snug does full fine-tuning"),
+    LATER("lora_r", KT_INT, "LoRA adapters; snug does full fine-tuning"),
+    LATER("lora_alpha", KT_INT, "LoRA adapters; snug does full fine-tuning"),
+    LATER("lora_dropout", KT_FLOAT, "LoRA adapters; snug does full fine-tuning"),
+    LATER("lora_target_modules", KT_LIST, "LoRA adapters; snug does full fine-tuning"),
+    LATER_BOOL("lora_target_linear", "LoRA adapters; snug does full fine-tuning"),
+    LATER("lora_model_dir", KT_STRING, "LoRA adapters; snug does full fine-tuning"),
+    LATER_BOOL("sample_packing", "packing several examples into one row"),
+    LATER_BOOL("eval_sample_packing", "packing several examples into one row"),
+    LATER_BOOL("pad_to_sequence_len", "padding every row to sequence_len"),
+    LATER_BOOL("group_by_length", "batching examples of similar length"),
+    LATER("pad_to_multiple_of", KT_INT, "padding rows to a multiple of a length"),
+    LATER_BOOL("train_on_inputs", "prompt/response datasets; a completion dataset trains on every token"),
+    LATER_BOOL("chunked_cross_entropy", "computing the loss in chunks"),
+    LATER_BOOL("optimizer_in_backward", "running the optimizer step inside the backward pass"),
+    LATER_BOOL("auto_fit", "fitting the batch to memory automatically"),
+    LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
+    LATER_BOOL("torch_compile", "graph compilation"),
+    LATER("deepspeed", KT_STRING, "multi-GPU training"),
+    LATER("fsdp", KT_LIST, "multi-GPU training"),
+    LATER("fsdp_config", KT_MAP, "multi-GPU training"),
+    LATER("local_rank", KT_INT, "multi-GPU training"),
+    LATER("resume_from_checkpoint", KT_STRING, "resuming from a checkpoint"),
+    LATER("save_total_limit", KT_INT, "deleting old checkpoints"),
+    LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
+    LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
+    LATER("eval_batch_size", KT_INT, "a separate evaluation batch size; evaluation uses micro_batch_size"),
+    LATER("early_stopping_patience", KT_INT, "early stopping"),
+    LATER("loss_watchdog_threshold", KT_FLOAT, "stopping when the loss explodes"),
+    LATER("loss_watchdog_patience", KT_INT, "stopping when the loss explodes"),
+    LATER("lr_scheduler_kwargs", KT_MAP, "scheduler options"),
+    LATER("wandb_project", KT_STRING, "Weights & Biases logging"),
+    LATER("wandb_entity", KT_STRING, "Weights & Biases logging"),
+    LATER("wandb_name", KT_STRING, "Weights & Biases logging"),
+    LATER("wandb_watch", KT_STRING, "Weights & Biases logging"),
+    LATER("wandb_log_model", KT_STRING, "Weights & Biases logging"),
+    LATER_BOOL("use_tensorboard", "TensorBoard logging"),
+    LATER("special_tokens", KT_MAP, "adding or changing special tokens"),
+    LATER("chat_template", KT_STRING, "chat templates"),
+    LATER("dataset_prepared_path", KT_STRING, "a cache of tokenised data"),
+    LATER_BOOL("skip_bad_examples", "skipping malformed examples"),
+    LATER_BOOL("trust_remote_code", "running a model's own Python code"),
+    {.name = "model_type", .type = KT_STRING, .off = "AutoModelForCausalLM",
+     .later = "choosing the model class; snug reads it from config.json"},
+    {.name = "tokenizer_type", .type = KT_STRING, .off = "AutoTokenizer",
+     .later = "choosing the tokenizer class; snug reads tokenizer.json"},
+    LATER_BOOL("strict", "Axolotl's strict mode; snug always rejects unknown keys"),
+};
+
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
+/* ---- small helpers ---- */
+
+/* Calls back for each space-separated word of list; stops and returns 1 when fn does. */
+static int word_matches(const char *list, const char *w, size_t wlen) {
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ')
+            p++;
+        size_t n = strcspn(p, " ");
+        if (n && n == wlen && memcmp(p, w, n) == 0)
+            return 1;
+        p += n;
+    }
+    return 0;
+}
+
+static int in_list(const char *list, const char *w) { return word_matches(list, w, strlen(w)); }
+
+static int key_answers_to(const key_spec *k, const char *name) {
+    return strcmp(k->name, name) == 0 || (k->aliases && in_list(k->aliases, name));
+}
+
+static const key_spec *find_key(const char *name, int dataset_scope) {
+    for (int i = 0; i < NKEYS; i++)
+        if ((keys[i].group == G_DATASET) == dataset_scope && key_answers_to(&keys[i], name))
+            return &keys[i];
+    return NULL;
+}
+
+/* Case-insensitive Levenshtein distance; long inputs are clipped (a suggestion for them would be a guess anyway). */
+static int edit_distance(const char *a, const char *b) {
+    enum { MAXLEN = 96 };
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > MAXLEN)
+        na = MAXLEN;
+    if (nb > MAXLEN)
+        nb = MAXLEN;
+    int prev[MAXLEN + 1], cur[MAXLEN + 1];
+    for (size_t j = 0; j <= nb; j++)
+        prev[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int sub = prev[j - 1] + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(int) * (nb + 1));
+    }
+    return prev[nb];
+}
+
+/* The closest name or alias to `name` among the keys of one scope, or NULL when none is close. */
+static const char *closest_key(const char *name, int dataset_scope, char *buf, size_t cap) {
+    int best = INT_MAX;
+    for (int i = 0; i < NKEYS; i++) {
+        const key_spec *k = &keys[i];
+        if ((k->group == G_DATASET) != dataset_scope)
+            continue;
+        int d = edit_distance(name, k->name);
+        if (d < best) {
+            best = d;
+            snprintf(buf, cap, "%s", k->name);
+        }
+        for (const char *p = k->aliases; p && *p;) {
+            size_t n = strcspn(p, " ");
+            char alias[96];
+            snprintf(alias, sizeof alias, "%.*s", (int)n, p);
+            d = edit_distance(name, alias);
+            if (d < best) {
+                best = d;
+                snprintf(buf, cap, "%s", alias);
+            }
+            p += n;
+            while (*p == ' ')
+                p++;
+        }
+    }
+    int len = (int)strlen(name);
+    return (best <= 3 || best * 3 <= len) && best < len ? buf : NULL;
+}
+
+static int unknown_key(const char *name, int dataset_scope, const char *loc, snug_error *e) {
+    char buf[96];
+    const char *s = closest_key(name, dataset_scope, buf, sizeof buf);
+    if (s)
+        return snug_fail(e, SNUG_EINPUT, "unknown key '%.100s' in %s: did you mean '%s'?", name, loc, s);
+    return snug_fail(e, SNUG_EINPUT, "unknown key '%.100s' in %s: `snug train --help` lists the keys", name, loc);
+}
+
+/* ---- parsing one value ---- */
+
+/* Strict decimal or scientific number; rejects hex, inf, nan, trailing text and empty input. */
+static int parse_double(const char *s, double *out) {
+    if (!*s || strspn(s, "0123456789+-.eE") != strlen(s))
+        return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Returns 0, -1 for not a whole number, -2 for out of int range. */
+static int parse_int(const char *s, int *out) {
+    if (!*s || isspace((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end == '\0') {
+        if (errno == ERANGE || v < INT_MIN || v > INT_MAX)
+            return -2;
+        *out = (int)v;
+        return 0;
+    }
+    double d; /* "3.0" and "1e3" are whole numbers too */
+    if (parse_double(s, &d) || d != floor(d))
+        return -1;
+    if (d < INT_MIN || d > INT_MAX)
+        return -2;
+    *out = (int)d;
+    return 0;
+}
+
+static int parse_bool(const char *s, int *out) {
+    static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
+    for (int i = 0; i < 3; i++) {
+        if (strcasecmp(s, yes[i]) == 0)
+            return *out = 1, 0;
+        if (strcasecmp(s, no[i]) == 0)
+            return *out = 0, 0;
+    }
+    return -1;
+}
+
+/* "40GB", "40 GiB", "512MiB", "1000000": decimal units are powers of 1000, binary (KiB...) of 1024. */
+static int parse_size(const char *s, double *out) {
+    static const struct { const char *unit; double scale; } units[] = {
+        {"", 1},        {"B", 1},          {"KB", 1e3},          {"MB", 1e6},          {"GB", 1e9},
+        {"TB", 1e12},   {"KiB", 1024.0},   {"MiB", 1048576.0},   {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    };
+    char num[64];
+    size_t n = strspn(s, "0123456789+-.eE");
+    /* A unit starting with e/E ("EB") would be eaten as an exponent; snug has no such unit, so this is safe. */
+    if (n == 0 || n >= sizeof num)
+        return -1;
+    memcpy(num, s, n);
+    num[n] = '\0';
+    double v;
+    if (parse_double(num, &v) || v < 0)
+        return -1;
+    const char *u = s + n;
+    while (*u == ' ')
+        u++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcasecmp(u, units[i].unit) == 0 && (*u || u == s + n)) {
+            *out = v * units[i].scale;
+            return isfinite(*out) ? 0 : -1;
+        }
+    return -1;
+}
+
+/* The canonical value of an enum spelling, or NULL; "adamw_torch=adamw" maps adamw_torch to adamw. */
+static int enum_value(const char *values, const char *s, char *canon, size_t cap) {
+    for (const char *p = values; *p;) {
+        size_t n = strcspn(p, " ");
+        const char *eq = memchr(p, '=', n);
+        size_t spell = eq ? (size_t)(eq - p) : n;
+        if (spell == strlen(s) && memcmp(p, s, spell) == 0) {
+            if (eq)
+                snprintf(canon, cap, "%.*s", (int)(n - spell - 1), eq + 1);
+            else
+                snprintf(canon, cap, "%.*s", (int)n, p);
+            return 0;
+        }
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+    return -1;
+}
+
+/* "cosine, linear, constant" from "cosine linear constant constant_with_warmup=constant" (aliases left out). */
+static void enum_choices(const char *values, const char *sep, char *out, size_t cap) {
+    out[0] = '\0';
+    size_t len = 0;
+    for (const char *p = values; *p && len < cap;) {
+        size_t n = strcspn(p, " ");
+        if (!memchr(p, '=', n))
+            len += (size_t)snprintf(out + len, cap - len, "%s%.*s", len ? sep : "", (int)n, p);
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+}
+
+static const char *type_phrase(const key_spec *k, char *buf, size_t cap) {
+    switch (k->type) {
+    case KT_INT: return "an integer";
+    case KT_FLOAT: return "a number";
+    case KT_BOOL: return "true or false";
+    case KT_STRING: return "a string";
+    case KT_SIZE: return "a size such as 40GB, 40 GiB, 512MiB or a number of bytes";
+    case KT_DATASETS: return "a list of datasets";
+    case KT_LIST: return "a list";
+    case KT_MAP: return "a mapping";
+    case KT_ENUM: {
+        char choices[256];
+        enum_choices(k->values, ", ", choices, sizeof choices);
+        snprintf(buf, cap, "one of %s", choices);
+        return buf;
+    }
+    }
+    return "?";
+}
+
+/* Sets one supported scalar key from text. base is snug_options, or snug_dataset_spec for G_DATASET keys. Writes
+ * nothing on failure. `written` is the key as the user spelled it, so the message names what they wrote. */
+static int set_text(void *base, const key_spec *k, const char *written, const char *text, const char *loc,
+                    snug_error *e) {
+    char *field = (char *)base + k->offset, buf[320];
+    switch (k->type) {
+    case KT_INT: {
+        int v, rc = parse_int(text, &v);
+        if (rc == -2)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is out of range, got '%.60s'; use a value between %d and %d",
+                             loc, written, text, INT_MIN, INT_MAX);
+        if (rc)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s must be an integer, got '%.60s'", loc, written, text);
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case KT_FLOAT: {
+        double v;
+        if (parse_double(text, &v))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s must be a number such as 0.5 or 3e-4, got '%.60s'", loc,
+                             written, text);
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case KT_SIZE: {
+        double v;
+        if (parse_size(text, &v))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s must be %s, got '%.60s'", loc, written,
+                             type_phrase(k, buf, sizeof buf), text);
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case KT_BOOL: {
+        int v;
+        if (parse_bool(text, &v))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s must be true or false, got '%.60s'", loc, written, text);
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case KT_STRING:
+        if (strlen(text) >= k->size)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (%zu characters; at most %zu)", loc, written,
+                             strlen(text), k->size - 1);
+        memcpy(field, text, strlen(text) + 1);
+        return 0;
+    case KT_ENUM: {
+        char canon[64];
+        if (enum_value(k->values, text, canon, sizeof canon) == 0 && strlen(canon) < k->size) {
+            memcpy(field, canon, strlen(canon) + 1);
+            return 0;
+        }
+        char choices[256];
+        enum_choices(k->values, ", ", choices, sizeof choices);
+        if (k->later_values && (strcmp(k->later_values, "*") == 0 || in_list(k->later_values, text)))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s '%.60s' is not supported yet; use %s", loc, written, text,
+                             choices);
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be one of %s, got '%.60s'", loc, written, choices, text);
+    }
+    case KT_DATASETS:
+    case KT_LIST:
+    case KT_MAP:
+        break;
+    }
+    return snug_fail(e, SNUG_EINTERNAL, "%s: %s has no scalar setter (a bug in snug's option table)", loc, written);
+}
+
+/* A key of a feature not built yet: fine when its value asks for nothing, refused otherwise. `text` is NULL for a
+ * list or mapping; `nothing` says the value is null, empty, or an empty list or mapping. */
+static int refuse_later(const key_spec *k, const char *written, const char *text, int nothing, const char *loc,
+                        snug_error *e) {
+    int b;
+    if (nothing || (text && k->type == KT_BOOL && parse_bool(text, &b) == 0 && !b) ||
+        (text && k->off && in_list(k->off, text)))
+        return 0;
+    char alt[96] = "";
+    if (k->type == KT_BOOL)
+        snprintf(alt, sizeof alt, " or set it to false");
+    else if (k->off)
+        snprintf(alt, sizeof alt, " or set it to %.*s", (int)strcspn(k->off, " "), k->off);
+    return snug_fail(e, SNUG_EINPUT, "%s: %s is not supported yet (%s); remove it%s", loc, written, k->later, alt);
+}
+
+/* Sets every key of one scope to its default. */
+static void apply_defaults(void *base, int dataset_scope) {
+    for (int i = 0; i < NKEYS; i++) {
+        const key_spec *k = &keys[i];
+        if ((k->group == G_DATASET) != dataset_scope || k->later || k->type == KT_DATASETS)
+            continue;
+        if (k->def)
+            set_text(base, k, k->name, k->def, "default", NULL);
+        else if (k->type == KT_STRING)
+            ((char *)base)[k->offset] = '\0';
+    }
+}
+
+void snug_options_defaults(snug_options *o) {
+    memset(o, 0, sizeof *o);
+    apply_defaults(o, 0);
+}
+
+/* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written). */
+static int add_dataset_path(snug_options *o, const char *path, const char *dir, const char *loc, snug_error *e) {
+    if (o->ndatasets >= SNUG_MAX_DATASETS)
+        return snug_fail(e, SNUG_EINPUT, "%s: more than %d datasets; merge some JSONL files", loc,
+                         SNUG_MAX_DATASETS);
+    if (!*path)
+        return snug_fail(e, SNUG_EINPUT, "%s: a dataset path is empty; give a JSONL file", loc);
+    snug_dataset_spec ds;
+    apply_defaults(&ds, 1);
+    int n = *dir && path[0] != '/' ? snprintf(ds.path, sizeof ds.path, "%s/%s", dir, path)
+                                   : snprintf(ds.path, sizeof ds.path, "%s", path);
+    if (n < 0 || (size_t)n >= sizeof ds.path)
+        return snug_fail(e, SNUG_EINPUT, "%s: dataset path '%.60s...' is too long (at most %zu characters)", loc,
+                         path, sizeof ds.path - 1);
+    o->datasets[o->ndatasets++] = ds;
+    return 0;
+}
+
+/* ---- YAML ---- */
+
+typedef struct yaml_src {
+    const char *path;     /* the config file, as given */
+    char dir[1024];       /* its folder, "" when it is in the current directory */
+    yaml_document_t *doc;
+} yaml_src;
+
+static void where_line(char *loc, size_t cap, const yaml_src *y, const yaml_node_t *n) {
+    snprintf(loc, cap, "%s line %lu", y->path, (unsigned long)n->start_mark.line + 1);
+}
+
+static int node_is_null(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    const char *s = (const char *)n->data.scalar.value;
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
+}
+
+static int node_is_empty(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_SCALAR_NODE: return n->data.scalar.length == 0 || node_is_null(n);
+    case YAML_SEQUENCE_NODE: return n->data.sequence.items.top == n->data.sequence.items.start;
+    case YAML_MAPPING_NODE: return n->data.mapping.pairs.top == n->data.mapping.pairs.start;
+    default: return 1;
+    }
+}
+
+static const char *node_kind(const yaml_node_t *n) {
+    return n->type == YAML_SEQUENCE_NODE ? "a list" : n->type == YAML_MAPPING_NODE ? "a mapping" : "a value";
+}
+
+/* The text of a scalar node, or NULL (with e filled) when it holds a NUL byte that C strings would cut short. */
+static const char *node_text(const yaml_node_t *n, const char *written, const char *loc, snug_error *e) {
+    const char *s = (const char *)n->data.scalar.value;
+    if (strlen(s) != n->data.scalar.length) {
+        snug_fail(e, SNUG_EINPUT, "%s: %s contains a NUL character; remove it", loc, written);
+        return NULL;
+    }
+    return s;
+}
+
+/* Applies a YAML value to one scalar key (either scope): null means the default. */
+static int apply_scalar_node(void *base, const key_spec *k, const char *written, const yaml_node_t *v,
+                             const char *loc, snug_error *e) {
+    char buf[320];
+    if (k->later)
+        return refuse_later(k, written, v->type == YAML_SCALAR_NODE ? (const char *)v->data.scalar.value : NULL,
+                            node_is_empty(v), loc, e);
+    if (v->type != YAML_SCALAR_NODE)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be %s, got %s", loc, written, type_phrase(k, buf, sizeof buf),
+                         node_kind(v));
+    if (node_is_null(v))
+        return set_text(base, k, written, k->def ? k->def : "", loc, e);
+    const char *text = node_text(v, written, loc, e);
+    return text ? set_text(base, k, written, text, loc, e) : SNUG_EINPUT;
+}
+
+/* Reads the keys of one mapping (the whole config, or one datasets entry) into base. */
+static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
+                        snug_error *e);
+
+static int load_dataset_entry(snug_options *o, int index, const yaml_src *y, const yaml_node_t *item,
+                              snug_error *e) {
+    char loc[1200], what[64];
+    where_line(loc, sizeof loc, y, item);
+    if (o->ndatasets >= SNUG_MAX_DATASETS)
+        return snug_fail(e, SNUG_EINPUT, "%s: more than %d datasets; merge some JSONL files", loc,
+                         SNUG_MAX_DATASETS);
+    if (item->type == YAML_SCALAR_NODE) { /* "- data.jsonl" is short for "- path: data.jsonl" */
+        const char *text = node_text(item, "datasets", loc, e);
+        return text ? add_dataset_path(o, text, y->dir, loc, e) : SNUG_EINPUT;
+    }
+    if (item->type != YAML_MAPPING_NODE)
+        return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] must be a mapping such as 'path: data.jsonl', got a list",
+                         loc, index);
+    snug_dataset_spec ds;
+    apply_defaults(&ds, 1);
+    snprintf(what, sizeof what, "datasets[%d]", index);
+    SNUG_TRY(load_mapping(&ds, 1, y, item, what, e));
+    if (!ds.path[0])
+        return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] has no path; add 'path: data.jsonl'", loc, index);
+    SNUG_TRY(add_dataset_path(o, ds.path, y->dir, loc, e));
+    memcpy(o->datasets[o->ndatasets - 1].type, ds.type, sizeof ds.type);
+    memcpy(o->datasets[o->ndatasets - 1].field, ds.field, sizeof ds.field);
+    return 0;
+}
+
+static int load_datasets(snug_options *o, const char *written, const yaml_src *y, const yaml_node_t *v,
+                         const char *loc, snug_error *e) {
+    o->ndatasets = 0;
+    if (node_is_null(v))
+        return 0;
+    if (v->type == YAML_SCALAR_NODE) { /* "datasets: data.jsonl": one completion dataset */
+        const char *text = node_text(v, written, loc, e);
+        return text ? add_dataset_path(o, text, y->dir, loc, e) : SNUG_EINPUT;
+    }
+    if (v->type == YAML_MAPPING_NODE)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be a list; write each dataset as '- path: data.jsonl'", loc,
+                         written);
+    int index = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++, index++)
+        SNUG_TRY(load_dataset_entry(o, index, y, yaml_document_get_node(y->doc, *it), e));
+    return 0;
+}
+
+static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
+                        snug_error *e) {
+    unsigned long seen[NKEYS] = {0}; /* line where each key was set, to catch a key given twice */
+    const char *seen_as[NKEYS] = {0};
+    char loc[1300];
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
+        yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key), *v = yaml_document_get_node(y->doc, pr->value);
+        unsigned long line = (unsigned long)kn->start_mark.line + 1;
+        if (*what)
+            snprintf(loc, sizeof loc, "%s in %s line %lu", what, y->path, line);
+        else
+            snprintf(loc, sizeof loc, "%s line %lu", y->path, line);
+        if (kn->type != YAML_SCALAR_NODE)
+            return snug_fail(e, SNUG_EINPUT, "%s: a key must be a plain name, got %s", loc, node_kind(kn));
+        const char *name = (const char *)kn->data.scalar.value;
+        const key_spec *k = find_key(name, dataset_scope);
+        if (!k)
+            return unknown_key(name, dataset_scope, loc, e);
+        int ki = (int)(k - keys);
+        if (seen[ki])
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is set twice (as %s on line %lu); keep one", loc, name,
+                             seen_as[ki], seen[ki]);
+        seen[ki] = line;
+        seen_as[ki] = name;
+        if (k->type == KT_DATASETS && !k->later)
+            SNUG_TRY(load_datasets(base, name, y, v, loc, e));
+        else
+            SNUG_TRY(apply_scalar_node(base, k, name, v, loc, e));
+    }
+    return 0;
+}
+
+static int yaml_syntax_error(const yaml_parser_t *p, const char *path, snug_error *e) {
+    if (p->error == YAML_MEMORY_ERROR)
+        return snug_fail(e, SNUG_ENOMEM, "%s: out of memory while reading the YAML", path);
+    if (p->error == YAML_READER_ERROR)
+        return snug_fail(e, SNUG_EINPUT, "%s byte %lu: %s; save the file as UTF-8 text", path,
+                         (unsigned long)p->problem_offset, p->problem ? p->problem : "unreadable text");
+    char context[256] = "";
+    if (p->context)
+        snprintf(context, sizeof context, " (%s that starts on line %lu)", p->context,
+                 (unsigned long)p->context_mark.line + 1);
+    return snug_fail(e, SNUG_EINPUT,
+                     "%s line %lu column %lu: YAML syntax error: %s%s; check the indentation, the ': ' after each "
+                     "key and the quotes there",
+                     path, (unsigned long)p->problem_mark.line + 1, (unsigned long)p->problem_mark.column + 1,
+                     p->problem ? p->problem : "invalid YAML", context);
+}
+
+static int load_document(snug_options *o, yaml_src *y, snug_error *e) {
+    yaml_node_t *root = yaml_document_get_root_node(y->doc);
+    if (!root || node_is_null(root)) /* an empty file keeps every default */
+        return 0;
+    if (root->type != YAML_MAPPING_NODE) {
+        char loc[1200];
+        where_line(loc, sizeof loc, y, root);
+        return snug_fail(e, SNUG_EINPUT, "%s: the config must be 'key: value' lines, got %s", loc,
+                         root->type == YAML_SEQUENCE_NODE ? "a list" : "a single value");
+    }
+    return load_mapping(o, 0, y, root, "", e);
+}
+
+int snug_options_load_yaml(snug_options *o, const char *path, snug_error *e) {
+    snug_options tmp = *o; /* o changes only when the whole file is good */
+    if (strlen(path) >= sizeof tmp.config_path)
+        return snug_fail(e, SNUG_EINPUT, "config path '%.60s...' is too long (at most %zu characters)", path,
+                         sizeof tmp.config_path - 1);
+    memcpy(tmp.config_path, path, strlen(path) + 1);
+
+    yaml_src y = {.path = path};
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        snprintf(y.dir, sizeof y.dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return snug_fail(e, SNUG_EINPUT, "cannot open config '%s': %s; check the path", path, strerror(errno));
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) {
+        fclose(f);
+        return snug_fail(e, SNUG_ENOMEM, "%s: out of memory starting the YAML parser", path);
+    }
+    yaml_parser_set_input_file(&p, f);
+    yaml_document_t doc;
+    int rc;
+    if (!yaml_parser_load(&p, &doc)) {
+        rc = yaml_syntax_error(&p, path, e);
+    } else {
+        y.doc = &doc;
+        rc = load_document(&tmp, &y, e);
+        yaml_document_delete(&doc);
+        if (rc == 0) { /* a second document ("---") would be silently ignored: refuse it */
+            if (!yaml_parser_load(&p, &doc)) {
+                rc = yaml_syntax_error(&p, path, e);
+            } else {
+                yaml_node_t *root = yaml_document_get_root_node(&doc);
+                if (root)
+                    rc = snug_fail(e, SNUG_EINPUT, "%s line %lu: a second YAML document starts here; put all keys "
+                                   "in one document", path, (unsigned long)doc.start_mark.line + 1);
+                yaml_document_delete(&doc);
+            }
+        }
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    if (rc == 0)
+        *o = tmp;
+    return rc;
+}
+
+/* ---- command line ---- */
+
+int snug_options_set(snug_options *o, const char *key, const char *value, const char *where, snug_error *e) {
+    char name[128];
+    if (strlen(key) >= sizeof name)
+        return unknown_key(key, 0, where, e);
+    for (size_t i = 0;; i++) { /* --learning-rate is --learning_rate */
+        name[i] = key[i] == '-' ? '_' : key[i];
+        if (!key[i])
+            break;
+    }
+    const key_spec *k = find_key(name, 0);
+    if (!k)
+        return unknown_key(key, 0, where, e);
+    if (k->later)
+        return refuse_later(k, key, value, !*value, where, e);
+    if (k->type == KT_DATASETS)
+        return add_dataset_path(o, value, "", where, e);
+    return set_text(o, k, key, value, where, e);
+}
+
+/* Steps over one argument at *i. Returns 1 for an option (key and value filled), 0 for a plain argument, or an
+ * error code. */
+static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const char **value, snug_error *e) {
+    const char *a = argv[*i];
+    if (a[0] != '-' || !a[1])
+        return 0; /* "-" is a plain argument too */
+    if (a[1] != '-' || !a[2])
+        return snug_fail(e, SNUG_EINPUT, "command line: unknown option '%.60s'; options are written --key value", a);
+    const char *eq = strchr(a + 2, '=');
+    size_t n = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+    if (n >= cap)
+        return snug_fail(e, SNUG_EINPUT, "command line: option '%.60s...' is too long", a);
+    memcpy(key, a + 2, n);
+    key[n] = '\0';
+    if (eq) {
+        *value = eq + 1;
+        return 1;
+    }
+    const key_spec *k = find_key(key, 0);
+    int next_is_value = *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0;
+    if (k && k->type == KT_BOOL && !next_is_value) { /* a bare --flag means true */
+        *value = "true";
+        return 1;
+    }
+    if (*i + 1 >= argc)
+        return snug_fail(e, SNUG_EINPUT, "command line: --%s needs a value: --%s VALUE or --%s=VALUE", key, key, key);
+    *value = argv[++*i];
+    return 1;
+}
+
+int snug_options_parse_args(snug_options *o, int argc, char **argv, snug_error *e) {
+    snug_options tmp = *o;
+    char key[128];
+    const char *value, *config = NULL;
+    for (int i = 0; i < argc; i++) { /* first the config file, whatever its position */
+        int rc = next_arg(argc, argv, &i, key, sizeof key, &value, e);
+        if (rc < 0 || rc > 1)
+            return rc;
+        if (rc == 0 && config)
+            return snug_fail(e, SNUG_EINPUT,
+                             "command line: unexpected argument '%.100s' (the config is '%.100s'); give one config "
+                             "file and --key value options",
+                             argv[i], config);
+        if (rc == 0)
+            config = argv[i];
+    }
+    if (config)
+        SNUG_TRY(snug_options_load_yaml(&tmp, config, e));
+    int cli_datasets = 0;
+    for (int i = 0; i < argc; i++) { /* then the overrides, in order */
+        if (next_arg(argc, argv, &i, key, sizeof key, &value, e) != 1)
+            continue;
+        const key_spec *k = find_key(key, 0);
+        if (k && k->type == KT_DATASETS && cli_datasets++ == 0)
+            tmp.ndatasets = 0; /* the command line's datasets replace the config's */
+        SNUG_TRY(snug_options_set(&tmp, key, value, "command line", e));
+    }
+    *o = tmp;
+    return 0;
+}
+
+/* ---- validation ---- */
+
+#define REQUIRE(cond, ...)                                   \
+    do {                                                     \
+        if (!(cond))                                         \
+            return snug_fail(e, SNUG_EINPUT, __VA_ARGS__);   \
+    } while (0)
+
+int snug_options_validate(const snug_options *o, snug_error *e) {
+    const char *src = o->config_path[0] ? o->config_path : "options";
+    REQUIRE(o->base_model[0] || o->model_preset[0], "%s: model_preset is empty and so is base_model; set one", src);
+    REQUIRE(o->sequence_len >= 2, "%s: sequence_len is %d; it must be at least 2", src, o->sequence_len);
+    REQUIRE(o->val_set_size >= 0, "%s: val_set_size is %g; use 0 (none), a fraction below 1, or a count", src,
+            o->val_set_size);
+    REQUIRE(o->val_set_size < 1 || o->val_set_size == floor(o->val_set_size),
+            "%s: val_set_size is %g; a count (>= 1) must be a whole number, a fraction must be below 1", src,
+            o->val_set_size);
+    for (int i = 0; i < o->ndatasets; i++) {
+        const snug_dataset_spec *d = &o->datasets[i];
+        REQUIRE(d->path[0], "%s: datasets[%d] has no path; add 'path: data.jsonl'", src, i);
+        REQUIRE(!strcmp(d->type, "completion"), "%s: datasets[%d] type '%s' is not supported yet; use completion",
+                src, i, d->type);
+        REQUIRE(d->field[0], "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
+    }
+    REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
+    REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
+            o->gradient_accumulation_steps);
+    REQUIRE(o->max_steps == -1 || o->max_steps >= 1,
+            "%s: max_steps is %d; use -1 (train for num_epochs) or a number of steps >= 1", src, o->max_steps);
+    REQUIRE(o->max_steps >= 1 || o->num_epochs >= 1,
+            "%s: num_epochs is %d; it must be at least 1 (or set max_steps)", src, o->num_epochs);
+    REQUIRE(o->learning_rate > 0, "%s: learning_rate is %g; it must be above 0 (e.g. 3e-4)", src, o->learning_rate);
+    REQUIRE(!strcmp(o->lr_scheduler, "cosine") || !strcmp(o->lr_scheduler, "linear") ||
+                !strcmp(o->lr_scheduler, "constant"),
+            "%s: lr_scheduler '%s' is unknown; use cosine, linear or constant", src, o->lr_scheduler);
+    REQUIRE(o->warmup_steps >= 0, "%s: warmup_steps is %d; it must be 0 or more", src, o->warmup_steps);
+    REQUIRE(o->warmup_ratio >= 0 && o->warmup_ratio < 1, "%s: warmup_ratio is %g; it must be in [0, 1)", src,
+            o->warmup_ratio);
+    REQUIRE(o->warmup_steps == 0 || o->warmup_ratio == 0,
+            "%s: both warmup_steps (%d) and warmup_ratio (%g) are set; keep one", src, o->warmup_steps,
+            o->warmup_ratio);
+    REQUIRE(!strcmp(o->optimizer, "adamw"), "%s: optimizer '%s' is not supported yet; use adamw", src, o->optimizer);
+    REQUIRE(o->weight_decay >= 0, "%s: weight_decay is %g; it must be 0 or more", src, o->weight_decay);
+    REQUIRE(o->adam_beta1 >= 0 && o->adam_beta1 < 1, "%s: adam_beta1 is %g; it must be in [0, 1), e.g. 0.9", src,
+            o->adam_beta1);
+    REQUIRE(o->adam_beta2 >= 0 && o->adam_beta2 < 1, "%s: adam_beta2 is %g; it must be in [0, 1), e.g. 0.999", src,
+            o->adam_beta2);
+    REQUIRE(o->adam_epsilon > 0, "%s: adam_epsilon is %g; it must be above 0, e.g. 1e-8", src, o->adam_epsilon);
+    REQUIRE(o->max_grad_norm >= 0, "%s: max_grad_norm is %g; use 0 (no clipping) or a positive norm", src,
+            o->max_grad_norm);
+    REQUIRE(o->output_dir[0], "%s: output_dir is empty; name a folder", src);
+    REQUIRE(o->logging_steps >= 1, "%s: logging_steps is %d; it must be at least 1", src, o->logging_steps);
+    REQUIRE(o->eval_steps >= 0, "%s: eval_steps is %d; use 0 (end of each epoch) or a positive step count", src,
+            o->eval_steps);
+    REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
+            o->save_steps);
+    REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);
+    REQUIRE(o->sample_tokens >= 0, "%s: sample_tokens is %d; it must be 0 or more", src, o->sample_tokens);
+    REQUIRE(o->temperature >= 0, "%s: temperature is %g; use 0 (greedy) or a positive value", src, o->temperature);
+    REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);
+    REQUIRE(o->top_p > 0 && o->top_p <= 1, "%s: top_p is %g; it must be in (0, 1]", src, o->top_p);
+    REQUIRE(o->memory_budget >= 0, "%s: memory_budget is negative; use a size such as 40GB, or 0 for no limit", src);
+    return 0;
+}
+
+int snug_options_validate_train(const snug_options *o, snug_error *e) {
+    SNUG_TRY(snug_options_validate(o, e));
+    REQUIRE(o->ndatasets > 0, "%s: no training data; add 'datasets: [{path: data.jsonl}]' or --dataset data.jsonl",
+            o->config_path[0] ? o->config_path : "options");
+    return 0;
+}
+
+/* ---- help ---- */
+
+static void print_key(FILE *f, const key_spec *k) {
+    char type[320], choices[256];
+    if (k->type == KT_ENUM) {
+        enum_choices(k->values, "|", choices, sizeof choices);
+        snprintf(type, sizeof type, "%s", choices);
+    } else {
+        static const char *const names[] = {"int", "float", "bool", "string", "", "size", "list", "list", "mapping"};
+        snprintf(type, sizeof type, "%s", names[k->type]);
+    }
+    fprintf(f, "  %s: %s", k->name, type);
+    if (k->def)
+        fprintf(f, k->type == KT_STRING ? " = \"%s\"" : " = %s", k->def);
+    else if (k->group == G_DATASET)
+        fprintf(f, " (required)");
+    if (k->aliases)
+        fprintf(f, "  (also: %s)", k->aliases);
+    fprintf(f, "\n      %s\n", k->help);
+}
+
+void snug_options_print_help(FILE *f) {
+    fprintf(f, "Keys of the YAML config; on the command line --key value or --key=value, which win over the "
+               "config:\n");
+    for (int g = 0; g < NGROUPS; g++) {
+        fprintf(f, "\n%s:\n", group_titles[g]);
+        for (int i = 0; i < NKEYS; i++)
+            if (keys[i].group == g && !keys[i].later)
+                print_key(f, &keys[i]);
+    }
+    fprintf(f, "\nrecognised but not supported yet (refused unless the value asks for nothing: false, empty):\n");
+    for (int i = 0; i < NKEYS; i++) {
+        const key_spec *k = &keys[i];
+        if (!k->later)
+            continue;
+        fprintf(f, "  %s%s", k->group == G_DATASET ? "datasets[]." : "", k->name);
+        if (k->off)
+            fprintf(f, " (%s accepted)", k->off);
+        fprintf(f, ": %s\n", k->later);
+    }
+    fprintf(f, "  optimizer values other than adamw, adamw_torch, adamw_torch_fused (adamw_8bit, paged_adamw_8bit, "
+               "adafactor, ...)\n");
+    fprintf(f, "  lr_scheduler values other than cosine, linear, constant, constant_with_warmup\n");
+    fprintf(f, "  datasets[].type values other than completion (alpaca, chat_template, pretokenized, ...)\n");
+}

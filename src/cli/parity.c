@@ -1,0 +1,182 @@
+/* parity.c: run a model folder on a given batch and dump everything PyTorch can be compared against
+ * (see parity.h). */
+#include "cli/parity.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/fileio.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "optim/optim.h"
+#include "plan/plan.h"
+
+static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int *B, int *T, snug_error *e) {
+    const snug_st_tensor *t = snug_st_find(s, name);
+    if (!t || t->ndim != 2 || (t->dtype != SNUG_DT_I32 && t->dtype != SNUG_DT_I64))
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor '%s' must be a 2-D I32 or I64 tensor (B, T)", s->paths[0], name);
+    *B = (int)t->shape[0];
+    *T = (int)t->shape[1];
+    size_t n = (size_t)*B * *T;
+    *out = malloc(n * sizeof **out);
+    if (!*out)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory");
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == SNUG_DT_I32) {
+            int32_t v;
+            memcpy(&v, (const char *)t->data + 4 * i, 4);
+            (*out)[i] = v;
+        } else {
+            int64_t v;
+            memcpy(&v, (const char *)t->data + 8 * i, 8);
+            (*out)[i] = (int32_t)v;
+        }
+    }
+    return 0;
+}
+
+int snug_parity_cmd(int argc, char **argv, snug_error *e) {
+    if (argc < 3)
+        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ...]");
+    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL;
+    int steps = 0, threads = 0;
+    double lr = 1e-3, wd = 0.0, clip = 0.0;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--lr")) lr = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--weight_decay")) wd = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max_grad_norm")) clip = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", argv[i]);
+    }
+    snug_model_config cfg;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    SNUG_TRY(snug_model_config_load(&cfg, p, e));
+
+    snug_st_set batch;
+    memset(&batch, 0, sizeof batch);
+    SNUG_TRY(snug_st_open_file(&batch, in, e));
+    int32_t *ids = NULL, *labels = NULL, *pos = NULL;
+    int B = 0, T = 0, B2 = 0, T2 = 0;
+    int rc = read_ints(&batch, "input_ids", &ids, &B, &T, e);
+    if (!rc)
+        rc = read_ints(&batch, "labels", &labels, &B2, &T2, e);
+    snug_st_close(&batch);
+    if (!rc && (B != B2 || T != T2))
+        rc = snug_fail(e, SNUG_EINPUT, "%s: input_ids and labels differ in shape", in);
+
+    snug_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = cfg;
+    snug_plan plan;
+    snug_arenas A;
+    void *blocks[SNUG_MEM_NCAT] = {0};
+    snug_adamw opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)wd};
+    m.be = snug_backend_cpu_create(threads);
+    if (!rc)
+        rc = snug_plan_training(&plan, &cfg, B, T, 0, e);
+    if (!rc)
+        rc = snug_param_table_build(&m.table, &cfg, e);
+    for (int c = 0; c < SNUG_MEM_NCAT && !rc; c++) {
+        blocks[c] = plan.bytes[c] ? m.be->alloc(m.be, plan.bytes[c]) : NULL;
+        snug_arena_init(&A.a[c], (snug_category)c, blocks[c], plan.bytes[c]);
+    }
+    if (!rc)
+        rc = snug_model_layout(&m, &A, B, T, 1, 0, e);
+    if (!rc)
+        rc = snug_adamw_layout(&opt, &A, m.table.total, e);
+    if (!rc)
+        rc = snug_model_load_weights(&m, dir, e);
+    size_t N = (size_t)B * T, P = m.table.total;
+    int V = cfg.vocab_size, C = cfg.hidden_size;
+    float *logits = NULL, *grads0 = NULL, *params_after = NULL, *hist = NULL, loss0 = 0;
+    if (!rc) {
+        pos = malloc(N * sizeof *pos);
+        logits = malloc(N * (size_t)V * sizeof *logits);
+        grads0 = malloc(P * sizeof *grads0);
+        params_after = malloc(P * sizeof *params_after);
+        hist = calloc((size_t)steps + 1, sizeof *hist);
+        if (!pos || !logits || !grads0 || !params_after || !hist)
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory");
+    }
+    if (!rc) {
+        for (size_t i = 0; i < N; i++)
+            pos[i] = (int32_t)(i % (size_t)T);
+        snug_model_init_rope(&m);
+        snug_model_set_batch(&m, ids, labels, pos, NULL, B, T);
+        size_t nsup = 0;
+        for (size_t i = 0; i < N; i++)
+            nsup += labels[i] >= 0;
+        float scale = nsup ? 1.0f / (float)nsup : 0.0f;
+        for (int s = 0; s <= steps; s++) {
+            m.be->zero(m.be, m.grads, P * sizeof(float));
+            double loss = snug_model_step(&m, scale) * scale;
+            hist[s] = (float)loss;
+            if (s == 0) {
+                loss0 = (float)loss;
+                m.be->matmul_fwd(m.be, logits, m.lnf, m.w.lm_head, NULL, (int)N, C, V);
+                m.be->to_host(m.be, grads0, m.grads, P * sizeof(float));
+            }
+            if (s == steps)
+                break;
+            double norm = snug_grad_norm(m.be, m.grads, P, 1.0f);
+            float c = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
+            snug_adamw_step(&opt, m.be, &m.table, m.params, m.grads, (float)lr, c);
+        }
+        m.be->to_host(m.be, params_after, m.params, P * sizeof(float));
+    }
+    if (!rc) {
+        int nt = 2 + 2 * m.table.n + 1;
+        snug_st_out *t = calloc((size_t)nt, sizeof *t);
+        char (*names)[128] = calloc((size_t)nt, sizeof *names);
+        int k = 0;
+        t[k++] = (snug_st_out){.name = "logits", .dtype = SNUG_DT_F32, .ndim = 3, .shape = {B, T, V}, .f32 = logits};
+        t[k++] = (snug_st_out){.name = "loss", .dtype = SNUG_DT_F32, .ndim = 0, .f32 = &loss0};
+        t[k++] = (snug_st_out){.name = "loss_history", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {steps + 1},
+                               .f32 = hist};
+        for (int i = 0; i < m.table.n; i++) {
+            const snug_param_entry *pe = &m.table.e[i];
+            for (int which = 0; which < 2; which++) {
+                if (which == 1 && steps == 0)
+                    continue;
+                snprintf(names[k], sizeof names[k], "%s.%s", which ? "param" : "grad", pe->name);
+                t[k] = (snug_st_out){.name = names[k], .dtype = SNUG_DT_F32, .ndim = pe->ndim,
+                                     .shape = {pe->shape[0], pe->shape[1]},
+                                     .f32 = (which ? params_after : grads0) + pe->offset,
+                                     .transpose2d = pe->transposed};
+                k++;
+            }
+        }
+        rc = snug_st_write(outp, t, k, e);
+        free(t);
+        free(names);
+    }
+    if (!rc && save) {
+        snprintf(p, sizeof p, "%s/config.json", save);
+        rc = snug_mkdirs(save, e);
+        if (!rc)
+            rc = snug_model_config_save(&cfg, p, e);
+        if (!rc)
+            rc = snug_model_save_weights(&m, save, e);
+    }
+    free(ids);
+    free(labels);
+    free(pos);
+    free(logits);
+    free(grads0);
+    free(params_after);
+    free(hist);
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        if (blocks[c])
+            m.be->free(m.be, blocks[c]);
+    m.be->destroy(m.be);
+    snug_param_table_free(&m.table);
+    free(m.w.layers);
+    free(m.g.layers);
+    free(m.acts);
+    return rc;
+}

@@ -1,0 +1,174 @@
+/* generate.c: token-by-token decoding with a KV cache (see generate.h).
+ *
+ * Position p of the prompt or of the generated text runs through every layer as a single row: the projections,
+ * norms and MLP use the backend ops with N = 1, and the row's attention reads the roped keys and values that earlier
+ * positions left in the layer's saved qkv buffer. */
+#include "model/generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Attention of query row p against the cached rows 0..p of one layer (host code, CPU backend memory). */
+static void attend_row(const snug_model *m, const float *qkv, float *out, int p, float *scores) {
+    const snug_model_config *c = &m->cfg;
+    int NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim, QKV = m->QKV, grp = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HD);
+    const float *q = qkv + (size_t)p * QKV;
+    for (int h = 0; h < NH; h++) {
+        int kvh = h / grp;
+        float mx = -INFINITY;
+        for (int s = 0; s <= p; s++) {
+            const float *k = qkv + (size_t)s * QKV + (size_t)(NH + kvh) * HD;
+            float d = 0;
+            for (int i = 0; i < HD; i++)
+                d += q[h * HD + i] * k[i];
+            scores[s] = d * scale;
+            mx = fmaxf(mx, scores[s]);
+        }
+        float sum = 0;
+        for (int s = 0; s <= p; s++)
+            sum += (scores[s] = expf(scores[s] - mx));
+        float *o = out + (size_t)p * NH * HD + (size_t)h * HD;
+        memset(o, 0, (size_t)HD * sizeof *o);
+        for (int s = 0; s <= p; s++) {
+            const float *v = qkv + (size_t)s * QKV + (size_t)(NH + NKV + kvh) * HD;
+            float w = scores[s] / sum;
+            for (int i = 0; i < HD; i++)
+                o[i] += w * v[i];
+        }
+    }
+}
+
+/* Runs position p (token already in ids[p]) through the model; leaves its logits in m->logits row 0. */
+static void forward_row(snug_model *m, int p, float *scores) {
+    snug_backend *be = m->be;
+    const snug_model_config *c = &m->cfg;
+    int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim, I = c->intermediate_size;
+    int gpt2 = c->arch == SNUG_ARCH_GPT2;
+    size_t NC = (size_t)m->T * C;
+    float *x = m->res + (size_t)p * C;
+    be->embed_fwd(be, x, m->ids + p, m->w.wte, 1, C, 0);
+    if (gpt2)
+        be->embed_fwd(be, x, m->pos + p, m->w.wpe, 1, C, 1);
+    for (int l = 0; l < c->n_layer; l++) {
+        const snug_layer_tensors *w = &m->w.layers[l];
+        snug_layer_acts *a = &m->acts[l];
+        float *in = m->res + (size_t)l * NC + (size_t)p * C, *out = in + NC;
+        float *ln1 = a->ln1 + (size_t)p * C, *qkv = a->qkv + (size_t)p * m->QKV, *att = a->att + (size_t)p * NH * HD;
+        float *mid = a->res_mid + (size_t)p * C, *ln2 = a->ln2 + (size_t)p * C;
+        float *fc = a->fc + (size_t)p * m->FC, *act = a->act + (size_t)p * I;
+        if (gpt2)
+            be->layernorm_fwd(be, ln1, a->ln1_mean + p, a->ln1_rstd + p, in, w->ln1_w, w->ln1_b, 1, C, c->norm_eps);
+        else
+            be->rmsnorm_fwd(be, ln1, a->ln1_rstd + p, in, w->ln1_w, 1, C, c->norm_eps);
+        be->matmul_fwd(be, qkv, ln1, w->qkv_w, w->qkv_b, 1, C, m->QKV);
+        if (!gpt2)
+            be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
+        attend_row(m, a->qkv, a->att, p, scores);
+        be->matmul_fwd(be, mid, att, w->o_w, w->o_b, 1, NH * HD, C);
+        be->accumulate(be, mid, in, (size_t)C);
+        if (gpt2)
+            be->layernorm_fwd(be, ln2, a->ln2_mean + p, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1, C, c->norm_eps);
+        else
+            be->rmsnorm_fwd(be, ln2, a->ln2_rstd + p, mid, w->ln2_w, 1, C, c->norm_eps);
+        be->matmul_fwd(be, fc, ln2, w->fc_w, w->fc_b, 1, C, m->FC);
+        if (gpt2)
+            be->gelu_fwd(be, act, fc, (size_t)I);
+        else
+            be->swiglu_fwd(be, act, fc, 1, I);
+        be->matmul_fwd(be, out, act, w->proj_w, w->proj_b, 1, I, C);
+        be->accumulate(be, out, mid, (size_t)C);
+    }
+    float *final = m->res + (size_t)c->n_layer * NC + (size_t)p * C, *lnf = m->lnf + (size_t)p * C;
+    if (gpt2)
+        be->layernorm_fwd(be, lnf, m->lnf_mean + p, m->lnf_rstd + p, final, m->w.lnf_w, m->w.lnf_b, 1, C, c->norm_eps);
+    else
+        be->rmsnorm_fwd(be, lnf, m->lnf_rstd + p, final, m->w.lnf_w, 1, C, c->norm_eps);
+    be->matmul_fwd(be, m->logits, lnf, m->w.lm_head, NULL, 1, C, c->vocab_size);
+}
+
+static uint64_t next_u64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct cand {
+    float p;
+    int id;
+} cand;
+
+static int by_prob_desc(const void *a, const void *b) {
+    float x = ((const cand *)a)->p, y = ((const cand *)b)->p;
+    return (x < y) - (x > y);
+}
+
+static int sample(const float *logits, int V, const snug_sampling *s, uint64_t *rng, cand *cs) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    if (s->temperature <= 0)
+        return best;
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        cs[i].id = i;
+        cs[i].p = expf((logits[i] - logits[best]) / s->temperature);
+        sum += cs[i].p;
+    }
+    qsort(cs, (size_t)V, sizeof *cs, by_prob_desc);
+    int n = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    double kept = 0;
+    int keep = 0;
+    while (keep < n) {
+        kept += cs[keep].p;
+        keep++;
+        if (s->top_p < 1.0f && kept / sum >= s->top_p)
+            break;
+    }
+    double r = (double)(next_u64(rng) >> 11) / 9007199254740992.0 * kept;
+    for (int i = 0; i < keep; i++) {
+        r -= cs[i].p;
+        if (r <= 0)
+            return cs[i].id;
+    }
+    return cs[keep - 1].id;
+}
+
+int snug_generate(snug_model *m, const int32_t *prompt, int n_prompt, int max_new, int stop_id,
+                  const snug_sampling *s, int32_t *out) {
+    int V = m->cfg.vocab_size, total = n_prompt + max_new;
+    if (total > m->T)
+        total = m->T;
+    int32_t *pos = malloc((size_t)m->T * sizeof *pos);
+    float *scores = malloc((size_t)m->T * sizeof *scores), *logits = malloc((size_t)V * sizeof *logits);
+    cand *cs = malloc((size_t)V * sizeof *cs);
+    if (!pos || !scores || !logits || !cs)
+        abort();
+    for (int t = 0; t < m->T; t++)
+        pos[t] = t;
+    m->be->to_device(m->be, m->pos, pos, (size_t)m->T * sizeof *pos);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
+    m->be->to_device(m->be, m->ids, prompt, (size_t)n_prompt * sizeof *prompt);
+    uint64_t rng = s->seed;
+    int n = n_prompt;
+    for (int p = 0; p < n_prompt - 1; p++)
+        forward_row(m, p, scores);
+    while (n < total) {
+        forward_row(m, n - 1, scores);
+        m->be->to_host(m->be, logits, m->logits, (size_t)V * sizeof *logits);
+        int32_t next = sample(logits, V, s, &rng, cs);
+        out[n] = next;
+        m->be->to_device(m->be, m->ids + n, &next, sizeof next);
+        n++;
+        if (next == stop_id)
+            break;
+    }
+    free(pos);
+    free(scores);
+    free(logits);
+    free(cs);
+    return n;
+}

@@ -1,0 +1,143 @@
+/* model.h: the transformer (Llama family and GPT-2 in one layer implementation), its parameters in one flat buffer,
+ * and its forward and backward passes over the backend ops.
+ *
+ * Parameters live in one flat fp32 buffer laid out layer by layer (globals first, then layer 0..L-1, then the final
+ * norm and an untied head), so a layer's parameters, gradients and optimizer state are one contiguous range: the unit
+ * that later gets sharded across ranks or updated as soon as backward finishes it. Inside a layer, q/k/v weights are
+ * adjacent (one GEMM), as are gate/up. A table maps every range to its Hugging Face tensor name and file layout. */
+#ifndef SNUG_MODEL_H
+#define SNUG_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "core/error.h"
+#include "model/config.h"
+
+/* Pointers to one layer's tensors inside a flat buffer (parameters or gradients). NULL where the arch has none. */
+typedef struct snug_layer_tensors {
+    float *ln1_w, *ln1_b;   /* (C) */
+    float *qkv_w, *qkv_b;   /* (QKV, C), (QKV) with QKV = (NH + 2*NKV) * HD */
+    float *o_w, *o_b;       /* (C, NH*HD), (C) */
+    float *ln2_w, *ln2_b;   /* (C) */
+    float *fc_w, *fc_b;     /* (FC, C), (FC) with FC = 2*I (gate rows, then up rows) for SwiGLU, I for GELU */
+    float *proj_w, *proj_b; /* (C, I), (C) */
+} snug_layer_tensors;
+
+typedef struct snug_tensors {
+    float *wte;             /* (V, C) */
+    float *wpe;             /* (maxT, C), GPT-2 only */
+    float *lnf_w, *lnf_b;   /* (C) */
+    float *lm_head;         /* (V, C); == wte when tied */
+    snug_layer_tensors *layers; /* (L) */
+} snug_tensors;
+
+/* One tensor as Hugging Face names and stores it, and where it lives in the flat buffer. */
+typedef struct snug_param_entry {
+    char name[96];          /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;
+    int64_t shape[2];       /* shape in the HF file */
+    size_t offset;          /* in floats, into the flat buffer */
+    size_t numel;
+    int layer;              /* -1 for global tensors */
+    int decay;              /* 1 for matrices (weight decay applies), 0 for norms, biases, 1-D tensors */
+    int transposed;         /* stored transposed in the file (GPT-2 Conv1D) */
+} snug_param_entry;
+
+typedef struct snug_param_table {
+    int n;
+    snug_param_entry *e;
+    size_t total;           /* floats in the flat buffer */
+    size_t *layer_offset;   /* (L) first float of each layer's range */
+    size_t *layer_numel;    /* (L) */
+} snug_param_table;
+
+/* Called by backward when every gradient of `layer` is final for this micro-batch (layer == -1: the global tensors,
+ * after the last layer). The range [offset, offset+numel) of the flat gradient buffer is complete. */
+typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t numel);
+
+/* Activations saved by forward for backward, per layer. */
+typedef struct snug_layer_acts {
+    float *ln1;          /* (N, C) */
+    float *ln1_mean;     /* (N) LayerNorm only */
+    float *ln1_rstd;     /* (N) */
+    float *qkv;          /* (N, QKV) q and k roped */
+    float *att;          /* (N, NH*HD) */
+    float *lse;          /* (N, NH) */
+    float *res_mid;      /* (N, C) residual after attention */
+    float *ln2;          /* (N, C) */
+    float *ln2_mean;     /* (N) */
+    float *ln2_rstd;     /* (N) */
+    float *fc;           /* (N, FC) */
+    float *act;          /* (N, I) */
+} snug_layer_acts;
+
+typedef struct snug_model {
+    snug_model_config cfg;
+    snug_backend *be;
+    snug_param_table table;
+    int B, T;              /* largest micro-batch the activations are laid out for */
+    int cur_B, cur_T;      /* shape of the current micro-batch (<= B, T) */
+    int QKV, FC;           /* derived widths */
+    int xent_chunk;        /* tokens per logits chunk */
+
+    float *params;         /* flat (table.total) in SNUG_MEM_PARAMS */
+    float *grads;          /* flat (table.total) in SNUG_MEM_GRADS, NULL for inference */
+    snug_tensors w, g;     /* views into params / grads */
+
+    float *res;            /* (L+1, N, C) residual stream: layer inputs and the final output */
+    snug_layer_acts *acts; /* (L) */
+    float *lnf;            /* (N, C) */
+    float *lnf_mean, *lnf_rstd; /* (N) */
+
+    /* workspace shared by all layers in backward */
+    float *d_res;          /* (N, C) */
+    float *d_ln;           /* (N, C) */
+    float *d_qkv;          /* (N, QKV) */
+    float *d_att;          /* (N, NH*HD) */
+    float *d_fc;           /* (N, FC) */
+    float *d_act;          /* (N, I) */
+    float *logits;         /* (xent_chunk, V) */
+
+    /* data of the current micro-batch (SNUG_MEM_DATA) */
+    int32_t *ids, *labels, *pos, *seg; /* (N) each */
+    int seg_used;          /* seg holds segment starts for this batch (packing); else plain causal */
+    float *rope_cos, *rope_sin;        /* (T, HD/2) */
+
+    snug_grads_ready_fn on_grads_ready;
+    void *on_grads_ready_ud;
+} snug_model;
+
+/* Builds the parameter table for a config (no allocation of model memory). */
+int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
+void snug_param_table_free(snug_param_table *t);
+
+/* Carves every buffer of a model for micro-batches of (B, T) from the arenas: parameters, gradients (when
+ * with_grads), saved activations, workspace, data. Run it on counting arenas to plan, then on real arenas to
+ * allocate; the layout is the same code both times. m->cfg, m->be and m->table must be set. */
+int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, int xent_chunk, snug_error *e);
+
+/* Fills the RoPE tables (host computation, copied to the device). Call after layout on real arenas. */
+void snug_model_init_rope(snug_model *m);
+
+/* Random init for training from scratch: N(0, initializer_range), residual output projections scaled by
+ * 1/sqrt(2L), norms to 1, biases to 0. Deterministic in seed. */
+void snug_model_init_random(snug_model *m, uint64_t seed);
+
+/* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
+int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
+/* Writes model.safetensors (F32 or the dtype named by cfg.torch_dtype) into dir, atomically. */
+int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e);
+
+/* Copies one micro-batch (B*T ids, labels with -1 for unsupervised, positions, segment starts or NULL) to the device
+ * buffers. b_used <= B rows, t_used <= T columns: the batch may be smaller than the layout. */
+void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labels, const int32_t *pos,
+                          const int32_t *seg, int b_used, int t_used);
+
+/* Forward over the current batch. Returns the summed loss over supervised tokens (divide by their count). When
+ * grad_scale != 0, also runs backward, accumulating grad_scale * d(loss sum) into m->grads. */
+double snug_model_step(snug_model *m, float grad_scale);
+
+#endif

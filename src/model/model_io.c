@@ -1,0 +1,88 @@
+/* model_io.c: moving weights between the flat parameter buffer and Hugging Face safetensors files.
+ *
+ * Loading checks every tensor the config implies: present, floating-point, the expected shape, no NaN/Inf. GPT-2
+ * files come with or without the "transformer." prefix; tied heads are read from the embedding. Saving writes the
+ * names and layouts transformers expects (Conv1D weights transposed back for GPT-2, no lm_head when tied). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static const snug_st_tensor *find_tensor(const snug_st_set *s, const char *name) {
+    const snug_st_tensor *t = snug_st_find(s, name);
+    if (!t && strncmp(name, "transformer.", 12) == 0)
+        t = snug_st_find(s, name + 12);
+    return t;
+}
+
+int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
+    snug_st_set s;
+    memset(&s, 0, sizeof s);
+    SNUG_TRY(snug_st_open_dir(&s, dir, e));
+    float *host = malloc(m->table.total * sizeof *host);
+    if (!host) {
+        snug_st_close(&s);
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s", dir);
+    }
+    int rc = 0;
+    for (int i = 0; i < m->table.n && !rc; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        const snug_st_tensor *t = find_tensor(&s, p->name);
+        if (!t) {
+            rc = snug_fail(e, SNUG_EINPUT,
+                           "%s: tensor '%s' is missing; the weights do not match config.json (check model_type, "
+                           "num_hidden_layers and tie_word_embeddings)",
+                           dir, p->name);
+            break;
+        }
+        int64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++)
+            numel *= t->shape[d];
+        int shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim == 1 || t->shape[1] == p->shape[1]);
+        if (!shape_ok || (size_t)numel != p->numel) {
+            char got[128] = "", want[64];
+            for (int d = 0; d < t->ndim; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+            if (p->ndim == 2)
+                snprintf(want, sizeof want, "%lld, %lld", (long long)p->shape[0], (long long)p->shape[1]);
+            else
+                snprintf(want, sizeof want, "%lld", (long long)p->shape[0]);
+            rc = snug_fail(e, SNUG_EINPUT, "%s: tensor '%s' has shape [%s] but config.json implies [%s]; the weights "
+                           "and config.json are from different models",
+                           s.paths[t->file], p->name, got, want);
+            break;
+        }
+        rc = snug_st_to_f32(&s, t, host + p->offset, p->transposed, e);
+    }
+    if (!rc)
+        m->be->to_device(m->be, m->params, host, m->table.total * sizeof *host);
+    free(host);
+    snug_st_close(&s);
+    return rc;
+}
+
+int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
+    float *host = malloc(m->table.total * sizeof *host);
+    snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
+    if (!host || !out) {
+        free(host);
+        free(out);
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
+    }
+    m->be->to_host(m->be, host, m->params, m->table.total * sizeof *host);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .f32 = host + p->offset,
+                               .transpose2d = p->transposed};
+        out[i].shape[0] = p->shape[0];
+        out[i].shape[1] = p->shape[1];
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = snug_st_write(path, out, m->table.n, e);
+    free(host);
+    free(out);
+    return rc;
+}

@@ -1,0 +1,130 @@
+/* params.c: the parameter table: where every Hugging Face tensor lives in the flat parameter buffer.
+ *
+ * Order: token embedding, (GPT-2) position embedding, then each layer's tensors, then the final norm and, when not
+ * tied, the output head. Within a layer, q/k/v weights (and biases) are adjacent so they form one (QKV, C) matrix,
+ * and gate/up likewise form one (2I, C) matrix. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+typedef struct builder {
+    snug_param_table *t;
+    int cap;
+    size_t off;
+} builder;
+
+static int add(builder *b, const char *name, int ndim, int64_t d0, int64_t d1, int layer, int transposed) {
+    snug_param_table *t = b->t;
+    if (t->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        snug_param_entry *ne = realloc(t->e, (size_t)b->cap * sizeof *ne);
+        if (!ne)
+            return -1;
+        t->e = ne;
+    }
+    snug_param_entry *p = &t->e[t->n++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim == 2 ? d1 : 1;
+    p->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    p->offset = b->off;
+    p->layer = layer;
+    p->decay = ndim == 2;
+    p->transposed = transposed;
+    b->off += p->numel;
+    return 0;
+}
+
+static int build_llama(builder *b, const snug_model_config *c) {
+    int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+    int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_kv_head * c->head_dim;
+    char n[96];
+    int rc = add(b, "model.embed_tokens.weight", 2, V, C, -1, 0);
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        b->t->layer_offset[l] = b->off;
+#define P(fmt, nd, d0, d1) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), rc |= add(b, n, nd, d0, d1, l, 0))
+        P("input_layernorm.weight", 1, C, 0);
+        P("self_attn.q_proj.weight", 2, qd, C);
+        P("self_attn.k_proj.weight", 2, kvd, C);
+        P("self_attn.v_proj.weight", 2, kvd, C);
+        if (c->qkv_bias) {
+            P("self_attn.q_proj.bias", 1, qd, 0);
+            P("self_attn.k_proj.bias", 1, kvd, 0);
+            P("self_attn.v_proj.bias", 1, kvd, 0);
+        }
+        P("self_attn.o_proj.weight", 2, C, qd);
+        if (c->o_bias)
+            P("self_attn.o_proj.bias", 1, C, 0);
+        P("post_attention_layernorm.weight", 1, C, 0);
+        P("mlp.gate_proj.weight", 2, I, C);
+        P("mlp.up_proj.weight", 2, I, C);
+        if (c->mlp_bias) {
+            P("mlp.gate_proj.bias", 1, I, 0);
+            P("mlp.up_proj.bias", 1, I, 0);
+        }
+        P("mlp.down_proj.weight", 2, C, I);
+        if (c->mlp_bias)
+            P("mlp.down_proj.bias", 1, C, 0);
+#undef P
+        b->t->layer_numel[l] = b->off - b->t->layer_offset[l];
+    }
+    rc |= add(b, "model.norm.weight", 1, C, 0, -1, 0);
+    if (!c->tie_embeddings)
+        rc |= add(b, "lm_head.weight", 2, V, C, -1, 0);
+    return rc;
+}
+
+static int build_gpt2(builder *b, const snug_model_config *c) {
+    int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+    char n[96];
+    int rc = add(b, "transformer.wte.weight", 2, V, C, -1, 0);
+    rc |= add(b, "transformer.wpe.weight", 2, c->max_position, C, -1, 0);
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        b->t->layer_offset[l] = b->off;
+#define P(fmt, nd, d0, d1, tr) (snprintf(n, sizeof n, "transformer.h.%d." fmt, l), rc |= add(b, n, nd, d0, d1, l, tr))
+        P("ln_1.weight", 1, C, 0, 0);
+        P("ln_1.bias", 1, C, 0, 0);
+        P("attn.c_attn.weight", 2, C, 3 * C, 1); /* Conv1D: file [in, out], flat [out, in] */
+        P("attn.c_attn.bias", 1, 3 * C, 0, 0);
+        P("attn.c_proj.weight", 2, C, C, 1);
+        P("attn.c_proj.bias", 1, C, 0, 0);
+        P("ln_2.weight", 1, C, 0, 0);
+        P("ln_2.bias", 1, C, 0, 0);
+        P("mlp.c_fc.weight", 2, C, I, 1);
+        P("mlp.c_fc.bias", 1, I, 0, 0);
+        P("mlp.c_proj.weight", 2, I, C, 1);
+        P("mlp.c_proj.bias", 1, C, 0, 0);
+#undef P
+        b->t->layer_numel[l] = b->off - b->t->layer_offset[l];
+    }
+    rc |= add(b, "transformer.ln_f.weight", 1, C, 0, -1, 0);
+    rc |= add(b, "transformer.ln_f.bias", 1, C, 0, -1, 0);
+    return rc;
+}
+
+int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e) {
+    memset(t, 0, sizeof *t);
+    t->layer_offset = calloc((size_t)cfg->n_layer + 1, sizeof *t->layer_offset);
+    t->layer_numel = calloc((size_t)cfg->n_layer + 1, sizeof *t->layer_numel);
+    builder b = {.t = t};
+    int rc = (!t->layer_offset || !t->layer_numel) ? -1
+             : cfg->arch == SNUG_ARCH_GPT2        ? build_gpt2(&b, cfg)
+                                                  : build_llama(&b, cfg);
+    if (rc) {
+        snug_param_table_free(t);
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory building the parameter table");
+    }
+    t->total = b.off;
+    return 0;
+}
+
+void snug_param_table_free(snug_param_table *t) {
+    free(t->e);
+    free(t->layer_offset);
+    free(t->layer_numel);
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,636 @@
+/* safetensors.c: reading (memory-mapped, fully validated) and writing (atomic, reference layout) of safetensors files
+ * (see safetensors.h). The checks follow the Rust reference implementation: a file that it rejects, snug rejects,
+ * with a message that names the file, the tensor or byte offset, and what to do. */
+#include "model/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+
+#define ST_MAX_HEADER 100000000ull /* the Rust reader's limit */
+#define ST_CORRUPT "the file is corrupt or was not written by a safetensors writer; re-download or re-save it"
+
+/* ---------------------------------------------------------------------------------------------------------------- */
+/* Reading */
+
+/* Width in bits of any safetensors dtype, including those snug cannot compute with; 0 for unknown strings. */
+static int dtype_bits(const char *s) {
+    static const struct {
+        const char *name;
+        int bits;
+    } extra[] = {
+        {"I8", 8},      {"I16", 16},    {"U16", 16},     {"U32", 32},         {"U64", 64},
+        {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8},  {"F8_E4M3FNUZ", 8},  {"F8_E5M2FNUZ", 8},
+        {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},  {"C64", 64},
+    };
+    snug_dtype t = snug_dtype_parse(s);
+    if (t != SNUG_DT_UNSUPPORTED)
+        return t == (snug_dtype)-1 ? 0 : (int)snug_dtype_size(t) * 8;
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        if (strcmp(extra[i].name, s) == 0)
+            return extra[i].bits;
+    return 0;
+}
+
+static const char *json_type_name(const json_t *j) {
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* One tensor's byte range inside a file's data buffer, for the coverage check. */
+typedef struct span {
+    uint64_t begin, end;
+    const char *name;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int tensor_cmp(const void *a, const void *b) {
+    return strcmp(((const snug_st_tensor *)a)->name, ((const snug_st_tensor *)b)->name);
+}
+
+/* Adds one slot to the file arrays; the slot is counted at once so that snug_st_close frees it on failure. */
+static int add_file_slot(snug_st_set *s, const char *path, snug_error *e) {
+    int n = s->nfiles + 1;
+    char **paths = realloc(s->paths, n * sizeof *paths);
+    if (paths)
+        s->paths = paths;
+    void **maps = realloc(s->maps, n * sizeof *maps);
+    if (maps)
+        s->maps = maps;
+    size_t *sizes = realloc(s->map_sizes, n * sizeof *sizes);
+    if (sizes)
+        s->map_sizes = sizes;
+    char *p = strdup(path);
+    if (!paths || !maps || !sizes || !p) {
+        free(p);
+        return snug_fail(e, SNUG_ENOMEM, "out of memory opening %s", path);
+    }
+    s->paths[s->nfiles] = p;
+    s->maps[s->nfiles] = NULL;
+    s->map_sizes[s->nfiles] = 0;
+    s->nfiles = n;
+    return 0;
+}
+
+/* Reads a non-negative JSON integer (a shape entry or an offset). */
+static int get_u64(const json_t *j, uint64_t *out) {
+    if (!json_is_integer(j) || json_integer_value(j) < 0)
+        return -1;
+    *out = (uint64_t)json_integer_value(j);
+    return 0;
+}
+
+/* Parses one header entry into t and its byte span; the name is owned by the caller. */
+static int parse_entry(const char *path, const char *name, json_t *v, uint64_t bufsize, snug_st_tensor *t,
+                       span *sp, snug_error *e) {
+    if (!json_is_object(v))
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": the header entry is %s, expected an object with dtype, "
+                         "shape and data_offsets; " ST_CORRUPT, path, name, json_type_name(v));
+    json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
+           *jo = json_object_get(v, "data_offsets");
+    if (!json_is_string(jd))
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": \"dtype\" is %s, expected a string such as \"BF16\"; "
+                         ST_CORRUPT, path, name, jd ? json_type_name(jd) : "missing");
+    const char *ds = json_string_value(jd);
+    int bits = dtype_bits(ds);
+    if (bits == 0)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": unknown dtype \"%.40s\" (safetensors dtypes are F32, "
+                         "F16, BF16, F64, I64, I32, I16, I8, U8, BOOL, F8_*, ...); " ST_CORRUPT, path, name, ds);
+    t->dtype = snug_dtype_parse(ds);
+    if (!json_is_array(js))
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": \"shape\" is %s, expected an array of sizes; "
+                         ST_CORRUPT, path, name, js ? json_type_name(js) : "missing");
+    size_t nd = json_array_size(js);
+    if (nd > SNUG_ST_MAXDIM)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": %zu dimensions, snug reads at most %d", path, name, nd,
+                         SNUG_ST_MAXDIM);
+    t->ndim = (int)nd;
+    uint64_t numel = 1;
+    for (size_t d = 0; d < nd; d++) {
+        uint64_t dim;
+        if (get_u64(json_array_get(js, d), &dim) != 0 || dim > INT64_MAX)
+            return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": shape[%zu] is not a non-negative integer; "
+                             ST_CORRUPT, path, name, d);
+        t->shape[d] = (int64_t)dim;
+        if (__builtin_mul_overflow(numel, dim, &numel))
+            return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": the shape's element count overflows 64 bits; "
+                             ST_CORRUPT, path, name);
+    }
+    uint64_t nbits;
+    if (__builtin_mul_overflow(numel, (uint64_t)bits, &nbits))
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": the shape's byte size overflows 64 bits; " ST_CORRUPT,
+                         path, name);
+    if (nbits % 8)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": %s with %llu elements does not end on a byte boundary; "
+                         ST_CORRUPT, path, name, ds, (unsigned long long)numel);
+    if (!json_is_array(jo) || json_array_size(jo) != 2 || get_u64(json_array_get(jo, 0), &sp->begin) != 0 ||
+        get_u64(json_array_get(jo, 1), &sp->end) != 0)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": \"data_offsets\" must be [begin, end] with non-negative "
+                         "integers; " ST_CORRUPT, path, name);
+    if (sp->begin > sp->end || sp->end > bufsize)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] are out of range (the data "
+                         "buffer holds %llu bytes); the file is truncated or corrupt: re-download or re-save it",
+                         path, name, (unsigned long long)sp->begin, (unsigned long long)sp->end,
+                         (unsigned long long)bufsize);
+    if (sp->end - sp->begin != nbits / 8)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] span %llu bytes but %s with "
+                         "%llu elements needs %llu; " ST_CORRUPT, path, name, (unsigned long long)sp->begin,
+                         (unsigned long long)sp->end, (unsigned long long)(sp->end - sp->begin), ds,
+                         (unsigned long long)numel, (unsigned long long)(nbits / 8));
+    t->nbytes = (size_t)(sp->end - sp->begin);
+    return 0;
+}
+
+static int check_metadata(const char *path, json_t *v, snug_error *e) {
+    if (!json_is_object(v))
+        return snug_fail(e, SNUG_EINPUT, "%s: \"__metadata__\" is %s, expected an object of strings; " ST_CORRUPT,
+                         path, json_type_name(v));
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        if (!json_is_string(x))
+            return snug_fail(e, SNUG_EINPUT, "%s: \"__metadata__\".\"%s\" is %s, expected a string; " ST_CORRUPT,
+                             path, k, json_type_name(x));
+    }
+    return 0;
+}
+
+/* Checks that the tensors' byte ranges tile the data buffer exactly (no overlaps, no holes), as the reference reader
+ * does: sorted by (begin, end), each range must start where the previous one ended. */
+static int check_coverage(const char *path, span *sp, size_t n, uint64_t bufsize, uint64_t base, snug_error *e) {
+    qsort(sp, n, sizeof *sp, span_cmp);
+    uint64_t pos = 0;
+    const char *prev = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (sp[i].begin < pos)
+            return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" (data_offsets [%llu, %llu]) overlaps tensor \"%s\" "
+                             "(which ends at %llu); " ST_CORRUPT, path, sp[i].name,
+                             (unsigned long long)sp[i].begin, (unsigned long long)sp[i].end, prev,
+                             (unsigned long long)pos);
+        if (sp[i].begin > pos)
+            return snug_fail(e, SNUG_EINPUT, "%s: bytes %llu..%llu of the data buffer (file offset %llu) belong to no "
+                             "tensor (a hole before tensor \"%s\"); " ST_CORRUPT, path, (unsigned long long)pos,
+                             (unsigned long long)sp[i].begin, (unsigned long long)(base + pos), sp[i].name);
+        pos = sp[i].end;
+        prev = sp[i].name;
+    }
+    if (pos != bufsize)
+        return snug_fail(e, SNUG_EINPUT, "%s: bytes %llu..%llu at the end of the data buffer (file offset %llu) belong "
+                         "to no tensor; " ST_CORRUPT, path, (unsigned long long)pos, (unsigned long long)bufsize,
+                         (unsigned long long)(base + pos));
+    return 0;
+}
+
+/* Parses a mapped file's header and appends its tensors to s. */
+static int parse_header(snug_st_set *s, int fi, snug_error *e) {
+    const char *path = s->paths[fi];
+    const unsigned char *map = s->maps[fi];
+    uint64_t size = s->map_sizes[fi], hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | map[i];
+    if (hlen > ST_MAX_HEADER)
+        return snug_fail(e, SNUG_EINPUT, "%s: the header length at byte 0 is %llu, above the %llu-byte limit; "
+                         ST_CORRUPT, path, (unsigned long long)hlen, ST_MAX_HEADER);
+    if (hlen > size - 8)
+        return snug_fail(e, SNUG_EINPUT, "%s: the header length at byte 0 is %llu but only %llu bytes follow; the file "
+                         "is truncated or not safetensors: re-download or re-save it", path,
+                         (unsigned long long)hlen, (unsigned long long)(size - 8));
+    const char *hdr = (const char *)map + 8;
+    size_t lead = 0;
+    while (lead < hlen && (hdr[lead] == ' ' || hdr[lead] == '\t' || hdr[lead] == '\n' || hdr[lead] == '\r'))
+        lead++;
+    if (lead == hlen || hdr[lead] != '{')
+        return snug_fail(e, SNUG_EINPUT, "%s: the JSON header at byte 8 does not start with '{'; the file is not "
+                         "safetensors (or is corrupt): re-download or re-save it", path);
+    json_error_t je;
+    json_t *root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        const char *dup = strstr(je.text, "duplicate object key") ? " (a tensor name appears twice)" : "";
+        return snug_fail(e, SNUG_EINPUT, "%s: the JSON header is invalid at file offset %llu: %s%s; " ST_CORRUPT,
+                         path, (unsigned long long)(8 + je.position), je.text, dup);
+    }
+    int rc = 0;
+    span *sp = NULL;
+    if (!json_is_object(root)) {
+        rc = snug_fail(e, SNUG_EINPUT, "%s: the JSON header is %s, expected an object; " ST_CORRUPT, path,
+                       json_type_name(root));
+        goto out;
+    }
+    uint64_t bufsize = size - 8 - hlen;
+    size_t cap = json_object_size(root);
+    snug_st_tensor *grown = realloc(s->tensors, (s->ntensors + cap + 1) * sizeof *grown);
+    sp = malloc((cap + 1) * sizeof *sp);
+    if (grown)
+        s->tensors = grown;
+    if (!grown || !sp) {
+        rc = snug_fail(e, SNUG_ENOMEM, "out of memory reading the header of %s", path);
+        goto out;
+    }
+    size_t nsp = 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v) {
+        if (strcmp(name, "__metadata__") == 0) {
+            if ((rc = check_metadata(path, v, e)) != 0)
+                goto out;
+            continue;
+        }
+        snug_st_tensor t = {.file = fi};
+        if ((rc = parse_entry(path, name, v, bufsize, &t, &sp[nsp], e)) != 0)
+            goto out;
+        t.data = map + 8 + hlen + sp[nsp].begin;
+        if (!(t.name = strdup(name))) {
+            rc = snug_fail(e, SNUG_ENOMEM, "out of memory reading the header of %s", path);
+            goto out;
+        }
+        sp[nsp].name = t.name;
+        nsp++;
+        s->tensors[s->ntensors++] = t;
+    }
+    rc = check_coverage(path, sp, nsp, bufsize, 8 + hlen, e);
+out:
+    free(sp);
+    json_decref(root);
+    return rc;
+}
+
+/* Maps one file and appends its tensors (unsorted). */
+static int open_one(snug_st_set *s, const char *path, snug_error *e) {
+    SNUG_TRY(add_file_slot(s, path, e));
+    int fi = s->nfiles - 1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return snug_fail(e, SNUG_EIO, "cannot open %s: %s; check the path", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return snug_fail(e, SNUG_EIO, "cannot read %s: not a regular file; check the path", path);
+    }
+    if (st.st_size < 8) {
+        close(fd);
+        return snug_fail(e, SNUG_EINPUT, "%s: the file is %lld bytes, shorter than the 8-byte header length; it is "
+                         "truncated or not safetensors: re-download or re-save it", path, (long long)st.st_size);
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd);
+    if (m == MAP_FAILED)
+        return snug_fail(e, SNUG_EIO, "cannot memory-map %s (%lld bytes): %s", path, (long long)st.st_size,
+                         strerror(err));
+    s->maps[fi] = m;
+    s->map_sizes[fi] = (size_t)st.st_size;
+    return parse_header(s, fi, e);
+}
+
+/* Sorts the set by name and rejects a name found in two files. */
+static int finish_set(snug_st_set *s, snug_error *e) {
+    if (s->ntensors > 1)
+        qsort(s->tensors, s->ntensors, sizeof *s->tensors, tensor_cmp);
+    for (int i = 1; i < s->ntensors; i++)
+        if (strcmp(s->tensors[i - 1].name, s->tensors[i].name) == 0)
+            return snug_fail(e, SNUG_EINPUT, "tensor \"%s\" is stored twice, in %s and in %s; remove one of the "
+                             "files or re-save the model", s->tensors[i].name, s->paths[s->tensors[i - 1].file],
+                             s->paths[s->tensors[i].file]);
+    return 0;
+}
+
+int snug_st_open_file(snug_st_set *s, const char *path, snug_error *e) {
+    memset(s, 0, sizeof *s);
+    int rc = open_one(s, path, e);
+    if (rc == 0)
+        rc = finish_set(s, e);
+    if (rc)
+        snug_st_close(s);
+    return rc;
+}
+
+/* Opens the shards that model.safetensors.index.json lists and checks every listed tensor is where it says. */
+static int open_index(snug_st_set *s, const char *dir, const char *index_path, snug_error *e) {
+    char *text = NULL;
+    SNUG_TRY(snug_read_file(index_path, &text, NULL, e));
+    json_error_t je;
+    json_t *root = json_loads(text, 0, &je);
+    free(text);
+    if (!root)
+        return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: invalid JSON: %s; re-download or re-save the model", index_path,
+                         je.line, je.column, je.text);
+    int rc = 0;
+    const char **shards = NULL;
+    int nshards = 0;
+    char full[4096];
+    json_t *wm = json_object_get(root, "weight_map");
+    if (!json_is_object(wm) || json_object_size(wm) == 0) {
+        rc = snug_fail(e, SNUG_EINPUT, "%s: \"weight_map\" is %s, expected an object mapping tensor names to shard "
+                       "files; re-download or re-save the model", index_path,
+                       !wm ? "missing" : json_is_object(wm) ? "empty" : json_type_name(wm));
+        goto out;
+    }
+    shards = calloc(json_object_size(wm), sizeof *shards);
+    if (!shards) {
+        rc = snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", index_path);
+        goto out;
+    }
+    const char *name;
+    json_t *v;
+    json_object_foreach(wm, name, v) {
+        if (!json_is_string(v)) {
+            rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map.\"%s\" is %s, expected a shard file name", index_path,
+                           name, json_type_name(v));
+            goto out;
+        }
+        const char *f = json_string_value(v);
+        int k = 0;
+        while (k < nshards && strcmp(shards[k], f) != 0)
+            k++;
+        if (k < nshards)
+            continue;
+        shards[nshards++] = f;
+        snprintf(full, sizeof full, "%s/%s", dir, f);
+        if (!snug_file_exists(full)) {
+            rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map puts tensor \"%s\" in shard \"%s\", but %s does not "
+                           "exist; download the missing shard", index_path, name, f, full);
+            goto out;
+        }
+        if ((rc = open_one(s, full, e)) != 0)
+            goto out;
+    }
+    if ((rc = finish_set(s, e)) != 0)
+        goto out;
+    json_object_foreach(wm, name, v) {
+        const char *f = json_string_value(v);
+        const snug_st_tensor *t = snug_st_find(s, name);
+        snprintf(full, sizeof full, "%s/%s", dir, f);
+        if (!t) {
+            rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map puts tensor \"%s\" in %s, but that file has no such "
+                           "tensor; re-download the shard or re-save the model", index_path, name, full);
+            goto out;
+        }
+        if (strcmp(s->paths[t->file], full) != 0) {
+            rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map puts tensor \"%s\" in %s, but it is in %s; re-save the "
+                           "model to rebuild the index", index_path, name, full, s->paths[t->file]);
+            goto out;
+        }
+    }
+out:
+    free(shards);
+    json_decref(root);
+    return rc;
+}
+
+int snug_st_open_dir(snug_st_set *s, const char *dir, snug_error *e) {
+    memset(s, 0, sizeof *s);
+    char single[4096], index[4096], bin[4096];
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    if (snug_file_exists(single))
+        return snug_st_open_file(s, single, e);
+    if (snug_file_exists(index)) {
+        int rc = open_index(s, dir, index, e);
+        if (rc)
+            snug_st_close(s);
+        return rc;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return snug_fail(e, SNUG_EINPUT, "model folder %s does not exist; give the path of a Hugging Face model "
+                         "folder (with config.json and model.safetensors)", dir);
+    snprintf(bin, sizeof bin, "%s/pytorch_model.bin", dir);
+    const char *hint = snug_file_exists(bin) ? " (it has pytorch_model.bin: snug reads only safetensors; convert with "
+                                               "transformers' save_pretrained(..., safe_serialization=True))"
+                                             : "";
+    return snug_fail(e, SNUG_EINPUT, "model folder %s has neither model.safetensors nor "
+                     "model.safetensors.index.json%s; point to a Hugging Face model folder saved with safetensors",
+                     dir, hint);
+}
+
+static int find_cmp(const void *key, const void *elem) {
+    return strcmp((const char *)key, ((const snug_st_tensor *)elem)->name);
+}
+
+const snug_st_tensor *snug_st_find(const snug_st_set *s, const char *name) {
+    if (!s->ntensors)
+        return NULL;
+    return bsearch(name, s->tensors, s->ntensors, sizeof *s->tensors, find_cmp);
+}
+
+void snug_st_close(snug_st_set *s) {
+    for (int i = 0; i < s->ntensors; i++)
+        free(s->tensors[i].name);
+    for (int i = 0; i < s->nfiles; i++) {
+        if (s->maps[i])
+            munmap(s->maps[i], s->map_sizes[i]);
+        free(s->paths[i]);
+    }
+    free(s->tensors);
+    free(s->paths);
+    free(s->maps);
+    free(s->map_sizes);
+    memset(s, 0, sizeof *s);
+}
+
+static int64_t numel_of(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    return n;
+}
+
+int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e) {
+    const char *path = s->paths[t->file];
+    size_t esz = snug_dtype_size(t->dtype);
+    if (t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_F16 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F64)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is stored as %s; snug reads weights as F32, F16 or BF16 "
+                         "(dequantize or convert the checkpoint first)", path, t->name,
+                         t->dtype == SNUG_DT_UNSUPPORTED ? "a dtype snug does not support" : snug_dtype_name(t->dtype));
+    if (transpose2d && t->ndim != 2)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" has %d dimensions where a 2-D weight was expected; the "
+                         "checkpoint does not match the architecture in config.json", path, t->name, t->ndim);
+    size_t n = (size_t)numel_of(t->ndim, t->shape);
+    size_t R = transpose2d ? (size_t)t->shape[0] : 1, K = transpose2d ? (size_t)t->shape[1] : n;
+    const unsigned char *src = t->data;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        const unsigned char *p = src + i * esz;
+        if (t->dtype == SNUG_DT_F32) {
+            memcpy(&v, p, 4);
+        } else if (t->dtype == SNUG_DT_F64) {
+            double d;
+            memcpy(&d, p, 8);
+            v = (float)d;
+        } else {
+            uint16_t h;
+            memcpy(&h, p, 2);
+            v = t->dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(h) : snug_f16_to_f32(h);
+        }
+        if (!isfinite(v))
+            return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" holds %s at flat index %zu; the checkpoint is "
+                             "corrupt or was saved after training diverged: use another checkpoint", path, t->name,
+                             isnan(v) ? "NaN" : "an infinite value", i);
+        /* element (r, k) of [R, K] goes to (k, r) of [K, R] */
+        dst[transpose2d ? (i % K) * R + i / K : i] = v;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------- */
+/* Writing */
+
+static int out_name_cmp(const void *a, const void *b) {
+    return strcmp((*(const snug_st_out *const *)a)->name, (*(const snug_st_out *const *)b)->name);
+}
+
+/* The reference writer's order: larger dtypes first (so every tensor starts aligned), then by name. */
+static int out_layout_cmp(const void *a, const void *b) {
+    const snug_st_out *x = *(const snug_st_out *const *)a, *y = *(const snug_st_out *const *)b;
+    size_t sx = snug_dtype_size(x->dtype), sy = snug_dtype_size(y->dtype);
+    if (sx != sy)
+        return sx > sy ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int check_out(const char *path, const snug_st_out *t, snug_error *e) {
+    if (!t->name || strcmp(t->name, "__metadata__") == 0)
+        return snug_fail(e, SNUG_EINTERNAL, "writing %s: a tensor has no name or is named __metadata__", path);
+    if (t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F16)
+        return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": dtype must be F32, BF16 or F16", path,
+                         t->name);
+    if (t->ndim < 0 || t->ndim > SNUG_ST_MAXDIM || (t->transpose2d && t->ndim != 2))
+        return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": bad rank %d%s", path, t->name, t->ndim,
+                         t->transpose2d ? " for a transposed (2-D) tensor" : "");
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] < 0)
+            return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": shape[%d] is negative", path, t->name, d);
+    if (!t->f32 && numel_of(t->ndim, t->shape) > 0)
+        return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": no source data", path, t->name);
+    return 0;
+}
+
+/* Builds the compact JSON header, padded with spaces so that 8 + length is a multiple of 8. */
+static int build_header(const char *path, const snug_st_out *const *order, int n, char **out, size_t *len,
+                        snug_error *e) {
+    json_t *root = json_object(), *meta = json_object();
+    int bad = !root || !meta || json_object_set_new(meta, "format", json_string("pt")) ||
+              json_object_set_new(root, "__metadata__", meta);
+    uint64_t off = 0;
+    for (int i = 0; i < n && !bad; i++) {
+        const snug_st_out *t = order[i];
+        json_t *shape = json_array(), *offs = json_array(), *ent = json_object();
+        for (int d = 0; d < t->ndim; d++)
+            bad |= json_array_append_new(shape, json_integer(t->shape[d]));
+        uint64_t nbytes = (uint64_t)numel_of(t->ndim, t->shape) * snug_dtype_size(t->dtype);
+        bad |= json_array_append_new(offs, json_integer((json_int_t)off));
+        bad |= json_array_append_new(offs, json_integer((json_int_t)(off + nbytes)));
+        bad |= json_object_set_new(ent, "dtype", json_string(snug_dtype_name(t->dtype)));
+        bad |= json_object_set_new(ent, "shape", shape);
+        bad |= json_object_set_new(ent, "data_offsets", offs);
+        if (json_object_set_new(root, t->name, ent) != 0) {
+            json_decref(root);
+            return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor name \"%s\" is not valid UTF-8", path, t->name);
+        }
+        off += nbytes;
+    }
+    char *js = bad ? NULL : json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!js)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory building the header of %s", path);
+    size_t jn = strlen(js), padded = jn + (8 - (8 + jn) % 8) % 8;
+    char *h = realloc(js, padded + 1);
+    if (!h) {
+        free(js);
+        return snug_fail(e, SNUG_ENOMEM, "out of memory building the header of %s", path);
+    }
+    memset(h + jn, ' ', padded - jn);
+    h[padded] = '\0';
+    *out = h;
+    *len = padded;
+    return 0;
+}
+
+/* Converts and writes one tensor's data in chunks. */
+static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char *buf, size_t bufsize,
+                      snug_error *e) {
+    size_t n = (size_t)numel_of(t->ndim, t->shape), esz = snug_dtype_size(t->dtype), chunk = bufsize / esz;
+    size_t R = t->transpose2d ? (size_t)t->shape[0] : 1, K = t->transpose2d ? (size_t)t->shape[1] : n;
+    for (size_t start = 0; start < n; start += chunk) {
+        size_t m = n - start < chunk ? n - start : chunk;
+        for (size_t j = 0; j < m; j++) {
+            size_t i = start + j;
+            /* output (r, k) of [R, K] comes from source (k, r) of [K, R] */
+            float v = t->f32[t->transpose2d ? (i % K) * R + i / K : i];
+            if (t->dtype == SNUG_DT_F32) {
+                memcpy(buf + j * 4, &v, 4);
+            } else {
+                uint16_t h = t->dtype == SNUG_DT_BF16 ? snug_f32_to_bf16(v) : snug_f32_to_f16(v);
+                memcpy(buf + j * 2, &h, 2);
+            }
+        }
+        SNUG_TRY(snug_atomic_write(af, buf, m * esz, e));
+    }
+    return 0;
+}
+
+int snug_st_write(const char *path, const snug_st_out *t, int n, snug_error *e) {
+    const snug_st_out **order = malloc((n > 0 ? n : 1) * sizeof *order);
+    unsigned char *buf = malloc(1 << 16);
+    char *hdr = NULL;
+    snug_atomic_file af = {0};
+    int rc = 0;
+    if (!order || !buf) {
+        rc = snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        if ((rc = check_out(path, &t[i], e)) != 0)
+            goto out;
+        order[i] = &t[i];
+    }
+    qsort(order, n, sizeof *order, out_name_cmp);
+    for (int i = 1; i < n; i++)
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+            rc = snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\" given twice", path, order[i]->name);
+            goto out;
+        }
+    qsort(order, n, sizeof *order, out_layout_cmp);
+    size_t hlen;
+    if ((rc = build_header(path, order, n, &hdr, &hlen, e)) != 0)
+        goto out;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    if ((rc = snug_atomic_open(&af, path, e)) != 0 || (rc = snug_atomic_write(&af, len8, 8, e)) != 0 ||
+        (rc = snug_atomic_write(&af, hdr, hlen, e)) != 0)
+        goto out;
+    for (int i = 0; i < n; i++)
+        if ((rc = write_data(&af, order[i], buf, 1 << 16, e)) != 0)
+            goto out;
+    rc = snug_atomic_commit(&af, e);
+out:
+    if (rc)
+        snug_atomic_abort(&af);
+    free(hdr);
+    free(buf);
+    free(order);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* schedule.c: learning-rate schedules with warmup, matching transformers' get_*_schedule_with_warmup. */
+#include <math.h>
+#include <string.h>
+
+#include "optim/optim.h"
+
+double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total) {
+    if (step < warmup)
+        return base_lr * (double)step / (double)(warmup > 0 ? warmup : 1);
+    if (kind == SNUG_SCHED_CONSTANT)
+        return base_lr;
+    int span = total - warmup;
+    double progress = span > 0 ? (double)(step - warmup) / span : 1.0;
+    if (progress > 1.0)
+        progress = 1.0;
+    if (kind == SNUG_SCHED_LINEAR)
+        return base_lr * (1.0 - progress);
+    return base_lr * 0.5 * (1.0 + cos(M_PI * progress));
+}
+
+int snug_sched_parse(const char *s) {
+    if (!strcmp(s, "constant") || !strcmp(s, "constant_with_warmup"))
+        return SNUG_SCHED_CONSTANT;
+    if (!strcmp(s, "linear"))
+        return SNUG_SCHED_LINEAR;
+    if (!strcmp(s, "cosine"))
+        return SNUG_SCHED_COSINE;
+    return -1;
+}

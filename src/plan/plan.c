@@ -1,0 +1,71 @@
+/* plan.c: planning a run's memory with the same layout code that allocates it (see plan.h). */
+#include "plan/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "optim/optim.h"
+
+int snug_plan_training(snug_plan *p, const snug_model_config *cfg, int B, int T, int xent_chunk, snug_error *e) {
+    memset(p, 0, sizeof *p);
+    snug_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    SNUG_TRY(snug_param_table_build(&m.table, cfg, e));
+    snug_arenas A;
+    snug_arenas_init_counting(&A);
+    snug_adamw opt = {0};
+    int rc = snug_model_layout(&m, &A, B, T, 1, xent_chunk, e);
+    if (!rc)
+        rc = snug_adamw_layout(&opt, &A, m.table.total, e);
+    if (!rc) {
+        for (int c = 0; c < SNUG_MEM_NCAT; c++) {
+            p->bytes[c] = A.a[c].peak;
+            p->total += A.a[c].peak;
+        }
+        p->nparams = (long long)m.table.total;
+        p->B = B;
+        p->T = T;
+        p->xent_chunk = m.xent_chunk;
+    }
+    snug_param_table_free(&m.table);
+    free(m.w.layers);
+    free(m.g.layers);
+    free(m.acts);
+    return rc;
+}
+
+void snug_format_bytes(char *buf, size_t n, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024.0 && i < 4) {
+        b /= 1024.0;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+void snug_plan_print(FILE *f, const snug_plan *p, const size_t *measured) {
+    char a[32], b[32];
+    fprintf(f, "  %-20s %12s%s\n", "memory", "planned", measured ? "     measured peak" : "");
+    for (int c = 0; c < SNUG_MEM_NCAT; c++) {
+        snug_format_bytes(a, sizeof a, (double)p->bytes[c]);
+        if (measured) {
+            snug_format_bytes(b, sizeof b, (double)measured[c]);
+            fprintf(f, "  %-20s %12s  %16s\n", snug_category_name((snug_category)c), a, b);
+        } else {
+            fprintf(f, "  %-20s %12s\n", snug_category_name((snug_category)c), a);
+        }
+    }
+    snug_format_bytes(a, sizeof a, (double)p->total);
+    if (measured) {
+        size_t t = 0;
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            t += measured[c];
+        snug_format_bytes(b, sizeof b, (double)t);
+        fprintf(f, "  %-20s %12s  %16s\n", "total", a, b);
+    } else {
+        fprintf(f, "  %-20s %12s\n", "total", a);
+    }
+}

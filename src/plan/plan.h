@@ -1,0 +1,28 @@
+/* plan.h: the memory plan of a training run, computed by running the real layout code on counting arenas.
+ *
+ * The trainer allocates each arena with exactly the planned capacity, so the plan is not an estimate of the
+ * allocation: it is the allocation, made before any memory is touched. */
+#ifndef SNUG_PLAN_H
+#define SNUG_PLAN_H
+
+#include <stdio.h>
+
+#include "core/arena.h"
+#include "model/config.h"
+
+typedef struct snug_plan {
+    size_t bytes[SNUG_MEM_NCAT]; /* peak bytes per category */
+    size_t total;
+    long long nparams;
+    int B, T, xent_chunk;
+} snug_plan;
+
+int snug_plan_training(snug_plan *p, const snug_model_config *cfg, int B, int T, int xent_chunk, snug_error *e);
+
+/* "1.23 GiB", "456.0 MiB", "12.0 KiB" */
+void snug_format_bytes(char *buf, size_t n, double bytes);
+
+/* Prints the plan, one line per category; with measured peaks (NULL for none) beside each. */
+void snug_plan_print(FILE *f, const snug_plan *p, const size_t *measured);
+
+#endif

@@ -1,0 +1,474 @@
+/* trainer.c: one training run end to end (see trainer.h). */
+#include "train/trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "core/fileio.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "optim/optim.h"
+#include "plan/plan.h"
+
+/* Everything a run holds; released by run_free whatever state it reached. */
+typedef struct run {
+    const snug_options *o;
+    snug_model_config cfg;
+    snug_tokenizer *tok;
+    char tok_path[4096];   /* the tokenizer.json used ("" for the byte-level stand-in) */
+    snug_encoder enc;
+    snug_dataset train, val;
+    snug_plan plan;
+    snug_backend *be;
+    snug_arenas arenas;
+    void *blocks[SNUG_MEM_NCAT];
+    snug_model model;
+    snug_adamw opt;
+} run;
+
+static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap,
+                      snug_error *e) {
+    return snug_tok_encode((const snug_tokenizer *)ctx, text, len, ids, n, cap, e) < 0 ? (e->code ? e->code : SNUG_EINPUT)
+                                                                                    : 0;
+}
+
+static int path_join(char *dst, size_t n, const char *dir, const char *file) {
+    return snprintf(dst, n, "%s/%s", dir, file) >= (int)n;
+}
+
+/* Which tokenizer.json: the `tokenizer` key, else the base model's, else the built-in one for from-scratch runs. */
+static int open_tokenizer(run *r, snug_error *e) {
+    const snug_options *o = r->o;
+    char cand[4096] = "";
+    if (o->tokenizer[0]) {
+        struct stat st;
+        if (stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode))
+            path_join(cand, sizeof cand, o->tokenizer, "tokenizer.json");
+        else
+            snprintf(cand, sizeof cand, "%s", o->tokenizer);
+        if (!snug_file_exists(cand))
+            return snug_fail(e, SNUG_EINPUT, "%s: tokenizer file not found; set `tokenizer` to a tokenizer.json or "
+                             "a folder that holds one", cand);
+    } else if (o->base_model[0]) {
+        path_join(cand, sizeof cand, o->base_model, "tokenizer.json");
+        if (!snug_file_exists(cand))
+            cand[0] = '\0';
+    } else {
+        path_join(cand, sizeof cand, SNUG_SOURCE_DIR, "assets/tokenizer/tokenizer.json");
+        if (!snug_file_exists(cand))
+            cand[0] = '\0';
+    }
+    if (!cand[0]) {
+        r->enc = snug_byte_encoder();
+        return 0;
+    }
+    SNUG_TRY(snug_tok_load(&r->tok, cand, e));
+    snprintf(r->tok_path, sizeof r->tok_path, "%s", cand);
+    r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .vocab_size = snug_tok_vocab_size(r->tok),
+                            .bos_id = snug_tok_bos_id(r->tok), .eos_id = snug_tok_eos_id(r->tok)};
+    return 0;
+}
+
+static int resolve_model(run *r, snug_error *e) {
+    const snug_options *o = r->o;
+    if (o->base_model[0]) {
+        char p[4096];
+        path_join(p, sizeof p, o->base_model, "config.json");
+        SNUG_TRY(snug_model_config_load(&r->cfg, p, e));
+        if (r->enc.vocab_size > r->cfg.vocab_size)
+            return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
+                             "tokenizer that belongs to this model", p, r->cfg.vocab_size, r->enc.vocab_size);
+    } else {
+        SNUG_TRY(snug_preset(&r->cfg, o->model_preset, r->enc.vocab_size, e));
+        if (r->enc.eos_id >= 0)
+            r->cfg.eos_token_id = r->enc.eos_id;
+        if (r->enc.bos_id >= 0)
+            r->cfg.bos_token_id = r->enc.bos_id;
+    }
+    if (r->enc.eos_id < 0)
+        r->enc.eos_id = r->cfg.eos_token_id;
+    if (o->sequence_len > r->cfg.max_position)
+        return snug_fail(e, SNUG_EINPUT, "sequence_len %d exceeds the model's max_position_embeddings %d; lower "
+                         "sequence_len", o->sequence_len, r->cfg.max_position);
+    return 0;
+}
+
+static int load_data(run *r, snug_error *e) {
+    const snug_options *o = r->o;
+    if (o->ndatasets == 0)
+        return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
+                         "pass --dataset data.jsonl");
+    for (int i = 0; i < o->ndatasets; i++)
+        SNUG_TRY(snug_dataset_load_jsonl(&r->train, o->datasets[i].path,
+                                         o->datasets[i].field[0] ? o->datasets[i].field : "text", &r->enc, e));
+    if (o->val_set_size > 0)
+        SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, (uint64_t)o->seed, &r->val, e));
+    return 0;
+}
+
+static int setup(run *r, const snug_options *o, snug_error *e) {
+    memset(r, 0, sizeof *r);
+    r->o = o;
+    SNUG_TRY(open_tokenizer(r, e));
+    SNUG_TRY(resolve_model(r, e));
+    return snug_plan_training(&r->plan, &r->cfg, o->micro_batch_size, o->sequence_len, 0, e);
+}
+
+static void run_free(run *r) {
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        if (r->blocks[c])
+            r->be->free(r->be, r->blocks[c]);
+    if (r->be)
+        r->be->destroy(r->be);
+    snug_param_table_free(&r->model.table);
+    free(r->model.w.layers);
+    free(r->model.g.layers);
+    free(r->model.acts);
+    snug_dataset_free(&r->train);
+    snug_dataset_free(&r->val);
+    if (r->tok)
+        snug_tok_free(r->tok);
+}
+
+/* Allocates every arena with its planned capacity and lays the model and optimizer out in them. */
+static int allocate(run *r, int B, int T, int with_grads, snug_error *e) {
+    const snug_options *o = r->o;
+    snug_plan p;
+    if (with_grads)
+        p = r->plan;
+    else
+        SNUG_TRY(snug_plan_training(&p, &r->cfg, B, T, 0, e));
+    r->be = snug_backend_cpu_create(o->threads);
+    if (!r->be)
+        return snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend");
+    r->model.cfg = r->cfg;
+    r->model.be = r->be;
+    SNUG_TRY(snug_param_table_build(&r->model.table, &r->cfg, e));
+    for (int c = 0; c < SNUG_MEM_NCAT; c++) {
+        size_t cap = p.bytes[c];
+        if (!with_grads && (c == SNUG_MEM_GRADS || c == SNUG_MEM_OPTIM))
+            cap = 0;
+        if (cap) {
+            r->blocks[c] = r->be->alloc(r->be, cap);
+            if (!r->blocks[c]) {
+                char b[32];
+                snug_format_bytes(b, sizeof b, (double)cap);
+                return snug_fail(e, SNUG_ENOMEM, "cannot allocate %s for %s; lower micro_batch_size or "
+                                 "sequence_len", b, snug_category_name((snug_category)c));
+            }
+        }
+        snug_arena_init(&r->arenas.a[c], (snug_category)c, r->blocks[c], cap);
+        r->arenas.a[c].budget = 0;
+    }
+    SNUG_TRY(snug_model_layout(&r->model, &r->arenas, B, T, with_grads, 0, e));
+    if (with_grads)
+        SNUG_TRY(snug_adamw_layout(&r->opt, &r->arenas, r->model.table.total, e));
+    snug_model_init_rope(&r->model);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double peak_rss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss * 1024.0;
+}
+
+/* Mean loss over every supervised token of the validation set. */
+static double evaluate(run *r, int32_t *ids, int32_t *labels, int32_t *pos) {
+    snug_batcher vb;
+    snug_error e = {0};
+    if (snug_batcher_init(&vb, &r->val, r->o->micro_batch_size, r->o->sequence_len, 0, 0, &e))
+        return NAN;
+    double sum = 0;
+    size_t ntok = 0;
+    int rows;
+    while ((rows = snug_batcher_next(&vb, ids, labels, pos)) > 0) {
+        snug_model_set_batch(&r->model, ids, labels, pos, NULL, rows, vb.T);
+        sum += snug_model_step(&r->model, 0.0f);
+        ntok += snug_count_supervised(labels, (size_t)rows * vb.T);
+    }
+    snug_batcher_free(&vb);
+    return ntok ? sum / (double)ntok : NAN;
+}
+
+static void progress_bar(FILE *out, int step, int total, double loss, double elapsed) {
+    int width = 30, filled = (int)((double)step / total * width);
+    double eta = step ? elapsed / step * (total - step) : 0;
+    fprintf(out, "\r[");
+    for (int i = 0; i < width; i++)
+        fputc(i < filled ? '#' : '.', out);
+    fprintf(out, "] %d/%d loss %.4f  eta %dm%02ds ", step, total, loss, (int)eta / 60, (int)eta % 60);
+    fflush(out);
+}
+
+static int save_model(run *r, snug_error *e) {
+    const char *dir = r->o->output_dir;
+    char p[4096];
+    SNUG_TRY(snug_mkdirs(dir, e));
+    snug_model_config cfg = r->cfg;
+    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "float32");
+    path_join(p, sizeof p, dir, "config.json");
+    SNUG_TRY(snug_model_config_save(&cfg, p, e));
+    path_join(p, sizeof p, dir, "generation_config.json");
+    SNUG_TRY(snug_generation_config_save(&cfg, p, e));
+    SNUG_TRY(snug_model_save_weights(&r->model, dir, e));
+    if (r->tok_path[0]) {
+        char srcdir[4096];
+        snprintf(srcdir, sizeof srcdir, "%s", r->tok_path);
+        char *slash = strrchr(srcdir, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            snprintf(srcdir, sizeof srcdir, ".");
+        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                               "chat_template.jinja"};
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            char src[4096];
+            path_join(src, sizeof src, srcdir, files[i]);
+            path_join(p, sizeof p, dir, files[i]);
+            if (snug_file_exists(src))
+                SNUG_TRY(snug_copy_file(src, p, e));
+        }
+    }
+    return 0;
+}
+
+static void print_sample(run *r, FILE *out) {
+    const snug_options *o = r->o;
+    if (!o->sample_tokens || !r->tok)
+        return;
+    /* a fresh inference layout (B=1) that shares nothing with training: the weights are copied across */
+    run g;
+    memset(&g, 0, sizeof g);
+    g.o = o;
+    g.cfg = r->cfg;
+    snug_error e = {0};
+    int32_t *prompt = NULL;
+    size_t n = 0, cap = 0;
+    if (r->enc.bos_id >= 0) {
+        prompt = malloc(16 * sizeof *prompt);
+        cap = 16;
+        prompt[n++] = r->enc.bos_id;
+    }
+    const char *text = o->sample_prompt;
+    if (snug_tok_encode(r->tok, text, strlen(text), &prompt, &n, &cap, &e) < 0 || n == 0) {
+        if (n == 0 && r->enc.eos_id >= 0) {
+            int32_t *p = realloc(prompt, sizeof *p);
+            if (p) {
+                prompt = p;
+                prompt[n++] = r->enc.eos_id; /* an empty prompt starts after an end of text */
+            }
+        }
+        if (n == 0) {
+            free(prompt);
+            return;
+        }
+    }
+    int T = (int)n + o->sample_tokens;
+    if (T > r->cfg.max_position)
+        T = r->cfg.max_position;
+    if (allocate(&g, 1, T, 0, &e) == 0) {
+        g.be->to_device(g.be, g.model.params, r->model.params, r->model.table.total * sizeof(float));
+        int32_t *ids = malloc((size_t)T * sizeof *ids);
+        snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
+                           .seed = (uint64_t)o->seed};
+        int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->enc.eos_id, &s, ids);
+        char *txt = NULL;
+        size_t len = 0;
+        int skip = r->enc.bos_id >= 0 ? 1 : 0;
+        if (got > 0 && ids[got - 1] == r->enc.eos_id)
+            got--;
+        if (snug_tok_decode(r->tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0) {
+            fprintf(out, "\nsample (temperature %.2f, top-k %d, top-p %.2f):\n%.*s\n", o->temperature, o->top_k,
+                    o->top_p, (int)len, txt);
+        }
+        free(txt);
+        free(ids);
+    }
+    free(prompt);
+    g.tok = NULL;
+    run_free(&g);
+}
+
+static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_epoch) {
+    const snug_options *o = r->o;
+    const snug_model_config *c = &r->cfg;
+    fprintf(out, "snug: training %s (%s, %d layers, width %d, %d heads / %d kv heads, vocab %d)\n",
+            o->base_model[0] ? o->base_model : o->model_preset, c->model_type, c->n_layer, c->hidden_size, c->n_head,
+            c->n_kv_head, c->vocab_size);
+    fprintf(out, "  parameters           %lld (%.2fM)\n", r->plan.nparams, r->plan.nparams / 1e6);
+    fprintf(out, "  tokenizer            %s\n", r->tok_path[0] ? r->tok_path : "byte-level (256 bytes + end of text)");
+    fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->train.nexamples,
+            r->train.ntokens, r->val.nexamples);
+    fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %d tokens per step\n",
+            o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps,
+            o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps);
+    fprintf(out, "  schedule             %d steps (%zu micro-batches per epoch), lr %g %s, warmup %d\n", total_steps,
+            batches_per_epoch, o->learning_rate, o->lr_scheduler,
+            o->warmup_steps ? o->warmup_steps : (int)(o->warmup_ratio * total_steps));
+    fprintf(out, "memory plan (backend %s, %d threads):\n", r->be->name, r->be->nthreads);
+    snug_plan_print(out, &r->plan, NULL);
+}
+
+int snug_train(const snug_options *o, FILE *out, snug_error *e) {
+    run r;
+    int rc = setup(&r, o, e);
+    if (!rc)
+        rc = load_data(&r, e);
+    snug_batcher batcher = {0};
+    if (!rc)
+        rc = snug_batcher_init(&batcher, &r.train, o->micro_batch_size, o->sequence_len, (uint64_t)o->seed, 1, e);
+    if (!rc)
+        rc = allocate(&r, o->micro_batch_size, o->sequence_len, 1, e);
+    if (!rc && o->base_model[0])
+        rc = snug_model_load_weights(&r.model, o->base_model, e);
+    else if (!rc)
+        snug_model_init_random(&r.model, (uint64_t)o->seed);
+    if (rc) {
+        snug_batcher_free(&batcher);
+        run_free(&r);
+        return rc;
+    }
+
+    int GA = o->gradient_accumulation_steps, B = o->micro_batch_size, T = o->sequence_len;
+    size_t per_epoch = snug_batcher_batches_per_epoch(&batcher);
+    int total = o->max_steps > 0 ? o->max_steps : (int)((per_epoch + GA - 1) / GA) * o->num_epochs;
+    if (total < 1)
+        total = 1;
+    int warmup = o->warmup_steps ? o->warmup_steps : (int)ceil(o->warmup_ratio * total);
+    snug_sched sched = (snug_sched)snug_sched_parse(o->lr_scheduler);
+    r.opt.beta1 = (float)o->adam_beta1;
+    r.opt.beta2 = (float)o->adam_beta2;
+    r.opt.eps = (float)o->adam_epsilon;
+    r.opt.weight_decay = (float)o->weight_decay;
+    print_header(&r, out, total, per_epoch);
+
+    size_t BT = (size_t)B * T;
+    int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
+    int32_t *pos = malloc((size_t)GA * BT * sizeof *pos);
+    int *rows = malloc((size_t)GA * sizeof *rows);
+    if (!ids || !labels || !pos || !rows)
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the batch buffers");
+
+    char metrics_path[4096];
+    FILE *metrics = NULL;
+    if (!rc) {
+        rc = snug_mkdirs(o->output_dir, e);
+        path_join(metrics_path, sizeof metrics_path, o->output_dir, "metrics.jsonl");
+        if (!rc && !(metrics = fopen(metrics_path, "w")))
+            rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
+    }
+    int tty = isatty(fileno(out));
+    double t0 = now_s(), tlog = t0, loss_mean = 0;
+    size_t tokens_since = 0;
+    for (int step = 0; step < total && !rc; step++) {
+        /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
+        size_t nsup = 0;
+        for (int k = 0; k < GA; k++) {
+            rows[k] = snug_batcher_next(&batcher, ids + k * BT, labels + k * BT, pos + k * BT);
+            if (rows[k] == 0)
+                rows[k] = snug_batcher_next(&batcher, ids + k * BT, labels + k * BT, pos + k * BT);
+            nsup += snug_count_supervised(labels + k * BT, (size_t)rows[k] * T);
+        }
+        float scale = nsup ? 1.0f / (float)nsup : 0.0f;
+        r.be->zero(r.be, r.model.grads, r.model.table.total * sizeof(float));
+        double loss_sum = 0;
+        for (int k = 0; k < GA; k++) {
+            snug_model_set_batch(&r.model, ids + k * BT, labels + k * BT, pos + k * BT, NULL, rows[k], T);
+            loss_sum += snug_model_step(&r.model, scale);
+            tokens_since += (size_t)rows[k] * T;
+        }
+        double loss = nsup ? loss_sum / (double)nsup : 0;
+        double norm = snug_grad_norm(r.be, r.model.grads, r.model.table.total, 1.0f);
+        float clip = 1.0f;
+        if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
+            clip = (float)(o->max_grad_norm / (norm + 1e-6));
+        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
+        snug_adamw_step(&r.opt, r.be, &r.model.table, r.model.params, r.model.grads, (float)lr, clip);
+        loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
+
+        double val = NAN;
+        if (r.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) || step + 1 == total))
+            val = evaluate(&r, ids, labels, pos);
+        int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
+                      !isnan(val);
+        if (log_now) {
+            double t = now_s(), tps = tokens_since / (t - tlog > 1e-9 ? t - tlog : 1e-9);
+            double rss = peak_rss_bytes();
+            fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
+                    "\"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
+                    step + 1, loss, lr, norm, tps, t - t0, rss);
+            if (!isnan(val))
+                fprintf(metrics, ", \"val_loss\": %.6f", val);
+            fprintf(metrics, "}\n");
+            fflush(metrics);
+            if (tty) {
+                progress_bar(out, step + 1, total, loss_mean, t - t0);
+                if (!isnan(val))
+                    fprintf(out, "\n  step %d: validation loss %.4f\n", step + 1, val);
+            } else {
+                fprintf(out, "step %5d/%d  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  rss %.0f MiB%s", step + 1,
+                        total, loss, lr, norm, tps, rss / 1048576.0, isnan(val) ? "\n" : "");
+                if (!isnan(val))
+                    fprintf(out, "  val_loss %.4f\n", val);
+            }
+            tlog = t;
+            tokens_since = 0;
+        }
+        if (o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total)
+            rc = save_model(&r, e);
+    }
+    if (tty)
+        fputc('\n', out);
+    if (metrics)
+        fclose(metrics);
+    if (!rc)
+        rc = save_model(&r, e);
+    if (!rc) {
+        fprintf(out, "saved %s (Hugging Face format) in %.1f s\n", o->output_dir, now_s() - t0);
+        size_t measured[SNUG_MEM_NCAT];
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            measured[c] = r.arenas.a[c].peak;
+        fprintf(out, "memory (arena high-water marks beside the plan):\n");
+        snug_plan_print(out, &r.plan, measured);
+        char b[32];
+        snug_format_bytes(b, sizeof b, peak_rss_bytes());
+        fprintf(out, "  %-20s %12s  %16s\n", "process peak RSS", "", b);
+        print_sample(&r, out);
+    }
+    free(ids);
+    free(labels);
+    free(pos);
+    free(rows);
+    snug_batcher_free(&batcher);
+    run_free(&r);
+    return rc;
+}
+
+int snug_plan_cmd(const snug_options *o, FILE *out, snug_error *e) {
+    run r;
+    int rc = setup(&r, o, e);
+    if (!rc) {
+        fprintf(out, "memory plan for %s: %lld parameters, micro-batch %d x %d tokens (fp32, AdamW):\n",
+                o->base_model[0] ? o->base_model : o->model_preset, r.plan.nparams, o->micro_batch_size,
+                o->sequence_len);
+        snug_plan_print(out, &r.plan, NULL);
+    }
+    run_free(&r);
+    return rc;
+}

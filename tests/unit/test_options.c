@@ -1,0 +1,541 @@
+/* test_options.c: the YAML + command-line configuration (src/cli/options.c): defaults, an Axolotl-style config, the
+ * Hugging Face aliases, command-line overrides, and every kind of error a user can make, each with its message. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "cli/options.h"
+
+static char dir[] = "/tmp/snug_options_XXXXXX";
+static char written[16][64]; /* file names written into dir, removed at the end */
+static int nwritten;
+
+/* Writes dir/name and returns its path (in a static buffer of four, so a few can be alive at once). */
+static const char *write_file(const char *name, const char *text) {
+    static char paths[4][1024];
+    static int next;
+    char *path = paths[next++ % 4];
+    snprintf(path, 1024, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    fputs(text, f);
+    fclose(f);
+    int known = 0;
+    for (int i = 0; i < nwritten; i++)
+        known |= !strcmp(written[i], name);
+    if (!known && nwritten < 16)
+        snprintf(written[nwritten++], sizeof written[0], "%s", name);
+    return path;
+}
+
+/* Loads text as cfg.yaml over the defaults. */
+static int load(const char *text, snug_options *o, snug_error *e) {
+    snug_options_defaults(o);
+    snug_error_clear(e);
+    return snug_options_load_yaml(o, write_file("cfg.yaml", text), e);
+}
+
+static int has(const snug_error *e, const char *s) { return strstr(e->msg, s) != NULL; }
+
+/* A YAML config that must fail with SNUG_EINPUT and a message containing each of the NULL-terminated strings. */
+#define EXPECT_YAML_ERROR(text, ...)                                                  \
+    do {                                                                              \
+        snug_options o_;                                                              \
+        snug_error e_;                                                                \
+        int rc_ = load(text, &o_, &e_);                                               \
+        CHECKF(rc_ == SNUG_EINPUT, "rc %d for %s", rc_, #text);                      \
+        const char *want_[] = {__VA_ARGS__, NULL};                                    \
+        for (int w_ = 0; want_[w_]; w_++)                                             \
+            CHECKF(has(&e_, want_[w_]), "'%s' not in: %s", want_[w_], e_.msg);       \
+    } while (0)
+
+#define EXPECT_YAML_OK(text)                                                          \
+    do {                                                                              \
+        snug_options o_;                                                              \
+        snug_error e_;                                                                \
+        int rc_ = load(text, &o_, &e_);                                               \
+        CHECKF(rc_ == 0, "rc %d for %s: %s", rc_, #text, e_.msg);                    \
+    } while (0)
+
+static void test_defaults(void) {
+    snug_options o;
+    snug_error e;
+    snug_options_defaults(&o);
+    CHECK(o.sequence_len == 256 && o.micro_batch_size == 4 && o.gradient_accumulation_steps == 1);
+    CHECK(o.num_epochs == 1 && o.max_steps == -1);
+    CHECK(o.learning_rate == 3e-4 && !strcmp(o.lr_scheduler, "cosine"));
+    CHECK(o.warmup_steps == 0 && o.warmup_ratio == 0 && o.weight_decay == 0);
+    CHECK(o.adam_beta1 == 0.9 && o.adam_beta2 == 0.999 && o.adam_epsilon == 1e-8 && o.max_grad_norm == 1.0);
+    CHECK(!strcmp(o.optimizer, "adamw") && !strcmp(o.output_dir, "out") && o.seed == 42);
+    CHECK(o.logging_steps == 1 && o.eval_steps == 0 && o.save_steps == 0 && o.threads == 0);
+    CHECK(o.sample_tokens == 64 && o.temperature == 0.8 && o.top_k == 40 && o.top_p == 0.95);
+    CHECK(!strcmp(o.model_preset, "tiny-llama") && o.base_model[0] == '\0' && o.tokenizer[0] == '\0');
+    CHECK(o.val_set_size == 0 && o.memory_budget == 0 && o.ndatasets == 0 && o.config_path[0] == '\0');
+    CHECK(o.sample_prompt[0] == '\0');
+    CHECKF(snug_options_validate(&o, &e) == 0, "%s", e.msg);
+    CHECK(snug_options_validate_train(&o, &e) == SNUG_EINPUT && has(&e, "no training data") && has(&e, "--dataset"));
+}
+
+static void test_axolotl_config(void) {
+    snug_options o;
+    snug_error e;
+    char want[1100];
+    int rc = load("# an Axolotl-style full fine-tune\n"
+                  "base_model: ./models/llama\n"
+                  "model_type: AutoModelForCausalLM\n"
+                  "tokenizer_type: AutoTokenizer\n"
+                  "strict: false\n"
+                  "load_in_8bit: false\n"
+                  "load_in_4bit: false\n"
+                  "adapter:\n"
+                  "lora_model_dir:\n"
+                  "datasets:\n"
+                  "  - path: data/train.jsonl\n"
+                  "    type: completion\n"
+                  "    field: content\n"
+                  "  - path: /abs/other.jsonl\n"
+                  "    split: train\n"
+                  "  - more.jsonl\n"
+                  "dataset_prepared_path:\n"
+                  "val_set_size: 0.05\n"
+                  "output_dir: ./outputs/run1\n"
+                  "sequence_len: 2048\n"
+                  "sample_packing: false\n"
+                  "pad_to_sequence_len: false\n"
+                  "wandb_project:\n"
+                  "wandb_entity: ~\n"
+                  "gradient_accumulation_steps: 8\n"
+                  "micro_batch_size: 2\n"
+                  "num_epochs: 3.0\n"
+                  "optimizer: adamw_torch_fused\n"
+                  "lr_scheduler: linear\n"
+                  "learning_rate: 2e-5\n"
+                  "train_on_inputs: false\n"
+                  "group_by_length: false\n"
+                  "bf16: false\n"
+                  "fp16: no\n"
+                  "tf32: Off\n"
+                  "gradient_checkpointing: false\n"
+                  "flash_attention: false\n"
+                  "resume_from_checkpoint:\n"
+                  "logging_steps: 10\n"
+                  "warmup_steps: 100\n"
+                  "eval_steps: 200\n"
+                  "save_steps: 500\n"
+                  "deepspeed:\n"
+                  "fsdp: []\n"
+                  "special_tokens: {}\n"
+                  "weight_decay: 0.1\n"
+                  "max_grad_norm: 0.5\n"
+                  "adam_beta2: 0.95\n"
+                  "seed: 7\n"
+                  "threads: 2\n"
+                  "sample_prompt: \"Once upon a time\"\n"
+                  "sample_tokens: 32\n"
+                  "temperature: 0\n"
+                  "top_k: 0\n"
+                  "top_p: 1\n"
+                  "memory_budget: 40 GiB\n",
+                  &o, &e);
+    CHECKF(rc == 0, "%s", e.msg);
+    CHECK(!strcmp(o.base_model, "./models/llama"));  /* kept as written */
+    CHECK(!strcmp(o.output_dir, "./outputs/run1"));  /* kept as written */
+    snprintf(want, sizeof want, "%s/cfg.yaml", dir);
+    CHECK(!strcmp(o.config_path, want));
+    CHECK(o.ndatasets == 3);
+    snprintf(want, sizeof want, "%s/data/train.jsonl", dir);
+    CHECKF(!strcmp(o.datasets[0].path, want), "%s", o.datasets[0].path); /* relative to the YAML's folder */
+    CHECK(!strcmp(o.datasets[0].type, "completion") && !strcmp(o.datasets[0].field, "content"));
+    CHECK(!strcmp(o.datasets[1].path, "/abs/other.jsonl") && !strcmp(o.datasets[1].field, "text"));
+    snprintf(want, sizeof want, "%s/more.jsonl", dir);
+    CHECK(!strcmp(o.datasets[2].path, want) && !strcmp(o.datasets[2].type, "completion"));
+    CHECK(o.val_set_size == 0.05 && o.sequence_len == 2048);
+    CHECK(o.gradient_accumulation_steps == 8 && o.micro_batch_size == 2 && o.num_epochs == 3);
+    CHECK(!strcmp(o.optimizer, "adamw") && !strcmp(o.lr_scheduler, "linear") && o.learning_rate == 2e-5);
+    CHECK(o.logging_steps == 10 && o.warmup_steps == 100 && o.eval_steps == 200 && o.save_steps == 500);
+    CHECK(o.weight_decay == 0.1 && o.max_grad_norm == 0.5 && o.adam_beta2 == 0.95 && o.adam_beta1 == 0.9);
+    CHECK(o.seed == 7 && o.threads == 2);
+    CHECK(!strcmp(o.sample_prompt, "Once upon a time") && o.sample_tokens == 32);
+    CHECK(o.temperature == 0 && o.top_k == 0 && o.top_p == 1);
+    CHECK(o.memory_budget == 40.0 * 1073741824.0);
+    CHECKF(snug_options_validate_train(&o, &e) == 0, "%s", e.msg);
+
+    /* An empty file, and a key left empty, keep the defaults. */
+    CHECKF(load("", &o, &e) == 0 && o.micro_batch_size == 4, "%s", e.msg);
+    CHECKF(load("# only a comment\n", &o, &e) == 0, "%s", e.msg);
+    CHECKF(load("micro_batch_size:\nlr_scheduler: ~\nbase_model:\n", &o, &e) == 0, "%s", e.msg);
+    CHECK(o.micro_batch_size == 4 && !strcmp(o.lr_scheduler, "cosine") && o.base_model[0] == '\0');
+    /* Flow style, quoted numbers, anchors. */
+    CHECKF(load("{learning_rate: '1e-4', micro_batch_size: \"8\", datasets: [{path: a.jsonl}]}\n", &o, &e) == 0,
+           "%s", e.msg);
+    CHECK(o.learning_rate == 1e-4 && o.micro_batch_size == 8 && o.ndatasets == 1);
+    CHECKF(load("seed: &s 11\ntop_k: *s\n", &o, &e) == 0 && o.seed == 11 && o.top_k == 11, "%s", e.msg);
+    /* A config in the current directory keeps relative dataset paths as written. */
+    char cwd[1024];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    CHECK(chdir(dir) == 0);
+    snug_options_defaults(&o);
+    CHECKF(snug_options_load_yaml(&o, "cfg.yaml", &e) == 0, "%s", e.msg); /* the file from the last load() */
+    write_file("here.yaml", "datasets:\n  - path: d.jsonl\n");
+    snug_options_defaults(&o);
+    CHECKF(snug_options_load_yaml(&o, "here.yaml", &e) == 0, "%s", e.msg);
+    CHECK(o.ndatasets == 1 && !strcmp(o.datasets[0].path, "d.jsonl"));
+    CHECK(chdir(cwd) == 0);
+}
+
+static void test_hf_aliases(void) {
+    snug_options o;
+    snug_error e;
+    int rc = load("model_name_or_path: m\n"
+                  "per_device_train_batch_size: 16\n"
+                  "num_train_epochs: 2\n"
+                  "lr_scheduler_type: constant_with_warmup\n"
+                  "optim: adamw_torch\n"
+                  "warmup_ratio: 0.1\n"
+                  "max_seq_length: 512\n"
+                  "dataset: x.jsonl\n",
+                  &o, &e);
+    CHECKF(rc == 0, "%s", e.msg);
+    CHECK(!strcmp(o.base_model, "m") && o.micro_batch_size == 16 && o.num_epochs == 2);
+    CHECK(!strcmp(o.lr_scheduler, "constant") && !strcmp(o.optimizer, "adamw"));
+    CHECK(o.warmup_ratio == 0.1 && o.sequence_len == 512 && o.ndatasets == 1);
+    CHECKF(snug_options_validate(&o, &e) == 0, "%s", e.msg);
+    /* The same key under two spellings is a duplicate. */
+    EXPECT_YAML_ERROR("micro_batch_size: 2\nper_device_train_batch_size: 4\n", "cfg.yaml line 2",
+                      "per_device_train_batch_size is set twice", "micro_batch_size on line 1");
+    EXPECT_YAML_ERROR("seed: 1\nseed: 2\n", "line 2", "seed is set twice");
+}
+
+static void test_command_line(void) {
+    snug_options o;
+    snug_error e;
+    const char *cfg = write_file("cli.yaml", "learning_rate: 1e-3\nmicro_batch_size: 2\nseed: 5\n"
+                                             "datasets:\n  - path: yaml.jsonl\n");
+    char cfgpath[1024];
+    snprintf(cfgpath, sizeof cfgpath, "%s", cfg);
+    /* Overrides before and after the config path both win over it. */
+    char *argv[] = {"--learning_rate", "1e-4", cfgpath, "--micro-batch-size=8", "--dataset", "cli.jsonl",
+                    "--datasets=two.jsonl", "--per_device_train_batch_size", "6", "--max_steps", "-1"};
+    snug_options_defaults(&o);
+    int rc = snug_options_parse_args(&o, (int)(sizeof argv / sizeof argv[0]), argv, &e);
+    CHECKF(rc == 0, "%s", e.msg);
+    CHECK(o.learning_rate == 1e-4 && o.seed == 5 && o.max_steps == -1);
+    CHECK(o.micro_batch_size == 6); /* the later of two overrides */
+    CHECK(o.ndatasets == 2 && !strcmp(o.datasets[0].path, "cli.jsonl") && !strcmp(o.datasets[1].path, "two.jsonl"));
+    CHECK(!strcmp(o.datasets[0].type, "completion") && !strcmp(o.datasets[0].field, "text"));
+    CHECK(!strcmp(o.config_path, cfgpath));
+
+    /* No config at all. */
+    char *argv2[] = {"--base_model", "./m", "--bf16", "false", "--memory_budget", "512MiB"};
+    snug_options_defaults(&o);
+    CHECKF(snug_options_parse_args(&o, 6, argv2, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(o.base_model, "./m") && o.memory_budget == 512.0 * 1048576 && o.config_path[0] == '\0');
+    CHECKF(snug_options_parse_args(&o, 0, NULL, &e) == 0, "%s", e.msg);
+
+    /* Errors, and o unchanged after them. */
+    struct {
+        int argc;
+        char *argv[4];
+        const char *want1, *want2;
+    } bad[] = {
+        {2, {"--learning_rat", "1"}, "unknown key 'learning_rat' in command line", "did you mean 'learning_rate'?"},
+        {2, {"--micro_batch_size", "four"}, "command line: micro_batch_size must be an integer", "'four'"},
+        {1, {"--seed"}, "--seed needs a value", NULL},
+        {2, {"a.yaml", "b.yaml"}, "unexpected argument 'b.yaml'", "one config"},
+        {1, {"-x"}, "unknown option '-x'", "--key value"},
+        {1, {"--gradient_checkpointing"}, "gradient_checkpointing is not supported yet", "set it to false"},
+        {2, {"--optim", "adamw_8bit"}, "optim 'adamw_8bit' is not supported yet", "use adamw"},
+        {2, {"--lora_r", "8"}, "command line: lora_r is not supported yet", NULL},
+        {1, {"--dataset="}, "dataset path is empty", NULL},
+        {1, {"/nonexistent/cfg.yaml"}, "cannot open config '/nonexistent/cfg.yaml'", "check the path"},
+        {2, {cfgpath, "--top_k=2.5"}, "top_k must be an integer, got '2.5'", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snug_options_defaults(&o);
+        o.seed = 99;
+        snug_error_clear(&e);
+        rc = snug_options_parse_args(&o, bad[i].argc, bad[i].argv, &e);
+        CHECKF(rc == SNUG_EINPUT, "case %zu: rc %d", i, rc);
+        CHECKF(has(&e, bad[i].want1), "case %zu: '%s' not in: %s", i, bad[i].want1, e.msg);
+        CHECKF(!bad[i].want2 || has(&e, bad[i].want2), "case %zu: '%s' not in: %s", i, bad[i].want2, e.msg);
+        CHECKF(o.seed == 99 && o.config_path[0] == '\0', "case %zu changed o", i);
+    }
+
+    /* snug_options_set directly. */
+    snug_options_defaults(&o);
+    CHECK(snug_options_set(&o, "num_train_epochs", "3", "test", &e) == 0 && o.num_epochs == 3);
+    CHECK(snug_options_set(&o, "temperature", "0.5", "test", &e) == 0 && o.temperature == 0.5);
+    CHECK(snug_options_set(&o, "dataset", "a.jsonl", "test", &e) == 0 && o.ndatasets == 1);
+    CHECK(snug_options_set(&o, "output_dir", "", "test", &e) == 0 && o.output_dir[0] == '\0');
+    CHECK(snug_options_validate(&o, &e) == SNUG_EINPUT && has(&e, "output_dir is empty"));
+    CHECK(snug_options_set(&o, "sample_packing", "false", "test", &e) == 0);
+    CHECK(snug_options_set(&o, "wandb_project", "", "test", &e) == 0);
+    CHECK(snug_options_set(&o, "wandb_project", "p", "test", &e) == SNUG_EINPUT &&
+          has(&e, "test: wandb_project is not supported yet"));
+    for (int i = 0; i < SNUG_MAX_DATASETS - 1; i++)
+        CHECK(snug_options_set(&o, "dataset", "b.jsonl", "test", &e) == 0);
+    CHECK(snug_options_set(&o, "dataset", "c.jsonl", "test", &e) == SNUG_EINPUT && has(&e, "more than 16 datasets"));
+}
+
+static void test_yaml_syntax(void) {
+    /* libyaml's marks are 0-based; the message must be 1-based. */
+    EXPECT_YAML_ERROR("seed: 1\nmicro_batch_size: 2\n  learning_rate: 3\n", "cfg.yaml line 3 column 16",
+                      "YAML syntax error", "mapping values are not allowed");
+    EXPECT_YAML_ERROR("seed: 1\ndatasets: [{path: a.jsonl}\nsequence_len: 8\n", "cfg.yaml line", "YAML syntax error",
+                      "column");
+    EXPECT_YAML_ERROR("seed: \"unterminated\n", "cfg.yaml line", "column", "YAML syntax error");
+    EXPECT_YAML_ERROR("seed: 1\n---\nseed: 2\n", "line 2", "second YAML document");
+    EXPECT_YAML_ERROR("- a\n- b\n", "cfg.yaml line 1", "'key: value'", "got a list");
+    EXPECT_YAML_ERROR("[a, b]: 1\n", "key must be a plain name");
+    EXPECT_YAML_ERROR("seed: \"1\\0\"\n", "NUL character");
+}
+
+static void test_unknown_keys(void) {
+    EXPECT_YAML_ERROR("seed: 1\nsequence_len: 8\nlearning_rat: 1e-4\n",
+                      "unknown key 'learning_rat' in ", "cfg.yaml line 3: did you mean 'learning_rate'?");
+    EXPECT_YAML_ERROR("num_train_epoch: 2\n", "did you mean 'num_train_epochs'?");
+    EXPECT_YAML_ERROR("Micro_Batch_Size: 2\n", "did you mean 'micro_batch_size'?");
+    EXPECT_YAML_ERROR("gradient_checkpoint: true\n", "did you mean 'gradient_checkpointing'?");
+    EXPECT_YAML_ERROR("zzzzzzzzzzzzzzzzzzzzzz: 1\n", "unknown key 'zzzzzzzzzzzzzzzzzzzzzz'", "snug train --help");
+    /* Inside a datasets entry the suggestion comes from the entry's keys. */
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    feild: body\n", "unknown key 'feild' in datasets[0] in ",
+                      "cfg.yaml line 3", "did you mean 'field'?");
+    EXPECT_YAML_ERROR("datasets:\n  - pth: a.jsonl\n", "did you mean 'path'?");
+}
+
+static void test_wrong_types(void) {
+    EXPECT_YAML_ERROR("seed: 1\nsequence_len: 8\nlearning_rate: 1e-4\nmicro_batch_size: four\n",
+                      "cfg.yaml line 4: micro_batch_size must be an integer, got 'four'");
+    EXPECT_YAML_ERROR("micro_batch_size: 2.5\n", "micro_batch_size must be an integer, got '2.5'");
+    EXPECT_YAML_ERROR("micro_batch_size: 0x10\n", "must be an integer");
+    EXPECT_YAML_ERROR("micro_batch_size: 4 \"x\"\n", "must be an integer");
+    EXPECT_YAML_ERROR("seed: 99999999999\n", "seed is out of range");
+    EXPECT_YAML_ERROR("learning_rate: fast\n", "line 1: learning_rate must be a number", "'fast'");
+    EXPECT_YAML_ERROR("learning_rate: .inf\n", "learning_rate must be a number");
+    EXPECT_YAML_ERROR("learning_rate: nan\n", "learning_rate must be a number");
+    EXPECT_YAML_ERROR("learning_rate: 1e-4x\n", "learning_rate must be a number");
+    EXPECT_YAML_ERROR("learning_rate: [1, 2]\n", "learning_rate must be a number, got a list");
+    EXPECT_YAML_ERROR("base_model: {a: 1}\n", "base_model must be a string, got a mapping");
+    EXPECT_YAML_ERROR("lr_scheduler: cosin\n", "lr_scheduler must be one of cosine, linear, constant", "'cosin'");
+    EXPECT_YAML_ERROR("lr_scheduler: polynomial\n", "lr_scheduler 'polynomial' is not supported yet");
+    EXPECT_YAML_ERROR("bf16: maybe\n", "bf16 is not supported yet");
+    EXPECT_YAML_ERROR("datasets: {path: a.jsonl}\n", "datasets must be a list", "- path: data.jsonl");
+
+    snug_options o;
+    snug_error e;
+    CHECKF(load("learning_rate: 3.0e-4\nweight_decay: 1E-2\nadam_epsilon: 1e-08\nseed: -3\nmax_steps: 1e3\n",
+                &o, &e) == 0, "%s", e.msg);
+    CHECK(o.learning_rate == 3e-4 && o.weight_decay == 0.01 && o.adam_epsilon == 1e-8 && o.seed == -3);
+    CHECK(o.max_steps == 1000);
+}
+
+static void test_not_supported(void) {
+    static const char *const levers[] = {
+        "gradient_checkpointing", "flash_attention", "bf16", "fp16", "tf32", "load_in_8bit", "load_in_4bit",
+        "sample_packing", "group_by_length", "train_on_inputs", "chunked_cross_entropy", "optimizer_in_backward",
+        "auto_fit", "master_weights", "skip_bad_examples",
+    };
+    char yaml[256], want[128];
+    for (size_t i = 0; i < sizeof levers / sizeof levers[0]; i++) {
+        snprintf(yaml, sizeof yaml, "seed: 1\n%s: true\n", levers[i]);
+        snprintf(want, sizeof want, "cfg.yaml line 2: %s is not supported yet", levers[i]);
+        EXPECT_YAML_ERROR(yaml, want, "remove it or set it to false");
+        snprintf(yaml, sizeof yaml, "%s: false\n", levers[i]); /* asks for nothing: accepted */
+        EXPECT_YAML_OK(yaml);
+    }
+    static const char *const valued[] = {
+        "adapter: lora",       "lora_r: 16",         "lora_alpha: 32",           "lora_dropout: 0.05",
+        "lora_target_modules: [q_proj, v_proj]",     "pad_to_multiple_of: 8",    "deepspeed: ds.json",
+        "fsdp: [full_shard]",  "resume_from_checkpoint: out/checkpoint-10",      "wandb_project: proj",
+        "special_tokens: {pad_token: \"<pad>\"}",    "chat_template: chatml",    "dataset_prepared_path: prep",
+        "saves_per_epoch: 1",  "evals_per_epoch: 4", "gradient_checkpointing_every_n_layers: 2",
+        "bf16: auto",          "gradient_checkpointing: offload",               "model_type: MistralForCausalLM",
+    };
+    for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
+        snprintf(yaml, sizeof yaml, "%s\n", valued[i]);
+        snprintf(want, sizeof want, "%.*s is not supported yet", (int)strcspn(valued[i], ":"), valued[i]);
+        EXPECT_YAML_ERROR(yaml, "cfg.yaml line 1: ", want, "remove it");
+    }
+    EXPECT_YAML_ERROR("lora_r: 8\n", "LoRA");
+    EXPECT_YAML_ERROR("model_type: LlamaForCausalLM\n", "set it to AutoModelForCausalLM");
+    EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
+
+    /* Optimizers other than AdamW. */
+    static const char *const optims[] = {"adamw_8bit", "paged_adamw_8bit", "adamw_bnb_8bit", "adafactor", "sgd"};
+    for (size_t i = 0; i < sizeof optims / sizeof optims[0]; i++) {
+        snprintf(yaml, sizeof yaml, "optimizer: %s\n", optims[i]);
+        snprintf(want, sizeof want, "optimizer '%s' is not supported yet", optims[i]);
+        EXPECT_YAML_ERROR(yaml, "cfg.yaml line 1: ", want, "use adamw");
+    }
+    EXPECT_YAML_OK("optimizer: adamw\n");
+    EXPECT_YAML_OK("optimizer: adamw_torch\n");
+    EXPECT_YAML_OK("optim: adamw_torch_fused\n");
+
+    /* Dataset types other than completion, and dataset keys of hub datasets. */
+    static const char *const types[] = {"alpaca", "chat", "chat_template", "pretokenized"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        snprintf(yaml, sizeof yaml, "datasets:\n  - path: a.jsonl\n    type: %s\n", types[i]);
+        snprintf(want, sizeof want, "type '%s' is not supported yet", types[i]);
+        EXPECT_YAML_ERROR(yaml, "datasets[0] in ", "cfg.yaml line 3", want, "use completion");
+    }
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: freeform\n", "type must be one of completion");
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    split: test\n", "split is not supported yet",
+                      "set it to train");
+    EXPECT_YAML_OK("datasets:\n  - path: a.jsonl\n    split: train\n    ds_type: json\n");
+}
+
+static void test_memory_budget(void) {
+    static const struct { const char *text; double bytes; } ok[] = {
+        {"40GB", 40e9},          {"40 GB", 40e9},        {"40GiB", 40.0 * 1073741824}, {"40 GiB", 40.0 * 1073741824},
+        {"40000MB", 40e9},       {"512MiB", 536870912},  {"1000000", 1e6},             {"0", 0},
+        {"1.5gb", 1.5e9},        {"2TB", 2e12},          {"64KiB", 65536},             {"100 B", 100},
+        {"\"8 GB\"", 8e9},
+    };
+    char yaml[128];
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        snug_options o;
+        snug_error e;
+        snprintf(yaml, sizeof yaml, "memory_budget: %s\n", ok[i].text);
+        int rc = load(yaml, &o, &e);
+        CHECKF(rc == 0 && o.memory_budget == ok[i].bytes, "%s -> %g (%s)", ok[i].text, o.memory_budget, e.msg);
+    }
+    static const char *const bad[] = {"forty", "40 G", "40XB", "-1GB", "GB", "40GBs", "4e", "inf"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(yaml, sizeof yaml, "memory_budget: %s\n", bad[i]);
+        EXPECT_YAML_ERROR(yaml, "cfg.yaml line 1: memory_budget must be a size such as 40GB, 40 GiB, 512MiB");
+    }
+}
+
+static void test_datasets(void) {
+    EXPECT_YAML_ERROR("seed: 1\ndatasets:\n  - type: completion\n    field: body\n",
+                      "cfg.yaml line 3: datasets[0] has no path", "add 'path: data.jsonl'");
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n  - field: x\n", "line 3: datasets[1] has no path");
+    EXPECT_YAML_ERROR("datasets:\n  - [a.jsonl]\n", "datasets[0] must be a mapping");
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    path: b.jsonl\n", "path is set twice");
+    EXPECT_YAML_ERROR("datasets:\n  - path: ''\n", "has no path");
+    char yaml[2048] = "datasets:\n";
+    for (int i = 0; i <= SNUG_MAX_DATASETS; i++)
+        strcat(yaml, "  - path: d.jsonl\n");
+    EXPECT_YAML_ERROR(yaml, "more than 16 datasets");
+    snug_options o;
+    snug_error e;
+    CHECKF(load("datasets:\n", &o, &e) == 0 && o.ndatasets == 0, "%s", e.msg);
+}
+
+static void test_validate(void) {
+    struct {
+        const char *yaml, *want;
+    } bad[] = {
+        {"micro_batch_size: 0\n", "micro_batch_size is 0; it must be at least 1"},
+        {"sequence_len: 1\n", "sequence_len is 1; it must be at least 2"},
+        {"gradient_accumulation_steps: 0\n", "gradient_accumulation_steps is 0"},
+        {"learning_rate: 0\n", "learning_rate is 0; it must be above 0"},
+        {"learning_rate: -1e-4\n", "learning_rate is -0.0001"},
+        {"warmup_ratio: 1\n", "warmup_ratio is 1; it must be in [0, 1)"},
+        {"warmup_steps: -5\n", "warmup_steps is -5"},
+        {"warmup_steps: 10\nwarmup_ratio: 0.1\n", "both warmup_steps (10) and warmup_ratio (0.1) are set"},
+        {"val_set_size: -0.1\n", "val_set_size is -0.1"},
+        {"val_set_size: 2.5\n", "a count (>= 1) must be a whole number"},
+        {"adam_beta1: 1.0\n", "adam_beta1 is 1; it must be in [0, 1)"},
+        {"adam_beta2: -0.1\n", "adam_beta2 is -0.1"},
+        {"adam_epsilon: 0\n", "adam_epsilon is 0"},
+        {"max_grad_norm: -1\n", "max_grad_norm is -1"},
+        {"weight_decay: -0.1\n", "weight_decay is -0.1"},
+        {"max_steps: 0\n", "max_steps is 0; use -1"},
+        {"num_epochs: 0\n", "num_epochs is 0"},
+        {"logging_steps: 0\n", "logging_steps is 0"},
+        {"eval_steps: -1\n", "eval_steps is -1"},
+        {"save_steps: -1\n", "save_steps is -1"},
+        {"threads: -2\n", "threads is -2"},
+        {"top_p: 0\n", "top_p is 0; it must be in (0, 1]"},
+        {"top_p: 1.5\n", "top_p is 1.5"},
+        {"top_k: -1\n", "top_k is -1"},
+        {"temperature: -1\n", "temperature is -1"},
+        {"sample_tokens: -1\n", "sample_tokens is -1"},
+        {"model_preset: ''\n", "model_preset is empty and so is base_model"},
+        {"datasets:\n  - path: a.jsonl\n    field: ''\n", "datasets[0] field is empty"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snug_options o;
+        snug_error e;
+        int rc = load(bad[i].yaml, &o, &e);
+        CHECKF(rc == 0, "load %s: %s", bad[i].yaml, e.msg);
+        snug_error_clear(&e);
+        rc = snug_options_validate(&o, &e);
+        CHECKF(rc == SNUG_EINPUT, "validate %s: rc %d", bad[i].yaml, rc);
+        CHECKF(has(&e, bad[i].want) && has(&e, "cfg.yaml: "), "'%s' not in: %s", bad[i].want, e.msg);
+    }
+    snug_options o;
+    snug_error e;
+    CHECK(load("max_steps: 50\nnum_epochs: 0\n", &o, &e) == 0 && snug_options_validate(&o, &e) == 0);
+    CHECK(load("val_set_size: 100\n", &o, &e) == 0 && snug_options_validate(&o, &e) == 0);
+}
+
+/* A failed load leaves the options as they were. */
+static void test_atomic(void) {
+    snug_options o, before;
+    snug_error e;
+    snug_options_defaults(&o);
+    o.seed = 123;
+    before = o;
+    CHECK(snug_options_load_yaml(&o, write_file("bad.yaml", "seed: 5\nmicro_batch_size: 3\nlr: 1\n"), &e) ==
+          SNUG_EINPUT);
+    CHECK(memcmp(&o, &before, sizeof o) == 0);
+}
+
+static void test_help(void) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    snug_options_print_help(f);
+    fclose(f);
+    static const char *const want[] = {
+        "model:", "data:", "batch & schedule:", "optimizer:", "output & logging:", "generation:", "memory:",
+        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|linear|constant = cosine",
+        "lr_scheduler_type", "learning_rate: float = 3e-4", "memory_budget: size", "output_dir: string = \"out\"",
+        "num_train_epochs", "optim", "path: string (required)", "field: string = \"text\"", "--dataset",
+        "recognised but not supported yet", "bf16", "gradient_checkpointing", "lora_r", "wandb_project",
+        "skip_bad_examples", "datasets[].split (train accepted)", "adamw_8bit",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECKF(strstr(text, want[i]) != NULL, "help lacks '%s'", want[i]);
+    /* Supported keys come before the not-supported section; bf16 only after it. */
+    const char *later = strstr(text, "recognised but not supported yet");
+    CHECK(later && strstr(text, "  bf16") > later);
+    free(text);
+}
+
+int main(void) {
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_defaults();
+    test_axolotl_config();
+    test_hf_aliases();
+    test_command_line();
+    test_yaml_syntax();
+    test_unknown_keys();
+    test_wrong_types();
+    test_not_supported();
+    test_memory_budget();
+    test_datasets();
+    test_validate();
+    test_atomic();
+    test_help();
+    for (int i = 0; i < nwritten; i++) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/%s", dir, written[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    return check_finish("test_options");
+}
