@@ -41,7 +41,7 @@ static int has_help(int argc, char **argv) {
 }
 
 /* `snug train` with no configuration file runs the built-in default job. */
-static int load_options(snug_options *o, int argc, char **argv, snug_error *e) {
+static int load_options(snug_options *o, int argc, char **argv, int train, snug_error *e) {
     snug_options_defaults(o);
     int has_config = 0;
     for (int i = 0; i < argc; i++) {
@@ -58,7 +58,7 @@ static int load_options(snug_options *o, int argc, char **argv, snug_error *e) {
         SNUG_TRY(snug_options_load_yaml(o, def, e));
     }
     SNUG_TRY(snug_options_parse_args(o, argc, argv, e));
-    return snug_options_validate(o, e);
+    return train ? snug_options_validate_train(o, e) : snug_options_validate(o, e);
 }
 
 int main(int argc, char **argv) {
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
             free(o);
             return 0;
         }
-        rc = load_options(o, argc - 2, argv + 2, &e);
+        rc = load_options(o, argc - 2, argv + 2, !strcmp(cmd, "train"), &e);
         if (!rc)
             rc = !strcmp(cmd, "train") ? snug_train(o, stdout, &e) : snug_plan_cmd(o, stdout, &e);
     } else if (!strcmp(cmd, "generate")) {

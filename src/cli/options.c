@@ -77,8 +77,8 @@ static const key_spec keys[] = {
 
     /* data */
     {.name = "datasets", .aliases = "dataset", .type = KT_DATASETS, .group = G_DATA,
-     .help = "training data: a list of entries (keys below); on the command line --dataset FILE.jsonl adds a "
-             "completion dataset, and the first one given there replaces the config's list"},
+     .help = "training data, a list of entries (keys below); --dataset FILE.jsonl on the command line replaces "
+             "it (repeat to add more)"},
     {.name = "sequence_len", .aliases = "max_seq_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
      .def = "256", .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
@@ -86,7 +86,7 @@ static const key_spec keys[] = {
 
     /* each datasets entry */
     {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
-     .help = "JSONL file, one example per line (required); relative to the YAML file's folder"},
+     .help = "JSONL file, one example per line; a relative path is relative to the YAML file's folder"},
     {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_STR(type), .def = "completion", .values = "completion",
      .later_values = "alpaca chat chat_template sharegpt input_output pretokenized",
      .help = "completion = train on every token of the text"},
@@ -237,7 +237,7 @@ static const key_spec keys[] = {
 
 /* ---- small helpers ---- */
 
-/* Calls back for each space-separated word of list; stops and returns 1 when fn does. */
+/* Whether the first wlen bytes of w are one of the space-separated words of list. */
 static int word_matches(const char *list, const char *w, size_t wlen) {
     for (const char *p = list; p && *p;) {
         while (*p == ' ')
@@ -419,14 +419,16 @@ static int enum_value(const char *values, const char *s, char *canon, size_t cap
     return -1;
 }
 
-/* "cosine, linear, constant" from "cosine linear constant constant_with_warmup=constant" (aliases left out). */
-static void enum_choices(const char *values, const char *sep, char *out, size_t cap) {
+/* "cosine, linear, constant" from "cosine linear constant constant_with_warmup=constant"; with all_spellings,
+ * "cosine|linear|constant|constant_with_warmup". */
+static void enum_choices(const char *values, const char *sep, int all_spellings, char *out, size_t cap) {
     out[0] = '\0';
     size_t len = 0;
     for (const char *p = values; *p && len < cap;) {
         size_t n = strcspn(p, " ");
-        if (!memchr(p, '=', n))
-            len += (size_t)snprintf(out + len, cap - len, "%s%.*s", len ? sep : "", (int)n, p);
+        const char *eq = memchr(p, '=', n);
+        if (!eq || all_spellings)
+            len += (size_t)snprintf(out + len, cap - len, "%s%.*s", len ? sep : "", (int)(eq ? (size_t)(eq - p) : n), p);
         p += n;
         while (*p == ' ')
             p++;
@@ -445,7 +447,7 @@ static const char *type_phrase(const key_spec *k, char *buf, size_t cap) {
     case KT_MAP: return "a mapping";
     case KT_ENUM: {
         char choices[256];
-        enum_choices(k->values, ", ", choices, sizeof choices);
+        enum_choices(k->values, ", ", 0, choices, sizeof choices);
         snprintf(buf, cap, "one of %s", choices);
         return buf;
     }
@@ -505,7 +507,7 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
             return 0;
         }
         char choices[256];
-        enum_choices(k->values, ", ", choices, sizeof choices);
+        enum_choices(k->values, ", ", 0, choices, sizeof choices);
         if (k->later_values && (strcmp(k->later_values, "*") == 0 || in_list(k->later_values, text)))
             return snug_fail(e, SNUG_EINPUT, "%s: %s '%.60s' is not supported yet; use %s", loc, written, text,
                              choices);
@@ -782,6 +784,14 @@ int snug_options_load_yaml(snug_options *o, const char *path, snug_error *e) {
     }
     yaml_parser_delete(&p);
     fclose(f);
+    /* like dataset paths, a relative tokenizer path written in the file is relative to the file */
+    if (rc == 0 && y.dir[0] && tmp.tokenizer[0] && tmp.tokenizer[0] != '/' && strcmp(tmp.tokenizer, o->tokenizer)) {
+        char joined[sizeof tmp.tokenizer];
+        if (snprintf(joined, sizeof joined, "%s/%s", y.dir, tmp.tokenizer) >= (int)sizeof joined)
+            rc = snug_fail(e, SNUG_EINPUT, "%s: tokenizer path is too long", path);
+        else
+            memcpy(tmp.tokenizer, joined, sizeof joined);
+    }
     if (rc == 0)
         *o = tmp;
     return rc;
@@ -827,8 +837,8 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
         return 1;
     }
     const key_spec *k = find_key(key, 0);
-    int next_is_value = *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0;
-    if (k && k->type == KT_BOOL && !next_is_value) { /* a bare --flag means true */
+    int next_is_value = *i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0, b;
+    if (k && k->type == KT_BOOL && (!next_is_value || parse_bool(argv[*i + 1], &b))) { /* bare --flag: true */
         *value = "true";
         return 1;
     }
@@ -946,7 +956,7 @@ int snug_options_validate_train(const snug_options *o, snug_error *e) {
 static void print_key(FILE *f, const key_spec *k) {
     char type[320], choices[256];
     if (k->type == KT_ENUM) {
-        enum_choices(k->values, "|", choices, sizeof choices);
+        enum_choices(k->values, "|", 1, choices, sizeof choices);
         snprintf(type, sizeof type, "%s", choices);
     } else {
         static const char *const names[] = {"int", "float", "bool", "string", "", "size", "list", "list", "mapping"};

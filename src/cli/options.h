@@ -26,7 +26,7 @@ typedef struct snug_options {
     /* model */
     char base_model[1024];    /* a Hugging Face model folder; "" = train the built-in model from scratch */
     char model_preset[64];    /* model_preset: built-in architecture when base_model is empty ("tiny-llama") */
-    char tokenizer[1024];     /* tokenizer: folder or tokenizer.json; "" = base_model's, or the built-in */
+    char tokenizer[1024];     /* tokenizer: folder or tokenizer.json (relative to the YAML file); "" = base_model's, or the built-in */
 
     /* data */
     int ndatasets;

@@ -239,6 +239,7 @@ int tok_normalize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len
 /* Pre-tokenizes one segment; the pieces are left in *out (c->pa or c->pb). */
 int tok_pre_tokenize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len, int at_start,
                      tok_pieces **out);
+int tok_parse_metaspace_decoder(snug_tokenizer *t, json_t *j, const char *path, int *prepend, snug_error *e);
 void tok_free_pipeline(snug_tokenizer *t);
 void tok_bytelevel_tables(snug_tokenizer *t);
 

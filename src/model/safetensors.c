@@ -124,8 +124,8 @@ static int parse_entry(const char *path, const char *name, json_t *v, uint64_t b
                          ST_CORRUPT, path, name, js ? json_type_name(js) : "missing");
     size_t nd = json_array_size(js);
     if (nd > SNUG_ST_MAXDIM)
-        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": %zu dimensions, snug reads at most %d", path, name, nd,
-                         SNUG_ST_MAXDIM);
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": %zu dimensions, snug reads at most %d; this is not a "
+                         "checkpoint snug can read", path, name, nd, SNUG_ST_MAXDIM);
     t->ndim = (int)nd;
     uint64_t numel = 1;
     for (size_t d = 0; d < nd; d++) {
@@ -149,7 +149,10 @@ static int parse_entry(const char *path, const char *name, json_t *v, uint64_t b
         get_u64(json_array_get(jo, 1), &sp->end) != 0)
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": \"data_offsets\" must be [begin, end] with non-negative "
                          "integers; " ST_CORRUPT, path, name);
-    if (sp->begin > sp->end || sp->end > bufsize)
+    if (sp->begin > sp->end)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] end before they begin; "
+                         ST_CORRUPT, path, name, (unsigned long long)sp->begin, (unsigned long long)sp->end);
+    if (sp->end > bufsize)
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": data_offsets [%llu, %llu] are out of range (the data "
                          "buffer holds %llu bytes); the file is truncated or corrupt: re-download or re-save it",
                          path, name, (unsigned long long)sp->begin, (unsigned long long)sp->end,

@@ -237,6 +237,14 @@ static void test_command_line(void) {
     CHECK(!strcmp(o.base_model, "./m") && o.memory_budget == 512.0 * 1048576 && o.config_path[0] == '\0');
     CHECKF(snug_options_parse_args(&o, 0, NULL, &e) == 0, "%s", e.msg);
 
+    /* A bare boolean flag means true and does not swallow the config path after it. */
+    char *argv3[] = {"--bf16", cfgpath};
+    snug_options_defaults(&o);
+    CHECK(snug_options_parse_args(&o, 2, argv3, &e) == SNUG_EINPUT && has(&e, "bf16 is not supported yet"));
+    char *argv4[] = {"--sample_packing", "off", cfgpath, "--flash-attention=no"};
+    snug_options_defaults(&o);
+    CHECKF(snug_options_parse_args(&o, 4, argv4, &e) == 0 && o.seed == 5, "%s", e.msg);
+
     /* Errors, and o unchanged after them. */
     struct {
         int argc;
@@ -499,7 +507,8 @@ static void test_help(void) {
     fclose(f);
     static const char *const want[] = {
         "model:", "data:", "batch & schedule:", "optimizer:", "output & logging:", "generation:", "memory:",
-        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|linear|constant = cosine",
+        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|linear|constant|constant_with_warmup = cosine",
+        "optimizer: adamw|adamw_torch|adamw_torch_fused = adamw",
         "lr_scheduler_type", "learning_rate: float = 3e-4", "memory_budget: size", "output_dir: string = \"out\"",
         "num_train_epochs", "optim", "path: string (required)", "field: string = \"text\"", "--dataset",
         "recognised but not supported yet", "bf16", "gradient_checkpointing", "lora_r", "wandb_project",

@@ -1,0 +1,961 @@
+/* test_ops.c: every CPU backend op against a naive double-precision reference written here.
+ *
+ * For each op, on random data of awkward sizes (nothing a multiple of a tile): the forward against the reference;
+ * the backward against the reference's analytic gradients and against central finite differences of the reference
+ * forward (loss L = sum(out * random weights), so dL/dout is the weights); that gradient outputs accumulate (+=) and
+ * that NULL ones are skipped; and bitwise equality across 1, 2 and 3 threads where backend.h promises determinism. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+
+static snug_backend *be1, *be2, *be3; /* 1, 2 and 3 threads; be2 is the one under test, the others for determinism */
+
+/* ------------------------------------------------------------------------------------------------ helpers */
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+
+static uint64_t rng_next(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double urand(void) { return (double)(rng_next() >> 11) * 0x1.0p-53; } /* [0,1) */
+static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
+
+/* n floats uniform in [lo, hi) */
+static float *randf(size_t n, float lo, float hi) {
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(lo + (hi - lo) * urand());
+    return x;
+}
+
+static float *zerof(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+static double *zerod(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
+
+static float *copyf(const float *x, size_t n) {
+    float *y = malloc((n ? n : 1) * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double *tod(const float *x, size_t n) {
+    double *y = malloc((n ? n : 1) * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i];
+    return y;
+}
+
+static double wdot(const double *a, const float *w, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * w[i];
+    return s;
+}
+
+static void expect(const char *what, double err, double tol) {
+    printf("  %-44s max err %9.2e  (tol %.0e)\n", what, err, tol);
+    CHECKF(err <= tol, "%s: error %.3e above %.1e", what, err, tol);
+}
+
+/* The largest |after - (init + fresh)|, relative to the largest |init + fresh|: a gradient output that was given
+ * `init` and received `fresh` (what the same op wrote into zeros) must hold their sum. */
+static double accum_err(const float *after, const float *init, const float *fresh, size_t n) {
+    double *want = zerod(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (double)init[i] + fresh[i];
+    double e = check_max_relerr(after, want, n);
+    free(want);
+    return e;
+}
+
+static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+typedef double (*loss_fn)(void *ctx);
+
+/* Central differences of the loss f(ctx) with respect to each x[i], in double; x is an input f reads via ctx. */
+static void fd_grad(loss_fn f, void *ctx, double *x, size_t n, double *g) {
+    for (size_t i = 0; i < n; i++) {
+        double x0 = x[i], h = 1e-5 * fmax(1.0, fabs(x0));
+        x[i] = x0 + h;
+        double lp = f(ctx);
+        x[i] = x0 - h;
+        double lm = f(ctx);
+        x[i] = x0;
+        g[i] = (lp - lm) / (2 * h);
+    }
+}
+
+/* Finite differences of f w.r.t. x (n) compared with the op's fp32 gradient. */
+static void expect_fd(const char *what, loss_fn f, void *ctx, double *x, size_t n, const float *grad, double tol) {
+    double *g = zerod(n);
+    fd_grad(f, ctx, x, n, g);
+    expect(what, check_max_relerr(grad, g, n), tol);
+    free(g);
+}
+
+#define TOL_REF 1e-5 /* fp32 op vs double reference */
+#define TOL_FD 1e-4  /* fp32 gradient vs finite differences of the double reference */
+#define TOL_ACC 1e-6 /* accumulation: init + fresh, one rounding */
+
+/* ------------------------------------------------------------------------------------------------ memory */
+
+static void test_memory(void) {
+    printf("memory\n");
+    float *p = be2->alloc(be2, 100);
+    CHECK(p != NULL && (uintptr_t)p % 64 == 0);
+    int zero = 1;
+    for (int i = 0; i < 32; i++) /* 100 bytes rounded up to 128 */
+        zero &= p[i] == 0.0f;
+    CHECK(zero);
+    float src[25], back[25];
+    for (int i = 0; i < 25; i++)
+        src[i] = (float)i - 3.5f;
+    be2->to_device(be2, p, src, sizeof src);
+    be2->to_host(be2, back, p, sizeof back);
+    CHECK(same_bits(src, back, 25));
+    be2->zero(be2, p, sizeof src);
+    CHECK(p[0] == 0.0f && p[24] == 0.0f);
+    be2->free(be2, p);
+    void *q = be2->alloc(be2, 0);
+    CHECK(q != NULL);
+    be2->free(be2, q);
+    CHECK(be2->nthreads == 2 && be1->nthreads == 1 && strcmp(be2->name, "cpu") == 0);
+    snug_backend *all = snug_backend_cpu_create(0);
+    CHECK(all != NULL && all->nthreads >= 1);
+    all->destroy(all);
+}
+
+/* ------------------------------------------------------------------------------------------------ embeddings */
+
+typedef struct {
+    int N, C;
+    const int32_t *ids;
+    double *table;
+    const float *wt;
+} embed_ctx;
+
+static double embed_loss(void *p) {
+    embed_ctx *c = p;
+    double L = 0;
+    for (int n = 0; n < c->N; n++)
+        for (int j = 0; j < c->C; j++)
+            L += c->table[(size_t)c->ids[n] * c->C + j] * c->wt[(size_t)n * c->C + j];
+    return L;
+}
+
+static void test_embed(void) {
+    printf("embed\n");
+    int N = 7, C = 13, rows = 5;
+    int32_t ids[7] = {3, 0, 3, 4, 1, 3, 0}; /* repeats: the scatter must add them */
+    float *table = randf((size_t)rows * C, -1, 1), *dout = randf((size_t)N * C, -1, 1);
+    float *out = zerof((size_t)N * C);
+    be2->embed_fwd(be2, out, ids, table, N, C, 0);
+    int ok = 1;
+    for (int n = 0; n < N; n++)
+        ok &= same_bits(out + (size_t)n * C, table + (size_t)ids[n] * C, C);
+    CHECKF(ok, "embed_fwd copies rows");
+    float *init = copyf(out, (size_t)N * C);
+    be2->embed_fwd(be2, out, ids, table, N, C, 1);
+    double e = 0;
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        e = fmax(e, fabs(out[i] - 2 * init[i]));
+    expect("embed_fwd accumulate", e, 0);
+
+    float *dt = zerof((size_t)rows * C);
+    be2->embed_bwd(be2, dt, dout, ids, N, C);
+    double *ref = zerod((size_t)rows * C);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < C; j++)
+            ref[(size_t)ids[n] * C + j] += dout[(size_t)n * C + j];
+    expect("embed_bwd vs reference", check_max_relerr(dt, ref, (size_t)rows * C), TOL_REF);
+    embed_ctx ctx = {N, C, ids, tod(table, (size_t)rows * C), dout};
+    expect_fd("embed_bwd vs finite differences", embed_loss, &ctx, ctx.table, (size_t)rows * C, dt, TOL_FD);
+    float *dt2 = randf((size_t)rows * C, -1, 1), *dt2i = copyf(dt2, (size_t)rows * C);
+    be2->embed_bwd(be2, dt2, dout, ids, N, C);
+    expect("embed_bwd accumulates", accum_err(dt2, dt2i, dt, (size_t)rows * C), TOL_ACC);
+
+    /* determinism: big enough to run threaded, many tokens on few rows */
+    int BN = 300, BC = 333, brows = 7;
+    int32_t *bids = malloc(BN * sizeof(int32_t));
+    for (int n = 0; n < BN; n++)
+        bids[n] = irand(brows);
+    float *bd = randf((size_t)BN * BC, -1, 1);
+    float *t1 = zerof((size_t)brows * BC), *t2 = zerof((size_t)brows * BC), *t3 = zerof((size_t)brows * BC);
+    be1->embed_bwd(be1, t1, bd, bids, BN, BC);
+    be2->embed_bwd(be2, t2, bd, bids, BN, BC);
+    be3->embed_bwd(be3, t3, bd, bids, BN, BC);
+    CHECKF(same_bits(t1, t2, (size_t)brows * BC) && same_bits(t1, t3, (size_t)brows * BC),
+           "embed_bwd identical for 1, 2, 3 threads");
+    free(table), free(dout), free(out), free(init), free(dt), free(ref), free(ctx.table), free(dt2), free(dt2i);
+    free(bids), free(bd), free(t1), free(t2), free(t3);
+}
+
+/* ------------------------------------------------------------------------------------------------ normalisation */
+
+/* out (N,C) = (x - mean) * rstd * w + b, mean = 0 and b = 0 for rmsnorm */
+static void ref_norm(int layer, double *out, double *mean, double *rstd, const double *x, const double *w,
+                     const double *b, int N, int C, double eps) {
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C;
+        double mu = 0, ss = 0;
+        if (layer) {
+            for (int j = 0; j < C; j++)
+                mu += xr[j];
+            mu /= C;
+        }
+        for (int j = 0; j < C; j++)
+            ss += (xr[j] - mu) * (xr[j] - mu);
+        double r = 1 / sqrt(ss / C + eps);
+        for (int j = 0; j < C; j++)
+            out[(size_t)n * C + j] = (xr[j] - mu) * r * w[j] + (layer ? b[j] : 0);
+        if (mean)
+            mean[n] = mu;
+        rstd[n] = r;
+    }
+}
+
+static void ref_norm_bwd(int layer, double *dx, double *dw, double *db, const float *dout, const double *x,
+                         const double *w, int N, int C, double eps) {
+    double *mean = zerod(N), *rstd = zerod(N), *out = zerod((size_t)N * C);
+    ref_norm(layer, out, mean, rstd, x, w, w, N, C, eps);
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C;
+        const float *g = dout + (size_t)n * C;
+        double r = rstd[n], mu = mean[n], mdn = 0, mdnx = 0;
+        for (int j = 0; j < C; j++) {
+            double xhat = (xr[j] - mu) * r;
+            mdn += g[j] * w[j] / C;
+            mdnx += g[j] * w[j] * xhat / C;
+            dw[j] += g[j] * xhat;
+            if (db)
+                db[j] += g[j];
+        }
+        for (int j = 0; j < C; j++) {
+            double xhat = (xr[j] - mu) * r;
+            dx[(size_t)n * C + j] = r * (g[j] * w[j] - (layer ? mdn : 0) - xhat * mdnx);
+        }
+    }
+    free(mean), free(rstd), free(out);
+}
+
+typedef struct {
+    int layer, N, C;
+    double *x, *w, *b, eps;
+    const float *wt;
+} norm_ctx;
+
+static double norm_loss(void *p) {
+    norm_ctx *c = p;
+    size_t n = (size_t)c->N * c->C;
+    double *out = zerod(n), *mean = zerod(c->N), *rstd = zerod(c->N);
+    ref_norm(c->layer, out, mean, rstd, c->x, c->w, c->b, c->N, c->C, c->eps);
+    double L = wdot(out, c->wt, n);
+    free(out), free(mean), free(rstd);
+    return L;
+}
+
+static void test_norm(int layer) {
+    const char *nm = layer ? "layernorm" : "rmsnorm";
+    char what[96];
+    printf("%s\n", nm);
+    int N = 7, C = 13;
+    size_t NC = (size_t)N * C;
+    float eps = 1e-5f;
+    float *x = randf(NC, -0.7f, 1.3f), *w = randf(C, 0.5f, 1.5f), *b = randf(C, -0.5f, 0.5f);
+    float *dout = randf(NC, -1, 1);
+    float *out = zerof(NC), *mean = zerof(N), *rstd = zerof(N);
+    if (layer)
+        be2->layernorm_fwd(be2, out, mean, rstd, x, w, b, N, C, eps);
+    else
+        be2->rmsnorm_fwd(be2, out, rstd, x, w, N, C, eps);
+    double *xd = tod(x, NC), *wd = tod(w, C), *bd = tod(b, C);
+    double *rout = zerod(NC), *rmean = zerod(N), *rrstd = zerod(N);
+    ref_norm(layer, rout, rmean, rrstd, xd, wd, bd, N, C, eps);
+    snprintf(what, sizeof what, "%s_fwd out", nm);
+    expect(what, check_max_relerr(out, rout, NC), TOL_REF);
+    snprintf(what, sizeof what, "%s_fwd rstd", nm);
+    expect(what, check_max_relerr(rstd, rrstd, N), TOL_REF);
+    if (layer)
+        expect("layernorm_fwd mean", check_max_relerr(mean, rmean, N), TOL_REF);
+
+    float *dx = zerof(NC), *dw = zerof(C), *db = zerof(C);
+    if (layer)
+        be2->layernorm_bwd(be2, dx, dw, db, dout, x, w, mean, rstd, N, C);
+    else
+        be2->rmsnorm_bwd(be2, dx, dw, dout, x, w, rstd, N, C);
+    double *rdx = zerod(NC), *rdw = zerod(C), *rdb = zerod(C);
+    ref_norm_bwd(layer, rdx, rdw, layer ? rdb : NULL, dout, xd, wd, N, C, eps);
+    snprintf(what, sizeof what, "%s_bwd dinp vs reference", nm);
+    expect(what, check_max_relerr(dx, rdx, NC), TOL_REF);
+    snprintf(what, sizeof what, "%s_bwd dw vs reference", nm);
+    expect(what, check_max_relerr(dw, rdw, C), TOL_REF);
+    if (layer)
+        expect("layernorm_bwd db vs reference", check_max_relerr(db, rdb, C), TOL_REF);
+
+    norm_ctx ctx = {layer, N, C, xd, wd, bd, eps, dout};
+    snprintf(what, sizeof what, "%s_bwd dinp vs finite differences", nm);
+    expect_fd(what, norm_loss, &ctx, xd, NC, dx, TOL_FD);
+    snprintf(what, sizeof what, "%s_bwd dw vs finite differences", nm);
+    expect_fd(what, norm_loss, &ctx, wd, C, dw, TOL_FD);
+    if (layer)
+        expect_fd("layernorm_bwd db vs finite differences", norm_loss, &ctx, bd, C, db, TOL_FD);
+
+    /* accumulation, one output at a time with the others NULL */
+    float *ax = randf(NC, -1, 1), *axi = copyf(ax, NC), *aw = randf(C, -1, 1), *awi = copyf(aw, C);
+    float *ab = randf(C, -1, 1), *abi = copyf(ab, C);
+    if (layer) {
+        be2->layernorm_bwd(be2, ax, NULL, NULL, dout, x, w, mean, rstd, N, C);
+        be2->layernorm_bwd(be2, NULL, aw, NULL, dout, x, w, mean, rstd, N, C);
+        be2->layernorm_bwd(be2, NULL, NULL, ab, dout, x, w, mean, rstd, N, C);
+        expect("layernorm_bwd db alone accumulates", accum_err(ab, abi, db, C), TOL_ACC);
+    } else {
+        be2->rmsnorm_bwd(be2, ax, NULL, dout, x, w, rstd, N, C);
+        be2->rmsnorm_bwd(be2, NULL, aw, dout, x, w, rstd, N, C);
+    }
+    snprintf(what, sizeof what, "%s_bwd dinp alone accumulates", nm);
+    expect(what, accum_err(ax, axi, dx, NC), TOL_ACC);
+    snprintf(what, sizeof what, "%s_bwd dw alone accumulates", nm);
+    expect(what, accum_err(aw, awi, dw, C), TOL_ACC);
+
+    /* determinism of the threaded column reductions */
+    int BN = 97, BC = 301;
+    float *bx = randf((size_t)BN * BC, -1, 1), *bg = randf((size_t)BN * BC, -1, 1), *bw = randf(BC, 0.5f, 1.5f);
+    float *bm = zerof(BN), *br = zerof(BN), *bo = zerof((size_t)BN * BC);
+    float *w1 = zerof(BC), *w2 = zerof(BC), *b1 = zerof(BC), *b2 = zerof(BC);
+    if (layer) {
+        be2->layernorm_fwd(be2, bo, bm, br, bx, bw, bw, BN, BC, eps);
+        be1->layernorm_bwd(be1, NULL, w1, b1, bg, bx, bw, bm, br, BN, BC);
+        be2->layernorm_bwd(be2, NULL, w2, b2, bg, bx, bw, bm, br, BN, BC);
+    } else {
+        be2->rmsnorm_fwd(be2, bo, br, bx, bw, BN, BC, eps);
+        be1->rmsnorm_bwd(be1, NULL, w1, bg, bx, bw, br, BN, BC);
+        be2->rmsnorm_bwd(be2, NULL, w2, bg, bx, bw, br, BN, BC);
+    }
+    CHECKF(same_bits(w1, w2, BC) && same_bits(b1, b2, BC), "%s_bwd identical for 1 and 2 threads", nm);
+
+    free(x), free(w), free(b), free(dout), free(out), free(mean), free(rstd), free(xd), free(wd), free(bd);
+    free(rout), free(rmean), free(rrstd), free(dx), free(dw), free(db), free(rdx), free(rdw), free(rdb);
+    free(ax), free(axi), free(aw), free(awi), free(ab), free(abi);
+    free(bx), free(bg), free(bw), free(bm), free(br), free(bo), free(w1), free(w2), free(b1), free(b2);
+}
+
+/* ------------------------------------------------------------------------------------------------ linear layers */
+
+static void ref_matmul(double *out, const double *x, const double *w, const double *b, int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b ? b[o] : 0;
+            for (int j = 0; j < C; j++)
+                s += x[(size_t)n * C + j] * w[(size_t)o * C + j];
+            out[(size_t)n * OC + o] = s;
+        }
+}
+
+typedef struct {
+    int N, C, OC;
+    double *x, *w, *b;
+    const float *wt;
+} matmul_ctx;
+
+static double matmul_loss(void *p) {
+    matmul_ctx *c = p;
+    double *out = zerod((size_t)c->N * c->OC);
+    ref_matmul(out, c->x, c->w, c->b, c->N, c->C, c->OC);
+    double L = wdot(out, c->wt, (size_t)c->N * c->OC);
+    free(out);
+    return L;
+}
+
+static void test_matmul(void) {
+    printf("matmul\n");
+    int N = 7, C = 13, OC = 9;
+    float *x = randf((size_t)N * C, -1, 1), *w = randf((size_t)OC * C, -1, 1), *b = randf(OC, -1, 1);
+    float *dout = randf((size_t)N * OC, -1, 1);
+    double *xd = tod(x, (size_t)N * C), *wd = tod(w, (size_t)OC * C), *bd = tod(b, OC);
+    double *ref = zerod((size_t)N * OC);
+    float *out = randf((size_t)N * OC, -9, 9); /* garbage: the forward overwrites */
+    be2->matmul_fwd(be2, out, x, w, b, N, C, OC);
+    ref_matmul(ref, xd, wd, bd, N, C, OC);
+    expect("matmul_fwd with bias", check_max_relerr(out, ref, (size_t)N * OC), TOL_REF);
+    be2->matmul_fwd(be2, out, x, w, NULL, N, C, OC);
+    ref_matmul(ref, xd, wd, NULL, N, C, OC);
+    expect("matmul_fwd without bias", check_max_relerr(out, ref, (size_t)N * OC), TOL_REF);
+
+    float *dx = zerof((size_t)N * C), *dw = zerof((size_t)OC * C), *db = zerof(OC);
+    be2->matmul_bwd(be2, dx, dw, db, dout, x, w, N, C, OC);
+    double *rdx = zerod((size_t)N * C), *rdw = zerod((size_t)OC * C), *rdb = zerod(OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double g = dout[(size_t)n * OC + o];
+            rdb[o] += g;
+            for (int j = 0; j < C; j++) {
+                rdx[(size_t)n * C + j] += g * wd[(size_t)o * C + j];
+                rdw[(size_t)o * C + j] += g * xd[(size_t)n * C + j];
+            }
+        }
+    expect("matmul_bwd dinp vs reference", check_max_relerr(dx, rdx, (size_t)N * C), TOL_REF);
+    expect("matmul_bwd dw vs reference", check_max_relerr(dw, rdw, (size_t)OC * C), TOL_REF);
+    expect("matmul_bwd dbias vs reference", check_max_relerr(db, rdb, OC), TOL_REF);
+    matmul_ctx ctx = {N, C, OC, xd, wd, bd, dout};
+    expect_fd("matmul_bwd dinp vs finite differences", matmul_loss, &ctx, xd, (size_t)N * C, dx, TOL_FD);
+    expect_fd("matmul_bwd dw vs finite differences", matmul_loss, &ctx, wd, (size_t)OC * C, dw, TOL_FD);
+    expect_fd("matmul_bwd dbias vs finite differences", matmul_loss, &ctx, bd, OC, db, TOL_FD);
+
+    float *ax = randf((size_t)N * C, -1, 1), *axi = copyf(ax, (size_t)N * C);
+    float *aw = randf((size_t)OC * C, -1, 1), *awi = copyf(aw, (size_t)OC * C);
+    float *ab = randf(OC, -1, 1), *abi = copyf(ab, OC);
+    be2->matmul_bwd(be2, ax, NULL, NULL, dout, x, w, N, C, OC);
+    be2->matmul_bwd(be2, NULL, aw, NULL, dout, x, w, N, C, OC);
+    be2->matmul_bwd(be2, NULL, NULL, ab, dout, x, w, N, C, OC);
+    expect("matmul_bwd dinp alone accumulates", accum_err(ax, axi, dx, (size_t)N * C), TOL_ACC);
+    expect("matmul_bwd dw alone accumulates", accum_err(aw, awi, dw, (size_t)OC * C), TOL_ACC);
+    expect("matmul_bwd dbias alone accumulates", accum_err(ab, abi, db, OC), TOL_ACC);
+
+    int BN = 211, BOC = 157;
+    float *bg = randf((size_t)BN * BOC, -1, 1), *b1 = zerof(BOC), *b2 = zerof(BOC);
+    be1->matmul_bwd(be1, NULL, NULL, b1, bg, NULL, NULL, BN, 1, BOC);
+    be2->matmul_bwd(be2, NULL, NULL, b2, bg, NULL, NULL, BN, 1, BOC);
+    CHECKF(same_bits(b1, b2, BOC), "matmul_bwd dbias identical for 1 and 2 threads");
+
+    free(x), free(w), free(b), free(dout), free(xd), free(wd), free(bd), free(ref), free(out);
+    free(dx), free(dw), free(db), free(rdx), free(rdw), free(rdb);
+    free(ax), free(axi), free(aw), free(awi), free(ab), free(abi), free(bg), free(b1), free(b2);
+}
+
+/* ------------------------------------------------------------------------------------------------ rope */
+
+static void ref_rope(double *x, const int32_t *pos, const float *ct, const float *st, int N, int H, int HD,
+                     int stride) {
+    int half = HD / 2;
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < half; i++) {
+                double *xh = x + (size_t)n * stride + (size_t)h * HD;
+                double c = ct[(size_t)pos[n] * half + i], s = st[(size_t)pos[n] * half + i];
+                double x0 = xh[i], x1 = xh[i + half];
+                xh[i] = x0 * c - x1 * s;
+                xh[i + half] = x1 * c + x0 * s;
+            }
+}
+
+typedef struct {
+    int N, H, HD, stride;
+    const int32_t *pos;
+    const float *ct, *st, *wt;
+    double *x;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    size_t n = (size_t)c->N * c->stride;
+    double *y = malloc(n * sizeof(double));
+    memcpy(y, c->x, n * sizeof(double));
+    ref_rope(y, c->pos, c->ct, c->st, c->N, c->H, c->HD, c->stride);
+    double L = wdot(y, c->wt, n);
+    free(y);
+    return L;
+}
+
+static void test_rope(void) {
+    printf("rope\n");
+    int N = 7, H = 3, HD = 10, stride = 3 * 10 + 7, max_pos = 19, half = HD / 2;
+    size_t n = (size_t)N * stride;
+    float *ct = zerof((size_t)max_pos * half), *st = zerof((size_t)max_pos * half);
+    for (int p = 0; p < max_pos; p++)
+        for (int i = 0; i < half; i++) {
+            double ang = p * pow(10000.0, -2.0 * i / HD);
+            ct[p * half + i] = (float)cos(ang);
+            st[p * half + i] = (float)sin(ang);
+        }
+    int32_t pos[7];
+    for (int i = 0; i < N; i++)
+        pos[i] = irand(max_pos);
+    float *x = randf(n, -1, 1), *x0 = copyf(x, n), *dout = randf(n, -1, 1);
+    be2->rope_fwd(be2, x, pos, ct, st, N, H, HD, stride);
+    double *ref = tod(x0, n);
+    ref_rope(ref, pos, ct, st, N, H, HD, stride);
+    expect("rope_fwd vs reference", check_max_relerr(x, ref, n), TOL_REF);
+    int pad_ok = 1; /* floats past the H heads of each row are not touched */
+    for (int r = 0; r < N; r++)
+        pad_ok &= same_bits(x + (size_t)r * stride + H * HD, x0 + (size_t)r * stride + H * HD, stride - H * HD);
+    CHECKF(pad_ok, "rope_fwd leaves the rest of the row alone");
+
+    float *dx = copyf(dout, n);
+    be2->rope_bwd(be2, dx, pos, ct, st, N, H, HD, stride);
+    rope_ctx ctx = {N, H, HD, stride, pos, ct, st, dout, tod(x0, n)};
+    expect_fd("rope_bwd vs finite differences", rope_loss, &ctx, ctx.x, n, dx, TOL_FD);
+    be2->rope_bwd(be2, x, pos, ct, st, N, H, HD, stride); /* the inverse: back to x0 */
+    double *x0d = tod(x0, n);
+    expect("rope_bwd(rope_fwd(x)) == x", check_max_relerr(x, x0d, n), TOL_REF);
+    free(ct), free(st), free(x), free(x0), free(dout), free(ref), free(dx), free(ctx.x), free(x0d);
+}
+
+/* ------------------------------------------------------------------------------------------------ attention */
+
+/* Naive attention of one batch row, head and query token: probabilities p (T) over keys [lo, t], out (HD). */
+static double ref_att_row(double *p, double *o, const double *qkv, const int32_t *seg, int b, int h, int t, int T,
+                          int NH, int NKV, int HD, double scale) {
+    int R = (NH + 2 * NKV) * HD, kh = h / (NH / NKV);
+    size_t n = (size_t)b * T + t;
+    int lo = seg ? seg[n] : 0;
+    const double *q = qkv + n * R + (size_t)h * HD;
+    double mx = -INFINITY, sum = 0;
+    for (int s = lo; s <= t; s++) {
+        const double *k = qkv + ((size_t)b * T + s) * R + (size_t)(NH + kh) * HD;
+        double d = 0;
+        for (int i = 0; i < HD; i++)
+            d += q[i] * k[i];
+        p[s] = d * scale;
+        mx = fmax(mx, p[s]);
+    }
+    for (int s = lo; s <= t; s++)
+        sum += exp(p[s] - mx);
+    for (int i = 0; i < HD; i++)
+        o[i] = 0;
+    for (int s = lo; s <= t; s++) {
+        p[s] = exp(p[s] - mx) / sum;
+        const double *v = qkv + ((size_t)b * T + s) * R + (size_t)(NH + NKV + kh) * HD;
+        for (int i = 0; i < HD; i++)
+            o[i] += p[s] * v[i];
+    }
+    return mx + log(sum); /* lse */
+}
+
+static void ref_attention(double *out, double *lse, const double *qkv, const int32_t *seg, int B, int T, int NH,
+                          int NKV, int HD, double scale) {
+    double *p = zerod(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t n = (size_t)b * T + t;
+                double l = ref_att_row(p, out + n * NH * HD + (size_t)h * HD, qkv, seg, b, h, t, T, NH, NKV, HD,
+                                       scale);
+                if (lse)
+                    lse[n * NH + h] = l;
+            }
+    free(p);
+}
+
+static void ref_attention_bwd(double *dqkv, const float *dout, const double *qkv, const int32_t *seg, int B, int T,
+                              int NH, int NKV, int HD, double scale) {
+    int R = (NH + 2 * NKV) * HD, G = NH / NKV;
+    double *p = zerod(T), *dp = zerod(T), *o = zerod(HD);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t n = (size_t)b * T + t;
+                int lo = seg ? seg[n] : 0, kh = h / G;
+                ref_att_row(p, o, qkv, seg, b, h, t, T, NH, NKV, HD, scale);
+                const float *g = dout + n * NH * HD + (size_t)h * HD;
+                double D = 0;
+                for (int s = lo; s <= t; s++) {
+                    const double *v = qkv + ((size_t)b * T + s) * R + (size_t)(NH + NKV + kh) * HD;
+                    dp[s] = 0;
+                    for (int i = 0; i < HD; i++)
+                        dp[s] += g[i] * v[i];
+                    D += p[s] * dp[s];
+                }
+                for (int s = lo; s <= t; s++) {
+                    size_t ks = ((size_t)b * T + s) * R + (size_t)(NH + kh) * HD, vs = ks + (size_t)NKV * HD;
+                    double ds = p[s] * (dp[s] - D) * scale;
+                    for (int i = 0; i < HD; i++) {
+                        dqkv[n * R + (size_t)h * HD + i] += ds * qkv[ks + i];
+                        dqkv[ks + i] += ds * qkv[n * R + (size_t)h * HD + i];
+                        dqkv[vs + i] += p[s] * g[i];
+                    }
+                }
+            }
+    free(p), free(dp), free(o);
+}
+
+typedef struct {
+    int B, T, NH, NKV, HD;
+    double scale, *qkv;
+    const int32_t *seg;
+    const float *wt;
+} att_ctx;
+
+static double att_loss(void *p) {
+    att_ctx *c = p;
+    size_t n = (size_t)c->B * c->T * c->NH * c->HD;
+    double *out = zerod(n);
+    ref_attention(out, NULL, c->qkv, c->seg, c->B, c->T, c->NH, c->NKV, c->HD, c->scale);
+    double L = wdot(out, c->wt, n);
+    free(out);
+    return L;
+}
+
+/* seg_start of each token for the given segment lengths of each batch row (lens summing to T, 0-terminated) */
+static int32_t *make_seg(int B, int T, const int *lens) {
+    int32_t *seg = malloc((size_t)B * T * sizeof(int32_t));
+    for (int b = 0, k = 0; b < B; b++, k++) {
+        int t = 0;
+        for (; lens[k]; k++) {
+            for (int j = 0; j < lens[k]; j++)
+                seg[(size_t)b * T + t + j] = t;
+            t += lens[k];
+        }
+    }
+    return seg;
+}
+
+static void test_attention_case(const char *label, int B, int T, int NH, int NKV, int HD, const int *lens, int fd) {
+    printf("attention %s: B=%d T=%d NH=%d NKV=%d HD=%d%s\n", label, B, T, NH, NKV, HD, lens ? " segmented" : "");
+    char what[96];
+    int N = B * T, R = (NH + 2 * NKV) * HD;
+    size_t nq = (size_t)N * R, no = (size_t)N * NH * HD;
+    float scale = 1.0f / sqrtf((float)HD);
+    int32_t *seg = lens ? make_seg(B, T, lens) : NULL;
+    float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1);
+    float *out = zerof(no), *lse = zerof((size_t)N * NH);
+    be2->attention_fwd(be2, out, lse, qkv, seg, B, T, NH, NKV, HD, scale);
+    double *qd = tod(qkv, nq), *rout = zerod(no), *rlse = zerod((size_t)N * NH);
+    ref_attention(rout, rlse, qd, seg, B, T, NH, NKV, HD, scale);
+    snprintf(what, sizeof what, "attention_fwd out (%s)", label);
+    expect(what, check_max_relerr(out, rout, no), TOL_REF);
+    snprintf(what, sizeof what, "attention_fwd lse (%s)", label);
+    expect(what, check_max_relerr(lse, rlse, (size_t)N * NH), TOL_REF);
+
+    float *dq = zerof(nq);
+    be2->attention_bwd(be2, dq, dout, qkv, out, lse, seg, B, T, NH, NKV, HD, scale);
+    double *rdq = zerod(nq);
+    ref_attention_bwd(rdq, dout, qd, seg, B, T, NH, NKV, HD, scale);
+    snprintf(what, sizeof what, "attention_bwd dqkv vs reference (%s)", label);
+    expect(what, check_max_relerr(dq, rdq, nq), TOL_REF);
+    if (fd) {
+        att_ctx ctx = {B, T, NH, NKV, HD, scale, qd, seg, dout};
+        snprintf(what, sizeof what, "attention_bwd dqkv vs finite diff (%s)", label);
+        expect_fd(what, att_loss, &ctx, qd, nq, dq, TOL_FD);
+    }
+    float *acc = randf(nq, -1, 1), *acci = copyf(acc, nq);
+    be2->attention_bwd(be2, acc, dout, qkv, out, lse, seg, B, T, NH, NKV, HD, scale);
+    snprintf(what, sizeof what, "attention_bwd accumulates (%s)", label);
+    expect(what, accum_err(acc, acci, dq, nq), TOL_ACC);
+
+    float *o1 = zerof(no), *l1 = zerof((size_t)N * NH), *o3 = zerof(no), *l3 = zerof((size_t)N * NH);
+    float *d1 = zerof(nq), *d3 = zerof(nq);
+    be1->attention_fwd(be1, o1, l1, qkv, seg, B, T, NH, NKV, HD, scale);
+    be3->attention_fwd(be3, o3, l3, qkv, seg, B, T, NH, NKV, HD, scale);
+    be1->attention_bwd(be1, d1, dout, qkv, out, lse, seg, B, T, NH, NKV, HD, scale);
+    be3->attention_bwd(be3, d3, dout, qkv, out, lse, seg, B, T, NH, NKV, HD, scale);
+    CHECKF(same_bits(o1, out, no) && same_bits(o3, out, no) && same_bits(l1, lse, (size_t)N * NH) &&
+               same_bits(l3, lse, (size_t)N * NH),
+           "attention_fwd identical for 1, 2, 3 threads (%s)", label);
+    CHECKF(same_bits(d1, dq, nq) && same_bits(d3, dq, nq), "attention_bwd identical for 1, 2, 3 threads (%s)", label);
+
+    free(seg), free(qkv), free(dout), free(out), free(lse), free(qd), free(rout), free(rlse), free(dq), free(rdq);
+    free(acc), free(acci), free(o1), free(l1), free(o3), free(l3), free(d1), free(d3);
+}
+
+static void test_attention(void) {
+    static const int lens_a[] = {3, 1, 7, 0, 5, 6, 0};         /* B=2, T=11: uneven, a 1-token segment */
+    static const int lens_b[] = {37, 64, 1, 48, 0};            /* B=1, T=150: segments across the key blocks */
+    static const int lens_c[] = {2, 3, 0, 5, 0, 1, 1, 1, 2, 0}; /* B=3, T=5 */
+    test_attention_case("gqa 6/2 seg", 2, 11, 6, 2, 8, lens_a, 1);
+    test_attention_case("gqa 6/3", 2, 11, 6, 3, 8, NULL, 1);
+    test_attention_case("mha 3/3 seg", 3, 5, 3, 3, 6, lens_c, 1);
+    test_attention_case("long seg", 1, 150, 4, 2, 10, lens_b, 0);
+    test_attention_case("long", 2, 131, 2, 1, 12, NULL, 0);
+}
+
+/* ------------------------------------------------------------------------------------------------ activations */
+
+typedef struct {
+    int N, I;
+    double *x;
+    const float *wt;
+    int gelu; /* else swiglu */
+} act_ctx;
+
+static double ref_gelu(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+static double ref_silu(double x) { return x / (1 + exp(-x)); }
+
+static double act_loss(void *p) {
+    act_ctx *c = p;
+    double L = 0;
+    for (int n = 0; n < c->N; n++)
+        for (int i = 0; i < c->I; i++) {
+            double y = c->gelu ? ref_gelu(c->x[(size_t)n * c->I + i])
+                               : ref_silu(c->x[(size_t)n * 2 * c->I + i]) * c->x[(size_t)n * 2 * c->I + c->I + i];
+            L += y * c->wt[(size_t)n * c->I + i];
+        }
+    return L;
+}
+
+static void test_activations(void) {
+    printf("swiglu\n");
+    int N = 7, I = 9;
+    size_t ni = (size_t)N * I;
+    float *gu = randf(2 * ni, -4, 4), *dout = randf(ni, -1, 1), *out = zerof(ni);
+    be2->swiglu_fwd(be2, out, gu, N, I);
+    double *ref = zerod(ni), *rd = zerod(2 * ni);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < I; i++) {
+            double g = gu[(size_t)n * 2 * I + i], u = gu[(size_t)n * 2 * I + I + i], s = 1 / (1 + exp(-g));
+            double d = dout[(size_t)n * I + i];
+            ref[(size_t)n * I + i] = g * s * u;
+            rd[(size_t)n * 2 * I + i] = d * u * s * (1 + g * (1 - s));
+            rd[(size_t)n * 2 * I + I + i] = d * g * s;
+        }
+    expect("swiglu_fwd vs reference", check_max_relerr(out, ref, ni), TOL_REF);
+    float *dgu = zerof(2 * ni);
+    be2->swiglu_bwd(be2, dgu, dout, gu, N, I);
+    expect("swiglu_bwd vs reference", check_max_relerr(dgu, rd, 2 * ni), TOL_REF);
+    act_ctx ctx = {N, I, tod(gu, 2 * ni), dout, 0};
+    expect_fd("swiglu_bwd vs finite differences", act_loss, &ctx, ctx.x, 2 * ni, dgu, TOL_FD);
+    float *acc = randf(2 * ni, -1, 1), *acci = copyf(acc, 2 * ni);
+    be2->swiglu_bwd(be2, acc, dout, gu, N, I);
+    expect("swiglu_bwd accumulates", accum_err(acc, acci, dgu, 2 * ni), TOL_ACC);
+    free(gu), free(dout), free(out), free(ref), free(rd), free(dgu), free(ctx.x), free(acc), free(acci);
+
+    printf("gelu\n");
+    size_t n = 101;
+    float *x = randf(n, -5, 5), *g = randf(n, -1, 1), *y = zerof(n);
+    be2->gelu_fwd(be2, y, x, n);
+    double *gref = zerod(n), *gdref = zerod(n);
+    for (size_t i = 0; i < n; i++) {
+        double xi = x[i], k = sqrt(2 / M_PI), th = tanh(k * (xi + 0.044715 * xi * xi * xi));
+        gref[i] = ref_gelu(xi);
+        gdref[i] = g[i] * (0.5 * (1 + th) + 0.5 * xi * (1 - th * th) * k * (1 + 3 * 0.044715 * xi * xi));
+    }
+    expect("gelu_fwd vs reference", check_max_relerr(y, gref, n), TOL_REF);
+    float *dx = zerof(n);
+    be2->gelu_bwd(be2, dx, g, x, n);
+    expect("gelu_bwd vs reference", check_max_relerr(dx, gdref, n), TOL_REF);
+    act_ctx gctx = {1, (int)n, tod(x, n), g, 1};
+    expect_fd("gelu_bwd vs finite differences", act_loss, &gctx, gctx.x, n, dx, TOL_FD);
+    float *ga = randf(n, -1, 1), *gai = copyf(ga, n);
+    be2->gelu_bwd(be2, ga, g, x, n);
+    expect("gelu_bwd accumulates", accum_err(ga, gai, dx, n), TOL_ACC);
+    free(x), free(g), free(y), free(gref), free(gdref), free(dx), free(gctx.x), free(ga), free(gai);
+}
+
+/* ------------------------------------------------------------------------------------------------ elementwise */
+
+static void test_elementwise(void) {
+    printf("elementwise\n");
+    size_t sizes[2] = {1001, 70001}; /* below and above the threading threshold */
+    for (int k = 0; k < 2; k++) {
+        size_t n = sizes[k];
+        float *a = randf(n, -1, 1), *b = randf(n, -1, 1), *o = zerof(n), *d = copyf(a, n), *s = copyf(a, n);
+        be2->add(be2, o, a, b, n);
+        be2->accumulate(be2, d, b, n);
+        be2->scale(be2, s, -0.37f, n);
+        int ok_add = 1, ok_acc = 1, ok_scale = 1;
+        for (size_t i = 0; i < n; i++) {
+            ok_add &= o[i] == a[i] + b[i];
+            ok_acc &= d[i] == a[i] + b[i];
+            ok_scale &= s[i] == a[i] * -0.37f;
+        }
+        CHECKF(ok_add && ok_acc && ok_scale, "add, accumulate, scale exact (n=%zu)", n);
+        free(a), free(b), free(o), free(d), free(s);
+    }
+    printf("  add, accumulate, scale exact\n");
+}
+
+/* ------------------------------------------------------------------------------------------------ loss */
+
+/* sum over supervised rows of lse - logit[label]; with dh, dw: gradients of that sum (scaled by gs) */
+static double ref_xent(double *dh, double *dw, const double *h, const double *w, const int32_t *labels, int N, int C,
+                       int V, double gs) {
+    double L = 0, *z = zerod(V);
+    for (int n = 0; n < N; n++) {
+        if (labels[n] < 0)
+            continue;
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) {
+            z[v] = 0;
+            for (int j = 0; j < C; j++)
+                z[v] += h[(size_t)n * C + j] * w[(size_t)v * C + j];
+            mx = fmax(mx, z[v]);
+        }
+        for (int v = 0; v < V; v++)
+            sum += exp(z[v] - mx);
+        double lse = mx + log(sum);
+        L += lse - z[labels[n]];
+        if (!dh)
+            continue;
+        for (int v = 0; v < V; v++) {
+            double g = gs * (exp(z[v] - lse) - (v == labels[n]));
+            for (int j = 0; j < C; j++) {
+                dh[(size_t)n * C + j] += g * w[(size_t)v * C + j];
+                dw[(size_t)v * C + j] += g * h[(size_t)n * C + j];
+            }
+        }
+    }
+    free(z);
+    return L;
+}
+
+typedef struct {
+    int N, C, V;
+    double *h, *w, gs;
+    const int32_t *labels;
+} xent_ctx;
+
+static double xent_loss(void *p) {
+    xent_ctx *c = p;
+    return c->gs * ref_xent(NULL, NULL, c->h, c->w, c->labels, c->N, c->C, c->V, 1);
+}
+
+static void test_xent(void) {
+    printf("xent\n");
+    char what[96];
+    int N = 12, C = 13, V = 37;
+    float gs = 0.37f;
+    /* row 0 unsupervised, rows 5..9 (the whole second chunk of 5) unsupervised */
+    int32_t labels[12];
+    for (int n = 0; n < N; n++)
+        labels[n] = (n == 0 || (n >= 5 && n < 10)) ? -1 : irand(V);
+    float *h = randf((size_t)N * C, -1, 1), *w = randf((size_t)V * C, -1, 1);
+    double *hd = tod(h, (size_t)N * C), *wd = tod(w, (size_t)V * C);
+    double *rdh = zerod((size_t)N * C), *rdw = zerod((size_t)V * C);
+    double rloss = ref_xent(rdh, rdw, hd, wd, labels, N, C, V, gs);
+
+    int chunks[3] = {5, 12, 100};
+    float *dh5 = NULL, *dw5 = NULL;
+    for (int k = 0; k < 3; k++) {
+        int ch = chunks[k];
+        float *ws = randf((size_t)ch * V, -9, 9);
+        float *dh = zerof((size_t)N * C), *dw = zerof((size_t)V * C);
+        double loss = be2->xent_fwd_bwd(be2, dh, dw, h, w, labels, N, C, V, gs, ws, ch);
+        snprintf(what, sizeof what, "xent loss (chunk %d)", ch);
+        expect(what, check_relerr(loss, rloss, 1e-30), TOL_REF);
+        snprintf(what, sizeof what, "xent dh vs reference (chunk %d)", ch);
+        expect(what, check_max_relerr(dh, rdh, (size_t)N * C), TOL_REF);
+        snprintf(what, sizeof what, "xent dw vs reference (chunk %d)", ch);
+        expect(what, check_max_relerr(dw, rdw, (size_t)V * C), TOL_REF);
+        double l0 = be2->xent_fwd_bwd(be2, NULL, NULL, h, w, labels, N, C, V, gs, ws, ch);
+        snprintf(what, sizeof what, "xent loss without gradients (chunk %d)", ch);
+        expect(what, check_relerr(l0, rloss, 1e-30), TOL_REF);
+        if (k == 0)
+            dh5 = dh, dw5 = dw;
+        else
+            free(dh), free(dw);
+        free(ws);
+    }
+    xent_ctx ctx = {N, C, V, hd, wd, gs, labels};
+    expect_fd("xent dh vs finite differences", xent_loss, &ctx, hd, (size_t)N * C, dh5, TOL_FD);
+    expect_fd("xent dw vs finite differences", xent_loss, &ctx, wd, (size_t)V * C, dw5, TOL_FD);
+
+    float *ws = zerof((size_t)5 * V);
+    float *ah = randf((size_t)N * C, -1, 1), *ahi = copyf(ah, (size_t)N * C);
+    float *aw = randf((size_t)V * C, -1, 1), *awi = copyf(aw, (size_t)V * C);
+    be2->xent_fwd_bwd(be2, ah, NULL, h, w, labels, N, C, V, gs, ws, 5);
+    be2->xent_fwd_bwd(be2, NULL, aw, h, w, labels, N, C, V, gs, ws, 5);
+    expect("xent dh alone accumulates", accum_err(ah, ahi, dh5, (size_t)N * C), TOL_ACC);
+    expect("xent dw alone accumulates", accum_err(aw, awi, dw5, (size_t)V * C), TOL_ACC);
+
+    /* large logits: the softmax must not overflow */
+    float *hb = copyf(h, (size_t)N * C);
+    for (int i = 0; i < N * C; i++)
+        hb[i] *= 40.0f;
+    double *hbd = tod(hb, (size_t)N * C);
+    double rbig = ref_xent(NULL, NULL, hbd, wd, labels, N, C, V, 1);
+    float *bh = zerof((size_t)N * C);
+    double big = be2->xent_fwd_bwd(be2, bh, NULL, hb, w, labels, N, C, V, 1.0f, ws, 5);
+    int finite = 1;
+    for (int i = 0; i < N * C; i++)
+        finite &= isfinite(bh[i]);
+    CHECKF(finite, "xent gradients finite for large logits");
+    expect("xent loss with large logits", check_relerr(big, rbig, 1e-30), TOL_REF);
+
+    /* threads: a chunk big enough to run threaded gives the same loss and gradients */
+    int BN = 300, BV = 301, BCH = 128;
+    int32_t *bl = malloc(BN * sizeof(int32_t));
+    for (int n = 0; n < BN; n++)
+        bl[n] = n % 7 == 3 ? -1 : irand(BV);
+    float *bhh = randf((size_t)BN * C, -1, 1), *bw = randf((size_t)BV * C, -1, 1), *bws = zerof((size_t)BCH * BV);
+    float *g1 = zerof((size_t)BN * C), *g2 = zerof((size_t)BN * C);
+    double L1 = be1->xent_fwd_bwd(be1, g1, NULL, bhh, bw, bl, BN, C, BV, 1.0f, bws, BCH);
+    double L2 = be2->xent_fwd_bwd(be2, g2, NULL, bhh, bw, bl, BN, C, BV, 1.0f, bws, BCH);
+    CHECKF(L1 == L2, "xent loss identical for 1 and 2 threads (%.17g vs %.17g)", L1, L2);
+    free(h), free(w), free(hd), free(wd), free(rdh), free(rdw), free(dh5), free(dw5), free(ws);
+    free(ah), free(ahi), free(aw), free(awi), free(hb), free(hbd), free(bh);
+    free(bl), free(bhh), free(bw), free(bws), free(g1), free(g2);
+}
+
+/* ------------------------------------------------------------------------------------------------ optimizer */
+
+static void test_optimizer(void) {
+    printf("sumsq\n");
+    size_t sizes[4] = {0, 5, 1013, 100003};
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *x = randf(n, -2, 2);
+        double ref = 0;
+        for (size_t i = 0; i < n; i++)
+            ref += (double)x[i] * x[i];
+        double s1 = be1->sumsq(be1, x, n), s2 = be2->sumsq(be2, x, n), s3 = be3->sumsq(be3, x, n);
+        CHECKF(check_relerr(s2, ref, 1e-300) <= 1e-12, "sumsq n=%zu: %.17g vs %.17g", n, s2, ref);
+        CHECKF(s1 == s2 && s2 == s3, "sumsq identical for 1, 2, 3 threads (n=%zu)", n);
+        free(x);
+    }
+    printf("  sumsq in double, identical for 1, 2, 3 threads\n");
+
+    printf("adamw\n");
+    /* hyperparameters as the user writes them (doubles); the op receives them as floats */
+    struct {
+        double lr, b1, b2, eps, wd, gs;
+    } hp[2] = {{1e-2, 0.9, 0.95, 1e-8, 0.1, 0.5}, {3e-3, 0.3, 0.999, 1e-6, 0.0, 1.0}};
+    for (int k = 0; k < 2; k++) {
+        size_t n = k == 0 ? 1001 : 70001;
+        float *p = randf(n, -1, 1), *m = zerof(n), *v = zerof(n);
+        double *pd = tod(p, n), *md = zerod(n), *vd = zerod(n);
+        float *p1 = copyf(p, n), *m1 = zerof(n), *v1 = zerof(n);
+        for (int step = 1; step <= 3; step++) {
+            float *g = randf(n, -1, 1);
+            g[0] = 0.0f; /* a zero gradient: only decay moves the parameter */
+            float lrf = (float)hp[k].lr, b1f = (float)hp[k].b1, b2f = (float)hp[k].b2, epsf = (float)hp[k].eps;
+            float wdf = (float)hp[k].wd, gsf = (float)hp[k].gs;
+            be2->adamw(be2, p, g, m, v, n, lrf, b1f, b2f, epsf, wdf, step, gsf);
+            be1->adamw(be1, p1, g, m1, v1, n, lrf, b1f, b2f, epsf, wdf, step, gsf);
+            double lr = hp[k].lr, b1 = hp[k].b1, b2 = hp[k].b2, bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
+            for (size_t i = 0; i < n; i++) {
+                double gi = (double)g[i] * hp[k].gs;
+                pd[i] -= lr * hp[k].wd * pd[i];
+                md[i] = b1 * md[i] + (1 - b1) * gi;
+                vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
+                pd[i] -= lr * (md[i] / bc1) / (sqrt(vd[i] / bc2) + hp[k].eps);
+            }
+            free(g);
+        }
+        expect(k == 0 ? "adamw p (b1=0.9, wd, grad_scale)" : "adamw p (b1=0.3, large n)", check_max_relerr(p, pd, n),
+               TOL_REF);
+        expect(k == 0 ? "adamw m" : "adamw m (large n)", check_max_relerr(m, md, n), TOL_REF);
+        expect(k == 0 ? "adamw v" : "adamw v (large n)", check_max_relerr(v, vd, n), TOL_REF);
+        CHECKF(same_bits(p, p1, n) && same_bits(m, m1, n) && same_bits(v, v1, n),
+               "adamw identical for 1 and 2 threads");
+        free(p), free(m), free(v), free(pd), free(md), free(vd), free(p1), free(m1), free(v1);
+    }
+}
+
+int main(void) {
+    be1 = snug_backend_cpu_create(1);
+    be2 = snug_backend_cpu_create(2);
+    be3 = snug_backend_cpu_create(3);
+    CHECK(be1 && be2 && be3);
+    if (!be1 || !be2 || !be3)
+        return check_finish("test_ops");
+    test_memory();
+    test_embed();
+    test_norm(0);
+    test_norm(1);
+    test_matmul();
+    test_rope();
+    test_attention();
+    test_activations();
+    test_elementwise();
+    test_xent();
+    test_optimizer();
+    be1->destroy(be1), be2->destroy(be2), be3->destroy(be3);
+    return check_finish("test_ops");
+}
