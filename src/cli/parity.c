@@ -42,13 +42,14 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ...]");
     const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL;
     int steps = 0, threads = 0;
-    double lr = 1e-3, wd = 0.0, clip = 0.0;
+    double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--weight_decay")) wd = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--max_grad_norm")) clip = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
+        else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", argv[i]);
     }
@@ -75,7 +76,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     snug_plan plan;
     snug_arenas A;
     void *blocks[SNUG_MEM_NCAT] = {0};
-    snug_adamw opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)wd};
+    snug_adamw opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = (float)eps, .weight_decay = (float)wd};
     m.be = snug_backend_cpu_create(threads);
     if (!rc)
         rc = snug_plan_training(&plan, &cfg, B, T, 0, e);

@@ -5,7 +5,7 @@
 #include "core/error.h"
 
 /* snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K --lr X --weight_decay X --max_grad_norm X
- *                                                      --save DIR --threads N]
+ *                                                      --adam_epsilon X  *                                                      --save DIR --threads N]
  * IN holds input_ids and labels (B, T; I32 or I64; labels aligned with the inputs: labels[t] is the token position t
  * predicts, negative = unsupervised). OUT receives logits (B, T, V), loss (mean over supervised tokens) and
  * grad.<name> for every parameter in the file layout. With --steps K, K AdamW steps (clipping, weight decay,

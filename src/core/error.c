@@ -25,7 +25,15 @@ int snug_error_wrap(snug_error *e, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s%s", prefix, old);
+    size_t np = strlen(prefix), room = sizeof e->msg - 1;
+    if (np > room)
+        np = room;
+    size_t no = strnlen(old, sizeof old);
+    if (no > room - np)
+        no = room - np;
+    memcpy(e->msg, prefix, np);
+    memcpy(e->msg + np, old, no);
+    e->msg[np + no] = '\0';
     return e->code ? e->code : SNUG_EINTERNAL;
 }
 

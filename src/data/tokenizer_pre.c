@@ -235,7 +235,7 @@ int tok_regex_compile(tok_regex *re, const char *pattern, size_t len, int litera
         return -1;
     }
     /* MULTILINE: in Oniguruma's (Ruby) syntax ^ and $ match at every line break. */
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : PCRE2_MULTILINE);
+    uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
     int err;
     PCRE2_SIZE erroff;
     re->code = pcre2_compile((PCRE2_SPTR)(pat.p ? pat.p : ""), pat.n, opts, &err, &erroff, NULL);
@@ -259,6 +259,8 @@ void tok_regex_free(tok_regex *re) {
 int tok_regex_find(const tok_regex *re, pcre2_match_data *md, const char *s, size_t len, size_t from, size_t *ms,
                    size_t *me) {
     int rc;
+    if (!re->code) /* an empty String pattern */
+        return 0;
     if (re->jit)
         rc = pcre2_jit_match(re->code, (PCRE2_SPTR)s, len, from, 0, md, NULL);
     else
@@ -411,42 +413,8 @@ static int norm_unicode(int kind, const char *s, size_t len, tok_buf *out) {
     return rc;
 }
 
-/* Rust's str::to_lowercase: simple mappings, U+0130 -> "i\u0307", and a final capital sigma -> U+03C2. Cased and
- * Case_Ignorable are approximated from the general category. */
-static int is_cased(uint32_t cp) {
-    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
-    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
-}
-static int is_case_ignorable(uint32_t cp) {
-    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
-    return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_ME || k == UTF8PROC_CATEGORY_CF ||
-           k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_SK || cp == '\'' || cp == '.' || cp == ':' ||
-           cp == 0xB7 || cp == 0x2019;
-}
-
-static int final_sigma(const char *s, size_t len, size_t i) {
-    int l, before = 0, after = 0;
-    for (size_t k = i; k > 0;) { /* walk back to the previous character */
-        size_t j = k - 1;
-        while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80)
-            j--;
-        uint32_t cp = tok_utf8_get(s + j, &l);
-        k = j;
-        if (!is_case_ignorable(cp)) {
-            before = is_cased(cp);
-            break;
-        }
-    }
-    for (size_t k = i + 2; k < len; k += (size_t)l) {
-        uint32_t cp = tok_utf8_get(s + k, &l);
-        if (!is_case_ignorable(cp)) {
-            after = is_cased(cp);
-            break;
-        }
-    }
-    return before && !after;
-}
-
+/* `tokenizers` lowercases character by character with Rust's char::to_lowercase: simple mappings plus U+0130 ->
+ * "i\u0307" (there is no final-sigma rule at this level). */
 static int norm_lowercase(const char *s, size_t len, tok_buf *out) {
     if (tok_buf_reserve(out, len))
         return -1;
@@ -467,7 +435,7 @@ static int norm_lowercase(const char *s, size_t len, tok_buf *out) {
             i += (size_t)l;
             continue;
         }
-        lc = cp == 0x3A3 ? (final_sigma(s, len, i) ? 0x3C2 : 0x3C3) : (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
+        lc = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
         char enc[4];
         if (tok_buf_put(out, enc, (size_t)tok_utf8_put(lc, enc)))
             return -1;

@@ -193,7 +193,7 @@ static int parse_rope(snug_model_config *cfg, const ctx *c) {
         snprintf(k, sizeof k, "%s.high_freq_factor", rkey);
         SNUG_TRY(get_num(c, rs, "high_freq_factor", k, 1, 0, &cfg->rope_high_freq_factor));
         snprintf(k, sizeof k, "%s.original_max_position_embeddings", rkey);
-        return get_int(c, rs, "original_max_position_embeddings", k, REQUIRED, 0, &cfg->rope_original_max_position);
+        return get_int(c, rs, "original_max_position_embeddings", k, REQUIRED, &cfg->rope_original_max_position);
     }
     return snug_fail(c->e, SNUG_EINPUT, "%s: key \"%s.%s\" is \"%.40s\", a RoPE scaling snug does not support; "
                      "supported: \"default\", \"linear\", \"llama3\"", c->path, rkey,
@@ -205,11 +205,11 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
     const char *mt = cfg->model_type;
     int is_llama = strcmp(mt, "llama") == 0, is_qwen2 = strcmp(mt, "qwen2") == 0;
     cfg->arch = SNUG_ARCH_LLAMA;
-    SNUG_TRY(get_int(c, r, "vocab_size", "vocab_size", REQUIRED, 0, &cfg->vocab_size));
-    SNUG_TRY(get_int(c, r, "hidden_size", "hidden_size", REQUIRED, 0, &cfg->hidden_size));
-    SNUG_TRY(get_int(c, r, "intermediate_size", "intermediate_size", REQUIRED, 0, &cfg->intermediate_size));
-    SNUG_TRY(get_int(c, r, "num_hidden_layers", "num_hidden_layers", REQUIRED, 0, &cfg->n_layer));
-    SNUG_TRY(get_int(c, r, "num_attention_heads", "num_attention_heads", REQUIRED, 0, &cfg->n_head));
+    SNUG_TRY(get_int(c, r, "vocab_size", "vocab_size", REQUIRED, &cfg->vocab_size));
+    SNUG_TRY(get_int(c, r, "hidden_size", "hidden_size", REQUIRED, &cfg->hidden_size));
+    SNUG_TRY(get_int(c, r, "intermediate_size", "intermediate_size", REQUIRED, &cfg->intermediate_size));
+    SNUG_TRY(get_int(c, r, "num_hidden_layers", "num_hidden_layers", REQUIRED, &cfg->n_layer));
+    SNUG_TRY(get_int(c, r, "num_attention_heads", "num_attention_heads", REQUIRED, &cfg->n_head));
     /* transformers' defaults when the key is absent: Llama None (= heads), Mistral 8, Qwen2 32; null = heads */
     int nkv_default = is_llama ? cfg->n_head : is_qwen2 ? 32 : 8;
     json_t *nkv = json_object_get(r, "num_key_value_heads");
@@ -226,7 +226,7 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
     int maxpos_default = is_llama ? 2048 : is_qwen2 ? 32768 : 131072;
     SNUG_TRY(get_int(c, r, "max_position_embeddings", "max_position_embeddings", maxpos_default,
                      &cfg->max_position));
-    double eps;
+    double eps = 0;
     SNUG_TRY(get_num(c, r, "rms_norm_eps", "rms_norm_eps", 0, 1e-6, &eps));
     cfg->norm_eps = (float)eps;
     const char *act;
@@ -249,6 +249,16 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
             return snug_fail(c->e, SNUG_EINPUT, "%s: key \"use_sliding_window\" is true; snug has no sliding-window "
                              "attention: set it to false", c->path);
     }
+    /* v5 spells the attention kind per layer */
+    json_t *lt = json_object_get(r, "layer_types");
+    if (lt && !json_is_null(lt) && !json_is_array(lt))
+        return wrong_type(c, "layer_types", lt, "a list of strings");
+    for (size_t i = 0; lt && i < json_array_size(lt); i++) {
+        const char *kind = json_string_value(json_array_get(lt, i));
+        if (!kind || strcmp(kind, "full_attention") != 0)
+            return snug_fail(c->e, SNUG_EINPUT, "%s: layer_types[%zu] is \"%.40s\"; snug supports only "
+                             "\"full_attention\" (no sliding-window attention)", c->path, i, kind ? kind : "?");
+    }
     SNUG_TRY(get_bool(c, r, "tie_word_embeddings", 0, &cfg->tie_embeddings));
     return parse_rope(cfg, c);
 }
@@ -256,10 +266,10 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
 static int parse_gpt2(snug_model_config *cfg, const ctx *c) {
     json_t *r = c->root;
     cfg->arch = SNUG_ARCH_GPT2;
-    SNUG_TRY(get_int(c, r, "vocab_size", "vocab_size", REQUIRED, 0, &cfg->vocab_size));
-    SNUG_TRY(get_int(c, r, "n_embd", "n_embd", REQUIRED, 0, &cfg->hidden_size));
-    SNUG_TRY(get_int(c, r, "n_layer", "n_layer", REQUIRED, 0, &cfg->n_layer));
-    SNUG_TRY(get_int(c, r, "n_head", "n_head", REQUIRED, 0, &cfg->n_head));
+    SNUG_TRY(get_int(c, r, "vocab_size", "vocab_size", REQUIRED, &cfg->vocab_size));
+    SNUG_TRY(get_int(c, r, "n_embd", "n_embd", REQUIRED, &cfg->hidden_size));
+    SNUG_TRY(get_int(c, r, "n_layer", "n_layer", REQUIRED, &cfg->n_layer));
+    SNUG_TRY(get_int(c, r, "n_head", "n_head", REQUIRED, &cfg->n_head));
     SNUG_TRY(get_int(c, r, "n_positions", "n_positions", 1024, &cfg->max_position));
     SNUG_TRY(get_int(c, r, "n_inner", "n_inner", 0, &cfg->intermediate_size));
     if (cfg->intermediate_size == 0)
@@ -269,7 +279,7 @@ static int parse_gpt2(snug_model_config *cfg, const ctx *c) {
                          "n_embd", c->path, cfg->n_head, cfg->hidden_size);
     cfg->n_kv_head = cfg->n_head;
     cfg->head_dim = cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0;
-    double eps;
+    double eps = 0;
     SNUG_TRY(get_num(c, r, "layer_norm_epsilon", "layer_norm_epsilon", 0, 1e-5, &eps));
     cfg->norm_eps = (float)eps;
     const char *act;
@@ -337,7 +347,7 @@ static int parse_root(snug_model_config *cfg, const ctx *c) {
     SNUG_TRY(get_token_id(c, "bos_token_id", &cfg->bos_token_id));
     SNUG_TRY(get_token_id(c, "eos_token_id", &cfg->eos_token_id));
     SNUG_TRY(get_token_id(c, "pad_token_id", &cfg->pad_token_id));
-    double ir;
+    double ir = 0;
     SNUG_TRY(get_num(c, r, "initializer_range", "initializer_range", 0, 0.02, &ir));
     cfg->initializer_range = (float)ir;
     const char *dt;

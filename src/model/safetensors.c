@@ -460,6 +460,37 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
     return n;
 }
 
+/* Converts n consecutive elements of a float dtype to fp32 (the source may be unaligned). */
+static void convert_run(snug_dtype dt, const unsigned char *p, float *out, size_t n) {
+    switch (dt) {
+    case SNUG_DT_F32:
+        memcpy(out, p, n * 4);
+        break;
+    case SNUG_DT_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            uint32_t x = (uint32_t)h << 16; /* bf16 is the top half of fp32 */
+            memcpy(&out[i], &x, 4);
+        }
+        break;
+    case SNUG_DT_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = snug_f16_to_f32(h);
+        }
+        break;
+    default: /* F64 */
+        for (size_t i = 0; i < n; i++) {
+            double d;
+            memcpy(&d, p + 8 * i, 8);
+            out[i] = (float)d;
+        }
+        break;
+    }
+}
+
 int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e) {
     const char *path = s->paths[t->file];
     size_t esz = snug_dtype_size(t->dtype);
@@ -471,29 +502,39 @@ int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, in
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" has %d dimensions where a 2-D weight was expected; the "
                          "checkpoint does not match the architecture in config.json", path, t->name, t->ndim);
     size_t n = (size_t)numel_of(t->ndim, t->shape);
-    size_t R = transpose2d ? (size_t)t->shape[0] : 1, K = transpose2d ? (size_t)t->shape[1] : n;
     const unsigned char *src = t->data;
-    for (size_t i = 0; i < n; i++) {
-        float v;
-        const unsigned char *p = src + i * esz;
-        if (t->dtype == SNUG_DT_F32) {
-            memcpy(&v, p, 4);
-        } else if (t->dtype == SNUG_DT_F64) {
-            double d;
-            memcpy(&d, p, 8);
-            v = (float)d;
-        } else {
-            uint16_t h;
-            memcpy(&h, p, 2);
-            v = t->dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(h) : snug_f16_to_f32(h);
+    if (!transpose2d) {
+        convert_run(t->dtype, src, dst, n);
+    } else if (n > 0) {
+        /* [R, K] in the file -> [K, R] in dst: convert a row, then scatter it into column r. */
+        size_t R = (size_t)t->shape[0], K = (size_t)t->shape[1];
+        float *row = malloc(K * sizeof *row);
+        if (!row)
+            return snug_fail(e, SNUG_ENOMEM, "out of memory converting tensor \"%s\" of %s", t->name, path);
+        for (size_t r = 0; r < R; r++) {
+            convert_run(t->dtype, src + r * K * esz, row, K);
+            for (size_t k = 0; k < K; k++)
+                dst[k * R + r] = row[k];
         }
+        free(row);
+    }
+    /* One branch-free pass for NaN/Inf (exponent all ones); the search for where runs only on failure. */
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x;
+        memcpy(&x, &dst[i], 4);
+        bad |= (x & 0x7f800000u) == 0x7f800000u;
+    }
+    for (size_t i = 0; bad && i < n; i++) {
+        float v;
+        convert_run(t->dtype, src + i * esz, &v, 1);
         if (!isfinite(v))
             return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" holds %s at flat index %zu; the checkpoint is "
                              "corrupt or was saved after training diverged: use another checkpoint", path, t->name,
                              isnan(v) ? "NaN" : "an infinite value", i);
-        /* element (r, k) of [R, K] goes to (k, r) of [K, R] */
-        dst[transpose2d ? (i % K) * R + i / K : i] = v;
     }
+    if (bad) /* the search always finds what the pass saw */
+        return snug_fail(e, SNUG_EINTERNAL, "%s: tensor \"%s\": non-finite value not located", path, t->name);
     return 0;
 }
 
@@ -616,7 +657,7 @@ int snug_st_write(const char *path, const snug_st_out *t, int n, snug_error *e) 
             goto out;
         }
     qsort(order, n, sizeof *order, out_layout_cmp);
-    size_t hlen;
+    size_t hlen = 0;
     if ((rc = build_header(path, order, n, &hdr, &hlen, e)) != 0)
         goto out;
     unsigned char len8[8];

@@ -82,13 +82,16 @@ def main():
               f"{nchecked} gradients")
 
         # 10 AdamW steps on the same batch: clipping (the norm is far above 0.5) and decoupled weight decay on
-        # matrices only, as snug does (norms, biases and other 1-D tensors get none)
-        steps, lr, wd, clip = 10, 1e-2, 0.1, 0.5
+        # matrices only, as snug does (norms, biases and other 1-D tensors get none). Adam turns any gradient
+        # element far above eps into a step of about lr whatever its size, so elements whose gradient is at the
+        # level of fp32 rounding (1e-7 of the largest) would step in a direction set by rounding; eps = 1e-6 keeps
+        # those steps proportional to the gradient, which makes the comparison a test of snug and not of rounding.
+        steps, lr, wd, clip, eps = 10, 1e-3, 0.1, 0.5, 1e-6
         model.zero_grad()
         decay = [p for p in model.parameters() if p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.ndim < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=lr, betas=(0.9, 0.999), eps=1e-8, foreach=False)
+                                lr=lr, betas=(0.9, 0.999), eps=eps, foreach=False)
         losses = []
         for _ in range(steps):
             opt.zero_grad()
@@ -99,7 +102,7 @@ def main():
             opt.step()
         save_dir = tempfile.mkdtemp()
         got = snug_parity(d, ids, labels, "--steps", str(steps), "--lr", str(lr), "--weight_decay", str(wd),
-                          "--max_grad_norm", str(clip), "--save", save_dir)
+                          "--max_grad_norm", str(clip), "--adam_epsilon", str(eps), "--save", save_dir)
         worst = 0.0
         for name, p in model.named_parameters():
             key = "param." + name

@@ -607,14 +607,22 @@ static int32_t *make_seg(int B, int T, const int *lens) {
     return seg;
 }
 
-static void test_attention_case(const char *label, int B, int T, int NH, int NKV, int HD, const int *lens, int fd) {
-    printf("attention %s: B=%d T=%d NH=%d NKV=%d HD=%d%s\n", label, B, T, NH, NKV, HD, lens ? " segmented" : "");
+/* qkv uniform in [-amp, amp). With `spike`, queries and keys are made positive and the keys of the last third of
+ * each row 30 times larger, so that late keys score far above early ones, further than exp() can span: the online
+ * softmax must rescale its running sums. */
+static void test_attention_case(const char *label, int B, int T, int NH, int NKV, int HD, const int *lens, float amp,
+                                int spike, int fd) {
+    printf("attention %s: B=%d T=%d NH=%d NKV=%d HD=%d%s%s\n", label, B, T, NH, NKV, HD, lens ? " segmented" : "",
+           spike ? " spiked" : "");
     char what[96];
     int N = B * T, R = (NH + 2 * NKV) * HD;
     size_t nq = (size_t)N * R, no = (size_t)N * NH * HD;
     float scale = 1.0f / sqrtf((float)HD);
     int32_t *seg = lens ? make_seg(B, T, lens) : NULL;
-    float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1);
+    float *qkv = randf(nq, -amp, amp), *dout = randf(no, -1, 1);
+    for (int n = 0; spike && n < N; n++)
+        for (int i = 0; i < (NH + NKV) * HD; i++)
+            qkv[(size_t)n * R + i] = fabsf(qkv[(size_t)n * R + i]) * (i >= NH * HD && n % T >= 2 * T / 3 ? 30 : 1);
     float *out = zerof(no), *lse = zerof((size_t)N * NH);
     be2->attention_fwd(be2, out, lse, qkv, seg, B, T, NH, NKV, HD, scale);
     double *qd = tod(qkv, nq), *rout = zerod(no), *rlse = zerod((size_t)N * NH);
@@ -659,11 +667,14 @@ static void test_attention(void) {
     static const int lens_a[] = {3, 1, 7, 0, 5, 6, 0};         /* B=2, T=11: uneven, a 1-token segment */
     static const int lens_b[] = {37, 64, 1, 48, 0};            /* B=1, T=150: segments across the key blocks */
     static const int lens_c[] = {2, 3, 0, 5, 0, 1, 1, 1, 2, 0}; /* B=3, T=5 */
-    test_attention_case("gqa 6/2 seg", 2, 11, 6, 2, 8, lens_a, 1);
-    test_attention_case("gqa 6/3", 2, 11, 6, 3, 8, NULL, 1);
-    test_attention_case("mha 3/3 seg", 3, 5, 3, 3, 6, lens_c, 1);
-    test_attention_case("long seg", 1, 150, 4, 2, 10, lens_b, 0);
-    test_attention_case("long", 2, 131, 2, 1, 12, NULL, 0);
+    static const int lens_d[] = {5, 20, 12, 0};                 /* B=1, T=37: segments across query tiles */
+    test_attention_case("gqa 6/2 seg", 2, 11, 6, 2, 8, lens_a, 1.5f, 0, 1);
+    test_attention_case("gqa 6/3", 2, 11, 6, 3, 8, NULL, 1.5f, 0, 1);
+    test_attention_case("mha 3/3 seg", 3, 5, 3, 3, 6, lens_c, 1.5f, 0, 1);
+    test_attention_case("tiles seg hd5", 1, 37, 2, 1, 5, lens_d, 1.5f, 0, 1);
+    test_attention_case("long seg", 1, 150, 4, 2, 10, lens_b, 1.5f, 0, 0);
+    test_attention_case("long", 2, 131, 2, 1, 12, NULL, 1.5f, 0, 0);
+    test_attention_case("long, spiked", 1, 200, 2, 2, 16, NULL, 1.5f, 1, 0);
 }
 
 /* ------------------------------------------------------------------------------------------------ activations */

@@ -187,7 +187,8 @@ static void test_round_trip(void) {
     };
     int n = sizeof outs / sizeof outs[0];
     snug_error e = {0};
-    const char *p = tpath("rt.safetensors");
+    char p[512];
+    snprintf(p, sizeof p, "%s", tpath("rt.safetensors"));
     CHECKF(snug_st_write(p, outs, n, &e) == 0, "%s", e.msg);
     CHECK(!dir_has_tmp());
 

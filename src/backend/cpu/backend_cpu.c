@@ -9,15 +9,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/ops_cpu.h"
 
-/* OpenBLAS keeps one global thread count; remember what we set so that a GEMM does not pay for setting it again. */
-static int blas_nthreads_set = 0;
-
-void snug_cpu_blas_threads(snug_backend *be) {
-    if (blas_nthreads_set != be->nthreads) {
-        openblas_set_num_threads(be->nthreads);
-        blas_nthreads_set = be->nthreads;
-    }
-}
+/* OpenBLAS keeps one global thread count (cheap to set), so each GEMM-calling op sets it to its backend's. */
+void snug_cpu_blas_threads(snug_backend *be) { openblas_set_num_threads(be->nthreads); }
 
 static void cpu_destroy(snug_backend *be) { free(be); }
 

@@ -25,7 +25,7 @@
 /* Below this many elements a loop is not worth waking the thread team for. */
 #define SNUG_CPU_PAR_MIN 16384
 
-/* Points OpenBLAS at be->nthreads before a GEMM (a global setting in OpenBLAS; cheap when unchanged). */
+/* Points OpenBLAS at be->nthreads before a GEMM (a global setting in OpenBLAS). */
 void snug_cpu_blas_threads(snug_backend *be);
 
 void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,

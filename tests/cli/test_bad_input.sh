@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Bad input gets one clear error line naming the file and the place, exit status 2, and nothing in output_dir.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+
+# expect_error NAME PATTERN CMD...: exit status 2, one "snug: error:" line on stderr matching PATTERN, no crash
+expect_error() {
+  local name=$1 pattern=$2; shift 2
+  rm -rf "$W/out"
+  "$@" >"$W/stdout" 2>"$W/stderr"
+  local rc=$? lines
+  lines=$(grep -c "snug: error:" "$W/stderr")
+  if [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && grep -Eq -- "$pattern" "$W/stderr" && [ ! -e "$W/out" ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name: rc=$rc, error lines=$lines, out exists: $([ -e "$W/out" ] && echo yes || echo no)"
+    echo "  stderr: $(head -c 400 "$W/stderr")"
+  fi
+}
+
+printf '{"text": "hello world, this is a small dataset line that repeats."}\n%.0s' $(seq 200) > "$W/data.jsonl"
+T="--tokenizer $SRC/assets/tokenizer --sequence_len 16 --micro_batch_size 2 --sample_tokens 0 --output_dir $W/out"
+
+# a valid model folder to corrupt
+"$SNUG" train --dataset "$W/data.jsonl" $T --max_steps 1 --output_dir "$W/model" >/dev/null 2>&1 || { echo "FAIL: cannot make a model"; exit 1; }
+
+# configuration
+expect_error missing-config "nope.yaml" "$SNUG" train "$W/nope.yaml"
+printf 'learning_rate: 1e-3\nmicro_batch_size: [1,\n' > "$W/broken.yaml"
+expect_error yaml-syntax "broken.yaml line [0-9]+ column [0-9]+" "$SNUG" train "$W/broken.yaml"
+printf 'learning_rat: 1e-3\n' > "$W/typo.yaml"
+expect_error unknown-key "learning_rat.*typo.yaml line 1.*learning_rate" "$SNUG" train "$W/typo.yaml"
+printf 'micro_batch_size: four\n' > "$W/type.yaml"
+expect_error wrong-type "type.yaml line 1: micro_batch_size must be an integer" "$SNUG" train "$W/type.yaml"
+printf 'datasets:\n  - path: data.jsonl\nbf16: true\n' > "$W/later.yaml"
+expect_error not-supported "bf16.*not supported yet" "$SNUG" train "$W/later.yaml"
+expect_error cli-unknown "lerning_rate.*learning_rate" "$SNUG" train --dataset "$W/data.jsonl" --lerning_rate 1
+expect_error no-dataset "dataset" "$SNUG" train --datasets "$W/missing.jsonl" $T
+# data
+printf '{"text": "fine"}\n{"text": "broken\n' > "$W/bad.jsonl"
+expect_error jsonl-syntax "bad.jsonl line 2" "$SNUG" train --dataset "$W/bad.jsonl" $T
+printf '{"text": "fine"}\n{"txt": "x"}\n' > "$W/field.jsonl"
+expect_error jsonl-field "field.jsonl line 2.*missing" "$SNUG" train --dataset "$W/field.jsonl" $T
+
+# model folders
+bad_model() { rm -rf "$W/bm"; cp -r "$W/model" "$W/bm"; }
+bad_model; rm "$W/bm/config.json"
+expect_error no-config "bm/config.json" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; printf '{"model_type": "llama", "hidden_size": 64' > "$W/bm/config.json"
+expect_error corrupt-config "bm/config.json" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; python3 - "$W/bm/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_attention_heads"] = 7; json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error heads "num_attention_heads" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; head -c 1000 "$W/model/model.safetensors" > "$W/bm/model.safetensors"
+expect_error truncated "model.safetensors" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; python3 - "$W/bm/model.safetensors" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); b[0:8] = struct.pack("<Q", len(b) * 2)
+open(sys.argv[1], "wb").write(b)
+PY
+expect_error header-length "model.safetensors" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; python3 - "$W/bm/model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); name = sorted(k for k in h if k != "__metadata__")[0]
+s, e = h[name]["data_offsets"]; b[8 + n + s:8 + n + s + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[1], "wb").write(b)
+PY
+expect_error nan "model.safetensors.*(NaN|nan|non-finite|infinite)" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; python3 - "$W/bm/model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); name = [k for k in h if k.endswith("k_proj.weight")][0]
+h[name]["shape"] = [h[name]["shape"][1], h[name]["shape"][0]]
+hb = json.dumps(h).encode(); hb += b" " * ((8 - (8 + len(hb)) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+PY
+expect_error shape "k_proj.weight.*shape" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+
+echo "test_bad_input: $pass passed, $fail failed"
+[ $fail -eq 0 ]
