@@ -106,9 +106,10 @@ struct snug_backend {
     double (*sumsq)(snug_backend *be, const float *x, size_t n);
     /* AdamW with decoupled weight decay, bias correction by step (1-based), torch.optim.AdamW's exact order:
      * p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
-     * p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps). g is read after multiplying by grad_scale. */
-    void (*adamw)(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int step, float grad_scale);
+     * p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps). g is read after multiplying by grad_scale.
+     * Hyperparameters are doubles because torch derives 1-beta, lr/bc1 and 1-lr*wd from Python doubles. */
+    void (*adamw)(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int step, float grad_scale);
 };
 
 /* The CPU backend: OpenMP threads (nthreads <= 0: all cores) and OpenBLAS for GEMM. */

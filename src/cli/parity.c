@@ -76,7 +76,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     snug_plan plan;
     snug_arenas A;
     void *blocks[SNUG_MEM_NCAT] = {0};
-    snug_adamw opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = (float)eps, .weight_decay = (float)wd};
+    snug_adamw opt = {.beta1 = 0.9, .beta2 = 0.999, .eps = eps, .weight_decay = wd};
     m.be = snug_backend_cpu_create(threads);
     if (!rc)
         rc = snug_plan_training(&plan, &cfg, B, T, 0, e);
@@ -126,7 +126,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                 break;
             double norm = snug_grad_norm(m.be, m.grads, P, 1.0f);
             float c = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
-            snug_adamw_step(&opt, m.be, &m.table, m.params, m.grads, (float)lr, c);
+            snug_adamw_step(&opt, m.be, &m.table, m.params, m.grads, lr, c);
         }
         m.be->to_host(m.be, params_after, m.params, P * sizeof(float));
     }

@@ -446,7 +446,7 @@ static int json_int(json_t *obj, const char *key, int dflt) {
 }
 
 int tok_parse_decoder(snug_tokenizer *t, json_t *j, const char *path, snug_error *e) {
-    if (json_is_null(j))
+    if (!j || json_is_null(j))
         return 0;
     t->has_decoder = 1;
     const char *type = tok_json_type(j);

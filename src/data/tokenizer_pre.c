@@ -692,7 +692,7 @@ static int get_string(snug_tokenizer *t, json_t *obj, const char *key, const cha
 }
 
 int tok_parse_normalizer(snug_tokenizer *t, json_t *j, const char *path, snug_error *e) {
-    if (json_is_null(j))
+    if (!j || json_is_null(j))
         return 0;
     const char *type = tok_json_type(j);
     if (!type)
@@ -787,7 +787,7 @@ static const char gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 int tok_parse_pre_tokenizer(snug_tokenizer *t, json_t *j, const char *path, snug_error *e) {
-    if (json_is_null(j))
+    if (!j || json_is_null(j))
         return 0;
     const char *type = tok_json_type(j);
     if (!type)

@@ -18,11 +18,11 @@ double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad
 }
 
 void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
-                     float lr, float grad_scale) {
+                     double lr, float grad_scale) {
     opt->step++;
     for (int i = 0; i < t->n; i++) {
         const snug_param_entry *p = &t->e[i];
         be->adamw(be, params + p->offset, grads + p->offset, opt->m + p->offset, opt->v + p->offset, p->numel, lr,
-                  opt->beta1, opt->beta2, opt->eps, p->decay ? opt->weight_decay : 0.0f, opt->step, grad_scale);
+                  opt->beta1, opt->beta2, opt->eps, p->decay ? opt->weight_decay : 0.0, opt->step, grad_scale);
     }
 }

@@ -12,7 +12,7 @@
 
 typedef struct snug_adamw {
     float *m, *v;        /* (P) first and second moments */
-    float beta1, beta2, eps, weight_decay;
+    double beta1, beta2, eps, weight_decay;
     int step;            /* optimizer steps taken (1-based inside the update) */
 } snug_adamw;
 
@@ -23,7 +23,7 @@ double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad
 
 /* One AdamW step over every tensor of the table; grads are multiplied by grad_scale first (clipping folds in here). */
 void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
-                     float lr, float grad_scale);
+                     double lr, float grad_scale);
 
 typedef enum snug_sched { SNUG_SCHED_CONSTANT, SNUG_SCHED_LINEAR, SNUG_SCHED_COSINE } snug_sched;
 

@@ -83,6 +83,9 @@ static int resolve_model(run *r, snug_error *e) {
     if (o->base_model[0]) {
         char p[4096];
         path_join(p, sizeof p, o->base_model, "config.json");
+        if (!snug_file_exists(p))
+            return snug_fail(e, SNUG_EINPUT, "%s: not found; base_model must be a Hugging Face model folder with "
+                             "config.json and model.safetensors", p);
         SNUG_TRY(snug_model_config_load(&r->cfg, p, e));
         if (r->enc.vocab_size > r->cfg.vocab_size)
             return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
@@ -352,10 +355,10 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         total = 1;
     int warmup = o->warmup_steps ? o->warmup_steps : (int)ceil(o->warmup_ratio * total);
     snug_sched sched = (snug_sched)snug_sched_parse(o->lr_scheduler);
-    r.opt.beta1 = (float)o->adam_beta1;
-    r.opt.beta2 = (float)o->adam_beta2;
-    r.opt.eps = (float)o->adam_epsilon;
-    r.opt.weight_decay = (float)o->weight_decay;
+    r.opt.beta1 = o->adam_beta1;
+    r.opt.beta2 = o->adam_beta2;
+    r.opt.eps = o->adam_epsilon;
+    r.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
 
     size_t BT = (size_t)B * T;
@@ -399,7 +402,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
             clip = (float)(o->max_grad_norm / (norm + 1e-6));
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
-        snug_adamw_step(&r.opt, r.be, &r.model.table, r.model.params, r.model.grads, (float)lr, clip);
+        snug_adamw_step(&r.opt, r.be, &r.model.table, r.model.params, r.model.grads, lr, clip);
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
 
         double val = NAN;

@@ -206,6 +206,13 @@ def build_families(texts):
     j = train(texts, models.BPE(ignore_merges=True),
               pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
     j["model"]["ignore_merges"] = True
+    # Like tiktoken-derived vocabularies, add whole pre-tokens that no merge sequence builds: ignore_merges is what
+    # emits them as one token.
+    pre = Tokenizer.from_str(json.dumps(j)).pre_tokenizer
+    words = sorted({w for t in texts[:200] for w, _ in pre.pre_tokenize_str(t) if len(w) >= 6})
+    vocab = j["model"]["vocab"]
+    for w in random.Random(7).sample(words, min(400, len(words))):
+        vocab.setdefault(w, len(vocab))
     j["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
     n = max(j["model"]["vocab"].values()) + 1
     j["post_processor"] = template("<|begin_of_text|>", n)
@@ -268,6 +275,29 @@ def build_families(texts):
     unk["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": True}
     unk["decoder"] = sp_decoder
     fams.append(("sp-unk-fused", finish(unk, []), False))
+
+    # Beyond the three families: every Split behavior, invert, String patterns, more normalizers and decoders, and
+    # BPE's continuing_subword_prefix / end_of_word_suffix / unk without byte fallback.
+    norm = normalizers.Sequence([normalizers.NFKD(), normalizers.StripAccents(),
+                                 normalizers.Replace(Regex(r"[0-9]{4}"), "<year>"), normalizers.Strip()])
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="removed"),
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\p{P}+"), behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"[A-Z]"), behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"\s"), behavior="contiguous", invert=True),
+        pre_tokenizers.Split(Regex(r"[a-z]{5,}"), behavior="isolated", invert=True)])
+    tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    tok.normalizer, tok.pre_tokenizer = norm, pre
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=3000, show_progress=False, special_tokens=["[UNK]"], limit_alphabet=200,
+        continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    j = json.loads(tok.to_str())
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "</w>"}, "content": " "},
+        {"type": "Replace", "pattern": {"Regex": "#+"}, "content": ""}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}  # (stop > 0 panics upstream on an empty text)
+    fams.append(("misc-split-behaviors", finish(j, [added("[SEP]"), added("year", special=False)]), False))
     return fams
 
 

@@ -335,28 +335,16 @@ double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n) {
     return total;
 }
 
-/* The hyperparameters arrive as floats, but torch does its scalar arithmetic (1-beta1, lr/bc1, 1-lr*wd) on the
- * Python doubles the user wrote. Recover that short decimal (0.9f -> 0.9) so those scalars round the same way. */
-static double typed_value(float x) {
-    char buf[40];
-    for (int prec = 1; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
-        double d = strtod(buf, NULL);
-        if ((float)d == x)
-            return d;
-    }
-    return x;
-}
 
-void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int step, float grad_scale) {
+void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
+                    double beta2, double eps_d, double weight_decay, int step, float grad_scale) {
     // torch.optim.AdamW (single-tensor path), operation by operation in fp32, with the roundings and fused
     // multiply-adds of torch's vectorised CPU kernels (checked bitwise against torch 2.x, except where torch's own
     // vectorised sqrt is not correctly rounded):
     //   p.mul_(1 - lr*wd); m.lerp_(g, 1-b1); v.mul_(b2).addcmul_(g, g, 1-b2);
     //   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr/bc1)
-    double lr_d = typed_value(lr), b1 = typed_value(beta1), b2 = typed_value(beta2);
-    double wd = typed_value(weight_decay);
+    double lr_d = lr, b1 = beta1, b2 = beta2, wd = weight_decay;
+    float beta2_f = (float)beta2, eps = (float)eps_d;
     double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
     float decay = (float)(1.0 - lr_d * wd);
     float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
@@ -369,7 +357,7 @@ void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float 
         float pi = p[i] * decay;
         float mi = m[i];
         mi = lerp_small ? fmaf(w1, gi - mi, mi) : fmaf(w1 - 1.0f, gi - mi, gi);
-        float vi = fmaf(w2 * gi, gi, v[i] * beta2);
+        float vi = fmaf(w2 * gi, gi, v[i] * beta2_f);
         float denom = sqrtf(vi) / bc2_sqrt + eps;
         p[i] = pi + neg_step_size * mi / denom;
         m[i] = mi;

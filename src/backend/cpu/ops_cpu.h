@@ -71,7 +71,7 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
                              int chunk);
 
 double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n);
-void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int step, float grad_scale);
+void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
+                    double beta2, double eps, double weight_decay, int step, float grad_scale);
 
 #endif

@@ -16,6 +16,8 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
                              int chunk) {
     // h (N,C), w (V,C), labels (N), dh (N,C) +=, dw (V,C) +=, logits_ws (chunk,V)
     int grad = dh || dw;
+    if (N <= 0 || C <= 0 || V <= 0)
+        return 0.0;
     if (chunk <= 0)
         chunk = N;
     double total = 0.0;
@@ -26,7 +28,7 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
         const int32_t *lab = labels + n0;
         int any = 0;
         for (int r = 0; r < nc && !any; r++)
-            any = lab[r] >= 0;
+            any = lab[r] >= 0 && lab[r] < V;
         if (!any)
             continue;
 
@@ -42,22 +44,24 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
             for (int r = r0; r < r1; r++) {
                 float *row = logits_ws + (size_t)r * V;
                 int y = lab[r];
-                if (y < 0) {
+                if (y < 0 || y >= V) { /* >= V is a caller's bug; never index past the row for it */
                     if (grad)
                         memset(row, 0, (size_t)V * sizeof(float));
                     continue;
                 }
-                float mx = row[0];
+                float mx = row[0], zy = row[y];
                 for (int v = 1; v < V; v++)
                     mx = row[v] > mx ? row[v] : mx;
                 double sum = 0.0;
-                for (int v = 0; v < V; v++)
-                    sum += expf(row[v] - mx);
-                acc += mx + log(sum) - row[y];
+                for (int v = 0; v < V; v++) { // the row becomes exp(logit - max)
+                    row[v] = expf(row[v] - mx);
+                    sum += row[v];
+                }
+                acc += mx + log(sum) - zy;
                 if (grad) { // row <- grad_scale * (softmax - onehot)
                     float k = (float)(grad_scale / sum);
                     for (int v = 0; v < V; v++)
-                        row[v] = expf(row[v] - mx) * k;
+                        row[v] *= k;
                     row[y] -= grad_scale;
                 }
             }

@@ -1,0 +1,344 @@
+/* test_tokenizer.c: the tokenizer.json reader and BPE encoder/decoder on tiny hand-written tokenizers, one per family
+ * (GPT-2 byte-level; Llama-3 style Split + ByteLevel with ignore_merges and NFC; SentencePiece-style with byte
+ * fallback in its legacy and Metaspace forms), and on broken files. The expected ids were produced by Hugging Face
+ * `tokenizers` 0.23 from the same JSON; tests/parity/test_tokenizer_parity.py does the same comparison at scale. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "data/tokenizer.h"
+
+/* (a) GPT-2: ByteLevel with the GPT-2 regex, merges in the "a b" string form. */
+static const char *GPT2 =
+    "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":23,\"content\":\"<|endoftext|>\",\"single_word\":false,"
+    "\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true}],\"normalizer\":null,"
+    "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":true},"
+    "\"post_processor\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":false,\"use_regex\":true},"
+    "\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true},"
+    "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"continuing_subword_prefix\":\"\","
+    "\"end_of_word_suffix\":\"\",\"fuse_unk\":false,\"byte_fallback\":false,\"vocab\":{\"h\":0,\"e\":1,\"l\":2,"
+    "\"o\":3,\"w\":4,\"r\":5,\"d\":6,\"!\":7,\"\\u0120\":8,\"'\":9,\"s\":10,\"t\":11,\"a\":12,\"he\":13,\"ll\":14,"
+    "\"hell\":15,\"hello\":16,\"\\u0120w\":17,\"or\":18,\"\\u0120wor\":19,\"\\u0120worl\":20,\"\\u0120world\":21,"
+    "\"'s\":22},\"merges\":[\"h e\",\"l l\",\"he ll\",\"hell o\",\"\\u0120 w\",\"o r\",\"\\u0120w or\","
+    "\"\\u0120wor l\",\"\\u0120worl d\",\"' s\"]}}";
+
+/* (b) Llama-3 style: NFC, Split(Llama-3 regex) + ByteLevel(use_regex=false), ignore_merges, merges as pairs, BOS
+ * from TemplateProcessing. "\u0120world" is in the vocabulary but no merge builds it. */
+static const char *LLAMA3 =
+    "{\"version\":\"1.0\",\"added_tokens\":["
+    "{\"id\":16,\"content\":\"<|begin_of_text|>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"
+    "\"normalized\":false,\"special\":true},"
+    "{\"id\":17,\"content\":\"<|end_of_text|>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"
+    "\"normalized\":false,\"special\":true}],"
+    "\"normalizer\":{\"type\":\"NFC\"},"
+    "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+    "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+"
+    "[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},"
+    "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]},"
+    "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<|begin_of_text|>\","
+    "\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{"
+    "\"<|begin_of_text|>\":{\"id\":\"<|begin_of_text|>\",\"ids\":[16],\"tokens\":[\"<|begin_of_text|>\"]}}},"
+    "\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true},"
+    "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"continuing_subword_prefix\":null,"
+    "\"end_of_word_suffix\":null,\"fuse_unk\":false,\"byte_fallback\":false,\"ignore_merges\":true,"
+    "\"vocab\":{\"h\":0,\"e\":1,\"l\":2,\"o\":3,\"w\":4,\"r\":5,\"d\":6,\"\\u0120\":7,\"he\":8,\"ll\":9,\"hell\":10,"
+    "\"hello\":11,\"\\u0120world\":12,\"\\u00c3\":13,\"\\u00a9\":14,\"\\u00c3\\u00a9\":15},"
+    "\"merges\":[[\"h\",\"e\"],[\"l\",\"l\"],[\"he\",\"ll\"],[\"hell\",\"o\"],[\"\\u00c3\",\"\\u00a9\"]]}}";
+
+/* (c) SentencePiece style: <unk> <s> </s>, <0x00>..<0xFF> at 3..258, then "\u2581" h i "\u2581h" "\u2581hi". The
+ * pipeline (normalizer / pre_tokenizer) and byte_fallback are filled in per test. */
+static char *sp_json(const char *normalizer, const char *pre_tokenizer, int byte_fallback) {
+    size_t cap = 40000, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n,
+                          "{\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"normalized\":false,\"special\":true},"
+                          "{\"id\":1,\"content\":\"<s>\",\"normalized\":false,\"special\":true},"
+                          "{\"id\":2,\"content\":\"</s>\",\"normalized\":false,\"special\":true}],"
+                          "\"normalizer\":%s,\"pre_tokenizer\":%s,"
+                          "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":"
+                          "{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],"
+                          "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1],\"tokens\":[\"<s>\"]}}},"
+                          "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":"
+                          "{\"String\":\"\\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},"
+                          "{\"type\":\"Strip\",\"content\":\" \",\"start\":1,\"stop\":0}]},"
+                          "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,\"byte_fallback\":%s,"
+                          "\"vocab\":{\"<unk>\":0,\"<s>\":1,\"</s>\":2",
+                          normalizer, pre_tokenizer, byte_fallback ? "true" : "false");
+    for (int b = 0; b < 256; b++)
+        n += (size_t)snprintf(s + n, cap - n, ",\"<0x%02X>\":%d", b, 3 + b);
+    snprintf(s + n, cap - n,
+             ",\"\\u2581\":259,\"h\":260,\"i\":261,\"\\u2581h\":262,\"\\u2581hi\":263},"
+             "\"merges\":[\"\\u2581 h\",\"\\u2581h i\"]}}");
+    return s;
+}
+
+static const char *SP_LEGACY_NORM = "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":"
+                                    "\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":"
+                                    "\"\\u2581\"}]}";
+static const char *SP_METASPACE = "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\","
+                                  "\"split\":false}";
+
+/* Encodes text and compares with the expected ids (-1 ends the list). */
+static int ids_are(const snug_tokenizer *t, const char *text, size_t len, const int *want) {
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    snug_error e = {0};
+    int got = snug_tok_encode(t, text, len, &ids, &n, &cap, &e);
+    int ok = got >= 0 && (size_t)got == n;
+    size_t k = 0;
+    for (; ok && want[k] >= 0; k++)
+        ok = k < n && ids[k] == want[k];
+    ok = ok && k == n;
+    if (!ok) {
+        fprintf(stderr, "  encode(\"%.*s\") = [", (int)len, text);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, "%s%d", i ? ", " : "", ids[i]);
+        fprintf(stderr, "] %s\n", e.msg);
+    }
+    free(ids);
+    return ok;
+}
+
+static int decodes_to(const snug_tokenizer *t, const int *ids_in, const char *want) {
+    int32_t ids[64];
+    size_t n = 0;
+    while (ids_in[n] >= 0)
+        ids[n] = ids_in[n], n++;
+    char *text = NULL;
+    size_t len = 0;
+    snug_error e = {0};
+    int ok = snug_tok_decode(t, ids, n, &text, &len, &e) == 0 && len == strlen(want) && !memcmp(text, want, len);
+    if (!ok)
+        fprintf(stderr, "  decode gave \"%s\", want \"%s\" %s\n", text ? text : "(null)", want, e.msg);
+    free(text);
+    return ok;
+}
+
+static snug_tokenizer *load(const char *json) {
+    snug_tokenizer *t = NULL;
+    snug_error e = {0};
+    if (snug_tok_load_from_string(&t, json, "test.json", &e))
+        fprintf(stderr, "  load failed: %s\n", e.msg);
+    return t;
+}
+
+#define ENC(t, s, ...) CHECK(ids_are(t, s, sizeof(s) - 1, (const int[]){__VA_ARGS__, -1}))
+
+static void test_gpt2(void) {
+    snug_tokenizer *t = load(GPT2);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    ENC(t, "hello world", 16, 21);
+    ENC(t, "hello world<|endoftext|>hello's", 16, 21, 23, 16, 22);
+    ENC(t, "hello  world!!", 16, 8, 21, 7, 7);
+    ENC(t, "h\xc3\xa9llo", 0, 14, 3); /* bytes with no token and no unk: dropped, as upstream */
+    ENC(t, "a\xff" "b", 12);            /* invalid UTF-8 -> U+FFFD, whose bytes have no tokens here */
+    CHECK(ids_are(t, "", 0, (const int[]){-1}));
+    CHECK(decodes_to(t, (const int[]){16, 8, 21, 7, 23, -1}, "hello  world!<|endoftext|>"));
+    CHECK(snug_tok_vocab_size(t) == 24);
+    CHECK(snug_tok_token_id(t, "<|endoftext|>") == 23);
+    CHECK(snug_tok_token_id(t, "\xc4\xa0world") == 21);
+    CHECK(snug_tok_token_id(t, "nope") == -1);
+    CHECK(snug_tok_id_to_token(t, 16) && !strcmp(snug_tok_id_to_token(t, 16), "hello"));
+    CHECK(snug_tok_id_to_token(t, 99) == NULL);
+    CHECK(snug_tok_bos_id(t) == -1 && !snug_tok_adds_bos(t));
+    CHECK(snug_tok_eos_id(t) == 23); /* the usual name, among the special tokens */
+
+    /* appending: a second encode continues after the first */
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    snug_error e = {0};
+    CHECK(snug_tok_encode(t, "hello", 5, &ids, &n, &cap, &e) == 1);
+    CHECK(snug_tok_encode(t, " world", 6, &ids, &n, &cap, &e) == 1);
+    CHECK(n == 2 && ids[0] == 16 && ids[1] == 21);
+    free(ids);
+
+    /* decoding an id outside the vocabulary is an error, not a silent drop */
+    char *text = NULL;
+    size_t len;
+    CHECK(snug_tok_decode(t, (const int32_t[]){16, 500}, 2, &text, &len, &e) == SNUG_EINPUT);
+    CHECKF(strstr(e.msg, "500") && strstr(e.msg, "test.json"), "%s", e.msg);
+    CHECK(text == NULL);
+
+    /* the hash follows the bytes */
+    snug_tokenizer *same = load(GPT2);
+    CHECK(same && snug_tok_hash(same) == snug_tok_hash(t));
+    snug_tok_free(same);
+    snug_tokenizer *other = load(LLAMA3);
+    CHECK(other && snug_tok_hash(other) != snug_tok_hash(t));
+    snug_tok_free(other);
+    snug_tok_free(t);
+}
+
+static void test_llama3(void) {
+    snug_tokenizer *t = load(LLAMA3);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    ENC(t, "hello world", 11, 12); /* "\u0120world" whole, thanks to ignore_merges */
+    ENC(t, "hello worldworld", 11, 7, 4, 3, 5, 2, 6, 4, 3, 5, 2, 6);
+    ENC(t, "<|begin_of_text|>hello", 16, 11);
+    ENC(t, "e\xcc\x81", 15); /* NFC: e + combining acute -> U+00E9 -> bytes C3 A9 -> one merge */
+    ENC(t, "\xc3\xa9", 15);
+    CHECK(snug_tok_bos_id(t) == 16 && snug_tok_adds_bos(t));
+    CHECK(snug_tok_eos_id(t) == 17);
+    CHECK(decodes_to(t, (const int[]){16, 11, 12, 15, -1}, "<|begin_of_text|>hello world\xc3\xa9"));
+    snug_tok_free(t);
+}
+
+static void test_sentencepiece(void) {
+    char *json = sp_json(SP_LEGACY_NORM, "null", 1);
+    snug_tokenizer *t = load(json);
+    free(json);
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "hi", 263);
+        ENC(t, "hi \xe6\x97\xa5", 263, 259, 233, 154, 168); /* byte fallback: E6 97 A5 */
+        ENC(t, "<s>hi", 1, 263); /* legacy: the "\u2581" is prepended after special tokens too */
+        ENC(t, "hi</s>hi", 263, 2, 263);
+        CHECK(decodes_to(t, (const int[]){263, 259, 233, 154, 168, -1}, "hi \xe6\x97\xa5"));
+        CHECK(decodes_to(t, (const int[]){1, 263, -1}, "<s> hi"));
+        CHECK(decodes_to(t, (const int[]){263, 233, 154, -1}, "hi\xef\xbf\xbd\xef\xbf\xbd")); /* cut bytes */
+        CHECK(snug_tok_bos_id(t) == 1 && snug_tok_adds_bos(t));
+        CHECK(snug_tok_eos_id(t) == 2);
+        CHECK(snug_tok_vocab_size(t) == 264);
+        snug_tok_free(t);
+    }
+
+    json = sp_json("null", SP_METASPACE, 1);
+    t = load(json);
+    free(json);
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "hi", 263);
+        ENC(t, "hi \xe6\x97\xa5", 263, 259, 233, 154, 168);
+        ENC(t, "<s>hi", 1, 260, 261); /* prepend_scheme first: no "\u2581" after a special token */
+        ENC(t, "hi</s>hi", 263, 2, 260, 261);
+        snug_tok_free(t);
+    }
+
+    json = sp_json(SP_LEGACY_NORM, "null", 0);
+    t = load(json);
+    free(json);
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "hi \xe6\x97\xa5\xe6\x9c\xac", 263, 259, 0); /* no byte fallback: unknown characters fuse into one <unk> */
+        ENC(t, "hi\xe6\x97\xa5\xe6\x9c\xachi", 263, 0, 260, 261);
+        snug_tok_free(t);
+    }
+}
+
+/* Loading a folder: tokenizer.json, and the eos_token of tokenizer_config.json beside it. */
+static void test_folder(void) {
+    char dir[] = "/tmp/snug_tok_XXXXXX", path[256];
+    if (!mkdtemp(dir)) {
+        CHECK(0);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(LLAMA3, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    f = fopen(path, "w");
+    fputs("{\"eos_token\": {\"content\": \"<|begin_of_text|>\"}, \"add_bos_token\": true}", f);
+    fclose(f);
+    snug_tokenizer *t = NULL;
+    snug_error e = {0};
+    CHECKF(snug_tok_load(&t, dir, &e) == 0, "%s", e.msg);
+    CHECK(t && snug_tok_eos_id(t) == 16);
+    snug_tok_free(t);
+    remove(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    remove(path);
+    rmdir(dir);
+
+    t = NULL;
+    CHECK(snug_tok_load(&t, "/nonexistent/snug/tokenizer.json", &e) == SNUG_EINPUT);
+    CHECKF(strstr(e.msg, "/nonexistent/snug/tokenizer.json") != NULL, "%s", e.msg);
+    CHECK(t == NULL);
+}
+
+/* A broken file fails with SNUG_EINPUT and a message that names the file, the place and the problem. */
+static void bad(const char *json, const char *want1, const char *want2) {
+    snug_tokenizer *t = (snug_tokenizer *)1;
+    snug_error e = {0};
+    int rc = snug_tok_load_from_string(&t, json, "bad.json", &e);
+    CHECKF(rc == SNUG_EINPUT && t == NULL, "rc %d for %.60s", rc, json);
+    CHECKF(strstr(e.msg, "bad.json") && strstr(e.msg, want1) && (!want2 || strstr(e.msg, want2)), "message: %s",
+           e.msg);
+    CHECKF(!strchr(e.msg, '\n'), "message has a newline: %s", e.msg);
+}
+
+#define MODEL_OK "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}"
+
+static void test_bad_input(void) {
+    bad("{\"model\": {\"type\": \"BPE\",\n \"vocab\": {", "bad.json:2:", "JSON");       /* line:column */
+    bad("[1, 2]", "top level", NULL);
+    bad("{\"normalizer\": null}", "\"model\"", NULL);
+    bad("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", "WordPiece", "model.type");
+    bad("{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", "Unigram", "not supported");
+    bad("{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"BertNormalizer\"}]},"
+        MODEL_OK "}",
+        "BertNormalizer", "normalizer.normalizers[1]");
+    bad("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+        "\"(ab\"},\"behavior\":\"Isolated\",\"invert\":false}]}," MODEL_OK "}",
+        "pre_tokenizer.pretokenizers[0].pattern", "regex");
+    bad("{\"pre_tokenizer\":{\"type\":\"Whitespace\"}," MODEL_OK "}", "Whitespace", "pre_tokenizer");
+    bad("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Sideways\"}," MODEL_OK
+        "}",
+        "Sideways", "pre_tokenizer");
+    bad("{\"decoder\":{\"type\":\"WordPiece\"}," MODEL_OK "}", "WordPiece", "decoder");
+    bad("{\"post_processor\":{\"type\":\"Magic\"}," MODEL_OK "}", "Magic", "post_processor");
+    bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", "\"ab\"", "model.merges");
+    bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b c\"]}}", "entry 0",
+        "model.merges");
+    bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-3},\"merges\":[]}}", "\"a\"", "model.vocab");
+    bad("{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}}", "dropout", NULL);
+    bad("{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"}," MODEL_OK "}", "replacement",
+        "single character");
+    bad("{\"added_tokens\":[{\"id\":3}]," MODEL_OK "}", "added_tokens", "content");
+
+    /* unk_token named but missing from the vocabulary: loads (as upstream), fails when it is needed */
+    snug_tokenizer *t = load("{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (t) {
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
+        snug_error e = {0};
+        CHECK(snug_tok_encode(t, "aa", 2, &ids, &n, &cap, &e) == 2);
+        CHECK(snug_tok_encode(t, "ab", 2, &ids, &n, &cap, &e) == -1 && n == 2);
+        CHECKF(strstr(e.msg, "<unk>") != NULL, "%s", e.msg);
+        free(ids);
+        snug_tok_free(t);
+    }
+}
+
+/* Added-token flags: lstrip/rstrip eat the whitespace around the match, single_word only matches whole words. */
+static void test_added_flags(void) {
+    snug_tokenizer *t = load(
+        "{\"added_tokens\":[{\"id\":3,\"content\":\"<m>\",\"lstrip\":true,\"rstrip\":true,\"normalized\":false,"
+        "\"special\":true},{\"id\":4,\"content\":\"ab\",\"single_word\":true,\"normalized\":false}],"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\" \":2},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    ENC(t, "a  <m>  b", 0, 3, 1);
+    ENC(t, "ab a ab", 4, 2, 0, 2, 4);
+    ENC(t, "aab ab", 0, 0, 1, 2, 4); /* "aab": not a single word */
+    snug_tok_free(t);
+}
+
+int main(void) {
+    test_gpt2();
+    test_llama3();
+    test_sentencepiece();
+    test_folder();
+    test_bad_input();
+    test_added_flags();
+    return check_finish("test_tokenizer");
+}
