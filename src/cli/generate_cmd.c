@@ -8,6 +8,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "plan/plan.h"
+#include "train/engine.h"
 
 int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (argc < 1 || argv[0][0] == '-')
@@ -31,10 +32,9 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
         i++;
     }
     char p[4096];
-    snug_model m;
-    memset(&m, 0, sizeof m);
+    snug_model_config cfg;
     snprintf(p, sizeof p, "%s/config.json", dir);
-    SNUG_TRY(snug_model_config_load(&m.cfg, p, e));
+    SNUG_TRY(snug_model_config_load(&cfg, p, e));
     snug_tokenizer *tok = NULL;
     SNUG_TRY(snug_tok_load(&tok, dir, e));
     int32_t *prompt = NULL, *ids = NULL;
@@ -50,7 +50,7 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (snug_tok_encode(tok, prompt_text, strlen(prompt_text), &prompt, &n, &cap, e) < 0)
         rc = e->code ? e->code : SNUG_EINPUT;
     if (!rc && n == 0) {
-        int32_t start = m.cfg.bos_token_id >= 0 ? m.cfg.bos_token_id : m.cfg.eos_token_id;
+        int32_t start = cfg.bos_token_id >= 0 ? cfg.bos_token_id : cfg.eos_token_id;
         int32_t *np = realloc(prompt, sizeof *np);
         if (!np || start < 0)
             rc = snug_fail(e, SNUG_EINPUT, "give a --prompt: the model has no BOS or EOS token to start from");
@@ -58,31 +58,19 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
             (prompt = np)[n++] = start;
     }
     int T = (int)n + max_new;
-    if (T > m.cfg.max_position)
-        T = m.cfg.max_position;
-    snug_plan plan;
-    snug_arenas A;
-    void *blocks[SNUG_MEM_NCAT] = {0};
-    m.be = snug_backend_cpu_create(threads);
+    if (T > cfg.max_position)
+        T = cfg.max_position;
+    snug_engine g = {0};
+    snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     if (!rc)
-        rc = snug_plan_training(&plan, &m.cfg, 1, T, 0, e);
+        rc = snug_engine_create(&g, &spec, threads, e);
     if (!rc)
-        rc = snug_param_table_build(&m.table, &m.cfg, e);
-    for (int c = 0; c < SNUG_MEM_NCAT && !rc; c++) {
-        size_t cap_c = (c == SNUG_MEM_GRADS || c == SNUG_MEM_OPTIM) ? 0 : plan.bytes[c];
-        blocks[c] = cap_c ? m.be->alloc(m.be, cap_c) : NULL;
-        snug_arena_init(&A.a[c], (snug_category)c, blocks[c], cap_c);
-    }
-    if (!rc)
-        rc = snug_model_layout(&m, &A, 1, T, 0, 0, e);
-    if (!rc)
-        rc = snug_model_load_weights(&m, dir, e);
+        rc = snug_model_load_weights(&g.model, dir, e);
     if (!rc && !(ids = malloc((size_t)T * sizeof *ids)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory");
     if (!rc) {
-        snug_model_init_rope(&m);
-        int eos = snug_tok_eos_id(tok) >= 0 ? snug_tok_eos_id(tok) : m.cfg.eos_token_id;
-        int got = snug_generate(&m, prompt, (int)n, T - (int)n, eos, &s, ids);
+        int eos = snug_tok_eos_id(tok) >= 0 ? snug_tok_eos_id(tok) : cfg.eos_token_id;
+        int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, eos, &s, ids);
         int skip = bos >= 0 ? 1 : 0;
         if (got > skip && ids[got - 1] == eos)
             got--;
@@ -95,14 +83,7 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     }
     free(prompt);
     free(ids);
-    for (int c = 0; c < SNUG_MEM_NCAT; c++)
-        if (blocks[c])
-            m.be->free(m.be, blocks[c]);
-    m.be->destroy(m.be);
-    snug_param_table_free(&m.table);
-    free(m.w.layers);
-    free(m.g.layers);
-    free(m.acts);
+    snug_engine_free(&g);
     snug_tok_free(tok);
     return rc;
 }

@@ -12,6 +12,7 @@
 #include "model/safetensors.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
+#include "train/engine.h"
 
 static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int *B, int *T, snug_error *e) {
     const snug_st_tensor *t = snug_st_find(s, name);
@@ -70,29 +71,18 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (!rc && (B != B2 || T != T2))
         rc = snug_fail(e, SNUG_EINPUT, "%s: input_ids and labels differ in shape", in);
 
-    snug_model m;
-    memset(&m, 0, sizeof m);
-    m.cfg = cfg;
-    snug_plan plan;
-    snug_arenas A;
-    void *blocks[SNUG_MEM_NCAT] = {0};
-    snug_adamw opt = {.beta1 = 0.9, .beta2 = 0.999, .eps = eps, .weight_decay = wd};
-    m.be = snug_backend_cpu_create(threads);
+    snug_engine g = {0};
+    snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 1};
     if (!rc)
-        rc = snug_plan_training(&plan, &cfg, B, T, 0, e);
+        rc = snug_engine_create(&g, &spec, threads, e);
     if (!rc)
-        rc = snug_param_table_build(&m.table, &cfg, e);
-    for (int c = 0; c < SNUG_MEM_NCAT && !rc; c++) {
-        blocks[c] = plan.bytes[c] ? m.be->alloc(m.be, plan.bytes[c]) : NULL;
-        snug_arena_init(&A.a[c], (snug_category)c, blocks[c], plan.bytes[c]);
-    }
-    if (!rc)
-        rc = snug_model_layout(&m, &A, B, T, 1, 0, e);
-    if (!rc)
-        rc = snug_adamw_layout(&opt, &A, m.table.total, e);
-    if (!rc)
-        rc = snug_model_load_weights(&m, dir, e);
-    size_t N = (size_t)B * T, P = m.table.total;
+        rc = snug_model_load_weights(&g.model, dir, e);
+    snug_model *m = &g.model;
+    g.opt.beta1 = 0.9;
+    g.opt.beta2 = 0.999;
+    g.opt.eps = eps;
+    g.opt.weight_decay = wd;
+    size_t N = (size_t)B * T, P = m->table.total;
     int V = cfg.vocab_size, C = cfg.hidden_size;
     float *logits = NULL, *grads0 = NULL, *params_after = NULL, *hist = NULL, loss0 = 0;
     if (!rc) {
@@ -107,31 +97,30 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (!rc) {
         for (size_t i = 0; i < N; i++)
             pos[i] = (int32_t)(i % (size_t)T);
-        snug_model_init_rope(&m);
-        snug_model_set_batch(&m, ids, labels, pos, NULL, B, T);
+        snug_model_set_batch(m, ids, labels, pos, NULL, B, T);
         size_t nsup = 0;
         for (size_t i = 0; i < N; i++)
             nsup += labels[i] >= 0;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         for (int s = 0; s <= steps; s++) {
-            m.be->zero(m.be, m.grads, P * sizeof(float));
-            double loss = snug_model_step(&m, scale) * scale;
+            m->be->zero(m->be, m->grads, P * sizeof(float));
+            double loss = snug_model_step(m, scale) * scale;
             hist[s] = (float)loss;
             if (s == 0) {
                 loss0 = (float)loss;
-                m.be->matmul_fwd(m.be, logits, m.lnf, m.w.lm_head, NULL, (int)N, C, V);
-                m.be->to_host(m.be, grads0, m.grads, P * sizeof(float));
+                m->be->matmul_fwd(m->be, logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
+                m->be->to_host(m->be, grads0, m->grads, P * sizeof(float));
             }
             if (s == steps)
                 break;
-            double norm = snug_grad_norm(m.be, m.grads, P, 1.0f);
+            double norm = snug_grad_norm(m->be, m->grads, P, 1.0f);
             float c = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
-            snug_adamw_step(&opt, m.be, &m.table, m.params, m.grads, lr, c);
+            snug_adamw_step(&g.opt, m->be, &m->table, m->params, m->grads, lr, c);
         }
-        m.be->to_host(m.be, params_after, m.params, P * sizeof(float));
+        m->be->to_host(m->be, params_after, m->params, P * sizeof(float));
     }
     if (!rc) {
-        int nt = 2 + 2 * m.table.n + 1;
+        int nt = 2 + 2 * m->table.n + 1;
         snug_st_out *t = calloc((size_t)nt, sizeof *t);
         char (*names)[128] = calloc((size_t)nt, sizeof *names);
         int k = 0;
@@ -139,8 +128,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         t[k++] = (snug_st_out){.name = "loss", .dtype = SNUG_DT_F32, .ndim = 0, .f32 = &loss0};
         t[k++] = (snug_st_out){.name = "loss_history", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {steps + 1},
                                .f32 = hist};
-        for (int i = 0; i < m.table.n; i++) {
-            const snug_param_entry *pe = &m.table.e[i];
+        for (int i = 0; i < m->table.n; i++) {
+            const snug_param_entry *pe = &m->table.e[i];
             for (int which = 0; which < 2; which++) {
                 if (which == 1 && steps == 0)
                     continue;
@@ -162,7 +151,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         if (!rc)
             rc = snug_model_config_save(&cfg, p, e);
         if (!rc)
-            rc = snug_model_save_weights(&m, save, e);
+            rc = snug_model_save_weights(m, save, e);
     }
     free(ids);
     free(labels);
@@ -171,13 +160,6 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     free(grads0);
     free(params_after);
     free(hist);
-    for (int c = 0; c < SNUG_MEM_NCAT; c++)
-        if (blocks[c])
-            m.be->free(m.be, blocks[c]);
-    m.be->destroy(m.be);
-    snug_param_table_free(&m.table);
-    free(m.w.layers);
-    free(m.g.layers);
-    free(m.acts);
+    snug_engine_free(&g);
     return rc;
 }

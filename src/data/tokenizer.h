@@ -6,7 +6,8 @@
  *                 ignore_merges, continuing_subword_prefix, end_of_word_suffix); WordPiece, Unigram and WordLevel
  *                 fail to load with a clear message.
  *   added_tokens  split out before normalization (non-normalized ones) and after it (normalized ones), leftmost
- *                 longest match first, with lstrip / rstrip / single_word.
+ *                 longest match first, with lstrip / rstrip / single_word; ids assigned as `tokenizers` assigns them
+ *                 (the "id" in the file only agrees with that in a consistent file).
  *   normalizer    NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace (String or Regex), Strip, StripAccents, Sequence.
  *   pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space), Split (String or Regex, all five behaviors, invert),
  *                 Metaspace (prepend_scheme always/first/never or the older add_prefix_space, split), Sequence.
@@ -20,8 +21,13 @@
  * bytes.decode("utf-8", errors="replace") (and Rust's String::from_utf8_lossy), so the ids equal those of
  * `tokenizers` on the replaced string.
  *
- * Regexes run with PCRE2 (JIT when available). `tokenizers` uses Oniguruma, whose \s is the Unicode White_Space set;
- * PCRE2's \s also matches U+180E, so \s and \S in patterns are rewritten to the explicit White_Space set first.
+ * Regexes run with PCRE2 (JIT when available). `tokenizers` uses Oniguruma, which reads a few escapes differently;
+ * \s \S \w \W \h \H and \uHHHH are rewritten to Oniguruma's meaning first, and ^ $ match at line breaks as there.
+ *
+ * Known differences: normalization uses utf8proc's Unicode tables and the regex classes PCRE2's, so characters
+ * assigned in newer Unicode versions than those may normalize or split differently; jansson refuses a vocabulary key
+ * that holds U+0000 (the load fails with a message); "truncation" and "padding" are ignored; an added_tokens entry
+ * without its flags gets the defaults (`tokenizers` refuses it).
  *
  * A loaded tokenizer is immutable: snug_tok_encode and snug_tok_decode may run on the same tokenizer from several
  * threads at once (all scratch memory belongs to the call). */
@@ -59,7 +65,8 @@ int snug_tok_decode(const snug_tokenizer *t, const int32_t *ids, size_t n, char 
 int snug_tok_vocab_size(const snug_tokenizer *t);
 /* The id of a token string (added tokens first, then the model vocabulary), or -1. */
 int snug_tok_token_id(const snug_tokenizer *t, const char *token);
-/* The token string of an id (NUL-terminated, owned by t), or NULL for an id that has none. */
+/* The token string of an id (NUL-terminated, owned by t), or NULL for an id that has none. For an added token with
+ * normalized=true this is its normalized text, as in `tokenizers` 0.23 (decode uses the same strings). */
 const char *snug_tok_id_to_token(const snug_tokenizer *t, int32_t id);
 
 /* The BOS the post-processor puts in front of a single sequence (TemplateProcessing's special token before $A,

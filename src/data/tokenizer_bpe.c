@@ -34,22 +34,19 @@ static size_t table_size(size_t n) {
 
 int32_t tok_vocab_get(const snug_tokenizer *t, const char *s, size_t len) {
     for (size_t i = hash_bytes(s, len) & t->vmask;; i = (i + 1) & t->vmask) {
-        uint32_t v = t->vslot[i];
-        if (!v)
+        const tok_slot *v = &t->vslot[i];
+        if (!v->p)
             return -1;
-        const tok_str *ts = &t->vocab[v - 1];
-        if (ts->len == len && memcmp(ts->p, s, len) == 0)
-            return (int32_t)(v - 1);
+        if (v->len == len && memcmp(v->p, s, len) == 0)
+            return v->id;
     }
 }
 
-static void vocab_put(snug_tokenizer *t, int32_t id) {
-    const tok_str *ts = &t->vocab[id];
-    for (size_t i = hash_bytes(ts->p, ts->len) & t->vmask;; i = (i + 1) & t->vmask)
-        if (!t->vslot[i]) {
-            t->vslot[i] = (uint32_t)id + 1;
-            return;
-        }
+static void vocab_put(snug_tokenizer *t, const char *s, size_t len, int32_t id) {
+    size_t i = hash_bytes(s, len) & t->vmask;
+    while (t->vslot[i].p)
+        i = (i + 1) & t->vmask;
+    t->vslot[i] = (tok_slot){s, (uint32_t)len, id};
 }
 
 /* (rank, new id) of merging left then right, or 0 when the pair does not merge. */
@@ -222,18 +219,11 @@ int tok_parse_model(snug_tokenizer *t, json_t *model, snug_error *e) {
     size_t at = 0;
     json_object_foreach(vocab, key, val) {
         int32_t id = (int32_t)json_integer_value(val);
-        size_t n = strlen(key); /* jansson keys are NUL-terminated: a token with a NUL inside is cut (none exist) */
+        size_t n = strlen(key); /* (jansson refuses keys that hold U+0000, so this is the whole key) */
         memcpy(t->pool + at, key, n + 1);
-        if (!t->vocab[id].p) { /* two tokens with one id: the first keeps it */
+        vocab_put(t, t->pool + at, n, id);
+        if (!t->vocab[id].p) /* two tokens with one id: both encode to it, the first decodes from it */
             t->vocab[id] = (tok_str){t->pool + at, (uint32_t)n};
-            vocab_put(t, id);
-        } else if (tok_vocab_get(t, key, n) < 0) {
-            /* still findable by text, as in the HashMap `tokenizers` keeps */
-            tok_str keep = t->vocab[id];
-            t->vocab[id] = (tok_str){t->pool + at, (uint32_t)n};
-            vocab_put(t, id);
-            t->vocab[id] = keep;
-        }
         at += n + 1;
     }
     t->unk_id = t->unk_token ? tok_vocab_get(t, t->unk_token, strlen(t->unk_token)) : -1;
@@ -478,7 +468,7 @@ int tok_parse_decoder(snug_tokenizer *t, json_t *j, const char *path, snug_error
     } else if (!strcmp(type, "Metaspace")) {
         d.kind = TOK_DEC_METASPACE;
         SNUG_TRY(tok_parse_char(t, j, "replacement", path, d.ch, &d.ch_len, e));
-        SNUG_TRY(tok_parse_metaspace_decoder(t, j, path, &d.prepend, e));
+        SNUG_TRY(tok_parse_prepend_scheme(t, j, path, &d.prepend, e));
     } else if (!strcmp(type, "Replace")) {
         d.kind = TOK_DEC_REPLACE;
         json_t *content = json_object_get(j, "content");
@@ -538,9 +528,12 @@ static int byte_token(const char *s, size_t n) {
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char ch = s[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
         if (i == 3 && ch == '+')
             continue;
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
         if (d < 0)
             return -1;
         v = v * 16 + d;

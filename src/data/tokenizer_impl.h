@@ -1,7 +1,8 @@
-/* tokenizer_impl.h: the insides of snug_tokenizer, shared by its three files:
- *   tokenizer.c      loading tokenizer.json, added tokens, the post-processor, the encode pipeline, the public API;
- *   tokenizer_pre.c  UTF-8, regexes, normalizers and pre-tokenizers (text -> pieces);
- *   tokenizer_bpe.c  the BPE model (vocabulary, merges, pieces -> ids) and the decoders (ids -> text).
+/* tokenizer_impl.h: the insides of snug_tokenizer, shared by its files:
+ *   tokenizer.c       loading tokenizer.json, added tokens, the post-processor, the encode pipeline, the public API;
+ *   tokenizer_text.c  buffers, UTF-8, regexes (Oniguruma's meaning on PCRE2), splitting at matches;
+ *   tokenizer_pre.c   normalizers and pre-tokenizers (text -> pieces);
+ *   tokenizer_bpe.c   the BPE model (vocabulary, merges, pieces -> ids) and the decoders (ids -> text).
  *
  * Encoding follows `tokenizers` step by step, on plain strings (no offsets are kept):
  *   text -> valid UTF-8 -> split out non-normalized added tokens -> normalize each remaining segment -> split out
@@ -56,6 +57,15 @@ typedef struct tok_str {
     uint32_t len;
 } tok_str;
 
+typedef struct tok_slot {
+    const char *p; /* NULL: empty */
+    uint32_t len;
+    int32_t id;
+} tok_slot;
+
+typedef struct tok_ctx tok_ctx;
+typedef struct tok_event tok_event;
+
 /* ---- regexes ---- */
 
 typedef struct tok_regex {
@@ -70,6 +80,14 @@ void tok_regex_free(tok_regex *re);
 /* Finds the first match in s[from, len): 1 with [*ms, *me), 0 for none, -1 on a matching failure. */
 int tok_regex_find(const tok_regex *re, pcre2_match_data *md, const char *s, size_t len, size_t from, size_t *ms,
                    size_t *me);
+
+/* Cuts s[0, len) into stretches the regex matched and stretches between (c->ev[0 .. *nev)), as `tokenizers`
+ * iterates Oniguruma matches. -1 on failure (c->e filled). */
+int tok_regex_events(tok_ctx *c, const tok_regex *re, const char *s, size_t len, size_t *nev);
+/* The same with every occurrence of one character as a match (Metaspace). */
+int tok_char_events(tok_ctx *c, const char *ch, int ch_len, const char *s, size_t len, size_t *nev);
+/* Applies a Split behavior (TOK_ISOLATED...) in place; afterwards the events with match == 0 are the pieces. */
+size_t tok_apply_behavior(tok_event *ev, size_t n, int behavior, int invert);
 
 /* ---- UTF-8 ---- */
 
@@ -91,11 +109,11 @@ enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_LOWERC
 
 typedef struct tok_norm {
     int kind;
-    char *str;       /* Prepend: the text; Replace: the literal pattern (when re.code is NULL) */
+    char *str;       /* Prepend: the text */
     size_t str_len;
     char *content;   /* Replace: the replacement */
     size_t content_len;
-    tok_regex re;    /* Replace with a Regex pattern */
+    tok_regex re;    /* Replace: the pattern (a String pattern is compiled as a literal) */
     int left, right; /* Strip */
 } tok_norm;
 
@@ -154,7 +172,7 @@ struct snug_tokenizer {
     tok_str *vocab;      /* [vocab_ids] model id -> token */
     int32_t vocab_ids;   /* largest model id + 1 */
     size_t vocab_count;  /* entries in model.vocab (what `tokenizers` calls the model's vocab size) */
-    uint32_t *vslot;     /* open addressing: model id + 1, 0 = empty */
+    tok_slot *vslot;     /* model.vocab by text (open addressing; several tokens may share an id) */
     size_t vmask;
     uint64_t *mkey;      /* merges: (left id << 32 | right id), UINT64_MAX = empty */
     uint32_t *mrank, *mnew;
@@ -205,12 +223,12 @@ typedef struct tok_merge {
 } tok_merge;
 
 /* One stretch of a string being split: [start, end), and whether the pattern matched it. */
-typedef struct tok_event {
+struct tok_event {
     size_t start, end;
     int match;
-} tok_event;
+};
 
-typedef struct tok_ctx {
+struct tok_ctx {
     pcre2_match_data *md;
     tok_event *ev;
     size_t ev_cap;
@@ -224,7 +242,7 @@ typedef struct tok_ctx {
     int32_t **ids;              /* the caller's output */
     size_t *n, *cap;
     snug_error *e;
-} tok_ctx;
+};
 
 int tok_ctx_init(tok_ctx *c, snug_error *e);
 void tok_ctx_free(tok_ctx *c);
@@ -239,7 +257,8 @@ int tok_normalize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len
 /* Pre-tokenizes one segment; the pieces are left in *out (c->pa or c->pb). */
 int tok_pre_tokenize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len, int at_start,
                      tok_pieces **out);
-int tok_parse_metaspace_decoder(snug_tokenizer *t, json_t *j, const char *path, int *prepend, snug_error *e);
+/* Metaspace's prepend_scheme, or the older add_prefix_space (false = never), for the pre-tokenizer and decoder. */
+int tok_parse_prepend_scheme(snug_tokenizer *t, json_t *j, const char *path, int *prepend, snug_error *e);
 void tok_free_pipeline(snug_tokenizer *t);
 void tok_bytelevel_tables(snug_tokenizer *t);
 

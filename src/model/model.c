@@ -61,7 +61,8 @@ static void make_views(const snug_model *m, float *base, snug_tensors *v) {
             return e ? e->code : SNUG_ENOMEM;                                                 \
     } while (0)
 
-int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, int xent_chunk, snug_error *e) {
+int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e) {
+    int xent_chunk = m->lv.xent_chunk;
     const snug_model_config *c = &m->cfg;
     int L = c->n_layer, C = c->hidden_size, NH = c->n_head, HD = c->head_dim, V = c->vocab_size;
     int I = c->intermediate_size, gpt2 = c->arch == SNUG_ARCH_GPT2;

@@ -54,6 +54,22 @@ typedef struct snug_param_table {
     size_t *layer_numel;    /* (L) */
 } snug_param_table;
 
+/* The memory levers that change what a training step keeps and recomputes. Each is one switch, read in one place
+ * (model.c); none changes the result: checkpointing gives bitwise the same gradients, the attention paths and the
+ * loss chunking agree to fp32 rounding. */
+typedef enum snug_ckpt {
+    SNUG_CKPT_NONE = 0,   /* keep every activation backward needs */
+    SNUG_CKPT_SELECTIVE,  /* drop the norm outputs and the MLP activation (cheap to recompute, C+C+I per token) */
+    SNUG_CKPT_FULL,       /* keep only the layer input; recompute the whole layer in backward */
+} snug_ckpt;
+
+typedef struct snug_levers {
+    snug_ckpt ckpt;
+    int ckpt_every;       /* with SNUG_CKPT_FULL: layers l with l % ckpt_every == 0 are checkpointed (1 = all) */
+    int naive_attention;  /* flash_attention: false: the reference path that stores (B, NH, T, T) probabilities */
+    int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
+} snug_levers;
+
 /* Called by backward when every gradient of `layer` is final for this micro-batch (layer == -1: the global tensors,
  * after the last layer). The range [offset, offset+numel) of the flat gradient buffer is complete. */
 typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t numel);
@@ -78,6 +94,7 @@ typedef struct snug_model {
     snug_model_config cfg;
     snug_backend *be;
     snug_param_table table;
+    snug_levers lv;        /* set before layout */
     int B, T;              /* largest micro-batch the activations are laid out for */
     int cur_B, cur_T;      /* shape of the current micro-batch (<= B, T) */
     int QKV, FC;           /* derived widths */
@@ -116,8 +133,8 @@ void snug_param_table_free(snug_param_table *t);
 
 /* Carves every buffer of a model for micro-batches of (B, T) from the arenas: parameters, gradients (when
  * with_grads), saved activations, workspace, data. Run it on counting arenas to plan, then on real arenas to
- * allocate; the layout is the same code both times. m->cfg, m->be and m->table must be set. */
-int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, int xent_chunk, snug_error *e);
+ * allocate; the layout is the same code both times. m->cfg, m->lv, m->be and m->table must be set. */
+int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e);
 
 /* Fills the RoPE tables (host computation, copied to the device). Call after layout on real arenas. */
 void snug_model_init_rope(snug_model *m);

@@ -7,17 +7,19 @@
 #include "model/model.h"
 #include "optim/optim.h"
 
-int snug_plan_training(snug_plan *p, const snug_model_config *cfg, int B, int T, int xent_chunk, snug_error *e) {
+int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     memset(p, 0, sizeof *p);
     snug_model m;
     memset(&m, 0, sizeof m);
-    m.cfg = *cfg;
-    SNUG_TRY(snug_param_table_build(&m.table, cfg, e));
+    m.cfg = s->cfg;
+    m.lv = s->lv;
+    int B = s->B, T = s->T;
+    SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
     snug_arenas A;
     snug_arenas_init_counting(&A);
     snug_adamw opt = {0};
-    int rc = snug_model_layout(&m, &A, B, T, 1, xent_chunk, e);
-    if (!rc)
+    int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
+    if (!rc && s->with_grads)
         rc = snug_adamw_layout(&opt, &A, m.table.total, e);
     if (!rc) {
         for (int c = 0; c < SNUG_MEM_NCAT; c++) {

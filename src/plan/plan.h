@@ -9,6 +9,15 @@
 
 #include "core/arena.h"
 #include "model/config.h"
+#include "model/model.h"
+
+/* What a plan is computed for: the same inputs the trainer lays out. */
+typedef struct snug_plan_spec {
+    snug_model_config cfg;
+    int B, T;              /* micro-batch rows and sequence length */
+    snug_levers lv;
+    int with_grads;        /* 0: inference (generation) */
+} snug_plan_spec;
 
 typedef struct snug_plan {
     size_t bytes[SNUG_MEM_NCAT]; /* peak bytes per category */
@@ -17,7 +26,7 @@ typedef struct snug_plan {
     int B, T, xent_chunk;
 } snug_plan;
 
-int snug_plan_training(snug_plan *p, const snug_model_config *cfg, int B, int T, int xent_chunk, snug_error *e);
+int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e);
 
 /* "1.23 GiB", "456.0 MiB", "12.0 KiB" */
 void snug_format_bytes(char *buf, size_t n, double bytes);

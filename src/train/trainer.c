@@ -18,6 +18,7 @@
 #include "model/presets.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
+#include "train/engine.h"
 
 /* Everything a run holds; released by run_free whatever state it reached. */
 typedef struct run {
@@ -27,12 +28,9 @@ typedef struct run {
     char tok_path[4096];   /* the tokenizer.json used ("" for the byte-level stand-in) */
     snug_encoder enc;
     snug_dataset train, val;
-    snug_plan plan;
-    snug_backend *be;
-    snug_arenas arenas;
-    void *blocks[SNUG_MEM_NCAT];
-    snug_model model;
-    snug_adamw opt;
+    snug_plan_spec spec;
+    snug_plan plan;        /* of spec, before anything is allocated */
+    snug_engine eng;
 } run;
 
 static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap,
@@ -41,8 +39,17 @@ static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **i
                                                                                     : 0;
 }
 
+/* dir + "/" + file into dst; returns 1 (and an empty dst) when it does not fit */
 static int path_join(char *dst, size_t n, const char *dir, const char *file) {
-    return snprintf(dst, n, "%s/%s", dir, file) >= (int)n;
+    size_t a = strlen(dir), b = strlen(file);
+    if (a + b + 2 > n) {
+        dst[0] = '\0';
+        return 1;
+    }
+    memcpy(dst, dir, a);
+    dst[a] = '/';
+    memcpy(dst + a + 1, file, b + 1);
+    return 0;
 }
 
 /* Which tokenizer.json: the `tokenizer` key, else the base model's, else the built-in one for from-scratch runs. */
@@ -118,65 +125,28 @@ static int load_data(run *r, snug_error *e) {
     return 0;
 }
 
+/* The levers the options ask for. */
+snug_levers snug_levers_from_options(const snug_options *o) {
+    (void)o;
+    return (snug_levers){.ckpt = SNUG_CKPT_NONE, .ckpt_every = 1, .naive_attention = 0, .xent_chunk = 0};
+}
+
 static int setup(run *r, const snug_options *o, snug_error *e) {
     memset(r, 0, sizeof *r);
     r->o = o;
     SNUG_TRY(open_tokenizer(r, e));
     SNUG_TRY(resolve_model(r, e));
-    return snug_plan_training(&r->plan, &r->cfg, o->micro_batch_size, o->sequence_len, 0, e);
+    r->spec = (snug_plan_spec){.cfg = r->cfg, .B = o->micro_batch_size, .T = o->sequence_len,
+                               .lv = snug_levers_from_options(o), .with_grads = 1};
+    return snug_plan_run(&r->plan, &r->spec, e);
 }
 
 static void run_free(run *r) {
-    for (int c = 0; c < SNUG_MEM_NCAT; c++)
-        if (r->blocks[c])
-            r->be->free(r->be, r->blocks[c]);
-    if (r->be)
-        r->be->destroy(r->be);
-    snug_param_table_free(&r->model.table);
-    free(r->model.w.layers);
-    free(r->model.g.layers);
-    free(r->model.acts);
+    snug_engine_free(&r->eng);
     snug_dataset_free(&r->train);
     snug_dataset_free(&r->val);
     if (r->tok)
         snug_tok_free(r->tok);
-}
-
-/* Allocates every arena with its planned capacity and lays the model and optimizer out in them. */
-static int allocate(run *r, int B, int T, int with_grads, snug_error *e) {
-    const snug_options *o = r->o;
-    snug_plan p;
-    if (with_grads)
-        p = r->plan;
-    else
-        SNUG_TRY(snug_plan_training(&p, &r->cfg, B, T, 0, e));
-    r->be = snug_backend_cpu_create(o->threads);
-    if (!r->be)
-        return snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend");
-    r->model.cfg = r->cfg;
-    r->model.be = r->be;
-    SNUG_TRY(snug_param_table_build(&r->model.table, &r->cfg, e));
-    for (int c = 0; c < SNUG_MEM_NCAT; c++) {
-        size_t cap = p.bytes[c];
-        if (!with_grads && (c == SNUG_MEM_GRADS || c == SNUG_MEM_OPTIM))
-            cap = 0;
-        if (cap) {
-            r->blocks[c] = r->be->alloc(r->be, cap);
-            if (!r->blocks[c]) {
-                char b[32];
-                snug_format_bytes(b, sizeof b, (double)cap);
-                return snug_fail(e, SNUG_ENOMEM, "cannot allocate %s for %s; lower micro_batch_size or "
-                                 "sequence_len", b, snug_category_name((snug_category)c));
-            }
-        }
-        snug_arena_init(&r->arenas.a[c], (snug_category)c, r->blocks[c], cap);
-        r->arenas.a[c].budget = 0;
-    }
-    SNUG_TRY(snug_model_layout(&r->model, &r->arenas, B, T, with_grads, 0, e));
-    if (with_grads)
-        SNUG_TRY(snug_adamw_layout(&r->opt, &r->arenas, r->model.table.total, e));
-    snug_model_init_rope(&r->model);
-    return 0;
 }
 
 static double now_s(void) {
@@ -201,8 +171,8 @@ static double evaluate(run *r, int32_t *ids, int32_t *labels, int32_t *pos) {
     size_t ntok = 0;
     int rows;
     while ((rows = snug_batcher_next(&vb, ids, labels, pos)) > 0) {
-        snug_model_set_batch(&r->model, ids, labels, pos, NULL, rows, vb.T);
-        sum += snug_model_step(&r->model, 0.0f);
+        snug_model_set_batch(&r->eng.model, ids, labels, pos, NULL, rows, vb.T);
+        sum += snug_model_step(&r->eng.model, 0.0f);
         ntok += snug_count_supervised(labels, (size_t)rows * vb.T);
     }
     snug_batcher_free(&vb);
@@ -229,7 +199,7 @@ static int save_model(run *r, snug_error *e) {
     SNUG_TRY(snug_model_config_save(&cfg, p, e));
     path_join(p, sizeof p, dir, "generation_config.json");
     SNUG_TRY(snug_generation_config_save(&cfg, p, e));
-    SNUG_TRY(snug_model_save_weights(&r->model, dir, e));
+    SNUG_TRY(snug_model_save_weights(&r->eng.model, dir, e));
     if (r->tok_path[0]) {
         char srcdir[4096];
         snprintf(srcdir, sizeof srcdir, "%s", r->tok_path);
@@ -255,57 +225,52 @@ static void print_sample(run *r, FILE *out) {
     const snug_options *o = r->o;
     if (!o->sample_tokens || !r->tok)
         return;
-    /* a fresh inference layout (B=1) that shares nothing with training: the weights are copied across */
-    run g;
-    memset(&g, 0, sizeof g);
-    g.o = o;
-    g.cfg = r->cfg;
     snug_error e = {0};
     int32_t *prompt = NULL;
     size_t n = 0, cap = 0;
-    if (r->enc.bos_id >= 0) {
-        prompt = malloc(16 * sizeof *prompt);
+    if (r->enc.bos_id >= 0 && (prompt = malloc(16 * sizeof *prompt))) {
         cap = 16;
         prompt[n++] = r->enc.bos_id;
     }
     const char *text = o->sample_prompt;
-    if (snug_tok_encode(r->tok, text, strlen(text), &prompt, &n, &cap, &e) < 0 || n == 0) {
-        if (n == 0 && r->enc.eos_id >= 0) {
-            int32_t *p = realloc(prompt, sizeof *p);
-            if (p) {
-                prompt = p;
-                prompt[n++] = r->enc.eos_id; /* an empty prompt starts after an end of text */
-            }
-        }
-        if (n == 0) {
-            free(prompt);
-            return;
-        }
+    if (snug_tok_encode(r->tok, text, strlen(text), &prompt, &n, &cap, &e) < 0)
+        n = 0;
+    if (n == 0 && r->enc.eos_id >= 0) { /* an empty prompt starts after an end of text */
+        int32_t *p = realloc(prompt, sizeof *p);
+        if (p)
+            (prompt = p)[n++] = r->enc.eos_id;
     }
     int T = (int)n + o->sample_tokens;
     if (T > r->cfg.max_position)
         T = r->cfg.max_position;
-    if (allocate(&g, 1, T, 0, &e) == 0) {
-        g.be->to_device(g.be, g.model.params, r->model.params, r->model.table.total * sizeof(float));
-        int32_t *ids = malloc((size_t)T * sizeof *ids);
-        snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
-                           .seed = (uint64_t)o->seed};
-        int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->enc.eos_id, &s, ids);
-        char *txt = NULL;
-        size_t len = 0;
-        int skip = r->enc.bos_id >= 0 ? 1 : 0;
-        if (got > 0 && ids[got - 1] == r->enc.eos_id)
-            got--;
-        if (snug_tok_decode(r->tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0) {
-            fprintf(out, "\nsample (temperature %.2f, top-k %d, top-p %.2f):\n%.*s\n", o->temperature, o->top_k,
-                    o->top_p, (int)len, txt);
+    /* a separate inference layout (B=1, no gradients) with the trained weights copied in */
+    snug_plan_spec spec = {.cfg = r->cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
+    snug_engine g = {0};
+    int32_t *ids = malloc((size_t)T * sizeof *ids);
+    if (n > 0 && ids && snug_engine_create(&g, &spec, o->threads, &e) == 0) {
+        size_t bytes = r->eng.model.table.total * sizeof(float);
+        float *host = malloc(bytes);
+        if (host) {
+            r->eng.be->to_host(r->eng.be, host, r->eng.model.params, bytes);
+            g.be->to_device(g.be, g.model.params, host, bytes);
+            free(host);
+            snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
+                               .seed = (uint64_t)o->seed};
+            int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->enc.eos_id, &s, ids);
+            int skip = r->enc.bos_id >= 0 ? 1 : 0;
+            if (got > skip && ids[got - 1] == r->enc.eos_id)
+                got--;
+            char *txt = NULL;
+            size_t len = 0;
+            if (snug_tok_decode(r->tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0)
+                fprintf(out, "\nsample (temperature %.2f, top-k %d, top-p %.2f):\n%.*s\n", o->temperature, o->top_k,
+                        o->top_p, (int)len, txt);
+            free(txt);
         }
-        free(txt);
-        free(ids);
     }
+    snug_engine_free(&g);
+    free(ids);
     free(prompt);
-    g.tok = NULL;
-    run_free(&g);
 }
 
 static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_epoch) {
@@ -324,7 +289,7 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     fprintf(out, "  schedule             %d steps (%zu micro-batches per epoch), lr %g %s, warmup %d\n", total_steps,
             batches_per_epoch, o->learning_rate, o->lr_scheduler,
             o->warmup_steps ? o->warmup_steps : (int)(o->warmup_ratio * total_steps));
-    fprintf(out, "memory plan (backend %s, %d threads):\n", r->be->name, r->be->nthreads);
+    fprintf(out, "memory plan (backend %s, %d threads):\n", r->eng.be->name, r->eng.be->nthreads);
     snug_plan_print(out, &r->plan, NULL);
 }
 
@@ -337,11 +302,11 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_batcher_init(&batcher, &r.train, o->micro_batch_size, o->sequence_len, (uint64_t)o->seed, 1, e);
     if (!rc)
-        rc = allocate(&r, o->micro_batch_size, o->sequence_len, 1, e);
+        rc = snug_engine_create(&r.eng, &r.spec, o->threads, e);
     if (!rc && o->base_model[0])
-        rc = snug_model_load_weights(&r.model, o->base_model, e);
+        rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
     else if (!rc)
-        snug_model_init_random(&r.model, (uint64_t)o->seed);
+        snug_model_init_random(&r.eng.model, (uint64_t)o->seed);
     if (rc) {
         snug_batcher_free(&batcher);
         run_free(&r);
@@ -355,10 +320,10 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         total = 1;
     int warmup = o->warmup_steps ? o->warmup_steps : (int)ceil(o->warmup_ratio * total);
     snug_sched sched = (snug_sched)snug_sched_parse(o->lr_scheduler);
-    r.opt.beta1 = o->adam_beta1;
-    r.opt.beta2 = o->adam_beta2;
-    r.opt.eps = o->adam_epsilon;
-    r.opt.weight_decay = o->weight_decay;
+    r.eng.opt.beta1 = o->adam_beta1;
+    r.eng.opt.beta2 = o->adam_beta2;
+    r.eng.opt.eps = o->adam_epsilon;
+    r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
 
     size_t BT = (size_t)B * T;
@@ -389,20 +354,20 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             nsup += snug_count_supervised(labels + k * BT, (size_t)rows[k] * T);
         }
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
-        r.be->zero(r.be, r.model.grads, r.model.table.total * sizeof(float));
+        r.eng.be->zero(r.eng.be, r.eng.model.grads, r.eng.model.table.total * sizeof(float));
         double loss_sum = 0;
         for (int k = 0; k < GA; k++) {
-            snug_model_set_batch(&r.model, ids + k * BT, labels + k * BT, pos + k * BT, NULL, rows[k], T);
-            loss_sum += snug_model_step(&r.model, scale);
+            snug_model_set_batch(&r.eng.model, ids + k * BT, labels + k * BT, pos + k * BT, NULL, rows[k], T);
+            loss_sum += snug_model_step(&r.eng.model, scale);
             tokens_since += (size_t)rows[k] * T;
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
-        double norm = snug_grad_norm(r.be, r.model.grads, r.model.table.total, 1.0f);
+        double norm = snug_grad_norm(r.eng.be, r.eng.model.grads, r.eng.model.table.total, 1.0f);
         float clip = 1.0f;
         if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
             clip = (float)(o->max_grad_norm / (norm + 1e-6));
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
-        snug_adamw_step(&r.opt, r.be, &r.model.table, r.model.params, r.model.grads, lr, clip);
+        snug_adamw_step(&r.eng.opt, r.eng.be, &r.eng.model.table, r.eng.model.params, r.eng.model.grads, lr, clip);
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
 
         double val = NAN;
@@ -446,7 +411,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         fprintf(out, "saved %s (Hugging Face format) in %.1f s\n", o->output_dir, now_s() - t0);
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
-            measured[c] = r.arenas.a[c].peak;
+            measured[c] = r.eng.arenas.a[c].peak;
         fprintf(out, "memory (arena high-water marks beside the plan):\n");
         snug_plan_print(out, &r.plan, measured);
         char b[32];

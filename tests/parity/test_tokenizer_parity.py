@@ -146,6 +146,16 @@ def make_corpus(rng, target):
             doc += rng.choice(seps) + rng.choice(funcs)()
         docs.append(doc)
         size += len(doc)
+    # many tiny documents: the boundaries (start of text, next to a special token, at the end) in every combination
+    tiny = [" ", "  ", "\n", "\t", "\r\n", "a", "A", "hello", "Hello", " world", "'s", "'S", "'ll", "\u017f",
+            "\u212a", "1", "123", "1234567", "\u00bd", "e\u0301", "\u00e9", "\u2581", "\u2581\u2581", "<s>", "</s>",
+            "<unk>", "<|endoftext|>", "<|im_start|>", "<|begin_of_text|>", "<mask>", "snug", "banana",
+            " banana split", "[SEP]", "year", "2024", "\u65e5\u672c", "\U0001F600", "\u00a0", "\u3000", "\u180e",
+            "\u0085", "\x00", "!", "...", "--", "$", "\u0130", "\u00df", "\u03a3", "\u01c5", "#", "##", "</w>",
+            "cafe\u0301", "\u0301"]
+    tiny = [t.encode() for t in tiny] + [b"\xff", b"\xe4\xb8", b"\xed\xa0\x80"]
+    for _ in range(20000):
+        docs.append(b"".join(rng.choice(tiny) for _ in range(rng.randint(1, 5))))
     docs += [b"", b" ", b"\n", b"<s>", b" <s>", b"<|endoftext|>", b"a", "\u2581".encode(), b"\xff", b"  hello"]
     return docs
 
@@ -286,7 +296,8 @@ def build_families(texts):
         pre_tokenizers.Split(Regex(r"\p{P}+"), behavior="merged_with_previous"),
         pre_tokenizers.Split(Regex(r"[A-Z]"), behavior="merged_with_next"),
         pre_tokenizers.Split(Regex(r"\s"), behavior="contiguous", invert=True),
-        pre_tokenizers.Split(Regex(r"[a-z]{5,}"), behavior="isolated", invert=True)])
+        pre_tokenizers.Split(Regex(r"[a-z]{5,}"), behavior="isolated", invert=True),
+        pre_tokenizers.Split(Regex(r"\w{2}\W|\u00e9|[\h\s]$"), behavior="isolated")])  # Oniguruma's \w \h \u
     tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##", end_of_word_suffix="</w>"))
     tok.normalizer, tok.pre_tokenizer = norm, pre
     tok.train_from_iterator(texts, trainers.BpeTrainer(

@@ -226,7 +226,8 @@ static void test_sentencepiece(void) {
     free(json);
     CHECK(t != NULL);
     if (t) {
-        ENC(t, "hi \xe6\x97\xa5\xe6\x9c\xac", 263, 259, 0); /* no byte fallback: unknown characters fuse into one <unk> */
+        /* no byte fallback: unknown characters fuse into one <unk> */
+        ENC(t, "hi \xe6\x97\xa5\xe6\x9c\xac", 263, 259, 0);
         ENC(t, "hi\xe6\x97\xa5\xe6\x9c\xachi", 263, 0, 260, 261);
         snug_tok_free(t);
     }
@@ -304,7 +305,8 @@ static void test_bad_input(void) {
     bad("{\"added_tokens\":[{\"id\":3}]," MODEL_OK "}", "added_tokens", "content");
 
     /* unk_token named but missing from the vocabulary: loads (as upstream), fails when it is needed */
-    snug_tokenizer *t = load("{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0},\"merges\":[]}}");
+    snug_tokenizer *t =
+        load("{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0},\"merges\":[]}}");
     CHECK(t != NULL);
     if (t) {
         int32_t *ids = NULL;
@@ -333,6 +335,51 @@ static void test_added_flags(void) {
     snug_tok_free(t);
 }
 
+/* Post-processors read for their BOS/EOS, a vocabulary where two tokens share an id, and the regex rewrite that
+ * gives \s Oniguruma's meaning (U+180E is not a space there, while PCRE2 alone would say it is). */
+static void test_odds_and_ends(void) {
+    snug_tokenizer *t = load(
+        "{\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"ByteLevel\"},"
+        "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+        "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],"
+        "\"special_tokens\":{\"<s>\":{\"ids\":[1]},\"</s>\":{\"ids\":[2]}}}]}," MODEL_OK "}");
+    CHECK(t && snug_tok_bos_id(t) == 1 && snug_tok_adds_bos(t) && snug_tok_eos_id(t) == 2 && snug_tok_adds_eos(t));
+    snug_tok_free(t);
+    t = load("{\"post_processor\":{\"type\":\"RobertaProcessing\",\"sep\":[\"</s>\",2],\"cls\":[\"<s>\",0]},"
+             MODEL_OK "}");
+    CHECK(t && snug_tok_bos_id(t) == 0 && snug_tok_eos_id(t) == 2);
+    snug_tok_free(t);
+
+    t = load("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0,\"c\":1},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "abc", 0, 0, 1);
+        CHECK(snug_tok_vocab_size(t) == 2);
+        snug_tok_free(t);
+    }
+
+    /* Split on \s+ (removed), then whole pieces by ignore_merges: "a" U+180E "b" stays one piece */
+    t = load("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},\"behavior\":\"Removed\","
+             "\"invert\":false},\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{\"a\":0,\"b\":1,"
+             "\"a\\u180eb\":2,\"a\\u00bdb\":3},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "a\xe1\xa0\x8e" "b", 2);
+        ENC(t, "a\xc2\xa0" "b", 0, 1); /* U+00A0 is a space */
+        snug_tok_free(t);
+    }
+    /* \w includes every Number (Oniguruma), so "a½b" is one word; \u00bd is Oniguruma's spelling of ½ */
+    t = load("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\w+|\\\\u00bd\"},"
+             "\"behavior\":\"Isolated\",\"invert\":false},\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,"
+             "\"vocab\":{\"a\":0,\"b\":1,\"a\\u00bdb\":3,\"\\u00bd\":4,\"-\":5},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "a\xc2\xbd" "b", 3);
+        ENC(t, "-\xc2\xbd-", 5, 4, 5);
+        snug_tok_free(t);
+    }
+}
+
 int main(void) {
     test_gpt2();
     test_llama3();
@@ -340,5 +387,6 @@ int main(void) {
     test_folder();
     test_bad_input();
     test_added_flags();
+    test_odds_and_ends();
     return check_finish("test_tokenizer");
 }

@@ -1,0 +1,46 @@
+/* engine.c: plan, allocate, lay out (see engine.h). */
+#include "train/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, snug_error *e) {
+    memset(g, 0, sizeof *g);
+    SNUG_TRY(snug_plan_run(&g->plan, spec, e));
+    g->be = snug_backend_cpu_create(threads);
+    if (!g->be)
+        return snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend");
+    g->model.cfg = spec->cfg;
+    g->model.lv = spec->lv;
+    g->model.be = g->be;
+    SNUG_TRY(snug_param_table_build(&g->model.table, &spec->cfg, e));
+    for (int c = 0; c < SNUG_MEM_NCAT; c++) {
+        size_t cap = g->plan.bytes[c];
+        if (cap && !(g->blocks[c] = g->be->alloc(g->be, cap))) {
+            char b[32];
+            snug_format_bytes(b, sizeof b, (double)cap);
+            return snug_fail(e, SNUG_ENOMEM, "cannot allocate %s for %s; lower micro_batch_size or sequence_len, "
+                             "or see `snug plan` for the levers that shrink it",
+                             b, snug_category_name((snug_category)c));
+        }
+        snug_arena_init(&g->arenas.a[c], (snug_category)c, g->blocks[c], cap);
+    }
+    SNUG_TRY(snug_model_layout(&g->model, &g->arenas, spec->B, spec->T, spec->with_grads, e));
+    if (spec->with_grads)
+        SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, g->model.table.total, e));
+    snug_model_init_rope(&g->model);
+    return 0;
+}
+
+void snug_engine_free(snug_engine *g) {
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        if (g->blocks[c])
+            g->be->free(g->be, g->blocks[c]);
+    if (g->be)
+        g->be->destroy(g->be);
+    snug_param_table_free(&g->model.table);
+    free(g->model.w.layers);
+    free(g->model.g.layers);
+    free(g->model.acts);
+    memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,27 @@
+/* engine.h: a model with its memory: the one place a plan becomes allocations.
+ *
+ * snug_engine_create plans the spec on counting arenas, allocates each arena from the backend with exactly the
+ * planned capacity, lays the model (and, for training, the optimizer state) out in them, and fills the RoPE tables.
+ * Weights are loaded or initialised by the caller. */
+#ifndef SNUG_ENGINE_H
+#define SNUG_ENGINE_H
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "model/model.h"
+#include "optim/optim.h"
+#include "plan/plan.h"
+
+typedef struct snug_engine {
+    snug_backend *be;
+    snug_plan plan;
+    snug_arenas arenas;
+    void *blocks[SNUG_MEM_NCAT];
+    snug_model model;
+    snug_adamw opt;        /* laid out when spec->with_grads */
+} snug_engine;
+
+int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, snug_error *e);
+void snug_engine_free(snug_engine *g);
+
+#endif
