@@ -79,6 +79,14 @@ struct snug_backend {
                           const float *lse, const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
                           float scale);
 
+    /* The reference path (flash_attention: false): the same attention with the probabilities stored whole.
+     * probs (B, NH, T, T), row t of head h of batch row b at ((b*NH + h)*T + t)*T; entries outside the row's
+     * visible range [seg_start, t] are 0. Backward reads probs instead of recomputing them. */
+    void (*attention_naive_fwd)(snug_backend *be, float *out, float *probs, const float *qkv,
+                                const int32_t *seg_start, int B, int T, int NH, int NKV, int HD, float scale);
+    void (*attention_naive_bwd)(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
+                                const float *probs, int B, int T, int NH, int NKV, int HD, float scale);
+
     /* --- activations --- */
     /* gu (N, 2I): gate in columns [0,I), up in [I,2I). out (N,I) = silu(gate) * up */
     void (*swiglu_fwd)(snug_backend *be, float *out, const float *gu, int N, int I);

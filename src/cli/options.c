@@ -169,13 +169,26 @@ static const key_spec keys[] = {
     /* memory */
     {.name = "memory_budget", .type = KT_SIZE, .group = G_MEMORY, AT_DBL(memory_budget), .def = "0",
      .help = "most memory snug may plan and allocate: 40GB, 40 GiB, 512MiB or bytes; 0 = no limit"},
+    {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_STR(gradient_checkpointing),
+     .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective",
+     .later_values = "offload",
+     .help = "recompute activations in backward: false, selective (norm outputs and the MLP activation), "
+             "full (whole layers from their input; true means full)"},
+    {.name = "gradient_checkpointing_every_n_layers", .type = KT_INT, .group = G_MEMORY,
+     AT_INT(gradient_checkpointing_every_n_layers), .def = "1",
+     .help = "with full checkpointing, checkpoint layers 0, n, 2n, ... (1 = every layer)"},
+    {.name = "flash_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(flash_attention), .def = "true",
+     .help = "tiled attention with online softmax, no (T, T) buffer; false = the reference path that stores the "
+             "attention probabilities"},
+    {.name = "chunked_cross_entropy", .type = KT_BOOL, .group = G_MEMORY, AT_INT(chunked_cross_entropy),
+     .def = "false", .help = "compute the output projection and loss a chunk of tokens at a time, so the (tokens, "
+             "vocab) logits never exist whole"},
+    {.name = "cross_entropy_chunk_tokens", .type = KT_INT, .group = G_MEMORY, AT_INT(cross_entropy_chunk_tokens),
+     .def = "256", .help = "tokens per logits chunk with chunked_cross_entropy"},
 
     /* recognised, not supported yet */
-    LATER_BOOL("gradient_checkpointing", "recomputing activations in the backward pass"),
-    LATER("gradient_checkpointing_every_n_layers", KT_INT, "recomputing activations in the backward pass"),
     LATER("gradient_checkpointing_kwargs", KT_MAP, "recomputing activations in the backward pass"),
     LATER_BOOL("activation_offloading", "offloading activations to the CPU"),
-    LATER_BOOL("flash_attention", "fused attention kernels"),
     LATER_BOOL("sdp_attention", "fused attention kernels"),
     LATER_BOOL("xformers_attention", "fused attention kernels"),
     LATER_BOOL("bf16", "bf16 mixed precision; snug trains in fp32"),
@@ -197,7 +210,6 @@ static const key_spec keys[] = {
     LATER_BOOL("group_by_length", "batching examples of similar length"),
     LATER("pad_to_multiple_of", KT_INT, "padding rows to a multiple of a length"),
     LATER_BOOL("train_on_inputs", "prompt/response datasets; a completion dataset trains on every token"),
-    LATER_BOOL("chunked_cross_entropy", "computing the loss in chunks"),
     LATER_BOOL("optimizer_in_backward", "running the optimizer step inside the backward pass"),
     LATER_BOOL("auto_fit", "fitting the batch to memory automatically"),
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
@@ -904,6 +916,11 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
         REQUIRE(d->field[0], "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
     }
     REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
+    REQUIRE(o->gradient_checkpointing_every_n_layers >= 1,
+            "%s: gradient_checkpointing_every_n_layers is %d; it must be at least 1", src,
+            o->gradient_checkpointing_every_n_layers);
+    REQUIRE(o->cross_entropy_chunk_tokens >= 1, "%s: cross_entropy_chunk_tokens is %d; it must be at least 1", src,
+            o->cross_entropy_chunk_tokens);
     REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
             o->gradient_accumulation_steps);
     REQUIRE(o->max_steps == -1 || o->max_steps >= 1,

@@ -65,6 +65,13 @@ typedef struct snug_options {
 
     /* memory budget for the arenas (bytes, 0 = none); memory_budget: "40GB" */
     double memory_budget;
+
+    /* activation levers */
+    char gradient_checkpointing[16];           /* "none" | "selective" | "full" */
+    int gradient_checkpointing_every_n_layers; /* 1 */
+    int flash_attention;                       /* 1 */
+    int chunked_cross_entropy;                 /* 0 */
+    int cross_entropy_chunk_tokens;            /* 256 */
 } snug_options;
 
 /* Fills every field with its default (the defaults live in options.c's key table). */

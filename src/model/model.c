@@ -54,12 +54,48 @@ static void make_views(const snug_model *m, float *base, snug_tensors *v) {
         v->lm_head = v->wte;
 }
 
+int snug_model_layer_full_ckpt(const snug_model *m, int l) {
+    int every = m->lv.ckpt_every > 0 ? m->lv.ckpt_every : 1;
+    return m->lv.ckpt == SNUG_CKPT_FULL && l % every == 0;
+}
+
 #define CARVE(ptr, cat, count)                                                               \
     do {                                                                                      \
         (ptr) = snug_arena_alloc(&A->a[cat], (size_t)(count) * sizeof *(ptr), e);             \
         if (!(ptr))                                                                           \
             return e ? e->code : SNUG_ENOMEM;                                                 \
     } while (0)
+
+/* One layer's saved activations from arena `cat`. with_cheap = 0 leaves out what selective checkpointing
+ * recomputes (the two norm outputs and the MLP activation). */
+static int carve_layer_acts(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
+                            int with_cheap, snug_error *e) {
+    const snug_model_config *c = &m->cfg;
+    int C = c->hidden_size, NH = c->n_head, HD = c->head_dim, I = c->intermediate_size;
+    int gpt2 = c->arch == SNUG_ARCH_GPT2;
+    memset(a, 0, sizeof *a);
+    if (with_cheap)
+        CARVE(a->ln1, cat, N * C);
+    if (gpt2)
+        CARVE(a->ln1_mean, cat, N);
+    CARVE(a->ln1_rstd, cat, N);
+    CARVE(a->qkv, cat, N * m->QKV);
+    CARVE(a->att, cat, N * NH * HD);
+    if (m->lv.naive_attention)
+        CARVE(a->probs, cat, (size_t)m->B * NH * m->T * m->T);
+    else
+        CARVE(a->lse, cat, N * NH);
+    CARVE(a->res_mid, cat, N * C);
+    if (with_cheap)
+        CARVE(a->ln2, cat, N * C);
+    if (gpt2)
+        CARVE(a->ln2_mean, cat, N);
+    CARVE(a->ln2_rstd, cat, N);
+    CARVE(a->fc, cat, N * m->FC);
+    if (with_cheap)
+        CARVE(a->act, cat, N * I);
+    return 0;
+}
 
 int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e) {
     int xent_chunk = m->lv.xent_chunk;
@@ -88,25 +124,33 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     if (with_grads)
         CARVE(m->grads, SNUG_MEM_GRADS, m->table.total);
 
-    /* saved activations */
+    /* saved activations: the residual stream (every layer's input) always; each layer's internals unless
+     * checkpointing drops them, in which case they live in one shared recompute set in the workspace */
     CARVE(m->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+    int any_full = 0;
+    for (int l = 0; l < L; l++)
+        any_full |= snug_model_layer_full_ckpt(m, l);
+    snug_layer_acts shared;
+    memset(&shared, 0, sizeof shared);
+    if (with_grads && any_full)
+        SNUG_TRY(carve_layer_acts(m, A, SNUG_MEM_WORKSPACE, &shared, N, 1, e));
+    else if (with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE) {
+        CARVE(shared.ln1, SNUG_MEM_WORKSPACE, N * C);
+        shared.ln2 = shared.ln1; /* recomputed one after the other in backward */
+        CARVE(shared.act, SNUG_MEM_WORKSPACE, N * I);
+    }
     for (int l = 0; l < L; l++) {
         snug_layer_acts *a = &m->acts[l];
-        memset(a, 0, sizeof *a);
-        CARVE(a->ln1, SNUG_MEM_ACTS, N * C);
-        if (gpt2)
-            CARVE(a->ln1_mean, SNUG_MEM_ACTS, N);
-        CARVE(a->ln1_rstd, SNUG_MEM_ACTS, N);
-        CARVE(a->qkv, SNUG_MEM_ACTS, N * m->QKV);
-        CARVE(a->att, SNUG_MEM_ACTS, N * NH * HD);
-        CARVE(a->lse, SNUG_MEM_ACTS, N * NH);
-        CARVE(a->res_mid, SNUG_MEM_ACTS, N * C);
-        CARVE(a->ln2, SNUG_MEM_ACTS, N * C);
-        if (gpt2)
-            CARVE(a->ln2_mean, SNUG_MEM_ACTS, N);
-        CARVE(a->ln2_rstd, SNUG_MEM_ACTS, N);
-        CARVE(a->fc, SNUG_MEM_ACTS, N * m->FC);
-        CARVE(a->act, SNUG_MEM_ACTS, N * I);
+        if (with_grads && snug_model_layer_full_ckpt(m, l)) {
+            *a = shared;
+            continue;
+        }
+        SNUG_TRY(carve_layer_acts(m, A, SNUG_MEM_ACTS, a, N, !(with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE), e));
+        if (with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE) {
+            a->ln1 = shared.ln1;
+            a->ln2 = shared.ln2;
+            a->act = shared.act;
+        }
     }
     CARVE(m->lnf, SNUG_MEM_ACTS, N * C);
     m->lnf_mean = NULL;
@@ -278,8 +322,12 @@ static void layer_fwd(snug_model *m, int l) {
     be->matmul_fwd(be, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
-    be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
-                      1.0f / sqrtf((float)HD));
+    if (m->lv.naive_attention)
+        be->attention_naive_fwd(be, a->att, a->probs, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
+                                1.0f / sqrtf((float)HD));
+    else
+        be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
+                          1.0f / sqrtf((float)HD));
     be->matmul_fwd(be, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
     be->accumulate(be, a->res_mid, x, (size_t)N * C);
     norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
@@ -303,6 +351,19 @@ static void layer_bwd(snug_model *m, int l) {
     snug_layer_tensors *g = &m->g.layers[l];
     const snug_layer_acts *a = &m->acts[l];
     const float *x = m->res + (size_t)l * NC;
+    int selective = m->lv.ckpt == SNUG_CKPT_SELECTIVE && !snug_model_layer_full_ckpt(m, l);
+
+    /* checkpointing: full recomputes the whole layer from its saved input into the shared set; selective
+     * recomputes the MLP activation and each norm output just before its use (same code, same bits) */
+    if (snug_model_layer_full_ckpt(m, l))
+        layer_fwd(m, l);
+    if (selective) {
+        if (c->arch == SNUG_ARCH_GPT2)
+            be->gelu_fwd(be, a->act, a->fc, (size_t)N * I);
+        else
+            be->swiglu_fwd(be, a->act, a->fc, N, I);
+        norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
+    }
 
     /* MLP: res[l+1] = res_mid + proj(act(fc(norm2(res_mid)))) */
     be->zero(be, m->d_act, (size_t)N * I * sizeof(float));
@@ -320,10 +381,16 @@ static void layer_bwd(snug_model *m, int l) {
     be->zero(be, m->d_att, (size_t)N * NH * HD * sizeof(float));
     be->matmul_bwd(be, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
     be->zero(be, m->d_qkv, (size_t)N * m->QKV * sizeof(float));
-    be->attention_bwd(be, m->d_qkv, m->d_att, a->qkv, a->att, a->lse, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV,
-                      HD, 1.0f / sqrtf((float)HD));
+    if (m->lv.naive_attention)
+        be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
+                                1.0f / sqrtf((float)HD));
+    else
+        be->attention_bwd(be, m->d_qkv, m->d_att, a->qkv, a->att, a->lse, m->seg_used ? m->seg : NULL, Bc, Tc, NH,
+                          NKV, HD, 1.0f / sqrtf((float)HD));
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_bwd(be, m->d_qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
+    if (selective)
+        norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     be->zero(be, m->d_ln, (size_t)N * C * sizeof(float));
     be->matmul_bwd(be, m->d_ln, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C, m->QKV);
     norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);

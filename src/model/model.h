@@ -82,6 +82,7 @@ typedef struct snug_layer_acts {
     float *qkv;          /* (N, QKV) q and k roped */
     float *att;          /* (N, NH*HD) */
     float *lse;          /* (N, NH) */
+    float *probs;        /* (B, NH, T, T) naive attention only */
     float *res_mid;      /* (N, C) residual after attention */
     float *ln2;          /* (N, C) */
     float *ln2_mean;     /* (N) */
@@ -135,6 +136,9 @@ void snug_param_table_free(snug_param_table *t);
  * with_grads), saved activations, workspace, data. Run it on counting arenas to plan, then on real arenas to
  * allocate; the layout is the same code both times. m->cfg, m->lv, m->be and m->table must be set. */
 int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e);
+
+/* 1 when layer l keeps only its input and is recomputed in backward (full checkpointing, every ckpt_every). */
+int snug_model_layer_full_ckpt(const snug_model *m, int l);
 
 /* Fills the RoPE tables (host computation, copied to the device). Call after layout on real arenas. */
 void snug_model_init_rope(snug_model *m);

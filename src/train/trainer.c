@@ -127,8 +127,14 @@ static int load_data(run *r, snug_error *e) {
 
 /* The levers the options ask for. */
 snug_levers snug_levers_from_options(const snug_options *o) {
-    (void)o;
-    return (snug_levers){.ckpt = SNUG_CKPT_NONE, .ckpt_every = 1, .naive_attention = 0, .xent_chunk = 0};
+    snug_levers lv = {.ckpt = SNUG_CKPT_NONE, .ckpt_every = o->gradient_checkpointing_every_n_layers,
+                      .naive_attention = !o->flash_attention,
+                      .xent_chunk = o->chunked_cross_entropy ? o->cross_entropy_chunk_tokens : 0};
+    if (!strcmp(o->gradient_checkpointing, "selective"))
+        lv.ckpt = SNUG_CKPT_SELECTIVE;
+    else if (!strcmp(o->gradient_checkpointing, "full"))
+        lv.ckpt = SNUG_CKPT_FULL;
+    return lv;
 }
 
 static int setup(run *r, const snug_options *o, snug_error *e) {

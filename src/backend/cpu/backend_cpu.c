@@ -69,6 +69,8 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->rope_bwd = snug_cpu_rope_bwd;
     be->attention_fwd = snug_cpu_attention_fwd;
     be->attention_bwd = snug_cpu_attention_bwd;
+    be->attention_naive_fwd = snug_cpu_attention_naive_fwd;
+    be->attention_naive_bwd = snug_cpu_attention_naive_bwd;
     be->swiglu_fwd = snug_cpu_swiglu_fwd;
     be->swiglu_bwd = snug_cpu_swiglu_bwd;
     be->gelu_fwd = snug_cpu_gelu_fwd;

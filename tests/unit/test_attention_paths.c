@@ -1,0 +1,67 @@
+/* test_attention_paths.c: the tiled attention (flash_attention: true) against the naive path that stores the
+ * probabilities, forward and backward, on random shapes with T not a multiple of any tile, grouped-query heads and
+ * uneven variable-length segments. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+
+static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double s = 1e-30, w = 0;
+    for (size_t i = 0; i < n; i++)
+        s = fmax(s, fabs(b[i]));
+    for (size_t i = 0; i < n; i++)
+        w = fmax(w, fabs((double)a[i] - b[i]) / s);
+    return w;
+}
+
+static void one(snug_backend *be, int B, int T, int NH, int NKV, int HD, int segmented) {
+    int QKV = (NH + 2 * NKV) * HD, N = B * T;
+    float *qkv = malloc(sizeof(float) * N * QKV), *dout = malloc(sizeof(float) * N * NH * HD);
+    float *o1 = calloc((size_t)N * NH * HD, 4), *o2 = calloc((size_t)N * NH * HD, 4), *lse = calloc((size_t)N * NH, 4);
+    float *probs = calloc((size_t)B * NH * T * T, 4);
+    float *d1 = calloc((size_t)N * QKV, 4), *d2 = calloc((size_t)N * QKV, 4);
+    int32_t *seg = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N * QKV; i++)
+        qkv[i] = 2.0f * frand();
+    for (int i = 0; i < N * NH * HD; i++)
+        dout[i] = frand();
+    for (int b = 0; b < B; b++) { /* segments of uneven lengths: 1, 5, 13, 2, ... */
+        int start = 0, len = 1 + b;
+        for (int t = 0; t < T; t++) {
+            if (t - start >= len) {
+                start = t;
+                len = (len * 7 + 3) % 17 + 1;
+            }
+            seg[b * T + t] = start;
+        }
+    }
+    const int32_t *sg = segmented ? seg : NULL;
+    float scale = 1.0f / sqrtf((float)HD);
+    be->attention_fwd(be, o1, lse, qkv, sg, B, T, NH, NKV, HD, scale);
+    be->attention_naive_fwd(be, o2, probs, qkv, sg, B, T, NH, NKV, HD, scale);
+    be->attention_bwd(be, d1, dout, qkv, o1, lse, sg, B, T, NH, NKV, HD, scale);
+    be->attention_naive_bwd(be, d2, dout, qkv, probs, B, T, NH, NKV, HD, scale);
+    double eo = max_rel(o1, o2, (size_t)N * NH * HD), ed = max_rel(d1, d2, (size_t)N * QKV);
+    CHECKF(eo < 1e-5, "forward B%d T%d NH%d NKV%d HD%d seg%d: rel %.2e", B, T, NH, NKV, HD, segmented, eo);
+    CHECKF(ed < 1e-5, "backward B%d T%d NH%d NKV%d HD%d seg%d: rel %.2e", B, T, NH, NKV, HD, segmented, ed);
+    printf("  B %d T %3d NH %d NKV %d HD %2d %s: out rel %.1e, dqkv rel %.1e\n", B, T, NH, NKV, HD,
+           segmented ? "varlen " : "causal ", eo, ed);
+    free(qkv), free(dout), free(o1), free(o2), free(lse), free(probs), free(d1), free(d2), free(seg);
+}
+
+int main(void) {
+    srand(11);
+    snug_backend *be = snug_backend_cpu_create(2);
+    one(be, 2, 37, 6, 2, 8, 0);
+    one(be, 2, 37, 6, 2, 8, 1);
+    one(be, 1, 131, 4, 4, 16, 1);
+    one(be, 3, 70, 8, 1, 12, 1);
+    one(be, 1, 200, 2, 1, 6, 0);
+    be->destroy(be);
+    return check_finish("test_attention_paths");
+}
