@@ -21,6 +21,7 @@ struct snug_backend {
     const char *name; /* "cpu", "cuda" */
     void *ctx;
     int nthreads;
+    int host_resident;  /* 1 when device pointers are plain host memory (the CPU backend): no staging copies */
 
     void (*destroy)(snug_backend *be);
 
@@ -118,6 +119,38 @@ struct snug_backend {
      * Hyperparameters are doubles because torch derives 1-beta, lr/bc1 and 1-lr*wd from Python doubles. */
     void (*adamw)(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                   double beta2, double eps, double weight_decay, int step, float grad_scale);
+
+    /* --- 8-bit optimizer state (bitsandbytes' blockwise quantization; see optim/optim.h) --- */
+    /* Blocks of 256 elements (the last may be short), each scaled by its own fp32 absmax; a code q stands for
+     * code[q] * absmax. code (256) is a sorted dynamic map on the device. */
+    /* absmax (ceil(n/256)) = max |x| of each block of x (n); q (n) = the nearest code of x/absmax by bitsandbytes'
+     * tree search; with is_signed, a code of the wrong sign is moved one step towards x's sign (as for momentum). */
+    void (*quantize_blockwise)(snug_backend *be, uint8_t *q, float *absmax, const float *x, const float *code,
+                               int is_signed, size_t n);
+    /* x (n) = code[q] * absmax[block] */
+    void (*dequantize_blockwise)(snug_backend *be, float *x, const uint8_t *q, const float *absmax,
+                                 const float *code, size_t n);
+    /* 8-bit AdamW, bitsandbytes' kOptimizerStatic8bit2StateBlockwise order, per block of 256, in fp32:
+     * g *= grad_scale; v = b2*v + (1-b2)*g*g; m = b1*m + (1-b1)*g (m, v dequantized with the old absmax);
+     * new absmax = max |m|, max |v| over the block; p += -lr*sqrt(bc2)/bc1 * m / (sqrt(v) + sqrt(bc2)*eps);
+     * p *= 1 - lr*wd (decoupled decay AFTER the update, unlike torch); then m, v are requantized with the new absmax
+     * (qm by map_signed with the sign kept, qv by map_unsigned). A non-finite g zeroes m and v and leaves p.
+     * qm, qv (n); absmax_m, absmax_v (ceil(n/256)); maps (256) on the device. Blocks are independent. */
+    void (*adamw8bit)(snug_backend *be, float *p, const float *g, uint8_t *qm, uint8_t *qv, float *absmax_m,
+                      float *absmax_v, const float *map_signed, const float *map_unsigned, size_t n, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, int step, float grad_scale);
+
+    /* --- paged optimizer state: host-resident buffers streamed through the device in chunks --- */
+    /* No managed (unified) memory: state lives in page-locked host memory and explicit copies move one chunk at a
+     * time into a device staging slot and back, on a side stream, so a GPU can overlap the next chunk's copy with
+     * this chunk's update. On the CPU these are plain memory, memcpy and a no-op. */
+    void *(*host_alloc)(snug_backend *be, size_t bytes); /* pinned host memory, zero-filled, 64-byte aligned */
+    void (*host_free)(snug_backend *be, void *p);
+    /* Queued on the side stream in order; the data may be used (or the source reused) only after sync. */
+    void (*copy_in_async)(snug_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*copy_out_async)(snug_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* Waits until everything queued so far, on the compute stream and the side stream, has finished. */
+    void (*sync)(snug_backend *be);
 };
 
 /* The CPU backend: OpenMP threads (nthreads <= 0: all cores) and OpenBLAS for GEMM. */

@@ -9,8 +9,10 @@
 #include "cli/options.h"
 #include "cli/parity.h"
 #include "core/error.h"
+#include "plan/plan_cmd.h"
 #include "train/trainer.h"
 #include "cli/generate_cmd.h"
+#include "cli/preprocess_cmd.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -18,7 +20,12 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  train [CONFIG]        train (no CONFIG: the built-in default job, a small Llama on fortunes)\n"
-            "  plan [CONFIG]         print the memory plan of a training run without allocating it\n"
+            "  plan [CONFIG]         the memory of a training run per category, whether it fits common GPUs (or\n"
+            "                        --gpu NAME, --memory_budget 40GB), the levers that make it fit and what the run\n"
+            "                        costs; --json, --svg FILE; `snug plan --help` for all flags\n"
+            "  preprocess [CONFIG]   tokenize the datasets into the cache (dataset_prepared_path) and print counts;\n"
+            "                        --debug shows the first 3 examples token by token with their mask,\n"
+            "                        --dump FILE.jsonl writes every example as input_ids + labels\n"
             "  generate MODEL_DIR    sample from a saved model: --prompt TEXT --max_new_tokens N --temperature T\n"
             "                        --top_k K --top_p P --seed S\n"
             "  help                  this text; `snug train --help` lists every configuration key\n"
@@ -40,19 +47,11 @@ static int has_help(int argc, char **argv) {
     return 0;
 }
 
-/* `snug train` with no configuration file runs the built-in default job. */
+/* `snug train` (or `snug plan`) with no arguments at all runs the built-in default job (configs/default.yaml);
+ * with arguments, the defaults of every key apply unless a config file is named. */
 static int load_options(snug_options *o, int argc, char **argv, int train, snug_error *e) {
     snug_options_defaults(o);
-    int has_config = 0;
-    for (int i = 0; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2) != 0) {
-            has_config = 1;
-            break;
-        }
-        if (!strchr(argv[i], '='))
-            i++;
-    }
-    if (!has_config) {
+    if (argc == 0) {
         char def[4096];
         snprintf(def, sizeof def, "%s/configs/default.yaml", SNUG_SOURCE_DIR);
         SNUG_TRY(snug_options_load_yaml(o, def, e));
@@ -77,15 +76,31 @@ int main(int argc, char **argv) {
         return 1;
     int rc;
     if (!strcmp(cmd, "train") || !strcmp(cmd, "plan")) {
+        int plan = !strcmp(cmd, "plan"), nargs = argc - 2;
         if (has_help(argc - 2, argv + 2)) {
-            printf("usage: snug %s [CONFIG.yaml] [--key value ...]\n\nconfiguration keys:\n", cmd);
+            printf("usage: snug %s [CONFIG.yaml] [--key value ...]%s\n", cmd, plan ? " [--gpu NAME] [--json] ..." : "");
+            if (plan)
+                snug_plan_usage(stdout);
+            printf("\nconfiguration keys:\n");
             snug_options_print_help(stdout);
             free(o);
             return 0;
         }
-        rc = load_options(o, argc - 2, argv + 2, !strcmp(cmd, "train"), &e);
+        snug_plan_args pa; /* plan's own flags (--gpu, --json, --svg, ...) leave argv before the options parser */
+        rc = plan ? snug_plan_args_take(&pa, &nargs, argv + 2, &e) : 0;
         if (!rc)
-            rc = !strcmp(cmd, "train") ? snug_train(o, stdout, &e) : snug_plan_cmd(o, stdout, &e);
+            rc = load_options(o, nargs, argv + 2, !plan, &e);
+        if (!rc)
+            rc = plan ? snug_plan_cmd(o, &pa, stdout, &e) : snug_train(o, stdout, &e);
+    } else if (!strcmp(cmd, "preprocess")) {
+        if (has_help(argc - 2, argv + 2)) {
+            printf("usage: snug preprocess [CONFIG.yaml] [--key value ...] [--debug] [--dump FILE.jsonl]\n\n"
+                   "configuration keys:\n");
+            snug_options_print_help(stdout);
+            free(o);
+            return 0;
+        }
+        rc = snug_preprocess_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "generate")) {
         rc = snug_generate_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "parity")) {

@@ -83,15 +83,29 @@ static const key_spec keys[] = {
      .def = "256", .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
      .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
+    {.name = "train_on_inputs", .type = KT_BOOL, .group = G_DATA, AT_INT(train_on_inputs), .def = "false",
+     .help = "also train on prompt, system and user tokens (alpaca, chat); the response and its EOS always are"},
+    {.name = "long_examples", .type = KT_ENUM, .group = G_DATA, AT_STR(long_examples), .def = "truncate",
+     .values = "truncate drop", .help = "an example longer than sequence_len is truncated to it, or dropped"},
+    {.name = "skip_bad_examples", .type = KT_BOOL, .group = G_DATA, AT_INT(skip_bad_examples), .def = "false",
+     .help = "skip malformed dataset lines and report how many; false = stop at the first with its file and line"},
+    {.name = "dataset_prepared_path", .type = KT_STRING, .group = G_DATA, AT_STR(dataset_prepared_path),
+     .def = "last_run_prepared",
+     .help = "folder of the tokenized-data cache (relative to the current directory); reused while the data, "
+             "tokenizer and options are unchanged"},
 
     /* each datasets entry */
     {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
      .help = "JSONL file, one example per line; a relative path is relative to the YAML file's folder"},
-    {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_STR(type), .def = "completion", .values = "completion",
-     .later_values = "alpaca chat chat_template sharegpt input_output pretokenized",
-     .help = "completion = train on every token of the text"},
+    {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_STR(type), .def = "completion",
+     .values = "completion alpaca chat chat_template=chat pretokenized", .later_values = "sharegpt input_output",
+     .help = "completion: {\"text\"} trained on every token; alpaca: {\"instruction\", \"input\", \"output\"}; "
+             "chat: {\"messages\": [{\"role\", \"content\"}]}; pretokenized: {\"input_ids\", \"labels\"}"},
     {.name = "field", .type = KT_STRING, .group = G_DATASET, DS_STR(field), .def = "text",
-     .help = "the JSON field that holds the text"},
+     .help = "the JSON field that holds the text (completion)"},
+    {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_STR(chat_template), .def = "chatml",
+     .values = "chatml llama3", .later_values = "*",
+     .help = "the template of a chat dataset: chatml (<|im_start|>role ... <|im_end|>) or llama3 (<|eot_id|>)"},
     {.name = "split", .type = KT_STRING, .group = G_DATASET, .off = "train",
      .later = "splits of Hugging Face hub datasets; snug reads local JSONL files"},
     {.name = "name", .type = KT_STRING, .group = G_DATASET,
@@ -100,9 +114,12 @@ static const key_spec keys[] = {
      .later = "several files per entry; give each file its own entry"},
     {.name = "ds_type", .type = KT_STRING, .group = G_DATASET, .off = "json",
      .later = "formats other than JSONL"},
-    {.name = "field_messages", .type = KT_STRING, .group = G_DATASET, .later = "chat datasets"},
-    {.name = "message_property_mappings", .type = KT_MAP, .group = G_DATASET, .later = "chat datasets"},
-    {.name = "roles_to_train", .type = KT_LIST, .group = G_DATASET, .later = "chat datasets"},
+    {.name = "field_messages", .type = KT_STRING, .group = G_DATASET, .off = "messages",
+     .later = "other chat field names; snug reads \"messages\" with \"role\" and \"content\""},
+    {.name = "message_property_mappings", .type = KT_MAP, .group = G_DATASET,
+     .later = "other chat field names; snug reads \"messages\" with \"role\" and \"content\""},
+    {.name = "roles_to_train", .type = KT_LIST, .group = G_DATASET,
+     .later = "choosing the roles trained on; snug trains on assistant messages (all with train_on_inputs)"},
 
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
@@ -127,8 +144,12 @@ static const key_spec keys[] = {
 
     /* optimizer */
     {.name = "optimizer", .aliases = "optim", .type = KT_ENUM, .group = G_OPTIM, AT_STR(optimizer), .def = "adamw",
-     .values = "adamw adamw_torch=adamw adamw_torch_fused=adamw", .later_values = "*",
-     .help = "AdamW with decoupled weight decay (adamw_torch and adamw_torch_fused mean the same)"},
+     .values = "adamw adamw_torch=adamw adamw_torch_fused=adamw adamw_8bit adamw_bnb_8bit=adamw_8bit "
+               "paged_adamw_8bit paged_adamw_32bit",
+     .later_values = "*",
+     .help = "AdamW with decoupled weight decay (adamw_torch and adamw_torch_fused mean the same); adamw_8bit "
+             "(adamw_bnb_8bit): bitsandbytes' 8-bit blockwise moments, ~2 bytes of state per parameter instead of 8; "
+             "paged_*: the state in host memory, streamed through the device in chunks"},
     {.name = "weight_decay", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(weight_decay), .def = "0",
      .help = "decoupled weight decay"},
     {.name = "adam_beta1", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta1), .def = "0.9",
@@ -168,7 +189,12 @@ static const key_spec keys[] = {
 
     /* memory */
     {.name = "memory_budget", .type = KT_SIZE, .group = G_MEMORY, AT_DBL(memory_budget), .def = "0",
-     .help = "most memory snug may plan and allocate: 40GB, 40 GiB, 512MiB or bytes; 0 = no limit"},
+     .help = "most memory the run may use, arenas plus runtime overhead: 40GB, 40 GiB, 512MiB or bytes; a plan over "
+             "it is refused before anything is allocated; 0 = no limit"},
+    {.name = "auto_fit", .type = KT_BOOL, .group = G_MEMORY, AT_INT(auto_fit), .def = "false",
+     .help = "choose micro_batch_size (keeping the batch through gradient_accumulation_steps), "
+             "gradient_checkpointing, chunked_cross_entropy and the optimizer state to fit memory_budget at the least "
+             "predicted cost"},
     {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_STR(gradient_checkpointing),
      .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective",
      .later_values = "offload",
@@ -209,9 +235,7 @@ static const key_spec keys[] = {
     LATER_BOOL("pad_to_sequence_len", "padding every row to sequence_len"),
     LATER_BOOL("group_by_length", "batching examples of similar length"),
     LATER("pad_to_multiple_of", KT_INT, "padding rows to a multiple of a length"),
-    LATER_BOOL("train_on_inputs", "prompt/response datasets; a completion dataset trains on every token"),
     LATER_BOOL("optimizer_in_backward", "running the optimizer step inside the backward pass"),
-    LATER_BOOL("auto_fit", "fitting the batch to memory automatically"),
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
     LATER("deepspeed", KT_STRING, "multi-GPU training"),
@@ -234,9 +258,7 @@ static const key_spec keys[] = {
     LATER("wandb_log_model", KT_STRING, "Weights & Biases logging"),
     LATER_BOOL("use_tensorboard", "TensorBoard logging"),
     LATER("special_tokens", KT_MAP, "adding or changing special tokens"),
-    LATER("chat_template", KT_STRING, "chat templates"),
-    LATER("dataset_prepared_path", KT_STRING, "a cache of tokenised data"),
-    LATER_BOOL("skip_bad_examples", "skipping malformed examples"),
+    LATER("chat_template", KT_STRING, "a config-wide chat template; set chat_template in each chat datasets entry"),
     LATER_BOOL("trust_remote_code", "running a model's own Python code"),
     {.name = "model_type", .type = KT_STRING, .off = "AutoModelForCausalLM",
      .later = "choosing the model class; snug reads it from config.json"},
@@ -670,6 +692,7 @@ static int load_dataset_entry(snug_options *o, int index, const yaml_src *y, con
     SNUG_TRY(add_dataset_path(o, ds.path, y->dir, loc, e));
     memcpy(o->datasets[o->ndatasets - 1].type, ds.type, sizeof ds.type);
     memcpy(o->datasets[o->ndatasets - 1].field, ds.field, sizeof ds.field);
+    memcpy(o->datasets[o->ndatasets - 1].chat_template, ds.chat_template, sizeof ds.chat_template);
     return 0;
 }
 
@@ -903,6 +926,10 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
     const char *src = o->config_path[0] ? o->config_path : "options";
     REQUIRE(o->base_model[0] || o->model_preset[0], "%s: model_preset is empty and so is base_model; set one", src);
     REQUIRE(o->sequence_len >= 2, "%s: sequence_len is %d; it must be at least 2", src, o->sequence_len);
+    REQUIRE(!strcmp(o->long_examples, "truncate") || !strcmp(o->long_examples, "drop"),
+            "%s: long_examples is '%s'; use truncate or drop", src, o->long_examples);
+    REQUIRE(o->dataset_prepared_path[0], "%s: dataset_prepared_path is empty; name a folder for the tokenized data",
+            src);
     REQUIRE(o->val_set_size >= 0, "%s: val_set_size is %g; use 0 (none), a fraction below 1, or a count", src,
             o->val_set_size);
     REQUIRE(o->val_set_size < 1 || o->val_set_size == floor(o->val_set_size),
@@ -911,9 +938,14 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
     for (int i = 0; i < o->ndatasets; i++) {
         const snug_dataset_spec *d = &o->datasets[i];
         REQUIRE(d->path[0], "%s: datasets[%d] has no path; add 'path: data.jsonl'", src, i);
-        REQUIRE(!strcmp(d->type, "completion"), "%s: datasets[%d] type '%s' is not supported yet; use completion",
-                src, i, d->type);
-        REQUIRE(d->field[0], "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
+        REQUIRE(!strcmp(d->type, "completion") || !strcmp(d->type, "alpaca") || !strcmp(d->type, "chat") ||
+                    !strcmp(d->type, "pretokenized"),
+                "%s: datasets[%d] type '%s' is not supported yet; use completion, alpaca, chat or pretokenized", src,
+                i, d->type);
+        REQUIRE(d->field[0] || strcmp(d->type, "completion"),
+                "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
+        REQUIRE(!strcmp(d->chat_template, "chatml") || !strcmp(d->chat_template, "llama3"),
+                "%s: datasets[%d] chat_template '%s' is unknown; use chatml or llama3", src, i, d->chat_template);
     }
     REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
     REQUIRE(o->gradient_checkpointing_every_n_layers >= 1,
@@ -937,7 +969,10 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
     REQUIRE(o->warmup_steps == 0 || o->warmup_ratio == 0,
             "%s: both warmup_steps (%d) and warmup_ratio (%g) are set; keep one", src, o->warmup_steps,
             o->warmup_ratio);
-    REQUIRE(!strcmp(o->optimizer, "adamw"), "%s: optimizer '%s' is not supported yet; use adamw", src, o->optimizer);
+    REQUIRE(!strcmp(o->optimizer, "adamw") || !strcmp(o->optimizer, "adamw_8bit") ||
+                !strcmp(o->optimizer, "paged_adamw_8bit") || !strcmp(o->optimizer, "paged_adamw_32bit"),
+            "%s: optimizer '%s' is not supported yet; use adamw, adamw_8bit, paged_adamw_8bit or paged_adamw_32bit",
+            src, o->optimizer);
     REQUIRE(o->weight_decay >= 0, "%s: weight_decay is %g; it must be 0 or more", src, o->weight_decay);
     REQUIRE(o->adam_beta1 >= 0 && o->adam_beta1 < 1, "%s: adam_beta1 is %g; it must be in [0, 1), e.g. 0.9", src,
             o->adam_beta1);
@@ -958,6 +993,8 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
     REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);
     REQUIRE(o->top_p > 0 && o->top_p <= 1, "%s: top_p is %g; it must be in (0, 1]", src, o->top_p);
     REQUIRE(o->memory_budget >= 0, "%s: memory_budget is negative; use a size such as 40GB, or 0 for no limit", src);
+    REQUIRE(!o->auto_fit || o->memory_budget > 0,
+            "%s: auto_fit is true but memory_budget is not set; add memory_budget: 40GB, the memory to fit", src);
     return 0;
 }
 
@@ -1008,8 +1045,9 @@ void snug_options_print_help(FILE *f) {
             fprintf(f, " (%s accepted)", k->off);
         fprintf(f, ": %s\n", k->later);
     }
-    fprintf(f, "  optimizer values other than adamw, adamw_torch, adamw_torch_fused (adamw_8bit, paged_adamw_8bit, "
-               "adafactor, ...)\n");
+    fprintf(f, "  optimizer values other than adamw, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit and their other "
+               "spellings (adafactor, sgd, lion_8bit, ...)\n");
     fprintf(f, "  lr_scheduler values other than cosine, linear, constant, constant_with_warmup\n");
-    fprintf(f, "  datasets[].type values other than completion (alpaca, chat_template, pretokenized, ...)\n");
+    fprintf(f, "  datasets[].type values other than completion, alpaca, chat (chat_template), pretokenized "
+               "(sharegpt, input_output, ...)\n");
 }

@@ -16,8 +16,10 @@
 typedef struct snug_dataset_spec {
     char path[1024];   /* datasets[i].path: a JSONL file; a relative path in the YAML is stored joined to the YAML
                         * file's folder, one from --dataset is kept as written */
-    char type[32];     /* datasets[i].type: "completion" (default), later alpaca, chat, pretokenized */
+    char type[32];     /* datasets[i].type: "completion" (default), "alpaca", "chat" (alias chat_template),
+                        * "pretokenized" */
     char field[64];    /* datasets[i].field: the text field for completion (default "text") */
+    char chat_template[16]; /* datasets[i].chat_template: "chatml" (default) or "llama3", for type chat */
 } snug_dataset_spec;
 
 typedef struct snug_options {
@@ -33,6 +35,11 @@ typedef struct snug_options {
     snug_dataset_spec datasets[SNUG_MAX_DATASETS];
     int sequence_len;         /* 256 */
     double val_set_size;      /* fraction (<1) or count (>=1) of examples held out; 0 = none */
+    int train_on_inputs;      /* 0: prompt, system and user tokens are not trained on */
+    int skip_bad_examples;    /* 0: stop at the first bad dataset line; 1: skip and count them */
+    char long_examples[16];   /* "truncate" (default) or "drop": examples longer than sequence_len */
+    char dataset_prepared_path[1024]; /* the tokenized-data cache folder ("last_run_prepared", relative to the
+                                       * current directory) */
 
     /* batch and schedule */
     int micro_batch_size;     /* 4;  alias per_device_train_batch_size */
@@ -46,7 +53,7 @@ typedef struct snug_options {
     double weight_decay;      /* 0.0 */
     double adam_beta1, adam_beta2, adam_epsilon; /* 0.9, 0.999, 1e-8 */
     double max_grad_norm;     /* 1.0; 0 = no clipping */
-    char optimizer[32];       /* "adamw" (alias adamw_torch); alias optim */
+    char optimizer[32];       /* "adamw" (adamw_torch), "adamw_8bit", "paged_adamw_{8,32}bit"; alias optim */
 
     /* output and logging */
     char output_dir[1024];    /* "out" */
@@ -65,6 +72,7 @@ typedef struct snug_options {
 
     /* memory budget for the arenas (bytes, 0 = none); memory_budget: "40GB" */
     double memory_budget;
+    int auto_fit;             /* 0; 1: choose micro-batch, checkpointing, optimizer state to fit memory_budget */
 
     /* activation levers */
     char gradient_checkpointing[16];           /* "none" | "selective" | "full" */

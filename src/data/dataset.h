@@ -1,14 +1,31 @@
-/* dataset.h: examples read from JSONL files, tokenized, and cut into training micro-batches.
+/* dataset.h: training examples read from JSONL files, tokenized with a per-token "supervised" mask, cached on disk,
+ * and cut into micro-batches.
  *
- * A dataset is every example's token ids in one array with per-example offsets. The text-to-ids step goes through
- * snug_encoder, so the byte-level stand-in and the tokenizer.json BPE plug into the same path. Batching here is the
- * causal-LM "concatenate and chunk" strategy: examples joined with EOS, cut into rows of T+1 tokens (inputs and
- * shifted targets), row order reshuffled every epoch with the seed. */
+ * Formats, one JSON object per line (blank lines skipped; formats.c has the exact templates):
+ *   completion    {"text": "..."} (the field is configurable): BOS + text + EOS; every token supervised.
+ *   alpaca        {"instruction", "input" (optional, may be empty), "output"}: the Alpaca prompt (unsupervised unless
+ *                 train_on_inputs), then the output and the EOS after it (supervised).
+ *   chat          {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} through the chatml or
+ *                 llama3 template: assistant content and its end-of-turn token supervised, the rest not (unless
+ *                 train_on_inputs). No BOS or EOS is added: the template's special tokens frame it.
+ *   pretokenized  {"input_ids": [...], "labels": [...]}: labels as in transformers (not shifted; -100 =
+ *                 unsupervised; labels absent = all supervised); ids checked against the vocabulary.
+ * A BOS the tokenizer puts in front of a text (and llama3's <|begin_of_text|>) is never supervised: nothing predicts
+ * the first token of an example.
+ *
+ * A dataset is a selection of examples (all, or the training or validation part after a split) of a store: every
+ * example's ids and flags back to back, in malloc'd arrays or a memory-mapped cache file. The text-to-ids step goes
+ * through snug_encoder, so the byte-level stand-in and the tokenizer.json BPE plug into the same path.
+ *
+ * Batching here is "concatenate and chunk": the selected examples joined (each already ends in its EOS or
+ * end-of-turn token), cut into rows of T+1 tokens with stride T, row order reshuffled every epoch with the seed. For a
+ * row, labels[t] = ids[t+1] when token t+1 is supervised, else -1. */
 #ifndef SNUG_DATASET_H
 #define SNUG_DATASET_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/error.h"
 
@@ -16,28 +33,116 @@ typedef struct snug_encoder {
     const void *ctx;
     /* appends the ids of text[0..len) to *ids (grown with realloc); returns 0 or fills e */
     int (*encode)(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap, snug_error *e);
+    /* the id of a special token written as text ("<|im_end|>"), or -1 when there is none; NULL for an encoder without
+     * special tokens (the byte-level stand-in), which then encodes template markers as plain text */
+    int (*special_id)(const void *ctx, const char *token);
+    /* ids to text (*text malloc'd), special tokens as their text; optional (NULL): it pins down where the supervision
+     * starts when a token straddles a template's text and the user's (see formats.h) */
+    int (*decode)(const void *ctx, const int32_t *ids, size_t n, char **text, size_t *len, snug_error *e);
     int vocab_size;
-    int bos_id; /* -1: none added */
-    int eos_id; /* appended after every example */
+    int bos_id;    /* -1: none added */
+    int eos_id;    /* appended after every completion and alpaca example; -1: none */
+    uint64_t hash; /* identifies the tokenizer in the cache key (snug_tok_hash; a constant for the byte stand-in) */
 } snug_encoder;
 
 /* The byte-level stand-in: ids 0..255 are bytes, 256 is EOS; vocab 257. */
 snug_encoder snug_byte_encoder(void);
 
+typedef enum snug_data_format {
+    SNUG_DATA_COMPLETION,
+    SNUG_DATA_ALPACA,
+    SNUG_DATA_CHAT,
+    SNUG_DATA_PRETOKENIZED,
+} snug_data_format;
+
+typedef enum snug_chat_template {
+    SNUG_CHAT_CHATML, /* <|im_start|>role\ncontent<|im_end|>\n */
+    SNUG_CHAT_LLAMA3, /* <|begin_of_text|> once, then <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+} snug_chat_template;
+
+/* The config spellings: completion, alpaca, chat (or chat_template), pretokenized; chatml, llama3. 0 or -1. */
+int snug_data_format_parse(const char *s, snug_data_format *out);
+int snug_chat_template_parse(const char *s, snug_chat_template *out);
+const char *snug_data_format_name(snug_data_format f);
+const char *snug_chat_template_name(snug_chat_template t);
+
+/* One JSONL file and how to read it (a datasets entry of the config). */
+typedef struct snug_data_source {
+    const char *path;
+    snug_data_format format;
+    const char *field;       /* completion: the text field; NULL = "text" */
+    snug_chat_template chat; /* chat: the template */
+} snug_data_source;
+
+typedef struct snug_data_opts {
+    int train_on_inputs; /* 1: prompt, system and user tokens (and the template's markers) are supervised too */
+    int sequence_len;    /* an example with more tokens is truncated to this many or dropped; 0 = no limit */
+    int drop_long;       /* 1: drop long examples; 0: truncate them */
+    int skip_bad;        /* 1: skip bad lines (counted, first few line numbers kept); 0: stop at the first */
+} snug_data_opts;
+
+#define SNUG_DATA_MAX_SOURCES 16
+#define SNUG_DATA_BAD_LINES 5 /* line numbers of skipped lines kept for the report */
+
+/* What loading one file did. Fixed-width fields only: it is stored in the cache file as it is. */
+typedef struct snug_source_stats {
+    uint64_t lines;         /* examples read (non-blank lines) */
+    uint64_t examples;      /* kept */
+    uint64_t tokens;        /* of the kept examples, after truncation */
+    uint64_t supervised;    /* of those, supervised */
+    uint64_t long_examples; /* longer than sequence_len: truncated or dropped */
+    uint64_t long_unsupervised; /* of the truncated ones, those left without a supervised token */
+    uint64_t bad;           /* bad lines skipped (skip_bad) */
+    uint64_t bad_lines[SNUG_DATA_BAD_LINES]; /* the first ones' line numbers */
+    char first_bad[512];    /* what was wrong with the first, without the file name */
+} snug_source_stats;
+
+typedef struct snug_data_report {
+    int nsources;
+    snug_source_stats src[SNUG_DATA_MAX_SOURCES];
+    int cache_hit;         /* 1: the tokens were read from the cache file */
+    char cache_path[4096]; /* the cache file used or written; "" for none */
+    char cache_note[256];  /* why the cache was rebuilt ("" when it did not exist or was used) */
+} snug_data_report;
+
+typedef struct snug_data_store snug_data_store; /* owner of the arrays: malloc'd, or a mapped cache file */
+
 typedef struct snug_dataset {
-    int32_t *tokens;   /* (ntokens) */
-    size_t ntokens;
-    size_t *start;     /* (nexamples + 1) example i is tokens[start[i], start[i+1]) */
-    size_t nexamples;
+    snug_data_store *store;  /* shared (reference-counted) by the sets split from one dataset */
+    const int32_t *ids;      /* (store tokens) every example's ids, back to back */
+    const uint8_t *sup;      /* (store tokens) 1: the token is a training target */
+    const uint64_t *start;   /* (store examples + 1) store example i is [start[i], start[i+1]) */
+    uint64_t *pick;          /* NULL: every store example in order; else (nexamples) the store index of each */
+    uint64_t *cum;           /* with pick: (nexamples + 1) tokens before each selected example */
+    size_t nexamples;        /* selected */
+    size_t ntokens;          /* of the selected examples */
 } snug_dataset;
 
-/* Reads a JSONL file, one {"<field>": "..."} object per line (blank lines skipped), and tokenizes every example on
- * all cores, appending to ds. Errors name the file and line: invalid JSON, a missing or non-string field. */
-int snug_dataset_load_jsonl(snug_dataset *ds, const char *path, const char *field, const snug_encoder *enc,
-                            snug_error *e);
-/* Moves a seeded random selection of examples (val < 1: that fraction; else that count) into val_out. */
+/* Example i of the set: its length, *ids and *sup (either may be NULL). */
+size_t snug_dataset_example(const snug_dataset *ds, size_t i, const int32_t **ids, const uint8_t **sup);
+
+/* Reads and tokenizes the files (on all cores) into ds, in memory. rep (may be NULL) receives the counts. Errors name
+ * the file and line: invalid JSON or UTF-8, a missing or mistyped field, an empty example, an id out of range,
+ * input_ids and labels of different lengths, ... (unless opts->skip_bad), and a file that gives no example. */
+int snug_dataset_build(snug_dataset *ds, const snug_data_source *src, int nsrc, const snug_data_opts *opts,
+                       const snug_encoder *enc, snug_data_report *rep, snug_error *e);
+
+/* snug_dataset_build through a cache under cache_dir: the tokens are kept in one binary file named after a hash of
+ * the files' contents, the tokenizer (enc->hash, vocab, BOS, EOS) and every option that changes the result. A valid
+ * file is memory-mapped; a missing one is built, written atomically and mapped; a corrupt one (magic, version, sizes,
+ * checksum, ids) is rebuilt. rep must not be NULL. */
+int snug_dataset_prepare(snug_dataset *ds, const snug_data_source *src, int nsrc, const snug_data_opts *opts,
+                         const snug_encoder *enc, const char *cache_dir, snug_data_report *rep, snug_error *e);
+
+/* Moves a seeded random selection of examples (val < 1: that fraction; else that count) into val_out; ds keeps the
+ * rest, in order. Both share ds's store. */
 int snug_dataset_split(snug_dataset *ds, double val, uint64_t seed, snug_dataset *val_out, snug_error *e);
 void snug_dataset_free(snug_dataset *ds);
+
+/* Prints the data part of a run's header: per file the examples and tokens kept, the long examples ("3 examples
+ * longer than sequence_len 256: truncated"), the bad lines skipped, and the cache used. */
+void snug_data_report_print(FILE *out, const snug_data_report *rep, const snug_data_source *src,
+                            const snug_data_opts *opts);
 
 /* Concatenate-and-chunk batches. */
 typedef struct snug_batcher {
@@ -49,6 +154,8 @@ typedef struct snug_batcher {
     int epoch;
     uint64_t seed;
     int shuffle;
+    int32_t *row_ids;  /* (T+1) scratch */
+    uint8_t *row_sup;  /* (T+1) scratch */
 } snug_batcher;
 
 int snug_batcher_init(snug_batcher *b, const snug_dataset *ds, int B, int T, uint64_t seed, int shuffle,

@@ -21,8 +21,14 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     snug_st_set s;
     memset(&s, 0, sizeof s);
     SNUG_TRY(snug_st_open_dir(&s, dir, e));
-    float *host = malloc(m->table.total * sizeof *host);
-    if (!host) {
+    /* a backend whose memory is host memory receives each tensor in place; others get it through a staging
+     * buffer the size of the largest tensor */
+    int direct = m->be->host_resident;
+    size_t largest = 0;
+    for (int i = 0; i < m->table.n; i++)
+        largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
+    float *stage = direct ? NULL : malloc(largest * sizeof *stage);
+    if (!direct && !stage) {
         snug_st_close(&s);
         return snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s", dir);
     }
@@ -54,24 +60,29 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
                            s.paths[t->file], p->name, got, want);
             break;
         }
-        rc = snug_st_to_f32(&s, t, host + p->offset, p->transposed, e);
+        float *dst = direct ? m->params + p->offset : stage;
+        rc = snug_st_to_f32(&s, t, dst, p->transposed, e);
+        if (!rc && !direct)
+            m->be->to_device(m->be, m->params + p->offset, stage, p->numel * sizeof *stage);
+        snug_st_release(&s, t);
     }
-    if (!rc)
-        m->be->to_device(m->be, m->params, host, m->table.total * sizeof *host);
-    free(host);
+    free(stage);
     snug_st_close(&s);
     return rc;
 }
 
 int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
-    float *host = malloc(m->table.total * sizeof *host);
+    int direct = m->be->host_resident;
+    float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
     snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
     if (!host || !out) {
-        free(host);
+        if (!direct)
+            free(host);
         free(out);
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
     }
-    m->be->to_host(m->be, host, m->params, m->table.total * sizeof *host);
+    if (!direct)
+        m->be->to_host(m->be, host, m->params, m->table.total * sizeof *host);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
         out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .f32 = host + p->offset,
@@ -82,7 +93,8 @@ int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e)
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     int rc = snug_st_write(path, out, m->table.n, e);
-    free(host);
+    if (!direct)
+        free(host);
     free(out);
     return rc;
 }

@@ -678,3 +678,13 @@ out:
     free(order);
     return rc;
 }
+
+void snug_st_release(const snug_st_set *s, const snug_st_tensor *t) {
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)t->data, hi = lo + t->nbytes;
+    uintptr_t a = (lo + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    uintptr_t b = hi / (uintptr_t)page * (uintptr_t)page;
+    (void)s;
+    if (b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED);
+}

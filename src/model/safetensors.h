@@ -40,6 +40,9 @@ int snug_st_open_file(snug_st_set *s, const char *path, snug_error *e);
 int snug_st_open_dir(snug_st_set *s, const char *dir, snug_error *e);
 const snug_st_tensor *snug_st_find(const snug_st_set *s, const char *name);
 void snug_st_close(snug_st_set *s);
+/* Drops the mapped pages of a tensor that has been read (they come back from the file if touched again), so
+ * loading a model never holds more than one tensor's pages beyond the model itself. */
+void snug_st_release(const snug_st_set *s, const snug_st_tensor *t);
 
 /* Converts a F32/F16/BF16 tensor to fp32 into dst (numel floats). transpose2d: the tensor is 2-D [R, K] and dst
  * receives its transpose [K, R] (GPT-2's Conv1D weights). Fails with the file and tensor named when a value is NaN

@@ -1,15 +1,161 @@
-/* adamw.c: AdamW with decoupled weight decay over the parameter table, and global-norm clipping (see optim.h). */
+/* adamw.c: AdamW over the parameter table with fp32 or 8-bit state, paged or not, and global-norm clipping (see
+ * optim.h for the state layout).
+ *
+ * Every walk over the state goes through `pos`: a point in the parameter table (tensor i, element a) together with
+ * the offsets of that point in each flat state buffer. The step and the paged chunking are walks from one pos to
+ * another, so a chunk can end inside a tensor (at a block boundary) and still be a few contiguous copies. */
 #include <math.h>
+#include <string.h>
 
 #include "optim/optim.h"
 
-int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, size_t nparams, snug_error *e) {
-    opt->m = snug_arena_alloc(&A->a[SNUG_MEM_OPTIM], nparams * sizeof(float), e);
-    if (!opt->m)
-        return e ? e->code : SNUG_ENOMEM;
-    opt->v = snug_arena_alloc(&A->a[SNUG_MEM_OPTIM], nparams * sizeof(float), e);
-    if (!opt->v)
-        return e ? e->code : SNUG_ENOMEM;
+#define ALIGN64(n) (((n) + 63) / 64 * 64)
+
+/* A point in the state: element a of tensor i, at offset o32 of m/v, o8 of qm/qv and ob of am/av. */
+typedef struct pos {
+    int i;
+    size_t a, o32, o8, ob;
+} pos;
+
+/* One contiguous piece of one state buffer in a chunk: where it lives and where it is staged on the device. */
+typedef struct span {
+    unsigned char *host, *dev;
+    size_t bytes;
+} span;
+
+enum { NSPAN = 6 }; /* m, v, qm, qv, am, av */
+
+static size_t nblocks(size_t n) { return (n + SNUG_Q8_BLOCK - 1) / SNUG_Q8_BLOCK; }
+
+int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p) {
+    return opt->kind == SNUG_OPTIM_ADAMW_8BIT && p->numel >= SNUG_Q8_MIN_NUMEL;
+}
+
+/* Moves at by k elements within its tensor: k reaches the tensor's end or is a multiple of the block. */
+static void advance(const snug_adamw *o, const snug_param_table *t, pos *at, size_t k) {
+    const snug_param_entry *p = &t->e[at->i];
+    if (snug_adamw_entry_8bit(o, p)) {
+        at->o8 += k;
+        at->ob += nblocks(k);
+    } else {
+        at->o32 += k;
+    }
+    at->a += k;
+    if (at->a == p->numel) {
+        at->i++;
+        at->a = 0;
+    }
+}
+
+/* The end of the chunk that starts at beg and holds at most `budget` bytes of state (at least one block's worth). */
+static pos chunk_end(const snug_adamw *o, const snug_param_table *t, pos beg, size_t budget) {
+    pos at = beg;
+    while (at.i < t->n) {
+        const snug_param_entry *p = &t->e[at.i];
+        size_t rest = p->numel - at.a, take;
+        if (snug_adamw_entry_8bit(o, p)) {
+            size_t per_block = 2 * SNUG_Q8_BLOCK + 2 * sizeof(float);
+            size_t need = 2 * rest + 2 * sizeof(float) * nblocks(rest);
+            take = need <= budget ? rest : budget / per_block * SNUG_Q8_BLOCK;
+            budget -= 2 * take + 2 * sizeof(float) * nblocks(take);
+        } else {
+            size_t fit = budget / (2 * sizeof(float));
+            take = rest < fit ? rest : fit;
+            budget -= 2 * sizeof(float) * take;
+        }
+        if (take == 0 && rest > 0)
+            break;
+        advance(o, t, &at, take);
+        if (take < rest)
+            break;
+    }
+    return at;
+}
+
+/* The six pieces of state between beg and end, placed one after another (64-byte aligned) from slot; returns the
+ * bytes of the slot they use. slot NULL: only the sizes. */
+static size_t chunk_spans(const snug_adamw *o, pos beg, pos end, unsigned char *slot, span s[NSPAN]) {
+    size_t bytes[NSPAN] = {
+        (end.o32 - beg.o32) * sizeof(float), (end.o32 - beg.o32) * sizeof(float), end.o8 - beg.o8, end.o8 - beg.o8,
+        (end.ob - beg.ob) * sizeof(float),   (end.ob - beg.ob) * sizeof(float),
+    };
+    size_t used = 0;
+    for (int k = 0; k < NSPAN; k++) {
+        s[k].bytes = bytes[k];
+        s[k].host = s[k].dev = NULL;
+        if (!bytes[k])
+            continue;
+        switch (k) {
+        case 0: s[k].host = (unsigned char *)(o->m + beg.o32); break;
+        case 1: s[k].host = (unsigned char *)(o->v + beg.o32); break;
+        case 2: s[k].host = o->qm + beg.o8; break;
+        case 3: s[k].host = o->qv + beg.o8; break;
+        case 4: s[k].host = (unsigned char *)(o->am + beg.ob); break;
+        case 5: s[k].host = (unsigned char *)(o->av + beg.ob); break;
+        }
+        if (slot)
+            s[k].dev = slot + used;
+        used += ALIGN64(bytes[k]);
+    }
+    return used;
+}
+
+#define CARVE(dst, arena, bytes)                                                  \
+    do {                                                                          \
+        (dst) = NULL;                                                             \
+        if ((bytes) > 0 && !((dst) = snug_arena_alloc((arena), (bytes), e)))      \
+            return e ? e->code : SNUG_ENOMEM;                                     \
+    } while (0)
+
+int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t, snug_backend *be, snug_error *e) {
+    if (!opt->chunk_bytes)
+        opt->chunk_bytes = SNUG_PAGED_CHUNK_BYTES;
+    if (opt->chunk_bytes < 2 * SNUG_Q8_BLOCK + 2 * sizeof(float)) /* a chunk holds at least one block */
+        opt->chunk_bytes = 2 * SNUG_Q8_BLOCK + 2 * sizeof(float);
+    opt->n32 = opt->n8 = opt->nblk = 0;
+    for (int i = 0; i < t->n; i++) {
+        const snug_param_entry *p = &t->e[i];
+        if (snug_adamw_entry_8bit(opt, p)) {
+            opt->n8 += p->numel;
+            opt->nblk += nblocks(p->numel);
+        } else {
+            opt->n32 += p->numel;
+        }
+    }
+    snug_arena *S = &A->a[SNUG_MEM_OPTIM];                                    /* the state: device or host */
+    snug_arena *D = &A->a[opt->paged ? SNUG_MEM_WORKSPACE : SNUG_MEM_OPTIM]; /* what must be on the device */
+    CARVE(opt->m, S, opt->n32 * sizeof(float));
+    CARVE(opt->v, S, opt->n32 * sizeof(float));
+    CARVE(opt->qm, S, opt->n8);
+    CARVE(opt->qv, S, opt->n8);
+    CARVE(opt->am, S, opt->nblk * sizeof(float));
+    CARVE(opt->av, S, opt->nblk * sizeof(float));
+    opt->qmap = NULL;
+    if (opt->kind == SNUG_OPTIM_ADAMW_8BIT) {
+        CARVE(opt->qmap, D, 2 * 256 * sizeof(float));
+        if (be) {
+            float maps[2 * 256];
+            snug_dynamic_map(maps, 1);
+            snug_dynamic_map(maps + 256, 0);
+            be->to_device(be, opt->qmap, maps, sizeof maps);
+        }
+    }
+    opt->stage[0] = opt->stage[1] = NULL;
+    opt->stage_bytes = 0;
+    if (opt->paged) {
+        /* each slot holds the largest chunk the step will cut; a second slot only when there is a second chunk */
+        span s[NSPAN];
+        int nchunks = 0;
+        for (pos beg = {0}, end; beg.i < t->n; beg = end, nchunks++) {
+            end = chunk_end(opt, t, beg, opt->chunk_bytes);
+            size_t used = chunk_spans(opt, beg, end, NULL, s);
+            if (used > opt->stage_bytes)
+                opt->stage_bytes = used;
+        }
+        CARVE(opt->stage[0], D, opt->stage_bytes);
+        if (nchunks > 1)
+            CARVE(opt->stage[1], D, opt->stage_bytes);
+    }
     return 0;
 }
 
@@ -17,12 +163,106 @@ double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad
     return sqrt(be->sumsq(be, grads, n)) * fabs((double)grad_scale);
 }
 
+/* Steps the tensors from beg to end. The state buffers given start at beg's state (the real buffers offset to beg,
+ * or a staging slot holding the chunk). */
+static void update_range(snug_adamw *o, snug_backend *be, const snug_param_table *t, float *params,
+                         const float *grads, double lr, float gs, pos beg, pos end, float *m, float *v, uint8_t *qm,
+                         uint8_t *qv, float *am, float *av) {
+    pos at = beg;
+    while (at.i < end.i || (at.i == end.i && at.a < end.a)) {
+        const snug_param_entry *p = &t->e[at.i];
+        size_t k = (at.i < end.i ? p->numel : end.a) - at.a, off = p->offset + at.a;
+        double wd = p->decay ? o->weight_decay : 0.0;
+        if (snug_adamw_entry_8bit(o, p))
+            be->adamw8bit(be, params + off, grads + off, qm + (at.o8 - beg.o8), qv + (at.o8 - beg.o8),
+                          am + (at.ob - beg.ob), av + (at.ob - beg.ob), o->qmap, o->qmap + 256, k, lr, o->beta1,
+                          o->beta2, o->eps, wd, o->step, gs);
+        else if (k)
+            be->adamw(be, params + off, grads + off, m + (at.o32 - beg.o32), v + (at.o32 - beg.o32), k, lr, o->beta1,
+                      o->beta2, o->eps, wd, o->step, gs);
+        advance(o, t, &at, k);
+    }
+}
+
+static void copy_in(snug_backend *be, const span s[NSPAN]) {
+    for (int k = 0; k < NSPAN; k++)
+        if (s[k].bytes)
+            be->copy_in_async(be, s[k].dev, s[k].host, s[k].bytes);
+}
+
+static void copy_out(snug_backend *be, const span s[NSPAN]) {
+    for (int k = 0; k < NSPAN; k++)
+        if (s[k].bytes)
+            be->copy_out_async(be, s[k].host, s[k].dev, s[k].bytes);
+}
+
+#define SPAN_ARGS(s) (float *)(s)[0].dev, (float *)(s)[1].dev, (s)[2].dev, (s)[3].dev, (float *)(s)[4].dev, \
+                     (float *)(s)[5].dev
+
+/* Paged: chunk k+1 is copied into one slot while chunk k is updated in the other; one sync per chunk orders the
+ * update before its copy back, and a slot's next copy in is queued after its copy out on the same side stream. */
+static void step_paged(snug_adamw *o, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
+                       double lr, float gs) {
+    span cur[NSPAN], nxt[NSPAN] = {{0}};
+    pos beg = {0}, end = chunk_end(o, t, beg, o->chunk_bytes);
+    int slot = 0;
+    chunk_spans(o, beg, end, o->stage[slot], cur);
+    copy_in(be, cur);
+    be->sync(be);
+    while (beg.i < t->n) {
+        pos nbeg = end, nend = end;
+        if (nbeg.i < t->n) {
+            nend = chunk_end(o, t, nbeg, o->chunk_bytes);
+            chunk_spans(o, nbeg, nend, o->stage[slot ^ 1], nxt);
+            copy_in(be, nxt);
+        }
+        update_range(o, be, t, params, grads, lr, gs, beg, end, SPAN_ARGS(cur));
+        be->sync(be);
+        copy_out(be, cur);
+        memcpy(cur, nxt, sizeof cur);
+        beg = nbeg;
+        end = nend;
+        slot ^= 1;
+    }
+    be->sync(be);
+}
+
 void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
                      double lr, float grad_scale) {
     opt->step++;
-    for (int i = 0; i < t->n; i++) {
-        const snug_param_entry *p = &t->e[i];
-        be->adamw(be, params + p->offset, grads + p->offset, opt->m + p->offset, opt->v + p->offset, p->numel, lr,
-                  opt->beta1, opt->beta2, opt->eps, p->decay ? opt->weight_decay : 0.0, opt->step, grad_scale);
+    if (opt->paged) {
+        step_paged(opt, be, t, params, grads, lr, grad_scale);
+        return;
     }
+    pos beg = {0}, end = {.i = t->n, .o32 = opt->n32, .o8 = opt->n8, .ob = opt->nblk};
+    update_range(opt, be, t, params, grads, lr, grad_scale, beg, end, opt->m, opt->v, opt->qm, opt->qv, opt->am,
+                 opt->av);
+}
+
+int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged) {
+    static const struct {
+        const char *name;
+        snug_optim_kind kind;
+        int paged;
+    } names[] = {
+        {"adamw", SNUG_OPTIM_ADAMW, 0},           {"adamw_torch", SNUG_OPTIM_ADAMW, 0},
+        {"adamw_torch_fused", SNUG_OPTIM_ADAMW, 0}, {"adamw_8bit", SNUG_OPTIM_ADAMW_8BIT, 0},
+        {"adamw_bnb_8bit", SNUG_OPTIM_ADAMW_8BIT, 0}, {"paged_adamw_8bit", SNUG_OPTIM_ADAMW_8BIT, 1},
+        {"paged_adamw_32bit", SNUG_OPTIM_ADAMW, 1},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i].name)) {
+            if (kind)
+                *kind = names[i].kind;
+            if (paged)
+                *paged = names[i].paged;
+            return 0;
+        }
+    return -1;
+}
+
+const char *snug_optim_name(snug_optim_kind kind, int paged) {
+    if (kind == SNUG_OPTIM_ADAMW_8BIT)
+        return paged ? "paged_adamw_8bit" : "adamw_8bit";
+    return paged ? "paged_adamw_32bit" : "adamw";
 }

@@ -1,8 +1,22 @@
-/* optim.h: AdamW over the flat parameter buffer, global gradient-norm clipping, and learning-rate schedules.
+/* optim.h: AdamW (fp32 or 8-bit state, optionally paged) over the flat parameter buffer, global gradient-norm
+ * clipping, and learning-rate schedules.
  *
- * Optimizer state lives in SNUG_MEM_OPTIM as two flat buffers laid out like the parameters, so a layer's state is
- * one contiguous range (ready for sharding and for stepping inside backward). Weight decay applies to matrices only
- * (the table's decay flag): never to norms, biases or other 1-D tensors. */
+ * State layout. Optimizer state lives in SNUG_MEM_OPTIM, carved by snug_adamw_layout (so `snug plan` and the measured
+ * peak show it). Every state buffer is flat in parameter-table order, so one layer's state is one contiguous range of
+ * each buffer (ready for sharding and for stepping inside backward):
+ *   - fp32 AdamW: m, v (P floats each), laid out like the parameters;
+ *   - 8-bit AdamW (bitsandbytes' AdamW8bit): tensors of at least SNUG_Q8_MIN_NUMEL elements keep both moments as
+ *     8-bit codes qm, qv (one byte per element) with one fp32 absmax per block of SNUG_Q8_BLOCK elements (am, av;
+ *     each tensor starts a new block), the first moment by the signed dynamic map and the second by the unsigned
+ *     one; smaller tensors (norms, biases) keep fp32 m, v. About 2.03 bytes per parameter instead of 8.
+ * Paged (paged_adamw_8bit, paged_adamw_32bit): the whole SNUG_MEM_OPTIM arena is host memory (pinned on a GPU; never
+ * managed memory), outside the device total. Each step streams the state through two device staging slots of up to
+ * SNUG_PAGED_CHUNK_BYTES in the workspace arena: copy a chunk in, update it, copy it back, the next chunk's copy
+ * overlapping this chunk's update on a GPU (one slot, of the state's size, when all the state is one chunk). Paging
+ * saves device memory once the state outgrows the two slots (32 MiB: 4M parameters in fp32, 16M in 8-bit). Device-side optimizer buffers (the two 256-entry maps, the staging slots)
+ * are carved in SNUG_MEM_OPTIM, or in SNUG_MEM_WORKSPACE when that arena is on the host.
+ *
+ * Weight decay applies to matrices only (the table's decay flag): never to norms, biases or other 1-D tensors. */
 #ifndef SNUG_OPTIM_H
 #define SNUG_OPTIM_H
 
@@ -10,20 +24,55 @@
 #include "core/arena.h"
 #include "model/model.h"
 
+typedef enum snug_optim_kind {
+    SNUG_OPTIM_ADAMW = 0,   /* fp32 moments, torch.optim.AdamW's order of operations */
+    SNUG_OPTIM_ADAMW_8BIT,  /* 8-bit blockwise moments, bitsandbytes' AdamW8bit order (decay after the update) */
+} snug_optim_kind;
+
+#define SNUG_Q8_BLOCK 256       /* elements per quantization block (bitsandbytes >= 0.44) */
+#define SNUG_Q8_MIN_NUMEL 4096  /* smaller tensors keep fp32 state (bitsandbytes' min_8bit_size) */
+#define SNUG_PAGED_CHUNK_BYTES ((size_t)16 << 20) /* state bytes per streamed chunk of a paged optimizer */
+
 typedef struct snug_adamw {
-    float *m, *v;        /* (P) first and second moments */
+    snug_optim_kind kind;   /* set before layout */
+    int paged;              /* set before layout: state in host memory, streamed chunk by chunk */
+    size_t chunk_bytes;     /* paged: state bytes per chunk; 0 (the default) = SNUG_PAGED_CHUNK_BYTES */
+
+    float *m, *v;           /* (n32) fp32 moments of the tensors that keep fp32 state */
+    uint8_t *qm, *qv;       /* (n8) 8-bit codes of the others */
+    float *am, *av;         /* (nblk) absmax of each block of qm, qv */
+    size_t n32, n8, nblk;
+    float *qmap;            /* (2, 256) on the device: the signed map (first moment), then the unsigned map */
+    unsigned char *stage[2];/* paged: device staging slots of stage_bytes (one when the state is one chunk) */
+    size_t stage_bytes;
+
     double beta1, beta2, eps, weight_decay;
-    int step;            /* optimizer steps taken (1-based inside the update) */
+    int step;               /* optimizer steps taken (1-based inside the update) */
 } snug_adamw;
 
-int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, size_t nparams, snug_error *e);
+/* Carves the state of every tensor of t (opt->kind, opt->paged and opt->chunk_bytes set; the rest is filled). On
+ * real arenas, be copies the quantization maps to the device; on counting arenas (the plan) be is NULL. */
+int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t, snug_backend *be, snug_error *e);
+
+/* 1 when entry p keeps 8-bit state under opt's kind. */
+int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p);
 
 /* The global L2 norm of the gradients after multiplying them by grad_scale. */
 double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad_scale);
 
-/* One AdamW step over every tensor of the table; grads are multiplied by grad_scale first (clipping folds in here). */
+/* One AdamW step over every tensor of the table; grads are multiplied by grad_scale first (clipping folds in here).
+ * Each tensor takes the op of its state (be->adamw or be->adamw8bit); a paged optimizer streams the state. */
 void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
                      double lr, float grad_scale);
+
+/* The `optimizer` option: "adamw" (adamw_torch, adamw_torch_fused), "adamw_8bit" (adamw_bnb_8bit),
+ * "paged_adamw_8bit", "paged_adamw_32bit". Returns -1 when unknown. */
+int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged);
+/* "adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit" */
+const char *snug_optim_name(snug_optim_kind kind, int paged);
+
+/* The dynamic (tree) quantization map of bitsandbytes' create_dynamic_map(signed): 256 sorted codes (quant_map.c). */
+void snug_dynamic_map(float code[256], int is_signed);
 
 typedef enum snug_sched { SNUG_SCHED_CONSTANT, SNUG_SCHED_LINEAR, SNUG_SCHED_COSINE } snug_sched;
 

@@ -17,14 +17,15 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
     snug_arenas A;
     snug_arenas_init_counting(&A);
-    snug_adamw opt = {0};
+    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged};
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
     if (!rc && s->with_grads)
-        rc = snug_adamw_layout(&opt, &A, m.table.total, e);
+        rc = snug_adamw_layout(&opt, &A, &m.table, NULL, e);
     if (!rc) {
+        p->host[SNUG_MEM_OPTIM] = s->with_grads && s->optim_paged;
         for (int c = 0; c < SNUG_MEM_NCAT; c++) {
             p->bytes[c] = A.a[c].peak;
-            p->total += A.a[c].peak;
+            *(p->host[c] ? &p->host_total : &p->total) += A.a[c].peak;
         }
         p->nparams = (long long)m.table.total;
         p->B = B;
@@ -49,25 +50,38 @@ void snug_format_bytes(char *buf, size_t n, double b) {
 }
 
 void snug_plan_print(FILE *f, const snug_plan *p, const size_t *measured) {
-    char a[32], b[32];
-    fprintf(f, "  %-20s %12s%s\n", "memory", "planned", measured ? "     measured peak" : "");
+    char a[32], b[32], name[64];
+    int w = 20, any_host = 0; /* a host-resident (paged) category widens the name column */
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        any_host |= p->host[c];
+    if (any_host)
+        w = 30;
+    fprintf(f, "  %-*s %12s%s\n", w, "memory", "planned", measured ? "     measured peak" : "");
+    size_t mt = 0, mh = 0; /* measured device and host totals */
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         snug_format_bytes(a, sizeof a, (double)p->bytes[c]);
+        snprintf(name, sizeof name, p->host[c] ? "%s (paged, host)" : "%s", snug_category_name((snug_category)c));
         if (measured) {
+            *(p->host[c] ? &mh : &mt) += measured[c];
             snug_format_bytes(b, sizeof b, (double)measured[c]);
-            fprintf(f, "  %-20s %12s  %16s\n", snug_category_name((snug_category)c), a, b);
+            fprintf(f, "  %-*s %12s  %16s\n", w, name, a, b);
         } else {
-            fprintf(f, "  %-20s %12s\n", snug_category_name((snug_category)c), a);
+            fprintf(f, "  %-*s %12s\n", w, name, a);
         }
     }
     snug_format_bytes(a, sizeof a, (double)p->total);
     if (measured) {
-        size_t t = 0;
-        for (int c = 0; c < SNUG_MEM_NCAT; c++)
-            t += measured[c];
-        snug_format_bytes(b, sizeof b, (double)t);
-        fprintf(f, "  %-20s %12s  %16s\n", "total", a, b);
+        snug_format_bytes(b, sizeof b, (double)mt);
+        fprintf(f, "  %-*s %12s  %16s\n", w, any_host ? "total on the device" : "total", a, b);
     } else {
-        fprintf(f, "  %-20s %12s\n", "total", a);
+        fprintf(f, "  %-*s %12s\n", w, any_host ? "total on the device" : "total", a);
+    }
+    if (any_host) {
+        snug_format_bytes(a, sizeof a, (double)p->host_total);
+        snug_format_bytes(b, sizeof b, (double)mh);
+        if (measured)
+            fprintf(f, "  %-*s %12s  %16s\n", w, "total in host memory", a, b);
+        else
+            fprintf(f, "  %-*s %12s\n", w, "total in host memory", a);
     }
 }

@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "optim/optim.h"
 
 /* What a plan is computed for: the same inputs the trainer lays out. */
 typedef struct snug_plan_spec {
@@ -17,11 +18,17 @@ typedef struct snug_plan_spec {
     int B, T;              /* micro-batch rows and sequence length */
     snug_levers lv;
     int with_grads;        /* 0: inference (generation) */
+    snug_optim_kind optim; /* the optimizer's state layout (with_grads only) */
+    int optim_paged;       /* optimizer state in host memory, streamed (paged_adamw_*) */
+    double memory_budget;  /* bytes (0 = none): snug_engine_create refuses a plan over it (see plan/autofit.h) */
+    double budget_overhead; /* runtime overhead outside the arenas that the budget must also hold */
 } snug_plan_spec;
 
 typedef struct snug_plan {
     size_t bytes[SNUG_MEM_NCAT]; /* peak bytes per category */
-    size_t total;
+    int host[SNUG_MEM_NCAT];     /* 1: the category lives in (pinned) host memory, outside the device total */
+    size_t total;                /* device bytes: the categories not in host memory */
+    size_t host_total;           /* host-resident bytes (paged optimizer state) */
     long long nparams;
     int B, T, xent_chunk;
 } snug_plan;

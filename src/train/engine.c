@@ -4,30 +4,46 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/autofit.h"
+
 int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, snug_error *e) {
     memset(g, 0, sizeof *g);
     SNUG_TRY(snug_plan_run(&g->plan, spec, e));
     g->be = snug_backend_cpu_create(threads);
     if (!g->be)
         return snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend");
+    /* memory_budget: a plan over it is refused before anything is allocated; the arenas share out what is left */
+    double slack = 0;
+    if (spec->memory_budget > 0) {
+        double host = strcmp(g->be->name, "cpu") ? 0.0 : (double)g->plan.host_total; /* the CPU's host is its device */
+        slack = spec->memory_budget - (double)g->plan.total - host - spec->budget_overhead;
+        if (slack < 0)
+            return snug_fail_over_budget(e, &g->plan, spec->memory_budget, spec->budget_overhead);
+    }
     g->model.cfg = spec->cfg;
     g->model.lv = spec->lv;
     g->model.be = g->be;
     SNUG_TRY(snug_param_table_build(&g->model.table, &spec->cfg, e));
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         size_t cap = g->plan.bytes[c];
-        if (cap && !(g->blocks[c] = g->be->alloc(g->be, cap))) {
+        void *blk = cap ? (g->plan.host[c] ? g->be->host_alloc(g->be, cap) : g->be->alloc(g->be, cap)) : NULL;
+        if (cap && !(g->blocks[c] = blk)) {
             char b[32];
             snug_format_bytes(b, sizeof b, (double)cap);
-            return snug_fail(e, SNUG_ENOMEM, "cannot allocate %s for %s; lower micro_batch_size or sequence_len, "
+            return snug_fail(e, SNUG_ENOMEM, "cannot allocate %s%s for %s; lower micro_batch_size or sequence_len, "
                              "or see `snug plan` for the levers that shrink it",
-                             b, snug_category_name((snug_category)c));
+                             b, g->plan.host[c] ? " of host memory" : "", snug_category_name((snug_category)c));
         }
         snug_arena_init(&g->arenas.a[c], (snug_category)c, g->blocks[c], cap);
+        if (spec->memory_budget > 0)
+            g->arenas.a[c].budget = cap + (size_t)slack;
     }
     SNUG_TRY(snug_model_layout(&g->model, &g->arenas, spec->B, spec->T, spec->with_grads, e));
-    if (spec->with_grads)
-        SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, g->model.table.total, e));
+    if (spec->with_grads) {
+        g->opt.kind = spec->optim;
+        g->opt.paged = spec->optim_paged;
+        SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, &g->model.table, g->be, e));
+    }
     snug_model_init_rope(&g->model);
     return 0;
 }
@@ -35,7 +51,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, 
 void snug_engine_free(snug_engine *g) {
     for (int c = 0; c < SNUG_MEM_NCAT; c++)
         if (g->blocks[c])
-            g->be->free(g->be, g->blocks[c]);
+            (g->plan.host[c] ? g->be->host_free : g->be->free)(g->be, g->blocks[c]);
     if (g->be)
         g->be->destroy(g->be);
     snug_param_table_free(&g->model.table);

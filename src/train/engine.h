@@ -1,7 +1,8 @@
 /* engine.h: a model with its memory: the one place a plan becomes allocations.
  *
  * snug_engine_create plans the spec on counting arenas, allocates each arena from the backend with exactly the
- * planned capacity, lays the model (and, for training, the optimizer state) out in them, and fills the RoPE tables.
+ * planned capacity (the host-resident ones, a paged optimizer's state, from the backend's pinned host memory), lays
+ * the model (and, for training, the optimizer state of spec->optim) out in them, and fills the RoPE tables.
  * Weights are loaded or initialised by the caller. */
 #ifndef SNUG_ENGINE_H
 #define SNUG_ENGINE_H

@@ -17,7 +17,10 @@
 #include "model/model.h"
 #include "model/presets.h"
 #include "optim/optim.h"
+#include "plan/autofit.h"
+#include "plan/gpus.h"
 #include "plan/plan.h"
+#include "plan/plan_cmd.h"
 #include "train/engine.h"
 
 /* Everything a run holds; released by run_free whatever state it reached. */
@@ -28,15 +31,29 @@ typedef struct run {
     char tok_path[4096];   /* the tokenizer.json used ("" for the byte-level stand-in) */
     snug_encoder enc;
     snug_dataset train, val;
+    snug_data_source dsrc[SNUG_MAX_DATASETS]; /* the datasets as src/data reads them (paths point into o) */
+    snug_data_opts dopts;
+    snug_data_report drep; /* per file: examples, tokens, long and bad examples; the cache used */
     snug_plan_spec spec;
     snug_plan plan;        /* of spec, before anything is allocated */
     snug_engine eng;
+    snug_options fitted;   /* the options after auto_fit; o points here when it ran */
+    char fit_note[1024];   /* what auto_fit chose and why */
+    size_t data_host_est;  /* the datasets' host memory, estimated from their files before they are read */
 } run;
 
 static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap,
                       snug_error *e) {
     return snug_tok_encode((const snug_tokenizer *)ctx, text, len, ids, n, cap, e) < 0 ? (e->code ? e->code : SNUG_EINPUT)
                                                                                     : 0;
+}
+
+static int tok_special_id(const void *ctx, const char *token) {
+    return snug_tok_token_id((const snug_tokenizer *)ctx, token);
+}
+
+static int tok_decode(const void *ctx, const int32_t *ids, size_t n, char **text, size_t *len, snug_error *e) {
+    return snug_tok_decode((const snug_tokenizer *)ctx, ids, n, text, len, e);
 }
 
 /* dir + "/" + file into dst; returns 1 (and an empty dst) when it does not fit */
@@ -80,8 +97,9 @@ static int open_tokenizer(run *r, snug_error *e) {
     }
     SNUG_TRY(snug_tok_load(&r->tok, cand, e));
     snprintf(r->tok_path, sizeof r->tok_path, "%s", cand);
-    r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .vocab_size = snug_tok_vocab_size(r->tok),
-                            .bos_id = snug_tok_bos_id(r->tok), .eos_id = snug_tok_eos_id(r->tok)};
+    r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .special_id = tok_special_id, .decode = tok_decode,
+                            .vocab_size = snug_tok_vocab_size(r->tok), .bos_id = snug_tok_bos_id(r->tok),
+                            .eos_id = snug_tok_eos_id(r->tok), .hash = snug_tok_hash(r->tok)};
     return 0;
 }
 
@@ -117,9 +135,20 @@ static int load_data(run *r, snug_error *e) {
     if (o->ndatasets == 0)
         return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
                          "pass --dataset data.jsonl");
-    for (int i = 0; i < o->ndatasets; i++)
-        SNUG_TRY(snug_dataset_load_jsonl(&r->train, o->datasets[i].path,
-                                         o->datasets[i].field[0] ? o->datasets[i].field : "text", &r->enc, e));
+    for (int i = 0; i < o->ndatasets; i++) {
+        const snug_dataset_spec *d = &o->datasets[i];
+        snug_data_source *s = &r->dsrc[i];
+        *s = (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text"};
+        if (snug_data_format_parse(d->type, &s->format) ||
+            snug_chat_template_parse(d->chat_template[0] ? d->chat_template : "chatml", &s->chat))
+            return snug_fail(e, SNUG_EINPUT, "datasets[%d]: type '%s' / chat_template '%s' unknown; use completion, "
+                             "alpaca, chat or pretokenized, and chatml or llama3", i, d->type, d->chat_template);
+    }
+    r->dopts = (snug_data_opts){.train_on_inputs = o->train_on_inputs, .sequence_len = o->sequence_len,
+                                .drop_long = !strcmp(o->long_examples, "drop"), .skip_bad = o->skip_bad_examples};
+    SNUG_TRY(snug_dataset_prepare(&r->train, r->dsrc, o->ndatasets, &r->dopts, &r->enc,
+                                  o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
+                                  &r->drep, e));
     if (o->val_set_size > 0)
         SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, (uint64_t)o->seed, &r->val, e));
     return 0;
@@ -137,14 +166,32 @@ snug_levers snug_levers_from_options(const snug_options *o) {
     return lv;
 }
 
-static int setup(run *r, const snug_options *o, snug_error *e) {
+/* device: the snug_device_kind the plan is for (auto_fit and memory_budget count its runtime overhead). */
+static int setup(run *r, const snug_options *o, int device, snug_error *e) {
     memset(r, 0, sizeof *r);
     r->o = o;
     SNUG_TRY(open_tokenizer(r, e));
     SNUG_TRY(resolve_model(r, e));
     r->spec = (snug_plan_spec){.cfg = r->cfg, .B = o->micro_batch_size, .T = o->sequence_len,
                                .lv = snug_levers_from_options(o), .with_grads = 1};
-    return snug_plan_run(&r->plan, &r->spec, e);
+    if (snug_optim_parse(o->optimizer, &r->spec.optim, &r->spec.optim_paged))
+        return snug_fail(e, SNUG_EINPUT, "optimizer '%s' is unknown; use adamw, adamw_8bit, paged_adamw_8bit or "
+                         "paged_adamw_32bit", o->optimizer);
+    r->data_host_est = snug_dataset_bytes_estimate(o, !r->tok);
+    if (o->auto_fit) {
+        r->fitted = *o;
+        SNUG_TRY(snug_autofit(&r->fitted, &r->spec, (snug_device_kind)device, r->data_host_est, r->fit_note,
+                              sizeof r->fit_note, e));
+        r->o = o = &r->fitted;
+    }
+    SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
+    if (o->memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */
+        snug_overhead ov;
+        snug_overhead_compute(&ov, (snug_device_kind)device, &r->plan, r->data_host_est);
+        r->spec.memory_budget = o->memory_budget;
+        r->spec.budget_overhead = (double)ov.total;
+    }
+    return 0;
 }
 
 static void run_free(run *r) {
@@ -195,8 +242,8 @@ static void progress_bar(FILE *out, int step, int total, double loss, double ela
     fflush(out);
 }
 
-static int save_model(run *r, snug_error *e) {
-    const char *dir = r->o->output_dir;
+/* Writes a Hugging Face folder into dir: config.json, generation_config.json, model.safetensors, tokenizer files. */
+static int save_model(run *r, const char *dir, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     snug_model_config cfg = r->cfg;
@@ -289,19 +336,24 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     fprintf(out, "  tokenizer            %s\n", r->tok_path[0] ? r->tok_path : "byte-level (256 bytes + end of text)");
     fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->train.nexamples,
             r->train.ntokens, r->val.nexamples);
+    snug_data_report_print(out, &r->drep, r->dsrc, &r->dopts);
     fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %d tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps,
             o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps);
     fprintf(out, "  schedule             %d steps (%zu micro-batches per epoch), lr %g %s, warmup %d\n", total_steps,
             batches_per_epoch, o->learning_rate, o->lr_scheduler,
             o->warmup_steps ? o->warmup_steps : (int)(o->warmup_ratio * total_steps));
+    fprintf(out, "  optimizer            %s\n", snug_optim_name(r->spec.optim, r->spec.optim_paged));
+    if (r->fit_note[0])
+        fprintf(out, "%s\n", r->fit_note);
     fprintf(out, "memory plan (backend %s, %d threads):\n", r->eng.be->name, r->eng.be->nthreads);
     snug_plan_print(out, &r->plan, NULL);
 }
 
 int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     run r;
-    int rc = setup(&r, o, e);
+    int rc = setup(&r, o, SNUG_DEVICE_CPU, e);
+    o = r.o; /* after auto_fit */
     if (!rc)
         rc = load_data(&r, e);
     snug_batcher batcher = {0};
@@ -384,11 +436,11 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         if (log_now) {
             double t = now_s(), tps = tokens_since / (t - tlog > 1e-9 ? t - tlog : 1e-9);
             double rss = peak_rss_bytes();
-            fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
+            fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
                     "\"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
                     step + 1, loss, lr, norm, tps, t - t0, rss);
             if (!isnan(val))
-                fprintf(metrics, ", \"val_loss\": %.6f", val);
+                fprintf(metrics, ", \"val_loss\": %.9g", val);
             fprintf(metrics, "}\n");
             fflush(metrics);
             if (tty) {
@@ -404,15 +456,18 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             tlog = t;
             tokens_since = 0;
         }
-        if (o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total)
-            rc = save_model(&r, e);
+        if (o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) {
+            char ck[4096];
+            snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
+            rc = save_model(&r, ck, e);
+        }
     }
     if (tty)
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
     if (!rc)
-        rc = save_model(&r, e);
+        rc = save_model(&r, o->output_dir, e);
     if (!rc) {
         fprintf(out, "saved %s (Hugging Face format) in %.1f s\n", o->output_dir, now_s() - t0);
         size_t measured[SNUG_MEM_NCAT];
@@ -423,6 +478,15 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         char b[32];
         snug_format_bytes(b, sizeof b, peak_rss_bytes());
         fprintf(out, "  %-20s %12s  %16s\n", "process peak RSS", "", b);
+        snug_overhead ov; /* the CPU runtime overhead with the data as read (plan/gpus.c) */
+        snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &r.plan,
+                              snug_data_host_bytes(r.train.ntokens + r.val.ntokens,
+                                                   r.train.nexamples + r.val.nexamples, T));
+        snug_format_bytes(b, sizeof b, (double)(r.plan.total + r.plan.host_total + ov.total));
+        fprintf(out, "  %-20s %12s  (the arenas + %s runtime overhead)\n", "predicted RSS", b, "CPU");
+        char mj[4096];
+        path_join(mj, sizeof mj, o->output_dir, "memory.json");
+        rc = snug_memory_json_write(mj, &r.spec, &r.plan, measured, &ov, peak_rss_bytes(), e);
         print_sample(&r, out);
     }
     free(ids);
@@ -434,15 +498,71 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     return rc;
 }
 
-int snug_plan_cmd(const snug_options *o, FILE *out, snug_error *e) {
-    run r;
-    int rc = setup(&r, o, e);
+int snug_prepare(snug_prepared *p, const snug_options *o, int device, int with_data, snug_error *e) {
+    memset(p, 0, sizeof *p);
+    run *r = calloc(1, sizeof *r);
+    if (!r)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory preparing the plan");
+    int rc = setup(r, o, device, e);
     if (!rc) {
-        fprintf(out, "memory plan for %s: %lld parameters, micro-batch %d x %d tokens (fp32, AdamW):\n",
-                o->base_model[0] ? o->base_model : o->model_preset, r.plan.nparams, o->micro_batch_size,
-                o->sequence_len);
-        snug_plan_print(out, &r.plan, NULL);
+        p->o = *r->o;
+        p->cfg = r->cfg;
+        p->spec = r->spec;
+        p->plan = r->plan;
+        snprintf(p->tok_path, sizeof p->tok_path, "%s", r->tok_path);
+        snprintf(p->fit_note, sizeof p->fit_note, "%s", r->fit_note);
+        p->data_host_bytes = r->data_host_est;
+        snug_error de = {0};
+        if (with_data && r->o->ndatasets > 0) {
+            if (load_data(r, &de) == 0) {
+                p->data_loaded = 1;
+                p->data_tokens = r->train.ntokens + r->val.ntokens;
+                p->data_examples = r->train.nexamples + r->val.nexamples;
+                p->data_host_bytes = snug_data_host_bytes(p->data_tokens, p->data_examples, r->o->sequence_len);
+            } else {
+                snprintf(p->data_error, sizeof p->data_error, "%.500s", de.msg);
+            }
+        }
     }
-    run_free(&r);
+    run_free(r);
+    free(r);
     return rc;
+}
+
+int snug_load_run_data(snug_run_data *d, const snug_options *o, snug_error *e) {
+    memset(d, 0, sizeof *d);
+    run *r = calloc(1, sizeof *r);
+    if (!r)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory loading the data");
+    r->o = o;
+    int rc = open_tokenizer(r, e);
+    if (!rc)
+        rc = resolve_model(r, e);
+    if (!rc)
+        rc = load_data(r, e);
+    if (!rc) { /* hand over the tokenizer and the data */
+        d->tok = r->tok;
+        snprintf(d->tok_path, sizeof d->tok_path, "%s", r->tok_path);
+        d->enc = r->enc;
+        d->nsrc = o->ndatasets;
+        memcpy(d->src, r->dsrc, sizeof d->src);
+        d->opts = r->dopts;
+        d->report = r->drep;
+        d->train = r->train;
+        d->val = r->val;
+        r->tok = NULL;
+        memset(&r->train, 0, sizeof r->train);
+        memset(&r->val, 0, sizeof r->val);
+    }
+    run_free(r);
+    free(r);
+    return rc;
+}
+
+void snug_run_data_free(snug_run_data *d) {
+    snug_dataset_free(&d->train);
+    snug_dataset_free(&d->val);
+    if (d->tok)
+        snug_tok_free(d->tok);
+    memset(d, 0, sizeof *d);
 }

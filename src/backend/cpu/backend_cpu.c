@@ -1,7 +1,8 @@
 /* backend_cpu.c: the CPU backend object: host memory blocks for the arenas and the table of op slots.
  *
  * Memory is plain host memory, 64-byte aligned and zeroed; to_device/to_host are copies. The ops live in ops_cpu.c,
- * attention_cpu.c and xent_cpu.c; they run on be->nthreads OpenMP threads and use OpenBLAS for the GEMMs. */
+ * attention_cpu.c, xent_cpu.c and adamw8bit_cpu.c; they run on be->nthreads OpenMP threads and use OpenBLAS for the
+ * GEMMs. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,9 @@ static void cpu_zero(snug_backend *be, void *dst, size_t bytes) {
         memset(dst, 0, bytes);
 }
 
+/* Paged optimizer state: on the CPU, "host" memory is the same memory and the side stream is the caller. */
+static void cpu_sync(snug_backend *be) {}
+
 snug_backend *snug_backend_cpu_create(int nthreads) {
     snug_backend *be = calloc(1, sizeof(*be));
     if (!be)
@@ -69,6 +73,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->rope_bwd = snug_cpu_rope_bwd;
     be->attention_fwd = snug_cpu_attention_fwd;
     be->attention_bwd = snug_cpu_attention_bwd;
+    be->host_resident = 1;
     be->attention_naive_fwd = snug_cpu_attention_naive_fwd;
     be->attention_naive_bwd = snug_cpu_attention_naive_bwd;
     be->swiglu_fwd = snug_cpu_swiglu_fwd;
@@ -81,6 +86,14 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->sumsq = snug_cpu_sumsq;
     be->adamw = snug_cpu_adamw;
+    be->quantize_blockwise = snug_cpu_quantize_blockwise;
+    be->dequantize_blockwise = snug_cpu_dequantize_blockwise;
+    be->adamw8bit = snug_cpu_adamw8bit;
+    be->host_alloc = cpu_alloc;
+    be->host_free = cpu_free;
+    be->copy_in_async = cpu_copy;
+    be->copy_out_async = cpu_copy;
+    be->sync = cpu_sync;
 
     snug_cpu_blas_threads(be);
     return be;

@@ -78,4 +78,13 @@ double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n);
 void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                     double beta2, double eps, double weight_decay, int step, float grad_scale);
 
+/* adamw8bit_cpu.c */
+void snug_cpu_quantize_blockwise(snug_backend *be, uint8_t *q, float *absmax, const float *x, const float *code,
+                                 int is_signed, size_t n);
+void snug_cpu_dequantize_blockwise(snug_backend *be, float *x, const uint8_t *q, const float *absmax,
+                                   const float *code, size_t n);
+void snug_cpu_adamw8bit(snug_backend *be, float *p, const float *g, uint8_t *qm, uint8_t *qv, float *absmax_m,
+                        float *absmax_v, const float *map_signed, const float *map_unsigned, size_t n, double lr,
+                        double beta1, double beta2, double eps, double weight_decay, int step, float grad_scale);
+
 #endif

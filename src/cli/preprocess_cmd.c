@@ -1,0 +1,203 @@
+/* preprocess_cmd.c: `snug preprocess`: the datasets tokenized ahead of training, with a look at the mask (see
+ * preprocess_cmd.h). The data is read by the trainer's own loader, so the cache filled here is the one training
+ * reuses. */
+#include "cli/preprocess_cmd.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/options.h"
+#include "core/fileio.h"
+#include "train/trainer.h"
+
+enum { DEBUG_EXAMPLES = 3 };
+
+/* The token's text with control characters, quotes and backslashes escaped (bytes >= 0x80 too for the byte-level
+ * stand-in, whose tokens are single bytes). */
+static void print_token(FILE *out, const snug_run_data *d, int32_t id) {
+    char byte[2] = {0, 0};
+    const char *s = NULL;
+    size_t n = 0;
+    int raw_high = d->tok != NULL;
+    if (d->tok) {
+        s = snug_tok_id_to_token(d->tok, id);
+    } else if (id >= 0 && id < 256) {
+        byte[0] = (char)id;
+        s = byte;
+        n = 1;
+    } else if (id == d->enc.eos_id) {
+        s = "<eos>";
+        raw_high = 1;
+    }
+    if (!s) {
+        fprintf(out, "(no token)");
+        return;
+    }
+    if (!n)
+        n = strlen(s);
+    fputc('"', out);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", out);
+        else if (c == '\t')
+            fputs("\\t", out);
+        else if (c == '\r')
+            fputs("\\r", out);
+        else if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !raw_high))
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+/* Examples of the whole store (every file, in file order, before the validation split). */
+static size_t store_examples(const snug_run_data *d) {
+    size_t n = 0;
+    for (int i = 0; i < d->report.nsources; i++)
+        n += (size_t)d->report.src[i].examples;
+    return n;
+}
+
+static void print_debug(FILE *out, const snug_run_data *d) {
+    const snug_dataset *ds = &d->train; /* its store arrays hold every example */
+    size_t total = store_examples(d);
+    for (size_t k = 0; k < total && k < DEBUG_EXAMPLES; k++) {
+        uint64_t a = ds->start[k], b = ds->start[k + 1], nsup = 0;
+        for (uint64_t t = a; t < b; t++)
+            nsup += ds->sup[t];
+        fprintf(out, "\nexample %zu of %zu: %llu tokens, %llu supervised\n", k + 1, total,
+                (unsigned long long)(b - a), (unsigned long long)nsup);
+        fprintf(out, "  %5s %8s  %-10s  %s\n", "pos", "id", "supervised", "token");
+        for (uint64_t t = a; t < b; t++) {
+            fprintf(out, "  %5llu %8d  %-10s  ", (unsigned long long)(t - a), ds->ids[t], ds->sup[t] ? "yes" : "no");
+            print_token(out, d, ds->ids[t]);
+            fputc('\n', out);
+        }
+    }
+}
+
+/* A growing line buffer. */
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s) {
+    size_t k = strlen(s);
+    if (b->n + k + 1 > b->cap) {
+        size_t nc = (b->n + k + 1) * 2;
+        char *q = realloc(b->p, nc);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, k + 1);
+    b->n += k;
+}
+
+static void sb_int(sbuf *b, const char *sep, long long v) {
+    char t[32];
+    snprintf(t, sizeof t, "%s%lld", sep, v);
+    sb_put(b, t);
+}
+
+static int dump(const char *path, const snug_run_data *d, snug_error *e) {
+    const snug_dataset *ds = &d->train;
+    size_t total = store_examples(d);
+    snug_atomic_file af;
+    SNUG_TRY(snug_atomic_open(&af, path, e));
+    sbuf b = {0};
+    int rc = 0;
+    for (size_t k = 0; k < total && !rc; k++) {
+        uint64_t lo = ds->start[k], hi = ds->start[k + 1];
+        b.n = 0;
+        sb_put(&b, "{\"input_ids\": [");
+        for (uint64_t t = lo; t < hi; t++)
+            sb_int(&b, t > lo ? ", " : "", ds->ids[t]);
+        sb_put(&b, "], \"labels\": [");
+        for (uint64_t t = lo; t < hi; t++)
+            sb_int(&b, t > lo ? ", " : "", ds->sup[t] ? ds->ids[t] : -100);
+        sb_put(&b, "]}\n");
+        if (b.oom) {
+            snug_atomic_abort(&af);
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", path);
+        } else {
+            rc = snug_atomic_write(&af, b.p, b.n, e);
+        }
+    }
+    free(b.p);
+    return rc ? rc : snug_atomic_commit(&af, e);
+}
+
+int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
+    /* our own flags out, the rest is the config and --key value overrides as for `snug train` */
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    if (!rest)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory");
+    int nrest = 0, debug = 0;
+    const char *dump_path = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--debug")) {
+            debug = 1;
+        } else if (!strcmp(argv[i], "--dump") || !strncmp(argv[i], "--dump=", 7)) {
+            dump_path = argv[i][6] == '=' ? argv[i] + 7 : i + 1 < argc ? argv[++i] : "";
+            if (!*dump_path) {
+                free(rest);
+                return snug_fail(e, SNUG_EINPUT, "command line: --dump needs a file: --dump examples.jsonl");
+            }
+        } else {
+            rest[nrest++] = argv[i];
+        }
+    }
+    snug_options *o = calloc(1, sizeof *o);
+    snug_run_data *d = calloc(1, sizeof *d);
+    int rc = !o || !d ? snug_fail(e, SNUG_ENOMEM, "out of memory") : 0;
+    if (!rc) {
+        snug_options_defaults(o);
+        if (nrest == 0) { /* as `snug train`: no arguments at all is the built-in default job */
+            char def[4096];
+            snprintf(def, sizeof def, "%s/configs/default.yaml", SNUG_SOURCE_DIR);
+            rc = snug_options_load_yaml(o, def, e);
+        }
+    }
+    if (!rc)
+        rc = snug_options_parse_args(o, nrest, rest, e);
+    if (!rc)
+        rc = snug_options_validate_train(o, e);
+    if (!rc)
+        rc = snug_load_run_data(d, o, e);
+    if (!rc) {
+        uint64_t sup = 0;
+        for (int i = 0; i < d->report.nsources; i++)
+            sup += d->report.src[i].supervised;
+        fprintf(out, "snug: preprocessed %zu examples, %zu tokens (%llu supervised) from %d file%s\n",
+                store_examples(d), d->train.ntokens + d->val.ntokens, (unsigned long long)sup, d->nsrc,
+                d->nsrc > 1 ? "s" : "");
+        fprintf(out, "  %-20s %s\n", "tokenizer",
+                d->tok_path[0] ? d->tok_path : "byte-level (256 bytes + end of text)");
+        snug_data_report_print(out, &d->report, d->src, &d->opts);
+        fprintf(out, "  %-20s training %zu examples, %zu tokens; validation %zu examples, %zu tokens\n", "split",
+                d->train.nexamples, d->train.ntokens, d->val.nexamples, d->val.ntokens);
+        if (debug)
+            print_debug(out, d);
+        if (dump_path) {
+            rc = dump(dump_path, d, e);
+            if (!rc)
+                fprintf(out, "wrote %zu examples to %s\n", store_examples(d), dump_path);
+        }
+    }
+    if (d)
+        snug_run_data_free(d);
+    free(d);
+    free(o);
+    free(rest);
+    return rc;
+}

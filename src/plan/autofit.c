@@ -1,0 +1,409 @@
+/* autofit.c: the lever search behind the fit table of `snug plan` and behind `auto_fit: true` (see autofit.h).
+ *
+ * Savings are exact: every setting is planned by snug_plan_run, i.e. by the layout code the trainer allocates with.
+ * Costs are predictions of the step time, relative to the configured run (assumptions, stated in docs/MEMORY.md):
+ *  - full checkpointing re-runs the forward of each checkpointed layer: about 8N instead of 6N FLOPs per token on
+ *    those layers, +33% when every layer is checkpointed (Korthikanti et al. 2022; torchtune measured -21% tokens/s);
+ *  - selective checkpointing recomputes the norm outputs and the MLP activation, elementwise work: +2%;
+ *  - chunked cross-entropy runs the same FLOPs in smaller GEMMs: +1%;
+ *  - a smaller micro-batch runs the same FLOPs in smaller GEMMs, whose efficiency falls as tokens per micro-batch
+ *    drop: time ~ 1 + N0 / tokens, with N0 = 512 tokens on a GPU and 64 on the CPU;
+ *  - flash attention (instead of the naive path) costs nothing;
+ *  - 8-bit AdamW state: +5% (torchtune's ablation measured -4.7% tokens/s for 8-bit AdamW);
+ *  - a paged optimizer streams its state to the GPU and back every step (PCIe at an effective 25 GB/s), not
+ *    overlapped with forward and backward: the transfer time over the compute time of a step, both estimated for an
+ *    A100-class GPU (TF32 peak x SNUG_ASSUMED_MFU). On the CPU backend host memory is the device: no saving. */
+#include "plan/autofit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind kind) {
+    const snug_levers *lv = &s->lv;
+    int L = s->cfg.n_layer > 0 ? s->cfg.n_layer : 1;
+    double f = 1.0, tokens = (double)s->B * s->T;
+    if (lv->ckpt == SNUG_CKPT_FULL) {
+        int every = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
+        f *= 1.0 + (double)((L + every - 1) / every) / L / 3.0;
+    } else if (lv->ckpt == SNUG_CKPT_SELECTIVE) {
+        f *= 1.02;
+    }
+    if (lv->xent_chunk > 0 && lv->xent_chunk < tokens)
+        f *= 1.01;
+    f *= 1.0 + (kind == SNUG_DEVICE_CUDA ? 512.0 : 64.0) / tokens;
+    if (s->optim == SNUG_OPTIM_ADAMW_8BIT)
+        f *= 1.05;
+    if (s->optim_paged) {
+        long long P = snug_model_config_nparams(&s->cfg);
+        double state = (double)P * (s->optim == SNUG_OPTIM_ADAMW_8BIT ? 2.03 : 8.0);
+        double compute = snug_flops_per_token(s, P) * tokens * (GA > 0 ? GA : 1) / (156e12 * SNUG_ASSUMED_MFU);
+        f *= 1.0 + (compute > 0 ? 2.0 * state / 25e9 / compute : 0.0);
+    }
+    return f;
+}
+
+static const char *ckpt_name(snug_ckpt c) {
+    return c == SNUG_CKPT_FULL ? "full" : c == SNUG_CKPT_SELECTIVE ? "selective" : "none";
+}
+
+void snug_levers_describe(const snug_levers *lv, int B, int T, char *buf, size_t n) {
+    char ck[64];
+    if (lv->ckpt == SNUG_CKPT_FULL && lv->ckpt_every > 1)
+        snprintf(ck, sizeof ck, "full (every %d layers)", lv->ckpt_every);
+    else
+        snprintf(ck, sizeof ck, "%s", ckpt_name(lv->ckpt));
+    size_t N = (size_t)B * T;
+    if (lv->xent_chunk > 0 && (size_t)lv->xent_chunk < N)
+        snprintf(buf, n, "gradient_checkpointing %s, %s attention, cross-entropy in chunks of %d tokens", ck,
+                 lv->naive_attention ? "naive" : "flash", lv->xent_chunk);
+    else
+        snprintf(buf, n, "gradient_checkpointing %s, %s attention, cross-entropy over all %zu tokens at once", ck,
+                 lv->naive_attention ? "naive" : "flash", N);
+}
+
+/* Appends "a + b" style parts to the point's description and counts the changes against the base. */
+static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) {
+    const snug_levers *a = &p->spec.lv, *b = &base->lv;
+    size_t len = 0, n = sizeof p->what;
+    p->what[0] = '\0';
+    p->changes = 0;
+#define PART(...)                                                                                 \
+    do {                                                                                          \
+        if (len < n)                                                                              \
+            len += (size_t)snprintf(p->what + len, n - len, "%s", p->changes ? " + " : "");       \
+        if (len < n)                                                                              \
+            len += (size_t)snprintf(p->what + len, n - len, __VA_ARGS__);                         \
+        p->changes++;                                                                             \
+    } while (0)
+    if (a->naive_attention != b->naive_attention)
+        PART("flash_attention: %s", a->naive_attention ? "false" : "true");
+    if (a->xent_chunk != b->xent_chunk)
+        PART(a->xent_chunk ? "chunked_cross_entropy (%d tokens)" : "cross-entropy unchunked", a->xent_chunk);
+    if (a->ckpt != b->ckpt || (a->ckpt == SNUG_CKPT_FULL && a->ckpt_every != b->ckpt_every)) {
+        if (a->ckpt == SNUG_CKPT_FULL && a->ckpt_every > 1)
+            PART("gradient_checkpointing: full, every %d layers", a->ckpt_every);
+        else
+            PART("gradient_checkpointing: %s", ckpt_name(a->ckpt));
+    }
+    if (p->spec.optim != base->optim || p->spec.optim_paged != base->optim_paged)
+        PART("optimizer: %s", snug_optim_name(p->spec.optim, p->spec.optim_paged));
+    if (p->spec.B != base->B || p->GA != baseGA)
+        PART("micro_batch_size %d x %d accumulation", p->spec.B, p->GA);
+#undef PART
+    if (!p->changes)
+        snprintf(p->what, n, "as configured");
+}
+
+static int add_point(snug_fit_space *s, int *cap, const snug_plan_spec *sp, int GA, const snug_plan_spec *base,
+                     int baseGA, double base_factor, snug_error *e) {
+    if (s->n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        snug_fit_point *np = realloc(s->pt, (size_t)nc * sizeof *np);
+        if (!np)
+            return snug_fail(e, SNUG_ENOMEM, "out of memory planning the lever settings");
+        s->pt = np;
+        *cap = nc;
+    }
+    snug_fit_point *p = &s->pt[s->n];
+    memset(p, 0, sizeof *p);
+    p->spec = *sp;
+    p->GA = GA;
+    SNUG_TRY(snug_plan_run(&p->plan, sp, e));
+    p->cost = snug_fit_time_factor(sp, GA, s->kind) / base_factor - 1.0;
+    describe(p, base, baseGA);
+    s->n++;
+    return 0;
+}
+
+int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, int GA, snug_device_kind kind,
+                         size_t host_data_bytes, snug_error *e) {
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->host_data_bytes = host_data_bytes;
+    int cap = 0;
+    if (GA < 1)
+        GA = 1;
+    double base_factor = snug_fit_time_factor(base, GA, kind);
+    int rc = add_point(s, &cap, base, GA, base, GA, base_factor, e);
+
+    /* the lever values to combine; the configured value of each comes first */
+    snug_levers ck[4];
+    int nck = 0;
+    ck[nck++] = base->lv;
+    const snug_ckpt modes[] = {SNUG_CKPT_NONE, SNUG_CKPT_SELECTIVE, SNUG_CKPT_FULL, SNUG_CKPT_FULL};
+    const int every[] = {1, 1, 1, 2};
+    for (int i = 0; i < 4; i++) {
+        int same = base->lv.ckpt == modes[i] &&
+                   (modes[i] != SNUG_CKPT_FULL || (base->lv.ckpt_every > 0 ? base->lv.ckpt_every : 1) == every[i]);
+        if (same)
+            continue;
+        ck[nck] = base->lv;
+        ck[nck].ckpt = modes[i];
+        ck[nck].ckpt_every = every[i];
+        nck++;
+    }
+    int xent[2] = {base->lv.xent_chunk, SNUG_FIT_XENT_CHUNK}, nxent = 1;
+    if (base->lv.xent_chunk == 0 || base->lv.xent_chunk > SNUG_FIT_XENT_CHUNK)
+        nxent = 2;
+    int naive[2] = {base->lv.naive_attention, 0}, nnaive = base->lv.naive_attention ? 2 : 1;
+    /* optimizer state: the configured one, then 8-bit, paged 8-bit and paged 32-bit */
+    struct { snug_optim_kind k; int paged; } opt[4] = {{base->optim, base->optim_paged}};
+    int nopt = 1;
+    const struct { snug_optim_kind k; int paged; } alt[3] = {
+        {SNUG_OPTIM_ADAMW_8BIT, 0}, {SNUG_OPTIM_ADAMW_8BIT, 1}, {SNUG_OPTIM_ADAMW, 1}};
+    for (int i = 0; i < 3 && base->with_grads; i++)
+        if (alt[i].k != base->optim || alt[i].paged != base->optim_paged) {
+            opt[nopt].k = alt[i].k;
+            opt[nopt].paged = alt[i].paged;
+            nopt++;
+        }
+    long E = (long)base->B * GA; /* the effective batch, kept */
+
+    for (long b = E; b >= 1 && !rc; b--) {
+        if (E % b || b > 1 << 20)
+            continue;
+        for (int i = 0; i < nck && !rc; i++)
+            for (int x = 0; x < nxent && !rc; x++)
+                for (int a = 0; a < nnaive && !rc; a++)
+                    for (int k = 0; k < nopt && !rc; k++) {
+                        if (b == base->B && i == 0 && x == 0 && a == 0 && k == 0)
+                            continue; /* the configured run, already pt[0] */
+                        snug_plan_spec sp = *base;
+                        sp.B = (int)b;
+                        sp.lv = ck[i];
+                        sp.lv.xent_chunk = xent[x];
+                        sp.lv.naive_attention = naive[a];
+                        sp.optim = opt[k].k;
+                        sp.optim_paged = opt[k].paged;
+                        rc = add_point(s, &cap, &sp, (int)(E / b), base, GA, base_factor, e);
+                    }
+    }
+    if (rc)
+        snug_fit_space_free(s);
+    return rc;
+}
+
+void snug_fit_space_free(snug_fit_space *s) {
+    free(s->pt);
+    memset(s, 0, sizeof *s);
+}
+
+double snug_fit_point_need(const snug_fit_space *s, const snug_fit_point *p) {
+    snug_overhead ov;
+    snug_overhead_compute(&ov, s->kind, &p->plan, s->host_data_bytes);
+    /* on the CPU backend a paged optimizer's host memory is the same memory */
+    double host = s->kind == SNUG_DEVICE_CPU ? (double)p->plan.host_total : 0.0;
+    return (double)p->plan.total + host + (double)ov.total;
+}
+
+/* a before b: cheaper, then fewer changes, then less memory */
+static int better(const snug_fit_space *s, const snug_fit_point *a, const snug_fit_point *b) {
+    if (!b)
+        return 1;
+    if (fabs(a->cost - b->cost) > 1e-9)
+        return a->cost < b->cost;
+    if (a->changes != b->changes)
+        return a->changes < b->changes;
+    return snug_fit_point_need(s, a) < snug_fit_point_need(s, b);
+}
+
+const snug_fit_point *snug_fit_best(const snug_fit_space *s, double capacity) {
+    const snug_fit_point *best = NULL;
+    for (int i = 0; i < s->n; i++)
+        if (snug_fit_point_need(s, &s->pt[i]) <= capacity && better(s, &s->pt[i], best))
+            best = &s->pt[i];
+    return best;
+}
+
+const snug_fit_point *snug_fit_smallest(const snug_fit_space *s) {
+    const snug_fit_point *best = NULL;
+    for (int i = 0; i < s->n; i++)
+        if (!best || s->pt[i].plan.total < best->plan.total ||
+            (s->pt[i].plan.total == best->plan.total && s->pt[i].cost < best->cost))
+            best = &s->pt[i];
+    return best;
+}
+
+static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base) {
+    const snug_levers *a = &p->spec.lv, *b = &base->spec.lv;
+    if (a->naive_attention != b->naive_attention)
+        return "no (T, T) probabilities; no extra work";
+    if (a->xent_chunk != b->xent_chunk)
+        return "the same FLOPs in smaller GEMMs";
+    if (p->spec.optim_paged && !base->spec.optim_paged)
+        return "state streamed over PCIe every step";
+    if (p->spec.optim != base->spec.optim)
+        return p->spec.optim == SNUG_OPTIM_ADAMW_8BIT ? "quantize/dequantize in the step" : "fp32 state";
+    if (a->ckpt == SNUG_CKPT_FULL && a->ckpt_every > 1)
+        return "an extra forward pass on the checkpointed layers";
+    if (a->ckpt == SNUG_CKPT_FULL)
+        return "about one extra forward pass";
+    if (a->ckpt == SNUG_CKPT_SELECTIVE)
+        return "recomputes the norms and the MLP activation";
+    if (p->spec.B != base->spec.B)
+        return "the same FLOPs in smaller GEMMs, more of them";
+    return "";
+}
+
+static int effect_cmp(const void *x, const void *y) {
+    const snug_lever_effect *a = x, *b = y;
+    if (fabs(a->p->cost - b->p->cost) > 1e-9)
+        return a->p->cost < b->p->cost ? -1 : 1;
+    return a->saves > b->saves ? -1 : a->saves < b->saves ? 1 : 0;
+}
+
+int snug_fit_levers(const snug_fit_space *s, snug_lever_effect *out, int max) {
+    int n = 0;
+    const snug_fit_point *base = &s->pt[0];
+    for (int i = 1; i < s->n && n < max; i++) {
+        const snug_fit_point *p = &s->pt[i];
+        double saves = snug_fit_point_need(s, base) - snug_fit_point_need(s, p);
+        if (p->changes != 1 || saves <= 0)
+            continue;
+        out[n] = (snug_lever_effect){.p = p, .saves = saves, .cost_note = cost_note(p, base)};
+        snprintf(out[n].name, sizeof out[n].name, "%s", p->what);
+        n++;
+    }
+    qsort(out, (size_t)n, sizeof *out, effect_cmp);
+    return n;
+}
+
+size_t snug_dataset_bytes_estimate(const snug_options *o, int byte_level) {
+    double bytes = 0;
+    for (int i = 0; i < o->ndatasets; i++) {
+        struct stat st;
+        if (stat(o->datasets[i].path, &st) == 0)
+            bytes += (double)st.st_size;
+    }
+    /* about one token per byte of text for the byte-level stand-in, one per 4 bytes for a BPE tokenizer */
+    size_t tokens = (size_t)(byte_level ? bytes : bytes / 4.0);
+    return snug_data_host_bytes(tokens, 0, o->sequence_len);
+}
+
+static void fmt(char *buf, size_t n, double b) { snug_format_bytes(buf, n, b); }
+
+int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, double overhead) {
+    char need[32], arenas[32], ov[32], bud[32], over[32], big[3][64];
+    fmt(need, sizeof need, (double)p->total + overhead);
+    fmt(arenas, sizeof arenas, (double)p->total);
+    fmt(ov, sizeof ov, overhead);
+    fmt(bud, sizeof bud, budget);
+    fmt(over, sizeof over, (double)p->total + overhead - budget);
+    /* the three largest categories */
+    int order[SNUG_MEM_NCAT];
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        order[c] = c;
+    for (int i = 0; i < SNUG_MEM_NCAT; i++)
+        for (int j = i + 1; j < SNUG_MEM_NCAT; j++)
+            if (p->bytes[order[j]] > p->bytes[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    for (int i = 0; i < 3; i++) {
+        char b[32];
+        fmt(b, sizeof b, (double)p->bytes[order[i]]);
+        snprintf(big[i], sizeof big[i], "%s %s", snug_category_name((snug_category)order[i]), b);
+    }
+    const char *lever;
+    switch (order[0]) {
+    case SNUG_MEM_ACTS:
+        lever = "gradient_checkpointing: full or a smaller micro_batch_size shrink saved activations";
+        break;
+    case SNUG_MEM_WORKSPACE:
+        lever = "chunked_cross_entropy: true or a smaller micro_batch_size shrink the workspace";
+        break;
+    case SNUG_MEM_OPTIM:
+        lever = "optimizer: adamw_8bit keeps about 2 bytes of state per parameter instead of 8, and paged_adamw_8bit "
+                "moves it to host memory";
+        break;
+    default:
+        lever = "parameters and gradients grow with the model only (4 + 4 bytes per parameter in fp32): a smaller "
+                "model is the lever for them";
+        break;
+    }
+    return snug_fail(e, SNUG_ENOMEM,
+                     "the memory plan needs %s (arenas %s + runtime overhead %s), over memory_budget %s by %s; largest: "
+                     "%s, %s, %s; %s; set auto_fit: true to let snug choose the levers for the budget, or run "
+                     "`snug plan` with the same options to see what each lever saves",
+                     need, arenas, ov, bud, over, big[0], big[1], big[2], lever);
+}
+
+int snug_autofit(snug_options *o, snug_plan_spec *spec, snug_device_kind kind, size_t host_data_bytes, char *note,
+                 size_t note_size, snug_error *e) {
+    if (note_size)
+        note[0] = '\0';
+    if (!(o->memory_budget > 0))
+        return snug_fail(e, SNUG_EINPUT, "%s: auto_fit needs memory_budget, the memory it fits the run into; add "
+                         "memory_budget: 40GB (or --memory_budget 40GB)", o->config_path[0] ? o->config_path : "options");
+    snug_fit_space s;
+    SNUG_TRY(snug_fit_space_build(&s, spec, o->gradient_accumulation_steps, kind, host_data_bytes, e));
+    double budget = o->memory_budget, need0 = snug_fit_point_need(&s, &s.pt[0]);
+    const snug_fit_point *best = snug_fit_best(&s, budget);
+    char b[32], n0[32], nb[32];
+    fmt(b, sizeof b, budget);
+    fmt(n0, sizeof n0, need0);
+    if (!best) {
+        const snug_fit_point *sm = snug_fit_smallest(&s);
+        char ns[32], model[32];
+        fmt(ns, sizeof ns, snug_fit_point_need(&s, sm));
+        fmt(model, sizeof model,
+            (double)(sm->plan.bytes[SNUG_MEM_PARAMS] + sm->plan.bytes[SNUG_MEM_MASTER] + sm->plan.bytes[SNUG_MEM_GRADS] +
+                     sm->plan.bytes[SNUG_MEM_OPTIM]));
+        int rc = snug_fail(e, SNUG_EINPUT,
+                           "auto_fit: nothing fits memory_budget %s on the %s backend: the smallest setting (%s) needs "
+                           "%s, of which parameters, gradients and optimizer state are %s whatever the levers; raise "
+                           "memory_budget, shorten sequence_len, or choose a smaller model",
+                           b, snug_device_kind_name(kind), sm->what, ns, model);
+        snug_fit_space_free(&s);
+        return rc;
+    }
+    fmt(nb, sizeof nb, snug_fit_point_need(&s, best));
+    size_t len = 0;
+    if (best == &s.pt[0]) {
+        len += (size_t)snprintf(note + len, note_size - len,
+                                "auto_fit: kept the configuration: it needs %s of memory_budget %s (%s backend), and no "
+                                "setting of the levers is predicted to be faster",
+                                n0, b, snug_device_kind_name(kind));
+    } else {
+        len += (size_t)snprintf(note + len, note_size - len,
+                                "auto_fit: chose %s: needs %s of memory_budget %s (%s backend), predicted step time "
+                                "%+.0f%% against the configuration, which %s %s",
+                                best->what, nb, b, snug_device_kind_name(kind), 100.0 * best->cost,
+                                need0 <= budget ? "fits too but is slower, needing" : "does not fit, needing", n0);
+        /* the next cheaper settings that did not fit say why this one was chosen */
+        const snug_fit_point *alt = NULL;
+        for (int i = 0; i < s.n; i++) {
+            const snug_fit_point *p = &s.pt[i];
+            if (p->cost < best->cost - 1e-9 && snug_fit_point_need(&s, p) > budget &&
+                (!alt || p->cost > alt->cost || (p->cost == alt->cost && p->plan.total < alt->plan.total)))
+                alt = p;
+        }
+        if (alt && len < note_size) {
+            char na[32];
+            fmt(na, sizeof na, snug_fit_point_need(&s, alt));
+            len += (size_t)snprintf(note + len, note_size - len, "; the next cheaper setting, %s (%+.0f%%), needs %s",
+                                    alt->what, 100.0 * alt->cost, na);
+        }
+    }
+    /* the options say what was chosen, so everything that reads them (and the saved run) agrees with the plan */
+    const snug_levers *lv = &best->spec.lv;
+    o->micro_batch_size = best->spec.B;
+    o->gradient_accumulation_steps = best->GA;
+    snprintf(o->gradient_checkpointing, sizeof o->gradient_checkpointing, "%s", ckpt_name(lv->ckpt));
+    o->gradient_checkpointing_every_n_layers = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
+    o->flash_attention = !lv->naive_attention;
+    o->chunked_cross_entropy = lv->xent_chunk > 0;
+    if (lv->xent_chunk > 0)
+        o->cross_entropy_chunk_tokens = lv->xent_chunk;
+    snprintf(o->optimizer, sizeof o->optimizer, "%s", snug_optim_name(best->spec.optim, best->spec.optim_paged));
+    spec->B = best->spec.B;
+    spec->lv = best->spec.lv;
+    spec->optim = best->spec.optim;
+    spec->optim_paged = best->spec.optim_paged;
+    snug_fit_space_free(&s);
+    return 0;
+}

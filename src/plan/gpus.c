@@ -1,0 +1,140 @@
+/* gpus.c: GPU memory, runtime overhead and throughput estimates for the plan (see gpus.h).
+ *
+ * Sources of the numbers (all estimates except where snug measured them itself):
+ *  - memory: the total nvidia-smi prints for each card (MiB), e.g. 81559 MiB for an H100 80GB HBM3, 143771 MiB for an
+ *    H200; this is a little more than the program can use (the driver keeps some), which the overhead covers.
+ *  - peak TFLOPs: NVIDIA data sheets, dense (without 2:4 sparsity). snug trains in fp32; a CUDA backend runs its
+ *    GEMMs through TF32 tensor cores (as llm.c's fp32 path and PyTorch with allow_tf32 do), so TF32 is the peak used.
+ *  - MFU 40%: a typical model-FLOPs utilisation of well-tuned single-GPU training (llm.c and torchtune report
+ *    35-50% on A100/H100); an assumption, replaced by --tokens_per_s when the user has a measurement.
+ *  - prices: typical on-demand cloud prices per GPU-hour in USD (Lambda, RunPod and similar, 2024-2025); they vary
+ *    by provider and over time, so `--price_per_hour` overrides them. */
+#include "plan/gpus.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIB (1024.0 * 1024.0)
+
+static const snug_gpu gpus[] = {
+    {"rtx4090", "4090 rtx-4090 geforce-rtx-4090", "RTX 4090 24GB", 24564 * MIB, 82.6, 165.2, 0.50},
+    {"a100-40gb", "a100-40 a100-sxm4-40gb", "A100 40GB", 40960 * MIB, 156.0, 312.0, 1.30},
+    {"a6000", "rtx-a6000", "RTX A6000 48GB", 49140 * MIB, 77.4, 154.8, 0.80},
+    {"l40s", "l40s-48gb", "L40S 48GB", 46068 * MIB, 183.0, 362.1, 1.00},
+    {"a100-80gb", "a100 a100-80 a100-sxm4-80gb", "A100 80GB", 81920 * MIB, 156.0, 312.0, 1.80},
+    {"h100", "h100-80gb h100-sxm h100-sxm5", "H100 80GB", 81559 * MIB, 494.7, 989.4, 2.50},
+    {"h200", "h200-141gb h200-sxm", "H200 141GB", 143771 * MIB, 494.7, 989.4, 3.50},
+};
+
+#define NGPUS ((int)(sizeof gpus / sizeof gpus[0]))
+
+const char *snug_device_kind_name(snug_device_kind k) { return k == SNUG_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+int snug_gpu_count(void) { return NGPUS; }
+
+const snug_gpu *snug_gpu_at(int i) { return i >= 0 && i < NGPUS ? &gpus[i] : NULL; }
+
+/* Lower case without '-', '_', ' ' or '.': "H100_SXM" and "h100-sxm" compare equal. */
+static void squash(char *dst, size_t n, const char *src, size_t len) {
+    size_t j = 0;
+    for (size_t i = 0; i < len && src[i] && j + 1 < n; i++)
+        if (!strchr("-_ .", src[i]))
+            dst[j++] = (char)tolower((unsigned char)src[i]);
+    dst[j] = '\0';
+}
+
+const snug_gpu *snug_gpu_find(const char *name) {
+    char want[64], have[64];
+    if (strlen(name) >= sizeof want)
+        return NULL;
+    squash(want, sizeof want, name, strlen(name));
+    if (!want[0])
+        return NULL;
+    for (int i = 0; i < NGPUS; i++) {
+        squash(have, sizeof have, gpus[i].id, strlen(gpus[i].id));
+        if (!strcmp(want, have))
+            return &gpus[i];
+        for (const char *p = gpus[i].aliases; *p;) {
+            size_t k = strcspn(p, " ");
+            squash(have, sizeof have, p, k);
+            if (!strcmp(want, have))
+                return &gpus[i];
+            p += k;
+            while (*p == ' ')
+                p++;
+        }
+    }
+    return NULL;
+}
+
+void snug_gpu_list(char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < NGPUS && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "", gpus[i].id);
+}
+
+/* CUDA (estimates, see docs/MEMORY.md):
+ *  - the context with snug's kernels and cuBLAS's loaded lazily: 300-500 MiB on CUDA 12 with lazy module loading
+ *    (the default since CUDA 11.7); Hugging Face measured about 1.3 GB for PyTorch's far larger kernel set on a V100
+ *    ("Model training anatomy"). 512 MiB keeps a margin.
+ *  - cuBLAS workspace 32 MiB (PyTorch's default CUBLAS_WORKSPACE_CONFIG on Hopper, :4096:8) plus a 32 MiB cuBLASLt
+ *    workspace (llm.c's cublaslt_workspace_size).
+ *  - allocator slack: each arena is one cudaMalloc, rounded up to the 2 MiB allocation granularity; static arenas do
+ *    not fragment, so instead of the 5-10% headroom a caching allocator needs, 1% covers what the estimate misses. */
+#define CUDA_CONTEXT_BYTES ((size_t)512 << 20)
+#define CUBLAS_WORKSPACE_BYTES ((size_t)64 << 20)
+#define CUDA_ALLOC_GRANULE ((size_t)2 << 20)
+
+void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_plan *p, size_t host_data_bytes) {
+    memset(ov, 0, sizeof *ov);
+    if (k == SNUG_DEVICE_CUDA) {
+        size_t slack = p->total / 100;
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            if (p->bytes[c])
+                slack += CUDA_ALLOC_GRANULE;
+        ov->item[ov->n++] = (snug_overhead_item){"CUDA context and kernels", CUDA_CONTEXT_BYTES,
+                                                 "estimate: 300-500 MiB with lazy loading (CUDA 12)"};
+        ov->item[ov->n++] = (snug_overhead_item){"cuBLAS/cuBLASLt workspace", CUBLAS_WORKSPACE_BYTES,
+                                                 "32 MiB cuBLAS (Hopper default) + 32 MiB cuBLASLt"};
+        ov->item[ov->n++] = (snug_overhead_item){"allocator slack", slack,
+                                                 "2 MiB rounding per arena + 1% margin; arenas do not fragment"};
+    } else {
+        ov->item[ov->n++] = (snug_overhead_item){"process baseline", SNUG_CPU_BASELINE_BYTES,
+                                                 "libraries, OpenBLAS/OpenMP buffers, tokenizer (measured)"};
+        ov->item[ov->n++] = (snug_overhead_item){"host copy of the weights", (size_t)p->nparams * sizeof(float),
+                                                 "fp32 staging buffer for loading and saving"};
+        /* tokenizing leaves heap behind that grows with the data and levels off: fitted to 51 KB, 0.7, 2.7 and
+         * 8.2 MB of text (+1.8, +13.6, +18.9, +20.8 MiB) */
+        double tok = host_data_bytes ? (double)SNUG_CPU_TOKENIZE_BYTES * (1.0 - exp(-(double)host_data_bytes / 1.25e6))
+                                     : 0.0;
+        ov->item[ov->n++] = (snug_overhead_item){"dataset", host_data_bytes + (size_t)tok,
+                                                 "token arrays + what tokenizing leaves in the heap (measured)"};
+    }
+    for (int i = 0; i < ov->n; i++)
+        ov->total += ov->item[i].bytes;
+}
+
+size_t snug_data_host_bytes(size_t ntokens, size_t nexamples, int T) {
+    if (!ntokens && !nexamples)
+        return 0;
+    return ntokens * 5 + (nexamples + 1) * 8 + (T > 0 ? ntokens / (size_t)T * 8 : 0);
+}
+
+double snug_host_memory_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0.0;
+}
+
+double snug_flops_per_token(const snug_plan_spec *s, long long nparams) {
+    const snug_model_config *c = &s->cfg;
+    return 6.0 * (double)nparams + 6.0 * c->n_layer * (double)s->T * c->n_head * c->head_dim;
+}
+
+double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams) {
+    double f = snug_flops_per_token(s, nparams);
+    return f > 0 ? g->tflops_tf32 * 1e12 * SNUG_ASSUMED_MFU / f : 0.0;
+}

@@ -1,0 +1,726 @@
+/* plan_cmd.c: `snug plan` (see plan_cmd.h).
+ *
+ * Everything printed is computed first into one `report`, then written as text or JSON, so the two cannot disagree.
+ * The memory numbers come from snug_plan_run (the layout code the trainer allocates with); the runtime overhead, the
+ * GPU table, the step-time costs and the prices are estimates from gpus.c and autofit.c, and say so. */
+#include "plan/plan_cmd.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fileio.h"
+#include "plan/autofit.h"
+#include "plan/svg.h"
+#include "train/trainer.h"
+
+/* ---- flags ---- */
+
+void snug_plan_usage(FILE *f) {
+    fprintf(f, "\nflags of snug plan (besides the configuration keys below):\n"
+               "  --gpu NAME             the GPU to fit (cuda backend): ");
+    char names[256];
+    snug_gpu_list(names, sizeof names);
+    fprintf(f, "%s\n"
+               "  --memory_budget SIZE   fit this much memory instead (40GB, 40 GiB, 40000MB); with auto_fit: true the\n"
+               "                         run is re-planned to fit it\n"
+               "  --backend cpu|cuda     whose runtime overhead to count (default: cuda with --gpu, else cpu)\n"
+               "  --json                 the report as one JSON object\n"
+               "  --svg FILE             a stacked bar chart of the memory per category, for the plan and each lever\n"
+               "                         (and FILE.png beside it when rsvg-convert or ImageMagick is installed)\n"
+               "  --tokens_per_s X       measured throughput, for the time and cost (default: an estimate)\n"
+               "  --price_per_hour Y     USD per GPU-hour (default: a table of typical cloud prices)\n",
+            names);
+}
+
+static int positive_number(const char *flag, const char *v, double *out, const char *example, snug_error *e) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !isfinite(x) || x <= 0)
+        return snug_fail(e, SNUG_EINPUT, "command line: --%s must be a positive number such as %s, got '%.60s'", flag,
+                         example, v);
+    *out = x;
+    return 0;
+}
+
+int snug_plan_args_take(snug_plan_args *a, int *argc, char **argv, snug_error *e) {
+    memset(a, 0, sizeof *a);
+    a->backend = -1;
+    int n = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *arg = argv[i];
+        char name[32];
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (strncmp(arg, "--", 2) != 0 || len - 2 >= sizeof name) {
+            argv[n++] = argv[i];
+            continue;
+        }
+        for (size_t k = 2; k <= len; k++) /* --tokens-per-s is --tokens_per_s */
+            name[k - 2] = k == len ? '\0' : arg[k] == '-' ? '_' : arg[k];
+        static const char *const flags[] = {"gpu", "backend", "svg", "tokens_per_s", "price_per_hour", "json"};
+        int f = -1;
+        for (int k = 0; k < 6; k++)
+            if (!strcmp(name, flags[k]))
+                f = k;
+        if (f < 0) {
+            argv[n++] = argv[i];
+            continue;
+        }
+        if (f == 5) { /* --json, --json=true|false */
+            a->json = !eq || !strcmp(eq + 1, "true");
+            if (eq && strcmp(eq + 1, "true") && strcmp(eq + 1, "false"))
+                return snug_fail(e, SNUG_EINPUT, "command line: --json takes no value (or =true, =false)");
+            continue;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (i + 1 >= *argc)
+                return snug_fail(e, SNUG_EINPUT, "command line: --%s needs a value: --%s VALUE", name, name);
+            v = argv[++i];
+        }
+        switch (f) {
+        case 0:
+            if (!(a->gpu = snug_gpu_find(v))) {
+                char names[256];
+                snug_gpu_list(names, sizeof names);
+                return snug_fail(e, SNUG_EINPUT, "command line: unknown GPU '%.60s'; snug plan knows %s (or give "
+                                 "--memory_budget 40GB for any other size)", v, names);
+            }
+            break;
+        case 1:
+            if (!strcmp(v, "cpu"))
+                a->backend = SNUG_DEVICE_CPU;
+            else if (!strcmp(v, "cuda"))
+                a->backend = SNUG_DEVICE_CUDA;
+            else
+                return snug_fail(e, SNUG_EINPUT, "command line: --backend must be cpu or cuda, got '%.60s'", v);
+            break;
+        case 2:
+            if (!*v || strlen(v) >= sizeof a->svg)
+                return snug_fail(e, SNUG_EINPUT, "command line: --svg needs a file name such as plan.svg");
+            snprintf(a->svg, sizeof a->svg, "%s", v);
+            break;
+        case 3:
+            SNUG_TRY(positive_number("tokens_per_s", v, &a->tokens_per_s, "2500", e));
+            break;
+        case 4:
+            SNUG_TRY(positive_number("price_per_hour", v, &a->price_per_hour, "2.50 (USD per GPU-hour)", e));
+            break;
+        }
+    }
+    if (a->gpu && a->backend == SNUG_DEVICE_CPU)
+        return snug_fail(e, SNUG_EINPUT, "command line: --gpu plans for the cuda backend; drop --backend cpu, or "
+                         "give --memory_budget for a CPU run");
+    *argc = n;
+    return 0;
+}
+
+/* ---- the report ---- */
+
+#define MAXLEV 32
+
+typedef struct gpu_row {
+    const snug_gpu *g;
+    double need;                 /* as configured, cuda overhead included */
+    const snug_fit_point *best;  /* the cheapest setting that fits; NULL: none */
+    int nalone;                  /* single levers that fit on their own */
+    const snug_lever_effect *alone[MAXLEV];
+    double tps, hours, price, usd; /* for `best`, when it exists */
+} gpu_row;
+
+typedef struct report {
+    const snug_options *o;
+    const snug_plan_args *a;
+    snug_prepared *p;
+    snug_device_kind kind;
+    snug_overhead ov;               /* of the configured plan on kind */
+    double need;                    /* the configured plan's total on kind */
+    snug_fit_space space;           /* lever settings on kind */
+    snug_fit_space cuda;            /* the same on the cuda backend (the GPU table); == space when kind is cuda */
+    int own_cuda;
+    snug_lever_effect lev[MAXLEV];  /* on kind */
+    int nlev;
+    snug_lever_effect clev[MAXLEV]; /* on cuda */
+    int nclev;
+    gpu_row rows[16];
+    int nrows;
+    const char *target_name;        /* --gpu label, "memory_budget", or NULL */
+    double target_bytes;
+    const snug_fit_point *target_best;
+    double run_tokens;
+    char tokens_source[640];
+    int cheapest;                   /* row index, -1 for none */
+    char model_name[1100];
+} report;
+
+/* When each category is in use, and where the step's peak falls. */
+static const char *const when_text[] = {
+    "parameters, gradients, optimizer state: the whole run; the gradients are complete at the end of the last "
+    "micro-batch's backward, the optimizer state is read and written only in the optimizer step",
+    "saved activations: fill up through forward and are full at its end (the loss); backward reads them back, "
+    "last layer first",
+    "workspace: the logits chunk at the loss, the activation gradients through backward",
+    "data: the current micro-batch's ids, labels and positions, and the RoPE tables",
+    "the peak: snug allocates every arena once, before the first step, with exactly the planned size, and keeps it "
+    "to the end, so the total above is the footprint of the whole run (no fragmentation, no spikes). A framework "
+    "that allocates tensor by tensor peaks early in backward, when the saved activations are still held and the "
+    "gradients and activation gradients appear; static arenas hold that peak for the whole step",
+};
+#define NWHEN ((int)(sizeof when_text / sizeof when_text[0]))
+
+/* Prints text wrapped at width columns, the first line after `lead`, the others indented by indent spaces. */
+static void wrap(FILE *f, const char *lead, int indent, const char *text, int width) {
+    int col = fprintf(f, "%s", lead);
+    while (*text) {
+        size_t w = strcspn(text, " ");
+        if (col + 1 + (int)w > width && col > indent) {
+            col = fprintf(f, "\n%*s", indent, "") - 1;
+        } else if (col > (int)strlen(lead)) {
+            fputc(' ', f);
+            col++;
+        }
+        col += fprintf(f, "%.*s", (int)w, text);
+        text += w;
+        while (*text == ' ')
+            text++;
+    }
+    fputc('\n', f);
+}
+
+static void category_what(const report *r, int c, char *buf, size_t n) {
+    const snug_plan_spec *s = &r->p->spec;
+    switch (c) {
+    case SNUG_MEM_PARAMS: snprintf(buf, n, "fp32 weights"); break;
+    case SNUG_MEM_MASTER: snprintf(buf, n, "none: fp32 weights are their own master copy"); break;
+    case SNUG_MEM_GRADS: snprintf(buf, n, "fp32 gradients"); break;
+    case SNUG_MEM_OPTIM:
+        snprintf(buf, n, "%s state%s", snug_optim_name(s->optim, s->optim_paged),
+                 s->optim_paged ? ", in host memory" : "");
+        break;
+    case SNUG_MEM_ACTS:
+        snprintf(buf, n, "%s", s->lv.ckpt == SNUG_CKPT_FULL      ? "layer inputs + one layer's, recomputed"
+                               : s->lv.ckpt == SNUG_CKPT_SELECTIVE ? "without norm outputs and MLP activation"
+                                                                   : "everything backward needs");
+        break;
+    case SNUG_MEM_WORKSPACE:
+        snprintf(buf, n, "logits of %d tokens x %d vocab, activation gradients", r->p->plan.xent_chunk,
+                 r->p->cfg.vocab_size);
+        break;
+    default: snprintf(buf, n, "ids, labels, positions, RoPE tables"); break;
+    }
+}
+
+static void fmtb(char *s, size_t n, double b) { snug_format_bytes(s, n, b); }
+
+static void fmt_hours(char *s, size_t n, double h) {
+    if (h < 1.0 / 3600)
+        snprintf(s, n, "< 1 s");
+    else if (h < 1.0 / 60)
+        snprintf(s, n, "%.0f s", h * 3600);
+    else if (h < 1)
+        snprintf(s, n, "%.0f min", h * 60);
+    else if (h < 48)
+        snprintf(s, n, "%.0fh %02.0fm", floor(h), floor(fmod(h, 1.0) * 60));
+    else
+        snprintf(s, n, "%.1f days", h / 24);
+}
+
+static double cap_of(const snug_fit_space *s, const snug_fit_point *pt) { return snug_fit_point_need(s, pt); }
+
+/* Tokens per step of a setting and of the configured run. */
+static double step_tokens(const snug_options *o) {
+    return (double)o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps;
+}
+
+static void run_tokens(report *r) {
+    const snug_options *o = &r->p->o;
+    double per_step = step_tokens(o);
+    if (o->max_steps > 0) {
+        r->run_tokens = per_step * o->max_steps;
+        snprintf(r->tokens_source, sizeof r->tokens_source, "max_steps %d x %.0f tokens per step", o->max_steps,
+                 per_step);
+    } else if (r->p->data_loaded) {
+        /* whole steps of whole micro-batches, as the trainer cuts them */
+        double rows = floor((double)(r->p->data_tokens > 0 ? r->p->data_tokens - 1 : 0) / o->sequence_len);
+        double steps = ceil(rows / o->micro_batch_size / o->gradient_accumulation_steps);
+        r->run_tokens = steps * per_step * o->num_epochs;
+        snprintf(r->tokens_source, sizeof r->tokens_source, "num_epochs %d x %zu dataset tokens (%.0f steps per epoch)",
+                 o->num_epochs, r->p->data_tokens, steps);
+    } else {
+        r->run_tokens = per_step * 1000;
+        if (o->ndatasets == 0)
+            snprintf(r->tokens_source, sizeof r->tokens_source,
+                     "assumed 1000 steps x %.0f tokens per step: no dataset is configured and max_steps is -1", per_step);
+        else
+            snprintf(r->tokens_source, sizeof r->tokens_source,
+                     "assumed 1000 steps x %.0f tokens per step: the dataset could not be read (%.400s)", per_step,
+                     r->p->data_error);
+    }
+}
+
+/* Throughput and price of row w, for its cheapest setting. */
+static void price_row(report *r, gpu_row *w) {
+    const snug_plan_args *a = r->a;
+    double tps = snug_gpu_tokens_per_s(w->g, &r->p->spec, r->p->plan.nparams);
+    if (a->tokens_per_s > 0) /* a measurement: on --gpu's GPU, scaled to the others by their peaks */
+        tps = a->gpu ? a->tokens_per_s * w->g->tflops_tf32 / a->gpu->tflops_tf32 : a->tokens_per_s;
+    w->price = a->price_per_hour > 0 && (!a->gpu || a->gpu == w->g) ? a->price_per_hour : w->g->price_per_hour;
+    w->tps = w->best ? tps / (1.0 + w->best->cost) : tps;
+    w->hours = w->tps > 0 ? r->run_tokens / w->tps / 3600.0 : 0;
+    w->usd = w->hours * w->price;
+}
+
+static int build(report *r, snug_error *e) {
+    snug_prepared *p = r->p;
+    snug_overhead_compute(&r->ov, r->kind, &p->plan, p->data_host_bytes);
+    r->need = (double)p->plan.total + (r->kind == SNUG_DEVICE_CPU ? (double)p->plan.host_total : 0) + r->ov.total;
+    int GA = p->o.gradient_accumulation_steps;
+    SNUG_TRY(snug_fit_space_build(&r->space, &p->spec, GA, r->kind, p->data_host_bytes, e));
+    if (r->kind == SNUG_DEVICE_CUDA) {
+        r->cuda = r->space;
+    } else {
+        SNUG_TRY(snug_fit_space_build(&r->cuda, &p->spec, GA, SNUG_DEVICE_CUDA, 0, e));
+        r->own_cuda = 1;
+    }
+    r->nlev = snug_fit_levers(&r->space, r->lev, MAXLEV);
+    r->nclev = snug_fit_levers(&r->cuda, r->clev, MAXLEV);
+    run_tokens(r);
+    r->cheapest = -1;
+    for (int i = 0; i < snug_gpu_count() && r->nrows < 16; i++) {
+        gpu_row *w = &r->rows[r->nrows++];
+        memset(w, 0, sizeof *w);
+        w->g = snug_gpu_at(i);
+        w->need = cap_of(&r->cuda, &r->cuda.pt[0]);
+        w->best = snug_fit_best(&r->cuda, w->g->mem_bytes);
+        if (w->need > w->g->mem_bytes)
+            for (int k = 0; k < r->nclev; k++)
+                if (cap_of(&r->cuda, r->clev[k].p) <= w->g->mem_bytes)
+                    w->alone[w->nalone++] = &r->clev[k];
+        price_row(r, w);
+        if (w->best && (r->cheapest < 0 || w->usd < r->rows[r->cheapest].usd))
+            r->cheapest = r->nrows - 1;
+    }
+    if (r->a->gpu) {
+        r->target_name = r->a->gpu->label;
+        r->target_bytes = r->a->gpu->mem_bytes;
+    } else if (p->o.memory_budget > 0) {
+        r->target_name = "memory_budget";
+        r->target_bytes = p->o.memory_budget;
+    }
+    if (r->target_name)
+        r->target_best = snug_fit_best(&r->space, r->target_bytes);
+    snprintf(r->model_name, sizeof r->model_name, "%s", p->o.base_model[0] ? p->o.base_model : p->o.model_preset);
+    return 0;
+}
+
+static void report_free(report *r) {
+    if (r->own_cuda)
+        snug_fit_space_free(&r->cuda);
+    snug_fit_space_free(&r->space);
+}
+
+/* ---- text ---- */
+
+static void print_text(const report *r, FILE *f) {
+    const snug_prepared *p = r->p;
+    const snug_options *o = &p->o;
+    const snug_model_config *c = &p->cfg;
+    const snug_plan *pl = &p->plan;
+    char a[32], b[32], d[32], lv[256];
+    double P = pl->nparams > 0 ? (double)pl->nparams : 1;
+    fprintf(f, "snug plan: %s (%s, %.2fB parameters: %d layers, width %d, %d heads / %d kv heads, vocab %d)\n",
+            r->model_name, c->model_type, pl->nparams / 1e9, c->n_layer, c->hidden_size, c->n_head, c->n_kv_head,
+            c->vocab_size);
+    fprintf(f, "  batch        %d x %d tokens per micro-batch, %d accumulation = %.0f tokens per step\n",
+            o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps, step_tokens(o));
+    snug_levers_describe(&p->spec.lv, p->spec.B, p->spec.T, lv, sizeof lv);
+    fprintf(f, "  training     fp32 weights and gradients (snug trains in fp32), optimizer %s\n",
+            snug_optim_name(p->spec.optim, p->spec.optim_paged));
+    fprintf(f, "  levers       %s\n", lv);
+    if (p->fit_note[0])
+        fprintf(f, "  %s\n", p->fit_note);
+
+    fprintf(f, "\nmemory on the %s backend (the layout code on counting arenas: exactly what training allocates)\n",
+            snug_device_kind_name(r->kind));
+    fprintf(f, "  %-20s %11s  %7s  %s\n", "category", "peak", "B/param", "what");
+    for (int k = 0; k < SNUG_MEM_NCAT; k++) {
+        char what[128], bpp[16] = "";
+        fmtb(a, sizeof a, (double)pl->bytes[k]);
+        category_what(r, k, what, sizeof what);
+        if (k <= SNUG_MEM_OPTIM)
+            snprintf(bpp, sizeof bpp, "%.2f", pl->bytes[k] / P);
+        fprintf(f, "  %-20s %11s  %7s  %s\n", snug_category_name((snug_category)k), a, bpp, what);
+    }
+    fmtb(a, sizeof a, (double)pl->total);
+    fprintf(f, "  %-20s %11s\n", pl->host_total ? "arenas on the device" : "arenas", a);
+    if (pl->host_total) {
+        fmtb(a, sizeof a, (double)pl->host_total);
+        fprintf(f, "  %-20s %11s  %s\n", "arenas in host mem.", a,
+                r->kind == SNUG_DEVICE_CPU ? "(on the cpu backend the same memory: counted in the total)"
+                                           : "(pinned host memory, not on the GPU)");
+    }
+    fmtb(a, sizeof a, (double)r->ov.total);
+    fprintf(f, "  %-20s %11s  %7s  %s\n", "runtime overhead", a, "",
+            r->kind == SNUG_DEVICE_CUDA ? "estimates, see docs/MEMORY.md" : "baseline measured on snug's own runs");
+    for (int i = 0; i < r->ov.n; i++) {
+        fmtb(b, sizeof b, (double)r->ov.item[i].bytes);
+        fprintf(f, "    %-26s %11s  %s\n", r->ov.item[i].name, b, r->ov.item[i].note);
+    }
+    fmtb(a, sizeof a, r->need);
+    fprintf(f, "  %-20s %11s\n", "total", a);
+    fprintf(f, "\nwhen each category is in use, and where the peak falls:\n");
+    for (int i = 0; i < NWHEN; i++)
+        wrap(f, "  - ", 4, when_text[i], 118);
+
+    if (r->target_name) {
+        fmtb(a, sizeof a, r->target_bytes);
+        fmtb(b, sizeof b, r->need);
+        if (r->need <= r->target_bytes) {
+            fmtb(d, sizeof d, r->target_bytes - r->need);
+            fprintf(f, "\n%s (%s): fits: needs %s, %s to spare\n", r->target_name, a, b, d);
+        } else {
+            fmtb(d, sizeof d, r->need - r->target_bytes);
+            fprintf(f, "\n%s (%s): does not fit: needs %s, %s short\n", r->target_name, a, b, d);
+            if (r->target_best) {
+                char n[32];
+                fmtb(n, sizeof n, cap_of(&r->space, r->target_best));
+                fprintf(f, "  cheapest setting that fits: %s (needs %s, predicted step time %+.0f%%); auto_fit: true "
+                           "with memory_budget chooses it\n", r->target_best->what, n, 100 * r->target_best->cost);
+            } else {
+                fprintf(f, "  no setting of the levers fits; see the smallest below\n");
+            }
+        }
+    }
+
+    fprintf(f, "\nlevers, each on its own (re-planned with the layout code: savings exact; step times predicted):\n");
+    if (!r->nlev)
+        fprintf(f, "  none saves memory for this configuration\n");
+    else
+        fprintf(f, "  %-52s %11s %11s %9s  %s\n", "lever", "saves", "total", "step time", "why it costs");
+    for (int i = 0; i < r->nlev; i++) {
+        const snug_lever_effect *l = &r->lev[i];
+        fmtb(a, sizeof a, l->saves);
+        fmtb(b, sizeof b, cap_of(&r->space, l->p));
+        fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", l->name, a, b, 100 * l->p->cost, l->cost_note);
+    }
+    const snug_fit_point *sm = snug_fit_smallest(&r->space);
+    if (sm && sm != &r->space.pt[0]) {
+        fmtb(a, sizeof a, cap_of(&r->space, sm));
+        fprintf(f, "  smallest of all combinations: %s: %s (%+.0f%%)\n", sm->what, a, 100 * sm->cost);
+    }
+
+    fprintf(f, "\nfit on common GPUs (cuda backend: arenas + CUDA context, cuBLAS workspace and allocator slack):\n");
+    fprintf(f, "  %-15s %10s %11s  %s\n", "gpu", "memory", "needs", "verdict");
+    for (int i = 0; i < r->nrows; i++) {
+        const gpu_row *w = &r->rows[i];
+        char lead[96], v[1024];
+        fmtb(a, sizeof a, w->g->mem_bytes);
+        fmtb(b, sizeof b, w->need);
+        snprintf(lead, sizeof lead, "  %-15s %10s %11s  ", w->g->label, a, b);
+        size_t len = 0;
+        if (w->need <= w->g->mem_bytes) {
+            fmtb(d, sizeof d, w->g->mem_bytes - w->need);
+            len += (size_t)snprintf(v, sizeof v, "fits, %s to spare", d);
+            if (w->best && w->best->cost < -0.005)
+                snprintf(v + len, sizeof v - len, "; faster and fits: %s (%+.0f%%)", w->best->what, 100 * w->best->cost);
+        } else if (!w->best) {
+            const snug_fit_point *cs = snug_fit_smallest(&r->cuda);
+            fmtb(d, sizeof d, w->need - w->g->mem_bytes);
+            fmtb(a, sizeof a, cap_of(&r->cuda, cs));
+            fmtb(b, sizeof b,
+                 (double)(cs->plan.bytes[SNUG_MEM_PARAMS] + cs->plan.bytes[SNUG_MEM_MASTER] +
+                          cs->plan.bytes[SNUG_MEM_GRADS] + (cs->plan.host[SNUG_MEM_OPTIM] ? 0 : cs->plan.bytes[SNUG_MEM_OPTIM])));
+            snprintf(v, sizeof v, "does not fit (%s short) whatever the levers: the smallest setting needs %s, of which "
+                     "%s are weights, gradients and optimizer state on the GPU", d, a, b);
+        } else {
+            fmtb(d, sizeof d, w->need - w->g->mem_bytes);
+            fmtb(a, sizeof a, cap_of(&r->cuda, w->best));
+            len += (size_t)snprintf(v, sizeof v, "does not fit (%s short); cheapest fix: %s -> %s, %+.0f%% step time", d,
+                                    w->best->what, a, 100 * w->best->cost);
+            for (int k = 0; k < w->nalone && len < sizeof v; k++)
+                len += (size_t)snprintf(v + len, sizeof v - len, "%s %s (%+.0f%%)",
+                                        k ? "," : "; single levers that fit on their own:", w->alone[k]->name,
+                                        100 * w->alone[k]->p->cost);
+        }
+        wrap(f, lead, (int)strlen(lead), v, 118);
+    }
+
+    char head[1024];
+    snprintf(head, sizeof head, "time and cost of the run on each GPU that fits (%.4g tokens: %s):", r->run_tokens,
+             r->tokens_source);
+    fputc('\n', f);
+    wrap(f, "", 2, head, 118);
+    int any = 0;
+    for (int i = 0; i < r->nrows; i++) {
+        const gpu_row *w = &r->rows[i];
+        if (!w->best)
+            continue;
+        if (!any++)
+            fprintf(f, "  %-15s %10s %12s %8s %10s  %s\n", "gpu", "tokens/s", "time", "$/hour", "cost $", "setting");
+        fmt_hours(a, sizeof a, w->hours);
+        char usd[32];
+        snprintf(usd, sizeof usd, w->usd < 0.005 ? "< 0.01" : "%.2f", w->usd);
+        fprintf(f, "  %-15s %10.0f %12s %8.2f %10s  %s\n", w->g->label, w->tps, a, w->price, usd, w->best->what);
+    }
+    if (!any)
+        fprintf(f, "  none: no GPU of the table fits this run\n");
+    if (r->cheapest >= 0) {
+        const gpu_row *w = &r->rows[r->cheapest];
+        fmt_hours(a, sizeof a, w->hours);
+        fprintf(f, "  cheapest: %s, $%.*f (%s)\n", w->g->label, w->usd < 0.01 ? 4 : 2, w->usd, a);
+    }
+    const char *prices = r->a->price_per_hour > 0 ? (r->a->gpu ? "--price_per_hour for --gpu's GPU, the table's for "
+                                                                 "the others" : "--price_per_hour on every GPU")
+                                                  : "typical on-demand USD per GPU-hour (estimates, see docs/MEMORY.md)";
+    if (r->a->tokens_per_s > 0)
+        snprintf(head, sizeof head, "tokens/s: the measured %.0f%s, divided by the setting's predicted step time; "
+                 "prices: %s", r->a->tokens_per_s,
+                 r->a->gpu ? " on --gpu's GPU, scaled to the others by their TF32 peaks" : " on every GPU", prices);
+    else
+        snprintf(head, sizeof head, "tokens/s: estimated as the TF32 peak x %.0f%% MFU / %.3g FLOPs per token (6 per "
+                 "parameter + attention), divided by the setting's predicted step time; prices: %s",
+                 100 * SNUG_ASSUMED_MFU, snug_flops_per_token(&p->spec, pl->nparams), prices);
+    wrap(f, "  ", 4, head, 118);
+}
+
+/* ---- JSON ---- */
+
+static json_t *categories_json(const snug_plan *p, const size_t *measured) {
+    json_t *o = json_object();
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        json_object_set_new(o, snug_category_name((snug_category)c),
+                            json_integer((json_int_t)(measured ? measured[c] : p->bytes[c])));
+    return o;
+}
+
+static json_t *overhead_json(const snug_overhead *ov) {
+    json_t *items = json_array();
+    for (int i = 0; i < ov->n; i++)
+        json_array_append_new(items, json_pack("{s:s, s:I, s:s}", "name", ov->item[i].name, "bytes",
+                                               (json_int_t)ov->item[i].bytes, "note", ov->item[i].note));
+    return json_pack("{s:o, s:I}", "items", items, "total", (json_int_t)ov->total);
+}
+
+static json_t *point_json(const snug_fit_space *s, const snug_fit_point *pt) {
+    if (!pt)
+        return json_null();
+    return json_pack("{s:s, s:I, s:f, s:i, s:i}", "setting", pt->what, "needs", (json_int_t)cap_of(s, pt),
+                     "step_time_cost", pt->cost, "micro_batch_size", pt->spec.B, "gradient_accumulation_steps", pt->GA);
+}
+
+static json_t *report_json(const report *r) {
+    const snug_prepared *p = r->p;
+    const snug_options *o = &p->o;
+    const snug_model_config *c = &p->cfg;
+    const snug_plan *pl = &p->plan;
+    json_t *j = json_object();
+    json_object_set_new(j, "model", json_pack("{s:s, s:s, s:I, s:i, s:i, s:i, s:i, s:i, s:i}", "name", r->model_name,
+                                              "model_type", c->model_type, "parameters", (json_int_t)pl->nparams,
+                                              "layers", c->n_layer, "hidden_size", c->hidden_size, "heads", c->n_head,
+                                              "kv_heads", c->n_kv_head, "intermediate_size", c->intermediate_size,
+                                              "vocab_size", c->vocab_size));
+    json_object_set_new(j, "batch", json_pack("{s:i, s:i, s:i, s:f}", "micro_batch_size", o->micro_batch_size,
+                                              "sequence_len", o->sequence_len, "gradient_accumulation_steps",
+                                              o->gradient_accumulation_steps, "tokens_per_step", step_tokens(o)));
+    const snug_levers *lv = &p->spec.lv;
+    json_object_set_new(j, "levers", json_pack("{s:s, s:i, s:b, s:i, s:s}", "gradient_checkpointing",
+                                               lv->ckpt == SNUG_CKPT_FULL ? "full" : lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none",
+                                               "gradient_checkpointing_every_n_layers", lv->ckpt_every > 0 ? lv->ckpt_every : 1,
+                                               "flash_attention", !lv->naive_attention, "xent_chunk_tokens", pl->xent_chunk,
+                                               "optimizer", snug_optim_name(p->spec.optim, p->spec.optim_paged)));
+    json_object_set_new(j, "precision", json_string("fp32"));
+    if (p->fit_note[0])
+        json_object_set_new(j, "auto_fit", json_string(p->fit_note));
+    json_object_set_new(j, "backend", json_string(snug_device_kind_name(r->kind)));
+    json_t *cats = json_object();
+    for (int k = 0; k < SNUG_MEM_NCAT; k++) {
+        char what[128];
+        category_what(r, k, what, sizeof what);
+        json_object_set_new(cats, snug_category_name((snug_category)k),
+                            json_pack("{s:I, s:f, s:b, s:s}", "bytes", (json_int_t)pl->bytes[k], "bytes_per_parameter",
+                                      pl->nparams ? (double)pl->bytes[k] / (double)pl->nparams : 0.0, "host_memory",
+                                      pl->host[k], "what", what));
+    }
+    json_object_set_new(j, "memory", json_pack("{s:o, s:I, s:I, s:o, s:f}", "categories", cats, "arenas",
+                                               (json_int_t)pl->total, "host_arenas", (json_int_t)pl->host_total,
+                                               "runtime_overhead", overhead_json(&r->ov), "total", r->need));
+    json_t *when = json_array();
+    for (int i = 0; i < NWHEN; i++)
+        json_array_append_new(when, json_string(when_text[i]));
+    json_object_set_new(j, "when_in_use", when);
+    if (r->target_name)
+        json_object_set_new(j, "target", json_pack("{s:s, s:f, s:b, s:o}", "name", r->target_name, "bytes",
+                                                   r->target_bytes, "fits", r->need <= r->target_bytes, "cheapest_fit",
+                                                   point_json(&r->space, r->target_best)));
+    json_t *levs = json_array();
+    for (int i = 0; i < r->nlev; i++)
+        json_array_append_new(levs, json_pack("{s:s, s:f, s:f, s:f, s:s}", "lever", r->lev[i].name, "saves",
+                                              r->lev[i].saves, "total", cap_of(&r->space, r->lev[i].p),
+                                              "step_time_cost", r->lev[i].p->cost, "why", r->lev[i].cost_note));
+    json_object_set_new(j, "levers_toggled", levs);
+    json_t *gpus = json_array();
+    for (int i = 0; i < r->nrows; i++) {
+        const gpu_row *w = &r->rows[i];
+        json_t *alone = json_array();
+        for (int k = 0; k < w->nalone; k++)
+            json_array_append_new(alone, json_string(w->alone[k]->name));
+        json_t *g = json_pack("{s:s, s:s, s:f, s:f, s:b, s:o, s:o}", "id", w->g->id, "label", w->g->label, "memory",
+                              w->g->mem_bytes, "needs", w->need, "fits", w->need <= w->g->mem_bytes, "cheapest_fit",
+                              point_json(&r->cuda, w->best), "single_levers_that_fit", alone);
+        if (w->best) {
+            json_object_set_new(g, "tokens_per_s", json_real(w->tps));
+            json_object_set_new(g, "hours", json_real(w->hours));
+            json_object_set_new(g, "price_per_hour", json_real(w->price));
+            json_object_set_new(g, "cost_usd", json_real(w->usd));
+        }
+        json_array_append_new(gpus, g);
+    }
+    json_object_set_new(j, "gpus", gpus);
+    json_object_set_new(j, "run_tokens", json_pack("{s:f, s:s}", "tokens", r->run_tokens, "source", r->tokens_source));
+    json_object_set_new(j, "cheapest_gpu", r->cheapest >= 0 ? json_string(r->rows[r->cheapest].g->id) : json_null());
+    return j;
+}
+
+/* ---- picture ---- */
+
+static void bar_of(snug_svg_bar *b, const snug_fit_space *s, const snug_fit_point *pt, const char *label) {
+    memset(b, 0, sizeof *b);
+    snprintf(b->label, sizeof b->label, "%s%s", label,
+             pt->plan.host_total && s->kind == SNUG_DEVICE_CUDA ? " (state in host memory)" : "");
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        b->bytes[c] = pt->plan.host[c] && s->kind == SNUG_DEVICE_CUDA ? 0 : (double)pt->plan.bytes[c];
+    snug_overhead ov;
+    snug_overhead_compute(&ov, s->kind, &pt->plan, s->host_data_bytes);
+    b->overhead = (double)ov.total;
+}
+
+static int write_svg(const report *r, snug_error *e) {
+    snug_svg_bar bars[MAXLEV + 20];
+    int n = 0;
+    const snug_fit_space *s = &r->cuda; /* the picture is about GPUs: cuda overhead */
+    bar_of(&bars[n++], s, &s->pt[0], "as configured");
+    for (int i = 0; i < r->nclev && n < MAXLEV; i++)
+        bar_of(&bars[n++], s, r->clev[i].p, r->clev[i].name);
+    for (int i = 0; i < r->nrows && n < MAXLEV + 19; i++) {
+        const snug_fit_point *b = r->rows[i].best;
+        if (!b || b == &s->pt[0] || b->changes < 2)
+            continue;
+        int dup = 0;
+        for (int k = 0; k < i; k++)
+            dup |= r->rows[k].best == b;
+        if (dup)
+            continue;
+        char label[200];
+        snprintf(label, sizeof label, "%.150s (fits %s)", b->what, r->rows[i].g->label);
+        bar_of(&bars[n++], s, b, label);
+    }
+    snug_svg_line lines[16];
+    int nl = 0;
+    for (int i = 0; i < r->nrows && nl < 16; i++) {
+        snprintf(lines[nl].label, sizeof lines[nl].label, "%s", r->rows[i].g->label);
+        lines[nl++].bytes = r->rows[i].g->mem_bytes;
+    }
+    char title[1400];
+    char name[256]; /* the model folder's own name */
+    snprintf(name, sizeof name, "%.255s", r->model_name);
+    for (size_t n = strlen(name); n > 1 && name[n - 1] == '/'; n--)
+        name[n - 1] = '\0';
+    const char *slash = strrchr(name, '/');
+    if (slash && slash[1])
+        memmove(name, slash + 1, strlen(slash + 1) + 1);
+    snprintf(title, sizeof title, "snug plan: %.200s, %d x %d tokens, %s (cuda backend)", name,
+             r->p->o.micro_batch_size, r->p->o.sequence_len, snug_optim_name(r->p->spec.optim, r->p->spec.optim_paged));
+    SNUG_TRY(snug_svg_write(r->a->svg, title, bars, n, lines, nl, e));
+    return 0;
+}
+
+static void png_path_of(const char *svg, char *png, size_t n) {
+    size_t len = strlen(svg);
+    if (len > 4 && !strcmp(svg + len - 4, ".svg"))
+        snprintf(png, n, "%.*s.png", (int)(len - 4), svg);
+    else
+        snprintf(png, n, "%s.png", svg);
+}
+
+int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snug_error *e) {
+    report *r = calloc(1, sizeof *r);
+    snug_prepared *p = calloc(1, sizeof *p);
+    if (!r || !p) {
+        free(r);
+        free(p);
+        return snug_fail(e, SNUG_ENOMEM, "out of memory planning");
+    }
+    r->o = o;
+    r->a = a;
+    r->p = p;
+    r->kind = a->backend >= 0 ? (snug_device_kind)a->backend : a->gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU;
+    int rc = snug_prepare(p, o, (int)r->kind, 1, e);
+    if (!rc)
+        rc = build(r, e);
+    if (!rc && a->svg[0])
+        rc = write_svg(r, e);
+    if (!rc) {
+        if (a->json) {
+            json_t *j = report_json(r);
+            if (a->svg[0]) {
+                char png[1100];
+                png_path_of(a->svg, png, sizeof png);
+                json_object_set_new(j, "svg", json_string(a->svg));
+                json_object_set_new(j, "png", snug_svg_to_png(a->svg, png) == 0 ? json_string(png) : json_null());
+            }
+            json_dumpf(j, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+            fputc('\n', out);
+            json_decref(j);
+        } else {
+            print_text(r, out);
+            if (a->svg[0]) {
+                char png[1100];
+                png_path_of(a->svg, png, sizeof png);
+                if (snug_svg_to_png(a->svg, png) == 0)
+                    fprintf(out, "\nchart: %s and %s\n", a->svg, png);
+                else
+                    fprintf(out, "\nchart: %s (no PNG: install rsvg-convert or ImageMagick to get one)\n", a->svg);
+            }
+        }
+    }
+    report_free(r);
+    free(r);
+    free(p);
+    return rc;
+}
+
+/* ---- memory.json ---- */
+
+int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug_plan *p, const size_t *measured,
+                           const snug_overhead *ov, double peak_rss, snug_error *e) {
+    size_t mt = 0;
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        mt += measured[c];
+    double predicted = (double)p->total + (double)p->host_total + (double)ov->total;
+    json_t *j = json_pack("{s:s, s:I, s:i, s:i, s:s, s:o, s:I, s:I, s:o, s:I, s:o, s:f, s:f}", "backend", "cpu",
+                          "parameters", (json_int_t)p->nparams, "micro_batch_size", s->B, "sequence_len", s->T,
+                          "optimizer", snug_optim_name(s->optim, s->optim_paged), "plan", categories_json(p, NULL),
+                          "plan_total", (json_int_t)(p->total + p->host_total), "plan_host", (json_int_t)p->host_total,
+                          "measured", categories_json(p, measured), "measured_total", (json_int_t)mt,
+                          "runtime_overhead", overhead_json(ov), "predicted_rss", predicted, "peak_rss", peak_rss);
+    if (!j)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
+    const snug_levers *lv = &s->lv;
+    json_object_set_new(j, "levers", json_pack("{s:s, s:i, s:b, s:i}", "gradient_checkpointing",
+                                               lv->ckpt == SNUG_CKPT_FULL ? "full" : lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none",
+                                               "gradient_checkpointing_every_n_layers", lv->ckpt_every > 0 ? lv->ckpt_every : 1,
+                                               "flash_attention", !lv->naive_attention, "xent_chunk_tokens", p->xent_chunk));
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!text)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for the NUL: write it as the final newline */
+    int rc = snug_write_file_atomic(path, text, n + 1, e);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,44 @@
+/* plan_cmd.h: `snug plan`: whether a run fits, before launch, and how to make it fit.
+ *
+ * For the options of a run (config.json alone is enough: no weights, no tokenizer needed) it prints the peak memory
+ * per category on a backend, where in the step each category peaks, the fit on common GPUs, what each memory lever
+ * saves (re-planned with the real layout code) and costs, the cheapest setting that fits each GPU, and the run's time
+ * and price on each GPU that fits. Text, JSON (--json) and a stacked bar chart (--svg FILE, plus a PNG when a
+ * converter is installed). Also here: memory.json, the plan beside the measured peaks that a training run leaves in
+ * output_dir. */
+#ifndef SNUG_PLAN_CMD_H
+#define SNUG_PLAN_CMD_H
+
+#include <stdio.h>
+
+#include "cli/options.h"
+#include "core/error.h"
+#include "plan/gpus.h"
+#include "plan/plan.h"
+
+/* The flags of `snug plan` that are not configuration keys. */
+typedef struct snug_plan_args {
+    const snug_gpu *gpu;     /* --gpu NAME; NULL = none */
+    int backend;             /* --backend cpu|cuda as a snug_device_kind; -1 = cuda with --gpu, else cpu */
+    int json;                /* --json: the report as one JSON object instead of text */
+    char svg[1024];          /* --svg FILE: the chart ("" = none) */
+    double tokens_per_s;     /* --tokens_per_s: measured throughput (0 = estimate) */
+    double price_per_hour;   /* --price_per_hour: USD per GPU-hour (0 = the table's) */
+} snug_plan_args;
+
+/* Takes the flags above out of argv (*argc shrinks; the rest keeps its order for the options parser). Errors: an
+ * unknown GPU (the known ones listed), a backend other than cpu or cuda, a missing or non-positive number. */
+int snug_plan_args_take(snug_plan_args *a, int *argc, char **argv, snug_error *e);
+
+/* The flags, for `snug plan --help`. */
+void snug_plan_usage(FILE *f);
+
+/* Prints the report for the options (validated) to out. */
+int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snug_error *e);
+
+/* Writes memory.json: the plan, the measured arena peaks (measured[c]), the runtime overhead and the process peak
+ * RSS, so tests and tools compare them without parsing the printed table. */
+int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug_plan *p, const size_t *measured,
+                           const snug_overhead *ov, double peak_rss, snug_error *e);
+
+#endif

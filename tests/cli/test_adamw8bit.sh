@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# 8-bit AdamW against fp32 AdamW over a 200-step run of tiny-llama on the fortunes (data/fortunes.jsonl, made by
+# scripts/setup.sh; a generated corpus stands in when it is missing): the loss, averaged over each window of 10
+# steps, stays within 1% of fp32 AdamW's. Paged optimizers give bitwise the losses of the unpaged ones. `snug plan`
+# shows 8 bytes of optimizer state per parameter for AdamW and about 2.04 for 8-bit AdamW, the paged state as host
+# memory, and the trained run's measured optimizer-state peak equals the plan. Under a sanitizer build the runs are
+# 10 steps (the comparison needs the full run; the sanitizers need the code paths).
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+STEPS=200
+if ldd "$SNUG" 2>/dev/null | grep -q libasan; then STEPS=10; fi
+DATA=$SRC/data/fortunes.jsonl
+if [ ! -s "$DATA" ]; then
+  DATA=$W/data.jsonl
+  python3 - "$DATA" <<'PY'
+import json, random, sys
+random.seed(3)
+words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers and "
+         "every fortune favours the bold who read it twice").split()
+with open(sys.argv[1], "w") as f:
+    for i in range(3000):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(5, 60)))}) + "\n")
+PY
+fi
+common="--model_preset tiny-llama --dataset $DATA --tokenizer $SRC/assets/tokenizer --sequence_len 32
+        --micro_batch_size 8 --val_set_size 0 --sample_tokens 0 --logging_steps 1 --weight_decay 0.01 --seed 7"
+
+train() { # NAME STEPS THREADS OPTIMIZER
+  if ! "$SNUG" train $common --max_steps "$2" --threads "$3" --optimizer "$4" --output_dir "$W/$1" \
+      > "$W/$1.log" 2>&1; then
+    bad "$1 ($4) did not train"; tail -3 "$W/$1.log"; return 1
+  fi
+}
+
+# the two long runs side by side, one thread each
+train fp32 "$STEPS" 1 adamw & p1=$!
+train q8 "$STEPS" 1 adamw_8bit & p2=$!
+wait $p1; wait $p2
+PAGED=$((STEPS < 20 ? STEPS : 20))
+train paged8 "$PAGED" 2 paged_adamw_8bit
+train paged32 "$PAGED" 2 paged_adamw_32bit
+
+python3 - "$W" "$STEPS" "$PAGED" <<'PY' || fail=$((fail + 1))
+import json, sys
+w, steps, paged = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{w}/{name}/metrics.jsonl")]
+a, b = losses("fp32"), losses("q8")
+assert len(a) == steps and len(b) == steps, (len(a), len(b))
+win = 10 if steps >= 20 else steps
+wa = [sum(a[i:i + win]) / win for i in range(0, steps, win)]
+wb = [sum(b[i:i + win]) / win for i in range(0, steps, win)]
+wr = [abs(x - y) / x for x, y in zip(wa, wb)]
+step_rel = max(abs(x - y) / x for x, y in zip(a, b))
+print(f"adamw vs adamw_8bit over {steps} steps: loss of the last {win} steps {wa[-1]:.4f} vs {wb[-1]:.4f} "
+      f"({wr[-1] * 100:.2f}%); largest difference of {win}-step means {max(wr) * 100:.2f}%, of single steps "
+      f"{step_rel * 100:.2f}%")
+ok = max(wr) <= 0.01
+same8 = losses("paged8") == b[:paged]
+same32 = losses("paged32") == a[:paged]
+print(f"paged_adamw_8bit and paged_adamw_32bit: first {paged} losses identical to the unpaged runs: {same8}, {same32}")
+if not ok:
+    print(f"FAIL: 8-bit AdamW's {win}-step mean loss differs from fp32 AdamW's by {max(wr) * 100:.2f}% (> 1%)")
+if not (same8 and same32):
+    print("FAIL: a paged optimizer changed the losses")
+sys.exit(0 if ok and same8 and same32 else 1)
+PY
+[ $fail -eq 0 ] && ok
+
+# bytes per parameter, planned and measured
+plan() { "$SNUG" plan $common --optimizer "$1" 2>&1; }
+bpp() { plan "$1" | sed -n 's/.*bytes per parameter:.*optimizer state \([0-9.]*\).*/\1/p'; }
+b32=$(bpp adamw) b8=$(bpp adamw_8bit) bp8=$(bpp paged_adamw_8bit)
+echo "optimizer state bytes per parameter (snug plan): adamw $b32, adamw_8bit $b8, paged_adamw_8bit $bp8 (host)"
+[ "$b32" = "8.000" ] && ok || bad "adamw plans $b32 bytes of state per parameter, not 8.000"
+python3 -c "import sys; sys.exit(0 if 2.0 < float('$b8') < 2.05 else 1)" && ok ||
+  bad "adamw_8bit plans $b8 bytes of state per parameter, not about 2.03"
+plan paged_adamw_8bit | grep -q "optimizer state (paged, host)" && ok || bad "the paged plan does not show host state"
+plan paged_adamw_8bit | grep -q "total in host memory" && ok || bad "the paged plan has no host total"
+row=$(grep "^  optimizer state  " "$W/q8.log" | tail -1)
+set -- $row
+[ "$#" -eq 6 ] && [ "$3 $4" = "$5 $6" ] && ok || bad "adamw_8bit: measured optimizer-state peak differs from the plan: $row"
+echo "adamw_8bit run, optimizer state planned / measured peak: $3 $4 / $5 $6"
+
+# an optimizer snug does not build is refused
+"$SNUG" train $common --optimizer adafactor --output_dir "$W/x" > /dev/null 2> "$W/err"
+[ $? -eq 2 ] && grep -q "optimizer 'adafactor' is not supported yet" "$W/err" && ok ||
+  bad "adafactor not refused: $(head -c 300 "$W/err")"
+
+echo "test_adamw8bit: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The same few training steps with the activation levers off and on: the logged losses agree (bitwise for
+# checkpointing, to fp32 rounding for the attention path and the chunked loss), and gradient accumulation over
+# N micro-batches logs the loss of the whole batch.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+python3 - "$W/data.jsonl" <<'PY'
+import json, random, sys
+random.seed(1)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(400):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 40)))}) + "\n")
+PY
+common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --max_steps 4 --sample_tokens 0
+        --logging_steps 1 --learning_rate 1e-3 --lr_scheduler constant --seed 5"
+
+train() { # NAME ARGS...
+  local name=$1; shift
+  if ! "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1; then
+    echo "FAIL: $name did not train"; tail -3 "$W/$name.log"; fail=$((fail + 1)); return 1
+  fi
+  python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" \
+    "$W/$name/metrics.jsonl" > "$W/$name.loss"
+}
+
+compare() { # NAME REF TOL
+  if python3 - "$W/$1.loss" "$W/$2.loss" "$3" <<'PY'
+import sys
+a = [float(x) for x in open(sys.argv[1]).read().split()]
+b = [float(x) for x in open(sys.argv[2]).read().split()]
+tol = float(sys.argv[3])
+worst = max(abs(x - y) / abs(y) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf")
+print(f"  {sys.argv[1].split('/')[-1][:-5]:<28} vs {sys.argv[2].split('/')[-1][:-5]:<10} worst rel {worst:.1e}")
+sys.exit(0 if worst <= tol else 1)
+PY
+  then pass=$((pass + 1)); else echo "FAIL: $1 losses differ from $2"; fail=$((fail + 1)); fi
+}
+
+train base --micro_batch_size 4
+train ckpt_full --micro_batch_size 4 --gradient_checkpointing full
+train ckpt_selective --micro_batch_size 4 --gradient_checkpointing selective
+train ckpt_every2 --micro_batch_size 4 --gradient_checkpointing full --gradient_checkpointing_every_n_layers 2
+train naive_attention --micro_batch_size 4 --flash_attention false
+train chunked_ce --micro_batch_size 4 --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
+train all_levers --micro_batch_size 4 --gradient_checkpointing full --flash_attention false --chunked_cross_entropy true
+train accumulate --micro_batch_size 1 --gradient_accumulation_steps 4
+compare ckpt_full base 0
+compare ckpt_selective base 0
+compare ckpt_every2 base 0
+compare naive_attention base 1e-5
+compare chunked_ce base 1e-5
+compare all_levers base 1e-5
+compare accumulate base 1e-5
+echo "test_levers: $pass passed, $fail failed"
+[ $fail -eq 0 ]

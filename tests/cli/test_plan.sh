@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# `snug plan`: plans of models this machine cannot hold from their config.json alone (Llama 2 7B/13B/70B, Llama 3.1
+# 8B: no weights, no tokenizer), the JSON report, the chart, auto_fit in the plan, and bad input (a broken or
+# inconsistent config.json, an unknown GPU, a malformed budget or flag) as one clear error line with exit status 2.
+set -u
+SNUG=$(realpath "${SNUG_BIN:-build/snug}")
+SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
+CFG=$SRC/tests/data/configs
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+# expect_error NAME PATTERN CMD...: exit status 2 and one "snug: error:" line on stderr matching PATTERN
+expect_error() {
+  local name=$1 pattern=$2; shift 2
+  "$@" >"$W/stdout" 2>"$W/stderr"
+  local rc=$? lines
+  lines=$(grep -c "snug: error:" "$W/stderr")
+  if [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && grep -Eq -- "$pattern" "$W/stderr"; then ok; else
+    bad "$name: rc=$rc, error lines=$lines"; echo "  stderr: $(head -c 400 "$W/stderr")"; fi
+}
+
+# expect_out NAME PATTERN... -- CMD...: exit status 0 and every PATTERN in stdout
+expect_out() {
+  local name=$1; shift
+  local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+  shift
+  "$@" >"$W/stdout" 2>"$W/stderr"
+  local rc=$?
+  if [ $rc -ne 0 ]; then bad "$name: rc=$rc: $(head -c 300 "$W/stderr")"; return; fi
+  for p in "${pats[@]}"; do
+    if ! grep -Eq -- "$p" "$W/stdout"; then bad "$name: no '$p' in the output"; return; fi
+  done
+  ok
+}
+
+# plans from config.json alone, for models far larger than this machine
+expect_out llama2-7b "6\.74B parameters" "parameters +25\.10 GiB +4\.00" "optimizer state +50\.2[01] GiB +8\.00" \
+  "fit on common GPUs" "H200 141GB" -- "$SNUG" plan --base_model "$CFG/llama-2-7b"
+expect_out llama2-13b "13\.02B parameters" "gradients +48\.49 GiB" -- "$SNUG" plan --base_model "$CFG/llama-2-13b"
+expect_out llama2-70b "68\.98B parameters" "does not fit .* whatever the levers" -- \
+  "$SNUG" plan --base_model "$CFG/llama-2-70b" --sequence_len 4096 --micro_batch_size 1
+expect_out llama31-8b "8\.03B parameters" "vocab 128256" "gradient_checkpointing: full +[0-9.]+ GiB .*\+33%" \
+  "time and cost" "cheapest: " -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --sequence_len 2048 --micro_batch_size 2 --gpu h100
+expect_out target-fits "H200 141GB \(140\.40 GiB\): fits" -- "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --gpu h200
+expect_out target-budget "memory_budget \(37\.25 GiB\): does not fit" "cheapest setting that fits: .*optimizer" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --memory_budget 40GB --backend cuda
+expect_out budget-gib "memory_budget \(40\.00 GiB\)" -- "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --memory_budget "40 GiB"
+expect_out budget-mb "memory_budget \(37\.25 GiB\)" -- "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --memory_budget 40000MB
+expect_out auto-fit "auto_fit: chose .* needs .* of memory_budget 37\.25 GiB" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --auto_fit true --memory_budget 40GB --backend cuda
+expect_out measured-tps "the measured 3000 on --gpu's GPU" "--price_per_hour" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --gpu a100-80gb --tokens_per_s 3000 --price_per_hour 1.5
+expect_out default-job "tiny-llama" "max_steps 600 x 1024 tokens per step" -- bash -c "cd '$W' && '$SNUG' plan"
+printf '{"text": "hello world, this is a small dataset line that repeats."}\n%.0s' $(seq 200) > "$W/data.jsonl"
+expect_out epochs "num_epochs 2 x [0-9]+ dataset tokens" -- bash -c "cd '$W' && '$SNUG' plan --dataset data.jsonl \
+  --tokenizer '$SRC/assets/tokenizer' --num_epochs 2 --sequence_len 32"
+expect_out no-data "assumed 1000 steps" "missing.jsonl: cannot open" -- \
+  bash -c "cd '$W' && '$SNUG' plan --dataset missing.jsonl --base_model '$CFG/llama-2-7b'"
+
+# JSON: every category, the GPU table, and the numbers adding up
+if "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --json --gpu a100 > "$W/plan.json" 2>"$W/stderr" &&
+   python3 - "$W/plan.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+cats = j["memory"]["categories"]
+assert len(cats) == 7 and j["model"]["parameters"] == 8030261248, cats
+assert sum(c["bytes"] for c in cats.values()) == j["memory"]["arenas"] + j["memory"]["host_arenas"]
+assert abs(j["memory"]["total"] - j["memory"]["arenas"] - j["memory"]["runtime_overhead"]["total"]) < 1
+assert [g["id"] for g in j["gpus"]] == ["rtx4090", "a100-40gb", "a6000", "l40s", "a100-80gb", "h100", "h200"]
+assert j["backend"] == "cuda" and j["target"]["name"] == "A100 80GB" and not j["target"]["fits"]
+assert any(l["lever"] == "gradient_checkpointing: full" for l in j["levers_toggled"])
+for g in j["gpus"]:
+    assert g["fits"] == (g["needs"] <= g["memory"])
+    if g["cheapest_fit"]:
+        assert g["cheapest_fit"]["needs"] <= g["memory"] and g["cost_usd"] > 0
+PY
+then ok; else bad "json: $(head -c 300 "$W/stderr")"; fi
+
+# the chart: SVG always, PNG when a converter is installed
+if "$SNUG" plan --base_model "$CFG/llama-2-7b" --svg "$W/plan.svg" > "$W/stdout" 2>"$W/stderr" &&
+   grep -q "</svg>" "$W/plan.svg" && grep -q "gradient_checkpointing: full" "$W/plan.svg" &&
+   { [ -f "$W/plan.png" ] || grep -q "no PNG" "$W/stdout"; }; then ok; else bad "svg: $(head -c 300 "$W/stderr")"; fi
+
+# bad input
+mkdir -p "$W/nohidden" "$W/heads" "$W/broken" "$W/empty"
+python3 - "$CFG/llama-2-7b/config.json" "$W" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); w = sys.argv[2]
+d = dict(c); del d["hidden_size"]; json.dump(d, open(w + "/nohidden/config.json", "w"))
+d = dict(c); d["num_key_value_heads"] = 5; json.dump(d, open(w + "/heads/config.json", "w"))
+open(w + "/broken/config.json", "w").write(json.dumps(c)[:200])
+PY
+expect_error missing-key "nohidden/config.json.*hidden_size.*missing" "$SNUG" plan --base_model "$W/nohidden"
+expect_error inconsistent "heads/config.json.*num_key_value_heads" "$SNUG" plan --base_model "$W/heads"
+expect_error broken-json "broken/config.json:[0-9]+:[0-9]+: invalid JSON" "$SNUG" plan --base_model "$W/broken"
+expect_error no-config "empty/config.json: not found" "$SNUG" plan --base_model "$W/empty"
+expect_error unknown-gpu "unknown GPU 'v100'; snug plan knows rtx4090, a100-40gb, a6000, l40s, a100-80gb, h100, h200" \
+  "$SNUG" plan --base_model "$CFG/llama-2-7b" --gpu v100
+expect_error bad-budget "memory_budget must be a size such as 40GB.*got 'forty'" \
+  "$SNUG" plan --base_model "$CFG/llama-2-7b" --memory_budget forty
+expect_error bad-backend "--backend must be cpu or cuda, got 'tpu'" "$SNUG" plan --base_model "$CFG/llama-2-7b" --backend tpu
+expect_error bad-tps "--tokens_per_s must be a positive number.*got 'fast'" \
+  "$SNUG" plan --base_model "$CFG/llama-2-7b" --tokens_per_s fast
+expect_error gpu-on-cpu "--gpu plans for the cuda backend" "$SNUG" plan --base_model "$CFG/llama-2-7b" --gpu h100 --backend cpu
+expect_error no-value "--gpu needs a value" "$SNUG" plan --base_model "$CFG/llama-2-7b" --gpu
+expect_error fit-no-budget "auto_fit is true but memory_budget is not set" \
+  "$SNUG" plan --base_model "$CFG/llama-2-7b" --auto_fit true
+expect_error fit-nothing "auto_fit: nothing fits memory_budget 7\.45 GiB.*smallest setting" \
+  "$SNUG" plan --base_model "$CFG/llama-2-7b" --auto_fit true --memory_budget 8GB --backend cuda
+
+echo "test_plan: $pass passed, $fail failed"
+[ $fail -eq 0 ]

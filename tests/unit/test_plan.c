@@ -1,0 +1,322 @@
+/* test_plan.c: the planner against published figures and against itself: parameter counts of the Llama 2/3 fixtures
+ * (tests/data/configs), bytes per parameter of fp32 and 8-bit AdamW, what each lever saves (and that a lever saves in
+ * the category it should), the fit search and auto_fit (the options and the spec agree afterwards), the over-budget
+ * error, the GPU table, the runtime overhead, the plan flags, the SVG chart and memory.json. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/fileio.h"
+#include "model/config.h"
+#include "plan/autofit.h"
+#include "plan/gpus.h"
+#include "plan/plan.h"
+#include "plan/plan_cmd.h"
+#include "plan/svg.h"
+#include "train/trainer.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static snug_model_config load_fixture(const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/configs/%s/config.json", SNUG_SOURCE_DIR, name);
+    snug_model_config c;
+    snug_error e = {0};
+    memset(&c, 0, sizeof c);
+    CHECKF(snug_model_config_load(&c, path, &e) == 0, "%s: %s", name, e.msg);
+    return c;
+}
+
+static snug_plan_spec spec_of(const snug_model_config *c, int B, int T) {
+    return (snug_plan_spec){.cfg = *c, .B = B, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 1};
+}
+
+static snug_plan plan_of(const snug_plan_spec *s) {
+    snug_plan p;
+    snug_error e = {0};
+    CHECKF(snug_plan_run(&p, s, &e) == 0, "%s", e.msg);
+    return p;
+}
+
+/* Published parameter counts (Hugging Face model cards / safetensors index totals). */
+static void test_fixtures(void) {
+    static const struct { const char *name; long long params; } m[] = {
+        {"llama-2-7b", 6738415616LL},  {"llama-2-13b", 13015864320LL}, {"llama-2-70b", 68976648192LL},
+        {"llama-3.1-8b", 8030261248LL}, {"llama-3.2-3b", 3212749824LL},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        snug_model_config c = load_fixture(m[i].name);
+        CHECKF(snug_model_config_nparams(&c) == m[i].params, "%s: %lld parameters", m[i].name,
+               snug_model_config_nparams(&c));
+        snug_plan_spec s = spec_of(&c, 1, 512);
+        snug_plan p = plan_of(&s);
+        CHECK(p.nparams == m[i].params);
+        /* fp32 AdamW: 4 (weights) + 4 (gradients) + 8 (m, v) = 16 bytes per parameter, up to arena alignment */
+        double P = (double)p.nparams;
+        CHECK(fabs(p.bytes[SNUG_MEM_PARAMS] / P - 4) < 1e-6 && fabs(p.bytes[SNUG_MEM_GRADS] / P - 4) < 1e-6);
+        CHECKF(fabs(p.bytes[SNUG_MEM_OPTIM] / P - 8) < 1e-6, "%s: optimizer %.6f B/param", m[i].name,
+               p.bytes[SNUG_MEM_OPTIM] / P);
+        CHECK(p.bytes[SNUG_MEM_MASTER] == 0);
+        /* 8-bit AdamW: about 2 bytes per parameter (bitsandbytes: 2.03 with 256-element blocks) */
+        s.optim = SNUG_OPTIM_ADAMW_8BIT;
+        snug_plan q = plan_of(&s);
+        double b8 = q.bytes[SNUG_MEM_OPTIM] / P;
+        CHECKF(b8 > 2.0 && b8 < 2.1, "%s: 8-bit AdamW state %.4f B/param", m[i].name, b8);
+        s.optim_paged = 1;
+        q = plan_of(&s);
+        CHECK(q.host[SNUG_MEM_OPTIM] && q.host_total >= q.bytes[SNUG_MEM_OPTIM] && q.total < p.total);
+    }
+}
+
+/* Each lever saves in its own category, and full checkpointing saves about 4x or more of the activations. */
+static void test_levers(void) {
+    snug_model_config c = load_fixture("llama-3.2-3b");
+    snug_plan_spec s = spec_of(&c, 1, 4096);
+    snug_plan none = plan_of(&s);
+    s.lv.ckpt = SNUG_CKPT_SELECTIVE;
+    snug_plan sel = plan_of(&s);
+    s.lv.ckpt = SNUG_CKPT_FULL;
+    snug_plan full = plan_of(&s);
+    s.lv.ckpt_every = 2;
+    snug_plan half = plan_of(&s);
+    double a0 = (double)none.bytes[SNUG_MEM_ACTS];
+    CHECK(sel.bytes[SNUG_MEM_ACTS] < none.bytes[SNUG_MEM_ACTS]);
+    CHECK(half.bytes[SNUG_MEM_ACTS] < sel.bytes[SNUG_MEM_ACTS] || half.bytes[SNUG_MEM_ACTS] < a0);
+    CHECK(full.bytes[SNUG_MEM_ACTS] < half.bytes[SNUG_MEM_ACTS]);
+    CHECKF(a0 / (double)full.bytes[SNUG_MEM_ACTS] > 4.0, "full checkpointing saves only %.2fx",
+           a0 / (double)full.bytes[SNUG_MEM_ACTS]);
+    for (int k = 0; k < SNUG_MEM_NCAT; k++)
+        if (k != SNUG_MEM_ACTS && k != SNUG_MEM_WORKSPACE)
+            CHECK(full.bytes[k] == none.bytes[k]);
+
+    s = spec_of(&c, 1, 4096);
+    s.lv.xent_chunk = 256;
+    snug_plan ce = plan_of(&s);
+    /* the logits of 4096 - 256 tokens x vocab x 4 bytes are not held */
+    double want = (4096.0 - 256) * c.vocab_size * 4;
+    CHECKF(fabs(((double)none.bytes[SNUG_MEM_WORKSPACE] - (double)ce.bytes[SNUG_MEM_WORKSPACE]) - want) < 1024,
+           "chunked CE saves %.0f, expected %.0f", (double)none.bytes[SNUG_MEM_WORKSPACE] - ce.bytes[SNUG_MEM_WORKSPACE],
+           want);
+    CHECK(ce.bytes[SNUG_MEM_ACTS] == none.bytes[SNUG_MEM_ACTS]);
+
+    s = spec_of(&c, 1, 1024);
+    snug_plan flash = plan_of(&s);
+    s.lv.naive_attention = 1;
+    snug_plan naive = plan_of(&s);
+    CHECK(naive.total >= flash.total);
+}
+
+static void test_fit_space(void) {
+    snug_model_config c = load_fixture("llama-2-7b");
+    snug_plan_spec s = spec_of(&c, 4, 1024);
+    snug_fit_space fs;
+    snug_error e = {0};
+    CHECKF(snug_fit_space_build(&fs, &s, 2, SNUG_DEVICE_CUDA, 0, &e) == 0, "%s", e.msg);
+    CHECK(fs.n > 10 && fs.pt[0].changes == 0 && fs.pt[0].cost == 0 && !strcmp(fs.pt[0].what, "as configured"));
+    for (int i = 0; i < fs.n; i++) /* the effective batch is kept */
+        CHECK(fs.pt[i].spec.B * fs.pt[i].GA == 8);
+    double need0 = snug_fit_point_need(&fs, &fs.pt[0]);
+    const snug_fit_point *b = snug_fit_best(&fs, 1e15);
+    CHECK(b && b->cost <= 0);
+    CHECK(snug_fit_best(&fs, 1e9) == NULL); /* 7B in fp32 never fits 1 GB */
+    const snug_fit_point *sm = snug_fit_smallest(&fs);
+    for (int i = 0; i < fs.n; i++)
+        CHECK(sm->plan.total <= fs.pt[i].plan.total);
+    /* a capacity between the smallest and the configured run: the choice fits and nothing cheaper fits */
+    double cap = 0.5 * (need0 + snug_fit_point_need(&fs, sm));
+    b = snug_fit_best(&fs, cap);
+    CHECK(b && snug_fit_point_need(&fs, b) <= cap);
+    for (int i = 0; b && i < fs.n; i++)
+        if (fs.pt[i].cost < b->cost - 1e-9)
+            CHECK(snug_fit_point_need(&fs, &fs.pt[i]) > cap);
+    snug_lever_effect lev[32];
+    int n = snug_fit_levers(&fs, lev, 32);
+    int has_full = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(lev[i].saves > 0 && lev[i].p->changes == 1);
+        if (i)
+            CHECK(lev[i].p->cost >= lev[i - 1].p->cost - 1e-12);
+        if (!strcmp(lev[i].name, "gradient_checkpointing: full")) {
+            has_full = 1;
+            CHECK(fabs(lev[i].p->cost - 1.0 / 3.0) < 1e-9); /* one extra forward: 8N instead of 6N FLOPs */
+        }
+    }
+    CHECK(has_full);
+    snug_fit_space_free(&fs);
+}
+
+static void test_autofit(void) {
+    snug_options o;
+    snug_options_defaults(&o);
+    o.micro_batch_size = 8;
+    o.gradient_accumulation_steps = 1;
+    o.sequence_len = 512;
+    snug_model_config c = load_fixture("llama-3.2-3b");
+    snug_plan_spec s = spec_of(&c, 8, 512);
+    s.lv = snug_levers_from_options(&o);
+    snug_plan p0 = plan_of(&s);
+    char note[1024];
+    snug_error e = {0};
+
+    /* no budget: refused */
+    CHECK(snug_autofit(&o, &s, SNUG_DEVICE_CUDA, 0, note, sizeof note, &e) == SNUG_EINPUT);
+    CHECK(strstr(e.msg, "memory_budget") != NULL);
+
+    /* 40 GB: the 3B model's 16 bytes per parameter are 48 GB, so the optimizer state must shrink */
+    o.memory_budget = 40e9;
+    CHECKF(snug_autofit(&o, &s, SNUG_DEVICE_CUDA, 0, note, sizeof note, &e) == 0, "%s", e.msg);
+    CHECK(o.micro_batch_size * o.gradient_accumulation_steps == 8);
+    CHECK(s.B == o.micro_batch_size);
+    snug_levers lv = snug_levers_from_options(&o);
+    CHECK(lv.ckpt == s.lv.ckpt && lv.naive_attention == s.lv.naive_attention);
+    CHECK(lv.xent_chunk == s.lv.xent_chunk || (!lv.xent_chunk && !s.lv.xent_chunk));
+    snug_optim_kind k;
+    int paged;
+    CHECK(snug_optim_parse(o.optimizer, &k, &paged) == 0 && k == s.optim && paged == s.optim_paged);
+    snug_plan p1 = plan_of(&s);
+    snug_overhead ov;
+    snug_overhead_compute(&ov, SNUG_DEVICE_CUDA, &p1, 0);
+    CHECK((double)(p1.total + ov.total) <= 40e9 && p1.total < p0.total);
+    CHECKF(strstr(note, "auto_fit: chose") && strstr(note, "does not fit"), "%s", note);
+
+    /* a generous budget keeps the configuration (or makes it faster) */
+    snug_options o2;
+    snug_options_defaults(&o2);
+    o2.micro_batch_size = 8;
+    o2.sequence_len = 512;
+    o2.memory_budget = 1e13;
+    snug_plan_spec s2 = spec_of(&c, 8, 512);
+    CHECKF(snug_autofit(&o2, &s2, SNUG_DEVICE_CUDA, 0, note, sizeof note, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(o2.gradient_checkpointing, "none") && !strcmp(o2.optimizer, "adamw"));
+
+    /* nothing fits 1 GB */
+    o2.memory_budget = 1e9;
+    CHECK(snug_autofit(&o2, &s2, SNUG_DEVICE_CUDA, 0, note, sizeof note, &e) == SNUG_EINPUT);
+    CHECKF(strstr(e.msg, "nothing fits") && strstr(e.msg, "smallest"), "%s", e.msg);
+
+    /* the engine's error for a plan over the budget names the largest categories and the levers */
+    CHECK(snug_fail_over_budget(&e, &p0, 1e9, 6e8) == SNUG_ENOMEM);
+    CHECKF(strstr(e.msg, "over memory_budget") && strstr(e.msg, "optimizer state") && strstr(e.msg, "auto_fit"),
+           "%s", e.msg);
+}
+
+static void test_gpus(void) {
+    CHECK(snug_gpu_count() >= 7);
+    CHECK(snug_gpu_find("H100") && !strcmp(snug_gpu_find("h100-80gb")->id, "h100"));
+    CHECK(snug_gpu_find("RTX_4090") == snug_gpu_find("rtx4090") && snug_gpu_find("4090"));
+    CHECK(snug_gpu_find("a100") && snug_gpu_find("a100")->mem_bytes > 80e9);
+    CHECK(snug_gpu_find("A100-40GB")->mem_bytes < 45e9);
+    CHECK(!snug_gpu_find("tpu-v5") && !snug_gpu_find("") && !snug_gpu_find("h"));
+    char list[256];
+    snug_gpu_list(list, sizeof list);
+    CHECK(strstr(list, "rtx4090") && strstr(list, "h200") && strstr(list, "l40s"));
+    const double sizes[] = {24, 40, 48, 48, 80, 80, 141};
+    for (int i = 0; i < snug_gpu_count(); i++) /* the marketed GB, within what nvidia-smi shows */
+        CHECK(fabs(snug_gpu_at(i)->mem_bytes / 1e9 / sizes[i] - 1.03) < 0.07);
+
+    snug_model_config c = load_fixture("llama-3.1-8b");
+    snug_plan_spec s = spec_of(&c, 1, 2048);
+    snug_plan p = plan_of(&s);
+    snug_overhead ov;
+    snug_overhead_compute(&ov, SNUG_DEVICE_CUDA, &p, 1 << 20);
+    CHECK(ov.total > ((size_t)512 << 20) && ov.total < (size_t)(0.05 * p.total) + ((size_t)1 << 30));
+    snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &p, 0);
+    CHECK(ov.total == SNUG_CPU_BASELINE_BYTES + (size_t)p.nparams * 4);
+    snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &p, 1000);
+    CHECK(ov.total > SNUG_CPU_BASELINE_BYTES + (size_t)p.nparams * 4 + 1000);
+    /* 6 N FLOPs per token plus attention; an H100 is TF32-peak faster than an A100 */
+    CHECK(snug_flops_per_token(&s, p.nparams) > 6.0 * p.nparams);
+    double h = snug_gpu_tokens_per_s(snug_gpu_find("h100"), &s, p.nparams);
+    double a = snug_gpu_tokens_per_s(snug_gpu_find("a100"), &s, p.nparams);
+    CHECK(fabs(h / a - 494.7 / 156.0) < 1e-9 && a > 100 && a < 10000);
+}
+
+static void test_args(void) {
+    char *argv0[] = {"cfg.yaml", "--gpu", "H100", "--json", "--learning_rate", "1e-4", "--svg=plan.svg",
+                     "--tokens-per-s", "2500", "--price_per_hour", "2.5", "--backend", "cuda", NULL};
+    int argc = 13;
+    snug_plan_args a;
+    snug_error e = {0};
+    CHECKF(snug_plan_args_take(&a, &argc, argv0, &e) == 0, "%s", e.msg);
+    CHECK(argc == 3 && !strcmp(argv0[0], "cfg.yaml") && !strcmp(argv0[1], "--learning_rate") &&
+          !strcmp(argv0[2], "1e-4"));
+    CHECK(a.gpu == snug_gpu_find("h100") && a.json && !strcmp(a.svg, "plan.svg") && a.tokens_per_s == 2500 &&
+          a.price_per_hour == 2.5 && a.backend == SNUG_DEVICE_CUDA);
+    static const struct { const char *flag, *value, *want; } bad[] = {
+        {"--gpu", "tpu", "unknown GPU 'tpu'; snug plan knows rtx4090"},
+        {"--backend", "tpu", "--backend must be cpu or cuda"},
+        {"--tokens_per_s", "fast", "--tokens_per_s must be a positive number"},
+        {"--price_per_hour", "-1", "--price_per_hour must be a positive number"},
+        {"--svg", NULL, "--svg needs a value"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {(char *)bad[i].flag, (char *)bad[i].value, NULL};
+        int n = bad[i].value ? 2 : 1;
+        e.msg[0] = '\0';
+        CHECK(snug_plan_args_take(&a, &n, argv, &e) == SNUG_EINPUT);
+        CHECKF(strstr(e.msg, bad[i].want) != NULL, "%s", e.msg);
+    }
+}
+
+static void test_svg_and_json(void) {
+    char dir[] = "/tmp/snug_test_plan_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char svg[256], js[256], png[256];
+    snprintf(svg, sizeof svg, "%s/plan.svg", dir);
+    snprintf(png, sizeof png, "%s/plan.png", dir);
+    snprintf(js, sizeof js, "%s/memory.json", dir);
+    snug_svg_bar bars[2] = {{.label = "as configured"}, {.label = "gradient_checkpointing: full <&>"}};
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        bars[0].bytes[c] = bars[1].bytes[c] = (c + 1) * GIB;
+    bars[1].bytes[SNUG_MEM_ACTS] = 0.5 * GIB;
+    bars[0].overhead = bars[1].overhead = 0.6 * GIB;
+    snug_svg_line lines[2] = {{"RTX 4090 24GB", 24e9}, {"H200 141GB", 150e9}};
+    snug_error e = {0};
+    CHECKF(snug_svg_write(svg, "title", bars, 2, lines, 2, &e) == 0, "%s", e.msg);
+    char *text = NULL;
+    size_t n = 0;
+    CHECK(snug_read_file(svg, &text, &n, &e) == 0);
+    CHECK(text && !strncmp(text, "<?xml", 5) && strstr(text, "</svg>"));
+    CHECK(text && strstr(text, "full &lt;&amp;&gt;") && !strstr(text, "<&>"));
+    CHECK(text && strstr(text, "RTX 4090 24GB") && !strstr(text, "H200 141GB")); /* off the scale: not drawn */
+    free(text);
+    if (snug_svg_to_png(svg, png) == 0)
+        CHECK(snug_file_exists(png));
+    else
+        CHECK(!snug_file_exists(png));
+    unlink(png);
+
+    snug_plan_spec s = spec_of(&(snug_model_config){0}, 2, 64);
+    snug_plan p = {.total = 300, .nparams = 10};
+    size_t measured[SNUG_MEM_NCAT] = {0};
+    for (int c = 0; c < SNUG_MEM_NCAT; c++)
+        p.bytes[c] = measured[c] = 10 * (size_t)(c + 1);
+    snug_overhead ov = {.n = 1, .item = {{"process baseline", 100, "measured"}}, .total = 100};
+    CHECKF(snug_memory_json_write(js, &s, &p, measured, &ov, 512.0, &e) == 0, "%s", e.msg);
+    json_error_t je;
+    json_t *j = json_load_file(js, 0, &je);
+    CHECKF(j != NULL, "%s", je.text);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "plan"), "saved activations")) == 50);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "measured"), "data")) == 70);
+    CHECK(json_real_value(json_object_get(j, "predicted_rss")) == 400.0);
+    CHECK(json_real_value(json_object_get(j, "peak_rss")) == 512.0);
+    json_decref(j);
+    unlink(js);
+    unlink(svg);
+    CHECK(rmdir(dir) == 0);
+}
+
+int main(void) {
+    test_fixtures();
+    test_levers();
+    test_fit_space();
+    test_autofit();
+    test_gpus();
+    test_args();
+    test_svg_and_json();
+    return check_finish("test_plan");
+}
