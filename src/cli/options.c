@@ -886,7 +886,7 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
 int snug_options_parse_args(snug_options *o, int argc, char **argv, snug_error *e) {
     snug_options tmp = *o;
     char key[128];
-    const char *value, *config = NULL;
+    const char *value = NULL, *config = NULL;
     for (int i = 0; i < argc; i++) { /* first the config file, whatever its position */
         int rc = next_arg(argc, argv, &i, key, sizeof key, &value, e);
         if (rc < 0 || rc > 1)

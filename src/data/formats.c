@@ -6,6 +6,8 @@
  * to itself alone (snug_format_init checks each); with the byte-level stand-in, which has none, it is plain text. */
 #include "data/formats.h"
 
+#include "core/json_util.h"
+
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,19 +279,6 @@ static int put_id(const snug_format *f, snug_example *ex, int32_t id, int sup, s
 
 /* ---- JSON fields ---- */
 
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "a list";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
 
 static const char *format_example(const snug_format *f, char *buf, size_t cap) {
     switch (f->src->format) {
@@ -326,7 +315,7 @@ static int get_string(const snug_format *f, json_t *obj, const char *key, int re
     }
     if (!json_is_string(v))
         return snug_fail(e, SNUG_EINPUT, "the \"%s\" field is %s, not a string; each %s line must be %s", key,
-                         json_kind(v), snug_data_format_name(f->src->format), format_example(f, ex, sizeof ex));
+                         snug_json_type_name(v), snug_data_format_name(f->src->format), format_example(f, ex, sizeof ex));
     *s = json_string_value(v);
     *n = json_string_length(v);
     return 0;
@@ -427,7 +416,7 @@ static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_err
                          format_example(f, hint, sizeof hint));
     if (!json_is_array(msgs))
         return snug_fail(e, SNUG_EINPUT, "the \"messages\" field is %s, not a list; each chat line must be %s",
-                         json_kind(msgs), format_example(f, hint, sizeof hint));
+                         snug_json_type_name(msgs), format_example(f, hint, sizeof hint));
     size_t nm = json_array_size(msgs);
     if (nm == 0)
         return snug_fail(e, SNUG_EINPUT, "\"messages\" is empty; give at least a user and an assistant message or "
@@ -437,15 +426,15 @@ static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_err
         json_t *m = json_array_get(msgs, i), *r, *c;
         if (!json_is_object(m))
             return snug_fail(e, SNUG_EINPUT, "messages[%zu] is %s, not an object such as {\"role\": \"user\", "
-                             "\"content\": \"...\"}", i, json_kind(m));
+                             "\"content\": \"...\"}", i, snug_json_type_name(m));
         r = json_object_get(m, "role");
         c = json_object_get(m, "content");
         if (!r || !json_is_string(r))
             return snug_fail(e, SNUG_EINPUT, "messages[%zu].role is %s; it must be \"system\", \"user\" or "
-                             "\"assistant\"", i, r ? json_kind(r) : "missing");
+                             "\"assistant\"", i, r ? snug_json_type_name(r) : "missing");
         if (!c || !json_is_string(c))
             return snug_fail(e, SNUG_EINPUT, "messages[%zu].content is %s; it must be a string", i,
-                             c ? json_kind(c) : "missing");
+                             c ? snug_json_type_name(c) : "missing");
         const char *rs = json_string_value(r);
         if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
             return snug_fail(e, SNUG_EINPUT, "messages[%zu].role is \"%.40s\"; use \"system\", \"user\" or "
@@ -489,7 +478,7 @@ static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_err
 static int get_int(json_t *arr, const char *name, size_t i, json_int_t *out, snug_error *e) {
     json_t *v = json_array_get(arr, i);
     if (!json_is_integer(v))
-        return snug_fail(e, SNUG_EINPUT, "%s[%zu] is %s, not an integer", name, i, json_kind(v));
+        return snug_fail(e, SNUG_EINPUT, "%s[%zu] is %s, not an integer", name, i, snug_json_type_name(v));
     *out = json_integer_value(v);
     return 0;
 }
@@ -501,11 +490,11 @@ static int do_pretokenized(const snug_format *f, json_t *obj, snug_example *ex, 
         return snug_fail(e, SNUG_EINPUT, "the \"input_ids\" field is missing; each pretokenized line must be %s",
                          format_example(f, hint, sizeof hint));
     if (!json_is_array(ids))
-        return snug_fail(e, SNUG_EINPUT, "the \"input_ids\" field is %s, not a list of token ids", json_kind(ids));
+        return snug_fail(e, SNUG_EINPUT, "the \"input_ids\" field is %s, not a list of token ids", snug_json_type_name(ids));
     if (labels && json_is_null(labels))
         labels = NULL;
     if (labels && !json_is_array(labels))
-        return snug_fail(e, SNUG_EINPUT, "the \"labels\" field is %s, not a list of ids and -100", json_kind(labels));
+        return snug_fail(e, SNUG_EINPUT, "the \"labels\" field is %s, not a list of ids and -100", snug_json_type_name(labels));
     size_t n = json_array_size(ids);
     if (n == 0)
         return snug_fail(e, SNUG_EINPUT, "\"input_ids\" is empty; remove the line");
@@ -517,7 +506,7 @@ static int do_pretokenized(const snug_format *f, json_t *obj, snug_example *ex, 
     size_t nsup = 0;
     int V = f->enc->vocab_size;
     for (size_t i = 0; i < n; i++) {
-        json_int_t id, lab;
+        json_int_t id = 0, lab = 0;
         SNUG_TRY(get_int(ids, "input_ids", i, &id, e));
         if (id < 0 || id >= V)
             return snug_fail(e, SNUG_EINPUT, "input_ids[%zu] is %lld, outside the vocabulary 0..%d; tokenize with the "
@@ -592,7 +581,7 @@ int snug_format_line(const snug_format *f, const char *line, size_t len, snug_ex
     }
     int rc;
     if (!json_is_object(obj)) {
-        rc = snug_fail(e, SNUG_EINPUT, "the line is %s, not a JSON object; each line must be %s", json_kind(obj),
+        rc = snug_fail(e, SNUG_EINPUT, "the line is %s, not a JSON object; each line must be %s", snug_json_type_name(obj),
                        format_example(f, hint, sizeof hint));
     } else {
         switch (f->src->format) {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/json_util.h"
 
 #define HF_TRANSFORMERS_VERSION "4.46.0" /* written into saved configs; any 4.x reads them */
 #define REQUIRED INT_MIN                 /* default value meaning "the key must be present" */
@@ -25,22 +26,10 @@ typedef struct ctx {
     snug_error *e;
 } ctx;
 
-static const char *type_name(const json_t *j) {
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 static int wrong_type(const ctx *c, const char *key, const json_t *v, const char *expected) {
     return snug_fail(c->e, SNUG_EINPUT, "%s: key \"%s\" is %s, expected %s; fix the value in the config", c->path,
-                     key, type_name(v), expected);
+                     key, snug_json_type_name(v), expected);
 }
 
 static int missing(const ctx *c, const char *key, const char *what) {
@@ -370,7 +359,7 @@ int snug_model_config_parse(snug_model_config *cfg, const char *json_text, const
     int rc;
     if (!json_is_object(root)) {
         rc = snug_fail(e, SNUG_EINPUT, "%s: the top level is %s, expected an object; this is not a config.json", path,
-                       type_name(root));
+                       snug_json_type_name(root));
     } else {
         ctx c = {.path = path, .root = root, .e = e};
         rc = parse_root(cfg, &c);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "core/json_util.h"
 
 #define ST_MAX_HEADER 100000000ull /* the Rust reader's limit */
 #define ST_CORRUPT "the file is corrupt or was not written by a safetensors writer; re-download or re-save it"
@@ -40,18 +41,6 @@ static int dtype_bits(const char *s) {
     return 0;
 }
 
-static const char *json_type_name(const json_t *j) {
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 /* One tensor's byte range inside a file's data buffer, for the coverage check. */
 typedef struct span {
@@ -107,12 +96,12 @@ static int parse_entry(const char *path, const char *name, json_t *v, uint64_t b
                        span *sp, snug_error *e) {
     if (!json_is_object(v))
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": the header entry is %s, expected an object with dtype, "
-                         "shape and data_offsets; " ST_CORRUPT, path, name, json_type_name(v));
+                         "shape and data_offsets; " ST_CORRUPT, path, name, snug_json_type_name(v));
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
            *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd))
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": \"dtype\" is %s, expected a string such as \"BF16\"; "
-                         ST_CORRUPT, path, name, jd ? json_type_name(jd) : "missing");
+                         ST_CORRUPT, path, name, jd ? snug_json_type_name(jd) : "missing");
     const char *ds = json_string_value(jd);
     int bits = dtype_bits(ds);
     if (bits == 0)
@@ -121,7 +110,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, uint64_t b
     t->dtype = snug_dtype_parse(ds);
     if (!json_is_array(js))
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": \"shape\" is %s, expected an array of sizes; "
-                         ST_CORRUPT, path, name, js ? json_type_name(js) : "missing");
+                         ST_CORRUPT, path, name, js ? snug_json_type_name(js) : "missing");
     size_t nd = json_array_size(js);
     if (nd > SNUG_ST_MAXDIM)
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\": %zu dimensions, snug reads at most %d; this is not a "
@@ -169,13 +158,13 @@ static int parse_entry(const char *path, const char *name, json_t *v, uint64_t b
 static int check_metadata(const char *path, json_t *v, snug_error *e) {
     if (!json_is_object(v))
         return snug_fail(e, SNUG_EINPUT, "%s: \"__metadata__\" is %s, expected an object of strings; " ST_CORRUPT,
-                         path, json_type_name(v));
+                         path, snug_json_type_name(v));
     const char *k;
     json_t *x;
     json_object_foreach(v, k, x) {
         if (!json_is_string(x))
             return snug_fail(e, SNUG_EINPUT, "%s: \"__metadata__\".\"%s\" is %s, expected a string; " ST_CORRUPT,
-                             path, k, json_type_name(x));
+                             path, k, snug_json_type_name(x));
     }
     return 0;
 }
@@ -238,7 +227,7 @@ static int parse_header(snug_st_set *s, int fi, snug_error *e) {
     span *sp = NULL;
     if (!json_is_object(root)) {
         rc = snug_fail(e, SNUG_EINPUT, "%s: the JSON header is %s, expected an object; " ST_CORRUPT, path,
-                       json_type_name(root));
+                       snug_json_type_name(root));
         goto out;
     }
     uint64_t bufsize = size - 8 - hlen;
@@ -347,7 +336,7 @@ static int open_index(snug_st_set *s, const char *dir, const char *index_path, s
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
         rc = snug_fail(e, SNUG_EINPUT, "%s: \"weight_map\" is %s, expected an object mapping tensor names to shard "
                        "files; re-download or re-save the model", index_path,
-                       !wm ? "missing" : json_is_object(wm) ? "empty" : json_type_name(wm));
+                       !wm ? "missing" : json_is_object(wm) ? "empty" : snug_json_type_name(wm));
         goto out;
     }
     shards = calloc(json_object_size(wm), sizeof *shards);
@@ -360,7 +349,7 @@ static int open_index(snug_st_set *s, const char *dir, const char *index_path, s
     json_object_foreach(wm, name, v) {
         if (!json_is_string(v)) {
             rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map.\"%s\" is %s, expected a shard file name", index_path,
-                           name, json_type_name(v));
+                           name, snug_json_type_name(v));
             goto out;
         }
         const char *f = json_string_value(v);

@@ -36,7 +36,9 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
     f *= 1.0 + (kind == SNUG_DEVICE_CUDA ? 512.0 : 64.0) / tokens;
     if (s->optim == SNUG_OPTIM_ADAMW_8BIT)
         f *= 1.05;
-    if (s->optim_paged) {
+    if (s->optim_paged && kind == SNUG_DEVICE_CPU) {
+        f *= 1.01; /* chunks copied within host memory */
+    } else if (s->optim_paged) {
         long long P = snug_model_config_nparams(&s->cfg);
         double state = (double)P * (s->optim == SNUG_OPTIM_ADAMW_8BIT ? 2.03 : 8.0);
         double compute = snug_flops_per_token(s, P) * tokens * (GA > 0 ? GA : 1) / (156e12 * SNUG_ASSUMED_MFU);
@@ -220,10 +222,14 @@ const snug_fit_point *snug_fit_best(const snug_fit_space *s, double capacity) {
 
 const snug_fit_point *snug_fit_smallest(const snug_fit_space *s) {
     const snug_fit_point *best = NULL;
-    for (int i = 0; i < s->n; i++)
-        if (!best || s->pt[i].plan.total < best->plan.total ||
-            (s->pt[i].plan.total == best->plan.total && s->pt[i].cost < best->cost))
+    double bn = 0;
+    for (int i = 0; i < s->n; i++) {
+        double n = snug_fit_point_need(s, &s->pt[i]);
+        if (!best || n < bn || (n == bn && s->pt[i].cost < best->cost)) {
             best = &s->pt[i];
+            bn = n;
+        }
+    }
     return best;
 }
 
@@ -248,6 +254,20 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
     return "";
 }
 
+/* Which lever a single-change point changes: 0 attention, 1 cross-entropy, 2 checkpointing, 3 optimizer, 4 batch. */
+static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
+    const snug_plan_spec *a = &p->spec, *b = &base->spec;
+    if (a->lv.naive_attention != b->lv.naive_attention)
+        return 0;
+    if (a->lv.xent_chunk != b->lv.xent_chunk)
+        return 1;
+    if (a->lv.ckpt != b->lv.ckpt || a->lv.ckpt_every != b->lv.ckpt_every)
+        return 2;
+    if (a->optim != b->optim || a->optim_paged != b->optim_paged)
+        return 3;
+    return 4;
+}
+
 static int effect_cmp(const void *x, const void *y) {
     const snug_lever_effect *a = x, *b = y;
     if (fabs(a->p->cost - b->p->cost) > 1e-9)
@@ -267,8 +287,19 @@ int snug_fit_levers(const snug_fit_space *s, snug_lever_effect *out, int max) {
         snprintf(out[n].name, sizeof out[n].name, "%s", p->what);
         n++;
     }
-    qsort(out, (size_t)n, sizeof *out, effect_cmp);
-    return n;
+    /* a setting of a lever that saves no more than a cheaper setting of the same lever is not worth listing (paged
+     * 32-bit state beside paged 8-bit; paged 8-bit beside plain 8-bit on the CPU) */
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        int dominated = 0;
+        for (int k = 0; k < n && !dominated; k++)
+            dominated = k != i && lever_of(out[k].p, base) == lever_of(out[i].p, base) &&
+                        out[k].p->cost < out[i].p->cost - 1e-9 && out[k].saves >= 0.999 * out[i].saves;
+        if (!dominated)
+            out[kept++] = out[i];
+    }
+    qsort(out, (size_t)kept, sizeof *out, effect_cmp);
+    return kept;
 }
 
 size_t snug_dataset_bytes_estimate(const snug_options *o, int byte_level) {

@@ -46,7 +46,7 @@ double snug_fit_point_need(const snug_fit_space *s, const snug_fit_point *p);
 
 /* The cheapest point that fits in `capacity` bytes (ties: fewer changes, then less memory); NULL when none does. */
 const snug_fit_point *snug_fit_best(const snug_fit_space *s, double capacity);
-/* The point that needs the least memory. */
+/* The point that needs the least memory (overhead included; ties: the cheaper). */
 const snug_fit_point *snug_fit_smallest(const snug_fit_space *s);
 
 /* One lever on its own, as `snug plan` lists it. */
@@ -57,7 +57,8 @@ typedef struct snug_lever_effect {
     const char *cost_note;  /* "one extra forward pass per layer" */
 } snug_lever_effect;
 
-/* The single-lever points that save memory, cheapest first; returns how many (at most max). */
+/* The single-lever points that save memory, cheapest first, without those that save no more than a cheaper one;
+ * returns how many (at most max). */
 int snug_fit_levers(const snug_fit_space *s, snug_lever_effect *out, int max);
 
 /* Predicted step-time factor of a setting (1.0 = the configured run's speed when it is the base); see autofit.c. */

@@ -232,13 +232,16 @@ static double evaluate(run *r, int32_t *ids, int32_t *labels, int32_t *pos) {
     return ntok ? sum / (double)ntok : NAN;
 }
 
-static void progress_bar(FILE *out, int step, int total, double loss, double elapsed) {
-    int width = 30, filled = (int)((double)step / total * width);
+/* One terminal line, redrawn in place: progress, the step's metrics, and the time left. */
+static void progress_bar(FILE *out, int step, int total, double loss, double lr, double norm, double tps, double rss,
+                         double elapsed) {
+    int width = 24, filled = (int)((double)step / total * width);
     double eta = step ? elapsed / step * (total - step) : 0;
     fprintf(out, "\r[");
     for (int i = 0; i < width; i++)
         fputc(i < filled ? '#' : '.', out);
-    fprintf(out, "] %d/%d loss %.4f  eta %dm%02ds ", step, total, loss, (int)eta / 60, (int)eta % 60);
+    fprintf(out, "] %d/%d loss %.4f lr %.2e gnorm %.3f %.0f tok/s %.0f MiB eta %dm%02ds ", step, total, loss, lr,
+            norm, tps, rss / 1048576.0, (int)eta / 60, (int)eta % 60);
     fflush(out);
 }
 
@@ -444,7 +447,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             fprintf(metrics, "}\n");
             fflush(metrics);
             if (tty) {
-                progress_bar(out, step + 1, total, loss_mean, t - t0);
+                progress_bar(out, step + 1, total, loss_mean, lr, norm, tps, rss, t - t0);
                 if (!isnan(val))
                     fprintf(out, "\n  step %d: validation loss %.4f\n", step + 1, val);
             } else {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # 8-bit AdamW against fp32 AdamW over a 200-step run of tiny-llama on the fortunes (data/fortunes.jsonl, made by
-# scripts/setup.sh; a generated corpus stands in when it is missing): the loss, averaged over each window of 10
+# scripts/setup.sh, or here from the fortunes package): the loss, averaged over each window of 10
 # steps, stays within 1% of fp32 AdamW's. Paged optimizers give bitwise the losses of the unpaged ones. `snug plan`
 # shows 8 bytes of optimizer state per parameter for AdamW and about 2.04 for 8-bit AdamW, the paged state as host
 # memory, and the trained run's measured optimizer-state peak equals the plan. Under a sanitizer build the runs are
@@ -17,17 +17,13 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 STEPS=200
 if ldd "$SNUG" 2>/dev/null | grep -q libasan; then STEPS=10; fi
 DATA=$SRC/data/fortunes.jsonl
+if [ ! -s "$DATA" ] && [ -d /usr/share/games/fortunes ]; then
+  DATA=$W/fortunes.jsonl
+  python3 "$SRC/scripts/fortunes_to_jsonl.py" /usr/share/games/fortunes "$DATA" > /dev/null
+fi
 if [ ! -s "$DATA" ]; then
-  DATA=$W/data.jsonl
-  python3 - "$DATA" <<'PY'
-import json, random, sys
-random.seed(3)
-words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers and "
-         "every fortune favours the bold who read it twice").split()
-with open(sys.argv[1], "w") as f:
-    for i in range(3000):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(5, 60)))}) + "\n")
-PY
+  echo "FAIL: no data/fortunes.jsonl and no fortunes package to make it from; run scripts/setup.sh"
+  exit 1
 fi
 common="--model_preset tiny-llama --dataset $DATA --tokenizer $SRC/assets/tokenizer --sequence_len 32
         --micro_batch_size 8 --val_set_size 0 --sample_tokens 0 --logging_steps 1 --weight_decay 0.01 --seed 7"
