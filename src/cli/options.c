@@ -124,6 +124,18 @@ static const key_spec keys[] = {
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
      AT_INT(micro_batch_size), .def = "4", .help = "examples per forward/backward pass"},
+    {.name = "sample_packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing), .def = "false",
+     .help = "pack several examples into each row of sequence_len tokens (first-fit decreasing), attention and "
+             "positions kept per example; false = one example per row, padded"},
+    {.name = "group_by_length", .type = KT_BOOL, .group = G_BATCH, AT_INT(group_by_length), .def = "false",
+     .help = "without packing: put examples of similar length in the same micro-batch (less padding)"},
+    {.name = "pad_to_sequence_len", .type = KT_BOOL, .group = G_BATCH, AT_INT(pad_to_sequence_len),
+     .def = "false", .help = "pad every row to sequence_len; false = to the longest example of the micro-batch"},
+    {.name = "pad_to_multiple_of", .type = KT_INT, .group = G_BATCH, AT_INT(pad_to_multiple_of), .def = "0",
+     .help = "round a padded micro-batch's length up to a multiple of this; 0 = no rounding"},
+    {.name = "concatenate", .type = KT_BOOL, .group = G_BATCH, AT_INT(concatenate), .def = "false",
+     .help = "join all examples into one stream cut into rows (pretraining style): no padding, but tokens attend "
+             "to and predict across example boundaries"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
@@ -230,11 +242,8 @@ static const key_spec keys[] = {
     LATER("lora_target_modules", KT_LIST, "LoRA adapters; snug does full fine-tuning"),
     LATER_BOOL("lora_target_linear", "LoRA adapters; snug does full fine-tuning"),
     LATER("lora_model_dir", KT_STRING, "LoRA adapters; snug does full fine-tuning"),
-    LATER_BOOL("sample_packing", "packing several examples into one row"),
-    LATER_BOOL("eval_sample_packing", "packing several examples into one row"),
-    LATER_BOOL("pad_to_sequence_len", "padding every row to sequence_len"),
-    LATER_BOOL("group_by_length", "batching examples of similar length"),
-    LATER("pad_to_multiple_of", KT_INT, "padding rows to a multiple of a length"),
+    {.name = "eval_sample_packing", .type = KT_BOOL, .off = "true",
+     .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("optimizer_in_backward", "running the optimizer step inside the backward pass"),
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
@@ -948,6 +957,14 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
                 "%s: datasets[%d] chat_template '%s' is unknown; use chatml or llama3", src, i, d->chat_template);
     }
     REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
+    REQUIRE(o->pad_to_multiple_of >= 0, "%s: pad_to_multiple_of is %d; use 0 (no rounding) or a positive length",
+            src, o->pad_to_multiple_of);
+    REQUIRE(!o->concatenate || (!o->sample_packing && !o->group_by_length),
+            "%s: concatenate is true with %s; the stream has no examples to pack or group, keep one", src,
+            o->sample_packing ? "sample_packing" : "group_by_length");
+    REQUIRE(!o->sample_packing || !o->group_by_length,
+            "%s: sample_packing and group_by_length are both true; packing already places examples by length, "
+            "keep one", src);
     REQUIRE(o->gradient_checkpointing_every_n_layers >= 1,
             "%s: gradient_checkpointing_every_n_layers is %d; it must be at least 1", src,
             o->gradient_checkpointing_every_n_layers);

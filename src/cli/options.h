@@ -43,6 +43,11 @@ typedef struct snug_options {
 
     /* batch and schedule */
     int micro_batch_size;     /* 4;  alias per_device_train_batch_size */
+    int sample_packing;       /* 0: one example per row, padded; 1: several examples per row of sequence_len */
+    int group_by_length;      /* 0; 1: micro-batches of examples of similar length (padding only) */
+    int pad_to_sequence_len;  /* 0: a padded micro-batch is as long as its longest example; 1: sequence_len */
+    int pad_to_multiple_of;   /* 0; a padded micro-batch's length rounded up to a multiple of this */
+    int concatenate;          /* 0; 1: join the examples into one stream cut into rows (no boundaries) */
     int gradient_accumulation_steps; /* 1 */
     int num_epochs;           /* 1; alias num_train_epochs */
     int max_steps;            /* -1 = from epochs */

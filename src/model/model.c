@@ -247,7 +247,8 @@ static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1
 void snug_model_init_random(snug_model *m, uint64_t seed) {
     const snug_model_config *c = &m->cfg;
     float std = c->initializer_range > 0 ? c->initializer_range : 0.02f;
-    float *host = malloc(m->table.total * sizeof *host);
+    int direct = m->be->host_resident; /* write straight into the parameters when they are host memory */
+    float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
     if (!host)
         abort();
     for (int i = 0; i < m->table.n; i++) {
@@ -271,8 +272,10 @@ void snug_model_init_random(snug_model *m, uint64_t seed) {
                 x[k + 1] = (float)(sd * r * sin(2 * M_PI * u2));
         }
     }
-    m->be->to_device(m->be, m->params, host, m->table.total * sizeof *host);
-    free(host);
+    if (!direct) {
+        m->be->to_device(m->be, m->params, host, m->table.total * sizeof *host);
+        free(host);
+    }
 }
 
 void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labels, const int32_t *pos,

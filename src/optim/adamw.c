@@ -27,8 +27,19 @@ enum { NSPAN = 6 }; /* m, v, qm, qv, am, av */
 
 static size_t nblocks(size_t n) { return (n + SNUG_Q8_BLOCK - 1) / SNUG_Q8_BLOCK; }
 
+/* An embedding table of the parameter table: token embeddings (Llama family, GPT-2) and GPT-2's positions. The
+ * table builder (model/params.c) names every tensor, so the names are the reliable mark. */
+static int is_embedding(const snug_param_entry *p) {
+    static const char *const names[] = {"model.embed_tokens.weight", "transformer.wte.weight",
+                                        "transformer.wpe.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(p->name, names[i]))
+            return 1;
+    return 0;
+}
+
 int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p) {
-    return opt->kind == SNUG_OPTIM_ADAMW_8BIT && p->numel >= SNUG_Q8_MIN_NUMEL;
+    return opt->kind == SNUG_OPTIM_ADAMW_8BIT && p->numel >= SNUG_Q8_MIN_NUMEL && !(opt->embed_fp32 && is_embedding(p));
 }
 
 /* Moves at by k elements within its tensor: k reaches the tensor's end or is a multiple of the block. */

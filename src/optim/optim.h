@@ -13,8 +13,9 @@
  * managed memory), outside the device total. Each step streams the state through two device staging slots of up to
  * SNUG_PAGED_CHUNK_BYTES in the workspace arena: copy a chunk in, update it, copy it back, the next chunk's copy
  * overlapping this chunk's update on a GPU (one slot, of the state's size, when all the state is one chunk). Paging
- * saves device memory once the state outgrows the two slots (32 MiB: 4M parameters in fp32, 16M in 8-bit). Device-side optimizer buffers (the two 256-entry maps, the staging slots)
- * are carved in SNUG_MEM_OPTIM, or in SNUG_MEM_WORKSPACE when that arena is on the host.
+ * saves device memory once the state outgrows the two slots (32 MiB: 4M parameters in fp32, 16M in 8-bit).
+ * Device-side optimizer buffers (the two 256-entry maps, the staging slots) are carved in SNUG_MEM_OPTIM, or in
+ * SNUG_MEM_WORKSPACE when that arena is on the host.
  *
  * Weight decay applies to matrices only (the table's decay flag): never to norms, biases or other 1-D tensors. */
 #ifndef SNUG_OPTIM_H
@@ -37,6 +38,8 @@ typedef struct snug_adamw {
     snug_optim_kind kind;   /* set before layout */
     int paged;              /* set before layout: state in host memory, streamed chunk by chunk */
     size_t chunk_bytes;     /* paged: state bytes per chunk; 0 (the default) = SNUG_PAGED_CHUNK_BYTES */
+    int embed_fp32;         /* 8-bit: 1 = the embedding tables keep fp32 state, as transformers' Trainer overrides
+                             * nn.Embedding to 32-bit under bitsandbytes; 0 (default) = bitsandbytes' own rule */
 
     float *m, *v;           /* (n32) fp32 moments of the tensors that keep fp32 state */
     uint8_t *qm, *qv;       /* (n8) 8-bit codes of the others */

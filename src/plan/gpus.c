@@ -105,8 +105,8 @@ void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_pla
     } else {
         ov->item[ov->n++] = (snug_overhead_item){"process baseline", SNUG_CPU_BASELINE_BYTES,
                                                  "libraries, OpenBLAS/OpenMP buffers, tokenizer (measured)"};
-        ov->item[ov->n++] = (snug_overhead_item){"host copy of the weights", (size_t)p->nparams * sizeof(float),
-                                                 "fp32 staging buffer for loading and saving"};
+        ov->item[ov->n++] = (snug_overhead_item){"weights file pages", p->largest_tensor * sizeof(float),
+                                                 "the mapped pages of one tensor while it is converted in place"};
         /* tokenizing leaves heap behind that grows with the data and levels off: fitted to 51 KB, 0.7, 2.7 and
          * 8.2 MB of text (+1.8, +13.6, +18.9, +20.8 MiB) */
         double tok = host_data_bytes ? (double)SNUG_CPU_TOKENIZE_BYTES * (1.0 - exp(-(double)host_data_bytes / 1.25e6))

@@ -30,6 +30,7 @@ typedef struct snug_plan {
     size_t total;                /* device bytes: the categories not in host memory */
     size_t host_total;           /* host-resident bytes (paged optimizer state) */
     long long nparams;
+    size_t largest_tensor;       /* floats in the largest parameter tensor (staging when loading weights) */
     int B, T, xent_chunk;
 } snug_plan;
 

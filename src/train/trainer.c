@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/fileio.h"
+#include "data/batching.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
@@ -34,6 +35,7 @@ typedef struct run {
     snug_data_source dsrc[SNUG_MAX_DATASETS]; /* the datasets as src/data reads them (paths point into o) */
     snug_data_opts dopts;
     snug_data_report drep; /* per file: examples, tokens, long and bad examples; the cache used */
+    snug_batching_report brep; /* padding and efficiency of each way of batching the training set */
     snug_plan_spec spec;
     snug_plan plan;        /* of spec, before anything is allocated */
     snug_engine eng;
@@ -214,21 +216,32 @@ static double peak_rss_bytes(void) {
     return (double)ru.ru_maxrss * 1024.0;
 }
 
-/* Mean loss over every supervised token of the validation set. */
-static double evaluate(run *r, int32_t *ids, int32_t *labels, int32_t *pos) {
-    snug_batcher vb;
+/* The batching the options ask for (src/data/batching.h); shuffle 0 keeps the dataset's order. */
+static snug_batching_opts batching_opts(const run *r, int shuffle) {
+    const snug_options *o = r->o;
+    snug_batching how = o->concatenate ? SNUG_BATCHING_CONCAT : o->sample_packing ? SNUG_BATCHING_PACK
+                        : o->group_by_length ? SNUG_BATCHING_GROUP : SNUG_BATCHING_PAD;
+    return (snug_batching_opts){.how = how, .B = o->micro_batch_size, .T = o->sequence_len,
+                                .pad_to_sequence_len = o->pad_to_sequence_len,
+                                .pad_to_multiple_of = o->pad_to_multiple_of, .shuffle = shuffle,
+                                .seed = (uint64_t)o->seed, .pad_id = r->enc.eos_id >= 0 ? r->enc.eos_id : 0};
+}
+
+/* Mean loss over every supervised token of the validation set, batched as training is. */
+static double evaluate(run *r, snug_micro_batch mb) {
+    snug_loader vl;
     snug_error e = {0};
-    if (snug_batcher_init(&vb, &r->val, r->o->micro_batch_size, r->o->sequence_len, 0, 0, &e))
+    snug_batching_opts bo = batching_opts(r, 0);
+    if (snug_loader_init(&vl, &r->val, &bo, &e))
         return NAN;
     double sum = 0;
     size_t ntok = 0;
-    int rows;
-    while ((rows = snug_batcher_next(&vb, ids, labels, pos)) > 0) {
-        snug_model_set_batch(&r->eng.model, ids, labels, pos, NULL, rows, vb.T);
+    while (snug_loader_next(&vl, &mb) > 0) {
+        snug_model_set_batch(&r->eng.model, mb.ids, mb.labels, mb.pos, mb.seg, mb.rows, mb.T);
         sum += snug_model_step(&r->eng.model, 0.0f);
-        ntok += snug_count_supervised(labels, (size_t)rows * vb.T);
+        ntok += snug_count_supervised(mb.labels, (size_t)mb.rows * mb.T);
     }
-    snug_batcher_free(&vb);
+    snug_loader_free(&vl);
     return ntok ? sum / (double)ntok : NAN;
 }
 
@@ -299,17 +312,26 @@ static void print_sample(run *r, FILE *out) {
     int T = (int)n + o->sample_tokens;
     if (T > r->cfg.max_position)
         T = r->cfg.max_position;
-    /* a separate inference layout (B=1, no gradients) with the trained weights copied in */
+    /* a separate inference layout (B=1, no gradients) with the trained weights copied in; training is over, so
+     * its gradients and optimizer state go first and sampling never raises the peak */
+    for (int c = SNUG_MEM_GRADS; c <= SNUG_MEM_OPTIM; c++)
+        if (r->eng.blocks[c]) {
+            r->eng.be->free(r->eng.be, r->eng.blocks[c]);
+            r->eng.blocks[c] = NULL;
+        }
     snug_plan_spec spec = {.cfg = r->cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     snug_engine g = {0};
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     if (n > 0 && ids && snug_engine_create(&g, &spec, o->threads, &e) == 0) {
         size_t bytes = r->eng.model.table.total * sizeof(float);
-        float *host = malloc(bytes);
+        int direct = r->eng.be->host_resident;
+        float *host = direct ? r->eng.model.params : malloc(bytes);
         if (host) {
-            r->eng.be->to_host(r->eng.be, host, r->eng.model.params, bytes);
+            if (!direct)
+                r->eng.be->to_host(r->eng.be, host, r->eng.model.params, bytes);
             g.be->to_device(g.be, g.model.params, host, bytes);
-            free(host);
+            if (!direct)
+                free(host);
             snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
                                .seed = (uint64_t)o->seed};
             int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->enc.eos_id, &s, ids);
@@ -340,6 +362,7 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->train.nexamples,
             r->train.ntokens, r->val.nexamples);
     snug_data_report_print(out, &r->drep, r->dsrc, &r->dopts);
+    snug_batching_report_print(out, &r->brep);
     fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %d tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps,
             o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps);
@@ -359,9 +382,12 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     o = r.o; /* after auto_fit */
     if (!rc)
         rc = load_data(&r, e);
-    snug_batcher batcher = {0};
+    snug_loader loader = {0};
+    snug_batching_opts bopts = batching_opts(&r, 1);
     if (!rc)
-        rc = snug_batcher_init(&batcher, &r.train, o->micro_batch_size, o->sequence_len, (uint64_t)o->seed, 1, e);
+        rc = snug_loader_init(&loader, &r.train, &bopts, e);
+    if (!rc)
+        rc = snug_batching_report_compute(&r.brep, &r.train, &bopts, e);
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.spec, o->threads, e);
     if (!rc && o->base_model[0])
@@ -369,13 +395,13 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     else if (!rc)
         snug_model_init_random(&r.eng.model, (uint64_t)o->seed);
     if (rc) {
-        snug_batcher_free(&batcher);
+        snug_loader_free(&loader);
         run_free(&r);
         return rc;
     }
 
     int GA = o->gradient_accumulation_steps, B = o->micro_batch_size, T = o->sequence_len;
-    size_t per_epoch = snug_batcher_batches_per_epoch(&batcher);
+    size_t per_epoch = snug_loader_batches_per_epoch(&loader);
     int total = o->max_steps > 0 ? o->max_steps : (int)((per_epoch + GA - 1) / GA) * o->num_epochs;
     if (total < 1)
         total = 1;
@@ -389,10 +415,13 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
-    int32_t *pos = malloc((size_t)GA * BT * sizeof *pos);
-    int *rows = malloc((size_t)GA * sizeof *rows);
-    if (!ids || !labels || !pos || !rows)
+    int32_t *pos = malloc((size_t)GA * BT * sizeof *pos), *seg = malloc((size_t)GA * BT * sizeof *seg);
+    snug_micro_batch *mb = malloc((size_t)GA * sizeof *mb); /* the step's micro-batches, each (B, T) at most */
+    if (!ids || !labels || !pos || !seg || !mb)
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the batch buffers");
+    for (int k = 0; !rc && k < GA; k++)
+        mb[k] = (snug_micro_batch){.ids = ids + k * BT, .labels = labels + k * BT, .pos = pos + k * BT,
+                                   .seg = seg + k * BT};
 
     char metrics_path[4096];
     FILE *metrics = NULL;
@@ -409,18 +438,17 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         size_t nsup = 0;
         for (int k = 0; k < GA; k++) {
-            rows[k] = snug_batcher_next(&batcher, ids + k * BT, labels + k * BT, pos + k * BT);
-            if (rows[k] == 0)
-                rows[k] = snug_batcher_next(&batcher, ids + k * BT, labels + k * BT, pos + k * BT);
-            nsup += snug_count_supervised(labels + k * BT, (size_t)rows[k] * T);
+            if (snug_loader_next(&loader, &mb[k]) == 0) /* the end of an epoch: the next one starts */
+                snug_loader_next(&loader, &mb[k]);
+            nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
         }
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         r.eng.be->zero(r.eng.be, r.eng.model.grads, r.eng.model.table.total * sizeof(float));
         double loss_sum = 0;
         for (int k = 0; k < GA; k++) {
-            snug_model_set_batch(&r.eng.model, ids + k * BT, labels + k * BT, pos + k * BT, NULL, rows[k], T);
+            snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
             loss_sum += snug_model_step(&r.eng.model, scale);
-            tokens_since += (size_t)rows[k] * T;
+            tokens_since += mb[k].tokens; /* example tokens: padding is not counted */
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
         double norm = snug_grad_norm(r.eng.be, r.eng.model.grads, r.eng.model.table.total, 1.0f);
@@ -433,7 +461,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
 
         double val = NAN;
         if (r.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) || step + 1 == total))
-            val = evaluate(&r, ids, labels, pos);
+            val = evaluate(&r, mb[0]);
         int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
                       !isnan(val);
         if (log_now) {
@@ -495,8 +523,9 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     free(ids);
     free(labels);
     free(pos);
-    free(rows);
-    snug_batcher_free(&batcher);
+    free(seg);
+    free(mb);
+    snug_loader_free(&loader);
     run_free(&r);
     return rc;
 }

@@ -4,7 +4,7 @@
 # layer, naive attention, chunked cross-entropy, 8-bit and paged optimizers, auto_fit). For each run, memory.json in
 # output_dir holds the plan and each arena's measured high-water mark: every category must be within 3% of its plan.
 # The process peak RSS is compared with the plan plus the CPU runtime overhead (docs/MEMORY.md) and reported; it must
-# stay within 25% + 32 MiB of the prediction (skipped under AddressSanitizer, whose shadow memory is in the RSS).
+# stay within 10% + 32 MiB of the prediction (skipped under AddressSanitizer, whose shadow memory is in the RSS).
 set -u
 SNUG=$(realpath "${SNUG_BIN:-build/snug}")
 SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
@@ -40,7 +40,7 @@ for cat, planned in m["plan"].items():
     if err > 0.03:
         print(f"  {name}: {cat} planned {planned} measured {got} ({100 * err:.1f}% off)")
 rss, pred = m["peak_rss"], m["predicted_rss"]
-rss_ok = asan or abs(rss - pred) <= 0.25 * pred + 32 * 2**20
+rss_ok = asan or abs(rss - pred) <= 0.10 * pred + 32 * 2**20
 print(f"  {name:<34} arenas {m['plan_total'] / 2**20:8.1f} MiB, worst category {100 * worst:.2f}% off; "
       f"peak RSS {rss / 2**20:7.1f} MiB vs predicted {pred / 2**20:7.1f} MiB ({100 * (rss - pred) / pred:+.1f}%)"
       + (" [RSS not checked under ASan]" if asan else ""))

@@ -256,7 +256,7 @@ static void test_command_line(void) {
         {1, {"--seed"}, "--seed needs a value", NULL},
         {2, {"a.yaml", "b.yaml"}, "unexpected argument 'b.yaml'", "one config"},
         {1, {"-x"}, "unknown option '-x'", "--key value"},
-        {1, {"--sample_packing"}, "sample_packing is not supported yet", "set it to false"},
+        {1, {"--load_in_8bit"}, "load_in_8bit is not supported yet", "set it to false"},
         {2, {"--optim", "sgd"}, "optim 'sgd' is not supported yet", NULL},
         {2, {"--lora_r", "8"}, "command line: lora_r is not supported yet", NULL},
         {1, {"--dataset="}, "dataset path is empty", NULL},
@@ -345,7 +345,7 @@ static void test_wrong_types(void) {
 static void test_not_supported(void) {
     static const char *const levers[] = {
         "bf16", "fp16", "tf32", "load_in_8bit", "load_in_4bit",
-        "sample_packing", "group_by_length", "optimizer_in_backward",
+        "activation_offloading", "torch_compile", "optimizer_in_backward",
         "master_weights",
     };
     char yaml[256], want[128];
@@ -358,7 +358,7 @@ static void test_not_supported(void) {
     }
     static const char *const valued[] = {
         "adapter: lora",       "lora_r: 16",         "lora_alpha: 32",           "lora_dropout: 0.05",
-        "lora_target_modules: [q_proj, v_proj]",     "pad_to_multiple_of: 8",    "deepspeed: ds.json",
+        "lora_target_modules: [q_proj, v_proj]",     "save_total_limit: 3",      "deepspeed: ds.json",
         "fsdp: [full_shard]",  "resume_from_checkpoint: out/checkpoint-10",      "wandb_project: proj",
         "special_tokens: {pad_token: \"<pad>\"}",    "chat_template: chatml",
         "saves_per_epoch: 1",  "evals_per_epoch: 4",
@@ -505,6 +505,10 @@ static void test_validate(void) {
         {"sample_tokens: -1\n", "sample_tokens is -1"},
         {"model_preset: ''\n", "model_preset is empty and so is base_model"},
         {"datasets:\n  - path: a.jsonl\n    field: ''\n", "datasets[0] field is empty"},
+        {"pad_to_multiple_of: -8\n", "pad_to_multiple_of is -8"},
+        {"concatenate: true\nsample_packing: true\n", "concatenate is true with sample_packing"},
+        {"concatenate: true\ngroup_by_length: true\n", "concatenate is true with group_by_length"},
+        {"sample_packing: true\ngroup_by_length: true\n", "sample_packing and group_by_length are both true"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snug_options o;
@@ -520,6 +524,15 @@ static void test_validate(void) {
     snug_error e;
     CHECK(load("max_steps: 50\nnum_epochs: 0\n", &o, &e) == 0 && snug_options_validate(&o, &e) == 0);
     CHECK(load("val_set_size: 100\n", &o, &e) == 0 && snug_options_validate(&o, &e) == 0);
+    /* the batching keys (Axolotl's spellings) */
+    CHECK(load("seed: 1\n", &o, &e) == 0 && !o.sample_packing && !o.group_by_length && !o.pad_to_sequence_len &&
+          o.pad_to_multiple_of == 0 && !o.concatenate);
+    CHECKF(load("sample_packing: true\npad_to_sequence_len: true\n", &o, &e) == 0 && o.sample_packing &&
+           o.pad_to_sequence_len && snug_options_validate(&o, &e) == 0, "%s", e.msg);
+    CHECKF(load("group_by_length: yes\npad_to_multiple_of: 64\n", &o, &e) == 0 && o.group_by_length &&
+           o.pad_to_multiple_of == 64 && snug_options_validate(&o, &e) == 0, "%s", e.msg);
+    CHECKF(load("concatenate: true\n", &o, &e) == 0 && o.concatenate && snug_options_validate(&o, &e) == 0, "%s",
+           e.msg);
 }
 
 /* A failed load leaves the options as they were. */
