@@ -17,9 +17,10 @@
  * example's ids and flags back to back, in malloc'd arrays or a memory-mapped cache file. The text-to-ids step goes
  * through snug_encoder, so the byte-level stand-in and the tokenizer.json BPE plug into the same path.
  *
- * Batching here is "concatenate and chunk": the selected examples joined (each already ends in its EOS or
- * end-of-turn token), cut into rows of T+1 tokens with stride T, row order reshuffled every epoch with the seed. For a
- * row, labels[t] = ids[t+1] when token t+1 is supervised, else -1. */
+ * Batching here is "concatenate and chunk", the `concatenate: true` way (batching.h holds the others, padding, length
+ * grouping and packing, and is what the trainer asks for micro-batches): the selected examples joined (each already
+ * ends in its EOS or end-of-turn token), cut into rows of T+1 tokens with stride T, row order reshuffled every epoch
+ * with the seed. For a row, labels[t] = ids[t+1] when token t+1 is supervised, else -1. */
 #ifndef SNUG_DATASET_H
 #define SNUG_DATASET_H
 

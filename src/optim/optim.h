@@ -8,7 +8,8 @@
  *   - 8-bit AdamW (bitsandbytes' AdamW8bit): tensors of at least SNUG_Q8_MIN_NUMEL elements keep both moments as
  *     8-bit codes qm, qv (one byte per element) with one fp32 absmax per block of SNUG_Q8_BLOCK elements (am, av;
  *     each tensor starts a new block), the first moment by the signed dynamic map and the second by the unsigned
- *     one; smaller tensors (norms, biases) keep fp32 m, v. About 2.03 bytes per parameter instead of 8.
+ *     one; smaller tensors (norms, biases) keep fp32 m, v and take the fp32 op (torch's order; bitsandbytes'
+ *     32-bit kernel decays after the update, an O(lr^2 wd) difference). About 2.03 bytes per parameter, not 8.
  * Paged (paged_adamw_8bit, paged_adamw_32bit): the whole SNUG_MEM_OPTIM arena is host memory (pinned on a GPU; never
  * managed memory), outside the device total. Each step streams the state through two device staging slots of up to
  * SNUG_PAGED_CHUNK_BYTES in the workspace arena: copy a chunk in, update it, copy it back, the next chunk's copy

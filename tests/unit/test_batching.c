@@ -358,6 +358,40 @@ static void test_report(void) {
     free(lens);
 }
 
+/* More examples than one packing group: every group packed, rows from all of them, each example once. */
+static void test_many_groups(void) {
+    size_t n = 2 * SNUG_PACK_GROUP + 12345;
+    uint32_t *len = random_lengths(n, 1, 64, 9);
+    memds m;
+    memds_make(&m, len, n);
+    snug_batching_opts o = {.how = SNUG_BATCHING_PACK, .B = 4, .T = 128, .shuffle = 1, .seed = 5};
+    snug_loader l;
+    snug_error e = {0};
+    CHECKF(snug_loader_init(&l, &m.ds, &o, &e) == 0, "%s", e.msg);
+    char *seen = calloc(n, 1), *row_seen = calloc(l.nrows, 1);
+    int ok = l.row_start[0] == 0 && l.row_start[l.nrows] == n;
+    for (size_t r = 0; r < l.nrows && ok; r++) {
+        size_t fill = 0;
+        ok &= l.row_start[r + 1] > l.row_start[r];
+        for (size_t k = l.row_start[r]; k < l.row_start[r + 1]; k++) {
+            ok &= !seen[l.items[k]];
+            seen[l.items[k]] = 1;
+            fill += len[l.items[k]];
+        }
+        ok &= fill <= 128;
+        ok &= l.tmp[r] < l.nrows && !row_seen[l.tmp[r]]; /* the rows are handed out in a permutation */
+        row_seen[l.tmp[r]] = 1;
+    }
+    double eff = (double)m.ds.ntokens / ((double)l.nrows * 128);
+    printf("  %zu examples in 3 groups: %zu rows, efficiency %.3f%%\n", n, l.nrows, 100 * eff);
+    CHECK(ok && l.perm_unit == 1 && l.nperm == l.nrows && eff > 0.99);
+    free(seen);
+    free(row_seen);
+    snug_loader_free(&l);
+    memds_free(&m);
+    free(len);
+}
+
 static void test_concat(void) {
     uint32_t len[] = {10, 20, 30, 7};
     memds m;
@@ -384,5 +418,6 @@ int main(void) {
     test_ways();
     test_report();
     test_concat();
+    test_many_groups();
     return check_finish("test_batching");
 }

@@ -8,7 +8,6 @@
  * multiply-adds, and the new absmax of a short last block is the maximum over its real elements (the kernel also
  * sees its padding, 128/0 codes of zero gradients, which can only matter for an all-zero block). */
 #include <math.h>
-#include <string.h>
 
 #include "backend/cpu/ops_cpu.h"
 
