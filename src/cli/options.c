@@ -162,6 +162,9 @@ static const key_spec keys[] = {
      .help = "AdamW with decoupled weight decay (adamw_torch and adamw_torch_fused mean the same); adamw_8bit "
              "(adamw_bnb_8bit): bitsandbytes' 8-bit blockwise moments, ~2 bytes of state per parameter instead of 8; "
              "paged_*: the state in host memory, streamed through the device in chunks"},
+    {.name = "optimizer_in_backward", .type = KT_BOOL, .group = G_OPTIM, AT_INT(optimizer_in_backward), .def = "false",
+     .help = "step each layer as soon as its gradients are complete and reuse its gradient buffer: gradients take "
+             "one layer's memory; needs gradient_accumulation_steps 1 and max_grad_norm 0"},
     {.name = "weight_decay", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(weight_decay), .def = "0",
      .help = "decoupled weight decay"},
     {.name = "adam_beta1", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta1), .def = "0.9",
@@ -244,7 +247,6 @@ static const key_spec keys[] = {
     LATER("lora_model_dir", KT_STRING, "LoRA adapters; snug does full fine-tuning"),
     {.name = "eval_sample_packing", .type = KT_BOOL, .off = "true",
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
-    LATER_BOOL("optimizer_in_backward", "running the optimizer step inside the backward pass"),
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
     LATER("deepspeed", KT_STRING, "multi-GPU training"),
@@ -970,6 +972,16 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
             o->gradient_checkpointing_every_n_layers);
     REQUIRE(o->cross_entropy_chunk_tokens >= 1, "%s: cross_entropy_chunk_tokens is %d; it must be at least 1", src,
             o->cross_entropy_chunk_tokens);
+    /* the step inside backward updates the last layers before the first layers' gradients exist, and frees each
+     * layer's gradients once used: no global norm to clip by, nothing kept to accumulate into */
+    REQUIRE(!o->optimizer_in_backward || o->max_grad_norm == 0,
+            "%s: optimizer_in_backward cannot clip by the global gradient norm (layers are stepped before the norm "
+            "is known); set max_grad_norm: 0", src);
+    REQUIRE(!o->optimizer_in_backward || o->gradient_accumulation_steps == 1,
+            "%s: optimizer_in_backward steps after every micro-batch, so gradients cannot accumulate; set "
+            "gradient_accumulation_steps: 1 (raise micro_batch_size instead)", src);
+    REQUIRE(!o->optimizer_in_backward || strncmp(o->optimizer, "paged_", 6) != 0,
+            "%s: optimizer_in_backward with a paged optimizer is not supported yet; use adamw or adamw_8bit", src);
     REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
             o->gradient_accumulation_steps);
     REQUIRE(o->max_steps == -1 || o->max_steps >= 1,

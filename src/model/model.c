@@ -14,14 +14,14 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 /* Points the named slots of v at their ranges of the flat buffer `base`. */
-static void make_views(const snug_model *m, float *base, snug_tensors *v) {
+static void make_views(const snug_model *m, float *base, const size_t *off, snug_tensors *v) {
     snug_layer_tensors *layers = v->layers;
     memset(v, 0, sizeof *v);
     v->layers = layers;
     memset(layers, 0, (size_t)m->cfg.n_layer * sizeof *layers);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        float *x = base + p->offset;
+        float *x = base + (off ? off[i] : p->offset);
         const char *n = p->name;
         if (p->layer < 0) {
             if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight"))
@@ -97,6 +97,34 @@ static int carve_layer_acts(snug_model *m, snug_arenas *A, snug_category cat, sn
     return 0;
 }
 
+/* Where each tensor's gradient lives. Normally the flat layout of the parameters. With optimizer_in_backward, the
+ * global tensors (embeddings, final norm, untied head) are packed first, then one buffer the size of the largest
+ * layer that every layer's gradients share in turn: no full-model gradient buffer exists. */
+static int grad_offsets(snug_model *m, snug_error *e) {
+    const snug_param_table *t = &m->table;
+    free(m->grad_off);
+    m->grad_off = malloc((size_t)(t->n ? t->n : 1) * sizeof *m->grad_off);
+    if (!m->grad_off)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the gradient layout");
+    if (!m->lv.optimizer_in_backward) {
+        for (int i = 0; i < t->n; i++)
+            m->grad_off[i] = t->e[i].offset;
+        m->grads_numel = t->total;
+        return 0;
+    }
+    size_t global = 0, layer_max = 0;
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].layer < 0)
+            m->grad_off[i] = global, global += t->e[i].numel;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        layer_max = t->layer_numel[l] > layer_max ? t->layer_numel[l] : layer_max;
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].layer >= 0)
+            m->grad_off[i] = global + (t->e[i].offset - t->layer_offset[t->e[i].layer]);
+    m->grads_numel = global + layer_max;
+    return 0;
+}
+
 int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e) {
     int xent_chunk = m->lv.xent_chunk;
     const snug_model_config *c = &m->cfg;
@@ -121,8 +149,10 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
 
     CARVE(m->params, SNUG_MEM_PARAMS, m->table.total);
     m->grads = NULL;
-    if (with_grads)
-        CARVE(m->grads, SNUG_MEM_GRADS, m->table.total);
+    if (with_grads) {
+        SNUG_TRY(grad_offsets(m, e));
+        CARVE(m->grads, SNUG_MEM_GRADS, m->grads_numel);
+    }
 
     /* saved activations: the residual stream (every layer's input) always; each layer's internals unless
      * checkpointing drops them, in which case they live in one shared recompute set in the workspace */
@@ -182,9 +212,9 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     }
 
     if (!snug_arena_counting(&A->a[SNUG_MEM_PARAMS])) {
-        make_views(m, m->params, &m->w);
+        make_views(m, m->params, NULL, &m->w);
         if (m->grads)
-            make_views(m, m->grads, &m->g);
+            make_views(m, m->grads, m->grad_off, &m->g);
     }
     return 0;
 }

@@ -68,6 +68,8 @@ typedef struct snug_levers {
     int ckpt_every;       /* with SNUG_CKPT_FULL: layers l with l % ckpt_every == 0 are checkpointed (1 = all) */
     int naive_attention;  /* flash_attention: false: the reference path that stores (B, NH, T, T) probabilities */
     int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
+    int optimizer_in_backward; /* gradients exist one layer at a time (plus the global tensors): each layer is
+                                * stepped from on_grads_ready and its buffer reused by the next */
 } snug_levers;
 
 /* Called by backward when every gradient of `layer` is final for this micro-batch (layer == -1: the global tensors,
@@ -102,7 +104,11 @@ typedef struct snug_model {
     int xent_chunk;        /* tokens per logits chunk */
 
     float *params;         /* flat (table.total) in SNUG_MEM_PARAMS */
-    float *grads;          /* flat (table.total) in SNUG_MEM_GRADS, NULL for inference */
+    float *grads;          /* SNUG_MEM_GRADS, NULL for inference: flat (table.total), or with
+                            * optimizer_in_backward the global tensors then one layer's buffer shared by all layers */
+    size_t *grad_off;      /* (table.n) where each tensor's gradient starts in grads: the table offsets, or the
+                            * compact layout of optimizer_in_backward */
+    size_t grads_numel;    /* floats in grads */
     snug_tensors w, g;     /* views into params / grads */
 
     float *res;            /* (L+1, N, C) residual stream: layer inputs and the final output */

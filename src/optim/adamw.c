@@ -250,6 +250,29 @@ void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *
                  opt->av);
 }
 
+void snug_adamw_step_layer(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params,
+                           const float *grads, const size_t *grad_off, int layer, double lr, float grad_scale) {
+    pos at = {0};
+    for (int i = 0; i < t->n; i++) {
+        const snug_param_entry *p = &t->e[i];
+        if (p->layer == layer) {
+            /* update_range reads grads + p->offset: point it at this tensor's gradient wherever it lives */
+            pos end = at;
+            advance(opt, t, &end, p->numel);
+            float *m = opt->m ? opt->m + at.o32 : NULL, *v = opt->v ? opt->v + at.o32 : NULL;
+            uint8_t *qm = opt->qm ? opt->qm + at.o8 : NULL, *qv = opt->qv ? opt->qv + at.o8 : NULL;
+            float *am = opt->am ? opt->am + at.ob : NULL, *av = opt->av ? opt->av + at.ob : NULL;
+            snug_param_entry local = *p;
+            local.offset = 0;
+            snug_param_table one = {.n = 1, .e = &local, .total = p->numel};
+            pos b0 = {0}, e0 = {.i = 1};
+            update_range(opt, be, &one, params + p->offset, grads + grad_off[i], lr, grad_scale, b0, e0, m, v, qm,
+                         qv, am, av);
+        }
+        advance(opt, t, &at, p->numel);
+    }
+}
+
 int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged) {
     static const struct {
         const char *name;

@@ -71,6 +71,12 @@ void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *
 
 /* The `optimizer` option: "adamw" (adamw_torch, adamw_torch_fused), "adamw_8bit" (adamw_bnb_8bit),
  * "paged_adamw_8bit", "paged_adamw_32bit". Returns -1 when unknown. */
+/* The optimizer step inside backward: steps only the tensors of `layer` (-1: the global tensors), whose gradients
+ * start at grads + grad_off[i] (snug_model.grad_off). The caller advances opt->step once per optimizer step, before
+ * backward. Not for paged optimizers. */
+void snug_adamw_step_layer(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params,
+                           const float *grads, const size_t *grad_off, int layer, double lr, float grad_scale);
+
 int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged);
 /* "adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit" */
 const char *snug_optim_name(snug_optim_kind kind, int paged);

@@ -39,6 +39,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     free(m.w.layers);
     free(m.g.layers);
     free(m.acts);
+    free(m.grad_off);
     return rc;
 }
 

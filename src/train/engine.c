@@ -58,5 +58,6 @@ void snug_engine_free(snug_engine *g) {
     free(g->model.w.layers);
     free(g->model.g.layers);
     free(g->model.acts);
+    free(g->model.grad_off);
     memset(g, 0, sizeof *g);
 }

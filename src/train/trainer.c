@@ -160,12 +160,36 @@ static int load_data(run *r, snug_error *e) {
 snug_levers snug_levers_from_options(const snug_options *o) {
     snug_levers lv = {.ckpt = SNUG_CKPT_NONE, .ckpt_every = o->gradient_checkpointing_every_n_layers,
                       .naive_attention = !o->flash_attention,
-                      .xent_chunk = o->chunked_cross_entropy ? o->cross_entropy_chunk_tokens : 0};
+                      .xent_chunk = o->chunked_cross_entropy ? o->cross_entropy_chunk_tokens : 0,
+                      .optimizer_in_backward = o->optimizer_in_backward};
     if (!strcmp(o->gradient_checkpointing, "selective"))
         lv.ckpt = SNUG_CKPT_SELECTIVE;
     else if (!strcmp(o->gradient_checkpointing, "full"))
         lv.ckpt = SNUG_CKPT_FULL;
     return lv;
+}
+
+/* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
+ * gradients are complete, step that layer's tensors, note their sum of squares for the logged gradient norm, and
+ * zero the buffer the next layer reuses. */
+typedef struct step_in_backward_ctx {
+    snug_engine *eng;
+    double lr;
+    double sumsq;
+} step_in_backward_ctx;
+
+static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
+    (void)offset, (void)numel;
+    step_in_backward_ctx *c = ud;
+    snug_model *m = &c->eng->model;
+    snug_backend *be = c->eng->be;
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer == layer)
+            c->sumsq += be->sumsq(be, m->grads + m->grad_off[i], m->table.e[i].numel);
+    snug_adamw_step_layer(&c->eng->opt, be, &m->table, m->params, m->grads, m->grad_off, layer, c->lr, 1.0f);
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer == layer)
+            be->zero(be, m->grads + m->grad_off[i], m->table.e[i].numel * sizeof(float));
 }
 
 /* device: the snug_device_kind the plan is for (auto_fit and memory_budget count its runtime overhead). */
@@ -434,6 +458,11 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     int tty = isatty(fileno(out));
     double t0 = now_s(), tlog = t0, loss_mean = 0;
     size_t tokens_since = 0;
+    step_in_backward_ctx in_bwd = {.eng = &r.eng};
+    if (o->optimizer_in_backward) {
+        r.eng.model.on_grads_ready = step_in_backward;
+        r.eng.model.on_grads_ready_ud = &in_bwd;
+    }
     for (int step = 0; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         size_t nsup = 0;
@@ -443,7 +472,14 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
         }
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
-        r.eng.be->zero(r.eng.be, r.eng.model.grads, r.eng.model.table.total * sizeof(float));
+        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
+        if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
+            r.eng.opt.step++;
+            in_bwd.lr = lr;
+            in_bwd.sumsq = 0;
+        } else {
+            r.eng.be->zero(r.eng.be, r.eng.model.grads, r.eng.model.grads_numel * sizeof(float));
+        }
         double loss_sum = 0;
         for (int k = 0; k < GA; k++) {
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
@@ -451,12 +487,16 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             tokens_since += mb[k].tokens; /* example tokens: padding is not counted */
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
-        double norm = snug_grad_norm(r.eng.be, r.eng.model.grads, r.eng.model.table.total, 1.0f);
-        float clip = 1.0f;
-        if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
-            clip = (float)(o->max_grad_norm / (norm + 1e-6));
-        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
-        snug_adamw_step(&r.eng.opt, r.eng.be, &r.eng.model.table, r.eng.model.params, r.eng.model.grads, lr, clip);
+        double norm;
+        if (o->optimizer_in_backward) {
+            norm = sqrt(in_bwd.sumsq);
+        } else {
+            norm = snug_grad_norm(r.eng.be, r.eng.model.grads, r.eng.model.grads_numel, 1.0f);
+            float clip = 1.0f;
+            if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
+                clip = (float)(o->max_grad_norm / (norm + 1e-6));
+            snug_adamw_step(&r.eng.opt, r.eng.be, &r.eng.model.table, r.eng.model.params, r.eng.model.grads, lr, clip);
+        }
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
 
         double val = NAN;

@@ -41,6 +41,8 @@ printf 'datasets:\n  - path: data.jsonl\nbf16: true\n' > "$W/later.yaml"
 expect_error not-supported "bf16.*not supported yet" "$SNUG" train "$W/later.yaml"
 expect_error cli-unknown "lerning_rate.*learning_rate" "$SNUG" train --dataset "$W/data.jsonl" --lerning_rate 1
 expect_error no-dataset "dataset" "$SNUG" train --datasets "$W/missing.jsonl" $T
+expect_error in-backward-clip "optimizer_in_backward.*max_grad_norm: 0" "$SNUG" train --dataset "$W/data.jsonl" $T --optimizer_in_backward true
+expect_error in-backward-accumulate "optimizer_in_backward.*gradient_accumulation_steps: 1" "$SNUG" train --dataset "$W/data.jsonl" $T --optimizer_in_backward true --max_grad_norm 0 --gradient_accumulation_steps 2
 # data
 printf '{"text": "fine"}\n{"text": "broken\n' > "$W/bad.jsonl"
 expect_error jsonl-syntax "bad.jsonl line 2" "$SNUG" train --dataset "$W/bad.jsonl" $T

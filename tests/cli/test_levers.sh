@@ -49,6 +49,11 @@ train naive_attention --micro_batch_size 4 --flash_attention false
 train chunked_ce --micro_batch_size 4 --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
 train all_levers --micro_batch_size 4 --gradient_checkpointing full --flash_attention false --chunked_cross_entropy true
 train accumulate --micro_batch_size 1 --gradient_accumulation_steps 4
+# the optimizer step inside backward, where the two are defined to agree: no clipping, no accumulation
+train noclip --micro_batch_size 4 --max_grad_norm 0
+train in_backward --micro_batch_size 4 --max_grad_norm 0 --optimizer_in_backward true
+train in_backward_8bit_ckpt --micro_batch_size 4 --max_grad_norm 0 --optimizer_in_backward true --optimizer adamw_8bit --gradient_checkpointing full
+train noclip_8bit --micro_batch_size 4 --max_grad_norm 0 --optimizer adamw_8bit
 compare ckpt_full base 0
 compare ckpt_selective base 0
 compare ckpt_every2 base 0
@@ -56,5 +61,17 @@ compare naive_attention base 1e-5
 compare chunked_ce base 1e-5
 compare all_levers base 1e-5
 compare accumulate base 1e-5
+compare in_backward noclip 0
+compare in_backward_8bit_ckpt noclip_8bit 0
+# the gradient buffer shrinks to the global tensors plus one layer
+if python3 - "$W/noclip/memory.json" "$W/in_backward/memory.json" <<'PY'
+import json, sys
+def grads(p):
+    return json.load(open(p))["measured"]["gradients"]
+a, b = grads(sys.argv[1]), grads(sys.argv[2])
+print(f"  gradients: {a} B without, {b} B with optimizer_in_backward ({a / b:.1f}x smaller)")
+sys.exit(0 if b * 2 < a else 1)
+PY
+then pass=$((pass + 1)); else echo "FAIL: optimizer_in_backward did not shrink the gradients"; fail=$((fail + 1)); fi
 echo "test_levers: $pass passed, $fail failed"
 [ $fail -eq 0 ]

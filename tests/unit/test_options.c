@@ -345,7 +345,7 @@ static void test_wrong_types(void) {
 static void test_not_supported(void) {
     static const char *const levers[] = {
         "bf16", "fp16", "tf32", "load_in_8bit", "load_in_4bit",
-        "activation_offloading", "torch_compile", "optimizer_in_backward",
+        "activation_offloading", "torch_compile",
         "master_weights",
     };
     char yaml[256], want[128];
