@@ -29,8 +29,15 @@ asan-test: setup
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L "unit|cli"
 
+# Every benchmark, each printing ratios against its peer measured in the same run (results: docs/PERFORMANCE.md).
 bench: build
-	@venv=$$(bash scripts/venv.sh) && $$venv/bin/python bench/bench_train.py --snug $(BUILD)/snug
+	@venv=$$(bash scripts/venv.sh) && \
+	  echo "== training: snug vs PyTorch eager" && $$venv/bin/python bench/bench_train.py --snug $(BUILD)/snug && \
+	  echo "== attention: tiled vs naive" && ./$(BUILD)/bench_attention 2 && \
+	  echo "== activation levers" && $$venv/bin/python bench/bench_levers.py --snug $(BUILD)/snug && \
+	  echo "== tokenizer: snug vs Hugging Face tokenizers" && $$venv/bin/python bench/bench_tokenizer.py && \
+	  echo "== packing" && ./$(BUILD)/bench_packing && \
+	  echo "== sequence levers" && $$venv/bin/python bench/bench_sequence.py --snug $(BUILD)/snug
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
