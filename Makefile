@@ -12,7 +12,7 @@ setup:
 
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@MAKEFLAGS= cmake --build $(BUILD) -j $(JOBS)
 
 run: build
 	./$(BUILD)/snug train
@@ -26,7 +26,7 @@ test: build
 # The unit tests again under AddressSanitizer and UndefinedBehaviorSanitizer.
 asan-test: setup
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSNUG_SANITIZE=ON >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@MAKEFLAGS= cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L "unit|cli"
 
 # Every benchmark, each printing ratios against its peer measured in the same run (results: docs/PERFORMANCE.md).
