@@ -8,30 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/rng.h"
+
 /* ---- seeded order ---- */
-
-static uint64_t mix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Fisher-Yates: the same seed gives the same order on every machine. */
-static void shuffle(size_t *a, size_t n, uint64_t seed) {
-    uint64_t s = seed;
-    for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)(mix64(&s) % i);
-        size_t t = a[i - 1];
-        a[i - 1] = a[j];
-        a[j] = t;
-    }
-}
 
 /* Seeds of one epoch's example order and of its row order: different streams, different every epoch. */
 static uint64_t epoch_seed(const snug_loader *l, uint64_t stream) {
     uint64_t s = l->o.seed * 0x100000001B3ull ^ ((uint64_t)l->epoch * 0x51ed27ull + stream * 0x2545F4914F6CDD1Dull);
-    return mix64(&s);
+    return snug_splitmix64(&s);
 }
 
 static inline uint32_t ex_len(const snug_dataset *ds, size_t i) {
@@ -153,7 +137,7 @@ static void plan_grouped(snug_loader *l) {
     if (l->o.shuffle && nb > 1) {
         for (size_t b = 0; b < nb; b++)
             l->tmp[b] = b;
-        shuffle(l->tmp, nb, epoch_seed(l, 2));
+        snug_shuffle(l->tmp, nb, epoch_seed(l, 2));
         l->perm_unit = B;
         l->nperm = nb;
     }
@@ -181,7 +165,7 @@ static void plan_packed(snug_loader *l) {
     if (l->o.shuffle && nrows > 1) {
         for (size_t r = 0; r < nrows; r++)
             l->tmp[r] = r;
-        shuffle(l->tmp, nrows, epoch_seed(l, 3));
+        snug_shuffle(l->tmp, nrows, epoch_seed(l, 3));
         l->perm_unit = 1;
         l->nperm = nrows;
     }
@@ -192,7 +176,7 @@ static void plan_epoch(snug_loader *l) {
     for (size_t i = 0; i < n; i++)
         l->items[i] = i;
     if (l->o.shuffle)
-        shuffle(l->items, n, epoch_seed(l, 1));
+        snug_shuffle(l->items, n, epoch_seed(l, 1));
     l->nrows = n;
     l->next = 0;
     l->perm_unit = 0;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
+#include "core/rng.h"
 #include "data/cache.h"
 #include "data/formats.h"
 
@@ -463,23 +464,7 @@ int snug_dataset_prepare(snug_dataset *ds, const snug_data_source *src, int nsrc
 
 /* ---- validation split ---- */
 
-static uint64_t mix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
-/* Fisher-Yates with a seeded generator: the same seed gives the same order on every machine. */
-static void shuffle(size_t *a, size_t n, uint64_t seed) {
-    uint64_t s = seed;
-    for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)(mix64(&s) % i);
-        size_t t = a[i - 1];
-        a[i - 1] = a[j];
-        a[j] = t;
-    }
-}
 
 /* A selection of ds's examples: those with is_val[i] == want, in order. */
 static int select_examples(const snug_dataset *ds, const char *is_val, char want, size_t count, snug_dataset *out) {
@@ -527,7 +512,7 @@ int snug_dataset_split(snug_dataset *ds, double val, uint64_t seed, snug_dataset
     if (!rc) {
         for (size_t i = 0; i < n; i++)
             idx[i] = i;
-        shuffle(idx, n, seed ^ 0x76616cull);
+        snug_shuffle(idx, n, seed ^ 0x76616cull);
         for (size_t i = 0; i < nval; i++)
             is_val[idx[i]] = 1;
         rc = select_examples(ds, is_val, 0, n - nval, &tr);
@@ -642,7 +627,7 @@ int snug_batcher_init(snug_batcher *b, const snug_dataset *ds, int B, int T, uin
     for (size_t i = 0; i < b->nrows; i++)
         b->order[i] = i;
     if (shuffle_rows)
-        shuffle(b->order, b->nrows, seed);
+        snug_shuffle(b->order, b->nrows, seed);
     return 0;
 }
 
@@ -655,7 +640,7 @@ int snug_batcher_next(snug_batcher *b, int32_t *ids, int32_t *labels, int32_t *p
         for (size_t i = 0; i < b->nrows; i++)
             b->order[i] = i;
         if (b->shuffle)
-            shuffle(b->order, b->nrows, b->seed + (uint64_t)b->epoch * 0x51ed27ull);
+            snug_shuffle(b->order, b->nrows, b->seed + (uint64_t)b->epoch * 0x51ed27ull);
         return 0;
     }
     int rows = 0, T = b->T;

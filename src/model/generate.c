@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/rng.h"
+
 /* Attention of query row p against the cached rows 0..p of one layer (host code, CPU backend memory). */
 static void attend_row(const snug_model *m, const float *qkv, float *out, int p, float *scores) {
     const snug_model_config *c = &m->cfg;
@@ -88,12 +90,6 @@ static void forward_row(snug_model *m, int p, float *scores) {
     be->matmul_fwd(be, m->logits, lnf, m->w.lm_head, NULL, 1, C, c->vocab_size);
 }
 
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 typedef struct cand {
     float p;
@@ -128,7 +124,7 @@ static int sample(const float *logits, int V, const snug_sampling *s, uint64_t *
         if (s->top_p < 1.0f && kept / sum >= s->top_p)
             break;
     }
-    double r = (double)(next_u64(rng) >> 11) / 9007199254740992.0 * kept;
+    double r = (double)(snug_splitmix64(rng) >> 11) / 9007199254740992.0 * kept;
     for (int i = 0; i < keep; i++) {
         r -= cs[i].p;
         if (r <= 0)

@@ -34,6 +34,8 @@ double check_relerr(double a, double b, double floor);
 /* Largest relative error over two arrays, measured against the largest magnitude of the reference (so that
  * individual near-zero entries do not dominate). */
 double check_max_relerr(const float *a, const double *ref, size_t n);
+/* The same for two fp32 arrays: largest |a-b| over the largest |ref|. */
+double check_max_rel_f(const float *a, const float *ref, size_t n);
 int check_finish(const char *name);
 
 #endif

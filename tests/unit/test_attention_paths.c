@@ -10,14 +10,6 @@
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
 
-static double max_rel(const float *a, const float *b, size_t n) {
-    double s = 1e-30, w = 0;
-    for (size_t i = 0; i < n; i++)
-        s = fmax(s, fabs(b[i]));
-    for (size_t i = 0; i < n; i++)
-        w = fmax(w, fabs((double)a[i] - b[i]) / s);
-    return w;
-}
 
 static void one(snug_backend *be, int B, int T, int NH, int NKV, int HD, int segmented) {
     int QKV = (NH + 2 * NKV) * HD, N = B * T;
@@ -46,7 +38,7 @@ static void one(snug_backend *be, int B, int T, int NH, int NKV, int HD, int seg
     be->attention_naive_fwd(be, o2, probs, qkv, sg, B, T, NH, NKV, HD, scale);
     be->attention_bwd(be, d1, dout, qkv, o1, lse, sg, B, T, NH, NKV, HD, scale);
     be->attention_naive_bwd(be, d2, dout, qkv, probs, B, T, NH, NKV, HD, scale);
-    double eo = max_rel(o1, o2, (size_t)N * NH * HD), ed = max_rel(d1, d2, (size_t)N * QKV);
+    double eo = check_max_rel_f(o1, o2, (size_t)N * NH * HD), ed = check_max_rel_f(d1, d2, (size_t)N * QKV);
     CHECKF(eo < 1e-5, "forward B%d T%d NH%d NKV%d HD%d seg%d: rel %.2e", B, T, NH, NKV, HD, segmented, eo);
     CHECKF(ed < 1e-5, "backward B%d T%d NH%d NKV%d HD%d seg%d: rel %.2e", B, T, NH, NKV, HD, segmented, ed);
     printf("  B %d T %3d NH %d NKV %d HD %2d %s: out rel %.1e, dqkv rel %.1e\n", B, T, NH, NKV, HD,

@@ -93,14 +93,6 @@ static double run(const snug_model_config *cfg, snug_levers lv, const batch *b, 
     return loss;
 }
 
-static double max_rel(const float *a, const float *b, size_t n) {
-    double scale = 1e-30, worst = 0;
-    for (size_t i = 0; i < n; i++)
-        scale = fmax(scale, fabs(b[i]));
-    for (size_t i = 0; i < n; i++)
-        worst = fmax(worst, fabs((double)a[i] - b[i]) / scale);
-    return worst;
-}
 
 static void test_arch(snug_arch arch) {
     const char *name = arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
@@ -132,7 +124,7 @@ static void test_arch(snug_arch arch) {
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         double loss = run(&cfg, cases[k].lv, &b, NULL, 0, got, NULL, &acts, &ws);
-        double err = max_rel(got, ref, P);
+        double err = check_max_rel_f(got, ref, P);
         if (cases[k].bitwise) {
             CHECKF(memcmp(got, ref, P * sizeof *got) == 0 && loss == loss0, "%s %s: gradients not bitwise equal "
                    "(max rel %.2e)", name, cases[k].what, err);
@@ -147,7 +139,7 @@ static void test_arch(snug_arch arch) {
     /* gradient accumulation: micro-batches of 1, 2 and 1 rows with uneven supervised counts */
     int cuts[2] = {1, 3};
     double loss_ga = run(&cfg, base, &b, cuts, 2, got, pb, NULL, NULL);
-    double eg = max_rel(got, ref, P), ep = max_rel(pb, pa, P), el = fabs(loss_ga - loss0) / loss0;
+    double eg = check_max_rel_f(got, ref, P), ep = check_max_rel_f(pb, pa, P), el = fabs(loss_ga - loss0) / loss0;
     CHECKF(eg < 1e-6, "%s accumulation: gradient rel %.2e", name, eg);
     CHECKF(ep < 1e-6, "%s accumulation: AdamW update rel %.2e", name, ep);
     CHECKF(el < 1e-6, "%s accumulation: loss %.9g vs %.9g", name, loss_ga, loss0);

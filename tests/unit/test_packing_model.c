@@ -57,14 +57,6 @@ static void make_data(data *d) {
                            .ntokens = d->start[NEX]};
 }
 
-static double max_rel(const float *a, const float *b, size_t n) {
-    double scale = 1e-30, worst = 0;
-    for (size_t i = 0; i < n; i++)
-        scale = fmax(scale, fabs(b[i]));
-    for (size_t i = 0; i < n; i++)
-        worst = fmax(worst, fabs((double)a[i] - b[i]) / scale);
-    return worst;
-}
 
 /* Each example alone: labels from the next token of the example, positions 0..L-1, no seg. */
 static double run_separate(snug_engine *g, const data *d, float scale) {
@@ -146,7 +138,7 @@ static void test_case(snug_arch arch, snug_levers lv, const char *what) {
         g.be->zero(g.be, g.model.grads, P * sizeof(float));
         double loss = run_loader(&g, &d, ways[k].b, ways[k].fixed, scale, 1, &rows);
         memcpy(got, g.model.grads, P * sizeof *got);
-        double eg = max_rel(got, ref, P), el = fabs(loss - loss_ref) / loss_ref;
+        double eg = check_max_rel_f(got, ref, P), el = fabs(loss - loss_ref) / loss_ref;
         CHECKF(rows == ways[k].rows, "%s %s %s: %d rows, want %d", name, what, ways[k].how, rows, ways[k].rows);
         CHECKF(eg < 1e-5 && el < 1e-5, "%s %s %s: gradient rel %.2e, loss %.9g vs %.9g separately", name, what,
                ways[k].how, eg, loss, loss_ref);
@@ -160,7 +152,7 @@ static void test_case(snug_arch arch, snug_levers lv, const char *what) {
         g.be->zero(g.be, g.model.grads, P * sizeof(float));
         double loss = run_loader(&g, &d, SNUG_BATCHING_PACK, 0, scale, 0, &rows);
         memcpy(got, g.model.grads, P * sizeof *got);
-        double eg = max_rel(got, ref, P), el = fabs(loss - loss_ref) / loss_ref;
+        double eg = check_max_rel_f(got, ref, P), el = fabs(loss - loss_ref) / loss_ref;
         CHECKF(eg > 1e-3 && el > 1e-6, "%s %s: packed without seg should differ (gradient rel %.2e, loss rel %.2e)",
                name, what, eg, el);
     }
