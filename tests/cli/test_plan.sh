@@ -56,7 +56,8 @@ expect_out auto-fit "auto_fit: chose .* needs .* of memory_budget 37\.25 GiB" --
   "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --auto_fit true --memory_budget 40GB --backend cuda
 expect_out measured-tps "the measured 3000 on --gpu's GPU" "--price_per_hour" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --gpu a100-80gb --tokens_per_s 3000 --price_per_hour 1.5
-expect_out default-job "tiny-llama" "max_steps 600 x 1024 tokens per step" -- bash -c "cd '$W' && '$SNUG' plan"
+default_steps=$(sed -n 's/^max_steps: *\([0-9]*\).*/\1/p' "$SRC/configs/default.yaml")
+expect_out default-job "tiny-llama" "max_steps $default_steps x 1024 tokens per step" -- bash -c "cd '$W' && '$SNUG' plan"
 printf '{"text": "hello world, this is a small dataset line that repeats."}\n%.0s' $(seq 200) > "$W/data.jsonl"
 expect_out epochs "num_epochs 2 x [0-9]+ dataset tokens" -- bash -c "cd '$W' && '$SNUG' plan --dataset data.jsonl \
   --tokenizer '$SRC/assets/tokenizer' --num_epochs 2 --sequence_len 32"
