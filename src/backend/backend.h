@@ -88,6 +88,11 @@ struct snug_backend {
     void (*attention_naive_bwd)(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
                                 const float *probs, int B, int T, int NH, int NKV, int HD, float scale);
 
+    /* Decoding with a KV cache: the attention of token p alone against the roped keys and values of tokens 0..p,
+     * which earlier steps left in rows 0..p of a layer's qkv buffer (T, (NH + 2*NKV)*HD). out (NH*HD). */
+    void (*attention_decode)(snug_backend *be, float *out, const float *qkv, int p, int NH, int NKV, int HD,
+                             float scale);
+
     /* --- activations --- */
     /* gu (N, 2I): gate in columns [0,I), up in [I,2I). out (N,I) = silu(gate) * up */
     void (*swiglu_fwd)(snug_backend *be, float *out, const float *gu, int N, int I);

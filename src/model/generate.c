@@ -1,8 +1,8 @@
 /* generate.c: token-by-token decoding with a KV cache (see generate.h).
  *
  * Position p of the prompt or of the generated text runs through every layer as a single row: the projections,
- * norms and MLP use the backend ops with N = 1, and the row's attention reads the roped keys and values that earlier
- * positions left in the layer's saved qkv buffer. */
+ * norms and MLP use the backend ops with N = 1, and the row's attention (the attention_decode op) reads the roped
+ * keys and values that earlier positions left in the layer's saved qkv buffer. */
 #include "model/generate.h"
 
 #include <math.h>
@@ -11,39 +11,9 @@
 
 #include "core/rng.h"
 
-/* Attention of query row p against the cached rows 0..p of one layer (host code, CPU backend memory). */
-static void attend_row(const snug_model *m, const float *qkv, float *out, int p, float *scores) {
-    const snug_model_config *c = &m->cfg;
-    int NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim, QKV = m->QKV, grp = NH / NKV;
-    float scale = 1.0f / sqrtf((float)HD);
-    const float *q = qkv + (size_t)p * QKV;
-    for (int h = 0; h < NH; h++) {
-        int kvh = h / grp;
-        float mx = -INFINITY;
-        for (int s = 0; s <= p; s++) {
-            const float *k = qkv + (size_t)s * QKV + (size_t)(NH + kvh) * HD;
-            float d = 0;
-            for (int i = 0; i < HD; i++)
-                d += q[h * HD + i] * k[i];
-            scores[s] = d * scale;
-            mx = fmaxf(mx, scores[s]);
-        }
-        float sum = 0;
-        for (int s = 0; s <= p; s++)
-            sum += (scores[s] = expf(scores[s] - mx));
-        float *o = out + (size_t)p * NH * HD + (size_t)h * HD;
-        memset(o, 0, (size_t)HD * sizeof *o);
-        for (int s = 0; s <= p; s++) {
-            const float *v = qkv + (size_t)s * QKV + (size_t)(NH + NKV + kvh) * HD;
-            float w = scores[s] / sum;
-            for (int i = 0; i < HD; i++)
-                o[i] += w * v[i];
-        }
-    }
-}
 
 /* Runs position p (token already in ids[p]) through the model; leaves its logits in m->logits row 0. */
-static void forward_row(snug_model *m, int p, float *scores) {
+static void forward_row(snug_model *m, int p) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim, I = c->intermediate_size;
@@ -67,7 +37,7 @@ static void forward_row(snug_model *m, int p, float *scores) {
         be->matmul_fwd(be, qkv, ln1, w->qkv_w, w->qkv_b, 1, C, m->QKV);
         if (!gpt2)
             be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
-        attend_row(m, a->qkv, a->att, p, scores);
+        be->attention_decode(be, att, a->qkv, p, NH, NKV, HD, 1.0f / sqrtf((float)HD));
         be->matmul_fwd(be, mid, att, w->o_w, w->o_b, 1, NH * HD, C);
         be->accumulate(be, mid, in, (size_t)C);
         if (gpt2)
@@ -139,9 +109,9 @@ int snug_generate(snug_model *m, const int32_t *prompt, int n_prompt, int max_ne
     if (total > m->T)
         total = m->T;
     int32_t *pos = malloc((size_t)m->T * sizeof *pos);
-    float *scores = malloc((size_t)m->T * sizeof *scores), *logits = malloc((size_t)V * sizeof *logits);
+    float *logits = malloc((size_t)V * sizeof *logits);
     cand *cs = malloc((size_t)V * sizeof *cs);
-    if (!pos || !scores || !logits || !cs)
+    if (!pos || !logits || !cs)
         abort();
     for (int t = 0; t < m->T; t++)
         pos[t] = t;
@@ -151,9 +121,9 @@ int snug_generate(snug_model *m, const int32_t *prompt, int n_prompt, int max_ne
     uint64_t rng = s->seed;
     int n = n_prompt;
     for (int p = 0; p < n_prompt - 1; p++)
-        forward_row(m, p, scores);
+        forward_row(m, p);
     while (n < total) {
-        forward_row(m, n - 1, scores);
+        forward_row(m, n - 1);
         m->be->to_host(m->be, logits, m->logits, (size_t)V * sizeof *logits);
         int32_t next = sample(logits, V, s, &rng, cs);
         out[n] = next;
@@ -163,7 +133,6 @@ int snug_generate(snug_model *m, const int32_t *prompt, int n_prompt, int max_ne
             break;
     }
     free(pos);
-    free(scores);
     free(logits);
     free(cs);
     return n;

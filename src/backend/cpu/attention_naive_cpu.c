@@ -1,5 +1,6 @@
 /* attention_naive_cpu.c: attention with the (T, T) probabilities stored, the reference that
- * flash_attention: false selects. Straightforward loops: one (batch row, head, query row) per iteration. */
+ * flash_attention: false selects, and the one-row attention of decoding with a KV cache. Straightforward loops:
+ * one (batch row, head, query row) per iteration. */
 #include <math.h>
 #include <string.h>
 
@@ -82,6 +83,34 @@ void snug_cpu_attention_naive_bwd(snug_backend *be, float *dqkv, const float *do
                     }
                 }
             }
+        }
+    }
+}
+
+void snug_cpu_attention_decode(snug_backend *be, float *out, const float *qkv, int p, int NH, int NKV, int HD,
+                               float scale) {
+    int QKV = (NH + 2 * NKV) * HD, grp = NH / NKV;
+    const float *q = qkv + (size_t)p * QKV;
+#pragma omp parallel for num_threads(be->nthreads > 0 ? be->nthreads : 1) if (p >= 256)
+    for (int h = 0; h < NH; h++) {
+        int kvh = h / grp;
+        float mx = -INFINITY, sum = 0, w[p + 1]; /* (p+1) scores, then weights */
+        for (int s = 0; s <= p; s++) {
+            const float *k = qkv + (size_t)s * QKV + (size_t)(NH + kvh) * HD;
+            float d = 0;
+            for (int i = 0; i < HD; i++)
+                d += q[h * HD + i] * k[i];
+            w[s] = d * scale;
+            mx = fmaxf(mx, w[s]);
+        }
+        for (int s = 0; s <= p; s++)
+            sum += (w[s] = expf(w[s] - mx));
+        float *o = out + (size_t)h * HD;
+        memset(o, 0, (size_t)HD * sizeof *o);
+        for (int s = 0; s <= p; s++) {
+            const float *v = qkv + (size_t)s * QKV + (size_t)(NH + NKV + kvh) * HD;
+            for (int i = 0; i < HD; i++)
+                o[i] += w[s] / sum * v[i];
         }
     }
 }

@@ -75,6 +75,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->attention_bwd = snug_cpu_attention_bwd;
     be->host_resident = 1;
     be->attention_naive_fwd = snug_cpu_attention_naive_fwd;
+    be->attention_decode = snug_cpu_attention_decode;
     be->attention_naive_bwd = snug_cpu_attention_naive_bwd;
     be->swiglu_fwd = snug_cpu_swiglu_fwd;
     be->swiglu_bwd = snug_cpu_swiglu_bwd;

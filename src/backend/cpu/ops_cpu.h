@@ -51,6 +51,8 @@ void snug_cpu_rope_fwd(snug_backend *be, float *x, const int32_t *pos, const flo
 void snug_cpu_rope_bwd(snug_backend *be, float *dx, const int32_t *pos, const float *cos, const float *sin, int N,
                        int H, int HD, int stride);
 
+void snug_cpu_attention_decode(snug_backend *be, float *out, const float *qkv, int p, int NH, int NKV, int HD,
+                               float scale);
 void snug_cpu_attention_naive_fwd(snug_backend *be, float *out, float *probs, const float *qkv,
                                   const int32_t *seg_start, int B, int T, int NH, int NKV, int HD, float scale);
 void snug_cpu_attention_naive_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
