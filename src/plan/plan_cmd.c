@@ -407,6 +407,22 @@ static void print_text(const report *r, FILE *f) {
         fmtb(b, sizeof b, cap_of(&r->space, l->p));
         fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", l->name, a, b, 100 * l->p->cost, l->cost_note);
     }
+    /* the optimizer step inside backward saves gradient memory at no time cost, but it changes what training does
+     * (no clipping, no accumulation), so it is listed here and never chosen by auto_fit */
+    const snug_fit_point *p0 = &r->space.pt[0];
+    if (p0->spec.with_grads && !p0->spec.lv.optimizer_in_backward && !p0->spec.optim_paged) {
+        snug_plan_spec sp = p0->spec;
+        sp.lv.optimizer_in_backward = 1;
+        snug_plan ob;
+        snug_error oe = {0};
+        if (snug_plan_run(&ob, &sp, &oe) == 0 && ob.total < p0->plan.total) {
+            double saves = (double)(p0->plan.total - ob.total);
+            fmtb(a, sizeof a, saves);
+            fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
+            fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", "optimizer_in_backward (max_grad_norm: 0, GA 1)", a,
+                    b, 0.0, "no clipping; never chosen by auto_fit");
+        }
+    }
     const snug_fit_point *sm = snug_fit_smallest(&r->space);
     if (sm && sm != &r->space.pt[0]) {
         fmtb(a, sizeof a, cap_of(&r->space, sm));

@@ -42,6 +42,9 @@ expect_out() {
 expect_out llama2-7b "6\.74B parameters" "parameters +25\.10 GiB +4\.00" "optimizer state +50\.2[01] GiB +8\.00" \
   "fit on common GPUs" "H200 141GB" -- "$SNUG" plan --base_model "$CFG/llama-2-7b"
 expect_out llama2-13b "13\.02B parameters" "gradients +48\.49 GiB" -- "$SNUG" plan --base_model "$CFG/llama-2-13b"
+# the optimizer step inside backward leaves the embedding and head gradients (2 x 525M) plus one 218M layer: 4.73 GiB
+expect_out in-backward "optimizer_in_backward \(max_grad_norm: 0, GA 1\) +25\.19 GiB" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.1-8b"
 expect_out llama2-70b "68\.98B parameters" "does not fit .* whatever the levers" -- \
   "$SNUG" plan --base_model "$CFG/llama-2-70b" --sequence_len 4096 --micro_batch_size 1
 expect_out llama31-8b "8\.03B parameters" "vocab 128256" "gradient_checkpointing: full +[0-9.]+ GiB .*\+33%" \
