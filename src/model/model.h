@@ -153,6 +153,10 @@ void snug_model_init_rope(snug_model *m);
  * 1/sqrt(2L), norms to 1, biases to 0. Deterministic in seed. */
 void snug_model_init_random(snug_model *m, uint64_t seed);
 
+/* Checks, without reading any weight, that a folder's safetensors hold every tensor of the table with the shape
+ * config.json implies and a float dtype: run before allocating, so a mismatch is one clear error, not a failed
+ * allocation sized by a wrong config. */
+int snug_model_check_weights(const snug_param_table *table, const char *dir, snug_error *e);
 /* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
 /* Writes model.safetensors (F32 or the dtype named by cfg.torch_dtype) into dir, atomically. */

@@ -17,6 +17,51 @@ static const snug_st_tensor *find_tensor(const snug_st_set *s, const char *name)
     return t;
 }
 
+/* The file's tensor for table entry p, checked: present, and the shape config.json implies. */
+static int match_tensor(const snug_st_set *s, const char *dir, const snug_param_entry *p, const snug_st_tensor **out,
+                        snug_error *e) {
+    const snug_st_tensor *t = find_tensor(s, p->name);
+    if (!t)
+        return snug_fail(e, SNUG_EINPUT,
+                         "%s: tensor '%s' is missing; the weights do not match config.json (check model_type, "
+                         "num_hidden_layers and tie_word_embeddings)",
+                         dir, p->name);
+    int64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++)
+        numel *= t->shape[d];
+    int shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim == 1 || t->shape[1] == p->shape[1]);
+    if (!shape_ok || (size_t)numel != p->numel) {
+        char got[128] = "", want[64];
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        if (p->ndim == 2)
+            snprintf(want, sizeof want, "%lld, %lld", (long long)p->shape[0], (long long)p->shape[1]);
+        else
+            snprintf(want, sizeof want, "%lld", (long long)p->shape[0]);
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor '%s' has shape [%s] but config.json implies [%s]; the weights "
+                         "and config.json are from different models",
+                         s->paths[t->file], p->name, got, want);
+    }
+    if (t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F16 && t->dtype != SNUG_DT_F64)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor '%s' is %s; snug reads F32, BF16 and F16 weights (dequantize or "
+                         "convert the checkpoint first)", s->paths[t->file], p->name, snug_dtype_name(t->dtype));
+    *out = t;
+    return 0;
+}
+
+int snug_model_check_weights(const snug_param_table *table, const char *dir, snug_error *e) {
+    snug_st_set s;
+    memset(&s, 0, sizeof s);
+    SNUG_TRY(snug_st_open_dir(&s, dir, e));
+    int rc = 0;
+    for (int i = 0; i < table->n && !rc; i++) {
+        const snug_st_tensor *t;
+        rc = match_tensor(&s, dir, &table->e[i], &t, e);
+    }
+    snug_st_close(&s);
+    return rc;
+}
+
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     snug_st_set s;
     memset(&s, 0, sizeof s);
@@ -35,31 +80,10 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     int rc = 0;
     for (int i = 0; i < m->table.n && !rc; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        const snug_st_tensor *t = find_tensor(&s, p->name);
-        if (!t) {
-            rc = snug_fail(e, SNUG_EINPUT,
-                           "%s: tensor '%s' is missing; the weights do not match config.json (check model_type, "
-                           "num_hidden_layers and tie_word_embeddings)",
-                           dir, p->name);
+        const snug_st_tensor *t = NULL;
+        rc = match_tensor(&s, dir, p, &t, e);
+        if (rc)
             break;
-        }
-        int64_t numel = 1;
-        for (int d = 0; d < t->ndim; d++)
-            numel *= t->shape[d];
-        int shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim == 1 || t->shape[1] == p->shape[1]);
-        if (!shape_ok || (size_t)numel != p->numel) {
-            char got[128] = "", want[64];
-            for (int d = 0; d < t->ndim; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-            if (p->ndim == 2)
-                snprintf(want, sizeof want, "%lld, %lld", (long long)p->shape[0], (long long)p->shape[1]);
-            else
-                snprintf(want, sizeof want, "%lld", (long long)p->shape[0]);
-            rc = snug_fail(e, SNUG_EINPUT, "%s: tensor '%s' has shape [%s] but config.json implies [%s]; the weights "
-                           "and config.json are from different models",
-                           s.paths[t->file], p->name, got, want);
-            break;
-        }
         float *dst = direct ? m->params + p->offset : stage;
         rc = snug_st_to_f32(&s, t, dst, p->transposed, e);
         if (!rc && !direct)

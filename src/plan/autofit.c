@@ -356,7 +356,7 @@ int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, doub
                 "model is the lever for them";
         break;
     }
-    return snug_fail(e, SNUG_ENOMEM,
+    return snug_fail(e, SNUG_EINPUT,
                      "the memory plan needs %s (arenas %s + runtime overhead %s), over memory_budget %s by %s; largest: "
                      "%s, %s, %s; %s; set auto_fit: true to let snug choose the levers for the budget, or run "
                      "`snug plan` with the same options to see what each lever saves",

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "plan/autofit.h"
+#include "plan/gpus.h"
 
 int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, snug_error *e) {
     memset(g, 0, sizeof *g);
@@ -20,6 +21,16 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, 
         if (slack < 0)
             return snug_fail_over_budget(e, &g->plan, spec->memory_budget, spec->budget_overhead);
     }
+    /* a plan larger than the machine is refused with the numbers, not left to fail (or to swap) mid-allocation */
+    double ram = snug_host_memory_bytes();
+    if (!strcmp(g->be->name, "cpu") && ram > 0 && (double)(g->plan.total + g->plan.host_total) > ram) {
+        char need[32], have[32];
+        snug_format_bytes(need, sizeof need, (double)(g->plan.total + g->plan.host_total));
+        snug_format_bytes(have, sizeof have, ram);
+        return snug_fail(e, SNUG_EINPUT, "the memory plan needs %s and this machine has %s; run `snug plan` with the "
+                         "same options to see which levers make it fit, or set auto_fit: true with a memory_budget",
+                         need, have);
+    }
     g->model.cfg = spec->cfg;
     g->model.lv = spec->lv;
     g->model.be = g->be;
@@ -30,7 +41,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, 
         if (cap && !(g->blocks[c] = blk)) {
             char b[32];
             snug_format_bytes(b, sizeof b, (double)cap);
-            return snug_fail(e, SNUG_ENOMEM, "cannot allocate %s%s for %s; lower micro_batch_size or sequence_len, "
+            return snug_fail(e, SNUG_EINPUT, "cannot allocate %s%s for %s; lower micro_batch_size or sequence_len, "
                              "or see `snug plan` for the levers that shrink it",
                              b, g->plan.host[c] ? " of host memory" : "", snug_category_name((snug_category)c));
         }

@@ -412,6 +412,14 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         rc = snug_loader_init(&loader, &r.train, &bopts, e);
     if (!rc)
         rc = snug_batching_report_compute(&r.brep, &r.train, &bopts, e);
+    if (!rc && o->base_model[0]) { /* the weights must match config.json before memory is sized by it */
+        snug_param_table t;
+        rc = snug_param_table_build(&t, &r.cfg, e);
+        if (!rc) {
+            rc = snug_model_check_weights(&t, o->base_model, e);
+            snug_param_table_free(&t);
+        }
+    }
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.spec, o->threads, e);
     if (!rc && o->base_model[0])

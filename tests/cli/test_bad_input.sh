@@ -43,6 +43,7 @@ expect_error cli-unknown "lerning_rate.*learning_rate" "$SNUG" train --dataset "
 expect_error no-dataset "dataset" "$SNUG" train --datasets "$W/missing.jsonl" $T
 expect_error in-backward-clip "optimizer_in_backward.*max_grad_norm: 0" "$SNUG" train --dataset "$W/data.jsonl" $T --optimizer_in_backward true
 expect_error in-backward-accumulate "optimizer_in_backward.*gradient_accumulation_steps: 1" "$SNUG" train --dataset "$W/data.jsonl" $T --optimizer_in_backward true --max_grad_norm 0 --gradient_accumulation_steps 2
+expect_error too-big "memory plan needs .* this machine has .*snug plan" "$SNUG" train --dataset "$W/data.jsonl" $T --model_preset gpt2-124m --micro_batch_size 4096 --sequence_len 1024
 # data
 printf '{"text": "fine"}\n{"text": "broken\n' > "$W/bad.jsonl"
 expect_error jsonl-syntax "bad.jsonl line 2" "$SNUG" train --dataset "$W/bad.jsonl" $T

@@ -118,11 +118,12 @@ expect_error fit-no-budget "auto_fit is true but memory_budget is not set" \
 expect_error fit-nothing "auto_fit: nothing fits memory_budget 7\.45 GiB.*smallest setting" \
   "$SNUG" plan --base_model "$CFG/llama-2-7b" --auto_fit true --memory_budget 8GB --backend cuda
 
-# training refuses a plan over memory_budget before allocating or writing anything (exit status 1: out of memory)
+# training refuses a plan over memory_budget before allocating or writing anything (exit status 2: a config that
+# cannot fit is for the user to change)
 (cd "$W" && "$SNUG" train --dataset data.jsonl --tokenizer "$SRC/assets/tokenizer" --model_preset llama-30m \
   --sequence_len 64 --max_steps 1 --memory_budget 200MiB --output_dir "$W/over" > "$W/stdout" 2> "$W/stderr")
 rc=$?
-if [ $rc -eq 1 ] && [ ! -e "$W/over" ] &&
+if [ $rc -eq 2 ] && [ ! -e "$W/over" ] &&
    grep -Eq "snug: error: the memory plan needs .* over memory_budget 200\.00 MiB .*largest: .*auto_fit: true" "$W/stderr"
 then ok; else bad "over-budget: rc=$rc: $(head -c 300 "$W/stderr")"; fi
 
