@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "core/rng.h"
 #include "model/presets.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
@@ -32,12 +33,7 @@ static float map_s[256], map_u[256];  /* signed (momentum) and unsigned (second 
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_next(void) { return snug_splitmix64(&rng_state); }
 
 static double urand(void) { return (double)(rng_next() >> 11) * 0x1.0p-53; } /* [0,1) */
 

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "check.h"
+#include "core/rng.h"
 
 static snug_backend *be1, *be2, *be3; /* 1, 2 and 3 threads; be2 is the one under test, the others for determinism */
 
@@ -19,12 +20,7 @@ static snug_backend *be1, *be2, *be3; /* 1, 2 and 3 threads; be2 is the one unde
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_next(void) { return snug_splitmix64(&rng_state); }
 
 static double urand(void) { return (double)(rng_next() >> 11) * 0x1.0p-53; } /* [0,1) */
 static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
