@@ -19,27 +19,7 @@ PY
 common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --max_steps 4 --sample_tokens 0
         --logging_steps 1 --learning_rate 1e-3 --lr_scheduler constant --seed 5"
 
-train() { # NAME ARGS...
-  local name=$1; shift
-  if ! "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1; then
-    echo "FAIL: $name did not train"; tail -3 "$W/$name.log"; fail=$((fail + 1)); return 1
-  fi
-  python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" \
-    "$W/$name/metrics.jsonl" > "$W/$name.loss"
-}
-
-compare() { # NAME REF TOL
-  if python3 - "$W/$1.loss" "$W/$2.loss" "$3" <<'PY'
-import sys
-a = [float(x) for x in open(sys.argv[1]).read().split()]
-b = [float(x) for x in open(sys.argv[2]).read().split()]
-tol = float(sys.argv[3])
-worst = max(abs(x - y) / abs(y) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf")
-print(f"  {sys.argv[1].split('/')[-1][:-5]:<28} vs {sys.argv[2].split('/')[-1][:-5]:<10} worst rel {worst:.1e}")
-sys.exit(0 if worst <= tol else 1)
-PY
-  then pass=$((pass + 1)); else echo "FAIL: $1 losses differ from $2"; fail=$((fail + 1)); fi
-}
+. "$(dirname "$0")/losses.sh"
 
 train base --micro_batch_size 4
 train ckpt_full --micro_batch_size 4 --gradient_checkpointing full
@@ -72,6 +52,6 @@ a, b = grads(sys.argv[1]), grads(sys.argv[2])
 print(f"  gradients: {a} B without, {b} B with optimizer_in_backward ({a / b:.1f}x smaller)")
 sys.exit(0 if b * 2 < a else 1)
 PY
-then pass=$((pass + 1)); else echo "FAIL: optimizer_in_backward did not shrink the gradients"; fail=$((fail + 1)); fi
+then ok; else bad "optimizer_in_backward did not shrink the gradients"; fi
 echo "test_levers: $pass passed, $fail failed"
 [ $fail -eq 0 ]

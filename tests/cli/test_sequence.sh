@@ -10,8 +10,6 @@ SRC=${SNUG_SOURCE_DIR:-.}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(2)
@@ -24,27 +22,7 @@ PY
 common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 64 --max_steps 4 --sample_tokens 0
         --logging_steps 1 --learning_rate 1e-3 --lr_scheduler constant --seed 5 --threads 2"
 
-train() { # NAME ARGS...
-  local name=$1; shift
-  if ! "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1; then
-    bad "$name did not train"; tail -3 "$W/$name.log"; return 1
-  fi
-  python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" \
-    "$W/$name/metrics.jsonl" > "$W/$name.loss"
-}
-
-compare() { # NAME REF TOL
-  if python3 - "$W/$1.loss" "$W/$2.loss" "$3" <<'PY'
-import sys
-a = [float(x) for x in open(sys.argv[1]).read().split()]
-b = [float(x) for x in open(sys.argv[2]).read().split()]
-tol = float(sys.argv[3])
-worst = max(abs(x - y) / abs(y) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf")
-print(f"  {sys.argv[1].split('/')[-1][:-5]:<16} vs {sys.argv[2].split('/')[-1][:-5]:<12} worst rel {worst:.1e}")
-sys.exit(0 if worst <= tol else 1)
-PY
-  then ok; else bad "$1 losses differ from $2"; fi
-}
+. "$(dirname "$0")/losses.sh"
 
 train packed --sample_packing true --micro_batch_size 4
 train packed_all --sample_packing true --micro_batch_size 1 --gradient_accumulation_steps 4 \
