@@ -1,7 +1,10 @@
 /* backend.h: the backend interface, a struct of function pointers for every op the engine runs.
  *
  * The model and trainer never branch on the device: they call through these slots. The CPU backend (backend/cpu) is
- * the reference; a CUDA backend fills the same slots with device pointers. All tensors are row-major fp32 here.
+ * the reference; a CUDA backend fills the same slots with device pointers. All tensors are row-major fp32, except
+ * where an argument carries a snug_dtype: there the tensor is stored as that dtype (F32, BF16 or F16) and the op
+ * converts to fp32 as it reads. Mixed precision keeps parameters, layer gradients and saved activations in 16 bits
+ * and converts them with to16/from16 around fp32 compute (model.h says where).
  *
  * Dimension names, the same everywhere: B batch rows, T sequence length, N = B*T tokens, C model width,
  * OC output width of a linear layer, NH query heads, NKV key/value heads, HD head dim, V vocabulary, I MLP width.
@@ -14,6 +17,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "core/dtype.h"
 
 typedef struct snug_backend snug_backend;
 
@@ -33,9 +38,9 @@ struct snug_backend {
     void (*zero)(snug_backend *be, void *dst, size_t bytes);
 
     /* --- embeddings --- */
-    /* out (N,C) = table[ids[n]] (+= when accumulate) ; ids (N) in [0, rows) */
-    void (*embed_fwd)(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,
-                      int accumulate);
+    /* out (N,C) = table[ids[n]] (+= when accumulate) ; ids (N) in [0, rows) ; table (rows,C) stored as tdt */
+    void (*embed_fwd)(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N,
+                      int C, int accumulate);
     /* dtable (rows,C) += scatter of dout (N,C) by ids; deterministic (same result for any thread count) */
     void (*embed_bwd)(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C);
 
@@ -101,6 +106,19 @@ struct snug_backend {
     void (*gelu_fwd)(snug_backend *be, float *out, const float *inp, size_t n);
     void (*gelu_bwd)(snug_backend *be, float *dinp, const float *dout, const float *inp, size_t n);
 
+    /* --- 16-bit storage (dt is SNUG_DT_BF16 or SNUG_DT_F16) --- */
+    /* Rounds src (n) in place to dt's precision (round to nearest even; fp16 overflows to inf) and, when dst is not
+     * NULL, stores the rounded values as dt in dst. Rounding in place makes the next op read exactly what was
+     * stored, so a recomputation from the stored copy gives the same bits. */
+    void (*to16)(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt);
+    /* dst (n) = src (n, stored as dt) widened to fp32 (exact) */
+    void (*from16)(snug_backend *be, float *dst, const void *src, size_t n, snug_dtype dt);
+    /* dst (n, bf16) = src rounded stochastically: element i adds r_i = the low 16 bits of
+     * snug_sr_bits(seed, i) to the fp32 bit pattern and truncates to the top 16 bits, so it rounds up with
+     * probability equal to its distance from the lower neighbour. Non-finite values round to nearest. The same
+     * (seed, i) gives the same bits on every backend and thread count. */
+    void (*bf16_sr)(snug_backend *be, uint16_t *dst, const float *src, size_t n, uint64_t seed);
+
     /* --- elementwise --- */
     void (*add)(snug_backend *be, float *out, const float *a, const float *b, size_t n); /* out = a + b */
     void (*accumulate)(snug_backend *be, float *dst, const float *src, size_t n);      /* dst += src */
@@ -109,15 +127,17 @@ struct snug_backend {
     /* --- loss: output projection + softmax + cross-entropy, chunked over tokens --- */
     /* For tokens n with labels[n] >= 0: loss_n = logsumexp(h_n . w^T) - (h_n . w^T)[labels[n]]. Returns the sum of
      * loss_n over supervised tokens (the caller divides). When dh or dw is non-NULL, also accumulates
-     * grad_scale * d(sum loss)/dh into dh (N,C) and into dw (V,C). Logits exist only `chunk` rows at a time in
-     * logits_ws (chunk, V). Tokens with labels[n] < 0 contribute nothing. */
-    double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const float *w,
+     * grad_scale * d(sum loss)/dh into dh (N,C) and into dw (V,C) (both fp32). Logits exist only `chunk` rows at a
+     * time in logits_ws (chunk, V). Tokens with labels[n] < 0 contribute nothing. w (V,C) is stored as wdt; when
+     * wdt is not F32 the CPU converts it `wblock` rows at a time into w_ws (wblock, C) (a GPU backend may read the
+     * 16-bit weight directly and ignore w_ws); w_ws is unused for F32. */
+    double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                            const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
-                           int chunk);
+                           int chunk, float *w_ws, int wblock);
 
     /* --- optimizer --- */
-    /* sum of squares of x (n), in double */
-    double (*sumsq)(snug_backend *be, const float *x, size_t n);
+    /* sum of squares of x (n, stored as dt), in double; inf or NaN when x holds one (the loss scaler's check) */
+    double (*sumsq)(snug_backend *be, const void *x, snug_dtype dt, size_t n);
     /* AdamW with decoupled weight decay, bias correction by step (1-based), torch.optim.AdamW's exact order:
      * p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
      * p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps). g is read after multiplying by grad_scale.
@@ -157,6 +177,15 @@ struct snug_backend {
     /* Waits until everything queued so far, on the compute stream and the side stream, has finished. */
     void (*sync)(snug_backend *be);
 };
+
+/* The random bits of stochastic rounding for element i of a tensor rounded under `seed` (splitmix64 of
+ * seed + (i + 1) * golden gamma). Inline so every backend, host or device, computes the same stream. */
+static inline uint32_t snug_sr_bits(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
 
 /* The CPU backend: OpenMP threads (nthreads <= 0: all cores) and OpenBLAS for GEMM. */
 snug_backend *snug_backend_cpu_create(int nthreads);
