@@ -221,6 +221,14 @@ static const key_spec keys[] = {
     {.name = "flash_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(flash_attention), .def = "true",
      .help = "tiled attention with online softmax, no (T, T) buffer; false = the reference path that stores the "
              "attention probabilities"},
+    {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16), .def = "false",
+     .help = "mixed precision: parameters, saved activations and gradients stored as bfloat16, computed in fp32"},
+    {.name = "fp16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(fp16), .def = "false",
+     .help = "mixed precision in float16 with dynamic loss scaling (from 2^16; halved and the step skipped on "
+             "overflow, doubled after 2000 clean steps); needs master_weights"},
+    {.name = "master_weights", .type = KT_BOOL, .group = G_MEMORY, AT_INT(master_weights), .def = "true",
+     .help = "with bf16 or fp16, an fp32 copy of the weights takes the update (4 more bytes per parameter); "
+             "false (bf16 only): the update is rounded to bf16 stochastically"},
     {.name = "chunked_cross_entropy", .type = KT_BOOL, .group = G_MEMORY, AT_INT(chunked_cross_entropy),
      .def = "false", .help = "compute the output projection and loss a chunk of tokens at a time, so the (tokens, "
              "vocab) logits never exist whole"},
@@ -232,10 +240,7 @@ static const key_spec keys[] = {
     LATER_BOOL("activation_offloading", "offloading activations to the CPU"),
     LATER_BOOL("sdp_attention", "fused attention kernels"),
     LATER_BOOL("xformers_attention", "fused attention kernels"),
-    LATER_BOOL("bf16", "bf16 mixed precision; snug trains in fp32"),
-    LATER_BOOL("fp16", "fp16 mixed precision; snug trains in fp32"),
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
-    LATER_BOOL("master_weights", "separate fp32 master weights for low-precision training"),
     LATER_BOOL("load_in_8bit", "quantised base models"),
     LATER_BOOL("load_in_4bit", "quantised base models"),
     LATER("adapter", KT_STRING, "LoRA/QLoRA adapters; snug does full fine-tuning"),
@@ -982,6 +987,13 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
             "gradient_accumulation_steps: 1 (raise micro_batch_size instead)", src);
     REQUIRE(!o->optimizer_in_backward || strncmp(o->optimizer, "paged_", 6) != 0,
             "%s: optimizer_in_backward with a paged optimizer is not supported yet; use adamw or adamw_8bit", src);
+    REQUIRE(!(o->bf16 && o->fp16), "%s: bf16 and fp16 are both true; choose one", src);
+    REQUIRE(!o->fp16 || o->master_weights,
+            "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
+            "with master_weights: false, or keep master_weights: true", src);
+    REQUIRE(!o->fp16 || !o->optimizer_in_backward,
+            "%s: fp16 with optimizer_in_backward is not supported: the loss scaler must see every gradient before any "
+            "layer is stepped; use bf16", src);
     REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
             o->gradient_accumulation_steps);
     REQUIRE(o->max_steps == -1 || o->max_steps >= 1,

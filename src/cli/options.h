@@ -59,6 +59,8 @@ typedef struct snug_options {
     double adam_beta1, adam_beta2, adam_epsilon; /* 0.9, 0.999, 1e-8 */
     double max_grad_norm;     /* 1.0; 0 = no clipping */
     int optimizer_in_backward; /* 0 */
+    int bf16, fp16;            /* 0, 0: mixed precision */
+    int master_weights;        /* 1 */
     char optimizer[32];       /* "adamw" (adamw_torch), "adamw_8bit", "paged_adamw_{8,32}bit"; alias optim */
 
     /* output and logging */

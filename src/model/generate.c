@@ -20,9 +20,9 @@ static void forward_row(snug_model *m, int p) {
     int gpt2 = c->arch == SNUG_ARCH_GPT2;
     size_t NC = (size_t)m->T * C;
     float *x = m->res + (size_t)p * C;
-    be->embed_fwd(be, x, m->ids + p, m->w.wte, 1, C, 0);
+    be->embed_fwd(be, x, m->ids + p, m->w.wte, SNUG_DT_F32, 1, C, 0);
     if (gpt2)
-        be->embed_fwd(be, x, m->pos + p, m->w.wpe, 1, C, 1);
+        be->embed_fwd(be, x, m->pos + p, m->w.wpe, SNUG_DT_F32, 1, C, 1);
     for (int l = 0; l < c->n_layer; l++) {
         const snug_layer_tensors *w = &m->w.layers[l];
         snug_layer_acts *a = &m->acts[l];

@@ -15,45 +15,87 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Points the named slots of v at their ranges of the flat buffer `base`. */
-static void make_views(const snug_model *m, float *base, const size_t *off, snug_tensors *v) {
+/* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. */
+static float **slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
+    if (!L) {
+        if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight")) return &v->wte;
+        if (ends_with(n, "wpe.weight")) return &v->wpe;
+        if (ends_with(n, "model.norm.weight") || ends_with(n, "ln_f.weight")) return &v->lnf_w;
+        if (ends_with(n, "ln_f.bias")) return &v->lnf_b;
+        if (ends_with(n, "lm_head.weight")) return &v->lm_head;
+        return NULL;
+    }
+    if (ends_with(n, "input_layernorm.weight") || ends_with(n, "ln_1.weight")) return &L->ln1_w;
+    if (ends_with(n, "ln_1.bias")) return &L->ln1_b;
+    if (ends_with(n, "q_proj.weight") || ends_with(n, "c_attn.weight")) return &L->qkv_w;
+    if (ends_with(n, "q_proj.bias") || ends_with(n, "c_attn.bias")) return &L->qkv_b;
+    if (ends_with(n, "o_proj.weight") || ends_with(n, "attn.c_proj.weight")) return &L->o_w;
+    if (ends_with(n, "o_proj.bias") || ends_with(n, "attn.c_proj.bias")) return &L->o_b;
+    if (ends_with(n, "post_attention_layernorm.weight") || ends_with(n, "ln_2.weight")) return &L->ln2_w;
+    if (ends_with(n, "ln_2.bias")) return &L->ln2_b;
+    if (ends_with(n, "gate_proj.weight") || ends_with(n, "c_fc.weight")) return &L->fc_w;
+    if (ends_with(n, "gate_proj.bias") || ends_with(n, "c_fc.bias")) return &L->fc_b;
+    if (ends_with(n, "down_proj.weight") || ends_with(n, "mlp.c_proj.weight")) return &L->proj_w;
+    if (ends_with(n, "down_proj.bias") || ends_with(n, "mlp.c_proj.bias")) return &L->proj_b;
+    return NULL;
+}
+
+/* Points the named slots of v at their ranges of the flat fp32 buffer `base` (tensor i at off[i], or at its table
+ * offset when off is NULL). globals_only leaves the layer views NULL (their gradients are 16-bit). */
+static void make_views(const snug_model *m, float *base, const size_t *off, int globals_only, snug_tensors *v) {
     snug_layer_tensors *layers = v->layers;
     memset(v, 0, sizeof *v);
     v->layers = layers;
     memset(layers, 0, (size_t)m->cfg.n_layer * sizeof *layers);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        float *x = base + (off ? off[i] : p->offset);
-        const char *n = p->name;
-        if (p->layer < 0) {
-            if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight"))
-                v->wte = x;
-            else if (ends_with(n, "wpe.weight"))
-                v->wpe = x;
-            else if (ends_with(n, "model.norm.weight") || ends_with(n, "ln_f.weight"))
-                v->lnf_w = x;
-            else if (ends_with(n, "ln_f.bias"))
-                v->lnf_b = x;
-            else if (ends_with(n, "lm_head.weight"))
-                v->lm_head = x;
+        if (p->layer >= 0 && globals_only)
             continue;
-        }
-        snug_layer_tensors *L = &layers[p->layer];
-        if (ends_with(n, "input_layernorm.weight") || ends_with(n, "ln_1.weight")) L->ln1_w = x;
-        else if (ends_with(n, "ln_1.bias")) L->ln1_b = x;
-        else if (ends_with(n, "q_proj.weight") || ends_with(n, "c_attn.weight")) L->qkv_w = x;
-        else if (ends_with(n, "q_proj.bias") || ends_with(n, "c_attn.bias")) L->qkv_b = x;
-        else if (ends_with(n, "o_proj.weight") || ends_with(n, "attn.c_proj.weight")) L->o_w = x;
-        else if (ends_with(n, "o_proj.bias") || ends_with(n, "attn.c_proj.bias")) L->o_b = x;
-        else if (ends_with(n, "post_attention_layernorm.weight") || ends_with(n, "ln_2.weight")) L->ln2_w = x;
-        else if (ends_with(n, "ln_2.bias")) L->ln2_b = x;
-        else if (ends_with(n, "gate_proj.weight") || ends_with(n, "c_fc.weight")) L->fc_w = x;
-        else if (ends_with(n, "gate_proj.bias") || ends_with(n, "c_fc.bias")) L->fc_b = x;
-        else if (ends_with(n, "down_proj.weight") || ends_with(n, "mlp.c_proj.weight")) L->proj_w = x;
-        else if (ends_with(n, "down_proj.bias") || ends_with(n, "mlp.c_proj.bias")) L->proj_b = x;
+        float **s = slot_of(p->name, v, p->layer < 0 ? NULL : &layers[p->layer]);
+        if (s)
+            *s = base + (off ? off[i] : p->offset);
     }
     if (m->cfg.tie_embeddings)
         v->lm_head = v->wte;
+}
+
+/* Views of one layer's tensors in a buffer holding just that layer (every layer has layer 0's layout). */
+static void layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
+    snug_tensors unused;
+    memset(L, 0, sizeof *L);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer == 0 ? slot_of(p->name, &unused, L) : NULL;
+        if (s)
+            *s = base + (p->offset - m->table.layer_offset[0]);
+    }
+}
+
+/* Where the global tensors start in the table (floats; (size_t)-1 when the arch has none). */
+static void global_offsets(snug_model *m) {
+    snug_tensors v;
+    memset(&v, 0, sizeof v);
+    m->gwte = m->gwpe = m->glnf_w = m->glnf_b = m->ghead = (size_t)-1;
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer < 0 ? slot_of(p->name, &v, NULL) : NULL;
+        size_t *o = s == &v.wte ? &m->gwte : s == &v.wpe ? &m->gwpe : s == &v.lnf_w ? &m->glnf_w
+                  : s == &v.lnf_b ? &m->glnf_b : s == &v.lm_head ? &m->ghead : NULL;
+        if (o)
+            *o = p->offset;
+    }
+    if (m->cfg.tie_embeddings)
+        m->ghead = m->gwte;
+}
+
+static int is16(const snug_model *m) { return m->lv.dt == SNUG_DT_BF16 || m->lv.dt == SNUG_DT_F16; }
+
+int snug_model_grad16(const snug_model *m, int i) {
+    return is16(m) && !m->lv.grads_fp32 && m->table.e[i].layer >= 0;
+}
+
+const void *snug_model_stored(const snug_model *m, size_t offset) {
+    return is16(m) ? (const void *)(m->params16 + offset) : (const void *)(m->params + offset);
 }
 
 int snug_model_layer_full_ckpt(const snug_model *m, int l) {
@@ -68,62 +110,100 @@ int snug_model_layer_full_ckpt(const snug_model *m, int l) {
             return e ? e->code : SNUG_ENOMEM;                                                 \
     } while (0)
 
-/* One layer's saved activations from arena `cat`. with_cheap = 0 leaves out what selective checkpointing
- * recomputes (the two norm outputs and the MLP activation). */
-static int carve_layer_acts(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
-                            int with_cheap, snug_error *e) {
-    const snug_model_config *c = &m->cfg;
-    int C = c->hidden_size, NH = c->n_head, HD = c->head_dim, I = c->intermediate_size;
-    int gpt2 = c->arch == SNUG_ARCH_GPT2;
-    memset(a, 0, sizeof *a);
-    if (with_cheap)
-        CARVE(a->ln1, cat, N * C);
+/* The per-row statistics one layer saves, always fp32: the norms' mean (LayerNorm) and rstd, and the attention's
+ * log-sum-exp (or, on the naive path, its probabilities). */
+static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
+                             snug_error *e) {
+    int gpt2 = m->cfg.arch == SNUG_ARCH_GPT2, NH = m->cfg.n_head;
     if (gpt2)
         CARVE(a->ln1_mean, cat, N);
     CARVE(a->ln1_rstd, cat, N);
-    CARVE(a->qkv, cat, N * m->QKV);
-    CARVE(a->att, cat, N * NH * HD);
     if (m->lv.naive_attention)
         CARVE(a->probs, cat, (size_t)m->B * NH * m->T * m->T);
     else
         CARVE(a->lse, cat, N * NH);
-    CARVE(a->res_mid, cat, N * C);
-    if (with_cheap)
-        CARVE(a->ln2, cat, N * C);
     if (gpt2)
         CARVE(a->ln2_mean, cat, N);
     CARVE(a->ln2_rstd, cat, N);
+    return 0;
+}
+
+/* One layer's large activations in fp32 from arena `cat`. with_cheap = 0 leaves out what selective checkpointing
+ * recomputes (the two norm outputs and the MLP activation). */
+static int carve_layer_big(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
+                           int with_cheap, snug_error *e) {
+    int C = m->cfg.hidden_size, NH = m->cfg.n_head, HD = m->cfg.head_dim, I = m->cfg.intermediate_size;
+    if (with_cheap)
+        CARVE(a->ln1, cat, N * C);
+    CARVE(a->qkv, cat, N * m->QKV);
+    CARVE(a->att, cat, N * NH * HD);
+    CARVE(a->res_mid, cat, N * C);
+    if (with_cheap)
+        CARVE(a->ln2, cat, N * C);
     CARVE(a->fc, cat, N * m->FC);
     if (with_cheap)
         CARVE(a->act, cat, N * I);
     return 0;
 }
 
-/* Where each tensor's gradient lives. Normally the flat layout of the parameters. With optimizer_in_backward, the
- * global tensors (embeddings, final norm, untied head) are packed first, then one buffer the size of the largest
- * layer that every layer's gradients share in turn: no full-model gradient buffer exists. */
+/* The same large activations stored 16-bit (saved activations of a mixed-precision layer). */
+static int carve_layer_big16(snug_model *m, snug_arenas *A, snug_layer_acts16 *s, size_t N, int with_cheap,
+                             snug_error *e) {
+    int C = m->cfg.hidden_size, NH = m->cfg.n_head, HD = m->cfg.head_dim, I = m->cfg.intermediate_size;
+    snug_category cat = SNUG_MEM_ACTS;
+    if (with_cheap)
+        CARVE(s->ln1, cat, N * C);
+    CARVE(s->qkv, cat, N * m->QKV);
+    CARVE(s->att, cat, N * NH * HD);
+    CARVE(s->res_mid, cat, N * C);
+    if (with_cheap)
+        CARVE(s->ln2, cat, N * C);
+    CARVE(s->fc, cat, N * m->FC);
+    if (with_cheap)
+        CARVE(s->act, cat, N * I);
+    return 0;
+}
+
+static size_t largest_layer(const snug_model *m) {
+    size_t mx = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        mx = m->table.layer_numel[l] > mx ? m->table.layer_numel[l] : mx;
+    return mx;
+}
+
+/* Where each tensor's gradient lives (snug_model.grad_off). Normally the flat layout of the parameters. With 16-bit
+ * layer gradients, the global tensors are packed into grads and the layers into grads16. With
+ * optimizer_in_backward, one buffer the size of the largest layer takes every layer's gradients in turn: no
+ * full-model gradient buffer exists. */
 static int grad_offsets(snug_model *m, snug_error *e) {
     const snug_param_table *t = &m->table;
+    int g16 = is16(m) && !m->lv.grads_fp32, oib = m->lv.optimizer_in_backward;
     free(m->grad_off);
     m->grad_off = malloc((size_t)(t->n ? t->n : 1) * sizeof *m->grad_off);
     if (!m->grad_off)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the gradient layout");
-    if (!m->lv.optimizer_in_backward) {
+    m->grads16_numel = 0;
+    if (!oib && !g16) {
         for (int i = 0; i < t->n; i++)
             m->grad_off[i] = t->e[i].offset;
         m->grads_numel = t->total;
         return 0;
     }
-    size_t global = 0, layer_max = 0;
+    size_t global = 0, layers = 0, lmax = largest_layer(m);
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer < 0)
             m->grad_off[i] = global, global += t->e[i].numel;
     for (int l = 0; l < m->cfg.n_layer; l++)
-        layer_max = t->layer_numel[l] > layer_max ? t->layer_numel[l] : layer_max;
-    for (int i = 0; i < t->n; i++)
-        if (t->e[i].layer >= 0)
-            m->grad_off[i] = global + (t->e[i].offset - t->layer_offset[t->e[i].layer]);
-    m->grads_numel = global + layer_max;
+        layers += t->layer_numel[l];
+    for (int i = 0; i < t->n; i++) {
+        const snug_param_entry *p = &t->e[i];
+        if (p->layer < 0)
+            continue;
+        size_t in_layers = oib ? p->offset - t->layer_offset[p->layer] : p->offset - t->layer_offset[0];
+        m->grad_off[i] = g16 ? in_layers : global + in_layers;
+    }
+    m->grads_numel = g16 ? global : global + lmax;
+    m->grads16_numel = g16 ? (oib ? lmax : layers) : 0;
     return 0;
 }
 
@@ -131,7 +211,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     int xent_chunk = m->lv.xent_chunk;
     const snug_model_config *c = &m->cfg;
     int L = c->n_layer, C = c->hidden_size, NH = c->n_head, HD = c->head_dim, V = c->vocab_size;
-    int I = c->intermediate_size, gpt2 = c->arch == SNUG_ARCH_GPT2;
+    int I = c->intermediate_size, gpt2 = c->arch == SNUG_ARCH_GPT2, half = is16(m);
     size_t N = (size_t)B * T;
     m->B = B;
     m->T = T;
@@ -140,48 +220,98 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->QKV = (NH + 2 * c->n_kv_head) * HD;
     m->FC = gpt2 ? I : 2 * I;
     m->xent_chunk = xent_chunk > 0 && (size_t)xent_chunk < N ? xent_chunk : (int)N;
+    m->wl_layer = -1;
+    global_offsets(m);
 
     if (!m->w.layers) {
         m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
         m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
         m->acts = calloc((size_t)L, sizeof *m->acts);
-        if (!m->w.layers || !m->g.layers || !m->acts)
+        m->acts16 = calloc((size_t)L, sizeof *m->acts16);
+        if (!m->w.layers || !m->g.layers || !m->acts || !m->acts16)
             return snug_fail(e, SNUG_ENOMEM, "out of host memory for the model's tensor views");
     }
 
-    CARVE(m->params, SNUG_MEM_PARAMS, m->table.total);
+    /* parameters: fp32, or 16-bit with an optional fp32 master copy */
+    m->params = NULL;
+    m->params16 = NULL;
+    if (half) {
+        CARVE(m->params16, SNUG_MEM_PARAMS, m->table.total);
+        if (m->lv.master_weights)
+            CARVE(m->params, SNUG_MEM_MASTER, m->table.total);
+    } else {
+        CARVE(m->params, SNUG_MEM_PARAMS, m->table.total);
+    }
     m->grads = NULL;
+    m->grads16 = NULL;
     if (with_grads) {
         SNUG_TRY(grad_offsets(m, e));
-        CARVE(m->grads, SNUG_MEM_GRADS, m->grads_numel);
+        if (m->grads_numel)
+            CARVE(m->grads, SNUG_MEM_GRADS, m->grads_numel);
+        if (m->grads16_numel)
+            CARVE(m->grads16, SNUG_MEM_GRADS, m->grads16_numel);
+    }
+    /* 16-bit: the current layer's weights (and gradients) widened to fp32, the final norm, the head's rows */
+    m->wl = m->gl = m->lnf_ws = m->w_ws = NULL;
+    m->wblock = 0;
+    if (half) {
+        CARVE(m->wl, SNUG_MEM_WORKSPACE, largest_layer(m));
+        if (m->grads16)
+            CARVE(m->gl, SNUG_MEM_WORKSPACE, largest_layer(m));
+        CARVE(m->lnf_ws, SNUG_MEM_WORKSPACE, 2 * (size_t)C);
+        m->wblock = V < 1024 ? V : 1024;
+        CARVE(m->w_ws, SNUG_MEM_WORKSPACE, (size_t)m->wblock * C);
     }
 
     /* saved activations: the residual stream (every layer's input) always; each layer's internals unless
      * checkpointing drops them, in which case they live in one shared recompute set in the workspace */
-    CARVE(m->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
-    int any_full = 0;
+    int any_full = 0, selective = with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE;
     for (int l = 0; l < L; l++)
-        any_full |= snug_model_layer_full_ckpt(m, l);
-    snug_layer_acts shared;
+        any_full |= with_grads && snug_model_layer_full_ckpt(m, l);
+    snug_layer_acts shared, cmp;
     memset(&shared, 0, sizeof shared);
-    if (with_grads && any_full)
-        SNUG_TRY(carve_layer_acts(m, A, SNUG_MEM_WORKSPACE, &shared, N, 1, e));
-    else if (with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE) {
-        CARVE(shared.ln1, SNUG_MEM_WORKSPACE, N * C);
-        shared.ln2 = shared.ln1; /* recomputed one after the other in backward */
-        CARVE(shared.act, SNUG_MEM_WORKSPACE, N * I);
+    memset(&cmp, 0, sizeof cmp);
+    m->res16 = NULL;
+    if (half) {
+        /* 16-bit: layers run in one fp32 set (cmp) and save 16-bit copies; only the statistics stay fp32 */
+        CARVE(m->res16, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+        CARVE(m->res, SNUG_MEM_WORKSPACE, 2 * N * C);
+        SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_WORKSPACE, &cmp, N, 1, e));
+        if (any_full)
+            SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_WORKSPACE, &shared, N, e));
+    } else {
+        CARVE(m->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+        if (any_full) {
+            SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_WORKSPACE, &shared, N, 1, e));
+            SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_WORKSPACE, &shared, N, e));
+        } else if (selective) {
+            CARVE(shared.ln1, SNUG_MEM_WORKSPACE, N * C);
+            shared.ln2 = shared.ln1; /* recomputed one after the other in backward */
+            CARVE(shared.act, SNUG_MEM_WORKSPACE, N * I);
+        }
     }
     for (int l = 0; l < L; l++) {
         snug_layer_acts *a = &m->acts[l];
+        memset(a, 0, sizeof *a);
+        memset(&m->acts16[l], 0, sizeof m->acts16[l]);
         if (with_grads && snug_model_layer_full_ckpt(m, l)) {
             *a = shared;
-            continue;
+        } else {
+            SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_ACTS, a, N, e));
+            if (half) {
+                SNUG_TRY(carve_layer_big16(m, A, &m->acts16[l], N, !selective, e));
+            } else {
+                SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_ACTS, a, N, !selective, e));
+                if (selective) {
+                    a->ln1 = shared.ln1;
+                    a->ln2 = shared.ln2;
+                    a->act = shared.act;
+                }
+            }
         }
-        SNUG_TRY(carve_layer_acts(m, A, SNUG_MEM_ACTS, a, N, !(with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE), e));
-        if (with_grads && m->lv.ckpt == SNUG_CKPT_SELECTIVE) {
-            a->ln1 = shared.ln1;
-            a->ln2 = shared.ln2;
-            a->act = shared.act;
+        if (half) {
+            a->ln1 = cmp.ln1, a->qkv = cmp.qkv, a->att = cmp.att, a->res_mid = cmp.res_mid;
+            a->ln2 = cmp.ln2, a->fc = cmp.fc, a->act = cmp.act;
         }
     }
     CARVE(m->lnf, SNUG_MEM_ACTS, N * C);
@@ -214,9 +344,14 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     }
 
     if (!snug_arena_counting(&A->a[SNUG_MEM_PARAMS])) {
-        make_views(m, m->params, NULL, &m->w);
+        if (m->params)
+            make_views(m, m->params, NULL, 0, &m->w);
         if (m->grads)
-            make_views(m, m->grads, m->grad_off, &m->g);
+            make_views(m, m->grads, m->grad_off, m->grads16 != NULL, &m->g);
+        if (m->wl)
+            layer_views(m, m->wl, &m->wl_t);
+        if (m->gl)
+            layer_views(m, m->gl, &m->gl_t);
     }
     return 0;
 }
@@ -269,10 +404,45 @@ void snug_model_init_rope(snug_model *m) {
 
 static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
+void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_t n) {
+    snug_backend *be = m->be;
+    if (m->params)
+        be->to_device(be, m->params + offset, host, n * sizeof *host);
+    if (!is16(m))
+        return;
+    /* 16-bit: round through the layer workspace, a layer's worth at a time */
+    size_t piece = largest_layer(m);
+    for (size_t o = 0; o < n; o += piece) {
+        size_t k = n - o < piece ? n - o : piece;
+        be->to_device(be, m->wl, host + o, k * sizeof *host);
+        be->to16(be, m->params16 + offset + o, m->wl, k, m->lv.dt, 0);
+    }
+    m->wl_layer = -1;
+}
+
+void snug_model_put_params(snug_model *m, const float *host) { snug_model_put_range(m, 0, host, m->table.total); }
+
+void snug_model_get_params(const snug_model *m, float *host) {
+    snug_backend *be = m->be;
+    size_t P = m->table.total;
+    if (m->params) { /* fp32 parameters, or the master copy */
+        be->to_host(be, host, m->params, P * sizeof *host);
+        return;
+    }
+    size_t piece = largest_layer(m);
+    for (size_t o = 0; o < P; o += piece) {
+        size_t k = P - o < piece ? P - o : piece;
+        be->from16(be, m->wl, m->params16 + o, k, m->lv.dt);
+        be->to_host(be, host + o, m->wl, k * sizeof *host);
+    }
+    ((snug_model *)m)->wl_layer = -1;
+}
+
 void snug_model_init_random(snug_model *m, uint64_t seed) {
     const snug_model_config *c = &m->cfg;
     float std = c->initializer_range > 0 ? c->initializer_range : 0.02f;
-    int direct = m->be->host_resident; /* write straight into the parameters when they are host memory */
+    /* write straight into the parameters when they are fp32 host memory */
+    int direct = m->be->host_resident && m->params && !is16(m);
     float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
     if (!host)
         abort();
@@ -298,7 +468,7 @@ void snug_model_init_random(snug_model *m, uint64_t seed) {
         }
     }
     if (!direct) {
-        m->be->to_device(m->be, m->params, host, m->table.total * sizeof *host);
+        snug_model_put_params(m, host);
         free(host);
     }
 }
@@ -334,38 +504,76 @@ static void norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, con
         be->rmsnorm_bwd(be, dinp, dw, dout, inp, w, rstd, N, m->cfg.hidden_size);
 }
 
-/* One transformer block forward: res[l] -> res[l+1], saving what backward needs in acts[l]. */
+/* 16-bit storage around fp32 compute. keep: round the fp32 result in place to dt and save it (dst may be NULL:
+ * a value that is recomputed, not saved); fetch: widen a saved value back. Both do nothing in fp32. */
+static void keep(const snug_model *m, uint16_t *dst, float *src, size_t n) {
+    if (is16(m))
+        m->be->to16(m->be, dst, src, n, m->lv.dt, 1);
+}
+
+static void fetch(const snug_model *m, float *dst, const uint16_t *src, size_t n) {
+    if (is16(m) && src)
+        m->be->from16(m->be, dst, src, n, m->lv.dt);
+}
+
+/* Layer l's input (and, for l = L, the final output) in fp32: a row of res, or a slot of the two under 16-bit */
+static float *res_at(const snug_model *m, int l) {
+    size_t NC = (size_t)m->B * m->T * m->cfg.hidden_size;
+    return m->res + (size_t)(is16(m) ? l % 2 : l) * NC;
+}
+
+/* Layer l's weights as fp32 views: the parameters themselves, or under 16-bit the layer widened into wl. */
+static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
+    if (!is16(m))
+        return &m->w.layers[l];
+    if (m->wl_layer != l) {
+        m->be->from16(m->be, m->wl, m->params16 + m->table.layer_offset[l], m->table.layer_numel[l], m->lv.dt);
+        m->wl_layer = l;
+    }
+    return &m->wl_t;
+}
+
+/* One transformer block forward: res[l] -> res[l+1], saving what backward needs in acts[l] (acts16[l]). */
 static void layer_fwd(snug_model *m, int l) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
-    size_t NC = (size_t)m->B * m->T * C;
-    const snug_layer_tensors *w = &m->w.layers[l];
+    size_t NC = (size_t)m->B * m->T * C, Nn = (size_t)N;
+    const snug_layer_tensors *w = layer_weights(m, l);
     snug_layer_acts *a = &m->acts[l];
-    const float *x = m->res + (size_t)l * NC;
-    float *out = m->res + (size_t)(l + 1) * NC;
+    const snug_layer_acts16 *s = &m->acts16[l];
+    const float *x = res_at(m, l);
+    float *out = res_at(m, l + 1);
 
     norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
+    keep(m, s->ln1, a->ln1, Nn * C);
     be->matmul_fwd(be, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
+    keep(m, s->qkv, a->qkv, Nn * m->QKV);
     if (m->lv.naive_attention)
         be->attention_naive_fwd(be, a->att, a->probs, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
                                 1.0f / sqrtf((float)HD));
     else
         be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
                           1.0f / sqrtf((float)HD));
+    keep(m, s->att, a->att, Nn * NH * HD);
     be->matmul_fwd(be, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
-    be->accumulate(be, a->res_mid, x, (size_t)N * C);
+    be->accumulate(be, a->res_mid, x, Nn * C);
+    keep(m, s->res_mid, a->res_mid, Nn * C);
     norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
+    keep(m, s->ln2, a->ln2, Nn * C);
     be->matmul_fwd(be, a->fc, a->ln2, w->fc_w, w->fc_b, N, C, m->FC);
+    keep(m, s->fc, a->fc, Nn * m->FC);
     if (c->arch == SNUG_ARCH_GPT2)
-        be->gelu_fwd(be, a->act, a->fc, (size_t)N * I);
+        be->gelu_fwd(be, a->act, a->fc, Nn * I);
     else
         be->swiglu_fwd(be, a->act, a->fc, N, I);
+    keep(m, s->act, a->act, Nn * I);
     be->matmul_fwd(be, out, a->act, w->proj_w, w->proj_b, N, I, C);
-    be->accumulate(be, out, a->res_mid, (size_t)N * C);
+    be->accumulate(be, out, a->res_mid, Nn * C);
+    keep(m, m->res16 ? m->res16 + (size_t)(l + 1) * NC : NULL, out, Nn * C);
 }
 
 /* One transformer block backward. On entry m->d_res holds dL/d res[l+1]; on exit dL/d res[l]. */
@@ -374,41 +582,61 @@ static void layer_bwd(snug_model *m, int l) {
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
-    size_t NC = (size_t)m->B * m->T * C;
-    const snug_layer_tensors *w = &m->w.layers[l];
-    snug_layer_tensors *g = &m->g.layers[l];
+    size_t NC = (size_t)m->B * m->T * C, Nn = (size_t)N;
     const snug_layer_acts *a = &m->acts[l];
-    const float *x = m->res + (size_t)l * NC;
-    int selective = m->lv.ckpt == SNUG_CKPT_SELECTIVE && !snug_model_layer_full_ckpt(m, l);
+    const snug_layer_acts16 *s = &m->acts16[l];
+    float *x = res_at(m, l);
+    int full = snug_model_layer_full_ckpt(m, l);
+    int selective = m->lv.ckpt == SNUG_CKPT_SELECTIVE && !full;
 
+    /* 16-bit: the layer's input and saved activations come back into the fp32 set (a full checkpoint's
+     * recomputation refills it instead) */
+    fetch(m, x, m->res16 ? m->res16 + (size_t)l * NC : NULL, Nn * C);
+    if (!full) {
+        fetch(m, a->ln1, s->ln1, Nn * C);
+        fetch(m, a->qkv, s->qkv, Nn * m->QKV);
+        fetch(m, a->att, s->att, Nn * NH * HD);
+        fetch(m, a->res_mid, s->res_mid, Nn * C);
+        fetch(m, a->ln2, s->ln2, Nn * C);
+        fetch(m, a->fc, s->fc, Nn * m->FC);
+        fetch(m, a->act, s->act, Nn * I);
+    }
     /* checkpointing: full recomputes the whole layer from its saved input into the shared set; selective
      * recomputes the MLP activation and each norm output just before its use (same code, same bits) */
-    if (snug_model_layer_full_ckpt(m, l))
+    if (full)
         layer_fwd(m, l);
+    const snug_layer_tensors *w = layer_weights(m, l);
+    snug_layer_tensors *g = &m->g.layers[l];
+    if (m->grads16) { /* 16-bit gradients: this layer's are summed in fp32 in gl, then rounded once */
+        be->zero(be, m->gl, m->table.layer_numel[l] * sizeof(float));
+        g = &m->gl_t;
+    }
     if (selective) {
         if (c->arch == SNUG_ARCH_GPT2)
-            be->gelu_fwd(be, a->act, a->fc, (size_t)N * I);
+            be->gelu_fwd(be, a->act, a->fc, Nn * I);
         else
             be->swiglu_fwd(be, a->act, a->fc, N, I);
+        keep(m, NULL, a->act, Nn * I);
         norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
+        keep(m, NULL, a->ln2, Nn * C);
     }
 
     /* MLP: res[l+1] = res_mid + proj(act(fc(norm2(res_mid)))) */
-    be->zero(be, m->d_act, (size_t)N * I * sizeof(float));
+    be->zero(be, m->d_act, Nn * I * sizeof(float));
     be->matmul_bwd(be, m->d_act, g->proj_w, g->proj_b, m->d_res, a->act, w->proj_w, N, I, C);
-    be->zero(be, m->d_fc, (size_t)N * m->FC * sizeof(float));
+    be->zero(be, m->d_fc, Nn * m->FC * sizeof(float));
     if (c->arch == SNUG_ARCH_GPT2)
-        be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, (size_t)N * I);
+        be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, Nn * I);
     else
         be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, N, I);
-    be->zero(be, m->d_ln, (size_t)N * C * sizeof(float));
+    be->zero(be, m->d_ln, Nn * C * sizeof(float));
     be->matmul_bwd(be, m->d_ln, g->fc_w, g->fc_b, m->d_fc, a->ln2, w->fc_w, N, C, m->FC);
     norm_bwd(m, m->d_res, g->ln2_w, g->ln2_b, m->d_ln, a->res_mid, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
-    be->zero(be, m->d_att, (size_t)N * NH * HD * sizeof(float));
+    be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
     be->matmul_bwd(be, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
-    be->zero(be, m->d_qkv, (size_t)N * m->QKV * sizeof(float));
+    be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
     if (m->lv.naive_attention)
         be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
                                 1.0f / sqrtf((float)HD));
@@ -417,38 +645,58 @@ static void layer_bwd(snug_model *m, int l) {
                           NKV, HD, 1.0f / sqrtf((float)HD));
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_bwd(be, m->d_qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
-    if (selective)
+    if (selective) {
         norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
-    be->zero(be, m->d_ln, (size_t)N * C * sizeof(float));
+        keep(m, NULL, a->ln1, Nn * C);
+    }
+    be->zero(be, m->d_ln, Nn * C * sizeof(float));
     be->matmul_bwd(be, m->d_ln, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C, m->QKV);
     norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
+    if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
+        size_t o16 = m->lv.optimizer_in_backward ? 0 : m->table.layer_offset[l] - m->table.layer_offset[0];
+        be->to16(be, m->grads16 + o16, m->gl, m->table.layer_numel[l], m->lv.dt, 0);
+    }
 }
 
 double snug_model_step(snug_model *m, float grad_scale) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int N = m->cur_B * m->cur_T, C = c->hidden_size, L = c->n_layer;
-    size_t NC = (size_t)m->B * m->T * C;
-    int train = grad_scale != 0.0f && m->grads;
+    int train = grad_scale != 0.0f && (m->grads || m->grads16);
+    snug_dtype dt = m->lv.dt;
+    const void *wte = snug_model_stored(m, m->gwte), *head = snug_model_stored(m, m->ghead);
+    const float *lnf_w = m->w.lnf_w, *lnf_b = m->w.lnf_b;
 
-    be->embed_fwd(be, m->res, m->ids, m->w.wte, N, C, 0);
+    m->wl_layer = -1; /* the parameters may have changed since the last step */
+    if (is16(m)) { /* the final norm's parameters widened (lnf_b exists for LayerNorm only) */
+        be->from16(be, m->lnf_ws, m->params16 + m->glnf_w, (size_t)C, dt);
+        lnf_w = m->lnf_ws;
+        lnf_b = NULL;
+        if (m->glnf_b != (size_t)-1) {
+            be->from16(be, m->lnf_ws + C, m->params16 + m->glnf_b, (size_t)C, dt);
+            lnf_b = m->lnf_ws + C;
+        }
+    }
+    float *x0 = res_at(m, 0);
+    be->embed_fwd(be, x0, m->ids, wte, dt, N, C, 0);
     if (c->arch == SNUG_ARCH_GPT2)
-        be->embed_fwd(be, m->res, m->pos, m->w.wpe, N, C, 1);
+        be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
+    keep(m, m->res16, x0, (size_t)N * C);
     for (int l = 0; l < L; l++)
         layer_fwd(m, l);
-    const float *final = m->res + (size_t)L * NC;
-    norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, m->w.lnf_w, m->w.lnf_b, N);
+    float *final = res_at(m, L);
+    norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, lnf_w, lnf_b, N);
 
     if (!train)
-        return be->xent_fwd_bwd(be, NULL, NULL, m->lnf, m->w.lm_head, m->labels, N, C, c->vocab_size, 0.0f,
-                                m->logits, m->xent_chunk);
+        return be->xent_fwd_bwd(be, NULL, NULL, m->lnf, head, dt, m->labels, N, C, c->vocab_size, 0.0f, m->logits,
+                                m->xent_chunk, m->w_ws, m->wblock);
 
     /* the loss and the gradient of the final hidden states come out of one chunked pass */
     be->zero(be, m->d_ln, (size_t)N * C * sizeof(float));
-    double loss = be->xent_fwd_bwd(be, m->d_ln, m->g.lm_head, m->lnf, m->w.lm_head, m->labels, N, C,
-                                   c->vocab_size, grad_scale, m->logits, m->xent_chunk);
+    double loss = be->xent_fwd_bwd(be, m->d_ln, m->g.lm_head, m->lnf, head, dt, m->labels, N, C, c->vocab_size,
+                                   grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
     be->zero(be, m->d_res, (size_t)N * C * sizeof(float));
-    norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, m->w.lnf_w, m->lnf_mean, m->lnf_rstd, N);
+    norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
     for (int l = L - 1; l >= 0; l--) {
         layer_bwd(m, l);
         if (m->on_grads_ready)

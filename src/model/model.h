@@ -70,13 +70,20 @@ typedef struct snug_levers {
     int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
     int optimizer_in_backward; /* gradients exist one layer at a time (plus the global tensors): each layer is
                                 * stepped from on_grads_ready and its buffer reused by the next */
+    /* precision (bf16: true / fp16: true): parameters, saved activations and layer gradients stored as dt, every op
+     * computing in fp32 on widened copies (one layer's weights and activations at a time, in the workspace) */
+    snug_dtype dt;        /* SNUG_DT_F32 (0, the default), SNUG_DT_BF16 or SNUG_DT_F16 */
+    int master_weights;   /* 16-bit: an fp32 master copy of the parameters takes the update (SNUG_MEM_MASTER) */
+    int grads_fp32;       /* 16-bit: layer gradients in fp32 anyway: accumulation over micro-batches sums in fp32 */
 } snug_levers;
 
 /* Called by backward when every gradient of `layer` is final for this micro-batch (layer == -1: the global tensors,
  * after the last layer). The range [offset, offset+numel) of the flat gradient buffer is complete. */
 typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t numel);
 
-/* Activations saved by forward for backward, per layer. */
+/* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
+ * snug_layer_acts16 and these pointers are the fp32 compute buffers of the layer being run (shared by all layers);
+ * the small per-row statistics (lse, mean, rstd) and naive attention's probs stay fp32 per layer. */
 typedef struct snug_layer_acts {
     float *ln1;          /* (N, C) */
     float *ln1_mean;     /* (N) LayerNorm only */
@@ -93,6 +100,10 @@ typedef struct snug_layer_acts {
     float *act;          /* (N, I) */
 } snug_layer_acts;
 
+typedef struct snug_layer_acts16 {
+    uint16_t *ln1, *qkv, *att, *res_mid, *ln2, *fc, *act; /* shapes as in snug_layer_acts; NULL: not kept */
+} snug_layer_acts16;
+
 typedef struct snug_model {
     snug_model_config cfg;
     snug_backend *be;
@@ -103,16 +114,35 @@ typedef struct snug_model {
     int QKV, FC;           /* derived widths */
     int xent_chunk;        /* tokens per logits chunk */
 
-    float *params;         /* flat (table.total) in SNUG_MEM_PARAMS */
-    float *grads;          /* SNUG_MEM_GRADS, NULL for inference: flat (table.total), or with
-                            * optimizer_in_backward the global tensors then one layer's buffer shared by all layers */
-    size_t *grad_off;      /* (table.n) where each tensor's gradient starts in grads: the table offsets, or the
-                            * compact layout of optimizer_in_backward */
+    /* Parameters. fp32: `params` (SNUG_MEM_PARAMS). 16-bit: `params16` (SNUG_MEM_PARAMS) is what forward and
+     * backward read, and `params` is the fp32 master copy (SNUG_MEM_MASTER) or NULL without master weights. */
+    float *params;         /* flat (table.total) */
+    uint16_t *params16;    /* flat (table.total), 16-bit dt only */
+    /* Gradients (SNUG_MEM_GRADS, none for inference). Tensor i's gradient starts at grad_off[i] of grads16 when
+     * snug_model_grad16(m, i), else of grads. grads: every tensor (flat like the parameters), or only the global
+     * tensors when the layers' gradients are 16-bit. With optimizer_in_backward one layer's buffer (in grads or
+     * grads16) is shared by all layers in turn. */
+    float *grads;
+    uint16_t *grads16;
+    size_t *grad_off;      /* (table.n) */
     size_t grads_numel;    /* floats in grads */
-    snug_tensors w, g;     /* views into params / grads */
+    size_t grads16_numel;  /* elements in grads16 */
+    snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16) */
+    size_t gwte, gwpe, glnf_w, glnf_b, ghead; /* where the global tensors start in the table ((size_t)-1: none) */
 
-    float *res;            /* (L+1, N, C) residual stream: layer inputs and the final output */
+    /* 16-bit dt: fp32 copies of the layer being run, carved in the workspace */
+    float *wl, *gl;        /* (largest layer) weights widened from params16; gradients before rounding to grads16 */
+    snug_layer_tensors wl_t, gl_t; /* views into wl / gl (every layer has the same layout) */
+    int wl_layer;          /* the layer wl holds, -1 none */
+    float *lnf_ws;         /* (2, C) the final norm's weight and bias widened */
+    float *w_ws;           /* (wblock, C) rows of the 16-bit output head widened for the loss */
+    int wblock;
+
+    float *res;            /* (L+1, N, C) residual stream: layer inputs and the final output. 16-bit dt: (2, N, C)
+                            * fp32 in the workspace, layer l's input in slot l % 2, and res16 keeps them all */
+    uint16_t *res16;       /* (L+1, N, C) */
     snug_layer_acts *acts; /* (L) */
+    snug_layer_acts16 *acts16; /* (L), 16-bit dt only */
     float *lnf;            /* (N, C) */
     float *lnf_mean, *lnf_rstd; /* (N) */
 
@@ -133,6 +163,12 @@ typedef struct snug_model {
     snug_grads_ready_fn on_grads_ready;
     void *on_grads_ready_ud;
 } snug_model;
+
+/* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
+int snug_model_grad16(const snug_model *m, int i);
+/* The parameters at `offset` (floats into the table) as forward reads them: in params16 under a 16-bit dt (stored
+ * as m->lv.dt), else in params (F32). */
+const void *snug_model_stored(const snug_model *m, size_t offset);
 
 /* Builds the parameter table for a config (no allocation of model memory). */
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
@@ -157,6 +193,14 @@ void snug_model_init_random(snug_model *m, uint64_t seed);
  * config.json implies and a float dtype: run before allocating, so a mismatch is one clear error, not a failed
  * allocation sized by a wrong config. */
 int snug_model_check_weights(const snug_param_table *table, const char *dir, snug_error *e);
+/* Sets every parameter from host (table.total fp32 values): the fp32 parameters, or the master copy and the 16-bit
+ * parameters rounded from it. */
+void snug_model_put_params(snug_model *m, const float *host);
+/* The same for the n parameters from `offset` (floats into the table). */
+void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_t n);
+/* Copies every parameter to host in fp32: the parameters, the master copy, or the 16-bit parameters widened. */
+void snug_model_get_params(const snug_model *m, float *host);
+
 /* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
 /* Writes model.safetensors (F32 or the dtype named by cfg.torch_dtype) into dir, atomically. */

@@ -68,7 +68,7 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     SNUG_TRY(snug_st_open_dir(&s, dir, e));
     /* a backend whose memory is host memory receives each tensor in place; others get it through a staging
      * buffer the size of the largest tensor */
-    int direct = m->be->host_resident;
+    int direct = m->be->host_resident && m->lv.dt == SNUG_DT_F32;
     size_t largest = 0;
     for (int i = 0; i < m->table.n; i++)
         largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
@@ -87,7 +87,7 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
         float *dst = direct ? m->params + p->offset : stage;
         rc = snug_st_to_f32(&s, t, dst, p->transposed, e);
         if (!rc && !direct)
-            m->be->to_device(m->be, m->params + p->offset, stage, p->numel * sizeof *stage);
+            snug_model_put_range(m, p->offset, stage, p->numel);
         snug_st_release(&s, t);
     }
     free(stage);
@@ -96,7 +96,7 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
 }
 
 int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
-    int direct = m->be->host_resident;
+    int direct = m->be->host_resident && m->lv.dt == SNUG_DT_F32;
     float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
     snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
     if (!host || !out) {
@@ -106,7 +106,7 @@ int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
     }
     if (!direct)
-        m->be->to_host(m->be, host, m->params, m->table.total * sizeof *host);
+        snug_model_get_params(m, host);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
         out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .f32 = host + p->offset,

@@ -9,6 +9,8 @@
 
 #include "optim/optim.h"
 
+#include "core/rng.h"
+
 #define ALIGN64(n) (((n) + 63) / 64 * 64)
 
 /* A point in the state: element a of tensor i, at offset o32 of m/v, o8 of qm/qv and ob of am/av. */
@@ -24,6 +26,15 @@ typedef struct span {
 } span;
 
 enum { NSPAN = 6 }; /* m, v, qm, qv, am, av */
+
+/* Where an update reads gradients and writes parameters. Raw (model NULL): fp32 params and grads, both at the table
+ * offsets. From a model: its parameters (fp32, or 16-bit with or without the fp32 master copy) and its gradients
+ * (fp32 or 16-bit, at grad_off). 16-bit values pass through the optimizer's fp32 staging slots. */
+typedef struct io {
+    const snug_model *m;
+    float *params;
+    const float *grads;
+} io;
 
 static size_t nblocks(size_t n) { return (n + SNUG_Q8_BLOCK - 1) / SNUG_Q8_BLOCK; }
 
@@ -151,6 +162,13 @@ int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t
             be->to_device(be, opt->qmap, maps, sizeof maps);
         }
     }
+    /* 16-bit parameters or gradients pass through two fp32 slots (parameters, gradients) in the workspace */
+    opt->stage_p = opt->stage_g = NULL;
+    opt->stage_n = (size_t)1 << 18; /* a multiple of SNUG_Q8_BLOCK */
+    if (opt->stage16) {
+        CARVE(opt->stage_p, &A->a[SNUG_MEM_WORKSPACE], opt->stage_n * sizeof(float));
+        CARVE(opt->stage_g, &A->a[SNUG_MEM_WORKSPACE], opt->stage_n * sizeof(float));
+    }
     opt->stage[0] = opt->stage[1] = NULL;
     opt->stage_bytes = 0;
     if (opt->paged) {
@@ -171,26 +189,73 @@ int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t
 }
 
 double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad_scale) {
-    return sqrt(be->sumsq(be, grads, n)) * fabs((double)grad_scale);
+    return sqrt(be->sumsq(be, grads, SNUG_DT_F32, n)) * fabs((double)grad_scale);
+}
+
+/* The AdamW op of tensor p's state over k contiguous elements (8-bit codes and absmax at a block boundary). */
+static void op(snug_adamw *o, snug_backend *be, const snug_param_entry *p, float *pp, const float *gg, size_t k,
+               double lr, float gs, float *m, float *v, uint8_t *qm, uint8_t *qv, float *am, float *av) {
+    double wd = p->decay ? o->weight_decay : 0.0;
+    if (snug_adamw_entry_8bit(o, p))
+        be->adamw8bit(be, pp, gg, qm, qv, am, av, o->qmap, o->qmap + 256, k, lr, o->beta1, o->beta2, o->eps, wd,
+                      o->step, gs);
+    else if (k)
+        be->adamw(be, pp, gg, m, v, k, lr, o->beta1, o->beta2, o->eps, wd, o->step, gs);
+}
+
+/* Updates elements [a, a+k) of tensor i, whose state starts at the pointers given. */
+static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table *t, const io *x, int i, size_t a,
+                         size_t k, double lr, float gs, float *m, float *v, uint8_t *qm, uint8_t *qv, float *am,
+                         float *av) {
+    const snug_param_entry *p = &t->e[i];
+    size_t off = p->offset + a;
+    const snug_model *md = x->m;
+    if (!md) {
+        op(o, be, p, x->params + off, x->grads + off, k, lr, gs, m, v, qm, qv, am, av);
+        return;
+    }
+    int p16 = md->lv.dt != SNUG_DT_F32, g16 = snug_model_grad16(md, i);
+    size_t goff = md->grad_off[i] + a;
+    if (!p16 && !g16) {
+        op(o, be, p, md->params + off, md->grads + goff, k, lr, gs, m, v, qm, qv, am, av);
+        return;
+    }
+    /* 16-bit: slices of the staging size (a multiple of the 8-bit block, so the codes' blocks stay aligned) */
+    for (size_t j = 0; j < k; j += o->stage_n) {
+        size_t kk = k - j < o->stage_n ? k - j : o->stage_n;
+        float *pp = md->params ? md->params + off + j : o->stage_p;
+        const float *gg = md->grads ? md->grads + goff + j : NULL;
+        if (!md->params)
+            be->from16(be, o->stage_p, md->params16 + off + j, kk, md->lv.dt);
+        if (g16) {
+            be->from16(be, o->stage_g, md->grads16 + goff + j, kk, md->lv.dt);
+            gg = o->stage_g;
+        }
+        size_t jb = j / SNUG_Q8_BLOCK;
+        op(o, be, p, pp, gg, kk, lr, gs, m ? m + j : NULL, v ? v + j : NULL, qm ? qm + j : NULL,
+           qv ? qv + j : NULL, am ? am + jb : NULL, av ? av + jb : NULL);
+        if (!p16)
+            continue;
+        if (md->params) /* the 16-bit weights are the master copy rounded to nearest */
+            be->to16(be, md->params16 + off + j, pp, kk, md->lv.dt, 0);
+        else            /* no master: the update itself is rounded stochastically, unbiased on average */
+            be->bf16_sr(be, md->params16 + off + j, pp, kk, o->sr_seed + (off + j) * 0x9E3779B97F4A7C15ull);
+    }
 }
 
 /* Steps the tensors from beg to end. The state buffers given start at beg's state (the real buffers offset to beg,
  * or a staging slot holding the chunk). */
-static void update_range(snug_adamw *o, snug_backend *be, const snug_param_table *t, float *params,
-                         const float *grads, double lr, float gs, pos beg, pos end, float *m, float *v, uint8_t *qm,
-                         uint8_t *qv, float *am, float *av) {
+static void update_range(snug_adamw *o, snug_backend *be, const snug_param_table *t, const io *x, double lr,
+                         float gs, pos beg, pos end, float *m, float *v, uint8_t *qm, uint8_t *qv, float *am,
+                         float *av) {
     pos at = beg;
     while (at.i < end.i || (at.i == end.i && at.a < end.a)) {
         const snug_param_entry *p = &t->e[at.i];
-        size_t k = (at.i < end.i ? p->numel : end.a) - at.a, off = p->offset + at.a;
-        double wd = p->decay ? o->weight_decay : 0.0;
-        if (snug_adamw_entry_8bit(o, p))
-            be->adamw8bit(be, params + off, grads + off, qm + (at.o8 - beg.o8), qv + (at.o8 - beg.o8),
-                          am + (at.ob - beg.ob), av + (at.ob - beg.ob), o->qmap, o->qmap + 256, k, lr, o->beta1,
-                          o->beta2, o->eps, wd, o->step, gs);
-        else if (k)
-            be->adamw(be, params + off, grads + off, m + (at.o32 - beg.o32), v + (at.o32 - beg.o32), k, lr, o->beta1,
-                      o->beta2, o->eps, wd, o->step, gs);
+        size_t k = (at.i < end.i ? p->numel : end.a) - at.a;
+        update_piece(o, be, t, x, at.i, at.a, k, lr, gs, m ? m + (at.o32 - beg.o32) : NULL,
+                     v ? v + (at.o32 - beg.o32) : NULL, qm ? qm + (at.o8 - beg.o8) : NULL,
+                     qv ? qv + (at.o8 - beg.o8) : NULL, am ? am + (at.ob - beg.ob) : NULL,
+                     av ? av + (at.ob - beg.ob) : NULL);
         advance(o, t, &at, k);
     }
 }
@@ -212,8 +277,8 @@ static void copy_out(snug_backend *be, const span s[NSPAN]) {
 
 /* Paged: chunk k+1 is copied into one slot while chunk k is updated in the other; one sync per chunk orders the
  * update before its copy back, and a slot's next copy in is queued after its copy out on the same side stream. */
-static void step_paged(snug_adamw *o, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
-                       double lr, float gs) {
+static void step_paged(snug_adamw *o, snug_backend *be, const snug_param_table *t, const io *x, double lr,
+                       float gs) {
     span cur[NSPAN], nxt[NSPAN] = {{0}};
     pos beg = {0}, end = chunk_end(o, t, beg, o->chunk_bytes);
     int slot = 0;
@@ -227,7 +292,7 @@ static void step_paged(snug_adamw *o, snug_backend *be, const snug_param_table *
             chunk_spans(o, nbeg, nend, o->stage[slot ^ 1], nxt);
             copy_in(be, nxt);
         }
-        update_range(o, be, t, params, grads, lr, gs, beg, end, SPAN_ARGS(cur));
+        update_range(o, be, t, x, lr, gs, beg, end, SPAN_ARGS(cur));
         be->sync(be);
         copy_out(be, cur);
         memcpy(cur, nxt, sizeof cur);
@@ -238,39 +303,59 @@ static void step_paged(snug_adamw *o, snug_backend *be, const snug_param_table *
     be->sync(be);
 }
 
-void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
-                     double lr, float grad_scale) {
+/* The stochastic-rounding stream of optimizer step `step`: each step rounds with fresh bits, reproducibly. */
+static uint64_t sr_seed(int step) {
+    uint64_t s = 0x5eed5eed5eedull + (uint64_t)step;
+    return snug_splitmix64(&s);
+}
+
+static void step_all(snug_adamw *opt, snug_backend *be, const snug_param_table *t, const io *x, double lr,
+                     float grad_scale) {
     opt->step++;
+    opt->sr_seed = sr_seed(opt->step);
     if (opt->paged) {
-        step_paged(opt, be, t, params, grads, lr, grad_scale);
+        step_paged(opt, be, t, x, lr, grad_scale);
         return;
     }
     pos beg = {0}, end = {.i = t->n, .o32 = opt->n32, .o8 = opt->n8, .ob = opt->nblk};
-    update_range(opt, be, t, params, grads, lr, grad_scale, beg, end, opt->m, opt->v, opt->qm, opt->qv, opt->am,
-                 opt->av);
+    update_range(opt, be, t, x, lr, grad_scale, beg, end, opt->m, opt->v, opt->qm, opt->qv, opt->am, opt->av);
 }
 
-void snug_adamw_step_layer(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params,
-                           const float *grads, const size_t *grad_off, int layer, double lr, float grad_scale) {
+void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
+                     double lr, float grad_scale) {
+    io x = {.params = params, .grads = grads};
+    step_all(opt, be, t, &x, lr, grad_scale);
+}
+
+void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, float grad_scale) {
+    io x = {.m = m};
+    step_all(opt, m->be, &m->table, &x, lr, grad_scale);
+}
+
+void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale) {
+    const snug_param_table *t = &m->table;
+    io x = {.m = m};
+    opt->sr_seed = sr_seed(opt->step);
     pos at = {0};
     for (int i = 0; i < t->n; i++) {
         const snug_param_entry *p = &t->e[i];
-        if (p->layer == layer) {
-            /* update_range reads grads + p->offset: point it at this tensor's gradient wherever it lives */
-            pos end = at;
-            advance(opt, t, &end, p->numel);
-            float *m = opt->m ? opt->m + at.o32 : NULL, *v = opt->v ? opt->v + at.o32 : NULL;
-            uint8_t *qm = opt->qm ? opt->qm + at.o8 : NULL, *qv = opt->qv ? opt->qv + at.o8 : NULL;
-            float *am = opt->am ? opt->am + at.ob : NULL, *av = opt->av ? opt->av + at.ob : NULL;
-            snug_param_entry local = *p;
-            local.offset = 0;
-            snug_param_table one = {.n = 1, .e = &local, .total = p->numel};
-            pos b0 = {0}, e0 = {.i = 1};
-            update_range(opt, be, &one, params + p->offset, grads + grad_off[i], lr, grad_scale, b0, e0, m, v, qm,
-                         qv, am, av);
-        }
+        if (p->layer == layer)
+            update_piece(opt, m->be, t, &x, i, 0, p->numel, lr, grad_scale, opt->m ? opt->m + at.o32 : NULL,
+                         opt->v ? opt->v + at.o32 : NULL, opt->qm ? opt->qm + at.o8 : NULL,
+                         opt->qv ? opt->qv + at.o8 : NULL, opt->am ? opt->am + at.ob : NULL,
+                         opt->av ? opt->av + at.ob : NULL);
         advance(opt, t, &at, p->numel);
     }
+}
+
+double snug_grad_norm_model(const snug_model *m, float grad_scale) {
+    snug_backend *be = m->be;
+    double ss = 0;
+    if (m->grads)
+        ss += be->sumsq(be, m->grads, SNUG_DT_F32, m->grads_numel);
+    if (m->grads16)
+        ss += be->sumsq(be, m->grads16, m->lv.dt, m->grads16_numel);
+    return sqrt(ss) * fabs((double)grad_scale);
 }
 
 int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged) {

@@ -41,6 +41,10 @@ typedef struct snug_adamw {
     size_t chunk_bytes;     /* paged: state bytes per chunk; 0 (the default) = SNUG_PAGED_CHUNK_BYTES */
     int embed_fp32;         /* 8-bit: 1 = the embedding tables keep fp32 state, as transformers' Trainer overrides
                              * nn.Embedding to 32-bit under bitsandbytes; 0 (default) = bitsandbytes' own rule */
+    int stage16;            /* set before layout: the model stores parameters or gradients in 16 bits */
+    float *stage_p, *stage_g; /* (stage_n) fp32 slots the 16-bit values are widened into for the update */
+    size_t stage_n;
+    uint64_t sr_seed;       /* stochastic rounding of this step (16-bit parameters without master weights) */
 
     float *m, *v;           /* (n32) fp32 moments of the tensors that keep fp32 state */
     uint8_t *qm, *qv;       /* (n8) 8-bit codes of the others */
@@ -64,18 +68,26 @@ int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p);
 /* The global L2 norm of the gradients after multiplying them by grad_scale. */
 double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad_scale);
 
+/* The global L2 norm of all of a model's gradients (fp32 and 16-bit) after multiplying them by grad_scale; inf or
+ * NaN when a gradient is (the loss scaler's overflow check). */
+double snug_grad_norm_model(const snug_model *m, float grad_scale);
+
 /* One AdamW step over every tensor of the table; grads are multiplied by grad_scale first (clipping folds in here).
- * Each tensor takes the op of its state (be->adamw or be->adamw8bit); a paged optimizer streams the state. */
+ * Each tensor takes the op of its state (be->adamw or be->adamw8bit); a paged optimizer streams the state.
+ * params and grads: flat fp32 at the table offsets. */
 void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params, const float *grads,
                      double lr, float grad_scale);
+/* The same step over a model's own parameters and gradients, whatever their precision: fp32; 16-bit with master
+ * weights (the master takes the update and the 16-bit copy is rounded from it to nearest); 16-bit without (the
+ * update is computed in fp32 and rounded to bf16 stochastically). 16-bit gradients are widened first. */
+void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, float grad_scale);
 
 /* The `optimizer` option: "adamw" (adamw_torch, adamw_torch_fused), "adamw_8bit" (adamw_bnb_8bit),
  * "paged_adamw_8bit", "paged_adamw_32bit". Returns -1 when unknown. */
-/* The optimizer step inside backward: steps only the tensors of `layer` (-1: the global tensors), whose gradients
- * start at grads + grad_off[i] (snug_model.grad_off). The caller advances opt->step once per optimizer step, before
- * backward. Not for paged optimizers. */
-void snug_adamw_step_layer(snug_adamw *opt, snug_backend *be, const snug_param_table *t, float *params,
-                           const float *grads, const size_t *grad_off, int layer, double lr, float grad_scale);
+/* The optimizer step inside backward: steps only the model's tensors of `layer` (-1: the global tensors), as
+ * snug_adamw_step_model does. The caller advances opt->step once per optimizer step, before backward. Not for
+ * paged optimizers. */
+void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale);
 
 int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged);
 /* "adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit" */

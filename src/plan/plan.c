@@ -17,7 +17,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
     snug_arenas A;
     snug_arenas_init_counting(&A);
-    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged};
+    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = s->lv.dt != SNUG_DT_F32};
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
     if (!rc && s->with_grads)
         rc = snug_adamw_layout(&opt, &A, &m.table, NULL, e);
@@ -39,6 +39,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     free(m.w.layers);
     free(m.g.layers);
     free(m.acts);
+    free(m.acts16);
     free(m.grad_off);
     return rc;
 }

@@ -53,6 +53,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, 
     if (spec->with_grads) {
         g->opt.kind = spec->optim;
         g->opt.paged = spec->optim_paged;
+        g->opt.stage16 = spec->lv.dt != SNUG_DT_F32;
         SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, &g->model.table, g->be, e));
     }
     snug_model_init_rope(&g->model);
@@ -69,6 +70,7 @@ void snug_engine_free(snug_engine *g) {
     free(g->model.w.layers);
     free(g->model.g.layers);
     free(g->model.acts);
+    free(g->model.acts16);
     free(g->model.grad_off);
     memset(g, 0, sizeof *g);
 }

@@ -161,12 +161,53 @@ snug_levers snug_levers_from_options(const snug_options *o) {
     snug_levers lv = {.ckpt = SNUG_CKPT_NONE, .ckpt_every = o->gradient_checkpointing_every_n_layers,
                       .naive_attention = !o->flash_attention,
                       .xent_chunk = o->chunked_cross_entropy ? o->cross_entropy_chunk_tokens : 0,
-                      .optimizer_in_backward = o->optimizer_in_backward};
+                      .optimizer_in_backward = o->optimizer_in_backward,
+                      .dt = o->bf16 ? SNUG_DT_BF16 : o->fp16 ? SNUG_DT_F16 : SNUG_DT_F32,
+                      .master_weights = o->master_weights,
+                      .grads_fp32 = o->gradient_accumulation_steps > 1};
     if (!strcmp(o->gradient_checkpointing, "selective"))
         lv.ckpt = SNUG_CKPT_SELECTIVE;
     else if (!strcmp(o->gradient_checkpointing, "full"))
         lv.ckpt = SNUG_CKPT_FULL;
     return lv;
+}
+
+/* Zeroes every gradient buffer (fp32 and 16-bit) before a step's micro-batches accumulate into them. */
+static void zero_grads(snug_model *m) {
+    if (m->grads)
+        m->be->zero(m->be, m->grads, m->grads_numel * sizeof(float));
+    if (m->grads16)
+        m->be->zero(m->be, m->grads16, m->grads16_numel * sizeof(uint16_t));
+}
+
+/* fp16's dynamic loss scaling (torch.cuda.amp.GradScaler's rule): the loss is multiplied by `scale` so small
+ * gradients survive fp16; a step whose gradients overflowed (a non-finite norm) is skipped and the scale halved;
+ * after `growth_interval` clean steps in a row the scale doubles. Off (scale 1) for fp32 and bf16. */
+typedef struct loss_scaler {
+    int on;
+    float scale;
+    int clean, skipped;
+} loss_scaler;
+
+enum { LOSS_SCALE_GROWTH_INTERVAL = 2000 };
+
+/* Returns 1 when the step should be taken. */
+static int loss_scaler_update(loss_scaler *ls, double norm, int step, FILE *out) {
+    if (!ls->on)
+        return 1;
+    if (!isfinite(norm)) {
+        ls->skipped++;
+        ls->clean = 0;
+        fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale halved to %.0f "
+                "(%d skipped so far)\n", step, ls->scale, ls->scale / 2, ls->skipped);
+        ls->scale = ls->scale / 2 > 1.0f ? ls->scale / 2 : 1.0f;
+        return 0;
+    }
+    if (++ls->clean >= LOSS_SCALE_GROWTH_INTERVAL) {
+        ls->scale *= 2;
+        ls->clean = 0;
+    }
+    return 1;
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -184,12 +225,18 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     snug_model *m = &c->eng->model;
     snug_backend *be = c->eng->be;
     for (int i = 0; i < m->table.n; i++)
-        if (m->table.e[i].layer == layer)
-            c->sumsq += be->sumsq(be, m->grads + m->grad_off[i], m->table.e[i].numel);
-    snug_adamw_step_layer(&c->eng->opt, be, &m->table, m->params, m->grads, m->grad_off, layer, c->lr, 1.0f);
+        if (m->table.e[i].layer == layer) {
+            int g16 = snug_model_grad16(m, i);
+            void *g = g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
+            c->sumsq += be->sumsq(be, g, g16 ? m->lv.dt : SNUG_DT_F32, m->table.e[i].numel);
+        }
+    snug_adamw_step_layer(&c->eng->opt, m, layer, c->lr, 1.0f);
     for (int i = 0; i < m->table.n; i++)
-        if (m->table.e[i].layer == layer)
-            be->zero(be, m->grads + m->grad_off[i], m->table.e[i].numel * sizeof(float));
+        if (m->table.e[i].layer == layer) {
+            int g16 = snug_model_grad16(m, i);
+            void *g = g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
+            be->zero(be, g, m->table.e[i].numel * (g16 ? 2 : sizeof(float)));
+        }
 }
 
 /* device: the snug_device_kind the plan is for (auto_fit and memory_budget count its runtime overhead). */
@@ -348,11 +395,11 @@ static void print_sample(run *r, FILE *out) {
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     if (n > 0 && ids && snug_engine_create(&g, &spec, o->threads, &e) == 0) {
         size_t bytes = r->eng.model.table.total * sizeof(float);
-        int direct = r->eng.be->host_resident;
+        int direct = r->eng.be->host_resident && r->eng.model.lv.dt == SNUG_DT_F32;
         float *host = direct ? r->eng.model.params : malloc(bytes);
         if (host) {
             if (!direct)
-                r->eng.be->to_host(r->eng.be, host, r->eng.model.params, bytes);
+                snug_model_get_params(&r->eng.model, host);
             g.be->to_device(g.be, g.model.params, host, bytes);
             if (!direct)
                 free(host);
@@ -467,6 +514,8 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     double t0 = now_s(), tlog = t0, loss_mean = 0;
     size_t tokens_since = 0;
     step_in_backward_ctx in_bwd = {.eng = &r.eng};
+    loss_scaler ls = {.on = r.eng.model.lv.dt == SNUG_DT_F16, .scale = r.eng.model.lv.dt == SNUG_DT_F16 ? 65536.0f
+                                                                                                       : 1.0f};
     if (o->optimizer_in_backward) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
@@ -486,12 +535,12 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             in_bwd.lr = lr;
             in_bwd.sumsq = 0;
         } else {
-            r.eng.be->zero(r.eng.be, r.eng.model.grads, r.eng.model.grads_numel * sizeof(float));
+            zero_grads(&r.eng.model);
         }
         double loss_sum = 0;
         for (int k = 0; k < GA; k++) {
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
-            loss_sum += snug_model_step(&r.eng.model, scale);
+            loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
             tokens_since += mb[k].tokens; /* example tokens: padding is not counted */
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
@@ -499,11 +548,12 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         if (o->optimizer_in_backward) {
             norm = sqrt(in_bwd.sumsq);
         } else {
-            norm = snug_grad_norm(r.eng.be, r.eng.model.grads, r.eng.model.grads_numel, 1.0f);
+            norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
             float clip = 1.0f;
             if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
                 clip = (float)(o->max_grad_norm / (norm + 1e-6));
-            snug_adamw_step(&r.eng.opt, r.eng.be, &r.eng.model.table, r.eng.model.params, r.eng.model.grads, lr, clip);
+            if (loss_scaler_update(&ls, norm, step + 1, out)) /* fp16 overflow: this step is skipped */
+                snug_adamw_step_model(&r.eng.opt, &r.eng.model, lr, clip / ls.scale);
         }
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
 
@@ -518,6 +568,8 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
                     "\"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
                     step + 1, loss, lr, norm, tps, t - t0, rss);
+            if (ls.on)
+                fprintf(metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %d", ls.scale, ls.skipped);
             if (!isnan(val))
                 fprintf(metrics, ", \"val_loss\": %.9g", val);
             fprintf(metrics, "}\n");

@@ -153,13 +153,13 @@ static void test_embed(void) {
     int32_t ids[7] = {3, 0, 3, 4, 1, 3, 0}; /* repeats: the scatter must add them */
     float *table = randf((size_t)rows * C, -1, 1), *dout = randf((size_t)N * C, -1, 1);
     float *out = zerof((size_t)N * C);
-    be2->embed_fwd(be2, out, ids, table, N, C, 0);
+    be2->embed_fwd(be2, out, ids, table, SNUG_DT_F32, N, C, 0);
     int ok = 1;
     for (int n = 0; n < N; n++)
         ok &= same_bits(out + (size_t)n * C, table + (size_t)ids[n] * C, C);
     CHECKF(ok, "embed_fwd copies rows");
     float *init = copyf(out, (size_t)N * C);
-    be2->embed_fwd(be2, out, ids, table, N, C, 1);
+    be2->embed_fwd(be2, out, ids, table, SNUG_DT_F32, N, C, 1);
     double e = 0;
     for (size_t i = 0; i < (size_t)N * C; i++)
         e = fmax(e, fabs(out[i] - 2 * init[i]));
@@ -834,14 +834,14 @@ static void test_xent(void) {
         int ch = chunks[k];
         float *ws = randf((size_t)ch * V, -9, 9);
         float *dh = zerof((size_t)N * C), *dw = zerof((size_t)V * C);
-        double loss = be2->xent_fwd_bwd(be2, dh, dw, h, w, labels, N, C, V, gs, ws, ch);
+        double loss = be2->xent_fwd_bwd(be2, dh, dw, h, w, SNUG_DT_F32, labels, N, C, V, gs, ws, ch, NULL, 0);
         snprintf(what, sizeof what, "xent loss (chunk %d)", ch);
         expect(what, check_relerr(loss, rloss, 1e-30), TOL_REF);
         snprintf(what, sizeof what, "xent dh vs reference (chunk %d)", ch);
         expect(what, check_max_relerr(dh, rdh, (size_t)N * C), TOL_REF);
         snprintf(what, sizeof what, "xent dw vs reference (chunk %d)", ch);
         expect(what, check_max_relerr(dw, rdw, (size_t)V * C), TOL_REF);
-        double l0 = be2->xent_fwd_bwd(be2, NULL, NULL, h, w, labels, N, C, V, gs, ws, ch);
+        double l0 = be2->xent_fwd_bwd(be2, NULL, NULL, h, w, SNUG_DT_F32, labels, N, C, V, gs, ws, ch, NULL, 0);
         snprintf(what, sizeof what, "xent loss without gradients (chunk %d)", ch);
         expect(what, check_relerr(l0, rloss, 1e-30), TOL_REF);
         if (k == 0)
@@ -857,8 +857,8 @@ static void test_xent(void) {
     float *ws = zerof((size_t)5 * V);
     float *ah = randf((size_t)N * C, -1, 1), *ahi = copyf(ah, (size_t)N * C);
     float *aw = randf((size_t)V * C, -1, 1), *awi = copyf(aw, (size_t)V * C);
-    be2->xent_fwd_bwd(be2, ah, NULL, h, w, labels, N, C, V, gs, ws, 5);
-    be2->xent_fwd_bwd(be2, NULL, aw, h, w, labels, N, C, V, gs, ws, 5);
+    be2->xent_fwd_bwd(be2, ah, NULL, h, w, SNUG_DT_F32, labels, N, C, V, gs, ws, 5, NULL, 0);
+    be2->xent_fwd_bwd(be2, NULL, aw, h, w, SNUG_DT_F32, labels, N, C, V, gs, ws, 5, NULL, 0);
     expect("xent dh alone accumulates", accum_err(ah, ahi, dh5, (size_t)N * C), TOL_ACC);
     expect("xent dw alone accumulates", accum_err(aw, awi, dw5, (size_t)V * C), TOL_ACC);
 
@@ -869,7 +869,7 @@ static void test_xent(void) {
     double *hbd = tod(hb, (size_t)N * C);
     double rbig = ref_xent(NULL, NULL, hbd, wd, labels, N, C, V, 1);
     float *bh = zerof((size_t)N * C);
-    double big = be2->xent_fwd_bwd(be2, bh, NULL, hb, w, labels, N, C, V, 1.0f, ws, 5);
+    double big = be2->xent_fwd_bwd(be2, bh, NULL, hb, w, SNUG_DT_F32, labels, N, C, V, 1.0f, ws, 5, NULL, 0);
     int finite = 1;
     for (int i = 0; i < N * C; i++)
         finite &= isfinite(bh[i]);
@@ -883,8 +883,8 @@ static void test_xent(void) {
         bl[n] = n % 7 == 3 ? -1 : irand(BV);
     float *bhh = randf((size_t)BN * C, -1, 1), *bw = randf((size_t)BV * C, -1, 1), *bws = zerof((size_t)BCH * BV);
     float *g1 = zerof((size_t)BN * C), *g2 = zerof((size_t)BN * C);
-    double L1 = be1->xent_fwd_bwd(be1, g1, NULL, bhh, bw, bl, BN, C, BV, 1.0f, bws, BCH);
-    double L2 = be2->xent_fwd_bwd(be2, g2, NULL, bhh, bw, bl, BN, C, BV, 1.0f, bws, BCH);
+    double L1 = be1->xent_fwd_bwd(be1, g1, NULL, bhh, bw, SNUG_DT_F32, bl, BN, C, BV, 1.0f, bws, BCH, NULL, 0);
+    double L2 = be2->xent_fwd_bwd(be2, g2, NULL, bhh, bw, SNUG_DT_F32, bl, BN, C, BV, 1.0f, bws, BCH, NULL, 0);
     CHECKF(L1 == L2, "xent loss identical for 1 and 2 threads (%.17g vs %.17g)", L1, L2);
     free(h), free(w), free(hd), free(wd), free(rdh), free(rdw), free(dh5), free(dw5), free(ws);
     free(ah), free(ahi), free(aw), free(awi), free(hb), free(hbd), free(bh);
@@ -902,7 +902,7 @@ static void test_optimizer(void) {
         double ref = 0;
         for (size_t i = 0; i < n; i++)
             ref += (double)x[i] * x[i];
-        double s1 = be1->sumsq(be1, x, n), s2 = be2->sumsq(be2, x, n), s3 = be3->sumsq(be3, x, n);
+        double s1 = be1->sumsq(be1, x, SNUG_DT_F32, n), s2 = be2->sumsq(be2, x, SNUG_DT_F32, n), s3 = be3->sumsq(be3, x, SNUG_DT_F32, n);
         CHECKF(check_relerr(s2, ref, 1e-300) <= 1e-12, "sumsq n=%zu: %.17g vs %.17g", n, s2, ref);
         CHECKF(s1 == s2 && s2 == s3, "sumsq identical for 1, 2, 3 threads (n=%zu)", n);
         free(x);

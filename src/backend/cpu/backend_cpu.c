@@ -86,6 +86,9 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->scale = snug_cpu_scale;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->sumsq = snug_cpu_sumsq;
+    be->to16 = snug_cpu_to16;
+    be->from16 = snug_cpu_from16;
+    be->bf16_sr = snug_cpu_bf16_sr;
     be->adamw = snug_cpu_adamw;
     be->quantize_blockwise = snug_cpu_quantize_blockwise;
     be->dequantize_blockwise = snug_cpu_dequantize_blockwise;

@@ -17,18 +17,29 @@
 
 /* ------------------------------------------------------------------------------------------------ embeddings */
 
-void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,
-                        int accumulate) {
-    // out (N,C), ids (N), table (rows,C)
+void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N,
+                        int C, int accumulate) {
+    // out (N,C), ids (N), table (rows,C) stored as tdt
+    size_t esz = snug_dtype_size(tdt);
 #pragma omp parallel for num_threads(NT(be)) if ((size_t)N * C >= SNUG_CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
-        const float *row = table + (size_t)ids[n] * C;
-        if (accumulate)
+        const void *row = (const unsigned char *)table + (size_t)ids[n] * C * esz;
+        if (accumulate && tdt == SNUG_DT_F32) {
+            const float *r = row;
             for (int c = 0; c < C; c++)
-                o[c] += row[c];
-        else
-            memcpy(o, row, (size_t)C * sizeof(float));
+                o[c] += r[c];
+        } else if (accumulate) {
+            float tmp[256];
+            for (int c0 = 0; c0 < C; c0 += 256) {
+                int len = C - c0 < 256 ? C - c0 : 256;
+                snug_cpu_row_to_f32(tmp, (const unsigned char *)row + (size_t)c0 * esz, tdt, (size_t)len);
+                for (int c = 0; c < len; c++)
+                    o[c0 + c] += tmp[c];
+            }
+        } else {
+            snug_cpu_row_to_f32(o, row, tdt, (size_t)C);
+        }
     }
 }
 
@@ -316,7 +327,7 @@ void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n) {
 
 /* ------------------------------------------------------------------------------------------------ optimizer */
 
-double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n) {
+double snug_cpu_sumsq(snug_backend *be, const void *xv, snug_dtype dt, size_t n) {
     // SNUG_CPU_NBLK fixed blocks, each summed in double, then added in order: the same bits for any thread count
     double part[SNUG_CPU_NBLK];
 #pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
@@ -324,9 +335,21 @@ double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n) {
         size_t i0 = n / SNUG_CPU_NBLK * b + MIN((size_t)b, n % SNUG_CPU_NBLK);
         size_t i1 = i0 + n / SNUG_CPU_NBLK + ((size_t)b < n % SNUG_CPU_NBLK);
         double s = 0;
+        if (dt == SNUG_DT_F32) {
+            const float *x = xv;
 #pragma omp simd reduction(+ : s)
-        for (size_t i = i0; i < i1; i++)
-            s += (double)x[i] * x[i];
+            for (size_t i = i0; i < i1; i++)
+                s += (double)x[i] * x[i];
+        } else {
+            float tmp[1024];
+            for (size_t j = i0; j < i1; j += 1024) {
+                size_t len = i1 - j < 1024 ? i1 - j : 1024;
+                snug_cpu_row_to_f32(tmp, (const uint16_t *)xv + j, dt, len);
+#pragma omp simd reduction(+ : s)
+                for (size_t i = 0; i < len; i++)
+                    s += (double)tmp[i] * tmp[i];
+            }
+        }
         part[b] = s;
     }
     double total = 0;

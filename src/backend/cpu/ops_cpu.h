@@ -28,7 +28,7 @@
 /* Points OpenBLAS at be->nthreads before a GEMM (a global setting in OpenBLAS). */
 void snug_cpu_blas_threads(snug_backend *be);
 
-void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const float *table, int N, int C,
+void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N, int C,
                         int accumulate);
 void snug_cpu_embed_bwd(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C);
 
@@ -72,11 +72,17 @@ void snug_cpu_add(snug_backend *be, float *out, const float *a, const float *b, 
 void snug_cpu_accumulate(snug_backend *be, float *dst, const float *src, size_t n);
 void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n);
 
-double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const float *w,
+double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
-                             int chunk);
+                             int chunk, float *w_ws, int wblock);
 
-double snug_cpu_sumsq(snug_backend *be, const float *x, size_t n);
+double snug_cpu_sumsq(snug_backend *be, const void *x, snug_dtype dt, size_t n);
+
+/* convert_cpu.c: 16-bit storage; snug_cpu_row_to_f32 widens n elements of src (stored as dt, F32 included) into dst */
+void snug_cpu_row_to_f32(float *dst, const void *src, snug_dtype dt, size_t n);
+void snug_cpu_to16(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt, int round_src);
+void snug_cpu_from16(snug_backend *be, float *dst, const void *src, size_t n, snug_dtype dt);
+void snug_cpu_bf16_sr(snug_backend *be, uint16_t *dst, const float *src, size_t n, uint64_t seed);
 void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr, double beta1,
                     double beta2, double eps, double weight_decay, int step, float grad_scale);
 

@@ -3,7 +3,9 @@
  * For each chunk of `chunk` tokens: logits (chunk,V) = h_chunk @ w^T (one GEMM), then per row the loss
  * lse - logit[label], and when gradients are wanted the row is overwritten in place by
  * G = grad_scale * (softmax - onehot), from which two more GEMMs give dh_chunk += G @ w and dw += G^T @ h_chunk.
- * The full (N,V) logits never exist. Chunks without any supervised token are skipped. */
+ * The full (N,V) logits never exist. Chunks without any supervised token are skipped. A 16-bit w is widened `wblock`
+ * rows at a time into w_ws for the two GEMMs that read it (twice per chunk: conversion is O(V*C) against the GEMMs'
+ * O(chunk*V*C)), so no fp32 copy of the whole head exists either. */
 #include <math.h>
 #include <string.h>
 
@@ -11,10 +13,31 @@
 
 #define NT(be) ((be)->nthreads)
 
-double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const float *w,
+/* out (nc, V) at ldc V: hc (nc,C) @ w^T, or G (nc,V) @ w into dh (nc,C) when `back`; w stored as wdt */
+static void gemm_w(snug_backend *be, int back, float *out, const float *in, const void *w, snug_dtype wdt, int nc, int C, int V,
+                   float *w_ws, int wblock) {
+    if (wdt == SNUG_DT_F32) {
+        if (back)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, C, V, 1.0f, in, V, w, C, 1.0f, out, C);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, V, C, 1.0f, in, C, w, C, 0.0f, out, V);
+        return;
+    }
+    for (int v0 = 0; v0 < V; v0 += wblock) {
+        int vb = V - v0 < wblock ? V - v0 : wblock;
+        snug_cpu_from16(be, w_ws, (const uint16_t *)w + (size_t)v0 * C, (size_t)vb * C, wdt);
+        if (back) // dh (nc,C) += G[:, v0:v0+vb] @ w_block (vb,C)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, C, vb, 1.0f, in + v0, V, w_ws, C, 1.0f, out,
+                        C);
+        else // logits[:, v0:v0+vb] = hc (nc,C) @ w_block^T
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, vb, C, 1.0f, in, C, w_ws, C, 0.0f, out + v0, V);
+    }
+}
+
+double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
-                             int chunk) {
-    // h (N,C), w (V,C), labels (N), dh (N,C) +=, dw (V,C) +=, logits_ws (chunk,V)
+                             int chunk, float *w_ws, int wblock) {
+    // h (N,C), w (V,C) as wdt, labels (N), dh (N,C) +=, dw (V,C) +=, logits_ws (chunk,V), w_ws (wblock,C)
     int grad = dh || dw;
     if (N <= 0 || C <= 0 || V <= 0)
         return 0.0;
@@ -33,7 +56,7 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
             continue;
 
         // logits (nc,V) = h_chunk (nc,C) @ w (V,C)^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, V, C, 1.0f, hc, C, w, C, 0.0f, logits_ws, V);
+        gemm_w(be, 0, logits_ws, hc, w, wdt, nc, C, V, w_ws, wblock);
 
         // rows in SNUG_CPU_NBLK fixed blocks; each block's loss in double, then added in order (deterministic)
         double part[SNUG_CPU_NBLK];
@@ -71,8 +94,7 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
             total += part[bk];
 
         if (dh) // dh_chunk (nc,C) += G (nc,V) @ w (V,C)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, C, V, 1.0f, logits_ws, V, w, C, 1.0f,
-                        dh + (size_t)n0 * C, C);
+            gemm_w(be, 1, dh + (size_t)n0 * C, logits_ws, w, wdt, nc, C, V, w_ws, wblock);
         if (dw) // dw (V,C) += G^T (V,nc) @ h_chunk (nc,C)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, nc, 1.0f, logits_ws, V, hc, C, 1.0f, dw, C);
     }
