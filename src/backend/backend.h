@@ -107,10 +107,10 @@ struct snug_backend {
     void (*gelu_bwd)(snug_backend *be, float *dinp, const float *dout, const float *inp, size_t n);
 
     /* --- 16-bit storage (dt is SNUG_DT_BF16 or SNUG_DT_F16) --- */
-    /* Rounds src (n) in place to dt's precision (round to nearest even; fp16 overflows to inf) and, when dst is not
-     * NULL, stores the rounded values as dt in dst. Rounding in place makes the next op read exactly what was
-     * stored, so a recomputation from the stored copy gives the same bits. */
-    void (*to16)(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt);
+    /* dst (n, stored as dt) = src (n) rounded to dt's precision (round to nearest even; fp16 overflows to inf).
+     * With round_src, src is also replaced by the rounded values (dst may then be NULL): the next op reads exactly
+     * what was stored, so a recomputation from the stored copy gives the same bits. */
+    void (*to16)(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt, int round_src);
     /* dst (n) = src (n, stored as dt) widened to fp32 (exact) */
     void (*from16)(snug_backend *be, float *dst, const void *src, size_t n, snug_dtype dt);
     /* dst (n, bf16) = src rounded stochastically: element i adds r_i = the low 16 bits of
@@ -178,9 +178,16 @@ struct snug_backend {
     void (*sync)(snug_backend *be);
 };
 
+/* Compiled for the host and, inside CUDA sources, for the device too. */
+#ifdef __CUDACC__
+#define SNUG_HOST_DEVICE __host__ __device__
+#else
+#define SNUG_HOST_DEVICE
+#endif
+
 /* The random bits of stochastic rounding for element i of a tensor rounded under `seed` (splitmix64 of
  * seed + (i + 1) * golden gamma). Inline so every backend, host or device, computes the same stream. */
-static inline uint32_t snug_sr_bits(uint64_t seed, uint64_t i) {
+static inline SNUG_HOST_DEVICE uint32_t snug_sr_bits(uint64_t seed, uint64_t i) {
     uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
