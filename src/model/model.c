@@ -441,36 +441,40 @@ void snug_model_get_params(const snug_model *m, float *host) {
 void snug_model_init_random(snug_model *m, uint64_t seed) {
     const snug_model_config *c = &m->cfg;
     float std = c->initializer_range > 0 ? c->initializer_range : 0.02f;
-    /* write straight into the parameters when they are fp32 host memory */
+    /* write straight into the parameters when they are fp32 host memory; else through a host buffer of PIECE
+     * values (even, so the Box-Muller pairs never straddle two pieces) */
+    enum { PIECE = 1 << 20 };
     int direct = m->be->host_resident && m->params && !is16(m);
-    float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
-    if (!host)
+    float *buf = direct ? NULL : malloc(PIECE * sizeof *buf);
+    if (!direct && !buf)
         abort();
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
         /* each tensor gets its own stream, so adding a tensor does not change the others */
         uint64_t s = seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull;
-        float *x = host + p->offset;
         int is_norm_w = p->ndim == 1 && (strstr(p->name, "norm") || strstr(p->name, "ln_")) && ends_with(p->name, "weight");
-        if (p->ndim == 1) {
-            for (size_t k = 0; k < p->numel; k++)
-                x[k] = is_norm_w ? 1.0f : 0.0f;
-            continue;
-        }
         int residual_out = ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight") ||
                            ends_with(p->name, "c_proj.weight");
         double sd = residual_out ? std / sqrt(2.0 * c->n_layer) : std;
-        for (size_t k = 0; k < p->numel; k += 2) {
-            double u1 = uniform01(&s), u2 = uniform01(&s), r = sqrt(-2.0 * log(u1));
-            x[k] = (float)(sd * r * cos(2 * M_PI * u2));
-            if (k + 1 < p->numel)
-                x[k + 1] = (float)(sd * r * sin(2 * M_PI * u2));
+        for (size_t k0 = 0; k0 < p->numel; k0 += PIECE) {
+            size_t len = p->numel - k0 < PIECE ? p->numel - k0 : PIECE;
+            float *x = direct ? m->params + p->offset + k0 : buf;
+            if (p->ndim == 1) {
+                for (size_t k = 0; k < len; k++)
+                    x[k] = is_norm_w ? 1.0f : 0.0f;
+            } else {
+                for (size_t k = 0; k < len; k += 2) {
+                    double u1 = uniform01(&s), u2 = uniform01(&s), r = sqrt(-2.0 * log(u1));
+                    x[k] = (float)(sd * r * cos(2 * M_PI * u2));
+                    if (k + 1 < len)
+                        x[k + 1] = (float)(sd * r * sin(2 * M_PI * u2));
+                }
+            }
+            if (!direct)
+                snug_model_put_range(m, p->offset + k0, buf, len);
         }
     }
-    if (!direct) {
-        snug_model_put_params(m, host);
-        free(host);
-    }
+    free(buf);
 }
 
 void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labels, const int32_t *pos,

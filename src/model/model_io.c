@@ -96,10 +96,13 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
 }
 
 int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
-    int direct = m->be->host_resident && m->lv.dt == SNUG_DT_F32;
+    /* host memory is written in place: fp32 parameters or the master copy as F32, or 16-bit parameters without a
+     * master as they are (BF16/F16); a device's parameters come through one fp32 host copy */
+    int half_only = m->lv.dt != SNUG_DT_F32 && !m->params;
+    int direct = m->be->host_resident;
     float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
     snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
-    if (!host || !out) {
+    if ((!direct && !host) || !out) {
         if (!direct)
             free(host);
         free(out);
@@ -109,8 +112,13 @@ int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e)
         snug_model_get_params(m, host);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .f32 = host + p->offset,
-                               .transpose2d = p->transposed};
+        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .transpose2d = p->transposed};
+        if (direct && half_only) {
+            out[i].dtype = out[i].h16_dtype = m->lv.dt;
+            out[i].h16 = m->params16 + p->offset;
+        } else {
+            out[i].f32 = host + p->offset;
+        }
         out[i].shape[0] = p->shape[0];
         out[i].shape[1] = p->shape[1];
     }

@@ -555,7 +555,7 @@ static int check_out(const char *path, const snug_st_out *t, snug_error *e) {
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0)
             return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": shape[%d] is negative", path, t->name, d);
-    if (!t->f32 && numel_of(t->ndim, t->shape) > 0)
+    if (!t->f32 && !t->h16 && numel_of(t->ndim, t->shape) > 0)
         return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": no source data", path, t->name);
     return 0;
 }
@@ -611,7 +611,9 @@ static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char 
         for (size_t j = 0; j < m; j++) {
             size_t i = start + j;
             /* output (r, k) of [R, K] comes from source (k, r) of [K, R] */
-            float v = t->f32[t->transpose2d ? (i % K) * R + i / K : i];
+            size_t src = t->transpose2d ? (i % K) * R + i / K : i;
+            float v = !t->h16 ? t->f32[src]
+                      : t->h16_dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(t->h16[src]) : snug_f16_to_f32(t->h16[src]);
             if (t->dtype == SNUG_DT_F32) {
                 memcpy(buf + j * 4, &v, 4);
             } else {

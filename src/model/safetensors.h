@@ -56,6 +56,8 @@ typedef struct snug_st_out {
     int ndim;
     int64_t shape[SNUG_ST_MAXDIM];
     const float *f32;   /* source values in fp32, converted to dtype while writing */
+    const uint16_t *h16;/* or (when set) source values stored as h16_dtype (BF16 or F16) */
+    snug_dtype h16_dtype;
     int transpose2d;    /* write the transpose of a 2-D source (source is [shape[1], shape[0]]) */
 } snug_st_out;
 

@@ -334,7 +334,11 @@ static int save_model(run *r, const char *dir, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     snug_model_config cfg = r->cfg;
-    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "float32");
+    /* the dtype the weights are saved in: fp32, or bf16/fp16 when there is no fp32 master copy to save */
+    const snug_model *m = &r->eng.model;
+    int half_only = m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
+    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
+             !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
     path_join(p, sizeof p, dir, "config.json");
     SNUG_TRY(snug_model_config_save(&cfg, p, e));
     path_join(p, sizeof p, dir, "generation_config.json");

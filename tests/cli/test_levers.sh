@@ -34,6 +34,31 @@ train noclip --micro_batch_size 4 --max_grad_norm 0
 train in_backward --micro_batch_size 4 --max_grad_norm 0 --optimizer_in_backward true
 train in_backward_8bit_ckpt --micro_batch_size 4 --max_grad_norm 0 --optimizer_in_backward true --optimizer adamw_8bit --gradient_checkpointing full
 train noclip_8bit --micro_batch_size 4 --max_grad_norm 0 --optimizer adamw_8bit
+# mixed precision: checkpointing still gives the same bits, and so does the step inside backward, with and without
+# the fp32 master weights; all the levers together (packing, accumulation, checkpointing, chunked loss) in bf16 and
+# fp16 stay close to the fp32 run without them
+train bf16 --micro_batch_size 4 --bf16 true
+train bf16_ckpt_full --micro_batch_size 4 --bf16 true --gradient_checkpointing full
+train bf16_ckpt_selective --micro_batch_size 4 --bf16 true --gradient_checkpointing selective
+train bf16_ckpt_every2 --micro_batch_size 4 --bf16 true --gradient_checkpointing full --gradient_checkpointing_every_n_layers 2
+train bf16_noclip --micro_batch_size 4 --bf16 true --max_grad_norm 0
+train bf16_in_backward --micro_batch_size 4 --bf16 true --max_grad_norm 0 --optimizer_in_backward true
+train bf16_nomaster_noclip --micro_batch_size 4 --bf16 true --master_weights false --max_grad_norm 0
+train bf16_nomaster_in_backward --micro_batch_size 4 --bf16 true --master_weights false --max_grad_norm 0 \
+  --optimizer_in_backward true --gradient_checkpointing selective
+train packed_ga2 --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true
+train bf16_all_levers --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true --bf16 true \
+  --gradient_checkpointing full --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
+train fp16_all_levers --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true --fp16 true \
+  --gradient_checkpointing selective --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
+compare bf16_ckpt_full bf16 0
+compare bf16_ckpt_selective bf16 0
+compare bf16_ckpt_every2 bf16 0
+compare bf16_in_backward bf16_noclip 0
+compare bf16_nomaster_in_backward bf16_nomaster_noclip 0
+compare bf16 base 5e-3
+compare bf16_all_levers packed_ga2 5e-3
+compare fp16_all_levers packed_ga2 5e-3
 compare ckpt_full base 0
 compare ckpt_selective base 0
 compare ckpt_every2 base 0

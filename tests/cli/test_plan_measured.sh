@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The plan against the measurement: short training runs (2 steps) of small configurations, covering the model
 # presets, batch and sequence sizes, accumulation, and every memory lever (checkpointing none/selective/full/every 2nd
-# layer, naive attention, chunked cross-entropy, 8-bit and paged optimizers, auto_fit). For each run, memory.json in
+# layer, naive attention, chunked cross-entropy, 8-bit and paged optimizers, auto_fit, bf16/fp16 mixed precision). For each run, memory.json in
 # output_dir holds the plan and each arena's measured high-water mark: every category must be within 3% of its plan.
 # The process peak RSS is compared with the plan plus the CPU runtime overhead (docs/MEMORY.md) and reported; it must
 # stay within 10% + 32 MiB of the prediction (skipped under AddressSanitizer, whose shadow memory is in the RSS).
@@ -63,6 +63,19 @@ run chunked_ce --model_preset tiny-llama --micro_batch_size 4 --sequence_len 64 
 run adamw_8bit --model_preset llama-30m --micro_batch_size 2 --sequence_len 64 --optimizer adamw_8bit
 run paged_adamw_8bit --model_preset tiny-llama --micro_batch_size 2 --sequence_len 64 --optimizer paged_adamw_8bit
 run auto_fit --model_preset llama-30m --micro_batch_size 8 --sequence_len 128 --auto_fit true --memory_budget 480MiB
+# mixed precision: 16-bit parameters, activations and gradients (fp32 gradients when accumulating), with and without
+# the fp32 master copy
+run bf16 --model_preset llama-30m --micro_batch_size 2 --sequence_len 128 --bf16 true
+run bf16_nomaster_8bit --model_preset llama-30m --micro_batch_size 2 --sequence_len 64 --bf16 true \
+    --master_weights false --optimizer adamw_8bit
+run fp16_ga2_selective --model_preset tiny-llama --micro_batch_size 4 --sequence_len 64 --fp16 true \
+    --gradient_accumulation_steps 2 --gradient_checkpointing selective
+run bf16_gpt2_full_packed --model_preset gpt2-124m --micro_batch_size 1 --sequence_len 64 --bf16 true \
+    --gradient_checkpointing full --sample_packing true --chunked_cross_entropy true
+run bf16_in_backward --model_preset tiny-llama --micro_batch_size 2 --sequence_len 64 --bf16 true \
+    --optimizer_in_backward true --max_grad_norm 0 --gradient_checkpointing full
+run bf16_paged_32bit --model_preset tiny-llama --micro_batch_size 2 --sequence_len 64 --bf16 true \
+    --optimizer paged_adamw_32bit
 
 echo "test_plan_measured: $pass passed, $fail failed"
 [ $fail -eq 0 ]
