@@ -21,6 +21,7 @@
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 #include "plan/plan.h"
+#include "train/loss_scale.h"
 #include "plan/plan_cmd.h"
 #include "train/engine.h"
 
@@ -178,36 +179,6 @@ static void zero_grads(snug_model *m) {
         m->be->zero(m->be, m->grads, m->grads_numel * sizeof(float));
     if (m->grads16)
         m->be->zero(m->be, m->grads16, m->grads16_numel * sizeof(uint16_t));
-}
-
-/* fp16's dynamic loss scaling (torch.cuda.amp.GradScaler's rule): the loss is multiplied by `scale` so small
- * gradients survive fp16; a step whose gradients overflowed (a non-finite norm) is skipped and the scale halved;
- * after `growth_interval` clean steps in a row the scale doubles. Off (scale 1) for fp32 and bf16. */
-typedef struct loss_scaler {
-    int on;
-    float scale;
-    int clean, skipped;
-} loss_scaler;
-
-enum { LOSS_SCALE_GROWTH_INTERVAL = 2000 };
-
-/* Returns 1 when the step should be taken. */
-static int loss_scaler_update(loss_scaler *ls, double norm, int step, FILE *out) {
-    if (!ls->on)
-        return 1;
-    if (!isfinite(norm)) {
-        ls->skipped++;
-        ls->clean = 0;
-        fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale halved to %.0f "
-                "(%d skipped so far)\n", step, ls->scale, ls->scale / 2, ls->skipped);
-        ls->scale = ls->scale / 2 > 1.0f ? ls->scale / 2 : 1.0f;
-        return 0;
-    }
-    if (++ls->clean >= LOSS_SCALE_GROWTH_INTERVAL) {
-        ls->scale *= 2;
-        ls->clean = 0;
-    }
-    return 1;
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -518,8 +489,8 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     double t0 = now_s(), tlog = t0, loss_mean = 0;
     size_t tokens_since = 0;
     step_in_backward_ctx in_bwd = {.eng = &r.eng};
-    loss_scaler ls = {.on = r.eng.model.lv.dt == SNUG_DT_F16, .scale = r.eng.model.lv.dt == SNUG_DT_F16 ? 65536.0f
-                                                                                                       : 1.0f};
+    snug_loss_scaler ls;
+    snug_loss_scaler_init(&ls, r.eng.model.lv.dt == SNUG_DT_F16);
     if (o->optimizer_in_backward) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
@@ -556,8 +527,12 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             float clip = 1.0f;
             if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
                 clip = (float)(o->max_grad_norm / (norm + 1e-6));
-            if (loss_scaler_update(&ls, norm, step + 1, out)) /* fp16 overflow: this step is skipped */
-                snug_adamw_step_model(&r.eng.opt, &r.eng.model, lr, clip / ls.scale);
+            float used = ls.scale;
+            if (snug_loss_scaler_update(&ls, norm))
+                snug_adamw_step_model(&r.eng.opt, &r.eng.model, lr, clip / used);
+            else /* fp16 overflow: the step is skipped */
+                fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale now %.0f (%d "
+                        "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
         }
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
 
@@ -605,6 +580,9 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         rc = save_model(&r, o->output_dir, e);
     if (!rc) {
         fprintf(out, "saved %s (Hugging Face format) in %.1f s\n", o->output_dir, now_s() - t0);
+        if (ls.on)
+            fprintf(out, "fp16 loss scaling: %d of %d steps skipped for overflow; final scale %.0f\n", ls.skipped,
+                    total, ls.scale);
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             measured[c] = r.eng.arenas.a[c].peak;
