@@ -191,12 +191,25 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
     fputc('\n', f);
 }
 
+static const char *precision_name(snug_dtype dt) {
+    return dt == SNUG_DT_BF16 ? "bf16" : dt == SNUG_DT_F16 ? "fp16" : "fp32";
+}
+
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
     switch (c) {
-    case SNUG_MEM_PARAMS: snprintf(buf, n, "fp32 weights"); break;
-    case SNUG_MEM_MASTER: snprintf(buf, n, "none: fp32 weights are their own master copy"); break;
-    case SNUG_MEM_GRADS: snprintf(buf, n, "fp32 gradients"); break;
+    case SNUG_MEM_PARAMS: snprintf(buf, n, "%s weights", precision_name(s->lv.dt)); break;
+    case SNUG_MEM_MASTER:
+        snprintf(buf, n, "%s", s->lv.dt == SNUG_DT_F32 ? "none: fp32 weights are their own master copy"
+                               : s->lv.master_weights ? "fp32 copy that takes the update"
+                                                      : "none: the update is rounded to bf16 stochastically");
+        break;
+    case SNUG_MEM_GRADS:
+        if (s->lv.dt == SNUG_DT_F32 || s->lv.grads_fp32)
+            snprintf(buf, n, "fp32 gradients%s", s->lv.dt != SNUG_DT_F32 ? " (accumulated over micro-batches)" : "");
+        else
+            snprintf(buf, n, "%s layer gradients, fp32 embeddings/head", precision_name(s->lv.dt));
+        break;
     case SNUG_MEM_OPTIM:
         snprintf(buf, n, "%s state%s", snug_optim_name(s->optim, s->optim_paged),
                  s->optim_paged ? ", in host memory" : "");
@@ -338,8 +351,14 @@ static void print_text(const report *r, FILE *f) {
     fprintf(f, "  batch        %d x %d tokens per micro-batch, %d accumulation = %.0f tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps, step_tokens(o));
     snug_levers_describe(&p->spec.lv, p->spec.B, p->spec.T, lv, sizeof lv);
-    fprintf(f, "  training     fp32 weights and gradients (snug trains in fp32), optimizer %s\n",
-            snug_optim_name(p->spec.optim, p->spec.optim_paged));
+    const snug_levers *pl_lv = &p->spec.lv;
+    if (pl_lv->dt == SNUG_DT_F32)
+        fprintf(f, "  training     fp32 weights, activations and gradients, optimizer %s\n",
+                snug_optim_name(p->spec.optim, p->spec.optim_paged));
+    else
+        fprintf(f, "  training     %s mixed precision (%s), compute in fp32, optimizer %s\n",
+                precision_name(pl_lv->dt), pl_lv->master_weights ? "fp32 master weights" : "no master weights",
+                snug_optim_name(p->spec.optim, p->spec.optim_paged));
     fprintf(f, "  levers       %s\n", lv);
     if (p->fit_note[0])
         fprintf(f, "  %s\n", p->fit_note);
@@ -421,6 +440,33 @@ static void print_text(const report *r, FILE *f) {
             fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
             fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", "optimizer_in_backward (max_grad_norm: 0, GA 1)", a,
                     b, 0.0, "no clipping; never chosen by auto_fit");
+        }
+    }
+    /* precision changes the numbers training computes with (tested to track fp32's loss), so it is listed, never
+     * chosen by auto_fit */
+    if (p0->spec.with_grads) {
+        struct {
+            const char *name;
+            snug_dtype dt;
+            int master;
+        } prec[] = {{"bf16: true", SNUG_DT_BF16, 1}, {"bf16: true, master_weights: false", SNUG_DT_BF16, 0},
+                    {"master_weights: false", SNUG_DT_BF16, 0}};
+        for (int i = 0; i < 3; i++) {
+            int from_fp32 = p0->spec.lv.dt == SNUG_DT_F32;
+            if ((i < 2) != from_fp32 || (i == 2 && !(p0->spec.lv.dt == SNUG_DT_BF16 && p0->spec.lv.master_weights)))
+                continue;
+            snug_plan_spec sp = p0->spec;
+            sp.lv.dt = prec[i].dt;
+            sp.lv.master_weights = prec[i].master;
+            snug_plan pp;
+            snug_error pe = {0};
+            if (snug_plan_run(&pp, &sp, &pe) == 0 && pp.total < p0->plan.total) {
+                double saves = (double)(p0->plan.total - pp.total);
+                fmtb(a, sizeof a, saves);
+                fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
+                fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", prec[i].name, a, b, 0.0,
+                        "16-bit rounding; never chosen by auto_fit");
+            }
         }
     }
     const snug_fit_point *sm = snug_fit_smallest(&r->space);
@@ -548,7 +594,8 @@ static json_t *report_json(const report *r) {
                                                "gradient_checkpointing_every_n_layers", lv->ckpt_every > 0 ? lv->ckpt_every : 1,
                                                "flash_attention", !lv->naive_attention, "xent_chunk_tokens", pl->xent_chunk,
                                                "optimizer", snug_optim_name(p->spec.optim, p->spec.optim_paged)));
-    json_object_set_new(j, "precision", json_string("fp32"));
+    json_object_set_new(j, "precision", json_string(precision_name(lv->dt)));
+    json_object_set_new(j, "master_weights", json_boolean(lv->dt != SNUG_DT_F32 && lv->master_weights));
     if (p->fit_note[0])
         json_object_set_new(j, "auto_fit", json_string(p->fit_note));
     json_object_set_new(j, "backend", json_string(snug_device_kind_name(r->kind)));
