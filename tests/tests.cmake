@@ -9,6 +9,8 @@ foreach(src ${SNUG_UNIT_TESTS})
   add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2" LABELS unit)
 endforeach()
+# The CUDA backend against the CPU's: skipped (exit 77) without a CUDA build or a GPU; `ctest -L cuda` runs it.
+set_tests_properties(test_cuda_ops PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda")
 
 file(GLOB SNUG_SHELL_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cli/test_*.sh)
 foreach(src ${SNUG_SHELL_TESTS})

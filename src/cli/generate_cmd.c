@@ -63,7 +63,7 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     snug_engine g = {0};
     snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     if (!rc)
-        rc = snug_engine_create(&g, &spec, threads, e);
+        rc = snug_engine_create(&g, &spec, "cpu", threads, e);
     if (!rc)
         rc = snug_model_load_weights(&g.model, dir, e);
     if (!rc && !(ids = malloc((size_t)T * sizeof *ids)))

@@ -187,6 +187,9 @@ static const key_spec keys[] = {
      .help = "evaluate on the held-out set every N steps; 0 = at the end of each epoch"},
     {.name = "save_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_steps), .def = "0",
      .help = "save a checkpoint every N steps; 0 = only at the end"},
+    {.name = "device", .type = KT_ENUM, .group = G_OUTPUT, AT_STR(device), .def = "auto", .values = "auto cpu cuda",
+     .help = "where to train: auto (a CUDA GPU when snug was built with CUDA and one is visible, else the CPU), cuda, "
+             "or cpu"},
     {.name = "threads", .aliases = "num_threads", .type = KT_INT, .group = G_OUTPUT, AT_INT(threads), .def = "0",
      .help = "CPU threads; 0 = all cores"},
 

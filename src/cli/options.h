@@ -60,6 +60,7 @@ typedef struct snug_options {
     double max_grad_norm;     /* 1.0; 0 = no clipping */
     int optimizer_in_backward; /* 0 */
     int bf16, fp16;            /* 0, 0: mixed precision */
+    char device[16];           /* "auto": cuda when built with it and a GPU is visible, else cpu */
     int master_weights;        /* 1 */
     char optimizer[32];       /* "adamw" (adamw_torch), "adamw_8bit", "paged_adamw_{8,32}bit"; alias optim */
 

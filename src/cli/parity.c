@@ -40,8 +40,8 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
-        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ...]");
-    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL;
+        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --device cpu|cuda]");
+    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *device = "cpu";
     int steps = 0, threads = 0;
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
     for (int i = 3; i + 1 < argc; i += 2) {
@@ -52,6 +52,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
         else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
         else return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", argv[i]);
     }
     snug_model_config cfg;
@@ -74,7 +75,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     snug_engine g = {0};
     snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 1};
     if (!rc)
-        rc = snug_engine_create(&g, &spec, threads, e);
+        rc = snug_engine_create(&g, &spec, device, threads, e);
     if (!rc)
         rc = snug_model_load_weights(&g.model, dir, e);
     snug_model *m = &g.model;
@@ -108,7 +109,9 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
             hist[s] = (float)loss;
             if (s == 0) {
                 loss0 = (float)loss;
-                m->be->matmul_fwd(m->be, logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
+                /* the full logits, for the comparison only: the loss workspace holds all N rows (no chunking) */
+                m->be->matmul_fwd(m->be, m->logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
+                m->be->to_host(m->be, logits, m->logits, N * (size_t)V * sizeof *logits);
                 m->be->to_host(m->be, grads0, m->grads, P * sizeof(float));
             }
             if (s == steps)

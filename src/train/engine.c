@@ -4,15 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_select.h"
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 
-int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, snug_error *e) {
+int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *device, int threads, snug_error *e) {
     memset(g, 0, sizeof *g);
     SNUG_TRY(snug_plan_run(&g->plan, spec, e));
-    g->be = snug_backend_cpu_create(threads);
-    if (!g->be)
-        return snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend");
+    if (!(g->be = snug_backend_create(device, threads, e)))
+        return e ? e->code : SNUG_EINPUT;
     /* memory_budget: a plan over it is refused before anything is allocated; the arenas share out what is left */
     double slack = 0;
     if (spec->memory_budget > 0) {

@@ -22,7 +22,8 @@ typedef struct snug_engine {
     snug_adamw opt;        /* laid out when spec->with_grads */
 } snug_engine;
 
-int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, int threads, snug_error *e);
+/* device: "auto", "cuda" or "cpu" (the config's `device` key); threads: CPU threads (<= 0: all cores). */
+int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *device, int threads, snug_error *e);
 void snug_engine_free(snug_engine *g);
 
 #endif

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "core/fileio.h"
 #include "data/batching.h"
 #include "data/dataset.h"
@@ -368,7 +369,7 @@ static void print_sample(run *r, FILE *out) {
     snug_plan_spec spec = {.cfg = r->cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     snug_engine g = {0};
     int32_t *ids = malloc((size_t)T * sizeof *ids);
-    if (n > 0 && ids && snug_engine_create(&g, &spec, o->threads, &e) == 0) {
+    if (n > 0 && ids && snug_engine_create(&g, &spec, o->device, o->threads, &e) == 0) {
         size_t bytes = r->eng.model.table.total * sizeof(float);
         int direct = r->eng.be->host_resident && r->eng.model.lv.dt == SNUG_DT_F32;
         float *host = direct ? r->eng.model.params : malloc(bytes);
@@ -424,7 +425,8 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
 
 int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     run r;
-    int rc = setup(&r, o, SNUG_DEVICE_CPU, e);
+    int on_gpu = !strcmp(snug_backend_resolve(o->device), "cuda");
+    int rc = setup(&r, o, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     o = r.o; /* after auto_fit */
     if (!rc)
         rc = load_data(&r, e);
@@ -443,7 +445,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         }
     }
     if (!rc)
-        rc = snug_engine_create(&r.eng, &r.spec, o->threads, e);
+        rc = snug_engine_create(&r.eng, &r.spec, o->device, o->threads, e);
     if (!rc && o->base_model[0])
         rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
     else if (!rc)
@@ -591,6 +593,12 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         char b[32];
         snug_format_bytes(b, sizeof b, peak_rss_bytes());
         fprintf(out, "  %-20s %12s  %16s\n", "process peak RSS", "", b);
+        size_t dev = snug_backend_device_used(r.eng.be); /* arenas are allocated once, so in use now = the peak */
+        if (dev) {
+            snug_format_bytes(b, sizeof b, (double)dev);
+            fprintf(out, "  %-20s %12s  %16s  (cudaMemGetInfo: arenas, CUDA context, cuBLASLt workspace)\n",
+                    "device memory in use", "", b);
+        }
         snug_overhead ov; /* the CPU runtime overhead with the data as read (plan/gpus.c) */
         snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &r.plan,
                               snug_data_host_bytes(r.train.ntokens + r.val.ntokens,

@@ -37,8 +37,13 @@ printf 'learning_rat: 1e-3\n' > "$W/typo.yaml"
 expect_error unknown-key "learning_rat.*typo.yaml line 1.*learning_rate" "$SNUG" train "$W/typo.yaml"
 printf 'micro_batch_size: four\n' > "$W/type.yaml"
 expect_error wrong-type "type.yaml line 1: micro_batch_size must be an integer" "$SNUG" train "$W/type.yaml"
-printf 'datasets:\n  - path: data.jsonl\nbf16: true\n' > "$W/later.yaml"
-expect_error not-supported "bf16.*not supported yet" "$SNUG" train "$W/later.yaml"
+printf 'datasets:\n  - path: data.jsonl\ntf32: true\n' > "$W/later.yaml"
+expect_error not-supported "tf32.*not supported yet" "$SNUG" train "$W/later.yaml"
+expect_error fp16-no-master "fp16 without master_weights" "$SNUG" train --dataset "$W/data.jsonl" $T --fp16 true --master_weights false
+expect_error device-name "device must be one of auto, cpu, cuda" "$SNUG" train --dataset "$W/data.jsonl" $T --device tpu
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then # no GPU here: device: cuda is an error
+  expect_error device-cuda "device: cuda" "$SNUG" train --dataset "$W/data.jsonl" $T --device cuda
+fi
 expect_error cli-unknown "lerning_rate.*learning_rate" "$SNUG" train --dataset "$W/data.jsonl" --lerning_rate 1
 expect_error no-dataset "dataset" "$SNUG" train --datasets "$W/missing.jsonl" $T
 expect_error in-backward-clip "optimizer_in_backward.*max_grad_norm: 0" "$SNUG" train --dataset "$W/data.jsonl" $T --optimizer_in_backward true

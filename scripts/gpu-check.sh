@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# gpu-check.sh: builds snug with the CUDA backend on a machine with one NVIDIA GPU, runs the CUDA tests and the GPU
+# benchmarks against PyTorch, and ends with a summary table. Offline: nothing is downloaded or installed. Uses the
+# system python3 (PyTorch and transformers installed there; without them the PyTorch benchmarks are skipped).
+#
+#     scripts/gpu-check.sh            # build dir: a fresh /tmp/snug-gpu-check.XXXXXX (or $SNUG_GPU_BUILD)
+#
+# Stages, each under `timeout` and all within one budget of GPU_CHECK_BUDGET seconds (default 470, under 8 minutes):
+#   configure (cmake -DSNUG_CUDA=ON) <= 60 s   build <= 200 s   ctest -L cuda <= 90 s
+#   bench_attention_gpu <= 60 s   bench_attention_torch.py <= 90 s   bench_train_gpu.py <= 300 s
+# A stage gets at most what is left of the budget, so a slow build shortens the benchmarks instead of the whole run
+# overrunning. Exit status: 0 when the build and the tests pass, 1 when either fails, 2 when a tool is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+START=$SECONDS
+BUDGET=${GPU_CHECK_BUDGET:-470}
+
+# ---------------------------------------------------------------------------------------------- tools
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+missing=()
+for t in cmake make gcc pkg-config nvcc python3 timeout; do
+  command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+done
+declare -A PKG=([yaml-0.1]=libyaml-dev [jansson]=libjansson-dev [libpcre2-8]=libpcre2-dev [libutf8proc]=libutf8proc-dev)
+if command -v pkg-config >/dev/null 2>&1; then
+  for m in "${!PKG[@]}"; do
+    pkg-config --exists "$m" || missing+=("${PKG[$m]} (pkg-config module $m)")
+  done
+  if ! pkg-config --exists openblas && ! ls /usr/lib/*/openblas-openmp/libopenblas.so >/dev/null 2>&1; then
+    missing+=("libopenblas-openmp-dev (OpenBLAS)")
+  fi
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "gpu-check: missing, install these first (scripts/setup.sh lists the Debian packages):"
+  for m in "${missing[@]}"; do echo "  $m"; done
+  exit 2
+fi
+
+# offline, whatever the environment says
+export PIP_NO_INDEX=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+BUILD=${SNUG_GPU_BUILD:-$(mktemp -d /tmp/snug-gpu-check.XXXXXX)}
+rm -rf "$BUILD"
+mkdir -p "$BUILD/logs"
+LOGS=$BUILD/logs
+
+GPU="none visible"
+ARCH_FLAG=()
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [[ "$cc" =~ ^[0-9]+$ ]] && ARCH_FLAG=("-DCMAKE_CUDA_ARCHITECTURES=$cc") # this GPU only: half the compile time
+fi
+HAVE_TORCH=0
+python3 -c 'import torch, transformers; assert torch.cuda.is_available()' >/dev/null 2>&1 && HAVE_TORCH=1
+echo "gpu-check: GPU: $GPU; build in $BUILD; PyTorch with CUDA: $([ $HAVE_TORCH = 1 ] && echo yes || echo no)"
+
+# ---------------------------------------------------------------------------------------------- stages
+declare -A RESULT SECS
+ORDER=()
+# stage NAME CAP LOG QUIET COMMAND...: runs COMMAND under timeout (CAP or what is left of the budget), output to LOG
+# (and to the terminal unless QUIET=1); records the result; never fails the script.
+stage() {
+  local name=$1 cap=$2 log=$3 quiet=$4
+  shift 4
+  ORDER+=("$name")
+  local left=$((BUDGET - (SECONDS - START)))
+  local lim=$((cap < left ? cap : left))
+  if [ "$lim" -lt 5 ]; then
+    RESULT[$name]="not run (budget spent)"
+    SECS[$name]=0
+    return 0
+  fi
+  echo "== $name (at most ${lim}s)"
+  local t0=$SECONDS rc=0
+  if [ "$quiet" = 1 ]; then
+    timeout --kill-after=10 "$lim" "$@" >"$log" 2>&1 || rc=$?
+  else
+    timeout --kill-after=10 "$lim" "$@" 2>&1 | tee "$log" || rc=$?
+  fi
+  SECS[$name]=$((SECONDS - t0))
+  if [ $rc -eq 0 ]; then
+    RESULT[$name]=ok
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    RESULT[$name]="TIMED OUT (${lim}s)"
+  else
+    RESULT[$name]="FAILED (exit $rc)"
+  fi
+  if [ $rc -ne 0 ] && [ "$quiet" = 1 ]; then
+    echo "-- last lines of $log:"
+    tail -n 30 "$log" || true
+  fi
+  return 0
+}
+skip() {
+  ORDER+=("$1")
+  RESULT[$1]="skipped: $2"
+  SECS[$1]=0
+}
+
+stage configure 60 "$LOGS/configure.log" 1 cmake -S "$ROOT" -B "$BUILD" -DSNUG_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+  "${ARCH_FLAG[@]}"
+if [ "${RESULT[configure]}" = ok ] && ! grep -q "CUDA backend: on" "$LOGS/configure.log"; then
+  RESULT[configure]="FAILED (CUDA backend off: see $LOGS/configure.log)"
+fi
+if [ "${RESULT[configure]}" = ok ]; then
+  stage build 200 "$LOGS/build.log" 1 cmake --build "$BUILD" -j"$(nproc)"
+else
+  skip build "configure failed"
+fi
+if [ "${RESULT[build]}" = ok ]; then
+  stage ctest_cuda 90 "$LOGS/ctest.log" 0 ctest --test-dir "$BUILD" -L cuda --output-on-failure
+  if [ "${RESULT[ctest_cuda]}" = ok ] && grep -q "Skipped" "$LOGS/ctest.log"; then
+    RESULT[ctest_cuda]="SKIPPED (no GPU seen by the test)"
+  fi
+  stage bench_attention_gpu 60 "$LOGS/bench_attention_gpu.log" 0 "$BUILD/bench/gpu/bench_attention_gpu"
+else
+  skip ctest_cuda "no build"
+  skip bench_attention_gpu "no build"
+fi
+if [ $HAVE_TORCH = 1 ]; then
+  stage bench_attention_torch 90 "$LOGS/bench_attention_torch.log" 0 python3 "$ROOT/bench/gpu/bench_attention_torch.py"
+else
+  skip bench_attention_torch "PyTorch with CUDA not importable by python3"
+fi
+if [ $HAVE_TORCH = 1 ] && [ "${RESULT[build]}" = ok ]; then
+  left=$((BUDGET - (SECONDS - START)))
+  per_run=$(((left < 300 ? left : 300) / 4)) # two models, each trained by snug and by PyTorch
+  stage bench_train_gpu 300 "$LOGS/bench_train_gpu.log" 0 python3 "$ROOT/bench/gpu/bench_train_gpu.py" \
+    --snug "$BUILD/snug" --steps 8 --timeout "$per_run"
+else
+  skip bench_train_gpu "needs the build and PyTorch with CUDA"
+fi
+
+# ---------------------------------------------------------------------------------------------- summary
+echo
+echo "==================================== gpu-check summary ===================================="
+echo "GPU: $GPU    logs: $LOGS    total $((SECONDS - START)) s"
+printf "%-24s %-56s %6s\n" stage result seconds
+for s in "${ORDER[@]}"; do
+  printf "%-24s %-56s %6s\n" "$s" "${RESULT[$s]}" "${SECS[$s]}"
+done
+python3 - "$LOGS" <<'EOF'
+import os, sys
+logs = sys.argv[1]
+
+def lines(name, tag):
+    p = os.path.join(logs, name)
+    if not os.path.exists(p):
+        return []
+    out = []
+    for l in open(p, errors="replace"):
+        if l.startswith(tag + " "):
+            out.append(dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv))
+    return out
+
+attn = lines("bench_attention_gpu.log", "attn") + lines("bench_attention_torch.log", "attn")
+if attn:
+    impls = list(dict.fromkeys(r["impl"] for r in attn))
+    shapes = list(dict.fromkeys((r["B"], r["T"], r["NH"], r["HD"]) for r in attn))
+    got = {(r["impl"], r["B"], r["T"], r["NH"], r["HD"]): r for r in attn}
+    print("\nattention, causal: TFLOP/s forward / forward+backward")
+    print(f"{'B':>2} {'T':>5} {'NH':>3} {'HD':>4}  " + "  ".join(f"{i:>20}" for i in impls))
+    for s in shapes:
+        cells = []
+        for i in impls:
+            r = got.get((i,) + s)
+            cells.append(f"{float(r['fwd_tflops']):8.1f} / {float(r['fwdbwd_tflops']):7.1f}" if r else f"{'-':>20}")
+        print(f"{s[0]:>2} {s[1]:>5} {s[2]:>3} {s[3]:>4}  " + "  ".join(f"{c:>20}" for c in cells))
+train = lines("bench_train_gpu.log", "train")
+if train:
+    print("\ntraining: tokens/s, MFU (bf16 peak), peak memory (GiB); ratio = snug / PyTorch")
+    print(f"{'model':<10} {'B':>2} {'T':>5} {'snug tok/s':>11} {'torch tok/s':>12} {'ratio':>6} {'snug MFU':>9} "
+          f"{'torch MFU':>9} {'snug GiB':>9} {'torch GiB':>9}  notes")
+    for r in train:
+        st, tt = float(r["snug_tok_s"]), float(r["torch_tok_s"])
+        ratio = f"{st / tt:5.2f}x" if st and tt else "   n/a"
+        notes = f"snug peak: {r['snug_peak_kind']}; torch optimizer: {r['torch_optimizer']}"
+        print(f"{r['model']:<10} {r['B']:>2} {r['T']:>5} {st:>11.0f} {tt:>12.0f} {ratio} {r['snug_mfu']:>8}% "
+              f"{r['torch_mfu']:>8}% {r['snug_peak_gib']:>9} {r['torch_peak_gib']:>9}  {notes}")
+EOF
+case "${RESULT[build]}/${RESULT[ctest_cuda]}" in
+  ok/ok) exit 0 ;;
+  *) exit 1 ;;
+esac

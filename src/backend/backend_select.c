@@ -1,0 +1,65 @@
+/* backend_select.c: choosing a backend by the config's `device` key (see backend_select.h).
+ *
+ * Compiled in every build; the CUDA branch exists only when snug was configured with CUDA (SNUG_HAVE_CUDA), so a
+ * CPU-only build needs no CUDA header or library. A CUDA build still runs on a machine without a GPU or driver:
+ * "auto" then falls back to the CPU. */
+#include "backend/backend_select.h"
+
+#include <string.h>
+
+#ifdef SNUG_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
+
+static snug_backend *create_cpu(int nthreads, snug_error *e) {
+    snug_backend *be = snug_backend_cpu_create(nthreads);
+    if (!be)
+        snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend (out of memory)");
+    return be;
+}
+
+snug_backend *snug_backend_create(const char *device, int nthreads, snug_error *e) {
+    if (!device)
+        device = "auto";
+    int is_auto = !strcmp(device, "auto"), is_cuda = !strcmp(device, "cuda");
+    if (!is_auto && !is_cuda && strcmp(device, "cpu")) {
+        snug_fail(e, SNUG_EINPUT, "device: '%s' is not a device; use auto, cuda or cpu", device);
+        return NULL;
+    }
+    if (is_auto || is_cuda) {
+#ifdef SNUG_HAVE_CUDA
+        /* cuda: the CUDA backend or its reason for failing (no GPU, driver too old...); auto: the CPU unless a GPU
+         * is visible, and then the GPU's errors are reported, not hidden behind a silent fallback */
+        if (is_cuda || snug_cuda_device_count() > 0)
+            return snug_backend_cuda_create(0, e);
+#else
+        if (is_cuda) {
+            snug_fail(e, SNUG_EINPUT, "device: cuda but this snug was built without CUDA; rebuild with the CUDA "
+                      "toolkit installed (cmake -DSNUG_CUDA=ON), or use device: cpu or auto");
+            return NULL;
+        }
+#endif
+    }
+    return create_cpu(nthreads, e);
+}
+
+const char *snug_backend_resolve(const char *device) {
+    if (device && !strcmp(device, "cuda"))
+        return "cuda";
+#ifdef SNUG_HAVE_CUDA
+    if ((!device || !strcmp(device, "auto")) && snug_cuda_device_count() > 0)
+        return "cuda";
+#endif
+    return "cpu";
+}
+
+size_t snug_backend_device_used(snug_backend *be) {
+#ifdef SNUG_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    if (!strcmp(be->name, "cuda") && snug_cuda_mem_info(be, &free_b, &total_b) == 0)
+        return total_b - free_b;
+#else
+    (void)be;
+#endif
+    return 0;
+}

@@ -1,0 +1,949 @@
+/* attention_cuda.cu: the CUDA backend's attention: causal, grouped-query, variable length (seg_start), in fp32.
+ * Semantics are those of backend/backend.h; backend/cpu/attention_cpu.c and attention_naive_cpu.c are the references.
+ *
+ * Two rungs, as in llm.c's dev/cuda ladders, both kept and both tested (tests/unit/test_cuda_ops.c):
+ *
+ *   plain  one thread per query row (or per key row in backward), straight fp32 loops with an online softmax.
+ *          Any HD up to ATT_PLAIN_MAXHD. Slow; it is the readable one.
+ *   tiled  FlashAttention-2 style. One block of 256 threads per (query tile of 64 rows, head, batch row) loops over
+ *          tiles of 64 keys held in shared memory; a 16 x 16 thread grid gives each thread 4 query rows x 4 keys of
+ *          the score tile and 4 rows x HD/16 columns of the output. Online softmax per row, lse saved; key tiles
+ *          past the causal diagonal or before the earliest seg_start of the tile are never visited, and no (T, T)
+ *          buffer exists. HD is zero-padded to 32, 64 or 128 (one template instance each), so any HD <= 128 works.
+ *
+ * The rung is chosen per call: SNUG_CUDA_ATTN=plain in the environment forces plain; otherwise tiled, falling back
+ * to plain when HD > 128 or the device's shared memory per block is too small for the tile.
+ *
+ * Backward (both rungs) is deterministic, with no atomics: D = rowsum(dout * out) first, then a dQ pass (each
+ * query row or tile loops over its keys) and a dK/dV pass (each key row or tile loops over the query heads of its
+ * group and, inside, over the query rows that see it), both recomputing p = exp(scale q.k - lse). Every output
+ * element is written by one thread, in a fixed order, so repeated runs give the same bits. Gradients accumulate
+ * (+=) into dqkv.
+ *
+ * The naive path (flash_attention: false) stores probs (B, NH, T, T) whole and reads it back in backward; the
+ * decode op attends one query against rows 0..p of the cache. Both use a warp per row with the head's columns
+ * spread over the lanes (HD <= 256).
+ *
+ * Memory beyond the arguments: backward takes N*NH floats of the backend's scratch for D (the naive backward
+ * B*NH*T floats for its row sums). The tiled kernels' shared memory per block at HD 128 is 113 KiB forward (two
+ * blocks fit an H100/H200 SM), 145 KiB dQ and 162 KiB dK/dV; at HD 64 about half. The plain kernels keep per-thread
+ * arrays of ATT_PLAIN_MAXHD floats in local memory, which the CUDA runtime reserves for every resident thread of the
+ * device the first time one of them runs (about 0.5 GiB on an H200 for the dK/dV kernel). */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define ATT_TILE 64          /* query rows and keys per tile of the tiled kernels */
+#define ATT_THREADS 256      /* threads per block of the tiled kernels: 16 x 16 */
+#define ATT_TILED_MAXHD 128  /* the tiled kernels' largest head dim */
+#define ATT_PLAIN_MAXHD 256  /* the plain kernels' largest head dim (per-thread arrays of this many floats) */
+#define ATT_WARP_MAXJ 8      /* columns per lane of the warp-per-row kernels: HD <= 32 * 8 = 256 */
+#define ATT_PS (ATT_TILE + 1) /* row stride of a (TILE, TILE) tile of probabilities in shared memory */
+
+/* ------------------------------------------------------------------------------------------------ helpers */
+
+/* First key of query token n (row-local index t), clamped into [0, t], as on the CPU. */
+static __device__ __forceinline__ int att_first_key(const int32_t *seg, size_t n, int t) {
+    int lo = seg ? seg[n] : 0;
+    return lo < 0 ? 0 : lo > t ? t : lo;
+}
+
+/* Sum and max over the 16 lanes of a half warp (the tiled kernels' tx). Butterfly order: every lane gets the same
+ * bits. */
+static __device__ __forceinline__ float att_sum16(float v) {
+    for (int o = 8; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float att_max16(float v) {
+    for (int o = 8; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+static __device__ __forceinline__ float att_sum32(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* dst (TILE, stride) = rows r0 .. r0+nrows-1 of src (rows R floats apart, HD used), zero-padded to TILE rows and
+ * HDP columns, so that the dot products may run over HDP with no bounds checks. */
+template <int HDP>
+static __device__ __forceinline__ void att_load_rows(float *dst, int stride, const float *src, size_t R, int r0,
+                                                     int nrows, int HD) {
+    for (int i = threadIdx.x; i < ATT_TILE * HDP; i += ATT_THREADS) {
+        int r = i / HDP, d = i % HDP;
+        dst[r * stride + d] = (r < nrows && d < HD) ? src[(size_t)(r0 + r) * R + d] : 0.0f;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ plain rung */
+
+/* One thread per (b, h, t): online softmax over keys [lo, t]. out (N, NH*HD), lse (N, NH) or NULL. */
+static __global__ void att_fwd_plain(float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+                                     int NH, int NKV, int HD, float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NH * T)
+        return;
+    int t = (int)(idx % T), h = (int)(idx / T % NH), b = (int)(idx / ((size_t)T * NH)), kh = h / (NH / NKV);
+    size_t R = (size_t)(NH + 2 * NKV) * HD, n = (size_t)b * T + t;
+    const float *q = qkv + n * R + (size_t)h * HD;
+    const float *kb = qkv + (size_t)b * T * R + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+    float acc[ATT_PLAIN_MAXHD];
+    for (int i = 0; i < HD; i++)
+        acc[i] = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int s = att_first_key(seg, n, t); s <= t; s++) {
+        const float *k = kb + (size_t)s * R, *v = vb + (size_t)s * R;
+        float d = 0.0f;
+        for (int i = 0; i < HD; i++)
+            d += q[i] * k[i];
+        float sc = d * scale;
+        if (sc > mx) { /* rescale what was summed under the old max */
+            float corr = expf(mx - sc);
+            sum *= corr;
+            for (int i = 0; i < HD; i++)
+                acc[i] *= corr;
+            mx = sc;
+        }
+        float p = expf(sc - mx);
+        sum += p;
+        for (int i = 0; i < HD; i++)
+            acc[i] += p * v[i];
+    }
+    float *o = out + n * NH * HD + (size_t)h * HD;
+    float inv = 1.0f / sum;
+    for (int i = 0; i < HD; i++)
+        o[i] = acc[i] * inv;
+    if (lse)
+        lse[n * NH + h] = mx + logf(sum);
+}
+
+/* D (rows) = the dot product of each HD-float row of dout and out: rowsum(dout * out) per (token, head). */
+static __global__ void att_rowdot(float *D, const float *dout, const float *out, size_t rows, int HD) {
+    size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    const float *g = dout + r * HD, *o = out + r * HD;
+    float d = 0.0f;
+    for (int i = 0; i < HD; i++)
+        d += g[i] * o[i];
+    D[r] = d;
+}
+
+/* dq of one (b, h, t) per thread: dq += sum over keys s of scale * p (dout.v_s - D) k_s. */
+static __global__ void att_bwd_dq_plain(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                                        const float *D, const int32_t *seg, int B, int T, int NH, int NKV, int HD,
+                                        float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NH * T)
+        return;
+    int t = (int)(idx % T), h = (int)(idx / T % NH), b = (int)(idx / ((size_t)T * NH)), kh = h / (NH / NKV);
+    size_t R = (size_t)(NH + 2 * NKV) * HD, n = (size_t)b * T + t;
+    const float *q = qkv + n * R + (size_t)h * HD, *g = dout + n * NH * HD + (size_t)h * HD;
+    const float *kb = qkv + (size_t)b * T * R + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+    float L = lse[n * NH + h], Dn = D[n * NH + h];
+    float dq[ATT_PLAIN_MAXHD];
+    for (int i = 0; i < HD; i++)
+        dq[i] = 0.0f;
+    for (int s = att_first_key(seg, n, t); s <= t; s++) {
+        const float *k = kb + (size_t)s * R, *v = vb + (size_t)s * R;
+        float sc = 0.0f, dp = 0.0f;
+        for (int i = 0; i < HD; i++) {
+            sc += q[i] * k[i];
+            dp += g[i] * v[i];
+        }
+        float p = expf(scale * sc - L), ds = scale * p * (dp - Dn);
+        for (int i = 0; i < HD; i++)
+            dq[i] += ds * k[i];
+    }
+    float *out = dqkv + n * R + (size_t)h * HD;
+    for (int i = 0; i < HD; i++)
+        out[i] += dq[i];
+}
+
+/* dk, dv of one (b, kv head, key s) per thread: the sum over the group's query heads and the queries t >= s that
+ * see s (seg_start[t] <= s). */
+static __global__ void att_bwd_dkv_plain(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                                         const float *D, const int32_t *seg, int B, int T, int NH, int NKV, int HD,
+                                         float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NKV * T)
+        return;
+    int s = (int)(idx % T), kh = (int)(idx / T % NKV), b = (int)(idx / ((size_t)T * NKV)), G = NH / NKV;
+    size_t R = (size_t)(NH + 2 * NKV) * HD, row0 = (size_t)b * T;
+    size_t koff = (row0 + s) * R + (size_t)(NH + kh) * HD, voff = koff + (size_t)NKV * HD;
+    const float *k = qkv + koff, *v = qkv + voff;
+    float dk[ATT_PLAIN_MAXHD], dv[ATT_PLAIN_MAXHD];
+    for (int i = 0; i < HD; i++)
+        dk[i] = dv[i] = 0.0f;
+    for (int h = kh * G; h < (kh + 1) * G; h++)
+        for (int t = s; t < T; t++) {
+            size_t n = row0 + t;
+            if (att_first_key(seg, n, t) > s)
+                continue;
+            const float *q = qkv + n * R + (size_t)h * HD, *g = dout + n * NH * HD + (size_t)h * HD;
+            float sc = 0.0f, dp = 0.0f;
+            for (int i = 0; i < HD; i++) {
+                sc += q[i] * k[i];
+                dp += g[i] * v[i];
+            }
+            float p = expf(scale * sc - lse[n * NH + h]), ds = scale * p * (dp - D[n * NH + h]);
+            for (int i = 0; i < HD; i++) {
+                dv[i] += p * g[i];
+                dk[i] += ds * q[i];
+            }
+        }
+    for (int i = 0; i < HD; i++) {
+        dqkv[koff + i] += dk[i];
+        dqkv[voff + i] += dv[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ tiled rung */
+/* Thread (ty, tx) = (threadIdx.x / 16, threadIdx.x % 16) owns tile rows ty + 16*i (i < 4) and, of a score tile,
+ * columns tx + 16*j (j < 4); of an output tile, columns tx + 16*jj (jj < NJ). HDP = 16*NJ >= HD. Shared tiles of HD
+ * floats per row use the odd stride HDP + 1, so the 16 rows a half warp reads in a dot product fall in 16 banks. */
+
+/* Forward: block (query tile from the end, h, b). out (N, NH*HD), lse (N, NH) or NULL. */
+template <int NJ>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    att_fwd_tiled(float *out, float *lse, const float *qkv, const int32_t *seg, int T, int NH, int NKV, int HD,
+                  float scale) {
+    constexpr int HDP = 16 * NJ, QS = HDP + 1;
+    extern __shared__ float sm[];
+    /* V is only read along rows, so it needs no padding: at HD 128 that lets two blocks share an SM's 228 KiB */
+    float *Qs = sm, *Ks = Qs + ATT_TILE * QS, *Vs = Ks + ATT_TILE * QS, *Ps = Vs + ATT_TILE * HDP;
+    __shared__ int lo_s[ATT_TILE];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (NH / NKV);
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE; /* the longest tiles start first */
+    const int nr = min(ATT_TILE, T - t0), tlast = t0 + nr - 1;
+    const size_t R = (size_t)(NH + 2 * NKV) * HD, row0 = (size_t)b * T;
+    const float *kb = qkv + row0 * R + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+
+    att_load_rows<HDP>(Qs, QS, qkv + row0 * R + (size_t)h * HD, R, t0, nr, HD);
+    if (tid < ATT_TILE) /* rows past the end see no key */
+        lo_s[tid] = tid < nr ? att_first_key(seg, row0 + t0 + tid, t0 + tid) : INT_MAX;
+    __syncthreads();
+    int kmin = tlast;
+    for (int r = 0; r < nr; r++)
+        kmin = min(kmin, lo_s[r]);
+    int rlo[4];
+    float m[4], l[4], o[4][NJ];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        rlo[i] = lo_s[ty + 16 * i];
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+            o[i][jj] = 0.0f;
+    }
+
+    for (int s0 = kmin; s0 <= tlast; s0 += ATT_TILE) {
+        int ns = min(ATT_TILE, tlast + 1 - s0);
+        att_load_rows<HDP>(Ks, QS, kb, R, s0, ns, HD);
+        att_load_rows<HDP>(Vs, HDP, vb, R, s0, ns, HD);
+        __syncthreads();
+        float sc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                sc[i][j] = 0.0f;
+#pragma unroll 4
+        for (int d = 0; d < HDP; d++) {
+            float q[4], k[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                q[i] = Qs[(ty + 16 * i) * QS + d];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                k[j] = Ks[(tx + 16 * j) * QS + d];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    sc[i][j] = fmaf(q[i], k[j], sc[i][j]);
+        }
+        /* online softmax: each row's 64 scores lie on the 16 lanes of one half warp */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int t = t0 + ty + 16 * i;
+            float tmax = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int s = s0 + tx + 16 * j;
+                sc[i][j] = (s >= rlo[i] && s <= t) ? sc[i][j] * scale : -INFINITY;
+                tmax = fmaxf(tmax, sc[i][j]);
+            }
+            tmax = att_max16(tmax);
+            float mnew = fmaxf(m[i], tmax), ms = mnew == -INFINITY ? 0.0f : mnew; /* ms: no -inf - -inf */
+            float corr = expf(m[i] - ms), psum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float p = sc[i][j] == -INFINITY ? 0.0f : expf(sc[i][j] - ms);
+                Ps[(ty + 16 * i) * ATT_PS + tx + 16 * j] = p;
+                psum += p;
+            }
+            l[i] = l[i] * corr + att_sum16(psum);
+            m[i] = mnew;
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++)
+                o[i][jj] *= corr;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int c = 0; c < ATT_TILE; c++) {
+            float p[4], v[NJ];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                p[i] = Ps[(ty + 16 * i) * ATT_PS + c];
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++)
+                v[jj] = Vs[c * HDP + tx + 16 * jj];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int jj = 0; jj < NJ; jj++)
+                    o[i][jj] = fmaf(p[i], v[jj], o[i][jj]);
+        }
+        __syncthreads(); /* Ks, Vs, Ps are overwritten next */
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = ty + 16 * i;
+        if (r >= nr)
+            continue;
+        size_t n = row0 + t0 + r;
+        float inv = 1.0f / l[i];
+        float *orow = out + n * NH * HD + (size_t)h * HD;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            int col = tx + 16 * jj;
+            if (col < HD)
+                orow[col] = o[i][jj] * inv;
+        }
+        if (lse && tx == 0)
+            lse[n * NH + h] = m[i] + logf(l[i]);
+    }
+}
+
+/* Backward, dQ pass: block (query tile from the end, h, b) loops over its key tiles like the forward and
+ * accumulates dq (4 rows x NJ columns per thread) in registers. */
+template <int NJ>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    att_bwd_dq_tiled(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D,
+                     const int32_t *seg, int T, int NH, int NKV, int HD, float scale) {
+    constexpr int HDP = 16 * NJ, QS = HDP + 1;
+    extern __shared__ float sm[];
+    float *Qs = sm, *Gs = Qs + ATT_TILE * QS, *Ks = Gs + ATT_TILE * QS, *Vs = Ks + ATT_TILE * QS;
+    float *Ss = Vs + ATT_TILE * QS; /* (TILE, ATT_PS) dS of the current key tile */
+    __shared__ int lo_s[ATT_TILE];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int h = blockIdx.y, b = blockIdx.z, kh = h / (NH / NKV);
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
+    const int nr = min(ATT_TILE, T - t0), tlast = t0 + nr - 1;
+    const size_t R = (size_t)(NH + 2 * NKV) * HD, row0 = (size_t)b * T, OR = (size_t)NH * HD;
+    const float *kb = qkv + row0 * R + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+
+    att_load_rows<HDP>(Qs, QS, qkv + row0 * R + (size_t)h * HD, R, t0, nr, HD);
+    att_load_rows<HDP>(Gs, QS, dout + row0 * OR + (size_t)h * HD, OR, t0, nr, HD);
+    if (tid < ATT_TILE)
+        lo_s[tid] = tid < nr ? att_first_key(seg, row0 + t0 + tid, t0 + tid) : INT_MAX;
+    __syncthreads();
+    int kmin = tlast;
+    for (int r = 0; r < nr; r++)
+        kmin = min(kmin, lo_s[r]);
+    int rlo[4];
+    float rL[4], rD[4], dq[4][NJ];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = ty + 16 * i;
+        rlo[i] = lo_s[r];
+        rL[i] = r < nr ? lse[(row0 + t0 + r) * NH + h] : 0.0f;
+        rD[i] = r < nr ? D[(row0 + t0 + r) * NH + h] : 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+            dq[i][jj] = 0.0f;
+    }
+
+    for (int s0 = kmin; s0 <= tlast; s0 += ATT_TILE) {
+        int ns = min(ATT_TILE, tlast + 1 - s0);
+        att_load_rows<HDP>(Ks, QS, kb, R, s0, ns, HD);
+        att_load_rows<HDP>(Vs, QS, vb, R, s0, ns, HD);
+        __syncthreads();
+        float sc[4][4], dp[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                sc[i][j] = dp[i][j] = 0.0f;
+#pragma unroll 2
+        for (int d = 0; d < HDP; d++) {
+            float q[4], g[4], k[4], v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                q[i] = Qs[(ty + 16 * i) * QS + d];
+                g[i] = Gs[(ty + 16 * i) * QS + d];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                k[j] = Ks[(tx + 16 * j) * QS + d];
+                v[j] = Vs[(tx + 16 * j) * QS + d];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    sc[i][j] = fmaf(q[i], k[j], sc[i][j]);
+                    dp[i][j] = fmaf(g[i], v[j], dp[i][j]);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int t = t0 + ty + 16 * i;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int s = s0 + tx + 16 * j;
+                float p = (s >= rlo[i] && s <= t) ? expf(scale * sc[i][j] - rL[i]) : 0.0f;
+                Ss[(ty + 16 * i) * ATT_PS + tx + 16 * j] = scale * p * (dp[i][j] - rD[i]);
+            }
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int c = 0; c < ATT_TILE; c++) {
+            float ds[4], k[NJ];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                ds[i] = Ss[(ty + 16 * i) * ATT_PS + c];
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++)
+                k[jj] = Ks[c * QS + tx + 16 * jj];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int jj = 0; jj < NJ; jj++)
+                    dq[i][jj] = fmaf(ds[i], k[jj], dq[i][jj]);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = ty + 16 * i;
+        if (r >= nr)
+            continue;
+        float *drow = dqkv + (row0 + t0 + r) * R + (size_t)h * HD;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            int col = tx + 16 * jj;
+            if (col < HD)
+                drow[col] += dq[i][jj];
+        }
+    }
+}
+
+/* Backward, dK/dV pass: block (key tile, kv head, b) keeps its keys and values in shared memory and loops over the
+ * group's query heads and, for each, over the query tiles from its own position to the end, skipping tiles whose
+ * rows all start after the key tile (seg_start). Thread rows are keys here, score columns are queries. */
+template <int NJ>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    att_bwd_dkv_tiled(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *D,
+                      const int32_t *seg, int T, int NH, int NKV, int HD, float scale) {
+    constexpr int HDP = 16 * NJ, QS = HDP + 1;
+    extern __shared__ float sm[];
+    float *Ks = sm, *Vs = Ks + ATT_TILE * QS, *Qs = Vs + ATT_TILE * QS, *Gs = Qs + ATT_TILE * QS;
+    float *Ps = Gs + ATT_TILE * QS, *Ss = Ps + ATT_TILE * ATT_PS; /* (TILE keys, ATT_PS) p and dS, transposed */
+    __shared__ int lo_s[ATT_TILE];
+    __shared__ float L_s[ATT_TILE], D_s[ATT_TILE];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int kh = blockIdx.y, b = blockIdx.z, G = NH / NKV;
+    const int s0 = blockIdx.x * ATT_TILE, ns = min(ATT_TILE, T - s0), s1 = s0 + ns - 1;
+    const size_t R = (size_t)(NH + 2 * NKV) * HD, row0 = (size_t)b * T, OR = (size_t)NH * HD;
+    const size_t koff = row0 * R + (size_t)(NH + kh) * HD, voff = koff + (size_t)NKV * HD;
+
+    att_load_rows<HDP>(Ks, QS, qkv + koff, R, s0, ns, HD);
+    att_load_rows<HDP>(Vs, QS, qkv + voff, R, s0, ns, HD);
+    float dk[4][NJ], dv[4][NJ];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+            dk[i][jj] = dv[i][jj] = 0.0f;
+
+    for (int h = kh * G; h < (kh + 1) * G; h++) {
+        const float *qb = qkv + row0 * R + (size_t)h * HD, *gb = dout + row0 * OR + (size_t)h * HD;
+        for (int t0 = s0; t0 < T; t0 += ATT_TILE) {
+            int nq = min(ATT_TILE, T - t0), need = 0;
+            if (tid < ATT_TILE) {
+                int valid = tid < nq;
+                size_t n = row0 + t0 + tid;
+                int lo = valid ? att_first_key(seg, n, t0 + tid) : INT_MAX;
+                lo_s[tid] = lo;
+                L_s[tid] = valid ? lse[n * NH + h] : 0.0f;
+                D_s[tid] = valid ? D[n * NH + h] : 0.0f;
+                need = lo <= s1;
+            }
+            if (!__syncthreads_or(need)) /* no query of this tile sees any key of ours */
+                continue;
+            att_load_rows<HDP>(Qs, QS, qb, R, t0, nq, HD);
+            att_load_rows<HDP>(Gs, QS, gb, OR, t0, nq, HD);
+            __syncthreads();
+            float sc[4][4], dp[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    sc[i][j] = dp[i][j] = 0.0f;
+#pragma unroll 2
+            for (int d = 0; d < HDP; d++) {
+                float k[4], v[4], q[4], g[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    k[i] = Ks[(ty + 16 * i) * QS + d];
+                    v[i] = Vs[(ty + 16 * i) * QS + d];
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    q[j] = Qs[(tx + 16 * j) * QS + d];
+                    g[j] = Gs[(tx + 16 * j) * QS + d];
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        sc[i][j] = fmaf(k[i], q[j], sc[i][j]);
+                        dp[i][j] = fmaf(v[i], g[j], dp[i][j]);
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int s = s0 + ty + 16 * i;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int c = tx + 16 * j, t = t0 + c;
+                    float p = (s <= s1 && s >= lo_s[c] && s <= t) ? expf(scale * sc[i][j] - L_s[c]) : 0.0f;
+                    Ps[(ty + 16 * i) * ATT_PS + c] = p;
+                    Ss[(ty + 16 * i) * ATT_PS + c] = scale * p * (dp[i][j] - D_s[c]);
+                }
+            }
+            __syncthreads();
+#pragma unroll 2
+            for (int c = 0; c < ATT_TILE; c++) {
+                float p[4], ds[4], g[NJ], q[NJ];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    p[i] = Ps[(ty + 16 * i) * ATT_PS + c];
+                    ds[i] = Ss[(ty + 16 * i) * ATT_PS + c];
+                }
+#pragma unroll
+                for (int jj = 0; jj < NJ; jj++) {
+                    g[jj] = Gs[c * QS + tx + 16 * jj];
+                    q[jj] = Qs[c * QS + tx + 16 * jj];
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int jj = 0; jj < NJ; jj++) {
+                        dv[i][jj] = fmaf(p[i], g[jj], dv[i][jj]);
+                        dk[i][jj] = fmaf(ds[i], q[jj], dk[i][jj]);
+                    }
+            }
+            __syncthreads(); /* lo_s, Qs, Gs, Ps, Ss are overwritten next */
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = ty + 16 * i;
+        if (r >= ns)
+            continue;
+        float *dkrow = dqkv + koff + (size_t)(s0 + r) * R, *dvrow = dqkv + voff + (size_t)(s0 + r) * R;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            int col = tx + 16 * jj;
+            if (col < HD) {
+                dkrow[col] += dk[i][jj];
+                dvrow[col] += dv[i][jj];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ naive path */
+
+/* One warp per (b, h, t) row r = (b*NH + h)*T + t: probs row r (T) = softmax of the visible scores, zeros
+ * elsewhere; then out (HD) = probs row @ V with the lanes over columns. */
+static __global__ void att_naive_fwd_k(float *out, float *probs, const float *qkv, const int32_t *seg, int B, int T,
+                                       int NH, int NKV, int HD, float scale) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= (size_t)B * NH * T) /* the same for the whole warp */
+        return;
+    int t = (int)(row % T), h = (int)(row / T % NH), b = (int)(row / ((size_t)T * NH)), kh = h / (NH / NKV);
+    size_t R = (size_t)(NH + 2 * NKV) * HD, n = (size_t)b * T + t;
+    int lo = att_first_key(seg, n, t);
+    const float *q = qkv + n * R + (size_t)h * HD;
+    const float *kb = qkv + (size_t)b * T * R + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+    float *p = probs + row * T;
+    float mx = -INFINITY;
+    for (int s = lane; s < T; s += 32) {
+        float sc = 0.0f;
+        if (s >= lo && s <= t) {
+            const float *k = kb + (size_t)s * R;
+            for (int i = 0; i < HD; i++)
+                sc += q[i] * k[i];
+            sc *= scale;
+            mx = fmaxf(mx, sc);
+        }
+        p[s] = sc;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f; /* each lane keeps to its own entries s = lane mod 32 until the __syncwarp */
+    for (int s = lane; s <= t; s += 32)
+        if (s >= lo)
+            sum += (p[s] = expf(p[s] - mx));
+    sum = att_sum32(sum);
+    for (int s = lane; s <= t; s += 32)
+        if (s >= lo)
+            p[s] /= sum;
+    __syncwarp(); /* the lanes read each other's probabilities next */
+    float *o = out + n * NH * HD + (size_t)h * HD;
+    for (int i = lane; i < HD; i += 32) {
+        float acc = 0.0f;
+        for (int s = lo; s <= t; s++)
+            acc += p[s] * vb[(size_t)s * R + i];
+        o[i] = acc;
+    }
+}
+
+/* Naive backward, pass 1: one warp per (b, h, t) row; lanes over columns. dot = sum_s p_s (dout . v_s), saved in
+ * dots (B*NH*T) for pass 2; dq += sum_s scale p_s (dout . v_s - dot) k_s. Zero probabilities (masked) are skipped,
+ * as on the CPU. */
+static __global__ void att_naive_bwd_dq(float *dqkv, float *dots, const float *dout, const float *qkv,
+                                        const float *probs, int B, int T, int NH, int NKV, int HD, float scale) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= (size_t)B * NH * T)
+        return;
+    int t = (int)(row % T), h = (int)(row / T % NH), b = (int)(row / ((size_t)T * NH)), kh = h / (NH / NKV);
+    size_t R = (size_t)(NH + 2 * NKV) * HD, n = (size_t)b * T + t;
+    const float *p = probs + row * T, *g = dout + n * NH * HD + (size_t)h * HD;
+    const float *kb = qkv + (size_t)b * T * R + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+    float gj[ATT_WARP_MAXJ], dq[ATT_WARP_MAXJ];
+#pragma unroll
+    for (int j = 0; j < ATT_WARP_MAXJ; j++) {
+        int col = lane + 32 * j;
+        gj[j] = col < HD ? g[col] : 0.0f;
+        dq[j] = 0.0f;
+    }
+    float dot = 0.0f;
+    for (int s = 0; s <= t; s++) {
+        float ps = p[s];
+        if (ps == 0.0f)
+            continue;
+        const float *v = vb + (size_t)s * R;
+        float dp = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_WARP_MAXJ; j++)
+            if (lane + 32 * j < HD)
+                dp += gj[j] * v[lane + 32 * j];
+        dot += ps * att_sum32(dp);
+    }
+    for (int s = 0; s <= t; s++) {
+        float ps = p[s];
+        if (ps == 0.0f)
+            continue;
+        const float *v = vb + (size_t)s * R, *k = kb + (size_t)s * R;
+        float dp = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_WARP_MAXJ; j++)
+            if (lane + 32 * j < HD)
+                dp += gj[j] * v[lane + 32 * j];
+        float ds = ps * (att_sum32(dp) - dot) * scale;
+#pragma unroll
+        for (int j = 0; j < ATT_WARP_MAXJ; j++)
+            if (lane + 32 * j < HD)
+                dq[j] += ds * k[lane + 32 * j];
+    }
+    if (lane == 0)
+        dots[row] = dot;
+    float *dqrow = dqkv + n * R + (size_t)h * HD;
+#pragma unroll
+    for (int j = 0; j < ATT_WARP_MAXJ; j++)
+        if (lane + 32 * j < HD)
+            dqrow[lane + 32 * j] += dq[j];
+}
+
+/* Naive backward, pass 2: one warp per (b, kv head, key s): dv += sum over the group's heads and queries t >= s of
+ * p dout_t; dk += sum of scale p (dout_t . v - dot_t) q_t. */
+static __global__ void att_naive_bwd_dkv(float *dqkv, const float *dots, const float *dout, const float *qkv,
+                                         const float *probs, int B, int T, int NH, int NKV, int HD, float scale) {
+    size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= (size_t)B * NKV * T)
+        return;
+    int s = (int)(w % T), kh = (int)(w / T % NKV), b = (int)(w / ((size_t)T * NKV)), G = NH / NKV;
+    size_t R = (size_t)(NH + 2 * NKV) * HD, row0 = (size_t)b * T;
+    size_t koff = (row0 + s) * R + (size_t)(NH + kh) * HD, voff = koff + (size_t)NKV * HD;
+    float vj[ATT_WARP_MAXJ], dk[ATT_WARP_MAXJ], dv[ATT_WARP_MAXJ];
+#pragma unroll
+    for (int j = 0; j < ATT_WARP_MAXJ; j++) {
+        int col = lane + 32 * j;
+        vj[j] = col < HD ? qkv[voff + col] : 0.0f;
+        dk[j] = dv[j] = 0.0f;
+    }
+    for (int h = kh * G; h < (kh + 1) * G; h++)
+        for (int t = s; t < T; t++) {
+            size_t prow = ((size_t)(b * NH + h)) * T + t;
+            float ps = probs[prow * T + s];
+            if (ps == 0.0f)
+                continue;
+            const float *g = dout + (row0 + t) * NH * HD + (size_t)h * HD, *q = qkv + (row0 + t) * R + (size_t)h * HD;
+            float dp = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_WARP_MAXJ; j++)
+                if (lane + 32 * j < HD)
+                    dp += g[lane + 32 * j] * vj[j];
+            float ds = ps * (att_sum32(dp) - dots[prow]) * scale;
+#pragma unroll
+            for (int j = 0; j < ATT_WARP_MAXJ; j++)
+                if (lane + 32 * j < HD) {
+                    dv[j] += ps * g[lane + 32 * j];
+                    dk[j] += ds * q[lane + 32 * j];
+                }
+        }
+#pragma unroll
+    for (int j = 0; j < ATT_WARP_MAXJ; j++)
+        if (lane + 32 * j < HD) {
+            dqkv[koff + lane + 32 * j] += dk[j];
+            dqkv[voff + lane + 32 * j] += dv[j];
+        }
+}
+
+/* ------------------------------------------------------------------------------------------------ decode */
+
+#define DEC_WARPS 4
+
+/* One block per query head: warp w takes keys w, w + DEC_WARPS, ... with its own online softmax (lanes over
+ * columns), then the warps' partial results are merged in warp order. out (NH*HD). */
+static __global__ void __launch_bounds__(DEC_WARPS * 32)
+    att_decode_k(float *out, const float *qkv, int p, int NH, int NKV, int HD, float scale) {
+    __shared__ float m_s[DEC_WARPS], l_s[DEC_WARPS], o_s[DEC_WARPS][32 * ATT_WARP_MAXJ];
+    int h = blockIdx.x, kh = h / (NH / NKV), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    size_t R = (size_t)(NH + 2 * NKV) * HD;
+    const float *kb = qkv + (size_t)(NH + kh) * HD, *vb = kb + (size_t)NKV * HD;
+    float qj[ATT_WARP_MAXJ], o[ATT_WARP_MAXJ];
+#pragma unroll
+    for (int j = 0; j < ATT_WARP_MAXJ; j++) {
+        int col = lane + 32 * j;
+        qj[j] = col < HD ? qkv[(size_t)p * R + (size_t)h * HD + col] : 0.0f;
+        o[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int s = warp; s <= p; s += DEC_WARPS) {
+        const float *k = kb + (size_t)s * R, *v = vb + (size_t)s * R;
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_WARP_MAXJ; j++)
+            if (lane + 32 * j < HD)
+                d += qj[j] * k[lane + 32 * j];
+        float sc = att_sum32(d) * scale, mnew = fmaxf(m, sc);
+        float corr = expf(m - mnew), e = expf(sc - mnew);
+        l = l * corr + e;
+#pragma unroll
+        for (int j = 0; j < ATT_WARP_MAXJ; j++)
+            if (lane + 32 * j < HD)
+                o[j] = o[j] * corr + e * v[lane + 32 * j];
+        m = mnew;
+    }
+    if (lane == 0) {
+        m_s[warp] = m;
+        l_s[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_WARP_MAXJ; j++)
+        o_s[warp][lane + 32 * j] = o[j];
+    __syncthreads();
+    float M = m_s[0]; /* warp 0 always has key 0 */
+    for (int w = 1; w < DEC_WARPS; w++)
+        M = fmaxf(M, m_s[w]);
+    float L = 0.0f;
+    for (int w = 0; w < DEC_WARPS; w++)
+        L += l_s[w] * expf(m_s[w] - M); /* an idle warp has m = -inf: weight 0 */
+    for (int col = threadIdx.x; col < HD; col += blockDim.x) {
+        float acc = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            acc += o_s[w][col] * expf(m_s[w] - M);
+        out[(size_t)h * HD + col] = acc / L;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ host side */
+
+static void att_fail(const char *what, int HD, int limit) {
+    fprintf(stderr, "snug: CUDA %s: head dim %d is above the supported %d\n", what, HD, limit);
+    abort();
+}
+
+/* 1 when the plain rung runs: asked for with SNUG_CUDA_ATTN=plain, or the tiled one cannot take this HD or does
+ * not fit the device's shared memory (`smem` bytes per block, the largest of the kernels about to run). */
+static int att_plain(snug_backend *be, int HD, size_t smem) {
+    const char *e = getenv("SNUG_CUDA_ATTN");
+    if (e && strcmp(e, "plain") == 0)
+        return 1;
+    if (HD > ATT_TILED_MAXHD)
+        return 1;
+    int optin = 0;
+    SNUG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, snug_cuda(be)->device));
+    return smem + 1024 > (size_t)optin; /* + the kernels' static shared arrays */
+}
+
+/* NJ of the tiled instance for HD: columns per thread, HD zero-padded to 16*NJ */
+static int att_nj(int HD) { return HD <= 32 ? 2 : HD <= 64 ? 4 : 8; }
+
+/* dynamic shared memory of a tiled kernel with nq (TILE, HDP+1) tiles, nv (TILE, HDP) tiles and np (TILE, ATT_PS)
+ * tiles, HDP = 16*NJ */
+static size_t att_smem(int HD, int nq, int nv, int np) {
+    size_t hdp = 16 * (size_t)att_nj(HD);
+    return ((size_t)nq * ATT_TILE * (hdp + 1) + (size_t)nv * ATT_TILE * hdp + (size_t)np * ATT_TILE * ATT_PS) *
+           sizeof(float);
+}
+
+static unsigned int att_blocks(size_t threads, int per_block) {
+    return (unsigned int)((threads + per_block - 1) / per_block);
+}
+
+template <int NJ>
+static void att_fwd_tiled_run(cudaStream_t st, float *out, float *lse, const float *qkv, const int32_t *seg, int B,
+                              int T, int NH, int NKV, int HD, float scale, size_t smem) {
+    SNUG_CUDA_CHECK(cudaFuncSetAttribute(att_fwd_tiled<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((T + ATT_TILE - 1) / ATT_TILE, NH, B);
+    att_fwd_tiled<NJ><<<grid, ATT_THREADS, smem, st>>>(out, lse, qkv, seg, T, NH, NKV, HD, scale);
+    SNUG_CUDA_LAUNCHED();
+}
+
+template <int NJ>
+static void att_bwd_tiled_run(cudaStream_t st, float *dqkv, const float *dout, const float *qkv, const float *lse,
+                              const float *D, const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale,
+                              size_t smem_dq, size_t smem_dkv) {
+    int ntiles = (T + ATT_TILE - 1) / ATT_TILE;
+    SNUG_CUDA_CHECK(
+        cudaFuncSetAttribute(att_bwd_dq_tiled<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
+    SNUG_CUDA_CHECK(
+        cudaFuncSetAttribute(att_bwd_dkv_tiled<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dkv));
+    att_bwd_dq_tiled<NJ><<<dim3(ntiles, NH, B), ATT_THREADS, smem_dq, st>>>(dqkv, dout, qkv, lse, D, seg, T, NH, NKV,
+                                                                            HD, scale);
+    SNUG_CUDA_LAUNCHED();
+    att_bwd_dkv_tiled<NJ><<<dim3(ntiles, NKV, B), ATT_THREADS, smem_dkv, st>>>(dqkv, dout, qkv, lse, D, seg, T, NH,
+                                                                               NKV, HD, scale);
+    SNUG_CUDA_LAUNCHED();
+}
+
+extern "C" void snug_cuda_attention_fwd(snug_backend *be, float *out, float *lse, const float *qkv,
+                                        const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
+                                        float scale) {
+    // qkv (N, (NH+2*NKV)*HD) ; out (N, NH*HD) ; lse (N, NH) or NULL ; seg_start (N) or NULL
+    if (B <= 0 || T <= 0 || NH <= 0)
+        return;
+    cudaStream_t st = snug_cuda_stream(be);
+    size_t smem = att_smem(HD, 2, 1, 1);
+    if (att_plain(be, HD, smem)) {
+        if (HD > ATT_PLAIN_MAXHD)
+            att_fail("attention", HD, ATT_PLAIN_MAXHD);
+        size_t rows = (size_t)B * NH * T;
+        att_fwd_plain<<<att_blocks(rows, 128), 128, 0, st>>>(out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
+        SNUG_CUDA_LAUNCHED();
+        return;
+    }
+    switch (att_nj(HD)) {
+    case 2: att_fwd_tiled_run<2>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
+    case 4: att_fwd_tiled_run<4>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
+    default: att_fwd_tiled_run<8>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
+    }
+}
+
+extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
+                                        const float *out, const float *lse, const int32_t *seg_start, int B, int T,
+                                        int NH, int NKV, int HD, float scale) {
+    // dqkv (N, (NH+2*NKV)*HD) += ; dout, out (N, NH*HD) ; lse (N, NH)
+    if (B <= 0 || T <= 0 || NH <= 0)
+        return;
+    cudaStream_t st = snug_cuda_stream(be);
+    size_t rows = (size_t)B * T * NH;
+    float *D = (float *)snug_cuda_scratch(be, rows * sizeof(float)); /* (N, NH) rowsum(dout * out) */
+    att_rowdot<<<att_blocks(rows, 256), 256, 0, st>>>(D, dout, out, rows, HD);
+    SNUG_CUDA_LAUNCHED();
+    size_t smem_dq = att_smem(HD, 4, 0, 1), smem_dkv = att_smem(HD, 4, 0, 2);
+    if (att_plain(be, HD, smem_dkv)) {
+        if (HD > ATT_PLAIN_MAXHD)
+            att_fail("attention backward", HD, ATT_PLAIN_MAXHD);
+        att_bwd_dq_plain<<<att_blocks(rows, 128), 128, 0, st>>>(dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD,
+                                                                 scale);
+        SNUG_CUDA_LAUNCHED();
+        att_bwd_dkv_plain<<<att_blocks((size_t)B * NKV * T, 128), 128, 0, st>>>(dqkv, dout, qkv, lse, D, seg_start, B,
+                                                                                 T, NH, NKV, HD, scale);
+        SNUG_CUDA_LAUNCHED();
+        return;
+    }
+    switch (att_nj(HD)) {
+    case 2:
+        att_bwd_tiled_run<2>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
+        break;
+    case 4:
+        att_bwd_tiled_run<4>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
+        break;
+    default:
+        att_bwd_tiled_run<8>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
+        break;
+    }
+}
+
+extern "C" void snug_cuda_attention_naive_fwd(snug_backend *be, float *out, float *probs, const float *qkv,
+                                              const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
+                                              float scale) {
+    // out (N, NH*HD) ; probs (B, NH, T, T)
+    if (B <= 0 || T <= 0 || NH <= 0)
+        return;
+    size_t rows = (size_t)B * NH * T;
+    att_naive_fwd_k<<<att_blocks(rows * 32, 256), 256, 0, snug_cuda_stream(be)>>>(out, probs, qkv, seg_start, B, T,
+                                                                                  NH, NKV, HD, scale);
+    SNUG_CUDA_LAUNCHED();
+}
+
+extern "C" void snug_cuda_attention_naive_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
+                                              const float *probs, int B, int T, int NH, int NKV, int HD,
+                                              float scale) {
+    // dqkv (N, (NH+2*NKV)*HD) += ; probs (B, NH, T, T)
+    if (B <= 0 || T <= 0 || NH <= 0)
+        return;
+    if (HD > 32 * ATT_WARP_MAXJ)
+        att_fail("naive attention backward", HD, 32 * ATT_WARP_MAXJ);
+    cudaStream_t st = snug_cuda_stream(be);
+    size_t rows = (size_t)B * NH * T;
+    float *dots = (float *)snug_cuda_scratch(be, rows * sizeof(float)); /* (B, NH, T) sum_s p (dout . v_s) */
+    att_naive_bwd_dq<<<att_blocks(rows * 32, 256), 256, 0, st>>>(dqkv, dots, dout, qkv, probs, B, T, NH, NKV, HD,
+                                                                 scale);
+    SNUG_CUDA_LAUNCHED();
+    att_naive_bwd_dkv<<<att_blocks((size_t)B * NKV * T * 32, 256), 256, 0, st>>>(dqkv, dots, dout, qkv, probs, B, T,
+                                                                                 NH, NKV, HD, scale);
+    SNUG_CUDA_LAUNCHED();
+}
+
+extern "C" void snug_cuda_attention_decode(snug_backend *be, float *out, const float *qkv, int p, int NH, int NKV,
+                                           int HD, float scale) {
+    // qkv (T, (NH+2*NKV)*HD) cache rows 0..p ; out (NH*HD)
+    if (NH <= 0 || p < 0)
+        return;
+    if (HD > 32 * ATT_WARP_MAXJ)
+        att_fail("attention decode", HD, 32 * ATT_WARP_MAXJ);
+    att_decode_k<<<NH, DEC_WARPS * 32, 0, snug_cuda_stream(be)>>>(out, qkv, p, NH, NKV, HD, scale);
+    SNUG_CUDA_LAUNCHED();
+}

@@ -1,0 +1,844 @@
+/* test_cuda_ops.c: every op of the CUDA backend against the CPU backend, the reference.
+ *
+ * For each slot of backend/backend.h: the same seeded random inputs, of awkward sizes (nothing a multiple of a tile
+ * or a block), go through each backend's own alloc / to_device / op / to_host, and the results are compared: by the
+ * largest error relative to the largest magnitude of the CPU's result (fp32 ops 1e-5, GEMM-heavy ops 1e-4), or bit
+ * for bit where the op is exact (copies, conversions, stochastic rounding, elementwise arithmetic). Gradient outputs
+ * start from random values on both sides, so accumulation (+=) is checked too. Both rungs of the CUDA attention run
+ * (tiled, and plain through SNUG_CUDA_ATTN=plain), and their times are printed.
+ *
+ * Without a CUDA build or a visible GPU the test prints why and exits 77, which ctest reports as skipped. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "check.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "optim/optim.h"
+
+#ifdef SNUG_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+
+static snug_backend *cpu, *gpu;
+
+/* ------------------------------------------------------------------------------------------------ helpers */
+
+#define TOL 1e-5      /* fp32 ops: largest |gpu - cpu| over the largest |cpu| */
+#define TOL_GEMM 1e-4 /* ops built on GEMMs (cuBLASLt, CUBLAS_COMPUTE_32F) */
+
+static uint64_t rng_state = 0x6A09E667F3BCC908ull;
+
+static double urand(void) { return (double)(snug_splitmix64(&rng_state) >> 11) * 0x1.0p-53; } /* [0,1) */
+static int irand(int n) { return (int)(snug_splitmix64(&rng_state) % (uint64_t)n); }
+
+/* n floats uniform in [lo, hi) */
+static float *randf(size_t n, float lo, float hi) {
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(lo + (hi - lo) * urand());
+    return x;
+}
+
+static void *copyof(const void *x, size_t bytes) {
+    void *y = malloc(bytes ? bytes : 1);
+    memcpy(y, x, bytes);
+    return y;
+}
+
+/* A device buffer of `bytes` on be holding a copy of the host bytes h (zeros when h is NULL). */
+static void *up(snug_backend *be, const void *h, size_t bytes) {
+    void *d = be->alloc(be, bytes ? bytes : 1);
+    if (!d) {
+        fprintf(stderr, "test_cuda_ops: %s alloc of %zu bytes failed\n", be->name, bytes);
+        exit(1);
+    }
+    if (h && bytes)
+        be->to_device(be, d, h, bytes);
+    return d;
+}
+
+/* Copies the device buffer d back into h (when h is not NULL) and frees it. */
+static void down(snug_backend *be, void *h, void *d, size_t bytes) {
+    if (h && bytes)
+        be->to_host(be, h, d, bytes);
+    be->free(be, d);
+}
+
+static void expect(const char *what, double err, double tol) {
+    printf("  %-52s max rel err %9.2e  (tol %.0e)\n", what, err, tol);
+    CHECKF(err <= tol, "%s: error %.3e above %.1e", what, err, tol);
+}
+
+static void expect_same(const char *what, const void *a, const void *b, size_t bytes) {
+    int same = bytes == 0 || memcmp(a, b, bytes) == 0;
+    printf("  %-52s %s\n", what, same ? "bitwise equal" : "DIFFERENT");
+    CHECKF(same, "%s: not bitwise equal", what);
+}
+
+static double rel(const float *a, const float *ref, size_t n) { return check_max_rel_f(a, ref, n); }
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------------------------------ memory */
+
+static void test_memory(void) {
+    printf("memory\n");
+    size_t n = 1003;
+    float *src = randf(n, -1, 1), *back = malloc(n * sizeof(float)), *zeros = calloc(n, sizeof(float));
+    float *d = gpu->alloc(gpu, n * sizeof(float));
+    CHECK(d != NULL);
+    gpu->to_host(gpu, back, d, n * sizeof(float));
+    expect_same("alloc is zero-filled", back, zeros, n * sizeof(float));
+    gpu->to_device(gpu, d, src, n * sizeof(float));
+    gpu->to_host(gpu, back, d, n * sizeof(float));
+    expect_same("to_device / to_host round trip", back, src, n * sizeof(float));
+    gpu->zero(gpu, d, n * sizeof(float));
+    gpu->to_host(gpu, back, d, n * sizeof(float));
+    expect_same("zero", back, zeros, n * sizeof(float));
+
+    /* paged state: pinned host memory, side-stream copies, sync */
+    float *h1 = gpu->host_alloc(gpu, n * sizeof(float)), *h2 = gpu->host_alloc(gpu, n * sizeof(float));
+    CHECK(h1 != NULL && h2 != NULL);
+    memcpy(h1, src, n * sizeof(float));
+    gpu->copy_in_async(gpu, d, h1, n * sizeof(float));
+    gpu->sync(gpu);
+    gpu->scale(gpu, d, 2.0f, n);
+    gpu->copy_out_async(gpu, h2, d, n * sizeof(float));
+    gpu->sync(gpu);
+    for (size_t i = 0; i < n; i++)
+        back[i] = 2.0f * src[i];
+    expect_same("copy_in_async, scale, copy_out_async, sync", h2, back, n * sizeof(float));
+    gpu->host_free(gpu, h1);
+    gpu->host_free(gpu, h2);
+    gpu->free(gpu, d);
+    free(src), free(back), free(zeros);
+}
+
+/* ------------------------------------------------------------------------------------------------ embeddings */
+
+/* table (rows, C) as dt: bf16/f16 conversions of t32 */
+static void *table_as(const float *t32, size_t n, snug_dtype dt) {
+    if (dt == SNUG_DT_F32)
+        return copyof(t32, n * sizeof(float));
+    uint16_t *t = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++)
+        t[i] = dt == SNUG_DT_BF16 ? snug_f32_to_bf16(t32[i]) : snug_f32_to_f16(t32[i]);
+    return t;
+}
+
+static void run_embed(snug_backend *be, float *out, float *dtable, const int32_t *ids, const void *table,
+                      snug_dtype tdt, const float *dout, int N, int C, int rows) {
+    size_t tb = (size_t)rows * C * snug_dtype_size(tdt), ob = (size_t)N * C * sizeof(float);
+    int32_t *d_ids = up(be, ids, N * sizeof(int32_t));
+    void *d_t = up(be, table, tb);
+    float *d_out = up(be, out, ob), *d_dout = up(be, dout, ob);
+    float *d_dt = up(be, dtable, (size_t)rows * C * sizeof(float));
+    be->embed_fwd(be, d_out, d_ids, d_t, tdt, N, C, 0);
+    be->embed_fwd(be, d_out, d_ids, d_t, tdt, N, C, 1); /* out = 2 * table[ids] */
+    be->embed_bwd(be, d_dt, d_dout, d_ids, N, C);
+    down(be, out, d_out, ob);
+    down(be, dtable, d_dt, (size_t)rows * C * sizeof(float));
+    down(be, NULL, d_ids, 0), down(be, NULL, d_t, 0), down(be, NULL, d_dout, 0);
+}
+
+static void test_embed(void) {
+    printf("embeddings (N=77, C=96, 50 rows)\n");
+    int N = 77, C = 96, rows = 50;
+    int32_t ids[77];
+    for (int n = 0; n < N; n++)
+        ids[n] = irand(rows / 2) * 2; /* repeats: the scatter must add them */
+    float *t32 = randf((size_t)rows * C, -2, 2), *dout = randf((size_t)N * C, -1, 1);
+    float *dt0 = randf((size_t)rows * C, -1, 1);
+    snug_dtype dts[3] = {SNUG_DT_F32, SNUG_DT_BF16, SNUG_DT_F16};
+    for (int k = 0; k < 3; k++) {
+        void *table = table_as(t32, (size_t)rows * C, dts[k]);
+        float *oc = calloc((size_t)N * C, 4), *og = calloc((size_t)N * C, 4);
+        float *dc = copyof(dt0, (size_t)rows * C * 4), *dg = copyof(dt0, (size_t)rows * C * 4);
+        run_embed(cpu, oc, dc, ids, table, dts[k], dout, N, C, rows);
+        run_embed(gpu, og, dg, ids, table, dts[k], dout, N, C, rows);
+        char w[96];
+        snprintf(w, sizeof w, "embed_fwd, accumulate (%s table)", snug_dtype_name(dts[k]));
+        expect_same(w, og, oc, (size_t)N * C * 4);
+        snprintf(w, sizeof w, "embed_bwd += (%s table)", snug_dtype_name(dts[k]));
+        expect(w, rel(dg, dc, (size_t)rows * C), TOL);
+        free(table), free(oc), free(og), free(dc), free(dg);
+    }
+    free(t32), free(dout), free(dt0);
+}
+
+/* ------------------------------------------------------------------------------------------------ normalisation */
+
+/* layer: 1 layernorm, 0 rmsnorm. res: out, mean, rstd, dinp, dw, db (dinp/dw/db start from the given values) */
+static void run_norm(snug_backend *be, int layer, float *out, float *mean, float *rstd, float *dinp, float *dw,
+                     float *db, const float *inp, const float *w, const float *b, const float *dout, int N, int C) {
+    size_t nb = (size_t)N * C * 4, cb = (size_t)C * 4, rb = (size_t)N * 4;
+    float *d_inp = up(be, inp, nb), *d_w = up(be, w, cb), *d_b = up(be, b, cb), *d_dout = up(be, dout, nb);
+    float *d_out = up(be, NULL, nb), *d_mean = up(be, NULL, rb), *d_rstd = up(be, NULL, rb);
+    float *d_dinp = up(be, dinp, nb), *d_dw = up(be, dw, cb), *d_db = up(be, db, cb);
+    if (layer) {
+        be->layernorm_fwd(be, d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C, 1e-5f);
+        be->layernorm_bwd(be, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    } else {
+        be->rmsnorm_fwd(be, d_out, d_rstd, d_inp, d_w, N, C, 1e-6f);
+        be->rmsnorm_bwd(be, d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C);
+    }
+    down(be, out, d_out, nb), down(be, mean, d_mean, rb), down(be, rstd, d_rstd, rb);
+    down(be, dinp, d_dinp, nb), down(be, dw, d_dw, cb), down(be, db, d_db, cb);
+    down(be, NULL, d_inp, 0), down(be, NULL, d_w, 0), down(be, NULL, d_b, 0), down(be, NULL, d_dout, 0);
+}
+
+static void test_norm(int layer) {
+    int N = 77, C = 96;
+    const char *nm = layer ? "layernorm" : "rmsnorm";
+    printf("%s (N=%d, C=%d)\n", nm, N, C);
+    size_t nc = (size_t)N * C;
+    float *inp = randf(nc, -2, 3), *w = randf(C, 0.5f, 1.5f), *b = randf(C, -0.5f, 0.5f);
+    float *dout = randf(nc, -1, 1), *dinp0 = randf(nc, -1, 1), *dw0 = randf(C, -1, 1), *db0 = randf(C, -1, 1);
+    float *r[2][6];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        r[k][0] = calloc(nc, 4), r[k][1] = calloc(N, 4), r[k][2] = calloc(N, 4);
+        r[k][3] = copyof(dinp0, nc * 4), r[k][4] = copyof(dw0, C * 4), r[k][5] = copyof(db0, C * 4);
+        run_norm(bes[k], layer, r[k][0], r[k][1], r[k][2], r[k][3], r[k][4], r[k][5], inp, w, b, dout, N, C);
+    }
+    const char *names[6] = {"out", "mean", "rstd", "dinp +=", "dw +=", "db +="};
+    size_t sizes[6] = {nc, N, N, nc, C, C};
+    for (int i = 0; i < 6; i++) {
+        if (!layer && (i == 1 || i == 5))
+            continue;
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", nm, names[i]);
+        expect(what, rel(r[1][i], r[0][i], sizes[i]), TOL);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 6; i++)
+            free(r[k][i]);
+    free(inp), free(w), free(b), free(dout), free(dinp0), free(dw0), free(db0);
+}
+
+/* ------------------------------------------------------------------------------------------------ matmul */
+
+static void run_matmul(snug_backend *be, float *out, float *dinp, float *dw, float *dbias, const float *inp,
+                       const float *w, const float *bias, const float *dout, int N, int C, int OC) {
+    size_t ib = (size_t)N * C * 4, wb = (size_t)OC * C * 4, ob = (size_t)N * OC * 4;
+    float *d_inp = up(be, inp, ib), *d_w = up(be, w, wb), *d_bias = bias ? up(be, bias, OC * 4) : NULL;
+    float *d_out = up(be, NULL, ob), *d_dout = up(be, dout, ob);
+    float *d_dinp = up(be, dinp, ib), *d_dw = up(be, dw, wb), *d_db = dbias ? up(be, dbias, OC * 4) : NULL;
+    be->matmul_fwd(be, d_out, d_inp, d_w, d_bias, N, C, OC);
+    be->matmul_bwd(be, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    down(be, out, d_out, ob), down(be, dinp, d_dinp, ib), down(be, dw, d_dw, wb);
+    if (d_db)
+        down(be, dbias, d_db, OC * 4);
+    if (d_bias)
+        down(be, NULL, d_bias, 0);
+    down(be, NULL, d_inp, 0), down(be, NULL, d_w, 0), down(be, NULL, d_dout, 0);
+}
+
+static void test_matmul(void) {
+    int N = 77, C = 96, OC = 130;
+    printf("matmul (N=%d, C=%d, OC=%d)\n", N, C, OC);
+    size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    float *inp = randf(ni, -1, 1), *w = randf(nw, -1, 1), *bias = randf(OC, -1, 1), *dout = randf(no, -1, 1);
+    float *dinp0 = randf(ni, -1, 1), *dw0 = randf(nw, -1, 1), *db0 = randf(OC, -1, 1);
+    for (int with_bias = 1; with_bias >= 0; with_bias--) {
+        float *r[2][4];
+        snug_backend *bes[2] = {cpu, gpu};
+        for (int k = 0; k < 2; k++) {
+            r[k][0] = calloc(no, 4), r[k][1] = copyof(dinp0, ni * 4), r[k][2] = copyof(dw0, nw * 4);
+            r[k][3] = copyof(db0, OC * 4);
+            run_matmul(bes[k], r[k][0], r[k][1], r[k][2], with_bias ? r[k][3] : NULL, inp, w, with_bias ? bias : NULL,
+                       dout, N, C, OC);
+        }
+        const char *names[4] = {"out", "dinp +=", "dw +=", "dbias +="};
+        size_t sizes[4] = {no, ni, nw, OC};
+        for (int i = 0; i < (with_bias ? 4 : 3); i++) {
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s (%s)", names[i], with_bias ? "bias" : "no bias");
+            expect(what, rel(r[1][i], r[0][i], sizes[i]), TOL_GEMM);
+        }
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 4; i++)
+                free(r[k][i]);
+    }
+    free(inp), free(w), free(bias), free(dout), free(dinp0), free(dw0), free(db0);
+}
+
+/* ------------------------------------------------------------------------------------------------ rope */
+
+static void test_rope(void) {
+    int N = 77, H = 5, HD = 24, stride = H * HD + 40, maxpos = 100;
+    printf("rope (N=%d, H=%d, HD=%d, row stride %d)\n", N, H, HD, stride);
+    size_t nx = (size_t)N * stride, nt = (size_t)maxpos * HD / 2;
+    float *x = randf(nx, -2, 2), *cs = malloc(nt * 4), *sn = malloc(nt * 4);
+    for (int p = 0; p < maxpos; p++)
+        for (int i = 0; i < HD / 2; i++) {
+            double a = p * pow(10000.0, -2.0 * i / HD);
+            cs[(size_t)p * HD / 2 + i] = (float)cos(a);
+            sn[(size_t)p * HD / 2 + i] = (float)sin(a);
+        }
+    int32_t pos[77];
+    for (int n = 0; n < N; n++)
+        pos[n] = irand(maxpos);
+    float *res[2][2];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        snug_backend *be = bes[k];
+        float *d_x = up(be, x, nx * 4), *d_c = up(be, cs, nt * 4), *d_s = up(be, sn, nt * 4);
+        int32_t *d_p = up(be, pos, N * 4);
+        res[k][0] = malloc(nx * 4), res[k][1] = malloc(nx * 4);
+        be->rope_fwd(be, d_x, d_p, d_c, d_s, N, H, HD, stride);
+        be->to_host(be, res[k][0], d_x, nx * 4);
+        be->rope_bwd(be, d_x, d_p, d_c, d_s, N, H, HD, stride); /* back to x, up to rounding */
+        down(be, res[k][1], d_x, nx * 4);
+        down(be, NULL, d_c, 0), down(be, NULL, d_s, 0), down(be, NULL, d_p, 0);
+    }
+    expect("rope_fwd (columns past the heads untouched)", rel(res[1][0], res[0][0], nx), TOL);
+    expect("rope_bwd", rel(res[1][1], res[0][1], nx), TOL);
+    for (int k = 0; k < 2; k++)
+        free(res[k][0]), free(res[k][1]);
+    free(x), free(cs), free(sn);
+}
+
+/* ------------------------------------------------------------------------------------------------ attention */
+
+/* seg_start of B rows of T tokens cut into segments of uneven lengths 1, 9, 4, 23, ... */
+static int32_t *make_seg(int B, int T) {
+    int32_t *seg = malloc((size_t)B * T * sizeof(int32_t));
+    for (int b = 0; b < B; b++) {
+        int start = 0, len = 1 + 2 * b;
+        for (int t = 0; t < T; t++) {
+            if (t - start >= len) {
+                start = t;
+                len = (len * 7 + 3) % 41 + 1;
+            }
+            seg[(size_t)b * T + t] = start;
+        }
+    }
+    return seg;
+}
+
+typedef struct {
+    int B, T, NH, NKV, HD;
+    const float *qkv, *dout, *dqkv0;
+    const int32_t *seg;
+} att_case;
+
+/* out, lse, dqkv (+= onto dqkv0) of the flash path on be; with `twice`, dqkv2 gets a second, independent backward */
+static void run_attention(snug_backend *be, const att_case *c, float *out, float *lse, float *dqkv, float *dqkv2) {
+    size_t N = (size_t)c->B * c->T, R = (size_t)(c->NH + 2 * c->NKV) * c->HD, no = N * c->NH * c->HD;
+    float scale = 1.0f / sqrtf((float)c->HD);
+    float *d_qkv = up(be, c->qkv, N * R * 4), *d_dout = up(be, c->dout, no * 4);
+    float *d_out = up(be, NULL, no * 4), *d_lse = up(be, NULL, N * c->NH * 4), *d_dq = up(be, c->dqkv0, N * R * 4);
+    int32_t *d_seg = c->seg ? up(be, c->seg, N * 4) : NULL;
+    be->attention_fwd(be, d_out, d_lse, d_qkv, d_seg, c->B, c->T, c->NH, c->NKV, c->HD, scale);
+    be->attention_bwd(be, d_dq, d_dout, d_qkv, d_out, d_lse, d_seg, c->B, c->T, c->NH, c->NKV, c->HD, scale);
+    if (dqkv2) {
+        float *d_dq2 = up(be, c->dqkv0, N * R * 4);
+        be->attention_bwd(be, d_dq2, d_dout, d_qkv, d_out, d_lse, d_seg, c->B, c->T, c->NH, c->NKV, c->HD, scale);
+        down(be, dqkv2, d_dq2, N * R * 4);
+    }
+    down(be, out, d_out, no * 4), down(be, lse, d_lse, N * c->NH * 4), down(be, dqkv, d_dq, N * R * 4);
+    down(be, NULL, d_qkv, 0), down(be, NULL, d_dout, 0);
+    if (d_seg)
+        down(be, NULL, d_seg, 0);
+}
+
+/* the naive path: out, probs (B, NH, T, T), dqkv += */
+static void run_attention_naive(snug_backend *be, const att_case *c, float *out, float *probs, float *dqkv) {
+    size_t N = (size_t)c->B * c->T, R = (size_t)(c->NH + 2 * c->NKV) * c->HD, no = N * c->NH * c->HD;
+    size_t np = (size_t)c->B * c->NH * c->T * c->T;
+    float scale = 1.0f / sqrtf((float)c->HD);
+    float *d_qkv = up(be, c->qkv, N * R * 4), *d_dout = up(be, c->dout, no * 4);
+    float *d_out = up(be, NULL, no * 4), *d_p = up(be, NULL, np * 4), *d_dq = up(be, c->dqkv0, N * R * 4);
+    int32_t *d_seg = c->seg ? up(be, c->seg, N * 4) : NULL;
+    be->attention_naive_fwd(be, d_out, d_p, d_qkv, d_seg, c->B, c->T, c->NH, c->NKV, c->HD, scale);
+    be->attention_naive_bwd(be, d_dq, d_dout, d_qkv, d_p, c->B, c->T, c->NH, c->NKV, c->HD, scale);
+    down(be, out, d_out, no * 4), down(be, probs, d_p, np * 4), down(be, dqkv, d_dq, N * R * 4);
+    down(be, NULL, d_qkv, 0), down(be, NULL, d_dout, 0);
+    if (d_seg)
+        down(be, NULL, d_seg, 0);
+}
+
+static void test_attention_case(int B, int T, int NH, int NKV, int HD, int segmented) {
+    size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HD, nq = N * R, no = N * NH * HD, nl = N * NH;
+    printf("attention B=%d T=%d NH=%d NKV=%d HD=%d %s\n", B, T, NH, NKV, HD, segmented ? "packed segments" : "causal");
+    float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1), *dq0 = randf(nq, -0.5f, 0.5f);
+    int32_t *seg = segmented ? make_seg(B, T) : NULL;
+    att_case c = {B, T, NH, NKV, HD, qkv, dout, dq0, seg};
+    float *oc = malloc(no * 4), *lc = malloc(nl * 4), *dc = malloc(nq * 4);
+    run_attention(cpu, &c, oc, lc, dc, NULL);
+    const char *rungs[2] = {"tiled", "plain"};
+    for (int r = 0; r < 2; r++) {
+        if (r)
+            setenv("SNUG_CUDA_ATTN", "plain", 1);
+        else
+            unsetenv("SNUG_CUDA_ATTN");
+        float *og = malloc(no * 4), *lg = malloc(nl * 4), *dg = malloc(nq * 4), *dg2 = malloc(nq * 4);
+        run_attention(gpu, &c, og, lg, dg, dg2);
+        char w[96];
+        snprintf(w, sizeof w, "attention_fwd out (%s)", rungs[r]);
+        expect(w, rel(og, oc, no), TOL);
+        snprintf(w, sizeof w, "attention_fwd lse (%s)", rungs[r]);
+        expect(w, rel(lg, lc, nl), TOL);
+        snprintf(w, sizeof w, "attention_bwd dqkv += (%s)", rungs[r]);
+        expect(w, rel(dg, dc, nq), TOL);
+        snprintf(w, sizeof w, "attention_bwd deterministic (%s)", rungs[r]);
+        expect_same(w, dg, dg2, nq * 4);
+        free(og), free(lg), free(dg), free(dg2);
+    }
+    unsetenv("SNUG_CUDA_ATTN");
+
+    size_t np = (size_t)B * NH * T * T;
+    float *pc = malloc(np * 4), *pg = malloc(np * 4), *og = malloc(no * 4), *dg = malloc(nq * 4);
+    run_attention_naive(cpu, &c, oc, pc, dc);
+    run_attention_naive(gpu, &c, og, pg, dg);
+    expect("attention_naive_fwd out", rel(og, oc, no), TOL);
+    expect("attention_naive_fwd probs", rel(pg, pc, np), TOL);
+    expect("attention_naive_bwd dqkv +=", rel(dg, dc, nq), TOL);
+    free(pc), free(pg), free(og), free(dg);
+
+    /* decode: token p of batch row 0 against rows 0..p of the same buffer */
+    int ps[3] = {0, T / 3, T - 1};
+    for (int k = 0; k < 3; k++) {
+        float *res[2];
+        snug_backend *bes[2] = {cpu, gpu};
+        for (int j = 0; j < 2; j++) {
+            float *d_qkv = up(bes[j], qkv, (size_t)T * R * 4), *d_out = up(bes[j], NULL, (size_t)NH * HD * 4);
+            bes[j]->attention_decode(bes[j], d_out, d_qkv, ps[k], NH, NKV, HD, 1.0f / sqrtf((float)HD));
+            res[j] = malloc((size_t)NH * HD * 4);
+            down(bes[j], res[j], d_out, (size_t)NH * HD * 4);
+            down(bes[j], NULL, d_qkv, 0);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "attention_decode p=%d", ps[k]);
+        expect(w, rel(res[1], res[0], (size_t)NH * HD), TOL);
+        free(res[0]), free(res[1]);
+    }
+    free(qkv), free(dout), free(dq0), free(seg), free(oc), free(lc), free(dc);
+}
+
+static void test_attention(void) {
+    test_attention_case(2, 77, 4, 2, 24, 0);   /* GQA 2:1, T not a multiple of 64, HD 24 */
+    test_attention_case(2, 130, 6, 2, 64, 1);  /* GQA 3:1, packed segments */
+    test_attention_case(1, 200, 4, 1, 128, 1); /* all heads on one kv head, HD 128 */
+    test_attention_case(3, 65, 2, 2, 40, 1);   /* MHA, one row past a tile, HD 40 */
+}
+
+/* Plain against tiled on a training-sized shape: milliseconds of forward and of forward + backward. */
+static void time_attention(void) {
+    int B = 1, T = 2048, NH = 16, NKV = 4, HD = 64;
+    size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HD, no = N * NH * HD;
+    float scale = 1.0f / sqrtf((float)HD);
+    float *qkv = randf(N * R, -1, 1), *dout = randf(no, -1, 1);
+    float *d_qkv = up(gpu, qkv, N * R * 4), *d_dout = up(gpu, dout, no * 4), *d_out = up(gpu, NULL, no * 4);
+    float *d_lse = up(gpu, NULL, N * NH * 4), *d_dq = up(gpu, NULL, N * R * 4);
+    double flops = 4.0 * B * NH * (double)T * T * HD / 2; /* causal forward */
+    printf("attention timing B=%d T=%d NH=%d NKV=%d HD=%d (best of 3)\n", B, T, NH, NKV, HD);
+    const char *rungs[2] = {"plain", "tiled"};
+    for (int r = 0; r < 2; r++) {
+        if (r == 0)
+            setenv("SNUG_CUDA_ATTN", "plain", 1);
+        else
+            unsetenv("SNUG_CUDA_ATTN");
+        double best_f = 1e30, best_fb = 1e30;
+        for (int rep = 0; rep < 4; rep++) { /* the first is a warm-up */
+            gpu->sync(gpu);
+            double t0 = now();
+            gpu->attention_fwd(gpu, d_out, d_lse, d_qkv, NULL, B, T, NH, NKV, HD, scale);
+            gpu->sync(gpu);
+            double t1 = now();
+            gpu->attention_bwd(gpu, d_dq, d_dout, d_qkv, d_out, d_lse, NULL, B, T, NH, NKV, HD, scale);
+            gpu->sync(gpu);
+            double t2 = now();
+            if (rep) {
+                best_f = t1 - t0 < best_f ? t1 - t0 : best_f;
+                best_fb = t2 - t0 < best_fb ? t2 - t0 : best_fb;
+            }
+        }
+        printf("  %-6s forward %8.3f ms (%6.2f TFLOP/s)   forward+backward %8.3f ms (%6.2f TFLOP/s)\n", rungs[r],
+               best_f * 1e3, flops / best_f * 1e-12, best_fb * 1e3, 3.5 * flops / best_fb * 1e-12);
+    }
+    unsetenv("SNUG_CUDA_ATTN");
+    gpu->free(gpu, d_qkv), gpu->free(gpu, d_dout), gpu->free(gpu, d_out), gpu->free(gpu, d_lse);
+    gpu->free(gpu, d_dq);
+    free(qkv), free(dout);
+}
+
+/* ------------------------------------------------------------------------------------------------ activations */
+
+static void test_activations(void) {
+    int N = 77, I = 100;
+    printf("activations (swiglu N=%d I=%d, gelu n=%d)\n", N, I, N * I);
+    size_t ngu = (size_t)N * 2 * I, ni = (size_t)N * I;
+    float *gu = randf(ngu, -4, 4), *dout = randf(ni, -1, 1), *dgu0 = randf(ngu, -1, 1), *x = randf(ni, -5, 5);
+    float *res[2][4];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        snug_backend *be = bes[k];
+        float *d_gu = up(be, gu, ngu * 4), *d_dout = up(be, dout, ni * 4), *d_out = up(be, NULL, ni * 4);
+        float *d_dgu = up(be, dgu0, ngu * 4), *d_x = up(be, x, ni * 4), *d_dx = up(be, dgu0, ni * 4);
+        be->swiglu_fwd(be, d_out, d_gu, N, I);
+        res[k][0] = malloc(ni * 4);
+        be->to_host(be, res[k][0], d_out, ni * 4);
+        be->swiglu_bwd(be, d_dgu, d_dout, d_gu, N, I);
+        be->gelu_fwd(be, d_out, d_x, ni);
+        be->gelu_bwd(be, d_dx, d_dout, d_x, ni);
+        res[k][1] = malloc(ngu * 4), res[k][2] = malloc(ni * 4), res[k][3] = malloc(ni * 4);
+        down(be, res[k][1], d_dgu, ngu * 4), down(be, res[k][2], d_out, ni * 4), down(be, res[k][3], d_dx, ni * 4);
+        down(be, NULL, d_gu, 0), down(be, NULL, d_dout, 0), down(be, NULL, d_x, 0);
+    }
+    expect("swiglu_fwd", rel(res[1][0], res[0][0], ni), TOL);
+    expect("swiglu_bwd +=", rel(res[1][1], res[0][1], ngu), TOL);
+    expect("gelu_fwd", rel(res[1][2], res[0][2], ni), TOL);
+    expect("gelu_bwd +=", rel(res[1][3], res[0][3], ni), TOL);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++)
+            free(res[k][i]);
+    free(gu), free(dout), free(dgu0), free(x);
+}
+
+/* ------------------------------------------------------------------------------------------------ elementwise */
+
+static void test_elementwise(void) {
+    size_t n = 10007;
+    printf("elementwise (n=%zu)\n", n);
+    float *a = randf(n, -3, 3), *b = randf(n, -3, 3);
+    float *res[2][3];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        snug_backend *be = bes[k];
+        float *d_a = up(be, a, n * 4), *d_b = up(be, b, n * 4), *d_o = up(be, NULL, n * 4);
+        be->add(be, d_o, d_a, d_b, n);
+        res[k][0] = malloc(n * 4);
+        be->to_host(be, res[k][0], d_o, n * 4);
+        be->accumulate(be, d_o, d_a, n);
+        res[k][1] = malloc(n * 4);
+        be->to_host(be, res[k][1], d_o, n * 4);
+        be->scale(be, d_o, -0.3f, n);
+        res[k][2] = malloc(n * 4);
+        down(be, res[k][2], d_o, n * 4);
+        down(be, NULL, d_a, 0), down(be, NULL, d_b, 0);
+    }
+    expect_same("add", res[1][0], res[0][0], n * 4);
+    expect_same("accumulate", res[1][1], res[0][1], n * 4);
+    expect_same("scale", res[1][2], res[0][2], n * 4);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++)
+            free(res[k][i]);
+    free(a), free(b);
+}
+
+/* ------------------------------------------------------------------------------------------------ 16-bit storage */
+
+/* values over the whole range: normal, subnormal (of fp16 and fp32), overflowing fp16, ties, inf, nan, -0 */
+static float *awkward_floats(size_t n) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        double m = 2 * urand() - 1;
+        int e = irand(60) - 40; /* 2^-40 .. 2^19 */
+        x[i] = (float)ldexp(m, e);
+        switch (i % 97) {
+        case 0: x[i] = INFINITY; break;
+        case 1: x[i] = -INFINITY; break;
+        case 2: x[i] = NAN; break;
+        case 3: x[i] = -0.0f; break;
+        case 4: x[i] = 1.0f + 0x1.0p-8f; break;  /* a bf16 tie */
+        case 5: x[i] = 65520.0f; break;          /* overflows fp16 */
+        case 6: x[i] = 0x1.8p-25f; break;        /* fp16 subnormal range */
+        case 7: x[i] = 0x1.0p-130f; break;       /* fp32 subnormal */
+        default: break;
+        }
+    }
+    return x;
+}
+
+static void test_16bit(void) {
+    size_t n = 5003;
+    printf("16-bit storage (n=%zu)\n", n);
+    float *x = awkward_floats(n);
+    snug_dtype dts[2] = {SNUG_DT_BF16, SNUG_DT_F16};
+    for (int k = 0; k < 2; k++) {
+        uint16_t *h[2];
+        float *rounded[2], *wide[2];
+        snug_backend *bes[2] = {cpu, gpu};
+        for (int j = 0; j < 2; j++) {
+            snug_backend *be = bes[j];
+            float *d_x = up(be, x, n * 4), *d_w = up(be, NULL, n * 4);
+            uint16_t *d_h = up(be, NULL, n * 2);
+            be->to16(be, d_h, d_x, n, dts[k], 0);
+            be->from16(be, d_w, d_h, n, dts[k]);
+            h[j] = malloc(n * 2), wide[j] = malloc(n * 4), rounded[j] = malloc(n * 4);
+            be->to_host(be, wide[j], d_w, n * 4);
+            be->to16(be, NULL, d_x, n, dts[k], 1); /* round src in place */
+            down(be, rounded[j], d_x, n * 4), down(be, h[j], d_h, n * 2), down(be, NULL, d_w, 0);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "to16 %s", snug_dtype_name(dts[k]));
+        expect_same(w, h[1], h[0], n * 2);
+        snprintf(w, sizeof w, "from16 %s", snug_dtype_name(dts[k]));
+        expect_same(w, wide[1], wide[0], n * 4);
+        snprintf(w, sizeof w, "to16 %s rounding src in place", snug_dtype_name(dts[k]));
+        expect_same(w, rounded[1], rounded[0], n * 4);
+        for (int j = 0; j < 2; j++)
+            free(h[j]), free(rounded[j]), free(wide[j]);
+    }
+    uint16_t *sr[2];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int j = 0; j < 2; j++) {
+        float *d_x = up(bes[j], x, n * 4);
+        uint16_t *d_h = up(bes[j], NULL, n * 2);
+        bes[j]->bf16_sr(bes[j], d_h, d_x, n, 0x5EEDull);
+        sr[j] = malloc(n * 2);
+        down(bes[j], sr[j], d_h, n * 2), down(bes[j], NULL, d_x, 0);
+    }
+    expect_same("bf16_sr", sr[1], sr[0], n * 2);
+    free(sr[0]), free(sr[1]), free(x);
+}
+
+/* ------------------------------------------------------------------------------------------------ loss */
+
+static double run_xent(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
+                       const int32_t *labels, int N, int C, int V, int chunk, int wblock, int grad) {
+    size_t hb = (size_t)N * C * 4, wb = (size_t)V * C * snug_dtype_size(wdt), dwb = (size_t)V * C * 4;
+    float *d_h = up(be, h, hb), *d_dh = up(be, dh, hb), *d_dw = up(be, dw, dwb);
+    void *d_w = up(be, w, wb);
+    int32_t *d_l = up(be, labels, N * 4);
+    float *d_ws = up(be, NULL, (size_t)chunk * V * 4), *d_wws = up(be, NULL, (size_t)wblock * C * 4);
+    double loss = be->xent_fwd_bwd(be, grad ? d_dh : NULL, grad ? d_dw : NULL, d_h, d_w, wdt, d_l, N, C, V,
+                                   1.0f / N, d_ws, chunk, wdt == SNUG_DT_F32 ? NULL : d_wws, wblock);
+    down(be, dh, d_dh, hb), down(be, dw, d_dw, dwb);
+    down(be, NULL, d_h, 0), down(be, NULL, d_w, 0), down(be, NULL, d_l, 0), down(be, NULL, d_ws, 0);
+    down(be, NULL, d_wws, 0);
+    return loss;
+}
+
+static void test_xent(void) {
+    int N = 77, C = 96, V = 1000, chunk = 32, wblock = 300;
+    printf("xent_fwd_bwd (N=%d, C=%d, V=%d, chunk %d, labels with -1)\n", N, C, V, chunk);
+    float *h = randf((size_t)N * C, -1, 1), *w32 = randf((size_t)V * C, -0.3f, 0.3f);
+    float *dh0 = randf((size_t)N * C, -0.1f, 0.1f), *dw0 = randf((size_t)V * C, -0.1f, 0.1f);
+    int32_t labels[77];
+    for (int n = 0; n < N; n++)
+        labels[n] = n % 5 == 2 ? -1 : irand(V);
+    for (int n = 32; n < 64; n++) /* one whole chunk without a supervised token */
+        labels[n] = -1;
+    snug_dtype dts[2] = {SNUG_DT_F32, SNUG_DT_BF16};
+    for (int k = 0; k < 2; k++) {
+        void *w = table_as(w32, (size_t)V * C, dts[k]);
+        double loss[2], loss_only[2];
+        float *dh[2], *dw[2];
+        snug_backend *bes[2] = {cpu, gpu};
+        for (int j = 0; j < 2; j++) {
+            dh[j] = copyof(dh0, (size_t)N * C * 4), dw[j] = copyof(dw0, (size_t)V * C * 4);
+            loss[j] = run_xent(bes[j], dh[j], dw[j], h, w, dts[k], labels, N, C, V, chunk, wblock, 1);
+            loss_only[j] = run_xent(bes[j], NULL, NULL, h, w, dts[k], labels, N, C, V, chunk, wblock, 0);
+        }
+        char s[96];
+        snprintf(s, sizeof s, "xent loss (%s w)", snug_dtype_name(dts[k]));
+        expect(s, check_relerr(loss[1], loss[0], 1e-30), TOL);
+        snprintf(s, sizeof s, "xent loss without gradients (%s w)", snug_dtype_name(dts[k]));
+        expect(s, check_relerr(loss_only[1], loss_only[0], 1e-30), TOL);
+        snprintf(s, sizeof s, "xent dh += (%s w)", snug_dtype_name(dts[k]));
+        expect(s, rel(dh[1], dh[0], (size_t)N * C), TOL_GEMM);
+        snprintf(s, sizeof s, "xent dw += (%s w)", snug_dtype_name(dts[k]));
+        expect(s, rel(dw[1], dw[0], (size_t)V * C), TOL_GEMM);
+        for (int j = 0; j < 2; j++)
+            free(dh[j]), free(dw[j]);
+        free(w);
+    }
+    free(h), free(w32), free(dh0), free(dw0);
+}
+
+/* ------------------------------------------------------------------------------------------------ optimizer */
+
+static void test_sumsq(void) {
+    size_t n = 100003;
+    printf("sumsq (n=%zu)\n", n);
+    float *x = randf(n, -2, 2);
+    snug_dtype dts[2] = {SNUG_DT_F32, SNUG_DT_BF16};
+    for (int k = 0; k < 2; k++) {
+        void *xs = table_as(x, n, dts[k]);
+        double r[2];
+        snug_backend *bes[2] = {cpu, gpu};
+        for (int j = 0; j < 2; j++) {
+            void *d = up(bes[j], xs, n * snug_dtype_size(dts[k]));
+            r[j] = bes[j]->sumsq(bes[j], d, dts[k], n);
+            down(bes[j], NULL, d, 0);
+        }
+        char s[64];
+        snprintf(s, sizeof s, "sumsq (%s)", snug_dtype_name(dts[k]));
+        expect(s, check_relerr(r[1], r[0], 1e-30), 1e-6);
+        free(xs);
+    }
+    /* a non-finite element must show */
+    x[n / 2] = INFINITY;
+    float *d = up(gpu, x, n * 4);
+    double s = gpu->sumsq(gpu, d, SNUG_DT_F32, n);
+    CHECKF(!isfinite(s), "sumsq of a tensor holding inf is not finite (%g)", s);
+    gpu->free(gpu, d);
+    free(x);
+}
+
+static void test_adamw(void) {
+    size_t n = 10007;
+    printf("adamw (n=%zu)\n", n);
+    float *p = randf(n, -1, 1), *g = randf(n, -1, 1), *m = randf(n, -0.1f, 0.1f), *v = randf(n, 0, 0.01f);
+    float *res[2][3];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        snug_backend *be = bes[k];
+        float *d_p = up(be, p, n * 4), *d_g = up(be, g, n * 4), *d_m = up(be, m, n * 4), *d_v = up(be, v, n * 4);
+        be->adamw(be, d_p, d_g, d_m, d_v, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.7f);
+        be->adamw(be, d_p, d_g, d_m, d_v, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, 4, 0.7f);
+        for (int i = 0; i < 3; i++)
+            res[k][i] = malloc(n * 4);
+        down(be, res[k][0], d_p, n * 4), down(be, res[k][1], d_m, n * 4), down(be, res[k][2], d_v, n * 4);
+        down(be, NULL, d_g, 0);
+    }
+    expect("adamw p", rel(res[1][0], res[0][0], n), TOL);
+    expect("adamw m", rel(res[1][1], res[0][1], n), TOL);
+    expect("adamw v", rel(res[1][2], res[0][2], n), TOL);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++)
+            free(res[k][i]);
+    free(p), free(g), free(m), free(v);
+}
+
+/* codes that differ (rare ties of x/absmax against a midpoint decide differently); any difference above one code
+ * step counts as more than allowed */
+static size_t code_mismatches(const uint8_t *a, const uint8_t *b, size_t n, int *far) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            k++;
+            *far |= abs((int)a[i] - (int)b[i]) > 1;
+        }
+    return k;
+}
+
+static void expect_codes(const char *what, const uint8_t *a, const uint8_t *b, size_t n) {
+    int far = 0;
+    size_t k = code_mismatches(a, b, n, &far);
+    printf("  %-52s %zu of %zu codes differ\n", what, k, n);
+    CHECKF(k * 1000 <= n && !far, "%s: %zu of %zu codes differ%s", what, k, n, far ? ", some by more than 1" : "");
+}
+
+static void test_8bit(void) {
+    size_t n = 70001, nb = (n + 255) / 256;
+    printf("8-bit optimizer state (n=%zu, %zu blocks of 256)\n", n, nb);
+    float maps[2][256];
+    snug_dynamic_map(maps[0], 1);
+    snug_dynamic_map(maps[1], 0);
+    float *x = randf(n, -1, 1), *xu = randf(n, 0, 1);
+    for (size_t i = 0; i < n; i++) { /* blocks of very different scales */
+        float s = (float)pow(10.0, -6.0 + 6.0 * (double)((i / 256) % 7) / 6.0);
+        x[i] *= s, xu[i] *= s * s;
+    }
+    /* quantize, then dequantize the CPU's codes on both */
+    uint8_t *q[2][2];
+    float *am[2][2], *deq[2];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int j = 0; j < 2; j++) {
+        snug_backend *be = bes[j];
+        float *d_code = up(be, maps, sizeof maps);
+        for (int s = 0; s < 2; s++) {
+            float *d_x = up(be, s ? xu : x, n * 4), *d_am = up(be, NULL, nb * 4);
+            uint8_t *d_q = up(be, NULL, n);
+            be->quantize_blockwise(be, d_q, d_am, d_x, d_code + 256 * s, !s, n);
+            q[j][s] = malloc(n), am[j][s] = malloc(nb * 4);
+            down(be, q[j][s], d_q, n), down(be, am[j][s], d_am, nb * 4), down(be, NULL, d_x, 0);
+        }
+        uint8_t *d_q = up(be, q[0][0], n);
+        float *d_am = up(be, am[0][0], nb * 4), *d_x = up(be, NULL, n * 4);
+        be->dequantize_blockwise(be, d_x, d_q, d_am, d_code, n);
+        deq[j] = malloc(n * 4);
+        down(be, deq[j], d_x, n * 4), down(be, NULL, d_q, 0), down(be, NULL, d_am, 0), down(be, NULL, d_code, 0);
+    }
+    expect_codes("quantize_blockwise codes (signed map)", q[1][0], q[0][0], n);
+    expect_codes("quantize_blockwise codes (unsigned map)", q[1][1], q[0][1], n);
+    expect_same("quantize_blockwise absmax (signed)", am[1][0], am[0][0], nb * 4);
+    expect_same("quantize_blockwise absmax (unsigned)", am[1][1], am[0][1], nb * 4);
+    expect_same("dequantize_blockwise", deq[1], deq[0], n * 4);
+
+    /* two 8-bit AdamW steps from the CPU's codes; one gradient is inf */
+    float *p = randf(n, -1, 1), *g = randf(n, -1, 1);
+    g[300] = INFINITY;
+    uint8_t *qm[2], *qv[2];
+    float *pr[2], *amr[2], *avr[2];
+    for (int j = 0; j < 2; j++) {
+        snug_backend *be = bes[j];
+        float *d_code = up(be, maps, sizeof maps), *d_p = up(be, p, n * 4), *d_g = up(be, g, n * 4);
+        uint8_t *d_qm = up(be, q[0][0], n), *d_qv = up(be, q[0][1], n);
+        float *d_am = up(be, am[0][0], nb * 4), *d_av = up(be, am[0][1], nb * 4);
+        for (int step = 5; step <= 6; step++)
+            be->adamw8bit(be, d_p, d_g, d_qm, d_qv, d_am, d_av, d_code, d_code + 256, n, 1e-3, 0.9, 0.999, 1e-8, 0.01,
+                          step, 0.5f);
+        qm[j] = malloc(n), qv[j] = malloc(n), pr[j] = malloc(n * 4), amr[j] = malloc(nb * 4), avr[j] = malloc(nb * 4);
+        down(be, pr[j], d_p, n * 4), down(be, qm[j], d_qm, n), down(be, qv[j], d_qv, n);
+        down(be, amr[j], d_am, nb * 4), down(be, avr[j], d_av, nb * 4);
+        down(be, NULL, d_code, 0), down(be, NULL, d_g, 0);
+    }
+    expect("adamw8bit p", rel(pr[1], pr[0], n), TOL);
+    expect("adamw8bit absmax m", rel(amr[1], amr[0], nb), TOL);
+    expect("adamw8bit absmax v", rel(avr[1], avr[0], nb), TOL);
+    expect_codes("adamw8bit codes m", qm[1], qm[0], n);
+    expect_codes("adamw8bit codes v", qv[1], qv[0], n);
+    CHECKF(pr[1][300] == p[300], "adamw8bit leaves p where the gradient is inf");
+    for (int j = 0; j < 2; j++) {
+        for (int s = 0; s < 2; s++)
+            free(q[j][s]), free(am[j][s]);
+        free(deq[j]), free(qm[j]), free(qv[j]), free(pr[j]), free(amr[j]), free(avr[j]);
+    }
+    free(x), free(xu), free(p), free(g);
+}
+
+int main(void) {
+    if (snug_cuda_device_count() == 0) {
+        printf("test_cuda_ops: skipped: no CUDA GPU (built with CUDA: yes)\n");
+        return 77;
+    }
+    snug_error e = {0};
+    cpu = snug_backend_cpu_create(2);
+    gpu = snug_backend_cuda_create(0, &e);
+    if (!gpu) {
+        fprintf(stderr, "test_cuda_ops: %s\n", e.msg);
+        return 1;
+    }
+    printf("CUDA device: %s\n", snug_cuda_device_name(gpu));
+    test_memory();
+    test_embed();
+    test_norm(0);
+    test_norm(1);
+    test_matmul();
+    test_rope();
+    test_attention();
+    test_activations();
+    test_elementwise();
+    test_16bit();
+    test_xent();
+    test_sumsq();
+    test_adamw();
+    test_8bit();
+    time_attention();
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+    return check_finish("test_cuda_ops");
+}
+
+#else /* built without CUDA */
+
+int main(void) {
+    printf("test_cuda_ops: skipped: no CUDA GPU (built with CUDA: no)\n");
+    return 77;
+}
+
+#endif
