@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The CUDA backend end to end against the CPU backend: `snug parity` (logits, loss, every parameter gradient, and the
+# parameters after 3 AdamW steps) on three models, and bf16 training with every lever on both devices. Skipped (exit
+# 77) when this snug has no CUDA backend or no GPU is visible; scripts/gpu-check.sh runs it on a GPU machine.
+set -u
+SNUG=$(realpath "${SNUG_BIN:-build/snug}")
+SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+. "$(dirname "$0")/losses.sh" # train, compare (losses), ok, bad
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "test_cuda_train: skipped: no NVIDIA GPU visible"; exit 77
+fi
+python3 - "$W/data.jsonl" "$W/batch.safetensors" <<'PY'
+import json, random, struct, sys
+random.seed(5)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(300):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 50)))}) + "\n")
+# a (2, 37) batch of ids below 2048 (every preset's vocabulary is at least that), labels shifted, some masked
+B, T = 2, 37
+ids = [random.randrange(2048) for _ in range(B * T)]
+labels = [ids[i + 1] if (i + 1) % T and i % 5 else -100 for i in range(B * T)]
+blobs = [struct.pack(f"<{B * T}q", *ids), struct.pack(f"<{B * T}q", *labels)]
+hdr = {"input_ids": {"dtype": "I64", "shape": [B, T], "data_offsets": [0, len(blobs[0])]},
+       "labels": {"dtype": "I64", "shape": [B, T], "data_offsets": [len(blobs[0]), len(blobs[0]) + len(blobs[1])]}}
+h = json.dumps(hdr).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + blobs[0] + blobs[1])
+PY
+common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sample_tokens 0 --val_set_size 0"
+if ! "$SNUG" train $common --model_preset tiny-llama --max_steps 1 --device cuda --output_dir "$W/probe" > "$W/probe.log" 2>&1; then
+  if grep -q "built without CUDA" "$W/probe.log"; then echo "test_cuda_train: skipped: snug built without CUDA"; exit 77; fi
+  echo "FAIL: training on the GPU failed:"; tail -5 "$W/probe.log"; exit 1
+fi
+
+compare_tensors() { # A.safetensors B.safetensors TOL NAME: every tensor of A within TOL (max |a-b| / max |b|) of B's
+  if python3 - "$@" <<'PY'
+import json, struct, sys
+def load(p):
+    d = open(p, "rb").read(); n = struct.unpack("<Q", d[:8])[0]; h = json.loads(d[8:8 + n])
+    return {k: struct.unpack(f"<{(v['data_offsets'][1] - v['data_offsets'][0]) // 4}f",
+                             d[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__"}
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+worst, where = 0.0, ""
+for k in b:
+    ref = max(abs(x) for x in b[k]) or 1.0
+    err = max(abs(x - y) for x, y in zip(a[k], b[k])) / ref
+    if err > worst: worst, where = err, k
+print(f"  {sys.argv[4]:<28} {len(b)} tensors, worst {worst:.1e} ({where})")
+sys.exit(0 if set(a) == set(b) and worst <= tol else 1)
+PY
+  then ok; else bad "$4: the GPU differs from the CPU"; fi
+}
+
+for preset in tiny-llama llama-30m gpt2-124m; do
+  "$SNUG" train $common --model_preset $preset --max_steps 1 --device cpu --output_dir "$W/$preset" > /dev/null 2>&1 \
+    || { fail=$((fail + 1)); echo "FAIL: $preset model"; continue; }
+  for dev in cpu cuda; do
+    "$SNUG" parity "$W/$preset" "$W/batch.safetensors" "$W/$preset.$dev.safetensors" --steps 3 --lr 1e-3 \
+      --max_grad_norm 1.0 --adam_epsilon 1e-6 --device $dev > "$W/$preset.$dev.log" 2>&1 \
+      || { fail=$((fail + 1)); echo "FAIL: parity on $dev for $preset"; tail -3 "$W/$preset.$dev.log"; }
+  done
+  compare_tensors "$W/$preset.cuda.safetensors" "$W/$preset.cpu.safetensors" 1e-4 "parity $preset"
+done
+
+common="$common --model_preset tiny-llama --sequence_len 64 --max_steps 20 --logging_steps 1 --learning_rate 1e-3 --seed 9"
+for dev in cpu cuda; do
+  train fp32_$dev --device $dev --micro_batch_size 4
+  train bf16_levers_$dev --device $dev --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true \
+    --bf16 true --gradient_checkpointing full --chunked_cross_entropy true --optimizer adamw_8bit
+  train bf16_nomaster_$dev --device $dev --micro_batch_size 4 --bf16 true --master_weights false
+done
+compare fp32_cuda fp32_cpu 1e-4
+compare bf16_levers_cuda bf16_levers_cpu 1e-2
+compare bf16_nomaster_cuda bf16_nomaster_cpu 1e-2
+echo "test_cuda_train: $pass passed, $fail failed"
+[ $fail -eq 0 ]
