@@ -27,6 +27,9 @@ struct snug_backend {
     void *ctx;
     int nthreads;
     int host_resident;  /* 1 when device pointers are plain host memory (the CPU backend): no staging copies */
+    snug_dtype math;    /* what the GEMMs may round their inputs to: SNUG_DT_F32 (0) exact fp32; BF16/F16 under mixed
+                         * precision, where a GPU multiplies on its 16-bit tensor cores with fp32 accumulation (the
+                         * stored operands are 16-bit values already). The CPU computes exactly in fp32 either way. */
 
     void (*destroy)(snug_backend *be);
 

@@ -13,6 +13,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *d
     SNUG_TRY(snug_plan_run(&g->plan, spec, e));
     if (!(g->be = snug_backend_create(device, threads, e)))
         return e ? e->code : SNUG_EINPUT;
+    g->be->math = spec->lv.dt; /* mixed precision: a GPU's GEMMs may use its 16-bit tensor cores */
     /* memory_budget: a plan over it is refused before anything is allocated; the arenas share out what is left */
     double slack = 0;
     if (spec->memory_budget > 0) {

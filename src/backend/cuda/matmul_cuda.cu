@@ -2,7 +2,9 @@
  *
  * cuBLASLt is column-major; snug is row-major. A row-major (R, K) matrix with leading dimension K is the same memory
  * as a column-major (K, R) matrix, its transpose, so each row-major product X = A @ B is computed as the column-major
- * X^T = B^T @ A^T: operands swap places and keep their storage. Compute is true fp32 (CUBLAS_COMPUTE_32F, no TF32).
+ * X^T = B^T @ A^T: operands swap places and keep their storage. Compute is true fp32 (CUBLAS_COMPUTE_32F, no TF32),
+ * or under mixed precision (be->math BF16/F16) fp32 operands multiplied on the 16-bit tensor cores with fp32
+ * accumulation (CUBLAS_COMPUTE_32F_FAST_16BF/16F): the weights and saved activations are 16-bit values already.
  * Bias: written into the output first and the GEMM adds onto it (beta = 1), as the CPU does; dbias is a column sum
  * (snug_cuda_colsum in ops_cuda.cu). */
 #include "backend/cuda/cuda_internal.h"
@@ -34,7 +36,10 @@ extern "C" void snug_cuda_gemm(snug_backend *be, int ta, int tb, int m, int n, i
     snug_cuda_ctx *cx = snug_cuda(be);
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulDesc_t desc;
-    SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasComputeType_t compute = be->math == SNUG_DT_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                  : be->math == SNUG_DT_F16  ? CUBLAS_COMPUTE_32F_FAST_16F
+                                                             : CUBLAS_COMPUTE_32F;
+    SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, compute, CUDA_R_32F));
     SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     /* layouts describe the matrices as stored: rows, columns, leading dimension (column-major) */
