@@ -214,18 +214,19 @@ static const key_spec keys[] = {
              "gradient_checkpointing, chunked_cross_entropy and the optimizer state to fit memory_budget at the least "
              "predicted cost"},
     {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_STR(gradient_checkpointing),
-     .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective",
-     .later_values = "offload",
+     .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective offload",
      .help = "recompute activations in backward: false, selective (norm outputs and the MLP activation), "
-             "full (whole layers from their input; true means full)"},
+             "full (whole layers from their input; true means full), offload (full, with the layer inputs kept in "
+             "pinned host memory and copied to the device for the backward)"},
     {.name = "gradient_checkpointing_every_n_layers", .type = KT_INT, .group = G_MEMORY,
      AT_INT(gradient_checkpointing_every_n_layers), .def = "1",
      .help = "with full checkpointing, checkpoint layers 0, n, 2n, ... (1 = every layer)"},
     {.name = "flash_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(flash_attention), .def = "true",
      .help = "tiled attention with online softmax, no (T, T) buffer; false = the reference path that stores the "
              "attention probabilities"},
-    {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16), .def = "false",
-     .help = "mixed precision: parameters, saved activations and gradients stored as bfloat16, computed in fp32"},
+    {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16), .def = "false", .values = "auto=true",
+     .help = "mixed precision: parameters, saved activations and gradients stored as bfloat16, computed in fp32 "
+             "(auto: true, as every device snug runs on has bf16)"},
     {.name = "fp16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(fp16), .def = "false",
      .help = "mixed precision in float16 with dynamic loss scaling (from 2^16; halved and the step skipped on "
              "overflow, doubled after 2000 clean steps); needs master_weights"},
@@ -542,7 +543,10 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
     }
     case KT_BOOL: {
         int v;
-        if (parse_bool(text, &v))
+        char canon[16];
+        /* a boolean may take extra spellings from `values` (bf16: auto, Axolotl's "when the hardware has it") */
+        int extra = k->values && enum_value(k->values, text, canon, sizeof canon) == 0 && parse_bool(canon, &v) == 0;
+        if (!extra && parse_bool(text, &v))
             return snug_fail(e, SNUG_EINPUT, "%s: %s must be true or false, got '%.60s'", loc, written, text);
         memcpy(field, &v, sizeof v);
         return 0;

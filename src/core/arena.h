@@ -20,6 +20,7 @@ typedef enum snug_category {
     SNUG_MEM_ACTS,        /* activations saved in forward for backward */
     SNUG_MEM_WORKSPACE,   /* scratch: activation gradients, logits chunk, attention rows */
     SNUG_MEM_DATA,        /* token ids, labels, positions of the current micro-batch */
+    SNUG_MEM_OFFLOAD,     /* checkpointed layer inputs in (pinned) host memory: gradient_checkpointing: offload */
     SNUG_MEM_NCAT
 } snug_category;
 

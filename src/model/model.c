@@ -271,16 +271,29 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     snug_layer_acts shared, cmp;
     memset(&shared, 0, sizeof shared);
     memset(&cmp, 0, sizeof cmp);
-    m->res16 = NULL;
+    m->res16 = m->res_stage = NULL;
+    m->res_off = NULL;
+    int offload = with_grads && any_full && m->lv.ckpt_offload;
+    if (offload) { /* the layer inputs in host memory; two fp32 slots run the layers (as under 16-bit) */
+        size_t bytes = (size_t)(L + 1) * N * C * snug_dtype_size(m->lv.dt);
+        if (!(m->res_off = snug_arena_alloc(&A->a[SNUG_MEM_OFFLOAD], bytes, e)))
+            return e ? e->code : SNUG_ENOMEM;
+        if (half)
+            CARVE(m->res_stage, SNUG_MEM_WORKSPACE, N * C);
+        if (!half)
+            CARVE(m->res, SNUG_MEM_WORKSPACE, 2 * N * C);
+    }
     if (half) {
         /* 16-bit: layers run in one fp32 set (cmp) and save 16-bit copies; only the statistics stay fp32 */
-        CARVE(m->res16, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+        if (!offload)
+            CARVE(m->res16, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
         CARVE(m->res, SNUG_MEM_WORKSPACE, 2 * N * C);
         SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_WORKSPACE, &cmp, N, 1, e));
         if (any_full)
             SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_WORKSPACE, &shared, N, e));
     } else {
-        CARVE(m->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+        if (!offload)
+            CARVE(m->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
         if (any_full) {
             SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_WORKSPACE, &shared, N, 1, e));
             SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_WORKSPACE, &shared, N, e));
@@ -520,10 +533,47 @@ static void fetch(const snug_model *m, float *dst, const uint16_t *src, size_t n
         m->be->from16(m->be, dst, src, n, m->lv.dt);
 }
 
-/* Layer l's input (and, for l = L, the final output) in fp32: a row of res, or a slot of the two under 16-bit */
+/* Layer l's input (and, for l = L, the final output) in fp32: a row of res, or a slot of the two under 16-bit or
+ * offloading */
 static float *res_at(const snug_model *m, int l) {
     size_t NC = (size_t)m->B * m->T * m->cfg.hidden_size;
-    return m->res + (size_t)(is16(m) ? l % 2 : l) * NC;
+    return m->res + (size_t)(is16(m) || m->res_off ? l % 2 : l) * NC;
+}
+
+/* Saves res[l] (just computed in its fp32 slot x, N = cur tokens): rounded to 16 bits into res16, or copied out to
+ * host memory when offloading (through the 16-bit staging slot under 16-bit). fp32 without offloading: x is res[l]. */
+static void save_res(snug_model *m, int l, float *x, size_t n) {
+    snug_backend *be = m->be;
+    size_t NC = (size_t)m->B * m->T * m->cfg.hidden_size;
+    if (!m->res_off) {
+        keep(m, m->res16 ? m->res16 + (size_t)l * NC : NULL, x, n);
+        return;
+    }
+    size_t esz = snug_dtype_size(m->lv.dt);
+    unsigned char *host = (unsigned char *)m->res_off + (size_t)l * NC * esz;
+    if (is16(m)) {
+        be->to16(be, m->res_stage, x, n, m->lv.dt, 1);
+        be->copy_out_async(be, host, m->res_stage, n * esz);
+    } else {
+        be->copy_out_async(be, host, x, n * esz);
+    }
+    be->sync(be); /* the slot is written again by the next layer */
+}
+
+/* Brings res[l] back into its fp32 slot x for layer l's backward (nothing to do for fp32 without offloading). */
+static void load_res(snug_model *m, int l, float *x, size_t n) {
+    snug_backend *be = m->be;
+    size_t NC = (size_t)m->B * m->T * m->cfg.hidden_size;
+    if (!m->res_off) {
+        fetch(m, x, m->res16 ? m->res16 + (size_t)l * NC : NULL, n);
+        return;
+    }
+    size_t esz = snug_dtype_size(m->lv.dt);
+    const unsigned char *host = (const unsigned char *)m->res_off + (size_t)l * NC * esz;
+    be->copy_in_async(be, is16(m) ? (void *)m->res_stage : (void *)x, host, n * esz);
+    be->sync(be);
+    if (is16(m))
+        be->from16(be, x, m->res_stage, n, m->lv.dt);
 }
 
 /* Layer l's weights as fp32 views: the parameters themselves, or under 16-bit the layer widened into wl. */
@@ -543,7 +593,7 @@ static void layer_fwd(snug_model *m, int l) {
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
-    size_t NC = (size_t)m->B * m->T * C, Nn = (size_t)N;
+    size_t Nn = (size_t)N;
     const snug_layer_tensors *w = layer_weights(m, l);
     snug_layer_acts *a = &m->acts[l];
     const snug_layer_acts16 *s = &m->acts16[l];
@@ -577,7 +627,7 @@ static void layer_fwd(snug_model *m, int l) {
     keep(m, s->act, a->act, Nn * I);
     be->matmul_fwd(be, out, a->act, w->proj_w, w->proj_b, N, I, C);
     be->accumulate(be, out, a->res_mid, Nn * C);
-    keep(m, m->res16 ? m->res16 + (size_t)(l + 1) * NC : NULL, out, Nn * C);
+    save_res(m, l + 1, out, Nn * C);
 }
 
 /* One transformer block backward. On entry m->d_res holds dL/d res[l+1]; on exit dL/d res[l]. */
@@ -586,7 +636,7 @@ static void layer_bwd(snug_model *m, int l) {
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
-    size_t NC = (size_t)m->B * m->T * C, Nn = (size_t)N;
+    size_t Nn = (size_t)N;
     const snug_layer_acts *a = &m->acts[l];
     const snug_layer_acts16 *s = &m->acts16[l];
     float *x = res_at(m, l);
@@ -595,7 +645,7 @@ static void layer_bwd(snug_model *m, int l) {
 
     /* 16-bit: the layer's input and saved activations come back into the fp32 set (a full checkpoint's
      * recomputation refills it instead) */
-    fetch(m, x, m->res16 ? m->res16 + (size_t)l * NC : NULL, Nn * C);
+    load_res(m, l, x, Nn * C);
     if (!full) {
         fetch(m, a->ln1, s->ln1, Nn * C);
         fetch(m, a->qkv, s->qkv, Nn * m->QKV);
@@ -685,7 +735,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
     be->embed_fwd(be, x0, m->ids, wte, dt, N, C, 0);
     if (c->arch == SNUG_ARCH_GPT2)
         be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
-    keep(m, m->res16, x0, (size_t)N * C);
+    save_res(m, 0, x0, (size_t)N * C);
     for (int l = 0; l < L; l++)
         layer_fwd(m, l);
     float *final = res_at(m, L);

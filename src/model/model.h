@@ -66,6 +66,8 @@ typedef enum snug_ckpt {
 typedef struct snug_levers {
     snug_ckpt ckpt;
     int ckpt_every;       /* with SNUG_CKPT_FULL: layers l with l % ckpt_every == 0 are checkpointed (1 = all) */
+    int ckpt_offload;     /* with SNUG_CKPT_FULL: the residual stream (every layer's input) lives in host memory
+                           * (SNUG_MEM_OFFLOAD), copied out after each layer's forward and back before its backward */
     int naive_attention;  /* flash_attention: false: the reference path that stores (B, NH, T, T) probabilities */
     int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
     int optimizer_in_backward; /* gradients exist one layer at a time (plus the global tensors): each layer is
@@ -140,7 +142,9 @@ typedef struct snug_model {
 
     float *res;            /* (L+1, N, C) residual stream: layer inputs and the final output. 16-bit dt: (2, N, C)
                             * fp32 in the workspace, layer l's input in slot l % 2, and res16 keeps them all */
-    uint16_t *res16;       /* (L+1, N, C) */
+    uint16_t *res16;       /* (L+1, N, C) 16-bit dt: the layer inputs, saved */
+    void *res_off;         /* (L+1, N, C) as dt, in host memory (SNUG_MEM_OFFLOAD): ckpt_offload's layer inputs */
+    uint16_t *res_stage;   /* (N, C) 16-bit dt with ckpt_offload: a layer input rounded, on its way to or from host */
     snug_layer_acts *acts; /* (L) */
     snug_layer_acts16 *acts16; /* (L), 16-bit dt only */
     float *lnf;            /* (N, C) */

@@ -53,10 +53,11 @@ static const char *ckpt_name(snug_ckpt c) {
 
 void snug_levers_describe(const snug_levers *lv, int B, int T, char *buf, size_t n) {
     char ck[64];
+    const char *full = lv->ckpt_offload ? "offload" : "full";
     if (lv->ckpt == SNUG_CKPT_FULL && lv->ckpt_every > 1)
-        snprintf(ck, sizeof ck, "full (every %d layers)", lv->ckpt_every);
+        snprintf(ck, sizeof ck, "%s (every %d layers)", full, lv->ckpt_every);
     else
-        snprintf(ck, sizeof ck, "%s", ckpt_name(lv->ckpt));
+        snprintf(ck, sizeof ck, "%s", lv->ckpt == SNUG_CKPT_FULL ? full : ckpt_name(lv->ckpt));
     size_t N = (size_t)B * T;
     if (lv->xent_chunk > 0 && (size_t)lv->xent_chunk < N)
         snprintf(buf, n, "gradient_checkpointing %s, %s attention, cross-entropy in chunks of %d tokens", ck,
@@ -424,7 +425,8 @@ int snug_autofit(snug_options *o, snug_plan_spec *spec, snug_device_kind kind, s
     const snug_levers *lv = &best->spec.lv;
     o->micro_batch_size = best->spec.B;
     o->gradient_accumulation_steps = best->GA;
-    snprintf(o->gradient_checkpointing, sizeof o->gradient_checkpointing, "%s", ckpt_name(lv->ckpt));
+    snprintf(o->gradient_checkpointing, sizeof o->gradient_checkpointing, "%s",
+             lv->ckpt == SNUG_CKPT_FULL && lv->ckpt_offload ? "offload" : ckpt_name(lv->ckpt));
     o->gradient_checkpointing_every_n_layers = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
     o->flash_attention = !lv->naive_attention;
     o->chunked_cross_entropy = lv->xent_chunk > 0;

@@ -23,6 +23,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         rc = snug_adamw_layout(&opt, &A, &m.table, NULL, e);
     if (!rc) {
         p->host[SNUG_MEM_OPTIM] = s->with_grads && s->optim_paged;
+        p->host[SNUG_MEM_OFFLOAD] = A.a[SNUG_MEM_OFFLOAD].peak > 0; /* gradient_checkpointing: offload */
         for (int c = 0; c < SNUG_MEM_NCAT; c++) {
             p->bytes[c] = A.a[c].peak;
             *(p->host[c] ? &p->host_total : &p->total) += A.a[c].peak;
@@ -65,7 +66,8 @@ void snug_plan_print(FILE *f, const snug_plan *p, const size_t *measured) {
     size_t mt = 0, mh = 0; /* measured device and host totals */
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         snug_format_bytes(a, sizeof a, (double)p->bytes[c]);
-        snprintf(name, sizeof name, p->host[c] ? "%s (paged, host)" : "%s", snug_category_name((snug_category)c));
+        snprintf(name, sizeof name, !p->host[c] ? "%s" : c == SNUG_MEM_OPTIM ? "%s (paged, host)" : "%s (host)",
+                 snug_category_name((snug_category)c));
         if (measured) {
             *(p->host[c] ? &mh : &mt) += measured[c];
             snug_format_bytes(b, sizeof b, (double)measured[c]);

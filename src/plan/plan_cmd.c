@@ -215,7 +215,8 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
                  s->optim_paged ? ", in host memory" : "");
         break;
     case SNUG_MEM_ACTS:
-        snprintf(buf, n, "%s", s->lv.ckpt == SNUG_CKPT_FULL      ? "layer inputs + one layer's, recomputed"
+        snprintf(buf, n, "%s", s->lv.ckpt == SNUG_CKPT_FULL && s->lv.ckpt_offload ? "one layer's, recomputed"
+                               : s->lv.ckpt == SNUG_CKPT_FULL      ? "layer inputs + one layer's, recomputed"
                                : s->lv.ckpt == SNUG_CKPT_SELECTIVE ? "without norm outputs and MLP activation"
                                                                    : "everything backward needs");
         break;
@@ -223,6 +224,7 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
         snprintf(buf, n, "logits of %d tokens x %d vocab, activation gradients", r->p->plan.xent_chunk,
                  r->p->cfg.vocab_size);
         break;
+    case SNUG_MEM_OFFLOAD: snprintf(buf, n, "layer inputs in host memory (gradient_checkpointing: offload)"); break;
     default: snprintf(buf, n, "ids, labels, positions, RoPE tables"); break;
     }
 }

@@ -171,6 +171,8 @@ snug_levers snug_levers_from_options(const snug_options *o) {
         lv.ckpt = SNUG_CKPT_SELECTIVE;
     else if (!strcmp(o->gradient_checkpointing, "full"))
         lv.ckpt = SNUG_CKPT_FULL;
+    else if (!strcmp(o->gradient_checkpointing, "offload"))
+        lv.ckpt = SNUG_CKPT_FULL, lv.ckpt_offload = 1;
     return lv;
 }
 

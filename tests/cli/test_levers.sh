@@ -25,6 +25,7 @@ train base --micro_batch_size 4
 train ckpt_full --micro_batch_size 4 --gradient_checkpointing full
 train ckpt_selective --micro_batch_size 4 --gradient_checkpointing selective
 train ckpt_every2 --micro_batch_size 4 --gradient_checkpointing full --gradient_checkpointing_every_n_layers 2
+train ckpt_offload --micro_batch_size 4 --gradient_checkpointing offload
 train naive_attention --micro_batch_size 4 --flash_attention false
 train chunked_ce --micro_batch_size 4 --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
 train all_levers --micro_batch_size 4 --gradient_checkpointing full --flash_attention false --chunked_cross_entropy true
@@ -41,6 +42,8 @@ train bf16 --micro_batch_size 4 --bf16 true
 train bf16_ckpt_full --micro_batch_size 4 --bf16 true --gradient_checkpointing full
 train bf16_ckpt_selective --micro_batch_size 4 --bf16 true --gradient_checkpointing selective
 train bf16_ckpt_every2 --micro_batch_size 4 --bf16 true --gradient_checkpointing full --gradient_checkpointing_every_n_layers 2
+train bf16_ckpt_offload_every2 --micro_batch_size 4 --bf16 true --gradient_checkpointing offload \
+  --gradient_checkpointing_every_n_layers 2
 train bf16_noclip --micro_batch_size 4 --bf16 true --max_grad_norm 0
 train bf16_in_backward --micro_batch_size 4 --bf16 true --max_grad_norm 0 --optimizer_in_backward true
 train bf16_nomaster_noclip --micro_batch_size 4 --bf16 true --master_weights false --max_grad_norm 0
@@ -54,6 +57,7 @@ train fp16_all_levers --micro_batch_size 2 --gradient_accumulation_steps 2 --sam
 compare bf16_ckpt_full bf16 0
 compare bf16_ckpt_selective bf16 0
 compare bf16_ckpt_every2 bf16 0
+compare bf16_ckpt_offload_every2 bf16 0
 compare bf16_in_backward bf16_noclip 0
 compare bf16_nomaster_in_backward bf16_nomaster_noclip 0
 compare bf16 base 5e-3
@@ -62,6 +66,7 @@ compare fp16_all_levers packed_ga2 5e-3
 compare ckpt_full base 0
 compare ckpt_selective base 0
 compare ckpt_every2 base 0
+compare ckpt_offload base 0
 compare naive_attention base 1e-5
 compare chunked_ce base 1e-5
 compare all_levers base 1e-5

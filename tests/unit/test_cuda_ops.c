@@ -4,8 +4,9 @@
  * or a block), go through each backend's own alloc / to_device / op / to_host, and the results are compared: by the
  * largest error relative to the largest magnitude of the CPU's result (fp32 ops 1e-5, GEMM-heavy ops 1e-4), or bit
  * for bit where the op is exact (copies, conversions, stochastic rounding, elementwise arithmetic). Gradient outputs
- * start from random values on both sides, so accumulation (+=) is checked too. Both rungs of the CUDA attention run
- * (tiled, and plain through SNUG_CUDA_ATTN=plain), and their times are printed.
+ * start from random values on both sides, so accumulation (+=) is checked too. The three rungs of the CUDA attention
+ * run (tiled; plain through SNUG_CUDA_ATTN=plain; the bf16 tensor-core rung through be->math = BF16, where HD allows
+ * it, against the same fp32 CPU result with bf16 tolerances), and their times are printed.
  *
  * Without a CUDA build or a visible GPU the test prints why and exits 77, which ctest reports as skipped. */
 #include <math.h>
@@ -30,6 +31,8 @@ static snug_backend *cpu, *gpu;
 
 #define TOL 1e-5      /* fp32 ops: largest |gpu - cpu| over the largest |cpu| */
 #define TOL_GEMM 1e-4 /* ops built on GEMMs (cuBLASLt, CUBLAS_COMPUTE_32F) */
+#define TOL_BF16 2e-2 /* the tensor-core attention: inputs, probabilities and dS rounded to bf16 (8-bit mantissa) */
+#define TOL_BF16_LSE 1e-2 /* its lse, absolute (lse is a log: its error is relative to the softmax sum) */
 
 static uint64_t rng_state = 0x6A09E667F3BCC908ull;
 
@@ -81,6 +84,20 @@ static void expect_same(const char *what, const void *a, const void *b, size_t b
 }
 
 static double rel(const float *a, const float *ref, size_t n) { return check_max_rel_f(a, ref, n); }
+
+static double max_abs(const float *a, const float *ref, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        m = d > m || isnan(d) ? d : m; /* a NaN sticks */
+    }
+    return m;
+}
+
+static void expect_abs(const char *what, double err, double tol) {
+    printf("  %-52s max abs err %9.2e  (tol %.0e)\n", what, err, tol);
+    CHECKF(err <= tol, "%s: error %.3e above %.1e", what, err, tol);
+}
 
 static double now(void) {
     struct timespec ts;
@@ -396,6 +413,24 @@ static void test_attention_case(int B, int T, int NH, int NKV, int HD, int segme
         free(og), free(lg), free(dg), free(dg2);
     }
     unsetenv("SNUG_CUDA_ATTN");
+    if (HD % 16 == 0 && HD <= 128) { /* the tensor-core rung: chosen by mixed-precision math */
+        float *og = malloc(no * 4), *lg = malloc(nl * 4), *dg = malloc(nq * 4), *dg2 = malloc(nq * 4);
+        gpu->math = SNUG_DT_BF16;
+        run_attention(gpu, &c, og, lg, dg, dg2);
+        double eo = rel(og, oc, no), ed = rel(dg, dc, nq);
+        expect("attention_fwd out (tc, bf16)", eo, TOL_BF16);
+        expect_abs("attention_fwd lse (tc, bf16)", max_abs(lg, lc, nl), TOL_BF16_LSE);
+        expect("attention_bwd dqkv += (tc, bf16)", ed, TOL_BF16);
+        expect_same("attention_bwd deterministic (tc)", dg, dg2, nq * 4);
+        CHECKF(eo > 1e-6 && ed > 1e-6, "tc: errors %.1e, %.1e look like fp32: did the bf16 rung run?", eo, ed);
+        setenv("SNUG_CUDA_ATTN", "tiled", 1); /* forced back to fp32 under the same math */
+        run_attention(gpu, &c, og, lg, dg, NULL);
+        expect("attention out (SNUG_CUDA_ATTN=tiled, bf16 math)", rel(og, oc, no), TOL);
+        expect("attention dqkv += (SNUG_CUDA_ATTN=tiled, bf16 math)", rel(dg, dc, nq), TOL);
+        unsetenv("SNUG_CUDA_ATTN");
+        gpu->math = SNUG_DT_F32;
+        free(og), free(lg), free(dg), free(dg2);
+    }
 
     size_t np = (size_t)B * NH * T * T;
     float *pc = malloc(np * 4), *pg = malloc(np * 4), *og = malloc(no * 4), *dg = malloc(nq * 4);
@@ -431,9 +466,10 @@ static void test_attention(void) {
     test_attention_case(2, 130, 6, 2, 64, 1);  /* GQA 3:1, packed segments */
     test_attention_case(1, 200, 4, 1, 128, 1); /* all heads on one kv head, HD 128 */
     test_attention_case(3, 65, 2, 2, 40, 1);   /* MHA, one row past a tile, HD 40 */
+    test_attention_case(2, 93, 4, 2, 96, 0);   /* causal, HD 96 (the tc rung pads it to 128) */
 }
 
-/* Plain against tiled on a training-sized shape: milliseconds of forward and of forward + backward. */
+/* The rungs on a training-sized shape: milliseconds of forward and of forward + backward. tc runs under bf16 math. */
 static void time_attention(void) {
     int B = 1, T = 2048, NH = 16, NKV = 4, HD = 64;
     size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HD, no = N * NH * HD;
@@ -443,12 +479,13 @@ static void time_attention(void) {
     float *d_lse = up(gpu, NULL, N * NH * 4), *d_dq = up(gpu, NULL, N * R * 4);
     double flops = 4.0 * B * NH * (double)T * T * HD / 2; /* causal forward */
     printf("attention timing B=%d T=%d NH=%d NKV=%d HD=%d (best of 3)\n", B, T, NH, NKV, HD);
-    const char *rungs[2] = {"plain", "tiled"};
-    for (int r = 0; r < 2; r++) {
+    const char *rungs[3] = {"plain", "tiled", "tc"};
+    for (int r = 0; r < 3; r++) {
         if (r == 0)
             setenv("SNUG_CUDA_ATTN", "plain", 1);
         else
             unsetenv("SNUG_CUDA_ATTN");
+        gpu->math = r == 2 ? SNUG_DT_BF16 : SNUG_DT_F32;
         double best_f = 1e30, best_fb = 1e30;
         for (int rep = 0; rep < 4; rep++) { /* the first is a warm-up */
             gpu->sync(gpu);
@@ -468,6 +505,7 @@ static void time_attention(void) {
                best_f * 1e3, flops / best_f * 1e-12, best_fb * 1e3, 3.5 * flops / best_fb * 1e-12);
     }
     unsetenv("SNUG_CUDA_ATTN");
+    gpu->math = SNUG_DT_F32;
     gpu->free(gpu, d_qkv), gpu->free(gpu, d_dout), gpu->free(gpu, d_out), gpu->free(gpu, d_lse);
     gpu->free(gpu, d_dq);
     free(qkv), free(dout);

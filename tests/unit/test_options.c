@@ -332,6 +332,7 @@ static void test_wrong_types(void) {
     EXPECT_YAML_ERROR("lr_scheduler: cosin\n", "lr_scheduler must be one of cosine, linear, constant", "'cosin'");
     EXPECT_YAML_ERROR("lr_scheduler: polynomial\n", "lr_scheduler 'polynomial' is not supported yet");
     EXPECT_YAML_ERROR("bf16: maybe\n", "bf16 must be true or false");
+    EXPECT_YAML_ERROR("fp16: auto\n", "fp16 must be true or false"); /* only bf16 has an auto */
     {
         /* precision combinations that cannot work are refused by validation, with the fix */
         static const char *const bad[][2] = {
@@ -354,6 +355,7 @@ static void test_wrong_types(void) {
                 &o, &e) == 0, "%s", e.msg);
     CHECK(o.learning_rate == 3e-4 && o.weight_decay == 0.01 && o.adam_epsilon == 1e-8 && o.seed == -3);
     CHECK(o.max_steps == 1000);
+    CHECKF(load("bf16: auto\n", &o, &e) == 0 && o.bf16 == 1, "%s", e.msg); /* Axolotl's spelling */
 }
 
 static void test_not_supported(void) {
@@ -386,9 +388,9 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("model_type: LlamaForCausalLM\n", "set it to AutoModelForCausalLM");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
 
-    /* gradient checkpointing to the CPU is the CUDA backend's; the other modes are built */
-    EXPECT_YAML_ERROR("gradient_checkpointing: offload\n", "cfg.yaml line 1: ",
-                      "gradient_checkpointing 'offload' is not supported yet");
+    /* every checkpointing mode is built, offloading to host memory included; others are named */
+    EXPECT_YAML_OK("gradient_checkpointing: offload\n");
+    EXPECT_YAML_ERROR("gradient_checkpointing: disk\n", "cfg.yaml line 1: ", "gradient_checkpointing must be one of");
 
     /* Optimizers snug does not have. */
     static const char *const optims[] = {"adafactor", "sgd"};

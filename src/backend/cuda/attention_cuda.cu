@@ -1,7 +1,9 @@
-/* attention_cuda.cu: the CUDA backend's attention: causal, grouped-query, variable length (seg_start), in fp32.
+/* attention_cuda.cu: the CUDA backend's attention: causal, grouped-query, variable length (seg_start), in fp32 or,
+ * under mixed precision, in bf16 on the tensor cores.
  * Semantics are those of backend/backend.h; backend/cpu/attention_cpu.c and attention_naive_cpu.c are the references.
  *
- * Two rungs, as in llm.c's dev/cuda ladders, both kept and both tested (tests/unit/test_cuda_ops.c):
+ * Three rungs, as in llm.c's dev/cuda ladders, all kept and all tested (tests/unit/test_cuda_ops.c); the two fp32
+ * ones are here, the third in attention_tc_cuda.cu:
  *
  *   plain  one thread per query row (or per key row in backward), straight fp32 loops with an online softmax.
  *          Any HD up to ATT_PLAIN_MAXHD. Slow; it is the readable one.
@@ -10,11 +12,16 @@
  *          the score tile and 4 rows x HD/16 columns of the output. Online softmax per row, lse saved; key tiles
  *          past the causal diagonal or before the earliest seg_start of the tile are never visited, and no (T, T)
  *          buffer exists. HD is zero-padded to 32, 64 or 128 (one template instance each), so any HD <= 128 works.
+ *   tc     the same FlashAttention-2 scheme on the tensor cores: tiles rounded to bf16 in shared memory, products
+ *          by WMMA with fp32 accumulation, softmax statistics, lse and gradients in fp32 (attention_tc_cuda.cu).
+ *          HD a multiple of 16, at most 128. Errors of a few 1e-3 of the largest value, against fp32's 1e-7.
  *
- * The rung is chosen per call: SNUG_CUDA_ATTN=plain in the environment forces plain; otherwise tiled, falling back
- * to plain when HD > 128 or the device's shared memory per block is too small for the tile.
+ * The rung is chosen per call (att_rung): under mixed precision (be->math BF16 or F16, where the GEMMs already round
+ * to 16 bits) tc when HD allows it; otherwise tiled, falling back to plain when HD > 128 or the device's shared
+ * memory per block is too small. fp32 runs (be->math F32) never leave fp32. SNUG_CUDA_ATTN=plain, tiled or tc in
+ * the environment forces a rung (tc only where HD allows it, else the rule above picks between tiled and plain).
  *
- * Backward (both rungs) is deterministic, with no atomics: D = rowsum(dout * out) first, then a dQ pass (each
+ * Backward (every rung) is deterministic, with no atomics: D = rowsum(dout * out) first, then a dQ pass (each
  * query row or tile loops over its keys) and a dK/dV pass (each key row or tile loops over the query heads of its
  * group and, inside, over the query rows that see it), both recomputing p = exp(scale q.k - lse). Every output
  * element is written by one thread, in a fixed order, so repeated runs give the same bits. Gradients accumulate
@@ -26,9 +33,10 @@
  *
  * Memory beyond the arguments: backward takes N*NH floats of the backend's scratch for D (the naive backward
  * B*NH*T floats for its row sums). The tiled kernels' shared memory per block at HD 128 is 113 KiB forward (two
- * blocks fit an H100/H200 SM), 145 KiB dQ and 162 KiB dK/dV; at HD 64 about half. The plain kernels keep per-thread
- * arrays of ATT_PLAIN_MAXHD floats in local memory, which the CUDA runtime reserves for every resident thread of the
- * device the first time one of them runs (about 0.5 GiB on an H200 for the dK/dV kernel). */
+ * blocks fit an H100/H200 SM), 145 KiB dQ and 162 KiB dK/dV; at HD 64 about half (the tc kernels take 77 to 86
+ * KiB at HD 128, see attention_tc_cuda.cu). The plain kernels keep per-thread arrays of ATT_PLAIN_MAXHD floats in
+ * local memory, which the CUDA runtime reserves for every resident thread of the device the first time one of them
+ * runs (about 0.5 GiB on an H200 for the dK/dV kernel). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -793,17 +801,29 @@ static void att_fail(const char *what, int HD, int limit) {
     abort();
 }
 
-/* 1 when the plain rung runs: asked for with SNUG_CUDA_ATTN=plain, or the tiled one cannot take this HD or does
- * not fit the device's shared memory (`smem` bytes per block, the largest of the kernels about to run). */
-static int att_plain(snug_backend *be, int HD, size_t smem) {
+enum { ATT_PLAIN, ATT_TILED, ATT_TC };
+
+/* The rung that runs (the rule is in the comment at the top). `smem`: the tiled kernels' shared memory per block,
+ * the largest of those about to run. a, b: the tensors the tc kernels read with float4 loads (rows 16-byte aligned
+ * when the pointer is, since HD is a multiple of 16; always so for arena tensors). */
+static int att_rung(snug_backend *be, int HD, size_t smem, const void *a, const void *b) {
     const char *e = getenv("SNUG_CUDA_ATTN");
     if (e && strcmp(e, "plain") == 0)
-        return 1;
-    if (HD > ATT_TILED_MAXHD)
-        return 1;
+        return ATT_PLAIN;
     int optin = 0;
     SNUG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, snug_cuda(be)->device));
-    return smem + 1024 > (size_t)optin; /* + the kernels' static shared arrays */
+    int want_tc = be->math == SNUG_DT_BF16 || be->math == SNUG_DT_F16;
+    if (e && strcmp(e, "tc") == 0)
+        want_tc = 1;
+    if (e && strcmp(e, "tiled") == 0)
+        want_tc = 0;
+    int tc_ok = HD % 16 == 0 && HD <= 128 && (((uintptr_t)a | (uintptr_t)b) & 15) == 0 &&
+                snug_cuda_attention_tc_smem(HD) + 2048 <= (size_t)optin; /* + the static shared arrays */
+    if (want_tc && tc_ok)
+        return ATT_TC;
+    if (HD > ATT_TILED_MAXHD || smem + 1024 > (size_t)optin) /* + the kernels' static shared arrays */
+        return ATT_PLAIN;
+    return ATT_TILED;
 }
 
 /* NJ of the tiled instance for HD: columns per thread, HD zero-padded to 16*NJ */
@@ -855,7 +875,12 @@ extern "C" void snug_cuda_attention_fwd(snug_backend *be, float *out, float *lse
         return;
     cudaStream_t st = snug_cuda_stream(be);
     size_t smem = att_smem(HD, 2, 1, 1);
-    if (att_plain(be, HD, smem)) {
+    int rung = att_rung(be, HD, smem, qkv, qkv);
+    if (rung == ATT_TC) {
+        snug_cuda_attention_tc_fwd(be, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
+        return;
+    }
+    if (rung == ATT_PLAIN) {
         if (HD > ATT_PLAIN_MAXHD)
             att_fail("attention", HD, ATT_PLAIN_MAXHD);
         size_t rows = (size_t)B * NH * T;
@@ -882,7 +907,12 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
     att_rowdot<<<att_blocks(rows, 256), 256, 0, st>>>(D, dout, out, rows, HD);
     SNUG_CUDA_LAUNCHED();
     size_t smem_dq = att_smem(HD, 4, 0, 1), smem_dkv = att_smem(HD, 4, 0, 2);
-    if (att_plain(be, HD, smem_dkv)) {
+    int rung = att_rung(be, HD, smem_dkv, qkv, dout);
+    if (rung == ATT_TC) {
+        snug_cuda_attention_tc_bwd(be, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale);
+        return;
+    }
+    if (rung == ATT_PLAIN) {
         if (HD > ATT_PLAIN_MAXHD)
             att_fail("attention backward", HD, ATT_PLAIN_MAXHD);
         att_bwd_dq_plain<<<att_blocks(rows, 128), 128, 0, st>>>(dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD,

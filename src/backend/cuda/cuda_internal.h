@@ -274,6 +274,16 @@ void snug_cuda_attention_naive_bwd(snug_backend *be, float *dqkv, const float *d
 void snug_cuda_attention_decode(snug_backend *be, float *out, const float *qkv, int p, int NH, int NKV, int HD,
                                 float scale);
 
+/* attention_tc_cuda.cu: the tensor-core (bf16) rung of the flash attention, chosen by attention_cuda.cu. HD a
+ * multiple of 16, at most 128; rows of qkv and dout 16-byte aligned. Backward takes D (N, NH) = rowsum(dout * out)
+ * from the caller. _smem: the most dynamic shared memory per block its kernels ask for at this HD. */
+size_t snug_cuda_attention_tc_smem(int HD);
+void snug_cuda_attention_tc_fwd(snug_backend *be, float *out, float *lse, const float *qkv, const int32_t *seg_start,
+                                int B, int T, int NH, int NKV, int HD, float scale);
+void snug_cuda_attention_tc_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv, const float *lse,
+                                const float *D, const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
+                                float scale);
+
 #ifdef __cplusplus
 }
 #endif
