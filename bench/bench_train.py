@@ -2,8 +2,10 @@
 
 For each model, both trainers take the same Hugging Face folder (random weights), the same micro-batch shape and
 fp32 AdamW, on the same number of threads. Prints tokens/s and peak RSS of each and the ratios snug/PyTorch.
+With --bf16: snug with `bf16: true` (16-bit weights, activations and gradients, fp32 master weights) against
+PyTorch under torch.autocast("cpu", bfloat16) (fp32 weights and gradients, bf16 matmuls).
 
-    python bench/bench_train.py --snug build/snug [--threads 2] [--steps 6]
+    python bench/bench_train.py --snug build/snug [--threads 2] [--steps 6] [--bf16]
 """
 import argparse
 import json
@@ -48,6 +50,7 @@ def make_data(path: str, n_tokens: int) -> None:
 TORCH_CHILD = r"""
 import json, resource, sys, time, torch, transformers
 path, B, T, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+bf16 = sys.argv[6] == "1"
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 model = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", torch_dtype=torch.float32)
@@ -57,7 +60,8 @@ ids = torch.randint(0, 256, (B, T))
 times = []
 for s in range(steps):
     t0 = time.perf_counter()
-    loss = model(input_ids=ids, labels=ids).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -69,20 +73,23 @@ print(json.dumps({"tokens_per_s": B * T * len(warm) / sum(warm),
 """
 
 
-def run_torch(path, B, T, steps, threads):
+def run_torch(path, B, T, steps, threads, bf16=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", TORCH_CHILD, path, str(B), str(T), str(steps), str(threads)],
+    r = subprocess.run([sys.executable, "-c", TORCH_CHILD, path, str(B), str(T), str(steps), str(threads),
+                        "1" if bf16 else "0"],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_snug(snug, path, data, B, T, steps, threads, out):
+def run_snug(snug, path, data, B, T, steps, threads, out, bf16=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     cmd = [snug, "train", "--base_model", path, "--dataset", data, "--micro_batch_size", str(B), "--sequence_len",
            str(T), "--max_steps", str(steps), "--learning_rate", "1e-4", "--lr_scheduler", "constant",
            "--logging_steps", "1", "--output_dir", out, "--threads", str(threads), "--sample_tokens", "0"]
+    if bf16:
+        cmd += ["--bf16", "true"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(r.stdout + r.stderr)
@@ -99,6 +106,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", default="")
+    ap.add_argument("--bf16", action="store_true")
     a = ap.parse_args()
     work = tempfile.mkdtemp()
     data = os.path.join(work, "data.jsonl")
@@ -110,8 +118,8 @@ def main():
             continue
         path = os.path.join(work, name)
         make_model(cfg, path)
-        s = run_snug(a.snug, path, data, B, T, a.steps, a.threads, os.path.join(work, "out-" + name))
-        t = run_torch(path, B, T, a.steps, a.threads)
+        s = run_snug(a.snug, path, data, B, T, a.steps, a.threads, os.path.join(work, "out-" + name), a.bf16)
+        t = run_torch(path, B, T, a.steps, a.threads, a.bf16)
         print(f"{name:<12} {B:>2} {T:>4} {s['tokens_per_s']:>11.1f} {t['tokens_per_s']:>12.1f} "
               f"{s['tokens_per_s'] / t['tokens_per_s']:>5.2f}x   {s['peak_rss'] / 2**20:>7.0f}Mi "
               f"{t['peak_rss'] / 2**20:>7.0f}Mi {s['peak_rss'] / t['peak_rss']:>5.2f}x", flush=True)
