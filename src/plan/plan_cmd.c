@@ -761,12 +761,13 @@ int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snu
 /* ---- memory.json ---- */
 
 int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug_plan *p, const size_t *measured,
-                           const snug_overhead *ov, double peak_rss, snug_error *e) {
+                           const snug_overhead *ov, double peak_rss, const char *backend, double device_used,
+                           snug_error *e) {
     size_t mt = 0;
     for (int c = 0; c < SNUG_MEM_NCAT; c++)
         mt += measured[c];
     double predicted = (double)p->total + (double)p->host_total + (double)ov->total;
-    json_t *j = json_pack("{s:s, s:I, s:i, s:i, s:s, s:o, s:I, s:I, s:o, s:I, s:o, s:f, s:f}", "backend", "cpu",
+    json_t *j = json_pack("{s:s, s:I, s:i, s:i, s:s, s:o, s:I, s:I, s:o, s:I, s:o, s:f, s:f}", "backend", backend,
                           "parameters", (json_int_t)p->nparams, "micro_batch_size", s->B, "sequence_len", s->T,
                           "optimizer", snug_optim_name(s->optim, s->optim_paged), "plan", categories_json(p, NULL),
                           "plan_total", (json_int_t)(p->total + p->host_total), "plan_host", (json_int_t)p->host_total,
@@ -774,9 +775,13 @@ int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug
                           "runtime_overhead", overhead_json(ov), "predicted_rss", predicted, "peak_rss", peak_rss);
     if (!j)
         return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
+    if (device_used > 0)
+        json_object_set_new(j, "device_peak_bytes", json_real(device_used)); /* static arenas: in use at the end = the peak */
     const snug_levers *lv = &s->lv;
+    json_object_set_new(j, "precision", json_string(precision_name(lv->dt)));
     json_object_set_new(j, "levers", json_pack("{s:s, s:i, s:b, s:i}", "gradient_checkpointing",
-                                               lv->ckpt == SNUG_CKPT_FULL ? "full" : lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none",
+                                               lv->ckpt == SNUG_CKPT_FULL ? (lv->ckpt_offload ? "offload" : "full")
+                                               : lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none",
                                                "gradient_checkpointing_every_n_layers", lv->ckpt_every > 0 ? lv->ckpt_every : 1,
                                                "flash_attention", !lv->naive_attention, "xent_chunk_tokens", p->xent_chunk));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);

@@ -37,8 +37,10 @@ void snug_plan_usage(FILE *f);
 int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snug_error *e);
 
 /* Writes memory.json: the plan, the measured arena peaks (measured[c]), the runtime overhead and the process peak
- * RSS, so tests and tools compare them without parsing the printed table. */
+ * RSS, so tests and tools compare them without parsing the printed table. backend: "cpu" or "cuda"; device_used:
+ * the GPU memory in use at the end of the run (cudaMemGetInfo: arenas, context, workspaces), 0 on the CPU. */
 int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug_plan *p, const size_t *measured,
-                           const snug_overhead *ov, double peak_rss, snug_error *e);
+                           const snug_overhead *ov, double peak_rss, const char *backend, double device_used,
+                           snug_error *e);
 
 #endif

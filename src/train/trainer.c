@@ -609,7 +609,8 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         fprintf(out, "  %-20s %12s  (the arenas + %s runtime overhead)\n", "predicted RSS", b, "CPU");
         char mj[4096];
         path_join(mj, sizeof mj, o->output_dir, "memory.json");
-        rc = snug_memory_json_write(mj, &r.spec, &r.plan, measured, &ov, peak_rss_bytes(), e);
+        rc = snug_memory_json_write(mj, &r.spec, &r.plan, measured, &ov, peak_rss_bytes(), r.eng.be->name,
+                                    (double)snug_backend_device_used(r.eng.be), e);
         print_sample(&r, out);
     }
     free(ids);

@@ -312,7 +312,7 @@ static void test_svg_and_json(void) {
     for (int c = 0; c < SNUG_MEM_NCAT; c++)
         p.bytes[c] = measured[c] = 10 * (size_t)(c + 1);
     snug_overhead ov = {.n = 1, .item = {{"process baseline", 100, "measured"}}, .total = 100};
-    CHECKF(snug_memory_json_write(js, &s, &p, measured, &ov, 512.0, &e) == 0, "%s", e.msg);
+    CHECKF(snug_memory_json_write(js, &s, &p, measured, &ov, 512.0, "cpu", 0.0, &e) == 0, "%s", e.msg);
     json_error_t je;
     json_t *j = json_load_file(js, 0, &je);
     CHECKF(j != NULL, "%s", je.text);
