@@ -775,8 +775,8 @@ int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug
                           "runtime_overhead", overhead_json(ov), "predicted_rss", predicted, "peak_rss", peak_rss);
     if (!j)
         return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
-    if (device_used > 0)
-        json_object_set_new(j, "device_peak_bytes", json_real(device_used)); /* static arenas: in use at the end = the peak */
+    if (device_used > 0) /* arenas are static: what is in use at the end is the peak */
+        json_object_set_new(j, "device_peak_bytes", json_real(device_used));
     const snug_levers *lv = &s->lv;
     json_object_set_new(j, "precision", json_string(precision_name(lv->dt)));
     json_object_set_new(j, "levers", json_pack("{s:s, s:i, s:b, s:i}", "gradient_checkpointing",
