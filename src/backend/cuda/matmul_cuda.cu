@@ -66,6 +66,13 @@ extern "C" void snug_cuda_gemm(snug_backend *be, int ta, int tb, int m, int n, i
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     SNUG_CUBLAS_CHECK(snug_lt.MatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (found == 0 && compute != CUBLAS_COMPUTE_32F) { /* no tensor-core kernel for this shape: exact fp32 then */
+        snug_lt.MatmulDescDestroy(desc);
+        SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        SNUG_CUBLAS_CHECK(snug_lt.MatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+    }
     if (found == 0) {
         fprintf(stderr, "snug: cuBLASLt has no fp32 GEMM for m=%d n=%d k=%d ta=%d tb=%d lda=%d ldb=%d ldc=%d "
                         "(alignments %u %u %u)\n", m, n, k, ta, tb, lda, ldb, ldc, aa, ab, ac);
