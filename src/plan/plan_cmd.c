@@ -471,6 +471,21 @@ static void print_text(const report *r, FILE *f) {
             }
         }
     }
+    /* offloading the checkpointed layer inputs saves device memory only where host memory is not the device's */
+    if (p0->spec.with_grads && r->kind == SNUG_DEVICE_CUDA && !p0->spec.lv.ckpt_offload) {
+        snug_plan_spec sp = p0->spec;
+        sp.lv.ckpt = SNUG_CKPT_FULL;
+        sp.lv.ckpt_offload = 1;
+        snug_plan op;
+        snug_error oe = {0};
+        if (snug_plan_run(&op, &sp, &oe) == 0 && op.total < p0->plan.total) {
+            double saves = (double)(p0->plan.total - op.total);
+            fmtb(a, sizeof a, saves);
+            fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
+            fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", "gradient_checkpointing: offload", a, b, 35.0,
+                    "full's recompute, plus a copy out and in per layer");
+        }
+    }
     const snug_fit_point *sm = snug_fit_smallest(&r->space);
     if (sm && sm != &r->space.pt[0]) {
         fmtb(a, sizeof a, cap_of(&r->space, sm));

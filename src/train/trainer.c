@@ -419,9 +419,19 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
             batches_per_epoch, o->learning_rate, o->lr_scheduler,
             o->warmup_steps ? o->warmup_steps : (int)(o->warmup_ratio * total_steps));
     fprintf(out, "  optimizer            %s\n", snug_optim_name(r->spec.optim, r->spec.optim_paged));
+    const snug_levers *lv = &r->spec.lv;
+    if (lv->dt != SNUG_DT_F32)
+        fprintf(out, "  precision            %s storage, fp32 compute, %s%s\n", lv->dt == SNUG_DT_BF16 ? "bf16" : "fp16",
+                lv->master_weights ? "fp32 master weights" : "stochastic rounding (no master weights)",
+                lv->dt == SNUG_DT_F16 ? ", dynamic loss scaling from 2^16" : "");
+    else
+        fprintf(out, "  precision            fp32\n");
     if (r->fit_note[0])
         fprintf(out, "%s\n", r->fit_note);
-    fprintf(out, "memory plan (backend %s, %d threads):\n", r->eng.be->name, r->eng.be->nthreads);
+    if (!strcmp(r->eng.be->name, "cpu"))
+        fprintf(out, "memory plan (backend cpu, %d threads):\n", r->eng.be->nthreads);
+    else
+        fprintf(out, "memory plan (backend %s):\n", r->eng.be->name);
     snug_plan_print(out, &r->plan, NULL);
 }
 
