@@ -992,8 +992,6 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
     REQUIRE(!o->optimizer_in_backward || o->gradient_accumulation_steps == 1,
             "%s: optimizer_in_backward steps after every micro-batch, so gradients cannot accumulate; set "
             "gradient_accumulation_steps: 1 (raise micro_batch_size instead)", src);
-    REQUIRE(!o->optimizer_in_backward || strncmp(o->optimizer, "paged_", 6) != 0,
-            "%s: optimizer_in_backward with a paged optimizer is not supported yet; use adamw or adamw_8bit", src);
     REQUIRE(!(o->bf16 && o->fp16), "%s: bf16 and fp16 are both true; choose one", src);
     REQUIRE(!o->fp16 || o->master_weights,
             "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "

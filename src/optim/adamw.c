@@ -181,6 +181,7 @@ int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t
             if (used > opt->stage_bytes)
                 opt->stage_bytes = used;
         }
+        opt->stage_bytes += NSPAN * 64; /* a chunk cut from another start (one layer's run) may align differently */
         CARVE(opt->stage[0], D, opt->stage_bytes);
         if (nchunks > 1)
             CARVE(opt->stage[1], D, opt->stage_bytes);
@@ -276,11 +277,12 @@ static void copy_out(snug_backend *be, const span s[NSPAN]) {
                      (float *)(s)[5].dev
 
 /* Paged: chunk k+1 is copied into one slot while chunk k is updated in the other; one sync per chunk orders the
- * update before its copy back, and a slot's next copy in is queued after its copy out on the same side stream. */
+ * update before its copy back, and a slot's next copy in is queued after its copy out on the same side stream.
+ * Steps the tensors from `start` to the end of t (a table cut short steps a run of tensors: one layer's). */
 static void step_paged(snug_adamw *o, snug_backend *be, const snug_param_table *t, const io *x, double lr,
-                       float gs) {
+                       float gs, pos start) {
     span cur[NSPAN], nxt[NSPAN] = {{0}};
-    pos beg = {0}, end = chunk_end(o, t, beg, o->chunk_bytes);
+    pos beg = start, end = chunk_end(o, t, beg, o->chunk_bytes);
     int slot = 0;
     chunk_spans(o, beg, end, o->stage[slot], cur);
     copy_in(be, cur);
@@ -314,7 +316,7 @@ static void step_all(snug_adamw *opt, snug_backend *be, const snug_param_table *
     opt->step++;
     opt->sr_seed = sr_seed(opt->step);
     if (opt->paged) {
-        step_paged(opt, be, t, x, lr, grad_scale);
+        step_paged(opt, be, t, x, lr, grad_scale, (pos){0});
         return;
     }
     pos beg = {0}, end = {.i = t->n, .o32 = opt->n32, .o8 = opt->n8, .ob = opt->nblk};
@@ -337,6 +339,24 @@ void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, doub
     io x = {.m = m};
     opt->sr_seed = sr_seed(opt->step);
     pos at = {0};
+    if (opt->paged) { /* each run of the layer's tensors (the globals are two runs) streams through the slots */
+        for (int i = 0; i < t->n;) {
+            if (t->e[i].layer != layer) {
+                advance(opt, t, &at, t->e[i].numel);
+                i++;
+                continue;
+            }
+            int stop = i;
+            while (stop < t->n && t->e[stop].layer == layer)
+                stop++;
+            snug_param_table run = *t;
+            run.n = stop;
+            step_paged(opt, m->be, &run, &x, lr, grad_scale, at);
+            for (; i < stop; i++)
+                advance(opt, t, &at, t->e[i].numel);
+        }
+        return;
+    }
     for (int i = 0; i < t->n; i++) {
         const snug_param_entry *p = &t->e[i];
         if (p->layer == layer)

@@ -85,8 +85,8 @@ void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, floa
 /* The `optimizer` option: "adamw" (adamw_torch, adamw_torch_fused), "adamw_8bit" (adamw_bnb_8bit),
  * "paged_adamw_8bit", "paged_adamw_32bit". Returns -1 when unknown. */
 /* The optimizer step inside backward: steps only the model's tensors of `layer` (-1: the global tensors), as
- * snug_adamw_step_model does. The caller advances opt->step once per optimizer step, before backward. Not for
- * paged optimizers. */
+ * snug_adamw_step_model does; a paged optimizer streams just that layer's state. The caller advances opt->step once
+ * per optimizer step, before backward. */
 void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale);
 
 int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged);

@@ -431,7 +431,7 @@ static void print_text(const report *r, FILE *f) {
     /* the optimizer step inside backward saves gradient memory at no time cost, but it changes what training does
      * (no clipping, no accumulation), so it is listed here and never chosen by auto_fit */
     const snug_fit_point *p0 = &r->space.pt[0];
-    if (p0->spec.with_grads && !p0->spec.lv.optimizer_in_backward && !p0->spec.optim_paged) {
+    if (p0->spec.with_grads && !p0->spec.lv.optimizer_in_backward) {
         snug_plan_spec sp = p0->spec;
         sp.lv.optimizer_in_backward = 1;
         snug_plan ob;

@@ -46,6 +46,10 @@ train bf16_ckpt_offload_every2 --micro_batch_size 4 --bf16 true --gradient_check
   --gradient_checkpointing_every_n_layers 2
 train bf16_noclip --micro_batch_size 4 --bf16 true --max_grad_norm 0
 train bf16_in_backward --micro_batch_size 4 --bf16 true --max_grad_norm 0 --optimizer_in_backward true
+train bf16_paged32_noclip --micro_batch_size 4 --bf16 true --max_grad_norm 0 --optimizer paged_adamw_32bit
+train bf16_paged32_in_backward --micro_batch_size 4 --bf16 true --max_grad_norm 0 --optimizer paged_adamw_32bit \
+  --optimizer_in_backward true
+train paged8_in_backward --micro_batch_size 4 --max_grad_norm 0 --optimizer paged_adamw_8bit --optimizer_in_backward true
 train bf16_nomaster_noclip --micro_batch_size 4 --bf16 true --master_weights false --max_grad_norm 0
 train bf16_nomaster_in_backward --micro_batch_size 4 --bf16 true --master_weights false --max_grad_norm 0 \
   --optimizer_in_backward true --gradient_checkpointing selective
@@ -60,6 +64,8 @@ compare bf16_ckpt_every2 bf16 0
 compare bf16_ckpt_offload_every2 bf16 0
 compare bf16_in_backward bf16_noclip 0
 compare bf16_nomaster_in_backward bf16_nomaster_noclip 0
+compare bf16_paged32_in_backward bf16_paged32_noclip 0
+compare paged8_in_backward noclip_8bit 0
 compare bf16 base 5e-3
 compare bf16_all_levers packed_ga2 5e-3
 compare fp16_all_levers packed_ga2 5e-3

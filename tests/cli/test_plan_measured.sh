@@ -77,6 +77,9 @@ run bf16_in_backward --model_preset tiny-llama --micro_batch_size 2 --sequence_l
 run ckpt_offload --model_preset llama-30m --micro_batch_size 2 --sequence_len 128 --gradient_checkpointing offload
 run bf16_ckpt_offload --model_preset tiny-llama --micro_batch_size 4 --sequence_len 64 --bf16 true \
     --gradient_checkpointing offload --optimizer paged_adamw_8bit
+run bf16_paged8_in_backward_offload --model_preset llama-30m --micro_batch_size 2 --sequence_len 64 --bf16 true \
+    --master_weights false --optimizer paged_adamw_8bit --optimizer_in_backward true --max_grad_norm 0 \
+    --gradient_checkpointing offload
 run bf16_paged_32bit --model_preset tiny-llama --micro_batch_size 2 --sequence_len 64 --bf16 true \
     --optimizer paged_adamw_32bit
 
