@@ -63,3 +63,14 @@ size_t snug_backend_device_used(snug_backend *be) {
 #endif
     return 0;
 }
+
+size_t snug_backend_device_free(snug_backend *be) {
+#ifdef SNUG_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    if (!strcmp(be->name, "cuda") && snug_cuda_mem_info(be, &free_b, &total_b) == 0)
+        return free_b;
+#else
+    (void)be;
+#endif
+    return 0;
+}

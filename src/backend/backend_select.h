@@ -20,5 +20,7 @@ const char *snug_backend_resolve(const char *device);
 /* Device memory in use on be's device right now (total - free), for the measured peak beside the plan; 0 when the
  * backend is not a GPU or cannot tell. */
 size_t snug_backend_device_used(snug_backend *be);
+/* Free memory on be's device right now (cudaMemGetInfo); 0 when the backend is not a GPU or cannot tell. */
+size_t snug_backend_device_free(snug_backend *be);
 
 #endif

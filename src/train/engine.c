@@ -23,14 +23,17 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *d
             return snug_fail_over_budget(e, &g->plan, spec->memory_budget, spec->budget_overhead);
     }
     /* a plan larger than the machine is refused with the numbers, not left to fail (or to swap) mid-allocation */
-    double ram = snug_host_memory_bytes();
-    if (!strcmp(g->be->name, "cpu") && ram > 0 && (double)(g->plan.total + g->plan.host_total) > ram) {
+    int on_cpu = !strcmp(g->be->name, "cpu");
+    double ram = snug_host_memory_bytes(), host_need = (double)(g->plan.host_total + (on_cpu ? g->plan.total : 0));
+    double dev_free = on_cpu ? 0 : (double)snug_backend_device_free(g->be);
+    if ((ram > 0 && host_need > ram) || (dev_free > 0 && (double)g->plan.total > dev_free)) {
+        int dev = !(ram > 0 && host_need > ram);
         char need[32], have[32];
-        snug_format_bytes(need, sizeof need, (double)(g->plan.total + g->plan.host_total));
-        snug_format_bytes(have, sizeof have, ram);
-        return snug_fail(e, SNUG_EINPUT, "the memory plan needs %s and this machine has %s; run `snug plan` with the "
-                         "same options to see which levers make it fit, or set auto_fit: true with a memory_budget",
-                         need, have);
+        snug_format_bytes(need, sizeof need, dev ? (double)g->plan.total : host_need);
+        snug_format_bytes(have, sizeof have, dev ? dev_free : ram);
+        return snug_fail(e, SNUG_EINPUT, "the memory plan needs %s of %s and %s %s; run `snug plan` with the same "
+                         "options to see which levers make it fit, or set auto_fit: true with a memory_budget", need,
+                         dev ? "GPU memory" : "host memory", dev ? "the GPU has" : "this machine has", have);
     }
     g->model.cfg = spec->cfg;
     g->model.lv = spec->lv;
