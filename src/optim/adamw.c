@@ -181,7 +181,11 @@ int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t
             if (used > opt->stage_bytes)
                 opt->stage_bytes = used;
         }
-        opt->stage_bytes += NSPAN * 64; /* a chunk cut from another start (one layer's run) may align differently */
+        /* the step inside backward cuts chunks from each layer's start, which may pad differently: with more than
+         * one chunk, a slot takes the most any chunk can use (its budget plus each span's alignment); a single
+         * chunk's runs are each smaller than it */
+        if (nchunks > 1)
+            opt->stage_bytes = opt->chunk_bytes + NSPAN * 64;
         CARVE(opt->stage[0], D, opt->stage_bytes);
         if (nchunks > 1)
             CARVE(opt->stage[1], D, opt->stage_bytes);
