@@ -81,12 +81,13 @@ void snug_gpu_list(char *buf, size_t n) {
  *  - the context with snug's kernels and cuBLAS's loaded lazily: 300-500 MiB on CUDA 12 with lazy module loading
  *    (the default since CUDA 11.7); Hugging Face measured about 1.3 GB for PyTorch's far larger kernel set on a V100
  *    ("Model training anatomy"). 512 MiB keeps a margin.
- *  - cuBLAS workspace 32 MiB (PyTorch's default CUBLAS_WORKSPACE_CONFIG on Hopper, :4096:8) plus a 32 MiB cuBLASLt
- *    workspace (llm.c's cublaslt_workspace_size).
+ *  - what the CUDA backend allocates besides the arenas (backend_cuda.cu): a 32 MiB cuBLASLt workspace (llm.c's
+ *    cublaslt_workspace_size; snug does not use cuBLAS's own) and a 16 MiB scratch buffer for reductions and the
+ *    attention backward's row sums.
  *  - allocator slack: each arena is one cudaMalloc, rounded up to the 2 MiB allocation granularity; static arenas do
  *    not fragment, so instead of the 5-10% headroom a caching allocator needs, 1% covers what the estimate misses. */
 #define CUDA_CONTEXT_BYTES ((size_t)512 << 20)
-#define CUBLAS_WORKSPACE_BYTES ((size_t)64 << 20)
+#define CUBLAS_WORKSPACE_BYTES ((size_t)48 << 20)
 #define CUDA_ALLOC_GRANULE ((size_t)2 << 20)
 
 void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_plan *p, size_t host_data_bytes) {
@@ -98,8 +99,8 @@ void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_pla
                 slack += CUDA_ALLOC_GRANULE;
         ov->item[ov->n++] = (snug_overhead_item){"CUDA context and kernels", CUDA_CONTEXT_BYTES,
                                                  "estimate: 300-500 MiB with lazy loading (CUDA 12)"};
-        ov->item[ov->n++] = (snug_overhead_item){"cuBLAS/cuBLASLt workspace", CUBLAS_WORKSPACE_BYTES,
-                                                 "32 MiB cuBLAS (Hopper default) + 32 MiB cuBLASLt"};
+        ov->item[ov->n++] = (snug_overhead_item){"cuBLASLt workspace, scratch", CUBLAS_WORKSPACE_BYTES,
+                                                 "32 MiB cuBLASLt + 16 MiB reductions and attention"};
         ov->item[ov->n++] = (snug_overhead_item){"allocator slack", slack,
                                                  "2 MiB rounding per arena + 1% margin; arenas do not fragment"};
     } else {
