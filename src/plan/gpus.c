@@ -3,8 +3,8 @@
  * Sources of the numbers (all estimates except where snug measured them itself):
  *  - memory: the total nvidia-smi prints for each card (MiB), e.g. 81559 MiB for an H100 80GB HBM3, 143771 MiB for an
  *    H200; this is a little more than the program can use (the driver keeps some), which the overhead covers.
- *  - peak TFLOPs: NVIDIA data sheets, dense (without 2:4 sparsity). snug trains in fp32; a CUDA backend runs its
- *    GEMMs through TF32 tensor cores (as llm.c's fp32 path and PyTorch with allow_tf32 do), so TF32 is the peak used.
+ *  - peak TFLOPs: NVIDIA data sheets, dense (without 2:4 sparsity). fp32 training is estimated at the TF32 peak (as
+ *    llm.c's fp32 path and PyTorch with allow_tf32 run); bf16/fp16 at the 16-bit tensor-core peak.
  *  - MFU 40%: a typical model-FLOPs utilisation of well-tuned single-GPU training (llm.c and torchtune report
  *    35-50% on A100/H100); an assumption, replaced by --tokens_per_s when the user has a measurement.
  *  - prices: typical on-demand cloud prices per GPU-hour in USD (Lambda, RunPod and similar, 2024-2025); they vary
@@ -137,5 +137,6 @@ double snug_flops_per_token(const snug_plan_spec *s, long long nparams) {
 
 double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams) {
     double f = snug_flops_per_token(s, nparams);
-    return f > 0 ? g->tflops_tf32 * 1e12 * SNUG_ASSUMED_MFU / f : 0.0;
+    double peak = s->lv.dt == SNUG_DT_F32 ? g->tflops_tf32 : g->tflops_bf16; /* 16-bit: the tensor cores' bf16 rate */
+    return f > 0 ? peak * 1e12 * SNUG_ASSUMED_MFU / f : 0.0;
 }

@@ -71,8 +71,8 @@ double snug_flops_per_token(const snug_plan_spec *s, long long nparams);
 /* The model-FLOPs utilisation assumed for the throughput estimate. */
 #define SNUG_ASSUMED_MFU 0.40
 
-/* Estimated training tokens/s of the configured run on gpu g (fp32 training: TF32 peak x SNUG_ASSUMED_MFU / FLOPs per
- * token), before any lever's extra cost. */
+/* Estimated training tokens/s of the configured run on gpu g (the TF32 peak for fp32 training, the bf16 peak for
+ * bf16/fp16, x SNUG_ASSUMED_MFU / FLOPs per token), before any lever's extra cost. */
 double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams);
 
 #endif
