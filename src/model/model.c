@@ -94,6 +94,16 @@ int snug_model_grad16(const snug_model *m, int i) {
     return is16(m) && !m->lv.grads_fp32 && m->table.e[i].layer >= 0;
 }
 
+void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt) {
+    int g16 = snug_model_grad16(m, i);
+    *dt = g16 ? m->lv.dt : SNUG_DT_F32;
+    return g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
+}
+
+float *snug_model_host_params(const snug_model *m) {
+    return m->be->host_resident && !is16(m) ? m->params : NULL;
+}
+
 const void *snug_model_stored(const snug_model *m, size_t offset) {
     return is16(m) ? (const void *)(m->params16 + offset) : (const void *)(m->params + offset);
 }
@@ -128,39 +138,33 @@ static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, s
     return 0;
 }
 
-/* One layer's large activations in fp32 from arena `cat`. with_cheap = 0 leaves out what selective checkpointing
- * recomputes (the two norm outputs and the MLP activation). */
+/* One layer's large activations from arena `cat`, into `a`: a snug_layer_acts (fp32) or a snug_layer_acts16 (saved
+ * 16-bit), which have the same fields; CARVE sizes each by its element type. with_cheap = 0 leaves out what selective
+ * checkpointing recomputes (the two norm outputs and the MLP activation). */
+#define CARVE_LAYER_BIG(a, cat, N, with_cheap)                                                                   \
+    do {                                                                                                         \
+        size_t C_ = (size_t)m->cfg.hidden_size, ATT_ = (size_t)m->cfg.n_head * m->cfg.head_dim;                  \
+        if (with_cheap)                                                                                          \
+            CARVE((a)->ln1, cat, (N) * C_);                                                                      \
+        CARVE((a)->qkv, cat, (N) * m->QKV);                                                                      \
+        CARVE((a)->att, cat, (N) * ATT_);                                                                        \
+        CARVE((a)->res_mid, cat, (N) * C_);                                                                      \
+        if (with_cheap)                                                                                          \
+            CARVE((a)->ln2, cat, (N) * C_);                                                                      \
+        CARVE((a)->fc, cat, (N) * m->FC);                                                                        \
+        if (with_cheap)                                                                                          \
+            CARVE((a)->act, cat, (N) * (size_t)m->cfg.intermediate_size);                                        \
+    } while (0)
+
 static int carve_layer_big(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
                            int with_cheap, snug_error *e) {
-    int C = m->cfg.hidden_size, NH = m->cfg.n_head, HD = m->cfg.head_dim, I = m->cfg.intermediate_size;
-    if (with_cheap)
-        CARVE(a->ln1, cat, N * C);
-    CARVE(a->qkv, cat, N * m->QKV);
-    CARVE(a->att, cat, N * NH * HD);
-    CARVE(a->res_mid, cat, N * C);
-    if (with_cheap)
-        CARVE(a->ln2, cat, N * C);
-    CARVE(a->fc, cat, N * m->FC);
-    if (with_cheap)
-        CARVE(a->act, cat, N * I);
+    CARVE_LAYER_BIG(a, cat, N, with_cheap);
     return 0;
 }
 
-/* The same large activations stored 16-bit (saved activations of a mixed-precision layer). */
 static int carve_layer_big16(snug_model *m, snug_arenas *A, snug_layer_acts16 *s, size_t N, int with_cheap,
                              snug_error *e) {
-    int C = m->cfg.hidden_size, NH = m->cfg.n_head, HD = m->cfg.head_dim, I = m->cfg.intermediate_size;
-    snug_category cat = SNUG_MEM_ACTS;
-    if (with_cheap)
-        CARVE(s->ln1, cat, N * C);
-    CARVE(s->qkv, cat, N * m->QKV);
-    CARVE(s->att, cat, N * NH * HD);
-    CARVE(s->res_mid, cat, N * C);
-    if (with_cheap)
-        CARVE(s->ln2, cat, N * C);
-    CARVE(s->fc, cat, N * m->FC);
-    if (with_cheap)
-        CARVE(s->act, cat, N * I);
+    CARVE_LAYER_BIG(s, SNUG_MEM_ACTS, N, with_cheap);
     return 0;
 }
 
@@ -457,7 +461,7 @@ void snug_model_init_random(snug_model *m, uint64_t seed) {
     /* write straight into the parameters when they are fp32 host memory; else through a host buffer of PIECE
      * values (even, so the Box-Muller pairs never straddle two pieces) */
     enum { PIECE = 1 << 20 };
-    int direct = m->be->host_resident && m->params && !is16(m);
+    float *direct = snug_model_host_params(m);
     float *buf = direct ? NULL : malloc(PIECE * sizeof *buf);
     if (!direct && !buf)
         abort();
@@ -471,7 +475,7 @@ void snug_model_init_random(snug_model *m, uint64_t seed) {
         double sd = residual_out ? std / sqrt(2.0 * c->n_layer) : std;
         for (size_t k0 = 0; k0 < p->numel; k0 += PIECE) {
             size_t len = p->numel - k0 < PIECE ? p->numel - k0 : PIECE;
-            float *x = direct ? m->params + p->offset + k0 : buf;
+            float *x = direct ? direct + p->offset + k0 : buf;
             if (p->ndim == 1) {
                 for (size_t k = 0; k < len; k++)
                     x[k] = is_norm_w ? 1.0f : 0.0f;

@@ -170,6 +170,11 @@ typedef struct snug_model {
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
 int snug_model_grad16(const snug_model *m, int i);
+/* Where tensor i's gradient starts (in grads16 or grads) and, in dt, how it is stored. */
+void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt);
+/* The fp32 parameters when they are host memory the caller may read and write in place (the CPU backend, fp32);
+ * NULL otherwise: go through snug_model_put_params / snug_model_get_params. */
+float *snug_model_host_params(const snug_model *m);
 /* The parameters at `offset` (floats into the table) as forward reads them: in params16 under a 16-bit dt (stored
  * as m->lv.dt), else in params (F32). */
 const void *snug_model_stored(const snug_model *m, size_t offset);

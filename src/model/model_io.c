@@ -68,7 +68,7 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     SNUG_TRY(snug_st_open_dir(&s, dir, e));
     /* a backend whose memory is host memory receives each tensor in place; others get it through a staging
      * buffer the size of the largest tensor */
-    int direct = m->be->host_resident && m->lv.dt == SNUG_DT_F32;
+    float *direct = snug_model_host_params(m);
     size_t largest = 0;
     for (int i = 0; i < m->table.n; i++)
         largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
@@ -84,7 +84,7 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
         rc = match_tensor(&s, dir, p, &t, e);
         if (rc)
             break;
-        float *dst = direct ? m->params + p->offset : stage;
+        float *dst = direct ? direct + p->offset : stage;
         rc = snug_st_to_f32(&s, t, dst, p->transposed, e);
         if (!rc && !direct)
             snug_model_put_range(m, p->offset, stage, p->numel);

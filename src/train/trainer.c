@@ -198,18 +198,17 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     step_in_backward_ctx *c = ud;
     snug_model *m = &c->eng->model;
     snug_backend *be = c->eng->be;
+    snug_dtype dt;
     for (int i = 0; i < m->table.n; i++)
         if (m->table.e[i].layer == layer) {
-            int g16 = snug_model_grad16(m, i);
-            void *g = g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
-            c->sumsq += be->sumsq(be, g, g16 ? m->lv.dt : SNUG_DT_F32, m->table.e[i].numel);
+            void *g = snug_model_grad(m, i, &dt);
+            c->sumsq += be->sumsq(be, g, dt, m->table.e[i].numel);
         }
     snug_adamw_step_layer(&c->eng->opt, m, layer, c->lr, 1.0f);
     for (int i = 0; i < m->table.n; i++)
         if (m->table.e[i].layer == layer) {
-            int g16 = snug_model_grad16(m, i);
-            void *g = g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
-            be->zero(be, g, m->table.e[i].numel * (g16 ? 2 : sizeof(float)));
+            void *g = snug_model_grad(m, i, &dt);
+            be->zero(be, g, m->table.e[i].numel * snug_dtype_size(dt));
         }
 }
 
@@ -373,8 +372,8 @@ static void print_sample(run *r, FILE *out) {
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     if (n > 0 && ids && snug_engine_create(&g, &spec, o->device, o->threads, &e) == 0) {
         size_t bytes = r->eng.model.table.total * sizeof(float);
-        int direct = r->eng.be->host_resident && r->eng.model.lv.dt == SNUG_DT_F32;
-        float *host = direct ? r->eng.model.params : malloc(bytes);
+        float *direct = snug_model_host_params(&r->eng.model);
+        float *host = direct ? direct : malloc(bytes);
         if (host) {
             if (!direct)
                 snug_model_get_params(&r->eng.model, host);
