@@ -251,6 +251,22 @@ static double step_tokens(const snug_options *o) {
     return (double)o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps;
 }
 
+/* One row of the lever table for a setting the search does not try: sp re-planned, printed when it saves device
+ * memory against the configured plan. */
+static void listed_lever(FILE *f, const report *r, const snug_plan_spec *sp, const char *name, double cost_pct,
+                         const char *why) {
+    const snug_fit_point *p0 = &r->space.pt[0];
+    snug_plan pl;
+    snug_error e = {0};
+    if (snug_plan_run(&pl, sp, &e) != 0 || pl.total >= p0->plan.total)
+        return;
+    char a[32], b[32];
+    double saves = (double)(p0->plan.total - pl.total);
+    fmtb(a, sizeof a, saves);
+    fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
+    fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", name, a, b, cost_pct, why);
+}
+
 static void run_tokens(report *r) {
     const snug_options *o = &r->p->o;
     double per_step = step_tokens(o);
@@ -428,62 +444,37 @@ static void print_text(const report *r, FILE *f) {
         fmtb(b, sizeof b, cap_of(&r->space, l->p));
         fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", l->name, a, b, 100 * l->p->cost, l->cost_note);
     }
-    /* the optimizer step inside backward saves gradient memory at no time cost, but it changes what training does
-     * (no clipping, no accumulation), so it is listed here and never chosen by auto_fit */
+    /* levers listed beside the search's, never chosen by auto_fit: the optimizer step inside backward (no clipping,
+     * no accumulation), precision (tested to track fp32's loss, but not the same numbers), and offloading, which
+     * saves device memory only where host memory is not the device's */
     const snug_fit_point *p0 = &r->space.pt[0];
-    if (p0->spec.with_grads && !p0->spec.lv.optimizer_in_backward) {
-        snug_plan_spec sp = p0->spec;
-        sp.lv.optimizer_in_backward = 1;
-        snug_plan ob;
-        snug_error oe = {0};
-        if (snug_plan_run(&ob, &sp, &oe) == 0 && ob.total < p0->plan.total) {
-            double saves = (double)(p0->plan.total - ob.total);
-            fmtb(a, sizeof a, saves);
-            fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
-            fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", "optimizer_in_backward (max_grad_norm: 0, GA 1)", a,
-                    b, 0.0, "no clipping; never chosen by auto_fit");
-        }
-    }
-    /* precision changes the numbers training computes with (tested to track fp32's loss), so it is listed, never
-     * chosen by auto_fit */
+    const snug_levers *lv0 = &p0->spec.lv;
     if (p0->spec.with_grads) {
-        struct {
-            const char *name;
-            snug_dtype dt;
-            int master;
-        } prec[] = {{"bf16: true", SNUG_DT_BF16, 1}, {"bf16: true, master_weights: false", SNUG_DT_BF16, 0},
-                    {"master_weights: false", SNUG_DT_BF16, 0}};
-        for (int i = 0; i < 3; i++) {
-            int from_fp32 = p0->spec.lv.dt == SNUG_DT_F32;
-            if ((i < 2) != from_fp32 || (i == 2 && !(p0->spec.lv.dt == SNUG_DT_BF16 && p0->spec.lv.master_weights)))
-                continue;
-            snug_plan_spec sp = p0->spec;
-            sp.lv.dt = prec[i].dt;
-            sp.lv.master_weights = prec[i].master;
-            snug_plan pp;
-            snug_error pe = {0};
-            if (snug_plan_run(&pp, &sp, &pe) == 0 && pp.total < p0->plan.total) {
-                double saves = (double)(p0->plan.total - pp.total);
-                fmtb(a, sizeof a, saves);
-                fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
-                fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", prec[i].name, a, b, 0.0,
-                        "16-bit rounding; never chosen by auto_fit");
-            }
-        }
-    }
-    /* offloading the checkpointed layer inputs saves device memory only where host memory is not the device's */
-    if (p0->spec.with_grads && r->kind == SNUG_DEVICE_CUDA && !p0->spec.lv.ckpt_offload) {
         snug_plan_spec sp = p0->spec;
-        sp.lv.ckpt = SNUG_CKPT_FULL;
-        sp.lv.ckpt_offload = 1;
-        snug_plan op;
-        snug_error oe = {0};
-        if (snug_plan_run(&op, &sp, &oe) == 0 && op.total < p0->plan.total) {
-            double saves = (double)(p0->plan.total - op.total);
-            fmtb(a, sizeof a, saves);
-            fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
-            fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", "gradient_checkpointing: offload", a, b, 35.0,
-                    "full's recompute, plus a copy out and in per layer");
+        if (!lv0->optimizer_in_backward) {
+            sp.lv.optimizer_in_backward = 1;
+            listed_lever(f, r, &sp, "optimizer_in_backward (max_grad_norm: 0, GA 1)", 0.0,
+                         "no clipping; never chosen by auto_fit");
+        }
+        const char *rounding = "16-bit rounding; never chosen by auto_fit";
+        if (lv0->dt == SNUG_DT_F32) {
+            sp = p0->spec;
+            sp.lv.dt = SNUG_DT_BF16;
+            sp.lv.master_weights = 1;
+            listed_lever(f, r, &sp, "bf16: true", 0.0, rounding);
+            sp.lv.master_weights = 0;
+            listed_lever(f, r, &sp, "bf16: true, master_weights: false", 0.0, rounding);
+        } else if (lv0->dt == SNUG_DT_BF16 && lv0->master_weights) {
+            sp = p0->spec;
+            sp.lv.master_weights = 0;
+            listed_lever(f, r, &sp, "master_weights: false", 0.0, rounding);
+        }
+        if (r->kind == SNUG_DEVICE_CUDA && !lv0->ckpt_offload) {
+            sp = p0->spec;
+            sp.lv.ckpt = SNUG_CKPT_FULL;
+            sp.lv.ckpt_offload = 1;
+            listed_lever(f, r, &sp, "gradient_checkpointing: offload", 35.0,
+                         "full's recompute, plus a copy out and in per layer");
         }
     }
     const snug_fit_point *sm = snug_fit_smallest(&r->space);
@@ -492,7 +483,7 @@ static void print_text(const report *r, FILE *f) {
         fprintf(f, "  smallest of all combinations: %s: %s (%+.0f%%)\n", sm->what, a, 100 * sm->cost);
     }
 
-    fprintf(f, "\nfit on common GPUs (cuda backend: arenas + CUDA context, cuBLAS workspace and allocator slack):\n");
+    fprintf(f, "\nfit on common GPUs (cuda backend: arenas + CUDA context, cuBLASLt workspace, scratch and allocator slack):\n");
     fprintf(f, "  %-15s %10s %11s  %s\n", "gpu", "memory", "needs", "verdict");
     for (int i = 0; i < r->nrows; i++) {
         const gpu_row *w = &r->rows[i];
