@@ -24,6 +24,7 @@ typedef struct snug_backend snug_backend;
 
 struct snug_backend {
     const char *name; /* "cpu", "cuda" */
+    const char *gemm; /* the GEMM library and kernels in use, for the training header */
     void *ctx;
     int nthreads;
     int host_resident;  /* 1 when device pointers are plain host memory (the CPU backend): no staging copies */

@@ -7,11 +7,18 @@
 
 #include <string.h>
 
+#include "backend/cpu/blas_cpu.h"
+
 #ifdef SNUG_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif
 
 static snug_backend *create_cpu(int nthreads, snug_error *e) {
+    char why[1024];
+    if (snug_cpu_blas_load(why, sizeof why)) {
+        snug_fail(e, SNUG_EINPUT, "%s", why);
+        return NULL;
+    }
     snug_backend *be = snug_backend_cpu_create(nthreads);
     if (!be)
         snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend (out of memory)");

@@ -61,6 +61,9 @@ static int load_options(snug_options *o, int argc, char **argv, int train, snug_
 }
 
 int main(int argc, char **argv) {
+    /* every line as it is printed, also into a file or a pipe: `snug train > log` shows each logged step at once, and
+     * a killed run keeps every line it printed */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         if (argc >= 2) {

@@ -425,6 +425,8 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
                 lv->dt == SNUG_DT_F16 ? ", dynamic loss scaling from 2^16" : "");
     else
         fprintf(out, "  precision            fp32\n");
+    if (r->eng.be->gemm)
+        fprintf(out, "  gemm                 %s\n", r->eng.be->gemm);
     if (r->fit_note[0])
         fprintf(out, "%s\n", r->fit_note);
     if (!strcmp(r->eng.be->name, "cpu"))

@@ -2,7 +2,7 @@
  *
  * Memory is plain host memory, 64-byte aligned and zeroed; to_device/to_host are copies. The ops live in ops_cpu.c,
  * attention_cpu.c, xent_cpu.c and adamw8bit_cpu.c; they run on be->nthreads OpenMP threads and use OpenBLAS for the
- * GEMMs. */
+ * GEMMs (blas_cpu.c opens it when the first backend is created; NULL when it cannot: snug_cpu_blas_load says why). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +11,7 @@
 #include "backend/cpu/ops_cpu.h"
 
 /* OpenBLAS keeps one global thread count (cheap to set), so each GEMM-calling op sets it to its backend's. */
-void snug_cpu_blas_threads(snug_backend *be) { openblas_set_num_threads(be->nthreads); }
+void snug_cpu_blas_threads(snug_backend *be) { snug_cpu_blas_set_threads(be->nthreads); }
 
 static void cpu_destroy(snug_backend *be) { free(be); }
 
@@ -43,6 +43,9 @@ static void cpu_zero(snug_backend *be, void *dst, size_t bytes) {
 static void cpu_sync(snug_backend *be) {}
 
 snug_backend *snug_backend_cpu_create(int nthreads) {
+    char why[1024];
+    if (snug_cpu_blas_load(why, sizeof why))
+        return NULL;
     snug_backend *be = calloc(1, sizeof(*be));
     if (!be)
         return NULL;
@@ -51,6 +54,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     if (nthreads <= 0)
         nthreads = 1;
     be->name = "cpu";
+    be->gemm = snug_cpu_blas_describe();
     be->ctx = NULL;
     be->nthreads = nthreads;
     be->destroy = cpu_destroy;

@@ -197,7 +197,7 @@ void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const f
         beta = 1.0f;
     }
     snug_cpu_blas_threads(be);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+    snug_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
 }
 
 void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
@@ -206,9 +206,9 @@ void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias,
         return;
     snug_cpu_blas_threads(be);
     if (dinp) // dinp (N,C) += dout (N,OC) @ w (OC,C)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        snug_cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
     if (dw) // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+        snug_cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) { // dbias (OC) += column sums of dout
         int nblk = (OC + SNUG_CPU_CBLK - 1) / SNUG_CPU_CBLK;
 #pragma omp parallel for num_threads(NT(be)) if ((size_t)N * OC >= SNUG_CPU_PAR_MIN)

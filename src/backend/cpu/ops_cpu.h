@@ -11,11 +11,7 @@
 
 #include "backend/backend.h"
 
-/* OpenBLAS's cblas.h includes <complex.h>, whose macro `I` would clobber the MLP width I of backend.h: ask for its
- * struct complex types instead, and drop `I` should another cblas.h define it anyway. Include cblas.h only here. */
-#define FORCE_OPENBLAS_COMPLEX_STRUCT
-#include <cblas.h>
-#undef I
+#include "backend/cpu/blas_cpu.h"
 
 /* Fixed number of blocks that a long reduction (sumsq, the loss of a chunk) is split into before the partial sums
  * are added in order: independent of the thread count, hence deterministic. */

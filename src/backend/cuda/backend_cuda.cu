@@ -288,6 +288,7 @@ extern "C" snug_backend *snug_backend_cuda_create(int device, snug_error *e) {
     }
 
     be->name = "cuda";
+    be->gemm = "cuBLASLt";
     be->nthreads = 1; /* host threads used by the ops: none beyond the caller's */
     be->host_resident = 0;
     be->destroy = cuda_destroy;

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The CPU runtime as a user meets it: the training header names the GEMM kernels, chosen from cpuid unless
+# OPENBLAS_CORETYPE says otherwise (and then said so, with a warning when they are slower than the CPU allows); a BLAS
+# that cannot be opened is one clear error; and the log is written line by line when stdout is a file, so a run
+# killed mid-way keeps every line it printed.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'kill -9 $pid 2>/dev/null; rm -rf "$W"' EXIT
+pid=
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+printf '{"text": "a small line of training text that repeats, with a few more words."}\n%.0s' $(seq 300) > "$W/data.jsonl"
+T="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --model_preset tiny-llama --sequence_len 32
+   --micro_batch_size 2 --sample_tokens 0 --val_set_size 0 --logging_steps 1"
+tier=$(grep -m1 -o -w 'avx512f\|avx2' /proc/cpuinfo | sort | tail -1) # avx2 or avx512f ("" if neither)
+
+# the header names the kernels, chosen from cpuid
+env -u OPENBLAS_CORETYPE "$SNUG" train $T --max_steps 1 --output_dir "$W/a" > "$W/a.log" 2>&1
+if grep -Eq '^  gemm +OpenBLAS [0-9.]+, [A-Za-z]+ kernels \(chosen from cpuid; CPU: ' "$W/a.log"; then ok
+else bad "header does not name the kernels chosen from cpuid: $(grep gemm "$W/a.log")"; fi
+echo "  $(grep '^  gemm' "$W/a.log")"
+if [ -n "$tier" ] && grep '^  gemm' "$W/a.log" | grep -Eq 'Prescott|Core2|Nehalem|Penryn|Atom|Barcelona|slower'; then
+  bad "generic GEMM kernels on a CPU with $tier"
+else ok; fi
+
+# OPENBLAS_CORETYPE from the user wins and is named; generic kernels on an AVX2 CPU are flagged
+if [ -n "$tier" ]; then
+  OPENBLAS_CORETYPE=Haswell "$SNUG" train $T --max_steps 1 --output_dir "$W/b" > "$W/b.log" 2>&1
+  if grep -q 'Haswell kernels (OPENBLAS_CORETYPE from the environment' "$W/b.log"; then ok
+  else bad "OPENBLAS_CORETYPE=Haswell not honoured: $(grep gemm "$W/b.log")"; fi
+  OPENBLAS_CORETYPE=Prescott "$SNUG" train $T --max_steps 1 --output_dir "$W/c" > "$W/c.log" 2>&1
+  if grep -q 'Prescott kernels .*slower than this CPU allows: unset OPENBLAS_CORETYPE' "$W/c.log"; then ok
+  else bad "generic kernels forced by hand are not flagged: $(grep gemm "$W/c.log")"; fi
+fi
+
+# a BLAS that cannot be opened: one error line, exit 2
+SNUG_BLAS=$W/no-such-libopenblas.so.0 "$SNUG" train $T --max_steps 1 --output_dir "$W/d" > "$W/d.out" 2> "$W/d.err"
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/d.err")" -eq 1 ] && grep -q 'no-such-libopenblas.*SNUG_BLAS' "$W/d.err"
+then ok; else bad "unopenable BLAS: rc=$rc, $(head -c 300 "$W/d.err")"; fi
+
+# line-buffered log: with stdout a file, step lines appear while the run goes on, and a run killed with SIGKILL
+# (no chance to flush) leaves only whole lines, the last logged step among them
+"$SNUG" train $T --max_steps 100000 --output_dir "$W/e" > "$W/e.log" 2>&1 &
+pid=$!
+seen=0
+for _ in $(seq 600); do
+  n=$(grep -c '^step ' "$W/e.log")
+  [ "$n" -ge 3 ] && { seen=1; break; }
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.1
+done
+alive=0; kill -0 $pid 2>/dev/null && alive=1
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null; pid=
+if [ $seen -eq 1 ] && [ $alive -eq 1 ]; then ok; else bad "no step lines in the log while the run was going on"; fi
+if [ -s "$W/e.log" ] && [ "$(tail -c 1 "$W/e.log" | od -An -c | tr -d ' ')" = '\n' ] &&
+   tail -1 "$W/e.log" | grep -Eq '^step +[0-9]+/'; then ok
+else bad "killed run's log does not end with a whole step line: $(tail -c 200 "$W/e.log")"; fi
+
+echo "test_cpu_runtime: $pass passed, $fail failed"
+[ $fail -eq 0 ]
