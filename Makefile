@@ -14,7 +14,10 @@ build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@MAKEFLAGS= cmake --build $(BUILD) -j $(JOBS)
 
-run: build
+# The default job needs the snug program alone (not the tests, benchmarks or GPU tools).
+run: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@MAKEFLAGS= cmake --build $(BUILD) -j $(JOBS) --target snug
 	./$(BUILD)/snug train
 
 test: build

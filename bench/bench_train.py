@@ -6,6 +6,11 @@ With --bf16: snug with `bf16: true` (16-bit weights, activations and gradients, 
 PyTorch under torch.autocast("cpu", bfloat16) (fp32 weights and gradients, bf16 matmuls).
 
     python bench/bench_train.py --snug build/snug [--threads 2] [--steps 6] [--bf16]
+    python bench/bench_train.py --snug build/snug --mfu     # GPT-2 124M at B8xT256: achieved fraction of fp32 peak
+
+With --mfu: snug's training FLOP/s on GPT-2 124M at B8xT256 (6 FLOPs per matmul parameter per token, head
+included, plus 6*L*T*C for causal attention) against the machine's fp32 peak, the faster of two GEMM
+microbenchmarks at 2048^3 on the same threads: bench_gemm (OpenBLAS with the kernels snug chose) and torch.mm.
 """
 import argparse
 import json
@@ -100,6 +105,42 @@ def run_snug(snug, path, data, B, T, steps, threads, out, bf16=False):
     return {"tokens_per_s": B * T * len(warm) / secs, "peak_rss": rows[-1]["peak_rss_bytes"]}
 
 
+TORCH_MM = r"""
+import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+n = 2048
+a, b = torch.randn(n, n), torch.randn(n, n)
+a @ b
+best = 1e9
+for _ in range(5):
+    t0 = time.perf_counter()
+    a @ b
+    best = min(best, time.perf_counter() - t0)
+print(json.dumps({"gflops": 2 * n ** 3 / best / 1e9}))
+"""
+
+
+def mfu(a, work, data):
+    name, cfg, _, _ = CASES[0]
+    B, T = 8, 256
+    path = os.path.join(work, name)
+    make_model(cfg, path)
+    gemm = os.path.join(os.path.dirname(os.path.abspath(a.snug)), "bench_gemm")
+    g = json.loads(subprocess.run([gemm, str(a.threads)], check=True, capture_output=True, text=True).stdout)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    t = json.loads(subprocess.run([sys.executable, "-c", TORCH_MM, str(a.threads)], check=True, capture_output=True,
+                                  text=True, env=env).stdout)
+    peak = max(g["gflops"], t["gflops"]) * 1e9
+    s = run_snug(a.snug, path, data, B, T, a.steps, a.threads, os.path.join(work, "out-mfu"), a.bf16)
+    C, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    flops_tok = 6 * (12 * L * C * C + V * C) + 6 * L * T * C
+    achieved = s["tokens_per_s"] * flops_tok
+    print(f"fp32 GEMM peak, 2048^3, {a.threads} threads: OpenBLAS ({g['kernels']} kernels) {g['gflops']:.1f} GFLOP/s, "
+          f"torch.mm {t['gflops']:.1f} GFLOP/s")
+    print(f"snug GPT-2 124M B{B}xT{T}{' bf16' if a.bf16 else ''}: {s['tokens_per_s']:.1f} tok/s x "
+          f"{flops_tok / 1e6:.0f} MFLOP/token = {achieved / 1e9:.1f} GFLOP/s = {100 * achieved / peak:.1f}% of peak")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--snug", default="build/snug")
@@ -107,10 +148,13 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", default="")
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--mfu", action="store_true")
     a = ap.parse_args()
     work = tempfile.mkdtemp()
     data = os.path.join(work, "data.jsonl")
     make_data(data, 2_000_000)
+    if a.mfu:
+        return mfu(a, work, data)
     print(f"{'model':<12} {'B':>2} {'T':>4} {'snug tok/s':>11} {'torch tok/s':>12} {'ratio':>6}   "
           f"{'snug RSS':>9} {'torch RSS':>9} {'ratio':>6}")
     for name, cfg, B, T in CASES:

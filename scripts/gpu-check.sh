@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gpu-check.sh: builds snug with the CUDA backend on a machine with one NVIDIA GPU, runs the CUDA tests and the GPU
 # benchmarks against PyTorch, and ends with a summary table. Offline: nothing is downloaded or installed. Uses the
-# system python3 (PyTorch and transformers installed there; without them the PyTorch benchmarks are skipped).
+# system python3 (PyTorch and transformers installed there; without them the PyTorch benchmarks are skipped). On a
+# machine without Debian's -dev packages it builds against deps/ (scripts/fetch-deps.sh, run beforehand where the
+# packages can be fetched; carry deps/ with the tree).
 #
 #     scripts/gpu-check.sh            # build dir: a fresh /tmp/snug-gpu-check.XXXXXX (or $SNUG_GPU_BUILD)
 #
@@ -21,20 +23,33 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 missing=()
-for t in cmake make gcc pkg-config nvcc python3 timeout; do
+for t in cmake make gcc nvcc python3 timeout; do
   command -v "$t" >/dev/null 2>&1 || missing+=("$t")
 done
-declare -A PKG=([yaml-0.1]=libyaml-dev [jansson]=libjansson-dev [libpcre2-8]=libpcre2-dev [libutf8proc]=libutf8proc-dev)
+# The libraries snug links (libyaml, jansson, PCRE2, utf8proc) and OpenBLAS: the system's, or else the Debian
+# packages scripts/fetch-deps.sh put in deps/debs, unpacked here into deps/root and built against alone.
+sys_deps=1
 if command -v pkg-config >/dev/null 2>&1; then
-  for m in "${!PKG[@]}"; do
-    pkg-config --exists "$m" || missing+=("${PKG[$m]} (pkg-config module $m)")
-  done
-  if ! pkg-config --exists openblas && ! ls /usr/lib/*/openblas-openmp/libopenblas.so >/dev/null 2>&1; then
-    missing+=("libopenblas-openmp-dev (OpenBLAS)")
+  for m in yaml-0.1 jansson libpcre2-8 libutf8proc; do pkg-config --exists "$m" || sys_deps=0; done
+else
+  sys_deps=0
+fi
+ls /usr/lib/*/openblas-openmp/libopenblas.so.0 /usr/lib/*/libopenblas.so.0 >/dev/null 2>&1 || sys_deps=0
+DEPS_ARGS=()
+DEPS="system"
+if [ $sys_deps = 0 ]; then
+  if ls deps/debs/*.deb >/dev/null 2>&1; then
+    rm -rf deps/root
+    python3 scripts/unpack_debs.py deps/debs deps/root
+    DEPS_ARGS=("-DSNUG_DEPS_ROOT=$ROOT/deps/root")
+    DEPS="deps/root (unpacked from deps/debs)"
+  else
+    missing+=("the -dev packages of libyaml, jansson, PCRE2, utf8proc and OpenBLAS: run scripts/fetch-deps.sh where"
+              "Debian's packages can be fetched and bring deps/ along (or install them: scripts/setup.sh)")
   fi
 fi
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "gpu-check: missing, install these first (scripts/setup.sh lists the Debian packages):"
+  echo "gpu-check: missing:"
   for m in "${missing[@]}"; do echo "  $m"; done
   exit 2
 fi
@@ -56,7 +71,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 fi
 HAVE_TORCH=0
 python3 -c 'import torch, transformers; assert torch.cuda.is_available()' >/dev/null 2>&1 && HAVE_TORCH=1
-echo "gpu-check: GPU: $GPU; build in $BUILD; PyTorch with CUDA: $([ $HAVE_TORCH = 1 ] && echo yes || echo no)"
+echo "gpu-check: GPU: $GPU; build in $BUILD; libraries: $DEPS; PyTorch with CUDA: $([ $HAVE_TORCH = 1 ] && echo yes || echo no)"
 
 # ---------------------------------------------------------------------------------------------- stages
 declare -A RESULT SECS
@@ -102,7 +117,7 @@ skip() {
 }
 
 stage configure 60 "$LOGS/configure.log" 1 cmake -S "$ROOT" -B "$BUILD" -DSNUG_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  "${ARCH_FLAG[@]}"
+  "${ARCH_FLAG[@]}" "${DEPS_ARGS[@]}"
 if [ "${RESULT[configure]}" = ok ] && ! grep -q "CUDA backend: on" "$LOGS/configure.log"; then
   RESULT[configure]="FAILED (CUDA backend off: see $LOGS/configure.log)"
 fi

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(build-essential cmake pkg-config libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libopenblas-openmp-dev
+pkgs=(build-essential cmake pkg-config libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libopenblas0-openmp
       fortunes fortunes-min python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do

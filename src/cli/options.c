@@ -181,6 +181,8 @@ static const key_spec keys[] = {
      .help = "folder for checkpoints and the final model (relative to the current directory)"},
     {.name = "seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(seed), .def = "42",
      .help = "seed for initialisation, shuffling and sampling"},
+    {.name = "data_seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(data_seed), .def = "-1",
+     .help = "seed for the data alone (validation split, shuffling, packing order); -1 = seed"},
     {.name = "logging_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(logging_steps), .def = "1",
      .help = "print loss, learning rate and throughput every N steps"},
     {.name = "eval_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(eval_steps), .def = "0",

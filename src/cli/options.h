@@ -67,6 +67,7 @@ typedef struct snug_options {
     /* output and logging */
     char output_dir[1024];    /* "out" */
     int seed;                 /* 42 */
+    int data_seed;            /* -1: seed */
     int logging_steps;        /* 1 */
     int eval_steps;           /* 0 = at the end of each epoch only */
     int save_steps;           /* 0 = only at the end */

@@ -46,6 +46,9 @@ typedef struct run {
     size_t data_host_est;  /* the datasets' host memory, estimated from their files before they are read */
 } run;
 
+/* the seed of the data order: data_seed, or seed when it is not set (as Hugging Face's Trainer) */
+static uint64_t data_seed(const snug_options *o) { return (uint64_t)(o->data_seed >= 0 ? o->data_seed : o->seed); }
+
 static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap,
                       snug_error *e) {
     return snug_tok_encode((const snug_tokenizer *)ctx, text, len, ids, n, cap, e) < 0 ? (e->code ? e->code : SNUG_EINPUT)
@@ -154,7 +157,7 @@ static int load_data(run *r, snug_error *e) {
                                   o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
                                   &r->drep, e));
     if (o->val_set_size > 0)
-        SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, (uint64_t)o->seed, &r->val, e));
+        SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, data_seed(o), &r->val, e));
     return 0;
 }
 
@@ -268,7 +271,7 @@ static snug_batching_opts batching_opts(const run *r, int shuffle) {
     return (snug_batching_opts){.how = how, .B = o->micro_batch_size, .T = o->sequence_len,
                                 .pad_to_sequence_len = o->pad_to_sequence_len,
                                 .pad_to_multiple_of = o->pad_to_multiple_of, .shuffle = shuffle,
-                                .seed = (uint64_t)o->seed, .pad_id = r->enc.eos_id >= 0 ? r->enc.eos_id : 0};
+                                .seed = data_seed(o), .pad_id = r->enc.eos_id >= 0 ? r->enc.eos_id : 0};
 }
 
 /* Mean loss over every supervised token of the validation set, batched as training is. */

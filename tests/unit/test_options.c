@@ -71,7 +71,7 @@ static void test_defaults(void) {
     CHECK(o.learning_rate == 3e-4 && !strcmp(o.lr_scheduler, "cosine"));
     CHECK(o.warmup_steps == 0 && o.warmup_ratio == 0 && o.weight_decay == 0);
     CHECK(o.adam_beta1 == 0.9 && o.adam_beta2 == 0.999 && o.adam_epsilon == 1e-8 && o.max_grad_norm == 1.0);
-    CHECK(!strcmp(o.optimizer, "adamw") && !strcmp(o.output_dir, "out") && o.seed == 42);
+    CHECK(!strcmp(o.optimizer, "adamw") && !strcmp(o.output_dir, "out") && o.seed == 42 && o.data_seed == -1);
     CHECK(o.logging_steps == 1 && o.eval_steps == 0 && o.save_steps == 0 && o.threads == 0);
     CHECK(o.sample_tokens == 64 && o.temperature == 0.8 && o.top_k == 40 && o.top_p == 0.95);
     CHECK(!strcmp(o.model_preset, "tiny-llama") && o.base_model[0] == '\0' && o.tokenizer[0] == '\0');
