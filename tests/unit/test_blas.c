@@ -69,7 +69,9 @@ static void test_loaded(void) {
            "kernel than the CPU allows", k, snug_blas_core_tier(k), tier, level);
     if (tier >= 2)
         CHECKF(snug_blas_core_tier(k) >= 2, "generic GEMM kernels (%s) on a CPU with %s", k, level);
-    CHECKF(strstr(line, k) != NULL && strstr(line, "chosen from cpuid") != NULL, "header names the kernels: %s", line);
+    CHECKF(strstr(line, k) != NULL, "header names the kernels: %s", line);
+    if (snug_blas_coretype_for(f)) /* an x86 CPU with AVX at least: snug chose */
+        CHECKF(strstr(line, "chosen from cpuid") != NULL, "header says the kernels were chosen from cpuid: %s", line);
 
     /* a product through the loaded library: op(A) (M,K) @ op(B) (K,N) for every transpose, awkward sizes */
     int M = 37, N = 29, K = 53;
