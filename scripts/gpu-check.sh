@@ -34,7 +34,8 @@ if command -v pkg-config >/dev/null 2>&1; then
 else
   sys_deps=0
 fi
-ls /usr/lib/*/openblas-openmp/libopenblas.so.0 /usr/lib/*/libopenblas.so.0 >/dev/null 2>&1 || sys_deps=0
+compgen -G '/usr/lib/*/openblas-openmp/libopenblas.so.0' >/dev/null || compgen -G '/usr/lib/*/libopenblas.so.0' >/dev/null ||
+  sys_deps=0
 DEPS_ARGS=()
 DEPS="system"
 if [ $sys_deps = 0 ]; then
@@ -44,8 +45,8 @@ if [ $sys_deps = 0 ]; then
     DEPS_ARGS=("-DSNUG_DEPS_ROOT=$ROOT/deps/root")
     DEPS="deps/root (unpacked from deps/debs)"
   else
-    missing+=("the -dev packages of libyaml, jansson, PCRE2, utf8proc and OpenBLAS: run scripts/fetch-deps.sh where"
-              "Debian's packages can be fetched and bring deps/ along (or install them: scripts/setup.sh)")
+    missing+=("the -dev packages of libyaml, jansson, PCRE2, utf8proc and OpenBLAS: run scripts/fetch-deps.sh where\
+ Debian's packages can be fetched and bring deps/ along (or install them: scripts/setup.sh)")
   fi
 fi
 if [ ${#missing[@]} -gt 0 ]; then
