@@ -11,12 +11,15 @@ setup:
 	@bash scripts/setup.sh
 
 build: setup
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -USNUG_CUDA >/dev/null
 	@MAKEFLAGS= cmake --build $(BUILD) -j $(JOBS)
 
-# The default job needs the snug program alone (not the tests, benchmarks or GPU tools).
+# The default job needs the snug program alone (not the tests, benchmarks or GPU tools), and the CUDA backend only
+# where a GPU is visible to run it on: elsewhere the program builds in a third of the time (16 s against 49 s on 2
+# cores). `make build` and `make test` build the CUDA backend whenever nvcc is found, as CMake decides by default.
+RUN_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo -USNUG_CUDA || echo -DSNUG_CUDA=OFF)
 run: setup
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(RUN_CUDA) >/dev/null
 	@MAKEFLAGS= cmake --build $(BUILD) -j $(JOBS) --target snug
 	./$(BUILD)/snug train
 
