@@ -16,9 +16,8 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2, n = argc > 2 ? atoi(argv[2]) : 2048;
-    char err[1024];
-    if (snug_cpu_blas_load(err, sizeof err)) {
-        fprintf(stderr, "bench_gemm: %s\n", err);
+    if (snug_cpu_blas_load()) {
+        fprintf(stderr, "bench_gemm: %s\n", snug_cpu_blas_error());
         return 1;
     }
     snug_cpu_blas_set_threads(threads);

@@ -14,13 +14,10 @@
 #endif
 
 static snug_backend *create_cpu(int nthreads, snug_error *e) {
-    char why[1024];
-    if (snug_cpu_blas_load(why, sizeof why)) {
-        snug_fail(e, SNUG_EINPUT, "%s", why);
-        return NULL;
-    }
     snug_backend *be = snug_backend_cpu_create(nthreads);
-    if (!be)
+    if (!be && snug_cpu_blas_error()[0])
+        snug_fail(e, SNUG_EINPUT, "%s", snug_cpu_blas_error());
+    else if (!be)
         snug_fail(e, SNUG_ENOMEM, "cannot create the CPU backend (out of memory)");
     return be;
 }

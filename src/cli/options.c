@@ -1036,6 +1036,8 @@ int snug_options_validate(const snug_options *o, snug_error *e) {
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
     REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);
+    REQUIRE(o->data_seed >= -1, "%s: data_seed is %d; use -1 (the same as seed) or a seed of 0 or more", src,
+            o->data_seed);
     REQUIRE(o->sample_tokens >= 0, "%s: sample_tokens is %d; it must be 0 or more", src, o->sample_tokens);
     REQUIRE(o->temperature >= 0, "%s: temperature is %g; use 0 (greedy) or a positive value", src, o->temperature);
     REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);

@@ -513,6 +513,7 @@ static void test_validate(void) {
         {"eval_steps: -1\n", "eval_steps is -1"},
         {"save_steps: -1\n", "save_steps is -1"},
         {"threads: -2\n", "threads is -2"},
+        {"data_seed: -3\n", "data_seed is -3"},
         {"top_p: 0\n", "top_p is 0; it must be in (0, 1]"},
         {"top_p: 1.5\n", "top_p is 1.5"},
         {"top_k: -1\n", "top_k is -1"},

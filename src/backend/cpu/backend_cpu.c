@@ -43,8 +43,7 @@ static void cpu_zero(snug_backend *be, void *dst, size_t bytes) {
 static void cpu_sync(snug_backend *be) {}
 
 snug_backend *snug_backend_cpu_create(int nthreads) {
-    char why[1024];
-    if (snug_cpu_blas_load(why, sizeof why))
+    if (snug_cpu_blas_load())
         return NULL;
     snug_backend *be = calloc(1, sizeof(*be));
     if (!be)

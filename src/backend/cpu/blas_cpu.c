@@ -24,7 +24,7 @@ static struct {
     int loaded;
     sgemm_fn sgemm;
     void (*set_threads)(int);
-    char kernel[64], path[1024], line[512];
+    char kernel[64], path[1024], line[512], error[1024];
 } blas;
 
 const char *snug_blas_coretype_for(const snug_cpu_features *f) {
@@ -41,22 +41,20 @@ const char *snug_blas_coretype_for(const snug_cpu_features *f) {
 }
 
 int snug_blas_core_tier(const char *c) {
-    static const char *t3[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
-    static const char *t2[] = {"Haswell", "Zen"};
-    static const char *t1[] = {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller", "Excavator"};
-    for (size_t i = 0; i < sizeof t3 / sizeof *t3; i++)
-        if (!strcasecmp(c, t3[i]))
-            return 3;
-    for (size_t i = 0; i < sizeof t2 / sizeof *t2; i++)
-        if (!strcasecmp(c, t2[i]))
-            return 2;
-    for (size_t i = 0; i < sizeof t1 / sizeof *t1; i++)
-        if (!strcasecmp(c, t1[i]))
-            return 1;
+    static const struct {
+        const char *name;
+        int tier;
+    } cores[] = {{"SkylakeX", 3},    {"Cooperlake", 3}, {"SapphireRapids", 3}, {"Haswell", 2},     {"Zen", 2},
+                 {"Sandybridge", 1}, {"Bulldozer", 1},  {"Piledriver", 1},     {"Steamroller", 1}, {"Excavator", 1}};
+    for (size_t i = 0; i < sizeof cores / sizeof *cores; i++)
+        if (!strcasecmp(c, cores[i].name))
+            return cores[i].tier;
     return 0;
 }
 
-int snug_cpu_blas_load(char *err, size_t n) {
+const char *snug_cpu_blas_error(void) { return blas.error; }
+
+int snug_cpu_blas_load(void) {
     if (blas.loaded)
         return 0;
     const snug_cpu_features *f = snug_cpu_features_get();
@@ -80,8 +78,9 @@ int snug_cpu_blas_load(char *err, size_t n) {
             break;
     }
     if (!h || !(blas.sgemm = (sgemm_fn)dlsym(h, "cblas_sgemm"))) {
-        snprintf(err, n, "cannot open the BLAS library (%s); install Debian's libopenblas0-openmp (scripts/setup.sh) "
-                 "or point SNUG_BLAS at a libopenblas.so.0", h ? "it has no cblas_sgemm" : why);
+        snprintf(blas.error, sizeof blas.error, "cannot open the BLAS library (%s); install Debian's "
+                 "libopenblas0-openmp (scripts/setup.sh) or point SNUG_BLAS at a libopenblas.so.0",
+                 h ? "it has no cblas_sgemm" : why);
         if (h)
             dlclose(h);
         return -1;
@@ -93,18 +92,10 @@ int snug_cpu_blas_load(char *err, size_t n) {
     Dl_info di;
     snprintf(blas.path, sizeof blas.path, "%s", dladdr((void *)blas.sgemm, &di) && di.dli_fname ? di.dli_fname : "");
 
-    char name[64] = "BLAS", level[96];
-    if (config) { /* "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64": the first two words */
-        const char *s = config();
-        int w = 0;
-        size_t k = 0;
-        for (; s[k] && k < sizeof name - 1; k++) {
-            if (s[k] == ' ' && ++w == 2)
-                break;
-            name[k] = s[k];
-        }
-        name[k] = 0;
-    }
+    char name[64] = "BLAS", lib[24], version[24], level[96];
+    /* "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64": the first two words */
+    if (config && sscanf(config(), "%23s %23s", lib, version) == 2)
+        snprintf(name, sizeof name, "%s %s", lib, version);
     snug_cpu_features_level(f, level, sizeof level);
     const char *how = choice ? "chosen from cpuid" : user && *user ? "OPENBLAS_CORETYPE from the environment"
                                                                       : "the library's own choice";

@@ -12,8 +12,10 @@
 #include "backend/cpu/cpu_features.h"
 
 /* Opens the BLAS once: $SNUG_BLAS if set, else the library found at configure time, else libopenblas.so.0 from the
- * loader's path. 0, or -1 with the reason and the fix in err. Not thread-safe: call before any GEMM runs. */
-int snug_cpu_blas_load(char *err, size_t n);
+ * loader's path. 0, or -1 with snug_cpu_blas_error() saying why and what to do. Not thread-safe: call before any
+ * GEMM runs (snug_backend_cpu_create does). */
+int snug_cpu_blas_load(void);
+const char *snug_cpu_blas_error(void);
 
 /* Row-major C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, op = transpose where ta/tb is 1. */
 void snug_cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,

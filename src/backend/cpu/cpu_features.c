@@ -37,11 +37,10 @@ static void detect(snug_cpu_features *f) {
     f->fma = f->avx && ((c >> 12) & 1);
     if (maxleaf < 7)
         return;
-    unsigned int b7, c7, d7, a71 = 0, t;
-    __cpuid_count(7, 0, a, b7, c7, d7);
-    unsigned int sub = a;
-    if (sub >= 1)
-        __cpuid_count(7, 1, a71, t, t, t);
+    unsigned int nsub, b7, c7, d7, a71 = 0, b71, c71, d71;
+    __cpuid_count(7, 0, nsub, b7, c7, d7);
+    if (nsub >= 1) /* leaf 7 subleaf 1: AVX512-BF16 */
+        __cpuid_count(7, 1, a71, b71, c71, d71);
     f->avx2 = f->avx && ((b7 >> 5) & 1);
     f->avx512f = zmm && ((b7 >> 16) & 1);
     f->avx512dq = f->avx512f && ((b7 >> 17) & 1);

@@ -18,7 +18,7 @@ typedef struct {
 /* The features of the processor this runs on (read once, then cached). */
 const snug_cpu_features *snug_cpu_features_get(void);
 
-/* "AVX-512 (BF16, FP16, VNNI)", "AVX2 + FMA", "AVX", "SSE only": the widest vector level, for messages */
+/* "AVX-512 BF16 FP16 VNNI", "AVX2 FMA", "AVX", "no AVX": the widest vector level, for messages */
 const char *snug_cpu_features_level(const snug_cpu_features *f, char *buf, int n);
 
 /* 3: AVX-512 F/BW/DQ/VL, 2: AVX2 + FMA, 1: AVX, 0: none of them */

@@ -27,8 +27,7 @@ static void gemm_w(snug_backend *be, int back, float *out, const float *in, cons
         int vb = V - v0 < wblock ? V - v0 : wblock;
         snug_cpu_from16(be, w_ws, (const uint16_t *)w + (size_t)v0 * C, (size_t)vb * C, wdt);
         if (back) // dh (nc,C) += G[:, v0:v0+vb] @ w_block (vb,C)
-            snug_cpu_sgemm(0, 0, nc, C, vb, 1.0f, in + v0, V, w_ws, C, 1.0f, out,
-                        C);
+            snug_cpu_sgemm(0, 0, nc, C, vb, 1.0f, in + v0, V, w_ws, C, 1.0f, out, C);
         else // logits[:, v0:v0+vb] = hc (nc,C) @ w_block^T
             snug_cpu_sgemm(0, 1, nc, vb, C, 1.0f, in, C, w_ws, C, 0.0f, out + v0, V);
     }
