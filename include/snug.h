@@ -2,11 +2,11 @@
  *
  * Every public name starts with snug_. A program embeds snug the way the CLI does:
  *
- *     snug_options o;
- *     snug_error e = {0};
- *     snug_options_defaults(&o);
- *     if (snug_options_load_yaml(&o, "train.yaml", &e) || snug_options_validate_train(&o, &e) ||
- *         snug_train(&o, stdout, &e))
+ *     snug_run_config c;                  (filled by the program, or from YAML by src/cli/options.h,
+ *     snug_error e = {0};                  which the snug_cli library provides)
+ *     snug_options_defaults(&c);
+ *     if (snug_options_load_yaml(&c, "train.yaml", &e) || snug_run_config_validate_train(&c, &e) ||
+ *         snug_train(&c, stdout, &e))
  *         fprintf(stderr, "%s\n", e.msg);
  *
  * Lower layers (backend ops, model, tokenizer, safetensors) are reachable through the headers listed below. */
@@ -26,7 +26,8 @@
 #include "data/dataset.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
-#include "cli/options.h"
+#include "train/config.h"
+#include "train/setup.h"
 #include "train/trainer.h"
 
 #endif

@@ -5,7 +5,7 @@ file(GLOB SNUG_UNIT_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/unit/test_
 foreach(src ${SNUG_UNIT_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${src} ${CMAKE_SOURCE_DIR}/tests/unit/check.c)
-  target_link_libraries(${name} PRIVATE snug_lib)
+  target_link_libraries(${name} PRIVATE snug_cli)
   add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2" LABELS unit)
 endforeach()

@@ -1,8 +1,8 @@
-/* backend_select.c: choosing a backend by the config's `device` key (see backend_select.h).
+/* backend_select.c: choosing a backend for the configuration's `device` (see backend_select.h).
  *
  * Compiled in every build; the CUDA branch exists only when snug was configured with CUDA (SNUG_HAVE_CUDA), so a
  * CPU-only build needs no CUDA header or library. A CUDA build still runs on a machine without a GPU or driver:
- * "auto" then falls back to the CPU. */
+ * auto then falls back to the CPU. */
 #include "backend/backend_select.h"
 
 #include <string.h>
@@ -22,14 +22,8 @@ static snug_backend *create_cpu(int nthreads, snug_error *e) {
     return be;
 }
 
-snug_backend *snug_backend_create(const char *device, int nthreads, snug_error *e) {
-    if (!device)
-        device = "auto";
-    int is_auto = !strcmp(device, "auto"), is_cuda = !strcmp(device, "cuda");
-    if (!is_auto && !is_cuda && strcmp(device, "cpu")) {
-        snug_fail(e, SNUG_EINPUT, "device: '%s' is not a device; use auto, cuda or cpu", device);
-        return NULL;
-    }
+snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, snug_error *e) {
+    int is_auto = device == SNUG_BACKEND_AUTO, is_cuda = device == SNUG_BACKEND_CUDA;
     if (is_auto || is_cuda) {
 #ifdef SNUG_HAVE_CUDA
         /* cuda: the CUDA backend or its reason for failing (no GPU, driver too old...); auto: the CPU unless a GPU
@@ -47,14 +41,14 @@ snug_backend *snug_backend_create(const char *device, int nthreads, snug_error *
     return create_cpu(nthreads, e);
 }
 
-const char *snug_backend_resolve(const char *device) {
-    if (device && !strcmp(device, "cuda"))
-        return "cuda";
+snug_backend_choice snug_backend_resolve(snug_backend_choice device) {
+    if (device == SNUG_BACKEND_CUDA)
+        return SNUG_BACKEND_CUDA;
 #ifdef SNUG_HAVE_CUDA
-    if ((!device || !strcmp(device, "auto")) && snug_cuda_device_count() > 0)
-        return "cuda";
+    if (device == SNUG_BACKEND_AUTO && snug_cuda_device_count() > 0)
+        return SNUG_BACKEND_CUDA;
 #endif
-    return "cpu";
+    return SNUG_BACKEND_CPU;
 }
 
 size_t snug_backend_device_used(snug_backend *be) {

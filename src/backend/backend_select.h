@@ -1,21 +1,24 @@
-/* backend_select.h: choosing a backend by the config's `device` key.
+/* backend_select.h: choosing a backend for the configuration's `device`.
  *
- * The one place that knows which backends this build has: the rest of snug asks for "auto", "cuda" or "cpu" and
- * gets a snug_backend, whatever was compiled in. */
+ * The one place that knows which backends this build has: the rest of snug asks for auto, cuda or cpu and gets a
+ * snug_backend, whatever was compiled in. */
 #ifndef SNUG_BACKEND_SELECT_H
 #define SNUG_BACKEND_SELECT_H
 
 #include "backend/backend.h"
 #include "core/error.h"
 
-/* device: "auto" (or NULL): CUDA when snug was built with it and a GPU is visible, else the CPU; "cuda": GPU 0, an
- * error (SNUG_EINPUT) when the build has no CUDA or no GPU is visible; "cpu": the CPU backend on nthreads threads
- * (<= 0: all cores). Anything else is an error naming the allowed values. NULL with e filled on failure. */
-snug_backend *snug_backend_create(const char *device, int nthreads, snug_error *e);
+/* Where to run (the config's `device`). */
+typedef enum snug_backend_choice { SNUG_BACKEND_AUTO, SNUG_BACKEND_CPU, SNUG_BACKEND_CUDA } snug_backend_choice;
 
-/* The backend `device` would give, without creating it: "cuda" or "cpu" ("auto" resolves as snug_backend_create
- * does: cuda when built with it and a GPU is visible). The plan counts that backend's runtime overhead. */
-const char *snug_backend_resolve(const char *device);
+/* SNUG_BACKEND_AUTO: CUDA when snug was built with it and a GPU is visible, else the CPU; SNUG_BACKEND_CUDA: GPU 0,
+ * an error (SNUG_EINPUT) when the build has no CUDA or no GPU is visible; SNUG_BACKEND_CPU: the CPU backend on
+ * nthreads threads (<= 0: all cores). NULL with e filled on failure. */
+snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, snug_error *e);
+
+/* The backend `device` would give, without creating it: SNUG_BACKEND_CUDA or SNUG_BACKEND_CPU (AUTO resolves as
+ * snug_backend_create does). The plan counts that backend's runtime overhead. */
+snug_backend_choice snug_backend_resolve(snug_backend_choice device);
 
 /* Device memory in use on be's device right now (total - free), for the measured peak beside the plan; 0 when the
  * backend is not a GPU or cannot tell. */

@@ -1,36 +1,50 @@
 /* generate_cmd.c: sample from a saved Hugging Face model folder with its tokenizer (see generate_cmd.h). */
 #include "cli/generate_cmd.h"
 
+#include <stdint.h>
+
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/options.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "plan/plan.h"
 #include "train/engine.h"
 
+static int generate(const char *dir, const char *prompt_text, int max_new, int threads, const snug_sampling *sp,
+                    FILE *out, snug_error *e);
+
 int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (argc < 1 || argv[0][0] == '-')
         return snug_fail(e, SNUG_EINPUT, "usage: snug generate MODEL_DIR [--prompt TEXT] [--max_new_tokens N] "
                          "[--temperature T] [--top_k K] [--top_p P] [--seed S] [--threads N]");
-    const char *dir = argv[0], *prompt_text = "";
-    int max_new = 64, threads = 0;
-    snug_sampling s = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 42};
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            return snug_fail(e, SNUG_EINPUT, "snug generate: %s needs a value", k);
-        if (!strcmp(k, "--prompt")) prompt_text = v;
-        else if (!strcmp(k, "--max_new_tokens")) max_new = atoi(v);
-        else if (!strcmp(k, "--temperature")) s.temperature = (float)atof(v);
-        else if (!strcmp(k, "--top_k")) s.top_k = atoi(v);
-        else if (!strcmp(k, "--top_p")) s.top_p = (float)atof(v);
-        else if (!strcmp(k, "--seed")) s.seed = (uint64_t)strtoull(v, NULL, 10);
-        else if (!strcmp(k, "--threads")) threads = atoi(v);
-        else return snug_fail(e, SNUG_EINPUT, "snug generate: unknown option %s; see `snug help`", k);
-        i++;
+    /* the flags are configuration keys (prompt = sample_prompt, max_new_tokens = sample_tokens, ...), parsed and
+     * range-checked by the same key table as training */
+    snug_run_config *c = calloc(1, sizeof *c);
+    if (!c)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory");
+    snug_options_defaults(c);
+    int rc = snug_options_parse_args(c, argc - 1, argv + 1, e);
+    if (!rc)
+        rc = snug_run_config_validate(c, e);
+    if (rc) {
+        free(c);
+        return rc;
     }
+    const char *dir = argv[0], *prompt_text = c->sample_prompt;
+    int max_new = c->sample_tokens, threads = c->threads;
+    snug_sampling s = {.temperature = (float)c->temperature, .top_k = c->top_k, .top_p = (float)c->top_p,
+                       .seed = (uint64_t)c->seed};
+    rc = generate(dir, prompt_text, max_new, threads, &s, out, e);
+    free(c);
+    return rc;
+}
+
+static int generate(const char *dir, const char *prompt_text, int max_new, int threads, const snug_sampling *sp,
+                    FILE *out, snug_error *e) {
+    snug_sampling s = *sp;
     char p[4096];
     snug_model_config cfg;
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -57,13 +71,22 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
         else
             (prompt = np)[n++] = start;
     }
+    if (!rc && n >= (size_t)cfg.max_position)
+        rc = snug_fail(e, SNUG_EINPUT, "the prompt is %zu tokens but the model in %s has a context of %d tokens "
+                       "(max_position_embeddings), leaving no room to generate; shorten --prompt", n, dir,
+                       cfg.max_position);
+    if (rc) {
+        free(prompt);
+        snug_tok_free(tok);
+        return rc;
+    }
     int T = (int)n + max_new;
     if (T > cfg.max_position)
         T = cfg.max_position;
     snug_engine g = {0};
     snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     if (!rc)
-        rc = snug_engine_create(&g, &spec, "cpu", threads, e);
+        rc = snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, threads, e);
     if (!rc)
         rc = snug_model_load_weights(&g.model, dir, e);
     if (!rc && !(ids = malloc((size_t)T * sizeof *ids)))

@@ -9,7 +9,7 @@
 #include "cli/options.h"
 #include "cli/parity.h"
 #include "core/error.h"
-#include "plan/plan_cmd.h"
+#include "cli/plan_cmd.h"
 #include "train/trainer.h"
 #include "cli/generate_cmd.h"
 #include "cli/preprocess_cmd.h"
@@ -49,7 +49,7 @@ static int has_help(int argc, char **argv) {
 
 /* `snug train` (or `snug plan`) with no arguments at all runs the built-in default job (configs/default.yaml);
  * with arguments, the defaults of every key apply unless a config file is named. */
-static int load_options(snug_options *o, int argc, char **argv, int train, snug_error *e) {
+static int load_options(snug_run_config *o, int argc, char **argv, int train, snug_error *e) {
     snug_options_defaults(o);
     if (argc == 0) {
         char def[4096];
@@ -57,7 +57,7 @@ static int load_options(snug_options *o, int argc, char **argv, int train, snug_
         SNUG_TRY(snug_options_load_yaml(o, def, e));
     }
     SNUG_TRY(snug_options_parse_args(o, argc, argv, e));
-    return train ? snug_options_validate_train(o, e) : snug_options_validate(o, e);
+    return train ? snug_run_config_validate_train(o, e) : snug_run_config_validate(o, e);
 }
 
 int main(int argc, char **argv) {
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     snug_error e = {0};
-    snug_options *o = calloc(1, sizeof *o);
+    snug_run_config *o = calloc(1, sizeof *o);
     if (!o)
         return 1;
     int rc;

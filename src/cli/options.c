@@ -1,7 +1,7 @@
 /* options.c: the training configuration from YAML and the command line (see options.h).
  *
  * Everything a user can write is one row of `keys` below: its name and other spellings (Hugging Face
- * TrainingArguments, TRL), its type, where it lives in snug_options, its default, one line of help, and whether snug
+ * TrainingArguments, TRL), its type, where it lives in snug_run_config, its default, one line of help, and whether snug
  * does it yet. Defaults, parsing, type errors, the "did you mean" suggestion, the refusal of features not built and
  * the --help listing all read that one table, so they cannot disagree.
  *
@@ -25,7 +25,7 @@ typedef enum key_type {
     KT_FLOAT,    /* double: 3e-4, 0.0003 */
     KT_BOOL,     /* true/false/yes/no/on/off */
     KT_STRING,   /* char[size] */
-    KT_ENUM,     /* char[size] holding one of `values` */
+    KT_ENUM,     /* an enum field: `values` maps each spelling to a name, `enums` each name to its value */
     KT_SIZE,     /* double bytes from "40GB", "512 MiB", "1000000" */
     KT_DATASETS, /* the datasets list */
     KT_LIST,     /* only for keys not supported yet */
@@ -40,14 +40,22 @@ static const char *const group_titles[NGROUPS] = {
     "memory",
 };
 
+typedef struct enum_name {
+    const char *name;
+    int value;
+} enum_name;
+
 typedef struct key_spec {
     const char *name;
     const char *aliases;      /* other spellings, space-separated, or NULL */
     key_type type;
     int group;
-    size_t offset, size;      /* field in snug_options (snug_dataset_spec for G_DATASET) */
+    size_t offset, size;      /* field in snug_run_config (snug_dataset_spec for G_DATASET) */
     const char *def;          /* default, written as a user would write it; NULL = none */
     const char *values;       /* KT_ENUM: accepted values, "name" or "spelling=name", space-separated */
+    const enum_name *enums;   /* KT_ENUM: each name's value in the field, ending with {NULL} */
+    int has_min;              /* KT_INT: values below min are refused where they are written */
+    int min;
     const char *later_values; /* KT_ENUM: values recognised but not built yet; "*" = every other value */
     const char *off;          /* not-supported keys: values that ask for nothing (besides null, empty and false) */
     const char *later;        /* non-NULL: the key is not supported yet, and this says what it would do */
@@ -55,10 +63,15 @@ typedef struct key_spec {
 } key_spec;
 
 /* Field placement with a compile-time type check: a row whose type disagrees with its field does not compile. */
-#define AT_INT(f) .offset = _Generic(((snug_options *)0)->f, int: offsetof(snug_options, f)), .size = sizeof(int)
-#define AT_DBL(f) .offset = _Generic(((snug_options *)0)->f, double: offsetof(snug_options, f)), .size = sizeof(double)
+#define AT_INT(f) .offset = _Generic(((snug_run_config *)0)->f, int: offsetof(snug_run_config, f)), .size = sizeof(int)
+#define AT_DBL(f) .offset = _Generic(((snug_run_config *)0)->f, double: offsetof(snug_run_config, f)), .size = sizeof(double)
 #define AT_STR(f) \
-    .offset = _Generic(((snug_options *)0)->f, char *: offsetof(snug_options, f)), .size = sizeof(((snug_options *)0)->f)
+    .offset = _Generic(((snug_run_config *)0)->f, char *: offsetof(snug_run_config, f)), .size = sizeof(((snug_run_config *)0)->f)
+#define ENUM_SIZE_CHECK(T, f) (sizeof(int) + 0 * sizeof(char[sizeof(((T *)0)->f) == sizeof(int) ? 1 : -1]))
+#define AT_ENUM(f) .offset = offsetof(snug_run_config, f), .size = ENUM_SIZE_CHECK(snug_run_config, f)
+#define DS_ENUM(f) .offset = offsetof(snug_dataset_spec, f), .size = ENUM_SIZE_CHECK(snug_dataset_spec, f)
+#define ENUMS(...) .enums = (const enum_name[]){__VA_ARGS__, {NULL, 0}}
+#define MIN(v) .has_min = 1, .min = (v)
 #define DS_STR(f)                                                                  \
     .offset = _Generic(((snug_dataset_spec *)0)->f, char *: offsetof(snug_dataset_spec, f)), \
     .size = sizeof(((snug_dataset_spec *)0)->f)
@@ -80,13 +93,13 @@ static const key_spec keys[] = {
      .help = "training data, a list of entries (keys below); --dataset FILE.jsonl on the command line replaces "
              "it (repeat to add more)"},
     {.name = "sequence_len", .aliases = "max_seq_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
-     .def = "256", .help = "tokens per training row (the context length trained)"},
+     .def = "256", MIN(2), .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
      .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
     {.name = "train_on_inputs", .type = KT_BOOL, .group = G_DATA, AT_INT(train_on_inputs), .def = "false",
      .help = "also train on prompt, system and user tokens (alpaca, chat); the response and its EOS always are"},
-    {.name = "long_examples", .type = KT_ENUM, .group = G_DATA, AT_STR(long_examples), .def = "truncate",
-     .values = "truncate drop", .help = "an example longer than sequence_len is truncated to it, or dropped"},
+    {.name = "long_examples", .type = KT_ENUM, .group = G_DATA, AT_ENUM(long_examples), .def = "truncate",
+     .values = "truncate drop", ENUMS({"truncate", SNUG_LONG_TRUNCATE}, {"drop", SNUG_LONG_DROP}), .help = "an example longer than sequence_len is truncated to it, or dropped"},
     {.name = "skip_bad_examples", .type = KT_BOOL, .group = G_DATA, AT_INT(skip_bad_examples), .def = "false",
      .help = "skip malformed dataset lines and report how many; false = stop at the first with its file and line"},
     {.name = "dataset_prepared_path", .type = KT_STRING, .group = G_DATA, AT_STR(dataset_prepared_path),
@@ -97,14 +110,16 @@ static const key_spec keys[] = {
     /* each datasets entry */
     {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
      .help = "JSONL file, one example per line; a relative path is relative to the YAML file's folder"},
-    {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_STR(type), .def = "completion",
-     .values = "completion alpaca chat chat_template=chat pretokenized", .later_values = "sharegpt input_output",
+    {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(type), .def = "completion",
+     .values = "completion alpaca chat chat_template=chat pretokenized",
+     ENUMS({"completion", SNUG_DATA_COMPLETION}, {"alpaca", SNUG_DATA_ALPACA}, {"chat", SNUG_DATA_CHAT},
+           {"pretokenized", SNUG_DATA_PRETOKENIZED}), .later_values = "sharegpt input_output",
      .help = "completion: {\"text\"} trained on every token; alpaca: {\"instruction\", \"input\", \"output\"}; "
              "chat: {\"messages\": [{\"role\", \"content\"}]}; pretokenized: {\"input_ids\", \"labels\"}"},
     {.name = "field", .type = KT_STRING, .group = G_DATASET, DS_STR(field), .def = "text",
      .help = "the JSON field that holds the text (completion)"},
-    {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_STR(chat_template), .def = "chatml",
-     .values = "chatml llama3", .later_values = "*",
+    {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(chat_template), .def = "chatml",
+     .values = "chatml llama3", ENUMS({"chatml", SNUG_CHAT_CHATML}, {"llama3", SNUG_CHAT_LLAMA3}), .later_values = "*",
      .help = "the template of a chat dataset: chatml (<|im_start|>role ... <|im_end|>) or llama3 (<|eot_id|>)"},
     {.name = "split", .type = KT_STRING, .group = G_DATASET, .off = "train",
      .later = "splits of Hugging Face hub datasets; snug reads local JSONL files"},
@@ -123,7 +138,7 @@ static const key_spec keys[] = {
 
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
-     AT_INT(micro_batch_size), .def = "4", .help = "examples per forward/backward pass"},
+     AT_INT(micro_batch_size), .def = "4", MIN(1), .help = "examples per forward/backward pass"},
     {.name = "sample_packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing), .def = "false",
      .help = "pack several examples into each row of sequence_len tokens (first-fit decreasing), attention and "
              "positions kept per example; false = one example per row, padded"},
@@ -137,15 +152,16 @@ static const key_spec keys[] = {
      .help = "join all examples into one stream cut into rows (pretraining style): no padding, but tokens attend "
              "to and predict across example boundaries"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
-     .def = "1", .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
+     .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
      .def = "1", .help = "passes over the training data (used when max_steps is -1)"},
     {.name = "max_steps", .type = KT_INT, .group = G_BATCH, AT_INT(max_steps), .def = "-1",
      .help = "optimizer steps to run; -1 = as many as num_epochs gives"},
     {.name = "learning_rate", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(learning_rate), .def = "3e-4",
      .help = "peak learning rate, reached after warmup"},
-    {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_STR(lr_scheduler),
+    {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(lr_scheduler),
      .def = "cosine", .values = "cosine linear constant constant_with_warmup=constant",
+     ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT}),
      .later_values = "cosine_with_restarts polynomial inverse_sqrt reduce_lr_on_plateau cosine_with_min_lr "
                      "warmup_stable_decay one_cycle rex",
      .help = "after warmup: cosine or linear decay to 0, or constant"},
@@ -155,9 +171,11 @@ static const key_spec keys[] = {
      .help = "warmup as a fraction of all steps, used when warmup_steps is 0"},
 
     /* optimizer */
-    {.name = "optimizer", .aliases = "optim", .type = KT_ENUM, .group = G_OPTIM, AT_STR(optimizer), .def = "adamw",
+    {.name = "optimizer", .aliases = "optim", .type = KT_ENUM, .group = G_OPTIM, AT_ENUM(optimizer), .def = "adamw",
      .values = "adamw adamw_torch=adamw adamw_torch_fused=adamw adamw_8bit adamw_bnb_8bit=adamw_8bit "
                "paged_adamw_8bit paged_adamw_32bit",
+     ENUMS({"adamw", SNUG_OPTIMIZER_ADAMW}, {"adamw_8bit", SNUG_OPTIMIZER_ADAMW_8BIT},
+           {"paged_adamw_8bit", SNUG_OPTIMIZER_PAGED_ADAMW_8BIT}, {"paged_adamw_32bit", SNUG_OPTIMIZER_PAGED_ADAMW_32BIT}),
      .later_values = "*",
      .help = "AdamW with decoupled weight decay (adamw_torch and adamw_torch_fused mean the same); adamw_8bit "
              "(adamw_bnb_8bit): bitsandbytes' 8-bit blockwise moments, ~2 bytes of state per parameter instead of 8; "
@@ -189,20 +207,21 @@ static const key_spec keys[] = {
      .help = "evaluate on the held-out set every N steps; 0 = at the end of each epoch"},
     {.name = "save_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_steps), .def = "0",
      .help = "save a checkpoint every N steps; 0 = only at the end"},
-    {.name = "device", .type = KT_ENUM, .group = G_OUTPUT, AT_STR(device), .def = "auto", .values = "auto cpu cuda",
+    {.name = "device", .type = KT_ENUM, .group = G_OUTPUT, AT_ENUM(device), .def = "auto", .values = "auto cpu cuda",
+     ENUMS({"auto", SNUG_BACKEND_AUTO}, {"cpu", SNUG_BACKEND_CPU}, {"cuda", SNUG_BACKEND_CUDA}),
      .help = "where to train: auto (a CUDA GPU when snug was built with CUDA and one is visible, else the CPU), cuda, "
              "or cpu"},
-    {.name = "threads", .aliases = "num_threads", .type = KT_INT, .group = G_OUTPUT, AT_INT(threads), .def = "0",
+    {.name = "threads", .aliases = "num_threads", .type = KT_INT, .group = G_OUTPUT, AT_INT(threads), .def = "0", MIN(0),
      .help = "CPU threads; 0 = all cores"},
 
     /* generation */
-    {.name = "sample_prompt", .type = KT_STRING, .group = G_GEN, AT_STR(sample_prompt), .def = "",
+    {.name = "sample_prompt", .aliases = "prompt", .type = KT_STRING, .group = G_GEN, AT_STR(sample_prompt), .def = "",
      .help = "text to continue after training; empty = none"},
     {.name = "sample_tokens", .aliases = "max_new_tokens", .type = KT_INT, .group = G_GEN, AT_INT(sample_tokens),
-     .def = "64", .help = "tokens to generate"},
+     .def = "64", MIN(0), .help = "tokens to generate"},
     {.name = "temperature", .type = KT_FLOAT, .group = G_GEN, AT_DBL(temperature), .def = "0.8",
      .help = "sampling temperature; 0 = greedy"},
-    {.name = "top_k", .type = KT_INT, .group = G_GEN, AT_INT(top_k), .def = "40",
+    {.name = "top_k", .type = KT_INT, .group = G_GEN, AT_INT(top_k), .def = "40", MIN(0),
      .help = "sample among the k most likely tokens; 0 = all"},
     {.name = "top_p", .type = KT_FLOAT, .group = G_GEN, AT_DBL(top_p), .def = "0.95",
      .help = "sample among the most likely tokens whose probabilities add up to this; 1 = all"},
@@ -215,8 +234,10 @@ static const key_spec keys[] = {
      .help = "choose micro_batch_size (keeping the batch through gradient_accumulation_steps), "
              "gradient_checkpointing, chunked_cross_entropy and the optimizer state to fit memory_budget at the least "
              "predicted cost"},
-    {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_STR(gradient_checkpointing),
+    {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(gradient_checkpointing),
      .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective offload",
+     ENUMS({"none", SNUG_CKPT_CHOICE_NONE}, {"selective", SNUG_CKPT_CHOICE_SELECTIVE}, {"full", SNUG_CKPT_CHOICE_FULL},
+           {"offload", SNUG_CKPT_CHOICE_OFFLOAD}),
      .help = "recompute activations in backward: false, selective (norm outputs and the MLP activation), "
              "full (whole layers from their input; true means full), offload (full, with the layer inputs kept in "
              "pinned host memory and copied to the device for the backward)"},
@@ -511,7 +532,7 @@ static const char *type_phrase(const key_spec *k, char *buf, size_t cap) {
     return "?";
 }
 
-/* Sets one supported scalar key from text. base is snug_options, or snug_dataset_spec for G_DATASET keys. Writes
+/* Sets one supported scalar key from text. base is snug_run_config, or snug_dataset_spec for G_DATASET keys. Writes
  * nothing on failure. `written` is the key as the user spelled it, so the message names what they wrote. */
 static int set_text(void *base, const key_spec *k, const char *written, const char *text, const char *loc,
                     snug_error *e) {
@@ -524,6 +545,8 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
                              loc, written, text, INT_MIN, INT_MAX);
         if (rc)
             return snug_fail(e, SNUG_EINPUT, "%s: %s must be an integer, got '%.60s'", loc, written, text);
+        if (k->has_min && v < k->min)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; it must be at least %d", loc, written, v, k->min);
         memcpy(field, &v, sizeof v);
         return 0;
     }
@@ -561,10 +584,12 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
         return 0;
     case KT_ENUM: {
         char canon[64];
-        if (enum_value(k->values, text, canon, sizeof canon) == 0 && strlen(canon) < k->size) {
-            memcpy(field, canon, strlen(canon) + 1);
-            return 0;
-        }
+        if (enum_value(k->values, text, canon, sizeof canon) == 0)
+            for (const enum_name *n = k->enums; n && n->name; n++)
+                if (!strcmp(n->name, canon)) {
+                    memcpy(field, &n->value, sizeof n->value);
+                    return 0;
+                }
         char choices[256];
         enum_choices(k->values, ", ", 0, choices, sizeof choices);
         if (k->later_values && (strcmp(k->later_values, "*") == 0 || in_list(k->later_values, text)))
@@ -609,13 +634,13 @@ static void apply_defaults(void *base, int dataset_scope) {
     }
 }
 
-void snug_options_defaults(snug_options *o) {
+void snug_options_defaults(snug_run_config *o) {
     memset(o, 0, sizeof *o);
     apply_defaults(o, 0);
 }
 
 /* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written). */
-static int add_dataset_path(snug_options *o, const char *path, const char *dir, const char *loc, snug_error *e) {
+static int add_dataset_path(snug_run_config *o, const char *path, const char *dir, const char *loc, snug_error *e) {
     if (o->ndatasets >= SNUG_MAX_DATASETS)
         return snug_fail(e, SNUG_EINPUT, "%s: more than %d datasets; merge some JSONL files", loc,
                          SNUG_MAX_DATASETS);
@@ -694,7 +719,7 @@ static int apply_scalar_node(void *base, const key_spec *k, const char *written,
 static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
                         snug_error *e);
 
-static int load_dataset_entry(snug_options *o, int index, const yaml_src *y, const yaml_node_t *item,
+static int load_dataset_entry(snug_run_config *o, int index, const yaml_src *y, const yaml_node_t *item,
                               snug_error *e) {
     char loc[1200], what[64];
     where_line(loc, sizeof loc, y, item);
@@ -715,13 +740,14 @@ static int load_dataset_entry(snug_options *o, int index, const yaml_src *y, con
     if (!ds.path[0])
         return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] has no path; add 'path: data.jsonl'", loc, index);
     SNUG_TRY(add_dataset_path(o, ds.path, y->dir, loc, e));
-    memcpy(o->datasets[o->ndatasets - 1].type, ds.type, sizeof ds.type);
-    memcpy(o->datasets[o->ndatasets - 1].field, ds.field, sizeof ds.field);
-    memcpy(o->datasets[o->ndatasets - 1].chat_template, ds.chat_template, sizeof ds.chat_template);
+    snug_dataset_spec *d = &o->datasets[o->ndatasets - 1];
+    d->type = ds.type;
+    memcpy(d->field, ds.field, sizeof ds.field);
+    d->chat_template = ds.chat_template;
     return 0;
 }
 
-static int load_datasets(snug_options *o, const char *written, const yaml_src *y, const yaml_node_t *v,
+static int load_datasets(snug_run_config *o, const char *written, const yaml_src *y, const yaml_node_t *v,
                          const char *loc, snug_error *e) {
     o->ndatasets = 0;
     if (node_is_null(v))
@@ -788,7 +814,7 @@ static int yaml_syntax_error(const yaml_parser_t *p, const char *path, snug_erro
                      p->problem ? p->problem : "invalid YAML", context);
 }
 
-static int load_document(snug_options *o, yaml_src *y, snug_error *e) {
+static int load_document(snug_run_config *o, yaml_src *y, snug_error *e) {
     yaml_node_t *root = yaml_document_get_root_node(y->doc);
     if (!root || node_is_null(root)) /* an empty file keeps every default */
         return 0;
@@ -801,8 +827,8 @@ static int load_document(snug_options *o, yaml_src *y, snug_error *e) {
     return load_mapping(o, 0, y, root, "", e);
 }
 
-int snug_options_load_yaml(snug_options *o, const char *path, snug_error *e) {
-    snug_options tmp = *o; /* o changes only when the whole file is good */
+int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) {
+    snug_run_config tmp = *o; /* o changes only when the whole file is good */
     if (strlen(path) >= sizeof tmp.config_path)
         return snug_fail(e, SNUG_EINPUT, "config path '%.60s...' is too long (at most %zu characters)", path,
                          sizeof tmp.config_path - 1);
@@ -859,7 +885,7 @@ int snug_options_load_yaml(snug_options *o, const char *path, snug_error *e) {
 
 /* ---- command line ---- */
 
-int snug_options_set(snug_options *o, const char *key, const char *value, const char *where, snug_error *e) {
+int snug_options_set(snug_run_config *o, const char *key, const char *value, const char *where, snug_error *e) {
     char name[128];
     if (strlen(key) >= sizeof name)
         return unknown_key(key, 0, where, e);
@@ -908,8 +934,8 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
     return 1;
 }
 
-int snug_options_parse_args(snug_options *o, int argc, char **argv, snug_error *e) {
-    snug_options tmp = *o;
+int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
+    snug_run_config tmp = *o;
     char key[128];
     const char *value = NULL, *config = NULL;
     for (int i = 0; i < argc; i++) { /* first the config file, whatever its position */
@@ -940,120 +966,6 @@ int snug_options_parse_args(snug_options *o, int argc, char **argv, snug_error *
 }
 
 /* ---- validation ---- */
-
-#define REQUIRE(cond, ...)                                   \
-    do {                                                     \
-        if (!(cond))                                         \
-            return snug_fail(e, SNUG_EINPUT, __VA_ARGS__);   \
-    } while (0)
-
-int snug_options_validate(const snug_options *o, snug_error *e) {
-    const char *src = o->config_path[0] ? o->config_path : "options";
-    REQUIRE(o->base_model[0] || o->model_preset[0], "%s: model_preset is empty and so is base_model; set one", src);
-    REQUIRE(o->sequence_len >= 2, "%s: sequence_len is %d; it must be at least 2", src, o->sequence_len);
-    REQUIRE(!strcmp(o->long_examples, "truncate") || !strcmp(o->long_examples, "drop"),
-            "%s: long_examples is '%s'; use truncate or drop", src, o->long_examples);
-    REQUIRE(o->dataset_prepared_path[0], "%s: dataset_prepared_path is empty; name a folder for the tokenized data",
-            src);
-    REQUIRE(o->val_set_size >= 0, "%s: val_set_size is %g; use 0 (none), a fraction below 1, or a count", src,
-            o->val_set_size);
-    REQUIRE(o->val_set_size < 1 || o->val_set_size == floor(o->val_set_size),
-            "%s: val_set_size is %g; a count (>= 1) must be a whole number, a fraction must be below 1", src,
-            o->val_set_size);
-    for (int i = 0; i < o->ndatasets; i++) {
-        const snug_dataset_spec *d = &o->datasets[i];
-        REQUIRE(d->path[0], "%s: datasets[%d] has no path; add 'path: data.jsonl'", src, i);
-        REQUIRE(!strcmp(d->type, "completion") || !strcmp(d->type, "alpaca") || !strcmp(d->type, "chat") ||
-                    !strcmp(d->type, "pretokenized"),
-                "%s: datasets[%d] type '%s' is not supported yet; use completion, alpaca, chat or pretokenized", src,
-                i, d->type);
-        REQUIRE(d->field[0] || strcmp(d->type, "completion"),
-                "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
-        REQUIRE(!strcmp(d->chat_template, "chatml") || !strcmp(d->chat_template, "llama3"),
-                "%s: datasets[%d] chat_template '%s' is unknown; use chatml or llama3", src, i, d->chat_template);
-    }
-    REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
-    REQUIRE(o->pad_to_multiple_of >= 0, "%s: pad_to_multiple_of is %d; use 0 (no rounding) or a positive length",
-            src, o->pad_to_multiple_of);
-    REQUIRE(!o->concatenate || (!o->sample_packing && !o->group_by_length),
-            "%s: concatenate is true with %s; the stream has no examples to pack or group, keep one", src,
-            o->sample_packing ? "sample_packing" : "group_by_length");
-    REQUIRE(!o->sample_packing || !o->group_by_length,
-            "%s: sample_packing and group_by_length are both true; packing already places examples by length, "
-            "keep one", src);
-    REQUIRE(o->gradient_checkpointing_every_n_layers >= 1,
-            "%s: gradient_checkpointing_every_n_layers is %d; it must be at least 1", src,
-            o->gradient_checkpointing_every_n_layers);
-    REQUIRE(o->cross_entropy_chunk_tokens >= 1, "%s: cross_entropy_chunk_tokens is %d; it must be at least 1", src,
-            o->cross_entropy_chunk_tokens);
-    /* the step inside backward updates the last layers before the first layers' gradients exist, and frees each
-     * layer's gradients once used: no global norm to clip by, nothing kept to accumulate into */
-    REQUIRE(!o->optimizer_in_backward || o->max_grad_norm == 0,
-            "%s: optimizer_in_backward cannot clip by the global gradient norm (layers are stepped before the norm "
-            "is known); set max_grad_norm: 0", src);
-    REQUIRE(!o->optimizer_in_backward || o->gradient_accumulation_steps == 1,
-            "%s: optimizer_in_backward steps after every micro-batch, so gradients cannot accumulate; set "
-            "gradient_accumulation_steps: 1 (raise micro_batch_size instead)", src);
-    REQUIRE(!(o->bf16 && o->fp16), "%s: bf16 and fp16 are both true; choose one", src);
-    REQUIRE(!o->fp16 || o->master_weights,
-            "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
-            "with master_weights: false, or keep master_weights: true", src);
-    REQUIRE(!o->fp16 || !o->optimizer_in_backward,
-            "%s: fp16 with optimizer_in_backward is not supported: the loss scaler must see every gradient before any "
-            "layer is stepped; use bf16", src);
-    REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
-            o->gradient_accumulation_steps);
-    REQUIRE(o->max_steps == -1 || o->max_steps >= 1,
-            "%s: max_steps is %d; use -1 (train for num_epochs) or a number of steps >= 1", src, o->max_steps);
-    REQUIRE(o->max_steps >= 1 || o->num_epochs >= 1,
-            "%s: num_epochs is %d; it must be at least 1 (or set max_steps)", src, o->num_epochs);
-    REQUIRE(o->learning_rate > 0, "%s: learning_rate is %g; it must be above 0 (e.g. 3e-4)", src, o->learning_rate);
-    REQUIRE(!strcmp(o->lr_scheduler, "cosine") || !strcmp(o->lr_scheduler, "linear") ||
-                !strcmp(o->lr_scheduler, "constant"),
-            "%s: lr_scheduler '%s' is unknown; use cosine, linear or constant", src, o->lr_scheduler);
-    REQUIRE(o->warmup_steps >= 0, "%s: warmup_steps is %d; it must be 0 or more", src, o->warmup_steps);
-    REQUIRE(o->warmup_ratio >= 0 && o->warmup_ratio < 1, "%s: warmup_ratio is %g; it must be in [0, 1)", src,
-            o->warmup_ratio);
-    REQUIRE(o->warmup_steps == 0 || o->warmup_ratio == 0,
-            "%s: both warmup_steps (%d) and warmup_ratio (%g) are set; keep one", src, o->warmup_steps,
-            o->warmup_ratio);
-    REQUIRE(!strcmp(o->optimizer, "adamw") || !strcmp(o->optimizer, "adamw_8bit") ||
-                !strcmp(o->optimizer, "paged_adamw_8bit") || !strcmp(o->optimizer, "paged_adamw_32bit"),
-            "%s: optimizer '%s' is not supported yet; use adamw, adamw_8bit, paged_adamw_8bit or paged_adamw_32bit",
-            src, o->optimizer);
-    REQUIRE(o->weight_decay >= 0, "%s: weight_decay is %g; it must be 0 or more", src, o->weight_decay);
-    REQUIRE(o->adam_beta1 >= 0 && o->adam_beta1 < 1, "%s: adam_beta1 is %g; it must be in [0, 1), e.g. 0.9", src,
-            o->adam_beta1);
-    REQUIRE(o->adam_beta2 >= 0 && o->adam_beta2 < 1, "%s: adam_beta2 is %g; it must be in [0, 1), e.g. 0.999", src,
-            o->adam_beta2);
-    REQUIRE(o->adam_epsilon > 0, "%s: adam_epsilon is %g; it must be above 0, e.g. 1e-8", src, o->adam_epsilon);
-    REQUIRE(o->max_grad_norm >= 0, "%s: max_grad_norm is %g; use 0 (no clipping) or a positive norm", src,
-            o->max_grad_norm);
-    REQUIRE(o->output_dir[0], "%s: output_dir is empty; name a folder", src);
-    REQUIRE(o->logging_steps >= 1, "%s: logging_steps is %d; it must be at least 1", src, o->logging_steps);
-    REQUIRE(o->eval_steps >= 0, "%s: eval_steps is %d; use 0 (end of each epoch) or a positive step count", src,
-            o->eval_steps);
-    REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
-            o->save_steps);
-    REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);
-    REQUIRE(o->data_seed >= -1, "%s: data_seed is %d; use -1 (the same as seed) or a seed of 0 or more", src,
-            o->data_seed);
-    REQUIRE(o->sample_tokens >= 0, "%s: sample_tokens is %d; it must be 0 or more", src, o->sample_tokens);
-    REQUIRE(o->temperature >= 0, "%s: temperature is %g; use 0 (greedy) or a positive value", src, o->temperature);
-    REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);
-    REQUIRE(o->top_p > 0 && o->top_p <= 1, "%s: top_p is %g; it must be in (0, 1]", src, o->top_p);
-    REQUIRE(o->memory_budget >= 0, "%s: memory_budget is negative; use a size such as 40GB, or 0 for no limit", src);
-    REQUIRE(!o->auto_fit || o->memory_budget > 0,
-            "%s: auto_fit is true but memory_budget is not set; add memory_budget: 40GB, the memory to fit", src);
-    return 0;
-}
-
-int snug_options_validate_train(const snug_options *o, snug_error *e) {
-    SNUG_TRY(snug_options_validate(o, e));
-    REQUIRE(o->ndatasets > 0, "%s: no training data; add 'datasets: [{path: data.jsonl}]' or --dataset data.jsonl",
-            o->config_path[0] ? o->config_path : "options");
-    return 0;
-}
 
 /* ---- help ---- */
 

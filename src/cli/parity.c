@@ -41,7 +41,8 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
         return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --device cpu|cuda]");
-    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *device = "cpu";
+    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL;
+    snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0;
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
     for (int i = 3; i + 1 < argc; i += 2) {
@@ -52,7 +53,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
         else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+        else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) device = SNUG_BACKEND_CUDA;
+        else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cpu")) device = SNUG_BACKEND_CPU;
         else return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", argv[i]);
     }
     snug_model_config cfg;

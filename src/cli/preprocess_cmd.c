@@ -8,13 +8,13 @@
 
 #include "cli/options.h"
 #include "core/fileio.h"
-#include "train/trainer.h"
+#include "train/setup.h"
 
 enum { DEBUG_EXAMPLES = 3 };
 
 /* The token's text with control characters, quotes and backslashes escaped (bytes >= 0x80 too for the byte-level
  * stand-in, whose tokens are single bytes). */
-static void print_token(FILE *out, const snug_run_data *d, int32_t id) {
+static void print_token(FILE *out, const snug_setup *d, int32_t id) {
     char byte[2] = {0, 0};
     const char *s = NULL;
     size_t n = 0;
@@ -55,14 +55,14 @@ static void print_token(FILE *out, const snug_run_data *d, int32_t id) {
 }
 
 /* Examples of the whole store (every file, in file order, before the validation split). */
-static size_t store_examples(const snug_run_data *d) {
+static size_t store_examples(const snug_setup *d) {
     size_t n = 0;
-    for (int i = 0; i < d->report.nsources; i++)
-        n += (size_t)d->report.src[i].examples;
+    for (int i = 0; i < d->drep.nsources; i++)
+        n += (size_t)d->drep.src[i].examples;
     return n;
 }
 
-static void print_debug(FILE *out, const snug_run_data *d) {
+static void print_debug(FILE *out, const snug_setup *d) {
     const snug_dataset *ds = &d->train; /* its store arrays hold every example */
     size_t total = store_examples(d);
     for (size_t k = 0; k < total && k < DEBUG_EXAMPLES; k++) {
@@ -109,7 +109,7 @@ static void sb_int(sbuf *b, const char *sep, long long v) {
     sb_put(b, t);
 }
 
-static int dump(const char *path, const snug_run_data *d, snug_error *e) {
+static int dump(const char *path, const snug_setup *d, snug_error *e) {
     const snug_dataset *ds = &d->train;
     size_t total = store_examples(d);
     snug_atomic_file af;
@@ -157,8 +157,8 @@ int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
             rest[nrest++] = argv[i];
         }
     }
-    snug_options *o = calloc(1, sizeof *o);
-    snug_run_data *d = calloc(1, sizeof *d);
+    snug_run_config *o = calloc(1, sizeof *o);
+    snug_setup *d = calloc(1, sizeof *d);
     int rc = !o || !d ? snug_fail(e, SNUG_ENOMEM, "out of memory") : 0;
     if (!rc) {
         snug_options_defaults(o);
@@ -171,19 +171,21 @@ int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_options_parse_args(o, nrest, rest, e);
     if (!rc)
-        rc = snug_options_validate_train(o, e);
+        rc = snug_run_config_validate_train(o, e);
     if (!rc)
-        rc = snug_load_run_data(d, o, e);
+        rc = snug_setup_model(d, o, e);
+    if (!rc)
+        rc = snug_setup_load_data(d, e);
     if (!rc) {
         uint64_t sup = 0;
-        for (int i = 0; i < d->report.nsources; i++)
-            sup += d->report.src[i].supervised;
+        for (int i = 0; i < d->drep.nsources; i++)
+            sup += d->drep.src[i].supervised;
         fprintf(out, "snug: preprocessed %zu examples, %zu tokens (%llu supervised) from %d file%s\n",
-                store_examples(d), d->train.ntokens + d->val.ntokens, (unsigned long long)sup, d->nsrc,
-                d->nsrc > 1 ? "s" : "");
+                store_examples(d), d->train.ntokens + d->val.ntokens, (unsigned long long)sup, d->c.ndatasets,
+                d->c.ndatasets > 1 ? "s" : "");
         fprintf(out, "  %-20s %s\n", "tokenizer",
                 d->tok_path[0] ? d->tok_path : "byte-level (256 bytes + end of text)");
-        snug_data_report_print(out, &d->report, d->src, &d->opts);
+        snug_data_report_print(out, &d->drep, d->dsrc, &d->dopts);
         fprintf(out, "  %-20s training %zu examples, %zu tokens; validation %zu examples, %zu tokens\n", "split",
                 d->train.nexamples, d->train.ntokens, d->val.nexamples, d->val.ntokens);
         if (debug)
@@ -195,7 +197,7 @@ int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
         }
     }
     if (d)
-        snug_run_data_free(d);
+        snug_setup_free(d);
     free(d);
     free(o);
     free(rest);

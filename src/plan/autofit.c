@@ -12,14 +12,13 @@
  *  - 8-bit AdamW state: +5% (torchtune's ablation measured -4.7% tokens/s for 8-bit AdamW);
  *  - a paged optimizer streams its state to the GPU and back every step (PCIe at an effective 25 GB/s), not
  *    overlapped with forward and backward: the transfer time over the compute time of a step, both estimated for an
- *    A100-class GPU (TF32 peak x SNUG_ASSUMED_MFU). On the CPU backend host memory is the device: no saving. */
+ *    A100 80GB (its FP32 or bf16 peak, as the run's precision, x SNUG_ASSUMED_MFU: plan/gpus.c). On the CPU backend host memory is the device: no saving. */
 #include "plan/autofit.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind kind) {
     const snug_levers *lv = &s->lv;
@@ -41,7 +40,8 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
     } else if (s->optim_paged) {
         long long P = snug_model_config_nparams(&s->cfg);
         double state = (double)P * (s->optim == SNUG_OPTIM_ADAMW_8BIT ? 2.03 : 8.0);
-        double compute = snug_flops_per_token(s, P) * tokens * (GA > 0 ? GA : 1) / (156e12 * SNUG_ASSUMED_MFU);
+        double tps = snug_gpu_tokens_per_s(snug_gpu_find("a100-80gb"), s, P);
+        double compute = tps > 0 ? tokens * (GA > 0 ? GA : 1) / tps : 0.0;
         f *= 1.0 + (compute > 0 ? 2.0 * state / 25e9 / compute : 0.0);
     }
     return f;
@@ -102,6 +102,8 @@ static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) 
 
 static int add_point(snug_fit_space *s, int *cap, const snug_plan_spec *sp, int GA, const snug_plan_spec *base,
                      int baseGA, double base_factor, snug_error *e) {
+    if (sp->with_grads && sp->lv.optimizer_in_backward && GA > 1)
+        return 0; /* the step inside backward cannot accumulate: not a setting that can run */
     if (s->n == *cap) {
         int nc = *cap ? *cap * 2 : 64;
         snug_fit_point *np = realloc(s->pt, (size_t)nc * sizeof *np);
@@ -113,22 +115,21 @@ static int add_point(snug_fit_space *s, int *cap, const snug_plan_spec *sp, int 
     snug_fit_point *p = &s->pt[s->n];
     memset(p, 0, sizeof *p);
     p->spec = *sp;
+    p->spec.GA = GA;
     p->GA = GA;
-    SNUG_TRY(snug_plan_run(&p->plan, sp, e));
+    SNUG_TRY(snug_plan_run(&p->plan, &p->spec, e));
     p->cost = snug_fit_time_factor(sp, GA, s->kind) / base_factor - 1.0;
     describe(p, base, baseGA);
     s->n++;
     return 0;
 }
 
-int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, int GA, snug_device_kind kind,
-                         size_t host_data_bytes, snug_error *e) {
+int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_device_kind kind, size_t host_data_bytes,
+                         snug_error *e) {
     memset(s, 0, sizeof *s);
     s->kind = kind;
     s->host_data_bytes = host_data_bytes;
-    int cap = 0;
-    if (GA < 1)
-        GA = 1;
+    int cap = 0, GA = base->GA > 1 ? base->GA : 1;
     double base_factor = snug_fit_time_factor(base, GA, kind);
     int rc = add_point(s, &cap, base, GA, base, GA, base_factor, e);
 
@@ -303,18 +304,6 @@ int snug_fit_levers(const snug_fit_space *s, snug_lever_effect *out, int max) {
     return kept;
 }
 
-size_t snug_dataset_bytes_estimate(const snug_options *o, int byte_level) {
-    double bytes = 0;
-    for (int i = 0; i < o->ndatasets; i++) {
-        struct stat st;
-        if (stat(o->datasets[i].path, &st) == 0)
-            bytes += (double)st.st_size;
-    }
-    /* about one token per byte of text for the byte-level stand-in, one per 4 bytes for a BPE tokenizer */
-    size_t tokens = (size_t)(byte_level ? bytes : bytes / 4.0);
-    return snug_data_host_bytes(tokens, 0, o->sequence_len);
-}
-
 static void fmt(char *buf, size_t n, double b) { snug_format_bytes(buf, n, b); }
 
 int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, double overhead) {
@@ -364,16 +353,16 @@ int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, doub
                      need, arenas, ov, bud, over, big[0], big[1], big[2], lever);
 }
 
-int snug_autofit(snug_options *o, snug_plan_spec *spec, snug_device_kind kind, size_t host_data_bytes, char *note,
-                 size_t note_size, snug_error *e) {
+int snug_autofit(const snug_plan_spec *spec, double budget, snug_device_kind kind, size_t host_data_bytes,
+                 snug_fit_point *chosen, char *note, size_t note_size, snug_error *e) {
     if (note_size)
         note[0] = '\0';
-    if (!(o->memory_budget > 0))
-        return snug_fail(e, SNUG_EINPUT, "%s: auto_fit needs memory_budget, the memory it fits the run into; add "
-                         "memory_budget: 40GB (or --memory_budget 40GB)", o->config_path[0] ? o->config_path : "options");
+    if (!(budget > 0))
+        return snug_fail(e, SNUG_EINPUT, "auto_fit needs memory_budget, the memory it fits the run into; add "
+                         "memory_budget: 40GB (or --memory_budget 40GB)");
     snug_fit_space s;
-    SNUG_TRY(snug_fit_space_build(&s, spec, o->gradient_accumulation_steps, kind, host_data_bytes, e));
-    double budget = o->memory_budget, need0 = snug_fit_point_need(&s, &s.pt[0]);
+    SNUG_TRY(snug_fit_space_build(&s, spec, kind, host_data_bytes, e));
+    double need0 = snug_fit_point_need(&s, &s.pt[0]);
     const snug_fit_point *best = snug_fit_best(&s, budget);
     char b[32], n0[32], nb[32];
     fmt(b, sizeof b, budget);
@@ -421,22 +410,7 @@ int snug_autofit(snug_options *o, snug_plan_spec *spec, snug_device_kind kind, s
                                     alt->what, 100.0 * alt->cost, na);
         }
     }
-    /* the options say what was chosen, so everything that reads them (and the saved run) agrees with the plan */
-    const snug_levers *lv = &best->spec.lv;
-    o->micro_batch_size = best->spec.B;
-    o->gradient_accumulation_steps = best->GA;
-    snprintf(o->gradient_checkpointing, sizeof o->gradient_checkpointing, "%s",
-             lv->ckpt == SNUG_CKPT_FULL && lv->ckpt_offload ? "offload" : ckpt_name(lv->ckpt));
-    o->gradient_checkpointing_every_n_layers = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
-    o->flash_attention = !lv->naive_attention;
-    o->chunked_cross_entropy = lv->xent_chunk > 0;
-    if (lv->xent_chunk > 0)
-        o->cross_entropy_chunk_tokens = lv->xent_chunk;
-    snprintf(o->optimizer, sizeof o->optimizer, "%s", snug_optim_name(best->spec.optim, best->spec.optim_paged));
-    spec->B = best->spec.B;
-    spec->lv = best->spec.lv;
-    spec->optim = best->spec.optim;
-    spec->optim_paged = best->spec.optim_paged;
+    *chosen = *best;
     snug_fit_space_free(&s);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* autofit.h: the memory levers as a search space: re-plan a run with each lever toggled (the real layout code on
  * counting arenas, so every saving is exact), predict each setting's cost in step time, find the cheapest setting
- * that fits a memory size, and apply it to the options (`auto_fit: true` with `memory_budget`).
+ * that fits a memory size (`auto_fit: true` with `memory_budget`: the caller applies the chosen setting to its
+ * configuration).
  *
  * A setting varies: the micro-batch size (the effective batch micro_batch_size x gradient_accumulation_steps is kept),
  * gradient checkpointing (none, selective, full, full on every 2nd layer), chunked cross-entropy, flash attention
@@ -11,7 +12,6 @@
 
 #include <stddef.h>
 
-#include "cli/options.h"
 #include "core/error.h"
 #include "plan/gpus.h"
 #include "plan/plan.h"
@@ -21,8 +21,8 @@
 
 /* One setting of the levers and its plan. */
 typedef struct snug_fit_point {
-    snug_plan_spec spec;   /* micro-batch B and the levers */
-    int GA;                /* gradient_accumulation_steps: spec.B * GA is the configured effective batch */
+    snug_plan_spec spec;   /* micro-batch B, accumulation GA and the levers */
+    int GA;                /* spec.GA: spec.B * GA is the configured effective batch */
     snug_plan plan;
     double cost;           /* predicted step time relative to the configured run, minus 1 (0.33 = +33%) */
     int changes;           /* levers changed from the configured run */
@@ -36,9 +36,10 @@ typedef struct snug_fit_space {
     snug_fit_point *pt;      /* pt[0] is the configured run */
 } snug_fit_space;
 
-/* Plans every setting reachable from base (with GA accumulation steps). */
-int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, int GA, snug_device_kind kind,
-                         size_t host_data_bytes, snug_error *e);
+/* Plans every setting reachable from base (base->GA accumulation steps), keeping the effective batch; a setting
+ * that cannot run (optimizer_in_backward with accumulation) is not offered. */
+int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_device_kind kind, size_t host_data_bytes,
+                         snug_error *e);
 void snug_fit_space_free(snug_fit_space *s);
 
 /* The memory a point needs on the space's device: arenas plus runtime overhead. */
@@ -64,17 +65,12 @@ int snug_fit_levers(const snug_fit_space *s, snug_lever_effect *out, int max);
 /* Predicted step-time factor of a setting (1.0 = the configured run's speed when it is the base); see autofit.c. */
 double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind kind);
 
-/* An estimate of the dataset's host memory before it is read, from the files' sizes: about 4 bytes of text per token
- * (one byte per token for the byte-level tokenizer), priced by snug_data_host_bytes. */
-size_t snug_dataset_bytes_estimate(const snug_options *o, int byte_level);
-
-/* auto_fit: chooses micro_batch_size (keeping the effective batch through gradient_accumulation_steps), gradient
- * checkpointing, the optimizer state and the cross-entropy chunking so that the plan plus the runtime overhead fits
- * o->memory_budget at the least predicted cost. Writes the choice into o (micro_batch_size,
- * gradient_accumulation_steps, gradient_checkpointing, chunked_cross_entropy, optimizer, ...) and into spec, and one
- * line saying what it chose and why into note. Fails (SNUG_EINPUT) when nothing fits. */
-int snug_autofit(snug_options *o, snug_plan_spec *spec, snug_device_kind kind, size_t host_data_bytes, char *note,
-                 size_t note_size, snug_error *e);
+/* auto_fit: the setting of the levers (micro_batch_size keeping the effective batch through accumulation,
+ * gradient checkpointing, the optimizer state, the cross-entropy chunking) whose plan plus runtime overhead fits
+ * `budget` bytes at the least predicted cost, into *chosen, and one line saying what it chose and why into note.
+ * Fails (SNUG_EINPUT) when nothing fits. */
+int snug_autofit(const snug_plan_spec *spec, double budget, snug_device_kind kind, size_t host_data_bytes,
+                 snug_fit_point *chosen, char *note, size_t note_size, snug_error *e);
 
 /* The error for a plan over memory_budget: names the largest categories and the levers that shrink them. */
 int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, double overhead);

@@ -3,8 +3,10 @@
  * Sources of the numbers (all estimates except where snug measured them itself):
  *  - memory: the total nvidia-smi prints for each card (MiB), e.g. 81559 MiB for an H100 80GB HBM3, 143771 MiB for an
  *    H200; this is a little more than the program can use (the driver keeps some), which the overhead covers.
- *  - peak TFLOPs: NVIDIA data sheets, dense (without 2:4 sparsity). fp32 training is estimated at the TF32 peak (as
- *    llm.c's fp32 path and PyTorch with allow_tf32 run); bf16/fp16 at the 16-bit tensor-core peak.
+ *  - peak TFLOPs: NVIDIA data sheets, dense (without 2:4 sparsity). snug's fp32 GEMMs compute in exact fp32
+ *    (CUBLAS_COMPUTE_32F, no TF32: src/backend/cuda/matmul_cuda.cu), so fp32 training is priced at the FP32 (CUDA
+ *    core) peak, not the TF32 tensor-core peak, which is about 7x higher on an H100; bf16/fp16 at the 16-bit
+ *    tensor-core peak.
  *  - MFU 40%: a typical model-FLOPs utilisation of well-tuned single-GPU training (llm.c and torchtune report
  *    35-50% on A100/H100); an assumption, replaced by --tokens_per_s when the user has a measurement.
  *  - prices: typical on-demand cloud prices per GPU-hour in USD (Lambda, RunPod and similar, 2024-2025); they vary
@@ -21,12 +23,12 @@
 
 static const snug_gpu gpus[] = {
     {"rtx4090", "4090 rtx-4090 geforce-rtx-4090", "RTX 4090 24GB", 24564 * MIB, 82.6, 165.2, 0.50},
-    {"a100-40gb", "a100-40 a100-sxm4-40gb", "A100 40GB", 40960 * MIB, 156.0, 312.0, 1.30},
-    {"a6000", "rtx-a6000", "RTX A6000 48GB", 49140 * MIB, 77.4, 154.8, 0.80},
-    {"l40s", "l40s-48gb", "L40S 48GB", 46068 * MIB, 183.0, 362.1, 1.00},
-    {"a100-80gb", "a100 a100-80 a100-sxm4-80gb", "A100 80GB", 81920 * MIB, 156.0, 312.0, 1.80},
-    {"h100", "h100-80gb h100-sxm h100-sxm5", "H100 80GB", 81559 * MIB, 494.7, 989.4, 2.50},
-    {"h200", "h200-141gb h200-sxm", "H200 141GB", 143771 * MIB, 494.7, 989.4, 3.50},
+    {"a100-40gb", "a100-40 a100-sxm4-40gb", "A100 40GB", 40960 * MIB, 19.5, 312.0, 1.30},
+    {"a6000", "rtx-a6000", "RTX A6000 48GB", 49140 * MIB, 38.7, 154.8, 0.80},
+    {"l40s", "l40s-48gb", "L40S 48GB", 46068 * MIB, 91.6, 362.1, 1.00},
+    {"a100-80gb", "a100 a100-80 a100-sxm4-80gb", "A100 80GB", 81920 * MIB, 19.5, 312.0, 1.80},
+    {"h100", "h100-80gb h100-sxm h100-sxm5", "H100 80GB", 81559 * MIB, 66.9, 989.4, 2.50},
+    {"h200", "h200-141gb h200-sxm", "H200 141GB", 143771 * MIB, 66.9, 989.4, 3.50},
 };
 
 #define NGPUS ((int)(sizeof gpus / sizeof gpus[0]))
@@ -137,6 +139,6 @@ double snug_flops_per_token(const snug_plan_spec *s, long long nparams) {
 
 double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams) {
     double f = snug_flops_per_token(s, nparams);
-    double peak = s->lv.dt == SNUG_DT_F32 ? g->tflops_tf32 : g->tflops_bf16; /* 16-bit: the tensor cores' bf16 rate */
+    double peak = s->lv.dt == SNUG_DT_F32 ? g->tflops_fp32 : g->tflops_bf16; /* 16-bit: the tensor cores' bf16 rate */
     return f > 0 ? peak * 1e12 * SNUG_ASSUMED_MFU / f : 0.0;
 }

@@ -22,7 +22,7 @@ typedef struct snug_gpu {
     const char *aliases;    /* other spellings, space-separated; compared without case, '-', '_' or spaces */
     const char *label;      /* "H100 80GB" */
     double mem_bytes;       /* total memory as nvidia-smi reports it */
-    double tflops_tf32;     /* dense tensor-core peak for fp32 training through TF32 GEMMs */
+    double tflops_fp32;     /* FP32 peak without tensor cores: snug's fp32 GEMMs are exact fp32, not TF32 */
     double tflops_bf16;     /* dense tensor-core peak for bf16 */
     double price_per_hour;  /* USD per GPU-hour, typical on-demand cloud price (estimate) */
 } snug_gpu;
@@ -71,8 +71,8 @@ double snug_flops_per_token(const snug_plan_spec *s, long long nparams);
 /* The model-FLOPs utilisation assumed for the throughput estimate. */
 #define SNUG_ASSUMED_MFU 0.40
 
-/* Estimated training tokens/s of the configured run on gpu g (the TF32 peak for fp32 training, the bf16 peak for
- * bf16/fp16, x SNUG_ASSUMED_MFU / FLOPs per token), before any lever's extra cost. */
+/* Estimated training tokens/s of the configured run on gpu g (the FP32 peak for fp32 training, the bf16 tensor-core
+ * peak for bf16/fp16, x SNUG_ASSUMED_MFU / FLOPs per token), before any lever's extra cost. */
 double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams);
 
 #endif

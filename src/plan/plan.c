@@ -7,17 +7,32 @@
 #include "model/model.h"
 #include "optim/optim.h"
 
+snug_levers snug_plan_levers(const snug_plan_spec *s) {
+    snug_levers lv = s->lv;
+    lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && s->GA > 1;
+    return lv;
+}
+
+int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e) {
+    if (s->with_grads && s->lv.optimizer_in_backward && s->GA > 1)
+        return snug_fail(e, SNUG_EINPUT, "optimizer_in_backward steps after every micro-batch, so gradients cannot "
+                         "accumulate over %d micro-batches; set gradient_accumulation_steps: 1 (raise "
+                         "micro_batch_size instead)", s->GA);
+    return 0;
+}
+
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     memset(p, 0, sizeof *p);
+    SNUG_TRY(snug_plan_spec_check(s, e));
     snug_model m;
     memset(&m, 0, sizeof m);
     m.cfg = s->cfg;
-    m.lv = s->lv;
+    m.lv = snug_plan_levers(s);
     int B = s->B, T = s->T;
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
     snug_arenas A;
     snug_arenas_init_counting(&A);
-    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = s->lv.dt != SNUG_DT_F32};
+    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = m.lv.dt != SNUG_DT_F32};
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
     if (!rc && s->with_grads)
         rc = snug_adamw_layout(&opt, &A, &m.table, NULL, e);

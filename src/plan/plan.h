@@ -16,7 +16,8 @@
 typedef struct snug_plan_spec {
     snug_model_config cfg;
     int B, T;              /* micro-batch rows and sequence length */
-    snug_levers lv;
+    int GA;                /* micro-batches accumulated per optimizer step (0 or 1: none) */
+    snug_levers lv;        /* as configured; the layout uses snug_plan_levers(spec), which derives the rest */
     int with_grads;        /* 0: inference (generation) */
     snug_optim_kind optim; /* the optimizer's state layout (with_grads only) */
     int optim_paged;       /* optimizer state in host memory, streamed (paged_adamw_*) */
@@ -35,6 +36,15 @@ typedef struct snug_plan {
 } snug_plan;
 
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e);
+
+/* The levers a spec is laid out with: its lv, with what depends on the other settings derived here and only here
+ * (16-bit storage keeps layer gradients in fp32 when micro-batches accumulate into them). snug_plan_run and
+ * snug_engine_create both lay out with these, so a plan and its allocation cannot disagree. */
+snug_levers snug_plan_levers(const snug_plan_spec *s);
+
+/* Whether the spec's levers can run together: optimizer_in_backward steps after every micro-batch (no
+ * accumulation). An error names the setting and the fix. snug_plan_run checks it. */
+int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e);
 
 /* "1.23 GiB", "456.0 MiB", "12.0 KiB" */
 void snug_format_bytes(char *buf, size_t n, double bytes);

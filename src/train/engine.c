@@ -8,7 +8,8 @@
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 
-int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *device, int threads, snug_error *e) {
+int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_choice device, int threads,
+                       snug_error *e) {
     memset(g, 0, sizeof *g);
     SNUG_TRY(snug_plan_run(&g->plan, spec, e));
     if (!(g->be = snug_backend_create(device, threads, e)))
@@ -36,7 +37,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *d
                          dev ? "GPU memory" : "host memory", dev ? "the GPU has" : "this machine has", have);
     }
     g->model.cfg = spec->cfg;
-    g->model.lv = spec->lv;
+    g->model.lv = snug_plan_levers(spec);
     g->model.be = g->be;
     SNUG_TRY(snug_param_table_build(&g->model.table, &spec->cfg, e));
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
@@ -64,10 +65,15 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *d
     return 0;
 }
 
+void snug_engine_release(snug_engine *g, snug_category c) {
+    if (g->blocks[c])
+        (g->plan.host[c] ? g->be->host_free : g->be->free)(g->be, g->blocks[c]);
+    g->blocks[c] = NULL;
+}
+
 void snug_engine_free(snug_engine *g) {
     for (int c = 0; c < SNUG_MEM_NCAT; c++)
-        if (g->blocks[c])
-            (g->plan.host[c] ? g->be->host_free : g->be->free)(g->be, g->blocks[c]);
+        snug_engine_release(g, (snug_category)c);
     if (g->be)
         g->be->destroy(g->be);
     snug_param_table_free(&g->model.table);

@@ -8,6 +8,7 @@
 #define SNUG_ENGINE_H
 
 #include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "core/arena.h"
 #include "model/model.h"
 #include "optim/optim.h"
@@ -22,8 +23,14 @@ typedef struct snug_engine {
     snug_adamw opt;        /* laid out when spec->with_grads */
 } snug_engine;
 
-/* device: "auto", "cuda" or "cpu" (the config's `device` key); threads: CPU threads (<= 0: all cores). */
-int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, const char *device, int threads, snug_error *e);
+/* device: the configuration's `device`; threads: CPU threads (<= 0: all cores). */
+int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_choice device, int threads,
+                       snug_error *e);
 void snug_engine_free(snug_engine *g);
+
+/* Gives one category's memory back before the engine is freed (e.g. gradients and optimizer state once training is
+ * over), with the free function that matches where it was allocated (device memory, or pinned host memory for a
+ * paged optimizer's state). The category's arena must not be used afterwards. */
+void snug_engine_release(snug_engine *g, snug_category c);
 
 #endif

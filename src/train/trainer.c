@@ -17,167 +17,21 @@
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/model.h"
-#include "model/presets.h"
 #include "optim/optim.h"
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 #include "plan/plan.h"
-#include "train/loss_scale.h"
-#include "plan/plan_cmd.h"
+#include "plan/plan_json.h"
 #include "train/engine.h"
+#include "train/loss_scale.h"
+#include "train/setup.h"
 
 /* Everything a run holds; released by run_free whatever state it reached. */
 typedef struct run {
-    const snug_options *o;
-    snug_model_config cfg;
-    snug_tokenizer *tok;
-    char tok_path[4096];   /* the tokenizer.json used ("" for the byte-level stand-in) */
-    snug_encoder enc;
-    snug_dataset train, val;
-    snug_data_source dsrc[SNUG_MAX_DATASETS]; /* the datasets as src/data reads them (paths point into o) */
-    snug_data_opts dopts;
-    snug_data_report drep; /* per file: examples, tokens, long and bad examples; the cache used */
+    snug_setup s;              /* the resolved configuration, its model, plan and data */
     snug_batching_report brep; /* padding and efficiency of each way of batching the training set */
-    snug_plan_spec spec;
-    snug_plan plan;        /* of spec, before anything is allocated */
     snug_engine eng;
-    snug_options fitted;   /* the options after auto_fit; o points here when it ran */
-    char fit_note[1024];   /* what auto_fit chose and why */
-    size_t data_host_est;  /* the datasets' host memory, estimated from their files before they are read */
 } run;
-
-/* the seed of the data order: data_seed, or seed when it is not set (as Hugging Face's Trainer) */
-static uint64_t data_seed(const snug_options *o) { return (uint64_t)(o->data_seed >= 0 ? o->data_seed : o->seed); }
-
-static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap,
-                      snug_error *e) {
-    return snug_tok_encode((const snug_tokenizer *)ctx, text, len, ids, n, cap, e) < 0 ? (e->code ? e->code : SNUG_EINPUT)
-                                                                                    : 0;
-}
-
-static int tok_special_id(const void *ctx, const char *token) {
-    return snug_tok_token_id((const snug_tokenizer *)ctx, token);
-}
-
-static int tok_decode(const void *ctx, const int32_t *ids, size_t n, char **text, size_t *len, snug_error *e) {
-    return snug_tok_decode((const snug_tokenizer *)ctx, ids, n, text, len, e);
-}
-
-/* dir + "/" + file into dst; returns 1 (and an empty dst) when it does not fit */
-static int path_join(char *dst, size_t n, const char *dir, const char *file) {
-    size_t a = strlen(dir), b = strlen(file);
-    if (a + b + 2 > n) {
-        dst[0] = '\0';
-        return 1;
-    }
-    memcpy(dst, dir, a);
-    dst[a] = '/';
-    memcpy(dst + a + 1, file, b + 1);
-    return 0;
-}
-
-/* Which tokenizer.json: the `tokenizer` key, else the base model's, else the built-in one for from-scratch runs. */
-static int open_tokenizer(run *r, snug_error *e) {
-    const snug_options *o = r->o;
-    char cand[4096] = "";
-    if (o->tokenizer[0]) {
-        struct stat st;
-        if (stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode))
-            path_join(cand, sizeof cand, o->tokenizer, "tokenizer.json");
-        else
-            snprintf(cand, sizeof cand, "%s", o->tokenizer);
-        if (!snug_file_exists(cand))
-            return snug_fail(e, SNUG_EINPUT, "%s: tokenizer file not found; set `tokenizer` to a tokenizer.json or "
-                             "a folder that holds one", cand);
-    } else if (o->base_model[0]) {
-        path_join(cand, sizeof cand, o->base_model, "tokenizer.json");
-        if (!snug_file_exists(cand))
-            cand[0] = '\0';
-    } else {
-        path_join(cand, sizeof cand, SNUG_SOURCE_DIR, "assets/tokenizer/tokenizer.json");
-        if (!snug_file_exists(cand))
-            cand[0] = '\0';
-    }
-    if (!cand[0]) {
-        r->enc = snug_byte_encoder();
-        return 0;
-    }
-    SNUG_TRY(snug_tok_load(&r->tok, cand, e));
-    snprintf(r->tok_path, sizeof r->tok_path, "%s", cand);
-    r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .special_id = tok_special_id, .decode = tok_decode,
-                            .vocab_size = snug_tok_vocab_size(r->tok), .bos_id = snug_tok_bos_id(r->tok),
-                            .eos_id = snug_tok_eos_id(r->tok), .hash = snug_tok_hash(r->tok)};
-    return 0;
-}
-
-static int resolve_model(run *r, snug_error *e) {
-    const snug_options *o = r->o;
-    if (o->base_model[0]) {
-        char p[4096];
-        path_join(p, sizeof p, o->base_model, "config.json");
-        if (!snug_file_exists(p))
-            return snug_fail(e, SNUG_EINPUT, "%s: not found; base_model must be a Hugging Face model folder with "
-                             "config.json and model.safetensors", p);
-        SNUG_TRY(snug_model_config_load(&r->cfg, p, e));
-        if (r->enc.vocab_size > r->cfg.vocab_size)
-            return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
-                             "tokenizer that belongs to this model", p, r->cfg.vocab_size, r->enc.vocab_size);
-    } else {
-        SNUG_TRY(snug_preset(&r->cfg, o->model_preset, r->enc.vocab_size, e));
-        if (r->enc.eos_id >= 0)
-            r->cfg.eos_token_id = r->enc.eos_id;
-        if (r->enc.bos_id >= 0)
-            r->cfg.bos_token_id = r->enc.bos_id;
-    }
-    if (r->enc.eos_id < 0)
-        r->enc.eos_id = r->cfg.eos_token_id;
-    if (o->sequence_len > r->cfg.max_position)
-        return snug_fail(e, SNUG_EINPUT, "sequence_len %d exceeds the model's max_position_embeddings %d; lower "
-                         "sequence_len", o->sequence_len, r->cfg.max_position);
-    return 0;
-}
-
-static int load_data(run *r, snug_error *e) {
-    const snug_options *o = r->o;
-    if (o->ndatasets == 0)
-        return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
-                         "pass --dataset data.jsonl");
-    for (int i = 0; i < o->ndatasets; i++) {
-        const snug_dataset_spec *d = &o->datasets[i];
-        snug_data_source *s = &r->dsrc[i];
-        *s = (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text"};
-        if (snug_data_format_parse(d->type, &s->format) ||
-            snug_chat_template_parse(d->chat_template[0] ? d->chat_template : "chatml", &s->chat))
-            return snug_fail(e, SNUG_EINPUT, "datasets[%d]: type '%s' / chat_template '%s' unknown; use completion, "
-                             "alpaca, chat or pretokenized, and chatml or llama3", i, d->type, d->chat_template);
-    }
-    r->dopts = (snug_data_opts){.train_on_inputs = o->train_on_inputs, .sequence_len = o->sequence_len,
-                                .drop_long = !strcmp(o->long_examples, "drop"), .skip_bad = o->skip_bad_examples};
-    SNUG_TRY(snug_dataset_prepare(&r->train, r->dsrc, o->ndatasets, &r->dopts, &r->enc,
-                                  o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
-                                  &r->drep, e));
-    if (o->val_set_size > 0)
-        SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, data_seed(o), &r->val, e));
-    return 0;
-}
-
-/* The levers the options ask for. */
-snug_levers snug_levers_from_options(const snug_options *o) {
-    snug_levers lv = {.ckpt = SNUG_CKPT_NONE, .ckpt_every = o->gradient_checkpointing_every_n_layers,
-                      .naive_attention = !o->flash_attention,
-                      .xent_chunk = o->chunked_cross_entropy ? o->cross_entropy_chunk_tokens : 0,
-                      .optimizer_in_backward = o->optimizer_in_backward,
-                      .dt = o->bf16 ? SNUG_DT_BF16 : o->fp16 ? SNUG_DT_F16 : SNUG_DT_F32,
-                      .master_weights = o->master_weights,
-                      .grads_fp32 = o->gradient_accumulation_steps > 1};
-    if (!strcmp(o->gradient_checkpointing, "selective"))
-        lv.ckpt = SNUG_CKPT_SELECTIVE;
-    else if (!strcmp(o->gradient_checkpointing, "full"))
-        lv.ckpt = SNUG_CKPT_FULL;
-    else if (!strcmp(o->gradient_checkpointing, "offload"))
-        lv.ckpt = SNUG_CKPT_FULL, lv.ckpt_offload = 1;
-    return lv;
-}
 
 /* Zeroes every gradient buffer (fp32 and 16-bit) before a step's micro-batches accumulate into them. */
 static void zero_grads(snug_model *m) {
@@ -215,40 +69,9 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
         }
 }
 
-/* device: the snug_device_kind the plan is for (auto_fit and memory_budget count its runtime overhead). */
-static int setup(run *r, const snug_options *o, int device, snug_error *e) {
-    memset(r, 0, sizeof *r);
-    r->o = o;
-    SNUG_TRY(open_tokenizer(r, e));
-    SNUG_TRY(resolve_model(r, e));
-    r->spec = (snug_plan_spec){.cfg = r->cfg, .B = o->micro_batch_size, .T = o->sequence_len,
-                               .lv = snug_levers_from_options(o), .with_grads = 1};
-    if (snug_optim_parse(o->optimizer, &r->spec.optim, &r->spec.optim_paged))
-        return snug_fail(e, SNUG_EINPUT, "optimizer '%s' is unknown; use adamw, adamw_8bit, paged_adamw_8bit or "
-                         "paged_adamw_32bit", o->optimizer);
-    r->data_host_est = snug_dataset_bytes_estimate(o, !r->tok);
-    if (o->auto_fit) {
-        r->fitted = *o;
-        SNUG_TRY(snug_autofit(&r->fitted, &r->spec, (snug_device_kind)device, r->data_host_est, r->fit_note,
-                              sizeof r->fit_note, e));
-        r->o = o = &r->fitted;
-    }
-    SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
-    if (o->memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */
-        snug_overhead ov;
-        snug_overhead_compute(&ov, (snug_device_kind)device, &r->plan, r->data_host_est);
-        r->spec.memory_budget = o->memory_budget;
-        r->spec.budget_overhead = (double)ov.total;
-    }
-    return 0;
-}
-
 static void run_free(run *r) {
     snug_engine_free(&r->eng);
-    snug_dataset_free(&r->train);
-    snug_dataset_free(&r->val);
-    if (r->tok)
-        snug_tok_free(r->tok);
+    snug_setup_free(&r->s);
 }
 
 static double now_s(void) {
@@ -265,13 +88,13 @@ static double peak_rss_bytes(void) {
 
 /* The batching the options ask for (src/data/batching.h); shuffle 0 keeps the dataset's order. */
 static snug_batching_opts batching_opts(const run *r, int shuffle) {
-    const snug_options *o = r->o;
+    const snug_run_config *o = &r->s.c;
     snug_batching how = o->concatenate ? SNUG_BATCHING_CONCAT : o->sample_packing ? SNUG_BATCHING_PACK
                         : o->group_by_length ? SNUG_BATCHING_GROUP : SNUG_BATCHING_PAD;
     return (snug_batching_opts){.how = how, .B = o->micro_batch_size, .T = o->sequence_len,
                                 .pad_to_sequence_len = o->pad_to_sequence_len,
                                 .pad_to_multiple_of = o->pad_to_multiple_of, .shuffle = shuffle,
-                                .seed = data_seed(o), .pad_id = r->enc.eos_id >= 0 ? r->enc.eos_id : 0};
+                                .seed = snug_data_seed(o), .pad_id = r->s.enc.eos_id >= 0 ? r->s.enc.eos_id : 0};
 }
 
 /* Mean loss over every supervised token of the validation set, batched as training is. */
@@ -279,7 +102,7 @@ static double evaluate(run *r, snug_micro_batch mb) {
     snug_loader vl;
     snug_error e = {0};
     snug_batching_opts bo = batching_opts(r, 0);
-    if (snug_loader_init(&vl, &r->val, &bo, &e))
+    if (snug_loader_init(&vl, &r->s.val, &bo, &e))
         return NAN;
     double sum = 0;
     size_t ntok = 0;
@@ -309,20 +132,20 @@ static void progress_bar(FILE *out, int step, int total, double loss, double lr,
 static int save_model(run *r, const char *dir, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
-    snug_model_config cfg = r->cfg;
+    snug_model_config cfg = r->s.cfg;
     /* the dtype the weights are saved in: fp32, or bf16/fp16 when there is no fp32 master copy to save */
     const snug_model *m = &r->eng.model;
     int half_only = m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
              !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
-    path_join(p, sizeof p, dir, "config.json");
+    snug_path_join(p, sizeof p, dir, "config.json");
     SNUG_TRY(snug_model_config_save(&cfg, p, e));
-    path_join(p, sizeof p, dir, "generation_config.json");
+    snug_path_join(p, sizeof p, dir, "generation_config.json");
     SNUG_TRY(snug_generation_config_save(&cfg, p, e));
     SNUG_TRY(snug_model_save_weights(&r->eng.model, dir, e));
-    if (r->tok_path[0]) {
+    if (r->s.tok_path[0]) {
         char srcdir[4096];
-        snprintf(srcdir, sizeof srcdir, "%s", r->tok_path);
+        snprintf(srcdir, sizeof srcdir, "%s", r->s.tok_path);
         char *slash = strrchr(srcdir, '/');
         if (slash)
             *slash = '\0';
@@ -332,8 +155,8 @@ static int save_model(run *r, const char *dir, snug_error *e) {
                                "chat_template.jinja"};
         for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
             char src[4096];
-            path_join(src, sizeof src, srcdir, files[i]);
-            path_join(p, sizeof p, dir, files[i]);
+            snug_path_join(src, sizeof src, srcdir, files[i]);
+            snug_path_join(p, sizeof p, dir, files[i]);
             if (snug_file_exists(src))
                 SNUG_TRY(snug_copy_file(src, p, e));
         }
@@ -342,35 +165,32 @@ static int save_model(run *r, const char *dir, snug_error *e) {
 }
 
 static void print_sample(run *r, FILE *out) {
-    const snug_options *o = r->o;
-    if (!o->sample_tokens || !r->tok)
+    const snug_run_config *o = &r->s.c;
+    if (!o->sample_tokens || !r->s.tok)
         return;
     snug_error e = {0};
     int32_t *prompt = NULL;
     size_t n = 0, cap = 0;
-    if (r->enc.bos_id >= 0 && (prompt = malloc(16 * sizeof *prompt))) {
+    if (r->s.enc.bos_id >= 0 && (prompt = malloc(16 * sizeof *prompt))) {
         cap = 16;
-        prompt[n++] = r->enc.bos_id;
+        prompt[n++] = r->s.enc.bos_id;
     }
     const char *text = o->sample_prompt;
-    if (snug_tok_encode(r->tok, text, strlen(text), &prompt, &n, &cap, &e) < 0)
+    if (snug_tok_encode(r->s.tok, text, strlen(text), &prompt, &n, &cap, &e) < 0)
         n = 0;
-    if (n == 0 && r->enc.eos_id >= 0) { /* an empty prompt starts after an end of text */
+    if (n == 0 && r->s.enc.eos_id >= 0) { /* an empty prompt starts after an end of text */
         int32_t *p = realloc(prompt, sizeof *p);
         if (p)
-            (prompt = p)[n++] = r->enc.eos_id;
+            (prompt = p)[n++] = r->s.enc.eos_id;
     }
     int T = (int)n + o->sample_tokens;
-    if (T > r->cfg.max_position)
-        T = r->cfg.max_position;
+    if (T > r->s.cfg.max_position)
+        T = r->s.cfg.max_position;
     /* a separate inference layout (B=1, no gradients) with the trained weights copied in; training is over, so
      * its gradients and optimizer state go first and sampling never raises the peak */
     for (int c = SNUG_MEM_GRADS; c <= SNUG_MEM_OPTIM; c++)
-        if (r->eng.blocks[c]) {
-            r->eng.be->free(r->eng.be, r->eng.blocks[c]);
-            r->eng.blocks[c] = NULL;
-        }
-    snug_plan_spec spec = {.cfg = r->cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
+        snug_engine_release(&r->eng, (snug_category)c);
+    snug_plan_spec spec = {.cfg = r->s.cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     snug_engine g = {0};
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     if (n > 0 && ids && snug_engine_create(&g, &spec, o->device, o->threads, &e) == 0) {
@@ -385,13 +205,13 @@ static void print_sample(run *r, FILE *out) {
                 free(host);
             snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
                                .seed = (uint64_t)o->seed};
-            int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->enc.eos_id, &s, ids);
-            int skip = r->enc.bos_id >= 0 ? 1 : 0;
-            if (got > skip && ids[got - 1] == r->enc.eos_id)
+            int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->s.enc.eos_id, &s, ids);
+            int skip = r->s.enc.bos_id >= 0 ? 1 : 0;
+            if (got > skip && ids[got - 1] == r->s.enc.eos_id)
                 got--;
             char *txt = NULL;
             size_t len = 0;
-            if (snug_tok_decode(r->tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0)
+            if (snug_tok_decode(r->s.tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0)
                 fprintf(out, "\nsample (temperature %.2f, top-k %d, top-p %.2f):\n%.*s\n", o->temperature, o->top_k,
                         o->top_p, (int)len, txt);
             free(txt);
@@ -403,25 +223,24 @@ static void print_sample(run *r, FILE *out) {
 }
 
 static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_epoch) {
-    const snug_options *o = r->o;
-    const snug_model_config *c = &r->cfg;
+    const snug_run_config *o = &r->s.c;
+    const snug_model_config *c = &r->s.cfg;
     fprintf(out, "snug: training %s (%s, %d layers, width %d, %d heads / %d kv heads, vocab %d)\n",
             o->base_model[0] ? o->base_model : o->model_preset, c->model_type, c->n_layer, c->hidden_size, c->n_head,
             c->n_kv_head, c->vocab_size);
-    fprintf(out, "  parameters           %lld (%.2fM)\n", r->plan.nparams, r->plan.nparams / 1e6);
-    fprintf(out, "  tokenizer            %s\n", r->tok_path[0] ? r->tok_path : "byte-level (256 bytes + end of text)");
-    fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->train.nexamples,
-            r->train.ntokens, r->val.nexamples);
-    snug_data_report_print(out, &r->drep, r->dsrc, &r->dopts);
+    fprintf(out, "  parameters           %lld (%.2fM)\n", r->s.plan.nparams, r->s.plan.nparams / 1e6);
+    fprintf(out, "  tokenizer            %s\n", r->s.tok_path[0] ? r->s.tok_path : "byte-level (256 bytes + end of text)");
+    fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->s.train.nexamples,
+            r->s.train.ntokens, r->s.val.nexamples);
+    snug_data_report_print(out, &r->s.drep, r->s.dsrc, &r->s.dopts);
     snug_batching_report_print(out, &r->brep);
     fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %d tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps,
             o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps);
     fprintf(out, "  schedule             %d steps (%zu micro-batches per epoch), lr %g %s, warmup %d\n", total_steps,
-            batches_per_epoch, o->learning_rate, o->lr_scheduler,
-            o->warmup_steps ? o->warmup_steps : (int)(o->warmup_ratio * total_steps));
-    fprintf(out, "  optimizer            %s\n", snug_optim_name(r->spec.optim, r->spec.optim_paged));
-    const snug_levers *lv = &r->spec.lv;
+            batches_per_epoch, o->learning_rate, snug_sched_name(o->lr_scheduler), snug_warmup_steps(o, total_steps));
+    fprintf(out, "  optimizer            %s\n", snug_optim_name(r->s.spec.optim, r->s.spec.optim_paged));
+    const snug_levers *lv = &r->s.spec.lv;
     if (lv->dt != SNUG_DT_F32)
         fprintf(out, "  precision            %s storage, fp32 compute, %s%s\n", lv->dt == SNUG_DT_BF16 ? "bf16" : "fp16",
                 lv->master_weights ? "fp32 master weights" : "stochastic rounding (no master weights)",
@@ -430,38 +249,39 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
         fprintf(out, "  precision            fp32\n");
     if (r->eng.be->gemm)
         fprintf(out, "  gemm                 %s\n", r->eng.be->gemm);
-    if (r->fit_note[0])
-        fprintf(out, "%s\n", r->fit_note);
+    if (r->s.fit_note[0])
+        fprintf(out, "%s\n", r->s.fit_note);
     if (!strcmp(r->eng.be->name, "cpu"))
         fprintf(out, "memory plan (backend cpu, %d threads):\n", r->eng.be->nthreads);
     else
         fprintf(out, "memory plan (backend %s):\n", r->eng.be->name);
-    snug_plan_print(out, &r->plan, NULL);
+    snug_plan_print(out, &r->s.plan, NULL);
 }
 
-int snug_train(const snug_options *o, FILE *out, snug_error *e) {
+int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     run r;
-    int on_gpu = !strcmp(snug_backend_resolve(o->device), "cuda");
-    int rc = setup(&r, o, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
-    o = r.o; /* after auto_fit */
+    memset(&r, 0, sizeof r);
+    int on_gpu = snug_backend_resolve(config->device) == SNUG_BACKEND_CUDA;
+    int rc = snug_setup_resolve(&r.s, config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
+    const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
     if (!rc)
-        rc = load_data(&r, e);
+        rc = snug_setup_load_data(&r.s, e);
     snug_loader loader = {0};
     snug_batching_opts bopts = batching_opts(&r, 1);
     if (!rc)
-        rc = snug_loader_init(&loader, &r.train, &bopts, e);
+        rc = snug_loader_init(&loader, &r.s.train, &bopts, e);
     if (!rc)
-        rc = snug_batching_report_compute(&r.brep, &r.train, &bopts, e);
+        rc = snug_batching_report_compute(&r.brep, &r.s.train, &bopts, e);
     if (!rc && o->base_model[0]) { /* the weights must match config.json before memory is sized by it */
         snug_param_table t;
-        rc = snug_param_table_build(&t, &r.cfg, e);
+        rc = snug_param_table_build(&t, &r.s.cfg, e);
         if (!rc) {
             rc = snug_model_check_weights(&t, o->base_model, e);
             snug_param_table_free(&t);
         }
     }
     if (!rc)
-        rc = snug_engine_create(&r.eng, &r.spec, o->device, o->threads, e);
+        rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
     if (!rc && o->base_model[0])
         rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
     else if (!rc)
@@ -474,11 +294,13 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
 
     int GA = o->gradient_accumulation_steps, B = o->micro_batch_size, T = o->sequence_len;
     size_t per_epoch = snug_loader_batches_per_epoch(&loader);
+    /* an epoch is ceil(per_epoch / GA) steps, its last step accumulating only the micro-batches left in it (as
+     * Hugging Face's Trainer does), so num_epochs never runs into an extra epoch */
     int total = o->max_steps > 0 ? o->max_steps : (int)((per_epoch + GA - 1) / GA) * o->num_epochs;
     if (total < 1)
         total = 1;
-    int warmup = o->warmup_steps ? o->warmup_steps : (int)ceil(o->warmup_ratio * total);
-    snug_sched sched = (snug_sched)snug_sched_parse(o->lr_scheduler);
+    int warmup = snug_warmup_steps(o, total);
+    snug_sched sched = o->lr_scheduler;
     r.eng.opt.beta1 = o->adam_beta1;
     r.eng.opt.beta2 = o->adam_beta2;
     r.eng.opt.eps = o->adam_epsilon;
@@ -499,7 +321,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     FILE *metrics = NULL;
     if (!rc) {
         rc = snug_mkdirs(o->output_dir, e);
-        path_join(metrics_path, sizeof metrics_path, o->output_dir, "metrics.jsonl");
+        snug_path_join(metrics_path, sizeof metrics_path, o->output_dir, "metrics.jsonl");
         if (!rc && !(metrics = fopen(metrics_path, "w")))
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
     }
@@ -513,14 +335,20 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
+    size_t in_epoch = 0; /* micro-batches of the current epoch consumed */
     for (int step = 0; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         size_t nsup = 0;
-        for (int k = 0; k < GA; k++) {
+        int nmb = per_epoch && per_epoch - in_epoch < (size_t)GA ? (int)(per_epoch - in_epoch) : GA;
+        for (int k = 0; k < nmb; k++) {
             if (snug_loader_next(&loader, &mb[k]) == 0) /* the end of an epoch: the next one starts */
                 snug_loader_next(&loader, &mb[k]);
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
         }
+        in_epoch += (size_t)nmb;
+        int epoch_end = per_epoch && in_epoch >= per_epoch;
+        if (epoch_end)
+            in_epoch = 0;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
@@ -531,7 +359,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
             zero_grads(&r.eng.model);
         }
         double loss_sum = 0;
-        for (int k = 0; k < GA; k++) {
+        for (int k = 0; k < nmb; k++) {
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
             loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
             tokens_since += mb[k].tokens; /* example tokens: padding is not counted */
@@ -555,7 +383,8 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
 
         double val = NAN;
-        if (r.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) || step + 1 == total))
+        if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
+                                  (o->eval_steps == 0 && epoch_end) || step + 1 == total))
             val = evaluate(&r, mb[0]);
         int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
                       !isnan(val);
@@ -605,7 +434,7 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             measured[c] = r.eng.arenas.a[c].peak;
         fprintf(out, "memory (arena high-water marks beside the plan):\n");
-        snug_plan_print(out, &r.plan, measured);
+        snug_plan_print(out, &r.s.plan, measured);
         char b[32];
         snug_format_bytes(b, sizeof b, peak_rss_bytes());
         fprintf(out, "  %-20s %12s  %16s\n", "process peak RSS", "", b);
@@ -616,14 +445,14 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
                     "device memory in use", "", b);
         }
         snug_overhead ov; /* the CPU runtime overhead with the data as read (plan/gpus.c) */
-        snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &r.plan,
-                              snug_data_host_bytes(r.train.ntokens + r.val.ntokens,
-                                                   r.train.nexamples + r.val.nexamples, T));
-        snug_format_bytes(b, sizeof b, (double)(r.plan.total + r.plan.host_total + ov.total));
+        snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &r.s.plan,
+                              snug_data_host_bytes(r.s.train.ntokens + r.s.val.ntokens,
+                                                   r.s.train.nexamples + r.s.val.nexamples, T));
+        snug_format_bytes(b, sizeof b, (double)(r.s.plan.total + r.s.plan.host_total + ov.total));
         fprintf(out, "  %-20s %12s  (the arenas + %s runtime overhead)\n", "predicted RSS", b, "CPU");
         char mj[4096];
-        path_join(mj, sizeof mj, o->output_dir, "memory.json");
-        rc = snug_memory_json_write(mj, &r.spec, &r.plan, measured, &ov, peak_rss_bytes(), r.eng.be->name,
+        snug_path_join(mj, sizeof mj, o->output_dir, "memory.json");
+        rc = snug_memory_json_write(mj, &r.s.spec, &r.s.plan, measured, &ov, peak_rss_bytes(), r.eng.be->name,
                                     (double)snug_backend_device_used(r.eng.be), e);
         print_sample(&r, out);
     }
@@ -637,71 +466,3 @@ int snug_train(const snug_options *o, FILE *out, snug_error *e) {
     return rc;
 }
 
-int snug_prepare(snug_prepared *p, const snug_options *o, int device, int with_data, snug_error *e) {
-    memset(p, 0, sizeof *p);
-    run *r = calloc(1, sizeof *r);
-    if (!r)
-        return snug_fail(e, SNUG_ENOMEM, "out of memory preparing the plan");
-    int rc = setup(r, o, device, e);
-    if (!rc) {
-        p->o = *r->o;
-        p->cfg = r->cfg;
-        p->spec = r->spec;
-        p->plan = r->plan;
-        snprintf(p->tok_path, sizeof p->tok_path, "%s", r->tok_path);
-        snprintf(p->fit_note, sizeof p->fit_note, "%s", r->fit_note);
-        p->data_host_bytes = r->data_host_est;
-        snug_error de = {0};
-        if (with_data && r->o->ndatasets > 0) {
-            if (load_data(r, &de) == 0) {
-                p->data_loaded = 1;
-                p->data_tokens = r->train.ntokens + r->val.ntokens;
-                p->data_examples = r->train.nexamples + r->val.nexamples;
-                p->data_host_bytes = snug_data_host_bytes(p->data_tokens, p->data_examples, r->o->sequence_len);
-            } else {
-                snprintf(p->data_error, sizeof p->data_error, "%.500s", de.msg);
-            }
-        }
-    }
-    run_free(r);
-    free(r);
-    return rc;
-}
-
-int snug_load_run_data(snug_run_data *d, const snug_options *o, snug_error *e) {
-    memset(d, 0, sizeof *d);
-    run *r = calloc(1, sizeof *r);
-    if (!r)
-        return snug_fail(e, SNUG_ENOMEM, "out of memory loading the data");
-    r->o = o;
-    int rc = open_tokenizer(r, e);
-    if (!rc)
-        rc = resolve_model(r, e);
-    if (!rc)
-        rc = load_data(r, e);
-    if (!rc) { /* hand over the tokenizer and the data */
-        d->tok = r->tok;
-        snprintf(d->tok_path, sizeof d->tok_path, "%s", r->tok_path);
-        d->enc = r->enc;
-        d->nsrc = o->ndatasets;
-        memcpy(d->src, r->dsrc, sizeof d->src);
-        d->opts = r->dopts;
-        d->report = r->drep;
-        d->train = r->train;
-        d->val = r->val;
-        r->tok = NULL;
-        memset(&r->train, 0, sizeof r->train);
-        memset(&r->val, 0, sizeof r->val);
-    }
-    run_free(r);
-    free(r);
-    return rc;
-}
-
-void snug_run_data_free(snug_run_data *d) {
-    snug_dataset_free(&d->train);
-    snug_dataset_free(&d->val);
-    if (d->tok)
-        snug_tok_free(d->tok);
-    memset(d, 0, sizeof *d);
-}

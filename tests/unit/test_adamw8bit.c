@@ -470,7 +470,7 @@ static void test_optimizer(void) {
                pp.bytes[SNUG_MEM_OPTIM] == p8.bytes[SNUG_MEM_OPTIM] - 2048,
            "paged plan: the state (%zu B) in host memory, outside the device total (%zu B)", pp.host_total, pp.total);
     snug_engine eng;
-    CHECK(snug_engine_create(&eng, &spec, "cpu", 2, &e) == 0);
+    CHECK(snug_engine_create(&eng, &spec, SNUG_BACKEND_CPU, 2, &e) == 0);
     CHECK(eng.opt.paged && eng.opt.kind == SNUG_OPTIM_ADAMW_8BIT);
     CHECKF(pp.bytes[SNUG_MEM_WORKSPACE] == p8.bytes[SNUG_MEM_WORKSPACE] + 2048 + eng.opt.stage_bytes &&
                !eng.opt.stage[1],

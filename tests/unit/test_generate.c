@@ -47,7 +47,7 @@ static void test_arch(snug_arch arch) {
     snug_error e = {0};
     snug_plan_spec spec = {.cfg = config(arch), .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
     snug_engine g;
-    if (snug_engine_create(&g, &spec, "cpu", 2, &e)) {
+    if (snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, 2, &e)) {
         fprintf(stderr, "%s\n", e.msg);
         exit(1);
     }

@@ -59,7 +59,7 @@ static double run(const snug_model_config *cfg, snug_levers lv, const batch *b, 
     snug_engine g;
     snug_error e = {0};
     snug_plan_spec spec = {.cfg = *cfg, .B = B, .T = T, .lv = lv, .with_grads = 1};
-    if (snug_engine_create(&g, &spec, "cpu", 2, &e)) {
+    if (snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, 2, &e)) {
         fprintf(stderr, "engine: %s\n", e.msg);
         exit(1);
     }

@@ -108,7 +108,7 @@ static void test_case(snug_arch arch, snug_levers lv, const char *what) {
     snug_engine g;
     snug_error e = {0};
     snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .lv = lv, .with_grads = 1};
-    if (snug_engine_create(&g, &spec, "cpu", 2, &e)) {
+    if (snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, 2, &e)) {
         fprintf(stderr, "engine: %s\n", e.msg);
         exit(1);
     }

@@ -3,7 +3,7 @@
  * Everything printed is computed first into one `report`, then written as text or JSON, so the two cannot disagree.
  * The memory numbers come from snug_plan_run (the layout code the trainer allocates with); the runtime overhead, the
  * GPU table, the step-time costs and the prices are estimates from gpus.c and autofit.c, and say so. */
-#include "plan/plan_cmd.h"
+#include "cli/plan_cmd.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -13,8 +13,9 @@
 
 #include "core/fileio.h"
 #include "plan/autofit.h"
+#include "plan/plan_json.h"
 #include "plan/svg.h"
-#include "train/trainer.h"
+#include "train/setup.h"
 
 /* ---- flags ---- */
 
@@ -133,15 +134,19 @@ typedef struct gpu_row {
 } gpu_row;
 
 typedef struct report {
-    const snug_options *o;
+    const snug_run_config *o;
     const snug_plan_args *a;
-    snug_prepared *p;
+    snug_setup *p;
     snug_device_kind kind;
     snug_overhead ov;               /* of the configured plan on kind */
     double need;                    /* the configured plan's total on kind */
     snug_fit_space space;           /* lever settings on kind */
     snug_fit_space cuda;            /* the same on the cuda backend (the GPU table); == space when kind is cuda */
     int own_cuda;
+    int data_loaded;                /* the datasets were read: data_tokens counts them */
+    size_t data_tokens;
+    size_t data_host_bytes;         /* measured when loaded, else estimated from the files' sizes */
+    char data_error[512];           /* why they were not read ("" when loaded, or none is configured) */
     snug_lever_effect lev[MAXLEV];  /* on kind */
     int nlev;
     snug_lever_effect clev[MAXLEV]; /* on cuda */
@@ -191,14 +196,10 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
     fputc('\n', f);
 }
 
-static const char *precision_name(snug_dtype dt) {
-    return dt == SNUG_DT_BF16 ? "bf16" : dt == SNUG_DT_F16 ? "fp16" : "fp32";
-}
-
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
     switch (c) {
-    case SNUG_MEM_PARAMS: snprintf(buf, n, "%s weights", precision_name(s->lv.dt)); break;
+    case SNUG_MEM_PARAMS: snprintf(buf, n, "%s weights", snug_precision_name(s->lv.dt)); break;
     case SNUG_MEM_MASTER:
         snprintf(buf, n, "%s", s->lv.dt == SNUG_DT_F32 ? "none: fp32 weights are their own master copy"
                                : s->lv.master_weights ? "fp32 copy that takes the update"
@@ -208,7 +209,7 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
         if (s->lv.dt == SNUG_DT_F32 || s->lv.grads_fp32)
             snprintf(buf, n, "fp32 gradients%s", s->lv.dt != SNUG_DT_F32 ? " (accumulated over micro-batches)" : "");
         else
-            snprintf(buf, n, "%s layer gradients, fp32 embeddings/head", precision_name(s->lv.dt));
+            snprintf(buf, n, "%s layer gradients, fp32 embeddings/head", snug_precision_name(s->lv.dt));
         break;
     case SNUG_MEM_OPTIM:
         snprintf(buf, n, "%s state%s", snug_optim_name(s->optim, s->optim_paged),
@@ -247,7 +248,7 @@ static void fmt_hours(char *s, size_t n, double h) {
 static double cap_of(const snug_fit_space *s, const snug_fit_point *pt) { return snug_fit_point_need(s, pt); }
 
 /* Tokens per step of a setting and of the configured run. */
-static double step_tokens(const snug_options *o) {
+static double step_tokens(const snug_run_config *o) {
     return (double)o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps;
 }
 
@@ -268,19 +269,19 @@ static void listed_lever(FILE *f, const report *r, const snug_plan_spec *sp, con
 }
 
 static void run_tokens(report *r) {
-    const snug_options *o = &r->p->o;
+    const snug_run_config *o = &r->p->c;
     double per_step = step_tokens(o);
     if (o->max_steps > 0) {
         r->run_tokens = per_step * o->max_steps;
         snprintf(r->tokens_source, sizeof r->tokens_source, "max_steps %d x %.0f tokens per step", o->max_steps,
                  per_step);
-    } else if (r->p->data_loaded) {
+    } else if (r->data_loaded) {
         /* whole steps of whole micro-batches, as the trainer cuts them */
-        double rows = floor((double)(r->p->data_tokens > 0 ? r->p->data_tokens - 1 : 0) / o->sequence_len);
+        double rows = floor((double)(r->data_tokens > 0 ? r->data_tokens - 1 : 0) / o->sequence_len);
         double steps = ceil(rows / o->micro_batch_size / o->gradient_accumulation_steps);
         r->run_tokens = steps * per_step * o->num_epochs;
         snprintf(r->tokens_source, sizeof r->tokens_source, "num_epochs %d x %zu dataset tokens (%.0f steps per epoch)",
-                 o->num_epochs, r->p->data_tokens, steps);
+                 o->num_epochs, r->data_tokens, steps);
     } else {
         r->run_tokens = per_step * 1000;
         if (o->ndatasets == 0)
@@ -289,7 +290,7 @@ static void run_tokens(report *r) {
         else
             snprintf(r->tokens_source, sizeof r->tokens_source,
                      "assumed 1000 steps x %.0f tokens per step: the dataset could not be read (%.400s)", per_step,
-                     r->p->data_error);
+                     r->data_error);
     }
 }
 
@@ -298,7 +299,8 @@ static void price_row(report *r, gpu_row *w) {
     const snug_plan_args *a = r->a;
     double tps = snug_gpu_tokens_per_s(w->g, &r->p->spec, r->p->plan.nparams);
     if (a->tokens_per_s > 0) /* a measurement: on --gpu's GPU, scaled to the others by their peaks */
-        tps = a->gpu ? a->tokens_per_s * w->g->tflops_tf32 / a->gpu->tflops_tf32 : a->tokens_per_s;
+        tps = a->gpu ? a->tokens_per_s * tps / snug_gpu_tokens_per_s(a->gpu, &r->p->spec, r->p->plan.nparams)
+                     : a->tokens_per_s;
     w->price = a->price_per_hour > 0 && (!a->gpu || a->gpu == w->g) ? a->price_per_hour : w->g->price_per_hour;
     w->tps = w->best ? tps / (1.0 + w->best->cost) : tps;
     w->hours = w->tps > 0 ? r->run_tokens / w->tps / 3600.0 : 0;
@@ -306,15 +308,14 @@ static void price_row(report *r, gpu_row *w) {
 }
 
 static int build(report *r, snug_error *e) {
-    snug_prepared *p = r->p;
-    snug_overhead_compute(&r->ov, r->kind, &p->plan, p->data_host_bytes);
+    snug_setup *p = r->p;
+    snug_overhead_compute(&r->ov, r->kind, &p->plan, r->data_host_bytes);
     r->need = (double)p->plan.total + (r->kind == SNUG_DEVICE_CPU ? (double)p->plan.host_total : 0) + r->ov.total;
-    int GA = p->o.gradient_accumulation_steps;
-    SNUG_TRY(snug_fit_space_build(&r->space, &p->spec, GA, r->kind, p->data_host_bytes, e));
+    SNUG_TRY(snug_fit_space_build(&r->space, &p->spec, r->kind, r->data_host_bytes, e));
     if (r->kind == SNUG_DEVICE_CUDA) {
         r->cuda = r->space;
     } else {
-        SNUG_TRY(snug_fit_space_build(&r->cuda, &p->spec, GA, SNUG_DEVICE_CUDA, 0, e));
+        SNUG_TRY(snug_fit_space_build(&r->cuda, &p->spec, SNUG_DEVICE_CUDA, 0, e));
         r->own_cuda = 1;
     }
     r->nlev = snug_fit_levers(&r->space, r->lev, MAXLEV);
@@ -338,13 +339,13 @@ static int build(report *r, snug_error *e) {
     if (r->a->gpu) {
         r->target_name = r->a->gpu->label;
         r->target_bytes = r->a->gpu->mem_bytes;
-    } else if (p->o.memory_budget > 0) {
+    } else if (p->c.memory_budget > 0) {
         r->target_name = "memory_budget";
-        r->target_bytes = p->o.memory_budget;
+        r->target_bytes = p->c.memory_budget;
     }
     if (r->target_name)
         r->target_best = snug_fit_best(&r->space, r->target_bytes);
-    snprintf(r->model_name, sizeof r->model_name, "%s", p->o.base_model[0] ? p->o.base_model : p->o.model_preset);
+    snprintf(r->model_name, sizeof r->model_name, "%s", p->c.base_model[0] ? p->c.base_model : p->c.model_preset);
     return 0;
 }
 
@@ -357,8 +358,8 @@ static void report_free(report *r) {
 /* ---- text ---- */
 
 static void print_text(const report *r, FILE *f) {
-    const snug_prepared *p = r->p;
-    const snug_options *o = &p->o;
+    const snug_setup *p = r->p;
+    const snug_run_config *o = &p->c;
     const snug_model_config *c = &p->cfg;
     const snug_plan *pl = &p->plan;
     char a[32], b[32], d[32], lv[256];
@@ -375,7 +376,7 @@ static void print_text(const report *r, FILE *f) {
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     else
         fprintf(f, "  training     %s mixed precision (%s), compute in fp32, optimizer %s\n",
-                precision_name(pl_lv->dt), pl_lv->master_weights ? "fp32 master weights" : "no master weights",
+                snug_precision_name(pl_lv->dt), pl_lv->master_weights ? "fp32 master weights" : "no master weights",
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     fprintf(f, "  levers       %s\n", lv);
     if (p->fit_note[0])
@@ -559,22 +560,6 @@ static void print_text(const report *r, FILE *f) {
 
 /* ---- JSON ---- */
 
-static json_t *categories_json(const snug_plan *p, const size_t *measured) {
-    json_t *o = json_object();
-    for (int c = 0; c < SNUG_MEM_NCAT; c++)
-        json_object_set_new(o, snug_category_name((snug_category)c),
-                            json_integer((json_int_t)(measured ? measured[c] : p->bytes[c])));
-    return o;
-}
-
-static json_t *overhead_json(const snug_overhead *ov) {
-    json_t *items = json_array();
-    for (int i = 0; i < ov->n; i++)
-        json_array_append_new(items, json_pack("{s:s, s:I, s:s}", "name", ov->item[i].name, "bytes",
-                                               (json_int_t)ov->item[i].bytes, "note", ov->item[i].note));
-    return json_pack("{s:o, s:I}", "items", items, "total", (json_int_t)ov->total);
-}
-
 static json_t *point_json(const snug_fit_space *s, const snug_fit_point *pt) {
     if (!pt)
         return json_null();
@@ -583,8 +568,8 @@ static json_t *point_json(const snug_fit_space *s, const snug_fit_point *pt) {
 }
 
 static json_t *report_json(const report *r) {
-    const snug_prepared *p = r->p;
-    const snug_options *o = &p->o;
+    const snug_setup *p = r->p;
+    const snug_run_config *o = &p->c;
     const snug_model_config *c = &p->cfg;
     const snug_plan *pl = &p->plan;
     json_t *j = json_object();
@@ -597,12 +582,8 @@ static json_t *report_json(const report *r) {
                                               "sequence_len", o->sequence_len, "gradient_accumulation_steps",
                                               o->gradient_accumulation_steps, "tokens_per_step", step_tokens(o)));
     const snug_levers *lv = &p->spec.lv;
-    json_object_set_new(j, "levers", json_pack("{s:s, s:i, s:b, s:i, s:s}", "gradient_checkpointing",
-                                               lv->ckpt == SNUG_CKPT_FULL ? "full" : lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none",
-                                               "gradient_checkpointing_every_n_layers", lv->ckpt_every > 0 ? lv->ckpt_every : 1,
-                                               "flash_attention", !lv->naive_attention, "xent_chunk_tokens", pl->xent_chunk,
-                                               "optimizer", snug_optim_name(p->spec.optim, p->spec.optim_paged)));
-    json_object_set_new(j, "precision", json_string(precision_name(lv->dt)));
+    json_object_set_new(j, "levers", snug_levers_json(&p->spec, pl));
+    json_object_set_new(j, "precision", json_string(snug_precision_name(lv->dt)));
     json_object_set_new(j, "master_weights", json_boolean(lv->dt != SNUG_DT_F32 && lv->master_weights));
     if (p->fit_note[0])
         json_object_set_new(j, "auto_fit", json_string(p->fit_note));
@@ -618,7 +599,7 @@ static json_t *report_json(const report *r) {
     }
     json_object_set_new(j, "memory", json_pack("{s:o, s:I, s:I, s:o, s:f}", "categories", cats, "arenas",
                                                (json_int_t)pl->total, "host_arenas", (json_int_t)pl->host_total,
-                                               "runtime_overhead", overhead_json(&r->ov), "total", r->need));
+                                               "runtime_overhead", snug_overhead_json(&r->ov), "total", r->need));
     json_t *when = json_array();
     for (int i = 0; i < NWHEN; i++)
         json_array_append_new(when, json_string(when_text[i]));
@@ -704,7 +685,7 @@ static int write_svg(const report *r, snug_error *e) {
     if (slash && slash[1])
         memmove(name, slash + 1, strlen(slash + 1) + 1);
     snprintf(title, sizeof title, "snug plan: %.200s, %d x %d tokens, %s (cuda backend)", name,
-             r->p->o.micro_batch_size, r->p->o.sequence_len, snug_optim_name(r->p->spec.optim, r->p->spec.optim_paged));
+             r->p->c.micro_batch_size, r->p->c.sequence_len, snug_optim_name(r->p->spec.optim, r->p->spec.optim_paged));
     SNUG_TRY(snug_svg_write(r->a->svg, title, bars, n, lines, nl, e));
     return 0;
 }
@@ -717,9 +698,9 @@ static void png_path_of(const char *svg, char *png, size_t n) {
         snprintf(png, n, "%s.png", svg);
 }
 
-int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snug_error *e) {
+int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, snug_error *e) {
     report *r = calloc(1, sizeof *r);
-    snug_prepared *p = calloc(1, sizeof *p);
+    snug_setup *p = calloc(1, sizeof *p);
     if (!r || !p) {
         free(r);
         free(p);
@@ -729,7 +710,19 @@ int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snu
     r->a = a;
     r->p = p;
     r->kind = a->backend >= 0 ? (snug_device_kind)a->backend : a->gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU;
-    int rc = snug_prepare(p, o, (int)r->kind, 1, e);
+    int rc = snug_setup_resolve(p, o, r->kind, e);
+    if (!rc) { /* the data when it can be read: its size prices the run and the host memory */
+        r->data_host_bytes = p->data_host_est;
+        snug_error de = {0};
+        if (p->c.ndatasets > 0 && snug_setup_load_data(p, &de) == 0) {
+            r->data_loaded = 1;
+            r->data_tokens = p->train.ntokens + p->val.ntokens;
+            r->data_host_bytes = snug_data_host_bytes(r->data_tokens, p->train.nexamples + p->val.nexamples,
+                                                      p->c.sequence_len);
+        } else if (p->c.ndatasets > 0) {
+            snprintf(r->data_error, sizeof r->data_error, "%.500s", de.msg);
+        }
+    }
     if (!rc)
         rc = build(r, e);
     if (!rc && a->svg[0])
@@ -759,44 +752,8 @@ int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snu
         }
     }
     report_free(r);
+    snug_setup_free(p);
     free(r);
     free(p);
-    return rc;
-}
-
-/* ---- memory.json ---- */
-
-int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug_plan *p, const size_t *measured,
-                           const snug_overhead *ov, double peak_rss, const char *backend, double device_used,
-                           snug_error *e) {
-    size_t mt = 0;
-    for (int c = 0; c < SNUG_MEM_NCAT; c++)
-        mt += measured[c];
-    double predicted = (double)p->total + (double)p->host_total + (double)ov->total;
-    json_t *j = json_pack("{s:s, s:I, s:i, s:i, s:s, s:o, s:I, s:I, s:o, s:I, s:o, s:f, s:f}", "backend", backend,
-                          "parameters", (json_int_t)p->nparams, "micro_batch_size", s->B, "sequence_len", s->T,
-                          "optimizer", snug_optim_name(s->optim, s->optim_paged), "plan", categories_json(p, NULL),
-                          "plan_total", (json_int_t)(p->total + p->host_total), "plan_host", (json_int_t)p->host_total,
-                          "measured", categories_json(p, measured), "measured_total", (json_int_t)mt,
-                          "runtime_overhead", overhead_json(ov), "predicted_rss", predicted, "peak_rss", peak_rss);
-    if (!j)
-        return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
-    if (device_used > 0) /* arenas are static: what is in use at the end is the peak */
-        json_object_set_new(j, "device_peak_bytes", json_real(device_used));
-    const snug_levers *lv = &s->lv;
-    json_object_set_new(j, "precision", json_string(precision_name(lv->dt)));
-    json_object_set_new(j, "levers", json_pack("{s:s, s:i, s:b, s:i}", "gradient_checkpointing",
-                                               lv->ckpt == SNUG_CKPT_FULL ? (lv->ckpt_offload ? "offload" : "full")
-                                               : lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none",
-                                               "gradient_checkpointing_every_n_layers", lv->ckpt_every > 0 ? lv->ckpt_every : 1,
-                                               "flash_attention", !lv->naive_attention, "xent_chunk_tokens", p->xent_chunk));
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(j);
-    if (!text)
-        return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps leaves room for the NUL: write it as the final newline */
-    int rc = snug_write_file_atomic(path, text, n + 1, e);
-    free(text);
     return rc;
 }

@@ -4,14 +4,13 @@
  * per category on a backend, where in the step each category peaks, the fit on common GPUs, what each memory lever
  * saves (re-planned with the real layout code) and costs, the cheapest setting that fits each GPU, and the run's time
  * and price on each GPU that fits. Text, JSON (--json) and a stacked bar chart (--svg FILE, plus a PNG when a
- * converter is installed). Also here: memory.json, the plan beside the measured peaks that a training run leaves in
- * output_dir. */
+ * converter is installed). The JSON pieces it shares with memory.json live in plan/plan_json.c. */
 #ifndef SNUG_PLAN_CMD_H
 #define SNUG_PLAN_CMD_H
 
 #include <stdio.h>
 
-#include "cli/options.h"
+#include "train/config.h"
 #include "core/error.h"
 #include "plan/gpus.h"
 #include "plan/plan.h"
@@ -34,13 +33,6 @@ int snug_plan_args_take(snug_plan_args *a, int *argc, char **argv, snug_error *e
 void snug_plan_usage(FILE *f);
 
 /* Prints the report for the options (validated) to out. */
-int snug_plan_cmd(const snug_options *o, const snug_plan_args *a, FILE *out, snug_error *e);
-
-/* Writes memory.json: the plan, the measured arena peaks (measured[c]), the runtime overhead and the process peak
- * RSS, so tests and tools compare them without parsing the printed table. backend: "cpu" or "cuda"; device_used:
- * the GPU memory in use at the end of the run (cudaMemGetInfo: arenas, context, workspaces), 0 on the CPU. */
-int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug_plan *p, const size_t *measured,
-                           const snug_overhead *ov, double peak_rss, const char *backend, double device_used,
-                           snug_error *e);
+int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, snug_error *e);
 
 #endif

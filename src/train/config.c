@@ -1,0 +1,163 @@
+/* config.c: validating a run configuration and deriving its levers (see config.h). */
+#include "train/config.h"
+
+#include <math.h>
+
+#define REQUIRE(cond, ...)                                   \
+    do {                                                     \
+        if (!(cond))                                         \
+            return snug_fail(e, SNUG_EINPUT, __VA_ARGS__);   \
+    } while (0)
+
+int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
+    const char *src = o->config_path[0] ? o->config_path : "options";
+    REQUIRE(o->base_model[0] || o->model_preset[0], "%s: model_preset is empty and so is base_model; set one", src);
+    REQUIRE(o->sequence_len >= 2, "%s: sequence_len is %d; it must be at least 2", src, o->sequence_len);
+    REQUIRE(o->long_examples == SNUG_LONG_TRUNCATE || o->long_examples == SNUG_LONG_DROP,
+            "%s: long_examples is %d; use truncate or drop", src, (int)o->long_examples);
+    REQUIRE(o->dataset_prepared_path[0], "%s: dataset_prepared_path is empty; name a folder for the tokenized data",
+            src);
+    REQUIRE(o->val_set_size >= 0, "%s: val_set_size is %g; use 0 (none), a fraction below 1, or a count", src,
+            o->val_set_size);
+    REQUIRE(o->val_set_size < 1 || o->val_set_size == floor(o->val_set_size),
+            "%s: val_set_size is %g; a count (>= 1) must be a whole number, a fraction must be below 1", src,
+            o->val_set_size);
+    for (int i = 0; i < o->ndatasets; i++) {
+        const snug_dataset_spec *d = &o->datasets[i];
+        REQUIRE(d->path[0], "%s: datasets[%d] has no path; add 'path: data.jsonl'", src, i);
+        REQUIRE(d->type >= SNUG_DATA_COMPLETION && d->type <= SNUG_DATA_PRETOKENIZED,
+                "%s: datasets[%d] type %d is unknown; use completion, alpaca, chat or pretokenized", src, i,
+                (int)d->type);
+        REQUIRE(d->field[0] || d->type != SNUG_DATA_COMPLETION,
+                "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
+        REQUIRE(d->chat_template == SNUG_CHAT_CHATML || d->chat_template == SNUG_CHAT_LLAMA3,
+                "%s: datasets[%d] chat_template %d is unknown; use chatml or llama3", src, i, (int)d->chat_template);
+    }
+    REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
+    REQUIRE(o->pad_to_multiple_of >= 0, "%s: pad_to_multiple_of is %d; use 0 (no rounding) or a positive length",
+            src, o->pad_to_multiple_of);
+    REQUIRE(!o->concatenate || (!o->sample_packing && !o->group_by_length),
+            "%s: concatenate is true with %s; the stream has no examples to pack or group, keep one", src,
+            o->sample_packing ? "sample_packing" : "group_by_length");
+    REQUIRE(!o->sample_packing || !o->group_by_length,
+            "%s: sample_packing and group_by_length are both true; packing already places examples by length, "
+            "keep one", src);
+    REQUIRE(o->gradient_checkpointing_every_n_layers >= 1,
+            "%s: gradient_checkpointing_every_n_layers is %d; it must be at least 1", src,
+            o->gradient_checkpointing_every_n_layers);
+    REQUIRE(o->cross_entropy_chunk_tokens >= 1, "%s: cross_entropy_chunk_tokens is %d; it must be at least 1", src,
+            o->cross_entropy_chunk_tokens);
+    /* the step inside backward updates the last layers before the first layers' gradients exist, and frees each
+     * layer's gradients once used: no global norm to clip by, nothing kept to accumulate into */
+    REQUIRE(!o->optimizer_in_backward || o->max_grad_norm == 0,
+            "%s: optimizer_in_backward cannot clip by the global gradient norm (layers are stepped before the norm "
+            "is known); set max_grad_norm: 0", src);
+    REQUIRE(!o->optimizer_in_backward || o->gradient_accumulation_steps == 1,
+            "%s: optimizer_in_backward steps after every micro-batch, so gradients cannot accumulate; set "
+            "gradient_accumulation_steps: 1 (raise micro_batch_size instead)", src);
+    REQUIRE(!(o->bf16 && o->fp16), "%s: bf16 and fp16 are both true; choose one", src);
+    REQUIRE(!o->fp16 || o->master_weights,
+            "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
+            "with master_weights: false, or keep master_weights: true", src);
+    REQUIRE(!o->fp16 || !o->optimizer_in_backward,
+            "%s: fp16 with optimizer_in_backward is not supported: the loss scaler must see every gradient before any "
+            "layer is stepped; use bf16", src);
+    REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
+            o->gradient_accumulation_steps);
+    REQUIRE(o->max_steps == -1 || o->max_steps >= 1,
+            "%s: max_steps is %d; use -1 (train for num_epochs) or a number of steps >= 1", src, o->max_steps);
+    REQUIRE(o->max_steps >= 1 || o->num_epochs >= 1,
+            "%s: num_epochs is %d; it must be at least 1 (or set max_steps)", src, o->num_epochs);
+    REQUIRE(o->learning_rate > 0, "%s: learning_rate is %g; it must be above 0 (e.g. 3e-4)", src, o->learning_rate);
+    REQUIRE(o->lr_scheduler == SNUG_SCHED_COSINE || o->lr_scheduler == SNUG_SCHED_LINEAR ||
+                o->lr_scheduler == SNUG_SCHED_CONSTANT,
+            "%s: lr_scheduler %d is unknown; use cosine, linear or constant", src, (int)o->lr_scheduler);
+    REQUIRE(o->warmup_steps >= 0, "%s: warmup_steps is %d; it must be 0 or more", src, o->warmup_steps);
+    REQUIRE(o->warmup_ratio >= 0 && o->warmup_ratio < 1, "%s: warmup_ratio is %g; it must be in [0, 1)", src,
+            o->warmup_ratio);
+    REQUIRE(o->warmup_steps == 0 || o->warmup_ratio == 0,
+            "%s: both warmup_steps (%d) and warmup_ratio (%g) are set; keep one", src, o->warmup_steps,
+            o->warmup_ratio);
+    REQUIRE(o->optimizer >= SNUG_OPTIMIZER_ADAMW && o->optimizer <= SNUG_OPTIMIZER_PAGED_ADAMW_32BIT,
+            "%s: optimizer %d is unknown; use adamw, adamw_8bit, paged_adamw_8bit or paged_adamw_32bit", src,
+            (int)o->optimizer);
+    REQUIRE(o->gradient_checkpointing >= SNUG_CKPT_CHOICE_NONE && o->gradient_checkpointing <= SNUG_CKPT_CHOICE_OFFLOAD,
+            "%s: gradient_checkpointing %d is unknown; use false, selective, full or offload", src,
+            (int)o->gradient_checkpointing);
+    REQUIRE(o->device >= SNUG_BACKEND_AUTO && o->device <= SNUG_BACKEND_CUDA,
+            "%s: device %d is unknown; use auto, cpu or cuda", src, (int)o->device);
+    REQUIRE(o->weight_decay >= 0, "%s: weight_decay is %g; it must be 0 or more", src, o->weight_decay);
+    REQUIRE(o->adam_beta1 >= 0 && o->adam_beta1 < 1, "%s: adam_beta1 is %g; it must be in [0, 1), e.g. 0.9", src,
+            o->adam_beta1);
+    REQUIRE(o->adam_beta2 >= 0 && o->adam_beta2 < 1, "%s: adam_beta2 is %g; it must be in [0, 1), e.g. 0.999", src,
+            o->adam_beta2);
+    REQUIRE(o->adam_epsilon > 0, "%s: adam_epsilon is %g; it must be above 0, e.g. 1e-8", src, o->adam_epsilon);
+    REQUIRE(o->max_grad_norm >= 0, "%s: max_grad_norm is %g; use 0 (no clipping) or a positive norm", src,
+            o->max_grad_norm);
+    REQUIRE(o->output_dir[0], "%s: output_dir is empty; name a folder", src);
+    REQUIRE(o->logging_steps >= 1, "%s: logging_steps is %d; it must be at least 1", src, o->logging_steps);
+    REQUIRE(o->eval_steps >= 0, "%s: eval_steps is %d; use 0 (end of each epoch) or a positive step count", src,
+            o->eval_steps);
+    REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
+            o->save_steps);
+    REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);
+    REQUIRE(o->data_seed >= -1, "%s: data_seed is %d; use -1 (the same as seed) or a seed of 0 or more", src,
+            o->data_seed);
+    REQUIRE(o->sample_tokens >= 0, "%s: sample_tokens is %d; it must be 0 or more", src, o->sample_tokens);
+    REQUIRE(o->temperature >= 0, "%s: temperature is %g; use 0 (greedy) or a positive value", src, o->temperature);
+    REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);
+    REQUIRE(o->top_p > 0 && o->top_p <= 1, "%s: top_p is %g; it must be in (0, 1]", src, o->top_p);
+    REQUIRE(o->memory_budget >= 0, "%s: memory_budget is negative; use a size such as 40GB, or 0 for no limit", src);
+    REQUIRE(!o->auto_fit || o->memory_budget > 0,
+            "%s: auto_fit is true but memory_budget is not set; add memory_budget: 40GB, the memory to fit", src);
+    return 0;
+}
+
+int snug_run_config_validate_train(const snug_run_config *o, snug_error *e) {
+    SNUG_TRY(snug_run_config_validate(o, e));
+    REQUIRE(o->ndatasets > 0, "%s: no training data; add 'datasets: [{path: data.jsonl}]' or --dataset data.jsonl",
+            o->config_path[0] ? o->config_path : "options");
+    return 0;
+}
+
+
+snug_levers snug_run_levers(const snug_run_config *c) {
+    snug_levers lv = {.ckpt = SNUG_CKPT_NONE, .ckpt_every = c->gradient_checkpointing_every_n_layers,
+                      .naive_attention = !c->flash_attention,
+                      .xent_chunk = c->chunked_cross_entropy ? c->cross_entropy_chunk_tokens : 0,
+                      .optimizer_in_backward = c->optimizer_in_backward,
+                      .dt = c->bf16 ? SNUG_DT_BF16 : c->fp16 ? SNUG_DT_F16 : SNUG_DT_F32,
+                      .master_weights = c->master_weights};
+    switch (c->gradient_checkpointing) {
+    case SNUG_CKPT_CHOICE_SELECTIVE: lv.ckpt = SNUG_CKPT_SELECTIVE; break;
+    case SNUG_CKPT_CHOICE_FULL: lv.ckpt = SNUG_CKPT_FULL; break;
+    case SNUG_CKPT_CHOICE_OFFLOAD: lv.ckpt = SNUG_CKPT_FULL, lv.ckpt_offload = 1; break;
+    case SNUG_CKPT_CHOICE_NONE: break;
+    }
+    return lv;
+}
+
+void snug_run_optimizer(snug_optimizer_choice o, snug_optim_kind *kind, int *paged) {
+    *kind = o == SNUG_OPTIMIZER_ADAMW_8BIT || o == SNUG_OPTIMIZER_PAGED_ADAMW_8BIT ? SNUG_OPTIM_ADAMW_8BIT
+                                                                                   : SNUG_OPTIM_ADAMW;
+    *paged = o == SNUG_OPTIMIZER_PAGED_ADAMW_8BIT || o == SNUG_OPTIMIZER_PAGED_ADAMW_32BIT;
+}
+
+snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged) {
+    if (kind == SNUG_OPTIM_ADAMW_8BIT)
+        return paged ? SNUG_OPTIMIZER_PAGED_ADAMW_8BIT : SNUG_OPTIMIZER_ADAMW_8BIT;
+    return paged ? SNUG_OPTIMIZER_PAGED_ADAMW_32BIT : SNUG_OPTIMIZER_ADAMW;
+}
+
+const char *snug_sched_name(snug_sched s) {
+    return s == SNUG_SCHED_COSINE ? "cosine" : s == SNUG_SCHED_LINEAR ? "linear" : "constant";
+}
+
+const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
+    static const char *const names[] = {"none", "selective", "full", "offload"};
+    return (unsigned)c < 4 ? names[c] : "?";
+}
+
+int snug_warmup_steps(const snug_run_config *c, int total) {
+    return c->warmup_steps ? c->warmup_steps : (int)ceil(c->warmup_ratio * total);
+}

@@ -1,0 +1,130 @@
+/* config.h: the typed run configuration: what a training run (and `snug plan`, `snug preprocess`) is asked to do.
+ *
+ * The command line (src/cli/options.c) turns YAML and flags into this struct and is the only place that knows how
+ * options are spelled; everything below it reads enums, numbers and paths. snug_run_config_validate checks it,
+ * and snug_run_levers derives the memory levers from it (the one place a lever depends on other settings, e.g.
+ * fp32 layer gradients under gradient accumulation), so a configuration changed after parsing (by auto_fit) is
+ * validated and derived again exactly as a hand-written one. */
+#ifndef SNUG_TRAIN_CONFIG_H
+#define SNUG_TRAIN_CONFIG_H
+
+#include "backend/backend_select.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "model/model.h"
+#include "optim/optim.h"
+
+#define SNUG_MAX_DATASETS 16
+
+typedef enum snug_long_policy { SNUG_LONG_TRUNCATE, SNUG_LONG_DROP } snug_long_policy;
+
+/* gradient_checkpointing */
+typedef enum snug_ckpt_choice {
+    SNUG_CKPT_CHOICE_NONE,
+    SNUG_CKPT_CHOICE_SELECTIVE,
+    SNUG_CKPT_CHOICE_FULL,
+    SNUG_CKPT_CHOICE_OFFLOAD, /* full, with the layer inputs in host memory */
+} snug_ckpt_choice;
+
+/* optimizer: the state layout and where it lives */
+typedef enum snug_optimizer_choice {
+    SNUG_OPTIMIZER_ADAMW,
+    SNUG_OPTIMIZER_ADAMW_8BIT,
+    SNUG_OPTIMIZER_PAGED_ADAMW_8BIT,
+    SNUG_OPTIMIZER_PAGED_ADAMW_32BIT,
+} snug_optimizer_choice;
+
+typedef struct snug_dataset_spec {
+    char path[1024];              /* a JSONL file (a relative path in a YAML file is joined to its folder) */
+    snug_data_format type;        /* completion (default), alpaca, chat, pretokenized */
+    char field[64];               /* the text field for completion (default "text") */
+    snug_chat_template chat_template; /* for chat: chatml (default) or llama3 */
+} snug_dataset_spec;
+
+typedef struct snug_run_config {
+    char config_path[1024];   /* the YAML file read, "" for none (errors name it) */
+
+    /* model */
+    char base_model[1024];    /* a Hugging Face model folder; "" = train the built-in model from scratch */
+    char model_preset[64];    /* built-in architecture when base_model is empty ("tiny-llama") */
+    char tokenizer[1024];     /* folder or tokenizer.json; "" = base_model's, or the built-in */
+
+    /* data */
+    int ndatasets;
+    snug_dataset_spec datasets[SNUG_MAX_DATASETS];
+    int sequence_len;
+    double val_set_size;      /* fraction (< 1) or count (>= 1) of examples held out; 0 = none */
+    int train_on_inputs;
+    int skip_bad_examples;
+    snug_long_policy long_examples;
+    char dataset_prepared_path[1024];
+
+    /* batch and schedule */
+    int micro_batch_size;
+    int sample_packing, group_by_length, pad_to_sequence_len, pad_to_multiple_of, concatenate;
+    int gradient_accumulation_steps;
+    int num_epochs;
+    int max_steps;            /* -1 = from epochs */
+    double learning_rate;
+    snug_sched lr_scheduler;
+    int warmup_steps;
+    double warmup_ratio;      /* used when warmup_steps is 0 */
+    double weight_decay;
+    double adam_beta1, adam_beta2, adam_epsilon;
+    double max_grad_norm;     /* 0 = no clipping */
+    int optimizer_in_backward;
+    int bf16, fp16;
+    snug_backend_choice device;
+    int master_weights;
+    snug_optimizer_choice optimizer;
+
+    /* output and logging */
+    char output_dir[1024];
+    int seed;
+    int data_seed;            /* -1: seed */
+    int logging_steps;
+    int eval_steps;           /* 0 = at the end of each epoch */
+    int save_steps;           /* 0 = only at the end */
+    int threads;              /* 0 = all cores */
+
+    /* generation after training (and `snug generate`) */
+    char sample_prompt[1024];
+    int sample_tokens;
+    double temperature;
+    int top_k;
+    double top_p;
+
+    /* memory */
+    double memory_budget;     /* bytes, 0 = none */
+    int auto_fit;
+    snug_ckpt_choice gradient_checkpointing;
+    int gradient_checkpointing_every_n_layers;
+    int flash_attention;
+    int chunked_cross_entropy;
+    int cross_entropy_chunk_tokens;
+} snug_run_config;
+
+/* Cross-field consistency (positive sizes, levers that exclude each other, ...): one error naming the setting and
+ * the fix. */
+int snug_run_config_validate(const snug_run_config *c, snug_error *e);
+
+/* snug_run_config_validate, plus what training needs beyond it: at least one dataset. */
+int snug_run_config_validate_train(const snug_run_config *c, snug_error *e);
+
+/* The memory levers of a configuration, derived in this one place: layer gradients stay fp32 under 16-bit storage
+ * when micro-batches accumulate into them. */
+snug_levers snug_run_levers(const snug_run_config *c);
+
+/* The optimizer's state layout and whether it is paged. */
+void snug_run_optimizer(snug_optimizer_choice o, snug_optim_kind *kind, int *paged);
+/* The choice for a state layout (the inverse of snug_run_optimizer). */
+snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged);
+
+/* Warmup steps of a run of `total` steps: warmup_steps, else ceil(warmup_ratio x total). */
+int snug_warmup_steps(const snug_run_config *c, int total);
+
+/* Names as the configuration writes them, for reports: "cosine"; "selective". */
+const char *snug_sched_name(snug_sched s);
+const char *snug_ckpt_choice_name(snug_ckpt_choice c);
+
+#endif

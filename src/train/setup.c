@@ -1,0 +1,213 @@
+/* setup.c: resolving a run configuration (see setup.h). */
+#include "train/setup.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/fileio.h"
+#include "model/presets.h"
+#include "plan/autofit.h"
+
+int snug_path_join(char *dst, size_t n, const char *dir, const char *file) {
+    size_t a = strlen(dir), b = strlen(file);
+    if (a + b + 2 > n) {
+        dst[0] = '\0';
+        return 1;
+    }
+    memcpy(dst, dir, a);
+    dst[a] = '/';
+    memcpy(dst + a + 1, file, b + 1);
+    return 0;
+}
+
+uint64_t snug_data_seed(const snug_run_config *c) { return (uint64_t)(c->data_seed >= 0 ? c->data_seed : c->seed); }
+
+static int tok_encode(const void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap,
+                      snug_error *e) {
+    return snug_tok_encode((const snug_tokenizer *)ctx, text, len, ids, n, cap, e) < 0 ? (e->code ? e->code : SNUG_EINPUT)
+                                                                                    : 0;
+}
+
+static int tok_special_id(const void *ctx, const char *token) {
+    return snug_tok_token_id((const snug_tokenizer *)ctx, token);
+}
+
+static int tok_decode(const void *ctx, const int32_t *ids, size_t n, char **text, size_t *len, snug_error *e) {
+    return snug_tok_decode((const snug_tokenizer *)ctx, ids, n, text, len, e);
+}
+
+/* dir + "/" + file into dst; returns 1 (and an empty dst) when it does not fit */
+static int path_join(char *dst, size_t n, const char *dir, const char *file) {
+    size_t a = strlen(dir), b = strlen(file);
+    if (a + b + 2 > n) {
+        dst[0] = '\0';
+        return 1;
+    }
+    memcpy(dst, dir, a);
+    dst[a] = '/';
+    memcpy(dst + a + 1, file, b + 1);
+    return 0;
+}
+
+/* Which tokenizer.json: the `tokenizer` key, else the base model's, else the built-in one for from-scratch runs. */
+static int open_tokenizer(snug_setup *r, snug_error *e) {
+    const snug_run_config *o = &r->c;
+    char cand[4096] = "";
+    if (o->tokenizer[0]) {
+        struct stat st;
+        if (stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode))
+            snug_path_join(cand, sizeof cand, o->tokenizer, "tokenizer.json");
+        else
+            snprintf(cand, sizeof cand, "%s", o->tokenizer);
+        if (!snug_file_exists(cand))
+            return snug_fail(e, SNUG_EINPUT, "%s: tokenizer file not found; set `tokenizer` to a tokenizer.json or "
+                             "a folder that holds one", cand);
+    } else if (o->base_model[0]) {
+        snug_path_join(cand, sizeof cand, o->base_model, "tokenizer.json");
+        if (!snug_file_exists(cand))
+            cand[0] = '\0';
+    } else {
+        snug_path_join(cand, sizeof cand, SNUG_SOURCE_DIR, "assets/tokenizer/tokenizer.json");
+        if (!snug_file_exists(cand))
+            cand[0] = '\0';
+    }
+    if (!cand[0]) {
+        r->enc = snug_byte_encoder();
+        return 0;
+    }
+    SNUG_TRY(snug_tok_load(&r->tok, cand, e));
+    snprintf(r->tok_path, sizeof r->tok_path, "%s", cand);
+    r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .special_id = tok_special_id, .decode = tok_decode,
+                            .vocab_size = snug_tok_vocab_size(r->tok), .bos_id = snug_tok_bos_id(r->tok),
+                            .eos_id = snug_tok_eos_id(r->tok), .hash = snug_tok_hash(r->tok)};
+    return 0;
+}
+
+static int resolve_model(snug_setup *r, snug_error *e) {
+    const snug_run_config *o = &r->c;
+    if (o->base_model[0]) {
+        char p[4096];
+        snug_path_join(p, sizeof p, o->base_model, "config.json");
+        if (!snug_file_exists(p))
+            return snug_fail(e, SNUG_EINPUT, "%s: not found; base_model must be a Hugging Face model folder with "
+                             "config.json and model.safetensors", p);
+        SNUG_TRY(snug_model_config_load(&r->cfg, p, e));
+        if (r->enc.vocab_size > r->cfg.vocab_size)
+            return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
+                             "tokenizer that belongs to this model", p, r->cfg.vocab_size, r->enc.vocab_size);
+    } else {
+        SNUG_TRY(snug_preset(&r->cfg, o->model_preset, r->enc.vocab_size, e));
+        if (r->enc.eos_id >= 0)
+            r->cfg.eos_token_id = r->enc.eos_id;
+        if (r->enc.bos_id >= 0)
+            r->cfg.bos_token_id = r->enc.bos_id;
+    }
+    if (r->enc.eos_id < 0)
+        r->enc.eos_id = r->cfg.eos_token_id;
+    if (o->sequence_len > r->cfg.max_position)
+        return snug_fail(e, SNUG_EINPUT, "sequence_len %d exceeds the model's max_position_embeddings %d; lower "
+                         "sequence_len", o->sequence_len, r->cfg.max_position);
+    return 0;
+}
+
+int snug_setup_load_data(snug_setup *r, snug_error *e) {
+    const snug_run_config *o = &r->c;
+    if (o->ndatasets == 0)
+        return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
+                         "pass --dataset data.jsonl");
+    for (int i = 0; i < o->ndatasets; i++) {
+        const snug_dataset_spec *d = &o->datasets[i];
+        snug_data_source *s = &r->dsrc[i];
+        *s = (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text", .format = d->type,
+                                .chat = d->chat_template};
+    }
+    r->dopts = (snug_data_opts){.train_on_inputs = o->train_on_inputs, .sequence_len = o->sequence_len,
+                                .drop_long = o->long_examples == SNUG_LONG_DROP, .skip_bad = o->skip_bad_examples};
+    SNUG_TRY(snug_dataset_prepare(&r->train, r->dsrc, o->ndatasets, &r->dopts, &r->enc,
+                                  o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
+                                  &r->drep, e));
+    if (o->val_set_size > 0)
+        SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, snug_data_seed(o), &r->val, e));
+    return 0;
+}
+
+
+int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
+    memset(r, 0, sizeof *r);
+    r->c = *c;
+    SNUG_TRY(open_tokenizer(r, e));
+    return resolve_model(r, e);
+}
+
+snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {
+    snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
+                        .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1};
+    snug_run_optimizer(c->optimizer, &s.optim, &s.optim_paged);
+    return s;
+}
+
+/* auto_fit's choice, written into the configuration it came from */
+static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
+    const snug_levers *lv = &p->spec.lv;
+    c->micro_batch_size = p->spec.B;
+    c->gradient_accumulation_steps = p->spec.GA;
+    c->gradient_checkpointing = lv->ckpt == SNUG_CKPT_FULL ? (lv->ckpt_offload ? SNUG_CKPT_CHOICE_OFFLOAD
+                                                                               : SNUG_CKPT_CHOICE_FULL)
+                                : lv->ckpt == SNUG_CKPT_SELECTIVE ? SNUG_CKPT_CHOICE_SELECTIVE
+                                                                  : SNUG_CKPT_CHOICE_NONE;
+    c->gradient_checkpointing_every_n_layers = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
+    c->flash_attention = !lv->naive_attention;
+    c->chunked_cross_entropy = lv->xent_chunk > 0;
+    if (lv->xent_chunk > 0)
+        c->cross_entropy_chunk_tokens = lv->xent_chunk;
+    c->optimizer = snug_run_optimizer_choice(p->spec.optim, p->spec.optim_paged);
+}
+
+int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {
+    SNUG_TRY(snug_setup_model(r, c, e));
+    r->spec = snug_run_spec(&r->c, &r->cfg);
+    r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
+    if (r->c.auto_fit) {
+        snug_fit_point best;
+        SNUG_TRY(snug_autofit(&r->spec, r->c.memory_budget, device, r->data_host_est, &best, r->fit_note,
+                              sizeof r->fit_note, e));
+        /* the chosen setting becomes the configuration, which is validated and derived again like a hand-written
+         * one: the fitted run is the run of the configuration it prints */
+        apply_fit(&r->c, &best);
+        snug_error ve = {0};
+        if (snug_run_config_validate(&r->c, &ve))
+            return snug_fail(e, SNUG_EINTERNAL, "auto_fit chose a setting that is not a valid configuration (%s); "
+                             "turn auto_fit off and set the levers by hand", ve.msg);
+        r->spec = snug_run_spec(&r->c, &r->cfg);
+    }
+    SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
+    if (r->c.memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */
+        snug_overhead ov;
+        snug_overhead_compute(&ov, device, &r->plan, r->data_host_est);
+        r->spec.memory_budget = r->c.memory_budget;
+        r->spec.budget_overhead = (double)ov.total;
+    }
+    return 0;
+}
+
+void snug_setup_free(snug_setup *r) {
+    snug_dataset_free(&r->train);
+    snug_dataset_free(&r->val);
+    if (r->tok)
+        snug_tok_free(r->tok);
+    r->tok = NULL;
+}
+
+size_t snug_dataset_bytes_estimate(const snug_run_config *c, int byte_level) {
+    double bytes = 0;
+    for (int i = 0; i < c->ndatasets; i++) {
+        struct stat st;
+        if (stat(c->datasets[i].path, &st) == 0)
+            bytes += (double)st.st_size;
+    }
+    /* about one token per byte of text for the byte-level stand-in, one per 4 bytes for a BPE tokenizer */
+    size_t tokens = (size_t)(byte_level ? bytes : bytes / 4.0);
+    return snug_data_host_bytes(tokens, 0, c->sequence_len);
+}

@@ -1,0 +1,63 @@
+/* setup.h: resolving a run configuration before anything is allocated: the tokenizer, the model config, the plan
+ * spec and its plan, auto_fit, and (on request) the data.
+ *
+ * `snug train`, `snug plan` and `snug preprocess` all resolve a configuration here, so what `snug plan` reports is
+ * what `snug train` runs. When auto_fit changes the configuration, the changed configuration is validated again and
+ * its spec rebuilt from it exactly as a hand-written one: a fitted run is the run of the configuration it prints. */
+#ifndef SNUG_TRAIN_SETUP_H
+#define SNUG_TRAIN_SETUP_H
+
+#include <stddef.h>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "model/config.h"
+#include "plan/gpus.h"
+#include "plan/plan.h"
+#include "train/config.h"
+
+typedef struct snug_setup {
+    snug_run_config c;        /* the configuration as it runs: validated, auto_fit's choice applied */
+    snug_model_config cfg;
+    snug_tokenizer *tok;      /* NULL for the byte-level stand-in */
+    char tok_path[4096];      /* the tokenizer.json used ("" for the byte-level stand-in) */
+    snug_encoder enc;
+    snug_plan_spec spec;      /* snug_run_spec(&c, &cfg) */
+    snug_plan plan;           /* of spec, before anything is allocated */
+    char fit_note[1024];      /* what auto_fit chose and why; "" when auto_fit is off */
+    size_t data_host_est;     /* the datasets' host memory, estimated from their files before they are read */
+    /* snug_setup_load_data */
+    snug_dataset train, val;
+    snug_data_source dsrc[SNUG_MAX_DATASETS]; /* the datasets as src/data reads them (paths point into c) */
+    snug_data_opts dopts;
+    snug_data_report drep;    /* per file: examples, tokens, long and bad examples; the cache used */
+} snug_setup;
+
+/* The plan spec of a configuration for a model: micro-batch, accumulation, levers, optimizer state, budget. */
+snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg);
+
+/* The tokenizer and the model config of c, without the plan (s is zeroed first; free it with snug_setup_free). */
+int snug_setup_model(snug_setup *s, const snug_run_config *c, snug_error *e);
+
+/* Resolves c (validated by the caller) for a device of kind `device`: tokenizer, model config, spec, auto_fit when
+ * asked, plan. Memory for the setup itself only; s is released by snug_setup_free whatever the result. */
+int snug_setup_resolve(snug_setup *s, const snug_run_config *c, snug_device_kind device, snug_error *e);
+
+/* Reads the datasets as the configuration says (the tokenizer, the model's EOS, the cache under
+ * dataset_prepared_path, the validation split). */
+int snug_setup_load_data(snug_setup *s, snug_error *e);
+
+void snug_setup_free(snug_setup *s);
+
+/* An estimate of the dataset's host memory before it is read, from the files' sizes: about 4 bytes of text per token
+ * (one byte per token for the byte-level tokenizer), priced by snug_data_host_bytes. */
+size_t snug_dataset_bytes_estimate(const snug_run_config *c, int byte_level);
+
+/* The seed of the data order: data_seed, or seed when it is not set (as Hugging Face's Trainer). */
+uint64_t snug_data_seed(const snug_run_config *c);
+
+/* dir + "/" + file into dst; returns 1 (and an empty dst) when it does not fit. */
+int snug_path_join(char *dst, size_t n, const char *dir, const char *file);
+
+#endif
