@@ -100,6 +100,43 @@ void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt) {
     return g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
 }
 
+int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out, int max) {
+    const snug_param_table *t = &m->table;
+    int n = 0, have = m->grad_off && (m->grads || m->grads16);
+    snug_grad_range cur = {0};
+    for (int i = 0; i <= t->n; i++) { /* i == t->n closes the last range */
+        const snug_param_entry *p = i < t->n && t->e[i].layer == layer ? &t->e[i] : NULL;
+        snug_dtype dt = SNUG_DT_F32;
+        void *g = p && have ? snug_model_grad(m, i, &dt) : NULL;
+        size_t at = p ? (have ? m->grad_off[i] : p->offset) : 0;
+        int extends = p && cur.numel && p->offset == cur.offset + cur.numel && dt == cur.dt && at == cur.at + cur.numel;
+        if (cur.numel && !extends) { /* the current range ends here */
+            if (n < max)
+                out[n] = cur;
+            n++;
+            cur.numel = 0;
+        }
+        if (!p)
+            continue;
+        if (extends)
+            cur.numel += p->numel;
+        else
+            cur = (snug_grad_range){.offset = p->offset, .numel = p->numel, .dt = dt, .at = at, .data = g};
+    }
+    return n;
+}
+
+/* The global tensors as the one range of the table that the grads-ready callback announces for layer -1: from the
+ * first one after the layers, wrapping past the end of the table to the ones before them (see model.h). */
+static void globals_span(const snug_model *m, size_t *offset, size_t *numel) {
+    snug_grad_range r[SNUG_READY_MAX_RANGES];
+    int n = snug_model_ready_ranges(m, -1, r, SNUG_READY_MAX_RANGES);
+    *offset = n ? r[n - 1].offset : 0;
+    *numel = 0;
+    for (int k = 0; k < n && k < SNUG_READY_MAX_RANGES; k++)
+        *numel += r[k].numel;
+}
+
 float *snug_model_host_params(const snug_model *m) {
     return m->be->host_resident && !is16(m) ? m->params : NULL;
 }
@@ -395,14 +432,18 @@ static void rope_inv_freq(const snug_model_config *c, double *inv, int half) {
     }
 }
 
-void snug_model_init_rope(snug_model *m) {
+int snug_model_init_rope(snug_model *m) {
     if (!m->rope_cos)
-        return;
+        return 0;
     int half = m->cfg.head_dim / 2, T = m->T;
     double *inv = malloc((size_t)half * sizeof *inv);
     float *cs = malloc((size_t)T * half * sizeof *cs), *sn = malloc((size_t)T * half * sizeof *sn);
-    if (!inv || !cs || !sn)
-        abort();
+    if (!inv || !cs || !sn) {
+        free(inv);
+        free(cs);
+        free(sn);
+        return SNUG_ENOMEM;
+    }
     rope_inv_freq(&m->cfg, inv, half);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
@@ -416,6 +457,7 @@ void snug_model_init_rope(snug_model *m) {
     free(inv);
     free(cs);
     free(sn);
+    return 0;
 }
 
 
@@ -455,7 +497,7 @@ void snug_model_get_params(const snug_model *m, float *host) {
     ((snug_model *)m)->wl_layer = -1;
 }
 
-void snug_model_init_random(snug_model *m, uint64_t seed) {
+int snug_model_init_random(snug_model *m, uint64_t seed) {
     const snug_model_config *c = &m->cfg;
     float std = c->initializer_range > 0 ? c->initializer_range : 0.02f;
     /* write straight into the parameters when they are fp32 host memory; else through a host buffer of PIECE
@@ -464,7 +506,7 @@ void snug_model_init_random(snug_model *m, uint64_t seed) {
     float *direct = snug_model_host_params(m);
     float *buf = direct ? NULL : malloc(PIECE * sizeof *buf);
     if (!direct && !buf)
-        abort();
+        return SNUG_ENOMEM;
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
         /* each tensor gets its own stream, so adding a tensor does not change the others */
@@ -492,6 +534,7 @@ void snug_model_init_random(snug_model *m, uint64_t seed) {
         }
     }
     free(buf);
+    return 0;
 }
 
 void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labels, const int32_t *pos,
@@ -763,7 +806,10 @@ double snug_model_step(snug_model *m, float grad_scale) {
     be->embed_bwd(be, m->g.wte, m->d_res, m->ids, N, C);
     if (c->arch == SNUG_ARCH_GPT2)
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
-    if (m->on_grads_ready)
-        m->on_grads_ready(m->on_grads_ready_ud, -1, 0, m->table.total);
+    if (m->on_grads_ready) {
+        size_t off, n;
+        globals_span(m, &off, &n);
+        m->on_grads_ready(m->on_grads_ready_ud, -1, off, n);
+    }
     return loss;
 }

@@ -79,8 +79,32 @@ typedef struct snug_levers {
     int grads_fp32;       /* 16-bit: layer gradients in fp32 anyway: accumulation over micro-batches sums in fp32 */
 } snug_levers;
 
-/* Called by backward when every gradient of `layer` is final for this micro-batch (layer == -1: the global tensors,
- * after the last layer). The range [offset, offset+numel) of the flat gradient buffer is complete. */
+/* Where the gradients of one contiguous range of the parameter table are (snug_model_ready_ranges). */
+typedef struct snug_grad_range {
+    size_t offset, numel;   /* the parameters [offset, offset+numel), floats into the table */
+    snug_dtype dt;          /* SNUG_DT_F32: their gradients are in grads; m->lv.dt (16-bit): in grads16 */
+    size_t at;              /* elements into that buffer: the gradient of parameter offset+k is element at+k */
+    void *data;             /* grads + at or grads16 + at; NULL (and at meaningless) without gradients */
+} snug_grad_range;
+
+/* The ranges one snug_grads_ready_fn call announces: a layer is one range; the global tensors (layer -1) are the
+ * ones before the layers (embeddings) and after them (final norm, untied head). */
+enum { SNUG_READY_MAX_RANGES = 2 };
+
+/* The grads-ready callback (m->on_grads_ready), called by snug_model_step's backward as gradients become final for
+ * the micro-batch, in backward order: layer L-1, ..., 0, each after its backward, then layer -1 (every global
+ * tensor) after the embedding backward. Over one step each parameter of the table is announced exactly once.
+ *   layer >= 0: [offset, offset+numel) = [table.layer_offset[layer], + table.layer_numel[layer]), the layer's range
+ *               of the parameter table.
+ *   layer -1:   the global tensors, which are not one range of the table (they sit before and after the layers):
+ *               [offset, offset+numel) wraps past the end of the table, i.e. [offset, table.total) then
+ *               [0, offset + numel - table.total). numel is the number of global parameters.
+ * offset and numel index the parameter table, not a gradient buffer: where the gradients are (fp32 grads or 16-bit
+ * grads16, and the element offset in it) depends on the layout; snug_model_ready_ranges(m, layer, ...) gives it as
+ * one snug_grad_range per contiguous piece. The gradients there hold the sum over the micro-batches run since they
+ * were last zeroed. With optimizer_in_backward every layer's gradients go to the same buffer, which holds the
+ * announced layer's only until the callback returns: consume them there and zero them (the next layer accumulates
+ * into it). */
 typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t numel);
 
 /* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
@@ -172,6 +196,11 @@ typedef struct snug_model {
 int snug_model_grad16(const snug_model *m, int i);
 /* Where tensor i's gradient starts (in grads16 or grads) and, in dt, how it is stored. */
 void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt);
+/* Where layer's gradients are (layer -1: the global tensors'), one range per contiguous piece of the table, in table
+ * order, each contiguous in its gradient buffer too. Writes at most max ranges to out and returns how many there are
+ * (1 for a layer, at most SNUG_READY_MAX_RANGES). Depends only on the layout, so it can be called at any time after
+ * snug_model_layout, e.g. to plan buckets before the first step. */
+int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out, int max);
 /* The fp32 parameters when they are host memory the caller may read and write in place (the CPU backend, fp32);
  * NULL otherwise: go through snug_model_put_params / snug_model_get_params. */
 float *snug_model_host_params(const snug_model *m);
@@ -191,12 +220,14 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
 /* 1 when layer l keeps only its input and is recomputed in backward (full checkpointing, every ckpt_every). */
 int snug_model_layer_full_ckpt(const snug_model *m, int l);
 
-/* Fills the RoPE tables (host computation, copied to the device). Call after layout on real arenas. */
-void snug_model_init_rope(snug_model *m);
+/* Fills the RoPE tables (host computation, copied to the device). Call after layout on real arenas. Returns 0, or
+ * SNUG_ENOMEM when the host scratch cannot be allocated (the tables are then not filled). */
+int snug_model_init_rope(snug_model *m);
 
 /* Random init for training from scratch: N(0, initializer_range), residual output projections scaled by
- * 1/sqrt(2L), norms to 1, biases to 0. Deterministic in seed. */
-void snug_model_init_random(snug_model *m, uint64_t seed);
+ * 1/sqrt(2L), norms to 1, biases to 0. Deterministic in seed. Returns 0, or SNUG_ENOMEM when the host scratch it
+ * needs (parameters that are not fp32 host memory) cannot be allocated: then no parameter has been changed. */
+int snug_model_init_random(snug_model *m, uint64_t seed);
 
 /* Checks, without reading any weight, that a folder's safetensors hold every tensor of the table with the shape
  * config.json implies and a float dtype: run before allocating, so a mismatch is one clear error, not a failed

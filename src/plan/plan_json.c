@@ -50,8 +50,9 @@ int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug
     for (int c = 0; c < SNUG_MEM_NCAT; c++)
         mt += measured[c];
     double predicted = (double)p->total + (double)p->host_total + (double)ov->total;
-    json_t *j = json_pack("{s:s, s:I, s:i, s:i, s:s, s:o, s:I, s:I, s:o, s:I, s:o, s:f, s:f}", "backend", backend,
+    json_t *j = json_pack("{s:s, s:I, s:i, s:i, s:i, s:s, s:o, s:I, s:I, s:o, s:I, s:o, s:f, s:f}", "backend", backend,
                           "parameters", (json_int_t)p->nparams, "micro_batch_size", s->B, "sequence_len", s->T,
+                          "gradient_accumulation_steps", s->GA > 1 ? s->GA : 1,
                           "optimizer", snug_optim_name(s->optim, s->optim_paged), "plan", snug_categories_json(p, NULL),
                           "plan_total", (json_int_t)(p->total + p->host_total), "plan_host", (json_int_t)p->host_total,
                           "measured", snug_categories_json(p, measured), "measured_total", (json_int_t)mt,

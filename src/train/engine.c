@@ -61,7 +61,8 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
         g->opt.stage16 = spec->lv.dt != SNUG_DT_F32;
         SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, &g->model.table, g->be, e));
     }
-    snug_model_init_rope(&g->model);
+    if (snug_model_init_rope(&g->model))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the RoPE tables");
     return 0;
 }
 

@@ -38,19 +38,6 @@ static int tok_decode(const void *ctx, const int32_t *ids, size_t n, char **text
     return snug_tok_decode((const snug_tokenizer *)ctx, ids, n, text, len, e);
 }
 
-/* dir + "/" + file into dst; returns 1 (and an empty dst) when it does not fit */
-static int path_join(char *dst, size_t n, const char *dir, const char *file) {
-    size_t a = strlen(dir), b = strlen(file);
-    if (a + b + 2 > n) {
-        dst[0] = '\0';
-        return 1;
-    }
-    memcpy(dst, dir, a);
-    dst[a] = '/';
-    memcpy(dst + a + 1, file, b + 1);
-    return 0;
-}
-
 /* Which tokenizer.json: the `tokenizer` key, else the base model's, else the built-in one for from-scratch runs. */
 static int open_tokenizer(snug_setup *r, snug_error *e) {
     const snug_run_config *o = &r->c;

@@ -284,8 +284,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
     if (!rc && o->base_model[0])
         rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
-    else if (!rc)
-        snug_model_init_random(&r.eng.model, (uint64_t)o->seed);
+    else if (!rc && snug_model_init_random(&r.eng.model, (uint64_t)o->seed))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the weights");
     if (rc) {
         snug_loader_free(&loader);
         run_free(&r);

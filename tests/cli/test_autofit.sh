@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# auto_fit is the configuration it prints: a fitted run and the same settings written by hand train the same bits
+# and plan the same memory. The run of the report that found it: bf16, micro_batch_size 8, memory_budget 140MB on
+# the default job, where auto_fit chooses a smaller micro-batch with gradient accumulation (whose 16-bit layer
+# gradients must then be accumulated in fp32, as the hand-written run's are).
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+common="$SRC/configs/default.yaml --max_steps 30 --sample_tokens 0 --eval_steps 0 --val_set_size 0
+        --dataset_prepared_path $W/prepared"
+. "$(dirname "$0")/losses.sh"
+
+for precision in "--bf16 true" "--fp16 true" ""; do
+  name=fit${precision:+_${precision:2:4}}
+  train "$name" $precision --micro_batch_size 8 --auto_fit true --memory_budget 140MB || continue
+  grep -q "auto_fit: chose" "$W/$name.log" || { bad "$name: auto_fit kept the configuration"; continue; }
+  # the hand-written configuration of what auto_fit chose, read from the memory.json it left
+  flags=$(python3 - "$W/$name/memory.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+lv = m["levers"]
+out = ["--micro_batch_size", m["micro_batch_size"], "--gradient_accumulation_steps", m["gradient_accumulation_steps"],
+       "--gradient_checkpointing", lv["gradient_checkpointing"], "--gradient_checkpointing_every_n_layers",
+       lv["gradient_checkpointing_every_n_layers"], "--flash_attention", str(lv["flash_attention"]).lower(),
+       "--optimizer", lv["optimizer"]]
+if lv["xent_chunk_tokens"] and lv["xent_chunk_tokens"] < m["micro_batch_size"] * m["sequence_len"]:
+    out += ["--chunked_cross_entropy", "true", "--cross_entropy_chunk_tokens", lv["xent_chunk_tokens"]]
+print(" ".join(str(x) for x in out))
+PY
+)
+  echo "  $name chose: $flags"
+  train "${name}_by_hand" $precision $flags --memory_budget 140MB || continue
+  compare "${name}_by_hand" "$name" 0
+  # the same plan, category by category, and the same layer-gradient precision
+  if python3 - "$W/$name/memory.json" "$W/${name}_by_hand/memory.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+same = a["plan"] == b["plan"] and a["levers"] == b["levers"] and a["measured"] == b["measured"]
+print(f"  plans equal: {same}; gradients {a['plan']['gradients']} vs {b['plan']['gradients']} bytes;"
+      f" fp32 layer gradients: {a['levers']['fp32_layer_gradients']}")
+sys.exit(0 if same and (a["gradient_accumulation_steps"] == 1 or a["levers"]["fp32_layer_gradients"]) else 1)
+PY
+  then ok; else bad "$name: the fitted plan is not the hand-written configuration's plan"; fi
+done
+
+# a configuration auto_fit may not produce: the step inside backward never gets accumulation
+train oib --micro_batch_size 8 --max_grad_norm 0 --optimizer_in_backward true --auto_fit true --memory_budget 140MB
+if [ -f "$W/oib/memory.json" ]; then
+  python3 -c "import json,sys; m=json.load(open(sys.argv[1])); sys.exit(m['gradient_accumulation_steps'] != 1)" \
+    "$W/oib/memory.json" && ok || bad "auto_fit gave optimizer_in_backward gradient accumulation"
+elif grep -q "nothing fits" "$W/oib.log"; then ok; else bad "optimizer_in_backward with auto_fit: $(tail -1 "$W/oib.log")"; fi
+
+echo "test_autofit: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
