@@ -133,6 +133,13 @@ typedef struct gpu_row {
     double tps, hours, price, usd; /* for `best`, when it exists */
 } gpu_row;
 
+/* A lever the search does not try, re-planned on its own */
+typedef struct listed_row {
+    char name[96];
+    double saves, total, cost_pct;
+    const char *why;
+} listed_row;
+
 typedef struct report {
     const snug_run_config *o;
     const snug_plan_args *a;
@@ -150,6 +157,8 @@ typedef struct report {
     snug_lever_effect lev[MAXLEV];  /* on kind */
     int nlev;
     snug_lever_effect clev[MAXLEV]; /* on cuda */
+    listed_row listed[8];           /* levers beside the search's, never chosen by auto_fit (text and JSON) */
+    int nlisted;
     int nclev;
     gpu_row rows[16];
     int nrows;
@@ -252,20 +261,58 @@ static double step_tokens(const snug_run_config *o) {
     return (double)o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps;
 }
 
-/* One row of the lever table for a setting the search does not try: sp re-planned, printed when it saves device
- * memory against the configured plan. */
-static void listed_lever(FILE *f, const report *r, const snug_plan_spec *sp, const char *name, double cost_pct,
-                         const char *why) {
+/* One row of the lever table for a setting the search does not try: sp re-planned, kept when it saves device memory
+ * against the configured plan. */
+static void listed_lever(report *r, const snug_plan_spec *sp, const char *name, double cost_pct, const char *why) {
     const snug_fit_point *p0 = &r->space.pt[0];
     snug_plan pl;
     snug_error e = {0};
-    if (snug_plan_run(&pl, sp, &e) != 0 || pl.total >= p0->plan.total)
+    if (r->nlisted >= (int)(sizeof r->listed / sizeof r->listed[0]) || snug_plan_run(&pl, sp, &e) != 0 ||
+        pl.total >= p0->plan.total)
         return;
-    char a[32], b[32];
-    double saves = (double)(p0->plan.total - pl.total);
-    fmtb(a, sizeof a, saves);
-    fmtb(b, sizeof b, cap_of(&r->space, p0) - saves);
-    fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", name, a, b, cost_pct, why);
+    listed_row *w = &r->listed[r->nlisted++];
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->saves = (double)(p0->plan.total - pl.total);
+    w->total = cap_of(&r->space, p0) - w->saves;
+    w->cost_pct = cost_pct;
+    w->why = why;
+}
+
+/* levers listed beside the search's, never chosen by auto_fit: the optimizer step inside backward (no clipping,
+ * no accumulation), precision (tested to track fp32's loss, but not the same numbers), and offloading, which
+ * saves device memory only where host memory is not the device's */
+static void listed_levers(report *r) {
+    const snug_fit_point *p0 = &r->space.pt[0];
+    const snug_levers *lv0 = &p0->spec.lv;
+    if (!p0->spec.with_grads)
+        return;
+    snug_plan_spec sp = p0->spec;
+    if (!lv0->optimizer_in_backward) {
+        sp.lv.optimizer_in_backward = 1;
+        sp.GA = 1;
+        listed_lever(r, &sp, "optimizer_in_backward (max_grad_norm: 0, GA 1)", 0.0,
+                     "no clipping; never chosen by auto_fit");
+    }
+    const char *rounding = "16-bit rounding; never chosen by auto_fit";
+    if (lv0->dt == SNUG_DT_F32) {
+        sp = p0->spec;
+        sp.lv.dt = SNUG_DT_BF16;
+        sp.lv.master_weights = 1;
+        listed_lever(r, &sp, "bf16: true", 0.0, rounding);
+        sp.lv.master_weights = 0;
+        listed_lever(r, &sp, "bf16: true, master_weights: false", 0.0, rounding);
+    } else if (lv0->dt == SNUG_DT_BF16 && lv0->master_weights) {
+        sp = p0->spec;
+        sp.lv.master_weights = 0;
+        listed_lever(r, &sp, "master_weights: false", 0.0, rounding);
+    }
+    if (r->kind == SNUG_DEVICE_CUDA && !lv0->ckpt_offload) {
+        sp = p0->spec;
+        sp.lv.ckpt = SNUG_CKPT_FULL;
+        sp.lv.ckpt_offload = 1;
+        listed_lever(r, &sp, "gradient_checkpointing: offload", 35.0,
+                     "full's recompute, plus a copy out and in per layer");
+    }
 }
 
 static void run_tokens(report *r) {
@@ -320,6 +367,7 @@ static int build(report *r, snug_error *e) {
     }
     r->nlev = snug_fit_levers(&r->space, r->lev, MAXLEV);
     r->nclev = snug_fit_levers(&r->cuda, r->clev, MAXLEV);
+    listed_levers(r);
     run_tokens(r);
     r->cheapest = -1;
     for (int i = 0; i < snug_gpu_count() && r->nrows < 16; i++) {
@@ -445,38 +493,11 @@ static void print_text(const report *r, FILE *f) {
         fmtb(b, sizeof b, cap_of(&r->space, l->p));
         fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", l->name, a, b, 100 * l->p->cost, l->cost_note);
     }
-    /* levers listed beside the search's, never chosen by auto_fit: the optimizer step inside backward (no clipping,
-     * no accumulation), precision (tested to track fp32's loss, but not the same numbers), and offloading, which
-     * saves device memory only where host memory is not the device's */
-    const snug_fit_point *p0 = &r->space.pt[0];
-    const snug_levers *lv0 = &p0->spec.lv;
-    if (p0->spec.with_grads) {
-        snug_plan_spec sp = p0->spec;
-        if (!lv0->optimizer_in_backward) {
-            sp.lv.optimizer_in_backward = 1;
-            listed_lever(f, r, &sp, "optimizer_in_backward (max_grad_norm: 0, GA 1)", 0.0,
-                         "no clipping; never chosen by auto_fit");
-        }
-        const char *rounding = "16-bit rounding; never chosen by auto_fit";
-        if (lv0->dt == SNUG_DT_F32) {
-            sp = p0->spec;
-            sp.lv.dt = SNUG_DT_BF16;
-            sp.lv.master_weights = 1;
-            listed_lever(f, r, &sp, "bf16: true", 0.0, rounding);
-            sp.lv.master_weights = 0;
-            listed_lever(f, r, &sp, "bf16: true, master_weights: false", 0.0, rounding);
-        } else if (lv0->dt == SNUG_DT_BF16 && lv0->master_weights) {
-            sp = p0->spec;
-            sp.lv.master_weights = 0;
-            listed_lever(f, r, &sp, "master_weights: false", 0.0, rounding);
-        }
-        if (r->kind == SNUG_DEVICE_CUDA && !lv0->ckpt_offload) {
-            sp = p0->spec;
-            sp.lv.ckpt = SNUG_CKPT_FULL;
-            sp.lv.ckpt_offload = 1;
-            listed_lever(f, r, &sp, "gradient_checkpointing: offload", 35.0,
-                         "full's recompute, plus a copy out and in per layer");
-        }
+    for (int i = 0; i < r->nlisted; i++) {
+        const listed_row *w = &r->listed[i];
+        fmtb(a, sizeof a, w->saves);
+        fmtb(b, sizeof b, w->total);
+        fprintf(f, "  %-52s %11s %11s %+8.0f%%  %s\n", w->name, a, b, w->cost_pct, w->why);
     }
     const snug_fit_point *sm = snug_fit_smallest(&r->space);
     if (sm && sm != &r->space.pt[0]) {
@@ -614,6 +635,12 @@ static json_t *report_json(const report *r) {
                                               r->lev[i].saves, "total", cap_of(&r->space, r->lev[i].p),
                                               "step_time_cost", r->lev[i].p->cost, "why", r->lev[i].cost_note));
     json_object_set_new(j, "levers_toggled", levs);
+    json_t *listed = json_array();
+    for (int i = 0; i < r->nlisted; i++)
+        json_array_append_new(listed, json_pack("{s:s, s:f, s:f, s:f, s:s}", "lever", r->listed[i].name, "saves",
+                                                r->listed[i].saves, "total", r->listed[i].total, "step_time_cost",
+                                                r->listed[i].cost_pct / 100.0, "why", r->listed[i].why));
+    json_object_set_new(j, "levers_listed", listed);
     json_t *gpus = json_array();
     for (int i = 0; i < r->nrows; i++) {
         const gpu_row *w = &r->rows[i];

@@ -88,7 +88,7 @@ typedef struct snug_run_config {
     int threads;              /* 0 = all cores */
 
     /* generation after training (and `snug generate`) */
-    char sample_prompt[1024];
+    char sample_prompt[65536]; /* also `snug generate --prompt`: long enough for a whole context of text */
     int sample_tokens;
     double temperature;
     int top_k;

@@ -84,6 +84,8 @@ static int resolve_model(snug_setup *r, snug_error *e) {
         if (r->enc.vocab_size > r->cfg.vocab_size)
             return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
                              "tokenizer that belongs to this model", p, r->cfg.vocab_size, r->enc.vocab_size);
+        if (!r->tok) /* no tokenizer: pretokenized data may hold any id of the model's vocabulary */
+            r->enc.vocab_size = r->cfg.vocab_size;
     } else {
         SNUG_TRY(snug_preset(&r->cfg, o->model_preset, r->enc.vocab_size, e));
         if (r->enc.eos_id >= 0)

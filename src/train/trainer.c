@@ -335,7 +335,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
-    size_t in_epoch = 0; /* micro-batches of the current epoch consumed */
+    size_t in_epoch = 0, mb_done = 0; /* micro-batches consumed: in the current epoch, in all */
     for (int step = 0; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         size_t nsup = 0;
@@ -346,6 +346,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
         }
         in_epoch += (size_t)nmb;
+        mb_done += (size_t)nmb;
         int epoch_end = per_epoch && in_epoch >= per_epoch;
         if (epoch_end)
             in_epoch = 0;
@@ -391,9 +392,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (log_now) {
             double t = now_s(), tps = tokens_since / (t - tlog > 1e-9 ? t - tlog : 1e-9);
             double rss = peak_rss_bytes();
-            fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
-                    "\"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
-                    step + 1, loss, lr, norm, tps, t - t0, rss);
+            fprintf(metrics, "{\"step\": %d, \"epoch\": %.4f, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                    "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
+                    step + 1, per_epoch ? (double)mb_done / (double)per_epoch : 0.0, loss, lr, norm, tps, t - t0, rss);
             if (ls.on)
                 fprintf(metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %d", ls.scale, ls.skipped);
             if (!isnan(val))

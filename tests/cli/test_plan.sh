@@ -118,6 +118,24 @@ expect_error fit-no-budget "auto_fit is true but memory_budget is not set" \
 expect_error fit-nothing "auto_fit: nothing fits memory_budget 7\.45 GiB.*smallest setting" \
   "$SNUG" plan --base_model "$CFG/llama-2-7b" --auto_fit true --memory_budget 8GB --backend cuda
 
+# text and JSON are one report: every lever row of the text (searched and listed) is in the JSON, and the levers
+# are named as the configuration writes them (offload is "offload" in both outputs and in memory.json)
+"$SNUG" plan --base_model "$CFG/llama-2-7b" --backend cuda --gradient_checkpointing offload > "$W/plan.txt" 2>&1
+"$SNUG" plan --base_model "$CFG/llama-2-7b" --backend cuda --gradient_checkpointing offload --json > "$W/plan.json" 2>&1
+if python3 - "$W/plan.txt" "$W/plan.json" <<'PY'
+import json, re, sys
+text, j = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+names = [l["lever"] for l in j["levers_toggled"]] + [l["lever"] for l in j["levers_listed"]]
+missing = [n for n in names if n not in text]
+rows = re.findall(r"^  (\S.*?)\s{2,}[0-9.]+ [KMGT]?i?B\s+[0-9.]+ [KMGT]?i?B\s+[+-][0-9]+%", text, re.M)
+extra = [r for r in rows if r.strip() not in names]
+ok = not missing and not extra and j["levers"]["gradient_checkpointing"] == "offload" and j["levers_listed"]
+print(f"  {len(names)} lever rows in JSON; missing in text {missing}; text rows not in JSON {extra}; "
+      f"checkpointing named {j['levers']['gradient_checkpointing']!r}")
+sys.exit(0 if ok else 1)
+PY
+then ok; else bad "plan text and --json disagree"; fi
+
 # training refuses a plan over memory_budget before allocating or writing anything (exit status 2: a config that
 # cannot fit is for the user to change)
 (cd "$W" && "$SNUG" train --dataset data.jsonl --tokenizer "$SRC/assets/tokenizer" --model_preset llama-30m \
