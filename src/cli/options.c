@@ -10,6 +10,8 @@
  * Axolotl configs load unchanged when they only switch such features off. */
 #include "cli/options.h"
 
+#include "cli/plan_cmd.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -33,12 +35,15 @@ typedef enum key_type {
 } key_type;
 
 /* Groups of the --help listing, in the order of options.h. G_DATASET keys live inside each datasets entry. */
-enum { G_MODEL, G_DATA, G_DATASET, G_BATCH, G_OPTIM, G_OUTPUT, G_GEN, G_MEMORY, NGROUPS };
+enum { G_MODEL, G_DATA, G_DATASET, G_BATCH, G_OPTIM, G_OUTPUT, G_GEN, G_MEMORY, G_PLAN, NGROUPS };
 
 static const char *const group_titles[NGROUPS] = {
     "model", "data", "each datasets entry", "batch & schedule", "optimizer", "output & logging", "generation",
-    "memory",
+    "memory", "flags of snug plan",
 };
+
+/* Where a key's field lives: the run configuration, one datasets entry, or the flags of `snug plan`. */
+enum { SCOPE_RUN, SCOPE_DATASET, SCOPE_PLAN };
 
 typedef struct enum_name {
     const char *name;
@@ -50,12 +55,15 @@ typedef struct key_spec {
     const char *aliases;      /* other spellings, space-separated, or NULL */
     key_type type;
     int group;
-    size_t offset, size;      /* field in snug_run_config (snug_dataset_spec for G_DATASET) */
+    size_t offset, size;      /* field in snug_run_config (snug_dataset_spec for G_DATASET, snug_plan_args for
+                               * G_PLAN) */
     const char *def;          /* default, written as a user would write it; NULL = none */
     const char *values;       /* KT_ENUM: accepted values, "name" or "spelling=name", space-separated */
     const enum_name *enums;   /* KT_ENUM: each name's value in the field, ending with {NULL} */
     int has_min;              /* KT_INT: values below min are refused where they are written */
     int min;
+    int positive;             /* KT_FLOAT: only values above 0 */
+    const char *example;      /* KT_FLOAT with positive: a value for the error message */
     const char *later_values; /* KT_ENUM: values recognised but not built yet; "*" = every other value */
     const char *off;          /* not-supported keys: values that ask for nothing (besides null, empty and false) */
     const char *later;        /* non-NULL: the key is not supported yet, and this says what it would do */
@@ -72,6 +80,7 @@ typedef struct key_spec {
 #define DS_ENUM(f) .offset = offsetof(snug_dataset_spec, f), .size = ENUM_SIZE_CHECK(snug_dataset_spec, f)
 #define ENUMS(...) .enums = (const enum_name[]){__VA_ARGS__, {NULL, 0}}
 #define MIN(v) .has_min = 1, .min = (v)
+#define PL_AT(T, f) .offset = offsetof(snug_plan_args, f), .size = sizeof(((snug_plan_args *)0)->f)
 #define DS_STR(f)                                                                  \
     .offset = _Generic(((snug_dataset_spec *)0)->f, char *: offsetof(snug_dataset_spec, f)), \
     .size = sizeof(((snug_dataset_spec *)0)->f)
@@ -262,6 +271,22 @@ static const key_spec keys[] = {
     {.name = "cross_entropy_chunk_tokens", .type = KT_INT, .group = G_MEMORY, AT_INT(cross_entropy_chunk_tokens),
      .def = "256", .help = "tokens per logits chunk with chunked_cross_entropy"},
 
+    /* flags of snug plan (not configuration keys: accepted on its command line only) */
+    {.name = "gpu", .type = KT_STRING, .group = G_PLAN, PL_AT(char *, gpu),
+     .help = "the GPU to fit (cuda backend): rtx4090, a100-40gb, a6000, l40s, a100-80gb, h100, h200"},
+    {.name = "backend", .type = KT_ENUM, .group = G_PLAN, PL_AT(int, backend), .def = "auto",
+     .values = "auto cpu cuda", ENUMS({"auto", SNUG_BACKEND_AUTO}, {"cpu", SNUG_BACKEND_CPU}, {"cuda", SNUG_BACKEND_CUDA}),
+     .help = "whose runtime overhead to count: auto = cuda with --gpu, else cpu"},
+    {.name = "json", .type = KT_BOOL, .group = G_PLAN, PL_AT(int, json), .def = "false",
+     .help = "the report as one JSON object"},
+    {.name = "svg", .type = KT_STRING, .group = G_PLAN, PL_AT(char *, svg), .def = "",
+     .help = "a stacked bar chart of the memory per category, for the plan and each lever (and FILE.png beside it "
+             "when rsvg-convert or ImageMagick is installed)"},
+    {.name = "tokens_per_s", .type = KT_FLOAT, .group = G_PLAN, PL_AT(double, tokens_per_s), .positive = 1,
+     .example = "2500", .help = "measured throughput, for the time and cost; default: an estimate"},
+    {.name = "price_per_hour", .type = KT_FLOAT, .group = G_PLAN, PL_AT(double, price_per_hour), .positive = 1,
+     .example = "2.50 (USD per GPU-hour)", .help = "USD per GPU-hour; default: a table of typical cloud prices"},
+
     /* recognised, not supported yet */
     LATER("gradient_checkpointing_kwargs", KT_MAP, "recomputing activations in the backward pass"),
     LATER_BOOL("activation_offloading", "offloading activations to the CPU"),
@@ -333,9 +358,13 @@ static int key_answers_to(const key_spec *k, const char *name) {
     return strcmp(k->name, name) == 0 || (k->aliases && in_list(k->aliases, name));
 }
 
-static const key_spec *find_key(const char *name, int dataset_scope) {
+static int scope_of(const key_spec *k) {
+    return k->group == G_DATASET ? SCOPE_DATASET : k->group == G_PLAN ? SCOPE_PLAN : SCOPE_RUN;
+}
+
+static const key_spec *find_key(const char *name, int scope) {
     for (int i = 0; i < NKEYS; i++)
-        if ((keys[i].group == G_DATASET) == dataset_scope && key_answers_to(&keys[i], name))
+        if (scope_of(&keys[i]) == scope && key_answers_to(&keys[i], name))
             return &keys[i];
     return NULL;
 }
@@ -364,11 +393,11 @@ static int edit_distance(const char *a, const char *b) {
 }
 
 /* The closest name or alias to `name` among the keys of one scope, or NULL when none is close. */
-static const char *closest_key(const char *name, int dataset_scope, char *buf, size_t cap) {
+static const char *closest_key(const char *name, int scope, char *buf, size_t cap) {
     int best = INT_MAX;
     for (int i = 0; i < NKEYS; i++) {
         const key_spec *k = &keys[i];
-        if ((k->group == G_DATASET) != dataset_scope)
+        if (scope_of(k) != scope)
             continue;
         int d = edit_distance(name, k->name);
         if (d < best) {
@@ -393,9 +422,9 @@ static const char *closest_key(const char *name, int dataset_scope, char *buf, s
     return (best <= 3 || best * 3 <= len) && best < len ? buf : NULL;
 }
 
-static int unknown_key(const char *name, int dataset_scope, const char *loc, snug_error *e) {
+static int unknown_key(const char *name, int scope, const char *loc, snug_error *e) {
     char buf[96];
-    const char *s = closest_key(name, dataset_scope, buf, sizeof buf);
+    const char *s = closest_key(name, scope, buf, sizeof buf);
     if (s)
         return snug_fail(e, SNUG_EINPUT, "unknown key '%.100s' in %s: did you mean '%s'?", name, loc, s);
     return snug_fail(e, SNUG_EINPUT, "unknown key '%.100s' in %s: `snug train --help` lists the keys", name, loc);
@@ -552,6 +581,9 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
     }
     case KT_FLOAT: {
         double v;
+        if (k->positive && (parse_double(text, &v) || v <= 0))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s must be a positive number such as %s, got '%.60s'", loc,
+                             written, k->example, text);
         if (parse_double(text, &v))
             return snug_fail(e, SNUG_EINPUT, "%s: %s must be a number such as 0.5 or 3e-4, got '%.60s'", loc,
                              written, text);
@@ -622,10 +654,10 @@ static int refuse_later(const key_spec *k, const char *written, const char *text
 }
 
 /* Sets every key of one scope to its default. */
-static void apply_defaults(void *base, int dataset_scope) {
+static void apply_defaults(void *base, int scope) {
     for (int i = 0; i < NKEYS; i++) {
         const key_spec *k = &keys[i];
-        if ((k->group == G_DATASET) != dataset_scope || k->later || k->type == KT_DATASETS)
+        if (scope_of(k) != scope || k->later || k->type == KT_DATASETS)
             continue;
         if (k->def)
             set_text(base, k, k->name, k->def, "default", NULL);
@@ -992,6 +1024,8 @@ void snug_options_print_help(FILE *f) {
     fprintf(f, "Keys of the YAML config; on the command line --key value or --key=value, which win over the "
                "config:\n");
     for (int g = 0; g < NGROUPS; g++) {
+        if (g == G_PLAN)
+            continue;
         fprintf(f, "\n%s:\n", group_titles[g]);
         for (int i = 0; i < NKEYS; i++)
             if (keys[i].group == g && !keys[i].later)
@@ -1012,4 +1046,51 @@ void snug_options_print_help(FILE *f) {
     fprintf(f, "  lr_scheduler values other than cosine, linear, constant, constant_with_warmup\n");
     fprintf(f, "  datasets[].type values other than completion, alpaca, chat (chat_template), pretokenized "
                "(sharegpt, input_output, ...)\n");
+}
+
+/* ---- the flags of snug plan ---- */
+
+int snug_plan_flags_take(snug_plan_args *a, int *argc, char **argv, snug_error *e) {
+    snug_plan_args tmp;
+    memset(&tmp, 0, sizeof tmp);
+    apply_defaults(&tmp, SCOPE_PLAN);
+    int n = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *arg = argv[i];
+        char name[128];
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (strncmp(arg, "--", 2) != 0 || len - 2 >= sizeof name) {
+            argv[n++] = argv[i];
+            continue;
+        }
+        for (size_t k = 2; k <= len; k++) /* --tokens-per-s is --tokens_per_s */
+            name[k - 2] = k == len ? '\0' : arg[k] == '-' ? '_' : arg[k];
+        const key_spec *k = find_key(name, SCOPE_PLAN);
+        if (!k) { /* a configuration key: left for the options parser */
+            argv[n++] = argv[i];
+            continue;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        int b;
+        if (!v && k->type == KT_BOOL && (i + 1 >= *argc || parse_bool(argv[i + 1], &b)))
+            v = "true"; /* a bare --json */
+        if (!v) {
+            if (i + 1 >= *argc || !strncmp(argv[i + 1], "--", 2))
+                return snug_fail(e, SNUG_EINPUT, "command line: --%s needs a value: --%s VALUE", name, name);
+            v = argv[++i];
+        }
+        char written[136];
+        snprintf(written, sizeof written, "--%s", name);
+        SNUG_TRY(set_text(&tmp, k, written, v, "command line", e));
+    }
+    *a = tmp;
+    *argc = n;
+    return 0;
+}
+
+void snug_plan_flags_help(FILE *f) {
+    for (int i = 0; i < NKEYS; i++)
+        if (keys[i].group == G_PLAN)
+            print_key(f, &keys[i]);
 }

@@ -37,4 +37,12 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
  * recognised but not supported yet. */
 void snug_options_print_help(FILE *f);
 
+/* The flags of `snug plan` (--gpu, --backend, --json, --svg, --tokens_per_s, --price_per_hour), keys of the same
+ * table: taken out of argv (*argc shrinks; the rest keeps its order for snug_options_parse_args) into a, with the
+ * same type and range errors. a is unchanged on failure. */
+struct snug_plan_args;
+int snug_plan_flags_take(struct snug_plan_args *a, int *argc, char **argv, snug_error *e);
+/* Their lines for `snug plan --help`. */
+void snug_plan_flags_help(FILE *f);
+
 #endif

@@ -5,7 +5,8 @@
  * GPU table, the step-time costs and the prices are estimates from gpus.c and autofit.c, and say so. */
 #include "cli/plan_cmd.h"
 
-#include <errno.h>
+#include "cli/options.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,103 +21,23 @@
 /* ---- flags ---- */
 
 void snug_plan_usage(FILE *f) {
-    fprintf(f, "\nflags of snug plan (besides the configuration keys below):\n"
-               "  --gpu NAME             the GPU to fit (cuda backend): ");
-    char names[256];
-    snug_gpu_list(names, sizeof names);
-    fprintf(f, "%s\n"
-               "  --memory_budget SIZE   fit this much memory instead (40GB, 40 GiB, 40000MB); with auto_fit: true the\n"
-               "                         run is re-planned to fit it\n"
-               "  --backend cpu|cuda     whose runtime overhead to count (default: cuda with --gpu, else cpu)\n"
-               "  --json                 the report as one JSON object\n"
-               "  --svg FILE             a stacked bar chart of the memory per category, for the plan and each lever\n"
-               "                         (and FILE.png beside it when rsvg-convert or ImageMagick is installed)\n"
-               "  --tokens_per_s X       measured throughput, for the time and cost (default: an estimate)\n"
-               "  --price_per_hour Y     USD per GPU-hour (default: a table of typical cloud prices)\n",
-            names);
-}
-
-static int positive_number(const char *flag, const char *v, double *out, const char *example, snug_error *e) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (!*v || *end || errno || !isfinite(x) || x <= 0)
-        return snug_fail(e, SNUG_EINPUT, "command line: --%s must be a positive number such as %s, got '%.60s'", flag,
-                         example, v);
-    *out = x;
-    return 0;
+    fprintf(f, "\nflags of snug plan (besides the configuration keys below; --memory_budget SIZE fits that much memory\n"
+               "instead of a GPU, and with auto_fit: true re-plans the run to fit it):\n");
+    snug_plan_flags_help(f);
 }
 
 int snug_plan_args_take(snug_plan_args *a, int *argc, char **argv, snug_error *e) {
-    memset(a, 0, sizeof *a);
-    a->backend = -1;
-    int n = 0;
-    for (int i = 0; i < *argc; i++) {
-        const char *arg = argv[i];
-        char name[32];
-        const char *eq = strchr(arg, '=');
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (strncmp(arg, "--", 2) != 0 || len - 2 >= sizeof name) {
-            argv[n++] = argv[i];
-            continue;
-        }
-        for (size_t k = 2; k <= len; k++) /* --tokens-per-s is --tokens_per_s */
-            name[k - 2] = k == len ? '\0' : arg[k] == '-' ? '_' : arg[k];
-        static const char *const flags[] = {"gpu", "backend", "svg", "tokens_per_s", "price_per_hour", "json"};
-        int f = -1;
-        for (int k = 0; k < 6; k++)
-            if (!strcmp(name, flags[k]))
-                f = k;
-        if (f < 0) {
-            argv[n++] = argv[i];
-            continue;
-        }
-        if (f == 5) { /* --json, --json=true|false */
-            a->json = !eq || !strcmp(eq + 1, "true");
-            if (eq && strcmp(eq + 1, "true") && strcmp(eq + 1, "false"))
-                return snug_fail(e, SNUG_EINPUT, "command line: --json takes no value (or =true, =false)");
-            continue;
-        }
-        const char *v = eq ? eq + 1 : NULL;
-        if (!v) {
-            if (i + 1 >= *argc)
-                return snug_fail(e, SNUG_EINPUT, "command line: --%s needs a value: --%s VALUE", name, name);
-            v = argv[++i];
-        }
-        switch (f) {
-        case 0:
-            if (!(a->gpu = snug_gpu_find(v))) {
-                char names[256];
-                snug_gpu_list(names, sizeof names);
-                return snug_fail(e, SNUG_EINPUT, "command line: unknown GPU '%.60s'; snug plan knows %s (or give "
-                                 "--memory_budget 40GB for any other size)", v, names);
-            }
-            break;
-        case 1:
-            if (!strcmp(v, "cpu"))
-                a->backend = SNUG_DEVICE_CPU;
-            else if (!strcmp(v, "cuda"))
-                a->backend = SNUG_DEVICE_CUDA;
-            else
-                return snug_fail(e, SNUG_EINPUT, "command line: --backend must be cpu or cuda, got '%.60s'", v);
-            break;
-        case 2:
-            if (!*v || strlen(v) >= sizeof a->svg)
-                return snug_fail(e, SNUG_EINPUT, "command line: --svg needs a file name such as plan.svg");
-            snprintf(a->svg, sizeof a->svg, "%s", v);
-            break;
-        case 3:
-            SNUG_TRY(positive_number("tokens_per_s", v, &a->tokens_per_s, "2500", e));
-            break;
-        case 4:
-            SNUG_TRY(positive_number("price_per_hour", v, &a->price_per_hour, "2.50 (USD per GPU-hour)", e));
-            break;
-        }
+    SNUG_TRY(snug_plan_flags_take(a, argc, argv, e));
+    a->g = NULL;
+    if (a->gpu[0] && !(a->g = snug_gpu_find(a->gpu))) {
+        char names[256];
+        snug_gpu_list(names, sizeof names);
+        return snug_fail(e, SNUG_EINPUT, "command line: unknown GPU '%.60s'; snug plan knows %s (or give "
+                         "--memory_budget 40GB for any other size)", a->gpu, names);
     }
-    if (a->gpu && a->backend == SNUG_DEVICE_CPU)
+    if (a->g && a->backend == SNUG_BACKEND_CPU)
         return snug_fail(e, SNUG_EINPUT, "command line: --gpu plans for the cuda backend; drop --backend cpu, or "
                          "give --memory_budget for a CPU run");
-    *argc = n;
     return 0;
 }
 
@@ -346,9 +267,9 @@ static void price_row(report *r, gpu_row *w) {
     const snug_plan_args *a = r->a;
     double tps = snug_gpu_tokens_per_s(w->g, &r->p->spec, r->p->plan.nparams);
     if (a->tokens_per_s > 0) /* a measurement: on --gpu's GPU, scaled to the others by their peaks */
-        tps = a->gpu ? a->tokens_per_s * tps / snug_gpu_tokens_per_s(a->gpu, &r->p->spec, r->p->plan.nparams)
+        tps = a->g ? a->tokens_per_s * tps / snug_gpu_tokens_per_s(a->g, &r->p->spec, r->p->plan.nparams)
                      : a->tokens_per_s;
-    w->price = a->price_per_hour > 0 && (!a->gpu || a->gpu == w->g) ? a->price_per_hour : w->g->price_per_hour;
+    w->price = a->price_per_hour > 0 && (!a->g || a->g == w->g) ? a->price_per_hour : w->g->price_per_hour;
     w->tps = w->best ? tps / (1.0 + w->best->cost) : tps;
     w->hours = w->tps > 0 ? r->run_tokens / w->tps / 3600.0 : 0;
     w->usd = w->hours * w->price;
@@ -384,9 +305,9 @@ static int build(report *r, snug_error *e) {
         if (w->best && (r->cheapest < 0 || w->usd < r->rows[r->cheapest].usd))
             r->cheapest = r->nrows - 1;
     }
-    if (r->a->gpu) {
-        r->target_name = r->a->gpu->label;
-        r->target_bytes = r->a->gpu->mem_bytes;
+    if (r->a->g) {
+        r->target_name = r->a->g->label;
+        r->target_bytes = r->a->g->mem_bytes;
     } else if (p->c.memory_budget > 0) {
         r->target_name = "memory_budget";
         r->target_bytes = p->c.memory_budget;
@@ -565,13 +486,13 @@ static void print_text(const report *r, FILE *f) {
         fmt_hours(a, sizeof a, w->hours);
         fprintf(f, "  cheapest: %s, $%.*f (%s)\n", w->g->label, w->usd < 0.01 ? 4 : 2, w->usd, a);
     }
-    const char *prices = r->a->price_per_hour > 0 ? (r->a->gpu ? "--price_per_hour for --gpu's GPU, the table's for "
+    const char *prices = r->a->price_per_hour > 0 ? (r->a->g ? "--price_per_hour for --gpu's GPU, the table's for "
                                                                  "the others" : "--price_per_hour on every GPU")
                                                   : "typical on-demand USD per GPU-hour (estimates, see docs/MEMORY.md)";
     if (r->a->tokens_per_s > 0)
         snprintf(head, sizeof head, "tokens/s: the measured %.0f%s, divided by the setting's predicted step time; "
                  "prices: %s", r->a->tokens_per_s,
-                 r->a->gpu ? " on --gpu's GPU, scaled to the others by their TF32 peaks" : " on every GPU", prices);
+                 r->a->g ? " on --gpu's GPU, scaled to the others by their TF32 peaks" : " on every GPU", prices);
     else
         snprintf(head, sizeof head, "tokens/s: estimated as the TF32 peak x %.0f%% MFU / %.3g FLOPs per token (6 per "
                  "parameter + attention), divided by the setting's predicted step time; prices: %s",
@@ -736,7 +657,8 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
     r->o = o;
     r->a = a;
     r->p = p;
-    r->kind = a->backend >= 0 ? (snug_device_kind)a->backend : a->gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU;
+    r->kind = a->backend == SNUG_BACKEND_CUDA || (a->backend == SNUG_BACKEND_AUTO && a->g) ? SNUG_DEVICE_CUDA
+                                                                                          : SNUG_DEVICE_CPU;
     int rc = snug_setup_resolve(p, o, r->kind, e);
     if (!rc) { /* the data when it can be read: its size prices the run and the host memory */
         r->data_host_bytes = p->data_host_est;

@@ -15,10 +15,11 @@
 #include "plan/gpus.h"
 #include "plan/plan.h"
 
-/* The flags of `snug plan` that are not configuration keys. */
+/* The flags of `snug plan` that are not configuration keys (parsed by the key table: src/cli/options.c). */
 typedef struct snug_plan_args {
-    const snug_gpu *gpu;     /* --gpu NAME; NULL = none */
-    int backend;             /* --backend cpu|cuda as a snug_device_kind; -1 = cuda with --gpu, else cpu */
+    char gpu[64];            /* --gpu NAME ("" = none) */
+    const snug_gpu *g;       /* that GPU, found by snug_plan_args_take */
+    snug_backend_choice backend; /* --backend cpu|cuda; auto = cuda with --gpu, else cpu */
     int json;                /* --json: the report as one JSON object instead of text */
     char svg[1024];          /* --svg FILE: the chart ("" = none) */
     double tokens_per_s;     /* --tokens_per_s: measured throughput (0 = estimate) */

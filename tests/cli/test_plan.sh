@@ -108,7 +108,7 @@ expect_error unknown-gpu "unknown GPU 'v100'; snug plan knows rtx4090, a100-40gb
   "$SNUG" plan --base_model "$CFG/llama-2-7b" --gpu v100
 expect_error bad-budget "memory_budget must be a size such as 40GB.*got 'forty'" \
   "$SNUG" plan --base_model "$CFG/llama-2-7b" --memory_budget forty
-expect_error bad-backend "--backend must be cpu or cuda, got 'tpu'" "$SNUG" plan --base_model "$CFG/llama-2-7b" --backend tpu
+expect_error bad-backend "--backend must be one of auto, cpu, cuda, got 'tpu'" "$SNUG" plan --base_model "$CFG/llama-2-7b" --backend tpu
 expect_error bad-tps "--tokens_per_s must be a positive number.*got 'fast'" \
   "$SNUG" plan --base_model "$CFG/llama-2-7b" --tokens_per_s fast
 expect_error gpu-on-cpu "--gpu plans for the cuda backend" "$SNUG" plan --base_model "$CFG/llama-2-7b" --gpu h100 --backend cpu

@@ -299,11 +299,12 @@ static void test_args(void) {
     CHECKF(snug_plan_args_take(&a, &argc, argv0, &e) == 0, "%s", e.msg);
     CHECK(argc == 3 && !strcmp(argv0[0], "cfg.yaml") && !strcmp(argv0[1], "--learning_rate") &&
           !strcmp(argv0[2], "1e-4"));
-    CHECK(a.gpu == snug_gpu_find("h100") && a.json && !strcmp(a.svg, "plan.svg") && a.tokens_per_s == 2500 &&
-          a.price_per_hour == 2.5 && a.backend == SNUG_DEVICE_CUDA);
+    CHECK(a.g == snug_gpu_find("h100") && a.json && !strcmp(a.svg, "plan.svg") && a.tokens_per_s == 2500 &&
+          a.price_per_hour == 2.5 && a.backend == SNUG_BACKEND_CUDA);
     static const struct { const char *flag, *value, *want; } bad[] = {
         {"--gpu", "tpu", "unknown GPU 'tpu'; snug plan knows rtx4090"},
-        {"--backend", "tpu", "--backend must be cpu or cuda"},
+        {"--backend", "tpu", "--backend must be one of auto, cpu, cuda, got 'tpu'"},
+        {"--json=maybe", NULL, "--json must be true or false, got 'maybe'"},
         {"--tokens_per_s", "fast", "--tokens_per_s must be a positive number"},
         {"--price_per_hour", "-1", "--price_per_hour must be a positive number"},
         {"--svg", NULL, "--svg needs a value"},
