@@ -335,21 +335,23 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
-    size_t in_epoch = 0, mb_done = 0; /* micro-batches consumed: in the current epoch, in all */
+    size_t in_epoch = 0; /* micro-batches of the current epoch consumed */
+    int epochs_done = 0;
     for (int step = 0; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         size_t nsup = 0;
         int nmb = per_epoch && per_epoch - in_epoch < (size_t)GA ? (int)(per_epoch - in_epoch) : GA;
         for (int k = 0; k < nmb; k++) {
-            if (snug_loader_next(&loader, &mb[k]) == 0) /* the end of an epoch: the next one starts */
+            if (snug_loader_next(&loader, &mb[k]) == 0) { /* the end of an epoch: the next one starts, planned anew */
+                per_epoch = snug_loader_batches_per_epoch(&loader); /* packing may give it a row more or less */
                 snug_loader_next(&loader, &mb[k]);
+            }
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
         }
         in_epoch += (size_t)nmb;
-        mb_done += (size_t)nmb;
         int epoch_end = per_epoch && in_epoch >= per_epoch;
         if (epoch_end)
-            in_epoch = 0;
+            in_epoch = 0, epochs_done++;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
@@ -394,7 +396,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             double rss = peak_rss_bytes();
             fprintf(metrics, "{\"step\": %d, \"epoch\": %.4f, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
                     "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
-                    step + 1, per_epoch ? (double)mb_done / (double)per_epoch : 0.0, loss, lr, norm, tps, t - t0, rss);
+                    step + 1, epochs_done + (per_epoch ? (double)in_epoch / (double)per_epoch : 0.0), loss, lr, norm, tps, t - t0, rss);
             if (ls.on)
                 fprintf(metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %d", ls.scale, ls.skipped);
             if (!isnan(val))
