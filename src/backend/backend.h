@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "core/error.h"
 
 typedef struct snug_backend snug_backend;
 
@@ -180,7 +181,21 @@ struct snug_backend {
     void (*copy_out_async)(snug_backend *be, void *host_dst, const void *src, size_t bytes);
     /* Waits until everything queued so far, on the compute stream and the side stream, has finished. */
     void (*sync)(snug_backend *be);
+
+    /* --- failure --- */
+    /* The ops above return nothing, so a backend whose ops can fail (a GPU: a CUDA or cuBLASLt error, a kernel
+     * fault) never aborts: it records its FIRST failure, where and why, and keeps it (sticky) until it is
+     * destroyed; ops queued after a failure may do nothing or compute garbage. The caller asks at its sync points
+     * (after sync or to_host, at the end of a step or of a decoded token) with snug_backend_check and stops on
+     * non-zero. check: 0 while nothing failed, else the error's code with e filled. NULL for a backend whose ops
+     * cannot fail (the CPU's). */
+    int (*check)(snug_backend *be, snug_error *e);
 };
+
+/* 0 when every op so far succeeded, else the backend's first failure (its code, with e filled). */
+static inline int snug_backend_check(snug_backend *be, snug_error *e) {
+    return be->check ? be->check(be, e) : 0;
+}
 
 /* Compiled for the host and, inside CUDA sources, for the device too. */
 #ifdef __CUDACC__

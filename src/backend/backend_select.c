@@ -22,15 +22,16 @@ static snug_backend *create_cpu(int nthreads, snug_error *e) {
     return be;
 }
 
-snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, snug_error *e) {
+snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, size_t device_scratch, snug_error *e) {
     int is_auto = device == SNUG_BACKEND_AUTO, is_cuda = device == SNUG_BACKEND_CUDA;
     if (is_auto || is_cuda) {
 #ifdef SNUG_HAVE_CUDA
         /* cuda: the CUDA backend or its reason for failing (no GPU, driver too old...); auto: the CPU unless a GPU
          * is visible, and then the GPU's errors are reported, not hidden behind a silent fallback */
         if (is_cuda || snug_cuda_device_count() > 0)
-            return snug_backend_cuda_create(0, e);
+            return snug_backend_cuda_create_sized(0, device_scratch, e);
 #else
+        (void)device_scratch;
         if (is_cuda) {
             snug_fail(e, SNUG_EINPUT, "device: cuda but this snug was built without CUDA; rebuild with the CUDA "
                       "toolkit installed (cmake -DSNUG_CUDA=ON), or use device: cpu or auto");

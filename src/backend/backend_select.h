@@ -13,8 +13,9 @@ typedef enum snug_backend_choice { SNUG_BACKEND_AUTO, SNUG_BACKEND_CPU, SNUG_BAC
 
 /* SNUG_BACKEND_AUTO: CUDA when snug was built with it and a GPU is visible, else the CPU; SNUG_BACKEND_CUDA: GPU 0,
  * an error (SNUG_EINPUT) when the build has no CUDA or no GPU is visible; SNUG_BACKEND_CPU: the CPU backend on
- * nthreads threads (<= 0: all cores). NULL with e filled on failure. */
-snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, snug_error *e);
+ * nthreads threads (<= 0: all cores). device_scratch: the bytes of a GPU backend's fixed reduction scratch (0: its
+ * default; snug_cuda_scratch_bytes sizes it from the model's shape). NULL with e filled on failure. */
+snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, size_t device_scratch, snug_error *e);
 
 /* The backend `device` would give, without creating it: SNUG_BACKEND_CUDA or SNUG_BACKEND_CPU (AUTO resolves as
  * snug_backend_create does). The plan counts that backend's runtime overhead. */

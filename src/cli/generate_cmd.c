@@ -93,13 +93,14 @@ static int generate(const char *dir, const char *prompt_text, int max_new, int t
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory");
     if (!rc) {
         int eos = snug_tok_eos_id(tok) >= 0 ? snug_tok_eos_id(tok) : cfg.eos_token_id;
-        int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, eos, &s, ids);
-        int skip = bos >= 0 ? 1 : 0;
-        if (got > skip && ids[got - 1] == eos)
+        int got = 0, skip = bos >= 0 ? 1 : 0;
+        rc = snug_generate_checked(&g.model, prompt, (int)n, T - (int)n, eos, &s, ids, &got, e);
+        if (!rc && got > skip && ids[got - 1] == eos)
             got--;
         char *txt = NULL;
         size_t len = 0;
-        rc = snug_tok_decode(tok, ids + skip, (size_t)(got - skip), &txt, &len, e);
+        if (!rc && got >= skip)
+            rc = snug_tok_decode(tok, ids + skip, (size_t)(got - skip), &txt, &len, e);
         if (!rc)
             fprintf(out, "%.*s\n", (int)len, txt);
         free(txt);

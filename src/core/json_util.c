@@ -1,6 +1,11 @@
 /* json_util.c: see json_util.h. */
 #include "core/json_util.h"
 
+#include <errno.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
 const char *snug_json_type_name(const json_t *j) {
     switch (json_typeof(j)) {
     case JSON_OBJECT: return "an object";
@@ -12,4 +17,148 @@ const char *snug_json_type_name(const json_t *j) {
     case JSON_FALSE: return "a boolean";
     default: return "null";
     }
+}
+
+int snug_json_is_huge(const json_t *j) {
+    if (!json_is_real(j))
+        return 0;
+    double v = json_real_value(j);
+    return v >= 0x1p63 || v < -0x1p63; /* json_int_t is 64 bits */
+}
+
+/* One rewrite of a number literal: the bytes [at, at + old_len) of the original text become rep. */
+typedef struct num_edit {
+    size_t at, old_len;
+    const char *rep;
+    int line; /* 1-based, as jansson counts */
+} num_edit;
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* How the number literal s[0..n) must be rewritten for jansson to take it, or NULL when it takes it as it is. */
+static const char *rewrite_of(const char *s, size_t n, int is_int) {
+    char small[64], *t = n < sizeof small ? small : malloc(n + 1);
+    if (!t)
+        return NULL; /* the second decode then fails on it as the first did */
+    memcpy(t, s, n);
+    t[n] = '\0';
+    const char *rep = NULL;
+    errno = 0;
+    if (is_int)
+        (void)strtoll(t, NULL, 10);
+    if (!is_int || errno == ERANGE) {
+        errno = 0;
+        double d = strtod(t, NULL);
+        if (errno == ERANGE && (d > DBL_MAX || d < -DBL_MAX))
+            rep = s[0] == '-' ? "-1.7976931348623157e308" : "1.7976931348623157e308";
+        else if (is_int)
+            rep = ".0"; /* appended: the same value, read as a real */
+    }
+    if (t != small)
+        free(t);
+    return rep;
+}
+
+/* The rewrites the number literals of buf need (outside strings), in text order; returns how many, -1 when out of
+ * memory. */
+static long find_edits(const char *buf, size_t len, num_edit **out) {
+    num_edit *v = NULL;
+    size_t n = 0, cap = 0;
+    int line = 1;
+    for (size_t i = 0; i < len;) {
+        char c = buf[i];
+        if (c == '\n')
+            line++;
+        if (c == '"') {
+            for (i++; i < len && buf[i] != '"'; i++) {
+                if (buf[i] == '\\')
+                    i++;
+                else if (buf[i] == '\n')
+                    line++;
+            }
+            i++;
+            continue;
+        }
+        if (c != '-' && !is_digit(c)) {
+            i++;
+            continue;
+        }
+        size_t start = i++;
+        while (i < len && is_digit(buf[i]))
+            i++;
+        int is_int = !(i < len && (buf[i] == '.' || buf[i] == 'e' || buf[i] == 'E'));
+        while (i < len && (is_digit(buf[i]) || buf[i] == '.' || buf[i] == 'e' || buf[i] == 'E' || buf[i] == '+' ||
+                           buf[i] == '-'))
+            i++;
+        const char *rep = rewrite_of(buf + start, i - start, is_int);
+        if (!rep)
+            continue;
+        if (n == cap) {
+            num_edit *g = realloc(v, (cap = cap ? 2 * cap : 8) * sizeof *v);
+            if (!g) {
+                free(v);
+                return -1;
+            }
+            v = g;
+        }
+        int append = rep[0] == '.';
+        v[n++] = (num_edit){.at = append ? i : start, .old_len = append ? 0 : i - start, .rep = rep, .line = line};
+    }
+    *out = v;
+    return (long)n;
+}
+
+/* Moves an error found in the rewritten text back to where it is in the original. */
+static void map_error(json_error_t *err, const num_edit *ed, long n) {
+    size_t pos = (size_t)err->position;
+    long shift = 0, col_shift = 0; /* bytes the edits before the error added */
+    for (long k = 0; k < n; k++) {
+        size_t rep_len = strlen(ed[k].rep), new_end = ed[k].at + (size_t)shift + rep_len;
+        if (new_end > pos)
+            break;
+        long d = (long)rep_len - (long)ed[k].old_len;
+        shift += d;
+        if (ed[k].line == err->line)
+            col_shift += d;
+    }
+    err->position -= (int)shift;
+    err->column -= (int)col_shift;
+}
+
+json_t *snug_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err) {
+    json_t *root = json_loadb(buf, len, flags, err);
+    if (root || json_error_code(err) != json_error_numeric_overflow)
+        return root;
+    num_edit *ed = NULL;
+    long n = find_edits(buf, len, &ed);
+    if (n <= 0) /* out of memory, or nothing to rewrite: keep the first error */
+        return NULL;
+    size_t cap = len;
+    for (long k = 0; k < n; k++)
+        cap += strlen(ed[k].rep);
+    char *text = malloc(cap ? cap : 1);
+    if (!text) {
+        free(ed);
+        return NULL;
+    }
+    size_t w = 0, r = 0;
+    for (long k = 0; k < n; k++) {
+        memcpy(text + w, buf + r, ed[k].at - r);
+        w += ed[k].at - r;
+        size_t rl = strlen(ed[k].rep);
+        memcpy(text + w, ed[k].rep, rl);
+        w += rl;
+        r = ed[k].at + ed[k].old_len;
+    }
+    memcpy(text + w, buf + r, len - r);
+    w += len - r;
+    json_error_t again;
+    root = json_loadb(text, w, flags, &again);
+    if (!root) {
+        map_error(&again, ed, n);
+        *err = again;
+    }
+    free(text);
+    free(ed);
+    return root;
 }

@@ -477,6 +477,9 @@ static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_err
 /* input_ids[i] (or labels[i]) as an integer, or an error. */
 static int get_int(json_t *arr, const char *name, size_t i, json_int_t *out, snug_error *e) {
     json_t *v = json_array_get(arr, i);
+    if (json_is_real(v))
+        return snug_fail(e, SNUG_EINPUT, "%s[%zu] is %g, not an integer; write token ids as integers", name, i,
+                         json_real_value(v));
     if (!json_is_integer(v))
         return snug_fail(e, SNUG_EINPUT, "%s[%zu] is %s, not an integer", name, i, snug_json_type_name(v));
     *out = json_integer_value(v);
@@ -565,7 +568,7 @@ int snug_format_line(const snug_format *f, const char *line, size_t len, snug_ex
     ex->np = 0;
     char hint[200];
     json_error_t jerr;
-    json_t *obj = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *obj = snug_json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!obj) {
         switch (json_error_code(&jerr)) {
         case json_error_invalid_utf8:

@@ -7,6 +7,8 @@
  * single_word / lstrip / rstrip applied to each match. */
 #include "data/tokenizer_impl.h"
 
+#include "core/json_util.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -378,7 +380,7 @@ static int build_ids(snug_tokenizer *t, snug_error *e) {
 
 static int load_json(snug_tokenizer *t, const char *json, size_t len, snug_error *e) {
     json_error_t jerr;
-    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
+    json_t *root = snug_json_loadb(json, len, JSON_ALLOW_NUL, &jerr);
     if (!root)
         return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: not valid JSON: %s", t->name, jerr.line, jerr.column, jerr.text);
     int rc = 0;
@@ -475,8 +477,12 @@ static int config_eos(snug_tokenizer *t, const char *path, snug_error *e) {
     struct stat st;
     if (stat(path, &st) || !S_ISREG(st.st_mode))
         return 0;
+    char *text = NULL;
+    size_t len = 0;
+    SNUG_TRY(read_file(path, &text, &len, e));
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = snug_json_loadb(text, len, 0, &jerr);
+    free(text);
     if (!root)
         return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: not valid JSON: %s", path, jerr.line, jerr.column, jerr.text);
     json_t *eos = json_object_get(root, "eos_token");

@@ -9,6 +9,11 @@
 
 #include "core/error.h"
 
+/* The largest head_dim every backend runs: the CUDA attention holds one head in 256 floats per row (its plain,
+ * naive and decode kernels; the tiled and tensor-core ones stop at 128 and fall back to them), and the CPU attention
+ * keeps per-tile arrays of head_dim floats on the stack. A config above it is refused when it is validated. */
+#define SNUG_MAX_HEAD_DIM 256
+
 typedef enum snug_arch { SNUG_ARCH_LLAMA = 0, SNUG_ARCH_GPT2 = 1 } snug_arch;
 
 typedef enum snug_rope_type { SNUG_ROPE_DEFAULT = 0, SNUG_ROPE_LLAMA3, SNUG_ROPE_LINEAR } snug_rope_type;
@@ -23,7 +28,7 @@ typedef struct snug_model_config {
     int n_layer;              /* L */
     int n_head;               /* NH */
     int n_kv_head;            /* NKV (GPT-2: NH) */
-    int head_dim;             /* HD (default C / NH) */
+    int head_dim;             /* HD (default C / NH), at most SNUG_MAX_HEAD_DIM */
     int max_position;         /* max_position_embeddings / n_positions */
     float norm_eps;           /* rms_norm_eps / layer_norm_epsilon */
     int qkv_bias;             /* Qwen2, GPT-2 */

@@ -6,6 +6,7 @@
 #include "model/generate.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,37 +104,97 @@ static int sample(const float *logits, int V, const snug_sampling *s, uint64_t *
     return cs[keep - 1].id;
 }
 
-int snug_generate(snug_model *m, const int32_t *prompt, int n_prompt, int max_new, int stop_id,
-                  const snug_sampling *s, int32_t *out) {
-    int V = m->cfg.vocab_size, total = n_prompt + max_new;
-    if (total > m->T)
-        total = m->T;
+/* The context the model is laid out for, as the errors below name it. */
+static void context_hint(const snug_model *m, char *buf, size_t n) {
+    if (m->T < m->cfg.max_position)
+        snprintf(buf, n, " (laid out with T = %d of max_position_embeddings %d: a larger T also makes room)", m->T,
+                 m->cfg.max_position);
+    else
+        snprintf(buf, n, " (max_position_embeddings)");
+}
+
+/* Refuses what would not fit the context or the vocabulary, before anything is written. */
+static int check_args(const snug_model *m, const int32_t *prompt, int n_prompt, int max_new, const int32_t *out,
+                      snug_error *e) {
+    int T = m->T, V = m->cfg.vocab_size;
+    char hint[160];
+    context_hint(m, hint, sizeof hint);
+    if (n_prompt < 1)
+        return snug_fail(e, SNUG_EINPUT, "generate: the prompt has %d tokens; give at least one (the BOS or EOS "
+                         "token when there is no text)", n_prompt);
+    if (!prompt || !out)
+        return snug_fail(e, SNUG_EINTERNAL, "generate: no %s buffer", prompt ? "output" : "prompt");
+    if (n_prompt > T)
+        return snug_fail(e, SNUG_EINPUT, "generate: the prompt is %d tokens but the model's context holds %d%s; "
+                         "shorten the prompt to at most %d tokens (fewer, to leave room for max_new_tokens)", n_prompt,
+                         T, hint, T);
+    if (max_new < 0)
+        return snug_fail(e, SNUG_EINPUT, "generate: max_new_tokens is %d; it must be 0 or more", max_new);
+    if (max_new > T - n_prompt)
+        return snug_fail(e, SNUG_EINPUT, "generate: the prompt (%d tokens) plus max_new_tokens (%d) needs %lld "
+                         "positions but the model's context holds %d%s; lower max_new_tokens to at most %d or shorten "
+                         "the prompt", n_prompt, max_new, (long long)n_prompt + max_new, T, hint, T - n_prompt);
+    for (int t = 0; t < n_prompt; t++)
+        if (prompt[t] < 0 || prompt[t] >= V)
+            return snug_fail(e, SNUG_EINPUT, "generate: prompt token %d (at position %d) is outside the vocabulary "
+                             "[0, %d); encode the prompt with the model's tokenizer", (int)prompt[t], t, V);
+    return 0;
+}
+
+int snug_generate_checked(snug_model *m, const int32_t *prompt, int n_prompt, int max_new, int stop_id,
+                          const snug_sampling *s, int32_t *out, int *n_out, snug_error *e) {
+    *n_out = 0;
+    SNUG_TRY(check_args(m, prompt, n_prompt, max_new, out, e));
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
+    *n_out = n_prompt;
+    if (max_new == 0)
+        return 0;
+    snug_backend *be = m->be;
+    int V = m->cfg.vocab_size, total = n_prompt + max_new; /* <= m->T: the last row run is total - 2 */
     int32_t *pos = malloc((size_t)m->T * sizeof *pos);
     float *logits = malloc((size_t)V * sizeof *logits);
     cand *cs = malloc((size_t)V * sizeof *cs);
-    if (!pos || !logits || !cs)
-        abort();
+    int rc = 0;
+    if (!pos || !logits || !cs) {
+        rc = snug_fail(e, SNUG_ENOMEM, "generate: out of host memory for the buffers of a %d-token vocabulary", V);
+        goto done;
+    }
     for (int t = 0; t < m->T; t++)
         pos[t] = t;
-    m->be->to_device(m->be, m->pos, pos, (size_t)m->T * sizeof *pos);
-    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
-    m->be->to_device(m->be, m->ids, prompt, (size_t)n_prompt * sizeof *prompt);
+    be->to_device(be, m->pos, pos, (size_t)m->T * sizeof *pos);
+    be->to_device(be, m->ids, prompt, (size_t)n_prompt * sizeof *prompt);
+    snug_sampling greedy = {.temperature = 0.0f, .top_p = 1.0f};
+    if (!s)
+        s = &greedy;
     uint64_t rng = s->seed;
     int n = n_prompt;
     for (int p = 0; p < n_prompt - 1; p++)
         forward_row(m, p);
     while (n < total) {
         forward_row(m, n - 1);
-        m->be->to_host(m->be, logits, m->logits, (size_t)V * sizeof *logits);
+        be->to_host(be, logits, m->logits, (size_t)V * sizeof *logits);
+        if ((rc = snug_backend_check(be, e)) != 0) {
+            snug_error_wrap(e, "generate: position %d: ", n);
+            break;
+        }
         int32_t next = sample(logits, V, s, &rng, cs);
         out[n] = next;
-        m->be->to_device(m->be, m->ids + n, &next, sizeof next);
+        be->to_device(be, m->ids + n, &next, sizeof next);
         n++;
         if (next == stop_id)
             break;
     }
+    *n_out = n;
+done:
     free(pos);
     free(logits);
     free(cs);
-    return n;
+    return rc;
+}
+
+int snug_generate(snug_model *m, const int32_t *prompt, int n_prompt, int max_new, int stop_id,
+                  const snug_sampling *s, int32_t *out) {
+    int n = 0;
+    snug_error e = {0};
+    return snug_generate_checked(m, prompt, n_prompt, max_new, stop_id, s, out, &n, &e) ? 0 : n;
 }

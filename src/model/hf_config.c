@@ -28,6 +28,9 @@ typedef struct ctx {
 
 
 static int wrong_type(const ctx *c, const char *key, const json_t *v, const char *expected) {
+    if (snug_json_is_huge(v) && strstr(expected, "integer"))
+        return snug_fail(c->e, SNUG_EINPUT, "%s: key \"%s\" is %g, outside the range snug supports; fix the value",
+                         c->path, key, json_real_value(v));
     return snug_fail(c->e, SNUG_EINPUT, "%s: key \"%s\" is %s, expected %s; fix the value in the config", c->path,
                      key, snug_json_type_name(v), expected);
 }
@@ -352,7 +355,7 @@ static int parse_root(snug_model_config *cfg, const ctx *c) {
 int snug_model_config_parse(snug_model_config *cfg, const char *json_text, const char *path, snug_error *e) {
     memset(cfg, 0, sizeof *cfg);
     json_error_t je;
-    json_t *root = json_loads(json_text, 0, &je);
+    json_t *root = snug_json_loadb(json_text, strlen(json_text), 0, &je);
     if (!root)
         return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: invalid JSON: %s; fix the file or re-download it", path, je.line,
                          je.column, je.text);
@@ -413,6 +416,16 @@ int snug_model_config_validate(const snug_model_config *cfg, const char *path, s
                          path, (double)cfg->initializer_range);
     if (cfg->bos_token_id < -1 || cfg->eos_token_id < -1 || cfg->pad_token_id < -1)
         return snug_fail(e, SNUG_EINPUT, "%s: a token id (bos/eos/pad) is negative; use a valid id or remove it", path);
+    if (cfg->head_dim > SNUG_MAX_HEAD_DIM) {
+        if (gpt2)
+            return snug_fail(e, SNUG_EINPUT, "%s: head_dim (n_embd / n_head) is %d but the attention kernels support "
+                             "at most %d; raise n_head so that n_embd / n_head <= %d", path, cfg->head_dim,
+                             SNUG_MAX_HEAD_DIM, SNUG_MAX_HEAD_DIM);
+        return snug_fail(e, SNUG_EINPUT, "%s: head_dim is %d but the attention kernels support at most %d; set "
+                         "head_dim to at most %d (or, without head_dim, raise num_attention_heads so that "
+                         "hidden_size / num_attention_heads <= %d)", path, cfg->head_dim, SNUG_MAX_HEAD_DIM,
+                         SNUG_MAX_HEAD_DIM, SNUG_MAX_HEAD_DIM);
+    }
     if (gpt2) {
         if ((long long)cfg->n_head * cfg->head_dim != cfg->hidden_size || cfg->n_kv_head != cfg->n_head)
             return snug_fail(e, SNUG_EINPUT, "%s: n_head (%d) must divide n_embd (%d) into heads of equal width with "

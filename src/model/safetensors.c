@@ -217,7 +217,7 @@ static int parse_header(snug_st_set *s, int fi, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: the JSON header at byte 8 does not start with '{'; the file is not "
                          "safetensors (or is corrupt): re-download or re-save it", path);
     json_error_t je;
-    json_t *root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = snug_json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         const char *dup = strstr(je.text, "duplicate object key") ? " (a tensor name appears twice)" : "";
         return snug_fail(e, SNUG_EINPUT, "%s: the JSON header is invalid at file offset %llu: %s%s; " ST_CORRUPT,
@@ -321,9 +321,10 @@ int snug_st_open_file(snug_st_set *s, const char *path, snug_error *e) {
 /* Opens the shards that model.safetensors.index.json lists and checks every listed tensor is where it says. */
 static int open_index(snug_st_set *s, const char *dir, const char *index_path, snug_error *e) {
     char *text = NULL;
-    SNUG_TRY(snug_read_file(index_path, &text, NULL, e));
+    size_t len = 0;
+    SNUG_TRY(snug_read_file(index_path, &text, &len, e));
     json_error_t je;
-    json_t *root = json_loads(text, 0, &je);
+    json_t *root = snug_json_loadb(text, len, 0, &je);
     free(text);
     if (!root)
         return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: invalid JSON: %s; re-download or re-save the model", index_path,

@@ -412,6 +412,38 @@ static void test_pretokenized(void) {
     snug_dataset_free(&ds);
 }
 
+/* transformers and datasets write integers beyond 64 bits (model_max_length = int(1e30)); in a field that is not
+ * read they are accepted, and the ids around them stay exact. */
+static void test_huge_numbers(void) {
+    snug_encoder enc = snug_byte_encoder();
+    const char *p = write_text("huge.jsonl", "{\"id\": 1000000000000000019884624838656, \"text\": \"hi\"}\n"
+                                             "{\"text\": \"y\\\"1e400\", \"meta\": {\"n\": [-99999999999999999999999, 1e400]}}\n");
+    snug_data_opts o = {0};
+    snug_dataset ds;
+    snug_error e = {0};
+    CHECKF(build1(&ds, p, SNUG_DATA_COMPLETION, 0, &o, &enc, NULL, &e) == 0, "%s", e.msg);
+    seq s = {0};
+    s_text(&s, "hi", 1);
+    s_id(&s, 256, 1);
+    CHECK(ds.nexamples == 2 && same_example(&ds, 0, &s, "huge unused field"));
+    s = (seq){0};
+    s_text(&s, "y\"1e400", 1); /* the number inside the string is left as it is */
+    s_id(&s, 256, 1);
+    CHECK(same_example(&ds, 1, &s, "huge numbers beside a string holding one"));
+    snug_dataset_free(&ds);
+
+    p = write_text("hugep.jsonl", "{\"input_ids\": [1, 256, 9007199254740993], \"n\": 99999999999999999999999}\n");
+    CHECK(build1(&ds, p, SNUG_DATA_PRETOKENIZED, 0, &o, &enc, NULL, &e) == SNUG_EINPUT &&
+          strstr(e.msg, "input_ids[2] is 9007199254740993, outside the vocabulary"));
+    p = write_text("hugep2.jsonl", "{\"input_ids\": [1, 256], \"n\": 99999999999999999999999}\n");
+    CHECKF(build1(&ds, p, SNUG_DATA_PRETOKENIZED, 0, &o, &enc, NULL, &e) == 0, "%s", e.msg);
+    s = (seq){0};
+    s_id(&s, 1, 1);
+    s_id(&s, 256, 1);
+    CHECK(same_example(&ds, 0, &s, "pretokenized beside a huge field"));
+    snug_dataset_free(&ds);
+}
+
 static void test_bad_input(const snug_tokenizer *tok) {
     snug_encoder be = snug_byte_encoder(), te = tok_encoder(tok);
     expect_bad("b1.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"broken\n", SNUG_DATA_COMPLETION, &be, 2, "invalid JSON");
@@ -447,6 +479,15 @@ static void test_bad_input(const snug_tokenizer *tok) {
     expect_bad("b22.jsonl", "{\"input_ids\": [1, \"2\"]}\n", SNUG_DATA_PRETOKENIZED, &be, 1,
                "input_ids[1] is a string, not an integer");
     expect_bad("b23.jsonl", "{\"input_ids\": [1.5]}\n", SNUG_DATA_PRETOKENIZED, &be, 1, "not an integer");
+    /* numbers beyond a 64-bit integer: a clear error where an id is needed, placed where the file has it */
+    expect_bad("b24.jsonl", "{\"input_ids\": [1, 99999999999999999999999]}\n", SNUG_DATA_PRETOKENIZED, &be, 1,
+               "input_ids[1] is 1e+23, not an integer");
+    expect_bad("b25.jsonl", "{\"input_ids\": [1e30]}\n", SNUG_DATA_PRETOKENIZED, &be, 1,
+               "input_ids[0] is 1e+30, not an integer");
+    expect_bad("b26.jsonl", "{\"input_ids\": [1, 2], \"labels\": [-99999999999999999999999, 2]}\n",
+               SNUG_DATA_PRETOKENIZED, &be, 1, "labels[0] is -1e+23, not an integer");
+    expect_bad("b27.jsonl", "{\"text\": \"ok\"}\n{\"n\": 99999999999999999999999, \"text\": }\n",
+               SNUG_DATA_COMPLETION, &be, 2, "invalid JSON at column 40");
 
     /* files: missing, empty, blank */
     snug_data_opts o = {0};
@@ -821,6 +862,7 @@ int main(void) {
     test_chat_boundary();
     test_pretokenized();
     test_bad_input(tok);
+    test_huge_numbers();
     test_skip_bad();
     test_long_examples();
     test_batcher_and_split();

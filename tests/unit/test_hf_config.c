@@ -315,6 +315,31 @@ static void test_bad_configs(void) {
     EXPECT_BAD("{\"model_type\": 3}", "model_type", "string");
 }
 
+/* transformers writes integers beyond 64 bits into configs (model_max_length = int(1e30)): in a key snug ignores they
+ * are accepted and every other integer stays exact; in a key snug needs they are an error that names the key. */
+static void test_huge_numbers(void) {
+    char *t = edit(TINYLLAMA, "\"hidden_act\"", "\"model_max_length\": 1000000000000000019884624838656, \"big\": "
+                   "[-99999999999999999999999, 1e400, 9223372036854775807], \"hidden_act\"");
+    snug_model_config c = PARSE_OK("huge-unused", t);
+    CHECK(c.hidden_size == 2048 && c.vocab_size == 32000 && c.eos_token_id == 2 && c.n_layer == 22);
+    free(t);
+    t = edit(TINYLLAMA, "\"hidden_size\": 2048", "\"hidden_size\": 1000000000000000019884624838656");
+    EXPECT_BAD(t, "\"hidden_size\" is 1e+30", "outside the range");
+    free(t);
+    t = edit(TINYLLAMA, "\"num_hidden_layers\": 22", "\"num_hidden_layers\": -99999999999999999999999");
+    EXPECT_BAD(t, "\"num_hidden_layers\" is -1e+23", "outside the range");
+    free(t);
+    t = edit(TINYLLAMA, "\"eos_token_id\": 2", "\"eos_token_id\": [2, 99999999999999999999999]");
+    EXPECT_BAD(t, "\"eos_token_id\" is 1e+23", "outside the range");
+    free(t);
+    t = edit(TINYLLAMA, "\"vocab_size\": 32000", "\"vocab_size\": 1e400");
+    EXPECT_BAD(t, "\"vocab_size\"", "outside the range");
+    free(t);
+    /* an error after a huge number is placed where it is in the file */
+    EXPECT_BAD("{\"model_max_length\": 1000000000000000019884624838656, \"model_type\": }", "bad/config.json:1:69:",
+               "invalid JSON");
+}
+
 static void test_files(void) {
     snug_model_config c, back;
     snug_error e = {0};
@@ -398,6 +423,52 @@ static void test_files(void) {
     unlink(path);
 }
 
+/* head_dim is bounded by what every backend's attention runs (SNUG_MAX_HEAD_DIM, the CUDA kernels' 256): the bound
+ * itself is accepted, anything above it refused with config.json, the value, the bound and the fix named, whether
+ * head_dim is given, derived (hidden_size / heads) or set in code. */
+static void test_head_dim_bound(void) {
+    CHECK(SNUG_MAX_HEAD_DIM == 256);
+    char *ok = edit(V5_LLAMA, "\"head_dim\": 64", "\"head_dim\": 256");
+    snug_model_config c = PARSE_OK("head_dim 256", ok);
+    CHECKF(c.head_dim == 256, "head_dim %d", c.head_dim);
+    char *bad = edit(V5_LLAMA, "\"head_dim\": 64", "\"head_dim\": 258");
+    EXPECT_BAD(bad, "head_dim is 258", "at most 256");
+    EXPECT_BAD(bad, "head_dim is 258", "set head_dim to at most 256");
+    free(ok);
+    free(bad);
+
+    /* derived: Mistral's 4096 wide over 16 heads is 256, over 8 heads 512 */
+    ok = edit(MISTRAL_7B, "\"num_attention_heads\": 32", "\"num_attention_heads\": 16");
+    c = PARSE_OK("mistral 16 heads", ok);
+    CHECKF(c.head_dim == 256, "head_dim %d", c.head_dim);
+    bad = edit(MISTRAL_7B, "\"num_attention_heads\": 32", "\"num_attention_heads\": 8");
+    EXPECT_BAD(bad, "head_dim is 512", "num_attention_heads");
+    free(ok);
+    free(bad);
+
+    /* GPT-2: n_embd / n_head; 516 / 2 = 258 */
+    char *g = edit(GPT2_124M, "\"n_embd\": 768, \"n_head\": 12", "\"n_embd\": 512, \"n_head\": 2");
+    c = PARSE_OK("gpt2 head_dim 256", g);
+    CHECKF(c.head_dim == 256, "head_dim %d", c.head_dim);
+    free(g);
+    g = edit(GPT2_124M, "\"n_embd\": 768, \"n_head\": 12", "\"n_embd\": 516, \"n_head\": 2");
+    EXPECT_BAD(g, "head_dim (n_embd / n_head) is 258", "raise n_head");
+    free(g);
+
+    /* a config built in code (a preset, a custom shape) goes through the same check */
+    snug_model_config p = {.arch = SNUG_ARCH_LLAMA, .model_type = "llama", .vocab_size = 256, .hidden_size = 64,
+                           .intermediate_size = 128, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
+                           .head_dim = SNUG_MAX_HEAD_DIM, .max_position = 256, .norm_eps = 1e-5f,
+                           .tie_embeddings = 1, .rope_theta = 10000.0, .bos_token_id = -1, .eos_token_id = 1,
+                           .pad_token_id = -1, .initializer_range = 0.02f};
+    snug_error e = {0};
+    CHECKF(snug_model_config_validate(&p, "out/config.json", &e) == 0, "%s", e.msg);
+    p.head_dim = SNUG_MAX_HEAD_DIM + 2;
+    CHECKF(snug_model_config_validate(&p, "out/config.json", &e) == SNUG_EINPUT && strstr(e.msg, "out/config.json") &&
+               strstr(e.msg, "head_dim is 258") && strstr(e.msg, "at most 256"),
+           "%s", e.msg);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/snug_test_cfg_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -406,7 +477,9 @@ int main(void) {
     }
     test_known_models();
     test_bad_configs();
+    test_huge_numbers();
     test_files();
+    test_head_dim_bound();
     CHECKF(rmdir(tmpdir) == 0, "temporary folder %s not empty", tmpdir);
     return check_finish("test_hf_config");
 }

@@ -422,6 +422,41 @@ static void test_nonfinite(void) {
 
 static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
 
+/* Integers beyond 64 bits, as transformers writes them: in the index's metadata they are accepted; where the reader
+ * needs an integer (shape, data_offsets) or a string (__metadata__), the error names the tensor or the key. */
+static void test_huge_numbers(void) {
+    char zeros[8] = {0};
+    snug_st_set s;
+    snug_error e = {0};
+    bad_file(__LINE__, "hugemeta.safetensors",
+             "{\"__metadata__\":{\"format\":\"pt\",\"max_len\":1000000000000000019884624838656},"
+             "\"w.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0, zeros, 8,
+             "\"__metadata__\".\"max_len\" is a real number, expected a string");
+    bad_file(__LINE__, "hugeoff.safetensors",
+             "{\"w.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,18446744073709551616]}}", 0, zeros,
+             8, "tensor \"w.weight\": \"data_offsets\"");
+    bad_file(__LINE__, "hugeshape.safetensors",
+             "{\"w.weight\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999999],\"data_offsets\":[0,8]}}", 0,
+             zeros, 8, "tensor \"w.weight\": shape[0]");
+
+    char dir[512], shard[600], idx[600];
+    snprintf(dir, sizeof dir, "%s/hugeidx", tmpdir);
+    CHECK(snug_mkdirs(dir, &e) == 0);
+    snprintf(shard, sizeof shard, "%s/model-00001-of-00001.safetensors", dir);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    float x[2] = {1, 2};
+    snug_st_out o = {.name = "w.weight", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {2}, .f32 = x};
+    CHECK(snug_st_write(shard, &o, 1, &e) == 0);
+    write_text(idx, "{\"metadata\":{\"total_size\":1000000000000000019884624838656,\"n\":-1e400},\"weight_map\":"
+                    "{\"w.weight\":\"model-00001-of-00001.safetensors\"}}");
+    CHECKF(snug_st_open_dir(&s, dir, &e) == 0, "%s", e.msg);
+    CHECK(s.ntensors == 1 && snug_st_find(&s, "w.weight"));
+    snug_st_close(&s);
+    unlink(shard);
+    unlink(idx);
+    rmdir(dir);
+}
+
 static void test_dirs(void) {
     snug_st_set s;
     snug_error e = {0};
@@ -531,6 +566,7 @@ int main(void) {
     test_bad_files();
     test_nonfinite();
     test_dirs();
+    test_huge_numbers();
     CHECKF(rmdir(tmpdir) == 0, "temporary folder %s not empty", tmpdir);
     return check_finish("test_safetensors");
 }

@@ -264,6 +264,47 @@ static void test_folder(void) {
     CHECK(t == NULL);
 }
 
+/* Numbers beyond the range of a 64-bit integer, as transformers writes them (model_max_length defaults to
+ * int(1e30)): a folder with such a tokenizer_config.json, and one in an unused key of tokenizer.json, still loads. */
+static void test_huge_numbers(void) {
+    char dir[] = "/tmp/snug_tok_XXXXXX", tj[256], tc[256];
+    if (!mkdtemp(dir)) {
+        CHECK(0);
+        return;
+    }
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(tj, "w");
+    fprintf(f, "{\"truncation_max\": -99999999999999999999999,\n%s", LLAMA3 + 1);
+    fclose(f);
+    f = fopen(tc, "w");
+    fputs("{\"add_bos_token\": true, \"clean_up_tokenization_spaces\": false,\n"
+          " \"eos_token\": \"<|begin_of_text|>\",\n"
+          " \"model_max_length\": 1000000000000000019884624838656, \"tokenizer_class\": \"PreTrainedTokenizerFast\"}\n",
+          f);
+    fclose(f);
+    snug_tokenizer *t = NULL;
+    snug_error e = {0};
+    CHECKF(snug_tok_load(&t, dir, &e) == 0, "%s", e.msg);
+    CHECK(t && snug_tok_eos_id(t) == 16);
+    if (t)
+        ENC(t, "hello world", 11, 12);
+    snug_tok_free(t);
+
+    /* an error after a huge number is still placed where it is in the file */
+    f = fopen(tc, "w");
+    fputs("{\"model_max_length\": 1000000000000000019884624838656, \"eos_token\": }\n", f);
+    fclose(f);
+    t = NULL;
+    CHECK(snug_tok_load(&t, dir, &e) == SNUG_EINPUT && t == NULL);
+    char where[300];
+    snprintf(where, sizeof where, "%s:1:68:", tc);
+    CHECKF(strstr(e.msg, where) != NULL, "want '%s' in: %s", where, e.msg);
+    remove(tc);
+    remove(tj);
+    rmdir(dir);
+}
+
 /* A broken file fails with SNUG_EINPUT and a message that names the file, the place and the problem. */
 static void bad(const char *json, const char *want1, const char *want2) {
     snug_tokenizer *t = (snug_tokenizer *)1;
@@ -385,6 +426,7 @@ int main(void) {
     test_llama3();
     test_sentencepiece();
     test_folder();
+    test_huge_numbers();
     test_bad_input();
     test_added_flags();
     test_odds_and_ends();

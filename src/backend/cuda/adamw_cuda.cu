@@ -11,7 +11,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 /* Fixed number of blocks of a sumsq, independent of the device, so the sum has the same bits everywhere. */
-#define SUMSQ_BLOCKS 1024
+#define SUMSQ_BLOCKS SNUG_CUDA_SUMSQ_BLOCKS /* backend_cuda.h: the scratch is sized by it */
 #define QBLK 256
 
 /* ------------------------------------------------------------------------------------------------ sumsq */
@@ -37,13 +37,15 @@ extern "C" double snug_cuda_sumsq(snug_backend *be, const void *x, snug_dtype dt
         return 0.0;
     cudaStream_t st = snug_cuda_stream(be);
     double *part = (double *)snug_cuda_scratch(be, (SUMSQ_BLOCKS + 1) * sizeof(double));
+    if (!part)
+        return NAN; /* the failure is recorded; NaN also reads as an overflow to the loss scaler */
     sumsq_kernel<<<SUMSQ_BLOCKS, 256, 0, st>>>(part, x, dt, n);
     SNUG_CUDA_LAUNCHED();
     snug_cuda_sum_doubles(be, part + SUMSQ_BLOCKS, part, SUMSQ_BLOCKS);
     double total = 0.0;
     SNUG_CUDA_CHECK(cudaMemcpyAsync(&total, part + SUMSQ_BLOCKS, sizeof total, cudaMemcpyDeviceToHost, st));
     SNUG_CUDA_CHECK(cudaStreamSynchronize(st));
-    return total;
+    return snug_cuda(be)->err.code ? NAN : total; /* after any failure the norm shows it, even unchecked */
 }
 
 /* ------------------------------------------------------------------------------------------------ AdamW */

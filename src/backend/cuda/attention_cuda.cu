@@ -796,9 +796,10 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32)
 
 /* ------------------------------------------------------------------------------------------------ host side */
 
-static void att_fail(const char *what, int HD, int limit) {
-    fprintf(stderr, "snug: CUDA %s: head dim %d is above the supported %d\n", what, HD, limit);
-    abort();
+/* A head dim the kernels cannot run: recorded as the backend's error (config validation keeps HD within
+ * SNUG_MAX_HEAD_DIM, so this is a bug); the op does nothing. */
+static void att_fail(snug_backend *be, int line, const char *what, int HD, int limit) {
+    snug_cuda_fail(be, __FILE__, line, "%s: head dim %d is above the supported %d", what, HD, limit);
 }
 
 enum { ATT_PLAIN, ATT_TILED, ATT_TC };
@@ -842,8 +843,8 @@ static unsigned int att_blocks(size_t threads, int per_block) {
 }
 
 template <int NJ>
-static void att_fwd_tiled_run(cudaStream_t st, float *out, float *lse, const float *qkv, const int32_t *seg, int B,
-                              int T, int NH, int NKV, int HD, float scale, size_t smem) {
+static void att_fwd_tiled_run(snug_backend *be, cudaStream_t st, float *out, float *lse, const float *qkv,
+                              const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale, size_t smem) {
     SNUG_CUDA_CHECK(cudaFuncSetAttribute(att_fwd_tiled<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((T + ATT_TILE - 1) / ATT_TILE, NH, B);
     att_fwd_tiled<NJ><<<grid, ATT_THREADS, smem, st>>>(out, lse, qkv, seg, T, NH, NKV, HD, scale);
@@ -851,9 +852,9 @@ static void att_fwd_tiled_run(cudaStream_t st, float *out, float *lse, const flo
 }
 
 template <int NJ>
-static void att_bwd_tiled_run(cudaStream_t st, float *dqkv, const float *dout, const float *qkv, const float *lse,
-                              const float *D, const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale,
-                              size_t smem_dq, size_t smem_dkv) {
+static void att_bwd_tiled_run(snug_backend *be, cudaStream_t st, float *dqkv, const float *dout, const float *qkv,
+                              const float *lse, const float *D, const int32_t *seg, int B, int T, int NH, int NKV,
+                              int HD, float scale, size_t smem_dq, size_t smem_dkv) {
     int ntiles = (T + ATT_TILE - 1) / ATT_TILE;
     SNUG_CUDA_CHECK(
         cudaFuncSetAttribute(att_bwd_dq_tiled<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
@@ -881,17 +882,19 @@ extern "C" void snug_cuda_attention_fwd(snug_backend *be, float *out, float *lse
         return;
     }
     if (rung == ATT_PLAIN) {
-        if (HD > ATT_PLAIN_MAXHD)
-            att_fail("attention", HD, ATT_PLAIN_MAXHD);
+        if (HD > ATT_PLAIN_MAXHD) {
+            att_fail(be, __LINE__, "attention", HD, ATT_PLAIN_MAXHD);
+            return;
+        }
         size_t rows = (size_t)B * NH * T;
         att_fwd_plain<<<att_blocks(rows, 128), 128, 0, st>>>(out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
         SNUG_CUDA_LAUNCHED();
         return;
     }
     switch (att_nj(HD)) {
-    case 2: att_fwd_tiled_run<2>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
-    case 4: att_fwd_tiled_run<4>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
-    default: att_fwd_tiled_run<8>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
+    case 2: att_fwd_tiled_run<2>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
+    case 4: att_fwd_tiled_run<4>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
+    default: att_fwd_tiled_run<8>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale, smem); break;
     }
 }
 
@@ -904,6 +907,8 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
     cudaStream_t st = snug_cuda_stream(be);
     size_t rows = (size_t)B * T * NH;
     float *D = (float *)snug_cuda_scratch(be, rows * sizeof(float)); /* (N, NH) rowsum(dout * out) */
+    if (!D)
+        return;
     att_rowdot<<<att_blocks(rows, 256), 256, 0, st>>>(D, dout, out, rows, HD);
     SNUG_CUDA_LAUNCHED();
     size_t smem_dq = att_smem(HD, 4, 0, 1), smem_dkv = att_smem(HD, 4, 0, 2);
@@ -913,8 +918,10 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
         return;
     }
     if (rung == ATT_PLAIN) {
-        if (HD > ATT_PLAIN_MAXHD)
-            att_fail("attention backward", HD, ATT_PLAIN_MAXHD);
+        if (HD > ATT_PLAIN_MAXHD) {
+            att_fail(be, __LINE__, "attention backward", HD, ATT_PLAIN_MAXHD);
+            return;
+        }
         att_bwd_dq_plain<<<att_blocks(rows, 128), 128, 0, st>>>(dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD,
                                                                  scale);
         SNUG_CUDA_LAUNCHED();
@@ -925,13 +932,13 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
     }
     switch (att_nj(HD)) {
     case 2:
-        att_bwd_tiled_run<2>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
+        att_bwd_tiled_run<2>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
         break;
     case 4:
-        att_bwd_tiled_run<4>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
+        att_bwd_tiled_run<4>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
         break;
     default:
-        att_bwd_tiled_run<8>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
+        att_bwd_tiled_run<8>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale, smem_dq, smem_dkv);
         break;
     }
 }
@@ -942,6 +949,10 @@ extern "C" void snug_cuda_attention_naive_fwd(snug_backend *be, float *out, floa
     // out (N, NH*HD) ; probs (B, NH, T, T)
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
+    if (HD > 32 * ATT_WARP_MAXJ) {
+        att_fail(be, __LINE__, "naive attention", HD, 32 * ATT_WARP_MAXJ);
+        return;
+    }
     size_t rows = (size_t)B * NH * T;
     att_naive_fwd_k<<<att_blocks(rows * 32, 256), 256, 0, snug_cuda_stream(be)>>>(out, probs, qkv, seg_start, B, T,
                                                                                   NH, NKV, HD, scale);
@@ -954,11 +965,15 @@ extern "C" void snug_cuda_attention_naive_bwd(snug_backend *be, float *dqkv, con
     // dqkv (N, (NH+2*NKV)*HD) += ; probs (B, NH, T, T)
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
-    if (HD > 32 * ATT_WARP_MAXJ)
-        att_fail("naive attention backward", HD, 32 * ATT_WARP_MAXJ);
+    if (HD > 32 * ATT_WARP_MAXJ) {
+        att_fail(be, __LINE__, "naive attention backward", HD, 32 * ATT_WARP_MAXJ);
+        return;
+    }
     cudaStream_t st = snug_cuda_stream(be);
     size_t rows = (size_t)B * NH * T;
     float *dots = (float *)snug_cuda_scratch(be, rows * sizeof(float)); /* (B, NH, T) sum_s p (dout . v_s) */
+    if (!dots)
+        return;
     att_naive_bwd_dq<<<att_blocks(rows * 32, 256), 256, 0, st>>>(dqkv, dots, dout, qkv, probs, B, T, NH, NKV, HD,
                                                                  scale);
     SNUG_CUDA_LAUNCHED();
@@ -972,8 +987,10 @@ extern "C" void snug_cuda_attention_decode(snug_backend *be, float *out, const f
     // qkv (T, (NH+2*NKV)*HD) cache rows 0..p ; out (NH*HD)
     if (NH <= 0 || p < 0)
         return;
-    if (HD > 32 * ATT_WARP_MAXJ)
-        att_fail("attention decode", HD, 32 * ATT_WARP_MAXJ);
+    if (HD > 32 * ATT_WARP_MAXJ) {
+        att_fail(be, __LINE__, "attention decode", HD, 32 * ATT_WARP_MAXJ);
+        return;
+    }
     att_decode_k<<<NH, DEC_WARPS * 32, 0, snug_cuda_stream(be)>>>(out, qkv, p, NH, NKV, HD, scale);
     SNUG_CUDA_LAUNCHED();
 }

@@ -413,8 +413,8 @@ extern "C" size_t snug_cuda_attention_tc_smem(int HD) {
 }
 
 template <int HDP>
-static void tc_fwd_run(cudaStream_t st, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
-                       int NH, int NKV, int HD, float scale) {
+static void tc_fwd_run(snug_backend *be, cudaStream_t st, float *out, float *lse, const float *qkv,
+                       const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale) {
     size_t smem = TC_SMEM_FWD(HD);
     SNUG_CUDA_CHECK(cudaFuncSetAttribute(att_tc_fwd<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((T + TC_TILE - 1) / TC_TILE, NH, B);
@@ -423,8 +423,9 @@ static void tc_fwd_run(cudaStream_t st, float *out, float *lse, const float *qkv
 }
 
 template <int HDP>
-static void tc_bwd_run(cudaStream_t st, float *dqkv, const float *dout, const float *qkv, const float *lse,
-                       const float *D, const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale) {
+static void tc_bwd_run(snug_backend *be, cudaStream_t st, float *dqkv, const float *dout, const float *qkv,
+                       const float *lse, const float *D, const int32_t *seg, int B, int T, int NH, int NKV, int HD,
+                       float scale) {
     size_t smem_dq = TC_SMEM_DQ(HD), smem_dkv = TC_SMEM_DKV(HD);
     int ntiles = (T + TC_TILE - 1) / TC_TILE;
     SNUG_CUDA_CHECK(
@@ -445,9 +446,9 @@ extern "C" void snug_cuda_attention_tc_fwd(snug_backend *be, float *out, float *
     // qkv (N, (NH+2*NKV)*HD) ; out (N, NH*HD) ; lse (N, NH) or NULL ; seg_start (N) or NULL
     cudaStream_t st = snug_cuda_stream(be);
     if (tc_hdp(HD) == 64)
-        tc_fwd_run<64>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
+        tc_fwd_run<64>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
     else
-        tc_fwd_run<128>(st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
+        tc_fwd_run<128>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
 }
 
 extern "C" void snug_cuda_attention_tc_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
@@ -456,7 +457,7 @@ extern "C" void snug_cuda_attention_tc_bwd(snug_backend *be, float *dqkv, const 
     // dqkv (N, (NH+2*NKV)*HD) += ; dout (N, NH*HD) ; lse, D (N, NH)
     cudaStream_t st = snug_cuda_stream(be);
     if (tc_hdp(HD) == 64)
-        tc_bwd_run<64>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale);
+        tc_bwd_run<64>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale);
     else
-        tc_bwd_run<128>(st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale);
+        tc_bwd_run<128>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale);
 }

@@ -6,6 +6,7 @@
  * copied updated; the caller's sync waits for both streams. The ops live in ops_cuda.cu, matmul_cuda.cu,
  * xent_cuda.cu, adamw_cuda.cu and attention_cuda.cu. */
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <string.h>
 
 #include "backend/cuda/backend_cuda.h"
@@ -13,8 +14,8 @@
 
 /* cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (and ample for Ampere). */
 #define LT_WS_BYTES ((size_t)32 << 20)
-/* Reduction scratch made at creation, so that ops rarely allocate once the arenas hold most of the device: enough
- * for the column sums of a width up to 16384 and the per-token losses of 1M tokens. */
+/* The scratch when the creator gives no size (snug_backend_cuda_create): enough for the column sums of a width up to
+ * 16384, the per-token losses of 1M tokens and the attention row sums of 4M (token, head) pairs. */
 #define SCRATCH_BYTES ((size_t)16 << 20)
 
 snug_lt_api snug_lt;
@@ -104,18 +105,39 @@ static void cuda_destroy(snug_backend *be) {
     free(be);
 }
 
+extern "C" void snug_cuda_fail(snug_backend *be, const char *file, int line, const char *fmt, ...) {
+    snug_cuda_ctx *cx = snug_cuda(be);
+    if (cx->err.code)
+        return;
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    const char *f = strstr(file, "src/");
+    snug_fail(&cx->err, SNUG_EINTERNAL, "CUDA device %d (%s): %s at %s:%d; the GPU's results from here on are invalid: "
+              "check the device (nvidia-smi), or run with device: cpu", cx->device, cx->device_name, why,
+              f ? f : file, line);
+}
+
+/* be->check */
+static int cuda_check(snug_backend *be, snug_error *e) {
+    snug_cuda_ctx *cx = snug_cuda(be);
+    if (!cx->err.code)
+        return 0;
+    if (e)
+        *e = cx->err;
+    return cx->err.code;
+}
+
 extern "C" void *snug_cuda_scratch(snug_backend *be, size_t bytes) {
     snug_cuda_ctx *cx = snug_cuda(be);
     if (bytes <= cx->scratch_bytes)
         return cx->scratch;
-    size_t want = bytes + bytes / 2;
-    SNUG_CUDA_CHECK(cudaStreamSynchronize(cx->stream)); /* queued ops may still read the old scratch */
-    SNUG_CUDA_CHECK(cudaFree(cx->scratch));
-    cx->scratch = NULL;
-    cx->scratch_bytes = 0;
-    SNUG_CUDA_CHECK(cudaMalloc(&cx->scratch, want));
-    cx->scratch_bytes = want;
-    return cx->scratch;
+    snug_cuda_fail(be, __FILE__, __LINE__, "an op needs %zu bytes of scratch but the backend was created with %zu "
+                   "(snug_cuda_scratch_bytes gives the size a model shape needs; a bug in snug)", bytes,
+                   cx->scratch_bytes);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------------------------------------ memory */
@@ -131,8 +153,11 @@ static void *cuda_alloc(snug_backend *be, size_t bytes) {
         (void)cudaGetLastError(); /* out of memory is reported by returning NULL; keep later checks clean */
         return NULL;
     }
-    SNUG_CUDA_CHECK(cudaMemsetAsync(p, 0, n, snug_cuda_stream(be)));
-    SNUG_CUDA_CHECK(cudaStreamSynchronize(snug_cuda_stream(be)));
+    if (!SNUG_CUDA_CHECK(cudaMemsetAsync(p, 0, n, snug_cuda_stream(be))) ||
+        !SNUG_CUDA_CHECK(cudaStreamSynchronize(snug_cuda_stream(be)))) {
+        cudaFree(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -221,6 +246,10 @@ static snug_backend *create_fail(snug_backend *be, snug_error *e, cudaError_t er
 }
 
 extern "C" snug_backend *snug_backend_cuda_create(int device, snug_error *e) {
+    return snug_backend_cuda_create_sized(device, 0, e);
+}
+
+extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scratch_bytes, snug_error *e) {
     int count = 0;
     cudaError_t cerr = cudaGetDeviceCount(&count);
     if (cerr != cudaSuccess || count <= 0) {
@@ -273,9 +302,11 @@ extern "C" snug_backend *snug_backend_cuda_create(int device, snug_error *e) {
     if ((err = cudaMalloc(&cx->lt_ws, LT_WS_BYTES)) != cudaSuccess)
         return create_fail(be, e, err, "allocating the cuBLASLt workspace", device);
     cx->lt_ws_bytes = LT_WS_BYTES;
-    if ((err = cudaMalloc(&cx->scratch, SCRATCH_BYTES)) != cudaSuccess)
+    size_t sb = scratch_bytes ? scratch_bytes : SCRATCH_BYTES, least = snug_cuda_scratch_bytes(0, 0, 0);
+    sb = sb < least ? least : sb;
+    if ((err = cudaMalloc(&cx->scratch, sb)) != cudaSuccess)
         return create_fail(be, e, err, "allocating the reduction scratch", device);
-    cx->scratch_bytes = SCRATCH_BYTES;
+    cx->scratch_bytes = sb;
     char why[1024];
     if (load_cublaslt(why, sizeof why)) {
         cuda_destroy(be);
@@ -335,5 +366,6 @@ extern "C" snug_backend *snug_backend_cuda_create(int device, snug_error *e) {
     be->copy_in_async = cuda_side_copy;
     be->copy_out_async = cuda_side_copy;
     be->sync = cuda_sync;
+    be->check = cuda_check;
     return be;
 }

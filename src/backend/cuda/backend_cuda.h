@@ -19,9 +19,33 @@ extern "C" {
 /* Number of visible CUDA devices; 0 when there is no driver, no device or any other failure. Never aborts. */
 int snug_cuda_device_count(void);
 
-/* The CUDA backend on device `device` (0-based): two streams, a cuBLASLt handle and its workspace. NULL with e filled
- * when the device does not exist or CUDA cannot be initialised. */
+/* The CUDA backend on device `device` (0-based): two streams, a cuBLASLt handle and its workspace, and a reduction
+ * scratch of scratch_bytes (0: 16 MiB), fixed for the backend's life: no op allocates device memory outside the
+ * plan. NULL with e filled when the device does not exist or CUDA cannot be initialised. */
+snug_backend *snug_backend_cuda_create_sized(int device, size_t scratch_bytes, snug_error *e);
+/* The same with the default 16 MiB scratch. */
 snug_backend *snug_backend_cuda_create(int device, snug_error *e);
+
+/* The ops' reduction shapes, which size the scratch (ops_cuda.cu's column sums, adamw_cuda.cu's sum of squares). */
+#define SNUG_CUDA_COLSUM_SLICES 64
+#define SNUG_CUDA_SUMSQ_BLOCKS 1024
+
+/* Bytes of scratch the CUDA ops need for micro-batches of up to N tokens (B*T), NH query heads and column sums
+ * (bias and norm-weight gradients) up to `width` columns (the largest of C, QKV and FC): the largest single use,
+ *   sumsq             (SNUG_CUDA_SUMSQ_BLOCKS + 1) doubles
+ *   column sums       2 * SNUG_CUDA_COLSUM_SLICES * width doubles (LayerNorm's weight and bias together)
+ *   attention bwd     N * NH floats of row sums (the naive backward's B*NH*T is the same)
+ *   loss              N + 1 doubles, to 256 bytes (a 16-bit head passed without w_ws widens rows into the rest)
+ * Plain C without CUDA headers, so the plan can price it in any build. */
+static inline size_t snug_cuda_scratch_bytes(size_t N, int NH, int width) {
+    size_t need = ((size_t)SNUG_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double);
+    size_t colsum = 2 * (size_t)SNUG_CUDA_COLSUM_SLICES * (size_t)(width > 0 ? width : 0) * sizeof(double);
+    size_t att = N * (size_t)(NH > 0 ? NH : 0) * sizeof(float);
+    size_t loss = ((N + 1) * sizeof(double) + 255) / 256 * 256;
+    need = colsum > need ? colsum : need;
+    need = att > need ? att : need;
+    return loss > need ? loss : need;
+}
 
 /* Free and total memory of the backend's device in bytes (cudaMemGetInfo); 0 on success, -1 on failure. */
 int snug_cuda_mem_info(snug_backend *be, size_t *free_bytes, size_t *total_bytes);

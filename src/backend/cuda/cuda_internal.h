@@ -22,28 +22,18 @@ extern "C" {
 #ifdef __cplusplus
 }
 #endif
+#include "backend/cuda/backend_cuda.h"
 
-/* A failed CUDA call inside an op has no error path (ops return void, like the CPU's): report where and abort. */
-#define SNUG_CUDA_CHECK(call)                                                                              \
-    do {                                                                                                   \
-        cudaError_t err_ = (call);                                                                         \
-        if (err_ != cudaSuccess) {                                                                         \
-            fprintf(stderr, "snug: CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__, cudaGetErrorString(err_), \
-                    #call);                                                                                \
-            abort();                                                                                       \
-        }                                                                                                  \
-    } while (0)
+/* A failed CUDA call inside an op has no error path (ops return void, like the CPU's), and the library never aborts:
+ * the backend records its first failure (file:line, the call and CUDA's reason) and the caller reads it at a sync
+ * point through be->check (see backend.h). Both checks evaluate to 1 on success and 0 on failure, so an op whose
+ * next calls depend on this one stops: `if (!SNUG_CUDA_CHECK(...)) return;`. They need `be` in scope. Once a failure
+ * is recorded, the ops that return a value (xent_fwd_bwd, sumsq) return NaN, so even a caller that does not check
+ * sees a NaN loss or gradient norm rather than a plausible number. */
+#define SNUG_CUDA_CHECK(call) snug_cuda_ok(be, (call), #call, __FILE__, __LINE__)
 
 /* The same for cuBLASLt calls, which return a cublasStatus_t. */
-#define SNUG_CUBLAS_CHECK(call)                                                                            \
-    do {                                                                                                   \
-        cublasStatus_t st_ = (call);                                                                       \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-            fprintf(stderr, "snug: cuBLASLt error at %s:%d: status %d (%s)\n", __FILE__, __LINE__, (int)st_, \
-                    #call);                                                                                \
-            abort();                                                                                       \
-        }                                                                                                  \
-    } while (0)
+#define SNUG_CUBLAS_CHECK(call) snug_cublas_ok(be, (call), #call, __FILE__, __LINE__)
 
 /* After every kernel launch: a bad launch configuration is reported where it happened, not at the next sync. */
 #define SNUG_CUDA_LAUNCHED() SNUG_CUDA_CHECK(cudaGetLastError())
@@ -76,8 +66,9 @@ typedef struct snug_cuda_ctx {
     cublasLtHandle_t lt;
     void *lt_ws;              /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    void *scratch;            /* device scratch for reductions (partial sums, per-row losses); grows on demand */
-    size_t scratch_bytes;
+    void *scratch;            /* device scratch for reductions (partial sums, per-row losses, attention row sums) */
+    size_t scratch_bytes;     /* fixed when the backend is created; never grows */
+    snug_error err;           /* the first failure (code 0: none), kept until destroy; read through be->check */
 } snug_cuda_ctx;
 
 static inline snug_cuda_ctx *snug_cuda(snug_backend *be) { return (snug_cuda_ctx *)be->ctx; }
@@ -190,9 +181,14 @@ static __device__ __forceinline__ float snug_block_max(float v, float *sh) {
 extern "C" {
 #endif
 
-/* backend_cuda.cu: device scratch of at least `bytes`, valid until the next call (ops run in stream order, so one
- * op's use has been queued before the next op asks; growing it waits for the stream first). */
+/* backend_cuda.cu: the device scratch, when it holds `bytes`: one buffer of a size fixed at creation, shared by the
+ * ops in stream order (one op's use is queued before the next op asks). A request above the size is a plan that
+ * missed an op: it records the error and returns NULL, and the op does nothing. */
 void *snug_cuda_scratch(snug_backend *be, size_t bytes);
+
+/* backend_cuda.cu: records the backend's first failure (later ones are dropped: they usually follow from it). */
+void snug_cuda_fail(snug_backend *be, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* matmul_cuda.cu: column-major C (m,n) = alpha * op(A) @ op(B) + beta * C in fp32 (CUBLAS_COMPUTE_32F) on the
  * compute stream. ta/tb: 0 = as stored, 1 = transposed; A is stored (m,k) or, transposed, (k,m), with leading
@@ -287,5 +283,19 @@ void snug_cuda_attention_tc_bwd(snug_backend *be, float *dqkv, const float *dout
 #ifdef __cplusplus
 }
 #endif
+
+static inline int snug_cuda_ok(snug_backend *be, cudaError_t err, const char *call, const char *file, int line) {
+    if (err == cudaSuccess)
+        return 1;
+    snug_cuda_fail(be, file, line, "%s (%s)", cudaGetErrorString(err), call);
+    return 0;
+}
+
+static inline int snug_cublas_ok(snug_backend *be, cublasStatus_t st, const char *call, const char *file, int line) {
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 1;
+    snug_cuda_fail(be, file, line, "cuBLASLt status %d (%s)", (int)st, call);
+    return 0;
+}
 
 #endif

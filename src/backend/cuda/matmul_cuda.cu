@@ -21,70 +21,80 @@ static uint32_t ptr_align(const void *p) {
 
 extern "C" void snug_cuda_gemm(snug_backend *be, int ta, int tb, int m, int n, int k, float alpha, const float *A,
                                int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (m <= 0 || n <= 0)
+    snug_cuda_ctx *cx = snug_cuda(be);
+    if (m <= 0 || n <= 0 || cx->err.code) /* after a failure cuBLASLt is not called again */
         return;
     if (k <= 0) { /* an empty sum: C = beta * C */
         if (beta == 0.0f)
             SNUG_CUDA_CHECK(cudaMemset2DAsync(C, (size_t)ldc * sizeof(float), 0, (size_t)m * sizeof(float), n,
                                               snug_cuda_stream(be)));
-        else if (beta != 1.0f) {
-            fprintf(stderr, "snug: snug_cuda_gemm with k = 0 supports beta 0 or 1 only\n");
-            abort();
-        }
+        else if (beta != 1.0f)
+            snug_cuda_fail(be, __FILE__, __LINE__, "snug_cuda_gemm with k = 0 supports beta 0 or 1, not %g",
+                           (double)beta);
         return;
     }
-    snug_cuda_ctx *cx = snug_cuda(be);
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasLtMatmulDesc_t desc;
     cublasComputeType_t compute = be->math == SNUG_DT_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
                                   : be->math == SNUG_DT_F16  ? CUBLAS_COMPUTE_32F_FAST_16F
                                                              : CUBLAS_COMPUTE_32F;
-    SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, compute, CUDA_R_32F));
-    SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    /* each call runs only while every earlier one succeeded (ok); what was created is destroyed at the end */
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    int ok = SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, compute, CUDA_R_32F));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     /* layouts describe the matrices as stored: rows, columns, leading dimension (column-major) */
-    cublasLtMatrixLayout_t la, lb, lc;
-    SNUG_CUBLAS_CHECK(snug_lt.MatrixLayoutCreate(&la, CUDA_R_32F, ta ? k : m, ta ? m : k, lda));
-    SNUG_CUBLAS_CHECK(snug_lt.MatrixLayoutCreate(&lb, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb));
-    SNUG_CUBLAS_CHECK(snug_lt.MatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatrixLayoutCreate(&la, CUDA_R_32F, ta ? k : m, ta ? m : k, lda));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatrixLayoutCreate(&lb, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
 
-    cublasLtMatmulPreference_t pref;
-    SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceCreate(&pref));
     size_t ws = cx->lt_ws_bytes;
     uint32_t aa = ptr_align(A), ab = ptr_align(B), ac = ptr_align(C);
-    SNUG_CUBLAS_CHECK(
-        snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    SNUG_CUBLAS_CHECK(
-        snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
-    SNUG_CUBLAS_CHECK(
-        snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
-    SNUG_CUBLAS_CHECK(
-        snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
-    SNUG_CUBLAS_CHECK(
-        snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceCreate(&pref));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                      &ws, sizeof ws));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                                      &aa, sizeof aa));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                                      &ab, sizeof ab));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                                      &ac, sizeof ac));
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                                      &ac, sizeof ac));
 
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    SNUG_CUBLAS_CHECK(snug_lt.MatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
-    if (found == 0 && compute != CUBLAS_COMPUTE_32F) { /* no tensor-core kernel for this shape: exact fp32 then */
+    ok = ok && SNUG_CUBLAS_CHECK(snug_lt.MatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (ok && found == 0 && compute != CUBLAS_COMPUTE_32F) { /* no tensor-core kernel for this shape: exact fp32 */
         snug_lt.MatmulDescDestroy(desc);
-        SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-        SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-        SNUG_CUBLAS_CHECK(snug_lt.MatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+        desc = NULL;
+        ok = SNUG_CUBLAS_CHECK(snug_lt.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        ok = ok &&
+             SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        ok = ok &&
+             SNUG_CUBLAS_CHECK(snug_lt.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        ok = ok &&
+             SNUG_CUBLAS_CHECK(snug_lt.MatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &found));
     }
-    if (found == 0) {
-        fprintf(stderr, "snug: cuBLASLt has no fp32 GEMM for m=%d n=%d k=%d ta=%d tb=%d lda=%d ldb=%d ldc=%d "
-                        "(alignments %u %u %u)\n", m, n, k, ta, tb, lda, ldb, ldc, aa, ab, ac);
-        abort();
+    if (ok && found == 0) {
+        snug_cuda_fail(be, __FILE__, __LINE__, "cuBLASLt has no fp32 GEMM for m=%d n=%d k=%d ta=%d tb=%d lda=%d "
+                       "ldb=%d ldc=%d (alignments %u %u %u)", m, n, k, ta, tb, lda, ldb, ldc, aa, ab, ac);
+        ok = 0;
     }
-    SNUG_CUBLAS_CHECK(snug_lt.Matmul(cx->lt, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, cx->lt_ws,
-                                     ws, cx->stream));
-    snug_lt.MatmulPreferenceDestroy(pref);
-    snug_lt.MatrixLayoutDestroy(lc);
-    snug_lt.MatrixLayoutDestroy(lb);
-    snug_lt.MatrixLayoutDestroy(la);
-    snug_lt.MatmulDescDestroy(desc);
+    if (ok)
+        SNUG_CUBLAS_CHECK(snug_lt.Matmul(cx->lt, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo,
+                                         cx->lt_ws, ws, cx->stream));
+    if (pref)
+        snug_lt.MatmulPreferenceDestroy(pref);
+    if (lc)
+        snug_lt.MatrixLayoutDestroy(lc);
+    if (lb)
+        snug_lt.MatrixLayoutDestroy(lb);
+    if (la)
+        snug_lt.MatrixLayoutDestroy(la);
+    if (desc)
+        snug_lt.MatmulDescDestroy(desc);
 }
 
 /* out (N,OC) = bias broadcast to every row */

@@ -14,7 +14,7 @@
 /* Threads of the one-block-per-row kernels. */
 #define ROW_THREADS 256
 /* Row slices of a column sum, and the block shape of its first pass: 32 columns by 8 rows. */
-#define CS_SLICES 64
+#define CS_SLICES SNUG_CUDA_COLSUM_SLICES /* backend_cuda.h: the scratch is sized by it */
 #define CS_ROWS 8
 
 /* ------------------------------------------------------------------------------------------------ embeddings */
@@ -118,6 +118,8 @@ extern "C" void snug_cuda_colsum(snug_backend *be, float *dst_a, float *dst_b, c
         return;
     int two = mode == SNUG_COLSUM_LN;
     double *pa = (double *)snug_cuda_scratch(be, (size_t)(two ? 2 : 1) * CS_SLICES * C * sizeof(double));
+    if (!pa)
+        return;
     double *pb = two ? pa + (size_t)CS_SLICES * C : NULL;
     cudaStream_t st = snug_cuda_stream(be);
     dim3 grid((C + 31) / 32, CS_SLICES), block(32, CS_ROWS);
@@ -424,8 +426,8 @@ extern "C" void snug_cuda_to16(snug_backend *be, void *dst, float *src, size_t n
     if (!n || (!dst && !round_src))
         return;
     if (dt != SNUG_DT_BF16 && dt != SNUG_DT_F16) {
-        fprintf(stderr, "snug: to16 needs BF16 or F16, not dtype %d\n", (int)dt);
-        abort();
+        snug_cuda_fail(be, __FILE__, __LINE__, "to16 needs BF16 or F16, not dtype %d", (int)dt);
+        return;
     }
     to16_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>((uint16_t *)dst, src, n, dt,
                                                                                  round_src);

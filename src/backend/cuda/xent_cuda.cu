@@ -94,16 +94,20 @@ extern "C" double snug_cuda_xent_fwd_bwd(snug_backend *be, float *dh, float *dw,
         chunk = N;
     cudaStream_t st = snug_cuda_stream(be);
 
-    // scratch: loss (N) per token, then the total (1), then (when w_ws is not given) a block of widened rows
+    // scratch: loss (N) per token, then the total (1), then (when w_ws is not given) a block of widened rows in
+    // what the fixed scratch has left (64 MiB at most)
     size_t loss_bytes = ((size_t)N + 1) * sizeof(double);
     loss_bytes = (loss_bytes + 255) / 256 * 256;
     if (wdt != SNUG_DT_F32 && (!w_ws || wblock <= 0)) {
-        size_t rows = ((size_t)64 << 20) / ((size_t)C * sizeof(float)); /* a 64 MiB block at most */
+        size_t have = snug_cuda(be)->scratch_bytes, left = have > loss_bytes ? have - loss_bytes : 0;
+        size_t rows = (left < ((size_t)64 << 20) ? left : ((size_t)64 << 20)) / ((size_t)C * sizeof(float));
         wblock = (int)(rows < 1 ? 1 : rows > (size_t)V ? (size_t)V : rows);
         w_ws = NULL;
     }
     size_t ws_bytes = wdt != SNUG_DT_F32 && !w_ws ? (size_t)wblock * C * sizeof(float) : 0;
     char *scratch = (char *)snug_cuda_scratch(be, loss_bytes + ws_bytes);
+    if (!scratch)
+        return NAN; /* the failure is recorded; NaN also reads as an overflow to the loss scaler */
     double *loss = (double *)scratch, *total_d = loss + N;
     if (ws_bytes)
         w_ws = (float *)(scratch + loss_bytes);
@@ -115,11 +119,14 @@ extern "C" double snug_cuda_xent_fwd_bwd(snug_backend *be, float *dh, float *dw,
     // labels to the host, to skip unsupervised chunks as the CPU does (their rows would only add zeros)
     int32_t *lab_h = (int32_t *)malloc((size_t)N * sizeof(int32_t));
     if (!lab_h) {
-        fprintf(stderr, "snug: out of host memory for %d labels\n", N);
-        abort();
+        snug_cuda_fail(be, __FILE__, __LINE__, "out of host memory for the %d labels of the loss", N);
+        return NAN;
     }
-    SNUG_CUDA_CHECK(cudaMemcpyAsync(lab_h, labels, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-    SNUG_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (!SNUG_CUDA_CHECK(cudaMemcpyAsync(lab_h, labels, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost, st)) ||
+        !SNUG_CUDA_CHECK(cudaStreamSynchronize(st))) {
+        free(lab_h);
+        return NAN;
+    }
     SNUG_CUDA_CHECK(cudaMemsetAsync(loss, 0, (size_t)N * sizeof(double), st));
 
     for (int n0 = 0; n0 < N; n0 += chunk) {
@@ -147,5 +154,5 @@ extern "C" double snug_cuda_xent_fwd_bwd(snug_backend *be, float *dh, float *dw,
     double total = 0.0;
     SNUG_CUDA_CHECK(cudaMemcpyAsync(&total, total_d, sizeof total, cudaMemcpyDeviceToHost, st));
     SNUG_CUDA_CHECK(cudaStreamSynchronize(st));
-    return total;
+    return snug_cuda(be)->err.code ? NAN : total; /* after any failure the loss shows it, even unchecked */
 }
