@@ -2,6 +2,7 @@
  *
  * The only place that prints errors and chooses exit statuses: 0 success, 2 bad input (config, data, model files),
  * 1 anything else. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,22 @@ static void usage(FILE *f) {
             "  help                  this text; `snug train --help` lists every configuration key\n"
             "\n"
             "Every configuration key can be given in the YAML file or on the command line (--learning_rate 1e-4).\n");
+}
+
+/* SIGTERM (a preempted machine) and SIGINT (Ctrl-C): the run finishes its step, writes a checkpoint and exits 0; a
+ * second signal stops at once. */
+static void on_stop_signal(int sig) {
+    snug_train_request_stop();
+    signal(sig, SIG_DFL);
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
 }
 
 static int exit_status(int code) { return code == SNUG_EINPUT ? 2 : 1; }
@@ -93,6 +110,8 @@ int main(int argc, char **argv) {
         rc = plan ? snug_plan_args_take(&pa, &nargs, argv + 2, &e) : 0;
         if (!rc)
             rc = load_options(o, nargs, argv + 2, !plan, &e);
+        if (!rc && !plan)
+            catch_stop_signals();
         if (!rc)
             rc = plan ? snug_plan_cmd(o, &pa, stdout, &e) : snug_train(o, stdout, &e);
     } else if (!strcmp(cmd, "preprocess")) {

@@ -216,6 +216,15 @@ static const key_spec keys[] = {
      .help = "evaluate on the held-out set every N steps; 0 = at the end of each epoch"},
     {.name = "save_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_steps), .def = "0",
      .help = "save a checkpoint every N steps; 0 = only at the end"},
+    {.name = "save_total_limit", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_total_limit), .def = "0", MIN(0),
+     .help = "keep only the K newest complete checkpoints; 0 = keep them all"},
+    {.name = "resume_from_checkpoint", .type = KT_STRING, .group = G_OUTPUT, AT_STR(resume_from_checkpoint),
+     .def = "", .values = "true=latest false=",
+     .help = "continue a run exactly where a checkpoint left it (weights, optimizer state, data position, loss "
+             "scale): a checkpoint-N folder, or latest (also true) for the newest complete one in output_dir"},
+    {.name = "overwrite_output_dir", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(overwrite_output_dir),
+     .def = "false", .help = "train into an output_dir that already holds a run (its checkpoints are deleted); "
+                             "false = such a folder is refused unless the run resumes"},
     {.name = "device", .type = KT_ENUM, .group = G_OUTPUT, AT_ENUM(device), .def = "auto", .values = "auto cpu cuda",
      ENUMS({"auto", SNUG_BACKEND_AUTO}, {"cpu", SNUG_BACKEND_CPU}, {"cuda", SNUG_BACKEND_CUDA}),
      .help = "where to train: auto (a CUDA GPU when snug was built with CUDA and one is visible, else the CPU), cuda, "
@@ -310,8 +319,6 @@ static const key_spec keys[] = {
     LATER("fsdp", KT_LIST, "multi-GPU training"),
     LATER("fsdp_config", KT_MAP, "multi-GPU training"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
-    LATER("resume_from_checkpoint", KT_STRING, "resuming from a checkpoint"),
-    LATER("save_total_limit", KT_INT, "deleting old checkpoints"),
     LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
     LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
     LATER("eval_batch_size", KT_INT, "a separate evaluation batch size; evaluation uses micro_batch_size"),
@@ -608,12 +615,16 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
         memcpy(field, &v, sizeof v);
         return 0;
     }
-    case KT_STRING:
+    case KT_STRING: {
+        char canon[64]; /* other spellings of a value: resume_from_checkpoint: true is latest */
+        if (k->values && enum_value(k->values, text, canon, sizeof canon) == 0)
+            text = canon;
         if (strlen(text) >= k->size)
             return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (%zu characters; at most %zu)", loc, written,
                              strlen(text), k->size - 1);
         memcpy(field, text, strlen(text) + 1);
         return 0;
+    }
     case KT_ENUM: {
         char canon[64];
         if (enum_value(k->values, text, canon, sizeof canon) == 0)

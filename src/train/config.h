@@ -85,6 +85,10 @@ typedef struct snug_run_config {
     int logging_steps;
     int eval_steps;           /* 0 = at the end of each epoch */
     int save_steps;           /* 0 = only at the end */
+    int save_total_limit;     /* 0 = keep every checkpoint; K = the K newest complete ones */
+    char resume_from_checkpoint[1024]; /* "" = a new run; a checkpoint folder; "latest": the newest complete one in
+                                        * output_dir */
+    int overwrite_output_dir; /* 0: an output_dir that holds a run is refused (resume it, or say to overwrite) */
     int threads;              /* 0 = all cores */
 
     /* generation after training (and `snug generate`) */

@@ -2,6 +2,8 @@
 #include "train/trainer.h"
 
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -25,6 +27,7 @@
 #include "train/engine.h"
 #include "train/loss_scale.h"
 #include "train/setup.h"
+#include "train/state.h"
 
 /* Everything a run holds; released by run_free whatever state it reached. */
 typedef struct run {
@@ -128,42 +131,6 @@ static void progress_bar(FILE *out, int step, int total, double loss, double lr,
     fflush(out);
 }
 
-/* Writes a Hugging Face folder into dir: config.json, generation_config.json, model.safetensors, tokenizer files. */
-static int save_model(run *r, const char *dir, snug_error *e) {
-    char p[4096];
-    SNUG_TRY(snug_mkdirs(dir, e));
-    snug_model_config cfg = r->s.cfg;
-    /* the dtype the weights are saved in: fp32, or bf16/fp16 when there is no fp32 master copy to save */
-    const snug_model *m = &r->eng.model;
-    int half_only = m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
-    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
-             !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
-    snug_path_join(p, sizeof p, dir, "config.json");
-    SNUG_TRY(snug_model_config_save(&cfg, p, e));
-    snug_path_join(p, sizeof p, dir, "generation_config.json");
-    SNUG_TRY(snug_generation_config_save(&cfg, p, e));
-    SNUG_TRY(snug_model_save_weights(&r->eng.model, dir, e));
-    if (r->s.tok_path[0]) {
-        char srcdir[4096];
-        snprintf(srcdir, sizeof srcdir, "%s", r->s.tok_path);
-        char *slash = strrchr(srcdir, '/');
-        if (slash)
-            *slash = '\0';
-        else
-            snprintf(srcdir, sizeof srcdir, ".");
-        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                               "chat_template.jinja"};
-        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-            char src[4096];
-            snug_path_join(src, sizeof src, srcdir, files[i]);
-            snug_path_join(p, sizeof p, dir, files[i]);
-            if (snug_file_exists(src))
-                SNUG_TRY(snug_copy_file(src, p, e));
-        }
-    }
-    return 0;
-}
-
 static void print_sample(run *r, FILE *out) {
     const snug_run_config *o = &r->s.c;
     if (!o->sample_tokens || !r->s.tok)
@@ -205,16 +172,19 @@ static void print_sample(run *r, FILE *out) {
                 free(host);
             snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
                                .seed = (uint64_t)o->seed};
-            int got = snug_generate(&g.model, prompt, (int)n, T - (int)n, r->s.enc.eos_id, &s, ids);
-            int skip = r->s.enc.bos_id >= 0 ? 1 : 0;
-            if (got > skip && ids[got - 1] == r->s.enc.eos_id)
-                got--;
-            char *txt = NULL;
-            size_t len = 0;
-            if (snug_tok_decode(r->s.tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0)
-                fprintf(out, "\nsample (temperature %.2f, top-k %d, top-p %.2f):\n%.*s\n", o->temperature, o->top_k,
-                        o->top_p, (int)len, txt);
-            free(txt);
+            int got = 0, skip = r->s.enc.bos_id >= 0 ? 1 : 0;
+            if (snug_generate_checked(&g.model, prompt, (int)n, T - (int)n, r->s.enc.eos_id, &s, ids, &got, &e)) {
+                fprintf(out, "\nno sample: %s\n", e.msg); /* the trained model is saved; only the sample is missing */
+            } else {
+                if (got > skip && ids[got - 1] == r->s.enc.eos_id)
+                    got--;
+                char *txt = NULL;
+                size_t len = 0;
+                if (got >= skip && snug_tok_decode(r->s.tok, ids + skip, (size_t)(got - skip), &txt, &len, &e) == 0)
+                    fprintf(out, "\nsample (temperature %.2f, top-k %d, top-p %.2f):\n%.*s\n", o->temperature,
+                            o->top_k, o->top_p, (int)len, txt);
+                free(txt);
+            }
         }
     }
     snug_engine_free(&g);
@@ -258,6 +228,51 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     snug_plan_print(out, &r->s.plan, NULL);
 }
 
+static volatile sig_atomic_t stop_requested;
+
+void snug_train_request_stop(void) { stop_requested = 1; }
+
+/* The next step's micro-batches into mb: GA of them, or what is left of the epoch (as Hugging Face's Trainer); the
+ * data position in st moves on. Returns how many; *epoch_end says whether the step finished an epoch. */
+static int gather(snug_loader *l, snug_train_state *st, snug_micro_batch *mb, int GA, int *epoch_end) {
+    int nmb = st->per_epoch && st->per_epoch - st->in_epoch < (size_t)GA ? (int)(st->per_epoch - st->in_epoch) : GA;
+    for (int k = 0; k < nmb; k++)
+        if (snug_loader_next(l, &mb[k]) == 0) { /* the end of an epoch: the next one starts, planned anew */
+            st->per_epoch = snug_loader_batches_per_epoch(l); /* packing may give it a row more or less */
+            snug_loader_next(l, &mb[k]);
+        }
+    st->in_epoch += (size_t)nmb;
+    *epoch_end = st->per_epoch && st->in_epoch >= st->per_epoch;
+    if (*epoch_end)
+        st->in_epoch = 0, st->epochs_done++;
+    return nmb;
+}
+
+/* metrics.jsonl of a resumed run: the lines of the steps up to the checkpoint, rewritten, the file then appended */
+static FILE *reopen_metrics(const char *path, int upto, snug_error *e) {
+    char *text = NULL;
+    size_t len = 0;
+    if (snug_read_file(path, &text, &len, e))
+        return NULL;
+    size_t keep = 0;
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        int step = -1;
+        if (!nl || sscanf(line, "{\"step\": %d", &step) != 1 || step > upto)
+            break;
+        keep = (size_t)(nl + 1 - text);
+        line = nl + 1;
+    }
+    int rc = snug_write_file_atomic(path, text, keep, e);
+    free(text);
+    if (rc)
+        return NULL;
+    FILE *f = fopen(path, "a");
+    if (!f)
+        snug_fail(e, SNUG_EIO, "%s: cannot append to the metrics log", path);
+    return f;
+}
+
 int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     run r;
     memset(&r, 0, sizeof r);
@@ -280,9 +295,30 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             snug_param_table_free(&t);
         }
     }
+    /* a folder that holds a run is continued or overwritten, never mixed into */
+    char resume[4096] = "";
+    if (!rc && o->resume_from_checkpoint[0]) {
+        if (!strcmp(o->resume_from_checkpoint, "latest")) {
+            if (snug_checkpoint_latest(o->output_dir, resume, sizeof resume))
+                rc = snug_fail(e, SNUG_EINPUT, "%s: resume_from_checkpoint is latest but the folder holds no complete "
+                               "checkpoint; start the run without it", o->output_dir);
+        } else {
+            snprintf(resume, sizeof resume, "%s", o->resume_from_checkpoint);
+        }
+    } else if (!rc && snug_output_dir_has_run(o->output_dir)) {
+        if (o->overwrite_output_dir)
+            rc = snug_checkpoint_prune(o->output_dir, -1, e);
+        else
+            rc = snug_fail(e, SNUG_EINPUT, "%s already holds a run (metrics.jsonl or checkpoints); continue it with "
+                           "resume_from_checkpoint: latest, replace it with overwrite_output_dir: true, or choose "
+                           "another output_dir", o->output_dir);
+    }
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
-    if (!rc && o->base_model[0])
+    snug_train_state st = {0}, saved = {0};
+    if (!rc && resume[0])
+        rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
+    else if (!rc && o->base_model[0])
         rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
     else if (!rc && snug_model_init_random(&r.eng.model, (uint64_t)o->seed))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the weights");
@@ -322,36 +358,47 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc) {
         rc = snug_mkdirs(o->output_dir, e);
         snug_path_join(metrics_path, sizeof metrics_path, o->output_dir, "metrics.jsonl");
-        if (!rc && !(metrics = fopen(metrics_path, "w")))
+        if (!rc && resume[0])
+            rc = (metrics = reopen_metrics(metrics_path, saved.step, e)) ? 0 : SNUG_EIO;
+        else if (!rc && !(metrics = fopen(metrics_path, "w")))
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
     }
     int tty = isatty(fileno(out));
-    double t0 = now_s(), tlog = t0, loss_mean = 0;
+    double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
     step_in_backward_ctx in_bwd = {.eng = &r.eng};
-    snug_loss_scaler ls;
-    snug_loss_scaler_init(&ls, r.eng.model.lv.dt == SNUG_DT_F16);
+    st.per_epoch = per_epoch;
+    snug_loss_scaler_init(&st.ls, r.eng.model.lv.dt == SNUG_DT_F16);
+    if (!rc && resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
+        int end;
+        while (st.step < saved.step) {
+            gather(&loader, &st, mb, GA, &end);
+            st.step++;
+        }
+        if (st.epochs_done != saved.epochs_done || st.in_epoch != saved.in_epoch || st.per_epoch != saved.per_epoch)
+            rc = snug_fail(e, SNUG_EINPUT, "%s: the data does not replay to the checkpoint's position (epoch %d, "
+                           "micro-batch %zu of %zu; replayed: epoch %d, %zu of %zu); resume with the same datasets",
+                           resume, saved.epochs_done, saved.in_epoch, saved.per_epoch, st.epochs_done, st.in_epoch,
+                           st.per_epoch);
+        st = saved;
+        r.eng.opt.step = st.opt_step;
+        if (!rc)
+            fprintf(out, "resumed from %s at step %d of %d\n", resume, st.step, total);
+    }
+    snug_loss_scaler ls = st.ls;
+    double loss_mean = st.loss_mean;
     if (o->optimizer_in_backward) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
-    size_t in_epoch = 0; /* micro-batches of the current epoch consumed */
-    int epochs_done = 0;
-    for (int step = 0; step < total && !rc; step++) {
+    int stopped = 0;
+    for (int step = st.step; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
+        int epoch_end;
+        int nmb = gather(&loader, &st, mb, GA, &epoch_end);
         size_t nsup = 0;
-        int nmb = per_epoch && per_epoch - in_epoch < (size_t)GA ? (int)(per_epoch - in_epoch) : GA;
-        for (int k = 0; k < nmb; k++) {
-            if (snug_loader_next(&loader, &mb[k]) == 0) { /* the end of an epoch: the next one starts, planned anew */
-                per_epoch = snug_loader_batches_per_epoch(&loader); /* packing may give it a row more or less */
-                snug_loader_next(&loader, &mb[k]);
-            }
+        for (int k = 0; k < nmb; k++)
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
-        }
-        in_epoch += (size_t)nmb;
-        int epoch_end = per_epoch && in_epoch >= per_epoch;
-        if (epoch_end)
-            in_epoch = 0, epochs_done++;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
@@ -384,6 +431,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                         "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
         }
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
+        if ((rc = snug_backend_check(r.eng.be, e))) /* a device op that failed during the step (CUDA) */
+            break;
 
         double val = NAN;
         if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
@@ -396,7 +445,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             double rss = peak_rss_bytes();
             fprintf(metrics, "{\"step\": %d, \"epoch\": %.4f, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
                     "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
-                    step + 1, epochs_done + (per_epoch ? (double)in_epoch / (double)per_epoch : 0.0), loss, lr, norm, tps, t - t0, rss);
+                    step + 1, st.epochs_done + (st.per_epoch ? (double)st.in_epoch / (double)st.per_epoch : 0.0), loss,
+                    lr, norm, tps, t - t0, rss);
             if (ls.on)
                 fprintf(metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %d", ls.scale, ls.skipped);
             if (!isnan(val))
@@ -416,19 +466,34 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             tlog = t;
             tokens_since = 0;
         }
-        if (o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) {
+        st.step = step + 1;
+        st.opt_step = r.eng.opt.step;
+        st.ls = ls;
+        st.loss_mean = loss_mean;
+        int stop = stop_requested && step + 1 < total;
+        if ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
-            rc = save_model(&r, ck, e);
+            rc = snug_checkpoint_save(ck, &st, &r.s, &r.eng, e);
+            if (!rc)
+                rc = snug_checkpoint_prune(o->output_dir, o->save_total_limit, e);
+            if (!rc && stop) {
+                if (tty)
+                    fputc('\n', out);
+                fprintf(out, "stopped by a signal after step %d of %d; saved %s; continue with the same command and "
+                        "--resume_from_checkpoint latest\n", step + 1, total, ck);
+                stopped = 1;
+                break;
+            }
         }
     }
     if (tty)
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    if (!rc)
-        rc = save_model(&r, o->output_dir, e);
-    if (!rc) {
+    if (!rc && !stopped)
+        rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
+    if (!rc && !stopped) {
         fprintf(out, "saved %s (Hugging Face format) in %.1f s\n", o->output_dir, now_s() - t0);
         if (ls.on)
             fprintf(out, "fp16 loss scaling: %d of %d steps skipped for overflow; final scale %.0f\n", ls.skipped,

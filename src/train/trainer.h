@@ -14,4 +14,8 @@
  * `out`. Bad input fails before output_dir is touched. */
 int snug_train(const snug_run_config *c, FILE *out, snug_error *e);
 
+/* Asks a running snug_train to stop after its current optimizer step: it writes a checkpoint, says how to resume, and
+ * returns 0. Async-signal-safe: the CLI calls it from its SIGTERM and SIGINT handler. */
+void snug_train_request_stop(void);
+
 #endif

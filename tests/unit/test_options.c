@@ -373,8 +373,8 @@ static void test_not_supported(void) {
     }
     static const char *const valued[] = {
         "adapter: lora",       "lora_r: 16",         "lora_alpha: 32",           "lora_dropout: 0.05",
-        "lora_target_modules: [q_proj, v_proj]",     "save_total_limit: 3",      "deepspeed: ds.json",
-        "fsdp: [full_shard]",  "resume_from_checkpoint: out/checkpoint-10",      "wandb_project: proj",
+        "lora_target_modules: [q_proj, v_proj]",     "deepspeed: ds.json",
+        "fsdp: [full_shard]",  "wandb_project: proj",
         "special_tokens: {pad_token: \"<pad>\"}",    "chat_template: chatml",
         "saves_per_epoch: 1",  "evals_per_epoch: 4",
         "model_type: MistralForCausalLM",
@@ -387,6 +387,18 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("lora_r: 8\n", "LoRA");
     EXPECT_YAML_ERROR("model_type: LlamaForCausalLM\n", "set it to AutoModelForCausalLM");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
+
+    /* resuming and keeping checkpoints are built: Axolotl's and Hugging Face's spellings */
+    {
+        snug_run_config o;
+        snug_error e;
+        CHECK(load("save_total_limit: 3\nresume_from_checkpoint: out/checkpoint-10\n", &o, &e) == 0 &&
+              o.save_total_limit == 3 && !strcmp(o.resume_from_checkpoint, "out/checkpoint-10"));
+        CHECK(load("resume_from_checkpoint: true\n", &o, &e) == 0 && !strcmp(o.resume_from_checkpoint, "latest"));
+        CHECK(load("resume_from_checkpoint: false\n", &o, &e) == 0 && !o.resume_from_checkpoint[0]);
+        CHECK(load("overwrite_output_dir: true\n", &o, &e) == 0 && o.overwrite_output_dir == 1);
+        EXPECT_YAML_ERROR("save_total_limit: -1\n", "cfg.yaml line 1: ", "save_total_limit is -1; it must be at least 0");
+    }
 
     /* every checkpointing mode is built, offloading to host memory included; others are named */
     EXPECT_YAML_OK("gradient_checkpointing: offload\n");

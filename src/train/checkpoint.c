@@ -1,0 +1,465 @@
+/* checkpoint.c: saving and loading the whole training state (see state.h). */
+#include "train/state.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fileio.h"
+#include "core/json_util.h"
+#include "data/cache.h"
+#include "model/model.h"
+#include "snug.h"
+
+#define STATE_JSON "trainer_state.json"
+#define STATE_HASH "trainer_state.hash"
+#define STATE_FORMAT 1
+
+/* the arenas a checkpoint keeps, byte for byte */
+static const struct {
+    snug_category c;
+    const char *file;
+} kept[] = {
+    {SNUG_MEM_PARAMS, "state-params.bin"},
+    {SNUG_MEM_MASTER, "state-master.bin"},
+    {SNUG_MEM_OPTIM, "state-optim.bin"},
+};
+#define NKEPT ((int)(sizeof kept / sizeof kept[0]))
+
+/* ---- what must not change on resume: the settings that change the results ---- */
+
+typedef enum { F_INT, F_DBL, F_STR } field_kind;
+static const struct {
+    const char *name;
+    field_kind kind;
+    size_t off;
+} fixed[] = {
+#define I(f) {#f, F_INT, offsetof(snug_run_config, f)}
+#define D(f) {#f, F_DBL, offsetof(snug_run_config, f)}
+#define S(f) {#f, F_STR, offsetof(snug_run_config, f)}
+    S(base_model), S(model_preset), I(sequence_len), D(val_set_size), I(train_on_inputs), I(skip_bad_examples),
+    I(long_examples), I(micro_batch_size), I(sample_packing), I(group_by_length), I(pad_to_sequence_len),
+    I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
+    D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),
+    I(optimizer_in_backward), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
+    I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens),
+#undef I
+#undef D
+#undef S
+};
+#define NFIXED ((int)(sizeof fixed / sizeof fixed[0]))
+
+static json_t *fixed_json(const snug_run_config *c, const snug_setup *s) {
+    json_t *o = json_object();
+    for (int i = 0; i < NFIXED; i++) {
+        const char *p = (const char *)c + fixed[i].off;
+        json_t *v = fixed[i].kind == F_INT   ? json_integer(*(const int *)p)
+                    : fixed[i].kind == F_DBL ? json_real(*(const double *)p)
+                                             : json_string(p);
+        json_object_set_new(o, fixed[i].name, v);
+    }
+    /* the data as tokenized (the cache key hashes the files' contents, the tokenizer and the options) */
+    const char *key = strrchr(s->drep.cache_path, '/');
+    json_object_set_new(o, "data", json_string(key ? key + 1 : s->drep.cache_path));
+    char tok[32];
+    snprintf(tok, sizeof tok, "%016llx", (unsigned long long)s->enc.hash);
+    json_object_set_new(o, "tokenizer", json_string(tok));
+    return o;
+}
+
+/* ---- files: hash, write, read ---- */
+
+static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    snug_hasher h;
+    snug_hash_init(&h, 0x636b7074ull /* "ckpt" */);
+    static unsigned char buf[1 << 16];
+    size_t n, total = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        snug_hash_update(&h, buf, n);
+        total += n;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return -1;
+    *bytes = total;
+    *hash = snug_hash_final(&h);
+    return 0;
+}
+
+/* One arena's bytes into path, through a host staging buffer when the arena is on the device. */
+static int write_arena(const char *path, const snug_engine *eng, snug_category c, snug_error *e) {
+    size_t n = eng->plan.bytes[c];
+    const unsigned char *src = eng->blocks[c];
+    snug_atomic_file af;
+    SNUG_TRY(snug_atomic_open(&af, path, e));
+    int host = eng->plan.host[c] || eng->be->host_resident;
+    const size_t piece = (size_t)16 << 20;
+    unsigned char *buf = host ? NULL : malloc(n < piece ? n : piece);
+    int rc = !host && n && !buf ? snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", path) : 0;
+    for (size_t o = 0; !rc && o < n; o += piece) {
+        size_t k = n - o < piece ? n - o : piece;
+        if (host) {
+            rc = snug_atomic_write(&af, src + o, k, e);
+        } else {
+            eng->be->to_host(eng->be, buf, src + o, k);
+            rc = snug_atomic_write(&af, buf, k, e);
+        }
+    }
+    free(buf);
+    if (rc) {
+        snug_atomic_abort(&af);
+        return rc;
+    }
+    return snug_atomic_commit(&af, e);
+}
+
+static int read_arena(const char *path, snug_engine *eng, snug_category c, snug_error *e) {
+    size_t n = eng->plan.bytes[c];
+    unsigned char *dst = eng->blocks[c];
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return snug_fail(e, SNUG_EINPUT, "%s: cannot open (%s); the checkpoint is incomplete", path, strerror(errno));
+    int host = eng->plan.host[c] || eng->be->host_resident;
+    const size_t piece = (size_t)16 << 20;
+    unsigned char *buf = host ? NULL : malloc(n < piece ? n : piece);
+    int rc = !host && n && !buf ? snug_fail(e, SNUG_ENOMEM, "out of host memory reading %s", path) : 0;
+    for (size_t o = 0; !rc && o < n; o += piece) {
+        size_t k = n - o < piece ? n - o : piece;
+        unsigned char *into = host ? dst + o : buf;
+        if (fread(into, 1, k, f) != k)
+            rc = snug_fail(e, SNUG_EINPUT, "%s: shorter than the %zu bytes this run's %s needs; the checkpoint is "
+                           "damaged or from another configuration", path, n, snug_category_name(c));
+        else if (!host)
+            eng->be->to_device(eng->be, dst + o, buf, k);
+    }
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+/* ---- the Hugging Face folder ---- */
+
+int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
+    char p[4096];
+    SNUG_TRY(snug_mkdirs(dir, e));
+    const snug_model *m = &eng->model;
+    SNUG_TRY(snug_model_save_weights(m, dir, e));
+    if (s->tok_path[0]) {
+        char srcdir[4096];
+        snprintf(srcdir, sizeof srcdir, "%s", s->tok_path);
+        char *slash = strrchr(srcdir, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            snprintf(srcdir, sizeof srcdir, ".");
+        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                               "chat_template.jinja"};
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            char src[4096];
+            snug_path_join(src, sizeof src, srcdir, files[i]);
+            snug_path_join(p, sizeof p, dir, files[i]);
+            if (snug_file_exists(src))
+                SNUG_TRY(snug_copy_file(src, p, e));
+        }
+    }
+    snug_model_config cfg = s->cfg;
+    /* the dtype the weights are saved in: fp32, or bf16/fp16 when there is no fp32 master copy to save */
+    int half_only = m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
+    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
+             !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
+    snug_path_join(p, sizeof p, dir, "generation_config.json");
+    SNUG_TRY(snug_generation_config_save(&cfg, p, e));
+    snug_path_join(p, sizeof p, dir, "config.json"); /* last: the folder is loadable only once it is whole */
+    return snug_model_config_save(&cfg, p, e);
+}
+
+/* ---- folders ---- */
+
+static int remove_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (!d)
+        return unlink(path) == 0 || errno == ENOENT ? 0 : -1;
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        char p[4096];
+        if (snug_path_join(p, sizeof p, path, de->d_name) == 0)
+            rc |= remove_tree(p);
+    }
+    closedir(d);
+    return rmdir(path) == 0 ? rc : -1;
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* The step of a complete checkpoint folder name, or -1. */
+static int checkpoint_step(const char *name) {
+    int step, len = 0;
+    if (sscanf(name, "checkpoint-%d%n", &step, &len) != 1 || name[len] || step < 0)
+        return -1;
+    return step;
+}
+
+int snug_checkpoint_latest(const char *output_dir, char *path, size_t n) {
+    DIR *d = opendir(output_dir);
+    if (!d)
+        return 1;
+    int best = -1;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int st = checkpoint_step(de->d_name);
+        if (st > best) {
+            char p[4096], j[4200];
+            snug_path_join(p, sizeof p, output_dir, de->d_name);
+            snug_path_join(j, sizeof j, p, STATE_HASH);
+            if (snug_file_exists(j))
+                best = st;
+        }
+    }
+    closedir(d);
+    if (best < 0)
+        return 1;
+    snprintf(path, n, "%s/checkpoint-%d", output_dir, best);
+    return 0;
+}
+
+static int int_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
+
+int snug_checkpoint_prune(const char *output_dir, int keep, snug_error *e) {
+    if (keep == 0)
+        return 0;
+    if (keep < 0)
+        keep = 0;
+    DIR *d = opendir(output_dir);
+    if (!d)
+        return 0;
+    int steps[4096], n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 4096) {
+        int st = checkpoint_step(de->d_name);
+        if (st >= 0)
+            steps[n++] = st;
+    }
+    closedir(d);
+    qsort(steps, (size_t)n, sizeof *steps, int_desc);
+    for (int i = keep; i < n; i++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/checkpoint-%d", output_dir, steps[i]);
+        if (remove_tree(p))
+            return snug_fail(e, SNUG_EIO, "%s: cannot delete the old checkpoint (save_total_limit %d): %s", p, keep,
+                             strerror(errno));
+    }
+    return 0;
+}
+
+int snug_output_dir_has_run(const char *output_dir) {
+    char p[4096];
+    snug_path_join(p, sizeof p, output_dir, "metrics.jsonl");
+    if (snug_file_exists(p))
+        return 1;
+    DIR *d = opendir(output_dir);
+    if (!d)
+        return 0;
+    struct dirent *de;
+    int found = 0;
+    while (!found && (de = readdir(d)))
+        found = !strncmp(de->d_name, "checkpoint-", 11);
+    closedir(d);
+    return found;
+}
+
+/* ---- save ---- */
+
+int snug_checkpoint_save(const char *dir, const snug_train_state *st, const snug_setup *s, const snug_engine *eng,
+                         snug_error *e) {
+    char part[4200], p[4400];
+    snprintf(part, sizeof part, "%s.partial", dir);
+    remove_tree(part); /* what a stop during an earlier save left */
+    SNUG_TRY(snug_mkdirs(part, e));
+    SNUG_TRY(snug_save_hf_folder(part, s, eng, e));
+    for (int i = 0; i < NKEPT; i++)
+        if (eng->plan.bytes[kept[i].c]) {
+            snug_path_join(p, sizeof p, part, kept[i].file);
+            SNUG_TRY(write_arena(p, eng, kept[i].c, e));
+        }
+    /* every file but the state's own, with its size and hash */
+    json_t *files = json_object();
+    DIR *d = opendir(part);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        size_t bytes;
+        uint64_t h;
+        snug_path_join(p, sizeof p, part, de->d_name);
+        if (hash_file(p, &bytes, &h)) {
+            closedir(d);
+            json_decref(files);
+            return snug_fail(e, SNUG_EIO, "%s: cannot read back what was just written", p);
+        }
+        char hex[32];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        json_object_set_new(files, de->d_name, json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "hash", hex));
+    }
+    if (d)
+        closedir(d);
+    json_t *j = json_pack(
+        "{s:i, s:s, s:i, s:i, s:I, s:I, s:i, s:{s:b, s:f, s:i, s:i}, s:f, s:o, s:o}", "format", STATE_FORMAT,
+        "snug_version", SNUG_VERSION, "step", st->step, "epochs_done", st->epochs_done, "in_epoch",
+        (json_int_t)st->in_epoch, "per_epoch", (json_int_t)st->per_epoch, "optimizer_step", st->opt_step,
+        "loss_scale", "on", st->ls.on, "scale", (double)st->ls.scale, "clean", st->ls.clean, "skipped",
+        st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", files);
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    if (!text)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", STATE_JSON);
+    size_t len = strlen(text);
+    snug_path_join(p, sizeof p, part, STATE_JSON);
+    int rc = snug_write_file_atomic(p, text, len, e);
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx\n", (unsigned long long)snug_hash64(text, len, 0x636b7074ull));
+    free(text);
+    snug_path_join(p, sizeof p, part, STATE_HASH);
+    if (!rc)
+        rc = snug_write_file_atomic(p, hex, strlen(hex), e);
+    if (rc)
+        return rc;
+    /* complete: the folder takes its name only now, and the rename itself is made durable */
+    remove_tree(dir);
+    if (rename(part, dir))
+        return snug_fail(e, SNUG_EIO, "%s: cannot rename the finished checkpoint into place: %s", dir, strerror(errno));
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash)
+        *slash = '\0';
+    fsync_dir(slash ? parent : ".");
+    return 0;
+}
+
+/* ---- load ---- */
+
+static int refuse(snug_error *e, const char *dir, const char *what) {
+    return snug_fail(e, SNUG_EINPUT, "%s: %s; resume from another checkpoint (snug keeps only complete ones under their "
+                     "own name), or start the run again", dir, what);
+}
+
+int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng,
+                         snug_error *e) {
+    char p[4400], why[600];
+    size_t len;
+    char *text = NULL, *hash = NULL;
+    snug_path_join(p, sizeof p, dir, STATE_HASH);
+    if (snug_read_file(p, &hash, &len, e)) {
+        char part[4200];
+        snprintf(part, sizeof part, "%s.partial", dir);
+        return refuse(e, dir, snug_file_exists(part) || !snug_file_exists(dir)
+                                  ? "not a complete checkpoint (no trainer_state.hash)"
+                                  : "not a complete checkpoint: trainer_state.hash is missing");
+    }
+    snug_path_join(p, sizeof p, dir, STATE_JSON);
+    int rc = snug_read_file(p, &text, &len, e);
+    char want[32];
+    if (!rc) {
+        snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, 0x636b7074ull));
+        if (strcmp(want, hash))
+            rc = refuse(e, p, "its contents do not match trainer_state.hash (the file was truncated or changed)");
+    }
+    free(hash);
+    json_error_t je;
+    json_t *j = rc ? NULL : snug_json_loadb(text, len, 0, &je);
+    free(text);
+    if (!rc && !j)
+        rc = refuse(e, p, "not valid JSON");
+    /* every other file as it was written */
+    json_t *files = j ? json_object_get(j, "files") : NULL;
+    if (!rc && !json_is_object(files))
+        rc = refuse(e, p, "no \"files\" list");
+    const char *name;
+    json_t *f;
+    json_object_foreach(files, name, f) {
+        if (rc)
+            break;
+        size_t bytes;
+        uint64_t h;
+        char hex[32];
+        snug_path_join(p, sizeof p, dir, name);
+        if (hash_file(p, &bytes, &h)) {
+            snprintf(why, sizeof why, "%s is missing or unreadable", name);
+            rc = refuse(e, dir, why);
+            break;
+        }
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
+        const char *want_hash = json_string_value(json_object_get(f, "hash"));
+        if ((json_int_t)bytes != want_bytes || !want_hash || strcmp(hex, want_hash)) {
+            snprintf(why, sizeof why, "%s is %zu bytes with hash %s, but was written as %lld bytes with hash %s (the "
+                     "file was truncated or changed)", name, bytes, hex, (long long)want_bytes,
+                     want_hash ? want_hash : "?");
+            rc = refuse(e, p, why);
+        }
+    }
+    /* the settings that change the results must be the checkpoint's */
+    json_t *was = j ? json_object_get(j, "fixed") : NULL, *now = fixed_json(&s->c, s);
+    json_object_foreach(now, name, f) {
+        if (rc)
+            break;
+        json_t *w = json_object_get(was, name);
+        if (!w || !json_equal(w, f)) {
+            char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY);
+            rc = snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with %s %s, this run has %s; resuming would "
+                           "not continue the same run: resume with the checkpoint's settings (max_steps, "
+                           "learning_rate, the logging and saving keys may change)", dir, name, a ? a : "(none)",
+                           b ? b : "?");
+            free(a);
+            free(b);
+        }
+    }
+    json_decref(now);
+    if (!rc) {
+        st->step = (int)json_integer_value(json_object_get(j, "step"));
+        st->epochs_done = (int)json_integer_value(json_object_get(j, "epochs_done"));
+        st->in_epoch = (size_t)json_integer_value(json_object_get(j, "in_epoch"));
+        st->per_epoch = (size_t)json_integer_value(json_object_get(j, "per_epoch"));
+        st->opt_step = (int)json_integer_value(json_object_get(j, "optimizer_step"));
+        json_t *ls = json_object_get(j, "loss_scale");
+        st->ls.on = json_is_true(json_object_get(ls, "on"));
+        st->ls.scale = (float)json_real_value(json_object_get(ls, "scale"));
+        st->ls.clean = (int)json_integer_value(json_object_get(ls, "clean"));
+        st->ls.skipped = (int)json_integer_value(json_object_get(ls, "skipped"));
+        st->loss_mean = json_real_value(json_object_get(j, "loss_mean"));
+        for (int i = 0; !rc && i < NKEPT; i++) {
+            size_t want_bytes = eng->plan.bytes[kept[i].c];
+            json_t *fi = json_object_get(files, kept[i].file);
+            if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
+                snprintf(why, sizeof why, "%s holds %lld bytes of %s, this run lays out %zu; the checkpoint is from "
+                         "another configuration", kept[i].file, (long long)json_integer_value(json_object_get(fi, "bytes")),
+                         snug_category_name(kept[i].c), want_bytes);
+                rc = refuse(e, dir, why);
+            } else if (want_bytes) {
+                snug_path_join(p, sizeof p, dir, kept[i].file);
+                rc = read_arena(p, eng, kept[i].c, e);
+            }
+        }
+    }
+    json_decref(j);
+    return rc;
+}

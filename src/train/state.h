@@ -1,0 +1,57 @@
+/* state.h: everything a training run holds between two optimizer steps, and its checkpoints.
+ *
+ * The run's state is this struct plus three of the engine's arenas, kept byte for byte: the parameters (fp32, or the
+ * 16-bit copy forward and backward read), the fp32 master weights, and the optimizer state (fp32 moments, 8-bit
+ * codes and absmax, the fp32 state of small tensors; in pinned host memory when paged). Everything else is derived
+ * again from the configuration: the learning rate from the step, the stochastic-rounding seed from the optimizer's
+ * step, the data order from the seed and the number of micro-batches consumed (the loader replays them). A new piece
+ * of state is a field here, which the checkpoint writes and reads whole.
+ *
+ * A checkpoint is a folder: the Hugging Face model files (loadable by transformers as they are), state-*.bin (the
+ * arenas), trainer_state.json (this struct, what must not change on resume, the size and hash of every other file)
+ * and trainer_state.hash (the hash of trainer_state.json). It is written as checkpoint-N.partial and renamed to
+ * checkpoint-N once every file is durable, so a folder named checkpoint-N is complete. */
+#ifndef SNUG_TRAIN_STATE_H
+#define SNUG_TRAIN_STATE_H
+
+#include <stddef.h>
+
+#include "core/error.h"
+#include "train/engine.h"
+#include "train/loss_scale.h"
+#include "train/setup.h"
+
+typedef struct snug_train_state {
+    int step;              /* optimizer steps done */
+    int epochs_done;
+    size_t in_epoch;       /* micro-batches of the current epoch consumed */
+    size_t per_epoch;      /* micro-batches of the current epoch */
+    int opt_step;          /* the optimizer's own count (bias correction, stochastic rounding) */
+    snug_loss_scaler ls;   /* fp16's dynamic loss scale */
+    double loss_mean;      /* the progress bar's moving average of the loss */
+} snug_train_state;
+
+/* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,
+ * config.json last, so a save that fails part way (a full disk) leaves no folder that looks loadable. */
+int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e);
+
+/* Writes checkpoint dir (".../checkpoint-N") whole: see above. */
+int snug_checkpoint_save(const char *dir, const snug_train_state *st, const snug_setup *s, const snug_engine *eng,
+                         snug_error *e);
+
+/* Reads checkpoint dir into st and eng's arenas (eng created from the same configuration). Refused with a clear
+ * error naming the file: an incomplete folder, a file whose size or hash differs from trainer_state.json (truncated,
+ * changed), or a configuration that differs from the checkpoint's in a setting that changes the results (the setting
+ * and both values named). */
+int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng, snug_error *e);
+
+/* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */
+int snug_checkpoint_latest(const char *output_dir, char *path, size_t n);
+
+/* Deletes all but the `keep` newest complete checkpoints of output_dir (keep 0: none is deleted; -1: all are). */
+int snug_checkpoint_prune(const char *output_dir, int keep, snug_error *e);
+
+/* Whether output_dir holds a run (metrics.jsonl or a checkpoint). */
+int snug_output_dir_has_run(const char *output_dir);
+
+#endif

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Exact resume and safe stops. A run stopped at a checkpoint and resumed logs the same losses, learning rates,
+# gradient norms and epochs, and ends with the same weights, bit for bit, as the run that never stopped: for fp32,
+# bf16 with and without master weights, fp16's loss scaling, 8-bit and paged AdamW, accumulation across epoch ends,
+# checkpointing, packing, grouping and auto_fit. SIGTERM and SIGINT finish the step, write a checkpoint and exit 0;
+# SIGKILL at random moments (also during a checkpoint write) loses only the work since the last checkpoint and
+# never leaves one that loads; a damaged checkpoint is refused naming the file; a changed configuration is refused
+# naming the setting; an output_dir that holds a run is refused unless resumed or overwritten.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+head -n 3000 "$SRC/data/fortunes.jsonl" > "$W/data.jsonl"
+common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --micro_batch_size 4
+        --sample_tokens 0 --learning_rate 2e-3 --logging_steps 1 --val_set_size 8 --eval_steps 4
+        --dataset_prepared_path $W/prepared"
+
+# same NAME REF: the logged curve and the final weights of two runs, bit for bit
+same() {
+  if python3 - "$W/$1" "$W/$2" <<'PY'
+import json, sys
+rows = [[json.loads(l) for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:3]]
+keys = ("step", "epoch", "loss", "lr", "grad_norm", "val_loss", "loss_scale", "skipped_steps")
+a, b = ([[r.get(k) for k in keys] for r in rs] for rs in rows)
+w = [open(d + "/model.safetensors", "rb").read() for d in sys.argv[1:3]]
+print(f"  {sys.argv[1].split('/')[-1]:<22} {len(a)} steps: curve {'same' if a == b else 'DIFFERS'}, weights "
+      f"{'same' if w[0] == w[1] else 'DIFFER'}")
+sys.exit(0 if a == b and a and w[0] == w[1] else 1)
+PY
+  then ok; else bad "$1 is not $2 resumed"; fi
+}
+
+# resumed NAME ARGS: the uninterrupted run, and a run that keeps only its checkpoint at step 6 and resumes from it
+resumed() {
+  local name=$1; shift
+  "$SNUG" train $common "$@" --output_dir "$W/$name.full" > "$W/$name.full.log" 2>&1 || { bad "$name: $(tail -2 "$W/$name.full.log")"; return; }
+  "$SNUG" train $common "$@" --save_steps 6 --output_dir "$W/$name" > "$W/$name.log" 2>&1 || { bad "$name: $(tail -2 "$W/$name.log")"; return; }
+  for c in "$W/$name"/checkpoint-*; do [ "$c" = "$W/$name/checkpoint-6" ] || rm -rf "$c"; done
+  rm -f "$W/$name/model.safetensors"
+  if "$SNUG" train $common "$@" --save_steps 6 --output_dir "$W/$name" --resume_from_checkpoint latest > "$W/$name.resume.log" 2>&1 &&
+     grep -q "resumed from .*checkpoint-6 at step 6" "$W/$name.resume.log"
+  then same "$name" "$name.full"; else bad "$name did not resume: $(grep error "$W/$name.resume.log")"; fi
+}
+
+resumed fp32 --max_steps 14
+resumed bf16 --max_steps 14 --bf16 true
+resumed bf16_sr --max_steps 14 --bf16 true --master_weights false
+resumed fp16 --max_steps 14 --fp16 true
+resumed adamw8 --max_steps 14 --optimizer adamw_8bit --gradient_checkpointing full
+resumed paged --max_steps 14 --optimizer paged_adamw_8bit --bf16 true
+resumed epochs --num_epochs 2 --gradient_accumulation_steps 5 --micro_batch_size 32 --sample_packing true
+resumed grouped --max_steps 14 --group_by_length true --gradient_accumulation_steps 2 --gradient_checkpointing selective
+resumed fitted --max_steps 14 --bf16 true --micro_batch_size 8 --auto_fit true --memory_budget 90MB
+
+# SIGTERM and SIGINT: the step finishes, a checkpoint is written, exit 0; resuming completes the same run
+for sig in TERM INT; do
+  d=$W/sig$sig
+  "$SNUG" train $common --max_steps 80 --output_dir "$d" > "$d.log" 2>&1 &
+  pid=$!
+  for i in $(seq 50); do [ -s "$d/metrics.jsonl" ] && [ "$(wc -l < "$d/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 80.*/\1/p' "$d.log")
+  if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$d/checkpoint-$step/trainer_state.hash" ] && grep -q "resume_from_checkpoint latest" "$d.log"
+  then ok; else bad "SIG$sig: rc=$rc, $(tail -2 "$d.log")"; continue; fi
+  "$SNUG" train $common --max_steps 80 --output_dir "$d" --resume_from_checkpoint latest > "$d.resume.log" 2>&1 ||
+    bad "SIG$sig resume: $(tail -2 "$d.resume.log")"
+done
+"$SNUG" train $common --max_steps 80 --output_dir "$W/sigfull" > "$W/sigfull.log" 2>&1
+same sigTERM sigfull
+same sigINT sigfull
+# a second signal stops at once
+"$SNUG" train $common --max_steps 80 --output_dir "$W/twice" > "$W/twice.log" 2>&1 &
+pid=$!
+for i in $(seq 50); do [ -s "$W/twice/metrics.jsonl" ] && break; sleep 0.1; done
+kill -TERM $pid; kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || grep -q "stopped by a signal" "$W/twice.log" && ok || bad "two signals: rc=$rc"
+
+# SIGKILL at random moments, resuming each time from the newest complete checkpoint: the same run in the end
+python3 - "$SNUG" "$W" $common <<'PY' && ok || bad "SIGKILL and resume did not end in the same run"
+import os, random, signal, subprocess, sys, time
+snug, W, common = sys.argv[1], sys.argv[2], sys.argv[3:]
+d = W + "/killed"
+args = [snug, "train", *common, "--max_steps", "60", "--save_steps", "3", "--save_total_limit", "2", "--output_dir", d]
+random.seed(7)
+kills = 0
+for attempt in range(60):
+    extra = ["--resume_from_checkpoint", "latest"] if any(n.startswith("checkpoint-") and not n.endswith(".partial")
+                                                          for n in (os.listdir(d) if os.path.isdir(d) else [])) else []
+    if not extra and os.path.isdir(d):
+        extra = ["--overwrite_output_dir", "true"]
+    p = subprocess.Popen(args + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if kills < 20:
+        time.sleep(random.uniform(0.25, 1.5))
+        if p.poll() is None:
+            p.kill()
+            kills += 1
+            p.wait()
+            continue
+    err = p.communicate()[1].decode()
+    if p.returncode:
+        print("  run failed:", err.strip().splitlines()[-1:])
+        sys.exit(1)
+    break
+print(f"  {kills} kills, then a complete run")
+ref = W + "/killref"
+subprocess.run([snug, "train", *common, "--max_steps", "60", "--output_dir", ref], check=True, stdout=subprocess.DEVNULL)
+import json
+k = ("step", "epoch", "loss", "lr", "grad_norm", "val_loss")
+a, b = ([[json.loads(l).get(x) for x in k] for l in open(p + "/metrics.jsonl")] for p in (d, ref))
+same = a == b and open(d + "/model.safetensors", "rb").read() == open(ref + "/model.safetensors", "rb").read()
+print("  curve and weights", "same" if same else "DIFFER", "; checkpoints kept:",
+      sorted(n for n in os.listdir(d) if n.startswith("checkpoint-")))
+sys.exit(0 if same and kills >= 15 else 1)
+PY
+
+# a damaged checkpoint is refused, naming the file
+expect_error() {
+  local name=$1 pattern=$2; shift 2
+  "$@" > "$W/out" 2> "$W/err"
+  local rc=$?
+  if [ $rc -eq 2 ] && grep -Eq "snug: error: .*$pattern" "$W/err"; then ok; else bad "$name: rc=$rc: $(head -c 400 "$W/err")"; fi
+}
+ck=$W/fp32/checkpoint-6
+for f in state-optim.bin model.safetensors config.json trainer_state.json; do
+  cp -r "$ck" "$W/damaged"
+  python3 - "$W/damaged/$f" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+b[len(b) // 2] ^= 0x10
+open(sys.argv[1], "wb").write(b)
+PY
+  expect_error "flipped byte in $f" "damaged/.*(trainer_state|$f)" \
+    "$SNUG" train $common --max_steps 14 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+  rm -rf "$W/damaged"
+done
+cp -r "$ck" "$W/damaged"; truncate -s 100 "$W/damaged/state-params.bin"
+expect_error truncated "damaged.*state-params.bin is 100 bytes" \
+  "$SNUG" train $common --max_steps 14 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+rm "$W/damaged/trainer_state.hash"
+expect_error incomplete "damaged: not a complete checkpoint" \
+  "$SNUG" train $common --max_steps 14 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+# a changed setting that changes the results is refused; a new max_steps is not
+expect_error changed "trained with micro_batch_size 4, this run has 8" \
+  "$SNUG" train $common --max_steps 14 --micro_batch_size 8 --output_dir "$W/fp32" --resume_from_checkpoint "$ck"
+"$SNUG" train $common --max_steps 16 --output_dir "$W/fp32" --resume_from_checkpoint "$ck" > "$W/more.log" 2>&1 &&
+  grep -q "resumed from .* at step 6 of 16" "$W/more.log" && ok || bad "a new max_steps: $(tail -2 "$W/more.log")"
+# an output_dir that holds a run
+expect_error occupied "already holds a run.*resume_from_checkpoint: latest.*overwrite_output_dir: true" \
+  "$SNUG" train $common --max_steps 2 --output_dir "$W/fp32"
+"$SNUG" train $common --max_steps 2 --output_dir "$W/fp32" --overwrite_output_dir true > /dev/null 2>&1 &&
+  [ -z "$(ls -d "$W/fp32"/checkpoint-* 2>/dev/null)" ] && ok || bad "overwrite_output_dir kept the old checkpoints"
+# save_total_limit keeps the newest complete ones
+"$SNUG" train $common --max_steps 10 --save_steps 2 --save_total_limit 2 --output_dir "$W/limit" > /dev/null 2>&1
+[ "$(cd "$W/limit" && ls -d checkpoint-* | tr '\n' ' ')" = "checkpoint-6 checkpoint-8 " ] && ok ||
+  bad "save_total_limit 2 kept: $(cd "$W/limit" && ls -d checkpoint-*)"
+
+echo "test_resume: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
