@@ -16,7 +16,9 @@ file(GLOB SNUG_SHELL_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cli/test_
 foreach(src ${SNUG_SHELL_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_test(NAME cli_${name} COMMAND bash ${src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  set_tests_properties(cli_${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR}" LABELS cli)
+  # SNUG_SANITIZED: the sanitizer build, where a test may run fewer configurations of the same checks
+  set_tests_properties(cli_${name} PROPERTIES ENVIRONMENT
+    "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};SNUG_SANITIZED=$<BOOL:${SNUG_SANITIZE}>" LABELS cli)
 endforeach()
 
 set(SNUG_VENV "$ENV{HOME}/.cache/snug/venv" CACHE PATH "virtual environment with torch, transformers, safetensors")

@@ -316,6 +316,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
     snug_train_state st = {0}, saved = {0};
+    double t_load = now_s();
     if (!rc && resume[0])
         rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
     else if (!rc && o->base_model[0])
@@ -383,7 +384,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         st = saved;
         r.eng.opt.step = st.opt_step;
         if (!rc)
-            fprintf(out, "resumed from %s at step %d of %d\n", resume, st.step, total);
+            fprintf(out, "resumed from %s at step %d of %d (state read and data replayed in %.2f s)\n", resume,
+                    st.step, total, now_s() - t_load);
     }
     snug_loss_scaler ls = st.ls;
     double loss_mean = st.loss_mean;
@@ -474,9 +476,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
+            double tc = now_s();
             rc = snug_checkpoint_save(ck, &st, &r.s, &r.eng, e);
             if (!rc)
                 rc = snug_checkpoint_prune(o->output_dir, o->save_total_limit, e);
+            if (!rc && !tty)
+                fprintf(out, "saved %s in %.2f s\n", ck, now_s() - tc);
+            tlog += now_s() - tc; /* the save is not counted in the next logged tokens/s */
             if (!rc && stop) {
                 if (tty)
                     fputc('\n', out);

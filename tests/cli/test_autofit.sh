@@ -9,7 +9,7 @@ SRC=${SNUG_SOURCE_DIR:-.}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 pass=0 fail=0
-common="$SRC/configs/default.yaml --max_steps 30 --sample_tokens 0 --eval_steps 0 --val_set_size 0
+common="$SRC/configs/default.yaml --max_steps 12 --sample_tokens 0 --eval_steps 0 --val_set_size 0
         --dataset_prepared_path $W/prepared"
 . "$(dirname "$0")/losses.sh"
 

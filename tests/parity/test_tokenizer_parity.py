@@ -315,7 +315,7 @@ def build_families(texts):
 # ---------------------------------------------------------------- running
 
 def build_driver(tmp):
-    srcs = [os.path.join(ROOT, "src/core/error.c")]
+    srcs = [os.path.join(ROOT, "src/core/error.c"), os.path.join(ROOT, "src/core/json_util.c")]
     srcs += sorted(os.path.join(ROOT, "src/data", f) for f in os.listdir(os.path.join(ROOT, "src/data"))
                    if f.startswith("tokenizer") and f.endswith(".c"))
     srcs.append(os.path.join(ROOT, "tests/parity/tok_driver.c"))
