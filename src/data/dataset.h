@@ -61,9 +61,6 @@ typedef enum snug_chat_template {
     SNUG_CHAT_LLAMA3, /* <|begin_of_text|> once, then <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
 } snug_chat_template;
 
-/* The config spellings: completion, alpaca, chat (or chat_template), pretokenized; chatml, llama3. 0 or -1. */
-int snug_data_format_parse(const char *s, snug_data_format *out);
-int snug_chat_template_parse(const char *s, snug_chat_template *out);
 const char *snug_data_format_name(snug_data_format f);
 const char *snug_chat_template_name(snug_chat_template t);
 

@@ -38,22 +38,6 @@ static const char *const LLAMA3_SPECIALS[] = {"<|begin_of_text|>", "<|start_head
 static const char *const FORMAT_NAMES[] = {"completion", "alpaca", "chat", "pretokenized"};
 static const char *const TEMPLATE_NAMES[] = {"chatml", "llama3"};
 
-int snug_data_format_parse(const char *s, snug_data_format *out) {
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(s, FORMAT_NAMES[i]))
-            return *out = (snug_data_format)i, 0;
-    if (!strcmp(s, "chat_template"))
-        return *out = SNUG_DATA_CHAT, 0;
-    return -1;
-}
-
-int snug_chat_template_parse(const char *s, snug_chat_template *out) {
-    for (int i = 0; i < 2; i++)
-        if (!strcmp(s, TEMPLATE_NAMES[i]))
-            return *out = (snug_chat_template)i, 0;
-    return -1;
-}
-
 const char *snug_data_format_name(snug_data_format f) { return (unsigned)f < 4 ? FORMAT_NAMES[f] : "?"; }
 const char *snug_chat_template_name(snug_chat_template t) { return (unsigned)t < 2 ? TEMPLATE_NAMES[t] : "?"; }
 

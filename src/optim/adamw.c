@@ -382,28 +382,6 @@ double snug_grad_norm_model(const snug_model *m, float grad_scale) {
     return sqrt(ss) * fabs((double)grad_scale);
 }
 
-int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged) {
-    static const struct {
-        const char *name;
-        snug_optim_kind kind;
-        int paged;
-    } names[] = {
-        {"adamw", SNUG_OPTIM_ADAMW, 0},           {"adamw_torch", SNUG_OPTIM_ADAMW, 0},
-        {"adamw_torch_fused", SNUG_OPTIM_ADAMW, 0}, {"adamw_8bit", SNUG_OPTIM_ADAMW_8BIT, 0},
-        {"adamw_bnb_8bit", SNUG_OPTIM_ADAMW_8BIT, 0}, {"paged_adamw_8bit", SNUG_OPTIM_ADAMW_8BIT, 1},
-        {"paged_adamw_32bit", SNUG_OPTIM_ADAMW, 1},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(name, names[i].name)) {
-            if (kind)
-                *kind = names[i].kind;
-            if (paged)
-                *paged = names[i].paged;
-            return 0;
-        }
-    return -1;
-}
-
 const char *snug_optim_name(snug_optim_kind kind, int paged) {
     if (kind == SNUG_OPTIM_ADAMW_8BIT)
         return paged ? "paged_adamw_8bit" : "adamw_8bit";

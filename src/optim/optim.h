@@ -82,14 +82,11 @@ void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *
  * update is computed in fp32 and rounded to bf16 stochastically). 16-bit gradients are widened first. */
 void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, float grad_scale);
 
-/* The `optimizer` option: "adamw" (adamw_torch, adamw_torch_fused), "adamw_8bit" (adamw_bnb_8bit),
- * "paged_adamw_8bit", "paged_adamw_32bit". Returns -1 when unknown. */
 /* The optimizer step inside backward: steps only the model's tensors of `layer` (-1: the global tensors), as
  * snug_adamw_step_model does; a paged optimizer streams just that layer's state. The caller advances opt->step once
  * per optimizer step, before backward. */
 void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale);
 
-int snug_optim_parse(const char *name, snug_optim_kind *kind, int *paged);
 /* "adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit" */
 const char *snug_optim_name(snug_optim_kind kind, int paged);
 
@@ -101,8 +98,5 @@ typedef enum snug_sched { SNUG_SCHED_CONSTANT, SNUG_SCHED_LINEAR, SNUG_SCHED_COS
 /* The learning rate of optimizer step `step` (0-based), as transformers' schedulers give it: linear warmup from 0
  * over `warmup` steps, then constant, linear decay to 0, or half-cosine decay to 0 at `total`. */
 double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total);
-
-/* Parses "constant", "linear", "cosine"; -1 when unknown. */
-int snug_sched_parse(const char *s);
 
 #endif

@@ -18,12 +18,3 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
     return base_lr * 0.5 * (1.0 + cos(M_PI * progress));
 }
 
-int snug_sched_parse(const char *s) {
-    if (!strcmp(s, "constant") || !strcmp(s, "constant_with_warmup"))
-        return SNUG_SCHED_CONSTANT;
-    if (!strcmp(s, "linear"))
-        return SNUG_SCHED_LINEAR;
-    if (!strcmp(s, "cosine"))
-        return SNUG_SCHED_COSINE;
-    return -1;
-}
