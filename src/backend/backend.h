@@ -68,6 +68,11 @@ struct snug_backend {
     /* dinp (N,C) += dout @ w ; dw (OC,C) += dout^T @ inp ; dbias (OC) += column sums of dout. Any may be NULL. */
     void (*matmul_bwd)(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                        const float *w, int N, int C, int OC);
+    /* Row-major C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, op transposing when ta / tb, each matrix
+     * with its leading dimension (row stride): a block of columns of a wider matrix is a valid operand (LoRA's
+     * adapters on q alone of the fused q/k/v output). */
+    void (*gemm_strided)(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc);
 
     /* --- rotary position embedding, rotate-half convention (HF Llama), in place --- */
     /* x: N rows of `stride` floats; heads [0, H) of HD floats start at the row's beginning. pos (N) position ids.
@@ -128,6 +133,10 @@ struct snug_backend {
     void (*add)(snug_backend *be, float *out, const float *a, const float *b, size_t n); /* out = a + b */
     void (*accumulate)(snug_backend *be, float *dst, const float *src, size_t n);      /* dst += src */
     void (*scale)(snug_backend *be, float *x, float s, size_t n);                      /* x *= s */
+    /* Inverted dropout: out (n) = in * keep_i / (1 - p), element i kept when snug_dropout_keep(seed, i, p). The mask
+     * depends only on (seed, i), so backward applies the same op to the gradient, and every backend drops the same
+     * elements. out may be in. */
+    void (*dropout)(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 
     /* --- loss: output projection + softmax + cross-entropy, chunked over tokens --- */
     /* For tokens n with labels[n] >= 0: loss_n = logsumexp(h_n . w^T) - (h_n . w^T)[labels[n]]. Returns the sum of
@@ -211,6 +220,11 @@ static inline SNUG_HOST_DEVICE uint32_t snug_sr_bits(uint64_t seed, uint64_t i) 
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+/* Dropout's mask: element i survives when its 32 random bits are at or above p * 2^32. */
+static inline SNUG_HOST_DEVICE int snug_dropout_keep(uint64_t seed, uint64_t i, float p) {
+    return (double)snug_sr_bits(seed, i) >= (double)p * 4294967296.0;
 }
 
 /* The CPU backend: OpenMP threads (nthreads <= 0: all cores) and OpenBLAS for GEMM. */

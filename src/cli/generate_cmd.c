@@ -9,12 +9,14 @@
 #include "cli/options.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
+#include "core/fileio.h"
 #include "model/model.h"
+#include "model/peft_io.h"
 #include "plan/plan.h"
 #include "train/engine.h"
 
-static int generate(const char *dir, const char *prompt_text, int max_new, int threads, const snug_sampling *sp,
-                    FILE *out, snug_error *e);
+static int generate(const char *dir, const char *adapter, const char *prompt_text, int max_new, int threads,
+                    const snug_sampling *sp, FILE *out, snug_error *e);
 
 int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (argc < 1 || argv[0][0] == '-')
@@ -26,7 +28,20 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (!c)
         return snug_fail(e, SNUG_ENOMEM, "out of memory");
     snug_options_defaults(c);
-    int rc = snug_options_parse_args(c, argc - 1, argv + 1, e);
+    /* --adapter DIR: a PEFT adapter on MODEL_DIR (the configuration's adapter key names a kind, not a folder) */
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    int nargs = 0;
+    const char *adapter = NULL;
+    for (int i = 1; args && i < argc; i++) {
+        if (!strcmp(argv[i], "--adapter") && i + 1 < argc)
+            adapter = argv[++i];
+        else if (!strncmp(argv[i], "--adapter=", 10))
+            adapter = argv[i] + 10;
+        else
+            args[nargs++] = argv[i];
+    }
+    int rc = args ? snug_options_parse_args(c, nargs, args, e) : snug_fail(e, SNUG_ENOMEM, "out of memory");
+    free(args);
     if (!rc)
         rc = snug_run_config_validate(c, e);
     if (rc) {
@@ -37,20 +52,31 @@ int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     int max_new = c->sample_tokens, threads = c->threads;
     snug_sampling s = {.temperature = (float)c->temperature, .top_k = c->top_k, .top_p = (float)c->top_p,
                        .seed = (uint64_t)c->seed};
-    rc = generate(dir, prompt_text, max_new, threads, &s, out, e);
+    char base[1024];
+    if (!adapter && snug_peft_is_adapter(dir)) { /* an adapter folder alone: the base it names */
+        rc = snug_peft_base_path(dir, base, sizeof base, e);
+        adapter = dir;
+        dir = base;
+    }
+    if (!rc)
+        rc = generate(dir, adapter, prompt_text, max_new, threads, &s, out, e);
     free(c);
     return rc;
 }
 
-static int generate(const char *dir, const char *prompt_text, int max_new, int threads, const snug_sampling *sp,
-                    FILE *out, snug_error *e) {
+static int generate(const char *dir, const char *adapter, const char *prompt_text, int max_new, int threads,
+                    const snug_sampling *sp, FILE *out, snug_error *e) {
     snug_sampling s = *sp;
     char p[4096];
     snug_model_config cfg;
     snprintf(p, sizeof p, "%s/config.json", dir);
     SNUG_TRY(snug_model_config_load(&cfg, p, e));
-    snug_tokenizer *tok = NULL;
-    SNUG_TRY(snug_tok_load(&tok, dir, e));
+    snug_lora_cfg lora = {0};
+    if (adapter)
+        SNUG_TRY(snug_peft_read_config(adapter, cfg.arch, &lora, e));
+    snug_tokenizer *tok = NULL; /* the adapter's tokenizer when it has one (snug saves it beside the adapter) */
+    snprintf(p, sizeof p, "%s/tokenizer.json", adapter ? adapter : dir);
+    SNUG_TRY(snug_tok_load(&tok, adapter && snug_file_exists(p) ? adapter : dir, e));
     int32_t *prompt = NULL, *ids = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
@@ -84,11 +110,13 @@ static int generate(const char *dir, const char *prompt_text, int max_new, int t
     if (T > cfg.max_position)
         T = cfg.max_position;
     snug_engine g = {0};
-    snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
+    snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1, .lora = lora}, .with_grads = 0};
     if (!rc)
         rc = snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, threads, e);
     if (!rc)
         rc = snug_model_load_weights(&g.model, dir, e);
+    if (!rc && adapter)
+        rc = snug_peft_load(&g.model, adapter, e);
     if (!rc && !(ids = malloc((size_t)T * sizeof *ids)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory");
     if (!rc) {

@@ -14,6 +14,7 @@
 #include "train/trainer.h"
 #include "cli/generate_cmd.h"
 #include "cli/preprocess_cmd.h"
+#include "train/merge.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -27,8 +28,11 @@ static void usage(FILE *f) {
             "  preprocess [CONFIG]   tokenize the datasets into the cache (dataset_prepared_path) and print counts;\n"
             "                        --debug shows the first 3 examples token by token with their mask,\n"
             "                        --dump FILE.jsonl writes every example as input_ids + labels\n"
-            "  generate MODEL_DIR    sample from a saved model: --prompt TEXT --max_new_tokens N --temperature T\n"
+            "  generate MODEL_DIR    sample from a saved model (--adapter DIR: with a PEFT LoRA adapter; an adapter\n"
+            "                        folder alone uses the base it names): --prompt TEXT --max_new_tokens N --temperature T\n"
             "                        --top_k K --top_p P --seed S\n"
+            "  merge BASE ADAPTER OUT  merge a PEFT LoRA adapter into its base and write a full model folder (fp32\n"
+            "                        arithmetic, rounded once to the base's dtype)\n"
             "  help                  this text; `snug train --help` lists every configuration key\n"
             "\n"
             "Every configuration key can be given in the YAML file or on the command line (--learning_rate 1e-4).\n");
@@ -125,6 +129,14 @@ int main(int argc, char **argv) {
         rc = snug_preprocess_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "generate")) {
         rc = snug_generate_cmd(argc - 2, argv + 2, stdout, &e);
+    } else if (!strcmp(cmd, "merge")) {
+        if (argc < 5 || argv[2][0] == '-')
+            rc = snug_fail(&e, SNUG_EINPUT, "usage: snug merge BASE_DIR ADAPTER_DIR OUT_DIR");
+        else if (argc > 5)
+            rc = snug_fail(&e, SNUG_EINPUT, "snug merge takes BASE_DIR ADAPTER_DIR OUT_DIR and nothing else; got '%s'",
+                           argv[5]);
+        else if (!(rc = snug_merge_lora(argv[2], argv[3], argv[4], 0, &e)))
+            printf("merged %s into %s: %s (fp32, rounded once to the base's dtype)\n", argv[3], argv[2], argv[4]);
     } else if (!strcmp(cmd, "parity")) {
         rc = snug_parity_cmd(argc - 2, argv + 2, &e);
     } else {

@@ -32,6 +32,7 @@ typedef enum key_type {
     KT_DATASETS, /* the datasets list */
     KT_LIST,     /* only for keys not supported yet */
     KT_MAP,      /* only for keys not supported yet */
+    KT_NAMES,    /* char[size]: a list of names (YAML list, or "a,b" as one value), stored joined by commas */
 } key_type;
 
 /* Groups of the --help listing, in the order of options.h. G_DATASET keys live inside each datasets entry. */
@@ -218,6 +219,9 @@ static const key_spec keys[] = {
      .help = "save a checkpoint every N steps; 0 = only at the end"},
     {.name = "save_total_limit", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_total_limit), .def = "0", MIN(0),
      .help = "keep only the K newest complete checkpoints; 0 = keep them all"},
+    {.name = "async_checkpoint", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(async_checkpoint), .def = "true",
+     .help = "copy a checkpoint's state to host memory (planned as the checkpoint snapshot) and write it while "
+             "training goes on; false = training waits while the checkpoint is written, and needs no copy"},
     {.name = "resume_from_checkpoint", .type = KT_STRING, .group = G_OUTPUT, AT_STR(resume_from_checkpoint),
      .def = "", .values = "true=latest false=",
      .help = "continue a run exactly where a checkpoint left it (weights, optimizer state, data position, loss "
@@ -225,6 +229,28 @@ static const key_spec keys[] = {
     {.name = "overwrite_output_dir", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(overwrite_output_dir),
      .def = "false", .help = "train into an output_dir that already holds a run (its checkpoints are deleted); "
                              "false = such a folder is refused unless the run resumes"},
+    /* adapters */
+    {.name = "adapter", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(adapter), .def = "none", .values = "none lora",
+     ENUMS({"none", SNUG_ADAPTER_NONE}, {"lora", SNUG_ADAPTER_LORA}), .later_values = "qlora",
+     .help = "lora: train low-rank adapters on a frozen base (PEFT's LoRA, saved in PEFT's format); none: train "
+             "every weight"},
+    {.name = "lora_r", .type = KT_INT, .group = G_MODEL, AT_INT(lora_r), .def = "8", MIN(1),
+     .help = "the adapters' rank r"},
+    {.name = "lora_alpha", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(lora_alpha), .def = "0",
+     .help = "the adapters' scale numerator: scale = lora_alpha / lora_r; 0 = lora_r (scale 1)"},
+    {.name = "lora_dropout", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(lora_dropout), .def = "0",
+     .help = "dropout on the adapters' input (the base path sees the input unchanged), in [0, 1)"},
+    {.name = "lora_target_modules", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_target_modules), .def = "",
+     .help = "the linear modules that get adapters, as PEFT matches them (q_proj, v_proj, ...; all-linear); empty = "
+             "PEFT's default for the architecture (q_proj and v_proj; GPT-2 c_attn)"},
+    {.name = "lora_target_linear", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_target_linear), .def = "false",
+     .help = "adapt every linear module of each block (q, k, v, o, gate, up, down), as well as lora_target_modules"},
+    {.name = "peft_use_rslora", .aliases = "use_rslora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_rslora),
+     .def = "false", .help = "rank-stabilised LoRA: scale = lora_alpha / sqrt(lora_r)"},
+    {.name = "merge_lora", .type = KT_BOOL, .group = G_MODEL, AT_INT(merge_lora), .def = "false",
+     .help = "after training, also write output_dir/merged: base_model with the adapter merged (snug merge)"},
+    {.name = "lora_model_dir", .type = KT_STRING, .group = G_MODEL, AT_STR(lora_model_dir), .def = "",
+     .help = "a PEFT adapter folder (adapter_config.json) to start from instead of fresh adapters"},
     {.name = "device", .type = KT_ENUM, .group = G_OUTPUT, AT_ENUM(device), .def = "auto", .values = "auto cpu cuda",
      ENUMS({"auto", SNUG_BACKEND_AUTO}, {"cpu", SNUG_BACKEND_CPU}, {"cuda", SNUG_BACKEND_CUDA}),
      .help = "where to train: auto (a CUDA GPU when snug was built with CUDA and one is visible, else the CPU), cuda, "
@@ -304,13 +330,6 @@ static const key_spec keys[] = {
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
     LATER_BOOL("load_in_8bit", "quantised base models"),
     LATER_BOOL("load_in_4bit", "quantised base models"),
-    LATER("adapter", KT_STRING, "LoRA/QLoRA adapters; snug does full fine-tuning"),
-    LATER("lora_r", KT_INT, "LoRA adapters; snug does full fine-tuning"),
-    LATER("lora_alpha", KT_INT, "LoRA adapters; snug does full fine-tuning"),
-    LATER("lora_dropout", KT_FLOAT, "LoRA adapters; snug does full fine-tuning"),
-    LATER("lora_target_modules", KT_LIST, "LoRA adapters; snug does full fine-tuning"),
-    LATER_BOOL("lora_target_linear", "LoRA adapters; snug does full fine-tuning"),
-    LATER("lora_model_dir", KT_STRING, "LoRA adapters; snug does full fine-tuning"),
     {.name = "eval_sample_packing", .type = KT_BOOL, .off = "true",
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
@@ -557,6 +576,7 @@ static const char *type_phrase(const key_spec *k, char *buf, size_t cap) {
     case KT_SIZE: return "a size such as 40GB, 40 GiB, 512MiB or a number of bytes";
     case KT_DATASETS: return "a list of datasets";
     case KT_LIST: return "a list";
+    case KT_NAMES: return "a list of names (a YAML list, or names separated by commas)";
     case KT_MAP: return "a mapping";
     case KT_ENUM: {
         char choices[256];
@@ -615,6 +635,12 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
         memcpy(field, &v, sizeof v);
         return 0;
     }
+    case KT_NAMES:
+        for (const char *c = text; *c; c++)
+            if (!(isalnum((unsigned char)*c) || strchr("_.-, ", *c)))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s must list module names (letters, digits, '_', '.', '-'), got "
+                                 "'%.60s'", loc, written, text);
+        __attribute__((fallthrough)); /* stored as written */
     case KT_STRING: {
         char canon[64]; /* other spellings of a value: resume_from_checkpoint: true is latest */
         if (k->values && enum_value(k->values, text, canon, sizeof canon) == 0)
@@ -743,12 +769,27 @@ static const char *node_text(const yaml_node_t *n, const char *written, const ch
 }
 
 /* Applies a YAML value to one scalar key (either scope): null means the default. */
-static int apply_scalar_node(void *base, const key_spec *k, const char *written, const yaml_node_t *v,
-                             const char *loc, snug_error *e) {
+static int apply_scalar_node(void *base, const key_spec *k, const char *written, const yaml_src *y,
+                             const yaml_node_t *v, const char *loc, snug_error *e) {
     char buf[320];
     if (k->later)
         return refuse_later(k, written, v->type == YAML_SCALAR_NODE ? (const char *)v->data.scalar.value : NULL,
                             node_is_empty(v), loc, e);
+    if (k->type == KT_NAMES && v->type == YAML_SEQUENCE_NODE) { /* [q_proj, v_proj] is "q_proj,v_proj" */
+        char joined[1024] = "";
+        size_t len = 0;
+        for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+            const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+            if (!item || item->type != YAML_SCALAR_NODE)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s must list names, got %s in the list", loc, written,
+                                 item ? node_kind(item) : "nothing");
+            len += (size_t)snprintf(joined + len, len < sizeof joined ? sizeof joined - len : 0, "%s%s",
+                                    len ? "," : "", (const char *)item->data.scalar.value);
+        }
+        if (len >= sizeof joined)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s lists too many names", loc, written);
+        return set_text(base, k, written, joined, loc, e);
+    }
     if (v->type != YAML_SCALAR_NODE)
         return snug_fail(e, SNUG_EINPUT, "%s: %s must be %s, got %s", loc, written, type_phrase(k, buf, sizeof buf),
                          node_kind(v));
@@ -835,7 +876,7 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
         if (k->type == KT_DATASETS && !k->later)
             SNUG_TRY(load_datasets(base, name, y, v, loc, e));
         else
-            SNUG_TRY(apply_scalar_node(base, k, name, v, loc, e));
+            SNUG_TRY(apply_scalar_node(base, k, name, y, v, loc, e));
     }
     return 0;
 }

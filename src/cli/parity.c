@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "core/fileio.h"
 #include "model/model.h"
+#include "model/peft_io.h"
 #include "model/safetensors.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
@@ -41,7 +42,7 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
         return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --device cpu|cuda]");
-    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL;
+    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL;
     snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0;
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
@@ -51,6 +52,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         else if (!strcmp(argv[i], "--weight_decay")) wd = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--max_grad_norm")) clip = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
+        else if (!strcmp(argv[i], "--adapter")) adapter = argv[i + 1];
         else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) device = SNUG_BACKEND_CUDA;
@@ -76,16 +78,23 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
 
     snug_engine g = {0};
     snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 1};
+    /* --adapter: a PEFT LoRA adapter on the base; its A and B are what trains and what is dumped */
+    if (!rc && adapter)
+        rc = snug_peft_read_config(adapter, cfg.arch, &spec.lv.lora, e);
     if (!rc)
         rc = snug_engine_create(&g, &spec, device, threads, e);
     if (!rc)
         rc = snug_model_load_weights(&g.model, dir, e);
+    if (!rc && adapter)
+        rc = snug_peft_load(&g.model, adapter, e);
     snug_model *m = &g.model;
+    const snug_param_table *tt = snug_model_trainable(m);
+    float *tparams = m->lora.on ? m->lora.params : m->params, *tgrads = m->lora.on ? m->lora.grads : m->grads;
     g.opt.beta1 = 0.9;
     g.opt.beta2 = 0.999;
     g.opt.eps = eps;
     g.opt.weight_decay = wd;
-    size_t N = (size_t)B * T, P = m->table.total;
+    size_t N = (size_t)B * T, P = tt->total;
     int V = cfg.vocab_size, C = cfg.hidden_size;
     float *logits = NULL, *grads0 = NULL, *params_after = NULL, *hist = NULL, loss0 = 0;
     if (!rc) {
@@ -106,7 +115,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
             nsup += labels[i] >= 0;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         for (int s = 0; s <= steps; s++) {
-            m->be->zero(m->be, m->grads, P * sizeof(float));
+            m->be->zero(m->be, tgrads, P * sizeof(float));
             double loss = snug_model_step(m, scale) * scale;
             hist[s] = (float)loss;
             if (s == 0) {
@@ -114,18 +123,18 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                 /* the full logits, for the comparison only: the loss workspace holds all N rows (no chunking) */
                 m->be->matmul_fwd(m->be, m->logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
                 m->be->to_host(m->be, logits, m->logits, N * (size_t)V * sizeof *logits);
-                m->be->to_host(m->be, grads0, m->grads, P * sizeof(float));
+                m->be->to_host(m->be, grads0, tgrads, P * sizeof(float));
             }
             if (s == steps)
                 break;
-            double norm = snug_grad_norm(m->be, m->grads, P, 1.0f);
+            double norm = snug_grad_norm(m->be, tgrads, P, 1.0f);
             float c = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
-            snug_adamw_step(&g.opt, m->be, &m->table, m->params, m->grads, lr, c);
+            snug_adamw_step(&g.opt, m->be, tt, tparams, tgrads, lr, c);
         }
-        m->be->to_host(m->be, params_after, m->params, P * sizeof(float));
+        m->be->to_host(m->be, params_after, tparams, P * sizeof(float));
     }
     if (!rc) {
-        int nt = 2 + 2 * m->table.n + 1;
+        int nt = 2 + 2 * tt->n + 1;
         snug_st_out *t = calloc((size_t)nt, sizeof *t);
         char (*names)[128] = calloc((size_t)nt, sizeof *names);
         int k = 0;
@@ -133,8 +142,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         t[k++] = (snug_st_out){.name = "loss", .dtype = SNUG_DT_F32, .ndim = 0, .f32 = &loss0};
         t[k++] = (snug_st_out){.name = "loss_history", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {steps + 1},
                                .f32 = hist};
-        for (int i = 0; i < m->table.n; i++) {
-            const snug_param_entry *pe = &m->table.e[i];
+        for (int i = 0; i < tt->n; i++) {
+            const snug_param_entry *pe = &tt->e[i];
             for (int which = 0; which < 2; which++) {
                 if (which == 1 && steps == 0)
                     continue;
@@ -150,7 +159,9 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         free(t);
         free(names);
     }
-    if (!rc && save) {
+    if (!rc && save && m->lora.on) {
+        rc = snug_peft_save(m, save, dir, NULL, e);
+    } else if (!rc && save) {
         snprintf(p, sizeof p, "%s/config.json", save);
         rc = snug_mkdirs(save, e);
         if (!rc)

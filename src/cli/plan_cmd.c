@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "model/peft_io.h"
 #include "plan/autofit.h"
 #include "plan/plan_json.h"
 #include "plan/svg.h"
@@ -90,6 +91,11 @@ typedef struct report {
     char tokens_source[640];
     int cheapest;                   /* row index, -1 for none */
     char model_name[1100];
+    /* the training methods side by side with the configured levers, on the cuda backend: full fine-tuning, LoRA
+     * (the configured adapters, or r=16 on every linear module) */
+    int nmethods;
+    char method_name[3][320];
+    double method_need[3];
 } report;
 
 /* When each category is in use, and where the step's peak falls. */
@@ -128,6 +134,11 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
 
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
+    if (s->lv.lora.kind && (c == SNUG_MEM_MASTER || c == SNUG_MEM_GRADS)) {
+        snprintf(buf, n, "%s", c == SNUG_MEM_MASTER ? "none: the frozen base takes no update"
+                                                    : "fp32 gradients of the adapters only");
+        return;
+    }
     switch (c) {
     case SNUG_MEM_PARAMS: snprintf(buf, n, "%s weights", snug_precision_name(s->lv.dt)); break;
     case SNUG_MEM_MASTER:
@@ -156,6 +167,16 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
                  r->p->cfg.vocab_size);
         break;
     case SNUG_MEM_OFFLOAD: snprintf(buf, n, "layer inputs in host memory (gradient_checkpointing: offload)"); break;
+    case SNUG_MEM_SNAPSHOT:
+        snprintf(buf, n, "%s", s->ckpt_snapshot ? "parameters, master and optimizer state copied for a checkpoint"
+                                                : "none: checkpoints are written in place (or not at all)");
+        break;
+    case SNUG_MEM_ADAPTER:
+        if (s->lv.lora.kind)
+            snprintf(buf, n, "LoRA r=%d A and B in fp32 (the base is frozen)", s->lv.lora.r);
+        else
+            snprintf(buf, n, "none: full fine-tuning");
+        break;
     default: snprintf(buf, n, "ids, labels, positions, RoPE tables"); break;
     }
 }
@@ -236,6 +257,36 @@ static void listed_levers(report *r) {
     }
 }
 
+/* The configured run as full fine-tuning and as LoRA, each planned with the layout code on the cuda backend. */
+static void methods(report *r) {
+    const snug_plan_spec *s0 = &r->p->spec;
+    if (!s0->with_grads)
+        return;
+    snug_lora_cfg lora = s0->lv.lora;
+    if (!lora.kind)
+        lora = (snug_lora_cfg){.kind = SNUG_ADAPTER_LORA, .r = 16, .alpha = 16,
+                               .targets = snug_lora_all_linear(s0->cfg.arch)};
+    char targets[256];
+    snug_lora_targets_list(s0->cfg.arch, lora.targets, targets, sizeof targets);
+    for (int k = 0; k < 2; k++) {
+        snug_plan_spec sp = *s0;
+        sp.lv.lora = k ? lora : (snug_lora_cfg){0};
+        snug_plan pl;
+        snug_error e = {0};
+        if (snug_plan_run(&pl, &sp, &e))
+            continue;
+        snug_overhead ov;
+        snug_overhead_compute(&ov, SNUG_DEVICE_CUDA, &pl, 0);
+        int i = r->nmethods++;
+        r->method_need[i] = (double)pl.total + ov.total;
+        if (k)
+            snprintf(r->method_name[i], sizeof r->method_name[i], "LoRA r=%d on %s", lora.r,
+                     lora.targets == snug_lora_all_linear(s0->cfg.arch) ? "every linear module" : targets);
+        else
+            snprintf(r->method_name[i], sizeof r->method_name[i], "full fine-tuning");
+    }
+}
+
 static void run_tokens(report *r) {
     const snug_run_config *o = &r->p->c;
     double per_step = step_tokens(o);
@@ -289,6 +340,7 @@ static int build(report *r, snug_error *e) {
     r->nlev = snug_fit_levers(&r->space, r->lev, MAXLEV);
     r->nclev = snug_fit_levers(&r->cuda, r->clev, MAXLEV);
     listed_levers(r);
+    methods(r);
     run_tokens(r);
     r->cheapest = -1;
     for (int i = 0; i < snug_gpu_count() && r->nrows < 16; i++) {
@@ -340,7 +392,13 @@ static void print_text(const report *r, FILE *f) {
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps, step_tokens(o));
     snug_levers_describe(&p->spec.lv, p->spec.B, p->spec.T, lv, sizeof lv);
     const snug_levers *pl_lv = &p->spec.lv;
-    if (pl_lv->dt == SNUG_DT_F32)
+    if (pl_lv->lora.kind) {
+        char t[256];
+        snug_lora_targets_list(c->arch, pl_lv->lora.targets, t, sizeof t);
+        fprintf(f, "  training     LoRA r=%d alpha %g on %s: the %s base frozen, fp32 adapters, optimizer %s\n",
+                pl_lv->lora.r, (double)pl_lv->lora.alpha, t, snug_precision_name(pl_lv->dt),
+                snug_optim_name(p->spec.optim, p->spec.optim_paged));
+    } else if (pl_lv->dt == SNUG_DT_F32)
         fprintf(f, "  training     fp32 weights, activations and gradients, optimizer %s\n",
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     else
@@ -462,6 +520,22 @@ static void print_text(const report *r, FILE *f) {
         wrap(f, lead, (int)strlen(lead), v, 118);
     }
 
+    if (r->nmethods) {
+        fprintf(f, "\ntraining methods with these levers (cuda backend, the same overhead model); adapters train only "
+                "their own weights, so the result differs from full fine-tuning:\n");
+        fprintf(f, "  %-44s %11s  %s\n", "method", "needs", "fits on");
+        for (int k = 0; k < r->nmethods; k++) {
+            char fits[512] = "";
+            size_t len = 0;
+            for (int i = 0; i < r->nrows; i++)
+                if (r->method_need[k] <= r->rows[i].g->mem_bytes)
+                    len += (size_t)snprintf(fits + len, len < sizeof fits ? sizeof fits - len : 0, "%s%s",
+                                            len ? ", " : "", r->rows[i].g->label);
+            fmtb(a, sizeof a, r->method_need[k]);
+            fprintf(f, "  %-44s %11s  %s\n", r->method_name[k], a, len ? fits : "none of the table");
+        }
+    }
+
     char head[1024];
     snprintf(head, sizeof head, "time and cost of the run on each GPU that fits (%.4g tokens: %s):", r->run_tokens,
              r->tokens_source);
@@ -525,6 +599,16 @@ static json_t *report_json(const report *r) {
                                               o->gradient_accumulation_steps, "tokens_per_step", step_tokens(o)));
     const snug_levers *lv = &p->spec.lv;
     json_object_set_new(j, "levers", snug_levers_json(&p->spec, pl));
+    json_t *meth = json_array();
+    for (int k = 0; k < r->nmethods; k++) {
+        json_t *fits = json_array();
+        for (int i = 0; i < r->nrows; i++)
+            if (r->method_need[k] <= r->rows[i].g->mem_bytes)
+                json_array_append_new(fits, json_string(r->rows[i].g->id));
+        json_array_append_new(meth, json_pack("{s:s, s:f, s:o}", "method", r->method_name[k], "needs",
+                                              r->method_need[k], "fits", fits));
+    }
+    json_object_set_new(j, "methods", meth);
     json_object_set_new(j, "precision", json_string(snug_precision_name(lv->dt)));
     json_object_set_new(j, "master_weights", json_boolean(lv->dt != SNUG_DT_F32 && lv->master_weights));
     if (p->fit_note[0])

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <float.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,4 +163,96 @@ json_t *snug_json_loadb(const char *buf, size_t len, size_t flags, json_error_t 
     free(text);
     free(ed);
     return root;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------- */
+/* Python's float repr */
+
+/* v as D * 10^E with D of exactly p digits, correctly rounded (printf rounds exactly); 0 when v reads back. */
+static int digits_of(double v, int p, unsigned long long *D, int *E) {
+    char s[48];
+    snprintf(s, sizeof s, "%.*e", p - 1, v);
+    unsigned long long d = 0;
+    const char *c = s;
+    for (; *c && *c != 'e'; c++)
+        if (is_digit(*c))
+            d = d * 10 + (unsigned long long)(*c - '0');
+    *D = d;
+    *E = atoi(c + 1) - (p - 1);
+    return strtod(s, NULL) == v;
+}
+
+static double value_of(unsigned long long D, int E) {
+    char s[48];
+    snprintf(s, sizeof s, "%llue%d", D, E);
+    return strtod(s, NULL);
+}
+
+int snug_json_py_float(double v, char buf[32]) {
+    if (v != v)
+        return snprintf(buf, 32, "NaN");
+    if (v > DBL_MAX || v < -DBL_MAX)
+        return snprintf(buf, 32, v > 0 ? "Infinity" : "-Infinity");
+    int neg = signbit(v) != 0;
+    double a = neg ? -v : v;
+    unsigned long long D = 0;
+    int E = 0;
+    if (a == 0) {
+        D = 0;
+    } else {
+        /* the shortest p whose nearest p-digit decimal reads back; when it does not, its neighbour on v's other side
+         * may (v a power of two, where the interval of values reading back is lopsided): the closest wins first */
+        for (int p = 1; p <= 17; p++) {
+            if (digits_of(a, p, &D, &E))
+                break;
+            unsigned long long other = value_of(D, E) > a ? D - 1 : D + 1;
+            if (other > 0 && value_of(other, E) == a) {
+                D = other;
+                break;
+            }
+        }
+        while (D % 10 == 0) {
+            D /= 10;
+            E++;
+        }
+    }
+    char ds[24];
+    int nd = snprintf(ds, sizeof ds, "%llu", D);
+    int decpt = E + nd; /* v = 0.ds * 10^decpt */
+    char *o = buf;
+    if (neg)
+        *o++ = '-';
+    if (a != 0 && (decpt <= -4 || decpt > 16)) {
+        *o++ = ds[0];
+        if (nd > 1) {
+            *o++ = '.';
+            memcpy(o, ds + 1, (size_t)nd - 1);
+            o += nd - 1;
+        }
+        int x = decpt - 1;
+        o += sprintf(o, "e%c%02d", x < 0 ? '-' : '+', x < 0 ? -x : x);
+    } else if (a == 0) {
+        o += sprintf(o, "0.0");
+    } else if (decpt <= 0) {
+        *o++ = '0';
+        *o++ = '.';
+        for (int k = 0; k < -decpt; k++)
+            *o++ = '0';
+        memcpy(o, ds, (size_t)nd);
+        o += nd;
+    } else if (decpt >= nd) {
+        memcpy(o, ds, (size_t)nd);
+        o += nd;
+        for (int k = 0; k < decpt - nd; k++)
+            *o++ = '0';
+        o += sprintf(o, ".0");
+    } else {
+        memcpy(o, ds, (size_t)decpt);
+        o += decpt;
+        *o++ = '.';
+        memcpy(o, ds + decpt, (size_t)(nd - decpt));
+        o += nd - decpt;
+    }
+    *o = '\0';
+    return (int)(o - buf);
 }

@@ -26,4 +26,10 @@ json_t *snug_json_loadb(const char *buf, size_t len, size_t flags, json_error_t 
  * decodes to. A reader that needs an integer names the key and the value; one that reads a limit may take it as none. */
 int snug_json_is_huge(const json_t *j);
 
+/* The text Python's json.dumps writes for a float (float.__repr__: the shortest decimal that reads back as v, the
+ * closest to v when several are as short; fixed notation for exponents -4 .. 15, else "1.5e-07" / "1e+16"; NaN,
+ * Infinity, -Infinity for the rest). For JSON that must match a Python writer byte for byte. Writes at most 32 bytes
+ * with the NUL into buf; returns the length. */
+int snug_json_py_float(double v, char buf[32]);
+
 #endif

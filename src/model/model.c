@@ -285,7 +285,20 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     }
     m->grads = NULL;
     m->grads16 = NULL;
-    if (with_grads) {
+    /* LoRA: the adapters (fp32) and their gradients; the base then has none */
+    SNUG_TRY(snug_lora_build(m, e));
+    if (m->lora.on) {
+        snug_lora *lo = &m->lora;
+        CARVE(lo->params, SNUG_MEM_ADAPTER, lo->table.total);
+        CARVE(lo->u, SNUG_MEM_WORKSPACE, N * lo->r);
+        if (with_grads) {
+            CARVE(lo->grads, SNUG_MEM_GRADS, lo->table.total);
+            CARVE(lo->du, SNUG_MEM_WORKSPACE, N * lo->r);
+        }
+        if (lo->dropout > 0.0f && with_grads)
+            CARVE(lo->xd, SNUG_MEM_WORKSPACE, N * lo->max_in);
+    }
+    if (with_grads && !m->lora.on) {
         SNUG_TRY(grad_offsets(m, e));
         if (m->grads_numel)
             CARVE(m->grads, SNUG_MEM_GRADS, m->grads_numel);
@@ -650,6 +663,7 @@ static void layer_fwd(snug_model *m, int l) {
     norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     keep(m, s->ln1, a->ln1, Nn * C);
     be->matmul_fwd(be, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
+    snug_lora_fwd(m, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     keep(m, s->qkv, a->qkv, Nn * m->QKV);
@@ -661,11 +675,13 @@ static void layer_fwd(snug_model *m, int l) {
                           1.0f / sqrtf((float)HD));
     keep(m, s->att, a->att, Nn * NH * HD);
     be->matmul_fwd(be, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
+    snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N);
     be->accumulate(be, a->res_mid, x, Nn * C);
     keep(m, s->res_mid, a->res_mid, Nn * C);
     norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
     keep(m, s->ln2, a->ln2, Nn * C);
     be->matmul_fwd(be, a->fc, a->ln2, w->fc_w, w->fc_b, N, C, m->FC);
+    snug_lora_fwd(m, l, SNUG_SITE_FC, a->fc, m->FC, a->ln2, N);
     keep(m, s->fc, a->fc, Nn * m->FC);
     if (c->arch == SNUG_ARCH_GPT2)
         be->gelu_fwd(be, a->act, a->fc, Nn * I);
@@ -673,6 +689,7 @@ static void layer_fwd(snug_model *m, int l) {
         be->swiglu_fwd(be, a->act, a->fc, N, I);
     keep(m, s->act, a->act, Nn * I);
     be->matmul_fwd(be, out, a->act, w->proj_w, w->proj_b, N, I, C);
+    snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, a->act, N);
     be->accumulate(be, out, a->res_mid, Nn * C);
     save_res(m, l + 1, out, Nn * C);
 }
@@ -725,6 +742,7 @@ static void layer_bwd(snug_model *m, int l) {
     /* MLP: res[l+1] = res_mid + proj(act(fc(norm2(res_mid)))) */
     be->zero(be, m->d_act, Nn * I * sizeof(float));
     be->matmul_bwd(be, m->d_act, g->proj_w, g->proj_b, m->d_res, a->act, w->proj_w, N, I, C);
+    snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, m->d_res, C, a->act, N);
     be->zero(be, m->d_fc, Nn * m->FC * sizeof(float));
     if (c->arch == SNUG_ARCH_GPT2)
         be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, Nn * I);
@@ -732,11 +750,13 @@ static void layer_bwd(snug_model *m, int l) {
         be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, N, I);
     be->zero(be, m->d_ln, Nn * C * sizeof(float));
     be->matmul_bwd(be, m->d_ln, g->fc_w, g->fc_b, m->d_fc, a->ln2, w->fc_w, N, C, m->FC);
+    snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln, m->d_fc, m->FC, a->ln2, N);
     norm_bwd(m, m->d_res, g->ln2_w, g->ln2_b, m->d_ln, a->res_mid, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
     be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
     be->matmul_bwd(be, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
+    snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, m->d_res, C, a->att, N);
     be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
     if (m->lv.naive_attention)
         be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
@@ -752,6 +772,7 @@ static void layer_bwd(snug_model *m, int l) {
     }
     be->zero(be, m->d_ln, Nn * C * sizeof(float));
     be->matmul_bwd(be, m->d_ln, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C, m->QKV);
+    snug_lora_bwd(m, l, SNUG_SITE_QKV, m->d_ln, m->d_qkv, m->QKV, a->ln1, N);
     norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
         size_t o16 = m->lv.optimizer_in_backward ? 0 : m->table.layer_offset[l] - m->table.layer_offset[0];
@@ -763,7 +784,8 @@ double snug_model_step(snug_model *m, float grad_scale) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int N = m->cur_B * m->cur_T, C = c->hidden_size, L = c->n_layer;
-    int train = grad_scale != 0.0f && (m->grads || m->grads16);
+    int train = grad_scale != 0.0f && (m->grads || m->grads16 || m->lora.grads);
+    m->lora.training = train;
     snug_dtype dt = m->lv.dt;
     const void *wte = snug_model_stored(m, m->gwte), *head = snug_model_stored(m, m->ghead);
     const float *lnf_w = m->w.lnf_w, *lnf_b = m->w.lnf_b;
@@ -803,8 +825,9 @@ double snug_model_step(snug_model *m, float grad_scale) {
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
-    be->embed_bwd(be, m->g.wte, m->d_res, m->ids, N, C);
-    if (c->arch == SNUG_ARCH_GPT2)
+    if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */
+        be->embed_bwd(be, m->g.wte, m->d_res, m->ids, N, C);
+    if (c->arch == SNUG_ARCH_GPT2 && m->g.wpe)
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
     if (m->on_grads_ready) {
         size_t off, n;

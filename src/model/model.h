@@ -63,6 +63,25 @@ typedef enum snug_ckpt {
     SNUG_CKPT_FULL,       /* keep only the layer input; recompute the whole layer in backward */
 } snug_ckpt;
 
+/* LoRA (adapter: lora): the base weights frozen, a trainable low-rank pair per adapted linear module,
+ * out += scale * (dropout(x) A^T) B^T with A (r, in), B (out, r), scale = alpha / r (alpha / sqrt(r) with rsLoRA). The
+ * modules are the architecture's linear layers as Hugging Face names them (snug_lora_module_name). */
+typedef enum snug_adapter {
+    SNUG_ADAPTER_NONE = 0, /* full fine-tuning: every parameter trains */
+    SNUG_ADAPTER_LORA,
+} snug_adapter;
+
+enum { SNUG_LORA_MAX_MODULES = 8 };
+
+typedef struct snug_lora_cfg {
+    snug_adapter kind;
+    int r;
+    float alpha;
+    float dropout;        /* on the adapter's input only */
+    int rslora;
+    unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
+} snug_lora_cfg;
+
 typedef struct snug_levers {
     snug_ckpt ckpt;
     int ckpt_every;       /* with SNUG_CKPT_FULL: layers l with l % ckpt_every == 0 are checkpointed (1 = all) */
@@ -77,7 +96,41 @@ typedef struct snug_levers {
     snug_dtype dt;        /* SNUG_DT_F32 (0, the default), SNUG_DT_BF16 or SNUG_DT_F16 */
     int master_weights;   /* 16-bit: an fp32 master copy of the parameters takes the update (SNUG_MEM_MASTER) */
     int grads_fp32;       /* 16-bit: layer gradients in fp32 anyway: accumulation over micro-batches sums in fp32 */
+    snug_lora_cfg lora;   /* adapter: lora (kind SNUG_ADAPTER_NONE: full fine-tuning) */
 } snug_levers;
+
+/* The linear layers of a block, where the model computes them: the fused q/k/v projection, the attention output,
+ * the fused gate/up (or GPT-2's c_fc) and the MLP output. */
+typedef enum snug_site { SNUG_SITE_QKV = 0, SNUG_SITE_O, SNUG_SITE_FC, SNUG_SITE_PROJ, SNUG_NSITES } snug_site;
+
+/* One adapted module: its rows of a site's output and its input width. */
+typedef struct snug_lora_module {
+    int index;            /* the architecture's module number (snug_lora_module_name) */
+    snug_site site;
+    int row0, rows;       /* output columns [row0, row0 + rows) of the site's (N, width) output */
+    int in;               /* input features */
+    size_t a_off, b_off;  /* layer 0's A (r, in) and B (rows, r), floats into the adapter table; layer l adds
+                           * l * per_layer */
+} snug_lora_module;
+
+/* The adapters of a model: their own parameter table (names as PEFT saves them), fp32 weights and gradients. */
+typedef struct snug_lora {
+    int on;
+    int r;
+    float scale;
+    float dropout;
+    int nmod;
+    snug_lora_module mod[SNUG_LORA_MAX_MODULES];
+    size_t per_layer;     /* adapter floats per layer */
+    int max_in;
+    snug_param_table table;
+    float *params;        /* (table.total) SNUG_MEM_ADAPTER */
+    float *grads;         /* (table.total) SNUG_MEM_GRADS, training only */
+    float *u, *du;        /* (N, r) workspace: x A^T of the module being run and its gradient */
+    float *xd;            /* (N, max_in) workspace: the dropped-out input (dropout > 0 only) */
+    uint64_t seed;        /* dropout's stream of this micro-batch (set by the caller before each training step) */
+    int training;         /* the step running trains (dropout applies); evaluation and generation see none */
+} snug_lora;
 
 /* Where the gradients of one contiguous range of the parameter table are (snug_model_ready_ranges). */
 typedef struct snug_grad_range {
@@ -188,6 +241,8 @@ typedef struct snug_model {
     int seg_used;          /* seg holds segment starts for this batch (packing); else plain causal */
     float *rope_cos, *rope_sin;        /* (T, HD/2) */
 
+    snug_lora lora;        /* adapter: lora (lora.on) */
+
     snug_grads_ready_fn on_grads_ready;
     void *on_grads_ready_ud;
 } snug_model;
@@ -208,6 +263,40 @@ float *snug_model_host_params(const snug_model *m);
  * as m->lv.dt), else in params (F32). */
 const void *snug_model_stored(const snug_model *m, size_t offset);
 
+/* The Hugging Face name of module k of an architecture's block ("self_attn.q_proj", "mlp.c_fc"), NULL past the
+ * last; and the number of modules. */
+const char *snug_lora_module_name(snug_arch arch, int k);
+int snug_lora_module_count(snug_arch arch);
+/* The modules Axolotl's lora_target_linear and Unsloth adapt: every linear layer of the block. */
+unsigned snug_lora_all_linear(snug_arch arch);
+/* PEFT's default when no target is named: q_proj and v_proj (Llama), c_attn (GPT-2). */
+unsigned snug_lora_default_targets(snug_arch arch);
+
+/* The tensors that train: the adapters' table under LoRA, else the model's. */
+static inline const snug_param_table *snug_model_trainable(const snug_model *m) {
+    return m->lora.on ? &m->lora.table : &m->table;
+}
+
+/* Builds the adapter table (A then B of each adapted module, layer by layer, named
+ * "base_model.model.<module>.lora_A.weight") and the module list of m->lora from m->lv.lora; nothing when kind is
+ * NONE. Called by snug_model_layout. */
+int snug_lora_build(snug_model *m, snug_error *e);
+/* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
+int snug_lora_init(snug_model *m, uint64_t seed);
+/* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input. */
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N);
+/* After the base linear's backward: dx (N, in) += the adapters' input gradient; dA, dB accumulate. dout (N, width)
+ * the site's output gradient, x its input. */
+void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
+                   int N);
+void snug_lora_free(snug_lora *lora);
+/* Copies the adapter weights of src into dst (both laid out with the same adapters). */
+void snug_lora_copy(snug_model *dst, const snug_model *src);
+
+/* Appends a tensor of ndim (1 or 2) dimensions d0 (x d1) at *off (advanced past it); *cap: entries allocated.
+ * -1 when out of memory. */
+int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char *name, int ndim, int64_t d0,
+                         int64_t d1, int layer, int transposed);
 /* Builds the parameter table for a config (no allocation of model memory). */
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
 void snug_param_table_free(snug_param_table *t);
@@ -243,8 +332,12 @@ void snug_model_get_params(const snug_model *m, float *host);
 
 /* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
-/* Writes model.safetensors (F32 or the dtype named by cfg.torch_dtype) into dir, atomically. */
+/* Writes model.safetensors into dir, atomically: F32 (fp32 parameters or the master copy), or the 16-bit
+ * parameters as they are when there is no fp32 copy. */
 int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e);
+/* The same from host copies laid out like the model's parameters: F32 from p32, or (p32 NULL) lv.dt from p16. */
+int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
+                                 snug_error *e);
 
 /* Copies one micro-batch (B*T ids, labels with -1 for unsupervised, positions, segment starts or NULL) to the device
  * buffers. b_used <= B rows, t_used <= T columns: the batch may be smaller than the layout. */

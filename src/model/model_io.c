@@ -95,29 +95,19 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     return rc;
 }
 
-int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
-    /* host memory is written in place: fp32 parameters or the master copy as F32, or 16-bit parameters without a
-     * master as they are (BF16/F16); a device's parameters come through one fp32 host copy */
-    int half_only = m->lv.dt != SNUG_DT_F32 && !m->params;
-    int direct = m->be->host_resident;
-    float *host = direct ? m->params : malloc(m->table.total * sizeof *host);
+int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
+                                 snug_error *e) {
     snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
-    if ((!direct && !host) || !out) {
-        if (!direct)
-            free(host);
-        free(out);
+    if (!out)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
-    }
-    if (!direct)
-        snug_model_get_params(m, host);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
         out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .transpose2d = p->transposed};
-        if (direct && half_only) {
+        if (!p32) {
             out[i].dtype = out[i].h16_dtype = m->lv.dt;
-            out[i].h16 = m->params16 + p->offset;
+            out[i].h16 = p16 + p->offset;
         } else {
-            out[i].f32 = host + p->offset;
+            out[i].f32 = p32 + p->offset;
         }
         out[i].shape[0] = p->shape[0];
         out[i].shape[1] = p->shape[1];
@@ -125,8 +115,20 @@ int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e)
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     int rc = snug_st_write(path, out, m->table.n, e);
-    if (!direct)
-        free(host);
     free(out);
+    return rc;
+}
+
+int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
+    /* host memory is written in place: fp32 parameters or the master copy as F32, or 16-bit parameters without a
+     * master as they are (BF16/F16); a device's parameters come through one fp32 host copy */
+    if (m->be->host_resident)
+        return snug_model_save_weights_host(m, dir, m->params, m->params ? NULL : m->params16, e);
+    float *host = malloc(m->table.total * sizeof *host);
+    if (!host)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
+    snug_model_get_params(m, host);
+    int rc = snug_model_save_weights_host(m, dir, host, NULL, e);
+    free(host);
     return rc;
 }

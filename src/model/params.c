@@ -16,10 +16,14 @@ typedef struct builder {
 } builder;
 
 static int add(builder *b, const char *name, int ndim, int64_t d0, int64_t d1, int layer, int transposed) {
-    snug_param_table *t = b->t;
-    if (t->n == b->cap) {
-        b->cap = b->cap ? 2 * b->cap : 64;
-        snug_param_entry *ne = realloc(t->e, (size_t)b->cap * sizeof *ne);
+    return snug_param_table_add(b->t, &b->cap, &b->off, name, ndim, d0, d1, layer, transposed);
+}
+
+int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char *name, int ndim, int64_t d0,
+                         int64_t d1, int layer, int transposed) {
+    if (t->n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        snug_param_entry *ne = realloc(t->e, (size_t)*cap * sizeof *ne);
         if (!ne)
             return -1;
         t->e = ne;
@@ -31,11 +35,11 @@ static int add(builder *b, const char *name, int ndim, int64_t d0, int64_t d1, i
     p->shape[0] = d0;
     p->shape[1] = ndim == 2 ? d1 : 1;
     p->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
-    p->offset = b->off;
+    p->offset = *off;
     p->layer = layer;
     p->decay = ndim == 2;
     p->transposed = transposed;
-    b->off += p->numel;
+    *off += p->numel;
     return 0;
 }
 

@@ -547,7 +547,10 @@ static int out_layout_cmp(const void *a, const void *b) {
 static int check_out(const char *path, const snug_st_out *t, snug_error *e) {
     if (!t->name || strcmp(t->name, "__metadata__") == 0)
         return snug_fail(e, SNUG_EINTERNAL, "writing %s: a tensor has no name or is named __metadata__", path);
-    if (t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F16)
+    if (t->raw && (snug_dtype_size(t->dtype) == 0 || t->transpose2d))
+        return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": raw bytes need a dtype snug knows and no "
+                         "transpose", path, t->name);
+    if (!t->raw && t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F16)
         return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": dtype must be F32, BF16 or F16", path,
                          t->name);
     if (t->ndim < 0 || t->ndim > SNUG_ST_MAXDIM || (t->transpose2d && t->ndim != 2))
@@ -556,7 +559,7 @@ static int check_out(const char *path, const snug_st_out *t, snug_error *e) {
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0)
             return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": shape[%d] is negative", path, t->name, d);
-    if (!t->f32 && !t->h16 && numel_of(t->ndim, t->shape) > 0)
+    if (!t->f32 && !t->h16 && !t->raw && numel_of(t->ndim, t->shape) > 0)
         return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": no source data", path, t->name);
     return 0;
 }
@@ -602,10 +605,12 @@ static int build_header(const char *path, const snug_st_out *const *order, int n
     return 0;
 }
 
-/* Converts and writes one tensor's data in chunks. */
+/* Converts and writes one tensor's data in chunks (raw bytes as they are). */
 static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char *buf, size_t bufsize,
                       snug_error *e) {
     size_t n = (size_t)numel_of(t->ndim, t->shape), esz = snug_dtype_size(t->dtype), chunk = bufsize / esz;
+    if (t->raw)
+        return n ? snug_atomic_write(af, t->raw, n * esz, e) : 0;
     size_t R = t->transpose2d ? (size_t)t->shape[0] : 1, K = t->transpose2d ? (size_t)t->shape[1] : n;
     for (size_t start = 0; start < n; start += chunk) {
         size_t m = n - start < chunk ? n - start : chunk;

@@ -59,6 +59,8 @@ typedef struct snug_st_out {
     const uint16_t *h16;/* or (when set) source values stored as h16_dtype (BF16 or F16) */
     snug_dtype h16_dtype;
     int transpose2d;    /* write the transpose of a 2-D source (source is [shape[1], shape[0]]) */
+    const void *raw;    /* or (when set) the bytes as they go in the file: numel * dtype size bytes of any dtype snug
+                         * knows (U8, F32, BF16, ...), written as they are, never transposed */
 } snug_st_out;
 
 /* Writes one file atomically, the way the reference writer does: tensors sorted by dtype alignment (descending)

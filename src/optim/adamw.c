@@ -334,6 +334,10 @@ void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *
 }
 
 void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, float grad_scale) {
+    if (m->lora.on) { /* only the adapters train, in fp32 */
+        snug_adamw_step(opt, m->be, &m->lora.table, m->lora.params, m->lora.grads, lr, grad_scale);
+        return;
+    }
     io x = {.m = m};
     step_all(opt, m->be, &m->table, &x, lr, grad_scale);
 }
@@ -379,6 +383,8 @@ double snug_grad_norm_model(const snug_model *m, float grad_scale) {
         ss += be->sumsq(be, m->grads, SNUG_DT_F32, m->grads_numel);
     if (m->grads16)
         ss += be->sumsq(be, m->grads16, m->lv.dt, m->grads16_numel);
+    if (m->lora.grads)
+        ss += be->sumsq(be, m->lora.grads, SNUG_DT_F32, m->lora.table.total);
     return sqrt(ss) * fabs((double)grad_scale);
 }
 

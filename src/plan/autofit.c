@@ -95,6 +95,8 @@ static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) 
         PART("optimizer: %s", snug_optim_name(p->spec.optim, p->spec.optim_paged));
     if (p->spec.B != base->B || p->GA != baseGA)
         PART("micro_batch_size %d x %d accumulation", p->spec.B, p->GA);
+    if (p->spec.ckpt_snapshot != base->ckpt_snapshot)
+        PART("async_checkpoint: %s", p->spec.ckpt_snapshot ? "true" : "false");
 #undef PART
     if (!p->changes)
         snprintf(p->what, n, "as configured");
@@ -165,6 +167,8 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
             nopt++;
         }
     long E = (long)base->B * GA; /* the effective batch, kept */
+    /* on the CPU the checkpoint snapshot is the same memory: writing checkpoints in place is a lever there */
+    int nsnap = kind == SNUG_DEVICE_CPU && base->ckpt_snapshot ? 2 : 1;
 
     for (long b = E; b >= 1 && !rc; b--) {
         if (E % b || b > 1 << 20)
@@ -172,18 +176,20 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
         for (int i = 0; i < nck && !rc; i++)
             for (int x = 0; x < nxent && !rc; x++)
                 for (int a = 0; a < nnaive && !rc; a++)
-                    for (int k = 0; k < nopt && !rc; k++) {
-                        if (b == base->B && i == 0 && x == 0 && a == 0 && k == 0)
-                            continue; /* the configured run, already pt[0] */
-                        snug_plan_spec sp = *base;
-                        sp.B = (int)b;
-                        sp.lv = ck[i];
-                        sp.lv.xent_chunk = xent[x];
-                        sp.lv.naive_attention = naive[a];
-                        sp.optim = opt[k].k;
-                        sp.optim_paged = opt[k].paged;
-                        rc = add_point(s, &cap, &sp, (int)(E / b), base, GA, base_factor, e);
-                    }
+                    for (int k = 0; k < nopt && !rc; k++)
+                        for (int w = 0; w < nsnap && !rc; w++) {
+                            if (b == base->B && i == 0 && x == 0 && a == 0 && k == 0 && w == 0)
+                                continue; /* the configured run, already pt[0] */
+                            snug_plan_spec sp = *base;
+                            sp.B = (int)b;
+                            sp.lv = ck[i];
+                            sp.lv.xent_chunk = xent[x];
+                            sp.lv.naive_attention = naive[a];
+                            sp.optim = opt[k].k;
+                            sp.optim_paged = opt[k].paged;
+                            sp.ckpt_snapshot = base->ckpt_snapshot && w == 0;
+                            rc = add_point(s, &cap, &sp, (int)(E / b), base, GA, base_factor, e);
+                        }
     }
     if (rc)
         snug_fit_space_free(s);
@@ -253,10 +259,13 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
         return "recomputes the norms and the MLP activation";
     if (p->spec.B != base->spec.B)
         return "the same FLOPs in smaller GEMMs, more of them";
+    if (p->spec.ckpt_snapshot != base->spec.ckpt_snapshot)
+        return "training waits while each checkpoint is written";
     return "";
 }
 
-/* Which lever a single-change point changes: 0 attention, 1 cross-entropy, 2 checkpointing, 3 optimizer, 4 batch. */
+/* Which lever a single-change point changes: 0 attention, 1 cross-entropy, 2 checkpointing, 3 optimizer, 4 batch,
+ * 5 the checkpoint snapshot. */
 static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
     const snug_plan_spec *a = &p->spec, *b = &base->spec;
     if (a->lv.naive_attention != b->lv.naive_attention)
@@ -267,6 +276,8 @@ static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
         return 2;
     if (a->optim != b->optim || a->optim_paged != b->optim_paged)
         return 3;
+    if (a->ckpt_snapshot != b->ckpt_snapshot)
+        return 5;
     return 4;
 }
 

@@ -10,14 +10,36 @@
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && s->GA > 1;
+    if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
+        lv.master_weights = 0;
+        lv.grads_fp32 = 0;
+    }
     return lv;
 }
 
 int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e) {
+    if (s->with_grads && s->lv.optimizer_in_backward && s->lv.lora.kind)
+        return snug_fail(e, SNUG_EINPUT, "optimizer_in_backward with an adapter is not supported yet: the adapters' "
+                         "state is small, so set optimizer_in_backward: false");
     if (s->with_grads && s->lv.optimizer_in_backward && s->GA > 1)
         return snug_fail(e, SNUG_EINPUT, "optimizer_in_backward steps after every micro-batch, so gradients cannot "
                          "accumulate over %d micro-batches; set gradient_accumulation_steps: 1 (raise "
                          "micro_batch_size instead)", s->GA);
+    return 0;
+}
+
+int snug_plan_kept(const snug_levers *lv, snug_category c) {
+    return (c == SNUG_MEM_PARAMS && !lv->lora.kind) || c == SNUG_MEM_MASTER || c == SNUG_MEM_OPTIM ||
+           c == SNUG_MEM_ADAPTER;
+}
+
+int snug_plan_snapshot_layout(snug_arenas *A, const snug_levers *lv, void *dst[SNUG_MEM_NCAT], snug_error *e) {
+    for (int c = 0; c < SNUG_MEM_NCAT; c++) {
+        dst[c] = NULL;
+        if (snug_plan_kept(lv, (snug_category)c) && A->a[c].peak &&
+            !(dst[c] = snug_arena_alloc(&A->a[SNUG_MEM_SNAPSHOT], A->a[c].peak, e)))
+            return e ? e->code : SNUG_ENOMEM;
+    }
     return 0;
 }
 
@@ -32,11 +54,15 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
     snug_arenas A;
     snug_arenas_init_counting(&A);
-    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = m.lv.dt != SNUG_DT_F32};
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
+    snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = m.lv.dt != SNUG_DT_F32 && !m.lora.on};
     if (!rc && s->with_grads)
-        rc = snug_adamw_layout(&opt, &A, &m.table, NULL, e);
+        rc = snug_adamw_layout(&opt, &A, snug_model_trainable(&m), NULL, e);
+    void *snap[SNUG_MEM_NCAT];
+    if (!rc && s->with_grads && s->ckpt_snapshot)
+        rc = snug_plan_snapshot_layout(&A, &m.lv, snap, e);
     if (!rc) {
+        p->host[SNUG_MEM_SNAPSHOT] = A.a[SNUG_MEM_SNAPSHOT].peak > 0;
         p->host[SNUG_MEM_OPTIM] = s->with_grads && s->optim_paged;
         p->host[SNUG_MEM_OFFLOAD] = A.a[SNUG_MEM_OFFLOAD].peak > 0; /* gradient_checkpointing: offload */
         for (int c = 0; c < SNUG_MEM_NCAT; c++) {
@@ -52,6 +78,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         p->xent_chunk = m.xent_chunk;
     }
     snug_param_table_free(&m.table);
+    snug_lora_free(&m.lora);
     free(m.w.layers);
     free(m.g.layers);
     free(m.acts);

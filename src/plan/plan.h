@@ -23,6 +23,7 @@ typedef struct snug_plan_spec {
     int optim_paged;       /* optimizer state in host memory, streamed (paged_adamw_*) */
     double memory_budget;  /* bytes (0 = none): snug_engine_create refuses a plan over it (see plan/autofit.h) */
     double budget_overhead; /* runtime overhead outside the arenas that the budget must also hold */
+    int ckpt_snapshot;     /* checkpoints are copied to host memory and written while training goes on */
 } snug_plan_spec;
 
 typedef struct snug_plan {
@@ -45,6 +46,16 @@ snug_levers snug_plan_levers(const snug_plan_spec *s);
 /* Whether the spec's levers can run together: optimizer_in_backward steps after every micro-batch (no
  * accumulation). An error names the setting and the fix. snug_plan_run checks it. */
 int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e);
+
+/* The checkpoint snapshot: one host copy of each category a checkpoint keeps (parameters, master weights, optimizer
+ * state), carved from A's snapshot arena with the size the same categories of A have reached; dst[c] gets the copy
+ * of category c (NULL for the others). The plan and the engine both call it after laying the model and the
+ * optimizer out, so the snapshot is planned exactly. */
+int snug_plan_snapshot_layout(snug_arenas *A, const snug_levers *lv, void *dst[SNUG_MEM_NCAT], snug_error *e);
+
+/* Whether a checkpoint keeps category c: the trained state (parameters, master weights, optimizer state; under LoRA
+ * the adapters and their optimizer state, not the frozen base). */
+int snug_plan_kept(const snug_levers *lv, snug_category c);
 
 /* "1.23 GiB", "456.0 MiB", "12.0 KiB" */
 void snug_format_bytes(char *buf, size_t n, double bytes);

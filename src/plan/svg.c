@@ -21,7 +21,7 @@ extern char **environ;
 
 /* Categories first, then the runtime overhead (Tableau 10 colours: distinct, and readable in grey). */
 static const char *const colours[SNUG_MEM_NCAT + 1] = {
-    "#4e79a7", "#a0cbe8", "#f28e2b", "#e15759", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c9c9c",
+    "#4e79a7", "#a0cbe8", "#f28e2b", "#e15759", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#76b7b2", "#bab0ac", "#9c9c9c",
 };
 
 typedef struct buf {

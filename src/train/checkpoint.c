@@ -5,16 +5,20 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/json_util.h"
 #include "data/cache.h"
 #include "model/model.h"
+#include "model/peft_io.h"
 #include "snug.h"
 
 #define STATE_JSON "trainer_state.json"
@@ -29,8 +33,14 @@ static const struct {
     {SNUG_MEM_PARAMS, "state-params.bin"},
     {SNUG_MEM_MASTER, "state-master.bin"},
     {SNUG_MEM_OPTIM, "state-optim.bin"},
+    {SNUG_MEM_ADAPTER, "state-adapter.bin"},
 };
 #define NKEPT ((int)(sizeof kept / sizeof kept[0]))
+
+/* The bytes of kept arena i this run checkpoints (0: none, or not part of the state, such as a frozen base). */
+static size_t kept_bytes(const snug_engine *eng, int i) {
+    return snug_plan_kept(&eng->model.lv, kept[i].c) ? eng->plan.bytes[kept[i].c] : 0;
+}
 
 /* ---- what must not change on resume: the settings that change the results ---- */
 
@@ -48,7 +58,8 @@ static const struct {
     I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
     D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),
     I(optimizer_in_backward), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
-    I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens),
+    I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(adapter), I(lora_r),
+    D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), I(lora_rslora),
 #undef I
 #undef D
 #undef S
@@ -81,7 +92,7 @@ static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
         return -1;
     snug_hasher h;
     snug_hash_init(&h, 0x636b7074ull /* "ckpt" */);
-    static unsigned char buf[1 << 16];
+    unsigned char buf[1 << 14];
     size_t n, total = 0;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
         snug_hash_update(&h, buf, n);
@@ -96,13 +107,11 @@ static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
     return 0;
 }
 
-/* One arena's bytes into path, through a host staging buffer when the arena is on the device. */
-static int write_arena(const char *path, const snug_engine *eng, snug_category c, snug_error *e) {
-    size_t n = eng->plan.bytes[c];
-    const unsigned char *src = eng->blocks[c];
+/* n bytes from src into path, through a host staging buffer when src is device memory. */
+static int write_arena(const char *path, const unsigned char *src, size_t n, int host, snug_backend *be,
+                       snug_error *e) {
     snug_atomic_file af;
     SNUG_TRY(snug_atomic_open(&af, path, e));
-    int host = eng->plan.host[c] || eng->be->host_resident;
     const size_t piece = (size_t)16 << 20;
     unsigned char *buf = host ? NULL : malloc(n < piece ? n : piece);
     int rc = !host && n && !buf ? snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", path) : 0;
@@ -111,7 +120,7 @@ static int write_arena(const char *path, const snug_engine *eng, snug_category c
         if (host) {
             rc = snug_atomic_write(&af, src + o, k, e);
         } else {
-            eng->be->to_host(eng->be, buf, src + o, k);
+            be->to_host(be, buf, src + o, k);
             rc = snug_atomic_write(&af, buf, k, e);
         }
     }
@@ -149,11 +158,13 @@ static int read_arena(const char *path, snug_engine *eng, snug_category c, snug_
 
 /* ---- the Hugging Face folder ---- */
 
-int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
+/* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, or (both NULL) from the
+ * engine's model itself. */
+static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
+                   const uint16_t *p16, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     const snug_model *m = &eng->model;
-    SNUG_TRY(snug_model_save_weights(m, dir, e));
     if (s->tok_path[0]) {
         char srcdir[4096];
         snprintf(srcdir, sizeof srcdir, "%s", s->tok_path);
@@ -162,25 +173,29 @@ int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine 
             *slash = '\0';
         else
             snprintf(srcdir, sizeof srcdir, ".");
-        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                               "chat_template.jinja"};
-        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-            char src[4096];
-            snug_path_join(src, sizeof src, srcdir, files[i]);
-            snug_path_join(p, sizeof p, dir, files[i]);
-            if (snug_file_exists(src))
-                SNUG_TRY(snug_copy_file(src, p, e));
-        }
+        SNUG_TRY(snug_copy_tokenizer_files(srcdir, dir, e));
     }
+    /* LoRA: the adapter as PEFT saves it (p32: the adapter table's values), naming its base; adapter_config.json,
+     * written last, makes the folder an adapter */
+    if (m->lora.on)
+        return snug_peft_save(m, dir, s->c.base_model[0] ? s->c.base_model : s->c.model_preset, p32, e);
+    if (p32 || p16)
+        SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, e));
+    else
+        SNUG_TRY(snug_model_save_weights(m, dir, e));
     snug_model_config cfg = s->cfg;
-    /* the dtype the weights are saved in: fp32, or bf16/fp16 when there is no fp32 master copy to save */
-    int half_only = m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
+    /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save */
+    int half_only = (p32 || p16) ? !p32 : m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
              !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
     snug_path_join(p, sizeof p, dir, "generation_config.json");
     SNUG_TRY(snug_generation_config_save(&cfg, p, e));
     snug_path_join(p, sizeof p, dir, "config.json"); /* last: the folder is loadable only once it is whole */
     return snug_model_config_save(&cfg, p, e);
+}
+
+int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
+    return save_hf(dir, s, eng, NULL, NULL, e);
 }
 
 /* ---- folders ---- */
@@ -288,17 +303,49 @@ int snug_output_dir_has_run(const char *output_dir) {
 
 /* ---- save ---- */
 
-int snug_checkpoint_save(const char *dir, const snug_train_state *st, const snug_setup *s, const snug_engine *eng,
-                         snug_error *e) {
+/* One checkpoint being written: what it is written from, and how it ended. */
+struct snug_ckpt_job {
+    char dir[4096];
+    int keep;
+    snug_train_state st;
+    const snug_setup *s;
+    const snug_engine *eng;
+    const unsigned char *src[NKEPT]; /* the bytes of each kept arena: the snapshot, or the arena itself */
+    int host;                        /* src is host memory (a snapshot, or a host-resident backend) */
+    const float *p32;                /* the model's weights in the snapshot (NULL: from the model) */
+    const uint16_t *p16;
+    pthread_t thread;
+    int threaded;
+    atomic_int done;
+    double t0, t1;
+    int rc;
+    snug_error err;
+};
+
+/* Where a pointer into one of the kept arenas lies in the snapshot. */
+static const void *in_snapshot(const snug_engine *eng, const void *ptr) {
+    for (int c = 0; ptr && c < SNUG_MEM_NCAT; c++) {
+        const unsigned char *b = eng->blocks[c], *q = ptr;
+        if (eng->snapshot[c] && b && q >= b && q < b + eng->plan.bytes[c])
+            return (unsigned char *)eng->snapshot[c] + (q - b);
+    }
+    return NULL;
+}
+
+static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
     char part[4200], p[4400];
+    const char *dir = j->dir;
+    const snug_engine *eng = j->eng;
+    const snug_train_state *st = &j->st;
+    const snug_setup *s = j->s;
     snprintf(part, sizeof part, "%s.partial", dir);
     remove_tree(part); /* what a stop during an earlier save left */
     SNUG_TRY(snug_mkdirs(part, e));
-    SNUG_TRY(snug_save_hf_folder(part, s, eng, e));
+    SNUG_TRY(save_hf(part, s, eng, j->p32, j->p16, e));
     for (int i = 0; i < NKEPT; i++)
-        if (eng->plan.bytes[kept[i].c]) {
+        if (kept_bytes(eng, i)) {
             snug_path_join(p, sizeof p, part, kept[i].file);
-            SNUG_TRY(write_arena(p, eng, kept[i].c, e));
+            SNUG_TRY(write_arena(p, j->src[i], kept_bytes(eng, i), j->host, eng->be, e));
         }
     /* every file but the state's own, with its size and hash */
     json_t *files = json_object();
@@ -321,14 +368,14 @@ int snug_checkpoint_save(const char *dir, const snug_train_state *st, const snug
     }
     if (d)
         closedir(d);
-    json_t *j = json_pack(
+    json_t *js = json_pack(
         "{s:i, s:s, s:i, s:i, s:I, s:I, s:i, s:{s:b, s:f, s:i, s:i}, s:f, s:o, s:o}", "format", STATE_FORMAT,
         "snug_version", SNUG_VERSION, "step", st->step, "epochs_done", st->epochs_done, "in_epoch",
         (json_int_t)st->in_epoch, "per_epoch", (json_int_t)st->per_epoch, "optimizer_step", st->opt_step,
         "loss_scale", "on", st->ls.on, "scale", (double)st->ls.scale, "clean", st->ls.clean, "skipped",
         st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", files);
-    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-    json_decref(j);
+    char *text = js ? json_dumps(js, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(js);
     if (!text)
         return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", STATE_JSON);
     size_t len = strlen(text);
@@ -352,7 +399,84 @@ int snug_checkpoint_save(const char *dir, const snug_train_state *st, const snug
     if (slash)
         *slash = '\0';
     fsync_dir(slash ? parent : ".");
+    return slash ? snug_checkpoint_prune(parent, j->keep, e) : snug_checkpoint_prune(".", j->keep, e);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *writer_main(void *arg) {
+    struct snug_ckpt_job *j = arg;
+    j->rc = write_checkpoint(j, &j->err);
+    j->t1 = now_s();
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const snug_train_state *st,
+                          const snug_setup *s, const snug_engine *eng, snug_error *e) {
+    SNUG_TRY(snug_checkpoint_finish(w, 1, e));
+    struct snug_ckpt_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", dir);
+    snprintf(j->dir, sizeof j->dir, "%s", dir);
+    j->keep = keep;
+    j->st = *st;
+    j->s = s;
+    j->eng = eng;
+    j->t0 = now_s();
+    int snap = 1;
+    for (int i = 0; i < NKEPT; i++)
+        snap &= !kept_bytes(eng, i) || eng->snapshot[kept[i].c];
+    j->host = snap || eng->be->host_resident;
+    for (int i = 0; i < NKEPT; i++) {
+        snug_category c = kept[i].c;
+        size_t n = kept_bytes(eng, i);
+        j->src[i] = eng->blocks[c];
+        if (!snap || !n)
+            continue;
+        /* the snapshot: what the next steps change is copied now, and written from the copy */
+        if (eng->plan.host[c] || eng->be->host_resident)
+            memcpy(eng->snapshot[c], eng->blocks[c], n);
+        else
+            eng->be->to_host(eng->be, eng->snapshot[c], eng->blocks[c], n);
+        j->src[i] = eng->snapshot[c];
+    }
+    if (snap && eng->model.lora.on) {
+        j->p32 = in_snapshot(eng, eng->model.lora.params);
+    } else if (snap) {
+        j->p32 = in_snapshot(eng, eng->model.params);
+        j->p16 = j->p32 ? NULL : in_snapshot(eng, eng->model.params16);
+    }
+    w->job = j;
+    w->copy_s = now_s() - j->t0;
+    if (snap && pthread_create(&j->thread, NULL, writer_main, j) == 0) {
+        j->threaded = 1;
+        return 0;
+    }
+    writer_main(j); /* no snapshot (or no thread): written here and now */
     return 0;
+}
+
+int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e) {
+    struct snug_ckpt_job *j = w->job;
+    w->finished = 0;
+    if (!j || (!wait && !atomic_load(&j->done)))
+        return 0;
+    if (j->threaded)
+        pthread_join(j->thread, NULL);
+    w->job = NULL;
+    w->finished = 1;
+    w->write_s = j->t1 - j->t0;
+    snprintf(w->dir, sizeof w->dir, "%s", j->dir);
+    int rc = j->rc;
+    if (rc && e)
+        *e = j->err;
+    free(j);
+    return rc;
 }
 
 /* ---- load ---- */
@@ -447,7 +571,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         st->ls.skipped = (int)json_integer_value(json_object_get(ls, "skipped"));
         st->loss_mean = json_real_value(json_object_get(j, "loss_mean"));
         for (int i = 0; !rc && i < NKEPT; i++) {
-            size_t want_bytes = eng->plan.bytes[kept[i].c];
+            size_t want_bytes = kept_bytes(eng, i);
             json_t *fi = json_object_get(files, kept[i].file);
             if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
                 snprintf(why, sizeof why, "%s holds %lld bytes of %s, this run lays out %zu; the checkpoint is from "

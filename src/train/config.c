@@ -98,6 +98,20 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->logging_steps >= 1, "%s: logging_steps is %d; it must be at least 1", src, o->logging_steps);
     REQUIRE(o->eval_steps >= 0, "%s: eval_steps is %d; use 0 (end of each epoch) or a positive step count", src,
             o->eval_steps);
+    REQUIRE(o->adapter == SNUG_ADAPTER_NONE || o->adapter == SNUG_ADAPTER_LORA,
+            "%s: adapter %d is unknown; use none or lora", src, (int)o->adapter);
+    REQUIRE(o->lora_r >= 1 && o->lora_r <= 65536, "%s: lora_r is %d; it must be from 1 to 65536", src, o->lora_r);
+    REQUIRE(o->lora_alpha >= 0, "%s: lora_alpha is %g; use a positive scale numerator (or 0 for lora_r)", src,
+            o->lora_alpha);
+    REQUIRE(o->lora_dropout >= 0 && o->lora_dropout < 1, "%s: lora_dropout is %g; it must be in [0, 1)", src,
+            o->lora_dropout);
+    REQUIRE(o->adapter || !o->lora_model_dir[0],
+            "%s: lora_model_dir is set but adapter is none; add adapter: lora to train the adapter", src);
+    REQUIRE(!o->merge_lora || (o->adapter && o->base_model[0]),
+            "%s: merge_lora needs adapter: lora and a base_model folder to merge into", src);
+    REQUIRE(!o->adapter || !o->optimizer_in_backward,
+            "%s: optimizer_in_backward with an adapter is not supported yet (the adapters' state is small); set "
+            "optimizer_in_backward: false", src);
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
     REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);

@@ -46,6 +46,16 @@ typedef struct snug_run_config {
 
     /* model */
     char base_model[1024];    /* a Hugging Face model folder; "" = train the built-in model from scratch */
+    /* adapters (adapter: lora): see snug_lora_cfg */
+    snug_adapter adapter;
+    int lora_r;
+    double lora_alpha;        /* 0 = lora_r */
+    double lora_dropout;
+    char lora_target_modules[512]; /* module names joined by commas (PEFT's matching); "" = PEFT's default */
+    int lora_target_linear;   /* every linear module of a block, besides lora_target_modules */
+    int lora_rslora;          /* scale alpha / sqrt(r) */
+    char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
+    int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */
     char model_preset[64];    /* built-in architecture when base_model is empty ("tiny-llama") */
     char tokenizer[1024];     /* folder or tokenizer.json; "" = base_model's, or the built-in */
 
@@ -86,6 +96,7 @@ typedef struct snug_run_config {
     int eval_steps;           /* 0 = at the end of each epoch */
     int save_steps;           /* 0 = only at the end */
     int save_total_limit;     /* 0 = keep every checkpoint; K = the K newest complete ones */
+    int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
     char resume_from_checkpoint[1024]; /* "" = a new run; a checkpoint folder; "latest": the newest complete one in
                                         * output_dir */
     int overwrite_output_dir; /* 0: an output_dir that holds a run is refused (resume it, or say to overwrite) */

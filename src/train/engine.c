@@ -65,8 +65,10 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
     if (spec->with_grads) {
         g->opt.kind = spec->optim;
         g->opt.paged = spec->optim_paged;
-        g->opt.stage16 = spec->lv.dt != SNUG_DT_F32;
-        SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, &g->model.table, g->be, e));
+        g->opt.stage16 = spec->lv.dt != SNUG_DT_F32 && !g->model.lora.on;
+        SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, snug_model_trainable(&g->model), g->be, e));
+        if (spec->ckpt_snapshot)
+            SNUG_TRY(snug_plan_snapshot_layout(&g->arenas, &g->model.lv, g->snapshot, e));
     }
     if (snug_model_init_rope(&g->model))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the RoPE tables");
@@ -85,6 +87,7 @@ void snug_engine_free(snug_engine *g) {
     if (g->be)
         g->be->destroy(g->be);
     snug_param_table_free(&g->model.table);
+    snug_lora_free(&g->model.lora);
     free(g->model.w.layers);
     free(g->model.g.layers);
     free(g->model.acts);

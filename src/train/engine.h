@@ -21,6 +21,7 @@ typedef struct snug_engine {
     void *blocks[SNUG_MEM_NCAT];
     snug_model model;
     snug_adamw opt;        /* laid out when spec->with_grads */
+    void *snapshot[SNUG_MEM_NCAT]; /* spec->ckpt_snapshot: the host copy of each category a checkpoint keeps */
 } snug_engine;
 
 /* device: the configuration's `device`; threads: CPU threads (<= 0: all cores). */

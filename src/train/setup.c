@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "core/fileio.h"
+#include "model/peft_io.h"
 #include "model/presets.h"
 #include "plan/autofit.h"
 
@@ -130,10 +131,80 @@ int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
     return resolve_model(r, e);
 }
 
+/* The adapters of c for an architecture: the targets resolved by PEFT's name matching (checked by
+ * snug_setup_resolve, so an unknown name never reaches here). */
+static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
+    snug_lora_cfg l = {.kind = c->adapter, .r = c->lora_r, .dropout = (float)c->lora_dropout,
+                       .rslora = c->lora_rslora};
+    if (!l.kind)
+        return (snug_lora_cfg){0};
+    l.alpha = c->lora_alpha > 0 ? (float)c->lora_alpha : (float)c->lora_r;
+    char unknown[64];
+    if (!c->lora_target_modules[0] || snug_lora_targets_parse(arch, c->lora_target_modules, &l.targets, unknown,
+                                                              sizeof unknown))
+        l.targets = c->lora_target_linear ? 0 : snug_lora_default_targets(arch);
+    if (c->lora_target_linear)
+        l.targets |= snug_lora_all_linear(arch);
+    return l;
+}
+
+/* adapter: the names of lora_target_modules checked against the model, and a lora_model_dir's adapter settings
+ * written into the configuration (the adapter says what it is) */
+static int resolve_adapter(snug_setup *r, snug_error *e) {
+    snug_run_config *c = &r->c;
+    if (!c->adapter)
+        return 0;
+    char unknown[64];
+    unsigned t;
+    if (c->lora_target_modules[0] &&
+        snug_lora_targets_parse(r->cfg.arch, c->lora_target_modules, &t, unknown, sizeof unknown)) {
+        char all[256];
+        snug_lora_targets_list(r->cfg.arch, snug_lora_all_linear(r->cfg.arch), all, sizeof all);
+        return snug_fail(e, SNUG_EINPUT, "%s: lora_target_modules names '%s', which is not a linear module of this "
+                         "model; its modules are %s (or all-linear)", c->config_path[0] ? c->config_path : "config",
+                         unknown, all);
+    }
+    if (!c->lora_model_dir[0])
+        return 0;
+    snug_lora_cfg a;
+    SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, &a, e));
+    c->lora_r = a.r;
+    c->lora_alpha = a.alpha;
+    c->lora_rslora = a.rslora;
+    c->lora_target_linear = 0;
+    snug_lora_targets_list(r->cfg.arch, a.targets, c->lora_target_modules, sizeof c->lora_target_modules);
+    return 0;
+}
+
+int snug_copy_tokenizer_files(const char *src_dir, const char *dst_dir, snug_error *e) {
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char src[4096], dst[4096];
+        snug_path_join(src, sizeof src, src_dir, files[i]);
+        snug_path_join(dst, sizeof dst, dst_dir, files[i]);
+        if (snug_file_exists(src))
+            SNUG_TRY(snug_copy_file(src, dst, e));
+    }
+    return 0;
+}
+
+int snug_setup_load_adapter(const snug_setup *r, snug_model *m, snug_error *e) {
+    if (!m->lora.on)
+        return 0;
+    if (r->c.lora_model_dir[0])
+        return snug_peft_load(m, r->c.lora_model_dir, e);
+    if (snug_lora_init(m, (uint64_t)r->c.seed))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the adapters");
+    return 0;
+}
+
 snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {
     snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
-                        .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1};
+                        .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
+                        .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint};
     snug_run_optimizer(c->optimizer, &s.optim, &s.optim_paged);
+    s.lv.lora = lora_cfg(c, cfg->arch);
     return s;
 }
 
@@ -152,10 +223,13 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
     if (lv->xent_chunk > 0)
         c->cross_entropy_chunk_tokens = lv->xent_chunk;
     c->optimizer = snug_run_optimizer_choice(p->spec.optim, p->spec.optim_paged);
+    if (c->save_steps > 0)
+        c->async_checkpoint = p->spec.ckpt_snapshot;
 }
 
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {
     SNUG_TRY(snug_setup_model(r, c, e));
+    SNUG_TRY(resolve_adapter(r, e));
     r->spec = snug_run_spec(&r->c, &r->cfg);
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {

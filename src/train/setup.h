@@ -44,6 +44,14 @@ int snug_setup_model(snug_setup *s, const snug_run_config *c, snug_error *e);
  * asked, plan. Memory for the setup itself only; s is released by snug_setup_free whatever the result. */
 int snug_setup_resolve(snug_setup *s, const snug_run_config *c, snug_device_kind device, snug_error *e);
 
+/* The adapters' starting weights (adapter: lora): lora_model_dir's PEFT adapter, or PEFT's initialisation from the
+ * seed. Nothing without adapters. */
+int snug_setup_load_adapter(const snug_setup *s, snug_model *m, snug_error *e);
+
+/* Copies the Hugging Face tokenizer files that exist in src_dir (tokenizer.json, tokenizer_config.json,
+ * special_tokens_map.json, chat_template.jinja) into dst_dir, each atomically. */
+int snug_copy_tokenizer_files(const char *src_dir, const char *dst_dir, snug_error *e);
+
 /* Reads the datasets as the configuration says (the tokenizer, the model's EOS, the cache under
  * dataset_prepared_path, the validation split). */
 int snug_setup_load_data(snug_setup *s, snug_error *e);

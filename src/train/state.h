@@ -35,9 +35,26 @@ typedef struct snug_train_state {
  * config.json last, so a save that fails part way (a full disk) leaves no folder that looks loadable. */
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e);
 
-/* Writes checkpoint dir (".../checkpoint-N") whole: see above. */
-int snug_checkpoint_save(const char *dir, const snug_train_state *st, const snug_setup *s, const snug_engine *eng,
-                         snug_error *e);
+/* Checkpoints are written one at a time. With a snapshot (the engine's spec.ckpt_snapshot, async_checkpoint), the
+ * arenas a checkpoint keeps are copied into it and a thread writes the folder from the copy while training goes on;
+ * without one, the folder is written from the arenas before snug_checkpoint_start returns. */
+typedef struct snug_checkpointer {
+    struct snug_ckpt_job *job; /* the write in flight, NULL when none */
+    double copy_s;             /* the last start: how long training waited for the snapshot (or the whole write) */
+    int finished;              /* the last snug_checkpoint_finish ended a write: */
+    char dir[4096];            /*   its folder */
+    double write_s;            /*   and the seconds from its start to its folder being complete */
+} snug_checkpointer;
+
+/* Starts writing checkpoint dir (".../checkpoint-N") of st and eng whole: see above. A write still in flight is
+ * finished first (and its error returned). Once the folder is complete, all but the `keep` newest complete
+ * checkpoints beside it are deleted (snug_checkpoint_prune). */
+int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const snug_train_state *st,
+                          const snug_setup *s, const snug_engine *eng, snug_error *e);
+
+/* Ends the write in flight: waits for it (wait 1), or only collects it if it is done (wait 0). w->finished says
+ * whether one ended; its error, if it failed, is returned. The engine and setup must outlive the write. */
+int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e);
 
 /* Reads checkpoint dir into st and eng's arenas (eng created from the same configuration). Refused with a clear
  * error naming the file: an incomplete folder, a file whose size or hash differs from trainer_state.json (truncated,

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/backend_select.h"
 #include "core/fileio.h"
+#include "core/rng.h"
 #include "data/batching.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -26,6 +27,7 @@
 #include "plan/plan_json.h"
 #include "train/engine.h"
 #include "train/loss_scale.h"
+#include "train/merge.h"
 #include "train/setup.h"
 #include "train/state.h"
 
@@ -42,6 +44,8 @@ static void zero_grads(snug_model *m) {
         m->be->zero(m->be, m->grads, m->grads_numel * sizeof(float));
     if (m->grads16)
         m->be->zero(m->be, m->grads16, m->grads16_numel * sizeof(uint16_t));
+    if (m->lora.grads)
+        m->be->zero(m->be, m->lora.grads, m->lora.table.total * sizeof(float));
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -157,7 +161,8 @@ static void print_sample(run *r, FILE *out) {
      * its gradients and optimizer state go first and sampling never raises the peak */
     for (int c = SNUG_MEM_GRADS; c <= SNUG_MEM_OPTIM; c++)
         snug_engine_release(&r->eng, (snug_category)c);
-    snug_plan_spec spec = {.cfg = r->s.cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
+    snug_plan_spec spec = {.cfg = r->s.cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1, .lora = r->eng.model.lv.lora},
+                           .with_grads = 0};
     snug_engine g = {0};
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     if (n > 0 && ids && snug_engine_create(&g, &spec, o->device, o->threads, &e) == 0) {
@@ -170,6 +175,8 @@ static void print_sample(run *r, FILE *out) {
             g.be->to_device(g.be, g.model.params, host, bytes);
             if (!direct)
                 free(host);
+            if (g.model.lora.on) /* the trained adapters beside the base */
+                snug_lora_copy(&g.model, &r->eng.model);
             snug_sampling s = {.temperature = (float)o->temperature, .top_k = o->top_k, .top_p = (float)o->top_p,
                                .seed = (uint64_t)o->seed};
             int got = 0, skip = r->s.enc.bos_id >= 0 ? 1 : 0;
@@ -316,13 +323,22 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
     snug_train_state st = {0}, saved = {0};
+    snug_checkpointer ckw = {0};
+    double ck_wait = 0;
     double t_load = now_s();
+    /* the weights: a checkpoint's, or the base model's (or a random init); under LoRA the frozen base always comes
+     * from base_model (or the same seed), and the adapters from the checkpoint or PEFT's initialisation */
+    int lora = r.eng.model.lora.on;
+    if (!rc && (!resume[0] || lora)) {
+        if (o->base_model[0])
+            rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
+        else if (snug_model_init_random(&r.eng.model, (uint64_t)o->seed))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the weights");
+    }
+    if (!rc && lora && !resume[0])
+        rc = snug_setup_load_adapter(&r.s, &r.eng.model, e);
     if (!rc && resume[0])
         rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
-    else if (!rc && o->base_model[0])
-        rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
-    else if (!rc && snug_model_init_random(&r.eng.model, (uint64_t)o->seed))
-        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the weights");
     if (rc) {
         snug_loader_free(&loader);
         run_free(&r);
@@ -413,6 +429,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double loss_sum = 0;
         for (int k = 0; k < nmb; k++) {
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
+            /* LoRA dropout's masks: a function of the seed, the step and the micro-batch (the same on resume) */
+            uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
+            r.eng.model.lora.seed = snug_splitmix64(&ds);
             loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
             tokens_since += mb[k].tokens; /* example tokens: padding is not counted */
         }
@@ -473,15 +492,27 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         st.ls = ls;
         st.loss_mean = loss_mean;
         int stop = stop_requested && step + 1 < total;
-        if ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop) {
+        if (!rc) { /* a checkpoint written in the background that has just become complete */
+            rc = snug_checkpoint_finish(&ckw, 0, e);
+            if (!rc && ckw.finished && !tty)
+                fprintf(out, "saved %s in %.2f s (training waited %.2f s)\n", ckw.dir, ckw.write_s, ck_wait);
+        }
+        if (!rc && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
             double tc = now_s();
-            rc = snug_checkpoint_save(ck, &st, &r.s, &r.eng, e);
+            rc = snug_checkpoint_finish(&ckw, 1, e); /* one still being written: training waits for it */
+            if (!rc && ckw.finished && !tty)
+                fprintf(out, "saved %s in %.2f s (training waited %.2f s)\n", ckw.dir, ckw.write_s,
+                        ck_wait + now_s() - tc);
+            tc = now_s();
             if (!rc)
-                rc = snug_checkpoint_prune(o->output_dir, o->save_total_limit, e);
-            if (!rc && !tty)
-                fprintf(out, "saved %s in %.2f s\n", ck, now_s() - tc);
+                rc = snug_checkpoint_start(&ckw, ck, o->save_total_limit, &st, &r.s, &r.eng, e);
+            if (!rc && stop) /* the run ends here: the checkpoint must be whole first */
+                rc = snug_checkpoint_finish(&ckw, 1, e);
+            ck_wait = now_s() - tc;
+            if (!rc && ckw.finished && !tty)
+                fprintf(out, "saved %s in %.2f s\n", ck, ckw.write_s);
             tlog += now_s() - tc; /* the save is not counted in the next logged tokens/s */
             if (!rc && stop) {
                 if (tty)
@@ -493,14 +524,34 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             }
         }
     }
+    { /* the last checkpoint is complete before the run ends, however it ends */
+        snug_error fe = {0};
+        int frc = snug_checkpoint_finish(&ckw, 1, &fe);
+        if (!rc && frc) {
+            rc = frc;
+            if (e)
+                *e = fe;
+        }
+        if (!frc && ckw.finished && !tty)
+            fprintf(out, "saved %s in %.2f s (training waited %.2f s)\n", ckw.dir, ckw.write_s, ck_wait);
+    }
     if (tty)
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
     if (!rc && !stopped)
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
+    if (!rc && !stopped && o->merge_lora) {
+        char merged[4096];
+        snug_path_join(merged, sizeof merged, o->output_dir, "merged");
+        double tm = now_s();
+        rc = snug_merge_lora(o->base_model, o->output_dir, merged, o->threads, e);
+        if (!rc)
+            fprintf(out, "merged the adapter into %s: %s in %.1f s\n", o->base_model, merged, now_s() - tm);
+    }
     if (!rc && !stopped) {
-        fprintf(out, "saved %s (Hugging Face format) in %.1f s\n", o->output_dir, now_s() - t0);
+        fprintf(out, "saved %s (%s) in %.1f s\n", o->output_dir,
+                r.eng.model.lora.on ? "PEFT adapter" : "Hugging Face format", now_s() - t0);
         if (ls.on)
             fprintf(out, "fp16 loss scaling: %d of %d steps skipped for overflow; final scale %.0f\n", ls.skipped,
                     total, ls.scale);

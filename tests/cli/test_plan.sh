@@ -73,7 +73,7 @@ if "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --json --gpu a100 > "$W/plan.js
 import json, sys
 j = json.load(open(sys.argv[1]))
 cats = j["memory"]["categories"]
-assert len(cats) == 8 and j["model"]["parameters"] == 8030261248, cats
+assert len(cats) == 10 and j["model"]["parameters"] == 8030261248, cats
 assert sum(c["bytes"] for c in cats.values()) == j["memory"]["arenas"] + j["memory"]["host_arenas"]
 assert abs(j["memory"]["total"] - j["memory"]["arenas"] - j["memory"]["runtime_overhead"]["total"]) < 1
 assert [g["id"] for g in j["gpus"]] == ["rtx4090", "a100-40gb", "a6000", "l40s", "a100-80gb", "h100", "h200"]

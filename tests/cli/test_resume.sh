@@ -2,7 +2,7 @@
 # Exact resume and safe stops. A run stopped at a checkpoint and resumed logs the same losses, learning rates,
 # gradient norms and epochs, and ends with the same weights, bit for bit, as the run that never stopped: for fp32,
 # bf16 with and without master weights, fp16's loss scaling, 8-bit and paged AdamW, accumulation across epoch ends,
-# checkpointing, packing, grouping and auto_fit. SIGTERM and SIGINT finish the step, write a checkpoint and exit 0;
+# checkpointing, packing, grouping, auto_fit and LoRA (fp32 with dropout; bf16 with 8-bit AdamW and checkpointing). SIGTERM and SIGINT finish the step, write a checkpoint and exit 0;
 # SIGKILL at random moments (also during a checkpoint write) loses only the work since the last checkpoint and
 # never leaves one that loads; a damaged checkpoint is refused naming the file; a changed configuration is refused
 # naming the setting; an output_dir that holds a run is refused unless resumed or overwritten.
@@ -26,7 +26,9 @@ import json, sys
 rows = [[json.loads(l) for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:3]]
 keys = ("step", "epoch", "loss", "lr", "grad_norm", "val_loss", "loss_scale", "skipped_steps")
 a, b = ([[r.get(k) for k in keys] for r in rs] for rs in rows)
-w = [open(d + "/model.safetensors", "rb").read() for d in sys.argv[1:3]]
+import os
+weights = lambda d: d + ("/adapter_model.safetensors" if os.path.exists(d + "/adapter_config.json") else "/model.safetensors")
+w = [open(weights(d), "rb").read() for d in sys.argv[1:3]]
 print(f"  {sys.argv[1].split('/')[-1]:<22} {len(a)} steps: curve {'same' if a == b else 'DIFFERS'}, weights "
       f"{'same' if w[0] == w[1] else 'DIFFER'}")
 sys.exit(0 if a == b and a and w[0] == w[1] else 1)
@@ -40,7 +42,7 @@ resumed() {
   "$SNUG" train $common "$@" --output_dir "$W/$name.full" > "$W/$name.full.log" 2>&1 || { bad "$name: $(tail -2 "$W/$name.full.log")"; return; }
   "$SNUG" train $common "$@" --save_steps 4 --output_dir "$W/$name" > "$W/$name.log" 2>&1 || { bad "$name: $(tail -2 "$W/$name.log")"; return; }
   for c in "$W/$name"/checkpoint-*; do [ "$c" = "$W/$name/checkpoint-4" ] || rm -rf "$c"; done
-  rm -f "$W/$name/model.safetensors"
+  rm -f "$W/$name/model.safetensors" "$W/$name/adapter_model.safetensors"
   if "$SNUG" train $common "$@" --save_steps 4 --output_dir "$W/$name" --resume_from_checkpoint latest > "$W/$name.resume.log" 2>&1 &&
      grep -q "resumed from .*checkpoint-4 at step 4" "$W/$name.resume.log"
   then same "$name" "$name.full"; else bad "$name did not resume: $(grep error "$W/$name.resume.log")"; fi
@@ -56,6 +58,8 @@ resumed adamw8 --max_steps 10 --optimizer adamw_8bit --gradient_checkpointing fu
 [ "$quick" = 1 ] || resumed paged --max_steps 10 --optimizer paged_adamw_8bit --bf16 true
 [ "$quick" = 1 ] || resumed epochs --num_epochs 2 --gradient_accumulation_steps 5 --micro_batch_size 32 --sample_packing true
 [ "$quick" = 1 ] || resumed grouped --max_steps 10 --group_by_length true --gradient_accumulation_steps 2 --gradient_checkpointing selective
+resumed lora --max_steps 10 --adapter lora --lora_target_linear true --lora_dropout 0.1
+[ "$quick" = 1 ] || resumed lora_bf16 --max_steps 10 --adapter lora --lora_r 4 --bf16 true --optimizer adamw_8bit --gradient_checkpointing full
 [ "$quick" = 1 ] || resumed fitted --max_steps 10 --bf16 true --micro_batch_size 8 --auto_fit true --memory_budget 90MB
 
 # SIGTERM and SIGINT: the step finishes, a checkpoint is written, exit 0; resuming completes the same run

@@ -258,7 +258,8 @@ static void test_command_line(void) {
         {1, {"-x"}, "unknown option '-x'", "--key value"},
         {1, {"--load_in_8bit"}, "load_in_8bit is not supported yet", "set it to false"},
         {2, {"--optim", "sgd"}, "optim 'sgd' is not supported yet", NULL},
-        {2, {"--lora_r", "8"}, "command line: lora_r is not supported yet", NULL},
+        {2, {"--lora_r", "0"}, "command line: lora_r is 0; it must be at least 1", NULL},
+        {2, {"--adapter", "qlora"}, "adapter 'qlora' is not supported yet", "none, lora"},
         {1, {"--dataset="}, "dataset path is empty", NULL},
         {1, {"/nonexistent/cfg.yaml"}, "cannot open config '/nonexistent/cfg.yaml'", "check the path"},
         {2, {cfgpath, "--top_k=2.5"}, "top_k must be an integer, got '2.5'", NULL},
@@ -372,8 +373,7 @@ static void test_not_supported(void) {
         EXPECT_YAML_OK(yaml);
     }
     static const char *const valued[] = {
-        "adapter: lora",       "lora_r: 16",         "lora_alpha: 32",           "lora_dropout: 0.05",
-        "lora_target_modules: [q_proj, v_proj]",     "deepspeed: ds.json",
+        "deepspeed: ds.json",
         "fsdp: [full_shard]",  "wandb_project: proj",
         "special_tokens: {pad_token: \"<pad>\"}",    "chat_template: chatml",
         "saves_per_epoch: 1",  "evals_per_epoch: 4",
@@ -384,7 +384,21 @@ static void test_not_supported(void) {
         snprintf(want, sizeof want, "%.*s is not supported yet", (int)strcspn(valued[i], ":"), valued[i]);
         EXPECT_YAML_ERROR(yaml, "cfg.yaml line 1: ", want, "remove it");
     }
-    EXPECT_YAML_ERROR("lora_r: 8\n", "LoRA");
+    /* LoRA's keys (Axolotl's spellings) become typed fields; a list of modules is kept joined by commas */
+    {
+        snug_run_config o;
+        snug_error e;
+        int rc = load("adapter: lora\nlora_r: 16\nlora_alpha: 32\nlora_dropout: 0.05\n"
+                      "lora_target_modules: [q_proj, v_proj]\npeft_use_rslora: true\nlora_target_linear: false\n",
+                      &o, &e);
+        CHECKF(rc == 0, "LoRA keys: %s", e.msg);
+        CHECK(o.adapter == SNUG_ADAPTER_LORA && o.lora_r == 16 && o.lora_alpha == 32 && o.lora_dropout == 0.05 &&
+              o.lora_rslora && !o.lora_target_linear && !strcmp(o.lora_target_modules, "q_proj,v_proj"));
+        rc = load("lora_target_modules: q_proj, k_proj\n", &o, &e);
+        CHECK(rc == 0 && !strcmp(o.lora_target_modules, "q_proj, k_proj"));
+    }
+    EXPECT_YAML_ERROR("lora_target_modules: [q_proj, {a: b}]\n", "lora_target_modules must list names");
+    EXPECT_YAML_ERROR("lora_target_modules: \"q_proj; rm -rf\"\n", "must list module names");
     EXPECT_YAML_ERROR("model_type: LlamaForCausalLM\n", "set it to AutoModelForCausalLM");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
 

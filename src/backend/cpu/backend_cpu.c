@@ -87,6 +87,8 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->add = snug_cpu_add;
     be->accumulate = snug_cpu_accumulate;
     be->scale = snug_cpu_scale;
+    be->gemm_strided = snug_cpu_gemm;
+    be->dropout = snug_cpu_dropout;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->sumsq = snug_cpu_sumsq;
     be->to16 = snug_cpu_to16;

@@ -325,6 +325,21 @@ void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n) {
         x[i] *= s;
 }
 
+void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0)
+        return;
+    snug_cpu_blas_threads(be);
+    snug_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed) {
+    float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        out[i] = snug_dropout_keep(seed, i, p) ? in[i] * keep : 0.0f;
+}
+
 /* ------------------------------------------------------------------------------------------------ optimizer */
 
 double snug_cpu_sumsq(snug_backend *be, const void *xv, snug_dtype dt, size_t n) {

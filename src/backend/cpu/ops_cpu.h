@@ -67,6 +67,9 @@ void snug_cpu_gelu_bwd(snug_backend *be, float *dinp, const float *dout, const f
 void snug_cpu_add(snug_backend *be, float *out, const float *a, const float *b, size_t n);
 void snug_cpu_accumulate(snug_backend *be, float *dst, const float *src, size_t n);
 void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n);
+void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc);
+void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,

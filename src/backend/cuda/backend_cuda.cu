@@ -355,6 +355,8 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->add = snug_cuda_add;
     be->accumulate = snug_cuda_accumulate;
     be->scale = snug_cuda_scale;
+    be->gemm_strided = snug_cuda_gemm_rm;
+    be->dropout = snug_cuda_dropout;
     be->xent_fwd_bwd = snug_cuda_xent_fwd_bwd;
     be->sumsq = snug_cuda_sumsq;
     be->adamw = snug_cuda_adamw;

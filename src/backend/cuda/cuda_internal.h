@@ -239,6 +239,9 @@ void snug_cuda_bf16_sr(snug_backend *be, uint16_t *dst, const float *src, size_t
 void snug_cuda_add(snug_backend *be, float *out, const float *a, const float *b, size_t n);
 void snug_cuda_accumulate(snug_backend *be, float *dst, const float *src, size_t n);
 void snug_cuda_scale(snug_backend *be, float *x, float s, size_t n);
+void snug_cuda_gemm_rm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc);
+void snug_cuda_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 
 /* xent_cuda.cu */
 double snug_cuda_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,

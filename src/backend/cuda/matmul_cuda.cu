@@ -97,6 +97,13 @@ extern "C" void snug_cuda_gemm(snug_backend *be, int ta, int tb, int m, int n, i
         snug_lt.MatmulDescDestroy(desc);
 }
 
+extern "C" void snug_cuda_gemm_rm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                                  int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    // row-major C (M,N) is column-major C^T (N,M) = op(B)^T @ op(A)^T: the operands swap, each keeping its storage
+    // and its transpose flag
+    snug_cuda_gemm(be, tb, ta, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc);
+}
+
 /* out (N,OC) = bias broadcast to every row */
 __global__ void bias_fill_kernel(float *out, const float *bias, int N, int OC) {
     size_t total = (size_t)N * OC;

@@ -468,6 +468,18 @@ extern "C" void snug_cuda_accumulate(snug_backend *be, float *dst, const float *
     SNUG_CUDA_LAUNCHED();
 }
 
+__global__ void dropout_kernel(float *out, const float *in, size_t n, float p, uint64_t seed) {
+    float keep = 1.0f / (1.0f - p);
+    FOR_EACH(i, n) out[i] = snug_dropout_keep(seed, i, p) ? in[i] * keep : 0.0f;
+}
+
+extern "C" void snug_cuda_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed) {
+    if (!n)
+        return;
+    dropout_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(out, in, n, p, seed);
+    SNUG_CUDA_LAUNCHED();
+}
+
 extern "C" void snug_cuda_scale(snug_backend *be, float *x, float s, size_t n) {
     if (!n)
         return;

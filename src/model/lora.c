@@ -1,0 +1,230 @@
+/* lora.c: LoRA adapters on the block's linear layers (see model.h, snug_lora).
+ *
+ * Each adapted module k of layer l has A (r, in) and B (rows, r) in fp32, and adds to its site's output columns
+ * [row0, row0 + rows):  out += s * (drop(x) A^T) B^T,  s = alpha / r (alpha / sqrt(r) with rsLoRA), the base weight
+ * frozen. A module may be part of a fused site (q alone of q/k/v, gate alone of gate/up): the adapter writes only its
+ * columns, through the GEMM's leading dimension, and never needs a copy of the fused weight. Backward, with
+ * u = drop(x) A^T (N, r) recomputed rather than saved and g = dout[:, row0:row0+rows]:
+ *   du = g B (N, r);  dB += s g^T u;  dA += s du^T drop(x);  dx += drop'(s du A).
+ * Dropout draws its mask from (the micro-batch's seed, layer, module, element), so the forward and backward (and a
+ * checkpointed layer's recomputation) see the same mask without storing it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "model/model.h"
+
+/* The adaptable modules of a block, in the order of the architecture's modules. */
+typedef struct module_def {
+    const char *name; /* Hugging Face module path inside a block */
+    snug_site site;
+} module_def;
+
+static const module_def llama_modules[] = {
+    {"self_attn.q_proj", SNUG_SITE_QKV}, {"self_attn.k_proj", SNUG_SITE_QKV}, {"self_attn.v_proj", SNUG_SITE_QKV},
+    {"self_attn.o_proj", SNUG_SITE_O},   {"mlp.gate_proj", SNUG_SITE_FC},     {"mlp.up_proj", SNUG_SITE_FC},
+    {"mlp.down_proj", SNUG_SITE_PROJ},
+};
+static const module_def gpt2_modules[] = {
+    {"attn.c_attn", SNUG_SITE_QKV},
+    {"attn.c_proj", SNUG_SITE_O},
+    {"mlp.c_fc", SNUG_SITE_FC},
+    {"mlp.c_proj", SNUG_SITE_PROJ},
+};
+
+static const module_def *modules(snug_arch arch, int *n) {
+    if (arch == SNUG_ARCH_GPT2) {
+        *n = (int)(sizeof gpt2_modules / sizeof *gpt2_modules);
+        return gpt2_modules;
+    }
+    *n = (int)(sizeof llama_modules / sizeof *llama_modules);
+    return llama_modules;
+}
+
+const char *snug_lora_module_name(snug_arch arch, int k) {
+    int n;
+    const module_def *d = modules(arch, &n);
+    return k >= 0 && k < n ? d[k].name : NULL;
+}
+
+int snug_lora_module_count(snug_arch arch) {
+    int n;
+    modules(arch, &n);
+    return n;
+}
+
+unsigned snug_lora_all_linear(snug_arch arch) { return (1u << snug_lora_module_count(arch)) - 1u; }
+
+unsigned snug_lora_default_targets(snug_arch arch) { return arch == SNUG_ARCH_GPT2 ? 1u : (1u << 0) | (1u << 2); }
+
+/* Module k's rows of its site's output and its input width. */
+static void module_shape(const snug_model_config *c, int k, int *row0, int *rows, int *in) {
+    int C = c->hidden_size, I = c->intermediate_size, q = c->n_head * c->head_dim, kv = c->n_kv_head * c->head_dim;
+    if (c->arch == SNUG_ARCH_GPT2) {
+        const int r0[] = {0, 0, 0, 0}, rs[] = {3 * C, C, I, C}, ins[] = {C, C, C, I};
+        *row0 = r0[k], *rows = rs[k], *in = ins[k];
+        return;
+    }
+    const int r0[] = {0, q, q + kv, 0, 0, I, 0}, rs[] = {q, kv, kv, C, I, I, C}, ins[] = {C, C, C, q, C, C, I};
+    *row0 = r0[k], *rows = rs[k], *in = ins[k];
+}
+
+int snug_lora_build(snug_model *m, snug_error *e) {
+    snug_lora *lo = &m->lora;
+    snug_lora_free(lo);
+    const snug_lora_cfg *lc = &m->lv.lora;
+    if (lc->kind == SNUG_ADAPTER_NONE)
+        return 0;
+    const snug_model_config *c = &m->cfg;
+    int nmod;
+    const module_def *defs = modules(c->arch, &nmod);
+    if (lc->r <= 0 || !(lc->targets & snug_lora_all_linear(c->arch)))
+        return snug_fail(e, SNUG_EINPUT, "LoRA needs lora_r >= 1 and at least one target module of the model");
+    lo->on = 1;
+    lo->r = lc->r;
+    lo->scale = lc->rslora ? lc->alpha / sqrtf((float)lc->r) : lc->alpha / (float)lc->r;
+    lo->dropout = lc->dropout;
+    size_t off = 0;
+    for (int k = 0; k < nmod; k++) {
+        if (!(lc->targets & (1u << k)))
+            continue;
+        snug_lora_module *md = &lo->mod[lo->nmod++];
+        md->index = k;
+        md->site = defs[k].site;
+        module_shape(c, k, &md->row0, &md->rows, &md->in);
+        md->a_off = off;
+        off += (size_t)lo->r * md->in;
+        md->b_off = off;
+        off += (size_t)md->rows * lo->r;
+        lo->max_in = md->in > lo->max_in ? md->in : lo->max_in;
+    }
+    lo->per_layer = off;
+    /* the table, named as PEFT saves the adapters: base_model.model.<module>.lora_A.weight */
+    int L = c->n_layer, cap = 0;
+    snug_param_table *t = &lo->table;
+    t->layer_offset = calloc((size_t)L + 1, sizeof *t->layer_offset);
+    t->layer_numel = calloc((size_t)L + 1, sizeof *t->layer_numel);
+    int rc = !t->layer_offset || !t->layer_numel;
+    size_t at = 0;
+    for (int l = 0; l < L && !rc; l++) {
+        t->layer_offset[l] = at;
+        t->layer_numel[l] = lo->per_layer;
+        for (int i = 0; i < lo->nmod && !rc; i++) {
+            const snug_lora_module *md = &lo->mod[i];
+            char name[96];
+            const char *pre = c->arch == SNUG_ARCH_GPT2 ? "transformer.h" : "model.layers";
+            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_A.weight", pre, l, defs[md->index].name);
+            rc |= snug_param_table_add(t, &cap, &at, name, 2, lo->r, md->in, l, 0);
+            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, l, defs[md->index].name);
+            rc |= snug_param_table_add(t, &cap, &at, name, 2, md->rows, lo->r, l, 0);
+        }
+    }
+    t->total = at;
+    if (rc) {
+        snug_lora_free(lo);
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory building the adapter table");
+    }
+    return 0;
+}
+
+void snug_lora_copy(snug_model *dst, const snug_model *src) {
+    size_t n = src->lora.table.total * sizeof(float);
+    float *host = src->be->host_resident ? src->lora.params : malloc(n ? n : 1);
+    if (!host || !dst->lora.on)
+        return;
+    if (host != src->lora.params)
+        src->be->to_host(src->be, host, src->lora.params, n);
+    dst->be->to_device(dst->be, dst->lora.params, host, n);
+    if (host != src->lora.params)
+        free(host);
+}
+
+void snug_lora_free(snug_lora *lo) {
+    snug_param_table_free(&lo->table);
+    memset(lo, 0, sizeof *lo);
+}
+
+int snug_lora_init(snug_model *m, uint64_t seed) {
+    snug_lora *lo = &m->lora;
+    if (!lo->on)
+        return 0;
+    float *host = calloc(lo->table.total ? lo->table.total : 1, sizeof *host);
+    if (!host)
+        return SNUG_ENOMEM;
+    for (int i = 0; i < lo->table.n; i++) {
+        const snug_param_entry *p = &lo->table.e[i];
+        if (!strstr(p->name, ".lora_A."))
+            continue; /* B stays zero: the adapted model starts as the base */
+        /* torch's kaiming_uniform_(a = sqrt(5)) on (r, in): U(-1/sqrt(in), 1/sqrt(in)) */
+        float bound = 1.0f / sqrtf((float)p->shape[1]);
+        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        for (size_t k = 0; k < p->numel; k++) {
+            double u = ((snug_splitmix64(&s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+            host[p->offset + k] = (float)((2.0 * u - 1.0) * bound);
+        }
+    }
+    m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
+    free(host);
+    return 0;
+}
+
+/* The dropout stream of module md in layer l for this micro-batch. */
+static uint64_t mask_seed(const snug_lora *lo, int l, const snug_lora_module *md) {
+    return lo->seed ^ ((uint64_t)(l + 1) * 0xD6E8FEB86659FD93ull) ^ ((uint64_t)(md->index + 1) << 56);
+}
+
+/* The input the adapter of module md reads: x itself, or x dropped out into the workspace. */
+static const float *adapter_input(snug_model *m, int l, const snug_lora_module *md, const float *x, int N) {
+    snug_lora *lo = &m->lora;
+    if (lo->dropout <= 0.0f || !lo->xd || !lo->training)
+        return x;
+    m->be->dropout(m->be, lo->xd, x, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md));
+    return lo->xd;
+}
+
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    int r = lo->r;
+    for (int i = 0; lo->on && i < lo->nmod; i++) {
+        const snug_lora_module *md = &lo->mod[i];
+        if (md->site != site)
+            continue;
+        const float *A = lo->params + (size_t)l * lo->per_layer + md->a_off;
+        const float *B = lo->params + (size_t)l * lo->per_layer + md->b_off;
+        const float *xin = adapter_input(m, l, md, x, N);
+        be->gemm_strided(be, 0, 1, N, r, md->in, 1.0f, xin, md->in, A, md->in, 0.0f, lo->u, r); /* u (N,r) = xin A^T */
+        /* out[:, row0:row0+rows] (N, rows) += s * u B^T */
+        be->gemm_strided(be, 0, 1, N, md->rows, r, lo->scale, lo->u, r, B, r, 1.0f, out + md->row0, width);
+    }
+}
+
+void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
+                   int N) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    int r = lo->r;
+    for (int i = 0; lo->on && lo->grads && i < lo->nmod; i++) {
+        const snug_lora_module *md = &lo->mod[i];
+        if (md->site != site)
+            continue;
+        size_t base = (size_t)l * lo->per_layer;
+        const float *A = lo->params + base + md->a_off, *B = lo->params + base + md->b_off;
+        float *gA = lo->grads + base + md->a_off, *gB = lo->grads + base + md->b_off;
+        const float *g = dout + md->row0; /* (N, rows), row stride width */
+        const float *xin = adapter_input(m, l, md, x, N);
+        be->gemm_strided(be, 0, 1, N, r, md->in, 1.0f, xin, md->in, A, md->in, 0.0f, lo->u, r);     /* u = xin A^T */
+        be->gemm_strided(be, 0, 0, N, r, md->rows, 1.0f, g, width, B, r, 0.0f, lo->du, r);           /* du = g B */
+        be->gemm_strided(be, 1, 0, md->rows, r, N, lo->scale, g, width, lo->u, r, 1.0f, gB, r);      /* dB += s g^T u */
+        be->gemm_strided(be, 1, 0, r, md->in, N, lo->scale, lo->du, r, xin, md->in, 1.0f, gA, md->in); /* dA += s du^T xin */
+        if (xin == x) { /* dx += s du A */
+            be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 1.0f, dx, md->in);
+        } else { /* through the same mask: dx += drop(s du A) */
+            be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 0.0f, lo->xd, md->in);
+            be->dropout(be, lo->xd, lo->xd, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md));
+            be->accumulate(be, dx, lo->xd, (size_t)N * md->in);
+        }
+    }
+}

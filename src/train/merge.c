@@ -1,0 +1,84 @@
+/* merge.c: merging a LoRA adapter into its base (see merge.h). */
+#include "train/merge.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/fileio.h"
+#include "model/peft_io.h"
+#include "train/engine.h"
+#include "train/setup.h"
+
+/* The base weight of a site in layer l: (width, in) in the flat fp32 parameters. */
+static float *site_weight(snug_model *m, int l, snug_site site) {
+    snug_layer_tensors *w = &m->w.layers[l];
+    return site == SNUG_SITE_QKV ? w->qkv_w : site == SNUG_SITE_O ? w->o_w : site == SNUG_SITE_FC ? w->fc_w
+                                                                                                   : w->proj_w;
+}
+
+int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *out_dir, int threads, snug_error *e) {
+    char p[4096];
+    snug_model_config cfg;
+    snprintf(p, sizeof p, "%s/config.json", base_dir);
+    SNUG_TRY(snug_model_config_load(&cfg, p, e));
+    snug_lora_cfg lora;
+    SNUG_TRY(snug_peft_read_config(adapter_dir, cfg.arch, &lora, e));
+    /* the base in fp32 on the CPU, the adapter beside it: an inference layout of one token */
+    snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = 1, .lv = {.ckpt_every = 1, .lora = lora}, .with_grads = 0};
+    snug_engine g = {0};
+    int rc = snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, threads, e);
+    snug_model *m = &g.model;
+    if (!rc)
+        rc = snug_model_load_weights(m, base_dir, e);
+    if (!rc)
+        rc = snug_peft_load(m, adapter_dir, e);
+    if (!rc) { /* W[row0:row0+rows, :] (rows, in) += s * B (rows, r) @ A (r, in), in fp32 */
+        snug_lora *lo = &m->lora;
+        for (int l = 0; l < cfg.n_layer; l++)
+            for (int i = 0; i < lo->nmod; i++) {
+                const snug_lora_module *md = &lo->mod[i];
+                const float *A = lo->params + (size_t)l * lo->per_layer + md->a_off;
+                const float *B = lo->params + (size_t)l * lo->per_layer + md->b_off;
+                float *W = site_weight(m, l, md->site) + (size_t)md->row0 * md->in;
+                m->be->gemm_strided(m->be, 0, 0, md->rows, md->in, lo->r, lo->scale, B, lo->r, A, md->in, 1.0f, W,
+                                    md->in);
+            }
+    }
+    /* written in the base's dtype, rounded once from the merged fp32 values */
+    snug_dtype dt = !strcmp(cfg.torch_dtype, "bfloat16") ? SNUG_DT_BF16
+                    : !strcmp(cfg.torch_dtype, "float16") ? SNUG_DT_F16
+                                                          : SNUG_DT_F32;
+    uint16_t *h16 = NULL;
+    if (!rc && dt != SNUG_DT_F32) {
+        size_t P = m->table.total;
+        if (!(h16 = malloc(P * sizeof *h16)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory rounding the merged weights");
+        for (size_t i = 0; !rc && i < P; i++)
+            h16[i] = dt == SNUG_DT_BF16 ? snug_f32_to_bf16(m->params[i]) : snug_f32_to_f16(m->params[i]);
+    }
+    if (!rc)
+        rc = snug_mkdirs(out_dir, e);
+    if (!rc) {
+        snug_model view = *m; /* the same table, saved as dt */
+        view.lv.dt = dt;
+        view.lv.lora.kind = SNUG_ADAPTER_NONE;
+        rc = snug_model_save_weights_host(&view, out_dir, h16 ? NULL : m->params, h16, e);
+    }
+    if (!rc) {
+        snprintf(p, sizeof p, "%s/tokenizer.json", adapter_dir);
+        rc = snug_copy_tokenizer_files(snug_file_exists(p) ? adapter_dir : base_dir, out_dir, e);
+    }
+    if (!rc) {
+        snug_path_join(p, sizeof p, out_dir, "generation_config.json");
+        rc = snug_generation_config_save(&cfg, p, e);
+    }
+    if (!rc) {
+        snug_path_join(p, sizeof p, out_dir, "config.json"); /* last: the folder is a model once it is whole */
+        rc = snug_model_config_save(&cfg, p, e);
+    }
+    free(h16);
+    snug_engine_free(&g);
+    return rc;
+}

@@ -1,0 +1,224 @@
+"""snug's LoRA against PEFT on transformers models in fp32: logits, loss and the gradient of every lora_A and lora_B
+(Llama with GQA on all seven projections, Llama with q_proj and v_proj alone of the fused q/k/v, rsLoRA, GPT-2's
+Conv1D modules), five AdamW steps of the adapters against torch.optim.AdamW over PEFT's trainable parameters, an
+adapter saved by snug loaded by PeftModel.from_pretrained with no missing or unexpected keys and giving snug's
+weights, `snug merge` against merge_and_unload (fp32 and bf16 bases), and adapters that do not match the base refused with a clear error.
+
+Tolerance: the issue's 1e-5 (largest difference relative to the largest magnitude), or ten times PEFT's own fp32
+error against the same computation in float64 where that noise floor is higher."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import SNUG, aligned_labels, check, finish, relerr, snug_parity  # noqa: E402
+
+try:
+    import peft
+except ImportError as err:  # scripts/venv.sh installs peft
+    print(f"test_lora_parity: cannot import peft ({err}); pip install peft", file=sys.stderr)
+    sys.exit(1)
+
+torch.manual_seed(0)
+LLAMA = dict(vocab_size=101, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
+ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def cases():
+    yield "llama-all7", transformers.LlamaConfig(**LLAMA), dict(r=4, lora_alpha=8, target_modules=ALL7)
+    yield "llama-qv", transformers.LlamaConfig(**LLAMA), dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    yield "llama-rslora", transformers.LlamaConfig(**{**LLAMA, "tie_word_embeddings": True}), dict(
+        r=4, lora_alpha=6, target_modules=["k_proj", "o_proj", "down_proj"], use_rslora=True)
+    yield "gpt2", transformers.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), dict(
+        r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"])
+
+
+def peft_model(cfg, lcfg, dtype, base_dir=None):
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").to(dtype)
+    if base_dir:  # the base as transformers saves it, before PEFT wraps its modules
+        base.save_pretrained(base_dir, safe_serialization=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GPT-2: "fan_in_fan_out is set to False ... Setting fan_in_fan_out to True"
+        # init_lora_weights=False: random A and B (B = 0 would make every gradient of A zero)
+        m = peft.get_peft_model(base, peft.LoraConfig(lora_dropout=0.0, init_lora_weights=False, **lcfg))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.3 * torch.randn_like(p))
+    return m.eval()
+
+
+def plain(name):
+    return name.replace(".default.", ".")
+
+
+def main():
+    for tag, cfg, lcfg in cases():
+        work = tempfile.mkdtemp()
+        base_dir, ad_dir = os.path.join(work, "base"), os.path.join(work, "adapter")
+        m32 = peft_model(cfg, lcfg, torch.float32, base_dir)
+        m64 = copy.deepcopy(m32).to(torch.float64)  # the same weights, computed in float64: the reference
+        m32.save_pretrained(ad_dir)
+        B, T, V = 2, 13, cfg.vocab_size
+        ids = torch.randint(0, V, (B, T))
+        hf_labels = ids.clone()
+        hf_labels[0, 2:5] = -100
+        labels = aligned_labels(hf_labels)
+
+        outs = {}
+        for dt, m in ((32, m32), (64, m64)):
+            o = m(input_ids=ids, labels=hf_labels)
+            o.loss.backward()
+            outs[dt] = o
+        got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir)
+        ref, ref32 = outs[64], outs[32]
+        floor = relerr(ref32.logits.detach(), ref.logits.detach())
+        tol = max(1e-5, 10 * floor)
+        e = relerr(got["logits"], ref.logits.detach())
+        check(e <= tol, f"{tag}: logits relerr {e:.2e} (tolerance {tol:.1e})")
+        e = abs(got["loss"].item() - ref.loss.item()) / abs(ref.loss.item())
+        check(e <= tol, f"{tag}: loss relerr {e:.2e}")
+        p32, p64 = dict(m32.named_parameters()), dict(m64.named_parameters())
+        worst, n = 0.0, 0
+        for name, p in p64.items():
+            if not p.requires_grad:
+                continue
+            key = "grad." + plain(name)
+            if key not in got:
+                check(False, f"{tag}: snug has no gradient for {plain(name)}")
+                continue
+            floor = relerr(p32[name].grad, p.grad)
+            tol = max(1e-5, 10 * floor)
+            e = relerr(got[key], p.grad)
+            worst = max(worst, e)
+            n += 1
+            check(e <= tol, f"{tag}: grad {plain(name)} relerr {e:.2e} (tolerance {tol:.1e})")
+        extra = [k for k in got if k.startswith("grad.") and k[5:] not in {plain(x) for x in p64}]
+        check(not extra, f"{tag}: snug has gradients PEFT has not: {extra[:3]}")
+        print(f"  {tag:<14} logits and loss match; {n} adapter gradients, worst relerr {worst:.2e}")
+
+        # five AdamW steps of the adapters (weight decay, clipping) against torch.optim.AdamW over PEFT's trainables
+        steps, lr, wd, clip = 5, 1e-2, 0.05, 1.0
+        m = copy.deepcopy(m32).to(torch.float64)
+        m.zero_grad()
+        trainable = [p for p in m.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+        for _ in range(steps):
+            opt.zero_grad()
+            m(input_ids=ids, labels=hf_labels).loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, clip)
+            opt.step()
+        saved = os.path.join(work, "trained")
+        got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--steps", str(steps), "--lr", str(lr),
+                          "--weight_decay", str(wd), "--max_grad_norm", str(clip), "--save", saved)
+        worst = 0.0
+        for name, p in m.named_parameters():
+            if p.requires_grad:
+                worst = max(worst, relerr(got["param." + plain(name)], p.detach()))
+        check(worst < 1e-4, f"{tag}: adapters after {steps} AdamW steps relerr {worst:.2e}")
+        print(f"  {tag:<14} {steps} AdamW steps: worst relerr {worst:.2e}")
+
+        # the adapter snug saved: PEFT loads it (no missing or unexpected keys) and holds snug's trained weights
+        cfgj = json.load(open(os.path.join(saved, "adapter_config.json")))
+        check(cfgj["peft_type"] == "LORA" and cfgj["task_type"] == "CAUSAL_LM" and cfgj["r"] == lcfg["r"],
+              f"{tag}: adapter_config.json {cfgj}")
+        newer = {"exclude_modules", "lora_bias", "eva_config", "trainable_token_indices", "target_parameters",
+                 "peft_version", "corda_config", "use_dora"}
+        check(not (newer & set(cfgj)), f"{tag}: adapter_config.json has keys older PEFT refuses: {newer & set(cfgj)}")
+        base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager").float()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded = peft.PeftModel.from_pretrained(base, saved)
+        missing = [str(w.message) for w in caught if "missing" in str(w.message).lower()]
+        check(not missing, f"{tag}: PEFT warned about missing keys: {missing[:1]}")
+        worst = 0.0
+        for name, p in loaded.named_parameters():
+            if "lora_" in name:
+                worst = max(worst, relerr(p.detach(), got["param." + plain(name)]))
+        check(worst == 0.0, f"{tag}: PEFT loaded different adapter weights than snug saved (relerr {worst:.2e})")
+
+        # snug merge against PEFT's merge_and_unload, on the fp32 base and on the base in bf16 (rounded once)
+        for dt in (torch.float32, torch.bfloat16):
+            bdir = base_dir
+            if dt == torch.bfloat16:
+                bdir = os.path.join(work, "base16")
+                transformers.AutoModelForCausalLM.from_pretrained(base_dir).to(dt).save_pretrained(bdir)
+            out = os.path.join(work, f"merged-{dt}".replace("torch.", ""))
+            r = subprocess.run([SNUG, "merge", bdir, saved, out], capture_output=True, text=True)
+            check(r.returncode == 0, f"{tag}: snug merge failed: {r.stderr.strip()[-300:]}")
+            if r.returncode:
+                continue
+            ref = peft.PeftModel.from_pretrained(
+                transformers.AutoModelForCausalLM.from_pretrained(bdir, attn_implementation="eager", dtype=dt),
+                saved).merge_and_unload()
+            mine = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=dt)
+            rs, ms = ref.state_dict(), mine.state_dict()
+            worst, off = 0.0, 0
+            for k, v in rs.items():
+                w = ms[k]
+                check(w.dtype == v.dtype, f"{tag}: merged {k} is {w.dtype}, PEFT's {v.dtype}")
+                d = (w.double() - v.double()).abs()
+                if dt == torch.float32:
+                    worst = max(worst, relerr(w, v))
+                else:  # one bf16 rounding of the same fp32 sum: equal, or one unit in the last place apart
+                    ulp = v.double().abs().clamp(min=1e-30) * 2.0 ** -7
+                    off += int((d > 0).sum())
+                    worst = max(worst, float((d / ulp).max()))
+            if dt == torch.float32:
+                check(worst < 1e-6, f"{tag}: fp32 merge relerr {worst:.2e} against merge_and_unload")
+                print(f"  {tag:<14} merge (fp32 base): worst relerr {worst:.2e} against merge_and_unload")
+            else:
+                check(worst <= 1.0, f"{tag}: bf16 merge differs by {worst:.2f} ulp from merge_and_unload")
+                print(f"  {tag:<14} merge (bf16 base): {off} values one bf16 ulp apart, the rest equal")
+
+    # adapters that do not fit the base: one clear error, exit 2 (a vocabulary as large as the tokenizer's)
+    cfg = transformers.LlamaConfig(**{**LLAMA, "vocab_size": 2048})
+    work = tempfile.mkdtemp()
+    base_dir, ad_dir = os.path.join(work, "base"), os.path.join(work, "adapter")
+    m = peft_model(cfg, dict(r=4, lora_alpha=8, target_modules=["q_proj"]), torch.float32, base_dir)
+    m.save_pretrained(ad_dir)
+    other = transformers.LlamaConfig(**{**LLAMA, "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 40})
+    other_dir = os.path.join(work, "other")
+    transformers.AutoModelForCausalLM.from_config(other).save_pretrained(other_dir, safe_serialization=True)
+    data = os.path.join(work, "d.jsonl")
+    with open(data, "w") as f:
+        f.write('{"text": "hello there"}\n' * 8)
+
+    def train(base, adapter_dir):
+        return subprocess.run([SNUG, "train", "--base_model", base, "--dataset", data, "--tokenizer",
+                               os.path.join(os.environ.get("SNUG_SOURCE_DIR", "."), "assets/tokenizer"),
+                               "--adapter", "lora", "--lora_model_dir", adapter_dir, "--max_steps", "1",
+                               "--sequence_len", "16", "--output_dir", os.path.join(work, "o"),
+                               "--overwrite_output_dir", "true", "--sample_tokens", "0"],
+                              capture_output=True, text=True)
+
+    r = train(other_dir, ad_dir)
+    check(r.returncode == 2 and "shape" in r.stderr and "q_proj.lora_A" in r.stderr,
+          f"an adapter for another base: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+    bad = os.path.join(work, "bad")
+    os.makedirs(bad)
+    j = json.load(open(os.path.join(ad_dir, "adapter_config.json")))
+    for k, v, word in (("target_modules", ["query_key_value"], "query_key_value"), ("use_dora", True, "use_dora"),
+                       ("peft_type", "IA3", "peft_type")):
+        json.dump({**j, k: v}, open(os.path.join(bad, "adapter_config.json"), "w"))
+        os.system(f"cp {ad_dir}/adapter_model.safetensors {bad}/")
+        r = train(base_dir, bad)
+        check(r.returncode == 2 and word in r.stderr and "adapter_config.json" in r.stderr,
+              f"adapter_config.json with {k}={v}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+    finish("test_lora_parity")
+
+
+if __name__ == "__main__":
+    main()
