@@ -123,6 +123,12 @@ struct snug_backend {
     void (*to16)(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt, int round_src);
     /* dst (n) = src (n, stored as dt) widened to fp32 (exact) */
     void (*from16)(snug_backend *be, float *dst, const void *src, size_t n, snug_dtype dt);
+    /* dst (n) = the 4-bit tensor widened (bitsandbytes' dequantize_4bit, fp32): element i is
+     * code[nibble i] * absmax_b with b = i / blocksize, nibble i the high half of packed[i/2] for even i; absmax_b is
+     * absmax[b], or (absmax NULL, double-quantized) nested_map[absmax_q[b]] * nested_absmax[b / 256] + offset. */
+    void (*dequantize_4bit)(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
+                            const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
+                            float nested_offset, const float *code, size_t n, int blocksize);
     /* dst (n, bf16) = src rounded stochastically: element i adds r_i = the low 16 bits of
      * snug_sr_bits(seed, i) to the fp32 bit pattern and truncates to the top 16 bits, so it rounds up with
      * probability equal to its distance from the lower neighbour. Non-finite values round to nearest. The same

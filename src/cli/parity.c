@@ -42,7 +42,7 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
         return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --device cpu|cuda]");
-    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL;
+    const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL, *qlora = NULL;
     snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0;
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
@@ -53,6 +53,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         else if (!strcmp(argv[i], "--max_grad_norm")) clip = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
         else if (!strcmp(argv[i], "--adapter")) adapter = argv[i + 1];
+        else if (!strcmp(argv[i], "--qlora")) qlora = argv[i + 1];
         else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) device = SNUG_BACKEND_CUDA;
@@ -81,6 +82,13 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     /* --adapter: a PEFT LoRA adapter on the base; its A and B are what trains and what is dumped */
     if (!rc && adapter)
         rc = snug_peft_read_config(adapter, cfg.arch, &spec.lv.lora, e);
+    if (!rc && qlora) { /* --qlora nf4|fp4: the adapter on the base stored 4-bit (double-quantized), the rest bf16 */
+        spec.lv.lora.kind = SNUG_ADAPTER_QLORA;
+        spec.lv.lora.q4_type = !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
+        spec.lv.lora.q4_nested = 1;
+        spec.lv.lora.q4_blocksize = 64;
+        spec.lv.dt = SNUG_DT_BF16;
+    }
     if (!rc)
         rc = snug_engine_create(&g, &spec, device, threads, e);
     if (!rc)
@@ -120,9 +128,12 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
             hist[s] = (float)loss;
             if (s == 0) {
                 loss0 = (float)loss;
-                /* the full logits, for the comparison only: the loss workspace holds all N rows (no chunking) */
-                m->be->matmul_fwd(m->be, m->logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
-                m->be->to_host(m->be, logits, m->logits, N * (size_t)V * sizeof *logits);
+                /* the full logits, for the comparison only: the loss workspace holds all N rows (no chunking);
+                 * a 16-bit head has no fp32 view, and then no logits are dumped */
+                if (m->w.lm_head) {
+                    m->be->matmul_fwd(m->be, m->logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
+                    m->be->to_host(m->be, logits, m->logits, N * (size_t)V * sizeof *logits);
+                }
                 m->be->to_host(m->be, grads0, tgrads, P * sizeof(float));
             }
             if (s == steps)
@@ -138,7 +149,9 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         snug_st_out *t = calloc((size_t)nt, sizeof *t);
         char (*names)[128] = calloc((size_t)nt, sizeof *names);
         int k = 0;
-        t[k++] = (snug_st_out){.name = "logits", .dtype = SNUG_DT_F32, .ndim = 3, .shape = {B, T, V}, .f32 = logits};
+        if (m->w.lm_head)
+            t[k++] = (snug_st_out){.name = "logits", .dtype = SNUG_DT_F32, .ndim = 3, .shape = {B, T, V},
+                                   .f32 = logits};
         t[k++] = (snug_st_out){.name = "loss", .dtype = SNUG_DT_F32, .ndim = 0, .f32 = &loss0};
         t[k++] = (snug_st_out){.name = "loss_history", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {steps + 1},
                                .f32 = hist};

@@ -82,7 +82,7 @@ static void global_offsets(snug_model *m) {
         size_t *o = s == &v.wte ? &m->gwte : s == &v.wpe ? &m->gwpe : s == &v.lnf_w ? &m->glnf_w
                   : s == &v.lnf_b ? &m->glnf_b : s == &v.lm_head ? &m->ghead : NULL;
         if (o)
-            *o = p->offset;
+            *o = m->soff ? m->soff[i] : p->offset;
     }
     if (m->cfg.tie_embeddings)
         m->ghead = m->gwte;
@@ -248,6 +248,62 @@ static int grad_offsets(snug_model *m, snug_error *e) {
     return 0;
 }
 
+/* Where each tensor is stored (snug_model.soff, q4): at its table offset, or under QLoRA the block matrices in 4 bits
+ * (bitsandbytes' layout, one quantized tensor per Hugging Face weight) and the rest packed densely. */
+static int storage_layout(snug_model *m, snug_error *e) {
+    const snug_param_table *t = &m->table;
+    free(m->soff);
+    free(m->q4);
+    free(m->q4_block);
+    m->q4 = NULL;
+    m->q4_block = NULL;
+    m->soff = malloc((size_t)(t->n ? t->n : 1) * sizeof *m->soff);
+    int q = m->lv.lora.kind == SNUG_ADAPTER_QLORA;
+    if (q && !is16(m))
+        return snug_fail(e, SNUG_EINPUT, "QLoRA keeps the base's other tensors in 16 bits: set bf16: true (or fp16)");
+    if (q) {
+        m->q4 = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4);
+        m->q4_block = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4_block);
+    }
+    if (!m->soff || (q && (!m->q4 || !m->q4_block)))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the parameter layout");
+    size_t dense = 0;
+    for (int i = 0; i < t->n; i++) {
+        const snug_param_entry *p = &t->e[i];
+        if (q && p->layer >= 0 && p->ndim == 2) {
+            int64_t rows = p->transposed ? p->shape[1] : p->shape[0], cols = p->transposed ? p->shape[0] : p->shape[1];
+            SNUG_TRY(snug_q4_init(&m->q4[i], (snug_q4_type)m->lv.lora.q4_type,
+                                  m->lv.lora.q4_blocksize ? m->lv.lora.q4_blocksize : 64, m->lv.lora.q4_nested, rows,
+                                  cols, m->lv.dt == SNUG_DT_F16 ? SNUG_DT_F16 : SNUG_DT_BF16, e));
+            m->soff[i] = (size_t)-1;
+            continue;
+        }
+        m->soff[i] = q ? dense : p->offset;
+        dense += p->numel;
+    }
+    m->dense_total = q ? dense : t->total;
+    return 0;
+}
+
+void snug_model_free_host(snug_model *m) {
+    snug_param_table_free(&m->table);
+    snug_lora_free(&m->lora);
+    free(m->w.layers);
+    free(m->g.layers);
+    free(m->acts);
+    free(m->acts16);
+    free(m->grad_off);
+    free(m->soff);
+    free(m->q4);
+    free(m->q4_block);
+    m->w.layers = m->g.layers = NULL;
+    m->acts = NULL;
+    m->acts16 = NULL;
+    m->grad_off = m->soff = NULL;
+    m->q4 = NULL;
+    m->q4_block = NULL;
+}
+
 int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e) {
     int xent_chunk = m->lv.xent_chunk;
     const snug_model_config *c = &m->cfg;
@@ -262,6 +318,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->FC = gpt2 ? I : 2 * I;
     m->xent_chunk = xent_chunk > 0 && (size_t)xent_chunk < N ? xent_chunk : (int)N;
     m->wl_layer = -1;
+    SNUG_TRY(storage_layout(m, e));
     global_offsets(m);
 
     if (!m->w.layers) {
@@ -277,9 +334,18 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->params = NULL;
     m->params16 = NULL;
     if (half) {
-        CARVE(m->params16, SNUG_MEM_PARAMS, m->table.total);
+        CARVE(m->params16, SNUG_MEM_PARAMS, m->dense_total);
         if (m->lv.master_weights)
             CARVE(m->params, SNUG_MEM_MASTER, m->table.total);
+        for (int i = 0; m->q4 && i < m->table.n; i++)
+            if (m->q4[i].n) { /* QLoRA: each block matrix in bitsandbytes' parts */
+                const snug_q4_tensor *q = &m->q4[i];
+                void *blk = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], snug_q4_bytes(q->n, q->blocksize, q->nested), e);
+                if (!blk)
+                    return e ? e->code : SNUG_ENOMEM;
+                snug_q4_carve(&m->q4[i], blk);
+                m->q4_block[i] = blk;
+            }
     } else {
         CARVE(m->params, SNUG_MEM_PARAMS, m->table.total);
     }
@@ -474,6 +540,18 @@ int snug_model_init_rope(snug_model *m) {
 }
 
 
+/* A 4-bit tensor into fp32 dst (q->n): on the host by quant4.c, on a device by the backend's kernel. */
+static void dequant(const snug_model *m, const snug_q4_tensor *q, float *dst) {
+    snug_backend *be = m->be;
+    if (be->host_resident) {
+        snug_q4_dequantize(q, 0, q->n, dst, SNUG_DT_F32);
+        return;
+    }
+    be->dequantize_4bit(be, dst, q->packed, q->nested ? NULL : q->absmax, q->absmax_q, q->nested_absmax,
+                        q->nested_quant_map, q->nested_offset, snug_q4_code((snug_q4_type)q->type), q->n,
+                        q->blocksize);
+}
+
 static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
 void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_t n) {
@@ -492,7 +570,48 @@ void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_
     m->wl_layer = -1;
 }
 
-void snug_model_put_params(snug_model *m, const float *host) { snug_model_put_range(m, 0, host, m->table.total); }
+void snug_model_put_params(snug_model *m, const float *host) {
+    if (!m->q4) {
+        snug_model_put_range(m, 0, host, m->table.total);
+        return;
+    }
+    for (int i = 0; i < m->table.n; i++)
+        snug_model_put_entry(m, i, host + m->table.e[i].offset, NULL);
+}
+
+int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e) {
+    const snug_param_entry *p = &m->table.e[i];
+    if (!snug_model_entry_q4(m, i)) {
+        if (!m->q4) {
+            snug_model_put_range(m, p->offset, host, p->numel);
+            return 0;
+        }
+        /* QLoRA's dense tensors: rounded to 16 bits at their packed place */
+        snug_backend *be = m->be;
+        for (size_t o = 0, piece = largest_layer(m); o < p->numel; o += piece) {
+            size_t k = p->numel - o < piece ? p->numel - o : piece;
+            be->to_device(be, m->wl, host + o, k * sizeof *host);
+            be->to16(be, m->params16 + m->soff[i] + o, m->wl, k, m->lv.dt, 0);
+        }
+        m->wl_layer = -1;
+        return 0;
+    }
+    /* quantized on the host (bitsandbytes' arithmetic), then copied to where the model keeps it */
+    snug_q4_tensor q = m->q4[i];
+    size_t bytes = snug_q4_bytes(q.n, q.blocksize, q.nested);
+    void *buf = m->be->host_resident ? m->q4_block[i] : malloc(bytes);
+    if (!buf)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory quantizing %s", p->name);
+    snug_q4_carve(&q, buf);
+    int rc = snug_q4_quantize(&q, host, SNUG_DT_F32, e);
+    if (!rc && buf != m->q4_block[i])
+        m->be->to_device(m->be, m->q4_block[i], buf, bytes);
+    m->q4[i].nested_offset = q.nested_offset;
+    if (buf != m->q4_block[i])
+        free(buf);
+    m->wl_layer = -1;
+    return rc;
+}
 
 void snug_model_get_params(const snug_model *m, float *host) {
     snug_backend *be = m->be;
@@ -502,6 +621,24 @@ void snug_model_get_params(const snug_model *m, float *host) {
         return;
     }
     size_t piece = largest_layer(m);
+    if (m->q4) { /* QLoRA: each tensor as forward sees it, the 4-bit ones dequantized */
+        for (int i = 0; i < m->table.n; i++) {
+            const snug_param_entry *p = &m->table.e[i];
+            for (size_t o = 0; o < p->numel; o += piece) {
+                size_t k = p->numel - o < piece ? p->numel - o : piece;
+                if (snug_model_entry_q4(m, i)) {
+                    dequant(m, &m->q4[i], m->wl); /* a block matrix fits the layer buffer whole */
+                    be->to16(be, NULL, m->wl, p->numel, m->lv.dt, 1);
+                    k = p->numel;
+                } else {
+                    be->from16(be, m->wl, m->params16 + m->soff[i] + o, k, m->lv.dt);
+                }
+                be->to_host(be, host + p->offset + o, m->wl, k * sizeof *host);
+            }
+        }
+        ((snug_model *)m)->wl_layer = -1;
+        return;
+    }
     for (size_t o = 0; o < P; o += piece) {
         size_t k = P - o < piece ? P - o : piece;
         be->from16(be, m->wl, m->params16 + o, k, m->lv.dt);
@@ -515,7 +652,10 @@ int snug_model_init_random(snug_model *m, uint64_t seed) {
     float std = c->initializer_range > 0 ? c->initializer_range : 0.02f;
     /* write straight into the parameters when they are fp32 host memory; else through a host buffer of PIECE
      * values (even, so the Box-Muller pairs never straddle two pieces) */
-    enum { PIECE = 1 << 20 };
+    size_t PIECE = (size_t)1 << 20, largest = 0;
+    for (int i = 0; m->q4 && i < m->table.n; i++) /* QLoRA quantizes whole tensors: pieces as large as the largest */
+        largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
+    PIECE = largest > PIECE ? (largest + 1) / 2 * 2 : PIECE;
     float *direct = snug_model_host_params(m);
     float *buf = direct ? NULL : malloc(PIECE * sizeof *buf);
     if (!direct && !buf)
@@ -542,8 +682,12 @@ int snug_model_init_random(snug_model *m, uint64_t seed) {
                         x[k + 1] = (float)(sd * r * sin(2 * M_PI * u2));
                 }
             }
-            if (!direct)
+            if (!direct && m->q4 && snug_model_put_entry(m, i, buf, NULL)) {
+                free(buf);
+                return SNUG_ENOMEM;
+            } else if (!direct && !m->q4) {
                 snug_model_put_range(m, p->offset + k0, buf, len);
+            }
         }
     }
     free(buf);
@@ -640,8 +784,22 @@ static void load_res(snug_model *m, int l, float *x, size_t n) {
 static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
     if (!is16(m))
         return &m->w.layers[l];
-    if (m->wl_layer != l) {
+    if (m->wl_layer != l && !m->q4) {
         m->be->from16(m->be, m->wl, m->params16 + m->table.layer_offset[l], m->table.layer_numel[l], m->lv.dt);
+        m->wl_layer = l;
+    } else if (m->wl_layer != l) { /* QLoRA: the 4-bit matrices dequantized, the rest widened, into one fp32 layer */
+        const snug_param_table *t = &m->table;
+        for (int i = 0; i < t->n; i++) {
+            const snug_param_entry *p = &t->e[i];
+            if (p->layer != l)
+                continue;
+            float *dst = m->wl + (p->offset - t->layer_offset[l]);
+            if (snug_model_entry_q4(m, i)) { /* bitsandbytes' dequantize_4bit gives the weight's dtype: rounded */
+                dequant(m, &m->q4[i], dst);
+                m->be->to16(m->be, NULL, dst, p->numel, m->lv.dt, 1);
+            } else
+                m->be->from16(m->be, dst, m->params16 + m->soff[i], p->numel, m->lv.dt);
+        }
         m->wl_layer = l;
     }
     return &m->wl_t;

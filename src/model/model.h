@@ -15,6 +15,7 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "model/quant4.h"
 
 /* Pointers to one layer's tensors inside a flat buffer (parameters or gradients). NULL where the arch has none. */
 typedef struct snug_layer_tensors {
@@ -69,6 +70,8 @@ typedef enum snug_ckpt {
 typedef enum snug_adapter {
     SNUG_ADAPTER_NONE = 0, /* full fine-tuning: every parameter trains */
     SNUG_ADAPTER_LORA,
+    SNUG_ADAPTER_QLORA,    /* LoRA on a base whose block matrices are stored 4-bit (quant4.h), dequantized one layer
+                            * at a time for forward and backward; embeddings, norms and the head stay 16-bit */
 } snug_adapter;
 
 enum { SNUG_LORA_MAX_MODULES = 8 };
@@ -80,6 +83,10 @@ typedef struct snug_lora_cfg {
     float dropout;        /* on the adapter's input only */
     int rslora;
     unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
+    /* QLoRA: how the base's block matrices are stored (bitsandbytes' quantize_4bit) */
+    int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */
+    int q4_nested;        /* double quantization of the absmax */
+    int q4_blocksize;     /* 64 unless a pre-quantized checkpoint says otherwise */
 } snug_lora_cfg;
 
 typedef struct snug_levers {
@@ -242,6 +249,13 @@ typedef struct snug_model {
     float *rope_cos, *rope_sin;        /* (T, HD/2) */
 
     snug_lora lora;        /* adapter: lora (lora.on) */
+    /* Where each tensor is stored. Normally at its table offset in params / params16. Under QLoRA the block
+     * matrices are 4-bit (q4[i].packed set, each carved from SNUG_MEM_PARAMS) and the other tensors are packed
+     * densely: soff[i] is tensor i's place in params16 (dense_total elements). */
+    size_t *soff;          /* (table.n) */
+    size_t dense_total;
+    snug_q4_tensor *q4;    /* (table.n), NULL without QLoRA */
+    void **q4_block;       /* (table.n) the block each q4[i] was carved from (its bytes are contiguous) */
 
     snug_grads_ready_fn on_grads_ready;
     void *on_grads_ready_ud;
@@ -297,6 +311,9 @@ void snug_lora_copy(snug_model *dst, const snug_model *src);
  * -1 when out of memory. */
 int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char *name, int ndim, int64_t d0,
                          int64_t d1, int layer, int transposed);
+/* Frees the host-side pieces snug_model_layout allocated (tables, views, the storage layout); not the arenas. */
+void snug_model_free_host(snug_model *m);
+
 /* Builds the parameter table for a config (no allocation of model memory). */
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
 void snug_param_table_free(snug_param_table *t);
@@ -338,6 +355,12 @@ int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e)
 /* The same from host copies laid out like the model's parameters: F32 from p32, or (p32 NULL) lv.dt from p16. */
 int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
                                  snug_error *e);
+
+/* Sets tensor i of the table from host (its numel fp32 values): stored as the model stores it (fp32, 16-bit, or
+ * quantized to 4 bits under QLoRA). Returns 0, or an error (out of memory, a value 4-bit cannot take). */
+int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e);
+/* 1 when tensor i is stored 4-bit. */
+static inline int snug_model_entry_q4(const snug_model *m, int i) { return m->q4 && m->q4[i].packed; }
 
 /* Copies one micro-batch (B*T ids, labels with -1 for unsupervised, positions, segment starts or NULL) to the device
  * buffers. b_used <= B rows, t_used <= T columns: the batch may be smaller than the layout. */

@@ -49,6 +49,18 @@ static int match_tensor(const snug_st_set *s, const char *dir, const snug_param_
     return 0;
 }
 
+/* A bitsandbytes 4-bit tensor for entry p: its parts checked, and the unpacked shape the table needs. */
+static int match_q4(const snug_st_set *s, const char *dir, const snug_param_entry *p, snug_q4_tensor *q,
+                    snug_error *e) {
+    SNUG_TRY(snug_q4_st_view(s, p->name, q, e));
+    int64_t rows = p->transposed ? p->shape[1] : p->shape[0], cols = p->transposed ? p->shape[0] : p->shape[1];
+    if (q->shape[0] != rows || q->shape[1] != cols)
+        return snug_fail(e, SNUG_EINPUT, "%s: 4-bit tensor '%s' has shape [%lld, %lld] but config.json implies "
+                         "[%lld, %lld]; the weights and config.json are from different models", dir, p->name,
+                         (long long)q->shape[0], (long long)q->shape[1], (long long)rows, (long long)cols);
+    return 0;
+}
+
 int snug_model_check_weights(const snug_param_table *table, const char *dir, snug_error *e) {
     snug_st_set s;
     memset(&s, 0, sizeof s);
@@ -56,10 +68,44 @@ int snug_model_check_weights(const snug_param_table *table, const char *dir, snu
     int rc = 0;
     for (int i = 0; i < table->n && !rc; i++) {
         const snug_st_tensor *t;
-        rc = match_tensor(&s, dir, &table->e[i], &t, e);
+        snug_q4_tensor q;
+        if (snug_q4_st_detect(&s, table->e[i].name)) /* a pre-quantized bitsandbytes checkpoint */
+            rc = match_q4(&s, dir, &table->e[i], &q, e);
+        else
+            rc = match_tensor(&s, dir, &table->e[i], &t, e);
     }
     snug_st_close(&s);
     return rc;
+}
+
+/* Entry i from a bitsandbytes 4-bit tensor of the file: copied part by part into the model's 4-bit tensor, which
+ * must have been laid out alike (type, block size, double quantization: setup reads them from the checkpoint). */
+static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, snug_error *e) {
+    const snug_param_entry *p = &m->table.e[i];
+    snug_q4_tensor f;
+    SNUG_TRY(match_q4(s, dir, p, &f, e));
+    if (!snug_model_entry_q4(m, i))
+        return snug_fail(e, SNUG_EINPUT, "%s: '%s' is stored 4-bit (a bitsandbytes checkpoint); train it with "
+                         "adapter: qlora", dir, p->name);
+    const snug_q4_tensor *q = &m->q4[i];
+    if (f.type != q->type || f.blocksize != q->blocksize || f.nested != q->nested)
+        return snug_fail(e, SNUG_EINPUT, "%s: '%s' is %s with blocks of %d%s, the run is set to %s with blocks of %d%s; "
+                         "set bnb_4bit_quant_type and bnb_4bit_use_double_quant as the checkpoint has them", dir,
+                         p->name, snug_q4_type_name(f.type), f.blocksize, f.nested ? ", double-quantized" : "",
+                         snug_q4_type_name(q->type), q->blocksize, q->nested ? ", double-quantized" : "");
+    snug_q4_sizes z = snug_q4_sizes_of(q->n, q->blocksize, q->nested);
+    snug_backend *be = m->be;
+    be->to_device(be, q->packed, f.packed, z.packed);
+    if (q->nested) {
+        be->to_device(be, q->absmax_q, f.absmax_q, z.absmax);
+        be->to_device(be, q->nested_absmax, f.nested_absmax, z.nested_absmax);
+        be->to_device(be, q->nested_quant_map, f.nested_quant_map, z.nested_quant_map);
+    } else {
+        be->to_device(be, q->absmax, f.absmax, z.absmax);
+    }
+    m->q4[i].nested_offset = f.nested_offset;
+    m->wl_layer = -1;
+    return 0;
 }
 
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
@@ -81,13 +127,17 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     for (int i = 0; i < m->table.n && !rc; i++) {
         const snug_param_entry *p = &m->table.e[i];
         const snug_st_tensor *t = NULL;
+        if (snug_q4_st_detect(&s, p->name)) { /* already 4-bit: its bytes, never a 16-bit copy */
+            rc = load_q4(m, &s, dir, i, e);
+            continue;
+        }
         rc = match_tensor(&s, dir, p, &t, e);
         if (rc)
             break;
         float *dst = direct ? direct + p->offset : stage;
         rc = snug_st_to_f32(&s, t, dst, p->transposed, e);
         if (!rc && !direct)
-            snug_model_put_range(m, p->offset, stage, p->numel);
+            rc = snug_model_put_entry(m, i, stage, e);
         snug_st_release(&s, t);
     }
     free(stage);

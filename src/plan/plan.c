@@ -77,13 +77,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         p->T = T;
         p->xent_chunk = m.xent_chunk;
     }
-    snug_param_table_free(&m.table);
-    snug_lora_free(&m.lora);
-    free(m.w.layers);
-    free(m.g.layers);
-    free(m.acts);
-    free(m.acts16);
-    free(m.grad_off);
+    snug_model_free_host(&m);
     return rc;
 }
 

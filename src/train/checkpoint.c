@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +62,7 @@ static const struct {
     I(optimizer_in_backward), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(adapter), I(lora_r),
     D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), I(lora_rslora),
+    I(bnb_4bit_quant_type), I(bnb_4bit_use_double_quant), I(bnb_4bit_blocksize),
 #undef I
 #undef D
 #undef S
@@ -410,6 +413,10 @@ static double now_s(void) {
 
 static void *writer_main(void *arg) {
     struct snug_ckpt_job *j = arg;
+    /* the lowest priority: the write takes the cores the training threads leave idle, not theirs (Linux: a thread's
+     * nice value is its own) */
+    if (j->threaded)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     j->rc = write_checkpoint(j, &j->err);
     j->t1 = now_s();
     atomic_store(&j->done, 1);
@@ -453,10 +460,10 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
     }
     w->job = j;
     w->copy_s = now_s() - j->t0;
-    if (snap && pthread_create(&j->thread, NULL, writer_main, j) == 0) {
-        j->threaded = 1;
+    j->threaded = snap;
+    if (snap && pthread_create(&j->thread, NULL, writer_main, j) == 0)
         return 0;
-    }
+    j->threaded = 0;
     writer_main(j); /* no snapshot (or no thread): written here and now */
     return 0;
 }

@@ -98,8 +98,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->logging_steps >= 1, "%s: logging_steps is %d; it must be at least 1", src, o->logging_steps);
     REQUIRE(o->eval_steps >= 0, "%s: eval_steps is %d; use 0 (end of each epoch) or a positive step count", src,
             o->eval_steps);
-    REQUIRE(o->adapter == SNUG_ADAPTER_NONE || o->adapter == SNUG_ADAPTER_LORA,
-            "%s: adapter %d is unknown; use none or lora", src, (int)o->adapter);
+    REQUIRE(o->adapter >= SNUG_ADAPTER_NONE && o->adapter <= SNUG_ADAPTER_QLORA,
+            "%s: adapter %d is unknown; use none, lora or qlora", src, (int)o->adapter);
+    REQUIRE(!o->load_in_4bit || o->adapter,
+            "%s: load_in_4bit stores a frozen base in 4 bits, which only adapters can train; set adapter: qlora", src);
     REQUIRE(o->lora_r >= 1 && o->lora_r <= 65536, "%s: lora_r is %d; it must be from 1 to 65536", src, o->lora_r);
     REQUIRE(o->lora_alpha >= 0, "%s: lora_alpha is %g; use a positive scale numerator (or 0 for lora_r)", src,
             o->lora_alpha);

@@ -56,6 +56,12 @@ typedef struct snug_run_config {
     int lora_rslora;          /* scale alpha / sqrt(r) */
     char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */
+    /* QLoRA (adapter: qlora): how the base's block matrices are stored, bitsandbytes' BitsAndBytesConfig */
+    int load_in_4bit;         /* with adapter: lora, the same as adapter: qlora */
+    int bnb_4bit_quant_type;  /* snug_q4_type */
+    int bnb_4bit_use_double_quant;
+    int bnb_4bit_blocksize;   /* 64; a pre-quantized checkpoint's own */
+    int bnb_4bit_compute_fp16; /* bnb_4bit_compute_dtype: float16 (else bfloat16): the 16-bit type of the rest */
     char model_preset[64];    /* built-in architecture when base_model is empty ("tiny-llama") */
     char tokenizer[1024];     /* folder or tokenizer.json; "" = base_model's, or the built-in */
 

@@ -86,12 +86,6 @@ void snug_engine_free(snug_engine *g) {
         snug_engine_release(g, (snug_category)c);
     if (g->be)
         g->be->destroy(g->be);
-    snug_param_table_free(&g->model.table);
-    snug_lora_free(&g->model.lora);
-    free(g->model.w.layers);
-    free(g->model.g.layers);
-    free(g->model.acts);
-    free(g->model.acts16);
-    free(g->model.grad_off);
+    snug_model_free_host(&g->model);
     memset(g, 0, sizeof *g);
 }

@@ -18,7 +18,24 @@ static float *site_weight(snug_model *m, int l, snug_site site) {
                                                                                                    : w->proj_w;
 }
 
-int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *out_dir, int threads, snug_error *e) {
+/* W (n fp32 values laid out [rows, cols]) replaced by its 4-bit round trip. */
+static int round_trip(float *W, int64_t rows, int64_t cols, const snug_lora_cfg *q, snug_error *e) {
+    snug_q4_tensor t;
+    SNUG_TRY(snug_q4_init(&t, (snug_q4_type)q->q4_type, q->q4_blocksize ? q->q4_blocksize : 64, q->q4_nested, rows,
+                          cols, SNUG_DT_F32, e));
+    void *buf = malloc(snug_q4_bytes(t.n, t.blocksize, t.nested));
+    if (!buf)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the 4-bit round trip");
+    snug_q4_carve(&t, buf);
+    int rc = snug_q4_quantize(&t, W, SNUG_DT_F32, e);
+    if (!rc)
+        snug_q4_dequantize(&t, 0, t.n, W, SNUG_DT_F32);
+    free(buf);
+    return rc;
+}
+
+int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *out_dir, const snug_lora_cfg *q4,
+                    int threads, snug_error *e) {
     char p[4096];
     snug_model_config cfg;
     snprintf(p, sizeof p, "%s/config.json", base_dir);
@@ -34,6 +51,12 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
         rc = snug_model_load_weights(m, base_dir, e);
     if (!rc)
         rc = snug_peft_load(m, adapter_dir, e);
+    for (int i = 0; !rc && q4 && i < m->table.n; i++) { /* QLoRA: the block matrices as the adapter saw them */
+        const snug_param_entry *p = &m->table.e[i];
+        if (p->layer >= 0 && p->ndim == 2)
+            rc = round_trip(m->params + p->offset, p->transposed ? p->shape[1] : p->shape[0],
+                            p->transposed ? p->shape[0] : p->shape[1], q4, e);
+    }
     if (!rc) { /* W[row0:row0+rows, :] (rows, in) += s * B (rows, r) @ A (r, in), in fp32 */
         snug_lora *lo = &m->lora;
         for (int l = 0; l < cfg.n_layer; l++)

@@ -139,6 +139,11 @@ static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
     if (!l.kind)
         return (snug_lora_cfg){0};
     l.alpha = c->lora_alpha > 0 ? (float)c->lora_alpha : (float)c->lora_r;
+    if (l.kind == SNUG_ADAPTER_QLORA) {
+        l.q4_type = c->bnb_4bit_quant_type;
+        l.q4_nested = c->bnb_4bit_use_double_quant;
+        l.q4_blocksize = c->bnb_4bit_blocksize > 0 ? c->bnb_4bit_blocksize : 64;
+    }
     char unknown[64];
     if (!c->lora_target_modules[0] || snug_lora_targets_parse(arch, c->lora_target_modules, &l.targets, unknown,
                                                               sizeof unknown))
@@ -152,6 +157,44 @@ static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
  * written into the configuration (the adapter says what it is) */
 static int resolve_adapter(snug_setup *r, snug_error *e) {
     snug_run_config *c = &r->c;
+    if (c->load_in_4bit && c->adapter == SNUG_ADAPTER_LORA)
+        c->adapter = SNUG_ADAPTER_QLORA;
+    /* a bitsandbytes 4-bit checkpoint says how it is stored */
+    snug_q4_tensor q4;
+    int prequant = 0;
+    if (c->base_model[0]) {
+        snug_st_set s;
+        memset(&s, 0, sizeof s);
+        snug_error se = {0};
+        if (snug_st_open_dir(&s, c->base_model, &se) == 0) {
+            for (int i = 0; i < s.ntensors && !prequant; i++) {
+                const char *n = s.tensors[i].name, *suffix = ".weight.quant_state.bitsandbytes__";
+                const char *at = strstr(n, suffix);
+                if (at) {
+                    char base[512];
+                    snprintf(base, sizeof base, "%.*s.weight", (int)(at - n), n);
+                    prequant = snug_q4_st_view(&s, base, &q4, e) == 0 ? 1 : -1;
+                }
+            }
+            snug_st_close(&s);
+        }
+        if (prequant < 0)
+            return e ? e->code : SNUG_EINPUT;
+    }
+    if (prequant && c->adapter != SNUG_ADAPTER_QLORA)
+        return snug_fail(e, SNUG_EINPUT, "%s holds 4-bit (bitsandbytes) weights, which train as adapters: set adapter: "
+                         "qlora", c->base_model);
+    if (prequant) {
+        c->bnb_4bit_quant_type = q4.type;
+        c->bnb_4bit_use_double_quant = q4.nested;
+        c->bnb_4bit_blocksize = q4.blocksize;
+    }
+    if (c->adapter == SNUG_ADAPTER_QLORA) { /* the rest of the base in 16 bits: the compute dtype */
+        if (c->bnb_4bit_compute_fp16 || c->fp16)
+            c->fp16 = 1, c->bf16 = 0;
+        else
+            c->bf16 = 1;
+    }
     if (!c->adapter)
         return 0;
     char unknown[64];

@@ -161,8 +161,11 @@ static void print_sample(run *r, FILE *out) {
      * its gradients and optimizer state go first and sampling never raises the peak */
     for (int c = SNUG_MEM_GRADS; c <= SNUG_MEM_OPTIM; c++)
         snug_engine_release(&r->eng, (snug_category)c);
+    /* the adapters on the fp32 base as training saw it (QLoRA's dequantized), in plain LoRA */
     snug_plan_spec spec = {.cfg = r->s.cfg, .B = 1, .T = T, .lv = {.ckpt_every = 1, .lora = r->eng.model.lv.lora},
                            .with_grads = 0};
+    if (spec.lv.lora.kind == SNUG_ADAPTER_QLORA)
+        spec.lv.lora.kind = SNUG_ADAPTER_LORA;
     snug_engine g = {0};
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     if (n > 0 && ids && snug_engine_create(&g, &spec, o->device, o->threads, &e) == 0) {
@@ -545,9 +548,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         char merged[4096];
         snug_path_join(merged, sizeof merged, o->output_dir, "merged");
         double tm = now_s();
-        rc = snug_merge_lora(o->base_model, o->output_dir, merged, o->threads, e);
+        /* a QLoRA adapter goes onto the 4-bit round trip of the base: the weights it was trained against */
+        const snug_lora_cfg *q = r.eng.model.lv.lora.kind == SNUG_ADAPTER_QLORA ? &r.eng.model.lv.lora : NULL;
+        rc = snug_merge_lora(o->base_model, o->output_dir, merged, q, o->threads, e);
         if (!rc)
-            fprintf(out, "merged the adapter into %s: %s in %.1f s\n", o->base_model, merged, now_s() - tm);
+            fprintf(out, "merged the adapter into %s%s: %s in %.1f s\n", o->base_model,
+                    q ? " (its 4-bit round trip, as training saw it)" : "", merged, now_s() - tm);
     }
     if (!rc && !stopped) {
         fprintf(out, "saved %s (%s) in %.1f s\n", o->output_dir,

@@ -259,7 +259,7 @@ static void test_command_line(void) {
         {1, {"--load_in_8bit"}, "load_in_8bit is not supported yet", "set it to false"},
         {2, {"--optim", "sgd"}, "optim 'sgd' is not supported yet", NULL},
         {2, {"--lora_r", "0"}, "command line: lora_r is 0; it must be at least 1", NULL},
-        {2, {"--adapter", "qlora"}, "adapter 'qlora' is not supported yet", "none, lora"},
+        {2, {"--bnb_4bit_compute_dtype", "float32"}, "bnb_4bit_compute_dtype 'float32' is not supported yet", "bfloat16"},
         {1, {"--dataset="}, "dataset path is empty", NULL},
         {1, {"/nonexistent/cfg.yaml"}, "cannot open config '/nonexistent/cfg.yaml'", "check the path"},
         {2, {cfgpath, "--top_k=2.5"}, "top_k must be an integer, got '2.5'", NULL},
@@ -361,7 +361,7 @@ static void test_wrong_types(void) {
 
 static void test_not_supported(void) {
     static const char *const levers[] = {
-        "tf32", "load_in_8bit", "load_in_4bit",
+        "tf32", "load_in_8bit",
         "activation_offloading", "torch_compile",
     };
     char yaml[256], want[128];

@@ -333,6 +333,19 @@ void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float 
     snug_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
+                              const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
+                              float nested_offset, const float *code, size_t n, int blocksize) {
+    size_t nb = (n + (size_t)blocksize - 1) / (size_t)blocksize;
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t b = 0; b < nb; b++) {
+        float a = absmax ? absmax[b] : nested_map[absmax_q[b]] * nested_absmax[b / 256] + nested_offset;
+        size_t i1 = (b + 1) * (size_t)blocksize < n ? (b + 1) * (size_t)blocksize : n;
+        for (size_t i = b * (size_t)blocksize; i < i1; i++)
+            dst[i] = code[i & 1 ? packed[i >> 1] & 15 : packed[i >> 1] >> 4] * a;
+    }
+}
+
 void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed) {
     float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)

@@ -69,6 +69,9 @@ void snug_cpu_accumulate(snug_backend *be, float *dst, const float *src, size_t 
 void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n);
 void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);
+void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
+                              const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
+                              float nested_offset, const float *code, size_t n, int blocksize);
 void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,

@@ -241,6 +241,9 @@ void snug_cuda_accumulate(snug_backend *be, float *dst, const float *src, size_t
 void snug_cuda_scale(snug_backend *be, float *x, float s, size_t n);
 void snug_cuda_gemm_rm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc);
+void snug_cuda_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
+                               const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
+                               float nested_offset, const float *code, size_t n, int blocksize);
 void snug_cuda_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 
 /* xent_cuda.cu */

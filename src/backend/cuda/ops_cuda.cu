@@ -468,6 +468,35 @@ extern "C" void snug_cuda_accumulate(snug_backend *be, float *dst, const float *
     SNUG_CUDA_LAUNCHED();
 }
 
+/* the code book travels by value: 16 floats in the kernel's parameters */
+typedef struct code16 {
+    float v[16];
+} code16;
+
+__global__ void dequantize_4bit_kernel(float *dst, const uint8_t *packed, const float *absmax, const uint8_t *absmax_q,
+                                       const float *nested_absmax, const float *nested_map, float nested_offset,
+                                       code16 code, size_t n, int blocksize) {
+    FOR_EACH(i, n) {
+        size_t b = i / (size_t)blocksize;
+        float a = absmax ? absmax[b] : nested_map[absmax_q[b]] * nested_absmax[b / 256] + nested_offset;
+        uint8_t byte = packed[i >> 1];
+        dst[i] = code.v[i & 1 ? byte & 15 : byte >> 4] * a;
+    }
+}
+
+extern "C" void snug_cuda_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
+                                          const uint8_t *absmax_q, const float *nested_absmax,
+                                          const float *nested_map, float nested_offset, const float *code, size_t n,
+                                          int blocksize) {
+    if (!n)
+        return;
+    code16 c;
+    memcpy(c.v, code, sizeof c.v); /* code is host memory (the code book of quant4.c) */
+    dequantize_4bit_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(
+        dst, packed, absmax, absmax_q, nested_absmax, nested_map, nested_offset, c, n, blocksize);
+    SNUG_CUDA_LAUNCHED();
+}
+
 __global__ void dropout_kernel(float *out, const float *in, size_t n, float p, uint64_t seed) {
     float keep = 1.0f / (1.0f - p);
     FOR_EACH(i, n) out[i] = snug_dropout_keep(seed, i, p) ? in[i] * keep : 0.0f;

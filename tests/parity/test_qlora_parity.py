@@ -1,0 +1,170 @@
+"""snug's QLoRA against PEFT on a bitsandbytes 4-bit model (transformers' BitsAndBytesConfig, on the CPU): a small
+random Llama in bf16, NF4 (and FP4) with double quantization, LoRA r=8 on all seven projections.
+
+- The reference computes in fp32 on the same weights: the 4-bit matrices dequantized to bf16 as bitsandbytes does,
+  the other tensors bf16 widened (prepare_model_for_kbit_training upcasts them to fp32). snug computes in fp32 and
+  saves activations in bf16, so its loss and adapter gradients are held to the distance of PEFT's own bf16 run from
+  that fp32 reference, measured here (the noise floor of bf16), times four.
+- Five AdamW steps: snug's loss curve stays as close to the fp32 reference's as PEFT's own bf16 run does (times 4).
+- snug reading the folder transformers saved (pre-quantized: U8 weights, absmax, quant_state) gives bit for bit the
+  loss and gradients of snug quantizing the 16-bit folder itself at load: both hold bitsandbytes' bytes.
+- A corrupt quant_state and an unknown quant type are refused with one clear error."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import SNUG, aligned_labels, check, finish, snug_parity  # noqa: E402
+
+try:
+    import bitsandbytes  # noqa: F401
+    import peft
+except ImportError as err:
+    print(f"test_qlora_parity: cannot import peft/bitsandbytes ({err}); run scripts/venv.sh", file=sys.stderr)
+    sys.exit(1)
+
+torch.manual_seed(0)
+LLAMA = dict(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
+ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / (b.abs().max() + 1e-30)).item()
+
+
+def quantized(base_dir, quant_type, compute):
+    bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute)
+    return transformers.AutoModelForCausalLM.from_pretrained(base_dir, quantization_config=bnb, dtype=torch.bfloat16,
+                                                             attn_implementation="eager", device_map="cpu")
+
+
+def with_adapter(model, ad_dir, fp32_rest):
+    if fp32_rest:  # the non-4-bit tensors widened, as prepare_model_for_kbit_training does
+        for n, p in model.named_parameters():
+            if p.dtype == torch.bfloat16:
+                p.data = p.data.float()
+    return peft.PeftModel.from_pretrained(model, ad_dir, is_trainable=True)
+
+
+def main():
+    work = tempfile.mkdtemp()
+    base_dir, ad_dir = os.path.join(work, "base"), os.path.join(work, "adapter")
+    cfg = transformers.LlamaConfig(**LLAMA)
+    torch.manual_seed(1)
+    base = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    base.save_pretrained(base_dir, safe_serialization=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = peft.get_peft_model(copy.deepcopy(base).float(), peft.LoraConfig(
+            r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ALL7, init_lora_weights=False))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for n, p in lm.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.2 * torch.randn_like(p))
+    lm.save_pretrained(ad_dir)
+
+    B, T = 2, 24
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    hf_labels = ids.clone()
+    hf_labels[0, :4] = -100
+    labels = aligned_labels(hf_labels)
+
+    for qt in ("nf4", "fp4"):
+        ref = with_adapter(quantized(base_dir, qt, torch.float32), ad_dir, True)
+        r16 = with_adapter(quantized(base_dir, qt, torch.bfloat16), ad_dir, False)
+        outs = {}
+        for tag, m in (("fp32", ref), ("bf16", r16)):
+            o = m(input_ids=ids, labels=hf_labels)
+            o.loss.backward()
+            outs[tag] = (o.loss.item(), {n.replace(".default.", "."): p.grad.float() for n, p in m.named_parameters()
+                                          if p.requires_grad})
+        got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", qt)
+        loss_floor = abs(outs["bf16"][0] - outs["fp32"][0]) / abs(outs["fp32"][0])
+        e = abs(got["loss"].item() - outs["fp32"][0]) / abs(outs["fp32"][0])
+        tol = max(4 * loss_floor, 1e-4)
+        check(e <= tol, f"{qt}: loss relerr {e:.2e}, PEFT bf16's {loss_floor:.2e} (tolerance {tol:.1e})")
+        worst, worst_floor, n = 0.0, 0.0, 0
+        for name, g in outs["fp32"][1].items():
+            key = "grad." + name
+            if key not in got:
+                check(False, f"{qt}: snug has no gradient for {name}")
+                continue
+            floor = rel(outs["bf16"][1][name], g)
+            err = rel(got[key], g)
+            worst, worst_floor, n = max(worst, err), max(worst_floor, floor), n + 1
+            check(err <= max(4 * floor, 1e-3), f"{qt}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
+        print(f"  {qt}: loss relerr {e:.1e} (PEFT bf16 {loss_floor:.1e}); {n} adapter gradients, worst relerr "
+              f"{worst:.1e} (PEFT bf16 worst {worst_floor:.1e})")
+
+        # five AdamW steps: snug's curve stays as close to the fp32 reference's as PEFT's bf16 run does (times 4)
+        steps, lr = 5, 5e-3
+        curves = {}
+        for tag, compute, fp32_rest in (("fp32", torch.float32, True), ("bf16", torch.bfloat16, False)):
+            m = with_adapter(quantized(base_dir, qt, compute), ad_dir, fp32_rest)
+            opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+            hist = []
+            for _ in range(steps + 1):
+                opt.zero_grad()
+                loss = m(input_ids=ids, labels=hf_labels).loss
+                hist.append(loss.item())
+                loss.backward()
+                opt.step()
+            curves[tag] = hist
+        got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", qt, "--steps", str(steps), "--lr",
+                          str(lr))
+        mine, ref32, ref16 = got["loss_history"].tolist(), curves["fp32"], curves["bf16"]
+        gap = lambda xs: max(abs(a - b) / abs(b) for a, b in zip(xs, ref32))
+        floor, dev = gap(ref16), gap(mine)
+        check(mine[-1] < mine[0] - 0.05 and dev <= max(4 * floor, 1e-3),
+              f"{qt}: {steps} steps: snug {['%.4f' % x for x in mine]} fp32 reference {['%.4f' % x for x in ref32]} "
+              f"PEFT bf16 {['%.4f' % x for x in ref16]}")
+        print(f"  {qt}: {steps} AdamW steps, loss {mine[0]:.4f} -> {mine[-1]:.4f} (fp32 reference {ref32[0]:.4f} -> "
+              f"{ref32[-1]:.4f}); largest gap to it {dev:.1e}, PEFT bf16's {floor:.1e}")
+
+    # the folder transformers saves (pre-quantized) reads to the same bits as quantizing the 16-bit folder
+    pre = os.path.join(work, "prequant")
+    quantized(base_dir, "nf4", torch.bfloat16).save_pretrained(pre, safe_serialization=True)
+    a = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", "nf4")
+    b = snug_parity(pre, ids, labels, "--adapter", ad_dir, "--qlora", "nf4")
+    same = a["loss"].item() == b["loss"].item() and all(torch.equal(a[k], b[k]) for k in a if k.startswith("grad."))
+    check(same, "a pre-quantized bitsandbytes folder gives other numbers than the 16-bit folder quantized at load")
+    print(f"  pre-quantized folder: loss and gradients bit for bit those of quantizing at load: {same}")
+
+    # damaged 4-bit checkpoints: one clear error, exit 2
+    from safetensors.torch import load_file, save_file
+    sd = load_file(os.path.join(pre, "model.safetensors"))
+    key = "model.layers.0.self_attn.q_proj.weight.quant_state.bitsandbytes__nf4"
+    blob = json.loads(bytes(sd[key].tolist()).decode())
+    inp = os.path.join(work, "in.safetensors")
+    save_file({"input_ids": ids.to(torch.int32), "labels": labels.to(torch.int32)}, inp)
+    for what, mutate, word in (
+            ("a quant_state that is not JSON", lambda d: d.__setitem__(key, torch.tensor(list(b"{nope"), dtype=torch.uint8)),
+             "quant_state"),
+            ("an unknown quant type", lambda d: d.__setitem__(key, torch.tensor(
+                list(json.dumps({**blob, "quant_type": "int3"}).encode()), dtype=torch.uint8)), "int3")):
+        bad = os.path.join(work, "bad")
+        os.makedirs(bad, exist_ok=True)
+        d = dict(sd)
+        mutate(d)
+        save_file(d, os.path.join(bad, "model.safetensors"))
+        os.system(f"cp {pre}/config.json {bad}/")
+        r = subprocess.run([SNUG, "parity", bad, inp, os.path.join(work, "o.safetensors"), "--adapter", ad_dir,
+                            "--qlora", "nf4"], capture_output=True, text=True)
+        check(r.returncode == 2 and word in r.stderr and "q_proj" in r.stderr,
+              f"{what}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+    finish("test_qlora_parity")
+
+
+if __name__ == "__main__":
+    main()
