@@ -4,8 +4,11 @@ A SmolLM-135M-shaped Llama (random weights; 30 layers, width 576, 9 heads / 3 kv
 LoRA r=16 alpha 16 on all seven projections, dropout 0, fp32, AdamW over the adapters, the same micro-batch on the
 same number of threads. PEFT trains the same base folder with get_peft_model (base frozen, adapters fp32). Prints
 tokens/s and peak RSS of each and the ratios snug/PEFT. Targets (LoRA issue): tokens/s >= 1.5x at <= 0.6x peak RSS.
+With --qlora: snug's adapter: qlora (NF4, double quantization, bf16 for the rest) against PEFT on transformers'
+BitsAndBytesConfig model (the same quantization, compute dtype bf16) prepared with prepare_model_for_kbit_training,
+as the QLoRA recipes do; target: peak RSS <= 0.5x.
 
-    python bench/bench_lora.py --snug build/snug [--threads 2] [--steps 8] [--batch 4] [--seq 256]
+    python bench/bench_lora.py --snug build/snug [--threads 2] [--steps 8] [--batch 4] [--seq 256] [--qlora]
 """
 import argparse
 import json
@@ -27,7 +30,14 @@ import json, resource, sys, time, torch, transformers, peft
 path, B, T, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+if sys.argv[6] == "1":  # QLoRA: bitsandbytes 4-bit base, the recipe's preparation
+    bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                          bnb_4bit_compute_dtype=torch.bfloat16)
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.bfloat16,
+                                                             quantization_config=bnb, device_map="cpu")
+    base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+else:
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
 model = peft.get_peft_model(base, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=%s))
 model.train()
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
@@ -47,21 +57,22 @@ print(json.dumps({"tokens_per_s": B * T * len(warm) / sum(warm),
 """ % repr(TARGETS)
 
 
-def run_peft(path, B, T, steps, threads):
+def run_peft(path, B, T, steps, threads, qlora):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", PEFT_CHILD, path, str(B), str(T), str(steps), str(threads)],
+    r = subprocess.run([sys.executable, "-c", PEFT_CHILD, path, str(B), str(T), str(steps), str(threads),
+                        "1" if qlora else "0"],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_snug(snug, path, data, B, T, steps, threads, out):
+def run_snug(snug, path, data, B, T, steps, threads, out, qlora):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     cmd = [snug, "train", "--base_model", path, "--dataset", data, "--micro_batch_size", str(B), "--sequence_len",
            str(T), "--max_steps", str(steps), "--learning_rate", "1e-4", "--lr_scheduler", "constant",
            "--logging_steps", "1", "--output_dir", out, "--threads", str(threads), "--sample_tokens", "0",
-           "--adapter", "lora", "--lora_r", "16", "--lora_alpha", "16", "--lora_target_linear", "true",
+           "--adapter", "qlora" if qlora else "lora", "--lora_r", "16", "--lora_alpha", "16", "--lora_target_linear", "true",
            "--overwrite_output_dir", "true", "--max_grad_norm", "1.0", "--weight_decay", "0"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
@@ -80,6 +91,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--work", default="")
+    ap.add_argument("--qlora", action="store_true")
     a = ap.parse_args()
     import torch
     import transformers
@@ -91,13 +103,14 @@ def main():
         transformers.AutoModelForCausalLM.from_config(cfg).float().save_pretrained(path, safe_serialization=True)
     data = os.path.join(work, "data.jsonl")
     make_data(data, a.batch * a.seq * (a.steps + 2) * 2)
-    s = run_snug(a.snug, path, data, a.batch, a.seq, a.steps, a.threads, os.path.join(work, "out"))
-    p = run_peft(path, a.batch, a.seq, a.steps, a.threads)
-    print(f"LoRA r=16 on all 7 projections, SmolLM-135M shape, fp32, B={a.batch} T={a.seq}, {a.threads} threads")
+    s = run_snug(a.snug, path, data, a.batch, a.seq, a.steps, a.threads, os.path.join(work, "out"), a.qlora)
+    p = run_peft(path, a.batch, a.seq, a.steps, a.threads, a.qlora)
+    what = "QLoRA (NF4, double quantization, bf16)" if a.qlora else "LoRA (fp32)"
+    print(f"{what} r=16 on all 7 projections, SmolLM-135M shape, B={a.batch} T={a.seq}, {a.threads} threads")
     print(f"  snug  {s['tokens_per_s']:8.1f} tokens/s  peak RSS {s['peak_rss'] / 2**20:8.1f} MiB")
     print(f"  PEFT  {p['tokens_per_s']:8.1f} tokens/s  peak RSS {p['peak_rss'] / 2**20:8.1f} MiB")
-    print(f"  snug/PEFT: tokens/s {s['tokens_per_s'] / p['tokens_per_s']:.2f}x (target >= 1.5x), "
-          f"peak RSS {s['peak_rss'] / p['peak_rss']:.2f}x (target <= 0.6x)")
+    print(f"  snug/PEFT: tokens/s {s['tokens_per_s'] / p['tokens_per_s']:.2f}x{'' if a.qlora else ' (target >= 1.5x)'}, "
+          f"peak RSS {s['peak_rss'] / p['peak_rss']:.2f}x (target <= {'0.5' if a.qlora else '0.6'}x)")
 
 
 if __name__ == "__main__":

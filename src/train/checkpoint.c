@@ -26,6 +26,7 @@
 #define STATE_JSON "trainer_state.json"
 #define STATE_HASH "trainer_state.hash"
 #define STATE_FORMAT 1
+#define CKPT_SEED 0x636b7074ull /* "ckpt": the seed of every checkpoint hash */
 
 /* the arenas a checkpoint keeps, byte for byte */
 static const struct {
@@ -94,7 +95,7 @@ static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
     if (!f)
         return -1;
     snug_hasher h;
-    snug_hash_init(&h, 0x636b7074ull /* "ckpt" */);
+    snug_hash_init(&h, CKPT_SEED);
     unsigned char buf[1 << 14];
     size_t n, total = 0;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
@@ -345,17 +346,27 @@ static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
     remove_tree(part); /* what a stop during an earlier save left */
     SNUG_TRY(snug_mkdirs(part, e));
     SNUG_TRY(save_hf(part, s, eng, j->p32, j->p16, e));
+    json_t *files = json_object();
     for (int i = 0; i < NKEPT; i++)
         if (kept_bytes(eng, i)) {
+            size_t n = kept_bytes(eng, i);
             snug_path_join(p, sizeof p, part, kept[i].file);
-            SNUG_TRY(write_arena(p, j->src[i], kept_bytes(eng, i), j->host, eng->be, e));
+            int rc = write_arena(p, j->src[i], n, j->host, eng->be, e);
+            if (rc) {
+                json_decref(files);
+                return rc;
+            }
+            if (j->host) { /* hashed from the bytes just written, not read back */
+                char hex[32];
+                snprintf(hex, sizeof hex, "%016llx", (unsigned long long)snug_hash64(j->src[i], n, CKPT_SEED));
+                json_object_set_new(files, kept[i].file, json_pack("{s:I, s:s}", "bytes", (json_int_t)n, "hash", hex));
+            }
         }
-    /* every file but the state's own, with its size and hash */
-    json_t *files = json_object();
+    /* every other file but the state's own, with its size and hash */
     DIR *d = opendir(part);
     struct dirent *de;
     while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.')
+        if (de->d_name[0] == '.' || json_object_get(files, de->d_name))
             continue;
         size_t bytes;
         uint64_t h;
@@ -385,7 +396,7 @@ static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
     snug_path_join(p, sizeof p, part, STATE_JSON);
     int rc = snug_write_file_atomic(p, text, len, e);
     char hex[32];
-    snprintf(hex, sizeof hex, "%016llx\n", (unsigned long long)snug_hash64(text, len, 0x636b7074ull));
+    snprintf(hex, sizeof hex, "%016llx\n", (unsigned long long)snug_hash64(text, len, CKPT_SEED));
     free(text);
     snug_path_join(p, sizeof p, part, STATE_HASH);
     if (!rc)
@@ -510,7 +521,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     int rc = snug_read_file(p, &text, &len, e);
     char want[32];
     if (!rc) {
-        snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, 0x636b7074ull));
+        snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, CKPT_SEED));
         if (strcmp(want, hash))
             rc = refuse(e, p, "its contents do not match trainer_state.hash (the file was truncated or changed)");
     }
