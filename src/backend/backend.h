@@ -125,7 +125,8 @@ struct snug_backend {
     void (*from16)(snug_backend *be, float *dst, const void *src, size_t n, snug_dtype dt);
     /* dst (n) = the 4-bit tensor widened (bitsandbytes' dequantize_4bit, fp32): element i is
      * code[nibble i] * absmax_b with b = i / blocksize, nibble i the high half of packed[i/2] for even i; absmax_b is
-     * absmax[b], or (absmax NULL, double-quantized) nested_map[absmax_q[b]] * nested_absmax[b / 256] + offset. */
+     * absmax[b], or (absmax NULL, double-quantized) nested_map[absmax_q[b]] * nested_absmax[b / 256] + offset. The
+     * 16 codes are host memory (the code book); every other pointer is the backend's. */
     void (*dequantize_4bit)(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
                             const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
                             float nested_offset, const float *code, size_t n, int blocksize);

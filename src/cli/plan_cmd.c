@@ -257,7 +257,7 @@ static void listed_levers(report *r) {
     }
 }
 
-/* The configured run as full fine-tuning and as LoRA, each planned with the layout code on the cuda backend. */
+/* The configured run as full fine-tuning, LoRA and QLoRA, each planned with the layout code on the cuda backend. */
 static void methods(report *r) {
     const snug_plan_spec *s0 = &r->p->spec;
     if (!s0->with_grads)
@@ -268,9 +268,16 @@ static void methods(report *r) {
                                .targets = snug_lora_all_linear(s0->cfg.arch)};
     char targets[256];
     snug_lora_targets_list(s0->cfg.arch, lora.targets, targets, sizeof targets);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         snug_plan_spec sp = *s0;
         sp.lv.lora = k ? lora : (snug_lora_cfg){0};
+        sp.lv.lora.kind = k == 2 ? SNUG_ADAPTER_QLORA : k ? SNUG_ADAPTER_LORA : SNUG_ADAPTER_NONE;
+        if (k == 2) { /* NF4 with double quantization, the rest in bf16 (or the configured fp16) */
+            if (lora.kind != SNUG_ADAPTER_QLORA)
+                sp.lv.lora.q4_type = SNUG_Q4_NF4, sp.lv.lora.q4_nested = 1, sp.lv.lora.q4_blocksize = 64;
+            if (sp.lv.dt == SNUG_DT_F32)
+                sp.lv.dt = SNUG_DT_BF16;
+        }
         snug_plan pl;
         snug_error e = {0};
         if (snug_plan_run(&pl, &sp, &e))
@@ -280,8 +287,8 @@ static void methods(report *r) {
         int i = r->nmethods++;
         r->method_need[i] = (double)pl.total + ov.total;
         if (k)
-            snprintf(r->method_name[i], sizeof r->method_name[i], "LoRA r=%d on %s", lora.r,
-                     lora.targets == snug_lora_all_linear(s0->cfg.arch) ? "every linear module" : targets);
+            snprintf(r->method_name[i], sizeof r->method_name[i], "%s r=%d on %s", k == 2 ? "QLoRA (NF4)" : "LoRA",
+                     lora.r, lora.targets == snug_lora_all_linear(s0->cfg.arch) ? "every linear module" : targets);
         else
             snprintf(r->method_name[i], sizeof r->method_name[i], "full fine-tuning");
     }

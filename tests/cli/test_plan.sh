@@ -79,6 +79,9 @@ assert abs(j["memory"]["total"] - j["memory"]["arenas"] - j["memory"]["runtime_o
 assert [g["id"] for g in j["gpus"]] == ["rtx4090", "a100-40gb", "a6000", "l40s", "a100-80gb", "h100", "h200"]
 assert j["backend"] == "cuda" and j["target"]["name"] == "A100 80GB" and not j["target"]["fits"]
 assert any(l["lever"] == "gradient_checkpointing: full" for l in j["levers_toggled"])
+meth = j["methods"]  # full fine-tuning, LoRA and QLoRA with the same levers, each planned
+assert [m["method"].split()[0] for m in meth] == ["full", "LoRA", "QLoRA"], meth
+assert meth[2]["needs"] < meth[1]["needs"] < meth[0]["needs"] and "rtx4090" in meth[2]["fits"], meth
 for g in j["gpus"]:
     assert g["fits"] == (g["needs"] <= g["memory"])
     if g["cheapest_fit"]:

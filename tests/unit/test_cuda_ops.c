@@ -575,6 +575,64 @@ static void test_elementwise(void) {
     free(a), free(b);
 }
 
+/* LoRA's and QLoRA's ops: the strided GEMM on a block of columns of a wider matrix (both transposes), dropout's mask,
+ * and the 4-bit dequantization (double-quantized scales), each against the CPU's. */
+static void test_adapter_ops(void) {
+    int M = 37, N = 19, K = 23, ld = 61; /* C is columns [5, 5 + N) of a (M, ld) matrix */
+    printf("adapter ops (strided GEMM %dx%dx%d in ld %d, dropout, 4-bit dequantization)\n", M, N, K, ld);
+    float *A = randf((size_t)M * K, -1, 1), *B = randf((size_t)K * N, -1, 1), *C = randf((size_t)M * ld, -1, 1);
+    snug_backend *bes[2] = {cpu, gpu};
+    float *res[2][4];
+    size_t n = 100003;
+    float *x = randf(n, -2, 2);
+    size_t nq = 64 * 300 + 17, nb = (nq + 63) / 64;
+    uint8_t *packed = malloc((nq + 1) / 2), *aq = malloc(nb);
+    float *nabs = randf((nb + 255) / 256, 0.01f, 0.5f), *nmap = randf(256, -1, 1), code[16];
+    for (size_t i = 0; i < (nq + 1) / 2; i++)
+        packed[i] = (uint8_t)irand(256);
+    for (size_t i = 0; i < nb; i++)
+        aq[i] = (uint8_t)irand(256);
+    for (int i = 0; i < 16; i++)
+        code[i] = (float)(i - 7) / 8.0f;
+    for (int k = 0; k < 2; k++) {
+        snug_backend *be = bes[k];
+        for (int t = 0; t < 2; t++) { /* t: op(A) transposed and op(B) transposed, from stored transposes */
+            float *At = malloc((size_t)M * K * 4), *Bt = malloc((size_t)K * N * 4);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < K; j++)
+                    At[(size_t)j * M + i] = A[(size_t)i * K + j];
+            for (int i = 0; i < K; i++)
+                for (int j = 0; j < N; j++)
+                    Bt[(size_t)j * K + i] = B[(size_t)i * N + j];
+            float *dA = up(be, t ? At : A, (size_t)M * K * 4), *dB = up(be, t ? Bt : B, (size_t)K * N * 4);
+            float *dC = up(be, C, (size_t)M * ld * 4);
+            be->gemm_strided(be, t, t, M, N, K, 0.7f, dA, t ? M : K, dB, t ? K : N, 1.0f, dC + 5, ld);
+            res[k][t] = malloc((size_t)M * ld * 4);
+            down(be, res[k][t], dC, (size_t)M * ld * 4);
+            down(be, NULL, dA, 0), down(be, NULL, dB, 0);
+            free(At), free(Bt);
+        }
+        float *dx = up(be, x, n * 4);
+        be->dropout(be, dx, dx, n, 0.3f, 0x1234);
+        res[k][2] = malloc(n * 4);
+        down(be, res[k][2], dx, n * 4);
+        uint8_t *dp = up(be, packed, (nq + 1) / 2), *daq = up(be, aq, nb);
+        float *dna = up(be, nabs, ((nb + 255) / 256) * 4), *dnm = up(be, nmap, 256 * 4), *dq = up(be, NULL, nq * 4);
+        be->dequantize_4bit(be, dq, dp, NULL, daq, dna, dnm, 0.05f, code, nq, 64);
+        res[k][3] = malloc(nq * 4);
+        down(be, res[k][3], dq, nq * 4);
+        down(be, NULL, dp, 0), down(be, NULL, daq, 0), down(be, NULL, dna, 0), down(be, NULL, dnm, 0);
+    }
+    expect("gemm_strided", rel(res[1][0], res[0][0], (size_t)M * ld), TOL_GEMM);
+    expect("gemm_strided, both transposed", rel(res[1][1], res[0][1], (size_t)M * ld), TOL_GEMM);
+    expect_same("dropout", res[1][2], res[0][2], n * 4);
+    expect_same("dequantize_4bit", res[1][3], res[0][3], nq * 4);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++)
+            free(res[k][i]);
+    free(A), free(B), free(C), free(x), free(packed), free(aq), free(nabs), free(nmap);
+}
+
 /* ------------------------------------------------------------------------------------------------ 16-bit storage */
 
 /* values over the whole range: normal, subnormal (of fp16 and fp32), overflowing fp16, ties, inf, nan, -0 */
@@ -861,6 +919,7 @@ int main(void) {
     test_attention();
     test_activations();
     test_elementwise();
+    test_adapter_ops();
     test_16bit();
     test_xent();
     test_sumsq();

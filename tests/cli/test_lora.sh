@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# LoRA and QLoRA runs end to end, with the levers. Checkpointing (selective, full, every 2 layers, offloaded) gives
+# bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA; gradient
+# accumulation matches the larger micro-batch to fp32 rounding; 8-bit and paged AdamW and packing train; the plan
+# equals every arena's measured peak; the output folder is a PEFT adapter (no base weights), which `snug generate`
+# samples from and `merge_lora` merges into output_dir/merged; an unknown target module and a 4-bit base without an
+# adapter are refused with exit 2.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+quick=${SNUG_SANITIZED:-0}
+head -n 2000 "$SRC/data/fortunes.jsonl" > "$W/data.jsonl"
+common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --micro_batch_size 4
+        --sample_tokens 0 --learning_rate 5e-3 --logging_steps 1 --max_steps 6 --val_set_size 0
+        --dataset_prepared_path $W/prepared --lora_target_linear true --lora_r 4"
+
+run() { # NAME ARGS: a run into $W/NAME
+  local name=$1; shift
+  "$SNUG" train $common "$@" --output_dir "$W/$name" > "$W/$name.log" 2>&1 || { bad "$name: $(tail -2 "$W/$name.log")"; return 1; }
+}
+
+# same A B [exact|close]: the logged losses and the saved adapters of two runs
+same() {
+  if python3 - "$W/$1" "$W/$2" "${3:-exact}" <<'PY'
+import json, sys
+a, b, mode = sys.argv[1:4]
+la, lb = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")] for d in (a, b))
+if mode == "exact":
+    wa, wb = (open(d + "/adapter_model.safetensors", "rb").read() for d in (a, b))
+    ok = la == lb and wa == wb
+else:  # accumulation sums the same examples in another order: fp32 rounding apart
+    ok = len(la) == len(lb) and max(abs(x - y) / abs(y) for x, y in zip(la, lb)) < 1e-4
+print(f"  {a.split('/')[-1]:<18} vs {b.split('/')[-1]:<14} {'same' if ok else 'DIFFERENT'} ({mode})")
+sys.exit(0 if ok else 1)
+PY
+  then ok; else bad "$1 differs from $2"; fi
+}
+
+# plan = measured, from memory.json
+planned() {
+  if python3 - "$W/$1/memory.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+sys.exit(0 if m["plan"] == m["measured"] and m["plan"]["adapter weights"] > 0 else 1)
+PY
+  then ok; else bad "$1: the plan differs from the measured peaks: $(head -c 400 "$W/$1/memory.json")"; fi
+}
+
+run lora --adapter lora && planned lora
+for ck in selective full offload; do
+  run "lora_$ck" --adapter lora --gradient_checkpointing "$ck" && same "lora_$ck" lora
+done
+run lora_every2 --adapter lora --gradient_checkpointing full --gradient_checkpointing_every_n_layers 2 && same lora_every2 lora
+run lora_ga --adapter lora --micro_batch_size 2 --gradient_accumulation_steps 2 && same lora_ga lora close
+run lora_bf16 --adapter lora --bf16 true && planned lora_bf16
+run lora_bf16_full --adapter lora --bf16 true --gradient_checkpointing full && same lora_bf16_full lora_bf16
+run qlora --adapter qlora && planned qlora
+run qlora_full --adapter qlora --gradient_checkpointing full && same qlora_full qlora
+if [ "$quick" != 1 ]; then
+  run lora_8bit --adapter lora --optimizer adamw_8bit --sample_packing true && planned lora_8bit
+  run lora_paged --adapter lora --optimizer paged_adamw_32bit && same lora_paged lora
+  run qlora_fp4 --adapter qlora --bnb_4bit_quant_type fp4 --bnb_4bit_use_double_quant false && planned qlora_fp4
+  run lora_drop --adapter lora --lora_dropout 0.2 && planned lora_drop
+fi
+
+# the output folder is the adapter: no base weights beside it, adapter_config.json names the base
+if [ -f "$W/lora/adapter_config.json" ] && [ -f "$W/lora/adapter_model.safetensors" ] && [ ! -f "$W/lora/model.safetensors" ] &&
+   grep -q '"peft_type": "LORA"' "$W/lora/adapter_config.json"; then ok; else bad "lora output: $(ls "$W/lora")"; fi
+grep -q "qlora\|QLoRA\|4-bit" "$W/qlora.log" && grep -q "PEFT adapter" "$W/qlora.log" && ok || bad "qlora log: $(grep -i saved "$W/qlora.log")"
+
+# a base folder to adapt, merge into and generate from
+"$SNUG" train $common --max_steps 2 --output_dir "$W/base" > "$W/base.log" 2>&1 || bad "base: $(tail -2 "$W/base.log")"
+if run merged --adapter lora --base_model "$W/base" --merge_lora true; then
+  [ -f "$W/merged/merged/config.json" ] && [ -f "$W/merged/merged/model.safetensors" ] && ok || bad "merge_lora wrote $(ls "$W/merged")"
+  "$SNUG" generate "$W/merged" --prompt "The" --max_new_tokens 5 > "$W/gen.log" 2>&1 && ok || bad "generate ADAPTER: $(tail -2 "$W/gen.log")"
+  "$SNUG" generate "$W/base" --adapter "$W/merged" --prompt "The" --max_new_tokens 5 --temperature 0 > "$W/gen2.log" 2>&1 &&
+    "$SNUG" generate "$W/merged/merged" --prompt "The" --max_new_tokens 5 --temperature 0 > "$W/gen3.log" 2>&1 &&
+    cmp -s "$W/gen2.log" "$W/gen3.log" && ok || bad "greedy text with --adapter differs from the merged model's: $(cat "$W/gen2.log" "$W/gen3.log")"
+fi
+
+# refused: a module the model does not have; 4-bit weights without an adapter
+"$SNUG" train $common --adapter lora --lora_target_modules query_key_value --output_dir "$W/x" > "$W/x.log" 2>&1
+[ $? -eq 2 ] && grep -q "query_key_value" "$W/x.log" && grep -q "q_proj" "$W/x.log" && ok || bad "unknown module: $(tail -1 "$W/x.log")"
+"$SNUG" train $common --load_in_4bit true --output_dir "$W/y" > "$W/y.log" 2>&1
+[ $? -eq 2 ] && grep -q "adapter" "$W/y.log" && ok || bad "load_in_4bit without adapter: $(tail -1 "$W/y.log")"
+
+echo "test_lora: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
