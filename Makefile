@@ -43,7 +43,9 @@ bench: build
 	  echo "== activation levers" && $$venv/bin/python bench/bench_levers.py --snug $(BUILD)/snug && \
 	  echo "== tokenizer: snug vs Hugging Face tokenizers" && $$venv/bin/python bench/bench_tokenizer.py && \
 	  echo "== packing" && ./$(BUILD)/bench_packing && \
-	  echo "== sequence levers" && $$venv/bin/python bench/bench_sequence.py --snug $(BUILD)/snug
+	  echo "== sequence levers" && $$venv/bin/python bench/bench_sequence.py --snug $(BUILD)/snug && \
+	  echo "== LoRA and QLoRA: snug vs PEFT" && $$venv/bin/python bench/bench_lora.py --snug $(BUILD)/snug && \
+	  $$venv/bin/python bench/bench_lora.py --snug $(BUILD)/snug --qlora
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

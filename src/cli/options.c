@@ -341,6 +341,9 @@ static const key_spec keys[] = {
     LATER_BOOL("xformers_attention", "fused attention kernels"),
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
     LATER_BOOL("load_in_8bit", "quantised base models"),
+    LATER("lora_modules_to_save", KT_LIST, "training embed_tokens or lm_head in full beside the adapters"),
+    LATER_BOOL("peft_use_dora", "DoRA adapters"),
+    LATER("lora_layers_to_transform", KT_LIST, "adapters on some layers only"),
     {.name = "eval_sample_packing", .type = KT_BOOL, .off = "true",
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
@@ -1070,12 +1073,15 @@ static void print_key(FILE *f, const key_spec *k) {
         enum_choices(k->values, "|", 1, choices, sizeof choices);
         snprintf(type, sizeof type, "%s", choices);
     } else {
-        static const char *const names[] = {"int", "float", "bool", "string", "", "size", "list", "list", "mapping"};
+        static const char *const names[] = {"int",  "float", "bool",    "string",
+                                            "",     "size",  "list",    "list",
+                                            "mapping", "list of names"}; /* by key_type */
+        _Static_assert(sizeof names / sizeof *names == KT_NAMES + 1, "a name for every key type");
         snprintf(type, sizeof type, "%s", names[k->type]);
     }
     fprintf(f, "  %s: %s", k->name, type);
     if (k->def)
-        fprintf(f, k->type == KT_STRING ? " = \"%s\"" : " = %s", k->def);
+        fprintf(f, k->type == KT_STRING || k->type == KT_NAMES ? " = \"%s\"" : " = %s", k->def);
     else if (k->group == G_DATASET)
         fprintf(f, " (required)");
     if (k->aliases)
