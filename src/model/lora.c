@@ -219,6 +219,8 @@ void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float 
         be->gemm_strided(be, 0, 0, N, r, md->rows, 1.0f, g, width, B, r, 0.0f, lo->du, r);           /* du = g B */
         be->gemm_strided(be, 1, 0, md->rows, r, N, lo->scale, g, width, lo->u, r, 1.0f, gB, r);      /* dB += s g^T u */
         be->gemm_strided(be, 1, 0, r, md->in, N, lo->scale, lo->du, r, xin, md->in, 1.0f, gA, md->in); /* dA += s du^T xin */
+        if (!dx) /* the input gradient is not needed (the first layer over a frozen embedding) */
+            continue;
         if (xin == x) { /* dx += s du A */
             be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 1.0f, dx, md->in);
         } else { /* through the same mask: dx += drop(s du A) */

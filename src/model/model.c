@@ -928,10 +928,14 @@ static void layer_bwd(snug_model *m, int l) {
         norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
         keep(m, NULL, a->ln1, Nn * C);
     }
-    be->zero(be, m->d_ln, Nn * C * sizeof(float));
-    be->matmul_bwd(be, m->d_ln, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C, m->QKV);
-    snug_lora_bwd(m, l, SNUG_SITE_QKV, m->d_ln, m->d_qkv, m->QKV, a->ln1, N);
-    norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
+    /* a frozen embedding (LoRA) takes no gradient, so the first layer's input gradient is never read */
+    int need_dx = l > 0 || m->g.wte || m->g.wpe || g->ln1_w;
+    if (need_dx)
+        be->zero(be, m->d_ln, Nn * C * sizeof(float));
+    be->matmul_bwd(be, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C, m->QKV);
+    snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N);
+    if (need_dx)
+        norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
         size_t o16 = m->lv.optimizer_in_backward ? 0 : m->table.layer_offset[l] - m->table.layer_offset[0];
         be->to16(be, m->grads16 + o16, m->gl, m->table.layer_numel[l], m->lv.dt, 0);

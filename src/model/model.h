@@ -299,8 +299,8 @@ int snug_lora_build(snug_model *m, snug_error *e);
 int snug_lora_init(snug_model *m, uint64_t seed);
 /* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input. */
 void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N);
-/* After the base linear's backward: dx (N, in) += the adapters' input gradient; dA, dB accumulate. dout (N, width)
- * the site's output gradient, x its input. */
+/* After the base linear's backward: dx (N, in) += the adapters' input gradient (dx NULL: not wanted); dA, dB
+ * accumulate. dout (N, width) the site's output gradient, x its input. */
 void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
                    int N);
 void snug_lora_free(snug_lora *lora);

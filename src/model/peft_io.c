@@ -242,6 +242,12 @@ int snug_peft_base_path(const char *dir, char *buf, size_t n, snug_error *e) {
                        "base as MODEL_DIR and the adapter with --adapter", path);
     else
         snprintf(buf, n, "%s", json_string_value(v));
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", buf);
+    if (!rc && !snug_file_exists(cfg))
+        rc = snug_fail(e, SNUG_EINPUT, "%s: base_model_name_or_path '%s' is not a model folder here (no config.json; a "
+                       "built-in preset or a Hub name); give the base folder as MODEL_DIR and the adapter with "
+                       "--adapter", path, buf);
     json_decref(j);
     return rc;
 }
