@@ -131,10 +131,12 @@ static int bad_key(snug_error *e, const char *path, const char *key, const char 
     return snug_fail(e, SNUG_EINPUT, "%s: %s %s", path, key, why);
 }
 
-int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e) {
-    char path[4096], *text = NULL;
+/* dir's adapter_config.json parsed into *out (an object), its path into path. */
+static int load_config(const char *dir, char path[4096], json_t **out, snug_error *e) {
+    char *text = NULL;
     size_t len = 0;
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    *out = NULL;
+    snprintf(path, 4096, "%s/adapter_config.json", dir);
     SNUG_TRY(snug_read_file(path, &text, &len, e));
     json_error_t je;
     json_t *j = snug_json_loadb(text, len, 0, &je);
@@ -145,6 +147,14 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
         json_decref(j);
         return rc;
     }
+    *out = j;
+    return 0;
+}
+
+int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e) {
+    char path[4096];
+    json_t *j;
+    SNUG_TRY(load_config(dir, path, &j, e));
     int rc = 0;
     memset(out, 0, sizeof *out);
     out->kind = SNUG_ADAPTER_LORA;
@@ -228,14 +238,10 @@ int snug_peft_is_adapter(const char *dir) {
 }
 
 int snug_peft_base_path(const char *dir, char *buf, size_t n, snug_error *e) {
-    char path[4096], *text = NULL;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    SNUG_TRY(snug_read_file(path, &text, &len, e));
-    json_error_t je;
-    json_t *j = snug_json_loadb(text, len, 0, &je);
-    free(text);
-    json_t *v = j ? json_object_get(j, "base_model_name_or_path") : NULL;
+    char path[4096];
+    json_t *j;
+    SNUG_TRY(load_config(dir, path, &j, e));
+    json_t *v = json_object_get(j, "base_model_name_or_path");
     int rc = 0;
     if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) >= n)
         rc = snug_fail(e, SNUG_EINPUT, "%s: base_model_name_or_path does not name the base model folder; give the "

@@ -162,7 +162,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     /* a bitsandbytes 4-bit checkpoint says how it is stored */
     snug_q4_tensor q4;
     int prequant = 0;
-    if (c->base_model[0]) {
+    if (c->adapter && c->base_model[0]) { /* (a full fine-tune of a 4-bit folder is refused when it loads) */
         snug_st_set s;
         memset(&s, 0, sizeof s);
         snug_error se = {0};
@@ -183,7 +183,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     }
     if (prequant && c->adapter != SNUG_ADAPTER_QLORA)
         return snug_fail(e, SNUG_EINPUT, "%s holds 4-bit (bitsandbytes) weights, which train as adapters: set adapter: "
-                         "qlora", c->base_model);
+                         "qlora (not lora)", c->base_model);
     if (prequant) {
         c->bnb_4bit_quant_type = q4.type;
         c->bnb_4bit_use_double_quant = q4.nested;
