@@ -540,13 +540,9 @@ int snug_model_init_rope(snug_model *m) {
 }
 
 
-/* A 4-bit tensor into fp32 dst (q->n): on the host by quant4.c, on a device by the backend's kernel. */
+/* A 4-bit tensor into fp32 dst (q->n), by the backend's op (where the tensor lives). */
 static void dequant(const snug_model *m, const snug_q4_tensor *q, float *dst) {
     snug_backend *be = m->be;
-    if (be->host_resident) {
-        snug_q4_dequantize(q, 0, q->n, dst, SNUG_DT_F32);
-        return;
-    }
     be->dequantize_4bit(be, dst, q->packed, q->nested ? NULL : q->absmax, q->absmax_q, q->nested_absmax,
                         q->nested_quant_map, q->nested_offset, snug_q4_code((snug_q4_type)q->type), q->n,
                         q->blocksize);
