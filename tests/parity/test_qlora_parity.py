@@ -8,7 +8,8 @@ random Llama in bf16, NF4 (and FP4) with double quantization, LoRA r=8 on all se
 - Five AdamW steps: snug's loss curve stays as close to the fp32 reference's as PEFT's own bf16 run does (times 4).
 - snug reading the folder transformers saved (pre-quantized: U8 weights, absmax, quant_state) gives bit for bit the
   loss and gradients of snug quantizing the 16-bit folder itself at load: both hold bitsandbytes' bytes.
-- A corrupt quant_state and an unknown quant type are refused with one clear error."""
+- A corrupt quant_state, an unknown quant type and a 4-bit folder without an adapter are refused with one clear
+  error."""
 import copy
 import json
 import os
@@ -163,6 +164,10 @@ def main():
                             "--qlora", "nf4"], capture_output=True, text=True)
         check(r.returncode == 2 and word in r.stderr and "q_proj" in r.stderr,
               f"{what}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+    # a 4-bit folder trained in full (no adapter): refused, naming the fix
+    r = subprocess.run([SNUG, "parity", pre, inp, os.path.join(work, "o.safetensors")], capture_output=True, text=True)
+    check(r.returncode == 2 and "adapter: qlora" in r.stderr, f"full fine-tune of a 4-bit folder: rc {r.returncode}: "
+          f"{r.stderr.strip()[-300:]}")
     finish("test_qlora_parity")
 
 
