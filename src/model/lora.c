@@ -59,8 +59,13 @@ unsigned snug_lora_all_linear(snug_arch arch) { return (1u << snug_lora_module_c
 
 unsigned snug_lora_default_targets(snug_arch arch) { return arch == SNUG_ARCH_GPT2 ? 1u : (1u << 0) | (1u << 2); }
 
-/* Module k's rows of its site's output and its input width. */
-static void module_shape(const snug_model_config *c, int k, int *row0, int *rows, int *in) {
+snug_site snug_lora_module_site(snug_arch arch, int k) {
+    int n;
+    const module_def *d = modules(arch, &n);
+    return k >= 0 && k < n ? d[k].site : SNUG_NSITES;
+}
+
+void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *rows, int *in) {
     int C = c->hidden_size, I = c->intermediate_size, q = c->n_head * c->head_dim, kv = c->n_kv_head * c->head_dim;
     if (c->arch == SNUG_ARCH_GPT2) {
         const int r0[] = {0, 0, 0, 0}, rs[] = {3 * C, C, I, C}, ins[] = {C, C, C, I};
@@ -93,7 +98,7 @@ int snug_lora_build(snug_model *m, snug_error *e) {
         snug_lora_module *md = &lo->mod[lo->nmod++];
         md->index = k;
         md->site = defs[k].site;
-        module_shape(c, k, &md->row0, &md->rows, &md->in);
+        snug_lora_module_shape(c, k, &md->row0, &md->rows, &md->in);
         md->a_off = off;
         off += (size_t)lo->r * md->in;
         md->b_off = off;

@@ -5,6 +5,7 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,6 +213,50 @@ static size_t largest_layer(const snug_model *m) {
     return mx;
 }
 
+/* Under QLoRA: the dense tensors (norms, biases) of layer l, contiguous in params16 (the 4-bit matrices between
+ * them take no place there): where they start and how many elements they are. */
+static size_t dense_layer(const snug_model *m, int l, size_t *start) {
+    size_t n = 0;
+    *start = 0;
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer == l && !m->q4[i].n) {
+            if (!n)
+                *start = m->soff[i];
+            n += m->table.e[i].numel;
+        }
+    return n;
+}
+
+static size_t largest_dense_layer(const snug_model *m) {
+    size_t mx = 0, start;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        size_t n = dense_layer(m, l, &start);
+        mx = n > mx ? n : mx;
+    }
+    return mx;
+}
+
+static int layer_has_bias(const snug_model *m) {
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer >= 0 && m->table.e[i].ndim == 1 && ends_with(m->table.e[i].name, "bias"))
+            return 1;
+    return 0;
+}
+
+/* QLoRA's layer views: the dense tensors at their place in wl; the 4-bit matrices have none (NULL). */
+static void dense_layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
+    snug_tensors unused;
+    size_t start;
+    dense_layer(m, 0, &start);
+    memset(L, 0, sizeof *L);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer == 0 && !m->q4[i].n ? slot_of(p->name, &unused, L) : NULL;
+        if (s)
+            *s = base + (m->soff[i] - start);
+    }
+}
+
 /* Where each tensor's gradient lives (snug_model.grad_off). Normally the flat layout of the parameters. With 16-bit
  * layer gradients, the global tensors are packed into grads and the layers into grads16. With
  * optimizer_in_backward, one buffer the size of the largest layer takes every layer's gradients in turn: no
@@ -248,6 +293,46 @@ static int grad_offsets(snug_model *m, snug_error *e) {
     return 0;
 }
 
+/* The elements of one chunk of a 4-bit matrix at most (64 MiB in fp32): a matrix larger than this runs in row
+ * chunks, so QLoRA's dequantized weights take this much workspace instead of a whole layer's. */
+#define Q4_CHUNK ((size_t)1 << 24)
+
+static size_t gcd_size(size_t a, size_t b) {
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Which module of its block 4-bit matrix i is (its site and rows there), and its rows per chunk: the whole matrix,
+ * or a multiple of the rows that make a chunk start on a quantization block (and, double-quantized, on a block of
+ * 256 scales), so that a chunk is dequantized from its own slice of the packed codes and scales. */
+static int q4_place(snug_model *m, int i, snug_error *e) {
+    const snug_param_entry *p = &m->table.e[i];
+    const snug_q4_tensor *q = &m->q4[i];
+    int n = snug_lora_module_count(m->cfg.arch);
+    for (int k = 0; k < n; k++) {
+        char suffix[128];
+        snprintf(suffix, sizeof suffix, ".%s.weight", snug_lora_module_name(m->cfg.arch, k));
+        if (!ends_with(p->name, suffix))
+            continue;
+        int row0, rows, in;
+        snug_lora_module_shape(&m->cfg, k, &row0, &rows, &in);
+        size_t R = (size_t)q->shape[0], cols = (size_t)q->shape[1];
+        size_t unit = (size_t)q->blocksize * (q->nested ? (size_t)q->nested_blocksize : 1);
+        size_t quantum = unit / gcd_size(cols, unit), cr = Q4_CHUNK / cols / quantum * quantum;
+        cr = q->n <= Q4_CHUNK ? R : cr < quantum ? quantum : cr;
+        m->q4_site[i].site = (int)snug_lora_module_site(m->cfg.arch, k);
+        m->q4_site[i].row0 = row0;
+        m->q4_site[i].chunk_rows = (int)(cr < R ? cr : R);
+        return 0;
+    }
+    return snug_fail(e, SNUG_EINPUT, "%s: a matrix of the block that is no linear layer snug knows; it cannot be "
+                                      "stored in 4 bits", p->name);
+}
+
 /* Where each tensor is stored (snug_model.soff, q4): at its table offset, or under QLoRA the block matrices in 4 bits
  * (bitsandbytes' layout, one quantized tensor per Hugging Face weight) and the rest packed densely. */
 static int storage_layout(snug_model *m, snug_error *e) {
@@ -255,8 +340,10 @@ static int storage_layout(snug_model *m, snug_error *e) {
     free(m->soff);
     free(m->q4);
     free(m->q4_block);
+    free(m->q4_site);
     m->q4 = NULL;
     m->q4_block = NULL;
+    m->q4_site = NULL;
     m->soff = malloc((size_t)(t->n ? t->n : 1) * sizeof *m->soff);
     int q = m->lv.lora.kind == SNUG_ADAPTER_QLORA;
     if (q && !is16(m))
@@ -264,8 +351,9 @@ static int storage_layout(snug_model *m, snug_error *e) {
     if (q) {
         m->q4 = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4);
         m->q4_block = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4_block);
+        m->q4_site = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4_site);
     }
-    if (!m->soff || (q && (!m->q4 || !m->q4_block)))
+    if (!m->soff || (q && (!m->q4 || !m->q4_block || !m->q4_site)))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the parameter layout");
     size_t dense = 0;
     for (int i = 0; i < t->n; i++) {
@@ -275,6 +363,7 @@ static int storage_layout(snug_model *m, snug_error *e) {
             SNUG_TRY(snug_q4_init(&m->q4[i], (snug_q4_type)m->lv.lora.q4_type,
                                   m->lv.lora.q4_blocksize ? m->lv.lora.q4_blocksize : 64, m->lv.lora.q4_nested, rows,
                                   cols, m->lv.dt == SNUG_DT_F16 ? SNUG_DT_F16 : SNUG_DT_BF16, e));
+            SNUG_TRY(q4_place(m, i, e));
             m->soff[i] = (size_t)-1;
             continue;
         }
@@ -296,6 +385,8 @@ void snug_model_free_host(snug_model *m) {
     free(m->soff);
     free(m->q4);
     free(m->q4_block);
+    free(m->q4_site);
+    m->q4_site = NULL;
     m->w.layers = m->g.layers = NULL;
     m->acts = NULL;
     m->acts16 = NULL;
@@ -374,8 +465,20 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     /* 16-bit: the current layer's weights (and gradients) widened to fp32, the final norm, the head's rows */
     m->wl = m->gl = m->lnf_ws = m->w_ws = NULL;
     m->wblock = 0;
+    m->wq = m->ones = NULL;
+    m->wq_n = m->wl_n = 0;
     if (half) {
-        CARVE(m->wl, SNUG_MEM_WORKSPACE, largest_layer(m));
+        m->wl_n = m->q4 ? largest_dense_layer(m) : largest_layer(m);
+        CARVE(m->wl, SNUG_MEM_WORKSPACE, m->wl_n ? m->wl_n : 1);
+        for (int i = 0; m->q4 && i < m->table.n; i++)
+            if (m->q4[i].n) {
+                size_t k = (size_t)m->q4_site[i].chunk_rows * (size_t)m->q4[i].shape[1];
+                m->wq_n = k > m->wq_n ? k : m->wq_n;
+            }
+        if (m->wq_n)
+            CARVE(m->wq, SNUG_MEM_WORKSPACE, m->wq_n);
+        if (m->q4 && layer_has_bias(m))
+            CARVE(m->ones, SNUG_MEM_WORKSPACE, N);
         if (m->grads16)
             CARVE(m->gl, SNUG_MEM_WORKSPACE, largest_layer(m));
         CARVE(m->lnf_ws, SNUG_MEM_WORKSPACE, 2 * (size_t)C);
@@ -481,8 +584,19 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             make_views(m, m->params, NULL, 0, &m->w);
         if (m->grads)
             make_views(m, m->grads, m->grad_off, m->grads16 != NULL, &m->g);
-        if (m->wl)
+        if (m->wl && m->q4)
+            dense_layer_views(m, m->wl, &m->wl_t);
+        else if (m->wl)
             layer_views(m, m->wl, &m->wl_t);
+        if (m->ones) {
+            float *one = malloc(N * sizeof *one);
+            if (!one)
+                return snug_fail(e, SNUG_ENOMEM, "out of host memory");
+            for (size_t k = 0; k < N; k++)
+                one[k] = 1.0f;
+            m->be->to_device(m->be, m->ones, one, N * sizeof *one);
+            free(one);
+        }
         if (m->gl)
             layer_views(m, m->gl, &m->gl_t);
     }
@@ -540,12 +654,25 @@ int snug_model_init_rope(snug_model *m) {
 }
 
 
-/* A 4-bit tensor into fp32 dst (q->n), by the backend's op (where the tensor lives). */
-static void dequant(const snug_model *m, const snug_q4_tensor *q, float *dst) {
+/* Rows [r0, r0 + nr) of 4-bit matrix i into dst (nr x cols) as forward reads them: by the backend's op (where the
+ * tensor lives) from the rows' slice of codes and scales (r0 is a multiple of its chunk_rows), then rounded to the
+ * run's 16-bit type, as bitsandbytes' dequantize_4bit gives the weight's dtype. */
+static void dequant_rows(const snug_model *m, int i, size_t r0, size_t nr, float *dst) {
     snug_backend *be = m->be;
-    be->dequantize_4bit(be, dst, q->packed, q->nested ? NULL : q->absmax, q->absmax_q, q->nested_absmax,
-                        q->nested_quant_map, q->nested_offset, snug_q4_code((snug_q4_type)q->type), q->n,
-                        q->blocksize);
+    const snug_q4_tensor *q = &m->q4[i];
+    size_t cols = (size_t)q->shape[1], off = r0 * cols, n = nr * cols, bs = (size_t)q->blocksize;
+    size_t b0 = off / bs, nb = q->nested ? (size_t)q->nested_blocksize : 1;
+    be->dequantize_4bit(be, dst, q->packed + off / 2, q->nested ? NULL : q->absmax + b0,
+                        q->nested ? q->absmax_q + b0 : NULL, q->nested ? q->nested_absmax + b0 / nb : NULL,
+                        q->nested_quant_map, q->nested_offset, snug_q4_code((snug_q4_type)q->type), n, q->blocksize);
+    be->to16(be, NULL, dst, n, m->lv.dt, 1);
+}
+
+/* The larger of the fp32 workspaces that tensors pass through on their way in and out of 16-bit storage (wl,
+ * and under QLoRA wq), and its size in floats. */
+static float *staging(const snug_model *m, size_t *n) {
+    *n = m->wq_n > m->wl_n ? m->wq_n : m->wl_n;
+    return m->wq_n > m->wl_n ? m->wq : m->wl;
 }
 
 static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
@@ -557,11 +684,12 @@ void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_
     if (!is16(m))
         return;
     /* 16-bit: round through the layer workspace, a layer's worth at a time */
-    size_t piece = largest_layer(m);
+    size_t piece;
+    float *buf = staging(m, &piece);
     for (size_t o = 0; o < n; o += piece) {
         size_t k = n - o < piece ? n - o : piece;
-        be->to_device(be, m->wl, host + o, k * sizeof *host);
-        be->to16(be, m->params16 + offset + o, m->wl, k, m->lv.dt, 0);
+        be->to_device(be, buf, host + o, k * sizeof *host);
+        be->to16(be, m->params16 + offset + o, buf, k, m->lv.dt, 0);
     }
     m->wl_layer = -1;
 }
@@ -584,10 +712,12 @@ int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e)
         }
         /* QLoRA's dense tensors: rounded to 16 bits at their packed place */
         snug_backend *be = m->be;
-        for (size_t o = 0, piece = largest_layer(m); o < p->numel; o += piece) {
+        size_t piece;
+        float *buf = staging(m, &piece);
+        for (size_t o = 0; o < p->numel; o += piece) {
             size_t k = p->numel - o < piece ? p->numel - o : piece;
-            be->to_device(be, m->wl, host + o, k * sizeof *host);
-            be->to16(be, m->params16 + m->soff[i] + o, m->wl, k, m->lv.dt, 0);
+            be->to_device(be, buf, host + o, k * sizeof *host);
+            be->to16(be, m->params16 + m->soff[i] + o, buf, k, m->lv.dt, 0);
         }
         m->wl_layer = -1;
         return 0;
@@ -616,20 +746,25 @@ void snug_model_get_params(const snug_model *m, float *host) {
         be->to_host(be, host, m->params, P * sizeof *host);
         return;
     }
-    size_t piece = largest_layer(m);
-    if (m->q4) { /* QLoRA: each tensor as forward sees it, the 4-bit ones dequantized */
+    size_t piece;
+    float *buf = staging(m, &piece);
+    if (m->q4) { /* QLoRA: each tensor as forward sees it, the 4-bit ones dequantized chunk by chunk */
         for (int i = 0; i < m->table.n; i++) {
             const snug_param_entry *p = &m->table.e[i];
+            if (snug_model_entry_q4(m, i)) {
+                size_t R = (size_t)m->q4[i].shape[0], cols = (size_t)m->q4[i].shape[1];
+                size_t cr = (size_t)m->q4_site[i].chunk_rows;
+                for (size_t r = 0; r < R; r += cr) {
+                    size_t nr = R - r < cr ? R - r : cr;
+                    dequant_rows(m, i, r, nr, m->wq);
+                    be->to_host(be, host + p->offset + r * cols, m->wq, nr * cols * sizeof *host);
+                }
+                continue;
+            }
             for (size_t o = 0; o < p->numel; o += piece) {
                 size_t k = p->numel - o < piece ? p->numel - o : piece;
-                if (snug_model_entry_q4(m, i)) {
-                    dequant(m, &m->q4[i], m->wl); /* a block matrix fits the layer buffer whole */
-                    be->to16(be, NULL, m->wl, p->numel, m->lv.dt, 1);
-                    k = p->numel;
-                } else {
-                    be->from16(be, m->wl, m->params16 + m->soff[i] + o, k, m->lv.dt);
-                }
-                be->to_host(be, host + p->offset + o, m->wl, k * sizeof *host);
+                be->from16(be, buf, m->params16 + m->soff[i] + o, k, m->lv.dt);
+                be->to_host(be, host + p->offset + o, buf, k * sizeof *host);
             }
         }
         ((snug_model *)m)->wl_layer = -1;
@@ -637,8 +772,8 @@ void snug_model_get_params(const snug_model *m, float *host) {
     }
     for (size_t o = 0; o < P; o += piece) {
         size_t k = P - o < piece ? P - o : piece;
-        be->from16(be, m->wl, m->params16 + o, k, m->lv.dt);
-        be->to_host(be, host + o, m->wl, k * sizeof *host);
+        be->from16(be, buf, m->params16 + o, k, m->lv.dt);
+        be->to_host(be, host + o, buf, k * sizeof *host);
     }
     ((snug_model *)m)->wl_layer = -1;
 }
@@ -783,22 +918,57 @@ static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
     if (m->wl_layer != l && !m->q4) {
         m->be->from16(m->be, m->wl, m->params16 + m->table.layer_offset[l], m->table.layer_numel[l], m->lv.dt);
         m->wl_layer = l;
-    } else if (m->wl_layer != l) { /* QLoRA: the 4-bit matrices dequantized, the rest widened, into one fp32 layer */
-        const snug_param_table *t = &m->table;
-        for (int i = 0; i < t->n; i++) {
-            const snug_param_entry *p = &t->e[i];
-            if (p->layer != l)
-                continue;
-            float *dst = m->wl + (p->offset - t->layer_offset[l]);
-            if (snug_model_entry_q4(m, i)) { /* bitsandbytes' dequantize_4bit gives the weight's dtype: rounded */
-                dequant(m, &m->q4[i], dst);
-                m->be->to16(m->be, NULL, dst, p->numel, m->lv.dt, 1);
-            } else
-                m->be->from16(m->be, dst, m->params16 + m->soff[i], p->numel, m->lv.dt);
-        }
+    } else if (m->wl_layer != l) { /* QLoRA: only the dense tensors; the 4-bit matrices stream through wq */
+        size_t start, n = dense_layer(m, l, &start);
+        if (n)
+            m->be->from16(m->be, m->wl, m->params16 + start, n, m->lv.dt);
         m->wl_layer = l;
     }
     return &m->wl_t;
+}
+
+/* out (N, OC) = inp (N, Cin) @ W^T + b, W the site's weight (OC, Cin). Under QLoRA W is the site's 4-bit matrices,
+ * each dequantized a chunk of rows at a time into wq, and each chunk's GEMM writes its columns of out. */
+static void lin_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
+                    const float *b, int N, int Cin, int OC) {
+    snug_backend *be = m->be;
+    if (!m->q4) {
+        be->matmul_fwd(be, out, inp, w, b, N, Cin, OC);
+        return;
+    }
+    for (int i = 0; i < m->table.n; i++) {
+        if (m->table.e[i].layer != l || !m->q4[i].n || m->q4_site[i].site != (int)site)
+            continue;
+        int R = (int)m->q4[i].shape[0], cr = m->q4_site[i].chunk_rows, row0 = m->q4_site[i].row0;
+        for (int r = 0; r < R; r += cr) {
+            int nr = R - r < cr ? R - r : cr;
+            dequant_rows(m, i, r, nr, m->wq);
+            be->gemm_strided(be, 0, 1, N, nr, Cin, 1.0f, inp, Cin, m->wq, Cin, 0.0f, out + row0 + r, OC);
+        }
+    }
+    if (b) /* out += ones (N, 1) @ b (1, OC) */
+        be->gemm_strided(be, 0, 0, N, OC, 1, 1.0f, m->ones, 1, b, OC, 1.0f, out, OC);
+}
+
+/* The backward of lin_fwd: dinp += dout @ W, dw += dout^T @ inp, db += column sums of dout (each skipped when NULL).
+ * Under QLoRA the base is frozen (no dw, no db) and dinp takes the chunks' products in turn. */
+static void lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, const float *dout,
+                    const float *inp, const float *w, int N, int Cin, int OC) {
+    snug_backend *be = m->be;
+    if (!m->q4) {
+        be->matmul_bwd(be, dinp, dw, db, dout, inp, w, N, Cin, OC);
+        return;
+    }
+    for (int i = 0; dinp && i < m->table.n; i++) {
+        if (m->table.e[i].layer != l || !m->q4[i].n || m->q4_site[i].site != (int)site)
+            continue;
+        int R = (int)m->q4[i].shape[0], cr = m->q4_site[i].chunk_rows, row0 = m->q4_site[i].row0;
+        for (int r = 0; r < R; r += cr) {
+            int nr = R - r < cr ? R - r : cr;
+            dequant_rows(m, i, r, nr, m->wq);
+            be->gemm_strided(be, 0, 0, N, Cin, nr, 1.0f, dout + row0 + r, OC, m->wq, Cin, 1.0f, dinp, Cin);
+        }
+    }
 }
 
 /* One transformer block forward: res[l] -> res[l+1], saving what backward needs in acts[l] (acts16[l]). */
@@ -816,7 +986,7 @@ static void layer_fwd(snug_model *m, int l) {
 
     norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     keep(m, s->ln1, a->ln1, Nn * C);
-    be->matmul_fwd(be, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
+    lin_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
     snug_lora_fwd(m, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
@@ -828,13 +998,13 @@ static void layer_fwd(snug_model *m, int l) {
         be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
                           1.0f / sqrtf((float)HD));
     keep(m, s->att, a->att, Nn * NH * HD);
-    be->matmul_fwd(be, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
+    lin_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
     snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N);
     be->accumulate(be, a->res_mid, x, Nn * C);
     keep(m, s->res_mid, a->res_mid, Nn * C);
     norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
     keep(m, s->ln2, a->ln2, Nn * C);
-    be->matmul_fwd(be, a->fc, a->ln2, w->fc_w, w->fc_b, N, C, m->FC);
+    lin_fwd(m, l, SNUG_SITE_FC, a->fc, a->ln2, w->fc_w, w->fc_b, N, C, m->FC);
     snug_lora_fwd(m, l, SNUG_SITE_FC, a->fc, m->FC, a->ln2, N);
     keep(m, s->fc, a->fc, Nn * m->FC);
     if (c->arch == SNUG_ARCH_GPT2)
@@ -842,7 +1012,7 @@ static void layer_fwd(snug_model *m, int l) {
     else
         be->swiglu_fwd(be, a->act, a->fc, N, I);
     keep(m, s->act, a->act, Nn * I);
-    be->matmul_fwd(be, out, a->act, w->proj_w, w->proj_b, N, I, C);
+    lin_fwd(m, l, SNUG_SITE_PROJ, out, a->act, w->proj_w, w->proj_b, N, I, C);
     snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, a->act, N);
     be->accumulate(be, out, a->res_mid, Nn * C);
     save_res(m, l + 1, out, Nn * C);
@@ -895,7 +1065,7 @@ static void layer_bwd(snug_model *m, int l) {
 
     /* MLP: res[l+1] = res_mid + proj(act(fc(norm2(res_mid)))) */
     be->zero(be, m->d_act, Nn * I * sizeof(float));
-    be->matmul_bwd(be, m->d_act, g->proj_w, g->proj_b, m->d_res, a->act, w->proj_w, N, I, C);
+    lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, m->d_res, a->act, w->proj_w, N, I, C);
     snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, m->d_res, C, a->act, N);
     be->zero(be, m->d_fc, Nn * m->FC * sizeof(float));
     if (c->arch == SNUG_ARCH_GPT2)
@@ -903,13 +1073,13 @@ static void layer_bwd(snug_model *m, int l) {
     else
         be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, N, I);
     be->zero(be, m->d_ln, Nn * C * sizeof(float));
-    be->matmul_bwd(be, m->d_ln, g->fc_w, g->fc_b, m->d_fc, a->ln2, w->fc_w, N, C, m->FC);
+    lin_bwd(m, l, SNUG_SITE_FC, m->d_ln, g->fc_w, g->fc_b, m->d_fc, a->ln2, w->fc_w, N, C, m->FC);
     snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln, m->d_fc, m->FC, a->ln2, N);
     norm_bwd(m, m->d_res, g->ln2_w, g->ln2_b, m->d_ln, a->res_mid, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
     be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
-    be->matmul_bwd(be, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
+    lin_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
     snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, m->d_res, C, a->att, N);
     be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
     if (m->lv.naive_attention)
@@ -928,7 +1098,8 @@ static void layer_bwd(snug_model *m, int l) {
     int need_dx = l > 0 || m->g.wte || m->g.wpe || g->ln1_w;
     if (need_dx)
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
-    be->matmul_bwd(be, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C, m->QKV);
+    lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
+            m->QKV);
     snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N);
     if (need_dx)
         norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);

@@ -256,6 +256,18 @@ typedef struct snug_model {
     size_t dense_total;
     snug_q4_tensor *q4;    /* (table.n), NULL without QLoRA */
     void **q4_block;       /* (table.n) the block each q4[i] was carved from (its bytes are contiguous) */
+    /* QLoRA never widens a whole layer: each linear runs over row chunks of its 4-bit matrices, dequantized one
+     * chunk at a time into wq (workspace, wq_n floats), and wl holds only the layer's dense tensors (norms,
+     * biases). q4_site[i]: the site and the first output row of matrix i, and its rows per chunk. */
+    struct snug_q4_site {
+        int site;          /* snug_site */
+        int row0;          /* its rows of the site's (fused) output */
+        int chunk_rows;    /* rows per chunk: the whole matrix, or a multiple of what keeps chunks block-aligned */
+    } *q4_site;            /* (table.n) */
+    float *wq;             /* (wq_n) one chunk of a 4-bit matrix, dequantized */
+    size_t wq_n;
+    size_t wl_n;           /* floats in wl */
+    float *ones;           /* (N) ones: a QLoRA linear's bias added by a GEMM */
 
     snug_grads_ready_fn on_grads_ready;
     void *on_grads_ready_ud;
@@ -281,6 +293,9 @@ const void *snug_model_stored(const snug_model *m, size_t offset);
  * last; and the number of modules. */
 const char *snug_lora_module_name(snug_arch arch, int k);
 int snug_lora_module_count(snug_arch arch);
+/* Module k's site, its first row of the site's output, its rows and its input width. */
+snug_site snug_lora_module_site(snug_arch arch, int k);
+void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *rows, int *in);
 /* The modules Axolotl's lora_target_linear and Unsloth adapt: every linear layer of the block. */
 unsigned snug_lora_all_linear(snug_arch arch);
 /* PEFT's default when no target is named: q_proj and v_proj (Llama), c_attn (GPT-2). */
