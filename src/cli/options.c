@@ -317,6 +317,14 @@ static const key_spec keys[] = {
              "vocab) logits never exist whole"},
     {.name = "cross_entropy_chunk_tokens", .type = KT_INT, .group = G_MEMORY, AT_INT(cross_entropy_chunk_tokens),
      .def = "256", .help = "tokens per logits chunk with chunked_cross_entropy"},
+    {.name = "offload_embedding", .type = KT_BOOL, .group = G_MEMORY, AT_INT(offload_embedding), .def = "false",
+     .help = "with an adapter under bf16/fp16: the frozen input embedding stays in (pinned) host memory and only the "
+             "micro-batch's rows are read from it (not for tied embeddings, whose table is also the output head)"},
+    {.name = "tiled_mlp", .type = KT_BOOL, .group = G_MEMORY, AT_INT(tiled_mlp), .def = "false",
+     .help = "run each block's MLP over shards of the micro-batch's tokens (ALST's tiled MLP): its (tokens, "
+             "intermediate) activations exist one shard at a time and are recomputed in backward, never saved"},
+    {.name = "tiled_mlp_num_shards", .type = KT_INT, .group = G_MEMORY, AT_INT(tiled_mlp_num_shards), .def = "0",
+     .help = "shards of tiled_mlp; 0 = auto: ceil(tokens per micro-batch / hidden size), as Axolotl does"},
 
     /* flags of snug plan (not configuration keys: accepted on its command line only) */
     {.name = "gpu", .type = KT_STRING, .group = G_PLAN, PL_AT(char *, gpu),

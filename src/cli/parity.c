@@ -41,10 +41,11 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
-        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --device cpu|cuda]");
+        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --tiled_mlp SHARDS "
+                         "--offload_embedding 1 --q4_chunk ELEMENTS --device cpu|cuda]");
     const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL, *qlora = NULL;
     snug_backend_choice device = SNUG_BACKEND_CPU;
-    int steps = 0, threads = 0;
+    int steps = 0, threads = 0, mlp_shards = 0, offload_emb = 0, q4_chunk = 0;
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
@@ -56,6 +57,9 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         else if (!strcmp(argv[i], "--qlora")) qlora = argv[i + 1];
         else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tiled_mlp")) mlp_shards = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--offload_embedding")) offload_emb = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--q4_chunk")) q4_chunk = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) device = SNUG_BACKEND_CUDA;
         else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cpu")) device = SNUG_BACKEND_CPU;
         else return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", argv[i]);
@@ -78,7 +82,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         rc = snug_fail(e, SNUG_EINPUT, "%s: input_ids and labels differ in shape", in);
 
     snug_engine g = {0};
-    snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 1};
+    snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .with_grads = 1,
+                           .lv = {.ckpt_every = 1, .mlp_shards = mlp_shards, .offload_embedding = offload_emb}};
     /* --adapter: a PEFT LoRA adapter on the base; its A and B are what trains and what is dumped */
     if (!rc && adapter)
         rc = snug_peft_read_config(adapter, cfg.arch, &spec.lv.lora, e);
@@ -87,6 +92,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         spec.lv.lora.q4_type = !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
         spec.lv.lora.q4_nested = 1;
         spec.lv.lora.q4_blocksize = 64;
+        spec.lv.lora.q4_chunk = q4_chunk > 0 ? (size_t)q4_chunk : 0;
         spec.lv.dt = SNUG_DT_BF16;
     }
     if (!rc)

@@ -166,7 +166,14 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
         snprintf(buf, n, "logits of %d tokens x %d vocab, activation gradients", r->p->plan.xent_chunk,
                  r->p->cfg.vocab_size);
         break;
-    case SNUG_MEM_OFFLOAD: snprintf(buf, n, "layer inputs in host memory (gradient_checkpointing: offload)"); break;
+    case SNUG_MEM_OFFLOAD:
+        if (!s->lv.ckpt_offload && !s->lv.offload_embedding)
+            snprintf(buf, n, "none");
+        else
+            snprintf(buf, n, "%s%s%s in host memory", s->lv.ckpt_offload ? "layer inputs (gradient_checkpointing: offload)" : "",
+                     s->lv.ckpt_offload && s->lv.offload_embedding ? " and " : "",
+                     s->lv.offload_embedding ? "the frozen embedding (offload_embedding)" : "");
+        break;
     case SNUG_MEM_SNAPSHOT:
         snprintf(buf, n, "%s", s->ckpt_snapshot ? "parameters, master and optimizer state copied for a checkpoint"
                                                 : "none: checkpoints are written in place (or not at all)");

@@ -5,7 +5,7 @@
 
 static const char *const category_names[SNUG_MEM_NCAT] = {
     "parameters", "master weights", "gradients", "optimizer state", "saved activations", "workspace", "data",
-    "offloaded activations", "checkpoint snapshot", "adapter weights",
+    "offloaded to host", "checkpoint snapshot", "adapter weights",
 };
 
 const char *snug_category_name(snug_category c) {

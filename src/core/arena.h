@@ -20,7 +20,8 @@ typedef enum snug_category {
     SNUG_MEM_ACTS,        /* activations saved in forward for backward */
     SNUG_MEM_WORKSPACE,   /* scratch: activation gradients, logits chunk, attention rows */
     SNUG_MEM_DATA,        /* token ids, labels, positions of the current micro-batch */
-    SNUG_MEM_OFFLOAD,     /* checkpointed layer inputs in (pinned) host memory: gradient_checkpointing: offload */
+    SNUG_MEM_OFFLOAD,     /* in (pinned) host memory: checkpointed layer inputs (gradient_checkpointing: offload) and
+                           * a frozen embedding (offload_embedding) */
     SNUG_MEM_SNAPSHOT,    /* a copy of the state a checkpoint holds, in host memory, written while training goes on */
     SNUG_MEM_ADAPTER,     /* LoRA's trainable adapter weights (fp32); the frozen base stays in SNUG_MEM_PARAMS */
     SNUG_MEM_NCAT

@@ -175,21 +175,23 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
     return 0;
 }
 
-/* The dropout stream of module md in layer l for this micro-batch. */
-static uint64_t mask_seed(const snug_lora *lo, int l, const snug_lora_module *md) {
-    return lo->seed ^ ((uint64_t)(l + 1) * 0xD6E8FEB86659FD93ull) ^ ((uint64_t)(md->index + 1) << 56);
+/* The dropout stream of module md in layer l for this micro-batch, from row n0 on: element i of the stream is drawn
+ * from seed + (i + 1) * gamma (snug_sr_bits), so starting n0 rows in is the seed moved on by n0 * in gammas. */
+static uint64_t mask_seed(const snug_lora *lo, int l, const snug_lora_module *md, int n0) {
+    uint64_t s = lo->seed ^ ((uint64_t)(l + 1) * 0xD6E8FEB86659FD93ull) ^ ((uint64_t)(md->index + 1) << 56);
+    return s + (uint64_t)n0 * (uint64_t)md->in * 0x9E3779B97F4A7C15ull;
 }
 
 /* The input the adapter of module md reads: x itself, or x dropped out into the workspace. */
-static const float *adapter_input(snug_model *m, int l, const snug_lora_module *md, const float *x, int N) {
+static const float *adapter_input(snug_model *m, int l, const snug_lora_module *md, const float *x, int N, int n0) {
     snug_lora *lo = &m->lora;
     if (lo->dropout <= 0.0f || !lo->xd || !lo->training)
         return x;
-    m->be->dropout(m->be, lo->xd, x, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md));
+    m->be->dropout(m->be, lo->xd, x, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md, n0));
     return lo->xd;
 }
 
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N) {
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     int r = lo->r;
@@ -199,7 +201,7 @@ void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, 
             continue;
         const float *A = lo->params + (size_t)l * lo->per_layer + md->a_off;
         const float *B = lo->params + (size_t)l * lo->per_layer + md->b_off;
-        const float *xin = adapter_input(m, l, md, x, N);
+        const float *xin = adapter_input(m, l, md, x, N, n0);
         be->gemm_strided(be, 0, 1, N, r, md->in, 1.0f, xin, md->in, A, md->in, 0.0f, lo->u, r); /* u (N,r) = xin A^T */
         /* out[:, row0:row0+rows] (N, rows) += s * u B^T */
         be->gemm_strided(be, 0, 1, N, md->rows, r, lo->scale, lo->u, r, B, r, 1.0f, out + md->row0, width);
@@ -207,7 +209,7 @@ void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, 
 }
 
 void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
-                   int N) {
+                   int N, int n0) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     int r = lo->r;
@@ -219,7 +221,7 @@ void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float 
         const float *A = lo->params + base + md->a_off, *B = lo->params + base + md->b_off;
         float *gA = lo->grads + base + md->a_off, *gB = lo->grads + base + md->b_off;
         const float *g = dout + md->row0; /* (N, rows), row stride width */
-        const float *xin = adapter_input(m, l, md, x, N);
+        const float *xin = adapter_input(m, l, md, x, N, n0);
         be->gemm_strided(be, 0, 1, N, r, md->in, 1.0f, xin, md->in, A, md->in, 0.0f, lo->u, r);     /* u = xin A^T */
         be->gemm_strided(be, 0, 0, N, r, md->rows, 1.0f, g, width, B, r, 0.0f, lo->du, r);           /* du = g B */
         be->gemm_strided(be, 1, 0, md->rows, r, N, lo->scale, g, width, lo->u, r, 1.0f, gB, r);      /* dB += s g^T u */
@@ -230,7 +232,7 @@ void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float 
             be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 1.0f, dx, md->in);
         } else { /* through the same mask: dx += drop(s du A) */
             be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 0.0f, lo->xd, md->in);
-            be->dropout(be, lo->xd, lo->xd, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md));
+            be->dropout(be, lo->xd, lo->xd, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md, n0));
             be->accumulate(be, dx, lo->xd, (size_t)N * md->in);
         }
     }

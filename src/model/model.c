@@ -178,7 +178,7 @@ static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, s
 
 /* One layer's large activations from arena `cat`, into `a`: a snug_layer_acts (fp32) or a snug_layer_acts16 (saved
  * 16-bit), which have the same fields; CARVE sizes each by its element type. with_cheap = 0 leaves out what selective
- * checkpointing recomputes (the two norm outputs and the MLP activation). */
+ * checkpointing recomputes (the two norm outputs and the MLP activation); a tiled MLP leaves out the MLP's two. */
 #define CARVE_LAYER_BIG(a, cat, N, with_cheap)                                                                   \
     do {                                                                                                         \
         size_t C_ = (size_t)m->cfg.hidden_size, ATT_ = (size_t)m->cfg.n_head * m->cfg.head_dim;                  \
@@ -189,8 +189,9 @@ static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, s
         CARVE((a)->res_mid, cat, (N) * C_);                                                                      \
         if (with_cheap)                                                                                          \
             CARVE((a)->ln2, cat, (N) * C_);                                                                      \
-        CARVE((a)->fc, cat, (N) * m->FC);                                                                        \
-        if (with_cheap)                                                                                          \
+        if (!m->mlp_rows) /* a tiled MLP saves neither: its shards run in m's own buffers */                    \
+            CARVE((a)->fc, cat, (N) * m->FC);                                                                    \
+        if (with_cheap && !m->mlp_rows)                                                                          \
             CARVE((a)->act, cat, (N) * (size_t)m->cfg.intermediate_size);                                        \
     } while (0)
 
@@ -213,13 +214,13 @@ static size_t largest_layer(const snug_model *m) {
     return mx;
 }
 
-/* Under QLoRA: the dense tensors (norms, biases) of layer l, contiguous in params16 (the 4-bit matrices between
- * them take no place there): where they start and how many elements they are. */
+/* The dense tensors of layer l (under QLoRA its norms and biases), contiguous in params16 (the 4-bit matrices
+ * between them take no place there): where they start and how many elements they are. */
 static size_t dense_layer(const snug_model *m, int l, size_t *start) {
     size_t n = 0;
     *start = 0;
     for (int i = 0; i < m->table.n; i++)
-        if (m->table.e[i].layer == l && !m->q4[i].n) {
+        if (m->table.e[i].layer == l && !(m->q4 && m->q4[i].n)) {
             if (!n)
                 *start = m->soff[i];
             n += m->table.e[i].numel;
@@ -251,7 +252,7 @@ static void dense_layer_views(const snug_model *m, float *base, snug_layer_tenso
     memset(L, 0, sizeof *L);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        float **s = p->layer == 0 && !m->q4[i].n ? slot_of(p->name, &unused, L) : NULL;
+        float **s = p->layer == 0 && !(m->q4 && m->q4[i].n) ? slot_of(p->name, &unused, L) : NULL;
         if (s)
             *s = base + (m->soff[i] - start);
     }
@@ -293,8 +294,9 @@ static int grad_offsets(snug_model *m, snug_error *e) {
     return 0;
 }
 
-/* The elements of one chunk of a 4-bit matrix at most (64 MiB in fp32): a matrix larger than this runs in row
- * chunks, so QLoRA's dequantized weights take this much workspace instead of a whole layer's. */
+/* The elements of one chunk of a 4-bit matrix at most, unless lv.lora.q4_chunk says otherwise (64 MiB in fp32): a
+ * matrix larger than this runs in row chunks, so QLoRA's dequantized weights take this much workspace instead of a
+ * whole layer's. */
 #define Q4_CHUNK ((size_t)1 << 24)
 
 static size_t gcd_size(size_t a, size_t b) {
@@ -322,8 +324,9 @@ static int q4_place(snug_model *m, int i, snug_error *e) {
         snug_lora_module_shape(&m->cfg, k, &row0, &rows, &in);
         size_t R = (size_t)q->shape[0], cols = (size_t)q->shape[1];
         size_t unit = (size_t)q->blocksize * (q->nested ? (size_t)q->nested_blocksize : 1);
-        size_t quantum = unit / gcd_size(cols, unit), cr = Q4_CHUNK / cols / quantum * quantum;
-        cr = q->n <= Q4_CHUNK ? R : cr < quantum ? quantum : cr;
+        size_t most = m->lv.lora.q4_chunk ? m->lv.lora.q4_chunk : Q4_CHUNK;
+        size_t quantum = unit / gcd_size(cols, unit), cr = most / cols / quantum * quantum;
+        cr = q->n <= most ? R : cr < quantum ? quantum : cr;
         m->q4_site[i].site = (int)snug_lora_module_site(m->cfg.arch, k);
         m->q4_site[i].row0 = row0;
         m->q4_site[i].chunk_rows = (int)(cr < R ? cr : R);
@@ -355,9 +358,28 @@ static int storage_layout(snug_model *m, snug_error *e) {
     }
     if (!m->soff || (q && (!m->q4 || !m->q4_block || !m->q4_site)))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the parameter layout");
+    m->emb_entry = -1;
+    if (m->lv.offload_embedding) {
+        if (m->lv.lora.kind == SNUG_ADAPTER_NONE || !is16(m))
+            return snug_fail(e, SNUG_EINPUT, "offload_embedding keeps a frozen 16-bit embedding in host memory: it "
+                                             "needs an adapter (lora or qlora) and bf16 or fp16");
+        if (m->cfg.tie_embeddings)
+            return snug_fail(e, SNUG_EINPUT, "offload_embedding: this model ties its embedding to the output head, "
+                                             "which reads the whole table every step; set offload_embedding: false");
+        for (int i = 0; i < t->n; i++) {
+            snug_tensors v;
+            if (t->e[i].layer < 0 && slot_of(t->e[i].name, &v, NULL) == &v.wte)
+                m->emb_entry = i;
+        }
+    }
+    m->packed = q || m->emb_entry >= 0;
     size_t dense = 0;
     for (int i = 0; i < t->n; i++) {
         const snug_param_entry *p = &t->e[i];
+        if (i == m->emb_entry) { /* in emb16, host memory */
+            m->soff[i] = (size_t)-1;
+            continue;
+        }
         if (q && p->layer >= 0 && p->ndim == 2) {
             int64_t rows = p->transposed ? p->shape[1] : p->shape[0], cols = p->transposed ? p->shape[0] : p->shape[1];
             SNUG_TRY(snug_q4_init(&m->q4[i], (snug_q4_type)m->lv.lora.q4_type,
@@ -367,11 +389,16 @@ static int storage_layout(snug_model *m, snug_error *e) {
             m->soff[i] = (size_t)-1;
             continue;
         }
-        m->soff[i] = q ? dense : p->offset;
+        m->soff[i] = m->packed ? dense : p->offset;
         dense += p->numel;
     }
-    m->dense_total = q ? dense : t->total;
+    m->dense_total = m->packed ? dense : t->total;
     return 0;
+}
+
+/* Where dense tensor i is stored in 16 bits: its place in params16, or the host-resident embedding. */
+static uint16_t *stored16(const snug_model *m, int i) {
+    return i == m->emb_entry ? m->emb16 : m->params16 + m->soff[i];
 }
 
 void snug_model_free_host(snug_model *m) {
@@ -408,6 +435,13 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->QKV = (NH + 2 * c->n_kv_head) * HD;
     m->FC = gpt2 ? I : 2 * I;
     m->xent_chunk = xent_chunk > 0 && (size_t)xent_chunk < N ? xent_chunk : (int)N;
+    m->mlp_rows = 0;
+    if (m->lv.mlp_shards) { /* tiled_mlp: shards of ceil(N / k) tokens */
+        size_t k = m->lv.mlp_shards > 0 ? (size_t)m->lv.mlp_shards : (N + (size_t)C - 1) / (size_t)C;
+        k = k < 1 ? 1 : k > N ? N : k;
+        m->mlp_rows = (int)((N + k - 1) / k);
+    }
+    size_t NM = m->mlp_rows ? (size_t)m->mlp_rows : N; /* rows of the MLP's fc, act and their gradients */
     m->wl_layer = -1;
     SNUG_TRY(storage_layout(m, e));
     global_offsets(m);
@@ -424,8 +458,11 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     /* parameters: fp32, or 16-bit with an optional fp32 master copy */
     m->params = NULL;
     m->params16 = NULL;
+    m->emb16 = NULL;
     if (half) {
         CARVE(m->params16, SNUG_MEM_PARAMS, m->dense_total);
+        if (m->emb_entry >= 0) /* offload_embedding: the frozen table in host memory */
+            CARVE(m->emb16, SNUG_MEM_OFFLOAD, m->table.e[m->emb_entry].numel);
         if (m->lv.master_weights)
             CARVE(m->params, SNUG_MEM_MASTER, m->table.total);
         for (int i = 0; m->q4 && i < m->table.n; i++)
@@ -523,8 +560,14 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         } else if (selective) {
             CARVE(shared.ln1, SNUG_MEM_WORKSPACE, N * C);
             shared.ln2 = shared.ln1; /* recomputed one after the other in backward */
-            CARVE(shared.act, SNUG_MEM_WORKSPACE, N * I);
+            if (!m->mlp_rows)
+                CARVE(shared.act, SNUG_MEM_WORKSPACE, N * I);
         }
+    }
+    float *mlp_fc = NULL, *mlp_act = NULL;
+    if (m->mlp_rows) { /* tiled_mlp: one shard's fc and act, for every layer */
+        CARVE(mlp_fc, SNUG_MEM_WORKSPACE, NM * m->FC);
+        CARVE(mlp_act, SNUG_MEM_WORKSPACE, NM * I);
     }
     for (int l = 0; l < L; l++) {
         snug_layer_acts *a = &m->acts[l];
@@ -549,6 +592,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             a->ln1 = cmp.ln1, a->qkv = cmp.qkv, a->att = cmp.att, a->res_mid = cmp.res_mid;
             a->ln2 = cmp.ln2, a->fc = cmp.fc, a->act = cmp.act;
         }
+        if (m->mlp_rows)
+            a->fc = mlp_fc, a->act = mlp_act;
     }
     CARVE(m->lnf, SNUG_MEM_ACTS, N * C);
     m->lnf_mean = NULL;
@@ -564,8 +609,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         CARVE(m->d_ln, SNUG_MEM_WORKSPACE, N * C);
         CARVE(m->d_qkv, SNUG_MEM_WORKSPACE, N * m->QKV);
         CARVE(m->d_att, SNUG_MEM_WORKSPACE, N * NH * HD);
-        CARVE(m->d_fc, SNUG_MEM_WORKSPACE, N * m->FC);
-        CARVE(m->d_act, SNUG_MEM_WORKSPACE, N * I);
+        CARVE(m->d_fc, SNUG_MEM_WORKSPACE, NM * m->FC);
+        CARVE(m->d_act, SNUG_MEM_WORKSPACE, NM * I);
     }
 
     /* data */
@@ -695,7 +740,7 @@ void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_
 }
 
 void snug_model_put_params(snug_model *m, const float *host) {
-    if (!m->q4) {
+    if (!m->packed) {
         snug_model_put_range(m, 0, host, m->table.total);
         return;
     }
@@ -706,18 +751,18 @@ void snug_model_put_params(snug_model *m, const float *host) {
 int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e) {
     const snug_param_entry *p = &m->table.e[i];
     if (!snug_model_entry_q4(m, i)) {
-        if (!m->q4) {
+        if (!m->packed) {
             snug_model_put_range(m, p->offset, host, p->numel);
             return 0;
         }
-        /* QLoRA's dense tensors: rounded to 16 bits at their packed place */
+        /* packed dense tensors: rounded to 16 bits at their place */
         snug_backend *be = m->be;
         size_t piece;
         float *buf = staging(m, &piece);
         for (size_t o = 0; o < p->numel; o += piece) {
             size_t k = p->numel - o < piece ? p->numel - o : piece;
             be->to_device(be, buf, host + o, k * sizeof *host);
-            be->to16(be, m->params16 + m->soff[i] + o, buf, k, m->lv.dt, 0);
+            be->to16(be, stored16(m, i) + o, buf, k, m->lv.dt, 0);
         }
         m->wl_layer = -1;
         return 0;
@@ -748,7 +793,7 @@ void snug_model_get_params(const snug_model *m, float *host) {
     }
     size_t piece;
     float *buf = staging(m, &piece);
-    if (m->q4) { /* QLoRA: each tensor as forward sees it, the 4-bit ones dequantized chunk by chunk */
+    if (m->packed) { /* each tensor as forward sees it, QLoRA's 4-bit ones dequantized chunk by chunk */
         for (int i = 0; i < m->table.n; i++) {
             const snug_param_entry *p = &m->table.e[i];
             if (snug_model_entry_q4(m, i)) {
@@ -763,7 +808,7 @@ void snug_model_get_params(const snug_model *m, float *host) {
             }
             for (size_t o = 0; o < p->numel; o += piece) {
                 size_t k = p->numel - o < piece ? p->numel - o : piece;
-                be->from16(be, buf, m->params16 + m->soff[i] + o, k, m->lv.dt);
+                be->from16(be, buf, stored16(m, i) + o, k, m->lv.dt);
                 be->to_host(be, host + p->offset + o, buf, k * sizeof *host);
             }
         }
@@ -916,7 +961,10 @@ static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
     if (!is16(m))
         return &m->w.layers[l];
     if (m->wl_layer != l && !m->q4) {
-        m->be->from16(m->be, m->wl, m->params16 + m->table.layer_offset[l], m->table.layer_numel[l], m->lv.dt);
+        size_t start = m->table.layer_offset[l];
+        if (m->packed)
+            dense_layer(m, l, &start);
+        m->be->from16(m->be, m->wl, m->params16 + start, m->table.layer_numel[l], m->lv.dt);
         m->wl_layer = l;
     } else if (m->wl_layer != l) { /* QLoRA: only the dense tensors; the 4-bit matrices stream through wq */
         size_t start, n = dense_layer(m, l, &start);
@@ -971,8 +1019,28 @@ static void lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw
     }
 }
 
-/* One transformer block forward: res[l] -> res[l+1], saving what backward needs in acts[l] (acts16[l]). */
-static void layer_fwd(snug_model *m, int l) {
+/* The MLP's input half for rows [n0, n0 + ns) of the micro-batch: fc = fc(ln2) (+ adapters) and act = act(fc), into
+ * a->fc, a->act (a tiled MLP's shard buffers, or every row); under 16-bit each rounded, and saved where s has a
+ * place for it (never for a tiled MLP). */
+static void mlp_in(snug_model *m, int l, const snug_layer_tensors *w, const snug_layer_acts *a,
+                   const snug_layer_acts16 *s, int n0, int ns) {
+    snug_backend *be = m->be;
+    int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    const float *x = a->ln2 + (size_t)n0 * C;
+    lin_fwd(m, l, SNUG_SITE_FC, a->fc, x, w->fc_w, w->fc_b, ns, C, m->FC);
+    snug_lora_fwd(m, l, SNUG_SITE_FC, a->fc, m->FC, x, ns, n0);
+    keep(m, s ? s->fc : NULL, a->fc, (size_t)ns * m->FC);
+    if (m->cfg.arch == SNUG_ARCH_GPT2)
+        be->gelu_fwd(be, a->act, a->fc, (size_t)ns * I);
+    else
+        be->swiglu_fwd(be, a->act, a->fc, ns, I);
+    keep(m, s ? s->act : NULL, a->act, (size_t)ns * I);
+}
+
+/* One transformer block forward: res[l] -> res[l+1], saving what backward needs in acts[l] (acts16[l]). As the
+ * recomputation of a fully checkpointed layer (recompute = 1) with a tiled MLP it stops at the MLP's input: the
+ * MLP's backward recomputes its shards itself, and nothing reads res[l+1] again. */
+static void layer_fwd(snug_model *m, int l, int recompute) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
@@ -987,7 +1055,7 @@ static void layer_fwd(snug_model *m, int l) {
     norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     keep(m, s->ln1, a->ln1, Nn * C);
     lin_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
-    snug_lora_fwd(m, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N);
+    snug_lora_fwd(m, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N, 0);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     keep(m, s->qkv, a->qkv, Nn * m->QKV);
@@ -999,21 +1067,21 @@ static void layer_fwd(snug_model *m, int l) {
                           1.0f / sqrtf((float)HD));
     keep(m, s->att, a->att, Nn * NH * HD);
     lin_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
-    snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N);
+    snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N, 0);
     be->accumulate(be, a->res_mid, x, Nn * C);
     keep(m, s->res_mid, a->res_mid, Nn * C);
     norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
     keep(m, s->ln2, a->ln2, Nn * C);
-    lin_fwd(m, l, SNUG_SITE_FC, a->fc, a->ln2, w->fc_w, w->fc_b, N, C, m->FC);
-    snug_lora_fwd(m, l, SNUG_SITE_FC, a->fc, m->FC, a->ln2, N);
-    keep(m, s->fc, a->fc, Nn * m->FC);
-    if (c->arch == SNUG_ARCH_GPT2)
-        be->gelu_fwd(be, a->act, a->fc, Nn * I);
-    else
-        be->swiglu_fwd(be, a->act, a->fc, N, I);
-    keep(m, s->act, a->act, Nn * I);
-    lin_fwd(m, l, SNUG_SITE_PROJ, out, a->act, w->proj_w, w->proj_b, N, I, C);
-    snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, a->act, N);
+    /* MLP: a tiled one shard by shard, nothing of it saved (its backward recomputes each shard) */
+    if (m->mlp_rows && recompute)
+        return;
+    int rows = m->mlp_rows ? m->mlp_rows : N;
+    for (int n0 = 0; n0 < N; n0 += rows) {
+        int ns = N - n0 < rows ? N - n0 : rows;
+        mlp_in(m, l, w, a, s, n0, ns);
+        lin_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, a->act, w->proj_w, w->proj_b, ns, I, C);
+        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, C, a->act, ns, n0);
+    }
     be->accumulate(be, out, a->res_mid, Nn * C);
     save_res(m, l + 1, out, Nn * C);
 }
@@ -1046,41 +1114,51 @@ static void layer_bwd(snug_model *m, int l) {
     /* checkpointing: full recomputes the whole layer from its saved input into the shared set; selective
      * recomputes the MLP activation and each norm output just before its use (same code, same bits) */
     if (full)
-        layer_fwd(m, l);
+        layer_fwd(m, l, 1);
     const snug_layer_tensors *w = layer_weights(m, l);
     snug_layer_tensors *g = &m->g.layers[l];
     if (m->grads16) { /* 16-bit gradients: this layer's are summed in fp32 in gl, then rounded once */
         be->zero(be, m->gl, m->table.layer_numel[l] * sizeof(float));
         g = &m->gl_t;
     }
-    if (selective) {
+    if (selective && !m->mlp_rows) {
         if (c->arch == SNUG_ARCH_GPT2)
             be->gelu_fwd(be, a->act, a->fc, Nn * I);
         else
             be->swiglu_fwd(be, a->act, a->fc, N, I);
         keep(m, NULL, a->act, Nn * I);
+    }
+    if (selective) {
         norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
         keep(m, NULL, a->ln2, Nn * C);
     }
 
-    /* MLP: res[l+1] = res_mid + proj(act(fc(norm2(res_mid)))) */
-    be->zero(be, m->d_act, Nn * I * sizeof(float));
-    lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, m->d_res, a->act, w->proj_w, N, I, C);
-    snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, m->d_res, C, a->act, N);
-    be->zero(be, m->d_fc, Nn * m->FC * sizeof(float));
-    if (c->arch == SNUG_ARCH_GPT2)
-        be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, Nn * I);
-    else
-        be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, N, I);
+    /* MLP: res[l+1] = res_mid + proj(act(fc(norm2(res_mid)))); a tiled MLP shard by shard, each shard's input half
+     * recomputed first (one shard of every row otherwise, from what forward saved) */
     be->zero(be, m->d_ln, Nn * C * sizeof(float));
-    lin_bwd(m, l, SNUG_SITE_FC, m->d_ln, g->fc_w, g->fc_b, m->d_fc, a->ln2, w->fc_w, N, C, m->FC);
-    snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln, m->d_fc, m->FC, a->ln2, N);
+    int rows = m->mlp_rows ? m->mlp_rows : N;
+    for (int n0 = 0; n0 < N; n0 += rows) {
+        int ns = N - n0 < rows ? N - n0 : rows;
+        size_t nsI = (size_t)ns * I, o = (size_t)n0 * C;
+        if (m->mlp_rows)
+            mlp_in(m, l, w, a, NULL, n0, ns);
+        be->zero(be, m->d_act, nsI * sizeof(float));
+        lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, m->d_res + o, a->act, w->proj_w, ns, I, C);
+        snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, m->d_res + o, C, a->act, ns, n0);
+        be->zero(be, m->d_fc, (size_t)ns * m->FC * sizeof(float));
+        if (c->arch == SNUG_ARCH_GPT2)
+            be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, nsI);
+        else
+            be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, ns, I);
+        lin_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, g->fc_w, g->fc_b, m->d_fc, a->ln2 + o, w->fc_w, ns, C, m->FC);
+        snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, m->d_fc, m->FC, a->ln2 + o, ns, n0);
+    }
     norm_bwd(m, m->d_res, g->ln2_w, g->ln2_b, m->d_ln, a->res_mid, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
     be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
     lin_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
-    snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, m->d_res, C, a->att, N);
+    snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, m->d_res, C, a->att, N, 0);
     be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
     if (m->lv.naive_attention)
         be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
@@ -1100,7 +1178,7 @@ static void layer_bwd(snug_model *m, int l) {
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
             m->QKV);
-    snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N);
+    snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N, 0);
     if (need_dx)
         norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
@@ -1116,7 +1194,8 @@ double snug_model_step(snug_model *m, float grad_scale) {
     int train = grad_scale != 0.0f && (m->grads || m->grads16 || m->lora.grads);
     m->lora.training = train;
     snug_dtype dt = m->lv.dt;
-    const void *wte = snug_model_stored(m, m->gwte), *head = snug_model_stored(m, m->ghead);
+    const void *wte = m->emb16 ? (const void *)m->emb16 : snug_model_stored(m, m->gwte);
+    const void *head = snug_model_stored(m, m->ghead);
     const float *lnf_w = m->w.lnf_w, *lnf_b = m->w.lnf_b;
 
     m->wl_layer = -1; /* the parameters may have changed since the last step */
@@ -1135,7 +1214,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
         be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
     save_res(m, 0, x0, (size_t)N * C);
     for (int l = 0; l < L; l++)
-        layer_fwd(m, l);
+        layer_fwd(m, l, 0);
     float *final = res_at(m, L);
     norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, lnf_w, lnf_b, N);
 

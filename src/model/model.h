@@ -87,6 +87,7 @@ typedef struct snug_lora_cfg {
     int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */
     int q4_nested;        /* double quantization of the absmax */
     int q4_blocksize;     /* 64 unless a pre-quantized checkpoint says otherwise */
+    size_t q4_chunk;      /* elements of a 4-bit matrix dequantized at a time at most; 0 = 2^24 (64 MiB in fp32) */
 } snug_lora_cfg;
 
 typedef struct snug_levers {
@@ -96,6 +97,11 @@ typedef struct snug_levers {
                            * (SNUG_MEM_OFFLOAD), copied out after each layer's forward and back before its backward */
     int naive_attention;  /* flash_attention: false: the reference path that stores (B, NH, T, T) probabilities */
     int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
+    int offload_embedding; /* the frozen input embedding (adapters, 16-bit, untied head) in host memory
+                            * (SNUG_MEM_OFFLOAD): the embedding op reads the micro-batch's rows there */
+    int mlp_shards;       /* tiled_mlp: 0 off; k >= 1: every block's MLP runs over k shards of the micro-batch's
+                           * tokens, its activations never saved but recomputed shard by shard in backward;
+                           * -1: k = ceil(tokens / hidden size) */
     int optimizer_in_backward; /* gradients exist one layer at a time (plus the global tensors): each layer is
                                 * stepped from on_grads_ready and its buffer reused by the next */
     /* precision (bf16: true / fp16: true): parameters, saved activations and layer gradients stored as dt, every op
@@ -199,6 +205,7 @@ typedef struct snug_model {
     int cur_B, cur_T;      /* shape of the current micro-batch (<= B, T) */
     int QKV, FC;           /* derived widths */
     int xent_chunk;        /* tokens per logits chunk */
+    int mlp_rows;          /* tiled_mlp: tokens per MLP shard (the fc/act buffers' rows); 0 when not tiled */
 
     /* Parameters. fp32: `params` (SNUG_MEM_PARAMS). 16-bit: `params16` (SNUG_MEM_PARAMS) is what forward and
      * backward read, and `params` is the fp32 master copy (SNUG_MEM_MASTER) or NULL without master weights. */
@@ -254,6 +261,9 @@ typedef struct snug_model {
      * densely: soff[i] is tensor i's place in params16 (dense_total elements). */
     size_t *soff;          /* (table.n) */
     size_t dense_total;
+    int packed;            /* soff packs the tensors kept in params16 (QLoRA, or offload_embedding): not table offsets */
+    int emb_entry;         /* offload_embedding: the embedding's table entry, stored in emb16 (host), else -1 */
+    uint16_t *emb16;
     snug_q4_tensor *q4;    /* (table.n), NULL without QLoRA */
     void **q4_block;       /* (table.n) the block each q4[i] was carved from (its bytes are contiguous) */
     /* QLoRA never widens a whole layer: each linear runs over row chunks of its 4-bit matrices, dequantized one
@@ -312,12 +322,14 @@ static inline const snug_param_table *snug_model_trainable(const snug_model *m) 
 int snug_lora_build(snug_model *m, snug_error *e);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);
-/* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input. */
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N);
+/* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input: rows
+ * n0 .. n0 + N - 1 of the micro-batch (n0 > 0 for a shard of a tiled MLP; dropout's mask is the same whatever the
+ * shards). */
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0);
 /* After the base linear's backward: dx (N, in) += the adapters' input gradient (dx NULL: not wanted); dA, dB
- * accumulate. dout (N, width) the site's output gradient, x its input. */
+ * accumulate. dout (N, width) the site's output gradient, x its input, rows from n0 as in snug_lora_fwd. */
 void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
-                   int N);
+                   int N, int n0);
 void snug_lora_free(snug_lora *lora);
 /* Copies the adapter weights of src into dst (both laid out with the same adapters). */
 void snug_lora_copy(snug_model *dst, const snug_model *src);

@@ -172,7 +172,7 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
 int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
     /* host memory is written in place: fp32 parameters or the master copy as F32, or 16-bit parameters without a
      * master as they are (BF16/F16); a device's parameters come through one fp32 host copy */
-    if (m->be->host_resident)
+    if (m->be->host_resident && !m->packed)
         return snug_model_save_weights_host(m, dir, m->params, m->params ? NULL : m->params16, e);
     float *host = malloc(m->table.total * sizeof *host);
     if (!host)

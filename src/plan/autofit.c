@@ -12,7 +12,11 @@
  *  - 8-bit AdamW state: +5% (torchtune's ablation measured -4.7% tokens/s for 8-bit AdamW);
  *  - a paged optimizer streams its state to the GPU and back every step (PCIe at an effective 25 GB/s), not
  *    overlapped with forward and backward: the transfer time over the compute time of a step, both estimated for an
- *    A100 80GB (its FP32 or bf16 peak, as the run's precision, x SNUG_ASSUMED_MFU: plan/gpus.c). On the CPU backend host memory is the device: no saving. */
+ *    A100 80GB (its FP32 or bf16 peak, as the run's precision, x SNUG_ASSUMED_MFU: plan/gpus.c). On the CPU backend host memory is the device: no saving;
+ *  - a tiled MLP recomputes the MLP's forward in backward on every layer that full checkpointing does not already
+ *    recompute (a third of the step's FLOPs times the MLP's share of the block's linear FLOPs), and runs smaller
+ *    GEMMs: +1%;
+ *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing. */
 #include "plan/autofit.h"
 
 #include <math.h>
@@ -33,6 +37,15 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
     if (lv->xent_chunk > 0 && lv->xent_chunk < tokens)
         f *= 1.01;
     f *= 1.0 + (kind == SNUG_DEVICE_CUDA ? 512.0 : 64.0) / tokens;
+    if (lv->mlp_shards) {
+        const snug_model_config *c = &s->cfg;
+        double C = c->hidden_size, I = c->intermediate_size, q = (double)c->n_head * c->head_dim;
+        double kv = (double)c->n_kv_head * c->head_dim, mlp = (c->arch == SNUG_ARCH_GPT2 ? 2.0 : 3.0) * C * I;
+        double share = mlp / (mlp + C * (q + 2 * kv) + q * C);
+        int every = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
+        double redone = lv->ckpt == SNUG_CKPT_FULL ? (double)((L + every - 1) / every) / L : 0.0;
+        f *= 1.01 + (1.0 - redone) * share / 3.0;
+    }
     if (s->optim == SNUG_OPTIM_ADAMW_8BIT)
         f *= 1.05;
     if (s->optim_paged && kind == SNUG_DEVICE_CPU) {
@@ -97,6 +110,14 @@ static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) 
         PART("micro_batch_size %d x %d accumulation", p->spec.B, p->GA);
     if (p->spec.ckpt_snapshot != base->ckpt_snapshot)
         PART("async_checkpoint: %s", p->spec.ckpt_snapshot ? "true" : "false");
+    if (a->mlp_shards != b->mlp_shards) {
+        if (a->mlp_shards > 0)
+            PART("tiled_mlp: true, %d shards", a->mlp_shards);
+        else
+            PART("tiled_mlp: %s", a->mlp_shards ? "true" : "false");
+    }
+    if (a->offload_embedding != b->offload_embedding)
+        PART("offload_embedding: %s", a->offload_embedding ? "true" : "false");
 #undef PART
     if (!p->changes)
         snprintf(p->what, n, "as configured");
@@ -169,6 +190,11 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
     long E = (long)base->B * GA; /* the effective batch, kept */
     /* on the CPU the checkpoint snapshot is the same memory: writing checkpoints in place is a lever there */
     int nsnap = kind == SNUG_DEVICE_CPU && base->ckpt_snapshot ? 2 : 1;
+    /* a tiled MLP (SNUG_FIT_MLP_SHARDS shards) and, for a frozen 16-bit untied embedding on a GPU, its place */
+    int tiled[2] = {base->lv.mlp_shards, SNUG_FIT_MLP_SHARDS}, ntiled = base->lv.mlp_shards ? 1 : 2;
+    int emb[2] = {base->lv.offload_embedding, 1};
+    int nemb = !base->lv.offload_embedding && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind &&
+                       base->lv.dt != SNUG_DT_F32 && !base->cfg.tie_embeddings ? 2 : 1;
 
     for (long b = E; b >= 1 && !rc; b--) {
         if (E % b || b > 1 << 20)
@@ -177,7 +203,8 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
             for (int x = 0; x < nxent && !rc; x++)
                 for (int a = 0; a < nnaive && !rc; a++)
                     for (int k = 0; k < nopt && !rc; k++)
-                        for (int w = 0; w < nsnap && !rc; w++) {
+                        for (int w = 0; w < nsnap * ntiled * nemb && !rc; w++) {
+                            int ws = w % nsnap, wt = w / nsnap % ntiled, we = w / nsnap / ntiled;
                             if (b == base->B && i == 0 && x == 0 && a == 0 && k == 0 && w == 0)
                                 continue; /* the configured run, already pt[0] */
                             snug_plan_spec sp = *base;
@@ -187,7 +214,9 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
                             sp.lv.naive_attention = naive[a];
                             sp.optim = opt[k].k;
                             sp.optim_paged = opt[k].paged;
-                            sp.ckpt_snapshot = base->ckpt_snapshot && w == 0;
+                            sp.ckpt_snapshot = base->ckpt_snapshot && ws == 0;
+                            sp.lv.mlp_shards = tiled[wt];
+                            sp.lv.offload_embedding = emb[we];
                             rc = add_point(s, &cap, &sp, (int)(E / b), base, GA, base_factor, e);
                         }
     }
@@ -247,6 +276,11 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
         return "no (T, T) probabilities; no extra work";
     if (a->xent_chunk != b->xent_chunk)
         return "the same FLOPs in smaller GEMMs";
+    if (a->mlp_shards != b->mlp_shards)
+        return a->ckpt == SNUG_CKPT_FULL && a->ckpt_every <= 1 ? "the same FLOPs in smaller GEMMs"
+                                                                : "recomputes the MLP in backward, shard by shard";
+    if (a->offload_embedding != b->offload_embedding)
+        return "the batch's embedding rows read over PCIe";
     if (p->spec.optim_paged && !base->spec.optim_paged)
         return "state streamed over PCIe every step";
     if (p->spec.optim != base->spec.optim)
@@ -265,7 +299,7 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
 }
 
 /* Which lever a single-change point changes: 0 attention, 1 cross-entropy, 2 checkpointing, 3 optimizer, 4 batch,
- * 5 the checkpoint snapshot. */
+ * 5 the checkpoint snapshot, 6 the tiled MLP, 7 the embedding's place. */
 static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
     const snug_plan_spec *a = &p->spec, *b = &base->spec;
     if (a->lv.naive_attention != b->lv.naive_attention)
@@ -278,6 +312,10 @@ static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
         return 3;
     if (a->ckpt_snapshot != b->ckpt_snapshot)
         return 5;
+    if (a->lv.mlp_shards != b->lv.mlp_shards)
+        return 6;
+    if (a->lv.offload_embedding != b->lv.offload_embedding)
+        return 7;
     return 4;
 }
 

@@ -18,6 +18,8 @@
 
 /* Tokens per logits chunk used when the search turns chunked cross-entropy on. */
 #define SNUG_FIT_XENT_CHUNK 256
+/* the shards of a tiled MLP that the search tries */
+#define SNUG_FIT_MLP_SHARDS 8
 
 /* One setting of the levers and its plan. */
 typedef struct snug_fit_point {

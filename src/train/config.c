@@ -45,6 +45,12 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->gradient_checkpointing_every_n_layers >= 1,
             "%s: gradient_checkpointing_every_n_layers is %d; it must be at least 1", src,
             o->gradient_checkpointing_every_n_layers);
+    REQUIRE(!o->offload_embedding || o->adapter != SNUG_ADAPTER_NONE,
+            "%s: offload_embedding keeps a frozen embedding in host memory, but a full fine-tune trains it; use "
+            "adapter: lora or qlora, or set offload_embedding: false", src);
+    REQUIRE(o->tiled_mlp_num_shards >= 0,
+            "%s: tiled_mlp_num_shards is %d; use a number of shards of at least 1, or 0 for auto", src,
+            o->tiled_mlp_num_shards);
     REQUIRE(o->cross_entropy_chunk_tokens >= 1, "%s: cross_entropy_chunk_tokens is %d; it must be at least 1", src,
             o->cross_entropy_chunk_tokens);
     /* the step inside backward updates the last layers before the first layers' gradients exist, and frees each
@@ -141,6 +147,8 @@ snug_levers snug_run_levers(const snug_run_config *c) {
     snug_levers lv = {.ckpt = SNUG_CKPT_NONE, .ckpt_every = c->gradient_checkpointing_every_n_layers,
                       .naive_attention = !c->flash_attention,
                       .xent_chunk = c->chunked_cross_entropy ? c->cross_entropy_chunk_tokens : 0,
+                      .offload_embedding = c->offload_embedding,
+                      .mlp_shards = !c->tiled_mlp ? 0 : c->tiled_mlp_num_shards > 0 ? c->tiled_mlp_num_shards : -1,
                       .optimizer_in_backward = c->optimizer_in_backward,
                       .dt = c->bf16 ? SNUG_DT_BF16 : c->fp16 ? SNUG_DT_F16 : SNUG_DT_F32,
                       .master_weights = c->master_weights};

@@ -123,6 +123,9 @@ typedef struct snug_run_config {
     int flash_attention;
     int chunked_cross_entropy;
     int cross_entropy_chunk_tokens;
+    int tiled_mlp;
+    int offload_embedding;
+    int tiled_mlp_num_shards; /* 0 = auto */
 } snug_run_config;
 
 /* Cross-field consistency (positive sizes, levers that exclude each other, ...): one error naming the setting and

@@ -268,6 +268,9 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
     c->optimizer = snug_run_optimizer_choice(p->spec.optim, p->spec.optim_paged);
     if (c->save_steps > 0)
         c->async_checkpoint = p->spec.ckpt_snapshot;
+    c->tiled_mlp = lv->mlp_shards != 0;
+    c->tiled_mlp_num_shards = lv->mlp_shards > 0 ? lv->mlp_shards : 0;
+    c->offload_embedding = lv->offload_embedding;
 }
 
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {

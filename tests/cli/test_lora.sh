@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LoRA and QLoRA runs end to end, with the levers. Checkpointing (selective, full, every 2 layers, offloaded) gives
-# bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA; gradient
-# accumulation matches the larger micro-batch to fp32 rounding; 8-bit and paged AdamW and packing train; the plan
+# bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA, and so does a
+# tiled MLP in one shard; gradient accumulation matches to fp32 rounding, and a tiled MLP in several shards (with
+# dropout too) to within four times that rounding floor; 8-bit and paged AdamW and packing train; the plan
 # equals every arena's measured peak; the output folder is a PEFT adapter (no base weights), which `snug generate`
 # samples from and `merge_lora` merges into output_dir/merged; an unknown target module and a 4-bit base without an
 # adapter are refused with exit 2.
@@ -41,6 +42,22 @@ PY
   then ok; else bad "$1 differs from $2"; fi
 }
 
+# near A B FA FB: the losses of A and B as close as four times those of FA and FB, a pair whose only difference is
+# the order of the same sums (accumulation): the rounding noise of this precision, measured here
+near() {
+  if python3 - "$W/$1" "$W/$2" "$W/$3" "$W/$4" <<'PY'
+import json, sys
+L = [[json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:5]]
+gap = lambda x, y: max(abs(p - q) / abs(q) for p, q in zip(x, y)) if len(x) == len(y) else float("inf")
+g, floor = gap(L[0], L[1]), gap(L[2], L[3])
+ok = g <= 4 * max(floor, 1e-7)
+print(f"  {sys.argv[1].split('/')[-1]:<18} vs {sys.argv[2].split('/')[-1]:<14} {'near' if ok else 'FAR'} "
+      f"(loss gap {g:.1e}, rounding floor {floor:.1e})")
+sys.exit(0 if ok else 1)
+PY
+  then ok; else bad "$1 is farther from $2 than rounding"; fi
+}
+
 # plan = measured, from memory.json
 planned() {
   if python3 - "$W/$1/memory.json" <<'PY'
@@ -61,11 +78,22 @@ run lora_bf16 --adapter lora --bf16 true && planned lora_bf16
 run lora_bf16_full --adapter lora --bf16 true --gradient_checkpointing full && same lora_bf16_full lora_bf16
 run qlora --adapter qlora && planned qlora
 run qlora_full --adapter qlora --gradient_checkpointing full && same qlora_full qlora
+# a tiled MLP: in one shard the same arithmetic (bit for bit); in several, GEMMs over fewer rows, so as close as
+# rounding; planned as allocated
+run qlora_tiled1 --adapter qlora --tiled_mlp true --tiled_mlp_num_shards 1 && same qlora_tiled1 qlora
+run qlora_ga --adapter qlora --micro_batch_size 2 --gradient_accumulation_steps 2
+run lora_tiled --adapter lora --tiled_mlp true --tiled_mlp_num_shards 3 && near lora_tiled lora lora_ga lora &&
+  planned lora_tiled
+run qlora_tiled --adapter qlora --gradient_checkpointing full --tiled_mlp true --tiled_mlp_num_shards 5 &&
+  near qlora_tiled qlora qlora_ga qlora && planned qlora_tiled
 if [ "$quick" != 1 ]; then
   run lora_8bit --adapter lora --optimizer adamw_8bit --sample_packing true && planned lora_8bit
   run lora_paged --adapter lora --optimizer paged_adamw_32bit && same lora_paged lora
   run qlora_fp4 --adapter qlora --bnb_4bit_quant_type fp4 --bnb_4bit_use_double_quant false && planned qlora_fp4
   run lora_drop --adapter lora --lora_dropout 0.2 && planned lora_drop
+  # the dropout mask of a row is the same in whichever shard it runs
+  run lora_drop_tiled --adapter lora --lora_dropout 0.2 --tiled_mlp true --tiled_mlp_num_shards 3 &&
+    near lora_drop_tiled lora_drop lora_ga lora
 fi
 
 # the output folder is the adapter: no base weights beside it, adapter_config.json names the base

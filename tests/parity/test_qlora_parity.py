@@ -8,6 +8,8 @@ random Llama in bf16, NF4 (and FP4) with double quantization, LoRA r=8 on all se
 - Five AdamW steps: snug's loss curve stays as close to the fp32 reference's as PEFT's own bf16 run does (times 4).
 - snug reading the folder transformers saved (pre-quantized: U8 weights, absmax, quant_state) gives bit for bit the
   loss and gradients of snug quantizing the 16-bit folder itself at load: both hold bitsandbytes' bytes.
+- The memory levers (offload_embedding, the 4-bit matrices dequantized in row chunks, a tiled MLP) against the run
+  without them: bit for bit where only the place of the data changes, else within the same floor.
 - A corrupt quant_state, an unknown quant type and a 4-bit folder without an adapter are refused with one clear
   error."""
 import copy
@@ -55,6 +57,31 @@ def with_adapter(model, ad_dir, fp32_rest):
             if p.dtype == torch.bfloat16:
                 p.data = p.data.float()
     return peft.PeftModel.from_pretrained(model, ad_dir, is_trainable=True)
+
+
+def levers(base_dir, ids, labels, got, outs, loss_floor):
+    """The memory levers move data, not the arithmetic: the embedding in host memory (offload_embedding) gives the
+    same bits; the 4-bit matrices dequantized in row chunks (gate/up in two, chunk offsets into the packed codes and
+    both levels of scales) and a tiled MLP (3 shards of 16 tokens) run GEMMs over fewer columns or rows, so they are
+    held to the bf16 floor measured against PEFT above, like the run without them."""
+    def same(a, b):
+        return a["loss"].item() == b["loss"].item() and all(torch.equal(a[k], b[k]) for k in a if k.startswith("grad."))
+    ad = ("--adapter", os.path.join(os.path.dirname(base_dir), "adapter"), "--qlora", "nf4")
+    off = snug_parity(base_dir, ids, labels, *ad, "--offload_embedding", "1")
+    check(same(off, got), "offload_embedding changed the loss or the gradients")
+    for what, extra in (("4-bit matrices in row chunks", ("--q4_chunk", "4096")),
+                        ("tiled MLP (3 shards)", ("--tiled_mlp", "3")),
+                        ("all three", ("--q4_chunk", "4096", "--tiled_mlp", "3", "--offload_embedding", "1"))):
+        r = snug_parity(base_dir, ids, labels, *ad, *extra)
+        e = abs(r["loss"].item() - outs["fp32"][0]) / abs(outs["fp32"][0])
+        check(e <= max(4 * loss_floor, 1e-4), f"{what}: loss relerr {e:.2e} against PEFT fp32")
+        worst = 0.0
+        for name, g in outs["fp32"][1].items():
+            floor, err = rel(outs["bf16"][1][name], g), rel(r["grad." + name], g)
+            worst = max(worst, err)
+            check(err <= max(4 * floor, 1e-3), f"{what}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
+        print(f"  nf4 {what}: loss relerr {e:.1e}, worst adapter gradient relerr {worst:.1e}")
+    print(f"  nf4 offload_embedding: loss and gradients bit for bit those without it: {same(off, got)}")
 
 
 def main():
@@ -107,6 +134,8 @@ def main():
             check(err <= max(4 * floor, 1e-3), f"{qt}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
         print(f"  {qt}: loss relerr {e:.1e} (PEFT bf16 {loss_floor:.1e}); {n} adapter gradients, worst relerr "
               f"{worst:.1e} (PEFT bf16 worst {worst_floor:.1e})")
+        if qt == "nf4":
+            levers(base_dir, ids, labels, got, outs, loss_floor)
 
         # five AdamW steps: snug's curve stays as close to the fp32 reference's as PEFT's bf16 run does (times 4)
         steps, lr = 5, 5e-3

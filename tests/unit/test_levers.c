@@ -121,6 +121,11 @@ static void test_arch(snug_arch arch) {
         {"naive attention", {.ckpt_every = 1, .naive_attention = 1}, 0},
         {"chunked cross-entropy (chunk 7)", {.ckpt_every = 1, .xent_chunk = 7}, 0},
         {"all levers", {.ckpt = SNUG_CKPT_FULL, .ckpt_every = 2, .naive_attention = 1, .xent_chunk = 5}, 0},
+        /* a tiled MLP: GEMMs over fewer rows at a time, so agreement to fp32 rounding */
+        {"tiled MLP (3 shards)", {.ckpt_every = 1, .mlp_shards = 3}, 0},
+        {"tiled MLP (auto shards)", {.ckpt_every = 1, .mlp_shards = -1}, 0},
+        {"tiled MLP + selective checkpointing", {.ckpt = SNUG_CKPT_SELECTIVE, .ckpt_every = 1, .mlp_shards = 5}, 0},
+        {"tiled MLP + full checkpointing every 2nd", {.ckpt = SNUG_CKPT_FULL, .ckpt_every = 2, .mlp_shards = 4}, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         double loss = run(&cfg, cases[k].lv, &b, NULL, 0, got, NULL, &acts, &ws);
@@ -173,6 +178,30 @@ static void test_memory(void) {
            "chunked cross-entropy must drop (1024-256) x V fp32 logits from the workspace");
     printf("  chunked cross-entropy (256 tokens): workspace %.1f MiB -> %.1f MiB\n",
            p0.bytes[SNUG_MEM_WORKSPACE] / 1048576.0, p2.bytes[SNUG_MEM_WORKSPACE] / 1048576.0);
+    /* a tiled MLP in 4 shards: no layer saves its MLP activations (fc and act, 3 x 688 per token), and the
+     * workspace holds one shard of them (plus their gradients) instead of every token's */
+    snug_plan p3, p4, p5;
+    s.lv.xent_chunk = 0;
+    s.lv.mlp_shards = 4;
+    CHECK(snug_plan_run(&p3, &s, &e) == 0);
+    size_t mlp_tok = (size_t)3 * 688 * 4, tiled_saved = (size_t)8 * 1024 * mlp_tok;
+    CHECKF(p3.bytes[SNUG_MEM_ACTS] + tiled_saved <= p0.bytes[SNUG_MEM_ACTS] + 64,
+           "tiled MLP must drop every layer's fc and act (%zu B) from the saved activations: %zu -> %zu", tiled_saved,
+           p0.bytes[SNUG_MEM_ACTS], p3.bytes[SNUG_MEM_ACTS]);
+    s.lv.ckpt = SNUG_CKPT_FULL;
+    s.lv.mlp_shards = 0;
+    CHECK(snug_plan_run(&p4, &s, &e) == 0);
+    s.lv.mlp_shards = 4;
+    CHECK(snug_plan_run(&p5, &s, &e) == 0);
+    size_t shard_saving = (size_t)2 * (1024 - 256) * mlp_tok; /* fc, act and their gradients for 768 fewer tokens */
+    CHECKF(p5.bytes[SNUG_MEM_WORKSPACE] + shard_saving <= p4.bytes[SNUG_MEM_WORKSPACE] + 64,
+           "tiled MLP under full checkpointing must shrink the workspace by %zu B: %zu -> %zu", shard_saving,
+           p4.bytes[SNUG_MEM_WORKSPACE], p5.bytes[SNUG_MEM_WORKSPACE]);
+    printf("  tiled MLP (4 shards): saved activations %.1f -> %.1f MiB; under full checkpointing workspace %.1f -> "
+           "%.1f MiB\n", p0.bytes[SNUG_MEM_ACTS] / 1048576.0, p3.bytes[SNUG_MEM_ACTS] / 1048576.0,
+           p4.bytes[SNUG_MEM_WORKSPACE] / 1048576.0, p5.bytes[SNUG_MEM_WORKSPACE] / 1048576.0);
+    s.lv.ckpt = SNUG_CKPT_NONE;
+    s.lv.mlp_shards = 0;
     /* attention memory: linear in T with the tiled path, quadratic with the naive one */
     size_t prev_flash = 0, prev_naive = 0;
     for (int T2 = 512; T2 <= 4096; T2 *= 2) {

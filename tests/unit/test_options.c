@@ -639,6 +639,22 @@ static void test_levers(void) {
     snug_options_defaults(&o);
     o.gradient_checkpointing_every_n_layers = 0;
     CHECK(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "gradient_checkpointing_every_n_layers"));
+    /* tiled_mlp (Axolotl's keys: shards 0 = auto) and offload_embedding (Unsloth's), which needs a frozen embedding */
+    snug_options_defaults(&o);
+    CHECK(o.tiled_mlp == 0 && o.tiled_mlp_num_shards == 0 && o.offload_embedding == 0);
+    CHECKF(load("tiled_mlp: true\ntiled_mlp_num_shards: 8\n", &o, &e) == 0, "%s", e.msg);
+    CHECK(o.tiled_mlp == 1 && o.tiled_mlp_num_shards == 8 && snug_run_levers(&o).mlp_shards == 8);
+    o.tiled_mlp_num_shards = 0;
+    CHECK(snug_run_levers(&o).mlp_shards == -1);
+    o.tiled_mlp = 0;
+    CHECK(snug_run_levers(&o).mlp_shards == 0);
+    o.tiled_mlp_num_shards = -2;
+    CHECK(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "tiled_mlp_num_shards"));
+    snug_options_defaults(&o);
+    o.offload_embedding = 1;
+    CHECK(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "offload_embedding") && has(&e, "adapter"));
+    o.adapter = SNUG_ADAPTER_QLORA;
+    CHECKF(snug_run_config_validate(&o, &e) == 0 && snug_run_levers(&o).offload_embedding == 1, "%s", e.msg);
 }
 
 int main(void) {
