@@ -257,6 +257,9 @@ static const key_spec keys[] = {
              "PEFT's default for the architecture (q_proj and v_proj; GPT-2 c_attn)"},
     {.name = "lora_target_linear", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_target_linear), .def = "false",
      .help = "adapt every linear module of each block (q, k, v, o, gate, up, down), as well as lora_target_modules"},
+    {.name = "lora_modules_to_save", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_modules_to_save), .def = "",
+     .help = "embed_tokens and/or lm_head: trained in full (an fp32 copy of the base's tensor, with its gradient and "
+             "optimizer state) beside the adapters, as PEFT's modules_to_save; not for tied embeddings"},
     {.name = "peft_use_rslora", .aliases = "use_rslora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_rslora),
      .def = "false", .help = "rank-stabilised LoRA: scale = lora_alpha / sqrt(lora_r)"},
     {.name = "merge_lora", .type = KT_BOOL, .group = G_MODEL, AT_INT(merge_lora), .def = "false",
@@ -349,7 +352,6 @@ static const key_spec keys[] = {
     LATER_BOOL("xformers_attention", "fused attention kernels"),
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
     LATER_BOOL("load_in_8bit", "quantised base models"),
-    LATER("lora_modules_to_save", KT_LIST, "training embed_tokens or lm_head in full beside the adapters"),
     LATER_BOOL("peft_use_dora", "DoRA adapters"),
     LATER("lora_layers_to_transform", KT_LIST, "adapters on some layers only"),
     {.name = "eval_sample_packing", .type = KT_BOOL, .off = "true",

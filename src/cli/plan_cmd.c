@@ -179,7 +179,11 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
                                                 : "none: checkpoints are written in place (or not at all)");
         break;
     case SNUG_MEM_ADAPTER:
-        if (s->lv.lora.kind)
+        if (s->lv.lora.kind && s->lv.lora.save_modules)
+            snprintf(buf, n, "LoRA r=%d A and B, and %s in full, in fp32 (the rest of the base is frozen)",
+                     s->lv.lora.r, s->lv.lora.save_modules == (SNUG_SAVE_EMBED | SNUG_SAVE_HEAD) ? "embed_tokens, lm_head"
+                                   : s->lv.lora.save_modules & SNUG_SAVE_EMBED ? "embed_tokens" : "lm_head");
+        else if (s->lv.lora.kind)
             snprintf(buf, n, "LoRA r=%d A and B in fp32 (the base is frozen)", s->lv.lora.r);
         else
             snprintf(buf, n, "none: full fine-tuning");

@@ -21,7 +21,10 @@ static void forward_row(snug_model *m, int p) {
     int gpt2 = c->arch == SNUG_ARCH_GPT2;
     size_t NC = (size_t)m->T * C;
     float *x = m->res + (size_t)p * C;
-    be->embed_fwd(be, x, m->ids + p, m->w.wte, SNUG_DT_F32, 1, C, 0);
+    const snug_lora *lo = &m->lora; /* lora_modules_to_save: the adapter's trained copies */
+    const float *wte = lo->on && lo->emb_off != (size_t)-1 ? lo->params + lo->emb_off : m->w.wte;
+    const float *head = lo->on && lo->head_off != (size_t)-1 ? lo->params + lo->head_off : m->w.lm_head;
+    be->embed_fwd(be, x, m->ids + p, wte, SNUG_DT_F32, 1, C, 0);
     if (gpt2)
         be->embed_fwd(be, x, m->pos + p, m->w.wpe, SNUG_DT_F32, 1, C, 1);
     for (int l = 0; l < c->n_layer; l++) {
@@ -62,7 +65,7 @@ static void forward_row(snug_model *m, int p) {
         be->layernorm_fwd(be, lnf, m->lnf_mean + p, m->lnf_rstd + p, final, m->w.lnf_w, m->w.lnf_b, 1, C, c->norm_eps);
     else
         be->rmsnorm_fwd(be, lnf, m->lnf_rstd + p, final, m->w.lnf_w, 1, C, c->norm_eps);
-    be->matmul_fwd(be, m->logits, lnf, m->w.lm_head, NULL, 1, C, c->vocab_size);
+    be->matmul_fwd(be, m->logits, lnf, head, NULL, 1, C, c->vocab_size);
 }
 
 

@@ -76,6 +76,19 @@ void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *r
     *row0 = r0[k], *rows = rs[k], *in = ins[k];
 }
 
+/* The base's table entry of a module lora_modules_to_save can train (SNUG_SAVE_EMBED or SNUG_SAVE_HEAD), -1 none. */
+static int saved_module_entry(const snug_model *m, unsigned bit) {
+    for (int i = 0; i < m->table.n; i++) {
+        const char *n = m->table.e[i].name;
+        size_t len = strlen(n);
+        const char *want = bit == SNUG_SAVE_HEAD ? "lm_head.weight" : "embed_tokens.weight";
+        size_t k = strlen(want);
+        if (m->table.e[i].layer < 0 && len >= k && !strcmp(n + len - k, want))
+            return i;
+    }
+    return -1;
+}
+
 int snug_lora_build(snug_model *m, snug_error *e) {
     snug_lora *lo = &m->lora;
     snug_lora_free(lo);
@@ -126,6 +139,29 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             rc |= snug_param_table_add(t, &cap, &at, name, 2, md->rows, lo->r, l, 0);
         }
     }
+    /* lora_modules_to_save: each a full copy of the base's tensor, named as PEFT saves it */
+    lo->emb_off = lo->head_off = (size_t)-1;
+    for (int k = 0; k < 2 && !rc; k++) {
+        unsigned bit = k ? SNUG_SAVE_HEAD : SNUG_SAVE_EMBED;
+        if (!(lc->save_modules & bit))
+            continue;
+        if (c->tie_embeddings) {
+            snug_lora_free(lo);
+            return snug_fail(e, SNUG_EINPUT, "lora_modules_to_save: this model ties embed_tokens to lm_head (one "
+                             "table for both), which snug does not train beside adapters; remove lora_modules_to_save");
+        }
+        int base = saved_module_entry(m, bit);
+        if (base < 0) {
+            snug_lora_free(lo);
+            return snug_fail(e, SNUG_EINPUT, "lora_modules_to_save: the model has no %s",
+                             k ? "lm_head" : "embed_tokens");
+        }
+        const snug_param_entry *p = &m->table.e[base];
+        char name[128];
+        snprintf(name, sizeof name, "base_model.model.%s", p->name);
+        *(k ? &lo->head_off : &lo->emb_off) = at;
+        rc |= snug_param_table_add(t, &cap, &at, name, 2, p->shape[0], p->shape[1], -1, 0);
+    }
     t->total = at;
     if (rc) {
         snug_lora_free(lo);
@@ -172,6 +208,11 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
     }
     m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
     free(host);
+    /* a module trained in full starts as the base's tensor (PEFT copies the original module) */
+    if (lo->emb_off != (size_t)-1)
+        snug_model_entry_f32(m, saved_module_entry(m, SNUG_SAVE_EMBED), lo->params + lo->emb_off);
+    if (lo->head_off != (size_t)-1)
+        snug_model_entry_f32(m, saved_module_entry(m, SNUG_SAVE_HEAD), lo->params + lo->head_off);
     return 0;
 }
 

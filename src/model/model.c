@@ -713,6 +713,21 @@ static void dequant_rows(const snug_model *m, int i, size_t r0, size_t nr, float
     be->to16(be, NULL, dst, n, m->lv.dt, 1);
 }
 
+void snug_model_entry_f32(const snug_model *m, int i, float *dst) {
+    snug_backend *be = m->be;
+    const snug_param_entry *p = &m->table.e[i];
+    if (m->params) { /* fp32 (or the master copy): dst = 0 + the parameters, exactly */
+        be->zero(be, dst, p->numel * sizeof *dst);
+        be->accumulate(be, dst, m->params + p->offset, p->numel);
+    } else if (snug_model_entry_q4(m, i)) {
+        size_t R = (size_t)m->q4[i].shape[0], cols = (size_t)m->q4[i].shape[1], cr = (size_t)m->q4_site[i].chunk_rows;
+        for (size_t r = 0; r < R; r += cr)
+            dequant_rows(m, i, r, R - r < cr ? R - r : cr, dst + r * cols);
+    } else {
+        be->from16(be, dst, stored16(m, i), p->numel, m->lv.dt);
+    }
+}
+
 /* The larger of the fp32 workspaces that tensors pass through on their way in and out of 16-bit storage (wl,
  * and under QLoRA wq), and its size in floats. */
 static float *staging(const snug_model *m, size_t *n) {
@@ -1173,7 +1188,7 @@ static void layer_bwd(snug_model *m, int l) {
         keep(m, NULL, a->ln1, Nn * C);
     }
     /* a frozen embedding (LoRA) takes no gradient, so the first layer's input gradient is never read */
-    int need_dx = l > 0 || m->g.wte || m->g.wpe || g->ln1_w;
+    int need_dx = l > 0 || m->g.wte || m->g.wpe || g->ln1_w || (m->lora.on && m->lora.emb_off != (size_t)-1);
     if (need_dx)
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
@@ -1196,6 +1211,13 @@ double snug_model_step(snug_model *m, float grad_scale) {
     snug_dtype dt = m->lv.dt;
     const void *wte = m->emb16 ? (const void *)m->emb16 : snug_model_stored(m, m->gwte);
     const void *head = snug_model_stored(m, m->ghead);
+    snug_dtype wdt = dt, hdt = dt;
+    float *dhead = m->g.lm_head;
+    const snug_lora *lo = &m->lora;
+    if (lo->on && lo->emb_off != (size_t)-1) /* lora_modules_to_save: the trained fp32 copies */
+        wte = lo->params + lo->emb_off, wdt = SNUG_DT_F32;
+    if (lo->on && lo->head_off != (size_t)-1)
+        head = lo->params + lo->head_off, hdt = SNUG_DT_F32, dhead = lo->grads ? lo->grads + lo->head_off : NULL;
     const float *lnf_w = m->w.lnf_w, *lnf_b = m->w.lnf_b;
 
     m->wl_layer = -1; /* the parameters may have changed since the last step */
@@ -1209,7 +1231,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
         }
     }
     float *x0 = res_at(m, 0);
-    be->embed_fwd(be, x0, m->ids, wte, dt, N, C, 0);
+    be->embed_fwd(be, x0, m->ids, wte, wdt, N, C, 0);
     if (c->arch == SNUG_ARCH_GPT2)
         be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
     save_res(m, 0, x0, (size_t)N * C);
@@ -1219,12 +1241,12 @@ double snug_model_step(snug_model *m, float grad_scale) {
     norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, lnf_w, lnf_b, N);
 
     if (!train)
-        return be->xent_fwd_bwd(be, NULL, NULL, m->lnf, head, dt, m->labels, N, C, c->vocab_size, 0.0f, m->logits,
+        return be->xent_fwd_bwd(be, NULL, NULL, m->lnf, head, hdt, m->labels, N, C, c->vocab_size, 0.0f, m->logits,
                                 m->xent_chunk, m->w_ws, m->wblock);
 
     /* the loss and the gradient of the final hidden states come out of one chunked pass */
     be->zero(be, m->d_ln, (size_t)N * C * sizeof(float));
-    double loss = be->xent_fwd_bwd(be, m->d_ln, m->g.lm_head, m->lnf, head, dt, m->labels, N, C, c->vocab_size,
+    double loss = be->xent_fwd_bwd(be, m->d_ln, dhead, m->lnf, head, hdt, m->labels, N, C, c->vocab_size,
                                    grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
     be->zero(be, m->d_res, (size_t)N * C * sizeof(float));
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
@@ -1235,6 +1257,8 @@ double snug_model_step(snug_model *m, float grad_scale) {
     }
     if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */
         be->embed_bwd(be, m->g.wte, m->d_res, m->ids, N, C);
+    else if (lo->on && lo->emb_off != (size_t)-1 && lo->grads) /* unless lora_modules_to_save trains its copy */
+        be->embed_bwd(be, lo->grads + lo->emb_off, m->d_res, m->ids, N, C);
     if (c->arch == SNUG_ARCH_GPT2 && m->g.wpe)
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
     if (m->on_grads_ready) {

@@ -75,6 +75,9 @@ typedef enum snug_adapter {
 } snug_adapter;
 
 enum { SNUG_LORA_MAX_MODULES = 8 };
+/* The global modules LoRA can train in full beside the adapters: an fp32 copy of the base's tensor in the adapter
+ * table, which forward reads instead of the frozen original (PEFT's ModulesToSaveWrapper). */
+enum { SNUG_SAVE_EMBED = 1u, SNUG_SAVE_HEAD = 2u };
 
 typedef struct snug_lora_cfg {
     snug_adapter kind;
@@ -83,6 +86,7 @@ typedef struct snug_lora_cfg {
     float dropout;        /* on the adapter's input only */
     int rslora;
     unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
+    unsigned save_modules; /* lora_modules_to_save (PEFT's modules_to_save): SNUG_SAVE_EMBED, SNUG_SAVE_HEAD */
     /* QLoRA: how the base's block matrices are stored (bitsandbytes' quantize_4bit) */
     int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */
     int q4_nested;        /* double quantization of the absmax */
@@ -135,6 +139,8 @@ typedef struct snug_lora {
     int nmod;
     snug_lora_module mod[SNUG_LORA_MAX_MODULES];
     size_t per_layer;     /* adapter floats per layer */
+    size_t emb_off, head_off; /* the trained copies of embed_tokens and lm_head in the adapter table (after every
+                               * layer's adapters), (size_t)-1 when not trained */
     int max_in;
     snug_param_table table;
     float *params;        /* (table.total) SNUG_MEM_ADAPTER */
@@ -310,6 +316,9 @@ void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *r
 unsigned snug_lora_all_linear(snug_arch arch);
 /* PEFT's default when no target is named: q_proj and v_proj (Llama), c_attn (GPT-2). */
 unsigned snug_lora_default_targets(snug_arch arch);
+
+/* Entry i of the base as fp32 values into dst (backend memory, numel floats): the parameters, or widened. */
+void snug_model_entry_f32(const snug_model *m, int i, float *dst);
 
 /* The tensors that train: the adapters' table under LoRA, else the model's. */
 static inline const snug_param_table *snug_model_trainable(const snug_model *m) {

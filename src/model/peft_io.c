@@ -4,8 +4,9 @@
  * (out, r) in fp32, metadata {"format": "pt"}, and a config with only keys every PEFT release since 0.6 knows (older
  * releases refuse unknown keys), plus use_rslora when it is on. Read back from snug or from any tool that writes
  * PEFT's format: target_modules as a list (a module matches when its name is the entry or ends in "." + entry) or
- * the string "all-linear"; features that change the arithmetic and that snug does not implement (DoRA, per-module
- * ranks, bias training, embedding adapters, layer subsets) are refused by name rather than silently ignored. */
+ * the string "all-linear"; modules_to_save (embed_tokens, lm_head: tensors base_model.model.<path>.weight, trained
+ * in full); features that change the arithmetic and that snug does not implement (DoRA, per-module ranks, bias
+ * training, embedding adapters, layer subsets) are refused by name rather than silently ignored. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,29 @@ void snug_lora_targets_list(snug_arch arch, unsigned targets, char *buf, size_t 
             len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", target_name(arch, k));
 }
 
+int snug_lora_save_parse(const char *list, unsigned *out, char *unknown, size_t n) {
+    *out = 0;
+    if (unknown && n)
+        unknown[0] = '\0';
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+        unsigned bit = !strcmp(t, "embed_tokens") ? SNUG_SAVE_EMBED : !strcmp(t, "lm_head") ? SNUG_SAVE_HEAD : 0;
+        if (!bit) {
+            if (unknown && n)
+                snprintf(unknown, n, "%s", t);
+            return -1;
+        }
+        *out |= bit;
+    }
+    return 0;
+}
+
+void snug_lora_save_list(unsigned save, char *buf, size_t n) {
+    snprintf(buf, n, "%s%s%s", save & SNUG_SAVE_EMBED ? "embed_tokens" : "",
+             (save & SNUG_SAVE_EMBED) && (save & SNUG_SAVE_HEAD) ? ", " : "", save & SNUG_SAVE_HEAD ? "lm_head" : "");
+}
+
 /* ---- writing ---- */
 
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e) {
@@ -115,6 +139,14 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
                           "alpha_pattern");
     if (j && lc->rslora)
         json_object_set_new(j, "use_rslora", json_true());
+    if (j && lc->save_modules) { /* PEFT's names; the tensors are saved as base_model.model.<the module's path> */
+        json_t *mods = json_array();
+        if (lc->save_modules & SNUG_SAVE_EMBED)
+            json_array_append_new(mods, json_string("embed_tokens"));
+        if (lc->save_modules & SNUG_SAVE_HEAD)
+            json_array_append_new(mods, json_string("lm_head"));
+        json_object_set_new(j, "modules_to_save", mods);
+    }
     char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     if (!text)
@@ -188,8 +220,27 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
     for (size_t i = 0; !rc && i < sizeof unsupported / sizeof *unsupported; i++)
         if (json_is_true(json_object_get(j, unsupported[i])))
             rc = bad_key(e, path, unsupported[i], "is true: not supported by snug");
-    static const char *const empty[] = {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform",
+    static const char *const empty[] = {"rank_pattern", "alpha_pattern", "layers_to_transform",
                                         "trainable_token_indices", "target_parameters"};
+    /* modules trained in full: embed_tokens and lm_head */
+    v = json_object_get(j, "modules_to_save");
+    out->save_modules = 0;
+    if (!rc && v && json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            unsigned bit = 0;
+            if (json_is_string(x) && snug_lora_save_parse(json_string_value(x), &bit, NULL, 0) == 0 && bit) {
+                out->save_modules |= bit;
+            } else {
+                rc = bad_key(e, path, "modules_to_save", "names a module other than embed_tokens and lm_head, the "
+                             "ones snug trains in full");
+                break;
+            }
+        }
+    } else if (!rc && v && !json_is_null(v)) {
+        rc = bad_key(e, path, "modules_to_save", "must be a list of module names");
+    }
     for (size_t i = 0; !rc && i < sizeof empty / sizeof *empty; i++) {
         json_t *x = json_object_get(j, empty[i]);
         if (x && !json_is_null(x) && !((json_is_object(x) && !json_object_size(x)) ||
@@ -264,6 +315,13 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
     const snug_lora_cfg *lc = &m->lv.lora;
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (want.save_modules != lc->save_modules) {
+        char a[64], b[64];
+        snug_lora_save_list(want.save_modules, a, sizeof a);
+        snug_lora_save_list(lc->save_modules, b, sizeof b);
+        return snug_fail(e, SNUG_EINPUT, "%s: the adapter trains [%s] in full (modules_to_save), the run is set to "
+                         "[%s]; set lora_modules_to_save as the adapter has it", path, a, b);
+    }
     if (want.r != lc->r || want.targets != lc->targets || fabsf(want.alpha - lc->alpha) > 0 ||
         want.rslora != lc->rslora) {
         char a[256], b[256];

@@ -15,11 +15,17 @@ int snug_lora_targets_parse(snug_arch arch, const char *list, unsigned *out, cha
 /* The bit set as target_modules entries ("q_proj, v_proj"). */
 void snug_lora_targets_list(snug_arch arch, unsigned targets, char *buf, size_t n);
 
+/* lora_modules_to_save's names ("embed_tokens, lm_head") to SNUG_SAVE_* bits; -1 with the first other name copied
+ * to unknown. And the bits as names. */
+int snug_lora_save_parse(const char *list, unsigned *out, char *unknown, size_t n);
+void snug_lora_save_list(unsigned save, char *buf, size_t n);
+
 /* Writes m's adapters into dir as PEFT saves them; host: the adapter table's values in host memory, or NULL to read
  * them from the model. base_name: base_model_name_or_path. adapter_config.json is written last. */
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e);
 /* Reads dir's adapter_config.json: r, alpha, dropout, rsLoRA and the targets, resolved against arch; refuses by name
- * what snug does not compute (DoRA, per-module ranks, trained biases, saved modules, layer subsets). */
+ * what snug does not compute (DoRA, per-module ranks, trained biases, saved modules other than embed_tokens and
+ * lm_head, layer subsets). */
 int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e);
 /* Whether dir holds an adapter (adapter_config.json) and no model of its own (config.json). */
 int snug_peft_is_adapter(const char *dir);

@@ -63,7 +63,7 @@ static const struct {
     I(optimizer_in_backward), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
     I(tiled_mlp_num_shards), I(adapter), I(lora_r),
-    D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), I(lora_rslora),
+    D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), S(lora_modules_to_save), I(lora_rslora),
     I(bnb_4bit_quant_type), I(bnb_4bit_use_double_quant), I(bnb_4bit_blocksize),
 #undef I
 #undef D

@@ -69,6 +69,18 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
                                     md->in);
             }
     }
+    /* lora_modules_to_save: the trained copies replace the base's tensors */
+    for (int k = 0; !rc && k < 2; k++) {
+        const snug_lora *lo = &m->lora;
+        size_t off = k ? lo->head_off : lo->emb_off;
+        const char *want = k ? "lm_head.weight" : "embed_tokens.weight";
+        for (int i = 0; off != (size_t)-1 && i < m->table.n; i++) {
+            const snug_param_entry *p = &m->table.e[i];
+            size_t n = strlen(p->name), w = strlen(want);
+            if (p->layer < 0 && n >= w && !strcmp(p->name + n - w, want))
+                memcpy(m->params + p->offset, lo->params + off, p->numel * sizeof *m->params);
+        }
+    }
     /* written in the base's dtype, rounded once from the merged fp32 values */
     snug_dtype dt = !strcmp(cfg.torch_dtype, "bfloat16") ? SNUG_DT_BF16
                     : !strcmp(cfg.torch_dtype, "float16") ? SNUG_DT_F16

@@ -150,6 +150,8 @@ static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
         l.targets = c->lora_target_linear ? 0 : snug_lora_default_targets(arch);
     if (c->lora_target_linear)
         l.targets |= snug_lora_all_linear(arch);
+    if (snug_lora_save_parse(c->lora_modules_to_save, &l.save_modules, NULL, 0))
+        l.save_modules = 0; /* checked by snug_setup_resolve */
     return l;
 }
 
@@ -207,6 +209,10 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
                          "model; its modules are %s (or all-linear)", c->config_path[0] ? c->config_path : "config",
                          unknown, all);
     }
+    unsigned save;
+    if (snug_lora_save_parse(c->lora_modules_to_save, &save, unknown, sizeof unknown))
+        return snug_fail(e, SNUG_EINPUT, "%s: lora_modules_to_save names '%s'; snug trains embed_tokens and lm_head in "
+                         "full, nothing else", c->config_path[0] ? c->config_path : "config", unknown);
     if (!c->lora_model_dir[0])
         return 0;
     snug_lora_cfg a;
@@ -216,6 +222,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     c->lora_rslora = a.rslora;
     c->lora_target_linear = 0;
     snug_lora_targets_list(r->cfg.arch, a.targets, c->lora_target_modules, sizeof c->lora_target_modules);
+    snug_lora_save_list(a.save_modules, c->lora_modules_to_save, sizeof c->lora_modules_to_save);
     return 0;
 }
 

@@ -4,8 +4,8 @@
 # tiled MLP in one shard; gradient accumulation matches to fp32 rounding, and a tiled MLP in several shards (with
 # dropout too) to within four times that rounding floor; 8-bit and paged AdamW and packing train; the plan
 # equals every arena's measured peak; the output folder is a PEFT adapter (no base weights), which `snug generate`
-# samples from and `merge_lora` merges into output_dir/merged; an unknown target module and a 4-bit base without an
-# adapter are refused with exit 2.
+# samples from and `merge_lora` merges into output_dir/merged; an unknown target module, a 4-bit base without an
+# adapter, and lora_modules_to_save naming another module or on tied embeddings are refused with exit 2.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -111,11 +111,55 @@ if run merged --adapter lora --base_model "$W/base" --merge_lora true; then
     cmp -s "$W/gen2.log" "$W/gen3.log" && ok || bad "greedy text with --adapter differs from the merged model's: $(cat "$W/gen2.log" "$W/gen3.log")"
 fi
 
+# lora_modules_to_save on an untied copy of the base (lm_head a copy of the embedding, plain safetensors): both tables
+# train in full in the adapter (PEFT's names), planned as allocated, and generation reads the trained copies
+python3 - "$W/base" "$W/untied" <<'PY'
+import json, os, shutil, struct, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst)
+path = os.path.join(dst, "model.safetensors")
+blob = open(path, "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+head, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+emb = next(k for k in head if k.endswith("embed_tokens.weight"))
+a, b = head[emb]["data_offsets"]
+head["lm_head.weight"] = {**head[emb], "data_offsets": [len(data), len(data) + b - a]}
+data += data[a:b]
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
+cfg = json.load(open(os.path.join(dst, "config.json")))
+cfg["tie_word_embeddings"] = False
+json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+PY
+if run saved_mods --adapter lora --base_model "$W/untied" --lora_modules_to_save embed_tokens,lm_head --bf16 true; then
+  planned saved_mods
+  python3 - "$W/saved_mods" <<'PY' && ok || bad "saved_mods: the adapter lacks the trained modules"
+import json, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(d + "/adapter_config.json"))
+blob = open(d + "/adapter_model.safetensors", "rb").read()
+names = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
+ok = cfg["modules_to_save"] == ["embed_tokens", "lm_head"] and \
+    {"base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"} <= set(names)
+sys.exit(0 if ok else 1)
+PY
+  "$SNUG" generate "$W/untied" --adapter "$W/saved_mods" --prompt "The" --max_new_tokens 5 > "$W/gen4.log" 2>&1 && ok ||
+    bad "generate with trained modules: $(tail -2 "$W/gen4.log")"
+fi
+
 # refused: a module the model does not have; 4-bit weights without an adapter
 "$SNUG" train $common --adapter lora --lora_target_modules query_key_value --output_dir "$W/x" > "$W/x.log" 2>&1
 [ $? -eq 2 ] && grep -q "query_key_value" "$W/x.log" && grep -q "q_proj" "$W/x.log" && ok || bad "unknown module: $(tail -1 "$W/x.log")"
 "$SNUG" train $common --load_in_4bit true --output_dir "$W/y" > "$W/y.log" 2>&1
 [ $? -eq 2 ] && grep -q "adapter" "$W/y.log" && ok || bad "load_in_4bit without adapter: $(tail -1 "$W/y.log")"
+# lora_modules_to_save: a module snug does not train in full, and a tied embedding (one table for two modules)
+"$SNUG" train $common --adapter lora --lora_modules_to_save norm --output_dir "$W/z" > "$W/z.log" 2>&1
+[ $? -eq 2 ] && grep -q "'norm'" "$W/z.log" && grep -q "embed_tokens and lm_head" "$W/z.log" && ok ||
+  bad "lora_modules_to_save norm: $(tail -1 "$W/z.log")"
+"$SNUG" train $common --adapter lora --lora_modules_to_save lm_head --output_dir "$W/z2" > "$W/z2.log" 2>&1
+[ $? -eq 2 ] && grep -q "ties embed_tokens to lm_head" "$W/z2.log" && ok ||
+  bad "lora_modules_to_save on a tied model: $(tail -1 "$W/z2.log")"
 
 echo "test_lora: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
