@@ -343,8 +343,9 @@ void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, floa
 }
 
 void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale) {
-    const snug_param_table *t = &m->table;
-    io x = {.m = m};
+    /* under LoRA the adapters' table: fp32 parameters and gradients at its offsets */
+    const snug_param_table *t = snug_model_trainable(m);
+    io x = m->lora.on ? (io){.params = m->lora.params, .grads = m->lora.grads} : (io){.m = m};
     opt->sr_seed = sr_seed(opt->step);
     pos at = {0};
     if (opt->paged) { /* each run of the layer's tensors (the globals are two runs) streams through the slots */

@@ -18,9 +18,6 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
 }
 
 int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e) {
-    if (s->with_grads && s->lv.optimizer_in_backward && s->lv.lora.kind)
-        return snug_fail(e, SNUG_EINPUT, "optimizer_in_backward with an adapter is not supported yet: the adapters' "
-                         "state is small, so set optimizer_in_backward: false");
     if (s->with_grads && s->lv.optimizer_in_backward && s->GA > 1)
         return snug_fail(e, SNUG_EINPUT, "optimizer_in_backward steps after every micro-batch, so gradients cannot "
                          "accumulate over %d micro-batches; set gradient_accumulation_steps: 1 (raise "

@@ -117,9 +117,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: lora_model_dir is set but adapter is none; add adapter: lora to train the adapter", src);
     REQUIRE(!o->merge_lora || (o->adapter && o->base_model[0]),
             "%s: merge_lora needs adapter: lora and a base_model folder to merge into", src);
-    REQUIRE(!o->adapter || !o->optimizer_in_backward,
-            "%s: optimizer_in_backward with an adapter is not supported yet (the adapters' state is small); set "
-            "optimizer_in_backward: false", src);
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
     REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);

@@ -57,22 +57,32 @@ typedef struct step_in_backward_ctx {
     double sumsq;
 } step_in_backward_ctx;
 
+/* Tensor i of the trainable table's gradient: the model's (fp32 or 16-bit), or under LoRA the adapters' (fp32). */
+static void *trainable_grad(const snug_model *m, int i, snug_dtype *dt) {
+    if (m->lora.on) {
+        *dt = SNUG_DT_F32;
+        return m->lora.grads + m->lora.table.e[i].offset;
+    }
+    return snug_model_grad(m, i, dt);
+}
+
 static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     (void)offset, (void)numel;
     step_in_backward_ctx *c = ud;
     snug_model *m = &c->eng->model;
     snug_backend *be = c->eng->be;
+    const snug_param_table *t = snug_model_trainable(m);
     snug_dtype dt;
-    for (int i = 0; i < m->table.n; i++)
-        if (m->table.e[i].layer == layer) {
-            void *g = snug_model_grad(m, i, &dt);
-            c->sumsq += be->sumsq(be, g, dt, m->table.e[i].numel);
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].layer == layer) {
+            void *g = trainable_grad(m, i, &dt);
+            c->sumsq += be->sumsq(be, g, dt, t->e[i].numel);
         }
     snug_adamw_step_layer(&c->eng->opt, m, layer, c->lr, 1.0f);
-    for (int i = 0; i < m->table.n; i++)
-        if (m->table.e[i].layer == layer) {
-            void *g = snug_model_grad(m, i, &dt);
-            be->zero(be, g, m->table.e[i].numel * snug_dtype_size(dt));
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].layer == layer) {
+            void *g = trainable_grad(m, i, &dt);
+            be->zero(be, g, t->e[i].numel * snug_dtype_size(dt));
         }
 }
 

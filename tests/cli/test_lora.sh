@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # LoRA and QLoRA runs end to end, with the levers. Checkpointing (selective, full, every 2 layers, offloaded) gives
-# bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA, and so does a
-# tiled MLP in one shard; gradient accumulation matches to fp32 rounding, and a tiled MLP in several shards (with
-# dropout too) to within four times that rounding floor; 8-bit and paged AdamW and packing train; the plan
+# bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA, and so do a
+# tiled MLP in one shard and the optimizer step inside backward; gradient accumulation matches to fp32 rounding, and a
+# tiled MLP in several shards (with dropout too) to within four times that rounding floor; 8-bit and paged AdamW and
+# packing train; the plan
 # equals every arena's measured peak; the output folder is a PEFT adapter (no base weights), which `snug generate`
 # samples from and `merge_lora` merges into output_dir/merged; an unknown target module, a 4-bit base without an
 # adapter, and lora_modules_to_save naming another module or on tied embeddings are refused with exit 2.
@@ -80,6 +81,9 @@ run qlora --adapter qlora && planned qlora
 run qlora_full --adapter qlora --gradient_checkpointing full && same qlora_full qlora
 # a tiled MLP: in one shard the same arithmetic (bit for bit); in several, GEMMs over fewer rows, so as close as
 # rounding; planned as allocated
+# the step inside backward: each layer's adapters stepped as its backward ends, bit for bit the step after backward
+run lora_noclip --adapter lora --max_grad_norm 0
+run lora_oib --adapter lora --max_grad_norm 0 --optimizer_in_backward true && same lora_oib lora_noclip
 run qlora_tiled1 --adapter qlora --tiled_mlp true --tiled_mlp_num_shards 1 && same qlora_tiled1 qlora
 run qlora_ga --adapter qlora --micro_batch_size 2 --gradient_accumulation_steps 2
 run lora_tiled --adapter lora --tiled_mlp true --tiled_mlp_num_shards 3 && near lora_tiled lora lora_ga lora &&
