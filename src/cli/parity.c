@@ -2,6 +2,8 @@
  * (see parity.h). */
 #include "cli/parity.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,23 +49,44 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0, mlp_shards = 0, offload_emb = 0, q4_chunk = 0;
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
+    if ((argc - 3) % 2)
+        return snug_fail(e, SNUG_EINPUT, "snug parity: %s has no value", argv[argc - 1]);
     for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--lr")) lr = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--weight_decay")) wd = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--max_grad_norm")) clip = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--save")) save = argv[i + 1];
-        else if (!strcmp(argv[i], "--adapter")) adapter = argv[i + 1];
-        else if (!strcmp(argv[i], "--qlora")) qlora = argv[i + 1];
-        else if (!strcmp(argv[i], "--adam_epsilon")) eps = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--tiled_mlp")) mlp_shards = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--offload_embedding")) offload_emb = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--q4_chunk")) q4_chunk = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) device = SNUG_BACKEND_CUDA;
-        else if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cpu")) device = SNUG_BACKEND_CPU;
-        else return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", argv[i]);
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--save")) save = v;
+        else if (!strcmp(k, "--adapter")) adapter = v;
+        else if (!strcmp(k, "--qlora")) qlora = v;
+        else if (!strcmp(k, "--device") && !strcmp(v, "cuda")) device = SNUG_BACKEND_CUDA;
+        else if (!strcmp(k, "--device") && !strcmp(v, "cpu")) device = SNUG_BACKEND_CPU;
+        else {
+            /* every other option takes a number, read whole */
+            static const char *const ints[] = {"--steps", "--threads", "--tiled_mlp", "--offload_embedding",
+                                               "--q4_chunk"};
+            static const char *const reals[] = {"--lr", "--weight_decay", "--max_grad_norm", "--adam_epsilon"};
+            int *iv[] = {&steps, &threads, &mlp_shards, &offload_emb, &q4_chunk};
+            double *rv[] = {&lr, &wd, &clip, &eps};
+            int found = 0;
+            char *end = NULL;
+            for (size_t j = 0; j < sizeof ints / sizeof *ints && !found; j++)
+                if (!strcmp(k, ints[j])) {
+                    long x = strtol(v, &end, 10);
+                    if (end == v || *end || x < 0 || x > INT_MAX)
+                        return snug_fail(e, SNUG_EINPUT, "snug parity: %s '%s' is not a whole number >= 0", k, v);
+                    *iv[j] = (int)x, found = 1;
+                }
+            for (size_t j = 0; j < sizeof reals / sizeof *reals && !found; j++)
+                if (!strcmp(k, reals[j])) {
+                    double x = strtod(v, &end);
+                    if (end == v || *end || !isfinite(x) || x < 0)
+                        return snug_fail(e, SNUG_EINPUT, "snug parity: %s '%s' is not a number >= 0", k, v);
+                    *rv[j] = x, found = 1;
+                }
+            if (!found)
+                return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", k);
+        }
     }
+    if (qlora && strcmp(qlora, "nf4") && strcmp(qlora, "fp4"))
+        return snug_fail(e, SNUG_EINPUT, "snug parity: --qlora '%s': use nf4 or fp4", qlora);
     snug_model_config cfg;
     char p[4096];
     snprintf(p, sizeof p, "%s/config.json", dir);
