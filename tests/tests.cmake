@@ -9,6 +9,12 @@ foreach(src ${SNUG_UNIT_TESTS})
   add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2" LABELS unit)
 endforeach()
+# The CPU's oneDNN GEMM path with f32 and with bf16 operands: skipped (exit 77) where this build, library or CPU has
+# no fast matmul of that type (bf16 needs AVX-512 BF16 or AMX); test_cpu_gemm itself is the choice and OpenBLAS.
+foreach(dt f32 bf16)
+  add_test(NAME test_cpu_gemm_${dt} COMMAND test_cpu_gemm ${dt} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_cpu_gemm_${dt} PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" SKIP_RETURN_CODE 77 LABELS unit)
+endforeach()
 # The CUDA backend against the CPU's: skipped (exit 77) without a CUDA build or a GPU; `ctest -L cuda` runs it.
 set_tests_properties(test_cuda_ops PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda")
 

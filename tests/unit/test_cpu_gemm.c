@@ -6,9 +6,11 @@
  * 2. The oneDNN plumbing (dnnl_cpu.c) on every transpose, leading dimensions wider than the matrices, alpha, beta
  *    0 (C never read), 1 and 0.5, C a block of columns of a wider matrix, and products split into blocks by a small
  *    operand bound (in M, N and K with tails; in M alone, op(B) copied once); then through the backend (SNUG_CPU_GEMM): matmul_fwd with a bias, matmul_bwd accumulating,
- *    gemm_strided on a column block, the loss's three GEMMs over a 16-bit head. It runs with oneDNN's f32 matmul,
- *    which every x86 CPU has, so the layouts are proven on this machine; then, where this CPU and library have a fast
- *    bf16 matmul, the same problems with bf16 operands. Where they have none the bf16 half prints SKIP and why.
+ *    gemm_strided on a column block, the loss's three GEMMs over a 16-bit head. `test_cpu_gemm f32` runs it with
+ *    oneDNN's f32 matmul, which every x86 CPU has, so the layouts are proven on any machine; `test_cpu_gemm bf16`
+ *    runs the same problems with bf16 operands where this CPU and library have a fast bf16 matmul. Where either
+ *    cannot run it prints SKIP and why and exits 77, which ctest reports as skipped (tests/tests.cmake). Without
+ *    an argument: detection, choice, and the same backend ops on OpenBLAS.
  *
  * Tolerances are error bounds, not fitted constants: an fp32 product summed over K terms in any order is within
  * gamma_{K+4} * (|alpha| sum_p |a_ip b_pj| + |beta c_ij|) of the exact value (gamma_n = n u / (1 - n u), u = 2^-24;
@@ -419,26 +421,28 @@ static void test_backend(snug_backend *be, const char *what, int bf16) {
     free(dh), free(dwh), free(dh0), free(dwh0), free(w16), free(labels);
 }
 
-static void test_dnnl(void) {
-    if (snug_dnnl_load()) {
-        printf("test_cpu_gemm: SKIP the oneDNN path, f32 and bf16: %s\n", snug_dnnl_error());
-        return;
-    }
-    printf("  %s\n", snug_dnnl_version());
-    for (int dt = 0; dt < 2; dt++) {
-        int bf16 = dt == 1;
-        const char *name = bf16 ? "oneDNN bf16" : "oneDNN f32";
+/* The oneDNN path with operands of one dtype: the raw GEMM, then every op of a backend forced onto it.
+ * 0 when it ran; 1 when this build, library or CPU has no fast matmul of that dtype (SKIP printed, with why). */
+static int test_dnnl(int bf16) {
+    const char *name = bf16 ? "oneDNN bf16" : "oneDNN f32", *force = bf16 ? "bf16" : "f32";
+    snug_error e = {0};
+    snug_backend *be = backend(force, bf16 ? SNUG_DT_BF16 : SNUG_DT_F32, &e);
+    if (!be) { /* refused, and said so, only when oneDNN cannot run it: then the raw GEMM is refused too */
+        CHECKF(e.code == SNUG_EINPUT && strstr(e.msg, bf16 ? "SNUG_CPU_GEMM=bf16" : "SNUG_CPU_GEMM=f32"),
+               "SNUG_CPU_GEMM=%s refused with its reason: %s", force, e.msg);
         snug_dnnl *d = snug_dnnl_create(bf16 ? SNUG_DT_BF16 : SNUG_DT_F32, 2);
-        CHECKF(d != NULL, "%s context: %s", name, snug_dnnl_error());
-        if (!d)
-            continue;
-        const char *impl = snug_dnnl_impl(d, 0, 1, 37, 29, 53);
-        if (!impl) {
-            CHECKF(bf16, "oneDNN's f32 matmul exists on every x86 CPU: %s", snug_dnnl_error());
-            printf("test_cpu_gemm: SKIP %s numerics: %s\n", name, snug_dnnl_error());
-            snug_dnnl_destroy(d);
-            continue;
-        }
+        CHECKF(!d || !snug_dnnl_impl(d, 0, 1, 48, 160, 96), "%s refused by the backend but not by oneDNN", name);
+        snug_dnnl_destroy(d);
+        printf("test_cpu_gemm: SKIP %s: %s\n", name, e.msg);
+        return 1;
+    }
+    printf("  %s, SNUG_CPU_GEMM=%s: gemm %s\n", snug_dnnl_version(), force, be->gemm);
+    CHECKF(!strncmp(be->gemm, "oneDNN", 6) && strstr(be->gemm, bf16 ? " bf16 (SNUG_CPU_GEMM=bf16)" :
+                                                                    " f32 (SNUG_CPU_GEMM=f32)"), "%s", be->gemm);
+    snug_dnnl *d = snug_dnnl_create(bf16 ? SNUG_DT_BF16 : SNUG_DT_F32, 2);
+    const char *impl = d ? snug_dnnl_impl(d, 0, 1, 37, 29, 53) : NULL;
+    CHECKF(impl != NULL, "%s: %s", name, snug_dnnl_error());
+    if (impl) {
         printf("  %s: %s\n", name, impl);
         test_plumbing(d, name, bf16, 37, 29, 53);
         /* a small operand bound: blocks of 64 in M and N with tails, K in blocks of 7, the cache evicting */
@@ -452,10 +456,14 @@ static void test_dnnl(void) {
         test_plumbing(d, blocked, bf16, 150, 20, 70);
         CHECKF(snug_dnnl_bytes(d) > 0 && snug_dnnl_bytes(d) < ((size_t)64 << 20), "%s holds %zu bytes", name,
                snug_dnnl_bytes(d));
-        snug_dnnl_destroy(d);
     }
+    snug_dnnl_destroy(d);
+    test_backend(be, bf16 ? "backend, oneDNN bf16" : "backend, oneDNN f32", bf16);
+    be->destroy(be);
+    return 0;
 }
 
+/* The choice on this machine, the fp32 line, a bad SNUG_CPU_GEMM, and the backend ops on OpenBLAS */
 static void test_backends(void) {
     snug_error e = {0};
     /* this machine, unforced: a bf16 run says where its GEMMs run and why */
@@ -484,44 +492,29 @@ static void test_backends(void) {
     be = backend("nonsense", SNUG_DT_BF16, &e);
     CHECKF(!be && e.code == SNUG_EINPUT && strstr(e.msg, "SNUG_CPU_GEMM=nonsense"), "unknown value refused: %s",
            e.msg);
-
-    /* oneDNN's f32 matmul through every GEMM-calling op */
-    be = backend("f32", SNUG_DT_F32, &e);
-    if (!be) {
-        CHECKF(snug_dnnl_load() != 0, "SNUG_CPU_GEMM=f32 refused though oneDNN loads: %s", e.msg);
-        CHECKF(e.code == SNUG_EINPUT && strstr(e.msg, "SNUG_CPU_GEMM=f32"), "forced and unavailable: %s", e.msg);
-        printf("test_cpu_gemm: SKIP the backend through oneDNN: %s\n", e.msg);
-    } else {
-        printf("  SNUG_CPU_GEMM=f32: gemm %s\n", be->gemm);
-        CHECKF(!strncmp(be->gemm, "oneDNN", 6) && strstr(be->gemm, " f32 (SNUG_CPU_GEMM=f32)"), "%s", be->gemm);
-        test_backend(be, "backend, oneDNN f32", 0);
-        be->destroy(be);
-    }
     be = backend("openblas", SNUG_DT_BF16, &e);
     CHECKF(be && strstr(be->gemm, "SNUG_CPU_GEMM=openblas"), "%s", be ? be->gemm : e.msg);
     if (be) {
         test_backend(be, "backend, OpenBLAS", 0);
         be->destroy(be);
     }
-
-    /* bf16 forced: computed with bf16 operands where this CPU can, else refused with the reason */
-    be = backend("bf16", SNUG_DT_BF16, &e);
-    if (!be) {
-        CHECKF(e.code == SNUG_EINPUT && strstr(e.msg, "SNUG_CPU_GEMM=bf16"), "forced and unavailable: %s", e.msg);
-        printf("test_cpu_gemm: SKIP the backend's bf16 GEMMs: %s\n", e.msg);
-    } else {
-        printf("  SNUG_CPU_GEMM=bf16: gemm %s\n", be->gemm);
-        test_backend(be, "backend, oneDNN bf16", 1);
-        be->destroy(be);
-    }
 }
 
-int main(void) {
+/* test_cpu_gemm: detection, choice, OpenBLAS; test_cpu_gemm f32 | bf16: the oneDNN path with that dtype, exit 77
+ * (ctest: skipped) where it cannot run */
+int main(int argc, char **argv) {
     unsetenv("OPENBLAS_CORETYPE");
     CHECKF(snug_cpu_blas_load() == 0, "BLAS loads: %s", snug_cpu_blas_error());
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "f32") || !strcmp(mode, "bf16")) {
+        char name[64];
+        snprintf(name, sizeof name, "test_cpu_gemm %s", mode);
+        int skipped = test_dnnl(!strcmp(mode, "bf16"));
+        int rc = check_finish(name);
+        return rc ? rc : skipped ? 77 : 0;
+    }
     test_decode();
     test_plan();
-    test_dnnl();
     test_backends();
     return check_finish("test_cpu_gemm");
 }
