@@ -2,8 +2,9 @@
 # check-bare-build.sh: proves that snug builds and runs from deps/ alone, as scripts/gpu-check.sh does on a bare GPU
 # machine. Needs root (a private mount namespace, `unshare -m`) and the packages from scripts/fetch-deps.sh.
 #   1. unpacks deps/debs into deps/root (scripts/unpack_debs.py, no dpkg);
-#   2. with the system's headers, .pc files, pkg-config and OpenBLAS hidden (bind mounts seen by this script only),
-#      configures with -DSNUG_DEPS_ROOT and builds snug and test_blas (CPU-only, for speed);
+#   2. with the system's headers (oneDNN's among them: deps/ does not carry it, so its path is not compiled), .pc
+#      files, pkg-config and OpenBLAS hidden (bind mounts seen by this script only), configures with
+#      -DSNUG_DEPS_ROOT and builds snug and test_blas (CPU-only, for speed);
 #   3. with the system's runtime copies of those libraries hidden as well, runs test_blas and a short training run,
 #      and lists which files the binaries loaded: every one from deps/root. (libpcre2-8 is hidden last: mount itself
 #      needs it, as does grep, so nothing in that namespace uses either afterwards.)
@@ -22,7 +23,7 @@ hide_dev='
   for h in yaml.h jansson.h jansson_config.h pcre2.h pcre2posix.h utf8proc.h; do
     [ -e /usr/include/$h ] && mount --bind /dev/null /usr/include/$h; done
   for d in '$L'/pkgconfig /usr/share/pkgconfig '$L'/openblas-openmp '$L'/openblas-pthread \
-           /usr/include/'$MA'/openblas-openmp /usr/include/'$MA'/openblas-pthread; do
+           /usr/include/'$MA'/openblas-openmp /usr/include/'$MA'/openblas-pthread /usr/include/oneapi; do
     [ -d $d ] && mount -t tmpfs none $d; done
   for t in /usr/bin/pkg-config /usr/bin/pkgconf /usr/bin/'$MA'-pkg-config; do
     [ -e $t ] && mount --bind /dev/null $t; done
@@ -38,7 +39,7 @@ unshare -m bash -c "set -e; $hide_dev
   ! command -v pkg-config >/dev/null || ! pkg-config --exists yaml-0.1 2>/dev/null
   cmake -S '$ROOT' -B '$B' -DSNUG_DEPS_ROOT='$ROOT/deps/root' -DSNUG_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >'$B.configure.log'
   cmake --build '$B' -j\$(nproc) --target snug test_blas >'$B.build.log'"
-grep -E "Dependencies from|OpenBLAS" "$B.configure.log"
+grep -E "Dependencies from|OpenBLAS|oneDNN" "$B.configure.log"
 
 echo "== run with the system's runtime copies hidden too"
 unshare -m bash -c "set -e; $hide_dev; $hide_run

@@ -31,9 +31,17 @@ struct snug_backend {
     int host_resident;  /* 1 when device pointers are plain host memory (the CPU backend): no staging copies */
     snug_dtype math;    /* what the GEMMs may round their inputs to: SNUG_DT_F32 (0) exact fp32; BF16/F16 under mixed
                          * precision, where a GPU multiplies on its 16-bit tensor cores with fp32 accumulation (the
-                         * stored operands are 16-bit values already). The CPU computes exactly in fp32 either way. */
+                         * stored operands are 16-bit values already). Set it with snug_backend_set_math. The CPU
+                         * rounds to bf16 only where its bf16 units pay (AMX; AVX512-BF16 where measured faster) and
+                         * computes exactly in fp32 otherwise; be->gemm says which. */
 
     void (*destroy)(snug_backend *be);
+
+    /* Sets be->math and lets the backend choose its GEMM kernels for it, updating be->gemm. M, N, K: the run's
+     * typical GEMM (tokens per micro-batch, the MLP's width, the model's width), on which a backend may time its
+     * candidates once; <= 0 for a default. 0, or an error when a choice forced by hand cannot be honoured. NULL:
+     * the backend reads be->math as it is (snug_backend_set_math sets it). */
+    int (*set_math)(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e);
 
     /* --- memory: the blocks arenas are carved from --- */
     void *(*alloc)(snug_backend *be, size_t bytes); /* zero-filled, 64-byte aligned; NULL on failure */
@@ -200,13 +208,21 @@ struct snug_backend {
 
     /* --- failure --- */
     /* The ops above return nothing, so a backend whose ops can fail (a GPU: a CUDA or cuBLASLt error, a kernel
-     * fault) never aborts: it records its FIRST failure, where and why, and keeps it (sticky) until it is
-     * destroyed; ops queued after a failure may do nothing or compute garbage. The caller asks at its sync points
-     * (after sync or to_host, at the end of a step or of a decoded token) with snug_backend_check and stops on
-     * non-zero. check: 0 while nothing failed, else the error's code with e filled. NULL for a backend whose ops
-     * cannot fail (the CPU's). */
+     * fault; the CPU's GEMMs on oneDNN) never aborts: it records its FIRST failure, where and why, and keeps it
+     * (sticky) until it is destroyed; ops queued after a failure may do nothing or compute garbage. The caller asks
+     * at its sync points (after sync or to_host, at the end of a step or of a decoded token) with snug_backend_check
+     * and stops on non-zero. check: 0 while nothing failed, else the error's code with e filled. NULL for a backend
+     * whose ops cannot fail. */
     int (*check)(snug_backend *be, snug_error *e);
 };
+
+/* be->math = math, through the backend's set_math where it has one (see above). */
+static inline int snug_backend_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e) {
+    if (be->set_math)
+        return be->set_math(be, math, M, N, K, e);
+    be->math = math;
+    return 0;
+}
 
 /* 0 when every op so far succeeded, else the backend's first failure (its code, with e filled). */
 static inline int snug_backend_check(snug_backend *be, snug_error *e) {
@@ -234,7 +250,8 @@ static inline SNUG_HOST_DEVICE int snug_dropout_keep(uint64_t seed, uint64_t i, 
     return (double)snug_sr_bits(seed, i) >= (double)p * 4294967296.0;
 }
 
-/* The CPU backend: OpenMP threads (nthreads <= 0: all cores) and OpenBLAS for GEMM. */
+/* The CPU backend: OpenMP threads (nthreads <= 0: all cores), OpenBLAS for GEMM and, under bf16 math on a CPU whose
+ * bf16 units pay, oneDNN (backend/cpu/gemm_cpu.h). */
 snug_backend *snug_backend_cpu_create(int nthreads);
 
 #endif

@@ -21,7 +21,9 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
     size_t scratch = snug_cuda_scratch_bytes((size_t)spec->B * (size_t)spec->T, c->n_head, width);
     if (!(g->be = snug_backend_create(device, threads, scratch, e)))
         return e ? e->code : SNUG_EINPUT;
-    g->be->math = spec->lv.dt; /* mixed precision: a GPU's GEMMs may use its 16-bit tensor cores */
+    /* mixed precision: a GPU's GEMMs may use its 16-bit tensor cores, a CPU's its bf16 units; the CPU may time them on
+     * the MLP's first GEMM (tokens x fc width x model width) */
+    SNUG_TRY(snug_backend_set_math(g->be, spec->lv.dt, spec->B * spec->T, fc, c->hidden_size, e));
     /* memory_budget: a plan over it is refused before anything is allocated; the arenas share out what is left */
     double slack = 0;
     if (spec->memory_budget > 0) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU runtime as a user meets it: the training header names the GEMM kernels, chosen from cpuid unless
-# OPENBLAS_CORETYPE says otherwise (and then said so, with a warning when they are slower than the CPU allows); a BLAS
-# that cannot be opened is one clear error; and the log is written line by line when stdout is a file, so a run
+# OPENBLAS_CORETYPE says otherwise (and then said so, with a warning when they are slower than the CPU allows), and
+# under bf16 where the GEMMs run and why; a BLAS that cannot be opened, or a SNUG_CPU_GEMM not understood, is one
+# clear error; and the log is written line by line when stdout is a file, so a run
 # killed mid-way keeps every line it printed.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
@@ -44,6 +45,28 @@ SNUG_BLAS=$W/no-such-libopenblas.so.0 "$SNUG" train $T --max_steps 1 --output_di
 rc=$?
 if [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/d.err")" -eq 1 ] && grep -q 'no-such-libopenblas.*SNUG_BLAS' "$W/d.err"
 then ok; else bad "unopenable BLAS: rc=$rc, $(head -c 300 "$W/d.err")"; fi
+
+# bf16: the header says where the GEMMs run and why (oneDNN on the bf16 units, or OpenBLAS and the reason: on a CPU
+# without bf16 units, that it has none); an unknown SNUG_CPU_GEMM is one clear error
+env -u SNUG_CPU_GEMM "$SNUG" train $T --bf16 true --max_steps 1 --output_dir "$W/f" > "$W/f.log" 2>&1
+if grep -Eq '^  gemm +(oneDNN [0-9.]+ bf16 on |OpenBLAS .*; fp32 GEMMs under bf16: .+)' "$W/f.log"; then ok
+else bad "the bf16 header does not say where the GEMMs run: $(grep gemm "$W/f.log")"; fi
+echo "  $(grep '^  gemm' "$W/f.log")"
+if ! grep -qw 'avx512_bf16\|amx_bf16' /proc/cpuinfo; then
+  if grep -q 'fp32 GEMMs under bf16: this CPU has no bf16 units' "$W/f.log"; then ok
+  else bad "a CPU without bf16 units is not named as such: $(grep gemm "$W/f.log")"; fi
+fi
+SNUG_CPU_GEMM=fast "$SNUG" train $T --bf16 true --max_steps 1 --output_dir "$W/g" > "$W/g.out" 2> "$W/g.err"
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/g.err")" -eq 1 ] && grep -q 'SNUG_CPU_GEMM=fast' "$W/g.err"
+then ok; else bad "unknown SNUG_CPU_GEMM: rc=$rc, $(head -c 300 "$W/g.err")"; fi
+# oneDNN forced where it cannot be opened (or was not built in): one error line naming the cause, exit 2
+SNUG_CPU_GEMM=f32 SNUG_DNNL=$W/no-such-libdnnl.so.2 "$SNUG" train $T --max_steps 1 --output_dir "$W/h" > "$W/h.out" \
+  2> "$W/h.err"
+rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/h.err")" -eq 1 ] &&
+   grep -Eq 'SNUG_CPU_GEMM=f32: (cannot open oneDNN .*no-such-libdnnl|this snug was built without oneDNN)' "$W/h.err"
+then ok; else bad "unopenable oneDNN: rc=$rc, $(head -c 300 "$W/h.err")"; fi
 
 # line-buffered log: with stdout a file, step lines appear while the run goes on, and a run killed with SIGKILL
 # (no chance to flush) leaves only whole lines, the last logged step among them

@@ -2,18 +2,33 @@
  *
  * Memory is plain host memory, 64-byte aligned and zeroed; to_device/to_host are copies. The ops live in ops_cpu.c,
  * attention_cpu.c, xent_cpu.c and adamw8bit_cpu.c; they run on be->nthreads OpenMP threads and use OpenBLAS for the
- * GEMMs (blas_cpu.c opens it when the first backend is created; NULL when it cannot: snug_cpu_blas_load says why). */
+ * GEMMs (blas_cpu.c opens it when the first backend is created; NULL when it cannot: snug_cpu_blas_load says why),
+ * or oneDNN's bf16 matmul where set_math chose it (gemm_cpu.c). */
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/dnnl_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 
 /* OpenBLAS keeps one global thread count (cheap to set), so each GEMM-calling op sets it to its backend's. */
 void snug_cpu_blas_threads(snug_backend *be) { snug_cpu_blas_set_threads(be->nthreads); }
 
-static void cpu_destroy(snug_backend *be) { free(be); }
+static void cpu_destroy(snug_backend *be) {
+    snug_cpu_ctx *cx = be->ctx;
+    snug_dnnl_destroy(cx->dnnl);
+    free(cx);
+    free(be);
+}
+
+static int cpu_check(snug_backend *be, snug_error *e) {
+    snug_cpu_ctx *cx = be->ctx;
+    if (cx->err.code && e)
+        *e = cx->err;
+    return cx->err.code;
+}
 
 static void *cpu_alloc(snug_backend *be, size_t bytes) {
     size_t n = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
@@ -46,17 +61,23 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     if (snug_cpu_blas_load())
         return NULL;
     snug_backend *be = calloc(1, sizeof(*be));
-    if (!be)
+    snug_cpu_ctx *cx = calloc(1, sizeof(*cx));
+    if (!be || !cx) {
+        free(be), free(cx);
         return NULL;
+    }
     if (nthreads <= 0)
         nthreads = omp_get_num_procs();
     if (nthreads <= 0)
         nthreads = 1;
     be->name = "cpu";
-    be->gemm = snug_cpu_blas_describe();
-    be->ctx = NULL;
+    snprintf(cx->gemm, sizeof cx->gemm, "%s", snug_cpu_blas_describe());
+    be->gemm = cx->gemm;
+    be->ctx = cx;
     be->nthreads = nthreads;
     be->destroy = cpu_destroy;
+    be->set_math = snug_cpu_set_math;
+    be->check = cpu_check;
 
     be->alloc = cpu_alloc;
     be->free = cpu_free;

@@ -76,6 +76,11 @@ void snug_cpu_row_to_f32(float *dst, const void *src, snug_dtype dt, size_t n) {
     }
 }
 
+void snug_cpu_row_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16_rne(src[i]);
+}
+
 void snug_cpu_to16(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt, int round_src) {
     uint16_t *d = dst;
     if (dt == SNUG_DT_BF16) {

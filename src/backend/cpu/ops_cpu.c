@@ -196,19 +196,17 @@ void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const f
             memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    snug_cpu_blas_threads(be);
-    snug_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+    snug_cpu_gemm(be, 0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
 }
 
 void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int C, int OC) {
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
-    snug_cpu_blas_threads(be);
     if (dinp) // dinp (N,C) += dout (N,OC) @ w (OC,C)
-        snug_cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        snug_cpu_gemm(be, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
     if (dw) // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
-        snug_cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+        snug_cpu_gemm(be, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) { // dbias (OC) += column sums of dout
         int nblk = (OC + SNUG_CPU_CBLK - 1) / SNUG_CPU_CBLK;
 #pragma omp parallel for num_threads(NT(be)) if ((size_t)N * OC >= SNUG_CPU_PAR_MIN)
@@ -323,14 +321,6 @@ void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n) {
 #pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
-}
-
-void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                   const float *B, int ldb, float beta, float *C, int ldc) {
-    if (M <= 0 || N <= 0)
-        return;
-    snug_cpu_blas_threads(be);
-    snug_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,

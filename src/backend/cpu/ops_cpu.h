@@ -24,6 +24,14 @@
 /* Points OpenBLAS at be->nthreads before a GEMM (a global setting in OpenBLAS). */
 void snug_cpu_blas_threads(snug_backend *be);
 
+struct snug_dnnl;
+/* be->ctx of a CPU backend */
+typedef struct {
+    struct snug_dnnl *dnnl; /* where the GEMMs run when snug_cpu_set_math chose oneDNN, else NULL (OpenBLAS) */
+    char gemm[1024];        /* be->gemm: the kernels in use and why */
+    snug_error err;         /* the first failure (code 0: none); only a oneDNN GEMM can fail; read by be->check */
+} snug_cpu_ctx;
+
 void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N, int C,
                         int accumulate);
 void snug_cpu_embed_bwd(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C);
@@ -67,8 +75,11 @@ void snug_cpu_gelu_bwd(snug_backend *be, float *dinp, const float *dout, const f
 void snug_cpu_add(snug_backend *be, float *out, const float *a, const float *b, size_t n);
 void snug_cpu_accumulate(snug_backend *be, float *dst, const float *src, size_t n);
 void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n);
+/* gemm_cpu.c: every GEMM of the CPU ops goes through snug_cpu_gemm (the gemm_strided slot), which runs it where
+ * snug_cpu_set_math (the set_math slot) chose: OpenBLAS, or oneDNN with bf16 operands */
 void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);
+int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e);
 void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
                               const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
                               float nested_offset, const float *code, size_t n, int blocksize);
@@ -82,6 +93,8 @@ double snug_cpu_sumsq(snug_backend *be, const void *x, snug_dtype dt, size_t n);
 
 /* convert_cpu.c: 16-bit storage; snug_cpu_row_to_f32 widens n elements of src (stored as dt, F32 included) into dst */
 void snug_cpu_row_to_f32(float *dst, const void *src, snug_dtype dt, size_t n);
+/* n fp32 values rounded to bf16 (nearest even; NaN stays NaN): the bf16 GEMM's operand copies (dnnl_cpu.c) */
+void snug_cpu_row_to_bf16(uint16_t *dst, const float *src, size_t n);
 void snug_cpu_to16(snug_backend *be, void *dst, float *src, size_t n, snug_dtype dt, int round_src);
 void snug_cpu_from16(snug_backend *be, float *dst, const void *src, size_t n, snug_dtype dt);
 void snug_cpu_bf16_sr(snug_backend *be, uint16_t *dst, const float *src, size_t n, uint64_t seed);

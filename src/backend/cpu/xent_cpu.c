@@ -18,18 +18,18 @@ static void gemm_w(snug_backend *be, int back, float *out, const float *in, cons
                    float *w_ws, int wblock) {
     if (wdt == SNUG_DT_F32) {
         if (back)
-            snug_cpu_sgemm(0, 0, nc, C, V, 1.0f, in, V, w, C, 1.0f, out, C);
+            snug_cpu_gemm(be, 0, 0, nc, C, V, 1.0f, in, V, w, C, 1.0f, out, C);
         else
-            snug_cpu_sgemm(0, 1, nc, V, C, 1.0f, in, C, w, C, 0.0f, out, V);
+            snug_cpu_gemm(be, 0, 1, nc, V, C, 1.0f, in, C, w, C, 0.0f, out, V);
         return;
     }
     for (int v0 = 0; v0 < V; v0 += wblock) {
         int vb = V - v0 < wblock ? V - v0 : wblock;
         snug_cpu_from16(be, w_ws, (const uint16_t *)w + (size_t)v0 * C, (size_t)vb * C, wdt);
         if (back) // dh (nc,C) += G[:, v0:v0+vb] @ w_block (vb,C)
-            snug_cpu_sgemm(0, 0, nc, C, vb, 1.0f, in + v0, V, w_ws, C, 1.0f, out, C);
+            snug_cpu_gemm(be, 0, 0, nc, C, vb, 1.0f, in + v0, V, w_ws, C, 1.0f, out, C);
         else // logits[:, v0:v0+vb] = hc (nc,C) @ w_block^T
-            snug_cpu_sgemm(0, 1, nc, vb, C, 1.0f, in, C, w_ws, C, 0.0f, out + v0, V);
+            snug_cpu_gemm(be, 0, 1, nc, vb, C, 1.0f, in, C, w_ws, C, 0.0f, out + v0, V);
     }
 }
 
@@ -43,7 +43,6 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
     if (chunk <= 0)
         chunk = N;
     double total = 0.0;
-    snug_cpu_blas_threads(be);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         int nc = N - n0 < chunk ? N - n0 : chunk;
         const float *hc = h + (size_t)n0 * C;
@@ -95,7 +94,7 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
         if (dh) // dh_chunk (nc,C) += G (nc,V) @ w (V,C)
             gemm_w(be, 1, dh + (size_t)n0 * C, logits_ws, w, wdt, nc, C, V, w_ws, wblock);
         if (dw) // dw (V,C) += G^T (V,nc) @ h_chunk (nc,C)
-            snug_cpu_sgemm(1, 0, V, C, nc, 1.0f, logits_ws, V, hc, C, 1.0f, dw, C);
+            snug_cpu_gemm(be, 1, 0, V, C, nc, 1.0f, logits_ws, V, hc, C, 1.0f, dw, C);
     }
     return total;
 }

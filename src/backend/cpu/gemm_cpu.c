@@ -1,0 +1,189 @@
+/* gemm_cpu.c: choosing where the CPU backend's GEMMs run, and running them there (see gemm_cpu.h).
+ *
+ * The choice is made once per backend, when the engine sets its math (snug_cpu_set_math, the set_math slot), and
+ * written into be->gemm for the training header. Every GEMM of the CPU ops then goes through snug_cpu_gemm: to
+ * oneDNN when it was chosen, else to OpenBLAS, which also takes any problem oneDNN refuses (no fast kernel for that
+ * shape, or the operand copies could not be allocated).
+ *
+ * Memory outside the arenas while oneDNN is in use (snug_dnnl_bytes): the bf16 operand copies, at most
+ * SNUG_DNNL_OPERAND_BYTES (32 MiB; larger products are blocked), and oneDNN's scratchpad, the largest any of the
+ * run's primitives asks for; both grow to the run's largest GEMM and are held until the backend is destroyed. The
+ * timing of AVX512-BF16 against fp32 allocates its three matrices (at most 1024x2048, 4096x2048 and 1024x4096
+ * floats, 56 MiB) before any arena exists and frees them at once. */
+#include "backend/cpu/gemm_cpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "backend/cpu/dnnl_cpu.h"
+#include "backend/cpu/ops_cpu.h"
+
+int snug_cpu_gemm_plan(snug_dtype math, const snug_cpu_features *f, const char *force, snug_cpu_gemm_kind *kind,
+                       int *forced, char *why, size_t n, snug_error *e) {
+    *kind = SNUG_CPU_GEMM_OPENBLAS, *forced = 0;
+    why[0] = 0;
+    int bf16 = math == SNUG_DT_BF16;
+    if (force && *force && strcasecmp(force, "auto")) {
+        *forced = 1;
+        if (!strcasecmp(force, "openblas")) {
+            snprintf(why, n, "SNUG_CPU_GEMM=openblas");
+        } else if (!strcasecmp(force, "f32")) {
+            *kind = SNUG_CPU_GEMM_DNNL_F32;
+            snprintf(why, n, "SNUG_CPU_GEMM=f32");
+        } else if (!strcasecmp(force, "bf16")) {
+            *kind = bf16 ? SNUG_CPU_GEMM_BF16 : SNUG_CPU_GEMM_OPENBLAS;
+            snprintf(why, n, bf16 ? "SNUG_CPU_GEMM=bf16" : "SNUG_CPU_GEMM=bf16 applies to bf16 runs only");
+        } else {
+            return snug_fail(e, SNUG_EINPUT, "SNUG_CPU_GEMM=%s is not a GEMM choice: use auto, openblas, bf16 or "
+                             "f32 (or unset it)", force);
+        }
+        return 0;
+    }
+    if (!bf16)
+        return 0; /* fp32 and fp16 runs multiply exactly in fp32 */
+    char level[96];
+    snug_cpu_features_level(f, level, sizeof level);
+    if (f->amx_bf16 && snug_cpu_vector_tier(f) == 3) {
+        *kind = SNUG_CPU_GEMM_BF16;
+        snprintf(why, n, "AMX");
+    } else if (f->avx512_bf16 && snug_cpu_vector_tier(f) == 3) {
+        *kind = SNUG_CPU_GEMM_MEASURE;
+        snprintf(why, n, "AVX512-BF16%s", f->amx_denied ? " (AMX refused to this process by the kernel)" : "");
+    } else if (f->amx_denied) {
+        snprintf(why, n, "the kernel refused this process the AMX tile state (arch_prctl)");
+    } else {
+        snprintf(why, n, "this CPU has no bf16 units (%s)", level);
+    }
+    return 0;
+}
+
+int snug_cpu_bf16_measured_faster(double bf16_gflops, double fp32_gflops) { return bf16_gflops > fp32_gflops; }
+
+void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0)
+        return;
+    snug_cpu_ctx *cx = be->ctx;
+    if (cx && cx->dnnl && K > 0) {
+        if (cx->err.code) /* after a failure nothing more is computed; the caller stops at its next check */
+            return;
+        int rc = snug_dnnl_gemm(cx->dnnl, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (rc == 0)
+            return;
+        if (rc == -2) {
+            snug_fail(&cx->err, SNUG_EINTERNAL, "%s; set SNUG_CPU_GEMM=openblas to train without oneDNN",
+                      snug_dnnl_error());
+            return;
+        }
+    }
+    snug_cpu_blas_threads(be);
+    snug_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* GFLOP/s of C (M,N) = A (M,K) @ B (N,K)^T, the linear layer's forward, best of three after a warm-up: through d, or
+ * OpenBLAS when d is NULL. -1 when d refuses it. */
+static double rate(snug_backend *be, snug_dnnl *d, int M, int N, int K, const float *A, const float *B, float *C) {
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) {
+        double t0 = now();
+        if (d) {
+            if (snug_dnnl_gemm(d, 0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N))
+                return -1;
+        } else {
+            snug_cpu_blas_threads(be);
+            snug_cpu_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+        }
+        double t = now() - t0;
+        if (r && t < best)
+            best = t;
+    }
+    return 2.0 * M * N * (double)K / best / 1e9;
+}
+
+/* Both rates on the run's shape (bf16-exact data, as the weights are); 0, or -1 when memory is short */
+static int measure(snug_backend *be, snug_dnnl *d, int M, int N, int K, double *bf16, double *fp32) {
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K), *C = malloc(sizeof(float) * M * N);
+    int rc = -1;
+    if (A && B && C) {
+        uint32_t s = 12345;
+        for (size_t i = 0; i < (size_t)M * K + (size_t)N * K; i++) {
+            s = s * 1664525u + 1013904223u;
+            float v = snug_bf16_to_f32(snug_f32_to_bf16((float)(s >> 8) / 16777216.0f - 0.5f));
+            if (i < (size_t)M * K)
+                A[i] = v;
+            else
+                B[i - (size_t)M * K] = v;
+        }
+        *fp32 = rate(be, NULL, M, N, K, A, B, C);
+        *bf16 = rate(be, d, M, N, K, A, B, C);
+        rc = 0;
+    }
+    free(A), free(B), free(C);
+    return rc;
+}
+
+int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e) {
+    snug_cpu_ctx *cx = be->ctx;
+    const snug_cpu_features *f = snug_cpu_features_get();
+    const char *force = getenv("SNUG_CPU_GEMM");
+    snug_cpu_gemm_kind kind;
+    int forced;
+    char why[256];
+    SNUG_TRY(snug_cpu_gemm_plan(math, f, force, &kind, &forced, why, sizeof why, e));
+    be->math = math;
+    snug_dnnl_destroy(cx->dnnl);
+    cx->dnnl = NULL;
+    const char *blas = snug_cpu_blas_describe(), *under = math == SNUG_DT_BF16 ? " under bf16" : "";
+    if (kind == SNUG_CPU_GEMM_OPENBLAS) {
+        if (why[0])
+            snprintf(cx->gemm, sizeof cx->gemm, "%s; fp32 GEMMs%s: %s", blas, under, why);
+        else
+            snprintf(cx->gemm, sizeof cx->gemm, "%s", blas);
+        return 0;
+    }
+    /* the run's typical GEMM, capped so that timing it takes well under a second */
+    M = M > 0 ? (M < 1024 ? M : 1024) : 512;
+    N = N > 0 ? (N < 4096 ? N : 4096) : 2048;
+    K = K > 0 ? (K < 2048 ? K : 2048) : 512;
+    snug_dtype dt = kind == SNUG_CPU_GEMM_DNNL_F32 ? SNUG_DT_F32 : SNUG_DT_BF16;
+    const char *dtn = dt == SNUG_DT_BF16 ? "bf16" : "f32";
+    snug_dnnl *d = snug_dnnl_create(dt, be->nthreads);
+    const char *impl = d ? snug_dnnl_impl(d, 0, 1, M, N, K) : NULL;
+    if (!impl) {
+        char reason[600];
+        snprintf(reason, sizeof reason, "%s", snug_dnnl_error());
+        snug_dnnl_destroy(d);
+        if (forced)
+            return snug_fail(e, SNUG_EINPUT, "SNUG_CPU_GEMM=%s: %s; unset it to let snug choose", force, reason);
+        snprintf(cx->gemm, sizeof cx->gemm, "%s; fp32 GEMMs%s: %s", blas, under, reason);
+        return 0;
+    }
+    char note[256] = "";
+    if (kind == SNUG_CPU_GEMM_MEASURE) {
+        double gb = -1, gf = -1;
+        if (measure(be, d, M, N, K, &gb, &gf) || !snug_cpu_bf16_measured_faster(gb, gf)) {
+            snprintf(cx->gemm, sizeof cx->gemm, "%s; fp32 GEMMs%s: the bf16 units measured slower (%s %s: %.0f "
+                     "against %.0f GFLOP/s fp32 on %dx%dx%d)", blas, under, snug_dnnl_version(), impl, gb, gf, M, N,
+                     K);
+            snug_dnnl_destroy(d);
+            return 0;
+        }
+        snprintf(note, sizeof note, "; measured faster: %.0f against %.0f GFLOP/s fp32 on %dx%dx%d", gb, gf, M, N,
+                 K);
+    }
+    cx->dnnl = d;
+    /* "oneDNN 2.6.3 bf16 on AMX, fp32 accumulation (brg:avx512_core_amx; ...); else OpenBLAS ..." */
+    snprintf(cx->gemm, sizeof cx->gemm, "%s %s %s%s%s, fp32 accumulation (%s%s; operand copies within %zu MiB); "
+             "else %s", snug_dnnl_version(), dtn, forced ? "(" : "on ", why, forced ? ")" : "", impl, note,
+             SNUG_DNNL_OPERAND_BYTES >> 20, blas);
+    return 0;
+}
