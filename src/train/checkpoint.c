@@ -18,7 +18,7 @@
 
 #include "core/fileio.h"
 #include "core/json_util.h"
-#include "data/cache.h"
+#include "core/hash.h"
 #include "model/model.h"
 #include "model/peft_io.h"
 #include "snug.h"
