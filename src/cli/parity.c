@@ -168,7 +168,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                 k++;
             }
         }
-        rc = snug_st_write(outp, t, k, e);
+        rc = snug_st_write(outp, t, k, NULL, e);
         free(t);
         free(names);
     }

@@ -186,7 +186,7 @@ int snug_cache_write(const char *path, uint64_t key, const uint64_t *start, uint
     emit_all(&m, &h, start, ids, sup, stats);
     h.checksum = snug_hash_final(&hs);
     snug_atomic_file af;
-    SNUG_TRY(snug_atomic_open(&af, path, e));
+    SNUG_TRY(snug_atomic_open(&af, path, NULL, e));
     m = (emitter){.af = &af, .e = e};
     int rc = emit_all(&m, &h, start, ids, sup, stats);
     if (rc)

@@ -115,7 +115,7 @@ static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
 static int write_arena(const char *path, const unsigned char *src, size_t n, int host, snug_backend *be,
                        snug_error *e) {
     snug_atomic_file af;
-    SNUG_TRY(snug_atomic_open(&af, path, e));
+    SNUG_TRY(snug_atomic_open(&af, path, NULL, e));
     const size_t piece = (size_t)16 << 20;
     unsigned char *buf = host ? NULL : malloc(n < piece ? n : piece);
     int rc = !host && n && !buf ? snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", path) : 0;
@@ -184,7 +184,7 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
     if (m->lora.on)
         return snug_peft_save(m, dir, s->c.base_model[0] ? s->c.base_model : s->c.model_preset, p32, e);
     if (p32 || p16)
-        SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, e));
+        SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, NULL, e));
     else
         SNUG_TRY(snug_model_save_weights(m, dir, e));
     snug_model_config cfg = s->cfg;
