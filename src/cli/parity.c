@@ -180,7 +180,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         if (!rc)
             rc = snug_model_config_save(&cfg, p, e);
         if (!rc)
-            rc = snug_model_save_weights(m, save, e);
+            rc = snug_model_save_weights(m, save, NULL, e);
     }
     free(ids);
     free(labels);

@@ -351,8 +351,8 @@ void snug_model_get_params(const snug_model *m, float *host);
 /* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
 /* Writes model.safetensors into dir, atomically: F32 (fp32 parameters or the master copy), or the 16-bit
- * parameters as they are when there is no fp32 copy. */
-int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e);
+ * parameters as they are when there is no fp32 copy; opts (NULL: none) as snug_st_write takes them. */
+int snug_model_save_weights(const snug_model *m, const char *dir, const snug_write_opts *opts, snug_error *e);
 /* The same from host copies laid out like the model's parameters: F32 from p32, or (p32 NULL) lv.dt from p16; opts
  * (NULL: none) as snug_st_write takes them. */
 int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,

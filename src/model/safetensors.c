@@ -606,7 +606,9 @@ static int build_header(const char *path, const snug_st_out *const *order, int n
 }
 
 static inline float out_value(const snug_st_out *t, size_t i) {
-    return !t->h16 ? t->f32[i] : t->h16_dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(t->h16[i]) : snug_f16_to_f32(t->h16[i]);
+    if (!t->h16)
+        return t->f32[i];
+    return t->h16_dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(t->h16[i]) : snug_f16_to_f32(t->h16[i]);
 }
 
 static inline void store(unsigned char *dst, snug_dtype dt, float v) {

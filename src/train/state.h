@@ -43,7 +43,8 @@ typedef struct snug_checkpointer {
     double copy_s;             /* the last start: how long training waited for the snapshot (or the whole write) */
     int finished;              /* the last snug_checkpoint_finish ended a write: */
     char dir[4096];            /*   its folder */
-    double write_s;            /*   and the seconds from its start to its folder being complete */
+    double write_s;            /*   the seconds from its start to its folder being complete */
+    double write_cpu_s;        /*   and the CPU seconds the writing took (what it took from training's cores) */
 } snug_checkpointer;
 
 /* Starts writing checkpoint dir (".../checkpoint-N") of st and eng whole: see above. A write still in flight is

@@ -564,7 +564,8 @@ static void test_large(void) {
     for (size_t i = 0; i < R * K; i++)
         h[i] = snug_f32_to_bf16(a[i]);
     snug_st_out outs[] = {
-        {.name = "band", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {(int64_t)R, (int64_t)K}, .f32 = a, .transpose2d = 1},
+        {.name = "band", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {(int64_t)R, (int64_t)K}, .f32 = a,
+         .transpose2d = 1},
         {.name = "long", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {(int64_t)R2, (int64_t)K2}, .f32 = b,
          .transpose2d = 1},
         {.name = "plain", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {(int64_t)(R * K)}, .f32 = a},
