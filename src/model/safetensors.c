@@ -620,9 +620,19 @@ static inline void store(unsigned char *dst, snug_dtype dt, float v) {
     }
 }
 
+/* out[r * nk + k] = src[k * R + r] for r < nr, k < nk, in 8 x 8 tiles: a tile's 8 source lines and 8 output lines
+ * stay in L1 (whole rows or columns at a time fight over a few cache sets when a row is a multiple of 4 KiB). */
+static void transpose_tiles(float *out, const float *src, size_t R, size_t nr, size_t nk) {
+    for (size_t kt = 0; kt < nk; kt += 8)
+        for (size_t rt = 0; rt < nr; rt += 8)
+            for (size_t r = rt; r < rt + 8 && r < nr; r++)
+                for (size_t k = kt; k < kt + 8 && k < nk; k++)
+                    out[r * nk + k] = src[k * R + r];
+}
+
 /* Converts and writes one tensor's data: raw bytes, and F32 from fp32 in place, as they are; the rest through buf.
  * A transposed tensor goes out a band of whole output rows at a time (part of one row when a row is longer than
- * buf), so each source row's share of the band is read contiguously. */
+ * buf), transposed in small tiles. */
 static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char *buf, size_t bufsize,
                       snug_error *e) {
     size_t n = (size_t)numel_of(t->ndim, t->shape), esz = snug_dtype_size(t->dtype);
@@ -644,10 +654,14 @@ static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char 
             if (!t->transpose2d) {
                 for (size_t k = 0; k < nk; k++)
                     store(buf + k * esz, t->dtype, out_value(t, k0 + k));
-            } else {
-                for (size_t k = 0; k < nk; k++)
-                    for (size_t r = 0; r < nr; r++)
-                        store(buf + (r * nk + k) * esz, t->dtype, out_value(t, (k0 + k) * R + r0 + r));
+            } else if (!t->h16 && t->dtype == SNUG_DT_F32) {
+                transpose_tiles((float *)buf, t->f32 + k0 * R + r0, R, nr, nk);
+            } else { /* converted, in the same tiles */
+                for (size_t kt = 0; kt < nk; kt += 8)
+                    for (size_t rt = 0; rt < nr; rt += 8)
+                        for (size_t r = rt; r < rt + 8 && r < nr; r++)
+                            for (size_t k = kt; k < kt + 8 && k < nk; k++)
+                                store(buf + (r * nk + k) * esz, t->dtype, out_value(t, (k0 + k) * R + r0 + r));
             }
             SNUG_TRY(snug_atomic_write(af, buf, nr * nk * esz, e));
         }
