@@ -8,9 +8,11 @@
  * of state is a field here, which the checkpoint writes and reads whole.
  *
  * A checkpoint is a folder: the Hugging Face model files (loadable by transformers as they are), state-*.bin (the
- * arenas), trainer_state.json (this struct, what must not change on resume, the size and hash of every other file)
- * and trainer_state.hash (the hash of trainer_state.json). It is written as checkpoint-N.partial and renamed to
- * checkpoint-N once every file is durable, so a folder named checkpoint-N is complete. */
+ * arenas; the fp32 weights' arena, which model.safetensors holds bit for bit, is not written twice), trainer_state.json
+ * (this struct, what must not change on resume, the size and hash of every other file) and trainer_state.hash (the
+ * hash of trainer_state.json). It is written as checkpoint-N.partial and renamed to checkpoint-N once every file is
+ * durable, so a folder named checkpoint-N is complete. The large files are hashed as they are written and go to the
+ * disk with O_DIRECT: a write costs training's cores little more than the hashing and the weights' conversion. */
 #ifndef SNUG_TRAIN_STATE_H
 #define SNUG_TRAIN_STATE_H
 
