@@ -198,7 +198,7 @@ struct snug_backend {
     /* No managed (unified) memory: state lives in page-locked host memory and explicit copies move one chunk at a
      * time into a device staging slot and back, on a side stream, so a GPU can overlap the next chunk's copy with
      * this chunk's update. On the CPU these are plain memory, memcpy and a no-op. */
-    void *(*host_alloc)(snug_backend *be, size_t bytes); /* pinned host memory, zero-filled, 64-byte aligned */
+    void *(*host_alloc)(snug_backend *be, size_t bytes); /* pinned host memory, zero-filled, page-aligned */
     void (*host_free)(snug_backend *be, void *p);
     /* Queued on the side stream in order; the data may be used (or the source reused) only after sync. */
     void (*copy_in_async)(snug_backend *be, void *dst, const void *host_src, size_t bytes);

@@ -197,7 +197,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                 k++;
             }
         }
-        rc = snug_st_write(outp, t, k, e);
+        rc = snug_st_write(outp, t, k, NULL, e);
         free(t);
         free(names);
     }
@@ -209,7 +209,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         if (!rc)
             rc = snug_model_config_save(&cfg, p, e);
         if (!rc)
-            rc = snug_model_save_weights(m, save, e);
+            rc = snug_model_save_weights(m, save, NULL, e);
     }
     free(ids);
     free(labels);

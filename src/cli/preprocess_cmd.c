@@ -113,7 +113,7 @@ static int dump(const char *path, const snug_setup *d, snug_error *e) {
     const snug_dataset *ds = &d->train;
     size_t total = store_examples(d);
     snug_atomic_file af;
-    SNUG_TRY(snug_atomic_open(&af, path, e));
+    SNUG_TRY(snug_atomic_open(&af, path, NULL, e));
     sbuf b = {0};
     int rc = 0;
     for (size_t k = 0; k < total && !rc; k++) {

@@ -5,13 +5,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-int snug_atomic_open(snug_atomic_file *af, const char *path, snug_error *e) {
+enum { IO_ALIGN = 4096 }; /* what O_DIRECT asks of buffers, offsets and sizes on every file system snug meets */
+
+int snug_atomic_open(snug_atomic_file *af, const char *path, const snug_write_opts *opts, snug_error *e) {
     memset(af, 0, sizeof *af);
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof af->path)
@@ -19,26 +22,81 @@ int snug_atomic_open(snug_atomic_file *af, const char *path, snug_error *e) {
                          "use a shorter path", path, sizeof af->path - 1);
     memcpy(af->path, path, n + 1);
     snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld", path, (long)getpid());
-    af->f = fopen(af->tmp, "wb");
-    if (!af->f) {
+    af->cap = opts && opts->direct ? (size_t)8 << 20 : (size_t)64 << 10;
+    af->buf = aligned_alloc(IO_ALIGN, af->cap);
+    if (!af->buf) {
+        af->tmp[0] = '\0';
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", path);
+    }
+    af->fd = open(af->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (af->fd < 0) {
         int err = errno;
+        free(af->buf);
+        af->buf = NULL;
         af->tmp[0] = '\0';
         return snug_fail(e, SNUG_EIO, "cannot create %s.tmp.%ld: %s; check that the folder exists and is writable",
                          path, (long)getpid(), strerror(err));
+    }
+    /* a file system without direct I/O (tmpfs) refuses the flag: the file is then written through the page cache */
+    int fl = opts && opts->direct ? fcntl(af->fd, F_GETFL) : -1;
+    af->direct = fl >= 0 && fcntl(af->fd, F_SETFL, fl | O_DIRECT) == 0;
+    af->hash = opts ? opts->hash : NULL;
+    return 0;
+}
+
+static int direct_off(snug_atomic_file *af) {
+    int fl = fcntl(af->fd, F_GETFL);
+    af->direct = 0;
+    return fl >= 0 ? fcntl(af->fd, F_SETFL, fl & ~O_DIRECT) : -1;
+}
+
+/* n bytes to the file as they are (whole aligned blocks from an aligned p while direct). */
+static int put(snug_atomic_file *af, const unsigned char *p, size_t n, snug_error *e) {
+    while (n) {
+        ssize_t w = write(af->fd, p, n < ((size_t)1 << 30) ? n : (size_t)1 << 30);
+        if (w < 0 && errno == EINTR)
+            continue;
+        /* a direct write refused (a short write left the offset unaligned, a device with larger blocks): the rest
+         * goes through the page cache */
+        if (w < 0 && errno == EINVAL && af->direct && direct_off(af) == 0)
+            continue;
+        if (w <= 0) {
+            int err = w < 0 ? errno : ENOSPC;
+            snug_fail(e, SNUG_EIO, "cannot write %s: %s; check free disk space and permissions", af->tmp,
+                      strerror(err));
+            snug_atomic_abort(af);
+            return SNUG_EIO;
+        }
+        p += w;
+        n -= (size_t)w;
     }
     return 0;
 }
 
 int snug_atomic_write(snug_atomic_file *af, const void *data, size_t n, snug_error *e) {
-    if (!af->f)
+    if (!af->buf)
         return snug_fail(e, SNUG_EINTERNAL, "writing %s: the file is not open (write after commit or abort)",
                          af->path);
-    if (n && fwrite(data, 1, n, af->f) != n) {
-        int err = errno;
-        snug_fail(e, SNUG_EIO, "cannot write %s: %s; check free disk space and permissions", af->tmp,
-                  strerror(err));
-        snug_atomic_abort(af);
-        return SNUG_EIO;
+    if (af->hash)
+        snug_hash_update(af->hash, data, n);
+    const unsigned char *p = data;
+    while (n) {
+        if (af->direct && !af->len && n >= IO_ALIGN && (uintptr_t)p % IO_ALIGN == 0) {
+            size_t k = n / IO_ALIGN * IO_ALIGN; /* from the caller's memory to the disk, copied nowhere */
+            SNUG_TRY(put(af, p, k, e));
+            p += k;
+            n -= k;
+            continue;
+        }
+        size_t k = n < af->cap - af->len ? n : af->cap - af->len;
+        memcpy(af->buf + af->len, p, k);
+        af->len += k;
+        p += k;
+        n -= k;
+        if (af->len == af->cap) {
+            SNUG_TRY(put(af, af->buf, af->len, e));
+            af->len = 0;
+        }
     }
     return 0;
 }
@@ -64,17 +122,28 @@ static int fsync_parent(const char *path, snug_error *e) {
 }
 
 int snug_atomic_commit(snug_atomic_file *af, snug_error *e) {
-    if (!af->f)
+    if (!af->buf)
         return snug_fail(e, SNUG_EINTERNAL, "committing %s: the file is not open", af->path);
-    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) {
+    /* what is left: its whole blocks directly, the tail (which O_DIRECT cannot take) through the page cache */
+    size_t whole = af->direct ? af->len / IO_ALIGN * IO_ALIGN : 0;
+    SNUG_TRY(put(af, af->buf, whole, e));
+    if (af->direct && af->len > whole && direct_off(af) != 0) {
+        int err = errno;
+        snug_fail(e, SNUG_EIO, "cannot write %s: %s", af->tmp, strerror(err));
+        snug_atomic_abort(af);
+        return SNUG_EIO;
+    }
+    SNUG_TRY(put(af, af->buf + whole, af->len - whole, e));
+    if (fsync(af->fd) != 0) {
         int err = errno;
         snug_fail(e, SNUG_EIO, "cannot write %s: %s; check free disk space and permissions", af->tmp,
                   strerror(err));
         snug_atomic_abort(af);
         return SNUG_EIO;
     }
-    int rc = fclose(af->f);
-    af->f = NULL;
+    int rc = close(af->fd);
+    free(af->buf);
+    af->buf = NULL;
     if (rc != 0) {
         int err = errno;
         snug_fail(e, SNUG_EIO, "cannot close %s: %s; check free disk space", af->tmp, strerror(err));
@@ -93,9 +162,10 @@ int snug_atomic_commit(snug_atomic_file *af, snug_error *e) {
 
 /* Safe to call more than once, and after a failed write or commit (which already aborted). */
 void snug_atomic_abort(snug_atomic_file *af) {
-    if (af->f) {
-        fclose(af->f);
-        af->f = NULL;
+    if (af->buf) {
+        close(af->fd);
+        free(af->buf);
+        af->buf = NULL;
     }
     if (af->tmp[0]) {
         unlink(af->tmp);
@@ -105,7 +175,7 @@ void snug_atomic_abort(snug_atomic_file *af) {
 
 int snug_write_file_atomic(const char *path, const void *data, size_t n, snug_error *e) {
     snug_atomic_file af;
-    SNUG_TRY(snug_atomic_open(&af, path, e));
+    SNUG_TRY(snug_atomic_open(&af, path, NULL, e));
     SNUG_TRY(snug_atomic_write(&af, data, n, e));
     return snug_atomic_commit(&af, e);
 }
@@ -159,7 +229,7 @@ int snug_copy_file(const char *src, const char *dst, snug_error *e) {
         return snug_fail(e, SNUG_EIO, "cannot open %s: %s; check the path", src, strerror(err));
     }
     snug_atomic_file af;
-    int rc = snug_atomic_open(&af, dst, e);
+    int rc = snug_atomic_open(&af, dst, NULL, e);
     char buf[1 << 16];
     while (rc == 0) {
         size_t n = fread(buf, 1, sizeof buf, in);

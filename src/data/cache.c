@@ -1,4 +1,4 @@
-/* cache.c: the tokenized-dataset cache file and its hash (see cache.h). */
+/* cache.c: the tokenized-dataset cache file (see cache.h). */
 #include "data/cache.h"
 
 #include <errno.h>
@@ -10,69 +10,6 @@
 #include <unistd.h>
 
 #include "core/fileio.h"
-
-/* ---- hash ---- */
-
-static const uint64_t K1 = 0x9E3779B97F4A7C15ull, K2 = 0xBF58476D1CE4E5B9ull;
-
-static inline uint64_t mix_word(uint64_t h, uint64_t w) {
-    h ^= w;
-    h *= K1;
-    return h ^ (h >> 29); /* both steps are bijections: any one changed word changes the result */
-}
-
-void snug_hash_init(snug_hasher *s, uint64_t seed) {
-    memset(s, 0, sizeof *s);
-    s->h = seed ^ K2;
-}
-
-void snug_hash_update(snug_hasher *s, const void *data, size_t n) {
-    const uint8_t *p = data;
-    s->total += n;
-    while (s->nbuf > 0 && s->nbuf < 8 && n) { /* finish a partial word */
-        s->buf[s->nbuf++] = *p++;
-        n--;
-        if (s->nbuf == 8) {
-            uint64_t w;
-            memcpy(&w, s->buf, 8);
-            s->h = mix_word(s->h, w);
-            s->nbuf = 0;
-        }
-    }
-    if (s->nbuf) /* the partial word is still not full: n is spent */
-        return;
-    uint64_t h = s->h;
-    for (; n >= 8; p += 8, n -= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = mix_word(h, w);
-    }
-    s->h = h;
-    memcpy(s->buf, p, n);
-    s->nbuf = n;
-}
-
-uint64_t snug_hash_final(const snug_hasher *s) {
-    uint64_t h = s->h;
-    if (s->nbuf) {
-        uint64_t w = 0;
-        memcpy(&w, s->buf, s->nbuf);
-        h = mix_word(h, w ^ 0x80);
-    }
-    h ^= s->total;
-    h ^= h >> 33; /* murmur3's finalizer */
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    return h ^ (h >> 33);
-}
-
-uint64_t snug_hash64(const void *data, size_t n, uint64_t seed) {
-    snug_hasher s;
-    snug_hash_init(&s, seed);
-    snug_hash_update(&s, data, n);
-    return snug_hash_final(&s);
-}
 
 /* ---- file ---- */
 
@@ -249,7 +186,7 @@ int snug_cache_write(const char *path, uint64_t key, const uint64_t *start, uint
     emit_all(&m, &h, start, ids, sup, stats);
     h.checksum = snug_hash_final(&hs);
     snug_atomic_file af;
-    SNUG_TRY(snug_atomic_open(&af, path, e));
+    SNUG_TRY(snug_atomic_open(&af, path, NULL, e));
     m = (emitter){.af = &af, .e = e};
     int rc = emit_all(&m, &h, start, ids, sup, stats);
     if (rc)

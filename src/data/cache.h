@@ -1,4 +1,4 @@
-/* cache.h (internal to src/data): the binary file that holds a tokenized dataset, and the hash that keys it.
+/* cache.h (internal to src/data): the binary file that holds a tokenized dataset, keyed and checked by core/hash.h.
  *
  * Layout (host byte order; every section starts at a multiple of 64 bytes, gaps are zero):
  *   header   magic "SNUGDATA", version, header size, key, counts, section offsets, total size, checksum
@@ -15,20 +15,8 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "data/dataset.h"
-
-/* A 64-bit streaming hash (word at a time, multiply-xorshift; not cryptographic): cache keys and checksums. Chunks
- * may be of any length; the result depends only on the bytes. */
-typedef struct snug_hasher {
-    uint64_t h, total;
-    uint8_t buf[8];
-    size_t nbuf;
-} snug_hasher;
-
-void snug_hash_init(snug_hasher *s, uint64_t seed);
-void snug_hash_update(snug_hasher *s, const void *data, size_t n);
-uint64_t snug_hash_final(const snug_hasher *s);
-uint64_t snug_hash64(const void *data, size_t n, uint64_t seed);
 
 /* A cache file mapped read-only, its arrays pointing into the map. */
 typedef struct snug_cache_view {

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "model/config.h"
 #include "model/quant4.h"
 
@@ -386,11 +387,12 @@ void snug_model_get_params(const snug_model *m, float *host);
 /* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
 /* Writes model.safetensors into dir, atomically: F32 (fp32 parameters or the master copy), or the 16-bit
- * parameters as they are when there is no fp32 copy. */
-int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e);
-/* The same from host copies laid out like the model's parameters: F32 from p32, or (p32 NULL) lv.dt from p16. */
+ * parameters as they are when there is no fp32 copy; opts (NULL: none) as snug_st_write takes them. */
+int snug_model_save_weights(const snug_model *m, const char *dir, const snug_write_opts *opts, snug_error *e);
+/* The same from host copies laid out like the model's parameters: F32 from p32, or (p32 NULL) lv.dt from p16; opts
+ * (NULL: none) as snug_st_write takes them. */
 int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
-                                 snug_error *e);
+                                 const snug_write_opts *opts, snug_error *e);
 
 /* Sets tensor i of the table from host (its numel fp32 values): stored as the model stores it (fp32, 16-bit, or
  * quantized to 4 bits under QLoRA). Returns 0, or an error (out of memory, a value 4-bit cannot take). */

@@ -146,7 +146,7 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
 }
 
 int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
-                                 snug_error *e) {
+                                 const snug_write_opts *opts, snug_error *e) {
     snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
     if (!out)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
@@ -164,21 +164,21 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int rc = snug_st_write(path, out, m->table.n, e);
+    int rc = snug_st_write(path, out, m->table.n, opts, e);
     free(out);
     return rc;
 }
 
-int snug_model_save_weights(const snug_model *m, const char *dir, snug_error *e) {
+int snug_model_save_weights(const snug_model *m, const char *dir, const snug_write_opts *opts, snug_error *e) {
     /* host memory is written in place: fp32 parameters or the master copy as F32, or 16-bit parameters without a
      * master as they are (BF16/F16); a device's parameters come through one fp32 host copy */
     if (m->be->host_resident && !m->packed)
-        return snug_model_save_weights_host(m, dir, m->params, m->params ? NULL : m->params16, e);
+        return snug_model_save_weights_host(m, dir, m->params, m->params ? NULL : m->params16, opts, e);
     float *host = malloc(m->table.total * sizeof *host);
     if (!host)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
     snug_model_get_params(m, host);
-    int rc = snug_model_save_weights_host(m, dir, host, NULL, e);
+    int rc = snug_model_save_weights_host(m, dir, host, NULL, opts, e);
     free(host);
     return rc;
 }

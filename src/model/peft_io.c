@@ -120,7 +120,7 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     char path[4096];
     if (!rc) {
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-        rc = snug_st_write(path, out, lo->table.n, e);
+        rc = snug_st_write(path, out, lo->table.n, NULL, e);
     }
     free(out);
     free(own);

@@ -605,36 +605,74 @@ static int build_header(const char *path, const snug_st_out *const *order, int n
     return 0;
 }
 
-/* Converts and writes one tensor's data in chunks (raw bytes as they are). */
+static inline float out_value(const snug_st_out *t, size_t i) {
+    if (!t->h16)
+        return t->f32[i];
+    return t->h16_dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(t->h16[i]) : snug_f16_to_f32(t->h16[i]);
+}
+
+static inline void store(unsigned char *dst, snug_dtype dt, float v) {
+    if (dt == SNUG_DT_F32) {
+        memcpy(dst, &v, 4);
+    } else {
+        uint16_t h = dt == SNUG_DT_BF16 ? snug_f32_to_bf16(v) : snug_f32_to_f16(v);
+        memcpy(dst, &h, 2);
+    }
+}
+
+/* out[r * nk + k] = src[k * R + r] for r < nr, k < nk, in 8 x 8 tiles: a tile's 8 source lines and 8 output lines
+ * stay in L1 (whole rows or columns at a time fight over a few cache sets when a row is a multiple of 4 KiB). */
+static void transpose_tiles(float *out, const float *src, size_t R, size_t nr, size_t nk) {
+    for (size_t kt = 0; kt < nk; kt += 8)
+        for (size_t rt = 0; rt < nr; rt += 8)
+            for (size_t r = rt; r < rt + 8 && r < nr; r++)
+                for (size_t k = kt; k < kt + 8 && k < nk; k++)
+                    out[r * nk + k] = src[k * R + r];
+}
+
+/* Converts and writes one tensor's data: raw bytes, and F32 from fp32 in place, as they are; the rest through buf.
+ * A transposed tensor goes out a band of whole output rows at a time (part of one row when a row is longer than
+ * buf), transposed in small tiles. */
 static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char *buf, size_t bufsize,
                       snug_error *e) {
-    size_t n = (size_t)numel_of(t->ndim, t->shape), esz = snug_dtype_size(t->dtype), chunk = bufsize / esz;
+    size_t n = (size_t)numel_of(t->ndim, t->shape), esz = snug_dtype_size(t->dtype);
+    if (!n)
+        return 0;
     if (t->raw)
-        return n ? snug_atomic_write(af, t->raw, n * esz, e) : 0;
+        return snug_atomic_write(af, t->raw, n * esz, e);
+    if (!t->transpose2d && !t->h16 && t->dtype == SNUG_DT_F32)
+        return snug_atomic_write(af, t->f32, n * 4, e);
+    /* the output is [R, K]; its (r, k) is the source's (k, r) of [K, R] when transposed */
     size_t R = t->transpose2d ? (size_t)t->shape[0] : 1, K = t->transpose2d ? (size_t)t->shape[1] : n;
-    for (size_t start = 0; start < n; start += chunk) {
-        size_t m = n - start < chunk ? n - start : chunk;
-        for (size_t j = 0; j < m; j++) {
-            size_t i = start + j;
-            /* output (r, k) of [R, K] comes from source (k, r) of [K, R] */
-            size_t src = t->transpose2d ? (i % K) * R + i / K : i;
-            float v = !t->h16 ? t->f32[src]
-                      : t->h16_dtype == SNUG_DT_BF16 ? snug_bf16_to_f32(t->h16[src]) : snug_f16_to_f32(t->h16[src]);
-            if (t->dtype == SNUG_DT_F32) {
-                memcpy(buf + j * 4, &v, 4);
-            } else {
-                uint16_t h = t->dtype == SNUG_DT_BF16 ? snug_f32_to_bf16(v) : snug_f32_to_f16(v);
-                memcpy(buf + j * 2, &h, 2);
+    size_t rows = bufsize / esz / K, cols = rows ? K : bufsize / esz;
+    if (!rows)
+        rows = 1;
+    for (size_t r0 = 0; r0 < R; r0 += rows) {
+        size_t nr = R - r0 < rows ? R - r0 : rows;
+        for (size_t k0 = 0; k0 < K; k0 += cols) {
+            size_t nk = K - k0 < cols ? K - k0 : cols;
+            if (!t->transpose2d) {
+                for (size_t k = 0; k < nk; k++)
+                    store(buf + k * esz, t->dtype, out_value(t, k0 + k));
+            } else if (!t->h16 && t->dtype == SNUG_DT_F32) {
+                transpose_tiles((float *)buf, t->f32 + k0 * R + r0, R, nr, nk);
+            } else { /* converted, in the same tiles */
+                for (size_t kt = 0; kt < nk; kt += 8)
+                    for (size_t rt = 0; rt < nr; rt += 8)
+                        for (size_t r = rt; r < rt + 8 && r < nr; r++)
+                            for (size_t k = kt; k < kt + 8 && k < nk; k++)
+                                store(buf + (r * nk + k) * esz, t->dtype, out_value(t, (k0 + k) * R + r0 + r));
             }
+            SNUG_TRY(snug_atomic_write(af, buf, nr * nk * esz, e));
         }
-        SNUG_TRY(snug_atomic_write(af, buf, m * esz, e));
     }
     return 0;
 }
 
-int snug_st_write(const char *path, const snug_st_out *t, int n, snug_error *e) {
+int snug_st_write(const char *path, const snug_st_out *t, int n, const snug_write_opts *opts, snug_error *e) {
     const snug_st_out **order = malloc((n > 0 ? n : 1) * sizeof *order);
-    unsigned char *buf = malloc(1 << 16);
+    const size_t bufsize = (size_t)1 << 20;
+    unsigned char *buf = malloc(bufsize);
     char *hdr = NULL;
     snug_atomic_file af = {0};
     int rc = 0;
@@ -660,11 +698,11 @@ int snug_st_write(const char *path, const snug_st_out *t, int n, snug_error *e) 
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    if ((rc = snug_atomic_open(&af, path, e)) != 0 || (rc = snug_atomic_write(&af, len8, 8, e)) != 0 ||
+    if ((rc = snug_atomic_open(&af, path, opts, e)) != 0 || (rc = snug_atomic_write(&af, len8, 8, e)) != 0 ||
         (rc = snug_atomic_write(&af, hdr, hlen, e)) != 0)
         goto out;
     for (int i = 0; i < n; i++)
-        if ((rc = write_data(&af, order[i], buf, 1 << 16, e)) != 0)
+        if ((rc = write_data(&af, order[i], buf, bufsize, e)) != 0)
             goto out;
     rc = snug_atomic_commit(&af, e);
 out:

@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fileio.h"
 
 #define SNUG_ST_MAXDIM 8
 
@@ -64,7 +65,8 @@ typedef struct snug_st_out {
 } snug_st_out;
 
 /* Writes one file atomically, the way the reference writer does: tensors sorted by dtype alignment (descending)
- * then name, header padded with spaces so 8 + header length is a multiple of 8, metadata {"format":"pt"}. */
-int snug_st_write(const char *path, const snug_st_out *t, int n, snug_error *e);
+ * then name, header padded with spaces so 8 + header length is a multiple of 8, metadata {"format":"pt"}. opts (NULL:
+ * none) as snug_atomic_open takes them: direct I/O, the hash of the file's bytes. */
+int snug_st_write(const char *path, const snug_st_out *t, int n, const snug_write_opts *opts, snug_error *e);
 
 #endif

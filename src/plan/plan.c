@@ -33,8 +33,9 @@ int snug_plan_kept(const snug_levers *lv, snug_category c) {
 int snug_plan_snapshot_layout(snug_arenas *A, const snug_levers *lv, void *dst[SNUG_MEM_NCAT], snug_error *e) {
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         dst[c] = NULL;
+        /* whole pages: each copy starts page-aligned (as host_alloc's block does) and goes to the disk with O_DIRECT */
         if (snug_plan_kept(lv, (snug_category)c) && A->a[c].peak &&
-            !(dst[c] = snug_arena_alloc(&A->a[SNUG_MEM_SNAPSHOT], A->a[c].peak, e)))
+            !(dst[c] = snug_arena_alloc(&A->a[SNUG_MEM_SNAPSHOT], (A->a[c].peak + 4095) / 4096 * 4096, e)))
             return e ? e->code : SNUG_ENOMEM;
     }
     return 0;

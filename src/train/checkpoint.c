@@ -18,14 +18,14 @@
 
 #include "core/fileio.h"
 #include "core/json_util.h"
-#include "data/cache.h"
+#include "core/hash.h"
 #include "model/model.h"
 #include "model/peft_io.h"
 #include "snug.h"
 
 #define STATE_JSON "trainer_state.json"
 #define STATE_HASH "trainer_state.hash"
-#define STATE_FORMAT 1
+#define STATE_FORMAT 2 /* 2: the fp32 weights' arena may be kept as model.safetensors alone */
 #define CKPT_SEED 0x636b7074ull /* "ckpt": the seed of every checkpoint hash */
 
 /* the arenas a checkpoint keeps, byte for byte */
@@ -112,13 +112,27 @@ static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
     return 0;
 }
 
-/* n bytes from src into path, through a host staging buffer when src is device memory. */
+/* The kept arena that model.safetensors holds bit for bit, so a checkpoint does not write it again: the fp32 weights
+ * (the parameters of an fp32 run, the master copy of a 16-bit one) when their arena holds nothing else; -1 when none
+ * (LoRA keeps the adapters; 16-bit without master weights). */
+static int weights_arena(const snug_engine *eng) {
+    const snug_model *m = &eng->model;
+    size_t bytes = (m->table.total * sizeof(float) + SNUG_ARENA_ALIGN - 1) / SNUG_ARENA_ALIGN * SNUG_ARENA_ALIGN;
+    for (int i = 0; !m->lora.on && m->params && i < NKEPT; i++)
+        if (kept_bytes(eng, i) == bytes && eng->blocks[kept[i].c] == (const void *)m->params)
+            return i;
+    return -1;
+}
+
+/* n bytes from src into path, hashed into h on the way, through a host staging buffer when src is device memory.
+ * Direct I/O: the bytes are not copied into the page cache (resume is another process). */
 static int write_arena(const char *path, const unsigned char *src, size_t n, int host, snug_backend *be,
-                       snug_error *e) {
+                       snug_hasher *h, snug_error *e) {
     snug_atomic_file af;
-    SNUG_TRY(snug_atomic_open(&af, path, e));
+    snug_write_opts o = {.direct = 1, .hash = h};
+    SNUG_TRY(snug_atomic_open(&af, path, &o, e));
     const size_t piece = (size_t)16 << 20;
-    unsigned char *buf = host ? NULL : malloc(n < piece ? n : piece);
+    unsigned char *buf = host ? NULL : aligned_alloc(4096, piece);
     int rc = !host && n && !buf ? snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", path) : 0;
     for (size_t o = 0; !rc && o < n; o += piece) {
         size_t k = n - o < piece ? n - o : piece;
@@ -164,9 +178,9 @@ static int read_arena(const char *path, snug_engine *eng, snug_category c, snug_
 /* ---- the Hugging Face folder ---- */
 
 /* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, or (both NULL) from the
- * engine's model itself. */
+ * engine's model itself; model.safetensors is written with wo (NULL: none). */
 static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
-                   const uint16_t *p16, snug_error *e) {
+                   const uint16_t *p16, const snug_write_opts *wo, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     const snug_model *m = &eng->model;
@@ -185,9 +199,9 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
     if (m->lora.on)
         return snug_peft_save(m, dir, s->c.base_model[0] ? s->c.base_model : s->c.model_preset, p32, e);
     if (p32 || p16)
-        SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, e));
+        SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, wo, e));
     else
-        SNUG_TRY(snug_model_save_weights(m, dir, e));
+        SNUG_TRY(snug_model_save_weights(m, dir, wo, e));
     snug_model_config cfg = s->cfg;
     /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save */
     int half_only = (p32 || p16) ? !p32 : m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
@@ -200,7 +214,7 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
 }
 
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
-    return save_hf(dir, s, eng, NULL, NULL, e);
+    return save_hf(dir, s, eng, NULL, NULL, NULL, e);
 }
 
 /* ---- folders ---- */
@@ -323,6 +337,7 @@ struct snug_ckpt_job {
     int threaded;
     atomic_int done;
     double t0, t1;
+    double cpu_s; /* the CPU time the write took (its thread's) */
     int rc;
     snug_error err;
 };
@@ -337,6 +352,13 @@ static const void *in_snapshot(const snug_engine *eng, const void *ptr) {
     return NULL;
 }
 
+/* A file's size and hash (h: what was written into it) into the list trainer_state.json keeps. */
+static void list_file(json_t *files, const char *name, const snug_hasher *h) {
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)snug_hash_final(h));
+    json_object_set_new(files, name, json_pack("{s:I, s:s}", "bytes", (json_int_t)h->total, "hash", hex));
+}
+
 static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
     char part[4200], p[4400];
     const char *dir = j->dir;
@@ -346,22 +368,26 @@ static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
     snprintf(part, sizeof part, "%s.partial", dir);
     remove_tree(part); /* what a stop during an earlier save left */
     SNUG_TRY(snug_mkdirs(part, e));
-    SNUG_TRY(save_hf(part, s, eng, j->p32, j->p16, e));
+    /* the big files are hashed as they are written and go to the disk directly; model.safetensors (not under LoRA,
+     * whose adapter files are small) is the fp32 weights' arena too when it holds it */
+    snug_hasher h;
+    snug_hash_init(&h, CKPT_SEED);
+    snug_write_opts wo = {.direct = 1, .hash = &h};
+    SNUG_TRY(save_hf(part, s, eng, j->p32, j->p16, &wo, e));
     json_t *files = json_object();
+    if (!eng->model.lora.on)
+        list_file(files, "model.safetensors", &h);
+    int wa = weights_arena(eng);
     for (int i = 0; i < NKEPT; i++)
-        if (kept_bytes(eng, i)) {
-            size_t n = kept_bytes(eng, i);
+        if (kept_bytes(eng, i) && i != wa) {
             snug_path_join(p, sizeof p, part, kept[i].file);
-            int rc = write_arena(p, j->src[i], n, j->host, eng->be, e);
+            snug_hash_init(&h, CKPT_SEED);
+            int rc = write_arena(p, j->src[i], kept_bytes(eng, i), j->host, eng->be, &h, e);
             if (rc) {
                 json_decref(files);
                 return rc;
             }
-            if (j->host) { /* hashed from the bytes just written, not read back */
-                char hex[32];
-                snprintf(hex, sizeof hex, "%016llx", (unsigned long long)snug_hash64(j->src[i], n, CKPT_SEED));
-                json_object_set_new(files, kept[i].file, json_pack("{s:I, s:s}", "bytes", (json_int_t)n, "hash", hex));
-            }
+            list_file(files, kept[i].file, &h);
         }
     /* every other file but the state's own, with its size and hash */
     DIR *d = opendir(part);
@@ -370,15 +396,15 @@ static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
         if (de->d_name[0] == '.' || json_object_get(files, de->d_name))
             continue;
         size_t bytes;
-        uint64_t h;
+        uint64_t hv;
         snug_path_join(p, sizeof p, part, de->d_name);
-        if (hash_file(p, &bytes, &h)) {
+        if (hash_file(p, &bytes, &hv)) {
             closedir(d);
             json_decref(files);
             return snug_fail(e, SNUG_EIO, "%s: cannot read back what was just written", p);
         }
         char hex[32];
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hv);
         json_object_set_new(files, de->d_name, json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "hash", hex));
     }
     if (d)
@@ -389,6 +415,8 @@ static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
         (json_int_t)st->in_epoch, "per_epoch", (json_int_t)st->per_epoch, "optimizer_step", st->opt_step,
         "loss_scale", "on", st->ls.on, "scale", (double)st->ls.scale, "clean", st->ls.clean, "skipped",
         st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", files);
+    if (js && wa >= 0) /* resume reads this arena from model.safetensors */
+        json_object_set_new(js, "weights_arena", json_string(kept[wa].file));
     char *text = js ? json_dumps(js, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(js);
     if (!text)
@@ -423,14 +451,25 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The CPU time of the calling thread (Linux). */
+static double thread_cpu_s(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru))
+        return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 static void *writer_main(void *arg) {
     struct snug_ckpt_job *j = arg;
+    double c0 = thread_cpu_s();
     /* the lowest priority: the write takes the cores the training threads leave idle, not theirs (Linux: a thread's
      * nice value is its own) */
     if (j->threaded)
         setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     j->rc = write_checkpoint(j, &j->err);
     j->t1 = now_s();
+    j->cpu_s = thread_cpu_s() - c0;
     atomic_store(&j->done, 1);
     return NULL;
 }
@@ -490,6 +529,7 @@ int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e) {
     w->job = NULL;
     w->finished = 1;
     w->write_s = j->t1 - j->t0;
+    w->write_cpu_s = j->cpu_s;
     snprintf(w->dir, sizeof w->dir, "%s", j->dir);
     int rc = j->rc;
     if (rc && e)
@@ -532,6 +572,12 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     free(text);
     if (!rc && !j)
         rc = refuse(e, p, "not valid JSON");
+    json_int_t format = j ? json_integer_value(json_object_get(j, "format")) : 0;
+    if (!rc && (format < 1 || format > STATE_FORMAT)) {
+        snprintf(why, sizeof why, "format %lld, which this snug (%s, format %d) does not read; resume with the snug "
+                 "that wrote it", (long long)format, SNUG_VERSION, STATE_FORMAT);
+        rc = refuse(e, p, why);
+    }
     /* every other file as it was written */
     json_t *files = j ? json_object_get(j, "files") : NULL;
     if (!rc && !json_is_object(files))
@@ -589,8 +635,23 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         st->ls.clean = (int)json_integer_value(json_object_get(ls, "clean"));
         st->ls.skipped = (int)json_integer_value(json_object_get(ls, "skipped"));
         st->loss_mean = json_real_value(json_object_get(j, "loss_mean"));
+        /* the fp32 weights' arena kept as model.safetensors alone: read first, as loading the weights also sets a
+         * 16-bit copy, which its own file then restores bit for bit */
+        const char *in_weights = json_string_value(json_object_get(j, "weights_arena"));
+        int wa = -1;
+        for (int i = 0; in_weights && i < NKEPT; i++)
+            wa = !strcmp(in_weights, kept[i].file) ? i : wa;
+        if (in_weights && (wa < 0 || wa != weights_arena(eng))) {
+            snprintf(why, sizeof why, "it keeps %s as model.safetensors, which this run cannot take it from (it lays "
+                     "out the weights differently); the checkpoint is from another configuration", in_weights);
+            rc = refuse(e, dir, why);
+        } else if (in_weights) {
+            rc = snug_model_load_weights(&eng->model, dir, e);
+        }
         for (int i = 0; !rc && i < NKEPT; i++) {
             size_t want_bytes = kept_bytes(eng, i);
+            if (i == wa)
+                continue;
             json_t *fi = json_object_get(files, kept[i].file);
             if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
                 snprintf(why, sizeof why, "%s holds %lld bytes of %s, this run lays out %zu; the checkpoint is from "

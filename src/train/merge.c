@@ -99,7 +99,7 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
         snug_model view = *m; /* the same table, saved as dt */
         view.lv.dt = dt;
         view.lv.lora.kind = SNUG_ADAPTER_NONE;
-        rc = snug_model_save_weights_host(&view, out_dir, h16 ? NULL : m->params, h16, e);
+        rc = snug_model_save_weights_host(&view, out_dir, h16 ? NULL : m->params, h16, NULL, e);
     }
     if (!rc) {
         snprintf(p, sizeof p, "%s/tokenizer.json", adapter_dir);

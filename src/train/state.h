@@ -8,9 +8,11 @@
  * of state is a field here, which the checkpoint writes and reads whole.
  *
  * A checkpoint is a folder: the Hugging Face model files (loadable by transformers as they are), state-*.bin (the
- * arenas), trainer_state.json (this struct, what must not change on resume, the size and hash of every other file)
- * and trainer_state.hash (the hash of trainer_state.json). It is written as checkpoint-N.partial and renamed to
- * checkpoint-N once every file is durable, so a folder named checkpoint-N is complete. */
+ * arenas; the fp32 weights' arena, which model.safetensors holds bit for bit, is not written twice), trainer_state.json
+ * (this struct, what must not change on resume, the size and hash of every other file) and trainer_state.hash (the
+ * hash of trainer_state.json). It is written as checkpoint-N.partial and renamed to checkpoint-N once every file is
+ * durable, so a folder named checkpoint-N is complete. The large files are hashed as they are written and go to the
+ * disk with O_DIRECT: a write costs training's cores little more than the hashing and the weights' conversion. */
 #ifndef SNUG_TRAIN_STATE_H
 #define SNUG_TRAIN_STATE_H
 
@@ -43,7 +45,8 @@ typedef struct snug_checkpointer {
     double copy_s;             /* the last start: how long training waited for the snapshot (or the whole write) */
     int finished;              /* the last snug_checkpoint_finish ended a write: */
     char dir[4096];            /*   its folder */
-    double write_s;            /*   and the seconds from its start to its folder being complete */
+    double write_s;            /*   the seconds from its start to its folder being complete */
+    double write_cpu_s;        /*   and the CPU seconds the writing took (what it took from training's cores) */
 } snug_checkpointer;
 
 /* Starts writing checkpoint dir (".../checkpoint-N") of st and eng whole: see above. A write still in flight is

@@ -508,7 +508,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (!rc) { /* a checkpoint written in the background that has just become complete */
             rc = snug_checkpoint_finish(&ckw, 0, e);
             if (!rc && ckw.finished && !tty)
-                fprintf(out, "saved %s in %.2f s (training waited %.2f s)\n", ckw.dir, ckw.write_s, ck_wait);
+                fprintf(out, "saved %s in %.2f s (training waited %.2f s; writing took %.2f s of CPU)\n", ckw.dir,
+                        ckw.write_s, ck_wait, ckw.write_cpu_s);
         }
         if (!rc && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
             char ck[4096];
@@ -516,8 +517,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             double tc = now_s();
             rc = snug_checkpoint_finish(&ckw, 1, e); /* one still being written: training waits for it */
             if (!rc && ckw.finished && !tty)
-                fprintf(out, "saved %s in %.2f s (training waited %.2f s)\n", ckw.dir, ckw.write_s,
-                        ck_wait + now_s() - tc);
+                fprintf(out, "saved %s in %.2f s (training waited %.2f s; writing took %.2f s of CPU)\n", ckw.dir,
+                        ckw.write_s, ck_wait + now_s() - tc, ckw.write_cpu_s);
             tc = now_s();
             if (!rc)
                 rc = snug_checkpoint_start(&ckw, ck, o->save_total_limit, &st, &r.s, &r.eng, e);
@@ -525,7 +526,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 rc = snug_checkpoint_finish(&ckw, 1, e);
             ck_wait = now_s() - tc;
             if (!rc && ckw.finished && !tty)
-                fprintf(out, "saved %s in %.2f s\n", ck, ckw.write_s);
+                fprintf(out, "saved %s in %.2f s (%.2f s of CPU)\n", ck, ckw.write_s, ckw.write_cpu_s);
             tlog += now_s() - tc; /* the save is not counted in the next logged tokens/s */
             if (!rc && stop) {
                 if (tty)
@@ -546,7 +547,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 *e = fe;
         }
         if (!frc && ckw.finished && !tty)
-            fprintf(out, "saved %s in %.2f s (training waited %.2f s)\n", ckw.dir, ckw.write_s, ck_wait);
+            fprintf(out, "saved %s in %.2f s (training waited %.2f s; writing took %.2f s of CPU)\n", ckw.dir,
+                    ckw.write_s, ck_wait, ckw.write_cpu_s);
     }
     if (tty)
         fputc('\n', out);

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Exact resume and safe stops. A run stopped at a checkpoint and resumed logs the same losses, learning rates,
-# gradient norms and epochs, and ends with the same weights, bit for bit, as the run that never stopped: for fp32,
-# bf16 with and without master weights, fp16's loss scaling, 8-bit and paged AdamW, accumulation across epoch ends,
-# checkpointing, packing, grouping, auto_fit and LoRA (fp32 with dropout; bf16 with 8-bit AdamW and checkpointing). SIGTERM and SIGINT finish the step, write a checkpoint and exit 0;
-# SIGKILL at random moments (also during a checkpoint write) loses only the work since the last checkpoint and
-# never leaves one that loads; a damaged checkpoint is refused naming the file; a changed configuration is refused
-# naming the setting; an output_dir that holds a run is refused unless resumed or overwritten.
+# Exact resume and safe stops. A run stopped at a checkpoint and resumed logs the same losses, learning rates, gradient
+# norms and epochs, and ends with the same weights, bit for bit, as the run that never stopped: for fp32, GPT-2
+# (transposed weights), bf16 with and without master weights, fp16's loss scaling, 8-bit and paged AdamW, accumulation
+# across epoch ends, checkpointing, packing, grouping, auto_fit and LoRA (fp32 with dropout; bf16 with 8-bit AdamW and
+# checkpointing). SIGTERM and SIGINT finish the step, write a checkpoint and exit 0; SIGKILL at random moments (also
+# during a checkpoint write) loses only the work since the last checkpoint and never leaves one that loads; a damaged
+# checkpoint is refused naming the file; a changed configuration is refused naming the setting; an output_dir that holds
+# a run is refused unless resumed or overwritten.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -51,10 +52,43 @@ resumed() {
 # the sanitizer build (several times slower) runs the same checks on three of the configurations
 quick=${SNUG_SANITIZED:-0}
 resumed fp32 --max_steps 10
+# GPT-2 stores its Conv1D weights transposed: the checkpoint keeps the fp32 weights only in model.safetensors, so
+# resume reads them back through the transpose
+python3 - "$W/gpt2-base" <<'PY'
+import json, os, random, struct, sys
+d = sys.argv[1]
+os.makedirs(d)
+C, L, V, P = 32, 2, 2056, 64
+json.dump({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": V, "n_embd": C, "n_layer": L,
+           "n_head": 2, "n_positions": P, "n_inner": None, "activation_function": "gelu_new",
+           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}, open(d + "/config.json", "w"))
+shapes = {"wte.weight": [V, C], "wpe.weight": [P, C], "ln_f.weight": [C], "ln_f.bias": [C]}
+for i in range(L):
+    for k, shape in {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [C, 3 * C],
+                     "attn.c_attn.bias": [3 * C], "attn.c_proj.weight": [C, C], "attn.c_proj.bias": [C],
+                     "ln_2.weight": [C], "ln_2.bias": [C], "mlp.c_fc.weight": [C, 4 * C], "mlp.c_fc.bias": [4 * C],
+                     "mlp.c_proj.weight": [4 * C, C], "mlp.c_proj.bias": [C]}.items():
+        shapes[f"h.{i}.{k}"] = shape
+random.seed(1)
+header, blobs, off = {}, [], 0
+for name, shape in shapes.items():
+    n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+    vals = [1.0] * n if "ln_" in name and name.endswith("weight") else [random.gauss(0, 0.02) for _ in range(n)]
+    blobs.append(struct.pack(f"<{n}f", *vals))
+    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + 4 * n]}
+    off += 4 * n
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+resumed gpt2 --max_steps 10 --base_model "$W/gpt2-base"
+[ -e "$W/gpt2/checkpoint-4/model.safetensors" ] && [ ! -e "$W/gpt2/checkpoint-4/state-params.bin" ] && ok ||
+  bad "gpt2: the checkpoint holds $(ls "$W/gpt2/checkpoint-4" | tr '\n' ' ')"
 [ "$quick" = 1 ] || resumed bf16 --max_steps 10 --bf16 true
 resumed bf16_sr --max_steps 10 --bf16 true --master_weights false
 [ "$quick" = 1 ] || resumed fp16 --max_steps 10 --fp16 true
 resumed adamw8 --max_steps 10 --optimizer adamw_8bit --gradient_checkpointing full
+resumed sync --max_steps 10 --async_checkpoint false
 [ "$quick" = 1 ] || resumed paged --max_steps 10 --optimizer paged_adamw_8bit --bf16 true
 [ "$quick" = 1 ] || resumed epochs --num_epochs 2 --gradient_accumulation_steps 5 --micro_batch_size 32 --sample_packing true
 [ "$quick" = 1 ] || resumed grouped --max_steps 10 --group_by_length true --gradient_accumulation_steps 2 --gradient_checkpointing selective
@@ -149,9 +183,11 @@ PY
     "$SNUG" train $common --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
   rm -rf "$W/damaged"
 done
-cp -r "$ck" "$W/damaged"; truncate -s 100 "$W/damaged/state-params.bin"
-expect_error truncated "damaged.*state-params.bin is 100 bytes" \
-  "$SNUG" train $common --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+for f in model.safetensors state-optim.bin; do
+  rm -rf "$W/damaged"; cp -r "$ck" "$W/damaged"; truncate -s 100 "$W/damaged/$f"
+  expect_error "truncated $f" "damaged.*$f is 100 bytes" \
+    "$SNUG" train $common --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+done
 rm "$W/damaged/trainer_state.hash"
 expect_error incomplete "damaged: not a complete checkpoint" \
   "$SNUG" train $common --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"

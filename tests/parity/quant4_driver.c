@@ -91,7 +91,7 @@ static int cmd_quant(int argc, char **argv, int extras) {
         if (extras)
             add_dequant(name, &t);
     }
-    if (snug_st_write(argv[3], outs, nouts, &e))
+    if (snug_st_write(argv[3], outs, nouts, NULL, &e))
         die(&e);
     return 0;
 }
@@ -109,7 +109,7 @@ static int cmd_view(int argc, char **argv) {
             die(&e);
         add_dequant(argv[a], &t);
     }
-    if (snug_st_write(argv[3], outs, nouts, &e))
+    if (snug_st_write(argv[3], outs, nouts, NULL, &e))
         die(&e);
     return 0;
 }

@@ -440,7 +440,7 @@ static void write_set(const char *path, const snug_st_out *o, int n, const snug_
     memcpy(all, o, (size_t)n * sizeof *o);
     if (extra)
         all[n++] = *extra;
-    if (snug_st_write(path, all, n, &e))
+    if (snug_st_write(path, all, n, NULL, &e))
         fprintf(stderr, "write %s: %s\n", path, e.msg);
 }
 

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "core/dtype.h"
 #include "core/fileio.h"
+#include "core/hash.h"
 #include "model/safetensors.h"
 
 static char tmpdir[256];
@@ -189,7 +190,7 @@ static void test_round_trip(void) {
     snug_error e = {0};
     char p[512];
     snprintf(p, sizeof p, "%s", tpath("rt.safetensors"));
-    CHECKF(snug_st_write(p, outs, n, &e) == 0, "%s", e.msg);
+    CHECKF(snug_st_write(p, outs, n, NULL, &e) == 0, "%s", e.msg);
     CHECK(!dir_has_tmp());
 
     /* The header follows the reference writer's layout. */
@@ -264,11 +265,11 @@ static void test_round_trip(void) {
     /* Writing rejects a name given twice and leaves nothing behind. */
     snug_st_out dup[] = {outs[1], outs[1]};
     e2 = (snug_error){0};
-    CHECK(snug_st_write(tpath("dup.safetensors"), dup, 2, &e2) != 0 && strstr(e2.msg, "a.f32"));
+    CHECK(snug_st_write(tpath("dup.safetensors"), dup, 2, NULL, &e2) != 0 && strstr(e2.msg, "a.f32"));
     CHECK(!snug_file_exists(tpath("dup.safetensors")) && !dir_has_tmp());
 
     /* An empty file (no tensors) is valid both ways. */
-    CHECK(snug_st_write(tpath("none.safetensors"), NULL, 0, &e) == 0);
+    CHECK(snug_st_write(tpath("none.safetensors"), NULL, 0, NULL, &e) == 0);
     CHECK(snug_st_open_file(&s, tpath("none.safetensors"), &e) == 0 && s.ntensors == 0);
     snug_st_close(&s);
     unlink(tpath("none.safetensors"));
@@ -446,7 +447,7 @@ static void test_huge_numbers(void) {
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     float x[2] = {1, 2};
     snug_st_out o = {.name = "w.weight", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {2}, .f32 = x};
-    CHECK(snug_st_write(shard, &o, 1, &e) == 0);
+    CHECK(snug_st_write(shard, &o, 1, NULL, &e) == 0);
     write_text(idx, "{\"metadata\":{\"total_size\":1000000000000000019884624838656,\"n\":-1e400},\"weight_map\":"
                     "{\"w.weight\":\"model-00001-of-00001.safetensors\"}}");
     CHECKF(snug_st_open_dir(&s, dir, &e) == 0, "%s", e.msg);
@@ -481,15 +482,15 @@ static void test_dirs(void) {
     snprintf(s1, sizeof s1, "%s/model-00001-of-00002.safetensors", dir);
     snprintf(s2, sizeof s2, "%s/model-00002-of-00002.safetensors", dir);
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
-    CHECK(snug_st_write(single, o, 3, &e) == 0);
+    CHECK(snug_st_write(single, o, 3, NULL, &e) == 0);
     CHECKF(snug_st_open_dir(&s, dir, &e) == 0, "%s", e.msg);
     CHECK(s.ntensors == 3 && s.nfiles == 1 && snug_st_find(&s, "lm_head.weight"));
     snug_st_close(&s);
     unlink(single);
 
     /* sharded through the index */
-    CHECK(snug_st_write(s1, o, 2, &e) == 0);
-    CHECK(snug_st_write(s2, o + 2, 1, &e) == 0);
+    CHECK(snug_st_write(s1, o, 2, NULL, &e) == 0);
+    CHECK(snug_st_write(s2, o + 2, 1, NULL, &e) == 0);
     write_text(idx, "{\"metadata\":{\"total_size\":32},\"weight_map\":{"
                     "\"model.norm.weight\":\"model-00001-of-00002.safetensors\","
                     "\"model.embed_tokens.weight\":\"model-00001-of-00002.safetensors\","
@@ -529,7 +530,7 @@ static void test_dirs(void) {
                     "\"x\":\"dup.safetensors\"}}");
     char dup[600];
     snprintf(dup, sizeof dup, "%s/dup.safetensors", dir);
-    CHECK(snug_st_write(dup, o + 2, 1, &e) == 0);
+    CHECK(snug_st_write(dup, o + 2, 1, NULL, &e) == 0);
     e = (snug_error){0};
     EXPECT_FAIL(snug_st_open_dir(&s, dir, &e), &e, SNUG_EINPUT, "lm_head.weight", "dup.safetensors");
 
@@ -554,6 +555,67 @@ static void test_dirs(void) {
     rmdir(dir);
 }
 
+/* Tensors larger than the writer's buffer: transposed in bands of rows (the last band short), a row longer than the
+ * buffer, 16-bit sources, F32 written in place; written direct and hashed, the hash is the file's. */
+static void test_large(void) {
+    const size_t R = 700, K = 1500, R2 = 3, K2 = 300000;
+    float *a = ramp(R * K, 1e-3f), *b = ramp(R2 * K2, 1e-4f);
+    uint16_t *h = malloc(R * K * sizeof *h);
+    for (size_t i = 0; i < R * K; i++)
+        h[i] = snug_f32_to_bf16(a[i]);
+    snug_st_out outs[] = {
+        {.name = "band", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {(int64_t)R, (int64_t)K}, .f32 = a,
+         .transpose2d = 1},
+        {.name = "long", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {(int64_t)R2, (int64_t)K2}, .f32 = b,
+         .transpose2d = 1},
+        {.name = "plain", .dtype = SNUG_DT_F32, .ndim = 1, .shape = {(int64_t)(R * K)}, .f32 = a},
+        {.name = "h16", .dtype = SNUG_DT_BF16, .ndim = 2, .shape = {(int64_t)R, (int64_t)K}, .h16 = h,
+         .h16_dtype = SNUG_DT_BF16, .transpose2d = 1},
+        {.name = "h16to16", .dtype = SNUG_DT_F16, .ndim = 1, .shape = {(int64_t)(R * K)}, .h16 = h,
+         .h16_dtype = SNUG_DT_BF16},
+    };
+    snug_error e = {0};
+    snug_hasher hs;
+    snug_hash_init(&hs, 99);
+    snug_write_opts o = {.direct = 1, .hash = &hs};
+    CHECKF(snug_st_write(tpath("large.safetensors"), outs, 5, &o, &e) == 0, "%s", e.msg);
+    char *raw;
+    size_t rawlen;
+    CHECK(snug_read_file(tpath("large.safetensors"), &raw, &rawlen, &e) == 0);
+    CHECK(hs.total == rawlen && snug_hash_final(&hs) == snug_hash64(raw, rawlen, 99));
+    free(raw);
+    snug_st_set s;
+    CHECKF(snug_st_open_file(&s, tpath("large.safetensors"), &e) == 0, "%s", e.msg);
+    float *got = malloc((R * K > R2 * K2 ? R * K : R2 * K2) * sizeof *got);
+    const snug_st_tensor *t = snug_st_find(&s, "band");
+    CHECK(t && snug_st_to_f32(&s, t, got, 1, &e) == 0 && memcmp(got, a, R * K * sizeof *a) == 0);
+    int ok = t && snug_st_to_f32(&s, t, got, 0, &e) == 0;
+    for (size_t r = 0; ok && r < R; r++)
+        for (size_t k = 0; k < K; k++)
+            ok &= got[r * K + k] == a[k * R + r];
+    CHECK(ok);
+    t = snug_st_find(&s, "long");
+    CHECK(t && snug_st_to_f32(&s, t, got, 1, &e) == 0 && memcmp(got, b, R2 * K2 * sizeof *b) == 0);
+    t = snug_st_find(&s, "plain");
+    CHECK(t && snug_st_to_f32(&s, t, got, 0, &e) == 0 && memcmp(got, a, R * K * sizeof *a) == 0);
+    t = snug_st_find(&s, "h16");
+    ok = t && snug_st_to_f32(&s, t, got, 1, &e) == 0;
+    for (size_t i = 0; ok && i < R * K; i++)
+        ok = got[i] == snug_bf16_to_f32(h[i]);
+    CHECK(ok);
+    t = snug_st_find(&s, "h16to16");
+    ok = t && snug_st_to_f32(&s, t, got, 0, &e) == 0;
+    for (size_t i = 0; ok && i < R * K; i++)
+        ok = got[i] == snug_f16_to_f32(snug_f32_to_f16(snug_bf16_to_f32(h[i])));
+    CHECK(ok);
+    snug_st_close(&s);
+    unlink(tpath("large.safetensors"));
+    free(got);
+    free(h);
+    free(b);
+    free(a);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/snug_test_st_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -562,6 +624,7 @@ int main(void) {
     }
     test_dtype();
     test_round_trip();
+    test_large();
     test_crafted_valid();
     test_bad_files();
     test_nonfinite();

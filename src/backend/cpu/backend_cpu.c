@@ -1,6 +1,6 @@
 /* backend_cpu.c: the CPU backend object: host memory blocks for the arenas and the table of op slots.
  *
- * Memory is plain host memory, 64-byte aligned and zeroed; to_device/to_host are copies. The ops live in ops_cpu.c,
+ * Memory is plain host memory, page-aligned and zeroed; to_device/to_host are copies. The ops live in ops_cpu.c,
  * attention_cpu.c, xent_cpu.c and adamw8bit_cpu.c; they run on be->nthreads OpenMP threads and use OpenBLAS for the
  * GEMMs (blas_cpu.c opens it when the first backend is created; NULL when it cannot: snug_cpu_blas_load says why),
  * or oneDNN's bf16 matmul where set_math chose it (gemm_cpu.c). */
@@ -30,13 +30,14 @@ static int cpu_check(snug_backend *be, snug_error *e) {
     return cx->err.code;
 }
 
+/* Page-aligned, so that a block (the checkpoint snapshot) can go to the disk with O_DIRECT. */
 static void *cpu_alloc(snug_backend *be, size_t bytes) {
-    size_t n = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
+    size_t n = (bytes + 4095) / 4096 * 4096; /* aligned_alloc wants a multiple of the alignment */
     if (n == 0)
-        n = 64;
+        n = 4096;
     if (n < bytes) /* overflow */
         return NULL;
-    void *p = aligned_alloc(64, n);
+    void *p = aligned_alloc(4096, n);
     if (p)
         memset(p, 0, n);
     return p;
