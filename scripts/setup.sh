@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libopenblas0-openmp
-      fortunes fortunes-min python3 python3-venv)
+      fortunes fortunes-min python3 python3-venv libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
