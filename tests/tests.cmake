@@ -30,3 +30,5 @@ foreach(src ${SNUG_PARITY_TESTS})
 endforeach()
 # The CUDA backend end to end against the CPU's (tests/cli/test_cuda_train.sh): skipped (exit 77) without a GPU.
 set_tests_properties(cli_test_cuda_train PROPERTIES SKIP_RETURN_CODE 77 LABELS "cli;cuda")
+# Data parallel over MPI ranks (tests/cli/test_ddp.sh): skipped (exit 77) without mpirun or an MPI build.
+set_tests_properties(cli_test_ddp PROPERTIES SKIP_RETURN_CODE 77)
