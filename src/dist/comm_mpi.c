@@ -72,7 +72,7 @@ static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error
 static int check_signature(snug_comm *c, int kind, size_t n, snug_comm_dtype dt, int root, snug_error *e) {
     static const char *kinds[] = {"allreduce_sum", "broadcast", "barrier"};
     mpi_ctx *x = c->ctx;
-    int64_t mine[5] = {(int64_t)c->seq, kind, (int64_t)n, dt, root};
+    int64_t mine[5] = {(int64_t)c->seq + 1, kind, (int64_t)n, dt, root};
     int64_t *all = malloc((size_t)c->size * sizeof mine);
     if (!all)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the collective signatures");

@@ -135,5 +135,29 @@ run no_ddp 2 --ddp false
 [ $? -ne 0 ] && grep -q "ddp is false" "$W/no_ddp.log" && ok || bad "ddp false under 2 ranks: $(tail -1 "$W/no_ddp.log")"
 run saves 2 --save_steps 2
 [ $? -ne 0 ] && grep -q "save_steps" "$W/saves.log" && ok || bad "save_steps under 2 ranks: $(tail -1 "$W/saves.log")"
+# the communicator: the rank-order sum bit for bit; a collective signature mismatch and a stuck or dead rank end
+# every rank with an error instead of a hang
+if [ -n "${SNUG_COMM_TEST:-}" ]; then
+  for np in 2 3; do
+    pre=("${MPI[@]}" -np $np)
+    [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" sum > "$W/sum$np.log" 2>&1 &&
+      [ "$(grep -c ': ok$' "$W/sum$np.log")" -eq $np ] && ok || bad "comm sum at $np ranks: $(tail -3 "$W/sum$np.log")"
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" mismatch > "$W/mm$np.log" 2>&1
+    st=$?
+    [ $st -ne 0 ] && [ $st -ne 124 ] && [ "$(grep -c 'error: collective mismatch: rank 0 issued #1 allreduce_sum of 3 float32 (root 0) where rank 1 issued #1 allreduce_sum of 4' "$W/mm$np.log")" -eq $np ] &&
+      ok || bad "comm mismatch at $np ranks: $(grep rank "$W/mm$np.log" | head -3)"
+    t0=$(date +%s)
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" timeout > "$W/to$np.log" 2>&1
+    st=$? t=$(( $(date +%s) - t0 ))
+    [ $st -ne 0 ] && [ $st -ne 124 ] && [ $t -lt 30 ] && [ "$(grep -c 'not complete after 2 s' "$W/to$np.log")" -eq $((np - 1)) ] &&
+      ok || bad "comm timeout at $np ranks (exit $st after $t s): $(grep rank "$W/to$np.log" | head -3)"
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" die > "$W/die$np.log" 2>&1
+    st=$?
+    [ $st -ne 0 ] && [ $st -ne 124 ] && ok || bad "comm die at $np ranks: exit $st"
+  done
+else
+  echo "test_ddp: no SNUG_COMM_TEST (tests/dist/test_comm_mpi): the communicator's own checks not run"
+fi
 echo "test_ddp: $pass passed, $fail failed"
 [ $fail -eq 0 ]
