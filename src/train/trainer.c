@@ -100,7 +100,6 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
                       : on_gpu ? "device: the ranks run on the CPU for now (device: cpu); NCCL ranks come later"
                       : o->optimizer_in_backward ? "optimizer_in_backward: the gradients are summed over the ranks "
                                                    "after backward"
-                      : o->adapter ? "adapter: adapters under data parallel are not handled yet"
                       : o->resume_from_checkpoint[0] ? "resume_from_checkpoint: a checkpoint does not record the "
                                                        "ranks yet"
                       : o->save_steps > 0 ? "save_steps: a checkpoint does not record the ranks yet, so it could be "
@@ -129,11 +128,13 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
     return rc;
 }
 
-/* The sum over the ranks of the step's gradients, in place: one all-reduce over the whole fp32 gradient buffer
- * (per-layer buckets overlapped with backward come later). */
+/* The sum over the ranks of the step's gradients, in place: one all-reduce over the whole fp32 gradient buffer, or
+ * under LoRA the adapters' (per-layer buckets overlapped with backward come later). */
 static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
     if (c->size == 1)
         return 0;
+    if (m->lora.on) /* the adapters' gradients (fp32) are all that trains */
+        return c->allreduce_sum(c, m->lora.grads, m->lora.table.total, SNUG_COMM_F32, e);
     if (m->grads16)
         return snug_fail(e, SNUG_EINPUT, "%d ranks with 16-bit layer gradients (bf16 or fp16 with "
                          "gradient_accumulation_steps 1): their sum over the ranks is not handled yet; set "
