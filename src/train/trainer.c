@@ -135,10 +135,8 @@ static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
         return 0;
     if (m->lora.on) /* the adapters' gradients (fp32) are all that trains */
         return c->allreduce_sum(c, m->lora.grads, m->lora.table.total, SNUG_COMM_F32, e);
-    if (m->grads16)
-        return snug_fail(e, SNUG_EINPUT, "%d ranks with 16-bit layer gradients (bf16 or fp16 with "
-                         "gradient_accumulation_steps 1): their sum over the ranks is not handled yet; set "
-                         "gradient_accumulation_steps 2 or more (fp32 layer gradients) or train in fp32", c->size);
+    if (m->grads16) /* snug_plan_levers keeps layer gradients fp32 when ranks sum them */
+        return snug_fail(e, SNUG_EINTERNAL, "%d ranks with 16-bit layer gradients", c->size);
     return c->allreduce_sum(c, m->grads, m->grads_numel, SNUG_COMM_F32, e);
 }
 
@@ -362,6 +360,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!lead)
         out = quiet ? quiet : out;
     int rc = ddp_refuse(config, &comm, on_gpu, e);
+    r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
     if (!rc)
         rc = snug_setup_resolve(&r.s, config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
@@ -418,8 +417,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = snug_setup_load_adapter(&r.s, &r.eng.model, e);
     if (!rc && resume[0])
         rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
-    if (!rc && comm.size > 1 && r.eng.model.grads16)
-        rc = ddp_reduce_grads(&comm, &r.eng.model, e); /* refused before training: see there */
     rc = ddp_agree(&comm, rc, &broken, e);
     if (rc) {
         snug_loader_free(&loader);
@@ -708,7 +705,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = ddp_agree(&comm, rc, &broken, e);
 done:
     if (rc && comm.size > 1 && e)
-        snug_error_wrap(e, "rank %d of %d", comm.rank, comm.size);
+        snug_error_wrap(e, "rank %d of %d: ", comm.rank, comm.size);
     if (!broken) /* MPI_Finalize only when every rank reaches it */
         snug_comm_close(&comm);
     if (quiet)

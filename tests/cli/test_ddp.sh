@@ -108,6 +108,10 @@ for n in 2 3; do
   same ddp$n one$n 0
   grep -q "data parallel *$n ranks" "$W/ddp$n.log" && ok || bad "ddp$n: no data parallel line in the header"
 done
+# bf16 storage: the ranks keep fp32 layer gradients, as accumulation does, so the bits stay those of one process
+run one2_bf16 0 --bf16 true --gradient_accumulation_steps 2 || bad "one2_bf16 did not train: $(tail -2 "$W/one2_bf16.log")"
+run ddp2_bf16 2 --bf16 true --ddp_deterministic true || bad "ddp2_bf16 did not train: $(tail -2 "$W/ddp2_bf16.log")"
+same ddp2_bf16 one2_bf16 0
 # rank 0 alone prints: one header
 [ "$(grep -c '^snug: training' "$W/ddp3.log")" -eq 1 ] && ok || bad "ddp3: more than one rank printed"
 # accumulation per rank: 2 ranks x 2 micro-batches against 4 in one process (each rank's own sum is a fold of its
