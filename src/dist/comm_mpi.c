@@ -4,7 +4,8 @@
  * died, or one that issued another collective) into an error; the trainer then aborts the job, which mpirun turns
  * into the end of every rank. Counts above INT_MAX elements are sent in pieces. The deterministic all-reduce
  * gathers every rank's contribution piece by piece (at most SNUG_MPI_PIECE elements of each rank at a time, so the
- * scratch is size x 4 MiB, not size x the gradients) and sums them in rank order. */
+ * scratch, allocated at the first deterministic all-reduce, is size x 8 MiB, not size x the gradients) and sums
+ * them in rank order. */
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -19,7 +20,7 @@
 
 typedef struct mpi_ctx {
     MPI_Comm comm;
-    void *scratch; /* size x SNUG_MPI_PIECE x 8 bytes, for the deterministic all-reduce */
+    void *scratch; /* size x SNUG_MPI_PIECE x 8 bytes, for the deterministic all-reduce (NULL until then) */
 } mpi_ctx;
 
 static int mpi_users; /* open MPI communicators: the last one closed finalizes */
@@ -106,6 +107,9 @@ static int mpi_allreduce(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, 
     char what[96];
     snprintf(what, sizeof what, "all-reduce of %zu %s", n, dtype_name(dt));
     if (c->deterministic) {
+        if (!x->scratch && !(x->scratch = malloc((size_t)c->size * SNUG_MPI_PIECE * 8)))
+            return snug_fail(e, SNUG_ENOMEM, "out of host memory for the deterministic all-reduce's scratch (%d x "
+                             "8 MiB)", c->size);
         for (size_t i = 0; i < n; i += SNUG_MPI_PIECE) {
             size_t k = n - i < SNUG_MPI_PIECE ? n - i : SNUG_MPI_PIECE;
             MPI_Request req;
@@ -198,12 +202,6 @@ int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
     MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(x->comm, &c->rank);
     MPI_Comm_size(x->comm, &c->size);
-    x->scratch = malloc((size_t)c->size * SNUG_MPI_PIECE * 8);
-    if (!x->scratch) {
-        MPI_Comm_free(&x->comm);
-        free(x);
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the deterministic all-reduce's scratch");
-    }
     mpi_users++;
     c->name = "mpi";
     c->ctx = x;

@@ -104,7 +104,7 @@ if ! run probe 2 --ddp_deterministic true --max_steps 1 && grep -q "built withou
 fi
 for n in 2 3; do
   run one$n 0 --gradient_accumulation_steps $n || bad "one$n did not train: $(tail -2 "$W/one$n.log")"
-  run ddp$n $n --ddp_deterministic true || bad "ddp$n did not train: $(tail -2 "$W/ddp$n.log")"
+  run ddp$n $n --ddp_deterministic true --dist_debug true || bad "ddp$n did not train: $(tail -2 "$W/ddp$n.log")"
   same ddp$n one$n 0
   grep -q "data parallel *$n ranks" "$W/ddp$n.log" && ok || bad "ddp$n: no data parallel line in the header"
 done
