@@ -634,6 +634,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             }
         }
     }
+    /* a failure inside the loop is this rank's alone while the others wait in the step's collectives: this rank
+     * ends without MPI_Finalize, and mpirun ends the others */
+    if (rc && W > 1)
+        broken = 1;
     { /* the last checkpoint is complete before the run ends, however it ends */
         snug_error fe = {0};
         int frc = snug_checkpoint_finish(&ckw, 1, &fe);
