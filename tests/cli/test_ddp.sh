@@ -135,12 +135,16 @@ common="--dataset $W/text.jsonl $tok --sequence_len 48 --max_steps 4 --logging_s
 run text_one 0 --gradient_accumulation_steps 2 || bad "text_one did not train"
 run text_ddp 2 --ddp_deterministic true || bad "text_ddp did not train"
 same text_ddp text_one 1e-5
-# LoRA on the frozen tied base: only the adapters train, through GEMMs that add once per micro-batch, so ordinary
+# LoRA and QLoRA on the frozen tied base: only the adapters train, through GEMMs that add once per micro-batch, so ordinary
 # text gives the same bits; the dropout masks follow the global micro-batch index
 lora="--base_model $W/tied --adapter lora --lora_dropout 0.1 --learning_rate 1e-2"
 run lora_one 0 $lora --gradient_accumulation_steps 2 || bad "lora_one did not train: $(tail -2 "$W/lora_one.log")"
 run lora_ddp 2 $lora --ddp_deterministic true || bad "lora_ddp did not train: $(tail -2 "$W/lora_ddp.log")"
 same lora_ddp lora_one 0
+qlora="--base_model $W/tied --adapter qlora --lora_dropout 0.1 --learning_rate 1e-2 --max_steps 3"
+run qlora_one 0 $qlora --gradient_accumulation_steps 2 || bad "qlora_one did not train: $(tail -2 "$W/qlora_one.log")"
+run qlora_ddp 2 $qlora --ddp_deterministic true || bad "qlora_ddp did not train: $(tail -2 "$W/qlora_ddp.log")"
+same qlora_ddp qlora_one 0
 
 # refused before anything is written, naming the key
 run no_ddp 2 --ddp false
