@@ -50,12 +50,16 @@ static void zero_grads(snug_model *m) {
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
- * gradients are complete, step that layer's tensors, note their sum of squares for the logged gradient norm, and
- * zero the buffer the next layer reuses. */
+ * gradients are complete, sum them over the ranks (one all-reduce per tensor; each rank's backward announces the
+ * layers in the same order), step that layer's tensors, note their sum of squares for the logged gradient norm,
+ * and zero the buffer the next layer reuses. */
 typedef struct step_in_backward_ctx {
     snug_engine *eng;
+    snug_comm *comm;
     double lr;
     double sumsq;
+    int rc;        /* the first failed all-reduce of the step (then nothing more is reduced or stepped) */
+    snug_error e;
 } step_in_backward_ctx;
 
 /* Tensor i of the trainable table's gradient: the model's (fp32 or 16-bit), or under LoRA the adapters' (fp32). */
@@ -74,6 +78,18 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     snug_backend *be = c->eng->be;
     const snug_param_table *t = snug_model_trainable(m);
     snug_dtype dt;
+    if (c->rc)
+        return;
+    for (int i = 0; c->comm->size > 1 && i < t->n; i++)
+        if (t->e[i].layer == layer) {
+            void *g = trainable_grad(m, i, &dt);
+            if (dt != SNUG_DT_F32) /* snug_plan_levers keeps them fp32 when ranks sum them */
+                c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: 16-bit gradients to sum over the ranks", layer);
+            else
+                c->rc = c->comm->allreduce_sum(c->comm, g, t->e[i].numel, SNUG_COMM_F32, &c->e);
+            if (c->rc)
+                return;
+        }
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer == layer) {
             void *g = trainable_grad(m, i, &dt);
@@ -98,8 +114,6 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
         return 0;
     const char *why = !o->ddp ? "ddp is false, and data parallel is the only way snug runs as several ranks"
                       : on_gpu ? "device: the ranks run on the CPU for now (device: cpu); NCCL ranks come later"
-                      : o->optimizer_in_backward ? "optimizer_in_backward: the gradients are summed over the ranks "
-                                                   "after backward"
                       : o->resume_from_checkpoint[0] ? "resume_from_checkpoint: a checkpoint does not record the "
                                                        "ranks yet"
                       : o->save_steps > 0 ? "save_steps: a checkpoint does not record the ranks yet, so it could be "
@@ -469,7 +483,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     int tty = isatty(fileno(out));
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
-    step_in_backward_ctx in_bwd = {.eng = &r.eng};
+    step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm};
     st.per_epoch = per_epoch;
     snug_loss_scaler_init(&st.ls, r.eng.model.lv.dt == SNUG_DT_F16);
     if (!rc && resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
@@ -523,6 +537,19 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
             r.eng.model.lora.seed = snug_splitmix64(&ds);
             loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
+        }
+        if (o->optimizer_in_backward && k0 == k1 && W > 1) {
+            /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
+             * layer's sum, announced in backward's order (the last layer first, the global tensors last) */
+            for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
+                step_in_backward(&in_bwd, l, 0, 0);
+        }
+        if (in_bwd.rc) {
+            rc = in_bwd.rc;
+            if (e)
+                *e = in_bwd.e;
+            broken = 1;
+            break;
         }
         if (W > 1 && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64, e)) ||
                       (!o->optimizer_in_backward && (rc = ddp_reduce_grads(&comm, &r.eng.model, e))))) {

@@ -102,6 +102,7 @@ common="$W/ids.yaml --base_model $W/base $tok --max_steps 4 --logging_steps 1
 if ! run probe 2 --ddp_deterministic true --max_steps 1 && grep -q "built without MPI" "$W/probe.log"; then
   echo "test_ddp: skipped: this snug was built without MPI"; exit 77
 fi
+ids="$common"
 for n in 2 3; do
   run one$n 0 --gradient_accumulation_steps $n || bad "one$n did not train: $(tail -2 "$W/one$n.log")"
   run ddp$n $n --ddp_deterministic true --dist_debug true || bad "ddp$n did not train: $(tail -2 "$W/ddp$n.log")"
@@ -146,6 +147,16 @@ run qlora_one 0 $qlora --gradient_accumulation_steps 2 || bad "qlora_one did not
 run qlora_ddp 2 $qlora --ddp_deterministic true || bad "qlora_ddp did not train: $(tail -2 "$W/qlora_ddp.log")"
 same qlora_ddp qlora_one 0
 
+# a whole epoch of 66 micro-batches on 4 ranks: its last step has 2, so ranks 2 and 3 take none (their zero
+# gradients still join the sums); the same bits as one process accumulating 4, and with optimizer_in_backward (the
+# sum of each layer's gradients inside backward) as without it
+common="${ids/--max_steps 4/--num_epochs 1} --max_grad_norm 0 --ddp_deterministic true"
+run epoch_one 0 --gradient_accumulation_steps 4 || bad "epoch_one did not train"
+run epoch_ddp 4 || bad "epoch_ddp did not train: $(tail -2 "$W/epoch_ddp.log")"
+run epoch_oib 4 --optimizer_in_backward true || bad "epoch_oib did not train: $(tail -2 "$W/epoch_oib.log")"
+grep -q "17 steps (66 micro-batches per epoch)" "$W/epoch_ddp.log" && ok || bad "epoch_ddp: not 17 steps of 66 micro-batches"
+same epoch_ddp epoch_one 0
+same epoch_oib epoch_one 0
 # refused before anything is written, naming the key
 run no_ddp 2 --ddp false
 [ $? -ne 0 ] && grep -q "ddp is false" "$W/no_ddp.log" && ok || bad "ddp false under 2 ranks: $(tail -1 "$W/no_ddp.log")"
