@@ -3,9 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libdnnl-dev (oneDNN 2.x) is optional: it gives bf16 runs the bf16 GEMMs of CPUs with AMX or AVX512-BF16
+# libdnnl-dev (oneDNN 2.x) is optional: it gives bf16 runs the bf16 GEMMs of CPUs with AMX or AVX512-BF16;
+# Open MPI runs data-parallel training over several processes (mpirun -np N snug train ...)
 pkgs=(build-essential cmake pkg-config libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev libopenblas0-openmp
-      libdnnl-dev fortunes fortunes-min python3 python3-venv)
+      libdnnl-dev fortunes fortunes-min python3 python3-venv libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

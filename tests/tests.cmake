@@ -48,3 +48,11 @@ foreach(src ${SNUG_PARITY_TESTS})
 endforeach()
 # The CUDA backend end to end against the CPU's (tests/cli/test_cuda_train.sh): skipped (exit 77) without a GPU.
 set_tests_properties(cli_test_cuda_train PROPERTIES SKIP_RETURN_CODE 77 LABELS "cli;cuda")
+# Data parallel over MPI ranks (tests/cli/test_ddp.sh): skipped (exit 77) without mpirun or an MPI build.
+set_tests_properties(cli_test_ddp PROPERTIES SKIP_RETURN_CODE 77)
+# The MPI communicator's own checks (tests/dist/test_comm_mpi.c), run under mpirun by test_ddp.sh.
+if(TARGET MPI::MPI_C)
+  add_executable(test_comm_mpi ${CMAKE_SOURCE_DIR}/tests/dist/test_comm_mpi.c)
+  target_link_libraries(test_comm_mpi PRIVATE snug_lib)
+  set_property(TEST cli_test_ddp APPEND PROPERTY ENVIRONMENT "SNUG_COMM_TEST=$<TARGET_FILE:test_comm_mpi>")
+endif()

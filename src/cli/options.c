@@ -161,6 +161,18 @@ static const key_spec keys[] = {
     {.name = "concatenate", .type = KT_BOOL, .group = G_BATCH, AT_INT(concatenate), .def = "false",
      .help = "join all examples into one stream cut into rows (pretraining style): no padding, but tokens attend "
              "to and predict across example boundaries"},
+    {.name = "ddp", .type = KT_BOOL, .group = G_BATCH, AT_INT(ddp), .def = "true",
+     .help = "data parallel over the ranks of `mpirun -np N snug train` (or srun): each rank takes its share of "
+             "the global batch (micro_batch_size x gradient_accumulation_steps x N rows) by global sample index, "
+             "and the gradients are summed over the ranks before each step"},
+    {.name = "ddp_deterministic", .type = KT_BOOL, .group = G_BATCH, AT_INT(ddp_deterministic), .def = "false",
+     .help = "sum the ranks' gradients in rank order (gathered, then added), so N ranks give the bits of one "
+             "process accumulating N micro-batches; costs N times the all-reduce's traffic"},
+    {.name = "dist_debug", .type = KT_BOOL, .group = G_BATCH, AT_INT(dist_debug), .def = "false",
+     .help = "compare every collective's signature (order, kind, count, type) across the ranks first and fail "
+             "naming the mismatch instead of hanging"},
+    {.name = "dist_timeout", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(dist_timeout), .def = "600", MIN(0),
+     .help = "seconds a collective may wait for the other ranks before the run fails on every rank; 0 = forever"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

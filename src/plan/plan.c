@@ -9,7 +9,7 @@
 
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
-    lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && s->GA > 1;
+    lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
     if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
         lv.master_weights = 0;
         lv.grads_fp32 = 0;

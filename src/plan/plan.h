@@ -17,6 +17,7 @@ typedef struct snug_plan_spec {
     snug_model_config cfg;
     int B, T;              /* micro-batch rows and sequence length */
     int GA;                /* micro-batches accumulated per optimizer step (0 or 1: none) */
+    int ranks;             /* data-parallel ranks whose gradients are summed with these (0 or 1: one process) */
     snug_levers lv;        /* as configured; the layout uses snug_plan_levers(spec), which derives the rest */
     int with_grads;        /* 0: inference (generation) */
     snug_optim_kind optim; /* the optimizer's state layout (with_grads only) */

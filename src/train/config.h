@@ -95,6 +95,13 @@ typedef struct snug_run_config {
     int master_weights;
     snug_optimizer_choice optimizer;
 
+    /* data parallel (src/dist): the ranks come from the launcher (mpirun, srun); each takes its share of the global
+     * batch of micro_batch_size x gradient_accumulation_steps x ranks rows */
+    int ddp;                  /* 1: replicate the model and all-reduce the gradients (the only multi-rank mode) */
+    int ddp_deterministic;    /* 1: gradients summed in rank order, the same bits whatever the MPI algorithm */
+    int dist_debug;           /* 1: every collective's signature compared across ranks before it runs */
+    double dist_timeout;      /* seconds before a collective that does not complete fails the run; 0 = never */
+
     /* output and logging */
     char output_dir[1024];
     int seed;

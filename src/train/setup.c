@@ -125,7 +125,9 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
 
 
 int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
+    int ranks = r->ranks; /* the caller's, the one field set before */
     memset(r, 0, sizeof *r);
+    r->ranks = ranks;
     r->c = *c;
     SNUG_TRY(open_tokenizer(r, e));
     return resolve_model(r, e);
@@ -284,6 +286,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
     SNUG_TRY(snug_setup_model(r, c, e));
     SNUG_TRY(resolve_adapter(r, e));
     r->spec = snug_run_spec(&r->c, &r->cfg);
+    r->spec.ranks = r->ranks;
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {
         snug_fit_point best;
@@ -297,6 +300,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
             return snug_fail(e, SNUG_EINTERNAL, "auto_fit chose a setting that is not a valid configuration (%s); "
                              "turn auto_fit off and set the levers by hand", ve.msg);
         r->spec = snug_run_spec(&r->c, &r->cfg);
+        r->spec.ranks = r->ranks;
     }
     SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
     if (r->c.memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */

@@ -18,6 +18,7 @@
 #include "data/batching.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "dist/comm.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "optim/optim.h"
@@ -49,12 +50,16 @@ static void zero_grads(snug_model *m) {
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
- * gradients are complete, step that layer's tensors, note their sum of squares for the logged gradient norm, and
- * zero the buffer the next layer reuses. */
+ * gradients are complete, sum them over the ranks (one all-reduce per tensor; each rank's backward announces the
+ * layers in the same order), step that layer's tensors, note their sum of squares for the logged gradient norm,
+ * and zero the buffer the next layer reuses. */
 typedef struct step_in_backward_ctx {
     snug_engine *eng;
+    snug_comm *comm;
     double lr;
     double sumsq;
+    int rc;        /* the first failed all-reduce of the step (then nothing more is reduced or stepped) */
+    snug_error e;
 } step_in_backward_ctx;
 
 /* Tensor i of the trainable table's gradient: the model's (fp32 or 16-bit), or under LoRA the adapters' (fp32). */
@@ -73,6 +78,18 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     snug_backend *be = c->eng->be;
     const snug_param_table *t = snug_model_trainable(m);
     snug_dtype dt;
+    if (c->rc)
+        return;
+    for (int i = 0; c->comm->size > 1 && i < t->n; i++)
+        if (t->e[i].layer == layer) {
+            void *g = trainable_grad(m, i, &dt);
+            if (dt != SNUG_DT_F32) /* snug_plan_levers keeps them fp32 when ranks sum them */
+                c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: 16-bit gradients to sum over the ranks", layer);
+            else
+                c->rc = c->comm->allreduce_sum(c->comm, g, t->e[i].numel, SNUG_COMM_F32, &c->e);
+            if (c->rc)
+                return;
+        }
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer == layer) {
             void *g = trainable_grad(m, i, &dt);
@@ -89,6 +106,52 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
 static void run_free(run *r) {
     snug_engine_free(&r->eng);
     snug_setup_free(&r->s);
+}
+
+/* Data parallel: the settings a multi-rank run cannot take yet, refused before anything is read or written. */
+static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
+    if (c->size == 1)
+        return 0;
+    const char *why = !o->ddp ? "ddp is false, and data parallel is the only way snug runs as several ranks"
+                      : on_gpu ? "device: the ranks run on the CPU for now (device: cpu); NCCL ranks come later"
+                      : o->resume_from_checkpoint[0] ? "resume_from_checkpoint: a checkpoint does not record the "
+                                                       "ranks yet"
+                      : o->save_steps > 0 ? "save_steps: a checkpoint does not record the ranks yet, so it could be "
+                                            "resumed with another global batch; save at the end only"
+                      : NULL;
+    if (!why)
+        return 0;
+    return snug_fail(e, SNUG_EINPUT, "%d ranks: %s; run one process, or change the setting", c->size, why);
+}
+
+/* Whether every rank got this far: a failure on one rank becomes a failure on all, so no rank waits for another
+ * in a collective that will never come. */
+static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
+    if (c->size == 1)
+        return rc;
+    int64_t failed = rc != 0;
+    snug_error ce = {0};
+    if (c->allreduce_sum(c, &failed, 1, SNUG_COMM_I64, &ce)) {
+        *broken = 1;
+        if (!rc && e)
+            *e = ce;
+        return rc ? rc : ce.code;
+    }
+    if (!rc && failed)
+        return snug_fail(e, SNUG_EINPUT, "another rank failed (its message says why)");
+    return rc;
+}
+
+/* The sum over the ranks of the step's gradients, in place: one all-reduce over the whole fp32 gradient buffer, or
+ * under LoRA the adapters' (per-layer buckets overlapped with backward come later). */
+static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
+    if (c->size == 1)
+        return 0;
+    if (m->lora.on) /* the adapters' gradients (fp32) are all that trains */
+        return c->allreduce_sum(c, m->lora.grads, m->lora.table.total, SNUG_COMM_F32, e);
+    if (m->grads16) /* snug_plan_levers keeps layer gradients fp32 when ranks sum them */
+        return snug_fail(e, SNUG_EINTERNAL, "%d ranks with 16-bit layer gradients", c->size);
+    return c->allreduce_sum(c, m->grads, m->grads_numel, SNUG_COMM_F32, e);
 }
 
 static double now_s(void) {
@@ -297,7 +360,23 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     run r;
     memset(&r, 0, sizeof r);
     int on_gpu = snug_backend_resolve(config->device) == SNUG_BACKEND_CUDA;
-    int rc = snug_setup_resolve(&r.s, config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
+    /* the ranks: every rank runs this whole function on the same data; rank 0 alone prints and writes files */
+    snug_launch launch;
+    snug_comm comm;
+    int broken = 0; /* a collective failed: the ranks no longer agree, so MPI is left for mpirun to end */
+    SNUG_TRY(snug_launch_detect(&launch, e));
+    SNUG_TRY(snug_comm_open(&comm, &launch, e));
+    comm.deterministic = config->ddp_deterministic;
+    comm.check = config->dist_debug;
+    comm.timeout_s = config->dist_timeout;
+    int lead = comm.rank == 0;
+    FILE *quiet = lead ? NULL : fopen("/dev/null", "w");
+    if (!lead)
+        out = quiet ? quiet : out;
+    int rc = ddp_refuse(config, &comm, on_gpu, e);
+    r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
+    if (!rc)
+        rc = snug_setup_resolve(&r.s, config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
     if (!rc)
         rc = snug_setup_load_data(&r.s, e);
@@ -325,7 +404,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         } else {
             snprintf(resume, sizeof resume, "%s", o->resume_from_checkpoint);
         }
-    } else if (!rc && snug_output_dir_has_run(o->output_dir)) {
+    } else if (!rc && lead && snug_output_dir_has_run(o->output_dir)) {
         if (o->overwrite_output_dir)
             rc = snug_checkpoint_prune(o->output_dir, -1, e);
         else
@@ -352,13 +431,17 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = snug_setup_load_adapter(&r.s, &r.eng.model, e);
     if (!rc && resume[0])
         rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
+    rc = ddp_agree(&comm, rc, &broken, e);
     if (rc) {
         snug_loader_free(&loader);
         run_free(&r);
-        return rc;
+        goto done;
     }
 
-    int GA = o->gradient_accumulation_steps, B = o->micro_batch_size, T = o->sequence_len;
+    /* GA is each rank's accumulation; a step takes W x GA micro-batches of the data's order, rank r the r-th GA of
+     * them, so W ranks step as one process accumulating W x GA micro-batches does */
+    int W = comm.size, GA = o->gradient_accumulation_steps * W, GAr = o->gradient_accumulation_steps;
+    int B = o->micro_batch_size, T = o->sequence_len;
     size_t per_epoch = snug_loader_batches_per_epoch(&loader);
     /* an epoch is ceil(per_epoch / GA) steps, its last step accumulating only the micro-batches left in it (as
      * Hugging Face's Trainer does), so num_epochs never runs into an extra epoch */
@@ -372,6 +455,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.eps = o->adam_epsilon;
     r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
+    if (W > 1)
+        fprintf(out, "  data parallel        %d ranks (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
+                comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
@@ -385,7 +471,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
 
     char metrics_path[4096];
     FILE *metrics = NULL;
-    if (!rc) {
+    if (!rc && lead) {
         rc = snug_mkdirs(o->output_dir, e);
         snug_path_join(metrics_path, sizeof metrics_path, o->output_dir, "metrics.jsonl");
         if (!rc && resume[0])
@@ -393,10 +479,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         else if (!rc && !(metrics = fopen(metrics_path, "w")))
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
     }
+    rc = ddp_agree(&comm, rc, &broken, e);
     int tty = isatty(fileno(out));
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
-    step_in_backward_ctx in_bwd = {.eng = &r.eng};
+    step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm};
     st.per_epoch = per_epoch;
     snug_loss_scaler_init(&st.ls, r.eng.model.lv.dt == SNUG_DT_F16);
     if (!rc && resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
@@ -427,9 +514,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         int epoch_end;
         int nmb = gather(&loader, &st, mb, GA, &epoch_end);
+        /* every rank holds the whole global batch's labels, so each counts the same supervised tokens */
         size_t nsup = 0;
-        for (int k = 0; k < nmb; k++)
+        for (int k = 0; k < nmb; k++) {
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
+            tokens_since += mb[k].tokens; /* example tokens of every rank: padding is not counted */
+        }
+        int k0 = comm.rank * GAr < nmb ? comm.rank * GAr : nmb, k1 = k0 + GAr < nmb ? k0 + GAr : nmb;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
@@ -440,13 +531,30 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             zero_grads(&r.eng.model);
         }
         double loss_sum = 0;
-        for (int k = 0; k < nmb; k++) {
+        for (int k = k0; k < k1; k++) {
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
             /* LoRA dropout's masks: a function of the seed, the step and the micro-batch (the same on resume) */
             uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
             r.eng.model.lora.seed = snug_splitmix64(&ds);
             loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
-            tokens_since += mb[k].tokens; /* example tokens: padding is not counted */
+        }
+        if (o->optimizer_in_backward && k0 == k1 && W > 1) {
+            /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
+             * layer's sum, announced in backward's order (the last layer first, the global tensors last) */
+            for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
+                step_in_backward(&in_bwd, l, 0, 0);
+        }
+        if (in_bwd.rc) {
+            rc = in_bwd.rc;
+            if (e)
+                *e = in_bwd.e;
+            broken = 1;
+            break;
+        }
+        if (W > 1 && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64, e)) ||
+                      (!o->optimizer_in_backward && (rc = ddp_reduce_grads(&comm, &r.eng.model, e))))) {
+            broken = 1;
+            break;
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
         double norm;
@@ -474,7 +582,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             val = evaluate(&r, mb[0]);
         int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
                       !isnan(val);
-        if (log_now) {
+        if (log_now && metrics) {
             double t = now_s(), tps = tokens_since / (t - tlog > 1e-9 ? t - tlog : 1e-9);
             double rss = peak_rss_bytes();
             fprintf(metrics, "{\"step\": %d, \"epoch\": %.4f, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
@@ -505,6 +613,22 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         st.ls = ls;
         st.loss_mean = loss_mean;
         int stop = stop_requested && step + 1 < total;
+        if (W > 1) { /* a signal may reach the ranks at different steps: they stop together */
+            int64_t any = stop;
+            if ((rc = comm.allreduce_sum(&comm, &any, 1, SNUG_COMM_I64, e))) {
+                broken = 1;
+                break;
+            }
+            stop = any > 0;
+            if (stop) {
+                if (tty)
+                    fputc('\n', out);
+                fprintf(out, "stopped by a signal after step %d of %d; %d ranks cannot write a checkpoint yet, so "
+                        "nothing was saved\n", step + 1, total, W);
+                stopped = 1;
+                break;
+            }
+        }
         if (!rc) { /* a checkpoint written in the background that has just become complete */
             rc = snug_checkpoint_finish(&ckw, 0, e);
             if (!rc && ckw.finished && !tty)
@@ -538,6 +662,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             }
         }
     }
+    /* a failure inside the loop is this rank's alone while the others wait in the step's collectives: this rank
+     * ends without MPI_Finalize, and mpirun ends the others */
+    if (rc && W > 1)
+        broken = 1;
     { /* the last checkpoint is complete before the run ends, however it ends */
         snug_error fe = {0};
         int frc = snug_checkpoint_finish(&ckw, 1, &fe);
@@ -554,9 +682,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    if (!rc && !stopped)
+    if (!rc && !stopped && lead)
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
-    if (!rc && !stopped && o->merge_lora) {
+    if (!rc && !stopped && lead && o->merge_lora) {
         char merged[4096];
         snug_path_join(merged, sizeof merged, o->output_dir, "merged");
         double tm = now_s();
@@ -567,7 +695,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             fprintf(out, "merged the adapter into %s%s: %s in %.1f s\n", o->base_model,
                     q ? " (its 4-bit round trip, as training saw it)" : "", merged, now_s() - tm);
     }
-    if (!rc && !stopped) {
+    if (!rc && !stopped && lead) {
         fprintf(out, "saved %s (%s) in %.1f s\n", o->output_dir,
                 r.eng.model.lora.on ? "PEFT adapter" : "Hugging Face format", now_s() - t0);
         if (ls.on)
@@ -606,6 +734,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(mb);
     snug_loader_free(&loader);
     run_free(&r);
+    if (!broken)
+        rc = ddp_agree(&comm, rc, &broken, e);
+done:
+    if (rc && comm.size > 1 && e)
+        snug_error_wrap(e, "rank %d of %d: ", comm.rank, comm.size);
+    if (!broken) /* MPI_Finalize only when every rank reaches it */
+        snug_comm_close(&comm);
+    if (quiet)
+        fclose(quiet);
     return rc;
 }
 

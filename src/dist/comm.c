@@ -1,0 +1,67 @@
+/* comm.c: what every communicator shares: choosing one for a launch, closing it, and the rank-order sum of the
+ * deterministic all-reduce (see comm.h). */
+#include "dist/comm.h"
+
+#include <string.h>
+
+size_t snug_comm_dtype_size(snug_comm_dtype dt) { return dt == SNUG_COMM_F32 ? 4 : 8; }
+
+void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt) {
+    /* out <- ((all_0 + all_1) + all_2) + ...: one rank at a time, each element in the same order */
+    if (dt == SNUG_COMM_F32) {
+        float *o = out;
+        const float *a = all;
+        memmove(o, a, n * sizeof *o);
+        for (int r = 1; r < size; r++)
+            for (size_t i = 0; i < n; i++)
+                o[i] += a[(size_t)r * n + i];
+    } else if (dt == SNUG_COMM_F64) {
+        double *o = out;
+        const double *a = all;
+        memmove(o, a, n * sizeof *o);
+        for (int r = 1; r < size; r++)
+            for (size_t i = 0; i < n; i++)
+                o[i] += a[(size_t)r * n + i];
+    } else {
+        int64_t *o = out;
+        const int64_t *a = all;
+        memmove(o, a, n * sizeof *o);
+        for (int r = 1; r < size; r++)
+            for (size_t i = 0; i < n; i++)
+                o[i] += a[(size_t)r * n + i];
+    }
+}
+
+#ifndef SNUG_HAVE_MPI
+int snug_comm_mpi_available(void) { return 0; }
+
+int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
+    (void)c;
+    return snug_fail(e, SNUG_EINPUT, "this snug was built without MPI, so it cannot run as several ranks; install "
+                     "Open MPI (scripts/setup.sh: libopenmpi-dev openmpi-bin) and build again");
+}
+#endif
+
+int snug_comm_open(snug_comm *c, const snug_launch *l, snug_error *e) {
+    if (l->size <= 1) {
+        snug_comm_self_init(c);
+        return 0;
+    }
+    if (!strcmp(l->launcher, "torchrun"))
+        return snug_fail(e, SNUG_EINPUT, "RANK=%d WORLD_SIZE=%d (a torchrun-style launch): snug's ranks talk through "
+                         "MPI for now, which this environment cannot join; launch with mpirun -np %d snug train ... "
+                         "or srun", l->rank, l->size, l->size);
+    SNUG_TRY(snug_comm_mpi_init(c, e));
+    if (c->size != l->size || c->rank != l->rank)
+        return snug_fail(e, SNUG_EINTERNAL, "the %s launcher says rank %d of %d but MPI says rank %d of %d; launch "
+                         "with the mpirun of the MPI snug was built with", l->launcher, l->rank, l->size, c->rank,
+                         c->size);
+    c->local_rank = l->local_rank;
+    return 0;
+}
+
+void snug_comm_close(snug_comm *c) {
+    if (c->free)
+        c->free(c);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,81 @@
+/* comm.h: the one communication interface of data-parallel training.
+ *
+ * A communicator is a struct of function pointers and a context (as a backend is), so the trainer never branches on
+ * how ranks talk: comm_self.c is the single process (size 1; every collective is a copy or nothing, so one-process
+ * runs take the same code path), comm_mpi.c is MPI (host buffers; compiled when CMake finds MPI). Every count is in
+ * elements, never bytes. Every rank must issue the same collectives in the same order with the same counts: a run
+ * whose ranks disagree is a bug, and `check` (debug mode) exchanges each collective's signature first and fails on
+ * every rank naming the mismatch instead of hanging. Failures are reported through snug_error; nothing here prints
+ * or exits.
+ *
+ * Deterministic mode: an all-reduce's result must not depend on the library's algorithm (ring, tree, recursive
+ * halving all add in different orders). With `deterministic` set, every rank's contribution is gathered and summed
+ * in rank order, ((x_0 + x_1) + x_2) + ..., so the sum is the same bits whatever the transport and the same as a
+ * single process that accumulates the ranks' parts one after another. */
+#ifndef SNUG_DIST_COMM_H
+#define SNUG_DIST_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef enum snug_comm_dtype { SNUG_COMM_F32, SNUG_COMM_F64, SNUG_COMM_I64 } snug_comm_dtype;
+
+typedef struct snug_comm snug_comm;
+struct snug_comm {
+    const char *name; /* "self", "mpi" */
+    int rank, size;
+    int local_rank;    /* the rank's index among the ranks of its host (the GPU it would own) */
+    int deterministic; /* all-reduce sums in rank order (see above) */
+    int check;         /* debug mode: every collective's signature is compared across ranks first */
+    double timeout_s;  /* > 0: a collective not complete after this long fails the run on every rank */
+    uint64_t seq;      /* collectives issued so far: the first part of a signature */
+    void *ctx;
+    /* x (n elements of dt) <- the sum over ranks of every rank's x, in place */
+    int (*allreduce_sum)(snug_comm *c, void *x, size_t n, snug_comm_dtype dt, snug_error *e);
+    /* x (n elements) <- root's x on every rank */
+    int (*broadcast)(snug_comm *c, void *x, size_t n, snug_comm_dtype dt, int root, snug_error *e);
+    int (*barrier)(snug_comm *c, snug_error *e);
+    /* a fatal error on this rank: the other ranks must not wait for it forever (MPI_Abort under MPI) */
+    void (*abort)(snug_comm *c, int code);
+    void (*free)(snug_comm *c);
+};
+
+/* The rank and world size the launcher gave this process, read from its environment without any library:
+ * mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), MPICH/Intel MPI (PMI_RANK/PMI_SIZE), Slurm's srun
+ * (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID) and torchrun-style launchers (RANK/WORLD_SIZE/LOCAL_RANK, with
+ * MASTER_ADDR/MASTER_PORT). `launcher` names the one found ("none": a single process). */
+typedef struct snug_launch {
+    int rank, size, local_rank;
+    const char *launcher;
+    char master_addr[256];
+    int master_port;
+} snug_launch;
+
+/* Fills l from the environment; fails on a malformed or inconsistent value (rank outside 0..size-1), naming it. */
+int snug_launch_detect(snug_launch *l, snug_error *e);
+
+/* The single process: rank 0 of 1. Never fails. */
+void snug_comm_self_init(snug_comm *c);
+
+/* Whether this build has the MPI communicator. */
+int snug_comm_mpi_available(void);
+
+/* MPI_Init (once) and the world communicator; fails if the build has no MPI or the library cannot start. */
+int snug_comm_mpi_init(snug_comm *c, snug_error *e);
+
+/* The communicator a run with launch l needs: self for one process, MPI for more (refused without MPI in the build,
+ * or under a launcher MPI cannot join, such as torchrun's environment alone). */
+int snug_comm_open(snug_comm *c, const snug_launch *l, snug_error *e);
+
+/* Releases c (MPI_Finalize for the last MPI communicator). */
+void snug_comm_close(snug_comm *c);
+
+size_t snug_comm_dtype_size(snug_comm_dtype dt);
+
+/* The rank-order sum of `size` contributions laid out one after another in all (size x n elements): out <- all[0] +
+ * all[1] + ... in that order. The deterministic all-reduce's arithmetic, shared by the implementations. */
+void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt);
+
+#endif

@@ -1,0 +1,215 @@
+/* comm_mpi.c: the MPI communicator (host buffers), compiled when CMake finds MPI (see comm.h).
+ *
+ * Every collective is issued non-blocking and completed by polling, so that `timeout_s` can turn a hang (a rank that
+ * died, or one that issued another collective) into an error; the trainer then aborts the job, which mpirun turns
+ * into the end of every rank. Counts above INT_MAX elements are sent in pieces. The deterministic all-reduce
+ * gathers every rank's contribution piece by piece (at most SNUG_MPI_PIECE elements of each rank at a time, so the
+ * scratch, allocated at the first deterministic all-reduce, is size x 8 MiB, not size x the gradients) and sums
+ * them in rank order. */
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/comm.h"
+
+#define SNUG_MPI_PIECE ((size_t)1 << 20) /* elements of one rank per deterministic piece */
+#define SNUG_MPI_MAXN ((size_t)1 << 30)  /* elements per MPI call (counts are int) */
+
+typedef struct mpi_ctx {
+    MPI_Comm comm;
+    void *scratch; /* size x SNUG_MPI_PIECE x 8 bytes, for the deterministic all-reduce (NULL until then) */
+} mpi_ctx;
+
+static int mpi_users; /* open MPI communicators: the last one closed finalizes */
+
+static MPI_Datatype mpi_type(snug_comm_dtype dt) {
+    return dt == SNUG_COMM_F32 ? MPI_FLOAT : dt == SNUG_COMM_F64 ? MPI_DOUBLE : MPI_INT64_T;
+}
+
+static const char *dtype_name(snug_comm_dtype dt) {
+    return dt == SNUG_COMM_F32 ? "float32" : dt == SNUG_COMM_F64 ? "float64" : "int64";
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int mpi_failed(snug_error *e, int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    return snug_fail(e, SNUG_EIO, "MPI %s failed: %.*s", what, len, s);
+}
+
+/* Completes req, polling; fails after c->timeout_s seconds (if > 0), naming the collective. */
+static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error *e) {
+    double t0 = now_s();
+    for (long polls = 0;; polls++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_failed(e, rc, what);
+        if (done)
+            return 0;
+        if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
+            return snug_fail(e, SNUG_EIO, "rank %d of %d: collective #%llu (%s) not complete after %.0f s: another "
+                             "rank has died, is stuck, or issued a different collective (run with "
+                             "dist_debug: true to compare every collective's signature); raise dist_timeout if a "
+                             "step really takes this long", c->rank, c->size, (unsigned long long)c->seq, what,
+                             c->timeout_s);
+        if (polls > 1000) { /* let the other ranks of an oversubscribed host run */
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* debug mode: every rank's (sequence, kind, count, dtype, root) against rank 0's, on every rank */
+static int check_signature(snug_comm *c, int kind, size_t n, snug_comm_dtype dt, int root, snug_error *e) {
+    static const char *kinds[] = {"allreduce_sum", "broadcast", "barrier"};
+    mpi_ctx *x = c->ctx;
+    int64_t mine[5] = {(int64_t)c->seq + 1, kind, (int64_t)n, dt, root};
+    int64_t *all = malloc((size_t)c->size * sizeof mine);
+    if (!all)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the collective signatures");
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, x->comm, &req);
+    if (rc == MPI_SUCCESS)
+        rc = wait_req(c, &req, "signature check", e);
+    else
+        rc = mpi_failed(e, rc, "signature check");
+    for (int r = 1; !rc && r < c->size; r++) {
+        const int64_t *a = all, *b = all + 5 * r;
+        if (memcmp(a, b, sizeof mine)) {
+            rc = snug_fail(e, SNUG_EINTERNAL, "collective mismatch: rank 0 issued #%lld %s of %lld %s (root %lld) "
+                           "where rank %d issued #%lld %s of %lld %s (root %lld); every rank must issue the same "
+                           "collectives in the same order", (long long)a[0], kinds[a[1] % 3], (long long)a[2],
+                           dtype_name((snug_comm_dtype)a[3]), (long long)a[4], r, (long long)b[0], kinds[b[1] % 3],
+                           (long long)b[2], dtype_name((snug_comm_dtype)b[3]), (long long)b[4]);
+        }
+    }
+    free(all);
+    return rc;
+}
+
+static int mpi_allreduce(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    if (c->check)
+        SNUG_TRY(check_signature(c, 0, n, dt, 0, e));
+    c->seq++;
+    size_t es = snug_comm_dtype_size(dt);
+    char *p = buf;
+    char what[96];
+    snprintf(what, sizeof what, "all-reduce of %zu %s", n, dtype_name(dt));
+    if (c->deterministic) {
+        if (!x->scratch && !(x->scratch = malloc((size_t)c->size * SNUG_MPI_PIECE * 8)))
+            return snug_fail(e, SNUG_ENOMEM, "out of host memory for the deterministic all-reduce's scratch (%d x "
+                             "8 MiB)", c->size);
+        for (size_t i = 0; i < n; i += SNUG_MPI_PIECE) {
+            size_t k = n - i < SNUG_MPI_PIECE ? n - i : SNUG_MPI_PIECE;
+            MPI_Request req;
+            int rc = MPI_Iallgather(p + i * es, (int)k, mpi_type(dt), x->scratch, (int)k, mpi_type(dt), x->comm,
+                                    &req);
+            if (rc != MPI_SUCCESS)
+                return mpi_failed(e, rc, what);
+            SNUG_TRY(wait_req(c, &req, what, e));
+            snug_comm_sum_in_order(p + i * es, x->scratch, c->size, k, dt);
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < n; i += SNUG_MPI_MAXN) {
+        size_t k = n - i < SNUG_MPI_MAXN ? n - i : SNUG_MPI_MAXN;
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, p + i * es, (int)k, mpi_type(dt), MPI_SUM, x->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_failed(e, rc, what);
+        SNUG_TRY(wait_req(c, &req, what, e));
+    }
+    return 0;
+}
+
+static int mpi_broadcast(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, int root, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    if (c->check)
+        SNUG_TRY(check_signature(c, 1, n, dt, root, e));
+    c->seq++;
+    size_t es = snug_comm_dtype_size(dt);
+    char what[96];
+    snprintf(what, sizeof what, "broadcast of %zu %s from rank %d", n, dtype_name(dt), root);
+    for (size_t i = 0; i < n; i += SNUG_MPI_MAXN) {
+        size_t k = n - i < SNUG_MPI_MAXN ? n - i : SNUG_MPI_MAXN;
+        MPI_Request req;
+        int rc = MPI_Ibcast((char *)buf + i * es, (int)k, mpi_type(dt), root, x->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_failed(e, rc, what);
+        SNUG_TRY(wait_req(c, &req, what, e));
+    }
+    return 0;
+}
+
+static int mpi_barrier(snug_comm *c, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    if (c->check)
+        SNUG_TRY(check_signature(c, 2, 0, SNUG_COMM_I64, 0, e));
+    c->seq++;
+    MPI_Request req;
+    int rc = MPI_Ibarrier(x->comm, &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_failed(e, rc, "barrier");
+    return wait_req(c, &req, "barrier", e);
+}
+
+static void mpi_abort(snug_comm *c, int code) {
+    mpi_ctx *x = c->ctx;
+    MPI_Abort(x ? x->comm : MPI_COMM_WORLD, code ? code : 1);
+}
+
+static void mpi_free(snug_comm *c) {
+    mpi_ctx *x = c->ctx;
+    if (!x)
+        return;
+    MPI_Comm_free(&x->comm);
+    free(x->scratch);
+    free(x);
+    c->ctx = NULL;
+    int fin = 0;
+    if (--mpi_users == 0 && MPI_Finalized(&fin) == MPI_SUCCESS && !fin)
+        MPI_Finalize();
+}
+
+int snug_comm_mpi_available(void) { return 1; }
+
+int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
+    memset(c, 0, sizeof *c);
+    int inited = 0, rc;
+    MPI_Initialized(&inited);
+    if (!inited && (rc = MPI_Init(NULL, NULL)) != MPI_SUCCESS)
+        return mpi_failed(e, rc, "MPI_Init");
+    mpi_ctx *x = calloc(1, sizeof *x);
+    if (!x)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the MPI communicator");
+    /* errors come back as codes (reported through snug_error), never as MPI's own abort */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &x->comm)) != MPI_SUCCESS) {
+        free(x);
+        return mpi_failed(e, rc, "MPI_Comm_dup");
+    }
+    MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(x->comm, &c->rank);
+    MPI_Comm_size(x->comm, &c->size);
+    mpi_users++;
+    c->name = "mpi";
+    c->ctx = x;
+    c->local_rank = c->rank;
+    c->allreduce_sum = mpi_allreduce;
+    c->broadcast = mpi_broadcast;
+    c->barrier = mpi_barrier;
+    c->abort = mpi_abort;
+    c->free = mpi_free;
+    return 0;
+}

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Data parallel over MPI ranks on the CPU: N ranks x micro_batch_size B against one process accumulating N
+# micro-batches of B. With ddp_deterministic (the ranks' gradients summed in rank order) the logged losses, gradient
+# norms and final weights are the same bits at 2 and 3 ranks, on a model and data where every gradient element
+# receives one addition per micro-batch (see below), and under LoRA; elsewhere within a bound. Skipped (77) without
+# mpirun or an MPI build.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+command -v mpirun >/dev/null || { echo "test_ddp: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+# 1 thread per rank: 3 ranks share 2 cores
+export OMP_NUM_THREADS=1
+
+# Bitwise equality needs each micro-batch to add once to every gradient element, so that accumulating micro-batches
+# 0..N-1 in one buffer ((g0 + g1) + g2) is the rank-order sum of the ranks' buffers. Every op adds its whole
+# micro-batch's sum once (norms and biases sum rows in double first; a GEMM over fewer tokens than OpenBLAS's K
+# block adds once), except two: the embedding's backward adds token by token, so an id twice in one micro-batch
+# adds twice, and tied embeddings add the head's gradient and the embedding's into one table. Hence this data: no
+# id appears twice in the whole set (pretokenized, ids 1..2047 each used once; prompt tokens unsupervised, so the
+# loss is normalised by a count that differs per micro-batch), and an untied model.
+python3 - "$W/ids.jsonl" <<'PY'
+import json, random, sys
+random.seed(3)
+ids = random.sample(range(1, 2048), 2047)
+with open(sys.argv[1], "w") as f:
+    i = 0
+    while i + 24 <= len(ids):
+        n = random.randint(6, 24)
+        ex = ids[i:i + n]
+        i += n
+        p = random.randint(0, n // 2)
+        f.write(json.dumps({"input_ids": ex, "labels": [-100] * p + ex[p:]}) + "\n")
+PY
+printf 'datasets:\n  - path: %s\n    type: pretokenized\n' "$W/ids.jsonl" > "$W/ids.yaml"
+tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
+# the base: tiny-llama after one step, its embedding copied into an untied lm_head
+"$SNUG" train "$W/ids.yaml" $tok --max_steps 1 --output_dir "$W/tied" \
+  > "$W/tied.log" 2>&1 || { echo "FAIL: the base did not train"; tail -3 "$W/tied.log"; exit 1; }
+python3 - "$W/tied" "$W/base" <<'PY'
+import json, os, shutil, struct, sys
+src, dst = sys.argv[1:3]
+os.makedirs(dst)
+for f in ("config.json", "model.safetensors"):
+    shutil.copy(os.path.join(src, f), dst)
+path = os.path.join(dst, "model.safetensors")
+blob = open(path, "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+head, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+emb = next(k for k in head if k.endswith("embed_tokens.weight"))
+a, b = head[emb]["data_offsets"]
+head["lm_head.weight"] = {**head[emb], "data_offsets": [len(data), len(data) + b - a]}
+data += data[a:b]
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
+cfg = json.load(open(os.path.join(dst, "config.json")))
+cfg["tie_word_embeddings"] = False
+json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+PY
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME
+run() {
+  local name=$1 np=$2; shift 2
+  local pre=()
+  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
+  # the sanitizer build: Open MPI's own allocations at exit are not snug's leaks
+  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
+}
+# same NAME REF TOL: the logged losses and gradient norms within relative TOL (0: the same bits), and with TOL 0
+# the same weights, byte for byte
+same() {
+  if python3 - "$W/$1/metrics.jsonl" "$W/$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+rows = [[json.loads(l) for l in open(p)] for p in sys.argv[1:3]]
+tol = float(sys.argv[3])
+a = [(r["loss"], r["grad_norm"]) for r in rows[0]]
+b = [(r["loss"], r["grad_norm"]) for r in rows[1]]
+if len(a) != len(b) or not a:
+    sys.exit(f"  {len(a)} logged steps against {len(b)}")
+worst = max(abs(x - y) / abs(y) for p, q in zip(a, b) for x, y in zip(p, q))
+print(f"  {sys.argv[1].split('/')[-2]:<14} vs {sys.argv[2].split('/')[-2]:<10} {len(a)} steps, worst rel {worst:.1e}")
+sys.exit(0 if worst <= tol else 1)
+PY
+  then ok; else bad "$1 differs from $2"; fi
+  if [ "$3" = 0 ]; then
+    local f=model.safetensors
+    [ -f "$W/$2/$f" ] || f=adapter_model.safetensors
+    cmp -s "$W/$1/$f" "$W/$2/$f" && ok || bad "$1: the weights ($f) differ from $2's"
+  fi
+}
+
+common="$W/ids.yaml --base_model $W/base $tok --max_steps 4 --logging_steps 1
+        --learning_rate 3e-3 --lr_scheduler cosine --max_grad_norm 0.5 --micro_batch_size 2"
+if ! run probe 2 --ddp_deterministic true --max_steps 1 && grep -q "built without MPI" "$W/probe.log"; then
+  echo "test_ddp: skipped: this snug was built without MPI"; exit 77
+fi
+ids="$common"
+for n in 2 3; do
+  run one$n 0 --gradient_accumulation_steps $n || bad "one$n did not train: $(tail -2 "$W/one$n.log")"
+  run ddp$n $n --ddp_deterministic true --dist_debug true || bad "ddp$n did not train: $(tail -2 "$W/ddp$n.log")"
+  same ddp$n one$n 0
+  grep -q "data parallel *$n ranks" "$W/ddp$n.log" && ok || bad "ddp$n: no data parallel line in the header"
+done
+# bf16 storage: the ranks keep fp32 layer gradients, as accumulation does, so the bits stay those of one process
+run one2_bf16 0 --bf16 true --gradient_accumulation_steps 2 || bad "one2_bf16 did not train: $(tail -2 "$W/one2_bf16.log")"
+run ddp2_bf16 2 --bf16 true --ddp_deterministic true || bad "ddp2_bf16 did not train: $(tail -2 "$W/ddp2_bf16.log")"
+same ddp2_bf16 one2_bf16 0
+# rank 0 alone prints: one header
+[ "$(grep -c '^snug: training' "$W/ddp3.log")" -eq 1 ] && ok || bad "ddp3: more than one rank printed"
+# accumulation per rank: 2 ranks x 2 micro-batches against 4 in one process (each rank's own sum is a fold of its
+# two micro-batches, so the order of additions differs: fp32 rounding)
+run one4 0 --gradient_accumulation_steps 4 || bad "one4 did not train"
+run ddp2x2 2 --ddp_deterministic true --gradient_accumulation_steps 2 || bad "ddp2x2 did not train"
+same ddp2x2 one4 1e-5
+# MPI's own all-reduce at 3 ranks (its order of additions), and ordinary text on tied tiny-llama
+run ddp3_mpi 3 || bad "ddp3_mpi did not train"
+same ddp3_mpi one3 1e-5
+python3 - "$W/text.jsonl" <<'PY'
+import json, random, sys
+random.seed(1)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(200):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 40)))}) + "\n")
+PY
+common="--dataset $W/text.jsonl $tok --sequence_len 48 --max_steps 4 --logging_steps 1 --learning_rate 1e-3
+        --micro_batch_size 2"
+run text_one 0 --gradient_accumulation_steps 2 || bad "text_one did not train"
+run text_ddp 2 --ddp_deterministic true || bad "text_ddp did not train"
+same text_ddp text_one 1e-5
+# LoRA and QLoRA on the frozen tied base: only the adapters train, through GEMMs that add once per micro-batch, so ordinary
+# text gives the same bits; the dropout masks follow the global micro-batch index
+lora="--base_model $W/tied --adapter lora --lora_dropout 0.1 --learning_rate 1e-2"
+run lora_one 0 $lora --gradient_accumulation_steps 2 || bad "lora_one did not train: $(tail -2 "$W/lora_one.log")"
+run lora_ddp 2 $lora --ddp_deterministic true || bad "lora_ddp did not train: $(tail -2 "$W/lora_ddp.log")"
+same lora_ddp lora_one 0
+qlora="--base_model $W/tied --adapter qlora --lora_dropout 0.1 --learning_rate 1e-2 --max_steps 3"
+run qlora_one 0 $qlora --gradient_accumulation_steps 2 || bad "qlora_one did not train: $(tail -2 "$W/qlora_one.log")"
+run qlora_ddp 2 $qlora --ddp_deterministic true || bad "qlora_ddp did not train: $(tail -2 "$W/qlora_ddp.log")"
+same qlora_ddp qlora_one 0
+
+# a whole epoch of 66 micro-batches on 4 ranks: its last step has 2, so ranks 2 and 3 take none (their zero
+# gradients still join the sums); the same bits as one process accumulating 4, and with optimizer_in_backward (the
+# sum of each layer's gradients inside backward) as without it
+common="${ids/--max_steps 4/--num_epochs 1} --max_grad_norm 0 --ddp_deterministic true"
+run epoch_one 0 --gradient_accumulation_steps 4 || bad "epoch_one did not train"
+run epoch_ddp 4 || bad "epoch_ddp did not train: $(tail -2 "$W/epoch_ddp.log")"
+run epoch_oib 4 --optimizer_in_backward true || bad "epoch_oib did not train: $(tail -2 "$W/epoch_oib.log")"
+grep -q "17 steps (66 micro-batches per epoch)" "$W/epoch_ddp.log" && ok || bad "epoch_ddp: not 17 steps of 66 micro-batches"
+same epoch_ddp epoch_one 0
+same epoch_oib epoch_one 0
+# refused before anything is written, naming the key
+run no_ddp 2 --ddp false
+[ $? -ne 0 ] && grep -q "ddp is false" "$W/no_ddp.log" && ok || bad "ddp false under 2 ranks: $(tail -1 "$W/no_ddp.log")"
+run saves 2 --save_steps 2
+[ $? -ne 0 ] && grep -q "save_steps" "$W/saves.log" && ok || bad "save_steps under 2 ranks: $(tail -1 "$W/saves.log")"
+# the communicator: the rank-order sum bit for bit; a collective signature mismatch and a stuck or dead rank end
+# every rank with an error instead of a hang
+if [ -n "${SNUG_COMM_TEST:-}" ]; then
+  for np in 2 3; do
+    pre=("${MPI[@]}" -np $np)
+    [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" sum > "$W/sum$np.log" 2>&1 &&
+      [ "$(grep -c ': ok$' "$W/sum$np.log")" -eq $np ] && ok || bad "comm sum at $np ranks: $(tail -3 "$W/sum$np.log")"
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" mismatch > "$W/mm$np.log" 2>&1
+    st=$?
+    [ $st -ne 0 ] && [ $st -ne 124 ] && [ "$(grep -c 'error: collective mismatch: rank 0 issued #1 allreduce_sum of 3 float32 (root 0) where rank 1 issued #1 allreduce_sum of 4' "$W/mm$np.log")" -eq $np ] &&
+      ok || bad "comm mismatch at $np ranks: $(grep rank "$W/mm$np.log" | head -3)"
+    t0=$(date +%s)
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" timeout > "$W/to$np.log" 2>&1
+    st=$? t=$(( $(date +%s) - t0 ))
+    [ $st -ne 0 ] && [ $st -ne 124 ] && [ $t -lt 30 ] && [ "$(grep -c 'not complete after 2 s' "$W/to$np.log")" -eq $((np - 1)) ] &&
+      ok || bad "comm timeout at $np ranks (exit $st after $t s): $(grep rank "$W/to$np.log" | head -3)"
+    timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" die > "$W/die$np.log" 2>&1
+    st=$?
+    [ $st -ne 0 ] && [ $st -ne 124 ] && ok || bad "comm die at $np ranks: exit $st"
+  done
+else
+  echo "test_ddp: no SNUG_COMM_TEST (tests/dist/test_comm_mpi): the communicator's own checks not run"
+fi
+echo "test_ddp: $pass passed, $fail failed"
+[ $fail -eq 0 ]
