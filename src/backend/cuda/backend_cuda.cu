@@ -286,6 +286,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     if ((err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
         return create_fail(be, e, err, "cudaGetDeviceProperties", device);
     snprintf(cx->device_name, sizeof cx->device_name, "%s", prop.name);
+    cx->smem_optin = (int)prop.sharedMemPerBlockOptin;
     if (prop.major < 8) { /* the kernels are built for compute capability 8.0 and 9.0 (newer GPUs JIT the 9.0 PTX) */
         cuda_destroy(be);
         snug_fail(e, SNUG_EINPUT, "CUDA device %d (%s) has compute capability %d.%d; snug's CUDA backend needs 8.0 "

@@ -68,6 +68,7 @@ typedef struct snug_cuda_ctx {
     size_t lt_ws_bytes;
     void *scratch;            /* device scratch for reductions (partial sums, per-row losses, attention row sums) */
     size_t scratch_bytes;     /* fixed when the backend is created; never grows */
+    int smem_optin;           /* the most dynamic shared memory a block may ask for (the attention rungs) */
     snug_error err;           /* the first failure (code 0: none), kept until destroy; read through be->check */
 } snug_cuda_ctx;
 
