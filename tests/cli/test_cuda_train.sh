@@ -35,6 +35,8 @@ PY
 common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sample_tokens 0 --val_set_size 0"
 if ! "$SNUG" train $common --model_preset tiny-llama --max_steps 1 --device cuda --output_dir "$W/probe" > "$W/probe.log" 2>&1; then
   if grep -q "built without CUDA" "$W/probe.log"; then echo "test_cuda_train: skipped: snug built without CUDA"; exit 77; fi
+  if grep -q "no CUDA GPU" "$W/probe.log"; then # e.g. CUDA_VISIBLE_DEVICES= hides the GPUs nvidia-smi lists
+    echo "test_cuda_train: skipped: $(grep -o 'no CUDA GPU[^(;]*' "$W/probe.log" | head -1)"; exit 77; fi
   echo "FAIL: training on the GPU failed:"; tail -5 "$W/probe.log"; exit 1
 fi
 
