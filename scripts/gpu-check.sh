@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # gpu-check.sh: builds snug with the CUDA backend on a machine with one NVIDIA GPU, checks that every binary starts,
 # runs the CUDA tests (a failing one again with CUDA_LAUNCH_BLOCKING=1 and under compute-sanitizer), a memory probe
-# and the GPU benchmarks against PyTorch, and ends with one summary table. Offline: nothing is downloaded or installed. Uses the
-# system python3 (PyTorch and transformers installed there; without them the PyTorch benchmarks are skipped). On a
-# machine without Debian's -dev packages it builds against deps/ (scripts/fetch-deps.sh, run beforehand where the
-# packages can be fetched; carry deps/ with the tree).
+# and the GPU benchmarks against PyTorch, and ends with one summary table. Offline: nothing is downloaded or
+# installed. Uses the system python3 (PyTorch and transformers installed there; without them the PyTorch benchmarks
+# are skipped). On a machine without Debian's -dev packages it builds against deps/ (scripts/fetch-deps.sh, run
+# beforehand where the packages can be fetched; carry deps/ with the tree).
 #
 #     scripts/gpu-check.sh            # build dir: a fresh /tmp/snug-gpu-check.XXXXXX (or $SNUG_GPU_BUILD)
 #

@@ -937,6 +937,40 @@ static void test_attention_hd256(void) {
     test_attention_case(1, 97, 2, 1, 192, 0);  /* causal, HD padded to 256 */
 }
 
+/* The smaller tiles a device with less shared memory per block gets (TILE 32 at HD 128, 16 at HD 256, e.g. on an
+ * RTX 4090), forced here by SNUG_CUDA_ATTN, against the CPU; each backward twice, bit for bit. */
+static void test_attention_small_tiles(void) {
+    struct { int B, T, NH, NKV, HD; const char *force; } cases[] = {{2, 130, 4, 2, 128, "tiled32"},
+                                                                  {1, 77, 2, 1, 80, "tiled32"},
+                                                                  {2, 90, 4, 2, 256, "tiled16"}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int B = cases[k].B, T = cases[k].T, NH = cases[k].NH, NKV = cases[k].NKV, HD = cases[k].HD;
+        size_t N = (size_t)B * T, nq = N * (NH + 2 * NKV) * HD, no = N * NH * HD, nl = N * NH;
+        printf("attention B=%d T=%d NH=%d NKV=%d HD=%d packed segments, SNUG_CUDA_ATTN=%s\n", B, T, NH, NKV, HD,
+               cases[k].force);
+        float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1), *dq0 = randf(nq, -0.5f, 0.5f);
+        int32_t *seg = make_seg(B, T);
+        att_case c = {B, T, NH, NKV, HD, qkv, dout, dq0, seg};
+        float *oc = malloc(no * 4), *lc = malloc(nl * 4), *dc = malloc(nq * 4);
+        float *og = malloc(no * 4), *lg = malloc(nl * 4), *dg = malloc(nq * 4), *dg2 = malloc(nq * 4);
+        run_attention(cpu, &c, oc, lc, dc, NULL);
+        setenv("SNUG_CUDA_ATTN", cases[k].force, 1);
+        run_attention(gpu, &c, og, lg, dg, dg2);
+        unsetenv("SNUG_CUDA_ATTN");
+        char w[96];
+        snprintf(w, sizeof w, "attention_fwd out (%s)", cases[k].force);
+        expect(w, rel(og, oc, no), TOL);
+        snprintf(w, sizeof w, "attention_fwd lse (%s)", cases[k].force);
+        expect(w, rel(lg, lc, nl), TOL);
+        snprintf(w, sizeof w, "attention_bwd dqkv += (%s)", cases[k].force);
+        expect(w, rel(dg, dc, nq), TOL);
+        snprintf(w, sizeof w, "attention_bwd deterministic (%s)", cases[k].force);
+        expect_same(w, dg, dg2, nq * 4);
+        free(qkv), free(dout), free(dq0), free(seg), free(oc), free(lc), free(dc);
+        free(og), free(lg), free(dg), free(dg2);
+    }
+}
+
 /* T = 8192: the tiled rung (fp32) and the tc rung (bf16 math) against the CPU. Each output sums up to T terms in
  * fp32 in another order than the CPU's; random-sign rounding errors grow like sqrt(T) * FLT_EPSILON, so the fp32
  * tolerance is 4 sqrt(T) FLT_EPSILON (4.3e-5 here), or TOL where that is larger. */
@@ -1082,6 +1116,7 @@ int main(void) {
     test_8bit();
     test_embed_bwd_bits();
     test_attention_hd256();
+    test_attention_small_tiles();
     test_attention_long();
     test_scratch_sized();
     test_deferred();

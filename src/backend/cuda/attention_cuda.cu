@@ -13,16 +13,17 @@
  *          x TILE/16 keys of the score tile and TILE/16 rows x HD/16 columns of the output. Online softmax per row,
  *          lse saved; key tiles past the causal diagonal or before the earliest seg_start of the tile are never
  *          visited, and no (T, T) buffer exists. HD is zero-padded to 32, 64 or 128 with TILE 64, or to 256 with
- *          TILE 32 (one template instance each), so any HD <= 256 works (Gemma's 256 included).
+ *          TILE 32, so any HD <= 256 works (Gemma's 256 included); where the device's shared memory per block is
+ *          short of the dK/dV kernel's tiles (99 KiB on an RTX 4090), TILE 32 at HD 128 and 16 at HD 256.
  *   tc     the same FlashAttention-2 scheme on the tensor cores: tiles rounded to bf16 in shared memory, products
  *          by WMMA with fp32 accumulation, softmax statistics, lse and gradients in fp32 (attention_tc_cuda.cu).
  *          HD a multiple of 16, at most 128. Errors of a few 1e-3 of the largest value, against fp32's 1e-7.
  *
- * The rung is a function of the shape and precision alone (att_rung), so a layer's forward and backward always run the
- * same one: under mixed precision (be->math BF16 or F16, where the GEMMs already round to 16 bits) tc when HD
- * allows it; otherwise tiled, falling back to plain when the device's shared memory per block is too small for the
- * largest of the tiled kernels at this HD. fp32 runs (be->math F32) never leave fp32. SNUG_CUDA_ATTN=plain, tiled or tc in
- * the environment forces a rung (tc only where HD allows it, else the rule above picks between tiled and plain).
+ * The rung is a function of the shape and precision alone (att_choose), so a layer's forward and backward always
+ * run the same one: under mixed precision (be->math BF16 or F16, where the GEMMs already round to 16 bits) tc when
+ * HD allows it; otherwise tiled, with the largest tile the device's shared memory per block holds (plain when none
+ * does). fp32 runs (be->math F32) never leave fp32. SNUG_CUDA_ATTN=plain, tiled, tiled32, tiled16 or tc in the
+ * environment forces a rung or caps the tile (tc only where HD allows it, else the rule above picks).
  *
  * Backward (every rung) is deterministic, with no atomics: D = rowsum(dout * out) first, then a dQ pass (each
  * query row or tile loops over its keys) and a dK/dV pass (each key row or tile loops over the query heads of its
@@ -214,10 +215,11 @@ static __global__ void att_bwd_dkv_plain(float *dqkv, const float *dout, const f
 }
 
 /* ------------------------------------------------------------------------------------------------ tiled rung */
-/* TILE query rows and TILE keys per tile (64, or 32 above HD 128 so that the tiles of HD 256 fit in an A100's shared
- * memory); RI = TILE/16. Thread (ty, tx) = (threadIdx.x / 16, threadIdx.x % 16) owns tile rows ty + 16*i (i < RI)
- * and, of a score tile, columns tx + 16*j (j < RI); of an output tile, columns tx + 16*jj (jj < NJ). HDP = 16*NJ >= HD. Shared tiles of HD
- * floats per row use the odd stride HDP + 1, so the 16 rows a half warp reads in a dot product fall in 16 banks. */
+/* TILE query rows and TILE keys per tile (64; 32 above HD 128, so that the tiles of HD 256 fit in an A100's shared
+ * memory; smaller where the device's shared memory is, see att_choose); RI = TILE/16. Thread (ty, tx) =
+ * (threadIdx.x / 16, threadIdx.x % 16) owns tile rows ty + 16*i (i < RI) and, of a score tile, columns tx + 16*j
+ * (j < RI); of an output tile, columns tx + 16*jj (jj < NJ). HDP = 16*NJ >= HD. Shared tiles of HD floats per row
+ * use the odd stride HDP + 1, so the 16 rows a half warp reads in a dot product fall in 16 banks. */
 
 /* Forward: block (query tile from the end, h, b). out (N, NH*HD), lse (N, NH) or NULL. */
 template <int NJ, int TILE>
@@ -807,41 +809,67 @@ static void att_fail(snug_backend *be, int line, const char *what, int HD, int l
 
 enum { ATT_PLAIN, ATT_TILED, ATT_TC };
 
-/* Tile of the tiled instance for HD: 64 rows and keys, 32 above HD 128 (see "tiled rung") */
-static int att_tile(int HD) { return HD <= 128 ? 64 : 32; }
-
 /* NJ of the tiled instance for HD: columns per thread, HD zero-padded to 16*NJ */
 static int att_nj(int HD) { return HD <= 32 ? 2 : HD <= 64 ? 4 : HD <= 128 ? 8 : 16; }
 
 /* dynamic shared memory of a tiled kernel with nq (TILE, HDP+1) tiles, nv (TILE, HDP) tiles and np (TILE, TILE+1)
  * tiles, HDP = 16*NJ */
-static size_t att_smem(int HD, int nq, int nv, int np) {
-    size_t hdp = 16 * (size_t)att_nj(HD), tile = (size_t)att_tile(HD);
-    return ((size_t)nq * tile * (hdp + 1) + (size_t)nv * tile * hdp + (size_t)np * tile * (tile + 1)) * sizeof(float);
+static size_t att_smem(int HD, int tile, int nq, int nv, int np) {
+    size_t hdp = 16 * (size_t)att_nj(HD), t = (size_t)tile;
+    return ((size_t)nq * t * (hdp + 1) + (size_t)nv * t * hdp + (size_t)np * t * (t + 1)) * sizeof(float);
 }
-#define ATT_SMEM_FWD(HD) att_smem(HD, 2, 1, 1)
-#define ATT_SMEM_DQ(HD) att_smem(HD, 4, 0, 1)
-#define ATT_SMEM_DKV(HD) att_smem(HD, 4, 0, 2) /* the largest of the three */
+#define ATT_SMEM_FWD(HD, TILE) att_smem(HD, TILE, 2, 1, 1)
+#define ATT_SMEM_DQ(HD, TILE) att_smem(HD, TILE, 4, 0, 1)
+#define ATT_SMEM_DKV(HD, TILE) att_smem(HD, TILE, 4, 0, 2) /* the largest of the three */
 
-/* The rung for a shape and precision (the rule is in the comment at the top). It depends on HD, be->math,
+/* The tiled instances (NJ, TILE), and F<NJ, TILE>(...) run for the one chosen: TILE 64 up to HD 128; 32 at HD 128
+ * and 256 (above 128, 64 would not fit even an H100); 16 at HD 256, for devices with 99 KiB per block (RTX 4090). */
+static int att_have(int nj, int tile) {
+    return tile == 64 ? nj <= 8 : tile == 32 ? nj >= 8 : tile == 16 && nj == 16;
+}
+#define ATT_DISPATCH(ch, F, ...)                                                                                  \
+    switch ((ch).nj * 100 + (ch).tile) {                                                                          \
+    case 264: F<2, 64>(__VA_ARGS__); break;                                                                       \
+    case 464: F<4, 64>(__VA_ARGS__); break;                                                                       \
+    case 864: F<8, 64>(__VA_ARGS__); break;                                                                       \
+    case 832: F<8, 32>(__VA_ARGS__); break;                                                                       \
+    case 1632: F<16, 32>(__VA_ARGS__); break;                                                                     \
+    default: F<16, 16>(__VA_ARGS__); break;                                                                       \
+    }
+
+/* The rung for a shape and precision (the rule is in the comment at the top) and, for the tiled one, its instance:
+ * the largest tile whose dK/dV kernel fits the device's shared memory per block. It depends on HD, be->math,
  * SNUG_CUDA_ATTN and the device only, never on the pointers or on the pass, so a layer's forward and its backward
- * in the same step always run the same rung: a bf16 forward's lse paired with an fp32 backward would recompute
- * probabilities that are not the ones the forward used. */
-static int att_rung(snug_backend *be, int HD) {
+ * in the same step always run the same kernels: a bf16 forward's lse paired with an fp32 backward would recompute
+ * probabilities that are not the ones the forward used. SNUG_CUDA_ATTN=tiled32 or tiled16 caps the tile (the tests
+ * run the small tiles on a large GPU that way). */
+typedef struct {
+    int rung, nj, tile;
+} att_choice;
+
+static att_choice att_choose(snug_backend *be, int HD) {
+    att_choice c = {ATT_PLAIN, att_nj(HD), 0};
     const char *e = getenv("SNUG_CUDA_ATTN");
     if (e && strcmp(e, "plain") == 0)
-        return ATT_PLAIN;
+        return c;
     size_t optin = (size_t)snug_cuda(be)->smem_optin;
     int want_tc = be->math == SNUG_DT_BF16 || be->math == SNUG_DT_F16;
     if (e && strcmp(e, "tc") == 0)
         want_tc = 1;
-    if (e && strcmp(e, "tiled") == 0)
+    if (e && strncmp(e, "tiled", 5) == 0)
         want_tc = 0;
-    if (want_tc && HD % 16 == 0 && HD <= 128 && snug_cuda_attention_tc_smem(HD) + 2048 <= optin) /* + static arrays */
-        return ATT_TC;
-    if (HD <= ATT_TILED_MAXHD && ATT_SMEM_DKV(HD) + 1024 <= optin) /* + the kernels' static shared arrays */
-        return ATT_TILED;
-    return ATT_PLAIN;
+    if (want_tc && HD % 16 == 0 && HD <= 128 && snug_cuda_attention_tc_smem(HD) + 2048 <= optin) { /* + static */
+        c.rung = ATT_TC;
+        return c;
+    }
+    int most = e && strcmp(e, "tiled32") == 0 ? 32 : e && strcmp(e, "tiled16") == 0 ? 16 : 64;
+    for (int t = most; t >= 16 && HD <= ATT_TILED_MAXHD; t /= 2)
+        if (att_have(c.nj, t) && ATT_SMEM_DKV(HD, t) + 1024 <= optin) { /* + the kernels' static shared arrays */
+            c.rung = ATT_TILED;
+            c.tile = t;
+            break;
+        }
+    return c;
 }
 
 /* The tc kernels read rows with float4 loads: their tensors' rows are 16-byte aligned when the pointers are (HD is a
@@ -861,7 +889,7 @@ static unsigned int att_blocks(size_t threads, int per_block) {
 template <int NJ, int TILE>
 static void att_fwd_tiled_run(snug_backend *be, cudaStream_t st, float *out, float *lse, const float *qkv,
                               const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale) {
-    size_t smem = ATT_SMEM_FWD(HD);
+    size_t smem = ATT_SMEM_FWD(HD, TILE);
     SNUG_CUDA_CHECK(
         cudaFuncSetAttribute(att_fwd_tiled<NJ, TILE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((T + TILE - 1) / TILE, NH, B);
@@ -874,7 +902,7 @@ static void att_bwd_tiled_run(snug_backend *be, cudaStream_t st, float *dqkv, co
                               const float *lse, const float *D, const int32_t *seg, int B, int T, int NH, int NKV,
                               int HD, float scale) {
     int ntiles = (T + TILE - 1) / TILE;
-    size_t smem_dq = ATT_SMEM_DQ(HD), smem_dkv = ATT_SMEM_DKV(HD);
+    size_t smem_dq = ATT_SMEM_DQ(HD, TILE), smem_dkv = ATT_SMEM_DKV(HD, TILE);
     SNUG_CUDA_CHECK(
         cudaFuncSetAttribute(att_bwd_dq_tiled<NJ, TILE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
     SNUG_CUDA_CHECK(cudaFuncSetAttribute(att_bwd_dkv_tiled<NJ, TILE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -894,8 +922,8 @@ extern "C" void snug_cuda_attention_fwd(snug_backend *be, float *out, float *lse
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
     cudaStream_t st = snug_cuda_stream(be);
-    int rung = att_rung(be, HD);
-    if (rung == ATT_TC) {
+    att_choice ch = att_choose(be, HD);
+    if (ch.rung == ATT_TC) {
         if (att_tc_aligned(be, __LINE__, qkv, qkv))
             snug_cuda_attention_tc_fwd(be, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
         return;
@@ -904,18 +932,13 @@ extern "C" void snug_cuda_attention_fwd(snug_backend *be, float *out, float *lse
         att_fail(be, __LINE__, "attention", HD, ATT_PLAIN_MAXHD);
         return;
     }
-    if (rung == ATT_PLAIN) {
+    if (ch.rung == ATT_PLAIN) {
         size_t rows = (size_t)B * NH * T;
         att_fwd_plain<<<att_blocks(rows, 128), 128, 0, st>>>(out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale);
         SNUG_CUDA_LAUNCHED();
         return;
     }
-    switch (att_nj(HD)) {
-    case 2: att_fwd_tiled_run<2, 64>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale); break;
-    case 4: att_fwd_tiled_run<4, 64>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale); break;
-    case 8: att_fwd_tiled_run<8, 64>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale); break;
-    default: att_fwd_tiled_run<16, 32>(be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale); break;
-    }
+    ATT_DISPATCH(ch, att_fwd_tiled_run, be, st, out, lse, qkv, seg_start, B, T, NH, NKV, HD, scale)
 }
 
 extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv,
@@ -929,8 +952,8 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
         return;
     }
     cudaStream_t st = snug_cuda_stream(be);
-    int rung = att_rung(be, HD); /* the forward's: the same arguments give the same rung */
-    if (rung == ATT_TC && !att_tc_aligned(be, __LINE__, qkv, dout))
+    att_choice ch = att_choose(be, HD); /* the forward's: the same arguments give the same choice */
+    if (ch.rung == ATT_TC && !att_tc_aligned(be, __LINE__, qkv, dout))
         return;
     size_t rows = (size_t)B * T * NH;
     float *D = (float *)snug_cuda_scratch(be, rows * sizeof(float)); /* (N, NH) rowsum(dout * out) */
@@ -938,11 +961,11 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
         return;
     att_rowdot<<<att_blocks(rows, 256), 256, 0, st>>>(D, dout, out, rows, HD);
     SNUG_CUDA_LAUNCHED();
-    if (rung == ATT_TC) {
+    if (ch.rung == ATT_TC) {
         snug_cuda_attention_tc_bwd(be, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale);
         return;
     }
-    if (rung == ATT_PLAIN) {
+    if (ch.rung == ATT_PLAIN) {
         att_bwd_dq_plain<<<att_blocks(rows, 128), 128, 0, st>>>(dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD,
                                                                  scale);
         SNUG_CUDA_LAUNCHED();
@@ -951,12 +974,7 @@ extern "C" void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const flo
         SNUG_CUDA_LAUNCHED();
         return;
     }
-    switch (att_nj(HD)) {
-    case 2: att_bwd_tiled_run<2, 64>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale); break;
-    case 4: att_bwd_tiled_run<4, 64>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale); break;
-    case 8: att_bwd_tiled_run<8, 64>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale); break;
-    default: att_bwd_tiled_run<16, 32>(be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale); break;
-    }
+    ATT_DISPATCH(ch, att_bwd_tiled_run, be, st, dqkv, dout, qkv, lse, D, seg_start, B, T, NH, NKV, HD, scale)
 }
 
 extern "C" void snug_cuda_attention_naive_fwd(snug_backend *be, float *out, float *probs, const float *qkv,
