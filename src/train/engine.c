@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "backend/backend_select.h"
-#include "backend/cuda/backend_cuda.h"
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 
