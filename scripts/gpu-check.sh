@@ -244,7 +244,10 @@ printf "%-28s %-52s %6s\n" stage result seconds
 for s in "${ORDER[@]}"; do
   printf "%-28s %-52s %6s\n" "$s" "${RESULT[$s]}" "${SECS[$s]}"
 done
-[ -f "$LOGS/probe_memory.log" ] && grep -iE "planned|measured|cudaMemGetInfo" "$LOGS/probe_memory.log" | head -8
+if [ -f "$LOGS/probe_memory.log" ]; then # the plan's arenas against the device's use (context + workspace + scratch)
+  echo "probe_memory (GPT-2 124M, bf16, 4 x 1024):"
+  grep -E "^  (memory|total|device memory in use)" "$LOGS/probe_memory.log" || true
+fi
 python3 - "$LOGS" <<'EOF'
 import os, sys
 logs = sys.argv[1]
