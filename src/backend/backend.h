@@ -167,6 +167,12 @@ struct snug_backend {
     /* --- optimizer --- */
     /* sum of squares of x (n, stored as dt), in double; inf or NaN when x holds one (the loss scaler's check) */
     double (*sumsq)(snug_backend *be, const void *x, snug_dtype dt, size_t n);
+    /* The same sums without waiting for each: sumsq_acc adds sumsq(x) to an accumulator the backend keeps (0 when it
+     * is created) and returns at once; sumsq_take waits for the work queued so far, returns the accumulator and resets
+     * it to 0. The additions are in double in call order, so the total has the bits of adding the sumsq results on the
+     * host in that order (the gradient norm of the optimizer step inside backward, summed tensor by tensor). */
+    void (*sumsq_acc)(snug_backend *be, const void *x, snug_dtype dt, size_t n);
+    double (*sumsq_take)(snug_backend *be);
     /* AdamW with decoupled weight decay, bias correction by step (1-based), torch.optim.AdamW's exact order:
      * p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
      * p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps). g is read after multiplying by grad_scale.
@@ -203,6 +209,11 @@ struct snug_backend {
     /* Queued on the side stream in order; the data may be used (or the source reused) only after sync. */
     void (*copy_in_async)(snug_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*copy_out_async)(snug_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* Makes the ops queued after it wait until the copies queued so far have finished, without blocking the caller:
+     * after it, the ops may read a copy's destination and overwrite its source (a GPU: the compute stream waits on an
+     * event of the side stream). The host side of a copy is the caller's again only after sync. The CPU's copies are
+     * done when they return: nothing to wait for. */
+    void (*copy_wait)(snug_backend *be);
     /* Waits until everything queued so far, on the compute stream and the side stream, has finished. */
     void (*sync)(snug_backend *be);
 

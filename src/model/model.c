@@ -936,7 +936,10 @@ static float *res_at(const snug_model *m, int l) {
 }
 
 /* Saves res[l] (just computed in its fp32 slot x, N = cur tokens): rounded to 16 bits into res16, or copied out to
- * host memory when offloading (through the 16-bit staging slot under 16-bit). fp32 without offloading: x is res[l]. */
+ * host memory when offloading (through the 16-bit staging slot under 16-bit). fp32 without offloading: x is res[l].
+ * Offloading never blocks the host: the copy of res[l] runs beside layer l's compute, and the ops queued from here
+ * on wait only for the copy of res[l-1] (copy_wait), whose slot layer l overwrites (and, under 16-bit, whose staging
+ * slot to16 overwrites next). */
 static void save_res(snug_model *m, int l, float *x, size_t n) {
     snug_backend *be = m->be;
     size_t NC = (size_t)m->B * m->T * m->cfg.hidden_size;
@@ -946,16 +949,18 @@ static void save_res(snug_model *m, int l, float *x, size_t n) {
     }
     size_t esz = snug_dtype_size(m->lv.dt);
     unsigned char *host = (unsigned char *)m->res_off + (size_t)l * NC * esz;
+    be->copy_wait(be);
     if (is16(m)) {
         be->to16(be, m->res_stage, x, n, m->lv.dt, 1);
         be->copy_out_async(be, host, m->res_stage, n * esz);
     } else {
         be->copy_out_async(be, host, x, n * esz);
     }
-    be->sync(be); /* the slot is written again by the next layer */
 }
 
-/* Brings res[l] back into its fp32 slot x for layer l's backward (nothing to do for fp32 without offloading). */
+/* Brings res[l] back into its fp32 slot x for layer l's backward (nothing to do for fp32 without offloading). The
+ * copy starts after the ops queued so far (which may still read the slot) and the ops after it wait for it, without
+ * blocking the host. */
 static void load_res(snug_model *m, int l, float *x, size_t n) {
     snug_backend *be = m->be;
     size_t NC = (size_t)m->B * m->T * m->cfg.hidden_size;
@@ -966,7 +971,7 @@ static void load_res(snug_model *m, int l, float *x, size_t n) {
     size_t esz = snug_dtype_size(m->lv.dt);
     const unsigned char *host = (const unsigned char *)m->res_off + (size_t)l * NC * esz;
     be->copy_in_async(be, is16(m) ? (void *)m->res_stage : (void *)x, host, n * esz);
-    be->sync(be);
+    be->copy_wait(be);
     if (is16(m))
         be->from16(be, x, m->res_stage, n, m->lv.dt);
 }

@@ -84,12 +84,13 @@ void snug_gpu_list(char *buf, size_t n) {
  *    (the default since CUDA 11.7); Hugging Face measured about 1.3 GB for PyTorch's far larger kernel set on a V100
  *    ("Model training anatomy"). 512 MiB keeps a margin.
  *  - what the CUDA backend allocates besides the arenas (backend_cuda.cu): a 32 MiB cuBLASLt workspace (llm.c's
- *    cublaslt_workspace_size; snug does not use cuBLAS's own) and a 16 MiB scratch buffer for reductions and the
- *    attention backward's row sums.
+ *    cublaslt_workspace_size; snug does not use cuBLAS's own) and the scratch for reductions, the attention
+ *    backward's row sums and the embedding backward's sort, of the plan's size (p->device_scratch: the backend is
+ *    created with exactly that many bytes).
  *  - allocator slack: each arena is one cudaMalloc, rounded up to the 2 MiB allocation granularity; static arenas do
  *    not fragment, so instead of the 5-10% headroom a caching allocator needs, 1% covers what the estimate misses. */
 #define CUDA_CONTEXT_BYTES ((size_t)512 << 20)
-#define CUBLAS_WORKSPACE_BYTES ((size_t)48 << 20)
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #define CUDA_ALLOC_GRANULE ((size_t)2 << 20)
 
 void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_plan *p, size_t host_data_bytes) {
@@ -101,8 +102,9 @@ void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_pla
                 slack += CUDA_ALLOC_GRANULE;
         ov->item[ov->n++] = (snug_overhead_item){"CUDA context and kernels", CUDA_CONTEXT_BYTES,
                                                  "estimate: 300-500 MiB with lazy loading (CUDA 12)"};
-        ov->item[ov->n++] = (snug_overhead_item){"cuBLASLt workspace, scratch", CUBLAS_WORKSPACE_BYTES,
-                                                 "32 MiB cuBLASLt + 16 MiB reductions and attention"};
+        ov->item[ov->n++] = (snug_overhead_item){"cuBLASLt workspace, scratch", CUBLAS_WORKSPACE_BYTES +
+                                                 p->device_scratch, "32 MiB cuBLASLt + the scratch the plan sizes "
+                                                 "from the shape (reductions, attention, embedding sort)"};
         ov->item[ov->n++] = (snug_overhead_item){"allocator slack", slack,
                                                  "2 MiB rounding per arena + 1% margin; arenas do not fragment"};
     } else {

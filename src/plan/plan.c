@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/backend_cuda.h"
 #include "model/model.h"
 #include "optim/optim.h"
 
@@ -41,6 +42,15 @@ int snug_plan_snapshot_layout(snug_arenas *A, const snug_levers *lv, void *dst[S
     return 0;
 }
 
+size_t snug_plan_device_scratch(const snug_plan_spec *s) {
+    const snug_model_config *c = &s->cfg;
+    int fc = c->arch == SNUG_ARCH_GPT2 ? c->intermediate_size : 2 * c->intermediate_size;
+    int width = c->hidden_size, qkv = (c->n_head + 2 * c->n_kv_head) * c->head_dim;
+    width = qkv > width ? qkv : width;
+    width = fc > width ? fc : width;
+    return snug_cuda_scratch_bytes((size_t)s->B * (size_t)s->T, c->n_head, width);
+}
+
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     memset(p, 0, sizeof *p);
     SNUG_TRY(snug_plan_spec_check(s, e));
@@ -74,6 +84,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         p->B = B;
         p->T = T;
         p->xent_chunk = m.xent_chunk;
+        p->device_scratch = snug_plan_device_scratch(s);
     }
     snug_model_free_host(&m);
     return rc;

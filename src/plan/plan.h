@@ -35,9 +35,15 @@ typedef struct snug_plan {
     long long nparams;
     size_t largest_tensor;       /* floats in the largest parameter tensor (staging when loading weights) */
     int B, T, xent_chunk;
+    size_t device_scratch;       /* a GPU backend's scratch (snug_plan_device_scratch): allocated at this size */
 } snug_plan;
 
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e);
+
+/* Bytes of the CUDA backend's scratch for the spec's shape (backend/cuda/backend_cuda.h's snug_cuda_scratch_bytes
+ * of B*T tokens, the query heads and the widest column sum): the size the engine creates the backend with and the
+ * plan's overhead counts, so that no op allocates device memory mid-run (one that asks for more records an error). */
+size_t snug_plan_device_scratch(const snug_plan_spec *s);
 
 /* The levers a spec is laid out with: its lv, with what depends on the other settings derived here and only here
  * (16-bit storage keeps layer gradients in fp32 when micro-batches accumulate into them). snug_plan_run and

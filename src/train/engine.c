@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "backend/backend_select.h"
-#include "backend/cuda/backend_cuda.h"
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 
@@ -13,13 +12,10 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
                        snug_error *e) {
     memset(g, 0, sizeof *g);
     SNUG_TRY(snug_plan_run(&g->plan, spec, e));
-    const snug_model_config *c = &spec->cfg; /* a GPU's reduction scratch, sized once from the shape */
+    const snug_model_config *c = &spec->cfg;
     int fc = c->arch == SNUG_ARCH_GPT2 ? c->intermediate_size : 2 * c->intermediate_size;
-    int width = c->hidden_size, qkv = (c->n_head + 2 * c->n_kv_head) * c->head_dim;
-    width = qkv > width ? qkv : width;
-    width = fc > width ? fc : width;
-    size_t scratch = snug_cuda_scratch_bytes((size_t)spec->B * (size_t)spec->T, c->n_head, width);
-    if (!(g->be = snug_backend_create(device, threads, scratch, e)))
+    /* a GPU's scratch: the plan's size, which its overhead counts */
+    if (!(g->be = snug_backend_create(device, threads, g->plan.device_scratch, e)))
         return e ? e->code : SNUG_EINPUT;
     /* mixed precision: a GPU's GEMMs may use its 16-bit tensor cores, a CPU's its bf16 units; the CPU may time them on
      * the MLP's first GEMM (tokens x fc width x model width) */

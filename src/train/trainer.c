@@ -51,13 +51,13 @@ static void zero_grads(snug_model *m) {
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
  * gradients are complete, sum them over the ranks (one all-reduce per tensor; each rank's backward announces the
- * layers in the same order), step that layer's tensors, note their sum of squares for the logged gradient norm,
- * and zero the buffer the next layer reuses. */
+ * layers in the same order), step that layer's tensors, add their sum of squares for the logged gradient norm into
+ * the backend's accumulator (read once after the step: no wait per tensor), and zero the buffer the next layer
+ * reuses. */
 typedef struct step_in_backward_ctx {
     snug_engine *eng;
     snug_comm *comm;
     double lr;
-    double sumsq;
     int rc;        /* the first failed all-reduce of the step (then nothing more is reduced or stepped) */
     snug_error e;
 } step_in_backward_ctx;
@@ -93,7 +93,7 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer == layer) {
             void *g = trainable_grad(m, i, &dt);
-            c->sumsq += be->sumsq(be, g, dt, t->e[i].numel);
+            be->sumsq_acc(be, g, dt, t->e[i].numel);
         }
     snug_adamw_step_layer(&c->eng->opt, m, layer, c->lr, 1.0f);
     for (int i = 0; i < t->n; i++)
@@ -526,7 +526,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
             r.eng.opt.step++;
             in_bwd.lr = lr;
-            in_bwd.sumsq = 0;
         } else {
             zero_grads(&r.eng.model);
         }
@@ -559,7 +558,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double loss = nsup ? loss_sum / (double)nsup : 0;
         double norm;
         if (o->optimizer_in_backward) {
-            norm = sqrt(in_bwd.sumsq);
+            norm = sqrt(r.eng.be->sumsq_take(r.eng.be));
         } else {
             norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
             float clip = 1.0f;

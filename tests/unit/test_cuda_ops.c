@@ -9,6 +9,7 @@
  * it, against the same fp32 CPU result with bf16 tolerances), and their times are printed.
  *
  * Without a CUDA build or a visible GPU the test prints why and exits 77, which ctest reports as skipped. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -897,6 +898,194 @@ static void test_8bit(void) {
     free(x), free(xu), free(p), free(g);
 }
 
+/* ------------------------------------------------------------------------------------------------ issue 17 cases */
+
+/* embed_bwd sorts (id, token) keys and adds each id's tokens in token order: the CPU's additions in the CPU's order,
+ * so the result is its bits. Repeated ids, one id for every token, a single token, and more tokens than one sort
+ * segment (2048), so that the merges across segments run too. */
+static void test_embed_bwd_bits(void) {
+    printf("embed_bwd with repeated ids, bit for bit\n");
+    struct { int N, C, rows, distinct; } cases[] = {{3001, 130, 61, 7}, {5000, 33, 40, 1}, {1, 77, 5, 1},
+                                                    {2048, 64, 3000, 2500}, {9000, 20, 9001, 9001}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int N = cases[k].N, C = cases[k].C, rows = cases[k].rows;
+        int32_t *ids = malloc((size_t)N * sizeof(int32_t));
+        for (int n = 0; n < N; n++)
+            ids[n] = (int32_t)((irand(cases[k].distinct) * 7 + 3) % rows);
+        float *dout = randf((size_t)N * C, -1, 1), *dt0 = randf((size_t)rows * C, -1, 1);
+        float *res[2];
+        snug_backend *bes[2] = {cpu, gpu};
+        for (int j = 0; j < 2; j++) {
+            int32_t *d_ids = up(bes[j], ids, (size_t)N * 4);
+            float *d_dout = up(bes[j], dout, (size_t)N * C * 4), *d_dt = up(bes[j], dt0, (size_t)rows * C * 4);
+            bes[j]->embed_bwd(bes[j], d_dt, d_dout, d_ids, N, C);
+            res[j] = malloc((size_t)rows * C * 4);
+            down(bes[j], res[j], d_dt, (size_t)rows * C * 4);
+            down(bes[j], NULL, d_ids, 0), down(bes[j], NULL, d_dout, 0);
+        }
+        char w[96];
+        snprintf(w, sizeof w, "embed_bwd N=%d C=%d, %d distinct ids", N, C, cases[k].distinct);
+        expect_same(w, res[1], res[0], (size_t)rows * C * 4);
+        free(res[0]), free(res[1]), free(ids), free(dout), free(dt0);
+    }
+}
+
+/* Head dims above 128 (Gemma's 256; 192 is zero-padded to 256): the tiled rung with 32-row tiles, plain, naive and
+ * decode, forward and backward, against the CPU. */
+static void test_attention_hd256(void) {
+    test_attention_case(2, 150, 4, 2, 256, 1); /* GQA 2:1, packed segments, T past a 32-row tile */
+    test_attention_case(1, 97, 2, 1, 192, 0);  /* causal, HD padded to 256 */
+}
+
+/* The smaller tiles a device with less shared memory per block gets (TILE 32 at HD 128, 16 at HD 256, e.g. on an
+ * RTX 4090), forced here by SNUG_CUDA_ATTN, against the CPU; each backward twice, bit for bit. */
+static void test_attention_small_tiles(void) {
+    struct { int B, T, NH, NKV, HD; const char *force; } cases[] = {{2, 130, 4, 2, 128, "tiled32"},
+                                                                  {1, 77, 2, 1, 80, "tiled32"},
+                                                                  {2, 90, 4, 2, 256, "tiled16"}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int B = cases[k].B, T = cases[k].T, NH = cases[k].NH, NKV = cases[k].NKV, HD = cases[k].HD;
+        size_t N = (size_t)B * T, nq = N * (NH + 2 * NKV) * HD, no = N * NH * HD, nl = N * NH;
+        printf("attention B=%d T=%d NH=%d NKV=%d HD=%d packed segments, SNUG_CUDA_ATTN=%s\n", B, T, NH, NKV, HD,
+               cases[k].force);
+        float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1), *dq0 = randf(nq, -0.5f, 0.5f);
+        int32_t *seg = make_seg(B, T);
+        att_case c = {B, T, NH, NKV, HD, qkv, dout, dq0, seg};
+        float *oc = malloc(no * 4), *lc = malloc(nl * 4), *dc = malloc(nq * 4);
+        float *og = malloc(no * 4), *lg = malloc(nl * 4), *dg = malloc(nq * 4), *dg2 = malloc(nq * 4);
+        run_attention(cpu, &c, oc, lc, dc, NULL);
+        setenv("SNUG_CUDA_ATTN", cases[k].force, 1);
+        run_attention(gpu, &c, og, lg, dg, dg2);
+        unsetenv("SNUG_CUDA_ATTN");
+        char w[96];
+        snprintf(w, sizeof w, "attention_fwd out (%s)", cases[k].force);
+        expect(w, rel(og, oc, no), TOL);
+        snprintf(w, sizeof w, "attention_fwd lse (%s)", cases[k].force);
+        expect(w, rel(lg, lc, nl), TOL);
+        snprintf(w, sizeof w, "attention_bwd dqkv += (%s)", cases[k].force);
+        expect(w, rel(dg, dc, nq), TOL);
+        snprintf(w, sizeof w, "attention_bwd deterministic (%s)", cases[k].force);
+        expect_same(w, dg, dg2, nq * 4);
+        free(qkv), free(dout), free(dq0), free(seg), free(oc), free(lc), free(dc);
+        free(og), free(lg), free(dg), free(dg2);
+    }
+}
+
+/* T = 8192: the tiled rung (fp32) and the tc rung (bf16 math) against the CPU. Each output sums up to T terms in
+ * fp32 in another order than the CPU's; random-sign rounding errors grow like sqrt(T) * FLT_EPSILON, so the fp32
+ * tolerance is 4 sqrt(T) FLT_EPSILON (4.3e-5 here), or TOL where that is larger. */
+static void test_attention_long(void) {
+    int B = 1, T = 8192, NH = 2, NKV = 1, HD = 64;
+    size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HD, nq = N * R, no = N * NH * HD, nl = N * NH;
+    printf("attention B=%d T=%d NH=%d NKV=%d HD=%d causal\n", B, T, NH, NKV, HD);
+    float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1), *dq0 = randf(nq, -0.5f, 0.5f);
+    att_case c = {B, T, NH, NKV, HD, qkv, dout, dq0, NULL};
+    float *oc = malloc(no * 4), *lc = malloc(nl * 4), *dc = malloc(nq * 4);
+    float *og = malloc(no * 4), *lg = malloc(nl * 4), *dg = malloc(nq * 4), *dg2 = malloc(nq * 4);
+    run_attention(cpu, &c, oc, lc, dc, NULL);
+    double tol = fmax(TOL, 4.0 * sqrt((double)T) * FLT_EPSILON);
+    run_attention(gpu, &c, og, lg, dg, dg2);
+    expect("attention_fwd out (tiled, T=8192)", rel(og, oc, no), tol);
+    expect("attention_fwd lse (tiled, T=8192)", rel(lg, lc, nl), tol);
+    expect("attention_bwd dqkv += (tiled, T=8192)", rel(dg, dc, nq), tol);
+    expect_same("attention_bwd deterministic (tiled, T=8192)", dg, dg2, nq * 4);
+    gpu->math = SNUG_DT_BF16;
+    run_attention(gpu, &c, og, lg, dg, NULL);
+    expect("attention_fwd out (tc, bf16, T=8192)", rel(og, oc, no), TOL_BF16);
+    expect_abs("attention_fwd lse (tc, bf16, T=8192)", max_abs(lg, lc, nl), TOL_BF16_LSE);
+    expect("attention_bwd dqkv += (tc, bf16, T=8192)", rel(dg, dc, nq), TOL_BF16);
+    gpu->math = SNUG_DT_F32;
+    CHECK(snug_backend_check(gpu, NULL) == 0);
+    free(qkv), free(dout), free(dq0), free(oc), free(lc), free(dc), free(og), free(lg), free(dg), free(dg2);
+}
+
+/* The scratch is fixed when the backend is created: a backend sized for N tokens and NH heads runs the attention
+ * backward (N*NH row sums) and the embedding backward (pow2(N) keys) of that shape, and records an error, without
+ * allocating, for one token more. */
+static void test_scratch_sized(void) {
+    printf("scratch sized by the plan\n");
+    int T = 1000, NH = 16, HD = 16, width = 32, C = 16;
+    size_t bytes = snug_cuda_scratch_bytes((size_t)T, NH, width);
+    CHECKF(bytes == (size_t)T * NH * 4, "the attention row sums are the largest use here (%zu bytes)", bytes);
+    snug_error e = {0};
+    snug_backend *g = snug_backend_cuda_create_sized(0, bytes, &e);
+    CHECKF(g != NULL, "%s", e.msg);
+    if (!g)
+        return;
+    size_t R = (size_t)(3 * NH) * HD, Tm = (size_t)T + 1;
+    float *qkv = randf(Tm * R, -1, 1), *dout = randf(Tm * NH * HD, -1, 1);
+    int32_t *ids = malloc(Tm * 4);
+    for (size_t n = 0; n < Tm; n++)
+        ids[n] = (int32_t)(n % 5);
+    float *d_qkv = up(g, qkv, Tm * R * 4), *d_dout = up(g, dout, Tm * NH * HD * 4);
+    float *d_out = up(g, NULL, Tm * NH * HD * 4), *d_lse = up(g, NULL, Tm * NH * 4), *d_dq = up(g, NULL, Tm * R * 4);
+    float *d_dt = up(g, NULL, (size_t)5 * C * 4);
+    int32_t *d_ids = up(g, ids, Tm * 4);
+    float scale = 0.25f;
+    g->attention_fwd(g, d_out, d_lse, d_qkv, NULL, 1, T, NH, NH, HD, scale);
+    g->attention_bwd(g, d_dq, d_dout, d_qkv, d_out, d_lse, NULL, 1, T, NH, NH, HD, scale);
+    g->embed_bwd(g, d_dt, d_dout, d_ids, T, C);
+    g->sync(g);
+    CHECKF(snug_backend_check(g, &e) == 0, "the planned shape needs no more scratch: %s", e.msg);
+    printf("  %-52s ok\n", "attention_bwd and embed_bwd at the planned N");
+    g->attention_fwd(g, d_out, d_lse, d_qkv, NULL, 1, T + 1, NH, NH, HD, scale);
+    g->attention_bwd(g, d_dq, d_dout, d_qkv, d_out, d_lse, NULL, 1, T + 1, NH, NH, HD, scale);
+    g->sync(g);
+    int rc = snug_backend_check(g, &e);
+    CHECKF(rc != 0 && strstr(e.msg, "scratch"), "one token more is an error naming the scratch (rc %d: %s)", rc,
+           rc ? e.msg : "none");
+    printf("  %-52s %s\n", "attention_bwd at N+1", rc ? "error recorded" : "NO ERROR");
+    down(g, NULL, d_qkv, 0), down(g, NULL, d_dout, 0), down(g, NULL, d_out, 0), down(g, NULL, d_lse, 0);
+    down(g, NULL, d_dq, 0), down(g, NULL, d_dt, 0), down(g, NULL, d_ids, 0);
+    g->destroy(g);
+    free(qkv), free(dout), free(ids);
+}
+
+/* sumsq_acc / sumsq_take: the sum of the tensors' sumsq in call order, the bits of adding sumsq's results on the
+ * host; take resets. copy_wait: an op queued after it sees the copy's data without a sync between. */
+static void test_deferred(void) {
+    printf("deferred sum of squares, copy_wait\n");
+    size_t ns[3] = {1000, 77777, 3};
+    snug_dtype dts[3] = {SNUG_DT_F32, SNUG_DT_BF16, SNUG_DT_F32};
+    snug_backend *bes[2] = {cpu, gpu};
+    double host[2] = {0, 0}, acc[2], again[2];
+    for (int j = 0; j < 2; j++) { /* each backend against itself, on its own random tensors */
+        void *d[3];
+        for (int k = 0; k < 3; k++) {
+            float *x = randf(ns[k], -2, 2);
+            void *h = table_as(x, ns[k], dts[k]);
+            d[k] = up(bes[j], h, ns[k] * snug_dtype_size(dts[k]));
+            free(x), free(h);
+        }
+        for (int k = 0; k < 3; k++)
+            host[j] += bes[j]->sumsq(bes[j], d[k], dts[k], ns[k]);
+        for (int k = 0; k < 3; k++)
+            bes[j]->sumsq_acc(bes[j], d[k], dts[k], ns[k]);
+        acc[j] = bes[j]->sumsq_take(bes[j]);
+        again[j] = bes[j]->sumsq_take(bes[j]);
+        for (int k = 0; k < 3; k++)
+            down(bes[j], NULL, d[k], 0);
+    }
+    expect_same("sumsq_acc + sumsq_take (cpu) = sumsq added on the host", &acc[0], &host[0], sizeof(double));
+    expect_same("sumsq_acc + sumsq_take (cuda) = sumsq added on the host", &acc[1], &host[1], sizeof(double));
+    CHECK(again[0] == 0.0 && again[1] == 0.0);
+
+    size_t n = 4099;
+    float *src = randf(n, -1, 1), *want = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        want[i] = 3.0f * src[i];
+    float *h1 = gpu->host_alloc(gpu, n * 4), *h2 = gpu->host_alloc(gpu, n * 4), *d = up(gpu, NULL, n * 4);
+    memcpy(h1, src, n * 4);
+    gpu->copy_in_async(gpu, d, h1, n * 4);
+    gpu->copy_wait(gpu); /* no host wait: the scale is ordered after the copy on the device */
+    gpu->scale(gpu, d, 3.0f, n);
+    gpu->copy_out_async(gpu, h2, d, n * 4);
+    gpu->sync(gpu);
+    expect_same("copy_in_async, copy_wait, scale, copy_out_async", h2, want, n * 4);
+    gpu->host_free(gpu, h1), gpu->host_free(gpu, h2), gpu->free(gpu, d);
+    free(src), free(want);
+}
+
 int main(void) {
     if (snug_cuda_device_count() == 0) {
         printf("test_cuda_ops: skipped: no CUDA GPU (built with CUDA: yes)\n");
@@ -925,6 +1114,12 @@ int main(void) {
     test_sumsq();
     test_adamw();
     test_8bit();
+    test_embed_bwd_bits();
+    test_attention_hd256();
+    test_attention_small_tiles();
+    test_attention_long();
+    test_scratch_sized();
+    test_deferred();
     time_attention();
     gpu->destroy(gpu);
     cpu->destroy(cpu);

@@ -57,6 +57,18 @@ static void cpu_zero(snug_backend *be, void *dst, size_t bytes) {
 
 /* Paged optimizer state: on the CPU, "host" memory is the same memory and the side stream is the caller. */
 static void cpu_sync(snug_backend *be) {}
+static void cpu_copy_wait(snug_backend *be) {}
+
+static void cpu_sumsq_acc(snug_backend *be, const void *x, snug_dtype dt, size_t n) {
+    ((snug_cpu_ctx *)be->ctx)->sumsq_acc += snug_cpu_sumsq(be, x, dt, n);
+}
+
+static double cpu_sumsq_take(snug_backend *be) {
+    snug_cpu_ctx *cx = be->ctx;
+    double s = cx->sumsq_acc;
+    cx->sumsq_acc = 0;
+    return s;
+}
 
 snug_backend *snug_backend_cpu_create(int nthreads) {
     if (snug_cpu_blas_load())
@@ -114,6 +126,8 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->dequantize_4bit = snug_cpu_dequantize_4bit;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->sumsq = snug_cpu_sumsq;
+    be->sumsq_acc = cpu_sumsq_acc;
+    be->sumsq_take = cpu_sumsq_take;
     be->to16 = snug_cpu_to16;
     be->from16 = snug_cpu_from16;
     be->bf16_sr = snug_cpu_bf16_sr;
@@ -125,6 +139,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->host_free = cpu_free;
     be->copy_in_async = cpu_copy;
     be->copy_out_async = cpu_copy;
+    be->copy_wait = cpu_copy_wait;
     be->sync = cpu_sync;
 
     snug_cpu_blas_threads(be);

@@ -30,6 +30,7 @@ typedef struct {
     struct snug_dnnl *dnnl; /* where the GEMMs run when snug_cpu_set_math chose oneDNN, else NULL (OpenBLAS) */
     char gemm[1024];        /* be->gemm: the kernels in use and why */
     snug_error err;         /* the first failure (code 0: none); only a oneDNN GEMM can fail; read by be->check */
+    double sumsq_acc;       /* be->sumsq_acc's accumulator */
 } snug_cpu_ctx;
 
 void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N, int C,

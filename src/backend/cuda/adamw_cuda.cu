@@ -32,20 +32,52 @@ __global__ void sumsq_kernel(double *part, const void *x, snug_dtype dt, size_t 
         part[b] = s;
 }
 
+/* Queues the sum of squares of x: the device address of the total (in the scratch, valid until the next op that
+ * takes scratch), or NULL with the failure recorded. */
+static const double *sumsq_queue(snug_backend *be, const void *x, snug_dtype dt, size_t n) {
+    double *part = (double *)snug_cuda_scratch(be, (SUMSQ_BLOCKS + 1) * sizeof(double));
+    if (!part)
+        return NULL;
+    sumsq_kernel<<<SUMSQ_BLOCKS, 256, 0, snug_cuda_stream(be)>>>(part, x, dt, n);
+    SNUG_CUDA_LAUNCHED();
+    snug_cuda_sum_doubles(be, part + SUMSQ_BLOCKS, part, SUMSQ_BLOCKS);
+    return part + SUMSQ_BLOCKS;
+}
+
+/* The host's copy of a device double, after the queued work; NaN after any failure, so that a norm shows it even
+ * unchecked (and the loss scaler reads it as an overflow). */
+static double sumsq_read(snug_backend *be, const double *d) {
+    cudaStream_t st = snug_cuda_stream(be);
+    double total = 0.0;
+    if (d)
+        SNUG_CUDA_CHECK(cudaMemcpyAsync(&total, d, sizeof total, cudaMemcpyDeviceToHost, st));
+    SNUG_CUDA_CHECK(cudaStreamSynchronize(st));
+    return snug_cuda(be)->err.code || !d ? NAN : total;
+}
+
 extern "C" double snug_cuda_sumsq(snug_backend *be, const void *x, snug_dtype dt, size_t n) {
     if (!n)
         return 0.0;
-    cudaStream_t st = snug_cuda_stream(be);
-    double *part = (double *)snug_cuda_scratch(be, (SUMSQ_BLOCKS + 1) * sizeof(double));
-    if (!part)
-        return NAN; /* the failure is recorded; NaN also reads as an overflow to the loss scaler */
-    sumsq_kernel<<<SUMSQ_BLOCKS, 256, 0, st>>>(part, x, dt, n);
+    return sumsq_read(be, sumsq_queue(be, x, dt, n));
+}
+
+__global__ void add_double_kernel(double *acc, const double *x) { *acc += *x; } // one thread
+
+extern "C" void snug_cuda_sumsq_acc(snug_backend *be, const void *x, snug_dtype dt, size_t n) {
+    if (!n) /* the host would add 0.0: a no-op on any finite or non-finite accumulator */
+        return;
+    const double *total = sumsq_queue(be, x, dt, n);
+    if (!total)
+        return;
+    add_double_kernel<<<1, 1, 0, snug_cuda_stream(be)>>>(snug_cuda(be)->acc, total);
     SNUG_CUDA_LAUNCHED();
-    snug_cuda_sum_doubles(be, part + SUMSQ_BLOCKS, part, SUMSQ_BLOCKS);
-    double total = 0.0;
-    SNUG_CUDA_CHECK(cudaMemcpyAsync(&total, part + SUMSQ_BLOCKS, sizeof total, cudaMemcpyDeviceToHost, st));
-    SNUG_CUDA_CHECK(cudaStreamSynchronize(st));
-    return snug_cuda(be)->err.code ? NAN : total; /* after any failure the norm shows it, even unchecked */
+}
+
+extern "C" double snug_cuda_sumsq_take(snug_backend *be) {
+    double *acc = snug_cuda(be)->acc;
+    double total = sumsq_read(be, acc);
+    SNUG_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof *acc, snug_cuda_stream(be))); /* ordered before later adds */
+    return total;
 }
 
 /* ------------------------------------------------------------------------------------------------ AdamW */

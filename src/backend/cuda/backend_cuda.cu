@@ -94,6 +94,9 @@ static void cuda_destroy(snug_backend *be) {
             snug_lt.Destroy(cx->lt);
         cudaFree(cx->lt_ws);
         cudaFree(cx->scratch);
+        cudaFree(cx->acc);
+        if (cx->side_done)
+            cudaEventDestroy(cx->side_done);
         if (cx->side_wait)
             cudaEventDestroy(cx->side_wait);
         if (cx->stream)
@@ -213,6 +216,13 @@ static void cuda_side_copy(snug_backend *be, void *dst, const void *src, size_t 
     SNUG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cx->side));
 }
 
+/* be->copy_wait: the compute stream waits for the side copies queued so far; the host goes on. */
+static void cuda_copy_wait(snug_backend *be) {
+    snug_cuda_ctx *cx = snug_cuda(be);
+    SNUG_CUDA_CHECK(cudaEventRecord(cx->side_done, cx->side));
+    SNUG_CUDA_CHECK(cudaStreamWaitEvent(cx->stream, cx->side_done, 0));
+}
+
 static void cuda_sync(snug_backend *be) {
     SNUG_CUDA_CHECK(cudaStreamSynchronize(snug_cuda(be)->stream));
     SNUG_CUDA_CHECK(cudaStreamSynchronize(snug_cuda(be)->side));
@@ -286,6 +296,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     if ((err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
         return create_fail(be, e, err, "cudaGetDeviceProperties", device);
     snprintf(cx->device_name, sizeof cx->device_name, "%s", prop.name);
+    cx->smem_optin = (int)prop.sharedMemPerBlockOptin;
     if (prop.major < 8) { /* the kernels are built for compute capability 8.0 and 9.0 (newer GPUs JIT the 9.0 PTX) */
         cuda_destroy(be);
         snug_fail(e, SNUG_EINPUT, "CUDA device %d (%s) has compute capability %d.%d; snug's CUDA backend needs 8.0 "
@@ -299,6 +310,8 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
         return create_fail(be, e, err, "creating the copy stream", device);
     if ((err = cudaEventCreateWithFlags(&cx->side_wait, cudaEventDisableTiming)) != cudaSuccess)
         return create_fail(be, e, err, "creating an event", device);
+    if ((err = cudaEventCreateWithFlags(&cx->side_done, cudaEventDisableTiming)) != cudaSuccess)
+        return create_fail(be, e, err, "creating an event", device);
     if ((err = cudaMalloc(&cx->lt_ws, LT_WS_BYTES)) != cudaSuccess)
         return create_fail(be, e, err, "allocating the cuBLASLt workspace", device);
     cx->lt_ws_bytes = LT_WS_BYTES;
@@ -307,6 +320,9 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     if ((err = cudaMalloc(&cx->scratch, sb)) != cudaSuccess)
         return create_fail(be, e, err, "allocating the reduction scratch", device);
     cx->scratch_bytes = sb;
+    if ((err = cudaMalloc(&cx->acc, sizeof *cx->acc)) != cudaSuccess ||
+        (err = cudaMemsetAsync(cx->acc, 0, sizeof *cx->acc, cx->stream)) != cudaSuccess)
+        return create_fail(be, e, err, "allocating the sum-of-squares accumulator", device);
     char why[1024];
     if (load_cublaslt(why, sizeof why)) {
         cuda_destroy(be);
@@ -360,6 +376,8 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->dequantize_4bit = snug_cuda_dequantize_4bit;
     be->xent_fwd_bwd = snug_cuda_xent_fwd_bwd;
     be->sumsq = snug_cuda_sumsq;
+    be->sumsq_acc = snug_cuda_sumsq_acc;
+    be->sumsq_take = snug_cuda_sumsq_take;
     be->adamw = snug_cuda_adamw;
     be->quantize_blockwise = snug_cuda_quantize_blockwise;
     be->dequantize_blockwise = snug_cuda_dequantize_blockwise;
@@ -368,6 +386,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->host_free = cuda_host_free;
     be->copy_in_async = cuda_side_copy;
     be->copy_out_async = cuda_side_copy;
+    be->copy_wait = cuda_copy_wait;
     be->sync = cuda_sync;
     be->check = cuda_check;
     return be;

@@ -30,20 +30,32 @@ snug_backend *snug_backend_cuda_create(int device, snug_error *e);
 #define SNUG_CUDA_COLSUM_SLICES 64
 #define SNUG_CUDA_SUMSQ_BLOCKS 1024
 
+/* The power of two >= n, at least 2: the length of embed_bwd's sort. */
+static inline size_t snug_cuda_pow2ceil(size_t n) {
+    size_t p = 2;
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
 /* Bytes of scratch the CUDA ops need for micro-batches of up to N tokens (B*T), NH query heads and column sums
  * (bias and norm-weight gradients) up to `width` columns (the largest of C, QKV and FC): the largest single use,
  *   sumsq             (SNUG_CUDA_SUMSQ_BLOCKS + 1) doubles
  *   column sums       2 * SNUG_CUDA_COLSUM_SLICES * width doubles (LayerNorm's weight and bias together)
  *   attention bwd     N * NH floats of row sums (the naive backward's B*NH*T is the same)
  *   loss              N + 1 doubles, to 256 bytes (a 16-bit head passed without w_ws widens rows into the rest)
- * Plain C without CUDA headers, so the plan can price it in any build. */
+ *   embedding bwd     snug_cuda_pow2ceil(N) 8-byte sort keys
+ * It is the allocation: the plan counts it (plan/gpus.c) and the backend is created with it; an op that asks for
+ * more records an error. Plain C without CUDA headers, so the plan can price it in any build. */
 static inline size_t snug_cuda_scratch_bytes(size_t N, int NH, int width) {
     size_t need = ((size_t)SNUG_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double);
     size_t colsum = 2 * (size_t)SNUG_CUDA_COLSUM_SLICES * (size_t)(width > 0 ? width : 0) * sizeof(double);
     size_t att = N * (size_t)(NH > 0 ? NH : 0) * sizeof(float);
     size_t loss = ((N + 1) * sizeof(double) + 255) / 256 * 256;
+    size_t sort = snug_cuda_pow2ceil(N) * sizeof(uint64_t);
     need = colsum > need ? colsum : need;
     need = att > need ? att : need;
+    need = sort > need ? sort : need;
     return loss > need ? loss : need;
 }
 

@@ -3,7 +3,7 @@
  * is public; backend/backend.h gives the semantics, backend/cuda/backend_cuda.h the public entry points.
  *
  * Every op is queued on the context's compute stream and returns without waiting, except those that return a value
- * to the host (xent_fwd_bwd, sumsq), which wait for their own result. */
+ * to the host (xent_fwd_bwd, sumsq, sumsq_take), which wait for their own result. */
 #ifndef SNUG_CUDA_INTERNAL_H
 #define SNUG_CUDA_INTERNAL_H
 
@@ -63,11 +63,14 @@ typedef struct snug_cuda_ctx {
     cudaStream_t stream;      /* every op runs on this stream, in order */
     cudaStream_t side;        /* copies of paged optimizer state and offloaded activations */
     cudaEvent_t side_wait;    /* recorded on stream before a side copy, so the copy sees the ops queued before it */
+    cudaEvent_t side_done;    /* recorded on side by copy_wait, so the ops queued after it see the copies' results */
+    double *acc;              /* (1) the device accumulator of sumsq_acc / sumsq_take */
     cublasLtHandle_t lt;
     void *lt_ws;              /* cuBLASLt workspace */
     size_t lt_ws_bytes;
     void *scratch;            /* device scratch for reductions (partial sums, per-row losses, attention row sums) */
     size_t scratch_bytes;     /* fixed when the backend is created; never grows */
+    int smem_optin;           /* the most dynamic shared memory a block may ask for (the attention rungs) */
     snug_error err;           /* the first failure (code 0: none), kept until destroy; read through be->check */
 } snug_cuda_ctx;
 
@@ -253,6 +256,8 @@ double snug_cuda_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const floa
 
 /* adamw_cuda.cu */
 double snug_cuda_sumsq(snug_backend *be, const void *x, snug_dtype dt, size_t n);
+void snug_cuda_sumsq_acc(snug_backend *be, const void *x, snug_dtype dt, size_t n);
+double snug_cuda_sumsq_take(snug_backend *be);
 void snug_cuda_adamw(snug_backend *be, float *p, const float *g, float *m, float *v, size_t n, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int step, float grad_scale);
 void snug_cuda_quantize_blockwise(snug_backend *be, uint8_t *q, float *absmax, const float *x, const float *code,

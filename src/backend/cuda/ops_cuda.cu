@@ -4,7 +4,7 @@
  *
  * Row ops run one block per row, the row's reductions in double in a fixed tree order. Parameter gradients summed
  * over rows (dw, db, dbias) are column sums over a fixed number of row slices, each slice in row order, the slices
- * then added in order; dtable is summed by one thread per column walking the tokens in order, as the CPU does. So
+ * then added in order; dtable adds each id's tokens in token order, as the CPU does (its tokens sorted by id first). So
  * every op gives the same bits on every run. Linear layers are in matmul_cuda.cu, the loss in xent_cuda.cu, the
  * optimizer in adamw_cuda.cu, attention in attention_cuda.cu. */
 #include <math.h>
@@ -39,22 +39,105 @@ extern "C" void snug_cuda_embed_fwd(snug_backend *be, float *out, const int32_t 
     SNUG_CUDA_LAUNCHED();
 }
 
-__global__ void embed_bwd_kernel(float *__restrict__ dtable, const float *__restrict__ dout,
-                                 const int32_t *__restrict__ ids, int N, int C) {
-    // dtable (rows,C) += scatter of dout (N,C): one thread per column, tokens in order n, like the CPU (same bits)
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
+/* embed_bwd: the CPU adds each token's row of dout into its id's row of dtable in token order. Here the batch's
+ * (id, token) pairs are sorted first, so that each id's tokens lie together in token order, and then each run of one
+ * id adds its tokens into the id's row in that order, a column per thread: the CPU's additions in the CPU's order,
+ * hence its bits, with (distinct ids) x (columns) of parallelism instead of columns alone. The keys are
+ * id << 32 | token, all distinct, so any correct sort gives the one order; a bitonic sort of P = the power of two
+ * >= max(N, 2) keys (the padding keys, all ones, sort last) in the backend's scratch, P * 8 bytes
+ * (snug_cuda_scratch_bytes counts them). Its steps with partners less than EB_SEG apart run in shared memory, a
+ * segment of EB_SEG keys per block; the wider ones one launch per step. */
+#define EB_SEG 2048 /* keys per block of the shared-memory steps (EB_SEG/2 threads, 16 KiB) */
+
+__global__ void eb_keys_kernel(uint64_t *key, const int32_t *ids, int N, size_t P) {
+    // key (P): id << 32 | n for n < N, all ones after
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < P; i += (size_t)gridDim.x * blockDim.x)
+        key[i] = i < (size_t)N ? (uint64_t)(uint32_t)ids[i] << 32 | i : ~(uint64_t)0;
+}
+
+/* Compare-exchange of keys i and i + j (bit j of i clear) in step (k, j) of the bitonic sort: ascending where bit k
+ * of the global index gi is clear. */
+static __device__ __forceinline__ void eb_cmpx(uint64_t *a, uint64_t *b, size_t gi, size_t k) {
+    uint64_t x = *a, y = *b;
+    if ((gi & k) == 0 ? x > y : x < y) {
+        *a = y;
+        *b = x;
+    }
+}
+
+__global__ void eb_step_kernel(uint64_t *key, size_t P, size_t k, size_t j) {
+    // one step (k, j >= EB_SEG) over all P keys: pair t of P/2 is (i, i + j), i the t-th index with bit j clear
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < P / 2; t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t / j * 2 * j + t % j;
+        eb_cmpx(&key[i], &key[i + j], i, k);
+    }
+}
+
+__global__ void __launch_bounds__(EB_SEG / 2) eb_shared_kernel(uint64_t *key, size_t P, size_t k0, size_t k1,
+                                                               size_t j0) {
+    // the steps k = k0 .. k1 (doubling), j = j0 (for k0; k/2 for the others) .. 1, on segment blockIdx.x of
+    // min(P, EB_SEG) keys held in shared memory
+    __shared__ uint64_t s[EB_SEG];
+    size_t seg = P < EB_SEG ? P : EB_SEG, base = blockIdx.x * seg;
+    for (size_t i = threadIdx.x; i < seg; i += blockDim.x)
+        s[i] = key[base + i];
+    __syncthreads();
+    for (size_t k = k0; k <= k1; k <<= 1)
+        for (size_t j = k == k0 ? j0 : k >> 1; j > 0; j >>= 1) {
+            for (size_t t = threadIdx.x; t < seg / 2; t += blockDim.x) {
+                size_t i = t / j * 2 * j + t % j;
+                eb_cmpx(&s[i], &s[i + j], base + i, k);
+            }
+            __syncthreads();
+        }
+    for (size_t i = threadIdx.x; i < seg; i += blockDim.x)
+        key[base + i] = s[i];
+}
+
+__global__ void eb_sum_kernel(float *__restrict__ dtable, const float *__restrict__ dout,
+                              const uint64_t *__restrict__ key, int N, int C) {
+    // block r: when sorted key r starts a run of one id, dtable[id] (C) += the run's rows of dout (N,C) in token
+    // order, one column per thread and step
+    int r = blockIdx.x;
+    uint32_t id = (uint32_t)(key[r] >> 32);
+    if (r > 0 && (uint32_t)(key[r - 1] >> 32) == id)
         return;
-    for (int n = 0; n < N; n++)
-        dtable[(size_t)ids[n] * C + c] += dout[(size_t)n * C + c];
+    int end = r + 1;
+    while (end < N && (uint32_t)(key[end] >> 32) == id)
+        end++;
+    float *d = dtable + (size_t)id * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = d[c];
+        for (int q = r; q < end; q++)
+            acc += dout[(size_t)(uint32_t)key[q] * C + c];
+        d[c] = acc;
+    }
 }
 
 extern "C" void snug_cuda_embed_bwd(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N,
                                     int C) {
     if (N <= 0 || C <= 0)
         return;
-    int threads = 128; /* more blocks for narrow tables: C is the only parallelism */
-    embed_bwd_kernel<<<(C + threads - 1) / threads, threads, 0, snug_cuda_stream(be)>>>(dtable, dout, ids, N, C);
+    cudaStream_t st = snug_cuda_stream(be);
+    size_t P = snug_cuda_pow2ceil((size_t)N);
+    uint64_t *key = (uint64_t *)snug_cuda_scratch(be, P * sizeof(uint64_t)); /* (P) */
+    if (!key)
+        return;
+    eb_keys_kernel<<<snug_cuda_grid(P), SNUG_CUDA_THREADS, 0, st>>>(key, ids, N, P);
+    SNUG_CUDA_LAUNCHED();
+    size_t seg = P < EB_SEG ? P : EB_SEG;
+    unsigned int nseg = (unsigned int)(P / seg), threads = (unsigned int)(seg / 2);
+    eb_shared_kernel<<<nseg, threads, 0, st>>>(key, P, 2, seg, 1); /* each segment sorted, directions alternating */
+    SNUG_CUDA_LAUNCHED();
+    for (size_t k = 2 * seg; k <= P; k <<= 1) { /* merges of 2 segments, 4, ... */
+        for (size_t j = k / 2; j >= seg; j >>= 1) {
+            eb_step_kernel<<<snug_cuda_grid(P / 2), SNUG_CUDA_THREADS, 0, st>>>(key, P, k, j);
+            SNUG_CUDA_LAUNCHED();
+        }
+        eb_shared_kernel<<<nseg, threads, 0, st>>>(key, P, k, k, seg / 2);
+        SNUG_CUDA_LAUNCHED();
+    }
+    eb_sum_kernel<<<N, ROW_THREADS, 0, st>>>(dtable, dout, key, N, C);
     SNUG_CUDA_LAUNCHED();
 }
 
