@@ -56,6 +56,11 @@ int main(void) {
     CHECK(c.allreduce_sum(&c, x, 3, SNUG_COMM_F32, &e) == 0 && x[0] == 1.5f && x[1] == -2 && x[2] == 3);
     CHECK(c.broadcast(&c, &k, 1, SNUG_COMM_I64, 0, &e) == 0 && k == 7 && c.barrier(&c, &e) == 0 && c.seq == 3);
     CHECK(c.broadcast(&c, &k, 1, SNUG_COMM_I64, 1, &e) != 0);
+    size_t counts[1] = {3};
+    CHECK(c.reduce_scatter_sum(&c, x, counts, SNUG_COMM_F32, &e) == 0 && c.allgather(&c, x, counts, SNUG_COMM_F32, &e)
+          == 0 && x[0] == 1.5f && x[1] == -2 && x[2] == 3 && c.seq == 6);
+    size_t three[3] = {4, 0, 5};
+    CHECK(snug_comm_displ(three, 0) == 0 && snug_comm_displ(three, 2) == 4 && snug_comm_displ(three, 3) == 9);
     snug_comm_close(&c);
 
     /* the rank-order sum: ((a0 + a1) + a2), not a0 + (a1 + a2) */
