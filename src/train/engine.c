@@ -68,6 +68,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
         g->opt.kind = spec->optim;
         g->opt.paged = spec->optim_paged;
         g->opt.stage16 = spec->lv.dt != SNUG_DT_F32 && !g->model.lora.on;
+        SNUG_TRY(snug_plan_shard_optimizer(&g->opt, spec, snug_model_trainable(&g->model), e));
         SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, snug_model_trainable(&g->model), g->be, e));
         if (spec->ckpt_snapshot)
             SNUG_TRY(snug_plan_snapshot_layout(&g->arenas, &g->model.lv, g->snapshot, e));

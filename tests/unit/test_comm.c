@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "dist/comm.h"
+#include "dist/zero.h"
 
 static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
                              "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "RANK",
@@ -70,5 +71,24 @@ int main(void) {
     double dall[4] = {0.1, 0.2, 0.3, 0.4}, dout[2];
     snug_comm_sum_in_order(dout, dall, 2, 2, SNUG_COMM_F64);
     CHECK(dout[0] == 0.1 + 0.3 && dout[1] == 0.2 + 0.4);
+
+    /* ZeRO's shards (dist/zero.c): they tile the range, every edge is a tensor's start plus whole blocks, and each
+     * shard is within a block of total / size */
+    size_t starts[5] = {0, 100, 1124, 5000, 5003}, total = 9001;
+    for (int size = 1; size <= 7; size++) {
+        size_t counts[7], sum = 0;
+        snug_zero_shards(starts, 5, total, size, 256, counts);
+        for (int r = 0; r < size; r++) {
+            size_t lo = sum;
+            sum += counts[r];
+            int on_block = 0;
+            for (int i = 0; i < 5; i++)
+                on_block |= lo >= starts[i] && (i == 4 || lo < starts[i + 1]) && (lo - starts[i]) % 256 == 0;
+            CHECKF(on_block, "size %d: rank %d starts at %zu, inside a block", size, r, lo);
+            double dev = (double)counts[r] - (double)total / size;
+            CHECKF(dev > -257.0 && dev < 257.0, "size %d: rank %d holds %zu of %zu", size, r, counts[r], total);
+        }
+        CHECKF(sum == total, "size %d: the shards hold %zu of %zu", size, sum, total);
+    }
     return check_finish("test_comm");
 }
