@@ -177,10 +177,15 @@ static const key_spec keys[] = {
     {.name = "deepspeed", .type = KT_STRING, .group = G_BATCH, AT_STR(deepspeed),
      .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage (offloading is refused; the "
              "file's other settings are DeepSpeed's own and are not read)"},
+    {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
+     .help = "FSDP's sharding, as Hugging Face's Trainer takes it: shard_grad_op is zero_stage 2, no_shard 0, "
+             "auto_wrap is accepted (snug shards and reduces layer by layer anyway); full_shard (stage 3) and "
+             "offload are not built yet"},
     {.name = "zero_stage", .type = KT_INT, .group = G_BATCH, AT_INT(zero_stage), .def = "0", MIN(0),
      .help = "ZeRO over the ranks: 1 = each rank keeps the optimizer state of 1/N of the parameters, steps only those "
              "after a reduce-scatter of the gradients and all-gathers the updated parameters (the same results as "
-             "ddp); 0 = every rank holds everything; 2 and 3 are not built yet"},
+             "ddp); 2 = also the gradients: each layer's are reduce-scattered as backward completes them, every "
+             "micro-batch, into the rank's shard; 0 = every rank holds everything; 3 is not built yet"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
@@ -381,10 +386,8 @@ static const key_spec keys[] = {
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
-    LATER("fsdp", KT_LIST, "full_shard is ZeRO stage 3 and shard_grad_op stage 2, neither built yet; zero_stage: 1 "
-                           "shards the optimizer state over the ranks of mpirun"),
-    LATER("fsdp_config", KT_MAP, "fsdp_sharding_strategy FULL_SHARD is ZeRO stage 3 and SHARD_GRAD_OP stage 2, "
-                                 "neither built yet; zero_stage: 1 shards the optimizer state over the ranks of mpirun"),
+    LATER("fsdp_config", KT_MAP, "fsdp_sharding_strategy FULL_SHARD is ZeRO stage 3, not built yet; SHARD_GRAD_OP is "
+                                 "stage 2: write fsdp: [shard_grad_op] or zero_stage: 2 instead"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
     LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
     LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
@@ -1084,10 +1087,9 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
                        ds);
     else if (st && (!json_is_integer(st) || json_integer_value(st) < 0 || json_integer_value(st) > 3))
         rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage must be 0, 1, 2 or 3", ds);
-    else if (st && (stage = (int)json_integer_value(st)) > 1)
-        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage %d (%s sharded) is not supported "
-                       "yet; set it to 1 (optimizer state sharded) or 0", ds, stage,
-                       stage == 2 ? "gradients" : "parameters");
+    else if (st && (stage = (int)json_integer_value(st)) > 2)
+        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage %d (parameters sharded) is not "
+                       "supported yet; set it to 2 (optimizer state and gradients sharded), 1 or 0", ds, stage);
     static const char *const offloads[] = {"offload_optimizer", "offload_param"};
     for (int i = 0; !rc && z && i < 2; i++) {
         json_t *off = json_object_get(z, offloads[i]), *dev = off ? json_object_get(off, "device") : NULL;
@@ -1104,6 +1106,34 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
         o->zero_stage = stage;
     json_decref(j);
     return rc;
+}
+
+/* fsdp: [shard_grad_op, auto_wrap]. Its strategy means a ZeRO stage (SHARD_GRAD_OP = 2, NO_SHARD = 0; FULL_SHARD
+ * = 3 is not built), which sets zero_stage (a zero_stage given too must agree). */
+static int apply_fsdp(snug_run_config *o, snug_error *e) {
+    int stage = -1;
+    for (const char *p = o->fsdp; *p;) {
+        size_t k = strcspn(p, ", ");
+        if (k == 13 && !strncmp(p, "shard_grad_op", k))
+            stage = 2;
+        else if (k == 8 && !strncmp(p, "no_shard", k))
+            stage = stage < 0 ? 0 : stage;
+        else if (k == 10 && !strncmp(p, "full_shard", k))
+            return snug_fail(e, SNUG_EINPUT, "fsdp: full_shard is ZeRO stage 3 (parameters sharded), not supported "
+                             "yet; use shard_grad_op (stage 2: optimizer state and gradients sharded)");
+        else if (k && !(k == 9 && !strncmp(p, "auto_wrap", k)))
+            return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes shard_grad_op, no_shard and "
+                             "auto_wrap (full_shard and offload are not built yet)", (int)k, p);
+        p += k;
+        p += strspn(p, ", ");
+    }
+    if (stage < 0)
+        return 0;
+    if (o->zero_stage && o->zero_stage != stage)
+        return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp (%s) means stage %d; keep one", o->zero_stage,
+                         o->fsdp, stage);
+    o->zero_stage = stage;
+    return 0;
 }
 
 int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
@@ -1134,6 +1164,7 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
         SNUG_TRY(snug_options_set(&tmp, key, value, "command line", e));
     }
     SNUG_TRY(apply_deepspeed(&tmp, e));
+    SNUG_TRY(apply_fsdp(&tmp, e));
     *o = tmp;
     return 0;
 }

@@ -790,16 +790,15 @@ static void print_ranks(const report *r, FILE *f) {
     char text[1400];
     int host = r->modes[0].host_total > 0;
     snprintf(text, sizeof text, "per rank: the device memory with the cuda runtime overhead%s; the rest: activations, "
-             "workspace, data. ddp and zero-1 come from the layout code the trainer allocates with (zero-1: the "
-             "largest rank's optimizer shard); * marks a mode with parts estimated by ZeRO's formulas because snug "
-             "has not built them yet (the fp32 master copy 1/N, gradients 1/N + two layers, parameters 1/N + two "
-             "layers; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
+             "workspace, data. ddp, zero-1 and zero-2 come from the layout code the trainer allocates with (the "
+             "largest rank's shards); * marks a mode with parts estimated by ZeRO's formulas because snug has not "
+             "built them yet (the fp32 master copy 1/N, parameters 1/N + two layers; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
     wrap(f, "  ", 4, text, 118);
     if (!g)
         return;
     snprintf(text, sizeof text, "step s: compute %.3f s per step (%d x %d tokens x %d micro-batches per rank) plus the "
              "communication, after backward for ddp and zero-1, overlapped layer by layer for zero-2 and zero-3 (one "
-             "layer's share exposed)", r->modes[0].compute_s, r->p->spec.B, r->p->spec.T,
+             "layer's share exposed; the overlap needs GPU ranks, which snug does not have yet)", r->modes[0].compute_s, r->p->spec.B, r->p->spec.T,
              r->p->spec.GA > 1 ? r->p->spec.GA : 1);
     wrap(f, "  ", 4, text, 118);
     snug_format_bytes(b[0], sizeof b[0], g->mem_bytes);
@@ -807,7 +806,7 @@ static void print_ranks(const report *r, FILE *f) {
         snprintf(text, sizeof text, "chosen: %s, the mode that fits in %s at the least predicted step time (%.1f%% "
                  "over the compute alone)%s", mode_names[r->mode_choice], b[0],
                  100.0 * (r->modes[r->mode_choice].step_s / r->modes[r->mode_choice].compute_s - 1.0),
-                 r->mode_choice > 1 ? "; snug trains zero_stage 0 and 1 so far" : "");
+                 r->mode_choice > 2 ? "; snug trains zero_stage 0 to 2 so far" : "");
     else
         snprintf(text, sizeof text, "no mode fits in %s per GPU; more GPUs, or the levers above, shrink each rank",
                  b[0]);

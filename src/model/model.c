@@ -260,11 +260,11 @@ static void dense_layer_views(const snug_model *m, float *base, snug_layer_tenso
 
 /* Where each tensor's gradient lives (snug_model.grad_off). Normally the flat layout of the parameters. With 16-bit
  * layer gradients, the global tensors are packed into grads and the layers into grads16. With
- * optimizer_in_backward, one buffer the size of the largest layer takes every layer's gradients in turn: no
- * full-model gradient buffer exists. */
+ * optimizer_in_backward (and ZeRO-2's zero_grads), one buffer the size of the largest layer takes every layer's
+ * gradients in turn: no full-model gradient buffer exists. */
 static int grad_offsets(snug_model *m, snug_error *e) {
     const snug_param_table *t = &m->table;
-    int g16 = is16(m) && !m->lv.grads_fp32, oib = m->lv.optimizer_in_backward;
+    int g16 = is16(m) && !m->lv.grads_fp32, oib = m->lv.optimizer_in_backward || m->lv.zero_grads;
     free(m->grad_off);
     m->grad_off = malloc((size_t)(t->n ? t->n : 1) * sizeof *m->grad_off);
     if (!m->grad_off)
@@ -1197,7 +1197,8 @@ static void layer_bwd(snug_model *m, int l) {
     if (need_dx)
         norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
-        size_t o16 = m->lv.optimizer_in_backward ? 0 : m->table.layer_offset[l] - m->table.layer_offset[0];
+        size_t o16 = m->lv.optimizer_in_backward || m->lv.zero_grads ? 0
+                                                                      : m->table.layer_offset[l] - m->table.layer_offset[0];
         be->to16(be, m->grads16 + o16, m->gl, m->table.layer_numel[l], m->lv.dt, 0);
     }
 }

@@ -12,6 +12,7 @@
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
+    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1;
     if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
         lv.master_weights = 0;
         lv.grads_fp32 = 0;
@@ -54,6 +55,23 @@ int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const sn
     return 0;
 }
 
+int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
+    m->gshard = NULL;
+    m->gshard_lo = m->gshard_n = 0;
+    if (!m->lv.zero_grads)
+        return 0;
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+    snug_plan_zero_counts(s, &m->table, counts);
+    m->gshard_lo = snug_comm_displ(counts, s->rank);
+    m->gshard_n = counts[s->rank];
+    free(counts);
+    if (m->gshard_n && !(m->gshard = snug_arena_alloc(&A->a[SNUG_MEM_GRADS], m->gshard_n * sizeof(float), e)))
+        return e ? e->code : SNUG_ENOMEM;
+    return 0;
+}
+
 int snug_plan_kept(const snug_levers *lv, snug_category c) {
     return (c == SNUG_MEM_PARAMS && !lv->lora.kind) || c == SNUG_MEM_MASTER || c == SNUG_MEM_OPTIM ||
            c == SNUG_MEM_ADAPTER;
@@ -82,6 +100,8 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     snug_arenas A;
     snug_arenas_init_counting(&A);
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
+    if (!rc && s->with_grads)
+        rc = snug_plan_shard_grads(&m, &A, s, e);
     snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = m.lv.dt != SNUG_DT_F32 && !m.lora.on};
     if (!rc && s->with_grads)
         rc = snug_plan_shard_optimizer(&opt, s, snug_model_trainable(&m), e);

@@ -58,6 +58,10 @@ void snug_plan_zero_counts(const snug_plan_spec *s, const snug_param_table *t, s
  * both call it, so the planned optimizer arena is the allocated one. */
 int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const snug_param_table *t, snug_error *e);
 
+/* ZeRO-2 (m->lv.zero_grads): carves m->gshard, the rank's shard of the summed gradients, in A's gradients arena,
+ * after snug_model_layout; nothing otherwise. The plan and the engine both call it. */
+int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e);
+
 /* The checkpoint snapshot: one host copy of each category a checkpoint keeps (parameters, master weights, optimizer
  * state), carved from A's snapshot arena with the size the same categories of A have reached; dst[c] gets the copy
  * of category c (NULL for the others). The plan and the engine both call it after laying the model and the

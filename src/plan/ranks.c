@@ -17,25 +17,27 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
                     snug_error *e) {
     memset(out, 0, 4 * sizeof *out);
     *choice = -1;
-    snug_plan ddp, z1 = {0}, p;
-    SNUG_TRY(rank_plan(s, n, 0, 0, &ddp, e));
-    for (int r = 0; r < n; r++) { /* the largest shard's optimizer arena (edges on blocks make them differ a little) */
-        SNUG_TRY(rank_plan(s, n, r, 1, &p, e));
-        if (r == 0 || p.bytes[SNUG_MEM_OPTIM] > z1.bytes[SNUG_MEM_OPTIM])
-            z1 = p;
-    }
+    snug_plan built[3], p; /* DDP, ZeRO-1 and ZeRO-2 as the layout code lays them out */
+    SNUG_TRY(rank_plan(s, n, 0, 0, &built[0], e));
+    for (int z = 1; z <= 2; z++)
+        for (int r = 0; r < n; r++) { /* the largest rank (edges on blocks make the shards differ a little) */
+            SNUG_TRY(rank_plan(s, n, r, z, &p, e));
+            if (r == 0 || p.total + p.host_total > built[z].total + built[z].host_total)
+                built[z] = p;
+        }
+    const snug_plan *ddp = &built[0];
     snug_param_table t;
     SNUG_TRY(snug_param_table_build(&t, &s->cfg, e));
     size_t layer = t.layer_numel && s->cfg.n_layer > 0 ? t.layer_numel[0] : 0;
     snug_param_table_free(&t);
-    double P = (double)ddp.nparams, f = (double)(n - 1) / n, GA = s->GA > 1 ? s->GA : 1;
+    double P = (double)ddp->nparams, f = (double)(n - 1) / n, GA = s->GA > 1 ? s->GA : 1;
     double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4; /* the ranks sum fp32 gradients (snug_plan_levers) */
     size_t wb = (size_t)w;
-    double tps = g ? snug_gpu_tokens_per_s(g, s, ddp.nparams) : 0;
+    double tps = g ? snug_gpu_tokens_per_s(g, s, ddp->nparams) : 0;
     double compute = tps > 0 ? (double)s->B * s->T * GA / tps : 0;
     for (int z = 0; z < 4; z++) {
         snug_rank_mode *m = &out[z];
-        const snug_plan *base = z ? &z1 : &ddp;
+        const snug_plan *base = &built[z < 2 ? z : 2];
         m->stage = z;
         memcpy(m->bytes, base->bytes, sizeof m->bytes);
         size_t *b = m->bytes;
@@ -43,12 +45,9 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
             b[SNUG_MEM_MASTER] = (b[SNUG_MEM_MASTER] + (size_t)n - 1) / (size_t)n;
             m->estimated = 1;
         }
-        if (z >= 2) { /* gradients: the shard, and two layers being reduced */
-            b[SNUG_MEM_GRADS] = (b[SNUG_MEM_GRADS] + (size_t)n - 1) / (size_t)n + 2 * layer * (size_t)gb;
-            m->estimated = 1;
-        }
         if (z >= 3) { /* parameters: the shard, and two layers gathered (in use, prefetched) */
             b[SNUG_MEM_PARAMS] = (b[SNUG_MEM_PARAMS] + (size_t)n - 1) / (size_t)n + 2 * layer * wb;
+            m->estimated = 1;
         }
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             *(base->host[c] ? &m->host_total : &m->total) += b[c];

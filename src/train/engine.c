@@ -64,6 +64,8 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
             g->arenas.a[c].budget = cap + (size_t)slack;
     }
     SNUG_TRY(snug_model_layout(&g->model, &g->arenas, spec->B, spec->T, spec->with_grads, e));
+    if (spec->with_grads)
+        SNUG_TRY(snug_plan_shard_grads(&g->model, &g->arenas, spec, e));
     if (spec->with_grads) {
         g->opt.kind = spec->optim;
         g->opt.paged = spec->optim_paged;

@@ -47,6 +47,50 @@ static void zero_grads(snug_model *m) {
         m->be->zero(m->be, m->grads16, m->grads16_numel * sizeof(uint16_t));
     if (m->lora.grads)
         m->be->zero(m->be, m->lora.grads, m->lora.table.total * sizeof(float));
+    if (m->gshard)
+        m->be->zero(m->be, m->gshard, m->gshard_n * sizeof(float));
+}
+
+/* ZeRO-2: as backward completes a layer's gradients (layer -1: the global tensors, two runs of the table), each run
+ * of its tensors is reduce-scattered over the ranks' shards, this rank adds its segment of the sum into its shard
+ * (gshard), and the shared buffer is zeroed for the next layer. Every micro-batch does so, as DeepSpeed's stage 2:
+ * no full gradient is kept to accumulate into. */
+typedef struct zero2_ctx {
+    snug_engine *eng;
+    snug_comm *comm;
+    const size_t *shard; /* each rank's elements of the table */
+    size_t *counts;      /* (size) scratch: a run's elements in each rank's shard */
+    int rc;
+    snug_error e;
+} zero2_ctx;
+
+static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
+    (void)offset, (void)numel;
+    zero2_ctx *c = ud;
+    snug_model *m = &c->eng->model;
+    snug_backend *be = m->be;
+    const snug_param_table *t = &m->table;
+    for (int i = 0; !c->rc && i < t->n;) {
+        if (t->e[i].layer != layer) {
+            i++;
+            continue;
+        }
+        int j = i; /* a run of the layer's tensors: contiguous in the table and in the shared buffer */
+        while (j < t->n && t->e[j].layer == layer)
+            j++;
+        size_t lo = t->e[i].offset, hi = t->e[j - 1].offset + t->e[j - 1].numel, s0 = 0;
+        for (int r = 0; r < c->comm->size; s0 += c->shard[r], r++) {
+            size_t a = s0 > lo ? s0 : lo, b = s0 + c->shard[r] < hi ? s0 + c->shard[r] : hi;
+            c->counts[r] = b > a ? b - a : 0;
+        }
+        float *g = m->grads + m->grad_off[i];
+        c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32, &c->e);
+        size_t mine = snug_comm_displ(c->counts, c->comm->rank), n = c->counts[c->comm->rank];
+        if (!c->rc && n)
+            be->accumulate(be, m->gshard + (lo + mine - m->gshard_lo), g + mine, n);
+        be->zero(be, g, (hi - lo) * sizeof(float));
+        i = j;
+    }
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -163,7 +207,8 @@ static int ddp_reduce_grads(snug_comm *c, snug_model *m, const size_t *shard, sn
 static int zero_grad_norm(snug_comm *c, const snug_model *m, const size_t *shard, float grad_scale, double *norm,
                           snug_error *e) {
     size_t lo = snug_comm_displ(shard, c->rank);
-    double ss = shard[c->rank] ? m->be->sumsq(m->be, m->grads + lo, SNUG_DT_F32, shard[c->rank]) : 0.0;
+    const float *g = m->lv.zero_grads ? m->gshard : m->grads + lo; /* ZeRO-2 keeps only the shard's sum */
+    double ss = shard[c->rank] ? m->be->sumsq(m->be, g, SNUG_DT_F32, shard[c->rank]) : 0.0;
     SNUG_TRY(c->allreduce_sum(c, &ss, 1, SNUG_COMM_F64, e));
     *norm = sqrt(ss) * fabs((double)grad_scale);
     return 0;
@@ -519,13 +564,23 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         else
             snug_plan_zero_counts(&r.s.spec, &r.eng.model.table, shard);
         if (shard) {
-            size_t most = 0;
-            for (int q = 0; q < W; q++)
+            size_t most = 0, least = (size_t)-1;
+            for (int q = 0; q < W; q++) {
                 most = shard[q] > most ? shard[q] : most;
-            fprintf(out, "  ZeRO                 stage %d: optimizer state sharded, %zu to %zu parameters per rank "
-                    "(edges on %d-element blocks); gradients reduce-scattered, parameters all-gathered\n",
-                    o->zero_stage, shard[W - 1] < most ? shard[W - 1] : most, most, SNUG_Q8_BLOCK);
+                least = shard[q] < least ? shard[q] : least;
+            }
+            fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
+                    "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered\n", o->zero_stage,
+                    o->zero_stage >= 2 ? "optimizer state and gradients" : "optimizer state", least, most,
+                    SNUG_Q8_BLOCK, o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward" : "");
         }
+    }
+    zero2_ctx z2 = {.eng = &r.eng, .comm = &comm, .shard = shard};
+    if (!rc && shard && o->zero_stage >= 2) {
+        if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+        r.eng.model.on_grads_ready = zero2_ready;
+        r.eng.model.on_grads_ready_ud = &z2;
     }
 
     char metrics_path[4096];
@@ -603,6 +658,18 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
                 step_in_backward(&in_bwd, l, 0, 0);
         }
+        /* ZeRO-2: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
+         * reduce-scatters, with zero gradients, in backward's order */
+        for (int k = k1 - k0; z2.counts && k < (nmb < GAr ? nmb : GAr); k++)
+            for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
+                zero2_ready(&z2, l, 0, 0);
+        if (z2.rc) {
+            rc = z2.rc;
+            if (e)
+                *e = z2.e;
+            broken = 1;
+            break;
+        }
         if (in_bwd.rc) {
             rc = in_bwd.rc;
             if (e)
@@ -611,7 +678,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             break;
         }
         if (W > 1 && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64, e)) ||
-                      (!o->optimizer_in_backward && (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
+                      (!o->optimizer_in_backward && !z2.counts && (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
             broken = 1;
             break;
         }
@@ -804,6 +871,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(seg);
     free(mb);
     free(shard);
+    free(z2.counts);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)
