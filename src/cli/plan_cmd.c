@@ -791,8 +791,8 @@ static void print_ranks(const report *r, FILE *f) {
     int host = r->modes[0].host_total > 0;
     snprintf(text, sizeof text, "per rank: the device memory with the cuda runtime overhead%s; the rest: activations, "
              "workspace, data. ddp, zero-1 and zero-2 come from the layout code the trainer allocates with (the "
-             "largest rank's shards); * marks a mode with parts estimated by ZeRO's formulas because snug has not "
-             "built them yet (the fp32 master copy 1/N, parameters 1/N + two layers; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
+             "largest rank's shards); * marks a mode estimated by ZeRO's formula because snug has not built it yet "
+             "(zero-3: the parameters 1/N + two layers; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
     wrap(f, "  ", 4, text, 118);
     if (!g)
         return;

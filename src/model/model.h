@@ -231,6 +231,9 @@ typedef struct snug_model {
     size_t grads_numel;    /* floats in grads */
     size_t grads16_numel;  /* elements in grads16 */
     float *gshard;         /* lv.zero_grads: (gshard_n) the summed gradients of table floats [gshard_lo, +gshard_n) */
+    int master_sharded;    /* ZeRO, 16-bit with master weights: `params` (the master copy) holds only table floats
+                            * [master_lo, +master_n), the rank's shard; set before layout */
+    size_t master_lo, master_n;
     size_t gshard_lo, gshard_n;
     snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16) */
     size_t gwte, gwpe, glnf_w, glnf_b, ghead; /* where the global tensors start in the table ((size_t)-1: none) */

@@ -259,14 +259,16 @@ static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table
     size_t goff = md->grad_off[i] + a;
     /* fp32 gradients: the model's, or under ZeRO-2 the rank's shard of their sum */
     const float *gsrc = md->lv.zero_grads ? md->gshard + (off - md->gshard_lo) : md->grads ? md->grads + goff : NULL;
+    float *master = md->params && md->master_sharded ? md->params + (off - md->master_lo) /* ZeRO: the shard's */
+                                                     : md->params ? md->params + off : NULL;
     if (!p16 && !g16) {
-        op(o, be, p, md->params + off, gsrc, k, lr, gs, m, v, qm, qv, am, av);
+        op(o, be, p, master, gsrc, k, lr, gs, m, v, qm, qv, am, av);
         return;
     }
     /* 16-bit: slices of the staging size (a multiple of the 8-bit block, so the codes' blocks stay aligned) */
     for (size_t j = 0; j < k; j += o->stage_n) {
         size_t kk = k - j < o->stage_n ? k - j : o->stage_n;
-        float *pp = md->params ? md->params + off + j : o->stage_p;
+        float *pp = master ? master + j : o->stage_p;
         const float *gg = gsrc ? gsrc + j : NULL;
         if (!md->params)
             be->from16(be, o->stage_p, md->params16 + off + j, kk, md->lv.dt);

@@ -55,6 +55,23 @@ int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const sn
     return 0;
 }
 
+void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s) {
+    m->master_sharded = 0;
+    m->master_lo = 0;
+    m->master_n = m->table.total;
+    if (!s->with_grads || !s->zero_stage || s->ranks <= 1 || !m->lv.master_weights || m->lv.dt == SNUG_DT_F32 ||
+        m->lv.lora.kind)
+        return;
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts) /* the whole copy: more memory than planned for ZeRO, never a wrong one */
+        return;
+    snug_plan_zero_counts(s, &m->table, counts);
+    m->master_sharded = 1;
+    m->master_lo = snug_comm_displ(counts, s->rank);
+    m->master_n = counts[s->rank];
+    free(counts);
+}
+
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
     m->gshard = NULL;
     m->gshard_lo = m->gshard_n = 0;
@@ -97,6 +114,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     m.lv = snug_plan_levers(s);
     int B = s->B, T = s->T;
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
+    snug_plan_shard_master(&m, s);
     snug_arenas A;
     snug_arenas_init_counting(&A);
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);

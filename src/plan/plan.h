@@ -58,6 +58,10 @@ void snug_plan_zero_counts(const snug_plan_spec *s, const snug_param_table *t, s
  * both call it, so the planned optimizer arena is the allocated one. */
 int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const snug_param_table *t, snug_error *e);
 
+/* ZeRO under 16-bit storage with master weights: the master copy is the rank's shard (m->master_sharded, master_lo,
+ * master_n), set before snug_model_layout (by the plan and the engine alike); the whole copy otherwise. */
+void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s);
+
 /* ZeRO-2 (m->lv.zero_grads): carves m->gshard, the rank's shard of the summed gradients, in A's gradients arena,
  * after snug_model_layout; nothing otherwise. The plan and the engine both call it. */
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e);

@@ -41,10 +41,6 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
         m->stage = z;
         memcpy(m->bytes, base->bytes, sizeof m->bytes);
         size_t *b = m->bytes;
-        if (z >= 1 && b[SNUG_MEM_MASTER]) { /* the master copy is not sharded by snug's stage 1 yet */
-            b[SNUG_MEM_MASTER] = (b[SNUG_MEM_MASTER] + (size_t)n - 1) / (size_t)n;
-            m->estimated = 1;
-        }
         if (z >= 3) { /* parameters: the shard, and two layers gathered (in use, prefetched) */
             b[SNUG_MEM_PARAMS] = (b[SNUG_MEM_PARAMS] + (size_t)n - 1) / (size_t)n + 2 * layer * wb;
             m->estimated = 1;

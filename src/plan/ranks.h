@@ -2,11 +2,11 @@
  * communication of one optimizer step and its predicted time on a GPU's interconnect.
  *
  * Memory. DDP, ZeRO-1 and ZeRO-2 are planned by the layout code the trainer allocates with (snug_plan_run with the
- * spec's ranks and zero_stage: ZeRO-1's optimizer arena is each rank's shard, ZeRO-2's gradients arena the shared
- * layer buffer, the global tensors' gradients and the rank's shard of the sum; the largest rank's plan is reported).
- * What is not built yet is estimated from those plans by the formulas of ZeRO (Rajbhandari et al. 2020), and says
- * so: the fp32 master copy 1/n from stage 1 (snug shards only the optimizer state and the gradients so far), the
- * parameters 1/n plus two layers' gather buffers (the layer in use and the one prefetched) at stage 3.
+ * spec's ranks and zero_stage: from stage 1 the optimizer arena and the fp32 master copy are each rank's shard, and
+ * at stage 2 the gradients arena is the shared layer buffer, the global tensors' gradients and the rank's shard of
+ * the sum; the largest rank's plan is reported). Stage 3, not built yet, is estimated from stage 2's plan by the
+ * formula of ZeRO (Rajbhandari et al. 2020), and says so: the parameters 1/n plus two layers' gather buffers (the
+ * layer in use and the one prefetched).
  *
  * Communication (ring collectives, bytes each rank sends per optimizer step; P parameters, g = 4 bytes per fp32
  * gradient, w = 2 or 4 per parameter as stored, f = (n-1)/n, GA micro-batches per rank):

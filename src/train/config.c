@@ -72,10 +72,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(!o->zero_stage || o->adapter == SNUG_ADAPTER_NONE,
             "%s: zero_stage %d with an adapter is not supported: the adapters' state is small and stays whole on "
             "every rank; set zero_stage: 0", src, o->zero_stage);
-    REQUIRE(!o->zero_stage || !(o->bf16 || o->fp16) || !o->master_weights,
-            "%s: zero_stage %d with %s and master_weights is not supported yet (the fp32 master copy is not sharded "
-            "yet); set master_weights: false (bf16 with stochastic rounding) or zero_stage: 0", src, o->zero_stage,
-            o->fp16 ? "fp16" : "bf16");
     REQUIRE(!o->fp16 || o->master_weights,
             "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
             "with master_weights: false, or keep master_weights: true", src);

@@ -221,6 +221,24 @@ static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *s
     return c->allgather(c, m->params, shard, SNUG_COMM_F32, e);
 }
 
+/* ZeRO with a sharded master copy: the whole fp32 master on every rank before the weights are saved (an all-gather
+ * into host memory outside the arenas, P x 4 bytes at the end of the run; the ranks are CPU processes, so host memory
+ * is the backend's), so that rank 0 saves the F32 weights DDP saves. */
+static int zero_gather_master(snug_comm *c, snug_model *m, const size_t *shard, float **full, snug_error *e) {
+    if (!m->master_sharded)
+        return 0;
+    size_t P = m->table.total;
+    if (!(*full = malloc(P * sizeof **full)))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it");
+    m->be->to_host(m->be, *full + m->master_lo, m->params, m->master_n * sizeof **full);
+    SNUG_TRY(c->allgather(c, *full, shard, SNUG_COMM_F32, e));
+    m->params = *full;
+    m->master_sharded = 0;
+    m->master_lo = 0;
+    m->master_n = P;
+    return 0;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -817,6 +835,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
+    float *master_full = NULL;
+    if (!rc && !stopped && shard && (rc = zero_gather_master(&comm, &r.eng.model, shard, &master_full, e)))
+        broken = 1;
     if (!rc && !stopped && lead)
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     if (!rc && !stopped && lead && o->merge_lora) {
@@ -872,6 +893,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(mb);
     free(shard);
     free(z2.counts);
+    free(master_full);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

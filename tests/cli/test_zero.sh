@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO over MPI ranks on the CPU against DDP at the same ranks, with the gradients summed in rank order
 # (ddp_deterministic). Stage 1 (optimizer state sharded): the logged losses and gradient norms and the final weights
-# are DDP's bits at 2 and 3 ranks, with AdamW, 8-bit AdamW (paged and not), bf16 storage and accumulation. Stage 2
+# are DDP's bits at 2 and 3 ranks, with AdamW, 8-bit AdamW (paged and not), bf16 storage (with the fp32 master copy
+# sharded, and without one), fp16 and accumulation. Stage 2
 # (gradients too, reduce-scattered layer by layer in every micro-batch's backward): DDP's bits without accumulation,
 # also over a whole epoch whose last step leaves ranks without a micro-batch; with accumulation each rank's shard
 # sums micro-batch by micro-batch ((g0a + g1a) + (g0b + g1b)) where DDP sums each rank's first, so the two differ by
@@ -95,7 +96,7 @@ for r, j in enumerate(ranks):
     if j.get("ranks") != {"size": n, "rank": r, "zero_stage": stage}:
         err.append(f"rank {r}: memory.json says {j.get('ranks')}")
     for c in j["plan"]:
-        if c not in ("optimizer state", "workspace", "gradients") and j["plan"][c] != ddp["plan"][c]:
+        if c not in ("optimizer state", "workspace", "gradients", "master weights") and j["plan"][c] != ddp["plan"][c]:
             err.append(f"rank {r}: {c} {j['plan'][c]} where DDP plans {ddp['plan'][c]}")
     g, gd = j["plan"]["gradients"], ddp["plan"]["gradients"]
     if (stage == 1 and g != gd) or (stage >= 2 and not g < gd):
@@ -113,7 +114,12 @@ if not eight:  # fp32 state, 8 bytes per element: each shard is 1/N of the eleme
     for r, b in enumerate(opt):
         if abs(b - whole / n) > 257 * 8:
             err.append(f"rank {r}: optimizer arena {b}, not 1/{n} of {whole}")
-print(f"  stage {stage}: optimizer state per rank {opt} against DDP's {whole}; gradients "
+# the fp32 master copy (16-bit storage): the rank's shard, 4 bytes per element, the shards summing to DDP's
+mas = [j["plan"]["master weights"] for j in ranks]
+whole_m = ddp["plan"]["master weights"]
+if whole_m and (not 0 <= sum(mas) - whole_m <= n * 64 or max(abs(b - whole_m / n) for b in mas) > 257 * 4):
+    err.append(f"the ranks' master copies {mas} against DDP's {whole_m}")
+print(f"  stage {stage}: master {mas} against DDP's {whole_m}; optimizer state per rank {opt} against DDP's {whole}; gradients "
       f"{[j['plan']['gradients'] for j in ranks]} against {ddp['plan']['gradients']}")
 sys.exit("\n".join(err) if err else 0)
 PY
@@ -124,10 +130,13 @@ check 1 adamw3 3
 check 1 q8_2 2 --optimizer adamw_8bit
 check 1 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
 check 1 bf16_2 2 --bf16 true --master_weights false
+check 1 bf16m_3 3 --bf16 true
 check 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
 check 2 adamw2 2
 check 2 adamw3 3
 check 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+check 2 bf16m_2 2 --bf16 true
+check 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
 # a whole epoch of 66 micro-batches on 4 ranks: the last step has 2, so ranks 2 and 3 join its reduce-scatters with
 # zeros
 check 2 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
@@ -169,6 +178,5 @@ refuse "fsdp full_shard" "fsdp: full_shard is ZeRO stage 3" --fsdp full_shard
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
 refuse "with an adapter" "adapter" --zero_stage 1 --adapter lora
-refuse "with bf16 master weights" "master_weights" --zero_stage 1 --bf16 true
 echo "test_zero: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -606,7 +606,6 @@ static void test_zero(void) {
         {"zero_stage: 3\n", "zero_stage 3 is not supported yet"},
         {"zero_stage: 1\noptimizer_in_backward: true\nmax_grad_norm: 0\n", "with optimizer_in_backward"},
         {"zero_stage: 1\nadapter: lora\n", "with an adapter"},
-        {"zero_stage: 1\nbf16: true\n", "set master_weights: false"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECKF(load(bad[i].yaml, &o, &e) == 0, "%s", e.msg);
