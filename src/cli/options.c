@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <jansson.h>
 #include <yaml.h>
 
 typedef enum key_type {
@@ -173,6 +174,18 @@ static const key_spec keys[] = {
              "naming the mismatch instead of hanging"},
     {.name = "dist_timeout", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(dist_timeout), .def = "600", MIN(0),
      .help = "seconds a collective may wait for the other ranks before the run fails on every rank; 0 = forever"},
+    {.name = "deepspeed", .type = KT_STRING, .group = G_BATCH, AT_STR(deepspeed),
+     .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage (offloading is refused; the "
+             "file's other settings are DeepSpeed's own and are not read)"},
+    {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
+     .help = "FSDP's sharding, as Hugging Face's Trainer takes it: shard_grad_op is zero_stage 2, no_shard 0, "
+             "auto_wrap is accepted (snug shards and reduces layer by layer anyway); full_shard (stage 3) and "
+             "offload are not built yet"},
+    {.name = "zero_stage", .type = KT_INT, .group = G_BATCH, AT_INT(zero_stage), .def = "0", MIN(0),
+     .help = "ZeRO over the ranks: 1 = each rank keeps the optimizer state of 1/N of the parameters, steps only those "
+             "after a reduce-scatter of the gradients and all-gathers the updated parameters (the same results as "
+             "ddp); 2 = also the gradients: each layer's are reduce-scattered as backward completes them, every "
+             "micro-batch, into the rank's shard; 0 = every rank holds everything; 3 is not built yet"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
@@ -344,6 +357,9 @@ static const key_spec keys[] = {
     /* flags of snug plan (not configuration keys: accepted on its command line only) */
     {.name = "gpu", .type = KT_STRING, .group = G_PLAN, PL_AT(char *, gpu),
      .help = "the GPU to fit (cuda backend): rtx4090, a100-40gb, a6000, l40s, a100-80gb, h100, h200"},
+    {.name = "gpus", .type = KT_INT, .group = G_PLAN, PL_AT(int, gpus), .def = "1", MIN(1),
+     .help = "data parallel over this many GPUs: each rank's memory for DDP and each ZeRO stage, the communication "
+             "per step and its time on --gpu's interconnect, and the stage that fits at the least predicted cost"},
     {.name = "backend", .type = KT_ENUM, .group = G_PLAN, PL_AT(int, backend), .def = "auto",
      .values = "auto cpu cuda", ENUMS({"auto", SNUG_BACKEND_AUTO}, {"cpu", SNUG_BACKEND_CPU}, {"cuda", SNUG_BACKEND_CUDA}),
      .help = "whose runtime overhead to count: auto = cuda with --gpu, else cpu"},
@@ -370,9 +386,8 @@ static const key_spec keys[] = {
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
-    LATER("deepspeed", KT_STRING, "multi-GPU training"),
-    LATER("fsdp", KT_LIST, "multi-GPU training"),
-    LATER("fsdp_config", KT_MAP, "multi-GPU training"),
+    LATER("fsdp_config", KT_MAP, "fsdp_sharding_strategy FULL_SHARD is ZeRO stage 3, not built yet; SHARD_GRAD_OP is "
+                                 "stage 2: write fsdp: [shard_grad_op] or zero_stage: 2 instead"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
     LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
     LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
@@ -1054,6 +1069,73 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
     return 1;
 }
 
+/* deepspeed: ds_config.json. Its zero_optimization.stage means what zero_stage means, so it sets it (a zero_stage
+ * given too must agree); stages not built and offloading to the CPU or NVMe are refused naming the file's key. */
+static int apply_deepspeed(snug_run_config *o, snug_error *e) {
+    if (!o->deepspeed[0])
+        return 0;
+    json_error_t je;
+    json_t *j = json_load_file(o->deepspeed, 0, &je);
+    if (!j)
+        return snug_fail(e, SNUG_EINPUT, "deepspeed: %s line %d: %s; give DeepSpeed's ds_config.json (JSON)",
+                         o->deepspeed, je.line, je.text);
+    const char *ds = o->deepspeed;
+    json_t *z = json_object_get(j, "zero_optimization"), *st = z ? json_object_get(z, "stage") : NULL;
+    int rc = 0, stage = 0;
+    if (z && !json_is_object(z))
+        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization must be an object such as {\"stage\": 1}",
+                       ds);
+    else if (st && (!json_is_integer(st) || json_integer_value(st) < 0 || json_integer_value(st) > 3))
+        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage must be 0, 1, 2 or 3", ds);
+    else if (st && (stage = (int)json_integer_value(st)) > 2)
+        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage %d (parameters sharded) is not "
+                       "supported yet; set it to 2 (optimizer state and gradients sharded), 1 or 0", ds, stage);
+    static const char *const offloads[] = {"offload_optimizer", "offload_param"};
+    for (int i = 0; !rc && z && i < 2; i++) {
+        json_t *off = json_object_get(z, offloads[i]), *dev = off ? json_object_get(off, "device") : NULL;
+        if (dev && !(json_is_string(dev) && !strcmp(json_string_value(dev), "none")))
+            rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.%s.device is %s: offloading is not "
+                           "supported yet; remove it (a paged optimizer, optimizer: paged_adamw_8bit, keeps the "
+                           "optimizer state in host memory)", ds, offloads[i],
+                           json_is_string(dev) ? json_string_value(dev) : "not a string");
+    }
+    if (!rc && st && o->zero_stage && o->zero_stage != stage)
+        rc = snug_fail(e, SNUG_EINPUT, "zero_stage is %d but deepspeed's %s sets zero_optimization.stage %d; keep one",
+                       o->zero_stage, ds, stage);
+    if (!rc && st)
+        o->zero_stage = stage;
+    json_decref(j);
+    return rc;
+}
+
+/* fsdp: [shard_grad_op, auto_wrap]. Its strategy means a ZeRO stage (SHARD_GRAD_OP = 2, NO_SHARD = 0; FULL_SHARD
+ * = 3 is not built), which sets zero_stage (a zero_stage given too must agree). */
+static int apply_fsdp(snug_run_config *o, snug_error *e) {
+    int stage = -1;
+    for (const char *p = o->fsdp; *p;) {
+        size_t k = strcspn(p, ", ");
+        if (k == 13 && !strncmp(p, "shard_grad_op", k))
+            stage = 2;
+        else if (k == 8 && !strncmp(p, "no_shard", k))
+            stage = stage < 0 ? 0 : stage;
+        else if (k == 10 && !strncmp(p, "full_shard", k))
+            return snug_fail(e, SNUG_EINPUT, "fsdp: full_shard is ZeRO stage 3 (parameters sharded), not supported "
+                             "yet; use shard_grad_op (stage 2: optimizer state and gradients sharded)");
+        else if (k && !(k == 9 && !strncmp(p, "auto_wrap", k)))
+            return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes shard_grad_op, no_shard and "
+                             "auto_wrap (full_shard and offload are not built yet)", (int)k, p);
+        p += k;
+        p += strspn(p, ", ");
+    }
+    if (stage < 0)
+        return 0;
+    if (o->zero_stage && o->zero_stage != stage)
+        return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp (%s) means stage %d; keep one", o->zero_stage,
+                         o->fsdp, stage);
+    o->zero_stage = stage;
+    return 0;
+}
+
 int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
     snug_run_config tmp = *o;
     char key[128];
@@ -1081,6 +1163,8 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
             tmp.ndatasets = 0; /* the command line's datasets replace the config's */
         SNUG_TRY(snug_options_set(&tmp, key, value, "command line", e));
     }
+    SNUG_TRY(apply_deepspeed(&tmp, e));
+    SNUG_TRY(apply_fsdp(&tmp, e));
     *o = tmp;
     return 0;
 }

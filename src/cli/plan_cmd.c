@@ -16,6 +16,7 @@
 #include "model/peft_io.h"
 #include "plan/autofit.h"
 #include "plan/plan_json.h"
+#include "plan/ranks.h"
 #include "plan/svg.h"
 #include "train/setup.h"
 
@@ -96,6 +97,9 @@ typedef struct report {
     int nmethods;
     char method_name[3][320];
     double method_need[3];
+    /* --gpus N: each rank's plan under DDP and each ZeRO stage (plan/ranks.h) */
+    snug_rank_mode modes[4];
+    int mode_choice;                /* the stage that fits at the least predicted step time; -1 none */
 } report;
 
 /* When each category is in use, and where the step's peak falls. */
@@ -748,6 +752,89 @@ static void png_path_of(const char *svg, char *png, size_t n) {
         snprintf(png, n, "%s.png", svg);
 }
 
+static const char *const mode_names[4] = {"ddp", "zero-1", "zero-2", "zero-3"};
+
+/* --gpus N: one line per mode, the largest rank's memory and the step's communication */
+static void print_ranks(const report *r, FILE *f) {
+    const snug_plan_args *a = r->a;
+    const snug_gpu *g = a->g;
+    char b[6][32];
+    fprintf(f, "\nper rank over %d GPUs%s%s", a->gpus, g ? " of " : "", g ? g->label : "");
+    if (g)
+        fprintf(f, " (collectives at %.0f GB/s, gpus.c; compute at the estimated %.0f tokens/s per GPU)", g->link_gbps,
+                snug_gpu_tokens_per_s(g, &r->p->spec, r->p->plan.nparams));
+    fprintf(f, ":\n  %-8s %11s %11s %11s %11s %11s %11s", "mode", "parameters", "master", "gradients", "optimizer",
+            "the rest", "per rank");
+    if (g)
+        fprintf(f, "  %-4s %10s %9s %9s", "fits", "comm/step", "comm s", "step s");
+    fputc('\n', f);
+    for (int z = 0; z < 4; z++) {
+        const snug_rank_mode *m = &r->modes[z];
+        size_t rest = m->total + m->host_total - m->bytes[SNUG_MEM_PARAMS] - m->bytes[SNUG_MEM_MASTER] -
+                      m->bytes[SNUG_MEM_GRADS] - m->bytes[SNUG_MEM_OPTIM];
+        double v[6] = {(double)m->bytes[SNUG_MEM_PARAMS], (double)m->bytes[SNUG_MEM_MASTER],
+                       (double)m->bytes[SNUG_MEM_GRADS], (double)m->bytes[SNUG_MEM_OPTIM], (double)rest, m->need};
+        for (int i = 0; i < 6; i++)
+            snug_format_bytes(b[i], sizeof b[i], v[i]);
+        char name[16];
+        snprintf(name, sizeof name, "%s%s", mode_names[z], m->estimated ? "*" : "");
+        fprintf(f, "  %-8s %11s %11s %11s %11s %11s %11s", name, b[0], b[1], b[2], b[3], b[4], b[5]);
+        if (g) {
+            char cb[32];
+            snug_format_bytes(cb, sizeof cb, m->comm_bytes);
+            fprintf(f, "  %-4s %10s %9.3f %9.3f%s", m->fits ? "yes" : "no", cb, m->comm_s, m->step_s,
+                    z == r->mode_choice ? "  <- chosen" : "");
+        }
+        fputc('\n', f);
+    }
+    char text[1400];
+    int host = r->modes[0].host_total > 0;
+    snprintf(text, sizeof text, "per rank: the device memory with the cuda runtime overhead%s; the rest: activations, "
+             "workspace, data. ddp, zero-1 and zero-2 come from the layout code the trainer allocates with (the "
+             "largest rank's shards); * marks a mode estimated by ZeRO's formula because snug has not built it yet "
+             "(zero-3: the parameters 1/N + two layers; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
+    wrap(f, "  ", 4, text, 118);
+    if (!g)
+        return;
+    snprintf(text, sizeof text, "step s: compute %.3f s per step (%d x %d tokens x %d micro-batches per rank) plus the "
+             "communication, after backward for ddp and zero-1, overlapped layer by layer for zero-2 and zero-3 (one "
+             "layer's share exposed; the overlap needs GPU ranks, which snug does not have yet)", r->modes[0].compute_s, r->p->spec.B, r->p->spec.T,
+             r->p->spec.GA > 1 ? r->p->spec.GA : 1);
+    wrap(f, "  ", 4, text, 118);
+    snug_format_bytes(b[0], sizeof b[0], g->mem_bytes);
+    if (r->mode_choice >= 0)
+        snprintf(text, sizeof text, "chosen: %s, the mode that fits in %s at the least predicted step time (%.1f%% "
+                 "over the compute alone)%s", mode_names[r->mode_choice], b[0],
+                 100.0 * (r->modes[r->mode_choice].step_s / r->modes[r->mode_choice].compute_s - 1.0),
+                 r->mode_choice > 2 ? "; snug trains zero_stage 0 to 2 so far" : "");
+    else
+        snprintf(text, sizeof text, "no mode fits in %s per GPU; more GPUs, or the levers above, shrink each rank",
+                 b[0]);
+    wrap(f, "  ", 4, text, 118);
+}
+
+static json_t *ranks_json(const report *r) {
+    json_t *modes = json_array();
+    for (int z = 0; z < 4; z++) {
+        const snug_rank_mode *m = &r->modes[z];
+        json_t *o = json_pack("{s:s, s:i, s:b, s:o, s:I, s:I, s:f, s:f}", "mode", mode_names[z], "zero_stage", z,
+                              "estimated", m->estimated, "bytes", json_object(), "total", (json_int_t)m->total,
+                              "host_total", (json_int_t)m->host_total, "need", m->need, "comm_bytes", m->comm_bytes);
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            json_object_set_new(json_object_get(o, "bytes"), snug_category_name((snug_category)c),
+                                json_integer((json_int_t)m->bytes[c]));
+        if (r->a->g) {
+            json_object_set_new(o, "fits", json_boolean(m->fits));
+            json_object_set_new(o, "comm_s", json_real(m->comm_s));
+            json_object_set_new(o, "compute_s", json_real(m->compute_s));
+            json_object_set_new(o, "step_s", json_real(m->step_s));
+        }
+        json_array_append_new(modes, o);
+    }
+    return json_pack("{s:i, s:o, s:o}", "gpus", r->a->gpus, "modes", modes, "chosen",
+                     r->mode_choice >= 0 ? json_string(mode_names[r->mode_choice]) : json_null());
+}
+
 int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, snug_error *e) {
     report *r = calloc(1, sizeof *r);
     snug_setup *p = calloc(1, sizeof *p);
@@ -776,11 +863,15 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
     }
     if (!rc)
         rc = build(r, e);
+    if (!rc && a->gpus > 1)
+        rc = snug_plan_ranks(&p->spec, a->gpus, a->g, r->modes, &r->mode_choice, e);
     if (!rc && a->svg[0])
         rc = write_svg(r, e);
     if (!rc) {
         if (a->json) {
             json_t *j = report_json(r);
+            if (a->gpus > 1)
+                json_object_set_new(j, "ranks", ranks_json(r));
             if (a->svg[0]) {
                 char png[1100];
                 png_path_of(a->svg, png, sizeof png);
@@ -792,6 +883,8 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
             json_decref(j);
         } else {
             print_text(r, out);
+            if (a->gpus > 1)
+                print_ranks(r, out);
             if (a->svg[0]) {
                 char png[1100];
                 png_path_of(a->svg, png, sizeof png);

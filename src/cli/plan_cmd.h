@@ -24,6 +24,7 @@ typedef struct snug_plan_args {
     char svg[1024];          /* --svg FILE: the chart ("" = none) */
     double tokens_per_s;     /* --tokens_per_s: measured throughput (0 = estimate) */
     double price_per_hour;   /* --price_per_hour: USD per GPU-hour (0 = the table's) */
+    int gpus;                /* --gpus N: the plan per rank over N data-parallel GPUs (1 = one GPU) */
 } snug_plan_args;
 
 /* Takes the flags above out of argv (*argc shrinks; the rest keeps its order for the options parser). Errors: an

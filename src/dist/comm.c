@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-size_t snug_comm_dtype_size(snug_comm_dtype dt) { return dt == SNUG_COMM_F32 ? 4 : 8; }
+size_t snug_comm_dtype_size(snug_comm_dtype dt) { return dt == SNUG_COMM_F32 ? 4 : dt == SNUG_COMM_U16 ? 2 : 8; }
 
 void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt) {
     /* out <- ((all_0 + all_1) + all_2) + ...: one rank at a time, each element in the same order */
@@ -30,6 +30,13 @@ void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug
             for (size_t i = 0; i < n; i++)
                 o[i] += a[(size_t)r * n + i];
     }
+}
+
+size_t snug_comm_displ(const size_t *counts, int r) {
+    size_t d = 0;
+    for (int k = 0; k < r; k++)
+        d += counts[k];
+    return d;
 }
 
 #ifndef SNUG_HAVE_MPI

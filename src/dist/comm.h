@@ -11,7 +11,17 @@
  * Deterministic mode: an all-reduce's result must not depend on the library's algorithm (ring, tree, recursive
  * halving all add in different orders). With `deterministic` set, every rank's contribution is gathered and summed
  * in rank order, ((x_0 + x_1) + x_2) + ..., so the sum is the same bits whatever the transport and the same as a
- * single process that accumulates the ranks' parts one after another. */
+ * single process that accumulates the ranks' parts one after another.
+ *
+ * Sharded collectives (ZeRO). A buffer of n elements is cut into size contiguous segments, rank r's of counts[r]
+ * elements starting at displ_r = counts[0] + ... + counts[r-1] (n = the sum of the counts). The counts are explicit,
+ * not equal shards plus padding, because a shard's edges fall where the sharded state needs them (on 8-bit
+ * quantization blocks), so segments differ in length by up to a block; every rank passes the same counts, and the
+ * debug check compares them (a hash of the array) with the rest of the signature. Both collectives work in place on
+ * the whole buffer, so a shard is addressed by its place in the flat layout, never copied into a compact buffer:
+ *   reduce_scatter_sum: segment rank of x <- the sum over ranks of every rank's segment rank (the other segments
+ *                       are left as they were: the rank's own, unsummed values); deterministic: the rank-order sum.
+ *   allgather:          every segment r of x <- rank r's segment r (only the owner's segment is read). */
 #ifndef SNUG_DIST_COMM_H
 #define SNUG_DIST_COMM_H
 
@@ -20,7 +30,8 @@
 
 #include "core/error.h"
 
-typedef enum snug_comm_dtype { SNUG_COMM_F32, SNUG_COMM_F64, SNUG_COMM_I64 } snug_comm_dtype;
+/* U16: raw 16-bit values (bf16 or fp16 parameters), moved but never summed: broadcast and all-gather only */
+typedef enum snug_comm_dtype { SNUG_COMM_F32, SNUG_COMM_F64, SNUG_COMM_I64, SNUG_COMM_U16 } snug_comm_dtype;
 
 typedef struct snug_comm snug_comm;
 struct snug_comm {
@@ -37,6 +48,9 @@ struct snug_comm {
     /* x (n elements) <- root's x on every rank */
     int (*broadcast)(snug_comm *c, void *x, size_t n, snug_comm_dtype dt, int root, snug_error *e);
     int (*barrier)(snug_comm *c, snug_error *e);
+    /* the sharded collectives above: x holds the sum of counts[0..size-1] elements of dt */
+    int (*reduce_scatter_sum)(snug_comm *c, void *x, const size_t *counts, snug_comm_dtype dt, snug_error *e);
+    int (*allgather)(snug_comm *c, void *x, const size_t *counts, snug_comm_dtype dt, snug_error *e);
     /* a fatal error on this rank: the other ranks must not wait for it forever (MPI_Abort under MPI) */
     void (*abort)(snug_comm *c, int code);
     void (*free)(snug_comm *c);
@@ -77,5 +91,8 @@ size_t snug_comm_dtype_size(snug_comm_dtype dt);
 /* The rank-order sum of `size` contributions laid out one after another in all (size x n elements): out <- all[0] +
  * all[1] + ... in that order. The deterministic all-reduce's arithmetic, shared by the implementations. */
 void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt);
+
+/* The element where rank r's segment starts: counts[0] + ... + counts[r-1]. */
+size_t snug_comm_displ(const size_t *counts, int r);
 
 #endif

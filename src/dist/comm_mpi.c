@@ -5,7 +5,9 @@
  * into the end of every rank. Counts above INT_MAX elements are sent in pieces. The deterministic all-reduce
  * gathers every rank's contribution piece by piece (at most SNUG_MPI_PIECE elements of each rank at a time, so the
  * scratch, allocated at the first deterministic all-reduce, is size x 8 MiB, not size x the gradients) and sums
- * them in rank order. */
+ * them in rank order. The sharded collectives go owner by owner: the reduce-scatter reduces segment r to rank r
+ * (the deterministic one gathers it there piece by piece and sums in rank order), the all-gather broadcasts segment r
+ * from rank r; so any counts work, with no displacement arrays of int and no scratch the size of a shard. */
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -26,11 +28,12 @@ typedef struct mpi_ctx {
 static int mpi_users; /* open MPI communicators: the last one closed finalizes */
 
 static MPI_Datatype mpi_type(snug_comm_dtype dt) {
-    return dt == SNUG_COMM_F32 ? MPI_FLOAT : dt == SNUG_COMM_F64 ? MPI_DOUBLE : MPI_INT64_T;
+    return dt == SNUG_COMM_F32 ? MPI_FLOAT : dt == SNUG_COMM_F64 ? MPI_DOUBLE : dt == SNUG_COMM_U16 ? MPI_UINT16_T
+                                                                                                 : MPI_INT64_T;
 }
 
 static const char *dtype_name(snug_comm_dtype dt) {
-    return dt == SNUG_COMM_F32 ? "float32" : dt == SNUG_COMM_F64 ? "float64" : "int64";
+    return dt == SNUG_COMM_F32 ? "float32" : dt == SNUG_COMM_F64 ? "float64" : dt == SNUG_COMM_U16 ? "16-bit" : "int64";
 }
 
 static double now_s(void) {
@@ -71,7 +74,7 @@ static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error
 
 /* debug mode: every rank's (sequence, kind, count, dtype, root) against rank 0's, on every rank */
 static int check_signature(snug_comm *c, int kind, size_t n, snug_comm_dtype dt, int root, snug_error *e) {
-    static const char *kinds[] = {"allreduce_sum", "broadcast", "barrier"};
+    static const char *kinds[] = {"allreduce_sum", "broadcast", "barrier", "reduce_scatter_sum", "allgather"};
     mpi_ctx *x = c->ctx;
     int64_t mine[5] = {(int64_t)c->seq + 1, kind, (int64_t)n, dt, root};
     int64_t *all = malloc((size_t)c->size * sizeof mine);
@@ -88,8 +91,8 @@ static int check_signature(snug_comm *c, int kind, size_t n, snug_comm_dtype dt,
         if (memcmp(a, b, sizeof mine)) {
             rc = snug_fail(e, SNUG_EINTERNAL, "collective mismatch: rank 0 issued #%lld %s of %lld %s (root %lld) "
                            "where rank %d issued #%lld %s of %lld %s (root %lld); every rank must issue the same "
-                           "collectives in the same order", (long long)a[0], kinds[a[1] % 3], (long long)a[2],
-                           dtype_name((snug_comm_dtype)a[3]), (long long)a[4], r, (long long)b[0], kinds[b[1] % 3],
+                           "collectives in the same order (for the sharded ones, 'root' is a hash of the counts)", (long long)a[0], kinds[a[1] % 5], (long long)a[2],
+                           dtype_name((snug_comm_dtype)a[3]), (long long)a[4], r, (long long)b[0], kinds[b[1] % 5],
                            (long long)b[2], dtype_name((snug_comm_dtype)b[3]), (long long)b[4]);
         }
     }
@@ -97,8 +100,16 @@ static int check_signature(snug_comm *c, int kind, size_t n, snug_comm_dtype dt,
     return rc;
 }
 
+/* 16-bit values are moved, never summed */
+static int refuse_u16(snug_comm_dtype dt, const char *what, snug_error *e) {
+    if (dt != SNUG_COMM_U16)
+        return 0;
+    return snug_fail(e, SNUG_EINTERNAL, "%s of 16-bit values: sum them in fp32", what);
+}
+
 static int mpi_allreduce(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, snug_error *e) {
     mpi_ctx *x = c->ctx;
+    SNUG_TRY(refuse_u16(dt, "an all-reduce", e));
     if (c->check)
         SNUG_TRY(check_signature(c, 0, n, dt, 0, e));
     c->seq++;
@@ -164,6 +175,72 @@ static int mpi_barrier(snug_comm *c, snug_error *e) {
     return wait_req(c, &req, "barrier", e);
 }
 
+/* The sharded collectives' signature: the total count, and the counts folded into the root field (FNV-1a). */
+static int check_sharded(snug_comm *c, int kind, const size_t *counts, snug_comm_dtype dt, snug_error *e) {
+    uint64_t h = 1469598103934665603ull;
+    size_t n = 0;
+    for (int r = 0; r < c->size; r++) {
+        n += counts[r];
+        h = (h ^ (uint64_t)counts[r]) * 1099511628211ull;
+    }
+    return check_signature(c, kind, n, dt, (int)(h & 0x7fffffff), e);
+}
+
+static int mpi_reduce_scatter(snug_comm *c, void *buf, const size_t *counts, snug_comm_dtype dt, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    SNUG_TRY(refuse_u16(dt, "a reduce-scatter", e));
+    if (c->check)
+        SNUG_TRY(check_sharded(c, 3, counts, dt, e));
+    c->seq++;
+    size_t es = snug_comm_dtype_size(dt), d = 0;
+    char *p = buf;
+    char what[96];
+    snprintf(what, sizeof what, "reduce-scatter of %zu %s", snug_comm_displ(counts, c->size), dtype_name(dt));
+    if (c->deterministic && !x->scratch && !(x->scratch = malloc((size_t)c->size * SNUG_MPI_PIECE * 8)))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the deterministic reduce-scatter's scratch (%d x "
+                         "8 MiB)", c->size);
+    for (int r = 0; r < c->size; d += counts[r], r++) {
+        size_t step = c->deterministic ? SNUG_MPI_PIECE : SNUG_MPI_MAXN;
+        for (size_t i = 0; i < counts[r]; i += step) {
+            size_t k = counts[r] - i < step ? counts[r] - i : step;
+            char *seg = p + (d + i) * es;
+            MPI_Request req;
+            int rc;
+            if (c->deterministic) /* every rank's piece to its owner, summed there in rank order */
+                rc = MPI_Igather(seg, (int)k, mpi_type(dt), x->scratch, (int)k, mpi_type(dt), r, x->comm, &req);
+            else
+                rc = MPI_Ireduce(r == c->rank ? MPI_IN_PLACE : seg, seg, (int)k, mpi_type(dt), MPI_SUM, r, x->comm,
+                                 &req);
+            if (rc != MPI_SUCCESS)
+                return mpi_failed(e, rc, what);
+            SNUG_TRY(wait_req(c, &req, what, e));
+            if (c->deterministic && r == c->rank)
+                snug_comm_sum_in_order(seg, x->scratch, c->size, k, dt);
+        }
+    }
+    return 0;
+}
+
+static int mpi_allgather(snug_comm *c, void *buf, const size_t *counts, snug_comm_dtype dt, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    if (c->check)
+        SNUG_TRY(check_sharded(c, 4, counts, dt, e));
+    c->seq++;
+    size_t es = snug_comm_dtype_size(dt), d = 0;
+    char what[96];
+    snprintf(what, sizeof what, "all-gather of %zu %s", snug_comm_displ(counts, c->size), dtype_name(dt));
+    for (int r = 0; r < c->size; d += counts[r], r++)
+        for (size_t i = 0; i < counts[r]; i += SNUG_MPI_MAXN) {
+            size_t k = counts[r] - i < SNUG_MPI_MAXN ? counts[r] - i : SNUG_MPI_MAXN;
+            MPI_Request req;
+            int rc = MPI_Ibcast((char *)buf + (d + i) * es, (int)k, mpi_type(dt), r, x->comm, &req);
+            if (rc != MPI_SUCCESS)
+                return mpi_failed(e, rc, what);
+            SNUG_TRY(wait_req(c, &req, what, e));
+        }
+    return 0;
+}
+
 static void mpi_abort(snug_comm *c, int code) {
     mpi_ctx *x = c->ctx;
     MPI_Abort(x ? x->comm : MPI_COMM_WORLD, code ? code : 1);
@@ -209,6 +286,8 @@ int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
     c->allreduce_sum = mpi_allreduce;
     c->broadcast = mpi_broadcast;
     c->barrier = mpi_barrier;
+    c->reduce_scatter_sum = mpi_reduce_scatter;
+    c->allgather = mpi_allgather;
     c->abort = mpi_abort;
     c->free = mpi_free;
     return 0;

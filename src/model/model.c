@@ -260,11 +260,11 @@ static void dense_layer_views(const snug_model *m, float *base, snug_layer_tenso
 
 /* Where each tensor's gradient lives (snug_model.grad_off). Normally the flat layout of the parameters. With 16-bit
  * layer gradients, the global tensors are packed into grads and the layers into grads16. With
- * optimizer_in_backward, one buffer the size of the largest layer takes every layer's gradients in turn: no
- * full-model gradient buffer exists. */
+ * optimizer_in_backward (and ZeRO-2's zero_grads), one buffer the size of the largest layer takes every layer's
+ * gradients in turn: no full-model gradient buffer exists. */
 static int grad_offsets(snug_model *m, snug_error *e) {
     const snug_param_table *t = &m->table;
-    int g16 = is16(m) && !m->lv.grads_fp32, oib = m->lv.optimizer_in_backward;
+    int g16 = is16(m) && !m->lv.grads_fp32, oib = m->lv.optimizer_in_backward || m->lv.zero_grads;
     free(m->grad_off);
     m->grad_off = malloc((size_t)(t->n ? t->n : 1) * sizeof *m->grad_off);
     if (!m->grad_off)
@@ -464,7 +464,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         if (m->emb_entry >= 0) /* offload_embedding: the frozen table in host memory */
             CARVE(m->emb16, SNUG_MEM_OFFLOAD, m->table.e[m->emb_entry].numel);
         if (m->lv.master_weights)
-            CARVE(m->params, SNUG_MEM_MASTER, m->table.total);
+            CARVE(m->params, SNUG_MEM_MASTER, m->master_sharded ? m->master_n : m->table.total);
         for (int i = 0; m->q4 && i < m->table.n; i++)
             if (m->q4[i].n) { /* QLoRA: each block matrix in bitsandbytes' parts */
                 const snug_q4_tensor *q = &m->q4[i];
@@ -625,7 +625,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     }
 
     if (!snug_arena_counting(&A->a[SNUG_MEM_PARAMS])) {
-        if (m->params)
+        if (m->params && !m->master_sharded)
             make_views(m, m->params, NULL, 0, &m->w);
         if (m->grads)
             make_views(m, m->grads, m->grad_off, m->grads16 != NULL, &m->g);
@@ -716,7 +716,7 @@ static void dequant_rows(const snug_model *m, int i, size_t r0, size_t nr, float
 void snug_model_entry_f32(const snug_model *m, int i, float *dst) {
     snug_backend *be = m->be;
     const snug_param_entry *p = &m->table.e[i];
-    if (m->params) { /* fp32 (or the master copy): dst = 0 + the parameters, exactly */
+    if (m->params && !m->master_sharded) { /* fp32 (or the master copy): dst = 0 + the parameters, exactly */
         be->zero(be, dst, p->numel * sizeof *dst);
         be->accumulate(be, dst, m->params + p->offset, p->numel);
     } else if (snug_model_entry_q4(m, i)) {
@@ -739,8 +739,14 @@ static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5)
 
 void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_t n) {
     snug_backend *be = m->be;
-    if (m->params)
+    if (m->params && m->master_sharded) { /* the shard's part of the range */
+        size_t a = offset > m->master_lo ? offset : m->master_lo;
+        size_t b = offset + n < m->master_lo + m->master_n ? offset + n : m->master_lo + m->master_n;
+        if (b > a)
+            be->to_device(be, m->params + (a - m->master_lo), host + (a - offset), (b - a) * sizeof *host);
+    } else if (m->params) {
         be->to_device(be, m->params + offset, host, n * sizeof *host);
+    }
     if (!is16(m))
         return;
     /* 16-bit: round through the layer workspace, a layer's worth at a time */
@@ -802,7 +808,7 @@ int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e)
 void snug_model_get_params(const snug_model *m, float *host) {
     snug_backend *be = m->be;
     size_t P = m->table.total;
-    if (m->params) { /* fp32 parameters, or the master copy */
+    if (m->params && !m->master_sharded) { /* fp32 parameters, or the master copy (a shard: the 16-bit copy) */
         be->to_host(be, host, m->params, P * sizeof *host);
         return;
     }
@@ -1202,7 +1208,8 @@ static void layer_bwd(snug_model *m, int l) {
     if (need_dx)
         norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
-        size_t o16 = m->lv.optimizer_in_backward ? 0 : m->table.layer_offset[l] - m->table.layer_offset[0];
+        size_t o16 = m->lv.optimizer_in_backward || m->lv.zero_grads ? 0
+                                                                      : m->table.layer_offset[l] - m->table.layer_offset[0];
         be->to16(be, m->grads16 + o16, m->gl, m->table.layer_numel[l], m->lv.dt, 0);
     }
 }

@@ -114,6 +114,9 @@ typedef struct snug_levers {
     snug_dtype dt;        /* SNUG_DT_F32 (0, the default), SNUG_DT_BF16 or SNUG_DT_F16 */
     int master_weights;   /* 16-bit: an fp32 master copy of the parameters takes the update (SNUG_MEM_MASTER) */
     int grads_fp32;       /* 16-bit: layer gradients in fp32 anyway: accumulation over micro-batches sums in fp32 */
+    int zero_grads;       /* ZeRO-2: the layers' gradients pass through one shared buffer (as optimizer_in_backward's),
+                           * each reduce-scattered from on_grads_ready into `gshard`, the rank's shard of the sum, which
+                           * the optimizer reads */
     snug_lora_cfg lora;   /* adapter: lora (kind SNUG_ADAPTER_NONE: full fine-tuning) */
 } snug_levers;
 
@@ -227,6 +230,11 @@ typedef struct snug_model {
     size_t *grad_off;      /* (table.n) */
     size_t grads_numel;    /* floats in grads */
     size_t grads16_numel;  /* elements in grads16 */
+    float *gshard;         /* lv.zero_grads: (gshard_n) the summed gradients of table floats [gshard_lo, +gshard_n) */
+    int master_sharded;    /* ZeRO, 16-bit with master weights: `params` (the master copy) holds only table floats
+                            * [master_lo, +master_n), the rank's shard; set before layout */
+    size_t master_lo, master_n;
+    size_t gshard_lo, gshard_n;
     snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16) */
     size_t gwte, gwpe, glnf_w, glnf_b, ghead; /* where the global tensors start in the table ((size_t)-1: none) */
 

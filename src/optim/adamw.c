@@ -53,7 +53,44 @@ int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p) {
     return opt->kind == SNUG_OPTIM_ADAMW_8BIT && p->numel >= SNUG_Q8_MIN_NUMEL && !(opt->embed_fp32 && is_embedding(p));
 }
 
-/* Moves at by k elements within its tensor: k reaches the tensor's end or is a multiple of the block. */
+/* Tensor p's elements in the shard, [*a0, *a1): the whole tensor without one. */
+static void shard_part(const snug_adamw *o, const snug_param_entry *p, size_t *a0, size_t *a1) {
+    size_t b = p->offset, e = p->offset + p->numel;
+    size_t lo = o->sharded ? o->shard_lo : b, hi = o->sharded ? o->shard_hi : e;
+    lo = lo < b ? b : lo > e ? e : lo;
+    hi = hi < lo ? lo : hi > e ? e : hi;
+    *a0 = lo - b;
+    *a1 = hi - b;
+}
+
+/* Where tensor p's elements in the shard end. */
+static size_t part_end(const snug_adamw *o, const snug_param_entry *p) {
+    size_t a0, a1;
+    shard_part(o, p, &a0, &a1);
+    return a1;
+}
+
+/* Moves at onto the next element the walk steps: into the current tensor's part of the shard, or past the tensors
+ * it has finished or that have no element in the shard. */
+static void settle(const snug_adamw *o, const snug_param_table *t, pos *at) {
+    for (; at->i < t->n; at->i++, at->a = 0) {
+        size_t a0, a1;
+        shard_part(o, &t->e[at->i], &a0, &a1);
+        if (at->a < a0)
+            at->a = a0;
+        if (at->a < a1)
+            return;
+    }
+}
+
+/* The first point of a walk over t: the first element of the shard. */
+static pos walk_start(const snug_adamw *o, const snug_param_table *t) {
+    pos at = {0};
+    settle(o, t, &at);
+    return at;
+}
+
+/* Moves at by k elements within its tensor: k reaches the tensor's part's end or is a multiple of the block. */
 static void advance(const snug_adamw *o, const snug_param_table *t, pos *at, size_t k) {
     const snug_param_entry *p = &t->e[at->i];
     if (snug_adamw_entry_8bit(o, p)) {
@@ -63,10 +100,7 @@ static void advance(const snug_adamw *o, const snug_param_table *t, pos *at, siz
         at->o32 += k;
     }
     at->a += k;
-    if (at->a == p->numel) {
-        at->i++;
-        at->a = 0;
-    }
+    settle(o, t, at);
 }
 
 /* The end of the chunk that starts at beg and holds at most `budget` bytes of state (at least one block's worth). */
@@ -74,7 +108,7 @@ static pos chunk_end(const snug_adamw *o, const snug_param_table *t, pos beg, si
     pos at = beg;
     while (at.i < t->n) {
         const snug_param_entry *p = &t->e[at.i];
-        size_t rest = p->numel - at.a, take;
+        size_t rest = part_end(o, p) - at.a, take;
         if (snug_adamw_entry_8bit(o, p)) {
             size_t per_block = 2 * SNUG_Q8_BLOCK + 2 * sizeof(float);
             size_t need = 2 * rest + 2 * sizeof(float) * nblocks(rest);
@@ -135,13 +169,15 @@ int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t
     if (opt->chunk_bytes < 2 * SNUG_Q8_BLOCK + 2 * sizeof(float)) /* a chunk holds at least one block */
         opt->chunk_bytes = 2 * SNUG_Q8_BLOCK + 2 * sizeof(float);
     opt->n32 = opt->n8 = opt->nblk = 0;
-    for (int i = 0; i < t->n; i++) {
+    for (int i = 0; i < t->n; i++) { /* the shard's part of each tensor (all of it without a shard) */
         const snug_param_entry *p = &t->e[i];
+        size_t a0, a1;
+        shard_part(opt, p, &a0, &a1);
         if (snug_adamw_entry_8bit(opt, p)) {
-            opt->n8 += p->numel;
-            opt->nblk += nblocks(p->numel);
+            opt->n8 += a1 - a0;
+            opt->nblk += nblocks(a1 - a0);
         } else {
-            opt->n32 += p->numel;
+            opt->n32 += a1 - a0;
         }
     }
     snug_arena *S = &A->a[SNUG_MEM_OPTIM];                                    /* the state: device or host */
@@ -175,7 +211,7 @@ int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t
         /* each slot holds the largest chunk the step will cut; a second slot only when there is a second chunk */
         span s[NSPAN];
         int nchunks = 0;
-        for (pos beg = {0}, end; beg.i < t->n; beg = end, nchunks++) {
+        for (pos beg = walk_start(opt, t), end; beg.i < t->n; beg = end, nchunks++) {
             end = chunk_end(opt, t, beg, opt->chunk_bytes);
             size_t used = chunk_spans(opt, beg, end, NULL, s);
             if (used > opt->stage_bytes)
@@ -221,15 +257,19 @@ static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table
     }
     int p16 = md->lv.dt != SNUG_DT_F32, g16 = snug_model_grad16(md, i);
     size_t goff = md->grad_off[i] + a;
+    /* fp32 gradients: the model's, or under ZeRO-2 the rank's shard of their sum */
+    const float *gsrc = md->lv.zero_grads ? md->gshard + (off - md->gshard_lo) : md->grads ? md->grads + goff : NULL;
+    float *master = md->params && md->master_sharded ? md->params + (off - md->master_lo) /* ZeRO: the shard's */
+                                                     : md->params ? md->params + off : NULL;
     if (!p16 && !g16) {
-        op(o, be, p, md->params + off, md->grads + goff, k, lr, gs, m, v, qm, qv, am, av);
+        op(o, be, p, master, gsrc, k, lr, gs, m, v, qm, qv, am, av);
         return;
     }
     /* 16-bit: slices of the staging size (a multiple of the 8-bit block, so the codes' blocks stay aligned) */
     for (size_t j = 0; j < k; j += o->stage_n) {
         size_t kk = k - j < o->stage_n ? k - j : o->stage_n;
-        float *pp = md->params ? md->params + off + j : o->stage_p;
-        const float *gg = md->grads ? md->grads + goff + j : NULL;
+        float *pp = master ? master + j : o->stage_p;
+        const float *gg = gsrc ? gsrc + j : NULL;
         if (!md->params)
             be->from16(be, o->stage_p, md->params16 + off + j, kk, md->lv.dt);
         if (g16) {
@@ -256,7 +296,7 @@ static void update_range(snug_adamw *o, snug_backend *be, const snug_param_table
     pos at = beg;
     while (at.i < end.i || (at.i == end.i && at.a < end.a)) {
         const snug_param_entry *p = &t->e[at.i];
-        size_t k = (at.i < end.i ? p->numel : end.a) - at.a;
+        size_t k = (at.i < end.i ? part_end(o, p) : end.a) - at.a;
         update_piece(o, be, t, x, at.i, at.a, k, lr, gs, m ? m + (at.o32 - beg.o32) : NULL,
                      v ? v + (at.o32 - beg.o32) : NULL, qm ? qm + (at.o8 - beg.o8) : NULL,
                      qv ? qv + (at.o8 - beg.o8) : NULL, am ? am + (at.ob - beg.ob) : NULL,
@@ -320,10 +360,10 @@ static void step_all(snug_adamw *opt, snug_backend *be, const snug_param_table *
     opt->step++;
     opt->sr_seed = sr_seed(opt->step);
     if (opt->paged) {
-        step_paged(opt, be, t, x, lr, grad_scale, (pos){0});
+        step_paged(opt, be, t, x, lr, grad_scale, walk_start(opt, t));
         return;
     }
-    pos beg = {0}, end = {.i = t->n, .o32 = opt->n32, .o8 = opt->n8, .ob = opt->nblk};
+    pos beg = walk_start(opt, t), end = {.i = t->n, .o32 = opt->n32, .o8 = opt->n8, .ob = opt->nblk};
     update_range(opt, be, t, x, lr, grad_scale, beg, end, opt->m, opt->v, opt->qm, opt->qv, opt->am, opt->av);
 }
 
@@ -347,33 +387,33 @@ void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, doub
     const snug_param_table *t = snug_model_trainable(m);
     io x = m->lora.on ? (io){.params = m->lora.params, .grads = m->lora.grads} : (io){.m = m};
     opt->sr_seed = sr_seed(opt->step);
-    pos at = {0};
+    pos at = walk_start(opt, t);
     if (opt->paged) { /* each run of the layer's tensors (the globals are two runs) streams through the slots */
-        for (int i = 0; i < t->n;) {
-            if (t->e[i].layer != layer) {
-                advance(opt, t, &at, t->e[i].numel);
-                i++;
+        while (at.i < t->n) {
+            if (t->e[at.i].layer != layer) {
+                advance(opt, t, &at, part_end(opt, &t->e[at.i]) - at.a);
                 continue;
             }
-            int stop = i;
+            int stop = at.i;
             while (stop < t->n && t->e[stop].layer == layer)
                 stop++;
             snug_param_table run = *t;
             run.n = stop;
             step_paged(opt, m->be, &run, &x, lr, grad_scale, at);
-            for (; i < stop; i++)
-                advance(opt, t, &at, t->e[i].numel);
+            while (at.i < stop)
+                advance(opt, t, &at, part_end(opt, &t->e[at.i]) - at.a);
         }
         return;
     }
-    for (int i = 0; i < t->n; i++) {
-        const snug_param_entry *p = &t->e[i];
+    while (at.i < t->n) {
+        const snug_param_entry *p = &t->e[at.i];
+        size_t k = part_end(opt, p) - at.a;
         if (p->layer == layer)
-            update_piece(opt, m->be, t, &x, i, 0, p->numel, lr, grad_scale, opt->m ? opt->m + at.o32 : NULL,
+            update_piece(opt, m->be, t, &x, at.i, at.a, k, lr, grad_scale, opt->m ? opt->m + at.o32 : NULL,
                          opt->v ? opt->v + at.o32 : NULL, opt->qm ? opt->qm + at.o8 : NULL,
                          opt->qv ? opt->qv + at.o8 : NULL, opt->am ? opt->am + at.ob : NULL,
                          opt->av ? opt->av + at.ob : NULL);
-        advance(opt, t, &at, p->numel);
+        advance(opt, t, &at, k);
     }
 }
 

@@ -18,6 +18,11 @@
  * Device-side optimizer buffers (the two 256-entry maps, the staging slots) are carved in SNUG_MEM_OPTIM, or in
  * SNUG_MEM_WORKSPACE when that arena is on the host.
  *
+ * Sharded (ZeRO): with a shard set, every buffer above holds only the shard's part of each tensor, in the same
+ * order, and a step updates only those elements (parameters and gradients are still read at their table offsets).
+ * A shard's edges lie on a tensor's quantization blocks (dist/zero.h), so each rank's 8-bit state is exactly the
+ * blocks the unsharded state has there, and a sharded step computes the same bits for them.
+ *
  * Weight decay applies to matrices only (the table's decay flag): never to norms, biases or other 1-D tensors. */
 #ifndef SNUG_OPTIM_H
 #define SNUG_OPTIM_H
@@ -42,6 +47,8 @@ typedef struct snug_adamw {
     int embed_fp32;         /* 8-bit: 1 = the embedding tables keep fp32 state, as transformers' Trainer overrides
                              * nn.Embedding to 32-bit under bitsandbytes; 0 (default) = bitsandbytes' own rule */
     int stage16;            /* set before layout: the model stores parameters or gradients in 16 bits */
+    int sharded;            /* set before layout: state exists, and steps happen, for ZeRO's shard only: */
+    size_t shard_lo, shard_hi; /* table floats [lo, hi) (dist/zero.h) */
     float *stage_p, *stage_g; /* (stage_n) fp32 slots the 16-bit values are widened into for the update */
     size_t stage_n;
     uint64_t sr_seed;       /* stochastic rounding of this step (16-bit parameters without master weights) */

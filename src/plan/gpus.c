@@ -10,7 +10,14 @@
  *  - MFU 40%: a typical model-FLOPs utilisation of well-tuned single-GPU training (llm.c and torchtune report
  *    35-50% on A100/H100); an assumption, replaced by --tokens_per_s when the user has a measurement.
  *  - prices: typical on-demand cloud prices per GPU-hour in USD (Lambda, RunPod and similar, 2024-2025); they vary
- *    by provider and over time, so `--price_per_hour` overrides them. */
+ *    by provider and over time, so `--price_per_hour` overrides them.
+ *  - collective bandwidth (link_gbps, the "bus bandwidth" nccl-tests reports, in which a ring all-reduce of S bytes
+ *    over n GPUs takes 2(n-1)/n x S / busbw): NVLink4 (H100, H200 SXM) 450 GB/s per direction, about 370 GB/s for
+ *    ring collectives after NCCL's protocol overhead (NVIDIA/nccl-tests issue 212; 8 x H200 all_reduce_perf peaks at
+ *    475 GB/s with NVLink SHARP, issue 272, which snug does not count on); 8 x A100 SXM (NVLink3) about 200 GB/s
+ *    (nccl-tests issue 149); the PCIe cards (RTX 4090, RTX A6000, L40S: no NVLink switch) move collectives over PCIe
+ *    Gen4 x16, 32 GB/s per direction by the specification, about 20 GB/s after protocol overhead and host
+ *    bridges (an estimate, not a measurement). */
 #include "plan/gpus.h"
 
 #include <ctype.h>
@@ -22,13 +29,13 @@
 #define MIB (1024.0 * 1024.0)
 
 static const snug_gpu gpus[] = {
-    {"rtx4090", "4090 rtx-4090 geforce-rtx-4090", "RTX 4090 24GB", 24564 * MIB, 82.6, 165.2, 0.50},
-    {"a100-40gb", "a100-40 a100-sxm4-40gb", "A100 40GB", 40960 * MIB, 19.5, 312.0, 1.30},
-    {"a6000", "rtx-a6000", "RTX A6000 48GB", 49140 * MIB, 38.7, 154.8, 0.80},
-    {"l40s", "l40s-48gb", "L40S 48GB", 46068 * MIB, 91.6, 362.1, 1.00},
-    {"a100-80gb", "a100 a100-80 a100-sxm4-80gb", "A100 80GB", 81920 * MIB, 19.5, 312.0, 1.80},
-    {"h100", "h100-80gb h100-sxm h100-sxm5", "H100 80GB", 81559 * MIB, 66.9, 989.4, 2.50},
-    {"h200", "h200-141gb h200-sxm", "H200 141GB", 143771 * MIB, 66.9, 989.4, 3.50},
+    {"rtx4090", "4090 rtx-4090 geforce-rtx-4090", "RTX 4090 24GB", 24564 * MIB, 82.6, 165.2, 0.50, 20},
+    {"a100-40gb", "a100-40 a100-sxm4-40gb", "A100 40GB", 40960 * MIB, 19.5, 312.0, 1.30, 200},
+    {"a6000", "rtx-a6000", "RTX A6000 48GB", 49140 * MIB, 38.7, 154.8, 0.80, 20},
+    {"l40s", "l40s-48gb", "L40S 48GB", 46068 * MIB, 91.6, 362.1, 1.00, 20},
+    {"a100-80gb", "a100 a100-80 a100-sxm4-80gb", "A100 80GB", 81920 * MIB, 19.5, 312.0, 1.80, 200},
+    {"h100", "h100-80gb h100-sxm h100-sxm5", "H100 80GB", 81559 * MIB, 66.9, 989.4, 2.50, 370},
+    {"h200", "h200-141gb h200-sxm", "H200 141GB", 143771 * MIB, 66.9, 989.4, 3.50, 370},
 };
 
 #define NGPUS ((int)(sizeof gpus / sizeof gpus[0]))

@@ -25,6 +25,7 @@ typedef struct snug_gpu {
     double tflops_fp32;     /* FP32 peak without tensor cores: snug's fp32 GEMMs are exact fp32, not TF32 */
     double tflops_bf16;     /* dense tensor-core peak for bf16 */
     double price_per_hour;  /* USD per GPU-hour, typical on-demand cloud price (estimate) */
+    double link_gbps;       /* GB/s per GPU that collectives move between GPUs of one machine (NCCL bus bandwidth) */
 } snug_gpu;
 
 int snug_gpu_count(void);

@@ -5,12 +5,15 @@
 #include <string.h>
 
 #include "backend/cuda/backend_cuda.h"
+#include "dist/comm.h"
+#include "dist/zero.h"
 #include "model/model.h"
 #include "optim/optim.h"
 
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
+    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1;
     if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
         lv.master_weights = 0;
         lv.grads_fp32 = 0;
@@ -23,6 +26,67 @@ int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "optimizer_in_backward steps after every micro-batch, so gradients cannot "
                          "accumulate over %d micro-batches; set gradient_accumulation_steps: 1 (raise "
                          "micro_batch_size instead)", s->GA);
+    return 0;
+}
+
+void snug_plan_zero_counts(const snug_plan_spec *s, const snug_param_table *t, size_t *counts) {
+    int n = s->zero_stage && s->ranks > 1 ? s->ranks : 1;
+    size_t starts[t->n > 0 ? t->n : 1];
+    for (int i = 0; i < t->n; i++)
+        starts[i] = t->e[i].offset;
+    if (t->n == 0)
+        starts[0] = 0;
+    snug_zero_shards(starts, t->n > 0 ? t->n : 1, t->total, n, SNUG_Q8_BLOCK, counts);
+    for (int r = n; r < (s->ranks > 1 ? s->ranks : 1); r++) /* unsharded: rank 0 holds all, as every rank does */
+        counts[r] = 0;
+}
+
+int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const snug_param_table *t, snug_error *e) {
+    opt->sharded = 0;
+    if (!s->zero_stage || s->ranks <= 1)
+        return 0;
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+    snug_plan_zero_counts(s, t, counts);
+    opt->sharded = 1;
+    opt->shard_lo = snug_comm_displ(counts, s->rank);
+    opt->shard_hi = opt->shard_lo + counts[s->rank];
+    free(counts);
+    return 0;
+}
+
+void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s) {
+    m->master_sharded = 0;
+    m->master_lo = 0;
+    m->master_n = m->table.total;
+    if (!s->with_grads || !s->zero_stage || s->ranks <= 1 || !m->lv.master_weights || m->lv.dt == SNUG_DT_F32 ||
+        m->lv.lora.kind)
+        return;
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts) /* the whole copy: more memory than planned for ZeRO, never a wrong one */
+        return;
+    snug_plan_zero_counts(s, &m->table, counts);
+    m->master_sharded = 1;
+    m->master_lo = snug_comm_displ(counts, s->rank);
+    m->master_n = counts[s->rank];
+    free(counts);
+}
+
+int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
+    m->gshard = NULL;
+    m->gshard_lo = m->gshard_n = 0;
+    if (!m->lv.zero_grads)
+        return 0;
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+    snug_plan_zero_counts(s, &m->table, counts);
+    m->gshard_lo = snug_comm_displ(counts, s->rank);
+    m->gshard_n = counts[s->rank];
+    free(counts);
+    if (m->gshard_n && !(m->gshard = snug_arena_alloc(&A->a[SNUG_MEM_GRADS], m->gshard_n * sizeof(float), e)))
+        return e ? e->code : SNUG_ENOMEM;
     return 0;
 }
 
@@ -60,10 +124,15 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     m.lv = snug_plan_levers(s);
     int B = s->B, T = s->T;
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
+    snug_plan_shard_master(&m, s);
     snug_arenas A;
     snug_arenas_init_counting(&A);
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);
+    if (!rc && s->with_grads)
+        rc = snug_plan_shard_grads(&m, &A, s, e);
     snug_adamw opt = {.kind = s->optim, .paged = s->optim_paged, .stage16 = m.lv.dt != SNUG_DT_F32 && !m.lora.on};
+    if (!rc && s->with_grads)
+        rc = snug_plan_shard_optimizer(&opt, s, snug_model_trainable(&m), e);
     if (!rc && s->with_grads)
         rc = snug_adamw_layout(&opt, &A, snug_model_trainable(&m), NULL, e);
     void *snap[SNUG_MEM_NCAT];

@@ -18,6 +18,8 @@ typedef struct snug_plan_spec {
     int B, T;              /* micro-batch rows and sequence length */
     int GA;                /* micro-batches accumulated per optimizer step (0 or 1: none) */
     int ranks;             /* data-parallel ranks whose gradients are summed with these (0 or 1: one process) */
+    int rank;              /* which of them this plan is for (its ZeRO shard) */
+    int zero_stage;        /* 0: every rank holds everything (DDP); 1: optimizer state sharded over the ranks */
     snug_levers lv;        /* as configured; the layout uses snug_plan_levers(spec), which derives the rest */
     int with_grads;        /* 0: inference (generation) */
     snug_optim_kind optim; /* the optimizer's state layout (with_grads only) */
@@ -53,6 +55,22 @@ snug_levers snug_plan_levers(const snug_plan_spec *s);
 /* Whether the spec's levers can run together: optimizer_in_backward steps after every micro-batch (no
  * accumulation). An error names the setting and the fix. snug_plan_run checks it. */
 int snug_plan_spec_check(const snug_plan_spec *s, snug_error *e);
+
+/* ZeRO: each rank's elements of the flat parameter table, counts[0..ranks-1] (dist/zero.h; edges on the 8-bit
+ * optimizer's blocks). Without ZeRO, or for one rank, one shard of everything. */
+void snug_plan_zero_counts(const snug_plan_spec *s, const snug_param_table *t, size_t *counts);
+
+/* Sets opt's shard to the spec's rank's (before snug_adamw_layout); nothing without ZeRO. The plan and the engine
+ * both call it, so the planned optimizer arena is the allocated one. */
+int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const snug_param_table *t, snug_error *e);
+
+/* ZeRO under 16-bit storage with master weights: the master copy is the rank's shard (m->master_sharded, master_lo,
+ * master_n), set before snug_model_layout (by the plan and the engine alike); the whole copy otherwise. */
+void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s);
+
+/* ZeRO-2 (m->lv.zero_grads): carves m->gshard, the rank's shard of the summed gradients, in A's gradients arena,
+ * after snug_model_layout; nothing otherwise. The plan and the engine both call it. */
+int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e);
 
 /* The checkpoint snapshot: one host copy of each category a checkpoint keeps (parameters, master weights, optimizer
  * state), carved from A's snapshot arena with the size the same categories of A have reached; dst[c] gets the copy

@@ -63,6 +63,9 @@ int snug_memory_json_write(const char *path, const snug_plan_spec *s, const snug
         json_object_set_new(j, "device_peak_bytes", json_real(device_used));
     json_object_set_new(j, "precision", json_string(snug_precision_name(s->lv.dt)));
     json_object_set_new(j, "levers", snug_levers_json(s, p));
+    if (s->ranks > 1) /* data parallel: whose plan this is (each rank's differs under ZeRO) */
+        json_object_set_new(j, "ranks", json_pack("{s:i, s:i, s:i}", "size", s->ranks, "rank", s->rank,
+                                                  "zero_stage", s->zero_stage));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
     if (!text)

@@ -62,6 +62,16 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: optimizer_in_backward steps after every micro-batch, so gradients cannot accumulate; set "
             "gradient_accumulation_steps: 1 (raise micro_batch_size instead)", src);
     REQUIRE(!(o->bf16 && o->fp16), "%s: bf16 and fp16 are both true; choose one", src);
+    /* ZeRO: what is built is stage 1 on a full fine-tune whose optimizer steps after backward */
+    REQUIRE(o->zero_stage <= 2,
+            "%s: zero_stage %d is not supported yet (stage 3 shards the parameters); use zero_stage: 2 (optimizer "
+            "state and gradients sharded), 1 (optimizer state) or 0", src, o->zero_stage);
+    REQUIRE(!o->zero_stage || !o->optimizer_in_backward,
+            "%s: zero_stage %d with optimizer_in_backward is not supported: each rank steps only its shard after the "
+            "gradients are reduce-scattered; set optimizer_in_backward: false or zero_stage: 0", src, o->zero_stage);
+    REQUIRE(!o->zero_stage || o->adapter == SNUG_ADAPTER_NONE,
+            "%s: zero_stage %d with an adapter is not supported: the adapters' state is small and stays whole on "
+            "every rank; set zero_stage: 0", src, o->zero_stage);
     REQUIRE(!o->fp16 || o->master_weights,
             "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
             "with master_weights: false, or keep master_weights: true", src);

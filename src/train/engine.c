@@ -45,6 +45,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
     g->model.lv = snug_plan_levers(spec);
     g->model.be = g->be;
     SNUG_TRY(snug_param_table_build(&g->model.table, &spec->cfg, e));
+    snug_plan_shard_master(&g->model, spec);
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         size_t cap = g->plan.bytes[c];
         void *blk = cap ? (g->plan.host[c] ? g->be->host_alloc(g->be, cap) : g->be->alloc(g->be, cap)) : NULL;
@@ -60,10 +61,13 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
             g->arenas.a[c].budget = cap + (size_t)slack;
     }
     SNUG_TRY(snug_model_layout(&g->model, &g->arenas, spec->B, spec->T, spec->with_grads, e));
+    if (spec->with_grads)
+        SNUG_TRY(snug_plan_shard_grads(&g->model, &g->arenas, spec, e));
     if (spec->with_grads) {
         g->opt.kind = spec->optim;
         g->opt.paged = spec->optim_paged;
         g->opt.stage16 = spec->lv.dt != SNUG_DT_F32 && !g->model.lora.on;
+        SNUG_TRY(snug_plan_shard_optimizer(&g->opt, spec, snug_model_trainable(&g->model), e));
         SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, snug_model_trainable(&g->model), g->be, e));
         if (spec->ckpt_snapshot)
             SNUG_TRY(snug_plan_snapshot_layout(&g->arenas, &g->model.lv, g->snapshot, e));

@@ -125,9 +125,10 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
 
 
 int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
-    int ranks = r->ranks; /* the caller's, the one field set before */
+    int ranks = r->ranks, rank = r->rank; /* the caller's, the fields set before */
     memset(r, 0, sizeof *r);
     r->ranks = ranks;
+    r->rank = rank;
     r->c = *c;
     SNUG_TRY(open_tokenizer(r, e));
     return resolve_model(r, e);
@@ -254,7 +255,8 @@ int snug_setup_load_adapter(const snug_setup *r, snug_model *m, snug_error *e) {
 snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {
     snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
-                        .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint};
+                        .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint,
+                        .zero_stage = c->zero_stage};
     snug_run_optimizer(c->optimizer, &s.optim, &s.optim_paged);
     s.lv.lora = lora_cfg(c, cfg->arch);
     return s;
@@ -287,6 +289,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
     SNUG_TRY(resolve_adapter(r, e));
     r->spec = snug_run_spec(&r->c, &r->cfg);
     r->spec.ranks = r->ranks;
+    r->spec.rank = r->rank;
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {
         snug_fit_point best;
@@ -301,6 +304,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
                              "turn auto_fit off and set the levers by hand", ve.msg);
         r->spec = snug_run_spec(&r->c, &r->cfg);
         r->spec.ranks = r->ranks;
+        r->spec.rank = r->rank;
     }
     SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
     if (r->c.memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */

@@ -23,8 +23,8 @@ typedef struct snug_setup {
     snug_tokenizer *tok;      /* NULL for the byte-level stand-in */
     char tok_path[4096];      /* the tokenizer.json used ("" for the byte-level stand-in) */
     snug_encoder enc;
-    int ranks;                /* data-parallel ranks (0 or 1: one process): the one field set before
-                               * snug_setup_resolve (which keeps it; the rest is zeroed there) */
+    int ranks, rank;          /* data-parallel ranks (0 or 1: one process) and this one: the fields set before
+                               * snug_setup_resolve (which keeps them; the rest is zeroed there) */
     snug_plan_spec spec;      /* snug_run_spec(&c, &cfg), with ranks */
     snug_plan plan;           /* of spec, before anything is allocated */
     char fit_note[1024];      /* what auto_fit chose and why; "" when auto_fit is off */

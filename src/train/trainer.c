@@ -47,6 +47,50 @@ static void zero_grads(snug_model *m) {
         m->be->zero(m->be, m->grads16, m->grads16_numel * sizeof(uint16_t));
     if (m->lora.grads)
         m->be->zero(m->be, m->lora.grads, m->lora.table.total * sizeof(float));
+    if (m->gshard)
+        m->be->zero(m->be, m->gshard, m->gshard_n * sizeof(float));
+}
+
+/* ZeRO-2: as backward completes a layer's gradients (layer -1: the global tensors, two runs of the table), each run
+ * of its tensors is reduce-scattered over the ranks' shards, this rank adds its segment of the sum into its shard
+ * (gshard), and the shared buffer is zeroed for the next layer. Every micro-batch does so, as DeepSpeed's stage 2:
+ * no full gradient is kept to accumulate into. */
+typedef struct zero2_ctx {
+    snug_engine *eng;
+    snug_comm *comm;
+    const size_t *shard; /* each rank's elements of the table */
+    size_t *counts;      /* (size) scratch: a run's elements in each rank's shard */
+    int rc;
+    snug_error e;
+} zero2_ctx;
+
+static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
+    (void)offset, (void)numel;
+    zero2_ctx *c = ud;
+    snug_model *m = &c->eng->model;
+    snug_backend *be = m->be;
+    const snug_param_table *t = &m->table;
+    for (int i = 0; !c->rc && i < t->n;) {
+        if (t->e[i].layer != layer) {
+            i++;
+            continue;
+        }
+        int j = i; /* a run of the layer's tensors: contiguous in the table and in the shared buffer */
+        while (j < t->n && t->e[j].layer == layer)
+            j++;
+        size_t lo = t->e[i].offset, hi = t->e[j - 1].offset + t->e[j - 1].numel, s0 = 0;
+        for (int r = 0; r < c->comm->size; s0 += c->shard[r], r++) {
+            size_t a = s0 > lo ? s0 : lo, b = s0 + c->shard[r] < hi ? s0 + c->shard[r] : hi;
+            c->counts[r] = b > a ? b - a : 0;
+        }
+        float *g = m->grads + m->grad_off[i];
+        c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32, &c->e);
+        size_t mine = snug_comm_displ(c->counts, c->comm->rank), n = c->counts[c->comm->rank];
+        if (!c->rc && n)
+            be->accumulate(be, m->gshard + (lo + mine - m->gshard_lo), g + mine, n);
+        be->zero(be, g, (hi - lo) * sizeof(float));
+        i = j;
+    }
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -143,15 +187,56 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
 }
 
 /* The sum over the ranks of the step's gradients, in place: one all-reduce over the whole fp32 gradient buffer, or
- * under LoRA the adapters' (per-layer buckets overlapped with backward come later). */
-static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
+ * under LoRA the adapters' (per-layer buckets overlapped with backward come later). Under ZeRO (shard: each rank's
+ * counts) a reduce-scatter instead: only the rank's own shard is summed, the shard its optimizer steps. */
+static int ddp_reduce_grads(snug_comm *c, snug_model *m, const size_t *shard, snug_error *e) {
     if (c->size == 1)
         return 0;
+    if (shard) /* a full fine-tune (config.c refuses ZeRO with adapters): fp32 gradients at the table offsets */
+        return c->reduce_scatter_sum(c, m->grads, shard, SNUG_COMM_F32, e);
     if (m->lora.on) /* the adapters' gradients (fp32) are all that trains */
         return c->allreduce_sum(c, m->lora.grads, m->lora.table.total, SNUG_COMM_F32, e);
     if (m->grads16) /* snug_plan_levers keeps layer gradients fp32 when ranks sum them */
         return snug_fail(e, SNUG_EINTERNAL, "%d ranks with 16-bit layer gradients", c->size);
     return c->allreduce_sum(c, m->grads, m->grads_numel, SNUG_COMM_F32, e);
+}
+
+/* ZeRO: the global gradient norm (times grad_scale) from each rank's shard, the squares summed over the ranks (in
+ * rank order in the deterministic mode). The same sum as snug_grad_norm_model's over the whole buffer up to the
+ * order of the double additions. */
+static int zero_grad_norm(snug_comm *c, const snug_model *m, const size_t *shard, float grad_scale, double *norm,
+                          snug_error *e) {
+    size_t lo = snug_comm_displ(shard, c->rank);
+    const float *g = m->lv.zero_grads ? m->gshard : m->grads + lo; /* ZeRO-2 keeps only the shard's sum */
+    double ss = shard[c->rank] ? m->be->sumsq(m->be, g, SNUG_DT_F32, shard[c->rank]) : 0.0;
+    SNUG_TRY(c->allreduce_sum(c, &ss, 1, SNUG_COMM_F64, e));
+    *norm = sqrt(ss) * fabs((double)grad_scale);
+    return 0;
+}
+
+/* ZeRO: every rank's updated shard of the parameters to every rank (fp32, or the 16-bit copy forward reads). */
+static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *shard, snug_error *e) {
+    if (m->lv.dt != SNUG_DT_F32)
+        return c->allgather(c, m->params16, shard, SNUG_COMM_U16, e);
+    return c->allgather(c, m->params, shard, SNUG_COMM_F32, e);
+}
+
+/* ZeRO with a sharded master copy: the whole fp32 master on every rank before the weights are saved (an all-gather
+ * into host memory outside the arenas, P x 4 bytes at the end of the run; the ranks are CPU processes, so host memory
+ * is the backend's), so that rank 0 saves the F32 weights DDP saves. */
+static int zero_gather_master(snug_comm *c, snug_model *m, const size_t *shard, float **full, snug_error *e) {
+    if (!m->master_sharded)
+        return 0;
+    size_t P = m->table.total;
+    if (!(*full = malloc(P * sizeof **full)))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it");
+    m->be->to_host(m->be, *full + m->master_lo, m->params, m->master_n * sizeof **full);
+    SNUG_TRY(c->allgather(c, *full, shard, SNUG_COMM_F32, e));
+    m->params = *full;
+    m->master_sharded = 0;
+    m->master_lo = 0;
+    m->master_n = P;
+    return 0;
 }
 
 static double now_s(void) {
@@ -164,6 +249,23 @@ static double peak_rss_bytes(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss * 1024.0;
+}
+
+/* The CPU runtime overhead with the data as read (plan/gpus.c). */
+static void rank_overhead(const run *r, snug_overhead *ov) {
+    snug_overhead_compute(ov, SNUG_DEVICE_CPU, &r->s.plan,
+                          snug_data_host_bytes(r->s.train.ntokens + r->s.val.ntokens,
+                                               r->s.train.nexamples + r->s.val.nexamples, r->s.c.sequence_len));
+}
+
+/* memory.json (or a rank's memory.rankR.json) in output_dir: this process's plan beside its measured peaks. */
+static int rank_memory_json(const run *r, const char *file, const size_t *measured, snug_error *e) {
+    snug_overhead ov;
+    rank_overhead(r, &ov);
+    char mj[4096];
+    snug_path_join(mj, sizeof mj, r->s.c.output_dir, file);
+    return snug_memory_json_write(mj, &r->s.spec, &r->s.plan, measured, &ov, peak_rss_bytes(), r->eng.be->name,
+                                  (double)snug_backend_device_used(r->eng.be), e);
 }
 
 /* The batching the options ask for (src/data/batching.h); shuffle 0 keeps the dataset's order. */
@@ -304,10 +406,14 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
         fprintf(out, "  gemm                 %s\n", r->eng.be->gemm);
     if (r->s.fit_note[0])
         fprintf(out, "%s\n", r->s.fit_note);
+    char who[96] = ""; /* several ranks: the plan is this rank's (rank 0's; under ZeRO each plans its shard) */
+    if (r->s.spec.ranks > 1)
+        snprintf(who, sizeof who, ", rank %d of %d%s", r->s.spec.rank, r->s.spec.ranks,
+                 r->s.spec.zero_stage ? ", optimizer state of its ZeRO shard" : "");
     if (!strcmp(r->eng.be->name, "cpu"))
-        fprintf(out, "memory plan (backend cpu, %d threads):\n", r->eng.be->nthreads);
+        fprintf(out, "memory plan (backend cpu, %d threads%s):\n", r->eng.be->nthreads, who);
     else
-        fprintf(out, "memory plan (backend %s):\n", r->eng.be->name);
+        fprintf(out, "memory plan (backend %s%s):\n", r->eng.be->name, who);
     snug_plan_print(out, &r->s.plan, NULL);
 }
 
@@ -375,6 +481,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         out = quiet ? quiet : out;
     int rc = ddp_refuse(config, &comm, on_gpu, e);
     r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
+    r.s.rank = comm.rank;  /* and under ZeRO each plans its own shard */
     if (!rc)
         rc = snug_setup_resolve(&r.s, config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
@@ -468,6 +575,31 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     for (int k = 0; !rc && k < GA; k++)
         mb[k] = (snug_micro_batch){.ids = ids + k * BT, .labels = labels + k * BT, .pos = pos + k * BT,
                                    .seg = seg + k * BT};
+    size_t *shard = NULL; /* ZeRO: each rank's elements of the flat parameters; NULL: every rank holds everything */
+    if (!rc && o->zero_stage && W > 1) {
+        if (!(shard = malloc((size_t)W * sizeof *shard)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+        else
+            snug_plan_zero_counts(&r.s.spec, &r.eng.model.table, shard);
+        if (shard) {
+            size_t most = 0, least = (size_t)-1;
+            for (int q = 0; q < W; q++) {
+                most = shard[q] > most ? shard[q] : most;
+                least = shard[q] < least ? shard[q] : least;
+            }
+            fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
+                    "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered\n", o->zero_stage,
+                    o->zero_stage >= 2 ? "optimizer state and gradients" : "optimizer state", least, most,
+                    SNUG_Q8_BLOCK, o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward" : "");
+        }
+    }
+    zero2_ctx z2 = {.eng = &r.eng, .comm = &comm, .shard = shard};
+    if (!rc && shard && o->zero_stage >= 2) {
+        if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+        r.eng.model.on_grads_ready = zero2_ready;
+        r.eng.model.on_grads_ready_ud = &z2;
+    }
 
     char metrics_path[4096];
     FILE *metrics = NULL;
@@ -543,6 +675,18 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
                 step_in_backward(&in_bwd, l, 0, 0);
         }
+        /* ZeRO-2: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
+         * reduce-scatters, with zero gradients, in backward's order */
+        for (int k = k1 - k0; z2.counts && k < (nmb < GAr ? nmb : GAr); k++)
+            for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
+                zero2_ready(&z2, l, 0, 0);
+        if (z2.rc) {
+            rc = z2.rc;
+            if (e)
+                *e = z2.e;
+            broken = 1;
+            break;
+        }
         if (in_bwd.rc) {
             rc = in_bwd.rc;
             if (e)
@@ -551,7 +695,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             break;
         }
         if (W > 1 && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64, e)) ||
-                      (!o->optimizer_in_backward && (rc = ddp_reduce_grads(&comm, &r.eng.model, e))))) {
+                      (!o->optimizer_in_backward && !z2.counts && (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
             broken = 1;
             break;
         }
@@ -560,7 +704,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (o->optimizer_in_backward) {
             norm = sqrt(r.eng.be->sumsq_take(r.eng.be));
         } else {
-            norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
+            if (!shard) {
+                norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
+            } else if ((rc = zero_grad_norm(&comm, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
+                broken = 1;
+                break;
+            }
             float clip = 1.0f;
             if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
                 clip = (float)(o->max_grad_norm / (norm + 1e-6));
@@ -570,6 +719,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             else /* fp16 overflow: the step is skipped */
                 fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale now %.0f (%d "
                         "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
+            if (shard && (rc = zero_gather_params(&comm, &r.eng.model, shard, e))) {
+                broken = 1;
+                break;
+            }
         }
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
         if ((rc = snug_backend_check(r.eng.be, e))) /* a device op that failed during the step (CUDA) */
@@ -681,6 +834,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
+    float *master_full = NULL;
+    if (!rc && !stopped && shard && (rc = zero_gather_master(&comm, &r.eng.model, shard, &master_full, e)))
+        broken = 1;
     if (!rc && !stopped && lead)
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     if (!rc && !stopped && lead && o->merge_lora) {
@@ -714,23 +870,29 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             fprintf(out, "  %-20s %12s  %16s  (cudaMemGetInfo: arenas, CUDA context, cuBLASLt workspace)\n",
                     "device memory in use", "", b);
         }
-        snug_overhead ov; /* the CPU runtime overhead with the data as read (plan/gpus.c) */
-        snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &r.s.plan,
-                              snug_data_host_bytes(r.s.train.ntokens + r.s.val.ntokens,
-                                                   r.s.train.nexamples + r.s.val.nexamples, T));
+        snug_overhead ov;
+        rank_overhead(&r, &ov);
         snug_format_bytes(b, sizeof b, (double)(r.s.plan.total + r.s.plan.host_total + ov.total));
         fprintf(out, "  %-20s %12s  (the arenas + %s runtime overhead)\n", "predicted RSS", b, "CPU");
-        char mj[4096];
-        snug_path_join(mj, sizeof mj, o->output_dir, "memory.json");
-        rc = snug_memory_json_write(mj, &r.s.spec, &r.s.plan, measured, &ov, peak_rss_bytes(), r.eng.be->name,
-                                    (double)snug_backend_device_used(r.eng.be), e);
+        rc = rank_memory_json(&r, "memory.json", measured, e);
         print_sample(&r, out);
+    }
+    if (!rc && !stopped && !lead && shard) { /* under ZeRO each rank plans its own shard: each writes its memory */
+        size_t measured[SNUG_MEM_NCAT];
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            measured[c] = r.eng.arenas.a[c].peak;
+        char name[64];
+        snprintf(name, sizeof name, "memory.rank%d.json", comm.rank);
+        rc = rank_memory_json(&r, name, measured, e);
     }
     free(ids);
     free(labels);
     free(pos);
     free(seg);
     free(mb);
+    free(shard);
+    free(z2.counts);
+    free(master_full);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

@@ -174,6 +174,12 @@ if [ -n "${SNUG_COMM_TEST:-}" ]; then
     st=$?
     [ $st -ne 0 ] && [ $st -ne 124 ] && [ "$(grep -c 'error: collective mismatch: rank 0 issued #1 allreduce_sum of 3 float32 (root 0) where rank 1 issued #1 allreduce_sum of 4' "$W/mm$np.log")" -eq $np ] &&
       ok || bad "comm mismatch at $np ranks: $(grep rank "$W/mm$np.log" | head -3)"
+    if [ $np -eq 2 ]; then # the sharded collectives' counts are part of the signature
+      timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" shards > "$W/sh$np.log" 2>&1
+      st=$?
+      [ $st -ne 0 ] && [ $st -ne 124 ] && [ "$(grep -c 'error: collective mismatch: rank 0 issued #1 reduce_scatter_sum of 8 float32 (root [0-9]*) where rank 1 issued #1 reduce_scatter_sum of 8' "$W/sh$np.log")" -eq 2 ] &&
+        ok || bad "comm shards mismatch: $(grep rank "$W/sh$np.log" | head -3)"
+    fi
     t0=$(date +%s)
     timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" timeout > "$W/to$np.log" 2>&1
     st=$? t=$(( $(date +%s) - t0 ))

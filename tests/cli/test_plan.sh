@@ -89,6 +89,32 @@ for g in j["gpus"]:
 PY
 then ok; else bad "json: $(head -c 300 "$W/stderr")"; fi
 
+# the plan per rank (--gpus): Llama-3.1-8B full fine-tune, bf16, T=2048, on 8 x H100: DDP does not fit, ZeRO-1's
+# optimizer arena is DDP's split 8 ways (the layout code's, to within a block of 256 per rank), ZeRO-3 fits with a
+# predicted step within 10% of the compute; the communication is the ring formulas' (src/plan/ranks.h)
+if "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu h100 \
+     --gpus 8 --json > "$W/ranks.json" 2>"$W/stderr" && python3 - "$W/ranks.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["ranks"]
+ddp, z1, z2, z3 = j["modes"]
+P, f = 8030261248, 7 / 8
+assert j["gpus"] == 8 and [m["mode"] for m in j["modes"]] == ["ddp", "zero-1", "zero-2", "zero-3"]
+assert not ddp["fits"] and z3["fits"] and not ddp["estimated"] and z3["estimated"], j
+o0, o1 = ddp["bytes"]["optimizer state"], z1["bytes"]["optimizer state"]
+assert abs(o1 - o0 / 8) <= 257 * 8, (o0, o1)
+assert z3["step_s"] <= 1.10 * z3["compute_s"], z3
+assert abs(ddp["comm_bytes"] - 2 * f * P * 4) < 1 and abs(z1["comm_bytes"] - f * P * (4 + 2)) < 1
+assert abs(z3["comm_bytes"] - f * P * (2 * 2 + 4)) < 1, z3
+assert z3["total"] < z2["total"] < z1["total"] < ddp["total"]
+assert j["chosen"] in ("zero-2", "zero-3") and j["modes"][int(j["chosen"][-1])]["fits"]
+PY
+then ok; else bad "ranks: $(head -c 300 "$W/stderr")"; fi
+# 2 x RTX 4090 with the 8-bit paged optimizer: the plan says which mode fits, in text
+expect_out ranks-4090 "per rank over 2 GPUs of RTX 4090" "zero-3\\* " "(chosen: zero-|no mode fits in)" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090 \
+  --gpus 2 --optimizer paged_adamw_8bit --gradient_checkpointing true
+expect_error gpus-0 "gpus is 0; it must be at least 1" "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --gpus 0
+
 # the chart: SVG always, PNG when a converter is installed
 if "$SNUG" plan --base_model "$CFG/llama-2-7b" --svg "$W/plan.svg" > "$W/stdout" 2>"$W/stderr" &&
    grep -q "</svg>" "$W/plan.svg" && grep -q "gradient_checkpointing: full" "$W/plan.svg" &&

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "dist/comm.h"
+#include "dist/zero.h"
 
 static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
                              "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "RANK",
@@ -56,6 +57,11 @@ int main(void) {
     CHECK(c.allreduce_sum(&c, x, 3, SNUG_COMM_F32, &e) == 0 && x[0] == 1.5f && x[1] == -2 && x[2] == 3);
     CHECK(c.broadcast(&c, &k, 1, SNUG_COMM_I64, 0, &e) == 0 && k == 7 && c.barrier(&c, &e) == 0 && c.seq == 3);
     CHECK(c.broadcast(&c, &k, 1, SNUG_COMM_I64, 1, &e) != 0);
+    size_t counts[1] = {3};
+    CHECK(c.reduce_scatter_sum(&c, x, counts, SNUG_COMM_F32, &e) == 0 && c.allgather(&c, x, counts, SNUG_COMM_F32, &e)
+          == 0 && x[0] == 1.5f && x[1] == -2 && x[2] == 3 && c.seq == 6);
+    size_t three[3] = {4, 0, 5};
+    CHECK(snug_comm_displ(three, 0) == 0 && snug_comm_displ(three, 2) == 4 && snug_comm_displ(three, 3) == 9);
     snug_comm_close(&c);
 
     /* the rank-order sum: ((a0 + a1) + a2), not a0 + (a1 + a2) */
@@ -65,5 +71,24 @@ int main(void) {
     double dall[4] = {0.1, 0.2, 0.3, 0.4}, dout[2];
     snug_comm_sum_in_order(dout, dall, 2, 2, SNUG_COMM_F64);
     CHECK(dout[0] == 0.1 + 0.3 && dout[1] == 0.2 + 0.4);
+
+    /* ZeRO's shards (dist/zero.c): they tile the range, every edge is a tensor's start plus whole blocks, and each
+     * shard is within a block of total / size */
+    size_t starts[5] = {0, 100, 1124, 5000, 5003}, total = 9001;
+    for (int size = 1; size <= 7; size++) {
+        size_t counts[7], sum = 0;
+        snug_zero_shards(starts, 5, total, size, 256, counts);
+        for (int r = 0; r < size; r++) {
+            size_t lo = sum;
+            sum += counts[r];
+            int on_block = 0;
+            for (int i = 0; i < 5; i++)
+                on_block |= lo >= starts[i] && (i == 4 || lo < starts[i + 1]) && (lo - starts[i]) % 256 == 0;
+            CHECKF(on_block, "size %d: rank %d starts at %zu, inside a block", size, r, lo);
+            double dev = (double)counts[r] - (double)total / size;
+            CHECKF(dev > -257.0 && dev < 257.0, "size %d: rank %d holds %zu of %zu", size, r, counts[r], total);
+        }
+        CHECKF(sum == total, "size %d: the shards hold %zu of %zu", size, sum, total);
+    }
     return check_finish("test_comm");
 }

@@ -373,8 +373,7 @@ static void test_not_supported(void) {
         EXPECT_YAML_OK(yaml);
     }
     static const char *const valued[] = {
-        "deepspeed: ds.json",
-        "fsdp: [full_shard]",  "wandb_project: proj",
+        "wandb_project: proj",
         "special_tokens: {pad_token: \"<pad>\"}",    "chat_template: chatml",
         "saves_per_epoch: 1",  "evals_per_epoch: 4",
         "model_type: MistralForCausalLM",
@@ -582,6 +581,88 @@ static void test_validate(void) {
            e.msg);
 }
 
+/* parse_args over a config file alone (deepspeed's file is read there, after every override) */
+static int parse_config(const char *yaml, snug_run_config *o, snug_error *e) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s", write_file("cfg.yaml", yaml));
+    char *argv[] = {path};
+    snug_options_defaults(o);
+    snug_error_clear(e);
+    return snug_options_parse_args(o, 1, argv, e);
+}
+
+/* ZeRO: zero_stage, DeepSpeed's zero_optimization.stage, and the refusals of what is not built */
+static void test_zero(void) {
+    snug_run_config o;
+    snug_error e;
+    char yaml[1200];
+    CHECK(load("seed: 1\n", &o, &e) == 0 && o.zero_stage == 0 && !o.deepspeed[0]);
+    CHECKF(load("zero_stage: 1\n", &o, &e) == 0 && o.zero_stage == 1 && snug_run_config_validate(&o, &e) == 0, "%s",
+           e.msg);
+    EXPECT_YAML_ERROR("zero_stage: -1\n", "zero_stage is -1; it must be at least 0");
+    struct {
+        const char *yaml, *want;
+    } bad[] = {
+        {"zero_stage: 3\n", "zero_stage 3 is not supported yet"},
+        {"zero_stage: 1\noptimizer_in_backward: true\nmax_grad_norm: 0\n", "with optimizer_in_backward"},
+        {"zero_stage: 1\nadapter: lora\n", "with an adapter"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECKF(load(bad[i].yaml, &o, &e) == 0, "%s", e.msg);
+        CHECKF(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, bad[i].want), "'%s' not in: %s",
+               bad[i].want, e.msg);
+    }
+    CHECKF(load("zero_stage: 1\nbf16: true\nmaster_weights: false\n", &o, &e) == 0 &&
+           snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
+    CHECKF(load("zero_stage: 2\n", &o, &e) == 0 && o.zero_stage == 2 && snug_run_config_validate(&o, &e) == 0, "%s",
+           e.msg);
+
+    /* DeepSpeed's JSON: its stage is zero_stage */
+    const char *ds1 = write_file("ds1.json", "{\"train_batch_size\": \"auto\", \"zero_optimization\": {\"stage\": 1,"
+                                 " \"offload_optimizer\": {\"device\": \"none\"}}}");
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\n", ds1);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_stage == 1, "%s", e.msg);
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\nzero_stage: 1\n", ds1);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_stage == 1, "%s", e.msg);
+    const char *ds0 = write_file("ds0.json", "{\"zero_optimization\": {\"stage\": 0}}");
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\nzero_stage: 1\n", ds0);
+    CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "zero_stage is 1 but deepspeed's") &&
+           has(&e, "keep one"), "%s", e.msg);
+    struct {
+        const char *name, *json, *want;
+    } dbad[] = {
+        {"ds3.json", "{\"zero_optimization\": {\"stage\": 3}}", "zero_optimization.stage 3 (parameters sharded) is "
+                                                                  "not supported yet"},
+        {"ds5.json", "{\"zero_optimization\": {\"stage\": \"auto\"}}", "zero_optimization.stage must be 0, 1, 2 or 3"},
+        {"dso.json", "{\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}}",
+         "zero_optimization.offload_optimizer.device is cpu: offloading is not supported yet"},
+        {"dsz.json", "{\"zero_optimization\": 1}", "zero_optimization must be an object"},
+        {"dsbad.json", "{\"zero_optimization\": ", "line 1"},
+    };
+    for (size_t i = 0; i < sizeof dbad / sizeof dbad[0]; i++) {
+        const char *path = write_file(dbad[i].name, dbad[i].json);
+        snprintf(yaml, sizeof yaml, "deepspeed: %s\n", path);
+        CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, dbad[i].want) && has(&e, "deepspeed: "),
+               "'%s' not in: %s", dbad[i].want, e.msg);
+    }
+    const char *ds2 = write_file("ds2.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}");
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\n", ds2);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
+    CHECKF(parse_config("deepspeed: /nonexistent/ds.json\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "/nonexistent/ds.json"), "%s", e.msg);
+    /* FSDP: shard_grad_op is stage 2; full_shard (stage 3) and the rest refused naming the key */
+    CHECKF(parse_config("fsdp: [shard_grad_op, auto_wrap]\n", &o, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
+    CHECKF(parse_config("fsdp: no_shard auto_wrap\n", &o, &e) == 0 && o.zero_stage == 0, "%s", e.msg);
+    CHECKF(parse_config("fsdp: [full_shard, auto_wrap]\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "fsdp: full_shard is ZeRO stage 3") && has(&e, "use shard_grad_op"), "%s", e.msg);
+    CHECKF(parse_config("fsdp: [shard_grad_op, offload]\n", &o, &e) == SNUG_EINPUT && has(&e, "fsdp: 'offload'"),
+           "%s", e.msg);
+    CHECKF(parse_config("fsdp: [shard_grad_op]\nzero_stage: 1\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "zero_stage is 1 but fsdp (shard_grad_op) means stage 2"), "%s", e.msg);
+    EXPECT_YAML_ERROR("fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n", "fsdp_config is not supported yet",
+                      "SHARD_GRAD_OP is stage 2: write fsdp: [shard_grad_op]");
+}
+
 /* A failed load leaves the options as they were. */
 static void test_atomic(void) {
     snug_run_config o, before;
@@ -675,6 +756,7 @@ int main(void) {
     test_memory_budget();
     test_datasets();
     test_validate();
+    test_zero();
     test_atomic();
     test_help();
     for (int i = 0; i < nwritten; i++) {

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# ZeRO over MPI ranks on the CPU against DDP at the same ranks, with the gradients summed in rank order
+# (ddp_deterministic). Stage 1 (optimizer state sharded): the logged losses and gradient norms and the final weights
+# are DDP's bits at 2 and 3 ranks, with AdamW, 8-bit AdamW (paged and not), bf16 storage (with the fp32 master copy
+# sharded, and without one), fp16 and accumulation. Stage 2
+# (gradients too, reduce-scattered layer by layer in every micro-batch's backward): DDP's bits without accumulation,
+# also over a whole epoch whose last step leaves ranks without a micro-batch; with accumulation each rank's shard
+# sums micro-batch by micro-batch ((g0a + g1a) + (g0b + g1b)) where DDP sums each rank's first, so the two differ by
+# fp32 rounding, bounded by the rounding of another reordering of the same sums measured here (one process
+# accumulating all the micro-batches against DDP). Each rank's measured arenas equal its plan (memory.json for rank 0,
+# memory.rankR.json for the others); the optimizer arena is DDP's split N ways (exactly for fp32 state; with 8-bit
+# state plus each rank's copy of the quantization maps and its buffers' alignment), and at stage 2 the gradients
+# arena is the shared layer buffer, the global tensors' and the rank's shard, less than DDP's. The settings not built
+# are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI build.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+command -v mpirun >/dev/null || { echo "test_zero: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+export OMP_NUM_THREADS=1 # 3 ranks share 2 cores
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# the data of test_ddp.sh: every id once, so DDP itself is the bits of one process (see there); here the reference
+# is DDP, which sums the same gradients, so any data would do, and this keeps the two tests' runs comparable
+python3 - "$W/ids.jsonl" <<'PY'
+import json, random, sys
+random.seed(3)
+ids = random.sample(range(1, 2048), 2047)
+with open(sys.argv[1], "w") as f:
+    i = 0
+    while i + 24 <= len(ids):
+        n = random.randint(6, 24)
+        ex = ids[i:i + n]
+        i += n
+        p = random.randint(0, n // 2)
+        f.write(json.dumps({"input_ids": ex, "labels": [-100] * p + ex[p:]}) + "\n")
+PY
+printf 'datasets:\n  - path: %s\n    type: pretokenized\n' "$W/ids.jsonl" > "$W/ids.yaml"
+common="$W/ids.yaml --tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1
+        --max_steps 3 --logging_steps 1 --learning_rate 3e-3 --lr_scheduler cosine --max_grad_norm 0.5
+        --micro_batch_size 2 --ddp_deterministic true"
+
+# run NAME NP ARGS...: `snug train` as NP ranks into $W/NAME
+run() {
+  local name=$1 np=$2; shift 2
+  local pre=("${MPI[@]}" -np "$np")
+  [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
+}
+if ! run probe 2 --max_steps 1 && grep -q "built without MPI" "$W/probe.log"; then
+  echo "test_zero: skipped: this snug was built without MPI"; exit 77
+fi
+
+# worst NAME REF: the largest relative difference of the logged losses and gradient norms
+worst() {
+  python3 - "$W/$1/metrics.jsonl" "$W/$2/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([(r["loss"], r["grad_norm"]) for r in map(json.loads, open(p))] for p in sys.argv[1:3])
+assert len(a) == len(b) and a, (a, b)
+print(max(abs(x - y) / abs(y) for p, q in zip(a, b) for x, y in zip(p, q)))
+PY
+}
+
+# check STAGE NAME NP ARGS...: DDP and ZeRO-STAGE at NP ranks with ARGS give the same bits (or, with TOL set, losses
+# and gradient norms within TOL); each ZeRO rank's arenas are its plan, its optimizer arena DDP's split NP ways
+check() {
+  local stage=$1 name=$2 np=$3; shift 3
+  [ -f "$W/ddp_$name.log" ] || run "ddp_$name" "$np" "$@" ||
+    { bad "ddp_$name did not train: $(tail -2 "$W/ddp_$name.log")"; return; }
+  local z="zero${stage}_$name"
+  run "$z" "$np" --zero_stage "$stage" --dist_debug true "$@" || { bad "$z did not train: $(tail -2 "$W/$z.log")"; return; }
+  if [ -n "${TOL:-}" ]; then
+    local d
+    d=$(worst "$z" "ddp_$name")
+    python3 -c "import sys; sys.exit(0 if $d <= $TOL else 1)" && ok || bad "$z: worst relative difference $d over $TOL"
+    echo "  $z against DDP: worst relative difference $d (bound $TOL)"
+  else
+    [ "$(worst "$z" "ddp_$name")" = 0.0 ] && ok || bad "$z: the losses or gradient norms differ from DDP's"
+    cmp -s "$W/ddp_$name/model.safetensors" "$W/$z/model.safetensors" && ok || bad "$z: the weights differ from DDP's"
+  fi
+  grep -q "ZeRO *stage $stage" "$W/$z.log" && ok || bad "$z: no ZeRO line in the header"
+  python3 - "$W" "$name" "$np" "$stage" <<'PY' && ok || bad "$z: the memory per rank"
+import json, sys
+w, name, n, stage = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ddp = json.load(open(f"{w}/ddp_{name}/memory.json"))
+ranks = [json.load(open(f"{w}/zero{stage}_{name}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json"))) for r in range(n)]
+err = []
+for r, j in enumerate(ranks):
+    if j["plan"] != j["measured"]:
+        err.append(f"rank {r}: measured {j['measured']} against the plan {j['plan']}")
+    if j.get("ranks") != {"size": n, "rank": r, "zero_stage": stage}:
+        err.append(f"rank {r}: memory.json says {j.get('ranks')}")
+    for c in j["plan"]:
+        if c not in ("optimizer state", "workspace", "gradients", "master weights") and j["plan"][c] != ddp["plan"][c]:
+            err.append(f"rank {r}: {c} {j['plan'][c]} where DDP plans {ddp['plan'][c]}")
+    g, gd = j["plan"]["gradients"], ddp["plan"]["gradients"]
+    if (stage == 1 and g != gd) or (stage >= 2 and not g < gd):
+        err.append(f"rank {r}: gradients {g} against DDP's {gd} at stage {stage}")
+opt = [j["plan"]["optimizer state"] for j in ranks]
+whole = ddp["plan"]["optimizer state"]
+eight = "8bit" in ddp["optimizer"]
+paged = ddp["optimizer"].startswith("paged")
+# every rank carries the two 256-entry maps of 8-bit AdamW (in the workspace when paged); each of its six state
+# buffers may round up to the arena's 64-byte alignment
+extra = (n - 1) * 2048 if eight and not paged else 0
+if not 0 <= sum(opt) - whole - extra <= n * 6 * 64:
+    err.append(f"the ranks' optimizer arenas {opt} sum to {sum(opt)}, DDP's is {whole} (+{extra} of maps)")
+if not eight:  # fp32 state, 8 bytes per element: each shard is 1/N of the elements, give or take a block of 256
+    for r, b in enumerate(opt):
+        if abs(b - whole / n) > 257 * 8:
+            err.append(f"rank {r}: optimizer arena {b}, not 1/{n} of {whole}")
+# the fp32 master copy (16-bit storage): the rank's shard, 4 bytes per element, the shards summing to DDP's
+mas = [j["plan"]["master weights"] for j in ranks]
+whole_m = ddp["plan"]["master weights"]
+if whole_m and (not 0 <= sum(mas) - whole_m <= n * 64 or max(abs(b - whole_m / n) for b in mas) > 257 * 4):
+    err.append(f"the ranks' master copies {mas} against DDP's {whole_m}")
+print(f"  stage {stage}: master {mas} against DDP's {whole_m}; optimizer state per rank {opt} against DDP's {whole}; gradients "
+      f"{[j['plan']['gradients'] for j in ranks]} against {ddp['plan']['gradients']}")
+sys.exit("\n".join(err) if err else 0)
+PY
+}
+
+check 1 adamw2 2
+check 1 adamw3 3
+check 1 q8_2 2 --optimizer adamw_8bit
+check 1 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+check 1 bf16_2 2 --bf16 true --master_weights false
+check 1 bf16m_3 3 --bf16 true
+check 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
+check 2 adamw2 2
+check 2 adamw3 3
+check 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+check 2 bf16m_2 2 --bf16 true
+check 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
+# a whole epoch of 66 micro-batches on 4 ranks: the last step has 2, so ranks 2 and 3 join its reduce-scatters with
+# zeros
+check 2 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+# accumulation: the floor is how far other orders of the same sums move the logged numbers: one process accumulating
+# 6 micro-batches against DDP's 3 x 2 and 2 x 3, and at least one step of the printed gradient norm's last digit;
+# stage 2 reorders them once more
+"$SNUG" train $common --gradient_accumulation_steps 6 --output_dir "$W/one6" > "$W/one6.log" 2>&1 ||
+  bad "one6 did not train: $(tail -2 "$W/one6.log")"
+run ddp_accum3 3 --gradient_accumulation_steps 2 || bad "ddp_accum3 did not train"
+run ddp_accum2 2 --gradient_accumulation_steps 3 || bad "ddp_accum2 did not train"
+floor=$(python3 - "$W" "$(worst ddp_accum3 one6)" "$(worst ddp_accum2 one6)" <<'PY'
+import json, sys
+digit = 1e-6 / min(r["grad_norm"] for r in map(json.loads, open(sys.argv[1] + "/one6/metrics.jsonl")))
+print(max(float(sys.argv[2]), float(sys.argv[3]), digit))
+PY
+)
+echo "  floor: other orders of the same sums move the losses and gradient norms by $floor (relative)"
+TOL=$(python3 -c "print(4 * $floor)") check 2 accum3 3 --gradient_accumulation_steps 2
+TOL=$(python3 -c "print(4 * $floor)") check 2 accum2 2 --gradient_accumulation_steps 3
+# DeepSpeed's JSON and FSDP's strategy name the stage: the same run as zero_stage
+printf '{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1}}\n' > "$W/ds1.json"
+run ds1_adamw2 2 --deepspeed "$W/ds1.json" || bad "ds1_adamw2 did not train: $(tail -2 "$W/ds1_adamw2.log")"
+cmp -s "$W/ds1_adamw2/model.safetensors" "$W/zero1_adamw2/model.safetensors" && grep -q "ZeRO *stage 1" "$W/ds1_adamw2.log" &&
+  ok || bad "deepspeed stage 1 is not zero_stage 1's run"
+run fsdp_adamw2 2 --fsdp "shard_grad_op auto_wrap" || bad "fsdp_adamw2 did not train: $(tail -2 "$W/fsdp_adamw2.log")"
+cmp -s "$W/fsdp_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensors" && grep -q "ZeRO *stage 2" "$W/fsdp_adamw2.log" &&
+  ok || bad "fsdp shard_grad_op is not zero_stage 2's run"
+
+# the combinations not built: refused before training, exit 2, naming the key
+refuse() {
+  local what=$1 key=$2; shift 2
+  "$SNUG" train $common --output_dir "$W/refused" "$@" > "$W/refused.log" 2>&1
+  local st=$?
+  [ $st -eq 2 ] && grep -q "$key" "$W/refused.log" && ok || bad "$what: exit $st, $(tail -1 "$W/refused.log")"
+}
+refuse "zero_stage 3" "zero_stage 3 is not supported yet" --zero_stage 3
+refuse "zero_stage -1" "zero_stage" --zero_stage -1
+refuse "fsdp full_shard" "fsdp: full_shard is ZeRO stage 3" --fsdp full_shard
+refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
+  --max_grad_norm 0
+refuse "with an adapter" "adapter" --zero_stage 1 --adapter lora
+echo "test_zero: $pass passed, $fail failed"
+[ $fail -eq 0 ]
