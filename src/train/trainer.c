@@ -279,22 +279,46 @@ static snug_batching_opts batching_opts(const run *r, int shuffle) {
                                 .seed = snug_data_seed(o), .pad_id = r->s.enc.eos_id >= 0 ? r->s.enc.eos_id : 0};
 }
 
-/* Mean loss over every supervised token of the validation set, batched as training is. */
-static double evaluate(run *r, snug_micro_batch mb) {
+/* Mean loss over every supervised token of the validation set, batched as training is (NAN when it cannot be read).
+ * Several ranks share the micro-batches, k on rank k % size; each micro-batch's loss lands in its own slot of an
+ * array the ranks sum, where every slot has one non-zero term, so the sum is exact and the mean, added in micro-batch
+ * order, has the bits of one process's. */
+static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, double *val, snug_error *e) {
     snug_loader vl;
-    snug_error e = {0};
+    snug_error le = {0};
     snug_batching_opts bo = batching_opts(r, 0);
-    if (snug_loader_init(&vl, &r->s.val, &bo, &e))
-        return NAN;
-    double sum = 0;
-    size_t ntok = 0;
+    *val = NAN;
+    if (snug_loader_init(&vl, &r->s.val, &bo, &le))
+        return 0;
+    double *loss = NULL;
+    size_t n = 0, cap = 0, ntok = 0;
     while (snug_loader_next(&vl, &mb) > 0) {
-        snug_model_set_batch(&r->eng.model, mb.ids, mb.labels, mb.pos, mb.seg, mb.rows, mb.T);
-        sum += snug_model_step(&r->eng.model, 0.0f);
+        if (n == cap) {
+            double *g = realloc(loss, (cap = cap ? 2 * cap : 64) * sizeof *g);
+            if (!g) {
+                free(loss);
+                snug_loader_free(&vl);
+                return snug_fail(e, SNUG_ENOMEM, "out of host memory for the validation losses");
+            }
+            loss = g;
+        }
+        loss[n] = 0;
+        if ((int)(n % (size_t)c->size) == c->rank) {
+            snug_model_set_batch(&r->eng.model, mb.ids, mb.labels, mb.pos, mb.seg, mb.rows, mb.T);
+            loss[n] = snug_model_step(&r->eng.model, 0.0f);
+        }
         ntok += snug_count_supervised(mb.labels, (size_t)mb.rows * mb.T);
+        n++;
     }
     snug_loader_free(&vl);
-    return ntok ? sum / (double)ntok : NAN;
+    int rc = c->size > 1 && n ? c->allreduce_sum(c, loss, n, SNUG_COMM_F64, e) : 0;
+    double sum = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        sum += loss[i];
+    free(loss);
+    if (!rc && ntok)
+        *val = sum / (double)ntok;
+    return rc;
 }
 
 /* One terminal line, redrawn in place: progress, the step's metrics, and the time left. */
@@ -730,8 +754,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
 
         double val = NAN;
         if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
-                                  (o->eval_steps == 0 && epoch_end) || step + 1 == total))
-            val = evaluate(&r, mb[0]);
+                                  (o->eval_steps == 0 && epoch_end) || step + 1 == total) &&
+            (rc = evaluate(&r, mb[0], &comm, &val, e))) {
+            broken = 1;
+            break;
+        }
         int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
                       !isnan(val);
         if (log_now && metrics) {

@@ -109,6 +109,16 @@ for n in 2 3; do
   same ddp$n one$n 0
   grep -q "data parallel *$n ranks" "$W/ddp$n.log" && ok || bad "ddp$n: no data parallel line in the header"
 done
+# validation shared by the ranks (micro-batch k on rank k % 3): the same validation losses, bit for bit
+run one3_val 0 --gradient_accumulation_steps 3 --val_set_size 7 --eval_steps 2 || bad "one3_val did not train"
+run ddp3_val 3 --ddp_deterministic true --val_set_size 7 --eval_steps 2 || bad "ddp3_val did not train"
+same ddp3_val one3_val 0
+python3 - "$W/ddp3_val/metrics.jsonl" "$W/one3_val/metrics.jsonl" <<'PY' && ok || bad "ddp3_val: validation losses differ"
+import json, sys
+a, b = ([json.loads(l).get("val_loss") for l in open(p)] for p in sys.argv[1:3])
+print(f"  validation losses: {[x for x in a if x is not None]} against {[x for x in b if x is not None]}")
+sys.exit(0 if a == b and any(x is not None for x in a) else 1)
+PY
 # bf16 storage: the ranks keep fp32 layer gradients, as accumulation does, so the bits stay those of one process
 run one2_bf16 0 --bf16 true --gradient_accumulation_steps 2 || bad "one2_bf16 did not train: $(tail -2 "$W/one2_bf16.log")"
 run ddp2_bf16 2 --bf16 true --ddp_deterministic true || bad "ddp2_bf16 did not train: $(tail -2 "$W/ddp2_bf16.log")"
