@@ -8,14 +8,17 @@
  * Operands are fp32 or 16-bit (bf16, fp16), accumulation always fp32. fp32 operands multiply in true fp32
  * (CUBLAS_COMPUTE_32F, no TF32), or under mixed precision (be->math BF16/F16) on the 16-bit tensor cores
  * (CUBLAS_COMPUTE_32F_FAST_16BF/16F: cuBLASLt rounds them as it loads them; they are 16-bit values already). 16-bit
- * operands go to the tensor cores as stored (CUBLAS_COMPUTE_32F), half the bytes of the fp32 copies.
+ * operands go to the tensor cores as stored (CUBLAS_COMPUTE_32F), half the bytes of the fp32 copies. The linear
+ * layers' slots (backend.h) take fp32 pointers, the layer's weights widened by model.c, so matmul_fwd/bwd are of the
+ * first kind; the loss (xent_cuda.cu) reads its 16-bit head as stored.
  *
  * A plan (descriptors, layouts and the heuristic's algorithm) is built once per problem, keyed by everything the
  * heuristic sees (shapes, transposes, leading dimensions, types, compute, epilogue, pointer alignments), and kept in
  * a small cache until the backend is destroyed: the same problem runs the same algorithm, so gives the same bits.
  * A lookup that fails, with any status or with no result, is a miss: a fast-16-bit plan for fp32 operands falls back
  * to exact fp32, a bias epilogue falls back to writing the bias first and adding the product onto it (beta = 1, as
- * the CPU does), and only a problem with no kernel at all records an error.
+ * the CPU does), and only a problem with no kernel at all records an error. Misses are cached too, so a problem
+ * that falls back asks the heuristic once, not at every call.
  * dbias is a column sum (snug_cuda_colsum in ops_cuda.cu). */
 #include <string.h>
 
@@ -45,6 +48,7 @@ typedef struct gemm_key {
 typedef struct gemm_plan {
     gemm_key key;
     int used;
+    int none; /* cuBLASLt has no algorithm for this key: remembered, so a fallback does not ask again each call */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -88,7 +92,7 @@ extern "C" int snug_cuda_gemm_plans(snug_backend *be, long long *hits) {
     const snug_cuda_gemm_cache *c = snug_cuda(be)->gemm_cache;
     int n = 0;
     for (int i = 0; c && i < GEMM_CACHE; i++)
-        n += c->e[i].used;
+        n += c->e[i].used && !c->e[i].none;
     if (hits)
         *hits = c ? c->hits : 0;
     return n;
@@ -158,8 +162,8 @@ static int plan_build(snug_backend *be, const gemm_key *key, const float *bias, 
     return 1;
 }
 
-/* The cached plan for key, built on a miss; NULL when cuBLASLt has none (nothing recorded) or the cache cannot be
- * allocated (recorded). */
+/* The cached plan for key, built on a miss; NULL when cuBLASLt has none (nothing recorded; remembered too) or the
+ * cache cannot be allocated (recorded). */
 static const gemm_plan *plan_get(snug_backend *be, const gemm_key *key, const float *bias) {
     snug_cuda_ctx *cx = snug_cuda(be);
     if (!cx->gemm_cache) {
@@ -173,17 +177,19 @@ static const gemm_plan *plan_get(snug_backend *be, const gemm_key *key, const fl
     for (int i = 0; i < GEMM_CACHE; i++)
         if (c->e[i].used && !memcmp(&c->e[i].key, key, sizeof *key)) {
             c->hits++;
-            return &c->e[i];
+            return c->e[i].none ? NULL : &c->e[i];
         }
     gemm_plan fresh;
-    if (!plan_build(be, key, bias, &fresh))
-        return NULL;
+    if (!plan_build(be, key, bias, &fresh)) { /* released: only the key is kept */
+        fresh.key = *key;
+        fresh.used = fresh.none = 1;
+    }
     gemm_plan *slot = &c->e[c->next];
     c->next = (c->next + 1) % GEMM_CACHE;
     if (slot->used) /* the oldest plan; the GEMMs queued with it have copied what they need */
         plan_release(slot);
     *slot = fresh;
-    return slot;
+    return slot->none ? NULL : slot;
 }
 
 /* out (N,OC) column-major (m,n) with leading dimension ldc = bias broadcast to every column: bias (m) */
