@@ -159,7 +159,8 @@ struct snug_backend {
      * grad_scale * d(sum loss)/dh into dh (N,C) and into dw (V,C) (both fp32). Logits exist only `chunk` rows at a
      * time in logits_ws (chunk, V). Tokens with labels[n] < 0 contribute nothing. w (V,C) is stored as wdt; when
      * wdt is not F32 the CPU converts it `wblock` rows at a time into w_ws (wblock, C) (a GPU backend may read the
-     * 16-bit weight directly and ignore w_ws); w_ws is unused for F32. */
+     * 16-bit weight directly and ignore w_ws); w_ws is unused for F32. logits_ws holds chunk rows of
+     * snug_logits_ld(V) floats, a backend choosing the row stride up to that (the CPU's is V). */
     double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                            const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
                            int chunk, float *w_ws, int wblock);
@@ -226,6 +227,10 @@ struct snug_backend {
      * whose ops cannot fail. */
     int (*check)(snug_backend *be, snug_error *e);
 };
+
+/* The row stride the logits workspace is sized for: V rounded up to 8 floats (32 bytes), so that a GPU's rows and
+ * their 16-bit copies start 16-byte aligned, which its 16-bit tensor-core GEMMs need (GPT-2's V = 50257 is odd). */
+static inline int snug_logits_ld(int V) { return (V + 7) / 8 * 8; }
 
 /* be->math = math, through the backend's set_math where it has one (see above). */
 static inline int snug_backend_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e) {

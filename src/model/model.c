@@ -602,7 +602,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     CARVE(m->lnf_rstd, SNUG_MEM_ACTS, N);
 
     /* workspace: the logits chunk always; activation gradients only for training */
-    CARVE(m->logits, SNUG_MEM_WORKSPACE, (size_t)m->xent_chunk * V);
+    CARVE(m->logits, SNUG_MEM_WORKSPACE, (size_t)m->xent_chunk * snug_logits_ld(V)); /* rows padded */
     m->d_res = m->d_ln = m->d_qkv = m->d_att = m->d_fc = m->d_act = NULL;
     if (with_grads) {
         CARVE(m->d_res, SNUG_MEM_WORKSPACE, N * C);

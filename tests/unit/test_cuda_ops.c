@@ -6,7 +6,11 @@
  * for bit where the op is exact (copies, conversions, stochastic rounding, elementwise arithmetic). Gradient outputs
  * start from random values on both sides, so accumulation (+=) is checked too. The three rungs of the CUDA attention
  * run (tiled; plain through SNUG_CUDA_ATTN=plain; the bf16 tensor-core rung through be->math = BF16, where HD allows
- * it, against the same fp32 CPU result with bf16 tolerances), and their times are printed.
+ * it, against the same fp32 CPU result with bf16 tolerances), and their times are printed. The GEMM helper and the
+ * loss at GPT-2's vocabulary are checked element by element against double references within bounds derived from
+ * the arithmetic (K, fp32's and the 16-bit types' unit roundoffs): bf16 and fp16 GEMMs at odd and misaligned shapes,
+ * the plan cache's second lookup, the bias epilogue, and the fp32 and tensor-core paths of the chunked loss (with
+ * the CPU backend against the same reference). A bf16 GEMM's rate at 4096^3 is printed beside the device's peak.
  *
  * Without a CUDA build or a visible GPU the test prints why and exits 77, which ctest reports as skipped. */
 #include <float.h>
@@ -22,6 +26,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "optim/optim.h"
+#include "plan/gpus.h"
 
 #ifdef SNUG_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
@@ -709,7 +714,7 @@ static double run_xent(snug_backend *be, float *dh, float *dw, const float *h, c
     float *d_h = up(be, h, hb), *d_dh = up(be, dh, hb), *d_dw = up(be, dw, dwb);
     void *d_w = up(be, w, wb);
     int32_t *d_l = up(be, labels, N * 4);
-    float *d_ws = up(be, NULL, (size_t)chunk * V * 4), *d_wws = up(be, NULL, (size_t)wblock * C * 4);
+    float *d_ws = up(be, NULL, (size_t)chunk * snug_logits_ld(V) * 4), *d_wws = up(be, NULL, (size_t)wblock * C * 4);
     double loss = be->xent_fwd_bwd(be, grad ? d_dh : NULL, grad ? d_dw : NULL, d_h, d_w, wdt, d_l, N, C, V,
                                    1.0f / N, d_ws, chunk, wdt == SNUG_DT_F32 ? NULL : d_wws, wblock);
     down(be, dh, d_dh, hb), down(be, dw, d_dw, dwb);
@@ -718,16 +723,24 @@ static double run_xent(snug_backend *be, float *dh, float *dw, const float *h, c
     return loss;
 }
 
+/* The loss's random inputs: h (N,C), w (V,C), starting gradients dh0, dw0; labels (N) with every `every`-th token
+ * and the whole second chunk unsupervised (-1). */
+static void xent_inputs(int N, int C, int V, int chunk, int every, float **h, float **w, float **dh0, float **dw0,
+                        int32_t *labels) {
+    *h = randf((size_t)N * C, -1, 1), *w = randf((size_t)V * C, -0.3f, 0.3f);
+    *dh0 = randf((size_t)N * C, -0.1f, 0.1f), *dw0 = randf((size_t)V * C, -0.1f, 0.1f);
+    for (int n = 0; n < N; n++)
+        labels[n] = n % every == 2 ? -1 : irand(V);
+    for (int n = chunk; n < 2 * chunk && n < N; n++) /* one whole chunk without a supervised token */
+        labels[n] = -1;
+}
+
 static void test_xent(void) {
     int N = 77, C = 96, V = 1000, chunk = 32, wblock = 300;
     printf("xent_fwd_bwd (N=%d, C=%d, V=%d, chunk %d, labels with -1)\n", N, C, V, chunk);
-    float *h = randf((size_t)N * C, -1, 1), *w32 = randf((size_t)V * C, -0.3f, 0.3f);
-    float *dh0 = randf((size_t)N * C, -0.1f, 0.1f), *dw0 = randf((size_t)V * C, -0.1f, 0.1f);
+    float *h, *w32, *dh0, *dw0;
     int32_t labels[77];
-    for (int n = 0; n < N; n++)
-        labels[n] = n % 5 == 2 ? -1 : irand(V);
-    for (int n = 32; n < 64; n++) /* one whole chunk without a supervised token */
-        labels[n] = -1;
+    xent_inputs(N, C, V, chunk, 5, &h, &w32, &dh0, &dw0, labels);
     snug_dtype dts[2] = {SNUG_DT_F32, SNUG_DT_BF16};
     for (int k = 0; k < 2; k++) {
         void *w = table_as(w32, (size_t)V * C, dts[k]);
@@ -753,6 +766,356 @@ static void test_xent(void) {
         free(w);
     }
     free(h), free(w32), free(dh0), free(dw0);
+}
+
+/* ------------------------------------------------------------------------------------------------ 16-bit GEMMs */
+/* The GEMM helper (snug_cuda_gemm_ex) against a double reference on the host, element by element within a bound
+ * derived from the arithmetic, not tuned: operands exact in their 16-bit type, products exact in fp32, and a sum of
+ * K terms in fp32 in any order off by at most about K * u32 * sum |a b| (u32 = 2^-24; the factor 2 leaves room for
+ * an accumulator that truncates), plus u16 * |c| where the output is rounded to 16 bits (u16 = 2^-8 for bf16,
+ * 2^-11 for fp16). */
+
+#define U32 0x1.0p-24
+#define U_BF16 0x1.0p-8
+#define U_F16 0x1.0p-11
+
+/* Largest |got - ref| / bound over n elements: at most 1 passes (a zero bound demands equality; NaN fails). */
+static double bounded(const float *got, const double *ref, const double *bound, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        double r = bound[i] > 0 ? d / bound[i] : d > 0 ? INFINITY : 0.0;
+        worst = r > worst || isnan(r) ? r : worst;
+    }
+    return worst;
+}
+
+static void expect_bounded(const char *what, double worst) {
+    printf("  %-52s max err / bound %8.3f\n", what, worst);
+    CHECKF(worst <= 1.0, "%s: error %.3f times its bound", what, worst);
+}
+
+/* n random values in [-1, 1) that dt holds exactly: the 16-bit bits in x16, their values in x */
+static void rand16(size_t n, snug_dtype dt, uint16_t *x16, float *x) {
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)(2.0 * urand() - 1.0);
+        x16[i] = dt == SNUG_DT_BF16 ? snug_f32_to_bf16(v) : snug_f32_to_f16(v);
+        x[i] = dt == SNUG_DT_BF16 ? snug_bf16_to_f32(x16[i]) : snug_f16_to_f32(x16[i]);
+    }
+}
+
+/* column-major ref (m,n) = alpha op(A) op(B) + beta c0 in double, and sum |alpha a b| + |beta c0| per element */
+static void gemm_ref(int ta, int tb, int m, int n, int k, double alpha, const float *A, int lda, const float *B,
+                     int ldb, double beta, const float *c0, int ldc, double *ref, double *mag) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0.0, a = 0.0;
+            for (int p = 0; p < k; p++) {
+                double x = ta ? A[p + (size_t)i * lda] : A[i + (size_t)p * lda];
+                double y = tb ? B[j + (size_t)p * ldb] : B[p + (size_t)j * ldb];
+                s += x * y, a += fabs(x * y);
+            }
+            double c = beta != 0.0 ? beta * c0[i + (size_t)j * ldc] : 0.0;
+            ref[i + (size_t)j * m] = alpha * s + c;
+            mag[i + (size_t)j * m] = fabs(alpha) * a + fabs(c);
+        }
+}
+
+typedef struct gemm_case {
+    int ta, tb, m, n, k, odd; /* odd: leading dimensions one longer and every pointer one element off */
+} gemm_case;
+
+/* One case at operand type dt (BF16 or F16) and output type cdt (F32, or dt with beta 0). */
+static void run_gemm16_case(const gemm_case *g, snug_dtype dt, snug_dtype cdt) {
+    int lda = (g->ta ? g->k : g->m) + g->odd, ldb = (g->tb ? g->n : g->k) + g->odd, ldc = g->m + g->odd;
+    size_t na = (size_t)lda * (g->ta ? g->m : g->k), nb = (size_t)ldb * (g->tb ? g->k : g->n);
+    size_t nc = (size_t)ldc * g->n, mn = (size_t)g->m * g->n, off = (size_t)g->odd;
+    size_t csz = snug_dtype_size(cdt);
+    double u_out = cdt == SNUG_DT_BF16 ? U_BF16 : cdt == SNUG_DT_F16 ? U_F16 : 0.0; /* the output's rounding */
+    float alpha = g->odd ? 0.75f : 1.0f, beta = cdt == SNUG_DT_F32 && g->odd ? 1.0f : 0.0f;
+    uint16_t *a16 = malloc(na * 2), *b16 = malloc(nb * 2);
+    float *a = malloc(na * 4), *b = malloc(nb * 4), *c0 = randf(nc, -1, 1);
+    rand16(na, dt, a16, a), rand16(nb, dt, b16, b);
+    double *ref = malloc(mn * sizeof(double)), *bound = malloc(mn * sizeof(double));
+    gemm_ref(g->ta, g->tb, g->m, g->n, g->k, alpha, a, lda, b, ldb, beta, c0, ldc, ref, bound);
+    for (size_t i = 0; i < mn; i++)
+        bound[i] = 2.0 * (g->k + 2) * U32 * bound[i] + 2 * u_out * fabs(ref[i]) + 1e-30;
+    /* the operands and the output one element past an allocation's start: 2-byte (4-byte for fp32) aligned */
+    uint16_t *d_a = up(gpu, NULL, (na + off) * 2), *d_b = up(gpu, NULL, (nb + off) * 2);
+    unsigned char *d_c = up(gpu, NULL, (nc + off) * csz);
+    gpu->to_device(gpu, d_a + off, a16, na * 2), gpu->to_device(gpu, d_b + off, b16, nb * 2);
+    if (cdt == SNUG_DT_F32)
+        gpu->to_device(gpu, d_c + off * csz, c0, nc * 4);
+    snug_cuda_gemm_ex(gpu, g->ta, g->tb, g->m, g->n, g->k, alpha, d_a + off, lda, d_b + off, ldb, dt, beta,
+                      d_c + off * csz, ldc, cdt, NULL);
+    unsigned char *c = malloc(nc * csz);
+    gpu->to_host(gpu, c, d_c + off * csz, nc * csz);
+    snug_error e = {0};
+    CHECKF(snug_backend_check(gpu, &e) == 0, "gemm16: %s", e.msg);
+    float *got = malloc(mn * 4);
+    for (int j = 0; j < g->n; j++)
+        for (int i = 0; i < g->m; i++) {
+            size_t s = i + (size_t)j * ldc;
+            got[i + (size_t)j * g->m] = cdt == SNUG_DT_F32   ? ((float *)c)[s]
+                                        : cdt == SNUG_DT_BF16 ? snug_bf16_to_f32(((uint16_t *)c)[s])
+                                                              : snug_f16_to_f32(((uint16_t *)c)[s]);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "gemm %s->%s m=%d n=%d k=%d t%d%d%s", snug_dtype_name(dt), snug_dtype_name(cdt),
+             g->m, g->n, g->k, g->ta, g->tb, g->odd ? " odd ld, +1 ptr" : "");
+    expect_bounded(what, bounded(got, ref, bound, mn));
+    down(gpu, NULL, d_a, 0), down(gpu, NULL, d_b, 0), down(gpu, NULL, d_c, 0);
+    free(a16), free(b16), free(a), free(b), free(c0), free(c), free(ref), free(bound), free(got);
+}
+
+static void test_gemm16(void) {
+    printf("16-bit GEMMs (fp32 accumulation) against a double reference\n");
+    static const gemm_case cases[] = {
+        {0, 0, 1, 1, 1, 0},     {1, 0, 7, 13, 1, 1},   {0, 1, 13, 7, 50257, 1}, {1, 1, 50257, 7, 13, 0},
+        {0, 0, 7, 50257, 13, 1}, {1, 0, 50257, 1, 7, 1}, {0, 1, 96, 130, 77, 0},
+    };
+    snug_dtype dts[2] = {SNUG_DT_BF16, SNUG_DT_F16};
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            run_gemm16_case(&cases[i], dts[d], SNUG_DT_F32);
+            if (!cases[i].odd)
+                run_gemm16_case(&cases[i], dts[d], dts[d]);
+        }
+}
+
+/* The plan cache: the same problem twice finds its plan the second time and gives the same bits. */
+static void test_gemm_cache(void) {
+    printf("GEMM plan cache\n");
+    int m = 100, n = 70, k = 300;
+    uint16_t *a16 = malloc((size_t)m * k * 2), *b16 = malloc((size_t)k * n * 2);
+    float *a = malloc((size_t)m * k * 4), *b = malloc((size_t)k * n * 4);
+    rand16((size_t)m * k, SNUG_DT_BF16, a16, a), rand16((size_t)k * n, SNUG_DT_BF16, b16, b);
+    void *d_a = up(gpu, a16, (size_t)m * k * 2), *d_b = up(gpu, b16, (size_t)k * n * 2);
+    float *d_c[2], *c[2];
+    long long hits[3];
+    int plans[3];
+    plans[0] = snug_cuda_gemm_plans(gpu, &hits[0]);
+    for (int r = 0; r < 2; r++) {
+        d_c[r] = up(gpu, NULL, (size_t)m * n * 4); /* both 256-byte aligned: the same problem */
+        snug_cuda_gemm_ex(gpu, 0, 0, m, n, k, 1.0f, d_a, m, d_b, k, SNUG_DT_BF16, 0.0f, d_c[r], m, SNUG_DT_F32,
+                          NULL);
+        plans[r + 1] = snug_cuda_gemm_plans(gpu, &hits[r + 1]);
+        c[r] = malloc((size_t)m * n * 4);
+        down(gpu, c[r], d_c[r], (size_t)m * n * 4);
+    }
+    printf("  plans %d -> %d -> %d, hits %lld -> %lld -> %lld\n", plans[0], plans[1], plans[2], hits[0], hits[1],
+           hits[2]);
+    CHECKF(hits[2] == hits[1] + 1 && plans[2] == plans[1], "the second GEMM found its plan in the cache");
+    expect_same("the same GEMM twice", c[0], c[1], (size_t)m * n * 4);
+    down(gpu, NULL, d_a, 0), down(gpu, NULL, d_b, 0);
+    free(a16), free(b16), free(a), free(b), free(c[0]), free(c[1]);
+}
+
+/* matmul_fwd with a bias (cuBLASLt's bias epilogue where it has one) against the bias-less GEMM plus an add of the
+ * bias rows, under fp32 and bf16 math: two sums of the same products in possibly different orders, each within
+ * K * u32 * sum |x w| of the exact one, and one more rounding of the add. */
+static void test_bias_epilogue(void) {
+    printf("matmul_fwd bias epilogue against the GEMM + add\n");
+    static const int shapes[][3] = {{77, 96, 130}, {5, 13, 50257}, {1, 7, 1}};
+    snug_dtype maths[2] = {SNUG_DT_F32, SNUG_DT_BF16};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mt = 0; mt < 2; mt++) {
+            int N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+            size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+            float *inp = randf(ni, -1, 1), *w = randf(nw, -1, 1), *bias = randf(OC, -1, 1);
+            float *rows = malloc(no * 4), *o[2] = {malloc(no * 4), malloc(no * 4)};
+            for (size_t i = 0; i < no; i++)
+                rows[i] = bias[i % OC];
+            gpu->math = maths[mt];
+            float *d_inp = up(gpu, inp, ni * 4), *d_w = up(gpu, w, nw * 4), *d_bias = up(gpu, bias, OC * 4);
+            float *d_rows = up(gpu, rows, no * 4), *d_o[2] = {up(gpu, NULL, no * 4), up(gpu, NULL, no * 4)};
+            gpu->matmul_fwd(gpu, d_o[0], d_inp, d_w, d_bias, N, C, OC);
+            gpu->matmul_fwd(gpu, d_o[1], d_inp, d_w, NULL, N, C, OC);
+            gpu->add(gpu, d_o[1], d_o[1], d_rows, no);
+            down(gpu, o[0], d_o[0], no * 4), down(gpu, o[1], d_o[1], no * 4);
+            gpu->math = SNUG_DT_F32;
+            double *ref = malloc(no * sizeof(double)), *bound = malloc(no * sizeof(double));
+            double worst = 0.0;
+            for (int n = 0; n < N; n++)
+                for (int j = 0; j < OC; j++) {
+                    double mag = 0.0;
+                    for (int c = 0; c < C; c++)
+                        mag += fabs((double)inp[(size_t)n * C + c] * w[(size_t)j * C + c]);
+                    mag *= 1.0 + 3 * U_BF16; /* under bf16 math the operands are rounded first, the same way */
+                    size_t i = (size_t)n * OC + j;
+                    ref[i] = o[1][i];
+                    bound[i] = 2 * 2.0 * (C + 2) * U32 * mag + 2 * U32 * (fabs(o[1][i]) + fabs(bias[j])) + 1e-30;
+                }
+            worst = bounded(o[0], ref, bound, no);
+            char what[96];
+            snprintf(what, sizeof what, "bias epilogue N=%d C=%d OC=%d (%s math)", N, C, OC,
+                     snug_dtype_name(maths[mt]));
+            expect_bounded(what, worst);
+            down(gpu, NULL, d_inp, 0), down(gpu, NULL, d_w, 0), down(gpu, NULL, d_bias, 0), down(gpu, NULL, d_rows, 0);
+            free(inp), free(w), free(bias), free(rows), free(o[0]), free(o[1]), free(ref), free(bound);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------------ loss, V = 50257 */
+/* Chunked cross-entropy at GPT-2's vocabulary (odd V: the logits rows padded to snug_logits_ld), against a double
+ * reference on the host with per-element bounds from the arithmetic:
+ *   logits: a C-term fp32 sum, e_z = 2 (C+2) u32 max_v sum_c |h w| + 3 u32 max |z| per row (with z - max);
+ *   loss:   lse and z_y each within e_z, plus fp32 exp and log (2^-20);
+ *   G = g (softmax - onehot): |dG_v| <= uG |G_v| + 2.1 e_z g p_v, uG the rounding of the stored G (fp32, or bf16's
+ *           2^-8 on the tensor-core path), 2^-20 for expf and the scaling;
+ *   dh += G w, dw += G^T h: the propagated dG, and the fp32 sums of V (N plus the chunks' additions) terms.
+ * The tensor-core path (bf16 math, bf16 w) rounds h to bf16 as well: its reference uses the rounded h. The CPU
+ * backend runs the fp32 case against the same reference and bounds. */
+
+typedef struct xent_ref {
+    double loss, loss_bound;
+    double *dh, *dh_bound, *dw, *dw_bound; /* (N,C), (V,C) */
+} xent_ref;
+
+static void xent_reference(xent_ref *r, const float *h, const float *w, const int32_t *labels, const float *dh0,
+                           const float *dw0, int N, int C, int V, int chunk, float gs, double uG) {
+    size_t nh = (size_t)N * C, nw = (size_t)V * C;
+    r->dh = calloc(nh, 8), r->dh_bound = calloc(nh, 8), r->dw = calloc(nw, 8), r->dw_bound = calloc(nw, 8);
+    double *z = malloc((size_t)V * 8), *G = malloc((size_t)V * 8), *dG = malloc((size_t)V * 8);
+    double *acc = malloc((size_t)C * 8), *mag = malloc((size_t)C * 8), *prop = malloc((size_t)C * 8);
+    r->loss = r->loss_bound = 0.0;
+    int nchunks = (N + chunk - 1) / chunk;
+    for (int n = 0; n < N; n++) {
+        const float *hn = h + (size_t)n * C;
+        int y = labels[n];
+        if (y < 0)
+            continue;
+        double zmax = -INFINITY, smax = 0.0, zabs = 0.0;
+        for (int v = 0; v < V; v++) {
+            double s = 0.0, a = 0.0;
+            for (int c = 0; c < C; c++)
+                s += (double)hn[c] * w[(size_t)v * C + c], a += fabs((double)hn[c] * w[(size_t)v * C + c]);
+            z[v] = s;
+            zmax = s > zmax ? s : zmax, smax = a > smax ? a : smax, zabs = fabs(s) > zabs ? fabs(s) : zabs;
+        }
+        double ez = 2.0 * (C + 2) * U32 * smax + 3 * U32 * zabs, sum = 0.0; /* the sum, its rounding, z - max */
+        for (int v = 0; v < V; v++)
+            sum += exp(z[v] - zmax);
+        r->loss += zmax + log(sum) - z[y];
+        r->loss_bound += 2 * ez + 0x1.0p-20 * (1.0 + fabs(zmax + log(sum)));
+        for (int v = 0; v < V; v++) {
+            double p = exp(z[v] - zmax) / sum;
+            G[v] = gs * (p - (v == y));
+            dG[v] = (uG + 0x1.0p-20) * fabs(G[v]) + 2.1 * ez * gs * p;
+        }
+        for (int c = 0; c < C; c++)
+            acc[c] = mag[c] = prop[c] = 0.0;
+        for (int v = 0; v < V; v++) {
+            const float *wv = w + (size_t)v * C;
+            double *dwv = r->dw + (size_t)v * C, *dwb = r->dw_bound + (size_t)v * C;
+            for (int c = 0; c < C; c++) {
+                acc[c] += G[v] * wv[c], mag[c] += fabs(G[v] * wv[c]), prop[c] += dG[v] * fabs(wv[c]);
+                dwv[c] += G[v] * hn[c];
+                dwb[c] += dG[v] * fabs(hn[c]) + 2.0 * (N + 2 * nchunks + 2) * U32 * fabs(G[v] * hn[c]);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            r->dh[(size_t)n * C + c] = acc[c];
+            r->dh_bound[(size_t)n * C + c] = prop[c] + 2.0 * (V + 2) * U32 * mag[c];
+        }
+    }
+    for (size_t i = 0; i < nh; i++) { /* the += onto the starting values: one more rounding */
+        r->dh[i] += dh0[i];
+        r->dh_bound[i] += 2 * U32 * (fabs(r->dh[i]) + fabs(dh0[i])) + 1e-30;
+    }
+    for (size_t i = 0; i < nw; i++) {
+        r->dw[i] += dw0[i];
+        r->dw_bound[i] += 2 * nchunks * U32 * (fabs(r->dw[i]) + fabs(dw0[i])) + 1e-30;
+    }
+    free(z), free(G), free(dG), free(acc), free(mag), free(prop);
+}
+
+static void xent_ref_free(xent_ref *r) { free(r->dh), free(r->dh_bound), free(r->dw), free(r->dw_bound); }
+
+static void expect_xent(const char *who, const xent_ref *r, double loss, const float *dh, const float *dw, int N,
+                        int C, int V) {
+    char s[128];
+    double lerr = fabs(loss - r->loss);
+    snprintf(s, sizeof s, "%s loss (%.6f vs %.6f)", who, loss, r->loss);
+    expect_bounded(s, r->loss_bound > 0 ? lerr / r->loss_bound : lerr > 0 ? INFINITY : 0.0);
+    snprintf(s, sizeof s, "%s dh +=", who);
+    expect_bounded(s, bounded(dh, r->dh, r->dh_bound, (size_t)N * C));
+    snprintf(s, sizeof s, "%s dw +=", who);
+    expect_bounded(s, bounded(dw, r->dw, r->dw_bound, (size_t)V * C));
+}
+
+static void test_xent_gpt2_vocab(void) {
+    int N = 40, C = 64, V = 50257, chunk = 16;
+    float gs = 1.0f / N;
+    printf("xent_fwd_bwd at GPT-2's vocabulary (N=%d, C=%d, V=%d, chunk %d, logits row stride %d)\n", N, C, V, chunk,
+           snug_logits_ld(V));
+    float *h, *w, *dh0, *dw0;
+    int32_t labels[40];
+    xent_inputs(N, C, V, chunk, 7, &h, &w, &dh0, &dw0, labels);
+    labels[0] = V - 1; /* the last column, past which the padding starts */
+
+    /* fp32: the CPU backend and the CUDA backend's exact fp32 path against one reference */
+    xent_ref r32;
+    xent_reference(&r32, h, w, labels, dh0, dw0, N, C, V, chunk, gs, U32);
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int j = 0; j < 2; j++) {
+        float *dh = copyof(dh0, (size_t)N * C * 4), *dw = copyof(dw0, (size_t)V * C * 4);
+        double loss = run_xent(bes[j], dh, dw, h, w, SNUG_DT_F32, labels, N, C, V, chunk, 1024, 1);
+        expect_xent(j ? "cuda fp32" : "cpu fp32", &r32, loss, dh, dw, N, C, V);
+        free(dh), free(dw);
+    }
+    xent_ref_free(&r32);
+
+    /* bf16 math with a bf16 head: the tensor-core path, h and G rounded to bf16 */
+    uint16_t *w16 = malloc((size_t)V * C * 2);
+    float *wr = malloc((size_t)V * C * 4), *hr = malloc((size_t)N * C * 4);
+    for (size_t i = 0; i < (size_t)V * C; i++)
+        w16[i] = snug_f32_to_bf16(w[i]), wr[i] = snug_bf16_to_f32(w16[i]);
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        hr[i] = snug_bf16_to_f32(snug_f32_to_bf16(h[i]));
+    xent_ref r16;
+    xent_reference(&r16, hr, wr, labels, dh0, dw0, N, C, V, chunk, gs, U_BF16);
+    gpu->math = SNUG_DT_BF16;
+    float *dh = copyof(dh0, (size_t)N * C * 4), *dw = copyof(dw0, (size_t)V * C * 4);
+    double loss = run_xent(gpu, dh, dw, h, w16, SNUG_DT_BF16, labels, N, C, V, chunk, 1024, 1);
+    double loss_only = run_xent(gpu, NULL, NULL, h, w16, SNUG_DT_BF16, labels, N, C, V, chunk, 1024, 0);
+    gpu->math = SNUG_DT_F32;
+    expect_xent("cuda bf16 tensor cores", &r16, loss, dh, dw, N, C, V);
+    CHECKF(loss_only == loss, "the loss without gradients is the loss with them (%.17g vs %.17g)", loss_only, loss);
+    xent_ref_free(&r16);
+    free(dh), free(dw), free(w16), free(wr), free(hr), free(h), free(w), free(dh0), free(dw0);
+}
+
+/* ------------------------------------------------------------------------------------------------ GEMM rate */
+
+/* A bf16 GEMM at 4096^3 on the tensor cores, timed and printed against the device's bf16 peak where plan/gpus.c
+ * knows it: a probe for the reader, not a check. */
+static void time_gemm16(void) {
+    int n = 4096, reps = 10;
+    size_t nn = (size_t)n * n;
+    uint16_t *a16 = malloc(nn * 2);
+    float *a = malloc(nn * 4);
+    rand16(nn, SNUG_DT_BF16, a16, a);
+    void *d_a = up(gpu, a16, nn * 2), *d_b = up(gpu, a16, nn * 2), *d_c = up(gpu, NULL, nn * 2);
+    for (int r = 0; r < 2; r++) /* the plan, and a warm clock */
+        snug_cuda_gemm_ex(gpu, 0, 0, n, n, n, 1.0f, d_a, n, d_b, n, SNUG_DT_BF16, 0.0f, d_c, n, SNUG_DT_BF16, NULL);
+    gpu->sync(gpu);
+    double t0 = now();
+    for (int r = 0; r < reps; r++)
+        snug_cuda_gemm_ex(gpu, 0, 0, n, n, n, 1.0f, d_a, n, d_b, n, SNUG_DT_BF16, 0.0f, d_c, n, SNUG_DT_BF16, NULL);
+    gpu->sync(gpu);
+    double tf = 2.0 * n * nn * reps / (now() - t0) / 1e12;
+    const char *name = snug_cuda_device_name(gpu);
+    const snug_gpu *g = snug_gpu_find(name);
+    if (!g && !strncmp(name, "NVIDIA ", 7))
+        g = snug_gpu_find(name + 7);
+    if (g)
+        printf("bf16 GEMM %d^3: %.1f TFLOP/s, %.0f%% of the %s's %.0f TFLOP/s bf16 peak\n", n, tf,
+               100.0 * tf / g->tflops_bf16, g->label, g->tflops_bf16);
+    else
+        printf("bf16 GEMM %d^3: %.1f TFLOP/s (%s: no peak on record in plan/gpus.c)\n", n, tf, name);
+    down(gpu, NULL, d_a, 0), down(gpu, NULL, d_b, 0), down(gpu, NULL, d_c, 0);
+    free(a16), free(a);
 }
 
 /* ------------------------------------------------------------------------------------------------ optimizer */
@@ -1111,6 +1474,10 @@ int main(void) {
     test_adapter_ops();
     test_16bit();
     test_xent();
+    test_gemm16();
+    test_gemm_cache();
+    test_bias_epilogue();
+    test_xent_gpt2_vocab();
     test_sumsq();
     test_adamw();
     test_8bit();
@@ -1121,6 +1488,7 @@ int main(void) {
     test_scratch_sized();
     test_deferred();
     time_attention();
+    time_gemm16();
     gpu->destroy(gpu);
     cpu->destroy(cpu);
     return check_finish("test_cuda_ops");

@@ -90,6 +90,7 @@ static void cuda_destroy(snug_backend *be) {
             cudaStreamSynchronize(cx->stream);
         if (cx->side)
             cudaStreamSynchronize(cx->side);
+        snug_cuda_gemm_cache_free(be);
         if (cx->lt)
             snug_lt.Destroy(cx->lt);
         cudaFree(cx->lt_ws);

@@ -65,6 +65,21 @@ int snug_cuda_mem_info(snug_backend *be, size_t *free_bytes, size_t *total_bytes
 /* The device's name, e.g. "NVIDIA H200". */
 const char *snug_cuda_device_name(snug_backend *be);
 
+/* The GEMM behind the CUDA backend's linear layers and loss (matmul_cuda.cu), public for its tests: column-major
+ * C (m,n) = alpha * op(A) @ op(B) + beta * C on the compute stream, ta/tb transposing, A stored (m,k) or transposed
+ * (k,m) with leading dimension lda, B likewise (k,n) or (n,k). A and B both stored as ab (F32, BF16 or F16), C as
+ * cdt (F32, or a 16-bit type), accumulation in fp32: 16-bit operands reach the tensor cores as stored, fp32 ones
+ * multiply in exact fp32, or under be->math BF16/F16 rounded to it by cuBLASLt. With bias (m floats; beta 0 and an
+ * fp32 C) C = op(A) @ op(B) + bias broadcast along C's columns, by cuBLASLt's bias epilogue where it has one for the
+ * problem, else written first with the product added onto it. Failures are recorded (be->check). */
+void snug_cuda_gemm_ex(snug_backend *be, int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
+                       const void *B, int ldb, snug_dtype ab, float beta, void *C, int ldc, snug_dtype cdt,
+                       const float *bias);
+
+/* The GEMM plan cache: plans held now, and (when not NULL) the GEMMs that found theirs there since the backend was
+ * created. */
+int snug_cuda_gemm_plans(snug_backend *be, long long *hits);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,8 @@ typedef struct snug_lt_api {
 } snug_lt_api;
 extern snug_lt_api snug_lt; /* filled before the first CUDA backend exists; never unloaded */
 
+typedef struct snug_cuda_gemm_cache snug_cuda_gemm_cache; /* matmul_cuda.cu: cuBLASLt plans by problem */
+
 typedef struct snug_cuda_ctx {
     int device;
     char device_name[256];
@@ -72,6 +74,7 @@ typedef struct snug_cuda_ctx {
     size_t scratch_bytes;     /* fixed when the backend is created; never grows */
     int smem_optin;           /* the most dynamic shared memory a block may ask for (the attention rungs) */
     snug_error err;           /* the first failure (code 0: none), kept until destroy; read through be->check */
+    snug_cuda_gemm_cache *gemm_cache; /* made on the first GEMM, freed by snug_cuda_gemm_cache_free at destroy */
 } snug_cuda_ctx;
 
 static inline snug_cuda_ctx *snug_cuda(snug_backend *be) { return (snug_cuda_ctx *)be->ctx; }
@@ -198,6 +201,11 @@ void snug_cuda_fail(snug_backend *be, const char *file, int line, const char *fm
  * dimension lda; likewise B (k,n) or (n,k). Row-major callers swap the operands (see matmul_cuda.cu). */
 void snug_cuda_gemm(snug_backend *be, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc);
+
+/* snug_cuda_gemm_ex (the same with the operands' storage and a bias) is in backend_cuda.h, for its tests. */
+
+/* matmul_cuda.cu: frees the GEMM plans (at the backend's destroy) */
+void snug_cuda_gemm_cache_free(snug_backend *be);
 
 /* ops_cuda.cu: deterministic column sums over N rows of (N,C) matrices, added into fp32 outputs (C): a fixed
  * number of row slices, each summed in double in row order, then the slices added in order. What is summed:
