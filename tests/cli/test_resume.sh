@@ -19,18 +19,33 @@ head -n 3000 "$SRC/data/fortunes.jsonl" > "$W/data.jsonl"
 common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --micro_batch_size 4
         --sample_tokens 0 --learning_rate 2e-3 --logging_steps 1 --val_set_size 8 --eval_steps 4
         --dataset_prepared_path $W/prepared"
-# The exactness checks run on a 0.2M-parameter Llama (width 64, 2 layers): what they compare is bits, which any size
-# shows; the signal and SIGKILL checks keep the 3.7M tiny-llama preset, whose steps last long enough to be interrupted.
-python3 - "$W/small" <<'PY'
+# The exactness checks run on a 0.2M-parameter Llama (width 64, 2 layers) and a GPT-2 of the same scale: what they
+# compare is bits, which any size shows; the signal and SIGKILL checks keep the 3.7M tiny-llama preset, whose steps
+# last long enough to be interrupted.
+python3 - "$W" <<'PY'
 import json, os, random, struct, sys
-d = sys.argv[1]
-os.makedirs(d)
+W = sys.argv[1]
+
+
+def write(d, config, shapes, is_one):
+    """config.json and an fp32 model.safetensors of seeded gauss(0, 0.02) values (1.0 where is_one(name))"""
+    os.makedirs(d)
+    json.dump(config, open(d + "/config.json", "w"))
+    random.seed(1)
+    header, blobs, off = {}, [], 0
+    for name, shape in shapes.items():
+        n = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        vals = [1.0] * n if is_one(name) else [random.gauss(0, 0.02) for _ in range(n)]
+        blobs.append(struct.pack(f"<{n}f", *vals))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + 4 * n]}
+        off += 4 * n
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 C, L, V, H, KV, I = 64, 2, 2048, 4, 2, 160
 D = C // H
-json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": V, "hidden_size": C,
-           "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV,
-           "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
-           "tie_word_embeddings": True}, open(d + "/config.json", "w"))
 shapes = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C]}
 for i in range(L):
     p = f"model.layers.{i}."
@@ -39,17 +54,25 @@ for i in range(L):
                    p + "self_attn.v_proj.weight": [KV * D, C], p + "self_attn.o_proj.weight": [C, C],
                    p + "mlp.gate_proj.weight": [I, C], p + "mlp.up_proj.weight": [I, C],
                    p + "mlp.down_proj.weight": [C, I]})
-random.seed(1)
-header, blobs, off = {}, [], 0
-for name, shape in shapes.items():
-    n = shape[0] * (shape[1] if len(shape) > 1 else 1)
-    vals = [1.0] * n if "norm" in name else [random.gauss(0, 0.02) for _ in range(n)]
-    blobs.append(struct.pack(f"<{n}f", *vals))
-    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + 4 * n]}
-    off += 4 * n
-h = json.dumps(header).encode()
-h += b" " * (-len(h) % 8)
-open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+write(W + "/small", {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": V, "hidden_size": C,
+                     "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": H,
+                     "num_key_value_heads": KV, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+                     "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": True},
+      shapes, lambda name: "norm" in name)
+
+# GPT-2 (its Conv1D weights stored transposed)
+C, L, V, P = 32, 2, 2056, 64
+shapes = {"wte.weight": [V, C], "wpe.weight": [P, C], "ln_f.weight": [C], "ln_f.bias": [C]}
+for i in range(L):
+    for k, shape in {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [C, 3 * C],
+                     "attn.c_attn.bias": [3 * C], "attn.c_proj.weight": [C, C], "attn.c_proj.bias": [C],
+                     "ln_2.weight": [C], "ln_2.bias": [C], "mlp.c_fc.weight": [C, 4 * C], "mlp.c_fc.bias": [4 * C],
+                     "mlp.c_proj.weight": [4 * C, C], "mlp.c_proj.bias": [C]}.items():
+        shapes[f"h.{i}.{k}"] = shape
+write(W + "/gpt2-base", {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": V, "n_embd": C,
+                         "n_layer": L, "n_head": 2, "n_positions": P, "n_inner": None,
+                         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+      shapes, lambda name: "ln_" in name and name.endswith("weight"))
 PY
 fast="$common --base_model $W/small"
 
@@ -89,33 +112,6 @@ quick=${SNUG_SANITIZED:-0}
 resumed fp32 --max_steps 10
 # GPT-2 stores its Conv1D weights transposed: the checkpoint keeps the fp32 weights only in model.safetensors, so
 # resume reads them back through the transpose
-python3 - "$W/gpt2-base" <<'PY'
-import json, os, random, struct, sys
-d = sys.argv[1]
-os.makedirs(d)
-C, L, V, P = 32, 2, 2056, 64
-json.dump({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": V, "n_embd": C, "n_layer": L,
-           "n_head": 2, "n_positions": P, "n_inner": None, "activation_function": "gelu_new",
-           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}, open(d + "/config.json", "w"))
-shapes = {"wte.weight": [V, C], "wpe.weight": [P, C], "ln_f.weight": [C], "ln_f.bias": [C]}
-for i in range(L):
-    for k, shape in {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [C, 3 * C],
-                     "attn.c_attn.bias": [3 * C], "attn.c_proj.weight": [C, C], "attn.c_proj.bias": [C],
-                     "ln_2.weight": [C], "ln_2.bias": [C], "mlp.c_fc.weight": [C, 4 * C], "mlp.c_fc.bias": [4 * C],
-                     "mlp.c_proj.weight": [4 * C, C], "mlp.c_proj.bias": [C]}.items():
-        shapes[f"h.{i}.{k}"] = shape
-random.seed(1)
-header, blobs, off = {}, [], 0
-for name, shape in shapes.items():
-    n = shape[0] * (shape[1] if len(shape) > 1 else 1)
-    vals = [1.0] * n if "ln_" in name and name.endswith("weight") else [random.gauss(0, 0.02) for _ in range(n)]
-    blobs.append(struct.pack(f"<{n}f", *vals))
-    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + 4 * n]}
-    off += 4 * n
-h = json.dumps(header).encode()
-h += b" " * (-len(h) % 8)
-open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-PY
 resumed gpt2 --max_steps 10 --base_model "$W/gpt2-base"
 [ -e "$W/gpt2/checkpoint-4/model.safetensors" ] && [ ! -e "$W/gpt2/checkpoint-4/state-params.bin" ] && ok ||
   bad "gpt2: the checkpoint holds $(ls "$W/gpt2/checkpoint-4" | tr '\n' ' ')"
