@@ -86,6 +86,11 @@ static json_t *fixed_json(const snug_run_config *c, const snug_setup *s) {
     char tok[32];
     snprintf(tok, sizeof tok, "%016llx", (unsigned long long)s->enc.hash);
     json_object_set_new(o, "tokenizer", json_string(tok));
+    /* data parallel: the ranks set the global batch, and the order of the ranks' sums its bits (a checkpoint written
+     * before this field existed is one process's) */
+    json_object_set_new(o, "ranks", json_integer(s->ranks > 1 ? s->ranks : 1));
+    if (s->ranks > 1)
+        json_object_set_new(o, "ddp_deterministic", json_integer(c->ddp_deterministic));
     return o;
 }
 
@@ -611,7 +616,9 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     json_object_foreach(now, name, f) {
         if (rc)
             break;
-        json_t *w = json_object_get(was, name);
+        json_t *w = json_object_get(was, name), *one = NULL;
+        if (!w && !strcmp(name, "ranks"))
+            w = one = json_integer(1);
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY);
             rc = snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with %s %s, this run has %s; resuming would "
@@ -621,6 +628,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             free(a);
             free(b);
         }
+        json_decref(one);
     }
     json_decref(now);
     if (!rc) {

@@ -158,10 +158,12 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
         return 0;
     const char *why = !o->ddp ? "ddp is false, and data parallel is the only way snug runs as several ranks"
                       : on_gpu ? "device: the ranks run on the CPU for now (device: cpu); NCCL ranks come later"
-                      : o->resume_from_checkpoint[0] ? "resume_from_checkpoint: a checkpoint does not record the "
-                                                       "ranks yet"
-                      : o->save_steps > 0 ? "save_steps: a checkpoint does not record the ranks yet, so it could be "
-                                            "resumed with another global batch; save at the end only"
+                      : o->zero_stage && o->resume_from_checkpoint[0] ? "resume_from_checkpoint under zero_stage: "
+                                                                          "a checkpoint does not hold each rank's shard "
+                                                                          "yet"
+                      : o->zero_stage && o->save_steps > 0 ? "save_steps under zero_stage: a checkpoint does not hold "
+                                                             "each rank's shard yet; save at the end only, or train "
+                                                             "with ddp (zero_stage: 0)"
                       : NULL;
     if (!why)
         return 0;
@@ -799,14 +801,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 break;
             }
             stop = any > 0;
-            if (stop) {
-                if (tty)
-                    fputc('\n', out);
-                fprintf(out, "stopped by a signal after step %d of %d; %d ranks cannot write a checkpoint yet, so "
-                        "nothing was saved\n", step + 1, total, W);
-                stopped = 1;
-                break;
-            }
         }
         if (!rc) { /* a checkpoint written in the background that has just become complete */
             rc = snug_checkpoint_finish(&ckw, 0, e);
@@ -814,7 +808,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 fprintf(out, "saved %s in %.2f s (training waited %.2f s; writing took %.2f s of CPU)\n", ckw.dir,
                         ckw.write_s, ck_wait, ckw.write_cpu_s);
         }
-        if (!rc && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
+        /* every rank holds the same state under data parallel (ZeRO's shards are refused above): rank 0 saves it */
+        if (!rc && !lead && stop) {
+            stopped = 1;
+            break;
+        }
+        if (!rc && lead && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
             double tc = now_s();

@@ -170,8 +170,40 @@ same epoch_oib epoch_one 0
 # refused before anything is written, naming the key
 run no_ddp 2 --ddp false
 [ $? -ne 0 ] && grep -q "ddp is false" "$W/no_ddp.log" && ok || bad "ddp false under 2 ranks: $(tail -1 "$W/no_ddp.log")"
-run saves 2 --save_steps 2
-[ $? -ne 0 ] && grep -q "save_steps" "$W/saves.log" && ok || bad "save_steps under 2 ranks: $(tail -1 "$W/saves.log")"
+run saves 2 --save_steps 2 --zero_stage 1
+[ $? -ne 0 ] && grep -q "save_steps under zero_stage" "$W/saves.log" && ok ||
+  bad "save_steps under ZeRO: $(tail -1 "$W/saves.log")"
+# checkpoints under data parallel: every rank holds the same state and rank 0 saves it; a run stopped at a
+# checkpoint and resumed on as many ranks continues bit for bit; on another number of ranks it is refused, naming it
+common="$ids --ddp_deterministic true"
+run ck_full 2 --max_steps 6 || bad "ck_full did not train: $(tail -2 "$W/ck_full.log")"
+run ck 2 --max_steps 6 --save_steps 2 || bad "ck did not train: $(tail -2 "$W/ck.log")"
+rm -rf "$W/ck/checkpoint-4" "$W/ck/model.safetensors"
+run ck 2 --max_steps 6 --save_steps 2 --resume_from_checkpoint latest &&
+  grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" && ok || bad "ck did not resume: $(tail -2 "$W/ck.log")"
+same ck ck_full 0
+run ck3 3 --max_steps 6 --resume_from_checkpoint "$W/ck/checkpoint-2"
+[ $? -ne 0 ] && grep -q "trained with ranks 2, this run has 3" "$W/ck3.log" && ok ||
+  bad "resume on 3 ranks of a 2-rank checkpoint: $(tail -1 "$W/ck3.log")"
+# SIGTERM to every rank (as a scheduler's preemption sends it): the ranks finish the step together, rank 0 saves,
+# every rank exits 0, and the resumed run is the run that never stopped
+run sig_full 2 --max_steps 200 || bad "sig_full did not train"
+pre=("${MPI[@]}" -np 2)
+[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+"${pre[@]}" "$SNUG" train $common --max_steps 200 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
+mp=$!
+for i in $(seq 100); do [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
+wait $mp
+rc=$?
+step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
+if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$W/sig/checkpoint-$step/trainer_state.hash" ]; then
+  ok
+  run sig 2 --max_steps 200 --resume_from_checkpoint latest || bad "sig did not resume: $(tail -2 "$W/sig.log")"
+  same sig sig_full 0
+else
+  bad "SIGTERM to 2 ranks: exit $rc, $(tail -5 "$W/sig.log")"
+fi
 # the communicator: the rank-order sum bit for bit; a collective signature mismatch and a stuck or dead rank end
 # every rank with an error instead of a hang
 if [ -n "${SNUG_COMM_TEST:-}" ]; then
