@@ -4,7 +4,11 @@
 # Under the sanitizers LeakSanitizer cannot read the TLS of the threads once oneDNN is loaded (see
 # tests/unit/lsan-dnnl.supp), so there every test but test_cpu_gemm's keeps bf16 runs on OpenBLAS (SNUG_CPU_GEMM),
 # and test_cpu_gemm's run with the TLS unscanned and glibc's and libgomp's per-thread state suppressed.
-set(SNUG_TEST_ENV "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2")
+# OMP_WAIT_POLICY=PASSIVE: ctest runs two tests at once on two cores, each with two OpenMP threads; threads that spin
+# at a barrier while another test holds the core made a 10-step bf16 run take 24 s instead of 2-3 s (libgomp's
+# default spin, 2 vCPUs, one other job running). Waiting threads sleep instead; no result depends on it.
+set(SNUG_OMP_TEST_ENV "OMP_WAIT_POLICY=PASSIVE")
+set(SNUG_TEST_ENV "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2;${SNUG_OMP_TEST_ENV}")
 set(SNUG_DNNL_TEST_ENV "${SNUG_TEST_ENV}")
 if(SNUG_SANITIZE)
   list(APPEND SNUG_DNNL_TEST_ENV "LSAN_OPTIONS=use_tls=0:suppressions=${CMAKE_SOURCE_DIR}/tests/unit/lsan-dnnl.supp")
@@ -35,7 +39,7 @@ foreach(src ${SNUG_SHELL_TESTS})
   add_test(NAME cli_${name} COMMAND bash ${src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   # SNUG_SANITIZED: the sanitizer build, where a test may run fewer configurations of the same checks
   set_tests_properties(cli_${name} PROPERTIES ENVIRONMENT
-    "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};SNUG_SANITIZED=$<BOOL:${SNUG_SANITIZE}>;${SNUG_NO_DNNL_ENV}"
+    "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};SNUG_SANITIZED=$<BOOL:${SNUG_SANITIZE}>;${SNUG_NO_DNNL_ENV};${SNUG_OMP_TEST_ENV}"
     LABELS cli)
 endforeach()
 
@@ -44,7 +48,7 @@ file(GLOB SNUG_PARITY_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/parity/t
 foreach(src ${SNUG_PARITY_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_test(NAME parity_${name} COMMAND ${SNUG_VENV}/bin/python ${src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  set_tests_properties(parity_${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2" LABELS parity TIMEOUT 1200)
+  set_tests_properties(parity_${name} PROPERTIES ENVIRONMENT "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};OMP_NUM_THREADS=2;${SNUG_OMP_TEST_ENV}" LABELS parity TIMEOUT 1200)
 endforeach()
 # The CUDA backend end to end against the CPU's (tests/cli/test_cuda_train.sh): skipped (exit 77) without a GPU.
 set_tests_properties(cli_test_cuda_train PROPERTIES SKIP_RETURN_CODE 77 LABELS "cli;cuda")
