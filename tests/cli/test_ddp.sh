@@ -23,20 +23,7 @@ export OMP_NUM_THREADS=1
 # adds twice, and tied embeddings add the head's gradient and the embedding's into one table. Hence this data: no
 # id appears twice in the whole set (pretokenized, ids 1..2047 each used once; prompt tokens unsupervised, so the
 # loss is normalised by a count that differs per micro-batch), and an untied model.
-python3 - "$W/ids.jsonl" <<'PY'
-import json, random, sys
-random.seed(3)
-ids = random.sample(range(1, 2048), 2047)
-with open(sys.argv[1], "w") as f:
-    i = 0
-    while i + 24 <= len(ids):
-        n = random.randint(6, 24)
-        ex = ids[i:i + n]
-        i += n
-        p = random.randint(0, n // 2)
-        f.write(json.dumps({"input_ids": ex, "labels": [-100] * p + ex[p:]}) + "\n")
-PY
-printf 'datasets:\n  - path: %s\n    type: pretokenized\n' "$W/ids.jsonl" > "$W/ids.yaml"
+. "$SRC/tests/cli/ids_data.sh"
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
 # the base: tiny-llama after one step, its embedding copied into an untied lm_head
 "$SNUG" train "$W/ids.yaml" $tok --max_steps 1 --output_dir "$W/tied" \

@@ -27,20 +27,7 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # the data of test_ddp.sh: every id once, so DDP itself is the bits of one process (see there); here the reference
 # is DDP, which sums the same gradients, so any data would do, and this keeps the two tests' runs comparable
-python3 - "$W/ids.jsonl" <<'PY'
-import json, random, sys
-random.seed(3)
-ids = random.sample(range(1, 2048), 2047)
-with open(sys.argv[1], "w") as f:
-    i = 0
-    while i + 24 <= len(ids):
-        n = random.randint(6, 24)
-        ex = ids[i:i + n]
-        i += n
-        p = random.randint(0, n // 2)
-        f.write(json.dumps({"input_ids": ex, "labels": [-100] * p + ex[p:]}) + "\n")
-PY
-printf 'datasets:\n  - path: %s\n    type: pretokenized\n' "$W/ids.jsonl" > "$W/ids.yaml"
+. "$SRC/tests/cli/ids_data.sh"
 common="$W/ids.yaml --tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1
         --max_steps 3 --logging_steps 1 --learning_rate 3e-3 --lr_scheduler cosine --max_grad_norm 0.5
         --micro_batch_size 2 --ddp_deterministic true"
