@@ -19,8 +19,10 @@
  * rounding itself moves each product by at most (2 v + v^2) |a b|, v = 2^-8 (bf16 keeps 8 significant bits).
  * OpenBLAS's measured error on the same problems is printed beside oneDNN's as the noise floor. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/dnnl_cpu.h"
@@ -421,6 +423,78 @@ static void test_backend(snug_backend *be, const char *what, int bf16) {
     free(dh), free(dwh), free(dh0), free(dwh0), free(w16), free(labels);
 }
 
+/* The first line of a file (its rates) */
+static int read_rates(const char *path, double *gb, double *gf) {
+    FILE *fp = fopen(path, "r");
+    int ok = fp && fscanf(fp, "%lf %lf", gb, gf) == 2;
+    if (fp)
+        fclose(fp);
+    return ok;
+}
+
+static void write_rates(const char *path, const char *text) {
+    FILE *fp = fopen(path, "w");
+    if (fp)
+        fputs(text, fp), fclose(fp);
+}
+
+/* Where bf16 and fp32 are timed against each other (AVX512-BF16 without AMX), the timing is kept on disk and every
+ * later backend of the same shape reads it instead of timing again: the kept rates decide, whichever way. */
+static void test_kept_choice(void) {
+    const snug_cpu_features *f = snug_cpu_features_get();
+    snug_cpu_gemm_kind k;
+    int forced;
+    char why[256], dir[] = "/tmp/snug-gemm-XXXXXX";
+    snug_error e = {0};
+    snug_cpu_gemm_plan(SNUG_DT_BF16, f, NULL, &k, &forced, why, sizeof why, &e);
+    if (k != SNUG_CPU_GEMM_MEASURE || !mkdtemp(dir)) {
+        printf("  the kept timing: not on this CPU (bf16 %s)\n", k == SNUG_CPU_GEMM_MEASURE ? "timed" : why);
+        return;
+    }
+    const char *old = getenv("XDG_CACHE_HOME");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1);
+    snug_backend *a = backend(NULL, SNUG_DT_BF16, &e);
+    const char *kept = a ? strstr(a->gemm, "kept in ") : NULL;
+    CHECKF(kept != NULL, "the first backend keeps its timing: %s", a ? a->gemm : e.msg);
+    char path[4096] = "";
+    if (kept)
+        sscanf(kept + 8, "%4095[^;)]", path);
+    double gb = -1, gf = -1;
+    CHECKF(!strncmp(path, dir, strlen(dir)) && read_rates(path, &gb, &gf) && gb >= 0 && gf >= 0,
+           "the rates are in a file under XDG_CACHE_HOME: '%s'", path);
+    int first_bf16 = a && !strncmp(a->gemm, "oneDNN", 6);
+    CHECKF(first_bf16 == (gb > gf), "the choice is the faster of the kept rates (%.1f against %.1f): %s", gb, gf,
+           a ? a->gemm : "");
+    if (a)
+        a->destroy(a);
+    for (int t = 0; t < 2 && path[0]; t++) { /* whatever is kept decides, either way, with no timing of its own */
+        write_rates(path, t ? "5.0 900.0\n" : "900.0 5.0\n");
+        snug_backend *b = backend(NULL, SNUG_DT_BF16, &e);
+        CHECKF(b && strstr(b->gemm, "read from ") && strstr(b->gemm, t ? "900 GFLOP/s fp32" : "900 against 5") &&
+                   !strncmp(b->gemm, t ? "OpenBLAS" : "oneDNN", t ? 8 : 6),
+               "kept rates %s: %s", t ? "fp32 faster -> OpenBLAS" : "bf16 faster -> oneDNN", b ? b->gemm : e.msg);
+        if (b)
+            b->destroy(b);
+    }
+    write_rates(path, "garbage\n"); /* an unreadable file is timed again, and left as it is */
+    snug_backend *c = backend(NULL, SNUG_DT_BF16, &e);
+    CHECKF(c && !strstr(c->gemm, "read from ") && !strstr(c->gemm, "kept in "), "an unreadable file is not used: %s",
+           c ? c->gemm : e.msg);
+    if (c)
+        c->destroy(c);
+    printf("  the kept timing: %s decides every later backend of its shape\n", path);
+    unlink(path);
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s/snug/gemm", dir), rmdir(sub);
+    snprintf(sub, sizeof sub, "%s/snug", dir), rmdir(sub);
+    rmdir(dir);
+    if (saved)
+        setenv("XDG_CACHE_HOME", saved, 1), free(saved);
+    else
+        unsetenv("XDG_CACHE_HOME");
+}
+
 /* The oneDNN path with operands of one dtype: the raw GEMM, then every op of a backend forced onto it.
  * 0 when it ran; 1 when this build, library or CPU has no fast matmul of that dtype (SKIP printed, with why). */
 static int test_dnnl(int bf16) {
@@ -460,6 +534,8 @@ static int test_dnnl(int bf16) {
     snug_dnnl_destroy(d);
     test_backend(be, bf16 ? "backend, oneDNN bf16" : "backend, oneDNN f32", bf16);
     be->destroy(be);
+    if (bf16)
+        test_kept_choice();
     return 0;
 }
 

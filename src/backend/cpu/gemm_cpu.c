@@ -12,14 +12,18 @@
  * floats, 56 MiB) before any arena exists and frees them at once. */
 #include "backend/cpu/gemm_cpu.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cpu/dnnl_cpu.h"
 #include "backend/cpu/ops_cpu.h"
+#include "core/fileio.h"
+#include "core/hash.h"
 
 int snug_cpu_gemm_plan(snug_dtype math, const snug_cpu_features *f, const char *force, snug_cpu_gemm_kind *kind,
                        int *forced, char *why, size_t n, snug_error *e) {
@@ -131,6 +135,52 @@ static int measure(snug_backend *be, snug_dnnl *d, int M, int N, int K, double *
     return rc;
 }
 
+/* The measured choice is kept, so that every run of the same shape on the same machine, software and thread count
+ * makes the same choice and computes the same bits: a resumed run as the run it continues, every rank of a data
+ * parallel run on one host as the others, a repeated run as the first. Timing under load flips close calls, and the
+ * two paths add in different orders. One file per key under $XDG_CACHE_HOME/snug/gemm (or ~/.cache/snug/gemm):
+ * "<bf16 GFLOP/s> <fp32 GFLOP/s>". The first run to publish one wins (link(2) fails on an existing name), and a run
+ * that lost reads the winner's, so runs started together agree too. */
+static int choice_path(const char *key, char *path, size_t n) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    path[0] = 0;
+    char dir[4096];
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s/snug/gemm", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.cache/snug/gemm", home);
+    else
+        return -1;
+    snug_error e = {0};
+    if (snug_mkdirs(dir, &e))
+        return -1;
+    snprintf(path, n, "%s/%016llx", dir, (unsigned long long)snug_hash64(key, strlen(key), 0x67656d6dULL));
+    return 0;
+}
+
+static int choice_read(const char *path, double *gb, double *gf) {
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return -1;
+    int ok = fscanf(fp, "%lf %lf", gb, gf) == 2 && *gb >= 0 && *gf >= 0;
+    fclose(fp);
+    return ok ? 0 : -1;
+}
+
+/* Publishes the rates at path unless a file is there already. */
+static int choice_publish(const char *path, double gb, double gf) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    char text[64];
+    int len = snprintf(text, sizeof text, "%.1f %.1f\n", gb, gf);
+    snug_error e = {0};
+    if (snug_write_file_atomic(tmp, text, (size_t)len, &e))
+        return -1;
+    int rc = link(tmp, path) == 0 || errno == EEXIST ? 0 : -1;
+    unlink(tmp);
+    return rc;
+}
+
 int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e) {
     snug_cpu_ctx *cx = be->ctx;
     const snug_cpu_features *f = snug_cpu_features_get();
@@ -167,18 +217,33 @@ int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, sn
         snprintf(cx->gemm, sizeof cx->gemm, "%s; fp32 GEMMs%s: %s", blas, under, reason);
         return 0;
     }
-    char note[256] = "";
+    char note[320] = "";
     if (kind == SNUG_CPU_GEMM_MEASURE) {
         double gb = -1, gf = -1;
-        if (measure(be, d, M, N, K, &gb, &gf) || !snug_cpu_bf16_measured_faster(gb, gf)) {
+        char key[768], path[4200], level[96];
+        const char *held = "";
+        snprintf(key, sizeof key, "%s %d %d %s | %s | %s %s | %d threads | %dx%dx%d", f->vendor, f->family,
+                 f->model, snug_cpu_features_level(f, level, sizeof level), blas, snug_dnnl_version(), impl,
+                 be->nthreads, M, N, K);
+        if (choice_path(key, path, sizeof path) == 0 && choice_read(path, &gb, &gf) == 0) {
+            held = "read from";
+        } else if (measure(be, d, M, N, K, &gb, &gf)) {
+            gb = -1;
+        } else if (path[0] && choice_publish(path, gb, gf) == 0 && choice_read(path, &gb, &gf) == 0) {
+            held = "kept in"; /* this run's rates, or those of a run that published first */
+        }
+        char where[4300] = "";
+        if (held[0])
+            snprintf(where, sizeof where, "; %s %s", held, path);
+        if (gb < 0 || !snug_cpu_bf16_measured_faster(gb, gf)) {
             snprintf(cx->gemm, sizeof cx->gemm, "%s; fp32 GEMMs%s: the bf16 units measured slower (%s %s: %.0f "
-                     "against %.0f GFLOP/s fp32 on %dx%dx%d)", blas, under, snug_dnnl_version(), impl, gb, gf, M, N,
-                     K);
+                     "against %.0f GFLOP/s fp32 on %dx%dx%d%s)", blas, under, snug_dnnl_version(), impl, gb, gf, M,
+                     N, K, where);
             snug_dnnl_destroy(d);
             return 0;
         }
-        snprintf(note, sizeof note, "; measured faster: %.0f against %.0f GFLOP/s fp32 on %dx%dx%d", gb, gf, M, N,
-                 K);
+        snprintf(note, sizeof note, "; measured faster: %.0f against %.0f GFLOP/s fp32 on %dx%dx%d%s", gb, gf, M, N,
+                 K, where);
     }
     cx->dnnl = d;
     /* "oneDNN 2.6.3 bf16 on AMX, fp32 accumulation (brg:avx512_core_amx; ...); else OpenBLAS ..." */

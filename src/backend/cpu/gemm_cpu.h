@@ -3,7 +3,8 @@
  * fp32 runs, and bf16 runs on a CPU without bf16 units, multiply in fp32 with OpenBLAS (blas_cpu.c). Under bf16
  * mixed precision (be->math BF16), on a CPU with AMX the GEMMs round their operands to bf16 and multiply on the AMX
  * tiles with fp32 accumulation through oneDNN (dnnl_cpu.c); with AVX512-BF16 alone, whose dot-product instruction
- * has only the fp32 FMA's rate, both are timed once on a GEMM of the run's shape and the faster kept. The weights are
+ * has only the fp32 FMA's rate, both are timed on a GEMM of the run's shape and the faster kept (the timing is kept
+ * on disk, so every run of that shape on the machine chooses the same: gemm_cpu.c). The weights are
  * bf16 values already under bf16 storage, so their rounding is exact; activation gradients are rounded as a GPU's
  * bf16 tensor cores round them.
  *
