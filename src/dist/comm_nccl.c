@@ -88,7 +88,7 @@ typedef struct nccl_api {
 } nccl_api;
 
 static nccl_api nccl;      /* filled once by load_nccl; never unloaded */
-static int nccl_loaded;    /* 1: loaded, -1: failed (nccl_why says why) */
+static int nccl_loaded;    /* 1: loaded (a failure is not kept: the next communicator tries again) */
 static char nccl_why[1024];
 static char nccl_path[512];
 static int nccl_version;
@@ -98,10 +98,8 @@ int snug_nccl_sum_in_order(void *out, const void *all, int size, size_t n, int d
 
 /* Opens NCCL: SNUG_NCCL's file, or libnccl.so.2 on the loader's path, then in the CUDA toolkit found at build time. */
 static int load_nccl(snug_error *e) {
-    if (nccl_loaded == 1)
+    if (nccl_loaded)
         return 0;
-    if (nccl_loaded < 0)
-        return snug_fail(e, SNUG_EINPUT, "%s", nccl_why);
     const char *env = getenv("SNUG_NCCL");
     const char *names[3] = {env && *env ? env : "libnccl.so.2", NULL, NULL};
 #ifdef SNUG_NCCL_PATH
@@ -118,7 +116,6 @@ static int load_nccl(snug_error *e) {
             snprintf(tried, sizeof tried, "%s", dlerror());
     }
     if (!h) {
-        nccl_loaded = -1;
         snprintf(nccl_why, sizeof nccl_why, "CUDA ranks talk through NCCL, but %s cannot be opened (%s); install "
                  "NCCL 2.7 or newer (Debian/Ubuntu: libnccl2; pip: nvidia-nccl-cu12) where the loader finds it "
                  "(LD_LIBRARY_PATH), or name the file with SNUG_NCCL=/path/libnccl.so.2", names[0], tried);
@@ -144,7 +141,6 @@ static int load_nccl(snug_error *e) {
     };
     for (size_t i = 0; i < sizeof syms / sizeof *syms; i++)
         if (!(*syms[i].slot = dlsym(h, syms[i].name))) {
-            nccl_loaded = -1;
             snprintf(nccl_why, sizeof nccl_why, "%s has no %s: snug needs NCCL 2.7 or newer (ncclGetLastError: "
                      "2.13); install a newer one, or name it with SNUG_NCCL=/path/libnccl.so.2", nccl_path,
                      syms[i].name);
