@@ -35,8 +35,8 @@ snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, size
         int n = snug_cuda_device_count();
         if (n > 0 && gpu_index >= n) { /* a rank's GPU by its local rank: more ranks than GPUs here */
             snug_fail(e, SNUG_EINPUT, "this rank runs on GPU %d (its local rank) but %d %s visible; launch at most %d "
-                      "ranks per host (or make more GPUs visible: CUDA_VISIBLE_DEVICES)", gpu_index, n,
-                      n == 1 ? "GPU is" : "GPUs are", n);
+                      "rank%s per host (or make more GPUs visible: CUDA_VISIBLE_DEVICES)", gpu_index, n,
+                      n == 1 ? "GPU is" : "GPUs are", n, n == 1 ? "" : "s");
             return NULL;
         }
         if (is_cuda || n > 0)
