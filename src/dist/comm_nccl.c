@@ -628,8 +628,8 @@ static void release(nccl_ctx *x) {
         pthread_join(x->watch, NULL);
         x->watching = 0;
     }
-    if (x->comm) {
-        if (cudaStreamSynchronize(x->stream) == cudaSuccess)
+    if (x->comm) { /* destroyed when all went well; aborted otherwise (no wait for ranks that may be gone) */
+        if (!x->failed && cudaStreamSynchronize(x->stream) == cudaSuccess)
             nccl.CommDestroy(x->comm);
         else
             nccl.CommAbort(x->comm);
@@ -725,6 +725,7 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
         snprintf(why, sizeof why, "%.400s", le.msg);
     rc = why[0] ? snug_fail(e, SNUG_EIO, "%s", why) : 0;
     if ((rc = agree(c, rc, "join the NCCL communicator", e))) {
+        x->failed = 1;
         release(x);
         free(x);
         return rc;
