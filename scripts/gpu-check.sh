@@ -10,11 +10,13 @@
 #
 # Stages, each under `timeout` and all within one budget of GPU_CHECK_BUDGET seconds (default 470, under 8 minutes):
 #   configure (cmake -DSNUG_CUDA=ON) <= 60 s   build <= 200 s (GPU_CHECK_BUILD_CAP)
-#   startup <= 60 s: every executable's libraries resolve, `snug --help` runs, and with no GPU visible
-#     (CUDA_VISIBLE_DEVICES=) every CUDA test skips (exit 77) and `snug train --device cuda` is refused (exit 2),
-#     never a crash
-#   ctest -L cuda <= 200 s; each failing test again with CUDA_LAUNCH_BLOCKING=1 (<= 90 s, errors reported where
-#     the kernel ran) and under compute-sanitizer when the toolkit has it (<= 120 s)
+#   startup <= 60 s: every executable's libraries resolve (and none needs libnccl: NCCL is opened at run time),
+#     `snug --help` runs, and with no GPU visible (CUDA_VISIBLE_DEVICES=) every CUDA test skips (exit 77) and
+#     `snug train --device cuda` is refused (exit 2), never a crash
+#   ctest -L cuda -LE nccl <= 200 s; then the NCCL communicator, ctest -L nccl <= 120 s (test_comm_nccl: one rank
+#     against comm_self; cli_test_cuda_train_nccl: one rank through NCCL bitwise against the run without); each
+#     failing test again with CUDA_LAUNCH_BLOCKING=1 (<= 90 s, errors reported where the kernel ran) and under
+#     compute-sanitizer when the toolkit has it (<= 120 s)
 #   probe_memory <= 60 s: GPT-2 124M, 3 steps: the plan against cudaMemGetInfo
 #   bench_attention_gpu <= 60 s   bench_attention_torch.py <= 90 s   bench_train_gpu.py <= 300 s
 # A stage gets at most what is left of the budget, so a slow build shortens the benchmarks instead of the whole run
@@ -159,6 +161,8 @@ for f in "$B"/snug "$B"/test_* "$B"/bench_* "$B"/bench/gpu/bench_*; do
   if [ -n "$miss" ]; then say "$(basename "$f") loads" "FAILED: $miss not found"; nmiss=$((nmiss + 1)); fi
 done
 if [ $nmiss = 0 ] && [ $nexe -gt 0 ]; then say "$nexe executables: every library resolves (ldd)" ok; else bad=1; fi
+if ldd "$B/snug" 2>&1 | grep -q libnccl; then say "snug does not link libnccl (it opens it at run time)" FAILED; bad=1
+else say "snug does not link libnccl (it opens it at run time)" ok; fi
 if "$B/snug" --help > "$B/logs/startup_help.txt" 2>&1; then say "snug --help" ok; else say "snug --help" FAILED; bad=1; fi
 export CUDA_VISIBLE_DEVICES=
 printf '{"text": "a line of text to train on, repeated for a few steps."}\n%.0s' $(seq 50) > "$B/startup.jsonl"
@@ -190,13 +194,17 @@ else
   skip startup "no build"
 fi
 if [ "${RESULT[build]}" = ok ] && [ $HAVE_GPU = 1 ]; then
-  stage ctest_cuda 200 "$LOGS/ctest.log" 0 ctest --test-dir "$BUILD" -L cuda --output-on-failure
+  stage ctest_cuda 200 "$LOGS/ctest.log" 0 ctest --test-dir "$BUILD" -L cuda -LE nccl --output-on-failure
   if [ "${RESULT[ctest_cuda]}" = ok ] && grep -q "Skipped" "$LOGS/ctest.log"; then
     RESULT[ctest_cuda]="SKIPPED (no GPU seen by the test)"
   fi
+  stage nccl 120 "$LOGS/nccl.log" 0 ctest --test-dir "$BUILD" -L nccl --output-on-failure
+  if [ "${RESULT[nccl]}" = ok ] && grep -q "Skipped" "$LOGS/nccl.log"; then
+    RESULT[nccl]="SKIPPED (no GPU seen by the test)"
+  fi
   # each failing test again: with every launch synchronous, so the error names the kernel that failed, and under
   # compute-sanitizer (its memcheck: out-of-bounds and misaligned accesses, CUDA API errors)
-  for t in $(grep -v '(Skipped)' "$LOGS/ctest.log" | sed -n 's/^[[:space:]]*[0-9]* - \([A-Za-z0-9_]*\) (.*$/\1/p' | sort -u); do
+  for t in $(cat "$LOGS/ctest.log" "$LOGS/nccl.log" 2>/dev/null | grep -v '(Skipped)' | sed -n 's/^[[:space:]]*[0-9]* - \([A-Za-z0-9_]*\) (.*$/\1/p' | sort -u); do
     stage "rerun $t" 90 "$LOGS/rerun_$t.log" 1 env CUDA_LAUNCH_BLOCKING=1 ctest --test-dir "$BUILD" -R "^$t\$" \
       --output-on-failure
     if [ -n "$SAN" ]; then
@@ -215,10 +223,12 @@ if [ "${RESULT[build]}" = ok ] && [ $HAVE_GPU = 1 ]; then
   stage bench_attention_gpu 60 "$LOGS/bench_attention_gpu.log" 0 "$BUILD/bench/gpu/bench_attention_gpu"
 elif [ "${RESULT[build]}" = ok ]; then
   skip ctest_cuda "no GPU visible"
+  skip nccl "no GPU visible"
   skip probe_memory "no GPU visible"
   skip bench_attention_gpu "no GPU visible"
 else
   skip ctest_cuda "no build"
+  skip nccl "no build"
   skip probe_memory "no build"
   skip bench_attention_gpu "no build"
 fi
@@ -287,9 +297,9 @@ if train:
         print(f"{r['model']:<10} {r['B']:>2} {r['T']:>5} {st:>11.0f} {tt:>12.0f} {ratio} {r['snug_mfu']:>8}% "
               f"{r['torch_mfu']:>8}% {r['snug_peak_gib']:>9} {r['torch_peak_gib']:>9}  {notes}")
 EOF
-case "${RESULT[build]}/${RESULT[startup]}/${RESULT[ctest_cuda]}" in
-  ok/ok/ok) exit 0 ;;
-  "ok/ok/skipped: no GPU visible")
+case "${RESULT[build]}/${RESULT[startup]}/${RESULT[ctest_cuda]}/${RESULT[nccl]}" in
+  ok/ok/ok/ok) exit 0 ;;
+  "ok/ok/skipped: no GPU visible/skipped: no GPU visible")
     echo "gpu-check: NO GPU was visible: the build and the start-up checks passed; nothing ran on a GPU"
     exit 3 ;;
   *) exit 1 ;;

@@ -32,6 +32,9 @@ foreach(dt f32 bf16)
 endforeach()
 # The CUDA backend against the CPU's: skipped (exit 77) without a CUDA build or a GPU; `ctest -L cuda` runs it.
 set_tests_properties(test_cuda_ops PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda")
+# The NCCL communicator at one rank on a GPU against comm_self: skipped (exit 77) the same way; scripts/gpu-check.sh
+# runs it in its own stage (`ctest -L nccl`).
+set_tests_properties(test_comm_nccl PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;nccl")
 
 file(GLOB SNUG_SHELL_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cli/test_*.sh)
 foreach(src ${SNUG_SHELL_TESTS})
@@ -52,6 +55,12 @@ foreach(src ${SNUG_PARITY_TESTS})
 endforeach()
 # The CUDA backend end to end against the CPU's (tests/cli/test_cuda_train.sh): skipped (exit 77) without a GPU.
 set_tests_properties(cli_test_cuda_train PROPERTIES SKIP_RETURN_CODE 77 LABELS "cli;cuda")
+# Its NCCL part alone (`test_cuda_train.sh nccl`): one rank through the NCCL communicator against the same run without.
+add_test(NAME cli_test_cuda_train_nccl COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/test_cuda_train.sh nccl
+  WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(cli_test_cuda_train_nccl PROPERTIES ENVIRONMENT
+  "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};${SNUG_OMP_TEST_ENV}" SKIP_RETURN_CODE 77
+  LABELS "cli;cuda;nccl")
 # Data parallel over MPI ranks (tests/cli/test_ddp.sh): skipped (exit 77) without mpirun or an MPI build.
 set_tests_properties(cli_test_ddp PROPERTIES SKIP_RETURN_CODE 77)
 # ZeRO over MPI ranks against DDP (tests/cli/test_zero.sh): skipped (exit 77) the same way.

@@ -22,14 +22,25 @@ static snug_backend *create_cpu(int nthreads, snug_error *e) {
     return be;
 }
 
+static int gpu_index; /* snug_backend_use_gpu's choice */
+
+void snug_backend_use_gpu(int index) { gpu_index = index > 0 ? index : 0; }
+
 snug_backend *snug_backend_create(snug_backend_choice device, int nthreads, size_t device_scratch, snug_error *e) {
     int is_auto = device == SNUG_BACKEND_AUTO, is_cuda = device == SNUG_BACKEND_CUDA;
     if (is_auto || is_cuda) {
 #ifdef SNUG_HAVE_CUDA
         /* cuda: the CUDA backend or its reason for failing (no GPU, driver too old...); auto: the CPU unless a GPU
          * is visible, and then the GPU's errors are reported, not hidden behind a silent fallback */
-        if (is_cuda || snug_cuda_device_count() > 0)
-            return snug_backend_cuda_create_sized(0, device_scratch, e);
+        int n = snug_cuda_device_count();
+        if (n > 0 && gpu_index >= n) { /* a rank's GPU by its local rank: more ranks than GPUs here */
+            snug_fail(e, SNUG_EINPUT, "this rank runs on GPU %d (its local rank) but %d %s visible; launch at most %d "
+                      "rank%s per host (or make more GPUs visible: CUDA_VISIBLE_DEVICES)", gpu_index, n,
+                      n == 1 ? "GPU is" : "GPUs are", n, n == 1 ? "" : "s");
+            return NULL;
+        }
+        if (is_cuda || n > 0)
+            return snug_backend_cuda_create_sized(gpu_index, device_scratch, e);
 #else
         (void)device_scratch;
         if (is_cuda) {

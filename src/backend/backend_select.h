@@ -11,7 +11,12 @@
 /* Where to run (the config's `device`). */
 typedef enum snug_backend_choice { SNUG_BACKEND_AUTO, SNUG_BACKEND_CPU, SNUG_BACKEND_CUDA } snug_backend_choice;
 
-/* SNUG_BACKEND_AUTO: CUDA when snug was built with it and a GPU is visible, else the CPU; SNUG_BACKEND_CUDA: GPU 0,
+/* The GPU every CUDA backend created after this call runs on (0 until then): a rank of a data-parallel run uses the
+ * GPU of its local rank, set once before its engine exists. */
+void snug_backend_use_gpu(int index);
+
+/* SNUG_BACKEND_AUTO: CUDA when snug was built with it and a GPU is visible, else the CPU; SNUG_BACKEND_CUDA: the GPU
+ * snug_backend_use_gpu chose (0 by default),
  * an error (SNUG_EINPUT) when the build has no CUDA or no GPU is visible; SNUG_BACKEND_CPU: the CPU backend on
  * nthreads threads (<= 0: all cores). device_scratch: the bytes of a GPU backend's fixed reduction scratch (0: its
  * default; snug_cuda_scratch_bytes sizes it from the model's shape). NULL with e filled on failure. */

@@ -166,6 +166,11 @@ static const key_spec keys[] = {
      .help = "data parallel over the ranks of `mpirun -np N snug train` (or srun): each rank takes its share of "
              "the global batch (micro_batch_size x gradient_accumulation_steps x N rows) by global sample index, "
              "and the gradients are summed over the ranks before each step"},
+    {.name = "ddp_backend", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(ddp_backend), .def = "auto",
+     .values = "auto nccl mpi", ENUMS({"auto", SNUG_DDP_BACKEND_AUTO}, {"nccl", SNUG_DDP_BACKEND_NCCL},
+                                      {"mpi", SNUG_DDP_BACKEND_MPI}), .later_values = "gloo ccl hccl cncl mccl xccl",
+     .help = "how the ranks talk: nccl (device buffers between GPUs; with one rank on a GPU, a communicator of size "
+             "1), mpi (host buffers between CPU ranks), or auto: nccl on GPUs, mpi on CPUs"},
     {.name = "ddp_deterministic", .type = KT_BOOL, .group = G_BATCH, AT_INT(ddp_deterministic), .def = "false",
      .help = "sum the ranks' gradients in rank order (gathered, then added), so N ranks give the bits of one "
              "process accumulating N micro-batches; costs N times the all-reduce's traffic"},

@@ -4,9 +4,13 @@
 
 #include <string.h>
 
-size_t snug_comm_dtype_size(snug_comm_dtype dt) { return dt == SNUG_COMM_F32 ? 4 : dt == SNUG_COMM_U16 ? 2 : 8; }
+size_t snug_comm_dtype_size(snug_comm_dtype dt) {
+    dt = snug_comm_type(dt);
+    return dt == SNUG_COMM_F32 ? 4 : dt == SNUG_COMM_U16 ? 2 : 8;
+}
 
 void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt) {
+    dt = snug_comm_type(dt);
     /* out <- ((all_0 + all_1) + all_2) + ...: one rank at a time, each element in the same order */
     if (dt == SNUG_COMM_F32) {
         float *o = out;
@@ -38,6 +42,16 @@ size_t snug_comm_displ(const size_t *counts, int r) {
         d += counts[k];
     return d;
 }
+
+#ifndef SNUG_HAVE_CUDA
+int snug_comm_nccl_available(void) { return 0; }
+
+int snug_comm_nccl_wrap(snug_comm *c, struct snug_backend *be, snug_error *e) {
+    (void)c, (void)be;
+    return snug_fail(e, SNUG_EINPUT, "this snug was built without CUDA, so it has no NCCL communicator; build with "
+                     "the CUDA toolkit (cmake -DSNUG_CUDA=ON)");
+}
+#endif
 
 #ifndef SNUG_HAVE_MPI
 int snug_comm_mpi_available(void) { return 0; }

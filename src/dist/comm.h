@@ -2,7 +2,8 @@
  *
  * A communicator is a struct of function pointers and a context (as a backend is), so the trainer never branches on
  * how ranks talk: comm_self.c is the single process (size 1; every collective is a copy or nothing, so one-process
- * runs take the same code path), comm_mpi.c is MPI (host buffers; compiled when CMake finds MPI). Every count is in
+ * runs take the same code path), comm_mpi.c is MPI (host buffers; compiled when CMake finds MPI), comm_nccl.c is
+ * NCCL (device buffers on CUDA ranks, wrapping one of the other two for host buffers). Every count is in
  * elements, never bytes. Every rank must issue the same collectives in the same order with the same counts: a run
  * whose ranks disagree is a bug, and `check` (debug mode) exchanges each collective's signature first and fails on
  * every rank naming the mismatch instead of hanging. Failures are reported through snug_error; nothing here prints
@@ -30,12 +31,27 @@
 
 #include "core/error.h"
 
-/* U16: raw 16-bit values (bf16 or fp16 parameters), moved but never summed: broadcast and all-gather only */
-typedef enum snug_comm_dtype { SNUG_COMM_F32, SNUG_COMM_F64, SNUG_COMM_I64, SNUG_COMM_U16 } snug_comm_dtype;
+/* U16: raw 16-bit values (bf16 or fp16 parameters), moved but never summed: broadcast and all-gather only.
+ *
+ * Where a buffer lives. A collective's buffer is the backend's memory (device memory on CUDA ranks, host memory on
+ * CPU ranks) unless the call site ORs SNUG_COMM_HOST into the type: then it is host memory whatever the backend (the
+ * loss sums, the stop flag, the validation slots, the failure flags). The host communicators (self, MPI) ignore the
+ * flag; the NCCL communicator sends such a buffer through the host communicator it wraps, and any other through
+ * NCCL on its own stream. The flag is part of the signature `check` compares. */
+typedef enum snug_comm_dtype {
+    SNUG_COMM_F32,
+    SNUG_COMM_F64,
+    SNUG_COMM_I64,
+    SNUG_COMM_U16,
+    SNUG_COMM_HOST = 16, /* a flag, not a type: SNUG_COMM_F64 | SNUG_COMM_HOST */
+} snug_comm_dtype;
+
+/* The type without the SNUG_COMM_HOST flag. */
+static inline snug_comm_dtype snug_comm_type(int dt) { return (snug_comm_dtype)(dt & ~SNUG_COMM_HOST); }
 
 typedef struct snug_comm snug_comm;
 struct snug_comm {
-    const char *name; /* "self", "mpi" */
+    const char *name; /* "self", "mpi", "nccl" */
     int rank, size;
     int local_rank;    /* the rank's index among the ranks of its host (the GPU it would own) */
     int deterministic; /* all-reduce sums in rank order (see above) */
@@ -78,6 +94,20 @@ int snug_comm_mpi_available(void);
 
 /* MPI_Init (once) and the world communicator; fails if the build has no MPI or the library cannot start. */
 int snug_comm_mpi_init(snug_comm *c, snug_error *e);
+
+/* Whether this build has the NCCL communicator (comm_nccl.c: compiled with the CUDA backend; NCCL itself is opened
+ * at run time, so this says nothing about whether the library is installed). */
+int snug_comm_nccl_available(void);
+
+/* Turns c, a host communicator (self or MPI) already open, into the NCCL communicator over the same ranks, on the
+ * GPU of the CUDA backend be: NCCL is opened (dlopen "libnccl.so.2", or the file SNUG_NCCL names), rank 0 makes the
+ * unique id and broadcasts it through c, and every rank joins; c's collectives then take device buffers and run on
+ * the communicator's own stream, ordered after be's compute stream by events, and the compute stream waits for each
+ * one's completion, with no host wait. c keeps its rank, size and settings; buffers flagged SNUG_COMM_HOST still go
+ * through the wrapped host communicator, which snug_comm_close closes too. On failure c is left as it was (the host
+ * communicator) and every rank fails (they agree through c first), naming the library and the fix. */
+struct snug_backend;
+int snug_comm_nccl_wrap(snug_comm *c, struct snug_backend *be, snug_error *e);
 
 /* The communicator a run with launch l needs: self for one process, MPI for more (refused without MPI in the build,
  * or under a launcher MPI cannot join, such as torchrun's environment alone). */

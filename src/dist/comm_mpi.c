@@ -28,12 +28,15 @@ typedef struct mpi_ctx {
 
 static int mpi_users; /* open MPI communicators: the last one closed finalizes */
 
+/* the types below ignore SNUG_COMM_HOST: every buffer of this communicator is host memory */
 static MPI_Datatype mpi_type(snug_comm_dtype dt) {
+    dt = snug_comm_type(dt);
     return dt == SNUG_COMM_F32 ? MPI_FLOAT : dt == SNUG_COMM_F64 ? MPI_DOUBLE : dt == SNUG_COMM_U16 ? MPI_UINT16_T
                                                                                                  : MPI_INT64_T;
 }
 
 static const char *dtype_name(snug_comm_dtype dt) {
+    dt = snug_comm_type(dt);
     return dt == SNUG_COMM_F32 ? "float32" : dt == SNUG_COMM_F64 ? "float64" : dt == SNUG_COMM_U16 ? "16-bit" : "int64";
 }
 
@@ -101,7 +104,7 @@ static int check_signature(snug_comm *c, int kind, size_t n, snug_comm_dtype dt,
 
 /* 16-bit values are moved, never summed */
 static int refuse_u16(snug_comm_dtype dt, const char *what, snug_error *e) {
-    if (dt != SNUG_COMM_U16)
+    if (snug_comm_type(dt) != SNUG_COMM_U16)
         return 0;
     return snug_fail(e, SNUG_EINTERNAL, "%s of 16-bit values: sum them in fp32", what);
 }

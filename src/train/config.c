@@ -102,6 +102,11 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             (int)o->gradient_checkpointing);
     REQUIRE(o->device >= SNUG_BACKEND_AUTO && o->device <= SNUG_BACKEND_CUDA,
             "%s: device %d is unknown; use auto, cpu or cuda", src, (int)o->device);
+    REQUIRE(o->ddp_backend >= SNUG_DDP_BACKEND_AUTO && o->ddp_backend <= SNUG_DDP_BACKEND_MPI,
+            "%s: ddp_backend %d is unknown; use nccl, mpi or auto", src, (int)o->ddp_backend);
+    REQUIRE(o->ddp_backend != SNUG_DDP_BACKEND_NCCL || o->device != SNUG_BACKEND_CPU,
+            "%s: ddp_backend is nccl but device is cpu: NCCL moves GPU buffers; use ddp_backend: mpi (or leave it "
+            "unset) for CPU ranks, or device: cuda", src);
     REQUIRE(o->weight_decay >= 0, "%s: weight_decay is %g; it must be 0 or more", src, o->weight_decay);
     REQUIRE(o->adam_beta1 >= 0 && o->adam_beta1 < 1, "%s: adam_beta1 is %g; it must be in [0, 1), e.g. 0.9", src,
             o->adam_beta1);

@@ -34,6 +34,13 @@ typedef enum snug_optimizer_choice {
     SNUG_OPTIMIZER_PAGED_ADAMW_32BIT,
 } snug_optimizer_choice;
 
+/* ddp_backend (Hugging Face TrainingArguments' key): how the ranks talk */
+typedef enum snug_ddp_backend {
+    SNUG_DDP_BACKEND_AUTO, /* unset: NCCL between CUDA ranks, MPI between CPU ranks */
+    SNUG_DDP_BACKEND_NCCL, /* device buffers through NCCL (CUDA ranks; at one rank too, a communicator of size 1) */
+    SNUG_DDP_BACKEND_MPI,  /* host buffers through MPI (CPU ranks) */
+} snug_ddp_backend;
+
 typedef struct snug_dataset_spec {
     char path[1024];              /* a JSONL file (a relative path in a YAML file is joined to its folder) */
     snug_data_format type;        /* completion (default), alpaca, chat, pretokenized */
@@ -98,6 +105,7 @@ typedef struct snug_run_config {
     /* data parallel (src/dist): the ranks come from the launcher (mpirun, srun); each takes its share of the global
      * batch of micro_batch_size x gradient_accumulation_steps x ranks rows */
     int ddp;                  /* 1: replicate the model and all-reduce the gradients (the only multi-rank mode) */
+    snug_ddp_backend ddp_backend;
     int ddp_deterministic;    /* 1: gradients summed in rank order, the same bits whatever the MPI algorithm */
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */

@@ -154,10 +154,16 @@ static void run_free(run *r) {
 
 /* Data parallel: the settings a multi-rank run cannot take yet, refused before anything is read or written. */
 static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
+    if (o->ddp_backend == SNUG_DDP_BACKEND_NCCL && !on_gpu)
+        return snug_fail(e, SNUG_EINPUT, "ddp_backend is nccl but this run trains on the CPU (device: %s): NCCL moves "
+                         "GPU buffers; use ddp_backend: mpi (or leave it unset) for CPU ranks, or device: cuda on a "
+                         "machine with a GPU", o->device == SNUG_BACKEND_AUTO ? "auto, and no GPU is visible" : "cpu");
     if (c->size == 1)
         return 0;
     const char *why = !o->ddp ? "ddp is false, and data parallel is the only way snug runs as several ranks"
-                      : on_gpu ? "device: the ranks run on the CPU for now (device: cpu); NCCL ranks come later"
+                      : on_gpu && o->ddp_backend == SNUG_DDP_BACKEND_MPI
+                          ? "ddp_backend is mpi on CUDA ranks, which would stage every gradient through host memory "
+                            "(not built); use ddp_backend: nccl (the default on GPUs)"
                       : o->zero_stage && o->resume_from_checkpoint[0] ? "resume_from_checkpoint under zero_stage: "
                                                                           "a checkpoint does not hold each rank's shard "
                                                                           "yet"
@@ -170,6 +176,10 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
     return snug_fail(e, SNUG_EINPUT, "%d ranks: %s; run one process, or change the setting", c->size, why);
 }
 
+/* Whether the step's collectives run: with several ranks, or through NCCL at one rank (each an identity there, but
+ * NCCL's path, which is how one GPU tests it). */
+static int ddp_collectives(const snug_comm *c) { return c->size > 1 || strcmp(c->name, "self"); }
+
 /* Whether every rank got this far: a failure on one rank becomes a failure on all, so no rank waits for another
  * in a collective that will never come. */
 static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
@@ -177,7 +187,7 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
         return rc;
     int64_t failed = rc != 0;
     snug_error ce = {0};
-    if (c->allreduce_sum(c, &failed, 1, SNUG_COMM_I64, &ce)) {
+    if (c->allreduce_sum(c, &failed, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, &ce)) {
         *broken = 1;
         if (!rc && e)
             *e = ce;
@@ -192,7 +202,7 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
  * under LoRA the adapters' (per-layer buckets overlapped with backward come later). Under ZeRO (shard: each rank's
  * counts) a reduce-scatter instead: only the rank's own shard is summed, the shard its optimizer steps. */
 static int ddp_reduce_grads(snug_comm *c, snug_model *m, const size_t *shard, snug_error *e) {
-    if (c->size == 1)
+    if (!ddp_collectives(c) || (c->size == 1 && m->grads16)) /* one rank keeps 16-bit layer gradients */
         return 0;
     if (shard) /* a full fine-tune (config.c refuses ZeRO with adapters): fp32 gradients at the table offsets */
         return c->reduce_scatter_sum(c, m->grads, shard, SNUG_COMM_F32, e);
@@ -211,7 +221,7 @@ static int zero_grad_norm(snug_comm *c, const snug_model *m, const size_t *shard
     size_t lo = snug_comm_displ(shard, c->rank);
     const float *g = m->lv.zero_grads ? m->gshard : m->grads + lo; /* ZeRO-2 keeps only the shard's sum */
     double ss = shard[c->rank] ? m->be->sumsq(m->be, g, SNUG_DT_F32, shard[c->rank]) : 0.0;
-    SNUG_TRY(c->allreduce_sum(c, &ss, 1, SNUG_COMM_F64, e));
+    SNUG_TRY(c->allreduce_sum(c, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
     *norm = sqrt(ss) * fabs((double)grad_scale);
     return 0;
 }
@@ -224,8 +234,8 @@ static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *s
 }
 
 /* ZeRO with a sharded master copy: the whole fp32 master on every rank before the weights are saved (an all-gather
- * into host memory outside the arenas, P x 4 bytes at the end of the run; the ranks are CPU processes, so host memory
- * is the backend's), so that rank 0 saves the F32 weights DDP saves. */
+ * into host memory outside the arenas, P x 4 bytes at the end of the run), so that rank 0 saves the F32 weights DDP
+ * saves. */
 static int zero_gather_master(snug_comm *c, snug_model *m, const size_t *shard, float **full, snug_error *e) {
     if (!m->master_sharded)
         return 0;
@@ -233,7 +243,7 @@ static int zero_gather_master(snug_comm *c, snug_model *m, const size_t *shard, 
     if (!(*full = malloc(P * sizeof **full)))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it");
     m->be->to_host(m->be, *full + m->master_lo, m->params, m->master_n * sizeof **full);
-    SNUG_TRY(c->allgather(c, *full, shard, SNUG_COMM_F32, e));
+    SNUG_TRY(c->allgather(c, *full, shard, SNUG_COMM_F32 | SNUG_COMM_HOST, e));
     m->params = *full;
     m->master_sharded = 0;
     m->master_lo = 0;
@@ -313,7 +323,7 @@ static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, double *val, snug
         n++;
     }
     snug_loader_free(&vl);
-    int rc = c->size > 1 && n ? c->allreduce_sum(c, loss, n, SNUG_COMM_F64, e) : 0;
+    int rc = c->size > 1 && n ? c->allreduce_sum(c, loss, n, SNUG_COMM_F64 | SNUG_COMM_HOST, e) : 0;
     double sum = 0;
     for (size_t i = 0; !rc && i < n; i++)
         sum += loss[i];
@@ -506,6 +516,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!lead)
         out = quiet ? quiet : out;
     int rc = ddp_refuse(config, &comm, on_gpu, e);
+    /* CUDA ranks talk through NCCL (ddp_backend: nccl, or unset with several ranks), each on its local rank's GPU */
+    int use_nccl = on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
+                              (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && comm.size > 1));
+    if (on_gpu)
+        snug_backend_use_gpu(comm.local_rank);
     r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
     r.s.rank = comm.rank;  /* and under ZeRO each plans its own shard */
     if (!rc)
@@ -565,6 +580,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc && resume[0])
         rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
     rc = ddp_agree(&comm, rc, &broken, e);
+    if (!rc && use_nccl) /* every rank or none: it agrees through the host communicator itself */
+        rc = snug_comm_nccl_wrap(&comm, r.eng.be, e);
     if (rc) {
         snug_loader_free(&loader);
         run_free(&r);
@@ -588,7 +605,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.eps = o->adam_epsilon;
     r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
-    if (W > 1)
+    if (ddp_collectives(&comm))
         fprintf(out, "  data parallel        %d ranks (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
                 comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
 
@@ -720,7 +737,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             broken = 1;
             break;
         }
-        if (W > 1 && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64, e)) ||
+        if (ddp_collectives(&comm) && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
                       (!o->optimizer_in_backward && !z2.counts && (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
             broken = 1;
             break;
@@ -794,9 +811,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         st.ls = ls;
         st.loss_mean = loss_mean;
         int stop = stop_requested && step + 1 < total;
-        if (W > 1) { /* a signal may reach the ranks at different steps: they stop together */
+        if (ddp_collectives(&comm)) { /* a signal may reach the ranks at different steps: they stop together */
             int64_t any = stop;
-            if ((rc = comm.allreduce_sum(&comm, &any, 1, SNUG_COMM_I64, e))) {
+            if ((rc = comm.allreduce_sum(&comm, &any, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, e))) {
                 broken = 1;
                 break;
             }

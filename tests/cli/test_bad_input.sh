@@ -44,6 +44,13 @@ expect_error device-name "device must be one of auto, cpu, cuda" "$SNUG" train -
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then # no GPU here: device: cuda is an error
   expect_error device-cuda "device: cuda" "$SNUG" train --dataset "$W/data.jsonl" $T --device cuda
 fi
+# ddp_backend (Hugging Face's key): nccl needs CUDA ranks, so on the CPU it is refused, whether the CPU was asked for
+# or device: auto found no GPU (hidden here); an unknown value, or a backend not built, names the choices
+expect_error ddp-nccl-cpu "ddp_backend is nccl but device is cpu.*ddp_backend: mpi" "$SNUG" train --dataset "$W/data.jsonl" $T --device cpu --ddp_backend nccl
+printf 'datasets:\n  - path: data.jsonl\nddp_backend: nccl\n' > "$W/nccl.yaml"
+expect_error ddp-nccl-auto "ddp_backend is nccl but this run trains on the CPU \\(device: auto, and no GPU is visible\\)" env CUDA_VISIBLE_DEVICES= "$SNUG" train "$W/nccl.yaml" $T
+expect_error ddp-backend-name "ddp_backend must be one of auto, nccl, mpi, got 'nccll'" "$SNUG" train --dataset "$W/data.jsonl" $T --ddp_backend nccll
+expect_error ddp-backend-later "ddp_backend 'gloo' is not supported yet; use auto, nccl, mpi" "$SNUG" train --dataset "$W/data.jsonl" $T --ddp_backend gloo
 expect_error cli-unknown "lerning_rate.*learning_rate" "$SNUG" train --dataset "$W/data.jsonl" --lerning_rate 1
 expect_error no-dataset "dataset" "$SNUG" train --datasets "$W/missing.jsonl" $T
 expect_error in-backward-clip "optimizer_in_backward.*max_grad_norm: 0" "$SNUG" train --dataset "$W/data.jsonl" $T --optimizer_in_backward true

@@ -4,7 +4,15 @@
 # activation offload, optimizer_in_backward and fp16 against the CPU within tolerances from a measured floor, and a
 # GPT-2 124M step's tokens/s. Skipped (exit
 # 77) when this snug has no CUDA backend or no GPU is visible; scripts/gpu-check.sh runs it on a GPU machine.
+#
+# `test_cuda_train.sh nccl` (ctest cli_test_cuda_train_nccl, gpu-check's nccl stage) runs only the NCCL communicator's
+# part instead: at one rank, `ddp_backend: nccl` sends the step's gradients, loss and stop flag through NCCL's path
+# (collectives of one rank, identities), so every run must give the losses and model.safetensors of the same run
+# without it, bit for bit: fp32, deterministic with the signature check and a timeout, bf16, and accumulation with
+# evaluation; and the header must say the ranks talk through nccl. With two GPUs or more and mpirun it also trains 2
+# ranks through NCCL (DDP, deterministic DDP, ZeRO-1 and ZeRO-2: the same bits at 2 ranks; never run yet).
 set -u
+PART=${1:-all}
 SNUG=$(realpath "${SNUG_BIN:-build/snug}")
 SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
 W=$(mktemp -d)
@@ -38,6 +46,60 @@ if ! "$SNUG" train $common --model_preset tiny-llama --max_steps 1 --device cuda
   if grep -q "no CUDA GPU" "$W/probe.log"; then # e.g. CUDA_VISIBLE_DEVICES= hides the GPUs nvidia-smi lists
     echo "test_cuda_train: skipped: $(grep -o 'no CUDA GPU[^(;]*' "$W/probe.log" | head -1)"; exit 77; fi
   echo "FAIL: training on the GPU failed:"; tail -5 "$W/probe.log"; exit 1
+fi
+
+if [ "$PART" = nccl ]; then
+  common="$common --model_preset tiny-llama --sequence_len 64 --max_steps 12 --logging_steps 1 --learning_rate 1e-3 --seed 9 --device cuda"
+  same() { # NAME REF: NAME's losses and weights are REF's, bit for bit, and NAME ran through NCCL
+    compare "$1" "$2" 0
+    if cmp -s "$W/$1/model.safetensors" "$W/$2/model.safetensors"; then ok; else bad "$1: model.safetensors differs from $2's"; fi
+    if grep -q "data parallel .*(nccl," "$W/$1.log"; then ok; else bad "$1: the header does not say nccl"; fi
+  }
+  train nccl_base --micro_batch_size 4
+  train nccl_on --micro_batch_size 4 --ddp_backend nccl
+  same nccl_on nccl_base
+  train nccl_det --micro_batch_size 4 --ddp_backend nccl --ddp_deterministic true --dist_debug true --dist_timeout 60
+  same nccl_det nccl_base
+  train nccl_bf16_base --micro_batch_size 4 --bf16 true
+  train nccl_bf16 --micro_batch_size 4 --bf16 true --ddp_backend nccl
+  same nccl_bf16 nccl_bf16_base
+  train nccl_ga_base --micro_batch_size 2 --gradient_accumulation_steps 2 --val_set_size 16 --eval_steps 4
+  train nccl_ga --micro_batch_size 2 --gradient_accumulation_steps 2 --val_set_size 16 --eval_steps 4 --ddp_backend nccl
+  same nccl_ga nccl_ga_base
+  # ddp_backend: mpi at one rank needs no MPI (one process): the plain run, and no nccl in its header
+  train nccl_mpi1 --micro_batch_size 4 --ddp_backend mpi
+  compare nccl_mpi1 nccl_base 0
+  # Several GPUs and mpirun (not a one-GPU machine): 2 ranks through NCCL, each on its own GPU. At 2 ranks every sum
+  # is a + b whatever the order, so NCCL's all-reduce and the deterministic gather with the rank-order kernel give
+  # the same bits, and deterministic ZeRO-1 and ZeRO-2 (no accumulation, no clipping) give DDP's bits, as on CPU ranks.
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$ngpu" -ge 2 ] && command -v mpirun > /dev/null; then
+    MPI=(mpirun --oversubscribe -np 2)
+    [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+    real_snug=$SNUG
+    printf '#!/bin/sh\nexec %s %q "$@"\n' "${MPI[*]}" "$real_snug" > "$W/snug2"
+    chmod +x "$W/snug2"
+    SNUG=$W/snug2 # train() runs "$SNUG" train ...: here under mpirun -np 2
+    common="$common --max_grad_norm 0 --micro_batch_size 2"
+    if train ddp2 && grep -q "data parallel        2 ranks (nccl," "$W/ddp2.log"; then
+      ok
+      train ddp2_det --ddp_deterministic true
+      train zero1_det --ddp_deterministic true --zero_stage 1
+      train zero2_det --ddp_deterministic true --zero_stage 2
+      for r in ddp2 zero1_det zero2_det; do
+        compare $r ddp2_det 0
+        if cmp -s "$W/$r/model.safetensors" "$W/ddp2_det/model.safetensors"; then ok; else bad "$r: weights differ from ddp2_det's"; fi
+      done
+    else
+      bad "2 GPU ranks through NCCL did not train: $(grep error "$W/ddp2.log" | head -2)"
+    fi
+    SNUG=$real_snug
+  else
+    echo "  2 GPU ranks: not run ($ngpu GPU(s) visible$(command -v mpirun > /dev/null || echo ', no mpirun'))"
+  fi
+  echo "test_cuda_train nccl: $pass passed, $fail failed"
+  [ $fail -eq 0 ]
+  exit
 fi
 
 compare_tensors() { # A.safetensors B.safetensors TOL NAME: every tensor of A within TOL (max |a-b| / max |b|) of B's

@@ -160,6 +160,14 @@ run no_ddp 2 --ddp false
 run saves 2 --save_steps 2 --zero_stage 1
 [ $? -ne 0 ] && grep -q "save_steps under zero_stage" "$W/saves.log" && ok ||
   bad "save_steps under ZeRO: $(tail -1 "$W/saves.log")"
+# CUDA ranks: ddp_backend: mpi would stage every gradient through host memory, refused on every rank before any GPU
+# is touched (so on any machine); ddp_backend: nccl on CPU ranks is refused too; both are bad input (exit 2)
+run mpi_gpu 2 --device cuda --ddp_backend mpi
+[ $? -eq 2 ] && [ "$(grep -c 'error: rank [01] of 2: 2 ranks: ddp_backend is mpi on CUDA ranks.*ddp_backend: nccl' "$W/mpi_gpu.log")" -eq 2 ] &&
+  [ ! -e "$W/mpi_gpu" ] && ok || bad "ddp_backend mpi on CUDA ranks: $(tail -1 "$W/mpi_gpu.log")"
+run nccl_cpu 2 --device cpu --ddp_backend nccl
+[ $? -eq 2 ] && grep -q "ddp_backend is nccl but device is cpu" "$W/nccl_cpu.log" && [ ! -e "$W/nccl_cpu" ] && ok ||
+  bad "ddp_backend nccl on CPU ranks: $(tail -1 "$W/nccl_cpu.log")"
 # checkpoints under data parallel: every rank holds the same state and rank 0 saves it; a run stopped at a
 # checkpoint and resumed on as many ranks continues bit for bit; on another number of ranks it is refused, naming it
 common="$ids --ddp_deterministic true"

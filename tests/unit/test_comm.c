@@ -1,9 +1,11 @@
 /* test_comm.c: rank discovery from each launcher's environment (src/dist/launch.c), the single-process
- * communicator, and the rank-order sum of the deterministic all-reduce. The MPI communicator itself runs under
+ * communicator, the NCCL communicator's error where NCCL is missing, and the rank-order sum of the deterministic
+ * all-reduce. The NCCL communicator's collectives run on a GPU in tests/unit/test_comm_nccl.c. The MPI communicator itself runs under
  * mpirun in tests/cli/test_ddp.sh. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "check.h"
 #include "dist/comm.h"
 #include "dist/zero.h"
@@ -63,6 +65,27 @@ int main(void) {
     size_t three[3] = {4, 0, 5};
     CHECK(snug_comm_displ(three, 0) == 0 && snug_comm_displ(three, 2) == 4 && snug_comm_displ(three, 3) == 9);
     snug_comm_close(&c);
+
+    /* NCCL is opened when a communicator needs it: where the library is missing (SNUG_NCCL names a file that does not
+     * exist) the wrap fails with one error naming the library and the fix, before it touches the backend, and leaves
+     * the host communicator as it was; a build without CUDA says so */
+    snug_comm_self_init(&c);
+    snug_backend fake = {.name = "cuda"};
+    setenv("SNUG_NCCL", "/nonexistent/libnccl.so.2", 1);
+    int wrc = snug_comm_nccl_wrap(&c, &fake, &e);
+    if (snug_comm_nccl_available())
+        CHECKF(wrc == SNUG_EINPUT && strstr(e.msg, "/nonexistent/libnccl.so.2") && strstr(e.msg, "SNUG_NCCL=") &&
+               strstr(e.msg, "install NCCL"), "%d %s", wrc, e.msg);
+    else
+        CHECKF(wrc == SNUG_EINPUT && strstr(e.msg, "without CUDA"), "%d %s", wrc, e.msg);
+    CHECK(!strcmp(c.name, "self") && c.size == 1 && c.allreduce_sum(&c, x, 3, SNUG_COMM_F32, &e) == 0);
+    unsetenv("SNUG_NCCL");
+    snug_backend cpu_be = {.name = "cpu"};
+    CHECK(!snug_comm_nccl_available() || snug_comm_nccl_wrap(&c, &cpu_be, &e) == SNUG_EINTERNAL);
+    snug_comm_close(&c);
+    /* the host flag is not a type: sizes and the rank-order sum ignore it */
+    CHECK(snug_comm_dtype_size(SNUG_COMM_F64 | SNUG_COMM_HOST) == 8 && snug_comm_dtype_size(SNUG_COMM_U16 |
+          SNUG_COMM_HOST) == 2 && snug_comm_type(SNUG_COMM_F32 | SNUG_COMM_HOST) == SNUG_COMM_F32);
 
     /* the rank-order sum: ((a0 + a1) + a2), not a0 + (a1 + a2) */
     float all[6] = {1e8f, 1, -1e8f, 1, 1, 1}, out[2];

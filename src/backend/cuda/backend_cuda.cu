@@ -11,6 +11,7 @@
 
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/backend_cuda_stream.h"
 
 /* cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (and ample for Ampere). */
 #define LT_WS_BYTES ((size_t)32 << 20)
@@ -245,6 +246,10 @@ extern "C" int snug_cuda_mem_info(snug_backend *be, size_t *free_bytes, size_t *
 }
 
 extern "C" const char *snug_cuda_device_name(snug_backend *be) { return be ? snug_cuda(be)->device_name : ""; }
+
+extern "C" void *snug_cuda_compute_stream(snug_backend *be) { return (void *)snug_cuda(be)->stream; }
+
+extern "C" int snug_cuda_device(snug_backend *be) { return snug_cuda(be)->device; }
 
 /* Fails creation: clears CUDA's last error, frees what was made, fills e. */
 static snug_backend *create_fail(snug_backend *be, snug_error *e, cudaError_t err, const char *what, int device) {
