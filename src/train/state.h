@@ -19,6 +19,7 @@
 #include <stddef.h>
 
 #include "core/error.h"
+#include "dist/comm.h"
 #include "train/engine.h"
 #include "train/loss_scale.h"
 #include "train/setup.h"
@@ -41,6 +42,7 @@ int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine 
  * arenas a checkpoint keeps are copied into it and a thread writes the folder from the copy while training goes on;
  * without one, the folder is written from the arenas before snug_checkpoint_start returns. */
 typedef struct snug_checkpointer {
+    snug_comm *comm;           /* the ranks, set by the caller (NULL: one process, or ranks that no longer agree) */
     struct snug_ckpt_job *job; /* the write in flight, NULL when none */
     double copy_s;             /* the last start: how long training waited for the snapshot (or the whole write) */
     int finished;              /* the last snug_checkpoint_finish ended a write: */

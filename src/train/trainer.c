@@ -158,12 +158,6 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
         return 0;
     const char *why = !o->ddp ? "ddp is false, and data parallel is the only way snug runs as several ranks"
                       : on_gpu ? "device: the ranks run on the CPU for now (device: cpu); NCCL ranks come later"
-                      : o->zero_stage && o->resume_from_checkpoint[0] ? "resume_from_checkpoint under zero_stage: "
-                                                                          "a checkpoint does not hold each rank's shard "
-                                                                          "yet"
-                      : o->zero_stage && o->save_steps > 0 ? "save_steps under zero_stage: a checkpoint does not hold "
-                                                             "each rank's shard yet; save at the end only, or train "
-                                                             "with ddp (zero_stage: 0)"
                       : NULL;
     if (!why)
         return 0;
@@ -171,20 +165,45 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
 }
 
 /* Whether every rank got this far: a failure on one rank becomes a failure on all, so no rank waits for another
- * in a collective that will never come. */
+ * in a collective that will never come. The first failed rank's error (its code and message) goes to every rank,
+ * so each reports why (a damaged file that only that rank reads, named on every rank). */
 static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
     if (c->size == 1)
         return rc;
-    int64_t failed = rc != 0;
+    int64_t *failed = calloc((size_t)c->size, sizeof *failed);
     snug_error ce = {0};
-    if (c->allreduce_sum(c, &failed, 1, SNUG_COMM_I64, &ce)) {
+    if (!failed) {
+        *broken = 1; /* the others wait in the all-reduce: mpirun ends them */
+        return rc ? rc : snug_fail(e, SNUG_ENOMEM, "out of host memory agreeing with the other ranks");
+    }
+    failed[c->rank] = rc != 0;
+    int crc = c->allreduce_sum(c, failed, (size_t)c->size, SNUG_COMM_I64, &ce);
+    int first = -1;
+    for (int r = 0; !crc && r < c->size && first < 0; r++)
+        first = failed[r] ? r : -1;
+    free(failed);
+    /* the message as int64 words: its code, then its text */
+    enum { WORDS = 1 + (sizeof ce.msg + 7) / 8 };
+    int64_t msg[WORDS] = {0};
+    if (!crc && first >= 0) {
+        if (first == c->rank && e) {
+            msg[0] = e->code;
+            memcpy(msg + 1, e->msg, sizeof e->msg);
+        }
+        crc = c->broadcast(c, msg, WORDS, SNUG_COMM_I64, first, &ce);
+    }
+    if (crc) {
         *broken = 1;
         if (!rc && e)
             *e = ce;
         return rc ? rc : ce.code;
     }
-    if (!rc && failed)
-        return snug_fail(e, SNUG_EINPUT, "another rank failed (its message says why)");
+    if (!rc && first >= 0) {
+        char text[sizeof ce.msg];
+        memcpy(text, msg + 1, sizeof text);
+        text[sizeof text - 1] = '\0';
+        return snug_fail(e, msg[0] ? (int)msg[0] : SNUG_EINPUT, "rank %d failed: %s", first, text);
+    }
     return rc;
 }
 
@@ -548,7 +567,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
     snug_train_state st = {0}, saved = {0};
-    snug_checkpointer ckw = {0};
+    snug_checkpointer ckw = {.comm = comm.size > 1 ? &comm : NULL};
     double ck_wait = 0;
     double t_load = now_s();
     /* the weights: a checkpoint's, or the base model's (or a random init); under LoRA the frozen base always comes
@@ -808,12 +827,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 fprintf(out, "saved %s in %.2f s (training waited %.2f s; writing took %.2f s of CPU)\n", ckw.dir,
                         ckw.write_s, ck_wait, ckw.write_cpu_s);
         }
-        /* every rank holds the same state under data parallel (ZeRO's shards are refused above): rank 0 saves it */
-        if (!rc && !lead && stop) {
+        /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
+         * shard */
+        int writer = lead || shard;
+        if (!rc && !writer && stop) {
             stopped = 1;
             break;
         }
-        if (!rc && lead && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
+        if (!rc && writer && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
             double tc = now_s();
@@ -844,8 +865,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
      * ends without MPI_Finalize, and mpirun ends the others */
     if (rc && W > 1)
         broken = 1;
-    { /* the last checkpoint is complete before the run ends, however it ends */
+    { /* the last checkpoint is complete before the run ends, however it ends (under ZeRO only when the ranks still
+       * agree: a folder they could not complete together stays .partial) */
         snug_error fe = {0};
+        if (broken)
+            ckw.comm = NULL;
         int frc = snug_checkpoint_finish(&ckw, 1, &fe);
         if (!rc && frc) {
             rc = frc;
