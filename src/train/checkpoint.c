@@ -216,10 +216,10 @@ static int read_arena(const char *path, snug_engine *eng, snug_category c, snug_
 
 /* ---- the Hugging Face folder ---- */
 
-/* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, or (both NULL) from the
- * engine's model itself; model.safetensors is written with wo (NULL: none). */
+/* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, from a stream (fill, F32),
+ * or (all NULL) from the engine's model itself; model.safetensors is written with wo (NULL: none). */
 static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
-                   const uint16_t *p16, const snug_write_opts *wo, snug_error *e) {
+                   const uint16_t *p16, snug_weights_fill fill, void *ud, const snug_write_opts *wo, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     const snug_model *m = &eng->model;
@@ -237,13 +237,18 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
      * written last, makes the folder an adapter */
     if (m->lora.on)
         return snug_peft_save(m, dir, s->c.base_model[0] ? s->c.base_model : s->c.model_preset, p32, e);
-    if (p32 || p16)
+    if (fill)
+        SNUG_TRY(snug_model_save_weights_stream(m, dir, fill, ud, wo, e));
+    else if (p32 || p16)
         SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, wo, e));
     else
         SNUG_TRY(snug_model_save_weights(m, dir, wo, e));
     snug_model_config cfg = s->cfg;
-    /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save */
-    int half_only = (p32 || p16) ? !p32 : m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
+    /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save (a rank's shard
+     * of the master copy is not one) */
+    int half_only = fill ? 0
+                    : (p32 || p16) ? !p32
+                                   : m->lv.dt != SNUG_DT_F32 && (!m->params || m->master_sharded) && m->be->host_resident;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
              !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
     snug_path_join(p, sizeof p, dir, "generation_config.json");
@@ -253,7 +258,12 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
 }
 
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
-    return save_hf(dir, s, eng, NULL, NULL, NULL, e);
+    return save_hf(dir, s, eng, NULL, NULL, NULL, NULL, NULL, e);
+}
+
+int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,
+                               void *ud, snug_error *e) {
+    return save_hf(dir, s, eng, NULL, NULL, fill, ud, NULL, e);
 }
 
 /* ---- folders ---- */
@@ -428,7 +438,7 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     snug_hash_init(&h, CKPT_SEED);
     snug_write_opts wo = {.direct = 1, .hash = &h};
     if (j->rank == 0) {
-        SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, &wo, e));
+        SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
         if (!eng->model.lora.on)
             list_file(j->files, "model.safetensors", &h);
     }

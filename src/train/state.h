@@ -37,6 +37,10 @@ typedef struct snug_train_state {
 /* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,
  * config.json last, so a save that fails part way (a full disk) leaves no folder that looks loadable. */
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e);
+/* The same with F32 weights from a stream (snug_model_save_weights_stream): each tensor fetched by fill just before
+ * it is written, e.g. gathered from the ranks' shards of the master copy. */
+int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,
+                               void *ud, snug_error *e);
 
 /* Checkpoints are written one at a time. With a snapshot (the engine's spec.ckpt_snapshot, async_checkpoint), the
  * arenas a checkpoint keeps are copied into it and a thread writes the folder from the copy while training goes on;

@@ -242,22 +242,56 @@ static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *s
     return c->allgather(c, m->params, shard, SNUG_COMM_F32, e);
 }
 
-/* ZeRO with a sharded master copy: the whole fp32 master on every rank before the weights are saved (an all-gather
- * into host memory outside the arenas, P x 4 bytes at the end of the run; the ranks are CPU processes, so host memory
- * is the backend's), so that rank 0 saves the F32 weights DDP saves. */
-static int zero_gather_master(snug_comm *c, snug_model *m, const size_t *shard, float **full, snug_error *e) {
-    if (!m->master_sharded)
-        return 0;
-    size_t P = m->table.total;
-    if (!(*full = malloc(P * sizeof **full)))
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it");
-    m->be->to_host(m->be, *full + m->master_lo, m->params, m->master_n * sizeof **full);
-    SNUG_TRY(c->allgather(c, *full, shard, SNUG_COMM_F32, e));
-    m->params = *full;
-    m->master_sharded = 0;
-    m->master_lo = 0;
-    m->master_n = P;
-    return 0;
+/* ZeRO with a sharded master copy: the F32 weights DDP saves, streamed tensor by tensor. Each tensor's pieces (its
+ * intersection with each rank's shard: counts[r] elements, which follow one another in the tensor as the shards do
+ * in the table) are all-gathered into one tensor-sized buffer and rank 0 writes it, so no rank holds the whole
+ * master copy. Every rank gathers the tensors in the file's order (snug_model_weights_order). */
+typedef struct master_stream {
+    snug_comm *comm;
+    const snug_model *m;
+    const size_t *shard; /* each rank's elements of the table */
+    size_t *counts;      /* (size) scratch: a tensor's elements in each rank's shard */
+} master_stream;
+
+static int master_fill(void *ud, int i, float *dst, snug_error *e) {
+    master_stream *ms = ud;
+    const snug_model *m = ms->m;
+    const snug_param_entry *p = &m->table.e[i];
+    size_t lo = p->offset, hi = lo + p->numel, s0 = 0;
+    for (int r = 0; r < ms->comm->size; s0 += ms->shard[r], r++) {
+        size_t a = s0 > lo ? s0 : lo, b = s0 + ms->shard[r] < hi ? s0 + ms->shard[r] : hi;
+        ms->counts[r] = b > a ? b - a : 0;
+    }
+    size_t a = m->master_lo > lo ? m->master_lo : lo;
+    size_t b = m->master_lo + m->master_n < hi ? m->master_lo + m->master_n : hi;
+    if (b > a) /* this rank's piece, from its shard of the master copy */
+        m->be->to_host(m->be, dst + (a - lo), m->params + (a - m->master_lo), (b - a) * sizeof *dst);
+    return ms->comm->allgather(ms->comm, dst, ms->counts, SNUG_COMM_F32, e);
+}
+
+/* The final save: rank 0 writes the folder, the master copy gathered into it as a stream (above); the other ranks
+ * take part in each tensor's gather in the same order. */
+static int zero_save_master(run *r, snug_comm *c, const size_t *shard, snug_error *e) {
+    const snug_model *m = &r->eng.model;
+    master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t))};
+    int n = m->table.n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
+    size_t largest = 0;
+    for (int i = 0; i < n; i++)
+        largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
+    float *buf = c->rank ? malloc(largest * sizeof *buf) : NULL;
+    int rc = !ms.counts || (c->rank && (!order || !buf))
+                 ? snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it")
+                 : 0;
+    if (!rc && c->rank == 0)
+        rc = snug_save_hf_folder_stream(r->s.c.output_dir, &r->s, &r->eng, master_fill, &ms, e);
+    if (!rc && c->rank)
+        rc = snug_model_weights_order(m, order, e);
+    for (int k = 0; !rc && c->rank && k < n; k++)
+        rc = master_fill(&ms, order[k], buf, e);
+    free(ms.counts);
+    free(order);
+    free(buf);
+    return rc;
 }
 
 static double now_s(void) {
@@ -884,11 +918,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    float *master_full = NULL;
-    if (!rc && !stopped && shard && (rc = zero_gather_master(&comm, &r.eng.model, shard, &master_full, e)))
-        broken = 1;
-    if (!rc && !stopped && lead)
+    if (!rc && !stopped && r.eng.model.master_sharded) {
+        /* a failure mid-stream leaves the others in a gather: mpirun (or dist_timeout) ends them */
+        if ((rc = zero_save_master(&r, &comm, shard, e)))
+            broken = 1;
+    } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
+    }
     if (!rc && !stopped && lead && o->merge_lora) {
         char merged[4096];
         snug_path_join(merged, sizeof merged, o->output_dir, "merged");
@@ -942,7 +978,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(mb);
     free(shard);
     free(z2.counts);
-    free(master_full);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)
