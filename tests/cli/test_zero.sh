@@ -184,6 +184,10 @@ ck 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights f
 # without a snapshot: each rank writes its files in the loop's thread
 ck 1 bf16m_3 3 --bf16 true --async_checkpoint false
 [ -f "$W/ck2_bf16m_2/checkpoint-2/state-master.rank1.bin" ] && ok || bad "ck2_bf16m_2: no shard file of the master copy"
+# save_total_limit: rank 0 prunes the older folders once the newest is complete
+run prune 2 --zero_stage 1 --save_steps 1 --save_total_limit 1 || bad "prune did not train: $(tail -2 "$W/prune.log")"
+[ -f "$W/prune/checkpoint-2/state-optim.rank1.bin" ] && [ ! -e "$W/prune/checkpoint-1" ] && ok ||
+  bad "save_total_limit 1 under ZeRO: $(ls "$W/prune" | tr '\n' ' ')"
 # resumed on another number of ranks, another stage, one process, or a DDP checkpoint under ZeRO: refused (exit 2)
 # naming the setting and both values, on every rank
 resume_refused() {
