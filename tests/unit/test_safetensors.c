@@ -298,7 +298,8 @@ static int stream_fill(void *ud, int tag, float *dst, snug_error *e) {
     size_t n = 1;
     for (int d = 0; d < t->ndim; d++)
         n *= (size_t)t->shape[d];
-    memcpy(dst, t->f32, n * sizeof *dst);
+    if (n) /* the empty tensor has no source */
+        memcpy(dst, t->f32, n * sizeof *dst);
     return 0;
 }
 
