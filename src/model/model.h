@@ -401,6 +401,14 @@ int snug_model_save_weights(const snug_model *m, const char *dir, const snug_wri
  * (NULL: none) as snug_st_write takes them. */
 int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
                                  const snug_write_opts *opts, snug_error *e);
+/* The weights as a stream (snug_st_out.fill): F32, each table tensor i fetched by fill(ud, i, dst) into a buffer of
+ * its numel floats just before it is written, in the order snug_model_weights_order gives (a sharded master copy
+ * gathered tensor by tensor: no whole copy anywhere). */
+typedef int (*snug_weights_fill)(void *ud, int i, float *dst, snug_error *e);
+int snug_model_save_weights_stream(const snug_model *m, const char *dir, snug_weights_fill fill, void *ud,
+                                   const snug_write_opts *opts, snug_error *e);
+/* The table indices in the order snug_model_save_weights_stream fetches them (n = the table's tensors). */
+int snug_model_weights_order(const snug_model *m, int *order, snug_error *e);
 
 /* Sets tensor i of the table from host (its numel fp32 values): stored as the model stores it (fp32, 16-bit, or
  * quantized to 4 bits under QLoRA). Returns 0, or an error (out of memory, a value 4-bit cannot take). */

@@ -169,11 +169,47 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
     return rc;
 }
 
+/* The streamed file's tensors: every table tensor F32, fetched by fill. */
+static snug_st_out *stream_outs(const snug_model *m, snug_weights_fill fill, void *ud) {
+    snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
+    for (int i = 0; out && i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .transpose2d = p->transposed,
+                               .shape = {p->shape[0], p->shape[1]}, .fill = fill, .fill_ud = ud, .fill_tag = i};
+    }
+    return out;
+}
+
+int snug_model_save_weights_stream(const snug_model *m, const char *dir, snug_weights_fill fill, void *ud,
+                                   const snug_write_opts *opts, snug_error *e) {
+    snug_st_out *out = stream_outs(m, fill, ud);
+    if (!out)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = snug_st_write(path, out, m->table.n, opts, e);
+    free(out);
+    return rc;
+}
+
+int snug_model_weights_order(const snug_model *m, int *order, snug_error *e) {
+    snug_st_out *out = stream_outs(m, NULL, NULL);
+    for (int i = 0; out && i < m->table.n; i++)
+        out[i].f32 = (const float *)out; /* any source: only the names, dtypes and shapes set the order */
+    if (!out)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory ordering the weights");
+    int rc = snug_st_write_order(out, m->table.n, order, e);
+    free(out);
+    return rc;
+}
+
 int snug_model_save_weights(const snug_model *m, const char *dir, const snug_write_opts *opts, snug_error *e) {
     /* host memory is written in place: fp32 parameters or the master copy as F32, or 16-bit parameters without a
-     * master as they are (BF16/F16); a device's parameters come through one fp32 host copy */
+     * master as they are (BF16/F16); a device's parameters come through one fp32 host copy. A rank's shard of the
+     * master copy is not the weights: then the 16-bit copy (ZeRO's final save streams the master instead). */
+    const float *p32 = m->master_sharded ? NULL : m->params;
     if (m->be->host_resident && !m->packed)
-        return snug_model_save_weights_host(m, dir, m->params, m->params ? NULL : m->params16, opts, e);
+        return snug_model_save_weights_host(m, dir, p32, p32 ? NULL : m->params16, opts, e);
     float *host = malloc(m->table.total * sizeof *host);
     if (!host)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);

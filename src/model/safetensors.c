@@ -559,7 +559,9 @@ static int check_out(const char *path, const snug_st_out *t, snug_error *e) {
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0)
             return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": shape[%d] is negative", path, t->name, d);
-    if (!t->f32 && !t->h16 && !t->raw && numel_of(t->ndim, t->shape) > 0)
+    if (t->fill && (t->raw || t->h16))
+        return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": a stream and another source", path, t->name);
+    if (!t->f32 && !t->h16 && !t->raw && !t->fill && numel_of(t->ndim, t->shape) > 0)
         return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\": no source data", path, t->name);
     return 0;
 }
@@ -669,29 +671,49 @@ static int write_data(snug_atomic_file *af, const snug_st_out *t, unsigned char 
     return 0;
 }
 
-int snug_st_write(const char *path, const snug_st_out *t, int n, const snug_write_opts *opts, snug_error *e) {
-    const snug_st_out **order = malloc((n > 0 ? n : 1) * sizeof *order);
-    const size_t bufsize = (size_t)1 << 20;
-    unsigned char *buf = malloc(bufsize);
-    char *hdr = NULL;
-    snug_atomic_file af = {0};
-    int rc = 0;
-    if (!order || !buf) {
-        rc = snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
-        goto out;
-    }
+/* The tensors checked, in the order their data goes in the file. */
+static int layout_order(const char *path, const snug_st_out *t, int n, const snug_st_out **order, snug_error *e) {
     for (int i = 0; i < n; i++) {
-        if ((rc = check_out(path, &t[i], e)) != 0)
-            goto out;
+        SNUG_TRY(check_out(path, &t[i], e));
         order[i] = &t[i];
     }
     qsort(order, n, sizeof *order, out_name_cmp);
     for (int i = 1; i < n; i++)
-        if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
-            rc = snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\" given twice", path, order[i]->name);
-            goto out;
-        }
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0)
+            return snug_fail(e, SNUG_EINTERNAL, "writing %s: tensor \"%s\" given twice", path, order[i]->name);
     qsort(order, n, sizeof *order, out_layout_cmp);
+    return 0;
+}
+
+int snug_st_write_order(const snug_st_out *t, int n, int *idx, snug_error *e) {
+    const snug_st_out **order = malloc((n > 0 ? n : 1) * sizeof *order);
+    if (!order)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory ordering the tensors of a safetensors file");
+    int rc = layout_order("(safetensors)", t, n, order, e);
+    for (int i = 0; !rc && i < n; i++)
+        idx[i] = (int)(order[i] - t);
+    free(order);
+    return rc;
+}
+
+int snug_st_write(const char *path, const snug_st_out *t, int n, const snug_write_opts *opts, snug_error *e) {
+    const snug_st_out **order = malloc((n > 0 ? n : 1) * sizeof *order);
+    const size_t bufsize = (size_t)1 << 20;
+    unsigned char *buf = malloc(bufsize);
+    float *tensor = NULL; /* the streamed tensors' values, one at a time */
+    size_t largest = 0;
+    for (int i = 0; i < n; i++)
+        if (t[i].fill && (size_t)numel_of(t[i].ndim, t[i].shape) > largest)
+            largest = (size_t)numel_of(t[i].ndim, t[i].shape);
+    char *hdr = NULL;
+    snug_atomic_file af = {0};
+    int rc = 0;
+    if (!order || !buf || (largest && !(tensor = malloc(largest * sizeof *tensor)))) {
+        rc = snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
+        goto out;
+    }
+    if ((rc = layout_order(path, t, n, order, e)) != 0)
+        goto out;
     size_t hlen = 0;
     if ((rc = build_header(path, order, n, &hdr, &hlen, e)) != 0)
         goto out;
@@ -701,15 +723,23 @@ int snug_st_write(const char *path, const snug_st_out *t, int n, const snug_writ
     if ((rc = snug_atomic_open(&af, path, opts, e)) != 0 || (rc = snug_atomic_write(&af, len8, 8, e)) != 0 ||
         (rc = snug_atomic_write(&af, hdr, hlen, e)) != 0)
         goto out;
-    for (int i = 0; i < n; i++)
-        if ((rc = write_data(&af, order[i], buf, bufsize, e)) != 0)
+    for (int i = 0; i < n; i++) {
+        snug_st_out one = *order[i];
+        if (one.fill) { /* the stream's next tensor, then written as fp32 values in memory are */
+            if ((rc = one.fill(one.fill_ud, one.fill_tag, tensor, e)) != 0)
+                goto out;
+            one.f32 = tensor;
+        }
+        if ((rc = write_data(&af, &one, buf, bufsize, e)) != 0)
             goto out;
+    }
     rc = snug_atomic_commit(&af, e);
 out:
     if (rc)
         snug_atomic_abort(&af);
     free(hdr);
     free(buf);
+    free(tensor);
     free(order);
     return rc;
 }

@@ -62,11 +62,21 @@ typedef struct snug_st_out {
     int transpose2d;    /* write the transpose of a 2-D source (source is [shape[1], shape[0]]) */
     const void *raw;    /* or (when set) the bytes as they go in the file: numel * dtype size bytes of any dtype snug
                          * knows (U8, F32, BF16, ...), written as they are, never transposed */
+    /* or (when set) a stream: just before the tensor is written, fill(fill_ud, fill_tag, dst) puts its numel fp32
+     * values, laid out as f32's would be, into dst, one buffer the writer holds for the largest such tensor, so the
+     * caller never holds every tensor at once */
+    int (*fill)(void *fill_ud, int fill_tag, float *dst, snug_error *e);
+    void *fill_ud;
+    int fill_tag;
 } snug_st_out;
 
 /* Writes one file atomically, the way the reference writer does: tensors sorted by dtype alignment (descending)
  * then name, header padded with spaces so 8 + header length is a multiple of 8, metadata {"format":"pt"}. opts (NULL:
  * none) as snug_atomic_open takes them: direct I/O, the hash of the file's bytes. */
 int snug_st_write(const char *path, const snug_st_out *t, int n, const snug_write_opts *opts, snug_error *e);
+
+/* The order in which snug_st_write writes t's tensors' data (so their fill calls come in it): idx[k] is the index
+ * into t of the k-th. */
+int snug_st_write_order(const snug_st_out *t, int n, int *idx, snug_error *e);
 
 #endif

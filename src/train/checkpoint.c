@@ -19,6 +19,7 @@
 #include "core/fileio.h"
 #include "core/json_util.h"
 #include "core/hash.h"
+#include "dist/comm.h"
 #include "model/model.h"
 #include "model/peft_io.h"
 #include "snug.h"
@@ -43,6 +44,37 @@ static const struct {
 /* The bytes of kept arena i this run checkpoints (0: none, or not part of the state, such as a frozen base). */
 static size_t kept_bytes(const snug_engine *eng, int i) {
     return snug_plan_kept(&eng->model.lv, kept[i].c) ? eng->plan.bytes[kept[i].c] : 0;
+}
+
+/* Whether kept arena i is this rank's shard (ZeRO: the optimizer state, and under 16-bit storage the fp32 master
+ * copy), which each rank writes and reads as a file of its own; the others are the same on every rank, and rank 0
+ * writes them. A sharded parameter arena would be one more case here. */
+static int kept_per_rank(const snug_engine *eng, int i) {
+    return (kept[i].c == SNUG_MEM_OPTIM && eng->opt.sharded) ||
+           (kept[i].c == SNUG_MEM_MASTER && eng->model.master_sharded);
+}
+
+/* Whether the checkpoint is every rank's: some of the state is sharded. */
+static int per_rank_state(const snug_engine *eng) {
+    int any = 0;
+    for (int i = 0; i < NKEPT; i++)
+        any |= kept_per_rank(eng, i);
+    return any;
+}
+
+/* The file of kept arena i: state-optim.bin, or rank r's shard of it, state-optim.rank<r>.bin. */
+static void kept_file(const snug_engine *eng, int i, int r, char *name, size_t n) {
+    const char *f = kept[i].file, *dot = strrchr(f, '.');
+    if (kept_per_rank(eng, i))
+        snprintf(name, n, "%.*s.rank%d.bin", (int)(dot - f), f, r);
+    else
+        snprintf(name, n, "%s", f);
+}
+
+/* Whether a file name is a rank's shard file (or its temporary file while it is written). */
+static int is_rank_file(const char *name) {
+    const char *q = strstr(name, ".rank");
+    return !strncmp(name, "state-", 6) && q && q[5] >= '0' && q[5] <= '9';
 }
 
 /* ---- what must not change on resume: the settings that change the results ---- */
@@ -89,8 +121,10 @@ static json_t *fixed_json(const snug_run_config *c, const snug_setup *s) {
     /* data parallel: the ranks set the global batch, and the order of the ranks' sums its bits (a checkpoint written
      * before this field existed is one process's) */
     json_object_set_new(o, "ranks", json_integer(s->ranks > 1 ? s->ranks : 1));
-    if (s->ranks > 1)
+    if (s->ranks > 1) { /* and ZeRO's stage which arenas are each rank's shard (a checkpoint without it: 0) */
         json_object_set_new(o, "ddp_deterministic", json_integer(c->ddp_deterministic));
+        json_object_set_new(o, "zero_stage", json_integer(c->zero_stage));
+    }
     return o;
 }
 
@@ -124,7 +158,7 @@ static int weights_arena(const snug_engine *eng) {
     const snug_model *m = &eng->model;
     size_t bytes = (m->table.total * sizeof(float) + SNUG_ARENA_ALIGN - 1) / SNUG_ARENA_ALIGN * SNUG_ARENA_ALIGN;
     for (int i = 0; !m->lora.on && m->params && i < NKEPT; i++)
-        if (kept_bytes(eng, i) == bytes && eng->blocks[kept[i].c] == (const void *)m->params)
+        if (!kept_per_rank(eng, i) && kept_bytes(eng, i) == bytes && eng->blocks[kept[i].c] == (const void *)m->params)
             return i;
     return -1;
 }
@@ -182,10 +216,10 @@ static int read_arena(const char *path, snug_engine *eng, snug_category c, snug_
 
 /* ---- the Hugging Face folder ---- */
 
-/* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, or (both NULL) from the
- * engine's model itself; model.safetensors is written with wo (NULL: none). */
+/* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, from a stream (fill, F32),
+ * or (all NULL) from the engine's model itself; model.safetensors is written with wo (NULL: none). */
 static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
-                   const uint16_t *p16, const snug_write_opts *wo, snug_error *e) {
+                   const uint16_t *p16, snug_weights_fill fill, void *ud, const snug_write_opts *wo, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     const snug_model *m = &eng->model;
@@ -203,13 +237,18 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
      * written last, makes the folder an adapter */
     if (m->lora.on)
         return snug_peft_save(m, dir, s->c.base_model[0] ? s->c.base_model : s->c.model_preset, p32, e);
-    if (p32 || p16)
+    if (fill)
+        SNUG_TRY(snug_model_save_weights_stream(m, dir, fill, ud, wo, e));
+    else if (p32 || p16)
         SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, wo, e));
     else
         SNUG_TRY(snug_model_save_weights(m, dir, wo, e));
     snug_model_config cfg = s->cfg;
-    /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save */
-    int half_only = (p32 || p16) ? !p32 : m->lv.dt != SNUG_DT_F32 && !m->params && m->be->host_resident;
+    /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save (a rank's shard
+     * of the master copy is not one) */
+    int half_only = fill ? 0
+                    : (p32 || p16) ? !p32
+                                   : m->lv.dt != SNUG_DT_F32 && (!m->params || m->master_sharded) && m->be->host_resident;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
              !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
     snug_path_join(p, sizeof p, dir, "generation_config.json");
@@ -219,7 +258,12 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
 }
 
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
-    return save_hf(dir, s, eng, NULL, NULL, NULL, e);
+    return save_hf(dir, s, eng, NULL, NULL, NULL, NULL, NULL, e);
+}
+
+int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,
+                               void *ud, snug_error *e) {
+    return save_hf(dir, s, eng, NULL, NULL, fill, ud, NULL, e);
 }
 
 /* ---- folders ---- */
@@ -338,6 +382,10 @@ struct snug_ckpt_job {
     int host;                        /* src is host memory (a snapshot, or a host-resident backend) */
     const float *p32;                /* the model's weights in the snapshot (NULL: from the model) */
     const uint16_t *p16;
+    int rank;        /* the rank writing (0: the model files and the state every rank holds) */
+    int per_rank;    /* ZeRO: each rank writes its shard files, and the loop's thread completes the folder */
+    json_t *files;   /* what this rank wrote, each file's size and hash (a shard file with its rank) */
+    int64_t rbytes[NKEPT], rhash[NKEPT]; /* this rank's shard files: size and hash */
     pthread_t thread;
     int threaded;
     atomic_int done;
@@ -357,69 +405,94 @@ static const void *in_snapshot(const snug_engine *eng, const void *ptr) {
     return NULL;
 }
 
-/* A file's size and hash (h: what was written into it) into the list trainer_state.json keeps. */
-static void list_file(json_t *files, const char *name, const snug_hasher *h) {
+/* A file's size and hash into the list trainer_state.json keeps; rank >= 0: a rank's shard file, which only that
+ * rank reads back. */
+static void list_entry(json_t *files, const char *name, uint64_t bytes, uint64_t hash, int rank) {
     char hex[32];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)snug_hash_final(h));
-    json_object_set_new(files, name, json_pack("{s:I, s:s}", "bytes", (json_int_t)h->total, "hash", hex));
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+    json_t *o = json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "hash", hex);
+    if (rank >= 0)
+        json_object_set_new(o, "rank", json_integer(rank));
+    json_object_set_new(files, name, o);
 }
 
-static int write_checkpoint(struct snug_ckpt_job *j, snug_error *e) {
-    char part[4200], p[4400];
-    const char *dir = j->dir;
+static void list_file(json_t *files, const char *name, const snug_hasher *h) {
+    list_entry(files, name, h->total, snug_hash_final(h), -1);
+}
+
+/* The files of the checkpoint this rank writes into dir.partial, listed in j->files: rank 0 the Hugging Face folder
+ * and the state every rank holds, every rank under ZeRO its shard files. */
+static int write_files(struct snug_ckpt_job *j, snug_error *e) {
+    char part[4200], p[4400], name[256];
     const snug_engine *eng = j->eng;
-    const snug_train_state *st = &j->st;
-    const snug_setup *s = j->s;
-    snprintf(part, sizeof part, "%s.partial", dir);
-    remove_tree(part); /* what a stop during an earlier save left */
-    SNUG_TRY(snug_mkdirs(part, e));
+    snprintf(part, sizeof part, "%s.partial", j->dir);
+    if (!j->per_rank) { /* under ZeRO rank 0 made the folder before any rank wrote into it */
+        remove_tree(part); /* what a stop during an earlier save left */
+        SNUG_TRY(snug_mkdirs(part, e));
+    }
+    if (!(j->files = json_object()))
+        return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", j->dir);
     /* the big files are hashed as they are written and go to the disk directly; model.safetensors (not under LoRA,
      * whose adapter files are small) is the fp32 weights' arena too when it holds it */
     snug_hasher h;
     snug_hash_init(&h, CKPT_SEED);
     snug_write_opts wo = {.direct = 1, .hash = &h};
-    SNUG_TRY(save_hf(part, s, eng, j->p32, j->p16, &wo, e));
-    json_t *files = json_object();
-    if (!eng->model.lora.on)
-        list_file(files, "model.safetensors", &h);
+    if (j->rank == 0) {
+        SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
+        if (!eng->model.lora.on)
+            list_file(j->files, "model.safetensors", &h);
+    }
     int wa = weights_arena(eng);
-    for (int i = 0; i < NKEPT; i++)
-        if (kept_bytes(eng, i) && i != wa) {
-            snug_path_join(p, sizeof p, part, kept[i].file);
-            snug_hash_init(&h, CKPT_SEED);
-            int rc = write_arena(p, j->src[i], kept_bytes(eng, i), j->host, eng->be, &h, e);
-            if (rc) {
-                json_decref(files);
-                return rc;
-            }
-            list_file(files, kept[i].file, &h);
-        }
-    /* every other file but the state's own, with its size and hash */
+    for (int i = 0; i < NKEPT; i++) {
+        int mine = kept_per_rank(eng, i); /* a shard file, written even when the shard is empty */
+        if (i == wa || (!mine && (j->rank != 0 || !kept_bytes(eng, i))))
+            continue;
+        kept_file(eng, i, j->rank, name, sizeof name);
+        snug_path_join(p, sizeof p, part, name);
+        snug_hash_init(&h, CKPT_SEED);
+        SNUG_TRY(write_arena(p, j->src[i], kept_bytes(eng, i), j->host, eng->be, &h, e));
+        list_entry(j->files, name, h.total, snug_hash_final(&h), mine ? j->rank : -1);
+        j->rbytes[i] = (int64_t)h.total;
+        j->rhash[i] = (int64_t)snug_hash_final(&h);
+    }
+    if (j->rank != 0)
+        return 0;
+    /* every other file but the state's own and the ranks' shard files, with its size and hash */
     DIR *d = opendir(part);
     struct dirent *de;
     while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.' || json_object_get(files, de->d_name))
+        if (de->d_name[0] == '.' || json_object_get(j->files, de->d_name) || is_rank_file(de->d_name))
             continue;
         size_t bytes;
         uint64_t hv;
         snug_path_join(p, sizeof p, part, de->d_name);
         if (hash_file(p, &bytes, &hv)) {
             closedir(d);
-            json_decref(files);
             return snug_fail(e, SNUG_EIO, "%s: cannot read back what was just written", p);
         }
-        char hex[32];
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hv);
-        json_object_set_new(files, de->d_name, json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "hash", hex));
+        list_entry(j->files, de->d_name, bytes, hv, -1);
     }
     if (d)
         closedir(d);
+    return 0;
+}
+
+/* Rank 0, once every file of dir.partial is complete: trainer_state.json (the state, the fixed settings, j->files)
+ * and trainer_state.hash, then the folder takes its name, the rename is made durable, and old checkpoints are
+ * pruned. */
+static int write_state(struct snug_ckpt_job *j, snug_error *e) {
+    char part[4200], p[4400];
+    const char *dir = j->dir;
+    const snug_train_state *st = &j->st;
+    const snug_setup *s = j->s;
+    snprintf(part, sizeof part, "%s.partial", dir);
+    int wa = weights_arena(j->eng);
     json_t *js = json_pack(
-        "{s:i, s:s, s:i, s:i, s:I, s:I, s:i, s:{s:b, s:f, s:i, s:i}, s:f, s:o, s:o}", "format", STATE_FORMAT,
+        "{s:i, s:s, s:i, s:i, s:I, s:I, s:i, s:{s:b, s:f, s:i, s:i}, s:f, s:o, s:O}", "format", STATE_FORMAT,
         "snug_version", SNUG_VERSION, "step", st->step, "epochs_done", st->epochs_done, "in_epoch",
         (json_int_t)st->in_epoch, "per_epoch", (json_int_t)st->per_epoch, "optimizer_step", st->opt_step,
         "loss_scale", "on", st->ls.on, "scale", (double)st->ls.scale, "clean", st->ls.clean, "skipped",
-        st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", files);
+        st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", j->files);
     if (js && wa >= 0) /* resume reads this arena from model.safetensors */
         json_object_set_new(js, "weights_arena", json_string(kept[wa].file));
     char *text = js ? json_dumps(js, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
@@ -472,16 +545,48 @@ static void *writer_main(void *arg) {
      * nice value is its own) */
     if (j->threaded)
         setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
-    j->rc = write_checkpoint(j, &j->err);
+    j->rc = write_files(j, &j->err);
+    if (!j->rc && !j->per_rank) /* one writer: the folder is complete here (under ZeRO: snug_checkpoint_finish) */
+        j->rc = write_state(j, &j->err);
     j->t1 = now_s();
     j->cpu_s = thread_cpu_s() - c0;
     atomic_store(&j->done, 1);
     return NULL;
 }
 
+/* ZeRO, in the loop's thread of every rank: whether every rank got its part of the job done (ok, from each rank),
+ * as every rank's failure on all of them; what names the step. A failed collective is returned as it is. */
+static int ranks_agree(snug_comm *c, const char *dir, const char *what, int ok, int rc_here, snug_error *e) {
+    int64_t failed = !ok;
+    snug_error ce = {0};
+    if (c->allreduce_sum(c, &failed, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, &ce)) {
+        if (e)
+            *e = ce;
+        return ce.code ? ce.code : SNUG_EIO;
+    }
+    if (!ok)
+        return rc_here;
+    if (failed)
+        return snug_fail(e, SNUG_EIO, "%s: another rank could not %s (its message says why)", dir, what);
+    return 0;
+}
+
 int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const snug_train_state *st,
                           const snug_setup *s, const snug_engine *eng, snug_error *e) {
     SNUG_TRY(snug_checkpoint_finish(w, 1, e));
+    int per_rank = per_rank_state(eng), rank = w->comm ? w->comm->rank : 0;
+    if (per_rank && (!w->comm || w->comm->size < 2))
+        return snug_fail(e, SNUG_EINTERNAL, "%s: a sharded state without its ranks' communicator", dir);
+    if (per_rank) { /* rank 0 makes the folder (anew) before any rank writes into it */
+        char part[4200];
+        snprintf(part, sizeof part, "%s.partial", dir);
+        int rc = 0;
+        if (rank == 0) {
+            remove_tree(part); /* what a stop during an earlier save left */
+            rc = snug_mkdirs(part, e);
+        }
+        SNUG_TRY(ranks_agree(w->comm, dir, "create the checkpoint's folder", !rc, rc, e));
+    }
     struct snug_ckpt_job *j = calloc(1, sizeof *j);
     if (!j)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", dir);
@@ -490,6 +595,8 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
     j->st = *st;
     j->s = s;
     j->eng = eng;
+    j->rank = rank;
+    j->per_rank = per_rank;
     j->t0 = now_s();
     int snap = 1;
     for (int i = 0; i < NKEPT; i++)
@@ -499,7 +606,7 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
         snug_category c = kept[i].c;
         size_t n = kept_bytes(eng, i);
         j->src[i] = eng->blocks[c];
-        if (!snap || !n)
+        if (!snap || !n || (rank != 0 && !kept_per_rank(eng, i))) /* what this rank does not write is not copied */
             continue;
         /* the snapshot: what the next steps change is copied now, and written from the copy */
         if (eng->plan.host[c] || eng->be->host_resident)
@@ -508,11 +615,14 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
             eng->be->to_host(eng->be, eng->snapshot[c], eng->blocks[c], n);
         j->src[i] = eng->snapshot[c];
     }
-    if (snap && eng->model.lora.on) {
-        j->p32 = in_snapshot(eng, eng->model.lora.params);
+    const snug_model *m = &eng->model;
+    if (snap && m->lora.on) {
+        j->p32 = in_snapshot(eng, m->lora.params);
+    } else if (m->master_sharded) { /* the rank's shard of the master copy: the model files hold the 16-bit copy */
+        j->p16 = snap ? in_snapshot(eng, m->params16) : eng->be->host_resident ? m->params16 : NULL;
     } else if (snap) {
-        j->p32 = in_snapshot(eng, eng->model.params);
-        j->p16 = j->p32 ? NULL : in_snapshot(eng, eng->model.params16);
+        j->p32 = in_snapshot(eng, m->params);
+        j->p16 = j->p32 ? NULL : in_snapshot(eng, m->params16);
     }
     w->job = j;
     w->copy_s = now_s() - j->t0;
@@ -524,21 +634,94 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
     return 0;
 }
 
+/* ZeRO, in the loop's thread of every rank, once every rank's writer is done: each rank's result and the size and
+ * hash of each of its shard files to every rank (one all-gather of NKEPT pairs per rank), then rank 0 lists them all
+ * in trainer_state.json and renames the folder, and the ranks agree that it did. */
+static int commit(struct snug_ckpt_job *j, snug_comm *c, snug_error *e) {
+    const size_t per = 1 + 2 * NKEPT;
+    int W = c->size;
+    int64_t *all = calloc((size_t)W * per, sizeof *all);
+    size_t *counts = calloc((size_t)W, sizeof *counts);
+    if (!all || !counts || W < 1) {
+        free(all);
+        free(counts);
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory completing %s", j->dir);
+    }
+    int64_t *mine = all + (size_t)j->rank * per;
+    mine[0] = j->rc;
+    for (int i = 0; i < NKEPT; i++) {
+        mine[1 + 2 * i] = j->rbytes[i];
+        mine[2 + 2 * i] = j->rhash[i];
+    }
+    for (int r = 0; r < W; r++)
+        counts[r] = per;
+    int rc = c->allgather(c, all, counts, SNUG_COMM_I64 | SNUG_COMM_HOST, e);
+    int failed = -1;
+    for (int r = 0; !rc && r < W && failed < 0; r++)
+        failed = all[(size_t)r * per] ? r : -1;
+    if (!rc && failed == j->rank) {
+        rc = j->rc;
+        if (e)
+            *e = j->err;
+    } else if (!rc && failed >= 0) {
+        rc = snug_fail(e, SNUG_EIO, "%s: rank %d of %d could not write its part of the checkpoint (its message says "
+                       "why)", j->dir, failed, W);
+    }
+    if (rc) {
+        free(all);
+        free(counts);
+        return rc;
+    }
+    int wrc = 0;
+    if (j->rank == 0) {
+        char name[256];
+        for (int r = 1; r < W; r++)
+            for (int i = 0; i < NKEPT; i++)
+                if (kept_per_rank(j->eng, i)) {
+                    const int64_t *q = all + (size_t)r * per;
+                    kept_file(j->eng, i, r, name, sizeof name);
+                    list_entry(j->files, name, (uint64_t)q[1 + 2 * i], (uint64_t)q[2 + 2 * i], r);
+                }
+        wrc = write_state(j, e);
+    }
+    free(all);
+    free(counts);
+    return ranks_agree(c, j->dir, "complete the checkpoint", !wrc, wrc, e);
+}
+
 int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e) {
     struct snug_ckpt_job *j = w->job;
     w->finished = 0;
-    if (!j || (!wait && !atomic_load(&j->done)))
+    if (!j)
         return 0;
+    /* ZeRO: every rank has a write in flight; it is collected when every rank's is done, on all of them at once */
+    int together = j->per_rank && w->comm;
+    if (!wait && together) {
+        int64_t busy = !atomic_load(&j->done);
+        SNUG_TRY(w->comm->allreduce_sum(w->comm, &busy, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, e));
+        if (busy)
+            return 0;
+    } else if (!wait && !atomic_load(&j->done)) {
+        return 0;
+    }
     if (j->threaded)
         pthread_join(j->thread, NULL);
+    int rc = j->rc;
+    if (rc && e)
+        *e = j->err;
+    if (together) { /* the folder is complete only once every rank's files are */
+        rc = commit(j, w->comm, e);
+        j->t1 = now_s();
+    } else if (!rc && j->per_rank) { /* the ranks no longer agree (a failed collective): left as .partial */
+        rc = snug_fail(e, SNUG_EIO, "%s: left incomplete, as the ranks stopped before all of them had written it",
+                       j->dir);
+    }
     w->job = NULL;
     w->finished = 1;
     w->write_s = j->t1 - j->t0;
     w->write_cpu_s = j->cpu_s;
     snprintf(w->dir, sizeof w->dir, "%s", j->dir);
-    int rc = j->rc;
-    if (rc && e)
-        *e = j->err;
+    json_decref(j->files);
     free(j);
     return rc;
 }
@@ -592,6 +775,9 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     json_object_foreach(files, name, f) {
         if (rc)
             break;
+        json_t *owner = json_object_get(f, "rank"); /* another rank's shard file is that rank's to check */
+        if (owner && json_integer_value(owner) != s->rank)
+            continue;
         size_t bytes;
         uint64_t h;
         char hex[32];
@@ -619,6 +805,8 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         json_t *w = json_object_get(was, name), *one = NULL;
         if (!w && !strcmp(name, "ranks"))
             w = one = json_integer(1);
+        else if (!w && !strcmp(name, "zero_stage"))
+            w = one = json_integer(0);
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY);
             rc = snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with %s %s, this run has %s; resuming would "
@@ -660,14 +848,21 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             size_t want_bytes = kept_bytes(eng, i);
             if (i == wa)
                 continue;
-            json_t *fi = json_object_get(files, kept[i].file);
-            if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
+            char file[256]; /* under ZeRO, this rank's own file of its shard */
+            kept_file(eng, i, s->rank, file, sizeof file);
+            json_t *fi = json_object_get(files, file);
+            if (!fi && kept_per_rank(eng, i)) {
+                snprintf(why, sizeof why, "it lists no %s, the shard of %s this rank (%d of %d) reads; the checkpoint "
+                         "is from another number of ranks or zero_stage", file, snug_category_name(kept[i].c),
+                         s->rank, s->ranks);
+                rc = refuse(e, dir, why);
+            } else if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
                 snprintf(why, sizeof why, "%s holds %lld bytes of %s, this run lays out %zu; the checkpoint is from "
-                         "another configuration", kept[i].file, (long long)json_integer_value(json_object_get(fi, "bytes")),
+                         "another configuration", file, (long long)json_integer_value(json_object_get(fi, "bytes")),
                          snug_category_name(kept[i].c), want_bytes);
                 rc = refuse(e, dir, why);
             } else if (want_bytes) {
-                snug_path_join(p, sizeof p, dir, kept[i].file);
+                snug_path_join(p, sizeof p, dir, file);
                 rc = read_arena(p, eng, kept[i].c, e);
             }
         }

@@ -12,13 +12,20 @@
  * (this struct, what must not change on resume, the size and hash of every other file) and trainer_state.hash (the
  * hash of trainer_state.json). It is written as checkpoint-N.partial and renamed to checkpoint-N once every file is
  * durable, so a folder named checkpoint-N is complete. The large files are hashed as they are written and go to the
- * disk with O_DIRECT: a write costs training's cores little more than the hashing and the weights' conversion. */
+ * disk with O_DIRECT: a write costs training's cores little more than the hashing and the weights' conversion.
+ *
+ * Under ZeRO (the optimizer state, and a 16-bit run's master copy, sharded over the ranks) every rank writes its
+ * shard as state-optim.rank<R>.bin (state-master.rank<R>.bin) into the same checkpoint-N.partial from its own writer
+ * thread, rank 0 the rest; the ranks complete the folder together in the loop's thread (snug_checkpoint_finish: each
+ * rank's files' sizes and hashes gathered, trainer_state.json and the rename by rank 0), and each rank reads back its
+ * own shard files. */
 #ifndef SNUG_TRAIN_STATE_H
 #define SNUG_TRAIN_STATE_H
 
 #include <stddef.h>
 
 #include "core/error.h"
+#include "dist/comm.h"
 #include "train/engine.h"
 #include "train/loss_scale.h"
 #include "train/setup.h"
@@ -36,11 +43,16 @@ typedef struct snug_train_state {
 /* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,
  * config.json last, so a save that fails part way (a full disk) leaves no folder that looks loadable. */
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e);
+/* The same with F32 weights from a stream (snug_model_save_weights_stream): each tensor fetched by fill just before
+ * it is written, e.g. gathered from the ranks' shards of the master copy. */
+int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,
+                               void *ud, snug_error *e);
 
 /* Checkpoints are written one at a time. With a snapshot (the engine's spec.ckpt_snapshot, async_checkpoint), the
  * arenas a checkpoint keeps are copied into it and a thread writes the folder from the copy while training goes on;
  * without one, the folder is written from the arenas before snug_checkpoint_start returns. */
 typedef struct snug_checkpointer {
+    snug_comm *comm;           /* the ranks, set by the caller (NULL: one process, or ranks that no longer agree) */
     struct snug_ckpt_job *job; /* the write in flight, NULL when none */
     double copy_s;             /* the last start: how long training waited for the snapshot (or the whole write) */
     int finished;              /* the last snug_checkpoint_finish ended a write: */
@@ -51,18 +63,23 @@ typedef struct snug_checkpointer {
 
 /* Starts writing checkpoint dir (".../checkpoint-N") of st and eng whole: see above. A write still in flight is
  * finished first (and its error returned). Once the folder is complete, all but the `keep` newest complete
- * checkpoints beside it are deleted (snug_checkpoint_prune). */
+ * checkpoints beside it are deleted (snug_checkpoint_prune). Under ZeRO every rank calls it at the same step (with
+ * w->comm set): it is a collective, as snug_checkpoint_finish then is while the write is in flight. */
 int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const snug_train_state *st,
                           const snug_setup *s, const snug_engine *eng, snug_error *e);
 
 /* Ends the write in flight: waits for it (wait 1), or only collects it if it is done (wait 0). w->finished says
- * whether one ended; its error, if it failed, is returned. The engine and setup must outlive the write. */
+ * whether one ended; its error, if it failed, is returned. The engine and setup must outlive the write. Under ZeRO
+ * it is collected only when every rank's part is done (wait 0: one all-reduce of a flag), and the ranks then
+ * complete the folder together; with w->comm NULL (ranks that no longer agree) the rank only joins its writer, and
+ * the folder stays .partial. */
 int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e);
 
-/* Reads checkpoint dir into st and eng's arenas (eng created from the same configuration). Refused with a clear
- * error naming the file: an incomplete folder, a file whose size or hash differs from trainer_state.json (truncated,
- * changed), or a configuration that differs from the checkpoint's in a setting that changes the results (the setting
- * and both values named). */
+/* Reads checkpoint dir into st and eng's arenas (eng created from the same configuration; under ZeRO, rank s->rank
+ * reads its own shard files). Refused with a clear error naming the file: an incomplete folder, a file whose size or
+ * hash differs from trainer_state.json (truncated, changed), or a configuration that differs from the checkpoint's in
+ * a setting that changes the results (the setting and both values named: the number of ranks and zero_stage among
+ * them). */
 int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng, snug_error *e);
 
 /* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */

@@ -164,12 +164,6 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
                       : on_gpu && o->ddp_backend == SNUG_DDP_BACKEND_MPI
                           ? "ddp_backend is mpi on CUDA ranks, which would stage every gradient through host memory "
                             "(not built); use ddp_backend: nccl (the default on GPUs)"
-                      : o->zero_stage && o->resume_from_checkpoint[0] ? "resume_from_checkpoint under zero_stage: "
-                                                                          "a checkpoint does not hold each rank's shard "
-                                                                          "yet"
-                      : o->zero_stage && o->save_steps > 0 ? "save_steps under zero_stage: a checkpoint does not hold "
-                                                             "each rank's shard yet; save at the end only, or train "
-                                                             "with ddp (zero_stage: 0)"
                       : NULL;
     if (!why)
         return 0;
@@ -181,20 +175,45 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
 static int ddp_collectives(const snug_comm *c) { return c->size > 1 || strcmp(c->name, "self"); }
 
 /* Whether every rank got this far: a failure on one rank becomes a failure on all, so no rank waits for another
- * in a collective that will never come. */
+ * in a collective that will never come. The first failed rank's error (its code and message) goes to every rank,
+ * so each reports why (a damaged file that only that rank reads, named on every rank). */
 static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
     if (c->size == 1)
         return rc;
-    int64_t failed = rc != 0;
+    int64_t *failed = calloc((size_t)c->size, sizeof *failed);
     snug_error ce = {0};
-    if (c->allreduce_sum(c, &failed, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, &ce)) {
+    if (!failed) {
+        *broken = 1; /* the others wait in the all-reduce: mpirun ends them */
+        return rc ? rc : snug_fail(e, SNUG_ENOMEM, "out of host memory agreeing with the other ranks");
+    }
+    failed[c->rank] = rc != 0;
+    int crc = c->allreduce_sum(c, failed, (size_t)c->size, SNUG_COMM_I64 | SNUG_COMM_HOST, &ce);
+    int first = -1;
+    for (int r = 0; !crc && r < c->size && first < 0; r++)
+        first = failed[r] ? r : -1;
+    free(failed);
+    /* the message as int64 words: its code, then its text */
+    enum { WORDS = 1 + (sizeof ce.msg + 7) / 8 };
+    int64_t msg[WORDS] = {0};
+    if (!crc && first >= 0) {
+        if (first == c->rank && e) {
+            msg[0] = e->code;
+            memcpy(msg + 1, e->msg, sizeof e->msg);
+        }
+        crc = c->broadcast(c, msg, WORDS, SNUG_COMM_I64 | SNUG_COMM_HOST, first, &ce);
+    }
+    if (crc) {
         *broken = 1;
         if (!rc && e)
             *e = ce;
         return rc ? rc : ce.code;
     }
-    if (!rc && failed)
-        return snug_fail(e, SNUG_EINPUT, "another rank failed (its message says why)");
+    if (!rc && first >= 0) {
+        char text[sizeof ce.msg];
+        memcpy(text, msg + 1, sizeof text);
+        text[sizeof text - 1] = '\0';
+        return snug_fail(e, msg[0] ? (int)msg[0] : SNUG_EINPUT, "rank %d failed: %s", first, text);
+    }
     return rc;
 }
 
@@ -233,22 +252,56 @@ static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *s
     return c->allgather(c, m->params, shard, SNUG_COMM_F32, e);
 }
 
-/* ZeRO with a sharded master copy: the whole fp32 master on every rank before the weights are saved (an all-gather
- * into host memory outside the arenas, P x 4 bytes at the end of the run), so that rank 0 saves the F32 weights DDP
- * saves. */
-static int zero_gather_master(snug_comm *c, snug_model *m, const size_t *shard, float **full, snug_error *e) {
-    if (!m->master_sharded)
-        return 0;
-    size_t P = m->table.total;
-    if (!(*full = malloc(P * sizeof **full)))
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it");
-    m->be->to_host(m->be, *full + m->master_lo, m->params, m->master_n * sizeof **full);
-    SNUG_TRY(c->allgather(c, *full, shard, SNUG_COMM_F32 | SNUG_COMM_HOST, e));
-    m->params = *full;
-    m->master_sharded = 0;
-    m->master_lo = 0;
-    m->master_n = P;
-    return 0;
+/* ZeRO with a sharded master copy: the F32 weights DDP saves, streamed tensor by tensor. Each tensor's pieces (its
+ * intersection with each rank's shard: counts[r] elements, which follow one another in the tensor as the shards do
+ * in the table) are all-gathered into one tensor-sized buffer and rank 0 writes it, so no rank holds the whole
+ * master copy. Every rank gathers the tensors in the file's order (snug_model_weights_order). */
+typedef struct master_stream {
+    snug_comm *comm;
+    const snug_model *m;
+    const size_t *shard; /* each rank's elements of the table */
+    size_t *counts;      /* (size) scratch: a tensor's elements in each rank's shard */
+} master_stream;
+
+static int master_fill(void *ud, int i, float *dst, snug_error *e) {
+    master_stream *ms = ud;
+    const snug_model *m = ms->m;
+    const snug_param_entry *p = &m->table.e[i];
+    size_t lo = p->offset, hi = lo + p->numel, s0 = 0;
+    for (int r = 0; r < ms->comm->size; s0 += ms->shard[r], r++) {
+        size_t a = s0 > lo ? s0 : lo, b = s0 + ms->shard[r] < hi ? s0 + ms->shard[r] : hi;
+        ms->counts[r] = b > a ? b - a : 0;
+    }
+    size_t a = m->master_lo > lo ? m->master_lo : lo;
+    size_t b = m->master_lo + m->master_n < hi ? m->master_lo + m->master_n : hi;
+    if (b > a) /* this rank's piece, from its shard of the master copy */
+        m->be->to_host(m->be, dst + (a - lo), m->params + (a - m->master_lo), (b - a) * sizeof *dst);
+    return ms->comm->allgather(ms->comm, dst, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e);
+}
+
+/* The final save: rank 0 writes the folder, the master copy gathered into it as a stream (above); the other ranks
+ * take part in each tensor's gather in the same order. */
+static int zero_save_master(run *r, snug_comm *c, const size_t *shard, snug_error *e) {
+    const snug_model *m = &r->eng.model;
+    master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t))};
+    int n = m->table.n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
+    size_t largest = 0;
+    for (int i = 0; i < n; i++)
+        largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
+    float *buf = c->rank ? malloc(largest * sizeof *buf) : NULL;
+    int rc = !ms.counts || (c->rank && (!order || !buf))
+                 ? snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it")
+                 : 0;
+    if (!rc && c->rank == 0)
+        rc = snug_save_hf_folder_stream(r->s.c.output_dir, &r->s, &r->eng, master_fill, &ms, e);
+    if (!rc && c->rank)
+        rc = snug_model_weights_order(m, order, e);
+    for (int k = 0; !rc && c->rank && k < n; k++)
+        rc = master_fill(&ms, order[k], buf, e);
+    free(ms.counts);
+    free(order);
+    free(buf);
+    return rc;
 }
 
 static double now_s(void) {
@@ -563,7 +616,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
     snug_train_state st = {0}, saved = {0};
-    snug_checkpointer ckw = {0};
+    snug_checkpointer ckw = {.comm = comm.size > 1 ? &comm : NULL};
     double ck_wait = 0;
     double t_load = now_s();
     /* the weights: a checkpoint's, or the base model's (or a random init); under LoRA the frozen base always comes
@@ -825,12 +878,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 fprintf(out, "saved %s in %.2f s (training waited %.2f s; writing took %.2f s of CPU)\n", ckw.dir,
                         ckw.write_s, ck_wait, ckw.write_cpu_s);
         }
-        /* every rank holds the same state under data parallel (ZeRO's shards are refused above): rank 0 saves it */
-        if (!rc && !lead && stop) {
+        /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
+         * shard */
+        int writer = lead || shard;
+        if (!rc && !writer && stop) {
             stopped = 1;
             break;
         }
-        if (!rc && lead && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
+        if (!rc && writer && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
             double tc = now_s();
@@ -861,8 +916,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
      * ends without MPI_Finalize, and mpirun ends the others */
     if (rc && W > 1)
         broken = 1;
-    { /* the last checkpoint is complete before the run ends, however it ends */
+    { /* the last checkpoint is complete before the run ends, however it ends (under ZeRO only when the ranks still
+       * agree: a folder they could not complete together stays .partial) */
         snug_error fe = {0};
+        if (broken)
+            ckw.comm = NULL;
         int frc = snug_checkpoint_finish(&ckw, 1, &fe);
         if (!rc && frc) {
             rc = frc;
@@ -877,11 +935,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    float *master_full = NULL;
-    if (!rc && !stopped && shard && (rc = zero_gather_master(&comm, &r.eng.model, shard, &master_full, e)))
-        broken = 1;
-    if (!rc && !stopped && lead)
+    if (!rc && !stopped && r.eng.model.master_sharded) {
+        /* a failure mid-stream leaves the others in a gather: mpirun (or dist_timeout) ends them */
+        if ((rc = zero_save_master(&r, &comm, shard, e)))
+            broken = 1;
+    } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
+    }
     if (!rc && !stopped && lead && o->merge_lora) {
         char merged[4096];
         snug_path_join(merged, sizeof merged, o->output_dir, "merged");
@@ -935,7 +995,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(mb);
     free(shard);
     free(z2.counts);
-    free(master_full);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

@@ -157,9 +157,6 @@ same epoch_oib epoch_one 0
 # refused before anything is written, naming the key
 run no_ddp 2 --ddp false
 [ $? -ne 0 ] && grep -q "ddp is false" "$W/no_ddp.log" && ok || bad "ddp false under 2 ranks: $(tail -1 "$W/no_ddp.log")"
-run saves 2 --save_steps 2 --zero_stage 1
-[ $? -ne 0 ] && grep -q "save_steps under zero_stage" "$W/saves.log" && ok ||
-  bad "save_steps under ZeRO: $(tail -1 "$W/saves.log")"
 # CUDA ranks: ddp_backend: mpi would stage every gradient through host memory, refused on every rank before any GPU
 # is touched (so on any machine); ddp_backend: nccl on CPU ranks is refused too; both are bad input (exit 2)
 run mpi_gpu 2 --device cuda --ddp_backend mpi

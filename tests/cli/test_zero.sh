@@ -10,8 +10,12 @@
 # accumulating all the micro-batches against DDP). Each rank's measured arenas equal its plan (memory.json for rank 0,
 # memory.rankR.json for the others); the optimizer arena is DDP's split N ways (exactly for fp32 state; with 8-bit
 # state plus each rank's copy of the quantization maps and its buffers' alignment), and at stage 2 the gradients
-# arena is the shared layer buffer, the global tensors' and the rank's shard, less than DDP's. The settings not built
-# are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI build.
+# arena is the shared layer buffer, the global tensors' and the rank's shard, less than DDP's. Checkpoints: every
+# rank writes its shard files, and a run saved and resumed (or stopped by SIGTERM to every rank and resumed) on as
+# many ranks at the same stage is the run that never stopped, bit for bit, at stages 1 and 2 with AdamW, 8-bit (paged)
+# AdamW and bf16 with the sharded master copy; another number of ranks, another stage, one process, a DDP checkpoint
+# and a damaged or missing shard file are refused (exit 2) on every rank. The settings not built are refused (exit 2)
+# naming the key. Skipped (77) without mpirun or an MPI build.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -22,6 +26,10 @@ pass=0 fail=0
 MPI=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1 # 3 ranks share 2 cores
+# every comparison here is bitwise, and a bf16 run on a CPU with AVX512-BF16 but no AMX times oneDNN's bf16 GEMM
+# against OpenBLAS and keeps the faster, per process: on a loaded machine two runs (or two ranks) can choose
+# differently, so the GEMMs are pinned to one choice (the fp32 runs use OpenBLAS anyway)
+export SNUG_CPU_GEMM=${SNUG_CPU_GEMM:-openblas}
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
@@ -122,6 +130,8 @@ check 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
 check 2 adamw2 2
 check 2 adamw3 3
 check 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+# without a snapshot: each rank writes its files in the loop's thread
+ck 1 bf16m_3 3 --bf16 true --async_checkpoint false
 check 2 bf16m_2 2 --bf16 true
 check 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
 # a whole epoch of 66 micro-batches on 4 ranks: the last step has 2, so ranks 2 and 3 join its reduce-scatters with
@@ -151,6 +161,82 @@ cmp -s "$W/ds1_adamw2/model.safetensors" "$W/zero1_adamw2/model.safetensors" && 
 run fsdp_adamw2 2 --fsdp "shard_grad_op auto_wrap" || bad "fsdp_adamw2 did not train: $(tail -2 "$W/fsdp_adamw2.log")"
 cmp -s "$W/fsdp_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensors" && grep -q "ZeRO *stage 2" "$W/fsdp_adamw2.log" &&
   ok || bad "fsdp shard_grad_op is not zero_stage 2's run"
+
+# checkpoints: each rank writes its shard of the optimizer state (and of the fp32 master copy) as its own
+# state-*.rank<R>.bin, rank 0 the rest; a run saved at step 2 (of 3) and resumed on as many ranks and the same stage
+# logs the same losses and gradient norms and ends with the same weights as the run that never stopped (check's, above)
+ck() {
+  local stage=$1 name=$2 np=$3; shift 3
+  local ref="zero${stage}_$name" z="ck${stage}_$name"
+  run "$z" "$np" --zero_stage "$stage" --save_steps 2 "$@" || { bad "$z did not train: $(tail -2 "$W/$z.log")"; return; }
+  local c="$W/$z/checkpoint-2" files=1
+  for r in $(seq 0 $((np - 1))); do [ -f "$c/state-optim.rank$r.bin" ] || files=0; done
+  [ $files = 1 ] && [ ! -e "$c/state-optim.bin" ] && [ ! -e "$W/$z/checkpoint-2.partial" ] && ok ||
+    bad "$z: not every rank's shard file in $c: $(ls "$c" | tr '\n' ' ')"
+  cmp -s "$W/$ref/model.safetensors" "$W/$z/model.safetensors" && ok || bad "$z: saving changed the weights"
+  rm -f "$W/$z/model.safetensors"
+  run "$z" "$np" --zero_stage "$stage" --save_steps 2 --resume_from_checkpoint latest "$@" &&
+    grep -q "resumed from .*checkpoint-2 at step 2 of 3" "$W/$z.log" && ok || { bad "$z did not resume: $(tail -2 "$W/$z.log")"; return; }
+  [ "$(worst "$z" "$ref")" = 0.0 ] && ok || bad "$z: the resumed losses or gradient norms differ"
+  cmp -s "$W/$ref/model.safetensors" "$W/$z/model.safetensors" && ok || bad "$z: the resumed weights differ"
+}
+ck 1 adamw2 2
+ck 2 adamw2 2
+ck 1 q8_2 2 --optimizer adamw_8bit
+ck 2 bf16m_2 2 --bf16 true
+ck 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+# without a snapshot: each rank writes its files in the loop's thread
+ck 1 bf16m_3 3 --bf16 true --async_checkpoint false
+[ -f "$W/ck2_bf16m_2/checkpoint-2/state-master.rank1.bin" ] && ok || bad "ck2_bf16m_2: no shard file of the master copy"
+# save_total_limit: rank 0 prunes the older folders once the newest is complete
+run prune 2 --zero_stage 1 --save_steps 1 --save_total_limit 1 || bad "prune did not train: $(tail -2 "$W/prune.log")"
+[ -f "$W/prune/checkpoint-2/state-optim.rank1.bin" ] && [ ! -e "$W/prune/checkpoint-1" ] && ok ||
+  bad "save_total_limit 1 under ZeRO: $(ls "$W/prune" | tr '\n' ' ')"
+# resumed on another number of ranks, another stage, one process, or a DDP checkpoint under ZeRO: refused (exit 2)
+# naming the setting and both values, on every rank
+resume_refused() {
+  local what=$1 np=$2 from=$3 msg=$4; shift 4
+  local pre=()
+  [ "$np" -gt 1 ] && pre=("${MPI[@]}" -np "$np")
+  [ "$np" -gt 1 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --output_dir "$W/refused" --resume_from_checkpoint "$from" "$@" > "$W/refused.log" 2>&1
+  local st=$?
+  [ $st -eq 2 ] && [ "$(grep -c "error: .*$msg" "$W/refused.log")" -eq "$np" ] && ok ||
+    bad "$what: exit $st, $(grep error "$W/refused.log" | head -3)"
+}
+resume_refused "3 ranks" 3 "$W/ck1_adamw2/checkpoint-2" "trained with ranks 2, this run has 3" --zero_stage 1
+resume_refused "stage 2 from stage 1" 2 "$W/ck1_adamw2/checkpoint-2" "trained with zero_stage 1, this run has 2" --zero_stage 2
+resume_refused "one process" 1 "$W/ck1_adamw2/checkpoint-2" "trained with ranks 2, this run has 1" --zero_stage 1
+run ddp_ck 2 --save_steps 1 --max_steps 2 || bad "ddp_ck did not train: $(tail -2 "$W/ddp_ck.log")"
+resume_refused "DDP checkpoint" 2 "$W/ddp_ck/checkpoint-1" "trained with zero_stage 0, this run has 1" --zero_stage 1
+# a damaged or missing shard file: every rank fails naming it (exit 2), none waits
+cp -r "$W/ck1_adamw2/checkpoint-2" "$W/damaged"
+printf '\001' | dd of="$W/damaged/state-optim.rank1.bin" bs=1 seek=4096 conv=notrunc 2>/dev/null
+resume_refused "damaged shard" 2 "$W/damaged" "state-optim.rank1.bin is .* bytes with hash .*, but was written as" --zero_stage 1
+rm "$W/damaged/state-optim.rank1.bin"
+resume_refused "missing shard" 2 "$W/damaged" "state-optim.rank1.bin is missing" --zero_stage 1
+# SIGTERM to every rank: they finish the step together, each writes its shard files, rank 0 completes the folder,
+# every rank exits 0, and the resumed run is the run that never stopped
+run sig_full 2 --zero_stage 2 --max_steps 60 || bad "sig_full did not train"
+pre=("${MPI[@]}" -np 2)
+[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+"${pre[@]}" "$SNUG" train $common --zero_stage 2 --max_steps 60 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
+mp=$!
+for i in $(seq 100); do [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
+wait $mp
+rc=$?
+step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 60.*/\1/p' "$W/sig.log")
+if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$W/sig/checkpoint-$step/trainer_state.hash" ] &&
+   [ -f "$W/sig/checkpoint-$step/state-optim.rank1.bin" ]; then
+  ok
+  run sig 2 --zero_stage 2 --max_steps 60 --resume_from_checkpoint latest || bad "sig did not resume: $(tail -2 "$W/sig.log")"
+  [ "$(worst sig sig_full)" = 0.0 ] && ok || bad "sig: the resumed losses or gradient norms differ"
+  cmp -s "$W/sig_full/model.safetensors" "$W/sig/model.safetensors" && ok || bad "sig: the resumed weights differ"
+  echo "  stopped by SIGTERM after step $step of 60, resumed"
+else
+  bad "SIGTERM to 2 ranks: exit $rc, $(tail -5 "$W/sig.log")"
+fi
 
 # the combinations not built: refused before training, exit 2, naming the key
 refuse() {

@@ -282,6 +282,79 @@ static void test_round_trip(void) {
 
 /* ---------------------------------------------------------------------------------------------------------------- */
 
+/* The stream source: each tensor's values fetched just before it is written, in snug_st_write_order's order. */
+typedef struct stream_src {
+    const snug_st_out *outs;
+    int calls[16], ncalls;
+    int fail_at; /* fail the call with this tag (-1: none) */
+} stream_src;
+
+static int stream_fill(void *ud, int tag, float *dst, snug_error *e) {
+    stream_src *s = ud;
+    const snug_st_out *t = &s->outs[tag];
+    s->calls[s->ncalls++] = tag;
+    if (tag == s->fail_at)
+        return snug_fail(e, SNUG_EIO, "tensor %s: the stream failed", t->name);
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (size_t)t->shape[d];
+    if (n) /* the empty tensor has no source */
+        memcpy(dst, t->f32, n * sizeof *dst);
+    return 0;
+}
+
+static void test_stream(void) {
+    float *a = ramp(6, 0.5f), *b = ramp(12, 0.25f), *d = ramp(24, 0.1f);
+    float scalar = -1.5f;
+    snug_st_out outs[] = {
+        {.name = "w.bf16", .dtype = SNUG_DT_BF16, .ndim = 2, .shape = {3, 4}, .f32 = b},
+        {.name = "z.f32", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {2, 3}, .f32 = a},
+        {.name = "conv.weight", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {4, 6}, .f32 = d, .transpose2d = 1},
+        {.name = "scalar", .dtype = SNUG_DT_F32, .ndim = 0, .f32 = &scalar},
+        {.name = "empty", .dtype = SNUG_DT_F32, .ndim = 2, .shape = {0, 5}, .f32 = NULL},
+    };
+    int n = sizeof outs / sizeof outs[0];
+    snug_st_out streamed[sizeof outs / sizeof outs[0]];
+    stream_src src = {.outs = outs, .fail_at = -1};
+    for (int i = 0; i < n; i++) {
+        streamed[i] = outs[i];
+        streamed[i].f32 = NULL;
+        streamed[i].fill = stream_fill;
+        streamed[i].fill_ud = &src;
+        streamed[i].fill_tag = i;
+    }
+    snug_error e = {0};
+    char p[512], q[512];
+    snprintf(p, sizeof p, "%s", tpath("direct.safetensors"));
+    snprintf(q, sizeof q, "%s", tpath("stream.safetensors"));
+    CHECKF(snug_st_write(p, outs, n, NULL, &e) == 0, "%s", e.msg);
+    CHECKF(snug_st_write(q, streamed, n, NULL, &e) == 0, "%s", e.msg);
+    /* the same bytes, each tensor fetched once, in the order snug_st_write_order gives */
+    char *x = NULL, *y = NULL;
+    size_t xn = 0, yn = 0;
+    CHECK(snug_read_file(p, &x, &xn, &e) == 0 && snug_read_file(q, &y, &yn, &e) == 0);
+    CHECK(x && y && xn == yn && memcmp(x, y, xn) == 0);
+    free(x);
+    free(y);
+    int order[8];
+    CHECKF(snug_st_write_order(outs, n, order, &e) == 0, "%s", e.msg);
+    CHECK(src.ncalls == n && memcmp(order, src.calls, (size_t)n * sizeof *order) == 0);
+    CHECK(!strcmp(outs[order[0]].name, "conv.weight") && !strcmp(outs[order[n - 1]].name, "w.bf16"));
+    /* a stream that fails: its error, and no file left behind */
+    src = (stream_src){.outs = outs, .fail_at = 1};
+    snug_error e2 = {0};
+    unlink(q);
+    CHECK(snug_st_write(q, streamed, n, NULL, &e2) != 0 && strstr(e2.msg, "z.f32: the stream failed"));
+    CHECK(!snug_file_exists(q) && !dir_has_tmp());
+    /* a stream beside another source is refused */
+    streamed[0].h16 = (const uint16_t *)b;
+    CHECK(snug_st_write(q, streamed, n, NULL, &e2) != 0 && strstr(e2.msg, "a stream and another source"));
+    unlink(p);
+    free(a);
+    free(b);
+    free(d);
+}
+
 static void test_crafted_valid(void) {
     /* Unaligned data (a 1-byte tensor first), leading whitespace, 0-rank and empty tensors, an unsupported dtype. */
     unsigned char data[1 + 4 + 2 + 4 + 2];
@@ -624,6 +697,7 @@ int main(void) {
     }
     test_dtype();
     test_round_trip();
+    test_stream();
     test_large();
     test_crafted_valid();
     test_bad_files();
