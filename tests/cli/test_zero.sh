@@ -26,10 +26,6 @@ pass=0 fail=0
 MPI=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1 # 3 ranks share 2 cores
-# every comparison here is bitwise, and a bf16 run on a CPU with AVX512-BF16 but no AMX times oneDNN's bf16 GEMM
-# against OpenBLAS and keeps the faster, per process: on a loaded machine two runs (or two ranks) can choose
-# differently, so the GEMMs are pinned to one choice (the fp32 runs use OpenBLAS anyway)
-export SNUG_CPU_GEMM=${SNUG_CPU_GEMM:-openblas}
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
