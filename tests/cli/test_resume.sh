@@ -163,6 +163,12 @@ nkill = 8 if quick else 20
 d = W + "/killed"
 args = [snug, "train", *common, "--max_steps", "60", "--save_steps", "3", "--save_total_limit", "2", "--output_dir", d]
 random.seed(7)
+# the uninterrupted run first: its wall time sets when the kills fall, so that they land inside the runs on a fast
+# machine as on a slow one (each kill within the part of the run still to do)
+ref = W + "/killref"
+t0 = time.time()
+subprocess.run([snug, "train", *common, "--max_steps", "60", "--output_dir", ref], check=True, stdout=subprocess.DEVNULL)
+full = time.time() - t0
 kills = 0
 for attempt in range(60):
     extra = ["--resume_from_checkpoint", "latest"] if any(n.startswith("checkpoint-") and not n.endswith(".partial")
@@ -171,7 +177,9 @@ for attempt in range(60):
         extra = ["--overwrite_output_dir", "true"]
     p = subprocess.Popen(args + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if kills < nkill:
-        time.sleep(random.uniform(0.25, 1.5) * (3 if quick else 1))
+        done = max([int(n.split("-")[1]) for n in (os.listdir(d) if os.path.isdir(d) else [])
+                    if n.startswith("checkpoint-") and not n.endswith(".partial")] or [0])
+        time.sleep(random.uniform(0.05, 0.9) * full * max(60 - done, 3) / 60)
         if p.poll() is None:
             p.kill()
             kills += 1
@@ -183,8 +191,6 @@ for attempt in range(60):
         sys.exit(1)
     break
 print(f"  {kills} kills, then a complete run")
-ref = W + "/killref"
-subprocess.run([snug, "train", *common, "--max_steps", "60", "--output_dir", ref], check=True, stdout=subprocess.DEVNULL)
 import json
 k = ("step", "epoch", "loss", "lr", "grad_norm", "val_loss")
 a, b = ([[json.loads(l).get(x) for x in k] for l in open(p + "/metrics.jsonl")] for p in (d, ref))
