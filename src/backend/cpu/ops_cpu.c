@@ -185,8 +185,9 @@ void snug_cpu_layernorm_bwd(snug_backend *be, float *dinp, float *dw, float *db,
 
 /* ------------------------------------------------------------------------------------------------ linear layers */
 
-void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
-                         int C, int OC) {
+/* The linear layer over a weight stored as wdt (fp32, or 16-bit read as stored: matmul_w16_fwd/bwd) */
+static void matmul_fwd(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                       const float *bias, int N, int C, int OC) {
     // out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC): the bias is written first and the GEMM adds onto it
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
@@ -196,15 +197,38 @@ void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const f
             memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    snug_cpu_gemm(be, 0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+    snug_cpu_gemm_ex(be, 0, 1, N, OC, C, 1.0f, inp, SNUG_DT_F32, C, w, wdt, C, beta, out, OC);
 }
+
+void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
+                         int C, int OC) {
+    matmul_fwd(be, out, inp, w, SNUG_DT_F32, bias, N, C, OC);
+}
+
+void snug_cpu_matmul_w16_fwd(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                             const float *bias, int N, int C, int OC) {
+    matmul_fwd(be, out, inp, w, wdt, bias, N, C, OC);
+}
+
+static void matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                       const void *w, snug_dtype wdt, int N, int C, int OC);
 
 void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int C, int OC) {
+    matmul_bwd(be, dinp, dw, dbias, dout, inp, w, SNUG_DT_F32, N, C, OC);
+}
+
+void snug_cpu_matmul_w16_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                             const float *inp, const void *w, snug_dtype wdt, int N, int C, int OC) {
+    matmul_bwd(be, dinp, dw, dbias, dout, inp, w, wdt, N, C, OC);
+}
+
+static void matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                       const void *w, snug_dtype wdt, int N, int C, int OC) {
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
     if (dinp) // dinp (N,C) += dout (N,OC) @ w (OC,C)
-        snug_cpu_gemm(be, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        snug_cpu_gemm_ex(be, 0, 0, N, C, OC, 1.0f, dout, SNUG_DT_F32, OC, w, wdt, C, 1.0f, dinp, C);
     if (dw) // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
         snug_cpu_gemm(be, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) { // dbias (OC) += column sums of dout
