@@ -416,7 +416,8 @@ void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float 
     float neg_step_size = (float)-(lr_d / bc1);
     float bc2_sqrt = (float)sqrt(bc2);
     int lerp_small = fabsf(w1) < 0.5f; /* torch's lerp picks its formula by the weight */
-#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    /* elementwise with no dependence between elements (simd): vector sqrt and division round as the scalar ones */
+#pragma omp parallel for simd num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         float pi = p[i] * decay;
