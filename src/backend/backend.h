@@ -167,8 +167,9 @@ struct snug_backend {
      * loss_n over supervised tokens (the caller divides). When dh or dw is non-NULL, also accumulates
      * grad_scale * d(sum loss)/dh into dh (N,C) and into dw (V,C) (both fp32). Logits exist only `chunk` rows at a
      * time in logits_ws (chunk, V). Tokens with labels[n] < 0 contribute nothing. w (V,C) is stored as wdt; when
-     * wdt is not F32 the CPU converts it `wblock` rows at a time into w_ws (wblock, C) (a GPU backend may read the
-     * 16-bit weight directly and ignore w_ws); w_ws is unused for F32. logits_ws holds chunk rows of
+     * wdt is not F32 the CPU converts it `wblock` rows at a time into w_ws (wblock, C), or with its matmul_w16 slots
+     * filled hands each block of rows to its GEMMs as stored (a GPU backend may read the 16-bit weight directly and
+     * ignore w_ws); w_ws is unused for F32. logits_ws holds chunk rows of
      * snug_logits_ld(V) floats, a backend choosing the row stride up to that (the CPU's is V). */
     double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                            const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,

@@ -9,10 +9,11 @@
  * Backward: recomputes p = exp(score - lse), dS = p (dP - D) with D = dout . out. Threads own one (b, kv head) each
  * and loop over that group's query heads and tiles in order, so dq, dk and dv are each written by one thread in a
  * fixed order: race-free, and the same bits for any thread count. The reference for all of this is the naive
- * attention in tests/unit/test_ops.c. */
+ * attention in tests/unit/test_ops.c. The exponentials of a block run in SIMD lanes (expf_cpu.h: libm's bits). */
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/expf_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 
 #define NT(be) ((be)->nthreads)
@@ -118,9 +119,14 @@ void snug_cpu_attention_fwd(snug_backend *be, float *out, float *lse, const floa
                                 oT[i * TQ + r] *= corr;
                             mx[r] = bmx[r];
                         }
+                    float E[ATT_BLK][TQ];
+                    for (int j = 0; j < ns; j++)
+                        for (int r = 0; r < TQ; r++)
+                            E[j][r] = S[j][r] - mx[r];
+                    snug_cpu_expf_n(&E[0][0], &E[0][0], ns * TQ);
                     for (int j = 0; j < ns; j++)
                         for (int r = 0; r < TQ; r++) {
-                            float p = S[j][r] == -INFINITY ? 0.0f : expf(S[j][r] - mx[r]);
+                            float p = S[j][r] == -INFINITY ? 0.0f : E[j][r];
                             S[j][r] = p;
                             sum[r] += p;
                         }
@@ -188,8 +194,12 @@ void snug_cpu_attention_bwd(snug_backend *be, float *dqkv, const float *dout, co
                         float sc[TQ], dp[TQ], p[TQ], ds[TQ];
                         tile_dot(sc, k, qT, HD);
                         tile_dot(dp, v, doT, HD);
+                        float a[TQ];
+                        for (int r = 0; r < TQ; r++)
+                            a[r] = scale * sc[r] - L[r];
+                        snug_cpu_expf_n(a, a, TQ);
                         for (int r = 0; r < TQ; r++) {
-                            p[r] = (s >= lo[r] && s <= hi[r]) ? expf(scale * sc[r] - L[r]) : 0.0f;
+                            p[r] = (s >= lo[r] && s <= hi[r]) ? a[r] : 0.0f;
                             ds[r] = scale * p[r] * (dp[r] - D[r]);
                         }
                         for (int i = 0; i < HD; i++)

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/expf_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 
 #define NT(be) ((be)->nthreads)
@@ -81,10 +82,11 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
                 for (int v = 1; v < V; v++)
                     mx = row[v] > mx ? row[v] : mx;
                 double sum = 0.0;
-                for (int v = 0; v < V; v++) { // the row becomes exp(logit - max)
-                    row[v] = expf(row[v] - mx);
+                for (int v = 0; v < V; v++) // the row becomes exp(logit - max)
+                    row[v] -= mx;
+                snug_cpu_expf_n(row, row, V);
+                for (int v = 0; v < V; v++)
                     sum += row[v];
-                }
                 acc += mx + log(sum) - zy;
                 if (grad) { // row <- grad_scale * (softmax - onehot)
                     float k = (float)(grad_scale / sum);
