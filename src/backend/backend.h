@@ -76,6 +76,15 @@ struct snug_backend {
     /* dinp (N,C) += dout @ w ; dw (OC,C) += dout^T @ inp ; dbias (OC) += column sums of dout. Any may be NULL. */
     void (*matmul_bwd)(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                        const float *w, int N, int C, int OC);
+    /* The same two with the weight w (OC,C) read as stored in 16 bits (wdt BF16 or F16), without an fp32 copy of it:
+     * bitwise the results of matmul_fwd/bwd on the widened weight. A backend fills them only where its GEMMs take
+     * 16-bit weights as they are at no loss (the CPU: when set_math put its GEMMs on oneDNN, which rounds its
+     * operands to bf16 anyway, or widens them exactly); NULL otherwise, and the caller widens the weight and calls
+     * matmul_fwd/bwd. Where they are filled, the loss (xent_fwd_bwd) also reads a 16-bit head as stored. */
+    void (*matmul_w16_fwd)(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                           const float *bias, int N, int C, int OC);
+    void (*matmul_w16_bwd)(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                           const float *inp, const void *w, snug_dtype wdt, int N, int C, int OC);
     /* Row-major C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, op transposing when ta / tb, each matrix
      * with its leading dimension (row stride): a block of columns of a wider matrix is a valid operand (LoRA's
      * adapters on q alone of the fused q/k/v output). */
@@ -158,8 +167,9 @@ struct snug_backend {
      * loss_n over supervised tokens (the caller divides). When dh or dw is non-NULL, also accumulates
      * grad_scale * d(sum loss)/dh into dh (N,C) and into dw (V,C) (both fp32). Logits exist only `chunk` rows at a
      * time in logits_ws (chunk, V). Tokens with labels[n] < 0 contribute nothing. w (V,C) is stored as wdt; when
-     * wdt is not F32 the CPU converts it `wblock` rows at a time into w_ws (wblock, C) (a GPU backend may read the
-     * 16-bit weight directly and ignore w_ws); w_ws is unused for F32. logits_ws holds chunk rows of
+     * wdt is not F32 the CPU converts it `wblock` rows at a time into w_ws (wblock, C), or with its matmul_w16 slots
+     * filled hands each block of rows to its GEMMs as stored (a GPU backend may read the 16-bit weight directly and
+     * ignore w_ws); w_ws is unused for F32. logits_ws holds chunk rows of
      * snug_logits_ld(V) floats, a backend choosing the row stride up to that (the CPU's is V). */
     double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                            const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,

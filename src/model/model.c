@@ -633,6 +633,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             dense_layer_views(m, m->wl, &m->wl_t);
         else if (m->wl)
             layer_views(m, m->wl, &m->wl_t);
+        m->wd_t = m->wl_t;
+        m->wd_t.qkv_w = m->wd_t.o_w = m->wd_t.fc_w = m->wd_t.proj_w = NULL;
         if (m->ones) {
             float *one = malloc(N * sizeof *one);
             if (!one)
@@ -982,30 +984,60 @@ static void load_res(snug_model *m, int l, float *x, size_t n) {
         be->from16(be, x, m->res_stage, n, m->lv.dt);
 }
 
-/* Layer l's weights as fp32 views: the parameters themselves, or under 16-bit the layer widened into wl. */
+/* The site whose weight a layer tensor is (the first of its rows: q_proj of q/k/v, gate_proj of gate/up), or -1 */
+static int weight_site(const char *name) {
+    snug_tensors unused;
+    snug_layer_tensors L;
+    float **s = slot_of(name, &unused, &L);
+    return s == &L.qkv_w ? SNUG_SITE_QKV : s == &L.o_w ? SNUG_SITE_O : s == &L.fc_w ? SNUG_SITE_FC
+         : s == &L.proj_w ? SNUG_SITE_PROJ : -1;
+}
+
+/* Layer l's weights as fp32 views: the parameters themselves, or under 16-bit the layer widened into wl. Where the
+ * backend's GEMMs read 16-bit weights as stored (matmul_w16), only the norms and biases are widened and lin_fwd and
+ * lin_bwd take the matrices from params16 (wl16): the views of the four are NULL. */
 static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
     if (!is16(m))
         return &m->w.layers[l];
-    if (m->wl_layer != l && !m->q4) {
+    int direct = !m->q4 && m->be->matmul_w16_fwd && m->be->matmul_w16_bwd;
+    if (m->wl_layer == l && m->wl_direct == direct)
+        return direct ? &m->wd_t : &m->wl_t;
+    if (direct) {
+        for (int i = 0; i < m->table.n; i++) {
+            const snug_param_entry *p = &m->table.e[i];
+            if (p->layer != l)
+                continue;
+            int site = p->ndim == 2 ? weight_site(p->name) : -1;
+            if (site >= 0)
+                m->wl16[site] = stored16(m, i);
+            else if (p->ndim != 2)
+                m->be->from16(m->be, m->wl + (p->offset - m->table.layer_offset[l]), stored16(m, i), p->numel,
+                              m->lv.dt);
+        }
+    } else if (!m->q4) {
         size_t start = m->table.layer_offset[l];
         if (m->packed)
             dense_layer(m, l, &start);
         m->be->from16(m->be, m->wl, m->params16 + start, m->table.layer_numel[l], m->lv.dt);
-        m->wl_layer = l;
-    } else if (m->wl_layer != l) { /* QLoRA: only the dense tensors; the 4-bit matrices stream through wq */
+    } else { /* QLoRA: only the dense tensors; the 4-bit matrices stream through wq */
         size_t start, n = dense_layer(m, l, &start);
         if (n)
             m->be->from16(m->be, m->wl, m->params16 + start, n, m->lv.dt);
-        m->wl_layer = l;
     }
-    return &m->wl_t;
+    m->wl_layer = l, m->wl_direct = direct;
+    return direct ? &m->wd_t : &m->wl_t;
 }
 
-/* out (N, OC) = inp (N, Cin) @ W^T + b, W the site's weight (OC, Cin). Under QLoRA W is the site's 4-bit matrices,
- * each dequantized a chunk of rows at a time into wq, and each chunk's GEMM writes its columns of out. */
+/* out (N, OC) = inp (N, Cin) @ W^T + b, W the site's weight (OC, Cin): w, or with w NULL its 16-bit copy as stored
+ * (wl16). Under QLoRA W is the site's 4-bit matrices, each dequantized a chunk of rows at a time into wq, and each
+ * chunk's GEMM writes its columns of out. */
 static void lin_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
                     const float *b, int N, int Cin, int OC) {
     snug_backend *be = m->be;
+    if (!m->q4 && !w) { /* the 16-bit weight as stored (layer_weights) */
+        be->matmul_w16_fwd(be, out, inp, m->wl16[site], m->lv.dt, b, N, Cin, OC);
+        return;
+    }
     if (!m->q4) {
         be->matmul_fwd(be, out, inp, w, b, N, Cin, OC);
         return;
@@ -1029,6 +1061,10 @@ static void lin_fwd(snug_model *m, int l, snug_site site, float *out, const floa
 static void lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, const float *dout,
                     const float *inp, const float *w, int N, int Cin, int OC) {
     snug_backend *be = m->be;
+    if (!m->q4 && !w) {
+        be->matmul_w16_bwd(be, dinp, dw, db, dout, inp, m->wl16[site], m->lv.dt, N, Cin, OC);
+        return;
+    }
     if (!m->q4) {
         be->matmul_bwd(be, dinp, dw, db, dout, inp, w, N, Cin, OC);
         return;

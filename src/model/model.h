@@ -242,6 +242,11 @@ typedef struct snug_model {
     float *wl, *gl;        /* (largest layer) weights widened from params16; gradients before rounding to grads16 */
     snug_layer_tensors wl_t, gl_t; /* views into wl / gl (every layer has the same layout) */
     int wl_layer;          /* the layer wl holds, -1 none */
+    /* Where the backend's GEMMs take 16-bit weights as stored (its matmul_w16 slots), wl holds only the layer's
+     * norms and biases (views wd_t: wl_t without the four matrices) and each site's weight is read from params16 */
+    int wl_direct;         /* 1 when wl holds its layer that way */
+    const uint16_t *wl16[SNUG_NSITES]; /* (rows, in) each site's weight as stored: q/k/v, o, gate/up or fc, down */
+    snug_layer_tensors wd_t;
     float *lnf_ws;         /* (2, C) the final norm's weight and bias widened */
     float *w_ws;           /* (wblock, C) rows of the 16-bit output head widened for the loss */
     int wblock;

@@ -8,7 +8,9 @@
  *    operand bound (in M, N and K with tails; in M alone, op(B) copied once); then through the backend (SNUG_CPU_GEMM): matmul_fwd with a bias, matmul_bwd accumulating,
  *    gemm_strided on a column block, the loss's three GEMMs over a 16-bit head. `test_cpu_gemm f32` runs it with
  *    oneDNN's f32 matmul, which every x86 CPU has, so the layouts are proven on any machine; `test_cpu_gemm bf16`
- *    runs the same problems with bf16 operands where this CPU and library have a fast bf16 matmul. Where either
+ *    runs the same problems with bf16 operands where this CPU and library have a fast bf16 matmul. Both also check
+ *    16-bit operands read as stored (snug_dnnl_gemm_ex, matmul_w16_fwd/bwd, the loss over a 16-bit head, a bf16
+ *    training step of small models) against their widened fp32 copies, bit for bit. Where either
  *    cannot run it prints SKIP and why and exits 77, which ctest reports as skipped (tests/tests.cmake). Without
  *    an argument: detection, choice, and the same backend ops on OpenBLAS.
  *
@@ -29,6 +31,8 @@
 #include "backend/cpu/gemm_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 #include "check.h"
+#include "model/presets.h"
+#include "train/engine.h"
 
 /* ------------------------------------------------------------------------------------------ 1. detection, choice */
 
@@ -423,6 +427,190 @@ static void test_backend(snug_backend *be, const char *what, int bf16) {
     free(dh), free(dwh), free(dh0), free(dwh0), free(w16), free(labels);
 }
 
+/* ------------------------------------------------------------------ 16-bit operands, read as they are stored */
+
+/* x (n) rounded to dt and stored in x16; x replaced by the widened values */
+static void to_dt(float *x, uint16_t *x16, size_t n, snug_dtype dt) {
+    for (size_t i = 0; i < n; i++) {
+        x16[i] = dt == SNUG_DT_BF16 ? snug_f32_to_bf16(x[i]) : snug_f32_to_f16(x[i]);
+        x[i] = dt == SNUG_DT_BF16 ? snug_bf16_to_f32(x16[i]) : snug_f16_to_f32(x16[i]);
+    }
+}
+
+static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+/* snug_dnnl_gemm_ex with 16-bit operands (each transpose; dense, so read in place, and with a wider leading
+ * dimension, so copied; one block and blocked) against snug_dnnl_gemm on their widened fp32 copies: the same bits */
+static void test_dnnl16(snug_dnnl *d, const char *what, snug_dtype dt) {
+    int M = 37, N = 29, K = 53, bad = 0, n = 0;
+    for (int blocked = 0; blocked < 2; blocked++) {
+        snug_dnnl_set_operand_bytes(d, blocked ? 2 * 1000 : 0);
+        for (int wide = 0; wide < 2; wide++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    int lda = (ta ? M : K) + 3 * wide, ldb = (tb ? K : N) + 3 * wide;
+                    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
+                    float *A = rand_mat(na), *B = rand_mat(nb), *C = rand_mat((size_t)M * N);
+                    float *C16 = malloc(sizeof(float) * M * N), *C16a = malloc(sizeof(float) * M * N);
+                    uint16_t *A16 = malloc(2 * na), *B16 = malloc(2 * nb);
+                    to_dt(A, A16, na, dt), to_dt(B, B16, nb, dt);
+                    memcpy(C16, C, sizeof(float) * M * N), memcpy(C16a, C, sizeof(float) * M * N);
+                    int rc = snug_dnnl_gemm(d, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, C, N);
+                    rc |= snug_dnnl_gemm_ex(d, ta, tb, M, N, K, 0.5f, A, SNUG_DT_F32, lda, B16, dt, ldb, 1.0f, C16,
+                                            N);
+                    rc |= snug_dnnl_gemm_ex(d, ta, tb, M, N, K, 0.5f, A16, dt, lda, B16, dt, ldb, 1.0f, C16a, N);
+                    bad += rc != 0 || !same(C, C16, (size_t)M * N) || !same(C, C16a, (size_t)M * N);
+                    n++;
+                    free(A), free(B), free(C), free(C16), free(C16a), free(A16), free(B16);
+                }
+    }
+    snug_dnnl_set_operand_bytes(d, 0);
+    printf("  %s, %s operands as stored: %d problems, %d differ from their fp32 copies' bits\n", what,
+           snug_dtype_name(dt), n, bad);
+    CHECKF(bad == 0, "%s: %s operands as stored give the bits of their fp32 copies (%d of %d problems differ)", what,
+           snug_dtype_name(dt), bad, n);
+}
+
+/* matmul_w16_fwd/bwd against matmul_fwd/bwd on the widened weight, and the loss over a 16-bit head read as stored
+ * against the same loss with the slots cleared (the head widened into w_ws): the same bits. slots: 1 when the
+ * backend is expected to fill them. */
+static void test_w16(snug_backend *be, const char *what, int slots) {
+    CHECKF((be->matmul_w16_fwd != NULL) == slots && (be->matmul_w16_bwd != NULL) == slots,
+           "%s: the matmul_w16 slots %s", what, slots ? "filled" : "empty");
+    if (!slots)
+        return;
+    int N = 45, C = 70, OC = 33, V = 173, wb = 50;
+    float *inp = rand_mat((size_t)N * C), *w = rand_mat((size_t)OC * C), *bias = rand_mat(OC);
+    uint16_t *w16 = malloc(2 * (size_t)OC * C);
+    to_dt(w, w16, (size_t)OC * C, SNUG_DT_BF16);
+    float *o1 = malloc(sizeof(float) * N * OC), *o2 = malloc(sizeof(float) * N * OC);
+    be->matmul_fwd(be, o1, inp, w, bias, N, C, OC);
+    be->matmul_w16_fwd(be, o2, inp, w16, SNUG_DT_BF16, bias, N, C, OC);
+    CHECKF(same(o1, o2, (size_t)N * OC), "%s: matmul_w16_fwd gives matmul_fwd's bits", what);
+    float *dout = rand_mat((size_t)N * OC), *dx1 = rand_mat((size_t)N * C), *dw1 = rand_mat((size_t)OC * C);
+    float *db1 = rand_mat(OC), *dx2 = malloc(sizeof(float) * N * C), *dw2 = malloc(sizeof(float) * OC * C);
+    float *db2 = malloc(sizeof(float) * OC);
+    memcpy(dx2, dx1, sizeof(float) * N * C), memcpy(dw2, dw1, sizeof(float) * OC * C), memcpy(db2, db1, 4 * OC);
+    be->matmul_bwd(be, dx1, dw1, db1, dout, inp, w, N, C, OC);
+    be->matmul_w16_bwd(be, dx2, dw2, db2, dout, inp, w16, SNUG_DT_BF16, N, C, OC);
+    CHECKF(same(dx1, dx2, (size_t)N * C) && same(dw1, dw2, (size_t)OC * C) && same(db1, db2, OC),
+           "%s: matmul_w16_bwd gives matmul_bwd's bits", what);
+
+    float *h = rand_mat((size_t)N * C), *hw = rand_mat((size_t)V * C), *wws = malloc(sizeof(float) * wb * C);
+    uint16_t *h16 = malloc(2 * (size_t)V * C);
+    to_dt(hw, h16, (size_t)V * C, SNUG_DT_BF16);
+    int32_t *labels = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++)
+        labels[n] = n % 5 == 2 ? -100 : (n * 41) % V;
+    float *lg = malloc(sizeof(float) * N * V), *dh[2], *dwh[2];
+    double loss[2];
+    void (*fwd)(snug_backend *, float *, const float *, const void *, snug_dtype, const float *, int, int, int) =
+        be->matmul_w16_fwd;
+    void (*bwd)(snug_backend *, float *, float *, float *, const float *, const float *, const void *, snug_dtype,
+                int, int, int) = be->matmul_w16_bwd;
+    for (int r = 0; r < 2; r++) { /* r 0: as stored; r 1: widened block by block, the path without the slots */
+        dh[r] = calloc((size_t)N * C, sizeof(float)), dwh[r] = calloc((size_t)V * C, sizeof(float));
+        if (r)
+            be->matmul_w16_fwd = NULL, be->matmul_w16_bwd = NULL;
+        loss[r] = be->xent_fwd_bwd(be, dh[r], dwh[r], h, h16, SNUG_DT_BF16, labels, N, C, V, 0.125f, lg, 16, wws,
+                                   wb);
+    }
+    be->matmul_w16_fwd = fwd, be->matmul_w16_bwd = bwd;
+    printf("  %s: matmul_w16_fwd/bwd and the loss over a bf16 head as stored: the bits of the widened weights\n",
+           what);
+    CHECKF(!memcmp(&loss[0], &loss[1], sizeof(double)) && same(dh[0], dh[1], (size_t)N * C) &&
+               same(dwh[0], dwh[1], (size_t)V * C),
+           "%s: the loss over a 16-bit head read as stored gives the bits of the widened head (%.17g, %.17g)", what,
+           loss[0], loss[1]);
+    free(inp), free(w), free(bias), free(w16), free(o1), free(o2), free(dout), free(dx1), free(dw1), free(db1);
+    free(dx2), free(dw2), free(db2), free(h), free(hw), free(wws), free(h16), free(labels), free(lg);
+    for (int r = 0; r < 2; r++)
+        free(dh[r]), free(dwh[r]);
+}
+
+/* OpenBLAS's path for a 16-bit operand (a problem oneDNN refused): widened, then the fp32 product, the same bits as
+ * the product of the widened copies; the matrices fit one block */
+static void test_widened(snug_backend *be) {
+    int M = 31, N = 27, K = 40, bad = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2;
+            size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
+            float *A = rand_mat(na), *B = rand_mat(nb), *C = rand_mat((size_t)M * N);
+            float *C2 = malloc(sizeof(float) * M * N);
+            uint16_t *A16 = malloc(2 * na), *B16 = malloc(2 * nb);
+            to_dt(A, A16, na, SNUG_DT_F16), to_dt(B, B16, nb, SNUG_DT_BF16);
+            memcpy(C2, C, sizeof(float) * M * N);
+            snug_cpu_gemm(be, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.5f, C, N);
+            snug_cpu_gemm_ex(be, ta, tb, M, N, K, 1.0f, A16, SNUG_DT_F16, lda, B16, SNUG_DT_BF16, ldb, 0.5f, C2, N);
+            bad += !same(C, C2, (size_t)M * N);
+            free(A), free(B), free(C), free(C2), free(A16), free(B16);
+        }
+    CHECKF(bad == 0, "OpenBLAS: 16-bit operands widened give the bits of their fp32 copies (%d of 4 differ)", bad);
+}
+
+/* A bf16 training step of small Llama and GPT-2 models (GQA, tied and untied heads, biases, LayerNorm) with the
+ * backend's matmul_w16 slots, against the same step with them cleared (every layer widened into wl, the head into
+ * w_ws): the same loss and gradients, bit for bit, once with selective checkpointing too. force: SNUG_CPU_GEMM. */
+static void test_model16(const char *force) {
+    for (int k = 0; k < 3; k++) {
+        snug_model_config c;
+        snug_error e = {0};
+        snug_preset(&c, k == 2 ? "gpt2-124m" : "tiny-llama", 61, &e);
+        if (k == 2)
+            c.hidden_size = 32, c.intermediate_size = 128, c.n_layer = 2, c.n_head = 4, c.n_kv_head = 4;
+        else
+            c.hidden_size = 48, c.intermediate_size = 72, c.n_layer = 2, c.n_head = 6, c.n_kv_head = 2;
+        c.max_position = 64, c.tie_embeddings = k == 1;
+        c.head_dim = c.hidden_size / c.n_head;
+        enum { B = 2, T = 13 };
+        snug_levers lv = {.ckpt = k == 1 ? SNUG_CKPT_SELECTIVE : SNUG_CKPT_NONE, .ckpt_every = 1, .dt = SNUG_DT_BF16};
+        snug_plan_spec spec = {.cfg = c, .B = B, .T = T, .lv = lv, .with_grads = 1};
+        snug_engine g;
+        setenv("SNUG_CPU_GEMM", force, 1);
+        int rc = snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, 2, &e);
+        unsetenv("SNUG_CPU_GEMM");
+        CHECKF(rc == 0, "engine: %s", e.msg);
+        if (rc)
+            return;
+        snug_model *m = &g.model;
+        CHECKF(g.be->matmul_w16_fwd != NULL, "SNUG_CPU_GEMM=%s fills the matmul_w16 slots", force);
+        snug_model_init_random(m, 11);
+        int32_t ids[B * T], labels[B * T], pos[B * T];
+        for (int i = 0; i < B * T; i++)
+            ids[i] = (i * 7 + 3) % c.vocab_size, labels[i] = i % 6 == 0 ? -100 : (i * 5 + 1) % c.vocab_size,
+            pos[i] = i % T;
+        snug_model_set_batch(m, ids, labels, pos, NULL, B, T);
+        size_t ng = m->grads_numel, n16 = m->grads16_numel;
+        float *g32[2];
+        uint16_t *g16[2];
+        double loss[2];
+        void (*fwd)(snug_backend *, float *, const float *, const void *, snug_dtype, const float *, int, int, int) =
+            g.be->matmul_w16_fwd;
+        void (*bwd)(snug_backend *, float *, float *, float *, const float *, const float *, const void *,
+                    snug_dtype, int, int, int) = g.be->matmul_w16_bwd;
+        for (int r = 0; r < 2; r++) { /* r 0: the weights as stored; r 1: the slots cleared */
+            if (r)
+                g.be->matmul_w16_fwd = NULL, g.be->matmul_w16_bwd = NULL;
+            g.be->zero(g.be, m->grads, ng * sizeof(float));
+            loss[r] = snug_model_step(m, 1.0f / 20);
+            g32[r] = malloc(ng * sizeof(float)), g16[r] = malloc(n16 * 2);
+            memcpy(g32[r], m->grads, ng * sizeof(float)), memcpy(g16[r], m->grads16, n16 * 2);
+        }
+        g.be->matmul_w16_fwd = fwd, g.be->matmul_w16_bwd = bwd;
+        printf("  %s%s, SNUG_CPU_GEMM=%s: bf16 step, loss %.17g as stored, %.17g widened\n",
+               k == 2 ? "gpt2" : "llama", k == 1 ? " (tied, selective)" : "", force, loss[0], loss[1]);
+        CHECKF(n16 > 0 && !memcmp(&loss[0], &loss[1], sizeof(double)) && same(g32[0], g32[1], ng) &&
+                   !memcmp(g16[0], g16[1], n16 * 2),
+               "%s%s, SNUG_CPU_GEMM=%s: a bf16 step reading the weights as stored gives the bits of the widened "
+               "ones (loss %.17g, %.17g)", k == 2 ? "gpt2" : "llama", k == 1 ? " (tied, selective)" : "", force,
+               loss[0], loss[1]);
+        for (int r = 0; r < 2; r++)
+            free(g32[r]), free(g16[r]);
+        snug_engine_free(&g);
+    }
+}
+
 /* The first line of a file (its rates) */
 static int read_rates(const char *path, double *gb, double *gf) {
     FILE *fp = fopen(path, "r");
@@ -531,8 +719,15 @@ static int test_dnnl(int bf16) {
         CHECKF(snug_dnnl_bytes(d) > 0 && snug_dnnl_bytes(d) < ((size_t)64 << 20), "%s holds %zu bytes", name,
                snug_dnnl_bytes(d));
     }
+    if (impl) {
+        test_dnnl16(d, name, SNUG_DT_BF16);
+        if (!bf16) /* widened exactly; a bf16 context would round fp16 values */
+            test_dnnl16(d, name, SNUG_DT_F16);
+    }
     snug_dnnl_destroy(d);
     test_backend(be, bf16 ? "backend, oneDNN bf16" : "backend, oneDNN f32", bf16);
+    test_w16(be, bf16 ? "backend, oneDNN bf16" : "backend, oneDNN f32", 1);
+    test_model16(force);
     be->destroy(be);
     if (bf16)
         test_kept_choice();
@@ -572,6 +767,8 @@ static void test_backends(void) {
     CHECKF(be && strstr(be->gemm, "SNUG_CPU_GEMM=openblas"), "%s", be ? be->gemm : e.msg);
     if (be) {
         test_backend(be, "backend, OpenBLAS", 0);
+        test_w16(be, "backend, OpenBLAS", 0);
+        test_widened(be);
         be->destroy(be);
     }
 }

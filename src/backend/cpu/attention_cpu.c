@@ -9,10 +9,11 @@
  * Backward: recomputes p = exp(score - lse), dS = p (dP - D) with D = dout . out. Threads own one (b, kv head) each
  * and loop over that group's query heads and tiles in order, so dq, dk and dv are each written by one thread in a
  * fixed order: race-free, and the same bits for any thread count. The reference for all of this is the naive
- * attention in tests/unit/test_ops.c. */
+ * attention in tests/unit/test_ops.c. The exponentials of a block run in SIMD lanes (expf_cpu.h: libm's bits). */
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/expf_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 
 #define NT(be) ((be)->nthreads)
@@ -118,9 +119,14 @@ void snug_cpu_attention_fwd(snug_backend *be, float *out, float *lse, const floa
                                 oT[i * TQ + r] *= corr;
                             mx[r] = bmx[r];
                         }
+                    float E[ATT_BLK][TQ];
+                    for (int j = 0; j < ns; j++)
+                        for (int r = 0; r < TQ; r++)
+                            E[j][r] = S[j][r] - mx[r];
+                    snug_cpu_expf_n(&E[0][0], &E[0][0], ns * TQ);
                     for (int j = 0; j < ns; j++)
                         for (int r = 0; r < TQ; r++) {
-                            float p = S[j][r] == -INFINITY ? 0.0f : expf(S[j][r] - mx[r]);
+                            float p = S[j][r] == -INFINITY ? 0.0f : E[j][r];
                             S[j][r] = p;
                             sum[r] += p;
                         }
@@ -182,29 +188,41 @@ void snug_cpu_attention_bwd(snug_backend *be, float *dqkv, const float *dout, co
                                 D[r] += dor[r * HD + i] * o[i];
                         }
                     }
-                    for (int s = kmin; s <= tlast; s++) {
-                        const float *k = kbase + (size_t)s * R, *v = vbase + (size_t)s * R;
-                        float *dk = dkbase + (size_t)s * R, *dv = dvbase + (size_t)s * R;
-                        float sc[TQ], dp[TQ], p[TQ], ds[TQ];
-                        tile_dot(sc, k, qT, HD);
-                        tile_dot(dp, v, doT, HD);
-                        for (int r = 0; r < TQ; r++) {
-                            p[r] = (s >= lo[r] && s <= hi[r]) ? expf(scale * sc[r] - L[r]) : 0.0f;
-                            ds[r] = scale * p[r] * (dp[r] - D[r]);
-                        }
-                        for (int i = 0; i < HD; i++)
-#pragma omp simd
+                    /* keys in blocks: their scores and exponentials first (the exponentials in SIMD lanes), then
+                     * each key's updates in order */
+                    for (int s0 = kmin; s0 <= tlast; s0 += ATT_BLK) {
+                        int nb = tlast + 1 - s0 < ATT_BLK ? tlast + 1 - s0 : ATT_BLK;
+                        float SC[ATT_BLK][TQ], DP[ATT_BLK][TQ];
+                        for (int j = 0; j < nb; j++) {
+                            tile_dot(SC[j], kbase + (size_t)(s0 + j) * R, qT, HD);
+                            tile_dot(DP[j], vbase + (size_t)(s0 + j) * R, doT, HD);
                             for (int r = 0; r < TQ; r++)
-                                dqT[i * TQ + r] = MADD(k[i], ds[r], dqT[i * TQ + r]);
-#pragma omp simd
-                        for (int i = 0; i < HD; i++) {
-                            float a = dk[i], c = dv[i];
+                                SC[j][r] = scale * SC[j][r] - L[r];
+                        }
+                        snug_cpu_expf_n(&SC[0][0], &SC[0][0], nb * TQ);
+                        for (int s = s0; s < s0 + nb; s++) {
+                            const float *k = kbase + (size_t)s * R;
+                            float *dk = dkbase + (size_t)s * R, *dv = dvbase + (size_t)s * R;
+                            const float *e = SC[s - s0], *dp = DP[s - s0];
+                            float p[TQ], ds[TQ];
                             for (int r = 0; r < TQ; r++) {
-                                a = MADD(ds[r], qr[r * HD + i], a);
-                                c = MADD(p[r], dor[r * HD + i], c);
+                                p[r] = (s >= lo[r] && s <= hi[r]) ? e[r] : 0.0f;
+                                ds[r] = scale * p[r] * (dp[r] - D[r]);
                             }
-                            dk[i] = a;
-                            dv[i] = c;
+                            for (int i = 0; i < HD; i++)
+#pragma omp simd
+                                for (int r = 0; r < TQ; r++)
+                                    dqT[i * TQ + r] = MADD(k[i], ds[r], dqT[i * TQ + r]);
+#pragma omp simd
+                            for (int i = 0; i < HD; i++) {
+                                float a = dk[i], c = dv[i];
+                                for (int r = 0; r < TQ; r++) {
+                                    a = MADD(ds[r], qr[r * HD + i], a);
+                                    c = MADD(p[r], dor[r * HD + i], c);
+                                }
+                                dk[i] = a;
+                                dv[i] = c;
+                            }
                         }
                     }
                     for (int r = 0; r < nr; r++) {

@@ -19,6 +19,7 @@ void snug_cpu_blas_threads(snug_backend *be) { snug_cpu_blas_set_threads(be->nth
 static void cpu_destroy(snug_backend *be) {
     snug_cpu_ctx *cx = be->ctx;
     snug_dnnl_destroy(cx->dnnl);
+    free(cx->wide[0]), free(cx->wide[1]);
     free(cx);
     free(be);
 }

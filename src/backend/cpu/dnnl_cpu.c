@@ -44,6 +44,10 @@ int snug_dnnl_gemm(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alph
                    const float *B, int ldb, float beta, float *C, int ldc) {
     return -1;
 }
+int snug_dnnl_gemm_ex(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alpha, const void *A, snug_dtype adt,
+                      int lda, const void *B, snug_dtype bdt, int ldb, float beta, float *C, int ldc) {
+    return -1;
+}
 const char *snug_dnnl_impl(snug_dnnl *d, int ta, int tb, int M, int N, int K) { return NULL; }
 size_t snug_dnnl_bytes(const snug_dnnl *d) { return 0; }
 
@@ -328,15 +332,27 @@ static void blocks(size_t cap, int M, int N, int K, int *mb, int *nb, int *kb) {
     *mb = (int)m, *nb = (int)n, *kb = (int)k;
 }
 
-/* dst (rows, cols) dense, from rows of src with leading dimension ld, rounded to the context's dtype */
-static void pack(snug_dnnl *d, void *dst, const float *src, int rows, int cols, int ld) {
+/* dst (rows, cols) dense, from rows of src (stored as sdt) with leading dimension ld, converted to the context's
+ * dtype: fp32 rounded to bf16, bf16 copied, 16-bit widened for an f32 context (fp16 into bf16: widened, then rounded) */
+static void pack(snug_dnnl *d, void *dst, const void *src, snug_dtype sdt, int rows, int cols, int ld) {
+    size_t es = snug_dtype_size(sdt);
 #pragma omp parallel for num_threads(d->nthreads) if ((size_t)rows * cols >= SNUG_CPU_PAR_MIN)
     for (int r = 0; r < rows; r++) {
-        const float *s = src + (size_t)r * ld;
-        if (d->dt == SNUG_DT_BF16)
+        const void *s = (const char *)src + (size_t)r * ld * es;
+        if (d->dt == SNUG_DT_F32) {
+            snug_cpu_row_to_f32((float *)dst + (size_t)r * cols, s, sdt, (size_t)cols);
+        } else if (sdt == SNUG_DT_F32) {
             snug_cpu_row_to_bf16((uint16_t *)dst + (size_t)r * cols, s, (size_t)cols);
-        else
-            memcpy((float *)dst + (size_t)r * cols, s, (size_t)cols * sizeof(float));
+        } else if (sdt == SNUG_DT_BF16) {
+            memcpy((uint16_t *)dst + (size_t)r * cols, s, (size_t)cols * 2);
+        } else {
+            float wide[256];
+            for (int c0 = 0; c0 < cols; c0 += 256) {
+                int n = cols - c0 < 256 ? cols - c0 : 256;
+                snug_cpu_row_to_f32(wide, (const uint16_t *)s + c0, sdt, (size_t)n);
+                snug_cpu_row_to_bf16((uint16_t *)dst + (size_t)r * cols + c0, wide, (size_t)n);
+            }
+        }
     }
 }
 
@@ -353,6 +369,11 @@ static int grow(void **buf, size_t *have, size_t need) {
 
 int snug_dnnl_gemm(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc) {
+    return snug_dnnl_gemm_ex(d, ta, tb, M, N, K, alpha, A, SNUG_DT_F32, lda, B, SNUG_DT_F32, ldb, beta, C, ldc);
+}
+
+int snug_dnnl_gemm_ex(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alpha, const void *A, snug_dtype adt,
+                      int lda, const void *B, snug_dtype bdt, int ldb, float beta, float *C, int ldc) {
     if (!d || M <= 0 || N <= 0 || K <= 0)
         return -1;
     ta = ta ? 1 : 0, tb = tb ? 1 : 0;
@@ -371,13 +392,18 @@ int snug_dnnl_gemm(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alph
                 }
                 pad = e->pad_bytes > pad ? e->pad_bytes : pad;
             }
-    size_t abytes = (size_t)mb * kb * d->esize, bbytes = (size_t)kb * nb * d->esize;
+    /* an operand of the context's dtype that is one dense block is read in place; the others are copied */
+    int whole_k = kb == K, one_n = nb == N; /* then op(A)'s block, or op(B) whole, is copied once */
+    int a_here = adt == d->dt && mb == M && whole_k && lda == (ta ? M : K);
+    int b_here = bdt == d->dt && one_n && whole_k && ldb == (tb ? K : N);
+    size_t abytes = a_here ? 0 : (size_t)mb * kb * d->esize, bbytes = b_here ? 0 : (size_t)kb * nb * d->esize;
     if (grow(&d->ops, &d->ops_bytes, abytes + bbytes) || grow(&d->pad, &d->pad_bytes, pad)) {
         snprintf(dnnl_err, sizeof dnnl_err, "out of memory for the %s GEMM's operand copies", dt_name(d));
         return -1;
     }
-    char *pa = d->ops, *pb = pa + abytes;
-    int whole_k = kb == K, one_n = nb == N; /* then op(A)'s block, or op(B) whole, is copied once */
+    size_t aes = snug_dtype_size(adt), bes = snug_dtype_size(bdt);
+    const char *Ab = A, *Bb = B;
+    char *pa = a_here ? (char *)A : d->ops, *pb = b_here ? (char *)B : (char *)d->ops + abytes;
     for (int m0 = 0; m0 < M; m0 += mb) {
         int mc = M - m0 < mb ? M - m0 : mb;
         for (int n0 = 0; n0 < N; n0 += nb) {
@@ -385,17 +411,17 @@ int snug_dnnl_gemm(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alph
             for (int k0 = 0; k0 < K; k0 += kb) {
                 int kc = K - k0 < kb ? K - k0 : kb;
                 /* op(A)[m0:, k0:] is stored rows m0.. (columns k0..) or, transposed, rows k0.. (columns m0..) */
-                if (!whole_k || n0 == 0) {
+                if (!a_here && (!whole_k || n0 == 0)) {
                     if (ta)
-                        pack(d, pa, A + (size_t)k0 * lda + m0, kc, mc, lda);
+                        pack(d, pa, Ab + ((size_t)k0 * lda + m0) * aes, adt, kc, mc, lda);
                     else
-                        pack(d, pa, A + (size_t)m0 * lda + k0, mc, kc, lda);
+                        pack(d, pa, Ab + ((size_t)m0 * lda + k0) * aes, adt, mc, kc, lda);
                 }
-                if (!whole_k || !one_n || m0 == 0) {
+                if (!b_here && (!whole_k || !one_n || m0 == 0)) {
                     if (tb)
-                        pack(d, pb, B + (size_t)n0 * ldb + k0, nc, kc, ldb);
+                        pack(d, pb, Bb + ((size_t)n0 * ldb + k0) * bes, bdt, nc, kc, ldb);
                     else
-                        pack(d, pb, B + (size_t)k0 * ldb + n0, kc, nc, ldb);
+                        pack(d, pb, Bb + ((size_t)k0 * ldb + n0) * bes, bdt, kc, nc, ldb);
                 }
                 entry *e = lookup(d, ta, tb, mc, nc, kc, ldc, alpha, k0 ? 1.0f : beta);
                 dl.dnnl_memory_set_data_handle(e->src, pa);

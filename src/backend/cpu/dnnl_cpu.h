@@ -11,7 +11,9 @@
  * of at most SNUG_DNNL_OPERAND_BYTES; larger products are computed block by block, each block of C from whole
  * blocks of op(A) and op(B). So the layouts snug passes (transposes, leading dimensions of column blocks) reach
  * oneDNN as dense row-major or transposed matrices, the same for either data type, and the f32 variant proves the
- * plumbing on any CPU. */
+ * plumbing on any CPU. An operand stored in 16 bits (snug_dnnl_gemm_ex) is converted by the same copy, and one
+ * already of the context's dtype, dense and in one block, is not copied: the 16-bit weights of a bf16 run reach the
+ * kernels as stored. */
 #ifndef SNUG_DNNL_CPU_H
 #define SNUG_DNNL_CPU_H
 
@@ -42,6 +44,12 @@ void snug_dnnl_set_operand_bytes(snug_dnnl *d, size_t bytes);
  * reference code, or none) or failed: C is then untouched and the caller computes it another way. K must be > 0. */
 int snug_dnnl_gemm(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);
+/* The same with each operand stored as its own dtype (F32, BF16 or F16; leading dimensions in elements): a 16-bit
+ * operand is converted as it is copied (widened for an f32 context, kept or rounded for bf16), so a bf16 operand
+ * gives bitwise the result of passing its widened fp32 copy. An operand already of the context's dtype, dense and
+ * one block is not copied at all: oneDNN reads it where it is (the 16-bit weights of a bf16 run). */
+int snug_dnnl_gemm_ex(snug_dnnl *d, int ta, int tb, int M, int N, int K, float alpha, const void *A, snug_dtype adt,
+                      int lda, const void *B, snug_dtype bdt, int ldb, float beta, float *C, int ldc);
 
 /* The implementation oneDNN picks for such a product ("brg:avx512_core_amx", "gemm:jit"), or NULL with the reason
  * in snug_dnnl_error() ("oneDNN has no bf16 matmul on this CPU"). */

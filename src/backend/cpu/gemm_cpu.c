@@ -66,15 +66,70 @@ int snug_cpu_gemm_plan(snug_dtype math, const snug_cpu_features *f, const char *
 
 int snug_cpu_bf16_measured_faster(double bf16_gflops, double fp32_gflops) { return bf16_gflops > fp32_gflops; }
 
-void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                   const float *B, int ldb, float beta, float *C, int ldc) {
+/* OpenBLAS on operands of any dtype: a 16-bit one (A first) is widened a block of its stored rows at a time into
+ * the context's fp32 block for it, and each block's product computed on its own: rows of C (A's rows), columns of C
+ * (B's rows, transposed) or, for a block of the K sum, added onto C after the first. -1 when memory is short. */
+static int gemm_widened(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                        snug_dtype adt, int lda, const void *B, snug_dtype bdt, int ldb, float beta, float *C,
+                        int ldc) {
+    if (K <= 0 || (adt == SNUG_DT_F32 && bdt == SNUG_DT_F32)) { /* K = 0 reads neither operand */
+        snug_cpu_blas_threads(be);
+        snug_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return 0;
+    }
+    snug_cpu_ctx *cx = be->ctx;
+    int isa = adt != SNUG_DT_F32, ld = isa ? lda : ldb;
+    snug_dtype xdt = isa ? adt : bdt;
+    const char *X = isa ? A : B;
+    /* the operand's stored rows: A is (M,K) or, transposed, (K,M); B is (K,N) or (N,K) */
+    int rows = isa ? (ta ? K : M) : (tb ? N : K), cols = isa ? (ta ? M : K) : (tb ? K : N);
+    int along_k = isa ? ta : !tb;
+    size_t per = SNUG_CPU_WIDE / (size_t)cols;
+    per = per < 1 ? 1 : per > (size_t)rows ? (size_t)rows : per;
+    size_t need = per * (size_t)cols;
+    if (need > cx->wide_n[isa ? 0 : 1]) {
+        float *p = malloc(need * sizeof(float));
+        if (!p)
+            return -1;
+        free(cx->wide[isa ? 0 : 1]);
+        cx->wide[isa ? 0 : 1] = p, cx->wide_n[isa ? 0 : 1] = need;
+    }
+    float *w = cx->wide[isa ? 0 : 1];
+    size_t xes = snug_dtype_size(xdt), aes = snug_dtype_size(adt), bes = snug_dtype_size(bdt);
+    for (int r0 = 0; r0 < rows; r0 += (int)per) {
+        int rc = rows - r0 < (int)per ? rows - r0 : (int)per;
+#pragma omp parallel for num_threads(be->nthreads) if ((size_t)rc * cols >= SNUG_CPU_PAR_MIN)
+        for (int r = 0; r < rc; r++)
+            snug_cpu_row_to_f32(w + (size_t)r * cols, X + ((size_t)(r0 + r) * ld) * xes, xdt, (size_t)cols);
+        int rc_ = 0;
+        if (!along_k && isa) /* rows r0.. of op(A): rows of C */
+            rc_ = gemm_widened(be, ta, tb, rc, N, K, alpha, w, SNUG_DT_F32, cols, B, bdt, ldb, beta,
+                               C + (size_t)r0 * ldc, ldc);
+        else if (!along_k) /* rows r0.. of B stored (N,K): columns of C */
+            rc_ = gemm_widened(be, ta, tb, M, rc, K, alpha, A, adt, lda, w, SNUG_DT_F32, cols, beta, C + r0, ldc);
+        else if (isa) /* op(A)'s columns k = r0..: B's rows k (its columns when transposed) */
+            rc_ = gemm_widened(be, ta, tb, M, N, rc, alpha, w, SNUG_DT_F32, cols,
+                               (const char *)B + (tb ? (size_t)r0 : (size_t)r0 * ldb) * bes, bdt, ldb,
+                               r0 ? 1.0f : beta, C, ldc);
+        else /* op(B)'s rows k = r0..: A's columns k (its rows when transposed) */
+            rc_ = gemm_widened(be, ta, tb, M, N, rc, alpha,
+                               (const char *)A + (ta ? (size_t)r0 * lda : (size_t)r0) * aes, adt, lda, w,
+                               SNUG_DT_F32, cols, r0 ? 1.0f : beta, C, ldc);
+        if (rc_)
+            return rc_;
+    }
+    return 0;
+}
+
+void snug_cpu_gemm_ex(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                      snug_dtype adt, int lda, const void *B, snug_dtype bdt, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0)
         return;
     snug_cpu_ctx *cx = be->ctx;
     if (cx && cx->dnnl && K > 0) {
         if (cx->err.code) /* after a failure nothing more is computed; the caller stops at its next check */
             return;
-        int rc = snug_dnnl_gemm(cx->dnnl, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        int rc = snug_dnnl_gemm_ex(cx->dnnl, ta, tb, M, N, K, alpha, A, adt, lda, B, bdt, ldb, beta, C, ldc);
         if (rc == 0)
             return;
         if (rc == -2) {
@@ -83,8 +138,14 @@ void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float 
             return;
         }
     }
-    snug_cpu_blas_threads(be);
-    snug_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (gemm_widened(be, ta, tb, M, N, K, alpha, A, adt, lda, B, bdt, ldb, beta, C, ldc) && !cx->err.code)
+        snug_fail(&cx->err, SNUG_ENOMEM, "out of memory for the fp32 copy of a 16-bit GEMM operand (%zu MiB)",
+                  SNUG_CPU_WIDE * sizeof(float) >> 20);
+}
+
+void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
+    snug_cpu_gemm_ex(be, ta, tb, M, N, K, alpha, A, SNUG_DT_F32, lda, B, SNUG_DT_F32, ldb, beta, C, ldc);
 }
 
 static double now(void) {
@@ -192,6 +253,7 @@ int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, sn
     be->math = math;
     snug_dnnl_destroy(cx->dnnl);
     cx->dnnl = NULL;
+    be->matmul_w16_fwd = NULL, be->matmul_w16_bwd = NULL;
     const char *blas = snug_cpu_blas_describe(), *under = math == SNUG_DT_BF16 ? " under bf16" : "";
     if (kind == SNUG_CPU_GEMM_OPENBLAS) {
         if (why[0])
@@ -246,6 +308,7 @@ int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, sn
                  K, where);
     }
     cx->dnnl = d;
+    be->matmul_w16_fwd = snug_cpu_matmul_w16_fwd, be->matmul_w16_bwd = snug_cpu_matmul_w16_bwd;
     /* "oneDNN 2.6.3 bf16 on AMX, fp32 accumulation (brg:avx512_core_amx; ...); else OpenBLAS ..." */
     snprintf(cx->gemm, sizeof cx->gemm, "%s %s %s%s%s, fp32 accumulation (%s%s; operand copies within %zu MiB); "
              "else %s", snug_dnnl_version(), dtn, forced ? "(" : "on ", why, forced ? ")" : "", impl, note,

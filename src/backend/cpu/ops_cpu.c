@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/expf_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 
 #define NT(be) ((be)->nthreads)
@@ -185,8 +186,9 @@ void snug_cpu_layernorm_bwd(snug_backend *be, float *dinp, float *dw, float *db,
 
 /* ------------------------------------------------------------------------------------------------ linear layers */
 
-void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
-                         int C, int OC) {
+/* The linear layer over a weight stored as wdt (fp32, or 16-bit read as stored: matmul_w16_fwd/bwd) */
+static void matmul_fwd(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                       const float *bias, int N, int C, int OC) {
     // out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC): the bias is written first and the GEMM adds onto it
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
@@ -196,15 +198,38 @@ void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const f
             memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    snug_cpu_gemm(be, 0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+    snug_cpu_gemm_ex(be, 0, 1, N, OC, C, 1.0f, inp, SNUG_DT_F32, C, w, wdt, C, beta, out, OC);
 }
+
+void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const float *w, const float *bias, int N,
+                         int C, int OC) {
+    matmul_fwd(be, out, inp, w, SNUG_DT_F32, bias, N, C, OC);
+}
+
+void snug_cpu_matmul_w16_fwd(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                             const float *bias, int N, int C, int OC) {
+    matmul_fwd(be, out, inp, w, wdt, bias, N, C, OC);
+}
+
+static void matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                       const void *w, snug_dtype wdt, int N, int C, int OC);
 
 void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int C, int OC) {
+    matmul_bwd(be, dinp, dw, dbias, dout, inp, w, SNUG_DT_F32, N, C, OC);
+}
+
+void snug_cpu_matmul_w16_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                             const float *inp, const void *w, snug_dtype wdt, int N, int C, int OC) {
+    matmul_bwd(be, dinp, dw, dbias, dout, inp, w, wdt, N, C, OC);
+}
+
+static void matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                       const void *w, snug_dtype wdt, int N, int C, int OC) {
     if (N <= 0 || C <= 0 || OC <= 0)
         return;
     if (dinp) // dinp (N,C) += dout (N,OC) @ w (OC,C)
-        snug_cpu_gemm(be, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        snug_cpu_gemm_ex(be, 0, 0, N, C, OC, 1.0f, dout, SNUG_DT_F32, OC, w, wdt, C, 1.0f, dinp, C);
     if (dw) // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
         snug_cpu_gemm(be, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) { // dbias (OC) += column sums of dout
@@ -264,8 +289,15 @@ void snug_cpu_swiglu_fwd(snug_backend *be, float *out, const float *gu, int N, i
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * I, *u = g + I;
         float *o = out + (size_t)n * I;
-        for (int i = 0; i < I; i++)
-            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int i0 = 0; i0 < I; i0 += 64) { /* exp(-gate) 64 at a time in SIMD lanes (expf_cpu.h) */
+            int m = I - i0 < 64 ? I - i0 : 64;
+            float e[64];
+            for (int i = 0; i < m; i++)
+                e[i] = -g[i0 + i];
+            snug_cpu_expf_n(e, e, m);
+            for (int i = 0; i < m; i++)
+                o[i0 + i] = g[i0 + i] / (1.0f + e[i]) * u[i0 + i];
+        }
     }
 }
 
@@ -275,10 +307,18 @@ void snug_cpu_swiglu_bwd(snug_backend *be, float *dgu, const float *dout, const 
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
         float *dg = dgu + (size_t)n * 2 * I, *du = dg + I;
-        for (int i = 0; i < I; i++) {
-            float sig = 1.0f / (1.0f + expf(-g[i]));
-            dg[i] += d[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
-            du[i] += d[i] * (g[i] * sig);
+        for (int i0 = 0; i0 < I; i0 += 64) {
+            int m = I - i0 < 64 ? I - i0 : 64;
+            float e[64];
+            for (int i = 0; i < m; i++)
+                e[i] = -g[i0 + i];
+            snug_cpu_expf_n(e, e, m);
+            for (int j = 0; j < m; j++) {
+                int i = i0 + j;
+                float sig = 1.0f / (1.0f + e[j]);
+                dg[i] += d[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
+                du[i] += d[i] * (g[i] * sig);
+            }
         }
     }
 }
@@ -392,7 +432,8 @@ void snug_cpu_adamw(snug_backend *be, float *p, const float *g, float *m, float 
     float neg_step_size = (float)-(lr_d / bc1);
     float bc2_sqrt = (float)sqrt(bc2);
     int lerp_small = fabsf(w1) < 0.5f; /* torch's lerp picks its formula by the weight */
-#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    /* elementwise with no dependence between elements (simd): vector sqrt and division round as the scalar ones */
+#pragma omp parallel for simd num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         float pi = p[i] * decay;

@@ -31,6 +31,8 @@ typedef struct {
     char gemm[1024];        /* be->gemm: the kernels in use and why */
     snug_error err;         /* the first failure (code 0: none); only a oneDNN GEMM can fail; read by be->check */
     double sumsq_acc;       /* be->sumsq_acc's accumulator */
+    float *wide[2];         /* OpenBLAS's fp32 blocks of 16-bit operands (A, B), when oneDNN refused a problem */
+    size_t wide_n[2];       /* their capacities in floats */
 } snug_cpu_ctx;
 
 void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N, int C,
@@ -50,6 +52,10 @@ void snug_cpu_matmul_fwd(snug_backend *be, float *out, const float *inp, const f
                          int C, int OC);
 void snug_cpu_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int N, int C, int OC);
+void snug_cpu_matmul_w16_fwd(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                             const float *bias, int N, int C, int OC);
+void snug_cpu_matmul_w16_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                             const float *inp, const void *w, snug_dtype wdt, int N, int C, int OC);
 
 void snug_cpu_rope_fwd(snug_backend *be, float *x, const int32_t *pos, const float *cos, const float *sin, int N,
                        int H, int HD, int stride);
@@ -80,6 +86,14 @@ void snug_cpu_scale(snug_backend *be, float *x, float s, size_t n);
  * snug_cpu_set_math (the set_math slot) chose: OpenBLAS, or oneDNN with bf16 operands */
 void snug_cpu_gemm(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);
+/* The same with each operand stored as its dtype (F32, BF16, F16): oneDNN reads 16-bit operands as they are; a
+ * problem it refuses runs on OpenBLAS, a 16-bit operand widened into fp32 blocks of at most SNUG_CPU_WIDE floats
+ * (memory outside the arenas, held for the backend's life) */
+#define SNUG_CPU_WIDE ((size_t)1 << 20)
+void snug_cpu_gemm_ex(snug_backend *be, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                      snug_dtype adt, int lda, const void *B, snug_dtype bdt, int ldb, float beta, float *C, int ldc);
+/* 1 when the GEMMs take 16-bit weights as stored (oneDNN chosen: set_math then fills the matmul_w16 slots) */
+static inline int snug_cpu_takes16(const snug_backend *be) { return be->matmul_w16_fwd != NULL; }
 int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e);
 void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
                               const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,

@@ -5,10 +5,12 @@
  * G = grad_scale * (softmax - onehot), from which two more GEMMs give dh_chunk += G @ w and dw += G^T @ h_chunk.
  * The full (N,V) logits never exist. Chunks without any supervised token are skipped. A 16-bit w is widened `wblock`
  * rows at a time into w_ws for the two GEMMs that read it (twice per chunk: conversion is O(V*C) against the GEMMs'
- * O(chunk*V*C)), so no fp32 copy of the whole head exists either. */
+ * O(chunk*V*C)), so no fp32 copy of the whole head exists either; where the GEMMs run on oneDNN
+ * (snug_cpu_takes16) each block goes to them as stored instead, the same GEMMs on the same values. */
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/expf_cpu.h"
 #include "backend/cpu/ops_cpu.h"
 
 #define NT(be) ((be)->nthreads)
@@ -23,13 +25,19 @@ static void gemm_w(snug_backend *be, int back, float *out, const float *in, cons
             snug_cpu_gemm(be, 0, 1, nc, V, C, 1.0f, in, C, w, C, 0.0f, out, V);
         return;
     }
+    int as_stored = snug_cpu_takes16(be);
     for (int v0 = 0; v0 < V; v0 += wblock) {
         int vb = V - v0 < wblock ? V - v0 : wblock;
-        snug_cpu_from16(be, w_ws, (const uint16_t *)w + (size_t)v0 * C, (size_t)vb * C, wdt);
+        const void *wb = (const uint16_t *)w + (size_t)v0 * C;
+        snug_dtype bdt = wdt;
+        if (!as_stored) {
+            snug_cpu_from16(be, w_ws, wb, (size_t)vb * C, wdt);
+            wb = w_ws, bdt = SNUG_DT_F32;
+        }
         if (back) // dh (nc,C) += G[:, v0:v0+vb] @ w_block (vb,C)
-            snug_cpu_gemm(be, 0, 0, nc, C, vb, 1.0f, in + v0, V, w_ws, C, 1.0f, out, C);
+            snug_cpu_gemm_ex(be, 0, 0, nc, C, vb, 1.0f, in + v0, SNUG_DT_F32, V, wb, bdt, C, 1.0f, out, C);
         else // logits[:, v0:v0+vb] = hc (nc,C) @ w_block^T
-            snug_cpu_gemm(be, 0, 1, nc, vb, C, 1.0f, in, C, w_ws, C, 0.0f, out + v0, V);
+            snug_cpu_gemm_ex(be, 0, 1, nc, vb, C, 1.0f, in, SNUG_DT_F32, C, wb, bdt, C, 0.0f, out + v0, V);
     }
 }
 
@@ -74,10 +82,11 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
                 for (int v = 1; v < V; v++)
                     mx = row[v] > mx ? row[v] : mx;
                 double sum = 0.0;
-                for (int v = 0; v < V; v++) { // the row becomes exp(logit - max)
-                    row[v] = expf(row[v] - mx);
+                for (int v = 0; v < V; v++) // the row becomes exp(logit - max)
+                    row[v] -= mx;
+                snug_cpu_expf_n(row, row, V);
+                for (int v = 0; v < V; v++)
                     sum += row[v];
-                }
                 acc += mx + log(sum) - zy;
                 if (grad) { // row <- grad_scale * (softmax - onehot)
                     float k = (float)(grad_scale / sum);
