@@ -987,6 +987,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (metrics)
         fclose(metrics);
     if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded)) {
+        /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
+         * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
+        for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
+            snug_engine_release(&r.eng, (snug_category)c);
         /* a failure mid-stream leaves the others in a gather: mpirun (or dist_timeout) ends them */
         if ((rc = zero_save_master(&r, &comm, shard, e)))
             broken = 1;
