@@ -192,6 +192,15 @@ static const void *gathered_layer(snug_model *m, int l) {
     return m->gbuf[k];
 }
 
+float *snug_model_host_scratch(snug_model *m, size_t n) {
+    if (!m->param_sharded || !m->be->host_resident || m->gregion_n * snug_dtype_size(m->lv.dt) < n * sizeof(float))
+        return NULL;
+    m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+    m->gglob_ok = 0;
+    m->wl_layer = -1;
+    return m->gglob;
+}
+
 void snug_model_skip_step(snug_model *m, int train) {
     int L = m->cfg.n_layer;
     if (m->param_sharded) {

@@ -337,6 +337,11 @@ float *snug_model_host_params(const snug_model *m);
  * as m->lv.dt), else in params (F32). */
 const void *snug_model_stored(const snug_model *m, size_t offset);
 
+/* ZeRO-3 on a backend whose memory is host memory: the gather region as n floats of host scratch, when it is that
+ * large (what it held is gathered again before it is read); NULL otherwise. Loading stages each tensor there, so
+ * the load needs no tensor-sized buffer beside the arenas. */
+float *snug_model_host_scratch(snug_model *m, size_t n);
+
 /* ZeRO-3: the collectives of one snug_model_step without its compute, in the same order (the gathers of forward
  * and, with train, those of backward with each layer's grads-ready callback): a rank with no micro-batch left at the
  * end of an epoch, or no validation micro-batch of its own, still joins every other rank's gathers. Nothing without
