@@ -17,7 +17,7 @@
 # and a damaged or missing shard file are refused (exit 2) on every rank. Stage 3 (the parameters too: each layer
 # all-gathered before its forward and backward, the global tensors before the embedding and the loss): DDP's bits at
 # 2 and 3 ranks, fp32 and bf16 with the master copy, with gradient checkpointing, with evaluation and over the epoch
-# whose last step leaves ranks idle (they join the gathers); with accumulation stage 2's bits (the same sums in the
+# whose last step leaves ranks idle (they join the gathers), loading a Hugging Face folder; with accumulation stage 2's bits (the same sums in the
 # same order); the parameters arena of each rank is its shard plus the gather region the header names, the shards
 # summing to DDP's arena. Stage 3 writes no checkpoints yet and refuses save_steps and resume_from_checkpoint. The
 # settings not built are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI build.
@@ -163,6 +163,8 @@ check 3 val_3 3 --val_set_size 0.1 --eval_steps 2
   [ "$(grep -o '"val_loss": [^,}]*' "$W/zero3_val_3/metrics.jsonl")" = "$(grep -o '"val_loss": [^,}]*' "$W/ddp_val_3/metrics.jsonl")" ] &&
   ok || bad "zero3_val_3: the validation losses differ from DDP's"
 check 3 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+# loading a Hugging Face folder: each rank keeps its shard of every tensor (staged in the gather region)
+check 3 load_3 3 --base_model "$W/ddp_adamw3" --max_steps 2
 # accumulation: the floor is how far other orders of the same sums move the logged numbers: one process accumulating
 # 6 micro-batches against DDP's 3 x 2 and 2 x 3, and at least one step of the printed gradient norm's last digit;
 # stage 2 reorders them once more
