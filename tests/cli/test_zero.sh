@@ -17,9 +17,9 @@
 # and a damaged or missing shard file are refused (exit 2) on every rank. Stage 3 (the parameters too: each layer
 # all-gathered before its forward and backward, the global tensors before the embedding and the loss): DDP's bits at
 # 2 and 3 ranks, fp32 and bf16 with the master copy, with gradient checkpointing, with evaluation and over the epoch
-# whose last step leaves ranks idle (they join the gathers), loading a Hugging Face folder; with accumulation stage 2's bits (the same sums in the
-# same order); the parameters arena of each rank is its shard plus the gather region the header names, the shards
-# summing to DDP's arena. Stage 3 writes no checkpoints yet and refuses save_steps and resume_from_checkpoint. The
+# whose last step leaves ranks idle (they join the gathers), and loading a Hugging Face folder; with accumulation
+# stage 2's bits (the same sums in the same order); the parameters arena of each rank is its shard plus the gather
+# region the header names, the shards summing to DDP's arena. Stage 3 writes no checkpoints yet and refuses save_steps and resume_from_checkpoint. The
 # settings not built are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI build.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
