@@ -183,14 +183,16 @@ static const key_spec keys[] = {
      .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage (offloading is refused; the "
              "file's other settings are DeepSpeed's own and are not read)"},
     {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
-     .help = "FSDP's sharding, as Hugging Face's Trainer takes it: shard_grad_op is zero_stage 2, no_shard 0, "
-             "auto_wrap is accepted (snug shards and reduces layer by layer anyway); full_shard (stage 3) and "
-             "offload are not built yet"},
+     .help = "FSDP's sharding, as Hugging Face's Trainer takes it: full_shard is zero_stage 3, shard_grad_op 2, "
+             "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); offload is not "
+             "built yet"},
     {.name = "zero_stage", .type = KT_INT, .group = G_BATCH, AT_INT(zero_stage), .def = "0", MIN(0),
      .help = "ZeRO over the ranks: 1 = each rank keeps the optimizer state of 1/N of the parameters, steps only those "
              "after a reduce-scatter of the gradients and all-gathers the updated parameters (the same results as "
              "ddp); 2 = also the gradients: each layer's are reduce-scattered as backward completes them, every "
-             "micro-batch, into the rank's shard; 0 = every rank holds everything; 3 is not built yet"},
+             "micro-batch, into the rank's shard; 3 = also the parameters: each layer is all-gathered before its forward "
+             "and its backward, the global tensors before the embedding and the loss (no checkpoints yet); 0 = every "
+             "rank holds everything"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
@@ -391,8 +393,8 @@ static const key_spec keys[] = {
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
-    LATER("fsdp_config", KT_MAP, "fsdp_sharding_strategy FULL_SHARD is ZeRO stage 3, not built yet; SHARD_GRAD_OP is "
-                                 "stage 2: write fsdp: [shard_grad_op] or zero_stage: 2 instead"),
+    LATER("fsdp_config", KT_MAP, "FSDP's options map; its fsdp_sharding_strategy FULL_SHARD is ZeRO stage 3, "
+                                 "SHARD_GRAD_OP stage 2: write fsdp: [full_shard] or zero_stage: 3 (or 2) instead"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
     LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
     LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
@@ -1092,9 +1094,8 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
                        ds);
     else if (st && (!json_is_integer(st) || json_integer_value(st) < 0 || json_integer_value(st) > 3))
         rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage must be 0, 1, 2 or 3", ds);
-    else if (st && (stage = (int)json_integer_value(st)) > 2)
-        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.stage %d (parameters sharded) is not "
-                       "supported yet; set it to 2 (optimizer state and gradients sharded), 1 or 0", ds, stage);
+    else if (st)
+        stage = (int)json_integer_value(st);
     static const char *const offloads[] = {"offload_optimizer", "offload_param"};
     for (int i = 0; !rc && z && i < 2; i++) {
         json_t *off = json_object_get(z, offloads[i]), *dev = off ? json_object_get(off, "device") : NULL;
@@ -1113,8 +1114,8 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
     return rc;
 }
 
-/* fsdp: [shard_grad_op, auto_wrap]. Its strategy means a ZeRO stage (SHARD_GRAD_OP = 2, NO_SHARD = 0; FULL_SHARD
- * = 3 is not built), which sets zero_stage (a zero_stage given too must agree). */
+/* fsdp: [full_shard, auto_wrap]. Its strategy means a ZeRO stage (FULL_SHARD = 3, SHARD_GRAD_OP = 2, NO_SHARD =
+ * 0), which sets zero_stage (a zero_stage given too must agree). */
 static int apply_fsdp(snug_run_config *o, snug_error *e) {
     int stage = -1;
     for (const char *p = o->fsdp; *p;) {
@@ -1124,11 +1125,10 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
         else if (k == 8 && !strncmp(p, "no_shard", k))
             stage = stage < 0 ? 0 : stage;
         else if (k == 10 && !strncmp(p, "full_shard", k))
-            return snug_fail(e, SNUG_EINPUT, "fsdp: full_shard is ZeRO stage 3 (parameters sharded), not supported "
-                             "yet; use shard_grad_op (stage 2: optimizer state and gradients sharded)");
+            stage = 3;
         else if (k && !(k == 9 && !strncmp(p, "auto_wrap", k)))
-            return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes shard_grad_op, no_shard and "
-                             "auto_wrap (full_shard and offload are not built yet)", (int)k, p);
+            return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes full_shard, shard_grad_op, "
+                             "no_shard and auto_wrap (offload is not built yet)", (int)k, p);
         p += k;
         p += strspn(p, ", ");
     }

@@ -777,7 +777,7 @@ static void print_ranks(const report *r, FILE *f) {
         for (int i = 0; i < 6; i++)
             snug_format_bytes(b[i], sizeof b[i], v[i]);
         char name[16];
-        snprintf(name, sizeof name, "%s%s", mode_names[z], m->estimated ? "*" : "");
+        snprintf(name, sizeof name, "%s", mode_names[z]);
         fprintf(f, "  %-8s %11s %11s %11s %11s %11s %11s", name, b[0], b[1], b[2], b[3], b[4], b[5]);
         if (g) {
             char cb[32];
@@ -790,9 +790,9 @@ static void print_ranks(const report *r, FILE *f) {
     char text[1400];
     int host = r->modes[0].host_total > 0;
     snprintf(text, sizeof text, "per rank: the device memory with the cuda runtime overhead%s; the rest: activations, "
-             "workspace, data. ddp, zero-1 and zero-2 come from the layout code the trainer allocates with (the "
-             "largest rank's shards); * marks a mode estimated by ZeRO's formula because snug has not built it yet "
-             "(zero-3: the parameters 1/N + two layers; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
+             "workspace, data. Every mode comes from the layout code the trainer allocates with (the largest "
+             "rank's shards; zero-3's parameters are the rank's shard and one gather region of max(the global "
+             "tensors, two layers); see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
     wrap(f, "  ", 4, text, 118);
     if (!g)
         return;
@@ -805,8 +805,7 @@ static void print_ranks(const report *r, FILE *f) {
     if (r->mode_choice >= 0)
         snprintf(text, sizeof text, "chosen: %s, the mode that fits in %s at the least predicted step time (%.1f%% "
                  "over the compute alone)%s", mode_names[r->mode_choice], b[0],
-                 100.0 * (r->modes[r->mode_choice].step_s / r->modes[r->mode_choice].compute_s - 1.0),
-                 r->mode_choice > 2 ? "; snug trains zero_stage 0 to 2 so far" : "");
+                 100.0 * (r->modes[r->mode_choice].step_s / r->modes[r->mode_choice].compute_s - 1.0), "");
     else
         snprintf(text, sizeof text, "no mode fits in %s per GPU; more GPUs, or the levers above, shrink each rank",
                  b[0]);
@@ -817,8 +816,8 @@ static json_t *ranks_json(const report *r) {
     json_t *modes = json_array();
     for (int z = 0; z < 4; z++) {
         const snug_rank_mode *m = &r->modes[z];
-        json_t *o = json_pack("{s:s, s:i, s:b, s:o, s:I, s:I, s:f, s:f}", "mode", mode_names[z], "zero_stage", z,
-                              "estimated", m->estimated, "bytes", json_object(), "total", (json_int_t)m->total,
+        json_t *o = json_pack("{s:s, s:i, s:o, s:I, s:I, s:f, s:f}", "mode", mode_names[z], "zero_stage", z,
+                              "bytes", json_object(), "total", (json_int_t)m->total,
                               "host_total", (json_int_t)m->host_total, "need", m->need, "comm_bytes", m->comm_bytes);
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             json_object_set_new(json_object_get(o, "bytes"), snug_category_name((snug_category)c),

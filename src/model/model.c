@@ -139,11 +139,88 @@ static void globals_span(const snug_model *m, size_t *offset, size_t *numel) {
 }
 
 float *snug_model_host_params(const snug_model *m) {
-    return m->be->host_resident && !is16(m) ? m->params : NULL;
+    return m->be->host_resident && !is16(m) && !m->param_sharded ? m->params : NULL;
+}
+
+/* ZeRO-3: where global parameter `offset` is in gglob (pre-layer globals first, then the post-layer ones). */
+static size_t gglob_at(const snug_model *m, size_t offset) {
+    return offset < m->gpre_n ? offset : m->gpre_n + (offset - (m->table.total - m->gpost_n));
 }
 
 const void *snug_model_stored(const snug_model *m, size_t offset) {
+    if (m->param_sharded) /* the global tensors, as last gathered */
+        return (const char *)m->gglob + gglob_at(m, offset) * snug_dtype_size(m->lv.dt);
     return is16(m) ? (const void *)(m->params16 + offset) : (const void *)(m->params + offset);
+}
+
+/* ZeRO-3: table elements [offset, offset+numel) of every rank's shard into dst (stored dtype): this rank's piece
+ * copied from its shard, the others' by the gather callback. */
+static void gather_range(snug_model *m, void *dst, size_t offset, size_t numel) {
+    size_t es = snug_dtype_size(m->lv.dt), lo = m->pshard_lo, hi = lo + m->pshard_n;
+    size_t a = offset > lo ? offset : lo, b = offset + numel < hi ? offset + numel : hi;
+    const char *src = is16(m) ? (const char *)m->params16 : (const char *)m->params;
+    if (b > a)
+        m->be->to_device(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
+    if (m->gather_params)
+        m->gather_params(m->gather_params_ud, dst, offset, numel);
+}
+
+/* ZeRO-3: the global tensors into gglob (it aliases the layer buffers, which are then empty). */
+static void gather_globals(snug_model *m) {
+    if (!m->param_sharded || m->gglob_ok)
+        return;
+    size_t es = snug_dtype_size(m->lv.dt);
+    if (m->gpre_n)
+        gather_range(m, m->gglob, 0, m->gpre_n);
+    if (m->gpost_n)
+        gather_range(m, (char *)m->gglob + m->gpre_n * es, m->table.total - m->gpost_n, m->gpost_n);
+    m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+    m->wl_layer = -1;
+    m->gglob_ok = 1;
+}
+
+/* ZeRO-3: layer l's parameters (stored dtype) in its gather buffer, gathered unless it is still there. On the CPU
+ * and MPI the gather is blocking (sequential); the second buffer is where the next layer goes, so a non-blocking
+ * gather can fill it while this one runs. */
+static const void *gathered_layer(snug_model *m, int l) {
+    int k = l % 2;
+    if (m->gbuf_layer[k] != l) {
+        m->gglob_ok = 0;
+        gather_range(m, m->gbuf[k], m->table.layer_offset[l], m->table.layer_numel[l]);
+        m->gbuf_layer[k] = l;
+    }
+    return m->gbuf[k];
+}
+
+float *snug_model_host_scratch(snug_model *m, size_t n) {
+    if (!m->param_sharded || !m->be->host_resident || m->gregion_n * snug_dtype_size(m->lv.dt) < n * sizeof(float))
+        return NULL;
+    m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+    m->gglob_ok = 0;
+    m->wl_layer = -1;
+    return m->gglob;
+}
+
+void snug_model_skip_step(snug_model *m, int train) {
+    int L = m->cfg.n_layer;
+    if (m->param_sharded) {
+        m->gglob_ok = 0;
+        m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+        gather_globals(m);
+        for (int l = 0; l < L; l++)
+            (void)gathered_layer(m, l);
+        gather_globals(m);
+    }
+    if (!train)
+        return;
+    for (int l = L - 1; l >= 0; l--) {
+        if (m->param_sharded)
+            (void)gathered_layer(m, l);
+        if (m->on_grads_ready)
+            m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
+    }
+    if (m->on_grads_ready)
+        m->on_grads_ready(m->on_grads_ready_ud, -1, 0, 0);
 }
 
 int snug_model_layer_full_ckpt(const snug_model *m, int l) {
@@ -459,8 +536,25 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->params = NULL;
     m->params16 = NULL;
     m->emb16 = NULL;
+    m->gbuf[0] = m->gbuf[1] = m->gglob = NULL;
+    m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+    m->gglob_ok = 0;
+    m->gpre_n = m->gpost_n = m->gbuf_n = m->gregion_n = 0;
+    if (m->param_sharded) { /* ZeRO-3: the rank's shard, and one gather region for a layer pair or the globals */
+        size_t es = snug_dtype_size(m->lv.dt), lay = (largest_layer(m) + 31) / 32 * 32; /* buffer 1 aligned */
+        m->gpre_n = L > 0 ? m->table.layer_offset[0] : m->table.total;
+        m->gpost_n = L > 0 ? m->table.total - (m->table.layer_offset[L - 1] + m->table.layer_numel[L - 1]) : 0;
+        size_t region = m->gpre_n + m->gpost_n > 2 * lay ? m->gpre_n + m->gpost_n : 2 * lay;
+        m->gbuf_n = lay;
+        m->gregion_n = region;
+        char *g = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (region ? region : 1) * es, e);
+        if (!g)
+            return e ? e->code : SNUG_ENOMEM;
+        m->gglob = m->gbuf[0] = g;
+        m->gbuf[1] = g + lay * es;
+    }
     if (half) {
-        CARVE(m->params16, SNUG_MEM_PARAMS, m->dense_total);
+        CARVE(m->params16, SNUG_MEM_PARAMS, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->dense_total);
         if (m->emb_entry >= 0) /* offload_embedding: the frozen table in host memory */
             CARVE(m->emb16, SNUG_MEM_OFFLOAD, m->table.e[m->emb_entry].numel);
         if (m->lv.master_weights)
@@ -475,7 +569,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
                 m->q4_block[i] = blk;
             }
     } else {
-        CARVE(m->params, SNUG_MEM_PARAMS, m->table.total);
+        CARVE(m->params, SNUG_MEM_PARAMS, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->table.total);
     }
     m->grads = NULL;
     m->grads16 = NULL;
@@ -625,8 +719,19 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     }
 
     if (!snug_arena_counting(&A->a[SNUG_MEM_PARAMS])) {
-        if (m->params && !m->master_sharded)
+        if (m->params && !m->master_sharded && !m->param_sharded)
             make_views(m, m->params, NULL, 0, &m->w);
+        if (m->param_sharded && !half) { /* fp32 ZeRO-3: the globals' views into gglob, the layers' per buffer */
+            size_t *off = malloc((size_t)m->table.n * sizeof *off);
+            if (!off)
+                return snug_fail(e, SNUG_ENOMEM, "out of host memory");
+            for (int i = 0; i < m->table.n; i++)
+                off[i] = m->table.e[i].layer < 0 ? gglob_at(m, m->table.e[i].offset) : 0;
+            make_views(m, m->gglob, off, 1, &m->w);
+            free(off);
+            layer_views(m, m->gbuf[0], &m->gbuf_t[0]);
+            layer_views(m, m->gbuf[1], &m->gbuf_t[1]);
+        }
         if (m->grads)
             make_views(m, m->grads, m->grad_off, m->grads16 != NULL, &m->g);
         if (m->wl && m->q4)
@@ -741,6 +846,19 @@ static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5)
 
 void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_t n) {
     snug_backend *be = m->be;
+    if (m->param_sharded) { /* ZeRO-3: only the shard's part of the range is kept (and, 16-bit, its master) */
+        size_t a = offset > m->pshard_lo ? offset : m->pshard_lo;
+        size_t b = offset + n < m->pshard_lo + m->pshard_n ? offset + n : m->pshard_lo + m->pshard_n;
+        if (b <= a)
+            return;
+        host += a - offset;
+        n = b - a;
+        offset = a;
+        if (!is16(m)) {
+            be->to_device(be, m->params + (a - m->pshard_lo), host, n * sizeof *host);
+            return;
+        }
+    }
     if (m->params && m->master_sharded) { /* the shard's part of the range */
         size_t a = offset > m->master_lo ? offset : m->master_lo;
         size_t b = offset + n < m->master_lo + m->master_n ? offset + n : m->master_lo + m->master_n;
@@ -757,7 +875,7 @@ void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_
     for (size_t o = 0; o < n; o += piece) {
         size_t k = n - o < piece ? n - o : piece;
         be->to_device(be, buf, host + o, k * sizeof *host);
-        be->to16(be, m->params16 + offset + o, buf, k, m->lv.dt, 0);
+        be->to16(be, m->params16 + (offset - (m->param_sharded ? m->pshard_lo : 0)) + o, buf, k, m->lv.dt, 0);
     }
     m->wl_layer = -1;
 }
@@ -997,10 +1115,15 @@ static int weight_site(const char *name) {
  * backend's GEMMs read 16-bit weights as stored (matmul_w16), only the norms and biases are widened and lin_fwd and
  * lin_bwd take the matrices from params16 (wl16): the views of the four are NULL. */
 static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
+    if (m->param_sharded && !is16(m)) {
+        (void)gathered_layer(m, l);
+        return &m->gbuf_t[l % 2];
+    }
     if (!is16(m))
         return &m->w.layers[l];
-    int direct = !m->q4 && m->be->matmul_w16_fwd && m->be->matmul_w16_bwd;
-    if (m->wl_layer == l && m->wl_direct == direct)
+    /* a sharded layer is widened from its gathered buffer: the 16-bit matrices as stored are only the shard */
+    int direct = !m->q4 && !m->param_sharded && m->be->matmul_w16_fwd && m->be->matmul_w16_bwd;
+    if (m->wl_layer == l && m->wl_direct == direct && !m->param_sharded) /* sharded: the gather decides below */
         return direct ? &m->wd_t : &m->wl_t;
     if (direct) {
         for (int i = 0; i < m->table.n; i++) {
@@ -1014,6 +1137,9 @@ static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
                 m->be->from16(m->be, m->wl + (p->offset - m->table.layer_offset[l]), stored16(m, i), p->numel,
                               m->lv.dt);
         }
+    } else if (m->param_sharded) {
+        if (m->gbuf_layer[l % 2] != l || m->wl_layer != l)
+            m->be->from16(m->be, m->wl, gathered_layer(m, l), m->table.layer_numel[l], m->lv.dt);
     } else if (!m->q4) {
         size_t start = m->table.layer_offset[l];
         if (m->packed)
@@ -1257,6 +1383,11 @@ double snug_model_step(snug_model *m, float grad_scale) {
     int train = grad_scale != 0.0f && (m->grads || m->grads16 || m->lora.grads);
     m->lora.training = train;
     snug_dtype dt = m->lv.dt;
+    if (m->param_sharded) { /* the parameters may have changed since the last step: gather afresh */
+        m->gglob_ok = 0;
+        m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+        gather_globals(m);
+    }
     const void *wte = m->emb16 ? (const void *)m->emb16 : snug_model_stored(m, m->gwte);
     const void *head = snug_model_stored(m, m->ghead);
     snug_dtype wdt = dt, hdt = dt;
@@ -1270,11 +1401,11 @@ double snug_model_step(snug_model *m, float grad_scale) {
 
     m->wl_layer = -1; /* the parameters may have changed since the last step */
     if (is16(m)) { /* the final norm's parameters widened (lnf_b exists for LayerNorm only) */
-        be->from16(be, m->lnf_ws, m->params16 + m->glnf_w, (size_t)C, dt);
+        be->from16(be, m->lnf_ws, snug_model_stored(m, m->glnf_w), (size_t)C, dt);
         lnf_w = m->lnf_ws;
         lnf_b = NULL;
         if (m->glnf_b != (size_t)-1) {
-            be->from16(be, m->lnf_ws + C, m->params16 + m->glnf_b, (size_t)C, dt);
+            be->from16(be, m->lnf_ws + C, snug_model_stored(m, m->glnf_b), (size_t)C, dt);
             lnf_b = m->lnf_ws + C;
         }
     }
@@ -1285,6 +1416,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
     save_res(m, 0, x0, (size_t)N * C);
     for (int l = 0; l < L; l++)
         layer_fwd(m, l, 0);
+    gather_globals(m); /* ZeRO-3: the final norm and the head again (the layers took their buffer) */
     float *final = res_at(m, L);
     norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, lnf_w, lnf_b, N);
 

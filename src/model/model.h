@@ -183,6 +183,12 @@ enum { SNUG_READY_MAX_RANGES = 2 };
  * into it). */
 typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t numel);
 
+/* ZeRO-3's gather (m->gather_params): dst holds numel elements of the stored dtype (fp32, or m->lv.dt under 16-bit
+ * storage) for the table elements [offset, offset+numel); the model has already copied this rank's piece (its
+ * shard's part of the range) to its place in dst, and the callback fills the other ranks' pieces (an all-gather).
+ * Every rank calls it in the same order with the same ranges (snug_model_step, snug_model_skip_step). */
+typedef void (*snug_gather_fn)(void *ud, void *dst, size_t offset, size_t numel);
+
 /* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
  * snug_layer_acts16 and these pointers are the fp32 compute buffers of the layer being run (shared by all layers);
  * the small per-row statistics (lse, mean, rstd) and naive attention's probs stay fp32 per layer. */
@@ -235,6 +241,23 @@ typedef struct snug_model {
                             * [master_lo, +master_n), the rank's shard; set before layout */
     size_t master_lo, master_n;
     size_t gshard_lo, gshard_n;
+    /* ZeRO-3 (param_sharded, set before layout): params (fp32) or params16 (16-bit) holds only table elements
+     * [pshard_lo, +pshard_n), the rank's shard. Forward and backward read a layer from one of two layer-sized
+     * gather buffers (layer l in gbuf[l % 2], all-gathered before its forward and again before its backward unless
+     * it is still there), and the global tensors from `gglob` (pre-layer globals, then the post-layer ones),
+     * gathered before the embedding and again before the loss. Both live in one region of SNUG_MEM_PARAMS of
+     * max(globals, two layers) elements, since the globals and the layers are never read at the same time. */
+    int param_sharded;
+    size_t pshard_lo, pshard_n;
+    void *gbuf[2];         /* (largest layer) each, stored dtype */
+    int gbuf_layer[2];     /* the layer each holds, -1 none */
+    void *gglob;           /* (globals) stored dtype; aliases gbuf */
+    int gglob_ok;          /* gglob holds the globals (no layer gathered since) */
+    size_t gbuf_n, gregion_n; /* elements of a layer buffer (the largest layer, rounded up to 32) and of the region */
+    size_t gpre_n, gpost_n; /* globals before the layers ([0, gpre_n)) and after them ([total - gpost_n, total)) */
+    snug_layer_tensors gbuf_t[2]; /* fp32: views into gbuf[k] */
+    snug_gather_fn gather_params;
+    void *gather_params_ud;
     snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16) */
     size_t gwte, gwpe, glnf_w, glnf_b, ghead; /* where the global tensors start in the table ((size_t)-1: none) */
 
@@ -318,6 +341,17 @@ float *snug_model_host_params(const snug_model *m);
 /* The parameters at `offset` (floats into the table) as forward reads them: in params16 under a 16-bit dt (stored
  * as m->lv.dt), else in params (F32). */
 const void *snug_model_stored(const snug_model *m, size_t offset);
+
+/* ZeRO-3 on a backend whose memory is host memory: the gather region as n floats of host scratch, when it is that
+ * large (what it held is gathered again before it is read); NULL otherwise. Loading stages each tensor there, so
+ * the load needs no tensor-sized buffer beside the arenas. */
+float *snug_model_host_scratch(snug_model *m, size_t n);
+
+/* ZeRO-3: the collectives of one snug_model_step without its compute, in the same order (the gathers of forward
+ * and, with train, those of backward with each layer's grads-ready callback): a rank with no micro-batch left at the
+ * end of an epoch, or no validation micro-batch of its own, still joins every other rank's gathers. Nothing without
+ * param_sharded (train: only the grads-ready callbacks, as ZeRO-2's idle rank makes them). */
+void snug_model_skip_step(snug_model *m, int train);
 
 /* The Hugging Face name of module k of an architecture's block ("self_attn.q_proj", "mlp.c_fc"), NULL past the
  * last; and the number of modules. */

@@ -118,7 +118,8 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     size_t largest = 0;
     for (int i = 0; i < m->table.n; i++)
         largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
-    float *stage = direct ? NULL : malloc(largest * sizeof *stage);
+    float *scratch = direct ? NULL : snug_model_host_scratch(m, largest); /* ZeRO-3: the gather region */
+    float *stage = direct || scratch ? scratch : malloc(largest * sizeof *stage);
     if (!direct && !stage) {
         snug_st_close(&s);
         return snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s", dir);
@@ -140,7 +141,8 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
             rc = snug_model_put_entry(m, i, stage, e);
         snug_st_release(&s, t);
     }
-    free(stage);
+    if (stage != scratch)
+        free(stage);
     snug_st_close(&s);
     return rc;
 }

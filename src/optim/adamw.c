@@ -259,8 +259,11 @@ static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table
     size_t goff = md->grad_off[i] + a;
     /* fp32 gradients: the model's, or under ZeRO-2 the rank's shard of their sum */
     const float *gsrc = md->lv.zero_grads ? md->gshard + (off - md->gshard_lo) : md->grads ? md->grads + goff : NULL;
-    float *master = md->params && md->master_sharded ? md->params + (off - md->master_lo) /* ZeRO: the shard's */
-                                                     : md->params ? md->params + off : NULL;
+    /* ZeRO: the shard's master copy; ZeRO-3: the shard's parameters (fp32 or 16-bit) at their place in the shard */
+    size_t p0 = md->param_sharded ? md->pshard_lo : 0;
+    float *master = md->params && md->master_sharded ? md->params + (off - md->master_lo)
+                                                     : md->params ? md->params + (off - p0) : NULL;
+    uint16_t *p16s = md->params16 ? md->params16 + (off - p0) : NULL;
     if (!p16 && !g16) {
         op(o, be, p, master, gsrc, k, lr, gs, m, v, qm, qv, am, av);
         return;
@@ -271,7 +274,7 @@ static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table
         float *pp = master ? master + j : o->stage_p;
         const float *gg = gsrc ? gsrc + j : NULL;
         if (!md->params)
-            be->from16(be, o->stage_p, md->params16 + off + j, kk, md->lv.dt);
+            be->from16(be, o->stage_p, p16s + j, kk, md->lv.dt);
         if (g16) {
             be->from16(be, o->stage_g, md->grads16 + goff + j, kk, md->lv.dt);
             gg = o->stage_g;
@@ -282,9 +285,9 @@ static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table
         if (!p16)
             continue;
         if (md->params) /* the 16-bit weights are the master copy rounded to nearest */
-            be->to16(be, md->params16 + off + j, pp, kk, md->lv.dt, 0);
+            be->to16(be, p16s + j, pp, kk, md->lv.dt, 0);
         else            /* no master: the update itself is rounded stochastically, unbiased on average */
-            be->bf16_sr(be, md->params16 + off + j, pp, kk, o->sr_seed + (off + j) * 0x9E3779B97F4A7C15ull);
+            be->bf16_sr(be, p16s + j, pp, kk, o->sr_seed + (off + j) * 0x9E3779B97F4A7C15ull);
     }
 }
 

@@ -73,6 +73,22 @@ void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s) {
     free(counts);
 }
 
+void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
+    m->param_sharded = 0;
+    m->pshard_lo = 0;
+    m->pshard_n = m->table.total;
+    if (!s->with_grads || s->zero_stage < 3 || s->ranks <= 1 || m->lv.lora.kind)
+        return;
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts) /* the whole arena: more memory than planned for ZeRO-3, never a wrong one */
+        return;
+    snug_plan_zero_counts(s, &m->table, counts);
+    m->param_sharded = 1;
+    m->pshard_lo = snug_comm_displ(counts, s->rank);
+    m->pshard_n = counts[s->rank];
+    free(counts);
+}
+
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
     m->gshard = NULL;
     m->gshard_lo = m->gshard_n = 0;
@@ -125,6 +141,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     int B = s->B, T = s->T;
     SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
     snug_plan_shard_master(&m, s);
+    snug_plan_shard_params(&m, s);
     snug_arenas A;
     snug_arenas_init_counting(&A);
     int rc = snug_model_layout(&m, &A, B, T, s->with_grads, e);

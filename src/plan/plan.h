@@ -19,7 +19,8 @@ typedef struct snug_plan_spec {
     int GA;                /* micro-batches accumulated per optimizer step (0 or 1: none) */
     int ranks;             /* data-parallel ranks whose gradients are summed with these (0 or 1: one process) */
     int rank;              /* which of them this plan is for (its ZeRO shard) */
-    int zero_stage;        /* 0: every rank holds everything (DDP); 1: optimizer state sharded over the ranks */
+    int zero_stage;        /* 0: every rank holds everything (DDP); 1: optimizer state sharded over the ranks; 2: and
+                            * the gradients; 3: and the parameters */
     snug_levers lv;        /* as configured; the layout uses snug_plan_levers(spec), which derives the rest */
     int with_grads;        /* 0: inference (generation) */
     snug_optim_kind optim; /* the optimizer's state layout (with_grads only) */
@@ -67,6 +68,11 @@ int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const sn
 /* ZeRO under 16-bit storage with master weights: the master copy is the rank's shard (m->master_sharded, master_lo,
  * master_n), set before snug_model_layout (by the plan and the engine alike); the whole copy otherwise. */
 void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s);
+
+/* ZeRO-3: the parameter arena (fp32, or the 16-bit copy) holds the rank's shard (m->param_sharded, pshard_lo,
+ * pshard_n, the same counts as the optimizer's), set before snug_model_layout by the plan and the engine alike; the
+ * layout then carves the shard and the gather region (model.h) in the parameters arena. */
+void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s);
 
 /* ZeRO-2 (m->lv.zero_grads): carves m->gshard, the rank's shard of the summed gradients, in A's gradients arena,
  * after snug_model_layout; nothing otherwise. The plan and the engine both call it. */

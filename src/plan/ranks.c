@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-/* The plan of rank r under spec s over n ranks at stage z (0 or 1: what the layout code lays out). */
+/* The plan of rank r under spec s over n ranks at stage z (0 to 3, as the layout code lays it out). */
 static int rank_plan(const snug_plan_spec *s, int n, int r, int z, snug_plan *p, snug_error *e) {
     snug_plan_spec t = *s;
     t.ranks = n;
@@ -17,34 +17,25 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
                     snug_error *e) {
     memset(out, 0, 4 * sizeof *out);
     *choice = -1;
-    snug_plan built[3], p; /* DDP, ZeRO-1 and ZeRO-2 as the layout code lays them out */
+    snug_plan built[4], p; /* DDP and ZeRO-1 to 3 as the layout code lays them out */
     SNUG_TRY(rank_plan(s, n, 0, 0, &built[0], e));
-    for (int z = 1; z <= 2; z++)
+    for (int z = 1; z <= 3; z++)
         for (int r = 0; r < n; r++) { /* the largest rank (edges on blocks make the shards differ a little) */
             SNUG_TRY(rank_plan(s, n, r, z, &p, e));
             if (r == 0 || p.total + p.host_total > built[z].total + built[z].host_total)
                 built[z] = p;
         }
     const snug_plan *ddp = &built[0];
-    snug_param_table t;
-    SNUG_TRY(snug_param_table_build(&t, &s->cfg, e));
-    size_t layer = t.layer_numel && s->cfg.n_layer > 0 ? t.layer_numel[0] : 0;
-    snug_param_table_free(&t);
     double P = (double)ddp->nparams, f = (double)(n - 1) / n, GA = s->GA > 1 ? s->GA : 1;
     double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4; /* the ranks sum fp32 gradients (snug_plan_levers) */
-    size_t wb = (size_t)w;
     double tps = g ? snug_gpu_tokens_per_s(g, s, ddp->nparams) : 0;
     double compute = tps > 0 ? (double)s->B * s->T * GA / tps : 0;
     for (int z = 0; z < 4; z++) {
         snug_rank_mode *m = &out[z];
-        const snug_plan *base = &built[z < 2 ? z : 2];
+        const snug_plan *base = &built[z];
         m->stage = z;
         memcpy(m->bytes, base->bytes, sizeof m->bytes);
         size_t *b = m->bytes;
-        if (z >= 3) { /* parameters: the shard, and two layers gathered (in use, prefetched) */
-            b[SNUG_MEM_PARAMS] = (b[SNUG_MEM_PARAMS] + (size_t)n - 1) / (size_t)n + 2 * layer * wb;
-            m->estimated = 1;
-        }
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             *(base->host[c] ? &m->host_total : &m->total) += b[c];
         snug_plan q = *base; /* the runtime overhead of the rank's plan on a GPU */

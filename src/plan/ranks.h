@@ -1,12 +1,11 @@
 /* ranks.h: the plan per rank of a data-parallel run over n GPUs, for DDP and each ZeRO stage, with the
  * communication of one optimizer step and its predicted time on a GPU's interconnect.
  *
- * Memory. DDP, ZeRO-1 and ZeRO-2 are planned by the layout code the trainer allocates with (snug_plan_run with the
- * spec's ranks and zero_stage: from stage 1 the optimizer arena and the fp32 master copy are each rank's shard, and
- * at stage 2 the gradients arena is the shared layer buffer, the global tensors' gradients and the rank's shard of
- * the sum; the largest rank's plan is reported). Stage 3, not built yet, is estimated from stage 2's plan by the
- * formula of ZeRO (Rajbhandari et al. 2020), and says so: the parameters 1/n plus two layers' gather buffers (the
- * layer in use and the one prefetched).
+ * Memory. Every mode is planned by the layout code the trainer allocates with (snug_plan_run with the spec's ranks and
+ * zero_stage: from stage 1 the optimizer arena and the fp32 master copy are each rank's shard; at stage 2 the
+ * gradients arena is the shared layer buffer, the global tensors' gradients and the rank's shard of the sum; at stage
+ * 3 the parameters arena is the rank's shard and one gather region of max(the global tensors, two layers); the
+ * largest rank's plan is reported).
  *
  * Communication (ring collectives, bytes each rank sends per optimizer step; P parameters, g = 4 bytes per fp32
  * gradient, w = 2 or 4 per parameter as stored, f = (n-1)/n, GA micro-batches per rank):
@@ -28,7 +27,6 @@
 
 typedef struct snug_rank_mode {
     int stage;                   /* 0 = DDP, 1..3 = ZeRO */
-    int estimated;               /* 1: some category is the formula's estimate (a stage or a part not built) */
     size_t bytes[SNUG_MEM_NCAT]; /* the largest rank's, per category */
     size_t total, host_total;    /* device and host-resident bytes of a rank */
     double need;                 /* total + the cuda runtime overhead: what a GPU must hold */

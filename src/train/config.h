@@ -107,7 +107,8 @@ typedef struct snug_run_config {
     int ddp;                  /* 1: replicate the model and all-reduce the gradients (the only multi-rank mode) */
     snug_ddp_backend ddp_backend;
     int ddp_deterministic;    /* 1: gradients summed in rank order, the same bits whatever the MPI algorithm */
-    int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded */
+    int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
+                               * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */
     char fsdp[256];           /* FSDP's options as written, joined by commas (shard_grad_op is zero_stage 2) */
     int dist_debug;           /* 1: every collective's signature compared across ranks before it runs */

@@ -46,6 +46,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
     g->model.be = g->be;
     SNUG_TRY(snug_param_table_build(&g->model.table, &spec->cfg, e));
     snug_plan_shard_master(&g->model, spec);
+    snug_plan_shard_params(&g->model, spec);
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         size_t cap = g->plan.bytes[c];
         void *blk = cap ? (g->plan.host[c] ? g->be->host_alloc(g->be, cap) : g->be->alloc(g->be, cap)) : NULL;

@@ -93,6 +93,29 @@ static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
     }
 }
 
+/* ZeRO-3: the model's gather of table elements [offset, offset+numel) (model.h's snug_gather_fn): each rank's
+ * piece is its shard's part of the range, and one all-gather over those counts fills the others' in dst. */
+typedef struct zero3_ctx {
+    snug_comm *comm;
+    const size_t *shard; /* each rank's elements of the table */
+    size_t *counts;      /* (size) scratch: the range's elements in each rank's shard */
+    snug_comm_dtype dt;  /* as the parameters are stored: F32 or U16 */
+    int rc;
+    snug_error e;
+} zero3_ctx;
+
+static void zero3_gather(void *ud, void *dst, size_t offset, size_t numel) {
+    zero3_ctx *c = ud;
+    if (c->rc)
+        return;
+    size_t lo = offset, hi = offset + numel, s0 = 0;
+    for (int r = 0; r < c->comm->size; s0 += c->shard[r], r++) {
+        size_t a = s0 > lo ? s0 : lo, b = s0 + c->shard[r] < hi ? s0 + c->shard[r] : hi;
+        c->counts[r] = b > a ? b - a : 0;
+    }
+    c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt, &c->e);
+}
+
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
  * gradients are complete, sum them over the ranks (one all-reduce per tensor; each rank's backward announces the
  * layers in the same order), step that layer's tensors, add their sum of squares for the logged gradient norm into
@@ -272,10 +295,11 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
         size_t a = s0 > lo ? s0 : lo, b = s0 + ms->shard[r] < hi ? s0 + ms->shard[r] : hi;
         ms->counts[r] = b > a ? b - a : 0;
     }
-    size_t a = m->master_lo > lo ? m->master_lo : lo;
-    size_t b = m->master_lo + m->master_n < hi ? m->master_lo + m->master_n : hi;
-    if (b > a) /* this rank's piece, from its shard of the master copy */
-        m->be->to_host(m->be, dst + (a - lo), m->params + (a - m->master_lo), (b - a) * sizeof *dst);
+    /* this rank's piece, from its shard of the master copy (ZeRO-3 fp32: of the parameters themselves) */
+    size_t slo = m->master_sharded ? m->master_lo : m->pshard_lo, sn = m->master_sharded ? m->master_n : m->pshard_n;
+    size_t a = slo > lo ? slo : lo, b = slo + sn < hi ? slo + sn : hi;
+    if (b > a)
+        m->be->to_host(m->be, dst + (a - lo), m->params + (a - slo), (b - a) * sizeof *dst);
     return ms->comm->allgather(ms->comm, dst, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e);
 }
 
@@ -371,6 +395,8 @@ static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, double *val, snug
         if ((int)(n % (size_t)c->size) == c->rank) {
             snug_model_set_batch(&r->eng.model, mb.ids, mb.labels, mb.pos, mb.seg, mb.rows, mb.T);
             loss[n] = snug_model_step(&r->eng.model, 0.0f);
+        } else { /* ZeRO-3: every rank joins the gathers of every micro-batch's forward */
+            snug_model_skip_step(&r->eng.model, 0);
         }
         ntok += snug_count_supervised(mb.labels, (size_t)mb.rows * mb.T);
         n++;
@@ -403,6 +429,11 @@ static void print_sample(run *r, FILE *out) {
     const snug_run_config *o = &r->s.c;
     if (!o->sample_tokens || !r->s.tok)
         return;
+    if (r->eng.model.param_sharded) { /* no rank holds the whole model to generate with */
+        fprintf(out, "\nno sample: under zero_stage 3 no rank holds the whole model; sample from the saved folder "
+                "with snug generate\n");
+        return;
+    }
     snug_error e = {0};
     int32_t *prompt = NULL;
     size_t n = 0, cap = 0;
@@ -683,10 +714,17 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 most = shard[q] > most ? shard[q] : most;
                 least = shard[q] < least ? shard[q] : least;
             }
+            const snug_model *zm = &r.eng.model;
             fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
-                    "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered\n", o->zero_stage,
-                    o->zero_stage >= 2 ? "optimizer state and gradients" : "optimizer state", least, most,
-                    SNUG_Q8_BLOCK, o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward" : "");
+                    "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered%s\n", o->zero_stage,
+                    o->zero_stage >= 3   ? "parameters, optimizer state and gradients"
+                    : o->zero_stage >= 2 ? "optimizer state and gradients"
+                                         : "optimizer state",
+                    least, most, SNUG_Q8_BLOCK, o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward" : "",
+                    zm->param_sharded ? " layer by layer before each forward and backward (blocking)" : " after the step");
+            if (zm->param_sharded)
+                fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
+                        "%zu global parameters\n", zm->gregion_n, zm->gbuf_n, zm->gpre_n + zm->gpost_n);
         }
     }
     zero2_ctx z2 = {.eng = &r.eng, .comm = &comm, .shard = shard};
@@ -695,6 +733,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
         r.eng.model.on_grads_ready = zero2_ready;
         r.eng.model.on_grads_ready_ud = &z2;
+    }
+    zero3_ctx z3 = {.comm = &comm, .shard = shard,
+                    .dt = r.eng.model.lv.dt == SNUG_DT_F32 ? SNUG_COMM_F32 : SNUG_COMM_U16};
+    if (!rc && shard && r.eng.model.param_sharded) {
+        if (!(z3.counts = malloc((size_t)W * sizeof *z3.counts)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+        r.eng.model.gather_params = zero3_gather;
+        r.eng.model.gather_params_ud = &z3;
     }
 
     char metrics_path[4096];
@@ -771,15 +817,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
                 step_in_backward(&in_bwd, l, 0, 0);
         }
-        /* ZeRO-2: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
-         * reduce-scatters, with zero gradients, in backward's order */
+        /* ZeRO-2/3: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
+         * collectives (ZeRO-3's gathers; the reduce-scatters, with zero gradients), in the step's order */
         for (int k = k1 - k0; z2.counts && k < (nmb < GAr ? nmb : GAr); k++)
-            for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
-                zero2_ready(&z2, l, 0, 0);
-        if (z2.rc) {
-            rc = z2.rc;
+            snug_model_skip_step(&r.eng.model, 1);
+        if (z2.rc || z3.rc) {
+            rc = z2.rc ? z2.rc : z3.rc;
             if (e)
-                *e = z2.e;
+                *e = z2.rc ? z2.e : z3.e;
             broken = 1;
             break;
         }
@@ -815,7 +860,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             else /* fp16 overflow: the step is skipped */
                 fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale now %.0f (%d "
                         "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
-            if (shard && (rc = zero_gather_params(&comm, &r.eng.model, shard, e))) {
+            /* ZeRO-3 gathers nothing here: the next forward gathers each layer as it needs it */
+            if (shard && !r.eng.model.param_sharded && (rc = zero_gather_params(&comm, &r.eng.model, shard, e))) {
                 broken = 1;
                 break;
             }
@@ -827,7 +873,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double val = NAN;
         if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
                                   (o->eval_steps == 0 && epoch_end) || step + 1 == total) &&
-            (rc = evaluate(&r, mb[0], &comm, &val, e))) {
+            ((rc = evaluate(&r, mb[0], &comm, &val, e)) || (rc = z3.rc))) {
+            if (z3.rc && e)
+                *e = z3.e;
             broken = 1;
             break;
         }
@@ -880,8 +928,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
          * shard */
-        int writer = lead || shard;
+        int writer = (lead || shard) && !r.eng.model.param_sharded; /* ZeRO-3 writes no checkpoints yet */
         if (!rc && !writer && stop) {
+            if (lead)
+                fprintf(out, "stopped by a signal after step %d of %d; zero_stage 3 writes no checkpoints, so nothing "
+                        "was saved\n", step + 1, total);
             stopped = 1;
             break;
         }
@@ -935,7 +986,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    if (!rc && !stopped && r.eng.model.master_sharded) {
+    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded)) {
+        /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
+         * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
+        for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
+            snug_engine_release(&r.eng, (snug_category)c);
         /* a failure mid-stream leaves the others in a gather: mpirun (or dist_timeout) ends them */
         if ((rc = zero_save_master(&r, &comm, shard, e)))
             broken = 1;
@@ -995,6 +1050,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(mb);
     free(shard);
     free(z2.counts);
+    free(z3.counts);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

@@ -14,8 +14,13 @@
 # rank writes its shard files, and a run saved and resumed (or stopped by SIGTERM to every rank and resumed) on as
 # many ranks at the same stage is the run that never stopped, bit for bit, at stages 1 and 2 with AdamW, 8-bit (paged)
 # AdamW and bf16 with the sharded master copy; another number of ranks, another stage, one process, a DDP checkpoint
-# and a damaged or missing shard file are refused (exit 2) on every rank. The settings not built are refused (exit 2)
-# naming the key. Skipped (77) without mpirun or an MPI build.
+# and a damaged or missing shard file are refused (exit 2) on every rank. Stage 3 (the parameters too: each layer
+# all-gathered before its forward and backward, the global tensors before the embedding and the loss): DDP's bits at
+# 2 and 3 ranks, fp32 and bf16 with the master copy, with gradient checkpointing, with evaluation and over the epoch
+# whose last step leaves ranks idle (they join the gathers), and loading a Hugging Face folder; with accumulation
+# stage 2's bits (the same sums in the same order); the parameters arena of each rank is its shard plus the gather
+# region the header names, the shards summing to DDP's arena. Stage 3 writes no checkpoints yet and refuses save_steps and resume_from_checkpoint. The
+# settings not built are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI build.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -75,9 +80,11 @@ check() {
     cmp -s "$W/ddp_$name/model.safetensors" "$W/$z/model.safetensors" && ok || bad "$z: the weights differ from DDP's"
   fi
   grep -q "ZeRO *stage $stage" "$W/$z.log" && ok || bad "$z: no ZeRO line in the header"
-  python3 - "$W" "$name" "$np" "$stage" <<'PY' && ok || bad "$z: the memory per rank"
+  local region
+  region=$(sed -n 's/.*ZeRO-3 gathers *into one region of \([0-9]*\) elements.*/\1/p' "$W/$z.log")
+  python3 - "$W" "$name" "$np" "$stage" "${region:-0}" <<'PY' && ok || bad "$z: the memory per rank"
 import json, sys
-w, name, n, stage = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+w, name, n, stage, region = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ddp = json.load(open(f"{w}/ddp_{name}/memory.json"))
 ranks = [json.load(open(f"{w}/zero{stage}_{name}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json"))) for r in range(n)]
 err = []
@@ -87,6 +94,8 @@ for r, j in enumerate(ranks):
     if j.get("ranks") != {"size": n, "rank": r, "zero_stage": stage}:
         err.append(f"rank {r}: memory.json says {j.get('ranks')}")
     for c in j["plan"]:
+        if c == "parameters" and stage == 3:
+            continue
         if c not in ("optimizer state", "workspace", "gradients", "master weights") and j["plan"][c] != ddp["plan"][c]:
             err.append(f"rank {r}: {c} {j['plan'][c]} where DDP plans {ddp['plan'][c]}")
     g, gd = j["plan"]["gradients"], ddp["plan"]["gradients"]
@@ -110,6 +119,14 @@ mas = [j["plan"]["master weights"] for j in ranks]
 whole_m = ddp["plan"]["master weights"]
 if whole_m and (not 0 <= sum(mas) - whole_m <= n * 64 or max(abs(b - whole_m / n) for b in mas) > 257 * 4):
     err.append(f"the ranks' master copies {mas} against DDP's {whole_m}")
+# ZeRO-3: the parameters arena is the rank's shard (1/N of DDP's, give or take a block of 256) and the gather region
+if stage == 3:
+    es = 2 if whole_m else 4
+    par = [j["plan"]["parameters"] - region * es for j in ranks]
+    whole_p = ddp["plan"]["parameters"]
+    if not region or not 0 <= sum(par) - whole_p <= n * 128 or max(abs(b - whole_p / n) for b in par) > 257 * es:
+        err.append(f"the ranks' parameter shards {par} (arenas less the region of {region}) against DDP's {whole_p}")
+    print(f"  stage 3: parameter arenas {[j['plan']['parameters'] for j in ranks]} = shard + region of {region * es} B; DDP's {whole_p}")
 print(f"  stage {stage}: master {mas} against DDP's {whole_m}; optimizer state per rank {opt} against DDP's {whole}; gradients "
       f"{[j['plan']['gradients'] for j in ranks]} against {ddp['plan']['gradients']}")
 sys.exit("\n".join(err) if err else 0)
@@ -133,6 +150,21 @@ check 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
 # a whole epoch of 66 micro-batches on 4 ranks: the last step has 2, so ranks 2 and 3 join its reduce-scatters with
 # zeros
 check 2 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+# stage 3: the parameters sharded too; every rank gathers each layer before its forward and its backward
+check 3 adamw2 2
+check 3 adamw3 3
+check 3 bf16m_2 2 --bf16 true
+check 3 bf16m_3 3 --bf16 true
+check 3 gc_2 2 --gradient_checkpointing true
+check 3 gcbf16_3 3 --bf16 true --gradient_checkpointing true
+# evaluation: a rank runs its share of the validation micro-batches and joins the others' gathers
+check 3 val_3 3 --val_set_size 0.1 --eval_steps 2
+[ -n "$(grep val_loss "$W/zero3_val_3/metrics.jsonl")" ] &&
+  [ "$(grep -o '"val_loss": [^,}]*' "$W/zero3_val_3/metrics.jsonl")" = "$(grep -o '"val_loss": [^,}]*' "$W/ddp_val_3/metrics.jsonl")" ] &&
+  ok || bad "zero3_val_3: the validation losses differ from DDP's"
+check 3 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+# loading a Hugging Face folder: each rank keeps its shard of every tensor (staged in the gather region)
+check 3 load_3 3 --base_model "$W/ddp_adamw3" --max_steps 2
 # accumulation: the floor is how far other orders of the same sums move the logged numbers: one process accumulating
 # 6 micro-batches against DDP's 3 x 2 and 2 x 3, and at least one step of the printed gradient norm's last digit;
 # stage 2 reorders them once more
@@ -149,11 +181,30 @@ PY
 echo "  floor: other orders of the same sums move the losses and gradient norms by $floor (relative)"
 TOL=$(python3 -c "print(4 * $floor)") check 2 accum3 3 --gradient_accumulation_steps 2
 TOL=$(python3 -c "print(4 * $floor)") check 2 accum2 2 --gradient_accumulation_steps 3
+# stage 3 with accumulation reduce-scatters every micro-batch as stage 2 does: stage 2's bits
+for a in "accum3 3 2" "accum2 2 3"; do
+  set -- $a
+  run "zero3_$1" "$2" --zero_stage 3 --dist_debug true --gradient_accumulation_steps "$3" ||
+    bad "zero3_$1 did not train: $(tail -2 "$W/zero3_$1.log")"
+  [ "$(worst "zero3_$1" "zero2_$1")" = 0.0 ] && cmp -s "$W/zero2_$1/model.safetensors" "$W/zero3_$1/model.safetensors" &&
+    ok || bad "zero3_$1: not stage 2's bits with accumulation"
+done
+run zero3_accbf16 2 --zero_stage 3 --bf16 true --gradient_accumulation_steps 2 || bad "zero3_accbf16 did not train"
+run zero2_accbf16 2 --zero_stage 2 --bf16 true --gradient_accumulation_steps 2 || bad "zero2_accbf16 did not train"
+[ "$(worst zero3_accbf16 zero2_accbf16)" = 0.0 ] && cmp -s "$W/zero2_accbf16/model.safetensors" "$W/zero3_accbf16/model.safetensors" &&
+  ok || bad "zero3_accbf16: not stage 2's bits with bf16 and accumulation"
 # DeepSpeed's JSON and FSDP's strategy name the stage: the same run as zero_stage
 printf '{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1}}\n' > "$W/ds1.json"
 run ds1_adamw2 2 --deepspeed "$W/ds1.json" || bad "ds1_adamw2 did not train: $(tail -2 "$W/ds1_adamw2.log")"
 cmp -s "$W/ds1_adamw2/model.safetensors" "$W/zero1_adamw2/model.safetensors" && grep -q "ZeRO *stage 1" "$W/ds1_adamw2.log" &&
   ok || bad "deepspeed stage 1 is not zero_stage 1's run"
+printf '{"zero_optimization": {"stage": 3}}\n' > "$W/ds3.json"
+run ds3_adamw2 2 --deepspeed "$W/ds3.json" || bad "ds3_adamw2 did not train: $(tail -2 "$W/ds3_adamw2.log")"
+cmp -s "$W/ds3_adamw2/model.safetensors" "$W/zero3_adamw2/model.safetensors" && grep -q "ZeRO *stage 3" "$W/ds3_adamw2.log" &&
+  ok || bad "deepspeed stage 3 is not zero_stage 3's run"
+run fsdp3_adamw2 2 --fsdp "full_shard auto_wrap" || bad "fsdp3_adamw2 did not train: $(tail -2 "$W/fsdp3_adamw2.log")"
+cmp -s "$W/fsdp3_adamw2/model.safetensors" "$W/zero3_adamw2/model.safetensors" && grep -q "ZeRO *stage 3" "$W/fsdp3_adamw2.log" &&
+  ok || bad "fsdp full_shard is not zero_stage 3's run"
 run fsdp_adamw2 2 --fsdp "shard_grad_op auto_wrap" || bad "fsdp_adamw2 did not train: $(tail -2 "$W/fsdp_adamw2.log")"
 cmp -s "$W/fsdp_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensors" && grep -q "ZeRO *stage 2" "$W/fsdp_adamw2.log" &&
   ok || bad "fsdp shard_grad_op is not zero_stage 2's run"
@@ -241,9 +292,16 @@ refuse() {
   local st=$?
   [ $st -eq 2 ] && grep -q "$key" "$W/refused.log" && ok || bad "$what: exit $st, $(tail -1 "$W/refused.log")"
 }
-refuse "zero_stage 3" "zero_stage 3 is not supported yet" --zero_stage 3
+refuse "zero_stage 4" "zero_stage 4 does not exist" --zero_stage 4
 refuse "zero_stage -1" "zero_stage" --zero_stage -1
-refuse "fsdp full_shard" "fsdp: full_shard is ZeRO stage 3" --fsdp full_shard
+refuse "zero_stage 3 save_steps" "zero_stage 3 does not write or resume checkpoints yet" --zero_stage 3 --save_steps 1
+refuse "zero_stage 3 resume" "zero_stage 3 does not write or resume checkpoints yet" --zero_stage 3 \
+  --resume_from_checkpoint "$W/ck1_adamw2/checkpoint-2"
+refuse "zero_stage 3 bf16 without master" "zero_stage 3 with 16-bit storage needs master_weights: true" --zero_stage 3 \
+  --bf16 true --master_weights false
+{ cat "$W/ids.yaml"; printf 'fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n'; } > "$W/fsdpcfg.yaml"
+"$SNUG" train "$W/fsdpcfg.yaml" --output_dir "$W/refused" > "$W/refused.log" 2>&1
+[ $? -eq 2 ] && grep -q "fsdp: \[full_shard\]" "$W/refused.log" && ok || bad "fsdp_config: $(tail -1 "$W/refused.log")"
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
 refuse "with an adapter" "adapter" --zero_stage 1 --adapter lora
