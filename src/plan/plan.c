@@ -56,6 +56,18 @@ int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const sn
     return 0;
 }
 
+/* This rank's range of the flat layout under ZeRO into *lo, *n; 0 (both left as they are) when out of host memory. */
+static int rank_shard(const snug_model *m, const snug_plan_spec *s, size_t *lo, size_t *n) {
+    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
+    if (!counts)
+        return 0;
+    snug_plan_zero_counts(s, &m->table, counts);
+    *lo = snug_comm_displ(counts, s->rank);
+    *n = counts[s->rank];
+    free(counts);
+    return 1;
+}
+
 void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s) {
     m->master_sharded = 0;
     m->master_lo = 0;
@@ -63,14 +75,8 @@ void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s) {
     if (!s->with_grads || !s->zero_stage || s->ranks <= 1 || !m->lv.master_weights || m->lv.dt == SNUG_DT_F32 ||
         m->lv.lora.kind)
         return;
-    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
-    if (!counts) /* the whole copy: more memory than planned for ZeRO, never a wrong one */
-        return;
-    snug_plan_zero_counts(s, &m->table, counts);
-    m->master_sharded = 1;
-    m->master_lo = snug_comm_displ(counts, s->rank);
-    m->master_n = counts[s->rank];
-    free(counts);
+    /* out of memory: the whole copy, more memory than planned for ZeRO, never a wrong one */
+    m->master_sharded = rank_shard(m, s, &m->master_lo, &m->master_n);
 }
 
 void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
@@ -79,14 +85,8 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
     m->pshard_n = m->table.total;
     if (!s->with_grads || s->zero_stage < 3 || s->ranks <= 1 || m->lv.lora.kind)
         return;
-    size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
-    if (!counts) /* the whole arena: more memory than planned for ZeRO-3, never a wrong one */
-        return;
-    snug_plan_zero_counts(s, &m->table, counts);
-    m->param_sharded = 1;
-    m->pshard_lo = snug_comm_displ(counts, s->rank);
-    m->pshard_n = counts[s->rank];
-    free(counts);
+    /* out of memory: the whole arena, more memory than planned for ZeRO-3, never a wrong one */
+    m->param_sharded = rank_shard(m, s, &m->pshard_lo, &m->pshard_n);
 }
 
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
