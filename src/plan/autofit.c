@@ -16,8 +16,14 @@
  *  - a tiled MLP recomputes the MLP's forward in backward on every layer that full checkpointing does not already
  *    recompute (a third of the step's FLOPs times the MLP's share of the block's linear FLOPs), and runs smaller
  *    GEMMs: +1%;
- *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing. */
+ *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing;
+ *  - over several ranks, a ZeRO stage sends the bytes plan/ranks.h gives per step. On a GPU (an A100 80GB assumed, as
+ *    for paging) at its collective bandwidth, stages 0-1 after backward (exposed), stages 2-3 per layer, overlapped
+ *    with compute but for one layer's share; on CPU ranks at SNUG_FIT_CPU_COMM_BPS against a compute rate of
+ *    SNUG_FIT_CPU_RANK_FLOPS, all exposed (a rank's one thread both computes and reduces). */
 #include "plan/autofit.h"
+
+#include "plan/ranks.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +51,22 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
         int every = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
         double redone = lv->ckpt == SNUG_CKPT_FULL ? (double)((L + every - 1) / every) / L : 0.0;
         f *= 1.01 + (1.0 - redone) * share / 3.0;
+    }
+    if (s->ranks > 1) { /* the step's communication over its compute */
+        snug_plan_spec g = *s;
+        g.GA = GA > 0 ? GA : 1;
+        long long P = snug_model_config_nparams(&s->cfg);
+        double bytes = snug_rank_comm_bytes(&g, P, s->ranks, s->zero_stage), comp = 0, exposed = 0;
+        if (kind == SNUG_DEVICE_CUDA) {
+            const snug_gpu *gpu = snug_gpu_find("a100-80gb");
+            double tps = snug_gpu_tokens_per_s(gpu, s, P), comm = bytes / (gpu->link_gbps * 1e9);
+            comp = tps > 0 ? tokens * g.GA / tps : 0.0;
+            exposed = s->zero_stage <= 1 ? comm : fmax(0.0, comm - comp) + comm / L;
+        } else {
+            comp = tokens * g.GA * snug_flops_per_token(s, P) / SNUG_FIT_CPU_RANK_FLOPS;
+            exposed = bytes / SNUG_FIT_CPU_COMM_BPS;
+        }
+        f *= 1.0 + (comp > 0 ? exposed / comp : 0.0);
     }
     if (s->optim == SNUG_OPTIM_ADAMW_8BIT)
         f *= 1.05;
@@ -118,6 +140,8 @@ static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) 
     }
     if (a->offload_embedding != b->offload_embedding)
         PART("offload_embedding: %s", a->offload_embedding ? "true" : "false");
+    if (p->spec.zero_stage != base->zero_stage)
+        PART("zero_stage: %d", p->spec.zero_stage);
 #undef PART
     if (!p->changes)
         snprintf(p->what, n, "as configured");
@@ -141,6 +165,16 @@ static int add_point(snug_fit_space *s, int *cap, const snug_plan_spec *sp, int 
     p->spec.GA = GA;
     p->GA = GA;
     SNUG_TRY(snug_plan_run(&p->plan, &p->spec, e));
+    for (int r = 0; p->spec.ranks > 1 && p->spec.zero_stage && r < p->spec.ranks; r++) {
+        /* the largest rank's plan (shard edges on blocks make them differ a little), so that every rank, searching
+         * the same space, makes the same choice and the choice fits each of them */
+        snug_plan_spec t = p->spec;
+        snug_plan q;
+        t.rank = r;
+        SNUG_TRY(snug_plan_run(&q, &t, e));
+        if (q.total + q.host_total > p->plan.total + p->plan.host_total)
+            p->plan = q;
+    }
     p->cost = snug_fit_time_factor(sp, GA, s->kind) / base_factor - 1.0;
     describe(p, base, baseGA);
     s->n++;
@@ -196,6 +230,9 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
     int nemb = !base->lv.offload_embedding && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind &&
                        base->lv.dt != SNUG_DT_F32 && !base->cfg.tie_embeddings ? 2 : 1;
 
+    /* over several ranks, the ZeRO stages from the configured one up to zero_max */
+    int zlo = base->zero_stage, nz = base->ranks > 1 && base->zero_max > zlo ? base->zero_max - zlo + 1 : 1;
+
     for (long b = E; b >= 1 && !rc; b--) {
         if (E % b || b > 1 << 20)
             continue;
@@ -203,11 +240,13 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
             for (int x = 0; x < nxent && !rc; x++)
                 for (int a = 0; a < nnaive && !rc; a++)
                     for (int k = 0; k < nopt && !rc; k++)
-                        for (int w = 0; w < nsnap * ntiled * nemb && !rc; w++) {
-                            int ws = w % nsnap, wt = w / nsnap % ntiled, we = w / nsnap / ntiled;
+                        for (int w = 0; w < nsnap * ntiled * nemb * nz && !rc; w++) {
+                            int ws = w % nsnap, wt = w / nsnap % ntiled, we = w / nsnap / ntiled % nemb;
+                            int z = w / nsnap / ntiled / nemb;
                             if (b == base->B && i == 0 && x == 0 && a == 0 && k == 0 && w == 0)
                                 continue; /* the configured run, already pt[0] */
                             snug_plan_spec sp = *base;
+                            sp.zero_stage = zlo + z;
                             sp.B = (int)b;
                             sp.lv = ck[i];
                             sp.lv.xent_chunk = xent[x];

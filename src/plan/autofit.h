@@ -5,7 +5,8 @@
  *
  * A setting varies: the micro-batch size (the effective batch micro_batch_size x gradient_accumulation_steps is kept),
  * gradient checkpointing (none, selective, full, full on every 2nd layer), chunked cross-entropy, flash attention
- * when the run asked for the naive path, and the optimizer state (fp32 or 8-bit AdamW, paged or not). A lever whose
+ * when the run asked for the naive path, the optimizer state (fp32 or 8-bit AdamW, paged or not) and, over several
+ * ranks, the ZeRO stage (from the configured one up to the spec's zero_max). A lever whose
  * re-plan saves nothing is not offered. */
 #ifndef SNUG_AUTOFIT_H
 #define SNUG_AUTOFIT_H
@@ -18,6 +19,11 @@
 
 /* Tokens per logits chunk used when the search turns chunked cross-entropy on. */
 #define SNUG_FIT_XENT_CHUNK 256
+/* CPU ranks, for the cost of a ZeRO stage (autofit.c): the bytes per second a rank's collectives move, and the FLOP/s
+ * a rank's training step runs at (one thread of a 2025 server core trains GPT-2 at about 100 GFLOP/s in fp32:
+ * docs/PERFORMANCE.md). Only their ratio matters. */
+#define SNUG_FIT_CPU_COMM_BPS 0.5e9
+#define SNUG_FIT_CPU_RANK_FLOPS 100e9
 /* the shards of a tiled MLP that the search tries */
 #define SNUG_FIT_MLP_SHARDS 8
 

@@ -21,6 +21,8 @@ typedef struct snug_plan_spec {
     int rank;              /* which of them this plan is for (its ZeRO shard) */
     int zero_stage;        /* 0: every rank holds everything (DDP); 1: optimizer state sharded over the ranks; 2: and
                             * the gradients; 3: and the parameters */
+    int zero_max;          /* auto_fit over several ranks: the highest stage the search may raise zero_stage to (at or
+                            * below zero_stage: the search keeps zero_stage) */
     snug_levers lv;        /* as configured; the layout uses snug_plan_levers(spec), which derives the rest */
     int with_grads;        /* 0: inference (generation) */
     snug_optim_kind optim; /* the optimizer's state layout (with_grads only) */

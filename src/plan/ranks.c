@@ -13,6 +13,15 @@ static int rank_plan(const snug_plan_spec *s, int n, int r, int z, snug_plan *p,
     return snug_plan_run(p, &t, e);
 }
 
+double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, int z) {
+    double P = (double)nparams, f = n > 1 ? (double)(n - 1) / n : 0.0, GA = s->GA > 1 ? s->GA : 1;
+    double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4; /* the ranks sum fp32 gradients (snug_plan_levers) */
+    return z == 0   ? 2 * f * P * gb
+           : z == 1 ? f * P * gb + f * P * w
+           : z == 2 ? GA * f * P * gb + f * P * w
+                    : GA * (2 * f * P * w + f * P * gb);
+}
+
 int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank_mode out[4], int *choice,
                     snug_error *e) {
     memset(out, 0, 4 * sizeof *out);
@@ -26,8 +35,7 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
                 built[z] = p;
         }
     const snug_plan *ddp = &built[0];
-    double P = (double)ddp->nparams, f = (double)(n - 1) / n, GA = s->GA > 1 ? s->GA : 1;
-    double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4; /* the ranks sum fp32 gradients (snug_plan_levers) */
+    double GA = s->GA > 1 ? s->GA : 1;
     double tps = g ? snug_gpu_tokens_per_s(g, s, ddp->nparams) : 0;
     double compute = tps > 0 ? (double)s->B * s->T * GA / tps : 0;
     for (int z = 0; z < 4; z++) {
@@ -46,10 +54,7 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
         snug_overhead_compute(&ov, SNUG_DEVICE_CUDA, &q, 0);
         m->need = (double)m->total + (double)ov.total;
         m->fits = g ? m->need <= g->mem_bytes : 0;
-        m->comm_bytes = z == 0   ? 2 * f * P * gb
-                        : z == 1 ? f * P * gb + f * P * w
-                        : z == 2 ? GA * f * P * gb + f * P * w
-                                 : GA * (2 * f * P * w + f * P * gb);
+        m->comm_bytes = snug_rank_comm_bytes(s, ddp->nparams, n, z);
         if (!g)
             continue;
         m->comm_s = m->comm_bytes / (g->link_gbps * 1e9);

@@ -35,6 +35,9 @@ typedef struct snug_rank_mode {
     double comm_s, compute_s, step_s; /* with a GPU: predicted seconds per step (0 without) */
 } snug_rank_mode;
 
+/* Bytes each of n ranks sends per optimizer step at ZeRO stage z (0: DDP) under spec s, as the table above says. */
+double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, int z);
+
 /* The four modes (out[0] DDP, out[s] ZeRO-s) of spec s over n ranks, on gpu g (NULL: memory and bytes only).
  * *choice: the mode that fits at the least predicted step time (ties: the lower stage), -1 when none fits or
  * without a GPU. */

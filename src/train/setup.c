@@ -282,6 +282,20 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
     c->tiled_mlp = lv->mlp_shards != 0;
     c->tiled_mlp_num_shards = lv->mlp_shards > 0 ? lv->mlp_shards : 0;
     c->offload_embedding = lv->offload_embedding;
+    c->zero_stage = p->spec.zero_stage;
+}
+
+/* The highest ZeRO stage auto_fit may raise a run over several ranks to: the highest whose configuration is valid
+ * (an adapter, the optimizer step inside backward or checkpoints at stage 3 may rule stages out). */
+static int zero_max(const snug_run_config *c, int ranks) {
+    for (int z = 3; ranks > 1 && z > c->zero_stage; z--) {
+        snug_run_config t = *c;
+        snug_error ve = {0};
+        t.zero_stage = z;
+        if (!snug_run_config_validate(&t, &ve))
+            return z;
+    }
+    return c->zero_stage;
 }
 
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {
@@ -292,6 +306,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
     r->spec.rank = r->rank;
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {
+        r->spec.zero_max = zero_max(&r->c, r->ranks);
         snug_fit_point best;
         SNUG_TRY(snug_autofit(&r->spec, r->c.memory_budget, device, r->data_host_est, &best, r->fit_note,
                               sizeof r->fit_note, e));

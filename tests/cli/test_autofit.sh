@@ -2,7 +2,8 @@
 # auto_fit is the configuration it prints: a fitted run and the same settings written by hand train the same bits
 # and plan the same memory. The run of the report that found it: bf16, micro_batch_size 8, memory_budget 140MB on
 # the default job, where auto_fit chooses a smaller micro-batch with gradient accumulation (whose 16-bit layer
-# gradients must then be accumulated in fp32, as the hand-written run's are).
+# gradients must then be accumulated in fp32, as the hand-written run's are). Over two MPI ranks it also chooses the
+# ZeRO stage (skipped without mpirun or an MPI build).
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -55,6 +56,55 @@ if [ -f "$W/oib/memory.json" ]; then
   python3 -c "import json,sys; m=json.load(open(sys.argv[1])); sys.exit(m['gradient_accumulation_steps'] != 1)" \
     "$W/oib/memory.json" && ok || bad "auto_fit gave optimizer_in_backward gradient accumulation"
 elif grep -q "nothing fits" "$W/oib.log"; then ok; else bad "optimizer_in_backward with auto_fit: $(tail -1 "$W/oib.log")"; fi
+
+# over several ranks auto_fit also chooses the ZeRO stage: every rank searches the same space with the largest rank's
+# plan of each setting, so all choose alike; the fitted run is the hand-written one (losses bitwise, each rank's plan
+# the same), and a budget DDP fits keeps DDP
+if ! command -v mpirun >/dev/null; then
+  echo "  the ranks' cases skipped: no mpirun"
+else
+  . "$SRC/tests/cli/ids_data.sh"
+  mpi=(mpirun --oversubscribe -np 2)
+  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  [ "${SNUG_SANITIZED:-0}" = 1 ] && mpi=(env ASAN_OPTIONS=detect_leaks=0 "${mpi[@]}")
+  ranks() { # ranks NAME ARGS...: two ranks of a small run into $W/NAME
+    local name=$1; shift
+    if ! OMP_NUM_THREADS=1 "${mpi[@]}" "$SNUG" train "$W/ids.yaml" --tokenizer "$SRC/assets/tokenizer" \
+        --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1 --max_steps 2 --logging_steps 1 \
+        --micro_batch_size 2 --ddp_deterministic true --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1; then
+      grep -q "built without MPI" "$W/$name.log" && { echo "  $name skipped: built without MPI"; return 1; }
+      bad "$name did not train"; tail -3 "$W/$name.log"; return 1
+    fi
+    python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" \
+      "$W/$name/metrics.jsonl" > "$W/$name.loss"
+  }
+  if ranks zfit --auto_fit true --memory_budget 62MB; then
+    zflags=$(python3 - "$W/zfit/memory.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+lv = m["levers"]
+print(" ".join(str(x) for x in ["--zero_stage", m["ranks"]["zero_stage"], "--micro_batch_size", m["micro_batch_size"],
+      "--gradient_accumulation_steps", m["gradient_accumulation_steps"], "--gradient_checkpointing",
+      lv["gradient_checkpointing"], "--optimizer", lv["optimizer"]]))
+PY
+)
+    echo "  zfit chose: $zflags"
+    case "$zflags" in "--zero_stage 0 "*) bad "2 ranks over 62MB: auto_fit kept DDP, which needs more";; *) ok;; esac
+    if ranks zfit_by_hand $zflags --memory_budget 62MB; then
+      compare zfit_by_hand zfit 0
+      for f in memory.json memory.rank1.json; do
+        python3 - "$W/zfit/$f" "$W/zfit_by_hand/$f" <<'PY' && ok || bad "zfit: $f is not the hand-written run's"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+sys.exit(not (a["plan"] == b["plan"] == a["measured"] and a["ranks"] == b["ranks"]))
+PY
+      done
+    fi
+  fi
+  if ranks zkeep --auto_fit true --memory_budget 10GB; then
+    grep -q "auto_fit: kept the configuration" "$W/zkeep.log" && ok || bad "zkeep: $(grep auto_fit "$W/zkeep.log")"
+  fi
+fi
 
 echo "test_autofit: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
