@@ -956,6 +956,105 @@ static void test_bias_epilogue(void) {
         }
 }
 
+/* matmul_w16_fwd/bwd (filled by set_math under 16-bit math): the weight read as stored, the activation operand
+ * (inp forward, dout for dinp) rounded to the weight's 16 bits to nearest even, fp32 sums; the weight gradient on
+ * fp32 activations under the fast-16-bit mode. Against a double reference on the host of the same rounded operands:
+ * each output within 2 (K + 2) u32 sum |x w| of it (fp32 sums of K products and the added bias or gradient), and
+ * dw, whose operands cuBLASLt rounds on load by its own rule, within 2 u16 of the magnitude more. */
+static void test_matmul_w16(void) {
+    printf("matmul_w16 (16-bit weights as stored) against a double reference\n");
+    static const int shapes[][3] = {{77, 96, 130}, {5, 13, 50257}, {1, 7, 1}};
+    snug_dtype dts[2] = {SNUG_DT_BF16, SNUG_DT_F16};
+    for (int d = 0; d < 2; d++) {
+        snug_dtype dt = dts[d];
+        double u16 = dt == SNUG_DT_BF16 ? U_BF16 : U_F16;
+        snug_error e = {0};
+        CHECKF(snug_backend_set_math(gpu, dt, 0, 0, 0, &e) == 0, "set_math: %s", e.msg);
+        CHECKF(gpu->matmul_w16_fwd && gpu->matmul_w16_bwd, "set_math(%s) fills the matmul_w16 slots",
+               snug_dtype_name(dt));
+        if (!gpu->matmul_w16_fwd || !gpu->matmul_w16_bwd)
+            continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+            size_t ni = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+            uint16_t *w16 = malloc(nw * 2);
+            float *w = malloc(nw * 4), *inp = randf(ni, -1, 1), *dout = randf(no, -1, 1), *bias = randf(OC, -1, 1);
+            float *dinp0 = randf(ni, -1, 1), *dw0 = randf(nw, -1, 1), *db0 = randf(OC, -1, 1);
+            rand16(nw, dt, w16, w);
+            float *x = malloc(ni * 4), *g = malloc(no * 4); /* the activations as the 16-bit GEMM sees them */
+            for (size_t i = 0; i < ni; i++)
+                x[i] = dt == SNUG_DT_BF16 ? snug_bf16_to_f32(snug_f32_to_bf16(inp[i]))
+                                          : snug_f16_to_f32(snug_f32_to_f16(inp[i]));
+            for (size_t i = 0; i < no; i++)
+                g[i] = dt == SNUG_DT_BF16 ? snug_bf16_to_f32(snug_f32_to_bf16(dout[i]))
+                                          : snug_f16_to_f32(snug_f32_to_f16(dout[i]));
+            void *d_w = up(gpu, w16, nw * 2);
+            float *d_inp = up(gpu, inp, ni * 4), *d_dout = up(gpu, dout, no * 4), *d_bias = up(gpu, bias, OC * 4);
+            float *d_out = up(gpu, NULL, no * 4), *d_dinp = up(gpu, dinp0, ni * 4), *d_dw = up(gpu, dw0, nw * 4);
+            float *d_db = up(gpu, db0, OC * 4);
+            gpu->matmul_w16_fwd(gpu, d_out, d_inp, d_w, dt, d_bias, N, C, OC);
+            gpu->matmul_w16_bwd(gpu, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, dt, N, C, OC);
+            float *out = malloc(no * 4), *dinp = malloc(ni * 4), *dw = malloc(nw * 4), *db = malloc(OC * 4);
+            down(gpu, out, d_out, no * 4), down(gpu, dinp, d_dinp, ni * 4), down(gpu, dw, d_dw, nw * 4);
+            down(gpu, db, d_db, OC * 4);
+            CHECKF(snug_backend_check(gpu, &e) == 0, "matmul_w16: %s", e.msg);
+            double *ref = malloc((no > nw ? (no > ni ? no : ni) : (nw > ni ? nw : ni)) * sizeof(double));
+            double *bnd = malloc((no > nw ? (no > ni ? no : ni) : (nw > ni ? nw : ni)) * sizeof(double));
+            for (int n = 0; n < N; n++) /* out = x w^T + bias */
+                for (int j = 0; j < OC; j++) {
+                    double acc = bias[j], mag = fabs(bias[j]);
+                    for (int c = 0; c < C; c++) {
+                        double p = (double)x[(size_t)n * C + c] * w[(size_t)j * C + c];
+                        acc += p, mag += fabs(p);
+                    }
+                    ref[(size_t)n * OC + j] = acc, bnd[(size_t)n * OC + j] = 2.0 * (C + 2) * U32 * mag + 1e-30;
+                }
+            char what[96];
+            snprintf(what, sizeof what, "w16 out N=%d C=%d OC=%d (%s)", N, C, OC, snug_dtype_name(dt));
+            expect_bounded(what, bounded(out, ref, bnd, no));
+            for (int n = 0; n < N; n++) /* dinp += g w */
+                for (int c = 0; c < C; c++) {
+                    double acc = dinp0[(size_t)n * C + c], mag = fabs(acc);
+                    for (int j = 0; j < OC; j++) {
+                        double p = (double)g[(size_t)n * OC + j] * w[(size_t)j * C + c];
+                        acc += p, mag += fabs(p);
+                    }
+                    ref[(size_t)n * C + c] = acc, bnd[(size_t)n * C + c] = 2.0 * (OC + 2) * U32 * mag + 1e-30;
+                }
+            snprintf(what, sizeof what, "w16 dinp += N=%d C=%d OC=%d (%s)", N, C, OC, snug_dtype_name(dt));
+            expect_bounded(what, bounded(dinp, ref, bnd, ni));
+            for (int j = 0; j < OC; j++) /* dw += dout^T inp, operands rounded on load */
+                for (int c = 0; c < C; c++) {
+                    double acc = dw0[(size_t)j * C + c], mag = 0.0;
+                    for (int n = 0; n < N; n++) {
+                        double p = (double)dout[(size_t)n * OC + j] * inp[(size_t)n * C + c];
+                        acc += p, mag += fabs(p);
+                    }
+                    ref[(size_t)j * C + c] = acc;
+                    bnd[(size_t)j * C + c] = (2.0 * (N + 2) * U32 + 2.0 * u16) * (mag + fabs(dw0[(size_t)j * C + c])) +
+                                             1e-30;
+                }
+            snprintf(what, sizeof what, "w16 dw += N=%d C=%d OC=%d (%s)", N, C, OC, snug_dtype_name(dt));
+            expect_bounded(what, bounded(dw, ref, bnd, nw));
+            for (int j = 0; j < OC; j++) { /* dbias += column sums of dout (fp32 data, fp32 sums) */
+                double acc = db0[j], mag = fabs(acc);
+                for (int n = 0; n < N; n++)
+                    acc += dout[(size_t)n * OC + j], mag += fabs(dout[(size_t)n * OC + j]);
+                ref[j] = acc, bnd[j] = 2.0 * (N + 2) * U32 * mag + 1e-30;
+            }
+            snprintf(what, sizeof what, "w16 dbias += N=%d OC=%d (%s)", N, OC, snug_dtype_name(dt));
+            expect_bounded(what, bounded(db, ref, bnd, (size_t)OC));
+            down(gpu, NULL, d_w, 0), down(gpu, NULL, d_inp, 0), down(gpu, NULL, d_dout, 0), down(gpu, NULL, d_bias, 0);
+            down(gpu, NULL, d_out, 0), down(gpu, NULL, d_dinp, 0), down(gpu, NULL, d_dw, 0), down(gpu, NULL, d_db, 0);
+            free(w16), free(w), free(inp), free(dout), free(bias), free(dinp0), free(dw0), free(db0), free(x), free(g);
+            free(out), free(dinp), free(dw), free(db), free(ref), free(bnd);
+        }
+    }
+    snug_error e = {0};
+    CHECKF(snug_backend_set_math(gpu, SNUG_DT_F32, 0, 0, 0, &e) == 0, "set_math: %s", e.msg);
+    CHECKF(!gpu->matmul_w16_fwd && !gpu->matmul_w16_bwd, "fp32 math leaves the matmul_w16 slots empty");
+}
+
 /* ------------------------------------------------------------------------------------------------ loss, V = 50257 */
 /* Chunked cross-entropy at GPT-2's vocabulary (odd V: the logits rows padded to snug_logits_ld), against a double
  * reference on the host with per-element bounds from the arithmetic:
@@ -1368,7 +1467,7 @@ static void test_attention_long(void) {
 static void test_scratch_sized(void) {
     printf("scratch sized by the plan\n");
     int T = 1000, NH = 16, HD = 16, width = 32, C = 16;
-    size_t bytes = snug_cuda_scratch_bytes((size_t)T, NH, width);
+    size_t bytes = snug_cuda_scratch_bytes((size_t)T, NH, width, 0);
     CHECKF(bytes == (size_t)T * NH * 4, "the attention row sums are the largest use here (%zu bytes)", bytes);
     snug_error e = {0};
     snug_backend *g = snug_backend_cuda_create_sized(0, bytes, &e);
@@ -1477,6 +1576,7 @@ int main(void) {
     test_gemm16();
     test_gemm_cache();
     test_bias_epilogue();
+    test_matmul_w16();
     test_xent_gpt2_vocab();
     test_sumsq();
     test_adamw();

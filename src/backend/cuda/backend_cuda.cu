@@ -125,6 +125,18 @@ extern "C" void snug_cuda_fail(snug_backend *be, const char *file, int line, con
               f ? f : file, line);
 }
 
+/* be->set_math: under 16-bit math the linear layers read 16-bit weights as stored (matmul_w16, matmul_cuda.cu);
+ * under fp32 math the slots are NULL and the model widens the weights for matmul_fwd/bwd. */
+static int cuda_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, snug_error *e) {
+    (void)M, (void)N, (void)K, (void)e;
+    be->math = math;
+    int w16 = math == SNUG_DT_BF16 || math == SNUG_DT_F16;
+    be->matmul_w16_fwd = w16 ? snug_cuda_matmul_w16_fwd : NULL;
+    be->matmul_w16_bwd = w16 ? snug_cuda_matmul_w16_bwd : NULL;
+    be->gemm = w16 ? "cuBLASLt, 16-bit weights as stored, fp32 accumulation" : "cuBLASLt";
+    return 0;
+}
+
 /* be->check */
 static int cuda_check(snug_backend *be, snug_error *e) {
     snug_cuda_ctx *cx = snug_cuda(be);
@@ -321,7 +333,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     if ((err = cudaMalloc(&cx->lt_ws, LT_WS_BYTES)) != cudaSuccess)
         return create_fail(be, e, err, "allocating the cuBLASLt workspace", device);
     cx->lt_ws_bytes = LT_WS_BYTES;
-    size_t sb = scratch_bytes ? scratch_bytes : SCRATCH_BYTES, least = snug_cuda_scratch_bytes(0, 0, 0);
+    size_t sb = scratch_bytes ? scratch_bytes : SCRATCH_BYTES, least = snug_cuda_scratch_bytes(0, 0, 0, 0);
     sb = sb < least ? least : sb;
     if ((err = cudaMalloc(&cx->scratch, sb)) != cudaSuccess)
         return create_fail(be, e, err, "allocating the reduction scratch", device);
@@ -360,6 +372,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->layernorm_bwd = snug_cuda_layernorm_bwd;
     be->matmul_fwd = snug_cuda_matmul_fwd;
     be->matmul_bwd = snug_cuda_matmul_bwd;
+    be->set_math = cuda_set_math;
     be->rope_fwd = snug_cuda_rope_fwd;
     be->rope_bwd = snug_cuda_rope_bwd;
     be->attention_fwd = snug_cuda_attention_fwd;

@@ -45,14 +45,19 @@ static inline size_t snug_cuda_pow2ceil(size_t n) {
  *   attention bwd     N * NH floats of row sums (the naive backward's B*NH*T is the same)
  *   loss              N + 1 doubles, to 256 bytes (a 16-bit head passed without w_ws widens rows into the rest)
  *   embedding bwd     snug_cuda_pow2ceil(N) 8-byte sort keys
+ *   16-bit operands   N * op16 16-bit values (matmul_w16 rounds a GEMM's activation operand; op16: the widest
+ *                     activation of a linear layer, the same as width, when the run's GEMMs read 16-bit weights as
+ *                     stored, else 0)
  * It is the allocation: the plan counts it (plan/gpus.c) and the backend is created with it; an op that asks for
  * more records an error. Plain C without CUDA headers, so the plan can price it in any build. */
-static inline size_t snug_cuda_scratch_bytes(size_t N, int NH, int width) {
+static inline size_t snug_cuda_scratch_bytes(size_t N, int NH, int width, int op16) {
     size_t need = ((size_t)SNUG_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double);
     size_t colsum = 2 * (size_t)SNUG_CUDA_COLSUM_SLICES * (size_t)(width > 0 ? width : 0) * sizeof(double);
     size_t att = N * (size_t)(NH > 0 ? NH : 0) * sizeof(float);
     size_t loss = ((N + 1) * sizeof(double) + 255) / 256 * 256;
     size_t sort = snug_cuda_pow2ceil(N) * sizeof(uint64_t);
+    size_t w16 = N * (size_t)(op16 > 0 ? op16 : 0) * 2;
+    need = w16 > need ? w16 : need;
     need = colsum > need ? colsum : need;
     need = att > need ? att : need;
     need = sort > need ? sort : need;

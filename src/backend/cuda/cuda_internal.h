@@ -236,6 +236,10 @@ void snug_cuda_matmul_fwd(snug_backend *be, float *out, const float *inp, const 
                           int C, int OC);
 void snug_cuda_matmul_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                           const float *w, int N, int C, int OC);
+void snug_cuda_matmul_w16_fwd(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
+                              const float *bias, int N, int C, int OC);
+void snug_cuda_matmul_w16_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                              const float *inp, const void *w, snug_dtype wdt, int N, int C, int OC);
 void snug_cuda_rope_fwd(snug_backend *be, float *x, const int32_t *pos, const float *cos, const float *sin, int N,
                         int H, int HD, int stride);
 void snug_cuda_rope_bwd(snug_backend *be, float *dx, const int32_t *pos, const float *cos, const float *sin, int N,

@@ -8,9 +8,13 @@
  * Operands are fp32 or 16-bit (bf16, fp16), accumulation always fp32. fp32 operands multiply in true fp32
  * (CUBLAS_COMPUTE_32F, no TF32), or under mixed precision (be->math BF16/F16) on the 16-bit tensor cores
  * (CUBLAS_COMPUTE_32F_FAST_16BF/16F: cuBLASLt rounds them as it loads them; they are 16-bit values already). 16-bit
- * operands go to the tensor cores as stored (CUBLAS_COMPUTE_32F), half the bytes of the fp32 copies. The linear
- * layers' slots (backend.h) take fp32 pointers, the layer's weights widened by model.c, so matmul_fwd/bwd are of the
- * first kind; the loss (xent_cuda.cu) reads its 16-bit head as stored.
+ * operands go to the tensor cores as stored (CUBLAS_COMPUTE_32F), half the bytes of the fp32 copies. matmul_fwd/bwd
+ * take fp32 pointers and are of the first kind. Under 16-bit math the linear layers use matmul_w16_fwd/bwd instead
+ * (filled by set_math, backend_cuda.cu), which read the 16-bit weight as stored: the activation operand (inp for the
+ * output, dout for the input gradient) is rounded to the same 16 bits in the scratch (to16: to nearest even), so
+ * the products are of 16-bit operands as under matmul_fwd/bwd's fast-16-bit mode (whose rounding on load cuBLASLt
+ * does not document), summed in fp32 in the library's order. The weight gradient's operands are activations, fp32:
+ * it stays matmul_bwd's GEMM. The loss (xent_cuda.cu) reads its 16-bit head as stored.
  *
  * A plan (descriptors, layouts and the heuristic's algorithm) is built once per problem, keyed by everything the
  * heuristic sees (shapes, transposes, leading dimensions, types, compute, epilogue, pointer alignments), and kept in
@@ -299,4 +303,47 @@ extern "C" void snug_cuda_matmul_bwd(snug_backend *be, float *dinp, float *dw, f
         snug_cuda_gemm(be, 0, 1, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, C);
     if (dbias)
         snug_cuda_colsum(be, dbias, NULL, dout, NULL, NULL, NULL, N, OC, SNUG_COLSUM_G);
+}
+
+/* The activations x (n floats) rounded to dt (BF16 or F16) in the scratch, for a GEMM on 16-bit operands; NULL when
+ * the scratch is too small (recorded: the plan sizes it, snug_cuda_scratch_bytes). */
+static const void *round16(snug_backend *be, const float *x, size_t n, snug_dtype dt) {
+    void *x16 = snug_cuda_scratch(be, n * 2);
+    if (x16)
+        snug_cuda_to16(be, x16, (float *)x, n, dt, 0); /* round_src 0: x is only read */
+    return x16;
+}
+
+/* The weight's dtype must be the math's: the products are then those matmul_fwd/bwd would multiply. */
+static int w16_ok(snug_backend *be, snug_dtype wdt) {
+    if ((wdt == SNUG_DT_BF16 || wdt == SNUG_DT_F16) && wdt == be->math)
+        return 1;
+    snug_cuda_fail(be, __FILE__, __LINE__, "matmul_w16 with a %s weight under %s math (a bug in snug: set_math fills "
+                   "the slots only under 16-bit math)", snug_dtype_name(wdt), snug_dtype_name(be->math));
+    return 0;
+}
+
+extern "C" void snug_cuda_matmul_w16_fwd(snug_backend *be, float *out, const float *inp, const void *w,
+                                         snug_dtype wdt, const float *bias, int N, int C, int OC) {
+    // as snug_cuda_matmul_fwd, both operands 16-bit: out^T (OC,N) = w^T (OC,C) @ inp16^T (C,N)
+    if (N <= 0 || OC <= 0 || !w16_ok(be, wdt))
+        return;
+    const void *x16 = round16(be, inp, (size_t)N * C, wdt);
+    if (x16)
+        snug_cuda_gemm_ex(be, 1, 0, OC, N, C, 1.0f, w, C, x16, C, wdt, 0.0f, out, OC, SNUG_DT_F32, bias);
+}
+
+extern "C" void snug_cuda_matmul_w16_bwd(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
+                                         const float *inp, const void *w, snug_dtype wdt, int N, int C, int OC) {
+    if (N <= 0 || C <= 0 || OC <= 0 || !w16_ok(be, wdt))
+        return;
+    // dinp (N,C) += dout16 (N,OC) @ w (OC,C). Column-major: dinp^T (C,N) = w (C,OC) @ dout16^T (OC,N)
+    if (dinp) {
+        const void *d16 = round16(be, dout, (size_t)N * OC, wdt);
+        if (!d16)
+            return;
+        snug_cuda_gemm_ex(be, 0, 0, C, N, OC, 1.0f, w, C, d16, OC, wdt, 1.0f, dinp, C, SNUG_DT_F32, NULL);
+    }
+    // dw and dbias read only activations: matmul_bwd's (the scratch is free again: the GEMM above was queued first)
+    snug_cuda_matmul_bwd(be, NULL, dw, dbias, dout, inp, NULL, N, C, OC);
 }
