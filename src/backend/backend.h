@@ -77,10 +77,12 @@ struct snug_backend {
     void (*matmul_bwd)(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                        const float *w, int N, int C, int OC);
     /* The same two with the weight w (OC,C) read as stored in 16 bits (wdt BF16 or F16), without an fp32 copy of it:
-     * bitwise the results of matmul_fwd/bwd on the widened weight. A backend fills them only where its GEMMs take
-     * 16-bit weights as they are at no loss (the CPU: when set_math put its GEMMs on oneDNN, which rounds its
-     * operands to bf16 anyway, or widens them exactly); NULL otherwise, and the caller widens the weight and calls
-     * matmul_fwd/bwd. Where they are filled, the loss (xent_fwd_bwd) also reads a 16-bit head as stored. */
+     * the products matmul_fwd/bwd multiply on the widened weight under the same math. A backend fills them only
+     * where its GEMMs take 16-bit weights as they are at no loss: the CPU when set_math put its GEMMs on oneDNN,
+     * which rounds its operands to bf16 anyway (bitwise matmul_fwd/bwd's results); CUDA under 16-bit math, whose
+     * fast-16-bit GEMMs round their operands too (the fp32 sums in cuBLASLt's order). NULL otherwise, and the caller
+     * widens the weight and calls matmul_fwd/bwd. Where they are filled, the loss (xent_fwd_bwd) also reads a 16-bit
+     * head as stored. */
     void (*matmul_w16_fwd)(snug_backend *be, float *out, const float *inp, const void *w, snug_dtype wdt,
                            const float *bias, int N, int C, int OC);
     void (*matmul_w16_bwd)(snug_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
