@@ -928,11 +928,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
          * shard */
-        int writer = (lead || shard) && !r.eng.model.param_sharded; /* ZeRO-3 writes no checkpoints yet */
-        if (!rc && !writer && stop) {
-            if (lead)
-                fprintf(out, "stopped by a signal after step %d of %d; zero_stage 3 writes no checkpoints, so nothing "
-                        "was saved\n", step + 1, total);
+        int writer = lead || shard;
+        if (!rc && !writer && stop) { /* another DDP rank: rank 0 writes the checkpoint and says so */
             stopped = 1;
             break;
         }
