@@ -258,7 +258,7 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
     snug_model_config cfg = s->cfg;
     /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save (a rank's shard
      * of the master copy is not one) */
-    int half_only = fill ? 0
+    int half_only = fill ? m->lv.dt != SNUG_DT_F32 && !m->params
                     : (p32 || p16) ? !p32
                                    : m->lv.dt != SNUG_DT_F32 && (!m->params || m->master_sharded) && m->be->host_resident;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
