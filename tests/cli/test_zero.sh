@@ -233,6 +233,22 @@ ck() {
   if [ "$stage" = 3 ]; then
     [ -z "$(ls "$c" | grep -v -e '^state-[a-z]*\.rank[0-9]*\.bin$' -e '^trainer_state\.')" ] && ok ||
       bad "$z: more than the shard files and the state in $c: $(ls "$c" | tr '\n' ' ')"
+    # each rank's snapshot (planned and measured) is its shard files, each to whole pages: no gather region in it
+    local async=1
+    case " $* " in *" --async_checkpoint false "*) async=0 ;; esac
+    python3 - "$W/$z" "$np" "$async" <<'PY' && ok || bad "$z: the snapshot is not the shard files"
+import glob, json, os, sys
+out, n, snap = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+err = []
+for r in range(n):
+    j = json.load(open(f"{out}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
+    files = glob.glob(f"{out}/checkpoint-2/state-*.rank{r}.bin")
+    want = sum((os.path.getsize(f) + 4095) // 4096 * 4096 for f in files) if snap else 0
+    got = j["plan"]["checkpoint snapshot"]
+    if got != want or j["measured"]["checkpoint snapshot"] != got:
+        err.append(f"rank {r}: snapshot planned {got}, measured {j['measured']['checkpoint snapshot']}, files {want}")
+sys.exit("\n".join(err) if err else 0)
+PY
   fi
   cmp -s "$W/$ref/model.safetensors" "$W/$z/model.safetensors" && ok || bad "$z: saving changed the weights"
   rm -f "$W/$z/model.safetensors"
