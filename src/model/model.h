@@ -442,7 +442,8 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
                                  const snug_write_opts *opts, snug_error *e);
 /* The weights as a stream (snug_st_out.fill): F32, each table tensor i fetched by fill(ud, i, dst) into a buffer of
  * its numel floats just before it is written, in the order snug_model_weights_order gives (a sharded master copy
- * gathered tensor by tensor: no whole copy anywhere). */
+ * gathered tensor by tensor: no whole copy anywhere). A 16-bit model without an fp32 copy (params NULL) is written
+ * as lv.dt: fill gives its 16-bit values widened, which go back to 16 bits exactly. */
 typedef int (*snug_weights_fill)(void *ud, int i, float *dst, snug_error *e);
 int snug_model_save_weights_stream(const snug_model *m, const char *dir, snug_weights_fill fill, void *ud,
                                    const snug_write_opts *opts, snug_error *e);

@@ -171,12 +171,13 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
     return rc;
 }
 
-/* The streamed file's tensors: every table tensor F32, fetched by fill. */
+/* The streamed file's tensors: every table tensor F32 (16-bit without an fp32 copy), fetched by fill. */
 static snug_st_out *stream_outs(const snug_model *m, snug_weights_fill fill, void *ud) {
     snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
+    snug_dtype dt = m->lv.dt != SNUG_DT_F32 && !m->params ? m->lv.dt : SNUG_DT_F32;
     for (int i = 0; out && i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .transpose2d = p->transposed,
+        out[i] = (snug_st_out){.name = p->name, .dtype = dt, .ndim = p->ndim, .transpose2d = p->transposed,
                                .shape = {p->shape[0], p->shape[1]}, .fill = fill, .fill_ud = ud, .fill_tag = i};
     }
     return out;

@@ -111,12 +111,20 @@ int snug_plan_kept(const snug_levers *lv, snug_category c) {
            c == SNUG_MEM_ADAPTER;
 }
 
-int snug_plan_snapshot_layout(snug_arenas *A, const snug_levers *lv, void *dst[SNUG_MEM_NCAT], snug_error *e) {
+size_t snug_plan_kept_bytes(const snug_model *m, snug_category c, size_t whole) {
+    if (!snug_plan_kept(&m->lv, c))
+        return 0;
+    if (c == SNUG_MEM_PARAMS && m->param_sharded) /* the gather region is scratch: every layer is gathered again */
+        return m->pshard_n * snug_dtype_size(m->lv.dt);
+    return whole;
+}
+
+int snug_plan_snapshot_layout(snug_arenas *A, const snug_model *m, void *dst[SNUG_MEM_NCAT], snug_error *e) {
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {
         dst[c] = NULL;
+        size_t n = snug_plan_kept_bytes(m, (snug_category)c, A->a[c].peak);
         /* whole pages: each copy starts page-aligned (as host_alloc's block does) and goes to the disk with O_DIRECT */
-        if (snug_plan_kept(lv, (snug_category)c) && A->a[c].peak &&
-            !(dst[c] = snug_arena_alloc(&A->a[SNUG_MEM_SNAPSHOT], (A->a[c].peak + 4095) / 4096 * 4096, e)))
+        if (n && !(dst[c] = snug_arena_alloc(&A->a[SNUG_MEM_SNAPSHOT], (n + 4095) / 4096 * 4096, e)))
             return e ? e->code : SNUG_ENOMEM;
     }
     return 0;
@@ -158,7 +166,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         rc = snug_adamw_layout(&opt, &A, snug_model_trainable(&m), NULL, e);
     void *snap[SNUG_MEM_NCAT];
     if (!rc && s->with_grads && s->ckpt_snapshot)
-        rc = snug_plan_snapshot_layout(&A, &m.lv, snap, e);
+        rc = snug_plan_snapshot_layout(&A, &m, snap, e);
     if (!rc) {
         p->host[SNUG_MEM_SNAPSHOT] = A.a[SNUG_MEM_SNAPSHOT].peak > 0;
         p->host[SNUG_MEM_OPTIM] = s->with_grads && s->optim_paged;

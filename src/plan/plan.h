@@ -80,15 +80,20 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s);
  * after snug_model_layout; nothing otherwise. The plan and the engine both call it. */
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e);
 
-/* The checkpoint snapshot: one host copy of each category a checkpoint keeps (parameters, master weights, optimizer
- * state), carved from A's snapshot arena with the size the same categories of A have reached; dst[c] gets the copy
- * of category c (NULL for the others). The plan and the engine both call it after laying the model and the
- * optimizer out, so the snapshot is planned exactly. */
-int snug_plan_snapshot_layout(snug_arenas *A, const snug_levers *lv, void *dst[SNUG_MEM_NCAT], snug_error *e);
+/* The checkpoint snapshot: one host copy of what a checkpoint keeps of each category (parameters, master weights,
+ * optimizer state: snug_plan_kept_bytes of the size the category of A has reached), carved from A's snapshot arena;
+ * dst[c] gets the copy of category c (NULL for the others). The plan and the engine both call it after laying the
+ * model and the optimizer out, so the snapshot is planned exactly. */
+int snug_plan_snapshot_layout(snug_arenas *A, const snug_model *m, void *dst[SNUG_MEM_NCAT], snug_error *e);
 
 /* Whether a checkpoint keeps category c: the trained state (parameters, master weights, optimizer state; under LoRA
  * the adapters and their optimizer state, not the frozen base). */
 int snug_plan_kept(const snug_levers *lv, snug_category c);
+
+/* The bytes of category c a checkpoint keeps, of the `whole` its arena holds: 0 when it keeps none, the whole arena,
+ * or under ZeRO-3 the parameters arena's shard alone (m->params16 or m->params, pshard_n elements as stored), not
+ * the gather region beside it. */
+size_t snug_plan_kept_bytes(const snug_model *m, snug_category c, size_t whole);
 
 /* "1.23 GiB", "456.0 MiB", "12.0 KiB" */
 void snug_format_bytes(char *buf, size_t n, double bytes);

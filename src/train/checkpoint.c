@@ -41,17 +41,27 @@ static const struct {
 };
 #define NKEPT ((int)(sizeof kept / sizeof kept[0]))
 
-/* The bytes of kept arena i this run checkpoints (0: none, or not part of the state, such as a frozen base). */
+/* The bytes of kept arena i this run checkpoints (0: none, or not part of the state, such as a frozen base; under
+ * ZeRO-3 the parameters' shard, not the gather region). */
 static size_t kept_bytes(const snug_engine *eng, int i) {
-    return snug_plan_kept(&eng->model.lv, kept[i].c) ? eng->plan.bytes[kept[i].c] : 0;
+    return snug_plan_kept_bytes(&eng->model, kept[i].c, eng->plan.bytes[kept[i].c]);
 }
 
-/* Whether kept arena i is this rank's shard (ZeRO: the optimizer state, and under 16-bit storage the fp32 master
- * copy), which each rank writes and reads as a file of its own; the others are the same on every rank, and rank 0
- * writes them. A sharded parameter arena would be one more case here. */
+/* Where those bytes start: the arena, or under ZeRO-3 the parameters' shard as stored (fp32, or the 16-bit copy). */
+static unsigned char *kept_at(const snug_engine *eng, int i) {
+    const snug_model *m = &eng->model;
+    if (kept[i].c == SNUG_MEM_PARAMS && m->param_sharded)
+        return m->lv.dt == SNUG_DT_F32 ? (unsigned char *)m->params : (unsigned char *)m->params16;
+    return eng->blocks[kept[i].c];
+}
+
+/* Whether kept arena i is this rank's shard (ZeRO: the optimizer state, under 16-bit storage the fp32 master copy,
+ * and at stage 3 the parameters), which each rank writes and reads as a file of its own; the others are the same on
+ * every rank, and rank 0 writes them. */
 static int kept_per_rank(const snug_engine *eng, int i) {
     return (kept[i].c == SNUG_MEM_OPTIM && eng->opt.sharded) ||
-           (kept[i].c == SNUG_MEM_MASTER && eng->model.master_sharded);
+           (kept[i].c == SNUG_MEM_MASTER && eng->model.master_sharded) ||
+           (kept[i].c == SNUG_MEM_PARAMS && eng->model.param_sharded);
 }
 
 /* Whether the checkpoint is every rank's: some of the state is sharded. */
@@ -190,9 +200,11 @@ static int write_arena(const char *path, const unsigned char *src, size_t n, int
     return snug_atomic_commit(&af, e);
 }
 
-static int read_arena(const char *path, snug_engine *eng, snug_category c, snug_error *e) {
-    size_t n = eng->plan.bytes[c];
-    unsigned char *dst = eng->blocks[c];
+/* Kept arena i's bytes (kept_bytes from kept_at) from path. */
+static int read_arena(const char *path, snug_engine *eng, int i, snug_error *e) {
+    snug_category c = kept[i].c;
+    size_t n = kept_bytes(eng, i);
+    unsigned char *dst = kept_at(eng, i);
     FILE *f = fopen(path, "rb");
     if (!f)
         return snug_fail(e, SNUG_EINPUT, "%s: cannot open (%s); the checkpoint is incomplete", path, strerror(errno));
@@ -246,7 +258,7 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
     snug_model_config cfg = s->cfg;
     /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save (a rank's shard
      * of the master copy is not one) */
-    int half_only = fill ? 0
+    int half_only = fill ? m->lv.dt != SNUG_DT_F32 && !m->params
                     : (p32 || p16) ? !p32
                                    : m->lv.dt != SNUG_DT_F32 && (!m->params || m->master_sharded) && m->be->host_resident;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
@@ -437,7 +449,7 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     snug_hasher h;
     snug_hash_init(&h, CKPT_SEED);
     snug_write_opts wo = {.direct = 1, .hash = &h};
-    if (j->rank == 0) {
+    if (j->rank == 0 && !eng->model.param_sharded) { /* ZeRO-3: no rank holds the model to write (state.h) */
         SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
         if (!eng->model.lora.on)
             list_file(j->files, "model.safetensors", &h);
@@ -605,18 +617,20 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
     for (int i = 0; i < NKEPT; i++) {
         snug_category c = kept[i].c;
         size_t n = kept_bytes(eng, i);
-        j->src[i] = eng->blocks[c];
+        j->src[i] = kept_at(eng, i);
         if (!snap || !n || (rank != 0 && !kept_per_rank(eng, i))) /* what this rank does not write is not copied */
             continue;
         /* the snapshot: what the next steps change is copied now, and written from the copy */
         if (eng->plan.host[c] || eng->be->host_resident)
-            memcpy(eng->snapshot[c], eng->blocks[c], n);
+            memcpy(eng->snapshot[c], j->src[i], n);
         else
-            eng->be->to_host(eng->be, eng->snapshot[c], eng->blocks[c], n);
+            eng->be->to_host(eng->be, eng->snapshot[c], j->src[i], n);
         j->src[i] = eng->snapshot[c];
     }
     const snug_model *m = &eng->model;
-    if (snap && m->lora.on) {
+    if (m->param_sharded) {
+        /* ZeRO-3 writes no model files: nothing of the weights but the shard files */
+    } else if (snap && m->lora.on) {
         j->p32 = in_snapshot(eng, m->lora.params);
     } else if (m->master_sharded) { /* the rank's shard of the master copy: the model files hold the 16-bit copy */
         j->p16 = snap ? in_snapshot(eng, m->params16) : eng->be->host_resident ? m->params16 : NULL;
@@ -863,7 +877,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
                 rc = refuse(e, dir, why);
             } else if (want_bytes) {
                 snug_path_join(p, sizeof p, dir, file);
-                rc = read_arena(p, eng, kept[i].c, e);
+                rc = read_arena(p, eng, i, e);
             }
         }
     }

@@ -66,13 +66,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->zero_stage <= 3,
             "%s: zero_stage %d does not exist; use 3 (parameters, gradients and optimizer state sharded), 2 "
             "(gradients and optimizer state), 1 (optimizer state) or 0", src, o->zero_stage);
-    /* ZeRO-3 keeps no whole copy of the parameters anywhere: what needs one is not built for it yet */
-    REQUIRE(o->zero_stage != 3 || (!o->save_steps && !o->resume_from_checkpoint[0]),
-            "%s: zero_stage 3 does not write or resume checkpoints yet (each rank holds only its shard of the "
-            "parameters); set save_steps: 0 and no resume_from_checkpoint, or use zero_stage: 2 to checkpoint", src);
-    REQUIRE(o->zero_stage != 3 || !(o->bf16 || o->fp16) || o->master_weights,
-            "%s: zero_stage 3 with 16-bit storage needs master_weights: true (the final save streams the fp32 "
-            "master shards); set master_weights: true or use zero_stage: 2", src);
     REQUIRE(!o->zero_stage || !o->optimizer_in_backward,
             "%s: zero_stage %d with optimizer_in_backward is not supported: each rank steps only its shard after the "
             "gradients are reduce-scattered; set optimizer_in_backward: false or zero_stage: 0", src, o->zero_stage);

@@ -71,7 +71,7 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
         SNUG_TRY(snug_plan_shard_optimizer(&g->opt, spec, snug_model_trainable(&g->model), e));
         SNUG_TRY(snug_adamw_layout(&g->opt, &g->arenas, snug_model_trainable(&g->model), g->be, e));
         if (spec->ckpt_snapshot)
-            SNUG_TRY(snug_plan_snapshot_layout(&g->arenas, &g->model.lv, g->snapshot, e));
+            SNUG_TRY(snug_plan_snapshot_layout(&g->arenas, &g->model, g->snapshot, e));
     }
     if (snug_model_init_rope(&g->model))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the RoPE tables");

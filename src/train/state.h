@@ -18,7 +18,10 @@
  * shard as state-optim.rank<R>.bin (state-master.rank<R>.bin) into the same checkpoint-N.partial from its own writer
  * thread, rank 0 the rest; the ranks complete the folder together in the loop's thread (snug_checkpoint_finish: each
  * rank's files' sizes and hashes gathered, trainer_state.json and the rename by rank 0), and each rank reads back its
- * own shard files. */
+ * own shard files. At stage 3 the parameters (as stored: fp32, or the 16-bit copy) are each rank's shard too,
+ * state-params.rank<R>.bin (the gather region beside them is scratch, not state), and the checkpoint holds no model
+ * files: no rank holds the model, resume needs none, and writing one would take a gather per tensor, collectives a
+ * writer thread may not make. The run's final folder is the model, streamed from the shards. */
 #ifndef SNUG_TRAIN_STATE_H
 #define SNUG_TRAIN_STATE_H
 

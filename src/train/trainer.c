@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/backend_select.h"
+#include "core/dtype.h"
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "data/batching.h"
@@ -278,7 +279,9 @@ static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *s
 /* ZeRO with a sharded master copy: the F32 weights DDP saves, streamed tensor by tensor. Each tensor's pieces (its
  * intersection with each rank's shard: counts[r] elements, which follow one another in the tensor as the shards do
  * in the table) are all-gathered into one tensor-sized buffer and rank 0 writes it, so no rank holds the whole
- * master copy. Every rank gathers the tensors in the file's order (snug_model_weights_order). */
+ * master copy. Every rank gathers the tensors in the file's order (snug_model_weights_order). ZeRO-3 under 16-bit
+ * storage without master weights gathers the 16-bit shards as stored and widens them (the file keeps them 16-bit:
+ * written back exactly, DDP's bytes). */
 typedef struct master_stream {
     snug_comm *comm;
     const snug_model *m;
@@ -298,13 +301,29 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
     /* this rank's piece, from its shard of the master copy (ZeRO-3 fp32: of the parameters themselves) */
     size_t slo = m->master_sharded ? m->master_lo : m->pshard_lo, sn = m->master_sharded ? m->master_n : m->pshard_n;
     size_t a = slo > lo ? slo : lo, b = slo + sn < hi ? slo + sn : hi;
+    if (m->params) {
+        if (b > a)
+            m->be->to_host(m->be, dst + (a - lo), m->params + (a - slo), (b - a) * sizeof *dst);
+        return ms->comm->allgather(ms->comm, dst, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e);
+    }
+    /* no fp32 copy (ZeRO-3, 16-bit without master weights): the 16-bit values gathered into dst's first half, then
+     * widened in place from the last (value k's float covers 16-bit slots 2k and 2k+1, already read; memcpy keeps
+     * the two views of the buffer in order) */
+    unsigned char *raw = (unsigned char *)dst;
     if (b > a)
-        m->be->to_host(m->be, dst + (a - lo), m->params + (a - slo), (b - a) * sizeof *dst);
-    return ms->comm->allgather(ms->comm, dst, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e);
+        m->be->to_host(m->be, raw + (a - lo) * sizeof(uint16_t), m->params16 + (a - slo), (b - a) * sizeof(uint16_t));
+    SNUG_TRY(ms->comm->allgather(ms->comm, raw, ms->counts, SNUG_COMM_U16 | SNUG_COMM_HOST, e));
+    for (size_t k = p->numel; k-- > 0;) {
+        uint16_t h;
+        memcpy(&h, raw + k * sizeof h, sizeof h);
+        float v = m->lv.dt == SNUG_DT_BF16 ? snug_bf16_to_f32(h) : snug_f16_to_f32(h);
+        memcpy(raw + k * sizeof v, &v, sizeof v);
+    }
+    return 0;
 }
 
-/* The final save: rank 0 writes the folder, the master copy gathered into it as a stream (above); the other ranks
- * take part in each tensor's gather in the same order. */
+/* The final save: rank 0 writes the folder, the master copy (or ZeRO-3's parameters) gathered into it as a stream
+ * (above); the other ranks take part in each tensor's gather in the same order. */
 static int zero_save_master(run *r, snug_comm *c, const size_t *shard, snug_error *e) {
     const snug_model *m = &r->eng.model;
     master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t))};
@@ -928,11 +947,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
          * shard */
-        int writer = (lead || shard) && !r.eng.model.param_sharded; /* ZeRO-3 writes no checkpoints yet */
-        if (!rc && !writer && stop) {
-            if (lead)
-                fprintf(out, "stopped by a signal after step %d of %d; zero_stage 3 writes no checkpoints, so nothing "
-                        "was saved\n", step + 1, total);
+        int writer = lead || shard;
+        if (!rc && !writer && stop) { /* another DDP rank: rank 0 writes the checkpoint and says so */
             stopped = 1;
             break;
         }

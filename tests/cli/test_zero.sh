@@ -19,8 +19,11 @@
 # 2 and 3 ranks, fp32 and bf16 with the master copy, with gradient checkpointing, with evaluation and over the epoch
 # whose last step leaves ranks idle (they join the gathers), and loading a Hugging Face folder; with accumulation
 # stage 2's bits (the same sums in the same order); the parameters arena of each rank is its shard plus the gather
-# region the header names, the shards summing to DDP's arena. Stage 3 writes no checkpoints yet and refuses save_steps and resume_from_checkpoint. The
-# settings not built are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI build.
+# region the header names, the shards summing to DDP's arena. Stage-3 checkpoints hold each rank's shard of the
+# parameters too (and no model files): saved and resumed (or stopped by SIGTERM and resumed) on as many ranks, the run
+# that never stopped, bit for bit, fp32 at 2 and 3 ranks and bf16 with the master copy at 3; another number of ranks
+# or stage refused. The settings not built are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI
+# build.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -121,7 +124,7 @@ if whole_m and (not 0 <= sum(mas) - whole_m <= n * 64 or max(abs(b - whole_m / n
     err.append(f"the ranks' master copies {mas} against DDP's {whole_m}")
 # ZeRO-3: the parameters arena is the rank's shard (1/N of DDP's, give or take a block of 256) and the gather region
 if stage == 3:
-    es = 2 if whole_m else 4
+    es = 4 if ddp["precision"] == "fp32" else 2
     par = [j["plan"]["parameters"] - region * es for j in ranks]
     whole_p = ddp["plan"]["parameters"]
     if not region or not 0 <= sum(par) - whole_p <= n * 128 or max(abs(b - whole_p / n) for b in par) > 257 * es:
@@ -143,8 +146,6 @@ check 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
 check 2 adamw2 2
 check 2 adamw3 3
 check 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
-# without a snapshot: each rank writes its files in the loop's thread
-ck 1 bf16m_3 3 --bf16 true --async_checkpoint false
 check 2 bf16m_2 2 --bf16 true
 check 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
 # a whole epoch of 66 micro-batches on 4 ranks: the last step has 2, so ranks 2 and 3 join its reduce-scatters with
@@ -155,6 +156,10 @@ check 3 adamw2 2
 check 3 adamw3 3
 check 3 bf16m_2 2 --bf16 true
 check 3 bf16m_3 3 --bf16 true
+# 16-bit without master weights: the 16-bit shards stepped with stochastic rounding, saved as stored (BF16, DDP's
+# bytes): each tensor's 16-bit pieces gathered and widened for the stream, which writes them back to 16 bits exactly
+check 3 bf16_2 2 --bf16 true --master_weights false
+grep -q '"torch_dtype": "bfloat16"' "$W/zero3_bf16_2/config.json" && ok || bad "zero3_bf16_2: config.json's torch_dtype"
 check 3 gc_2 2 --gradient_checkpointing true
 check 3 gcbf16_3 3 --bf16 true --gradient_checkpointing true
 # evaluation: a rank runs its share of the validation micro-batches and joins the others' gathers
@@ -209,17 +214,42 @@ run fsdp_adamw2 2 --fsdp "shard_grad_op auto_wrap" || bad "fsdp_adamw2 did not t
 cmp -s "$W/fsdp_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensors" && grep -q "ZeRO *stage 2" "$W/fsdp_adamw2.log" &&
   ok || bad "fsdp shard_grad_op is not zero_stage 2's run"
 
-# checkpoints: each rank writes its shard of the optimizer state (and of the fp32 master copy) as its own
-# state-*.rank<R>.bin, rank 0 the rest; a run saved at step 2 (of 3) and resumed on as many ranks and the same stage
-# logs the same losses and gradient norms and ends with the same weights as the run that never stopped (check's, above)
+# checkpoints: each rank writes its shard of the optimizer state (and of the fp32 master copy; at stage 3 of the
+# parameters as stored, without the gather region) as its own state-*.rank<R>.bin, rank 0 the rest; a run saved at
+# step 2 (of 3) and resumed on as many ranks and the same stage logs the same losses and gradient norms and ends with
+# the same weights as the run that never stopped (check's, above). A stage-3 checkpoint holds no model files (no rank
+# holds the model): its shard files, trainer_state.json and its hash.
 ck() {
   local stage=$1 name=$2 np=$3; shift 3
   local ref="zero${stage}_$name" z="ck${stage}_$name"
   run "$z" "$np" --zero_stage "$stage" --save_steps 2 "$@" || { bad "$z did not train: $(tail -2 "$W/$z.log")"; return; }
   local c="$W/$z/checkpoint-2" files=1
-  for r in $(seq 0 $((np - 1))); do [ -f "$c/state-optim.rank$r.bin" ] || files=0; done
+  for r in $(seq 0 $((np - 1))); do
+    [ -f "$c/state-optim.rank$r.bin" ] || files=0
+    [ "$stage" != 3 ] || [ -f "$c/state-params.rank$r.bin" ] || files=0
+  done
   [ $files = 1 ] && [ ! -e "$c/state-optim.bin" ] && [ ! -e "$W/$z/checkpoint-2.partial" ] && ok ||
     bad "$z: not every rank's shard file in $c: $(ls "$c" | tr '\n' ' ')"
+  if [ "$stage" = 3 ]; then
+    [ -z "$(ls "$c" | grep -v -e '^state-[a-z]*\.rank[0-9]*\.bin$' -e '^trainer_state\.')" ] && ok ||
+      bad "$z: more than the shard files and the state in $c: $(ls "$c" | tr '\n' ' ')"
+    # each rank's snapshot (planned and measured) is its shard files, each to whole pages: no gather region in it
+    local async=1
+    case " $* " in *" --async_checkpoint false "*) async=0 ;; esac
+    python3 - "$W/$z" "$np" "$async" <<'PY' && ok || bad "$z: the snapshot is not the shard files"
+import glob, json, os, sys
+out, n, snap = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+err = []
+for r in range(n):
+    j = json.load(open(f"{out}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
+    files = glob.glob(f"{out}/checkpoint-2/state-*.rank{r}.bin")
+    want = sum((os.path.getsize(f) + 4095) // 4096 * 4096 for f in files) if snap else 0
+    got = j["plan"]["checkpoint snapshot"]
+    if got != want or j["measured"]["checkpoint snapshot"] != got:
+        err.append(f"rank {r}: snapshot planned {got}, measured {j['measured']['checkpoint snapshot']}, files {want}")
+sys.exit("\n".join(err) if err else 0)
+PY
+  fi
   cmp -s "$W/$ref/model.safetensors" "$W/$z/model.safetensors" && ok || bad "$z: saving changed the weights"
   rm -f "$W/$z/model.safetensors"
   run "$z" "$np" --zero_stage "$stage" --save_steps 2 --resume_from_checkpoint latest "$@" &&
@@ -235,6 +265,11 @@ ck 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights f
 # without a snapshot: each rank writes its files in the loop's thread
 ck 1 bf16m_3 3 --bf16 true --async_checkpoint false
 [ -f "$W/ck2_bf16m_2/checkpoint-2/state-master.rank1.bin" ] && ok || bad "ck2_bf16m_2: no shard file of the master copy"
+ck 3 adamw2 2
+ck 3 bf16m_3 3 --bf16 true
+ck 3 adamw3 3 --async_checkpoint false
+ck 3 bf16_2 2 --bf16 true --master_weights false
+[ -f "$W/ck3_bf16m_3/checkpoint-2/state-master.rank2.bin" ] && ok || bad "ck3_bf16m_3: no shard file of the master copy"
 # save_total_limit: rank 0 prunes the older folders once the newest is complete
 run prune 2 --zero_stage 1 --save_steps 1 --save_total_limit 1 || bad "prune did not train: $(tail -2 "$W/prune.log")"
 [ -f "$W/prune/checkpoint-2/state-optim.rank1.bin" ] && [ ! -e "$W/prune/checkpoint-1" ] && ok ||
@@ -256,6 +291,11 @@ resume_refused "stage 2 from stage 1" 2 "$W/ck1_adamw2/checkpoint-2" "trained wi
 resume_refused "one process" 1 "$W/ck1_adamw2/checkpoint-2" "trained with ranks 2, this run has 1" --zero_stage 1
 run ddp_ck 2 --save_steps 1 --max_steps 2 || bad "ddp_ck did not train: $(tail -2 "$W/ddp_ck.log")"
 resume_refused "DDP checkpoint" 2 "$W/ddp_ck/checkpoint-1" "trained with zero_stage 0, this run has 1" --zero_stage 1
+resume_refused "stage 3 on 2 ranks" 2 "$W/ck3_adamw3/checkpoint-2" "trained with ranks 3, this run has 2" --zero_stage 3
+resume_refused "stage 2 from stage 3" 2 "$W/ck3_adamw2/checkpoint-2" "trained with zero_stage 3, this run has 2" \
+  --zero_stage 2
+resume_refused "stage 3 from stage 2" 2 "$W/ck2_adamw2/checkpoint-2" "trained with zero_stage 2, this run has 3" \
+  --zero_stage 3
 # a damaged or missing shard file: every rank fails naming it (exit 2), none waits
 cp -r "$W/ck1_adamw2/checkpoint-2" "$W/damaged"
 printf '\001' | dd of="$W/damaged/state-optim.rank1.bin" bs=1 seek=4096 conv=notrunc 2>/dev/null
@@ -263,27 +303,33 @@ resume_refused "damaged shard" 2 "$W/damaged" "state-optim.rank1.bin is .* bytes
 rm "$W/damaged/state-optim.rank1.bin"
 resume_refused "missing shard" 2 "$W/damaged" "state-optim.rank1.bin is missing" --zero_stage 1
 # SIGTERM to every rank: they finish the step together, each writes its shard files, rank 0 completes the folder,
-# every rank exits 0, and the resumed run is the run that never stopped
-run sig_full 2 --zero_stage 2 --max_steps 60 || bad "sig_full did not train"
-pre=("${MPI[@]}" -np 2)
-[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-"${pre[@]}" "$SNUG" train $common --zero_stage 2 --max_steps 60 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
-mp=$!
-for i in $(seq 100); do [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
-pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
-wait $mp
-rc=$?
-step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 60.*/\1/p' "$W/sig.log")
-if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$W/sig/checkpoint-$step/trainer_state.hash" ] &&
-   [ -f "$W/sig/checkpoint-$step/state-optim.rank1.bin" ]; then
-  ok
-  run sig 2 --zero_stage 2 --max_steps 60 --resume_from_checkpoint latest || bad "sig did not resume: $(tail -2 "$W/sig.log")"
-  [ "$(worst sig sig_full)" = 0.0 ] && ok || bad "sig: the resumed losses or gradient norms differ"
-  cmp -s "$W/sig_full/model.safetensors" "$W/sig/model.safetensors" && ok || bad "sig: the resumed weights differ"
-  echo "  stopped by SIGTERM after step $step of 60, resumed"
-else
-  bad "SIGTERM to 2 ranks: exit $rc, $(tail -5 "$W/sig.log")"
-fi
+# every rank exits 0, and the resumed run is the run that never stopped (sigterm NAME ARGS...)
+sigterm() {
+  local name=$1; shift
+  run "${name}_full" 2 --max_steps 60 "$@" || bad "${name}_full did not train"
+  local pre=("${MPI[@]}" -np 2)
+  [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --max_steps 60 "$@" --output_dir "$W/$name" > "$W/$name.log" 2>&1 &
+  local mp=$!
+  for i in $(seq 100); do [ -s "$W/$name/metrics.jsonl" ] && [ "$(wc -l < "$W/$name/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+  pkill -TERM -P "$mp" -f -- "--output_dir $W/$name\$"
+  wait $mp
+  local rc=$? step
+  step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 60.*/\1/p' "$W/$name.log")
+  if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$W/$name/checkpoint-$step/trainer_state.hash" ] &&
+     [ -f "$W/$name/checkpoint-$step/state-optim.rank1.bin" ]; then
+    ok
+    run "$name" 2 --max_steps 60 --resume_from_checkpoint latest "$@" || bad "$name did not resume: $(tail -2 "$W/$name.log")"
+    [ "$(worst "$name" "${name}_full")" = 0.0 ] && ok || bad "$name: the resumed losses or gradient norms differ"
+    cmp -s "$W/${name}_full/model.safetensors" "$W/$name/model.safetensors" && ok || bad "$name: the resumed weights differ"
+    echo "  $name: stopped by SIGTERM after step $step of 60, resumed"
+  else
+    bad "$name: SIGTERM to 2 ranks: exit $rc, $(tail -5 "$W/$name.log")"
+  fi
+}
+sigterm sig --zero_stage 2
+sigterm sig3 --zero_stage 3
+[ -n "$(ls "$W"/sig3/checkpoint-*/state-params.rank1.bin 2>/dev/null)" ] && ok || bad "sig3: no shard file of the parameters"
 
 # the combinations not built: refused before training, exit 2, naming the key
 refuse() {
@@ -294,11 +340,6 @@ refuse() {
 }
 refuse "zero_stage 4" "zero_stage 4 does not exist" --zero_stage 4
 refuse "zero_stage -1" "zero_stage" --zero_stage -1
-refuse "zero_stage 3 save_steps" "zero_stage 3 does not write or resume checkpoints yet" --zero_stage 3 --save_steps 1
-refuse "zero_stage 3 resume" "zero_stage 3 does not write or resume checkpoints yet" --zero_stage 3 \
-  --resume_from_checkpoint "$W/ck1_adamw2/checkpoint-2"
-refuse "zero_stage 3 bf16 without master" "zero_stage 3 with 16-bit storage needs master_weights: true" --zero_stage 3 \
-  --bf16 true --master_weights false
 { cat "$W/ids.yaml"; printf 'fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n'; } > "$W/fsdpcfg.yaml"
 "$SNUG" train "$W/fsdpcfg.yaml" --output_dir "$W/refused" > "$W/refused.log" 2>&1
 [ $? -eq 2 ] && grep -q "fsdp: \[full_shard\]" "$W/refused.log" && ok || bad "fsdp_config: $(tail -1 "$W/refused.log")"

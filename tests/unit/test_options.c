@@ -604,7 +604,6 @@ static void test_zero(void) {
         const char *yaml, *want;
     } bad[] = {
         {"zero_stage: 4\n", "zero_stage 4 does not exist"},
-        {"zero_stage: 3\nsave_steps: 5\n", "save_steps"},
         {"zero_stage: 1\noptimizer_in_backward: true\nmax_grad_norm: 0\n", "with optimizer_in_backward"},
         {"zero_stage: 1\nadapter: lora\n", "with an adapter"},
     };
@@ -617,6 +616,12 @@ static void test_zero(void) {
            snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     CHECKF(load("zero_stage: 2\n", &o, &e) == 0 && o.zero_stage == 2 && snug_run_config_validate(&o, &e) == 0, "%s",
            e.msg);
+    /* stage 3 checkpoints (each rank its shard of the parameters) and resumes */
+    CHECKF(load("zero_stage: 3\nsave_steps: 5\nresume_from_checkpoint: latest\n", &o, &e) == 0 && o.zero_stage == 3 &&
+           o.save_steps == 5 && snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
+    /* and takes 16-bit storage without master weights (the final save streams the 16-bit shards as stored) */
+    CHECKF(load("zero_stage: 3\nbf16: true\nmaster_weights: false\n", &o, &e) == 0 &&
+           snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
 
     /* DeepSpeed's JSON: its stage is zero_stage */
     const char *ds1 = write_file("ds1.json", "{\"train_batch_size\": \"auto\", \"zero_optimization\": {\"stage\": 1,"
