@@ -135,7 +135,22 @@ static int shm_barrier(snug_comm *c, const char *what, snug_error *e) {
 /* out[0..k) <- src[0] + src[1] + ... + src[size-1], element by element in rank order (snug_comm_sum_in_order's
  * arithmetic), through a block that stays in L1, so out may be one of the sources and the loops vectorise. */
 #define SHM_BLOCK 1024
-#define SHM_SUM(T)                                                                              static void shm_sum_##T(T *out, const void *const *src, int size, size_t k) {                  T t[SHM_BLOCK];                                                                             for (size_t i = 0; i < k; i += SHM_BLOCK) {                                                     size_t m = k - i < SHM_BLOCK ? k - i : SHM_BLOCK;                                           const T *a = (const T *)src[0] + i;                                                         for (size_t j = 0; j < m; j++)                                                                  t[j] = a[j];                                                                            for (int r = 1; r < size; r++) {                                                                const T *b = (const T *)src[r] + i;                                                         for (size_t j = 0; j < m; j++)                                                                  t[j] += b[j];                                                                       }                                                                                           memcpy(out + i, t, m * sizeof *t);                                                      }                                                                                       }
+#define SHM_SUM(T)                                                                  \
+    static void shm_sum_##T(T *out, const void *const *src, int size, size_t k) {  \
+        T t[SHM_BLOCK];                                                             \
+        for (size_t i = 0; i < k; i += SHM_BLOCK) {                                 \
+            size_t m = k - i < SHM_BLOCK ? k - i : SHM_BLOCK;                       \
+            const T *a = (const T *)src[0] + i;                                     \
+            for (size_t j = 0; j < m; j++)                                          \
+                t[j] = a[j];                                                        \
+            for (int r = 1; r < size; r++) {                                        \
+                const T *b = (const T *)src[r] + i;                                 \
+                for (size_t j = 0; j < m; j++)                                      \
+                    t[j] += b[j];                                                   \
+            }                                                                       \
+            memcpy(out + i, t, m * sizeof *t);                                      \
+        }                                                                           \
+    }
 SHM_SUM(float)
 SHM_SUM(double)
 SHM_SUM(int64_t)
