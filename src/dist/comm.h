@@ -51,7 +51,7 @@ static inline snug_comm_dtype snug_comm_type(int dt) { return (snug_comm_dtype)(
 
 typedef struct snug_comm snug_comm;
 struct snug_comm {
-    const char *name; /* "self", "mpi", "nccl" */
+    const char *name; /* "self", "mpi" ("mpi-shm": every rank on one host, see comm_mpi.c), "nccl" */
     int rank, size;
     int local_rank;    /* the rank's index among the ranks of its host (the GPU it would own) */
     int deterministic; /* all-reduce sums in rank order (see above) */

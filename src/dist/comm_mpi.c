@@ -7,10 +7,27 @@
  * scratch, allocated at the first deterministic all-reduce, is size x 8 MiB, not size x the gradients) and sums
  * them in rank order. The sharded collectives go owner by owner: the reduce-scatter reduces segment r to rank r
  * (the deterministic one gathers it there piece by piece and sums in rank order), the all-gather broadcasts segment r
- * from rank r; so any counts work, with no displacement arrays of int and no scratch the size of a shard. */
+ * from rank r; so any counts work, with no displacement arrays of int and no scratch the size of a shard.
+ *
+ * The intra-node path. When every rank runs on one host (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) holds them all),
+ * the sums and the all-gather go through one MPI-3 shared window instead (MPI_Win_allocate_shared, plain loads and
+ * stores): each rank owns two buffers of SNUG_SHM_BYTES in it, and a collective runs in rounds that alternate
+ * between them. In a round of a sum, each rank copies the pieces the other ranks own into its buffer (piece r in
+ * slot r), waits for all, and owner r adds the ranks' pieces in rank order, ((x_0 + x_1) + x_2) + ... (its own
+ * piece read from its buffer x), exactly snug_comm_sum_in_order's arithmetic: the deterministic mode's bits, so both
+ * modes take it. The all-reduce cuts each chunk of size x slot elements into size equal pieces, then the owners
+ * publish their sums in their own slot and every rank copies them back after a second wait; the reduce-scatter
+ * takes piece r from segment r (counts[r] elements, over as many rounds as the longest needs) and keeps it. The
+ * all-gather: each owner copies its piece in, a wait, every rank copies the others' out. The wait is a barrier on
+ * one counter per rank in the window (each rank raises its own, then reads the others'), polled under the same
+ * timeout as an MPI request. Two buffers mean a round's copies never overwrite what a rank may still be reading from
+ * the round before: a rank writes buffer b again only after a wait that every rank reached after reading b. The
+ * window is size x 2 x 1 MiB (a round stays in the L2 caches; 4 MiB buffers were slower). SNUG_MPI_SHM=0 in the
+ * environment keeps MPI's own collectives, the path of ranks on several hosts. */
 #include <limits.h>
 #include <mpi.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +38,20 @@
 #define SNUG_MPI_PIECE ((size_t)1 << 20) /* elements of one rank per deterministic piece */
 #define SNUG_MPI_MAXN ((size_t)1 << 30)  /* elements per MPI call (counts are int) */
 
+#define SNUG_SHM_BYTES ((size_t)1 << 20) /* one of a rank's two buffers in the shared window */
+#define SNUG_SHM_HEAD ((size_t)4096)      /* a rank's barrier counter, on its own page ahead of its buffers */
+
 typedef struct mpi_ctx {
     MPI_Comm comm;
     void *scratch; /* size x SNUG_MPI_PIECE x 8 bytes, for the deterministic all-reduce (NULL until then) */
+    /* the intra-node path (see above); shm is 0 without it */
+    int shm; /* the path is on */
+    MPI_Win win;
+    char **seg;       /* (size) each rank's part of the window: its counter, then its two buffers */
+    uint64_t gen;     /* shared-memory barriers passed */
+    unsigned round;   /* rounds done: the parity picks the buffer of the next */
+    size_t *off, *len; /* (size) a round's piece of each owner: element offset in x and count */
+    const void **src; /* (size) the sources of a rank-order sum */
 } mpi_ctx;
 
 static int mpi_users; /* open MPI communicators: the last one closed finalizes */
@@ -53,6 +81,19 @@ static int mpi_failed(snug_error *e, int rc, const char *what) {
     return snug_fail(e, SNUG_EIO, "MPI %s failed: %.*s", what, len, s);
 }
 
+/* One more poll of a collective started at t0: fails once c->timeout_s seconds (if > 0) have passed, naming it. */
+static int poll_again(snug_comm *c, double t0, long polls, const char *what, snug_error *e) {
+    if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
+        return snug_fail(e, SNUG_EIO, "rank %d of %d: collective #%llu (%s) not complete after %.0f s: another "
+                         "rank has died, is stuck, or issued a different collective (run with "
+                         "dist_debug: true to compare every collective's signature); raise dist_timeout if a "
+                         "step really takes this long", c->rank, c->size, (unsigned long long)c->seq, what,
+                         c->timeout_s);
+    if (polls > 1000) /* let the other ranks of an oversubscribed host run, without sleeping: Open MPI's */
+        sched_yield(); /* non-blocking collectives advance only inside MPI_Test, one segment per call */
+    return 0;
+}
+
 /* Completes req, polling; fails after c->timeout_s seconds (if > 0), naming the collective. */
 static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error *e) {
     double t0 = now_s();
@@ -63,15 +104,177 @@ static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error
             return mpi_failed(e, rc, what);
         if (done)
             return 0;
-        if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
-            return snug_fail(e, SNUG_EIO, "rank %d of %d: collective #%llu (%s) not complete after %.0f s: another "
-                             "rank has died, is stuck, or issued a different collective (run with "
-                             "dist_debug: true to compare every collective's signature); raise dist_timeout if a "
-                             "step really takes this long", c->rank, c->size, (unsigned long long)c->seq, what,
-                             c->timeout_s);
-        if (polls > 1000) /* let the other ranks of an oversubscribed host run, without sleeping: Open MPI's */
-            sched_yield(); /* non-blocking collectives advance only inside MPI_Test, one segment per call */
+        SNUG_TRY(poll_again(c, t0, polls, what, e));
     }
+}
+
+/* ---- the intra-node path (see the top of the file) ---- */
+
+static _Atomic uint64_t *shm_counter(mpi_ctx *x, int r) { return (_Atomic uint64_t *)x->seg[r]; }
+
+/* rank r's buffer b */
+static char *shm_buf(mpi_ctx *x, int r, unsigned b) { return x->seg[r] + SNUG_SHM_HEAD + b * SNUG_SHM_BYTES; }
+
+/* Every rank's stores before its call are visible to every rank after it: each rank raises its counter (release),
+ * then waits until every counter has reached it (acquire). Polled under the collective's timeout. */
+static int shm_barrier(snug_comm *c, const char *what, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    uint64_t g = ++x->gen;
+    atomic_store_explicit(shm_counter(x, c->rank), g, memory_order_release);
+    double t0 = 0;
+    long polls = 0;
+    for (int r = 0; r < c->size; r++)
+        while (atomic_load_explicit(shm_counter(x, r), memory_order_acquire) < g) {
+            if (!polls)
+                t0 = now_s();
+            SNUG_TRY(poll_again(c, t0, ++polls, what, e));
+        }
+    return 0;
+}
+
+/* out[0..k) <- src[0] + src[1] + ... + src[size-1], element by element in rank order (snug_comm_sum_in_order's
+ * arithmetic), through a block that stays in L1, so out may be one of the sources and the loops vectorise. */
+#define SHM_BLOCK 1024
+#define SHM_SUM(T)                                                                  \
+    static void shm_sum_##T(T *out, const void *const *src, int size, size_t k) {  \
+        T t[SHM_BLOCK];                                                             \
+        for (size_t i = 0; i < k; i += SHM_BLOCK) {                                 \
+            size_t m = k - i < SHM_BLOCK ? k - i : SHM_BLOCK;                       \
+            const T *a = (const T *)src[0] + i;                                     \
+            for (size_t j = 0; j < m; j++)                                          \
+                t[j] = a[j];                                                        \
+            for (int r = 1; r < size; r++) {                                        \
+                const T *b = (const T *)src[r] + i;                                 \
+                for (size_t j = 0; j < m; j++)                                      \
+                    t[j] += b[j];                                                   \
+            }                                                                       \
+            memcpy(out + i, t, m * sizeof *t);                                      \
+        }                                                                           \
+    }
+SHM_SUM(float)
+SHM_SUM(double)
+SHM_SUM(int64_t)
+
+static void shm_sum(void *out, const void *const *src, int size, size_t k, snug_comm_dtype dt) {
+    dt = snug_comm_type(dt);
+    if (dt == SNUG_COMM_F32)
+        shm_sum_float(out, src, size, k);
+    else if (dt == SNUG_COMM_F64)
+        shm_sum_double(out, src, size, k);
+    else
+        shm_sum_int64_t(out, src, size, k);
+}
+
+/* One round of a sum: each owner r's piece (x->off[r], x->len[r] <= slot elements of p) summed over the ranks in
+ * rank order into the owner's p; with back (the all-reduce), every rank then copies every sum into its p. */
+static int shm_sum_round(snug_comm *c, char *p, size_t slot, snug_comm_dtype dt, int back, const char *what,
+                         snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    size_t es = snug_comm_dtype_size(dt);
+    int me = c->rank;
+    unsigned b = x->round++ & 1;
+    char *mine = shm_buf(x, me, b);
+    for (int r = 0; r < c->size; r++) /* slot r: this rank's values of r's piece (its own slot stays free) */
+        if (r != me)
+            memcpy(mine + r * slot * es, p + x->off[r] * es, x->len[r] * es);
+    SNUG_TRY(shm_barrier(c, what, e));
+    for (int r = 0; r < c->size; r++)
+        x->src[r] = r == me ? p + x->off[me] * es : shm_buf(x, r, b) + me * slot * es;
+    shm_sum(p + x->off[me] * es, x->src, c->size, x->len[me], dt);
+    if (!back)
+        return 0;
+    memcpy(mine + me * slot * es, p + x->off[me] * es, x->len[me] * es); /* the sum, in this rank's own slot */
+    SNUG_TRY(shm_barrier(c, what, e));
+    for (int r = 0; r < c->size; r++)
+        if (r != me)
+            memcpy(p + x->off[r] * es, shm_buf(x, r, b) + r * slot * es, x->len[r] * es);
+    return 0;
+}
+
+/* The all-reduce: chunks of size x slot elements, each in size pieces of (nearly) equal length. */
+static int shm_allreduce(snug_comm *c, char *p, size_t n, snug_comm_dtype dt, const char *what, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    size_t slot = SNUG_SHM_BYTES / snug_comm_dtype_size(dt) / (size_t)c->size, chunk = slot * (size_t)c->size;
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t m = n - i < chunk ? n - i : chunk;
+        for (int r = 0; r < c->size; r++) {
+            x->off[r] = i + m * (size_t)r / (size_t)c->size;
+            x->len[r] = i + m * (size_t)(r + 1) / (size_t)c->size - x->off[r];
+        }
+        SNUG_TRY(shm_sum_round(c, p, slot, dt, 1, what, e));
+    }
+    return 0;
+}
+
+/* Round t's piece of each segment: up to slot elements from t x slot into it. Returns whether any is non-empty. */
+static int shm_pieces(mpi_ctx *x, int size, const size_t *counts, size_t t, size_t slot) {
+    int any = 0;
+    size_t lo = t * slot, d = 0;
+    for (int r = 0; r < size; d += counts[r], r++) {
+        x->off[r] = d + lo;
+        x->len[r] = counts[r] > lo ? (counts[r] - lo < slot ? counts[r] - lo : slot) : 0;
+        any |= x->len[r] > 0;
+    }
+    return any;
+}
+
+static int shm_reduce_scatter(snug_comm *c, char *p, const size_t *counts, snug_comm_dtype dt, const char *what,
+                              snug_error *e) {
+    size_t slot = SNUG_SHM_BYTES / snug_comm_dtype_size(dt) / (size_t)c->size;
+    for (size_t t = 0; shm_pieces(c->ctx, c->size, counts, t, slot); t++)
+        SNUG_TRY(shm_sum_round(c, p, slot, dt, 0, what, e));
+    return 0;
+}
+
+static int shm_allgather(snug_comm *c, char *p, const size_t *counts, snug_comm_dtype dt, const char *what,
+                         snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    size_t es = snug_comm_dtype_size(dt), slot = SNUG_SHM_BYTES / es;
+    for (size_t t = 0; shm_pieces(x, c->size, counts, t, slot); t++) {
+        unsigned b = x->round++ & 1;
+        memcpy(shm_buf(x, c->rank, b), p + x->off[c->rank] * es, x->len[c->rank] * es);
+        SNUG_TRY(shm_barrier(c, what, e));
+        for (int r = 0; r < c->size; r++)
+            if (r != c->rank)
+                memcpy(p + x->off[r] * es, shm_buf(x, r, b), x->len[r] * es);
+    }
+    return 0;
+}
+
+/* The shared window, when every rank is on this host and SNUG_MPI_SHM is not 0. Every rank reaches the same
+ * decision (the split is the same everywhere, and the window's success is agreed); on any failure the ranks keep
+ * MPI's own collectives. Called from init, when every rank is there. */
+static void shm_open(snug_comm *c, mpi_ctx *x) {
+    const char *env = getenv("SNUG_MPI_SHM");
+    MPI_Comm node;
+    if (c->size < 2 || MPI_Comm_split_type(x->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        return;
+    int nsize = 0, ok = 0;
+    MPI_Comm_size(node, &nsize);
+    if (nsize == c->size && !(env && !strcmp(env, "0"))) { /* one host; the key 0 keeps the ranks' order there */
+        char *base = NULL;
+        ok = MPI_Win_allocate_shared((MPI_Aint)(SNUG_SHM_HEAD + 2 * SNUG_SHM_BYTES), 1, MPI_INFO_NULL, node, &base,
+                                     &x->win) == MPI_SUCCESS;
+        x->seg = ok ? calloc((size_t)c->size, sizeof *x->seg) : NULL;
+        x->off = calloc(2 * (size_t)c->size, sizeof *x->off);
+        x->src = calloc((size_t)c->size, sizeof *x->src);
+        ok = ok && x->seg && x->off && x->src;
+        for (int r = 0; ok && r < c->size; r++) {
+            MPI_Aint sz;
+            int du;
+            ok = MPI_Win_shared_query(x->win, r, &sz, &du, &x->seg[r]) == MPI_SUCCESS &&
+                 sz >= (MPI_Aint)(SNUG_SHM_HEAD + 2 * SNUG_SHM_BYTES);
+        }
+        if (ok)
+            atomic_init(shm_counter(x, c->rank), 0);
+    }
+    /* the agreement, which is also the wait that every counter is zero before any rank's first barrier */
+    int all = 0;
+    if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, x->comm) != MPI_SUCCESS)
+        all = 0;
+    x->len = x->off ? x->off + c->size : NULL;
+    x->shm = all;
+    MPI_Comm_free(&node);
 }
 
 /* debug mode: every rank's (sequence, kind, count, dtype, root) against rank 0's, on every rank */
@@ -119,6 +322,8 @@ static int mpi_allreduce(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, 
     char *p = buf;
     char what[96];
     snprintf(what, sizeof what, "all-reduce of %zu %s", n, dtype_name(dt));
+    if (x->shm)
+        return shm_allreduce(c, p, n, dt, what, e);
     if (c->deterministic) {
         if (!x->scratch && !(x->scratch = malloc((size_t)c->size * SNUG_MPI_PIECE * 8)))
             return snug_fail(e, SNUG_ENOMEM, "out of host memory for the deterministic all-reduce's scratch (%d x "
@@ -198,6 +403,8 @@ static int mpi_reduce_scatter(snug_comm *c, void *buf, const size_t *counts, snu
     char *p = buf;
     char what[96];
     snprintf(what, sizeof what, "reduce-scatter of %zu %s", snug_comm_displ(counts, c->size), dtype_name(dt));
+    if (x->shm)
+        return shm_reduce_scatter(c, p, counts, dt, what, e);
     if (c->deterministic && !x->scratch && !(x->scratch = malloc((size_t)c->size * SNUG_MPI_PIECE * 8)))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the deterministic reduce-scatter's scratch (%d x "
                          "8 MiB)", c->size);
@@ -231,6 +438,8 @@ static int mpi_allgather(snug_comm *c, void *buf, const size_t *counts, snug_com
     size_t es = snug_comm_dtype_size(dt), d = 0;
     char what[96];
     snprintf(what, sizeof what, "all-gather of %zu %s", snug_comm_displ(counts, c->size), dtype_name(dt));
+    if (x->shm)
+        return shm_allgather(c, buf, counts, dt, what, e);
     for (int r = 0; r < c->size; d += counts[r], r++)
         for (size_t i = 0; i < counts[r]; i += SNUG_MPI_MAXN) {
             size_t k = counts[r] - i < SNUG_MPI_MAXN ? counts[r] - i : SNUG_MPI_MAXN;
@@ -252,8 +461,11 @@ static void mpi_free(snug_comm *c) {
     mpi_ctx *x = c->ctx;
     if (!x)
         return;
+    if (x->shm) /* collective: only where every rank closes (a broken run leaves MPI as it is) */
+        MPI_Win_free(&x->win);
     MPI_Comm_free(&x->comm);
     free(x->scratch);
+    free(x->seg), free(x->off), free(x->src);
     free(x);
     c->ctx = NULL;
     int fin = 0;
@@ -281,8 +493,9 @@ int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
     MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(x->comm, &c->rank);
     MPI_Comm_size(x->comm, &c->size);
+    shm_open(c, x);
     mpi_users++;
-    c->name = "mpi";
+    c->name = x->shm ? "mpi-shm" : "mpi";
     c->ctx = x;
     c->local_rank = c->rank;
     c->allreduce_sum = mpi_allreduce;

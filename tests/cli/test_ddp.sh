@@ -117,9 +117,17 @@ same ddp2_bf16 one2_bf16 0
 run one4 0 --gradient_accumulation_steps 4 || bad "one4 did not train"
 run ddp2x2 2 --ddp_deterministic true --gradient_accumulation_steps 2 || bad "ddp2x2 did not train"
 same ddp2x2 one4 1e-5
-# MPI's own all-reduce at 3 ranks (its order of additions), and ordinary text on tied tiny-llama
-run ddp3_mpi 3 || bad "ddp3_mpi did not train"
+# the all-reduce outside the deterministic mode at 3 ranks: on the shared-memory path the rank-order sum all the
+# same (the same bits), on MPI's own (SNUG_MPI_SHM=0) its order of additions; and ordinary text on tied tiny-llama
+run ddp3_shm 3 || bad "ddp3_shm did not train"
+same ddp3_shm one3 0
+SNUG_MPI_SHM=0 run ddp3_mpi 3 || bad "ddp3_mpi did not train"
 same ddp3_mpi one3 1e-5
+grep -q "data parallel *3 ranks (mpi-shm," "$W/ddp3_shm.log" && grep -q "data parallel *3 ranks (mpi," "$W/ddp3_mpi.log" &&
+  ok || bad "ddp3_shm, ddp3_mpi: not the shared-memory path and MPI's own"
+# deterministic through MPI's own collectives: the same bits as the shared-memory path
+SNUG_MPI_SHM=0 run ddp2_mpi 2 --ddp_deterministic true || bad "ddp2_mpi did not train"
+same ddp2_mpi ddp2 0
 python3 - "$W/text.jsonl" <<'PY'
 import json, random, sys
 random.seed(1)
@@ -204,6 +212,17 @@ if [ -n "${SNUG_COMM_TEST:-}" ]; then
     [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
     timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" sum > "$W/sum$np.log" 2>&1 &&
       [ "$(grep -c ': ok$' "$W/sum$np.log")" -eq $np ] && ok || bad "comm sum at $np ranks: $(tail -3 "$W/sum$np.log")"
+    # the shared-memory path (every rank on this host) against MPI's own collectives: each bit for bit the
+    # rank-order sum on awkward counts, and the same results (a digest per rank) on both
+    for path in 1 0; do
+      timeout 300 env SNUG_MPI_SHM=$path "${pre[@]}" "$SNUG_COMM_TEST" paths > "$W/paths$np.$path.log" 2>&1 &&
+        [ "$(grep -c ': ok$' "$W/paths$np.$path.log")" -eq $np ] && ok ||
+        bad "comm paths at $np ranks (SNUG_MPI_SHM=$path): $(grep rank "$W/paths$np.$path.log" | head -3)"
+    done
+    want=$(grep -c ': mpi-shm digest' "$W/paths$np.1.log"):$(grep -c ': mpi digest' "$W/paths$np.0.log")
+    [ "$want" = "$np:$np" ] && [ "$(grep -o 'rank [0-9]*: mpi-shm digest [0-9a-f]*' "$W/paths$np.1.log" | sort | sed 's/mpi-shm/mpi/')" = \
+      "$(grep -o 'rank [0-9]*: mpi digest [0-9a-f]*' "$W/paths$np.0.log" | sort)" ] && ok ||
+      bad "comm paths at $np ranks: the shared-memory path's results differ from MPI's own (or a path was not taken)"
     timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" mismatch > "$W/mm$np.log" 2>&1
     st=$?
     [ $st -ne 0 ] && [ $st -ne 124 ] && [ "$(grep -c 'error: collective mismatch: rank 0 issued #1 allreduce_sum of 3 float32 (root 0) where rank 1 issued #1 allreduce_sum of 4' "$W/mm$np.log")" -eq $np ] &&

@@ -5,6 +5,12 @@
  *                           segments (one over a gathered piece, one empty) is the rank-order sum in each owner's
  *                           segment in the deterministic mode and within fp32 rounding of it otherwise, and the
  *                           all-gather puts every owner's segment on every rank (fp32 and 16-bit values)
+ *   test_comm_mpi paths     the collectives over awkward counts (odd, not divisible by the ranks, over several of
+ *                           the shared-memory path's rounds, empty segments) in float, double, int64 and 16-bit:
+ *                           the sums are the rank-order sum bit for bit in the deterministic mode (and on the
+ *                           shared-memory path in both modes, within fp32 rounding of it on MPI's own), the
+ *                           all-gathers exact; prints the communicator's name and a digest of every result, which
+ *                           test_ddp.sh compares between the shared-memory path and SNUG_MPI_SHM=0 (MPI's own)
  *   test_comm_mpi mismatch  with the signature check, rank 1 all-reduces one element more: every rank fails naming
  *                           the mismatch
  *   test_comm_mpi shards    with the signature check, rank 1 reduce-scatters with other counts (the same total):
@@ -69,6 +75,120 @@ static int shard_test(snug_comm *c, float *x, const float *want, const float *al
     return 0;
 }
 
+/* ---- paths: every collective on awkward counts, checked against a local reference, digested ---- */
+
+static uint64_t digest = 1469598103934665603ull; /* FNV-1a over every result of the paths test */
+
+static void digest_add(const void *p, size_t bytes) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < bytes; i++)
+        digest = (digest ^ b[i]) * 1099511628211ull;
+}
+
+/* rank r's element i of type dt, written at p */
+static void value(void *p, snug_comm_dtype dt, int r, size_t i) {
+    if (dt == SNUG_COMM_F32)
+        *(float *)p = contrib(r, i);
+    else if (dt == SNUG_COMM_F64)
+        *(double *)p = (double)contrib(r, i) / 3.0 + 1e-9 * (double)i;
+    else if (dt == SNUG_COMM_I64)
+        *(int64_t *)p = ((int64_t)1 << 40) * (r + 1) + (int64_t)(i * 7919 % 100003) - 50000;
+    else
+        *(uint16_t *)p = (uint16_t)(i * 97 + (size_t)r * 13);
+}
+
+/* segment counts of n elements: pattern 0 equal shards (the last one the remainder), pattern 1 uneven with rank 1's
+ * empty and the last rank's longest */
+static void make_counts(size_t *counts, int size, size_t n, int pattern) {
+    size_t left = n;
+    for (int r = 0; r < size - 1; r++) {
+        size_t k = pattern == 0 ? n / (size_t)size : r == 1 ? 0 : n / (size_t)(3 * size) + 1 + (size_t)r;
+        counts[r] = k < left ? k : left;
+        left -= counts[r];
+    }
+    counts[size - 1] = left;
+}
+
+/* The all-reduce and the reduce-scatter of n elements of dt, and the all-gather; deterministic or not. */
+static int paths_case(snug_comm *c, snug_comm_dtype dt, size_t n, int pattern, snug_error *e) {
+    size_t es = snug_comm_dtype_size(dt), counts[64];
+    char *x = malloc(n * es + 1), *want = malloc(n * es + 1), *all = malloc((size_t)c->size * n * es + 1);
+    if (!x || !want || !all)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory");
+    for (int r = 0; r < c->size; r++)
+        for (size_t i = 0; i < n; i++)
+            value(all + ((size_t)r * n + i) * es, dt, r, i);
+    make_counts(counts, c->size, n, pattern);
+    size_t d = snug_comm_displ(counts, c->rank), cnt = counts[c->rank];
+    int rc = 0;
+    if (dt != SNUG_COMM_U16) {
+        snug_comm_sum_in_order(want, all, c->size, n, dt);
+        for (int det = 1; !rc && det >= 0; det--) {
+            c->deterministic = det;
+            /* bit for bit: the deterministic mode, the shared-memory path, and integers */
+            int exact = det || strcmp(c->name, "mpi") || dt == SNUG_COMM_I64;
+            for (int op = 0; !rc && op < 2; op++) {
+                memcpy(x, all + (size_t)c->rank * n * es, n * es);
+                rc = op == 0 ? c->allreduce_sum(c, x, n, dt, e) : c->reduce_scatter_sum(c, x, counts, dt, e);
+                for (size_t i = 0; !rc && i < n; i++) {
+                    int summed = op == 0 || (i >= d && i < d + cnt); /* the others' segments stay as they were */
+                    const char *w = summed ? want + i * es : all + ((size_t)c->rank * n + i) * es, *got = x + i * es;
+                    double gv = dt == SNUG_COMM_F32 ? *(const float *)got : *(const double *)got;
+                    double wv = dt == SNUG_COMM_F32 ? *(const float *)w : *(const double *)w;
+                    int same = !memcmp(got, w, es);
+                    if (!same && (exact || !summed || fabs(gv - wv) > 1e-6 * fabs(wv) + 1e-30))
+                        rc = snug_fail(e, SNUG_EINTERNAL, "%s %s of %zu %s (pattern %d): element %zu is not the "
+                                       "rank-order sum", det ? "the deterministic" : "the", op ? "reduce-scatter" :
+                                       "all-reduce", n, dt == SNUG_COMM_F32 ? "float" : dt == SNUG_COMM_F64 ?
+                                       "double" : "int64", pattern, i);
+                }
+                if (!rc && det)
+                    digest_add(x, n * es);
+            }
+        }
+    } else {
+        memcpy(want, all, n * es); /* the all-gather's reference: segment r from rank r */
+        for (int r = 1; r < c->size; r++) {
+            size_t dr = snug_comm_displ(counts, r);
+            memcpy(want + dr * es, all + ((size_t)r * n + dr) * es, counts[r] * es);
+        }
+    }
+    if (!rc && dt != SNUG_COMM_I64) { /* the all-gather of the reference, garbage outside the own segment */
+        memset(x, 0xa5, n * es);
+        memcpy(x + d * es, want + d * es, cnt * es);
+        rc = c->allgather(c, x, counts, dt, e);
+        if (!rc && memcmp(x, want, n * es))
+            rc = snug_fail(e, SNUG_EINTERNAL, "the all-gather of %zu %s (pattern %d) did not give every rank every "
+                           "segment", n, dt == SNUG_COMM_U16 ? "16-bit" : "values", pattern);
+        if (!rc)
+            digest_add(x, n * es);
+    }
+    free(x), free(want), free(all);
+    return rc;
+}
+
+static int paths_test(snug_comm *c, snug_error *e) {
+    if (c->size > 64)
+        return 0;
+    /* counts in elements: single ones, odd ones, and over several rounds of the shared-memory path (its buffers
+     * are 1 MiB: 256K floats, 128K doubles, 512K 16-bit values) */
+    static const size_t ns[] = {1, 2, 3, 7, 1001, 1000003};
+    static const snug_comm_dtype dts[] = {SNUG_COMM_F32, SNUG_COMM_F64, SNUG_COMM_I64, SNUG_COMM_U16};
+    for (int t = 0; t < 4; t++)
+        for (size_t k = 0; k < sizeof ns / sizeof *ns; k++)
+            for (int pattern = 0; pattern < 2; pattern++)
+                SNUG_TRY(paths_case(c, dts[t], ns[k], pattern, e));
+    /* a host-flagged value, as the trainer sums its losses */
+    double v = 0.25 * (c->rank + 1), w = 0;
+    for (int r = 0; r < c->size; r++)
+        w += 0.25 * (r + 1);
+    SNUG_TRY(c->allreduce_sum(c, &v, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
+    if (v != w)
+        return snug_fail(e, SNUG_EINTERNAL, "the host-flagged double sum is %.17g, not %.17g", v, w);
+    printf("rank %d: %s digest %016llx\n", c->rank, c->name, (unsigned long long)digest);
+    return 0;
+}
+
 static int sum_test(snug_comm *c, snug_error *e) {
     size_t n = ((size_t)1 << 20) + 37; /* one piece and a bit */
     float *x = malloc(n * sizeof *x), *want = malloc(n * sizeof *want);
@@ -117,6 +237,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "sum")) {
         rc = sum_test(&c, &e);
+    } else if (!strcmp(mode, "paths")) {
+        rc = paths_test(&c, &e);
     } else if (!strcmp(mode, "mismatch")) {
         c.check = 1;
         float x[4] = {1, 2, 3, 4};
