@@ -6,8 +6,13 @@
  * columns, through the GEMM's leading dimension, and never needs a copy of the fused weight. Backward, with
  * u = drop(x) A^T (N, r) recomputed rather than saved and g = dout[:, row0:row0+rows]:
  *   du = g B (N, r);  dB += s g^T u;  dA += s du^T drop(x);  dx += drop'(s du A).
+ * The modules of one site read one input, so without dropout they run as one: the memory holds their A's side by
+ * side, one (n r, in) matrix for n modules (q, k, v; gate, up), and u = x [A_q; A_k; A_v]^T (N, n r), dA and dx are
+ * one GEMM each over it, where n skinny GEMMs (r = 16 columns) ran before; only B's products stay per module, each
+ * on its own columns of the output. The table keeps PEFT's names and order; only the offsets follow this layout.
  * Dropout draws its mask from (the micro-batch's seed, layer, module, element), so the forward and backward (and a
- * checkpointed layer's recomputation) see the same mask without storing it. */
+ * checkpointed layer's recomputation) see the same mask without storing it; each module then reads its own dropped
+ * input and runs alone. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,7 +109,6 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     lo->r = lc->r;
     lo->scale = lc->rslora ? lc->alpha / sqrtf((float)lc->r) : lc->alpha / (float)lc->r;
     lo->dropout = lc->dropout;
-    size_t off = 0;
     for (int k = 0; k < nmod; k++) {
         if (!(lc->targets & (1u << k)))
             continue;
@@ -112,11 +116,25 @@ int snug_lora_build(snug_model *m, snug_error *e) {
         md->index = k;
         md->site = defs[k].site;
         snug_lora_module_shape(c, k, &md->row0, &md->rows, &md->in);
-        md->a_off = off;
-        off += (size_t)lo->r * md->in;
-        md->b_off = off;
-        off += (size_t)md->rows * lo->r;
         lo->max_in = md->in > lo->max_in ? md->in : lo->max_in;
+    }
+    /* a layer's adapters, site by site: the A's of the site's modules (adjacent in mod[], one input width), then
+     * their B's */
+    size_t off = 0;
+    for (int i = 0, n; i < lo->nmod; i += n) {
+        snug_lora_module *md = &lo->mod[i];
+        for (n = 1; i + n < lo->nmod && md[n].site == md->site;)
+            n++;
+        md->group = n;
+        lo->max_group = n > lo->max_group ? n : lo->max_group;
+        for (int j = 0; j < n; j++) {
+            md[j].a_off = off;
+            off += (size_t)lo->r * md[j].in;
+        }
+        for (int j = 0; j < n; j++) {
+            md[j].b_off = off;
+            off += (size_t)md[j].rows * lo->r;
+        }
     }
     lo->per_layer = off;
     /* the table, named as PEFT saves the adapters: base_model.model.<module>.lora_A.weight */
@@ -126,17 +144,18 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     t->layer_numel = calloc((size_t)L + 1, sizeof *t->layer_numel);
     int rc = !t->layer_offset || !t->layer_numel;
     size_t at = 0;
-    for (int l = 0; l < L && !rc; l++) {
+    for (int l = 0; l < L && !rc; l++, at += lo->per_layer) {
         t->layer_offset[l] = at;
         t->layer_numel[l] = lo->per_layer;
-        for (int i = 0; i < lo->nmod && !rc; i++) {
+        for (int i = 0; i < lo->nmod && !rc; i++) { /* in PEFT's order (A then B, module by module), at the layout's offsets */
             const snug_lora_module *md = &lo->mod[i];
             char name[96];
             const char *pre = c->arch == SNUG_ARCH_GPT2 ? "transformer.h" : "model.layers";
+            size_t a = at + md->a_off, b = at + md->b_off;
             snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_A.weight", pre, l, defs[md->index].name);
-            rc |= snug_param_table_add(t, &cap, &at, name, 2, lo->r, md->in, l, 0);
+            rc |= snug_param_table_add(t, &cap, &a, name, 2, lo->r, md->in, l, 0);
             snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, l, defs[md->index].name);
-            rc |= snug_param_table_add(t, &cap, &at, name, 2, md->rows, lo->r, l, 0);
+            rc |= snug_param_table_add(t, &cap, &b, name, 2, md->rows, lo->r, l, 0);
         }
     }
     /* lora_modules_to_save: each a full copy of the base's tensor, named as PEFT saves it */
@@ -223,58 +242,89 @@ static uint64_t mask_seed(const snug_lora *lo, int l, const snug_lora_module *md
     return s + (uint64_t)n0 * (uint64_t)md->in * 0x9E3779B97F4A7C15ull;
 }
 
+/* Dropout applies: each module reads its own dropped-out input. */
+static int dropping(const snug_lora *lo) { return lo->dropout > 0.0f && lo->xd && lo->training; }
+
 /* The input the adapter of module md reads: x itself, or x dropped out into the workspace. */
 static const float *adapter_input(snug_model *m, int l, const snug_lora_module *md, const float *x, int N, int n0) {
     snug_lora *lo = &m->lora;
-    if (lo->dropout <= 0.0f || !lo->xd || !lo->training)
+    if (!dropping(lo))
         return x;
     m->be->dropout(m->be, lo->xd, x, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md, n0));
     return lo->xd;
 }
 
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0) {
+/* The n modules md[0 .. n-1] (of one site, their A's side by side) on their common input xin (N, in):
+ * out[:, row0_j:row0_j+rows_j] += s u_j B_j^T, u (N, n r) = xin [A_0; ...; A_{n-1}]^T. */
+static void group_fwd(snug_model *m, int l, const snug_lora_module *md, int n, float *out, int width,
+                      const float *xin, int N) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
-    int r = lo->r;
-    for (int i = 0; lo->on && i < lo->nmod; i++) {
+    int r = lo->r, R = n * r, in = md->in;
+    const float *P = lo->params + (size_t)l * lo->per_layer;
+    be->gemm_strided(be, 0, 1, N, R, in, 1.0f, xin, in, P + md->a_off, in, 0.0f, lo->u, R); /* u = xin A^T */
+    for (int j = 0; j < n; j++) /* out[:, row0:row0+rows] (N, rows) += s * u_j B_j^T */
+        be->gemm_strided(be, 0, 1, N, md[j].rows, r, lo->scale, lo->u + j * r, R, P + md[j].b_off, r, 1.0f,
+                         out + md[j].row0, width);
+}
+
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0) {
+    snug_lora *lo = &m->lora;
+    for (int i = 0; lo->on && i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;
-        const float *A = lo->params + (size_t)l * lo->per_layer + md->a_off;
-        const float *B = lo->params + (size_t)l * lo->per_layer + md->b_off;
-        const float *xin = adapter_input(m, l, md, x, N, n0);
-        be->gemm_strided(be, 0, 1, N, r, md->in, 1.0f, xin, md->in, A, md->in, 0.0f, lo->u, r); /* u (N,r) = xin A^T */
-        /* out[:, row0:row0+rows] (N, rows) += s * u B^T */
-        be->gemm_strided(be, 0, 1, N, md->rows, r, lo->scale, lo->u, r, B, r, 1.0f, out + md->row0, width);
+        if (!dropping(lo)) {
+            group_fwd(m, l, md, md->group, out, width, x, N);
+            continue;
+        }
+        for (int j = 0; j < md->group; j++) /* each module through its own mask */
+            group_fwd(m, l, md + j, 1, out, width, adapter_input(m, l, md + j, x, N, n0), N);
+    }
+}
+
+/* The backward of group_fwd: u recomputed, du (N, n r) = [g_0 B_0, ..., g_{n-1} B_{n-1}], dB_j += s g_j^T u_j,
+ * dA (n r, in) += s du^T xin, and dx += s du A, through module md's mask when xin is its dropped-out input. */
+static void group_bwd(snug_model *m, int l, const snug_lora_module *md, int n, float *dx, const float *dout,
+                      int width, const float *xin, const float *x, int N, int n0) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    int r = lo->r, R = n * r, in = md->in;
+    size_t base = (size_t)l * lo->per_layer;
+    const float *P = lo->params + base, *A = P + md->a_off;
+    float *G = lo->grads + base;
+    be->gemm_strided(be, 0, 1, N, R, in, 1.0f, xin, in, A, in, 0.0f, lo->u, R); /* u = xin A^T */
+    for (int j = 0; j < n; j++) {
+        const float *g = dout + md[j].row0; /* (N, rows), row stride width */
+        be->gemm_strided(be, 0, 0, N, r, md[j].rows, 1.0f, g, width, P + md[j].b_off, r, 0.0f, lo->du + j * r,
+                         R); /* du_j = g_j B_j */
+        be->gemm_strided(be, 1, 0, md[j].rows, r, N, lo->scale, g, width, lo->u + j * r, R, 1.0f, G + md[j].b_off,
+                         r); /* dB_j += s g_j^T u_j */
+    }
+    be->gemm_strided(be, 1, 0, R, in, N, lo->scale, lo->du, R, xin, in, 1.0f, G + md->a_off, in); /* dA += s du^T xin */
+    if (!dx) /* the input gradient is not needed (the first layer over a frozen embedding) */
+        return;
+    if (xin == x) { /* dx += s du A */
+        be->gemm_strided(be, 0, 0, N, in, R, lo->scale, lo->du, R, A, in, 1.0f, dx, in);
+    } else { /* through the same mask: dx += drop(s du A) */
+        be->gemm_strided(be, 0, 0, N, in, R, lo->scale, lo->du, R, A, in, 0.0f, lo->xd, in);
+        be->dropout(be, lo->xd, lo->xd, (size_t)N * in, lo->dropout, mask_seed(lo, l, md, n0));
+        be->accumulate(be, dx, lo->xd, (size_t)N * in);
     }
 }
 
 void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
                    int N, int n0) {
     snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
-    int r = lo->r;
-    for (int i = 0; lo->on && lo->grads && i < lo->nmod; i++) {
+    for (int i = 0; lo->on && lo->grads && i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;
-        size_t base = (size_t)l * lo->per_layer;
-        const float *A = lo->params + base + md->a_off, *B = lo->params + base + md->b_off;
-        float *gA = lo->grads + base + md->a_off, *gB = lo->grads + base + md->b_off;
-        const float *g = dout + md->row0; /* (N, rows), row stride width */
-        const float *xin = adapter_input(m, l, md, x, N, n0);
-        be->gemm_strided(be, 0, 1, N, r, md->in, 1.0f, xin, md->in, A, md->in, 0.0f, lo->u, r);     /* u = xin A^T */
-        be->gemm_strided(be, 0, 0, N, r, md->rows, 1.0f, g, width, B, r, 0.0f, lo->du, r);           /* du = g B */
-        be->gemm_strided(be, 1, 0, md->rows, r, N, lo->scale, g, width, lo->u, r, 1.0f, gB, r);      /* dB += s g^T u */
-        be->gemm_strided(be, 1, 0, r, md->in, N, lo->scale, lo->du, r, xin, md->in, 1.0f, gA, md->in); /* dA += s du^T xin */
-        if (!dx) /* the input gradient is not needed (the first layer over a frozen embedding) */
+        if (!dropping(lo)) {
+            group_bwd(m, l, md, md->group, dx, dout, width, x, x, N, n0);
             continue;
-        if (xin == x) { /* dx += s du A */
-            be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 1.0f, dx, md->in);
-        } else { /* through the same mask: dx += drop(s du A) */
-            be->gemm_strided(be, 0, 0, N, md->in, r, lo->scale, lo->du, r, A, md->in, 0.0f, lo->xd, md->in);
-            be->dropout(be, lo->xd, lo->xd, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md, n0));
-            be->accumulate(be, dx, lo->xd, (size_t)N * md->in);
         }
+        for (int j = 0; j < md->group; j++)
+            group_bwd(m, l, md + j, 1, dx, dout, width, adapter_input(m, l, md + j, x, N, n0), x, N, n0);
     }
 }

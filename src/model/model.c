@@ -578,10 +578,10 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     if (m->lora.on) {
         snug_lora *lo = &m->lora;
         CARVE(lo->params, SNUG_MEM_ADAPTER, lo->table.total);
-        CARVE(lo->u, SNUG_MEM_WORKSPACE, N * lo->r);
+        CARVE(lo->u, SNUG_MEM_WORKSPACE, N * lo->r * lo->max_group);
         if (with_grads) {
             CARVE(lo->grads, SNUG_MEM_GRADS, lo->table.total);
-            CARVE(lo->du, SNUG_MEM_WORKSPACE, N * lo->r);
+            CARVE(lo->du, SNUG_MEM_WORKSPACE, N * lo->r * lo->max_group);
         }
         if (lo->dropout > 0.0f && with_grads)
             CARVE(lo->xd, SNUG_MEM_WORKSPACE, N * lo->max_in);

@@ -132,6 +132,8 @@ typedef struct snug_lora_module {
     int in;               /* input features */
     size_t a_off, b_off;  /* layer 0's A (r, in) and B (rows, r), floats into the adapter table; layer l adds
                            * l * per_layer */
+    int group;            /* on the first module of a site: the site's adapted modules (adjacent in mod[]), whose
+                           * A's lie side by side, one (group r, in) matrix; 0 on the others */
 } snug_lora_module;
 
 /* The adapters of a model: their own parameter table (names as PEFT saves them), fp32 weights and gradients. */
@@ -146,10 +148,12 @@ typedef struct snug_lora {
     size_t emb_off, head_off; /* the trained copies of embed_tokens and lm_head in the adapter table (after every
                                * layer's adapters), (size_t)-1 when not trained */
     int max_in;
+    int max_group;        /* the most modules of one site */
     snug_param_table table;
     float *params;        /* (table.total) SNUG_MEM_ADAPTER */
     float *grads;         /* (table.total) SNUG_MEM_GRADS, training only */
-    float *u, *du;        /* (N, r) workspace: x A^T of the module being run and its gradient */
+    float *u, *du;        /* (N, max_group r) workspace: x A^T of the site being run (its modules side by side)
+                           * and its gradient */
     float *xd;            /* (N, max_in) workspace: the dropped-out input (dropout > 0 only) */
     uint64_t seed;        /* dropout's stream of this micro-batch (set by the caller before each training step) */
     int training;         /* the step running trains (dropout applies); evaluation and generation see none */
@@ -373,9 +377,9 @@ static inline const snug_param_table *snug_model_trainable(const snug_model *m) 
     return m->lora.on ? &m->lora.table : &m->table;
 }
 
-/* Builds the adapter table (A then B of each adapted module, layer by layer, named
- * "base_model.model.<module>.lora_A.weight") and the module list of m->lora from m->lv.lora; nothing when kind is
- * NONE. Called by snug_model_layout. */
+/* Builds the adapter table (A and B of each adapted module, layer by layer, named
+ * "base_model.model.<module>.lora_A.weight"; in memory the A's of one site's modules side by side, then their B's)
+ * and the module list of m->lora from m->lv.lora; nothing when kind is NONE. Called by snug_model_layout. */
 int snug_lora_build(snug_model *m, snug_error *e);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);

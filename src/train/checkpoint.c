@@ -26,7 +26,8 @@
 
 #define STATE_JSON "trainer_state.json"
 #define STATE_HASH "trainer_state.hash"
-#define STATE_FORMAT 2 /* 2: the fp32 weights' arena may be kept as model.safetensors alone */
+#define STATE_FORMAT 3 /* 2: the fp32 weights' arena may be kept as model.safetensors alone; 3: the adapters of one
+                        * site lie A's first (lora.c), so a LoRA state of format 2 does not fit */
 #define CKPT_SEED 0x636b7074ull /* "ckpt": the seed of every checkpoint hash */
 
 /* the arenas a checkpoint keeps, byte for byte */
@@ -778,6 +779,11 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     if (!rc && (format < 1 || format > STATE_FORMAT)) {
         snprintf(why, sizeof why, "format %lld, which this snug (%s, format %d) does not read; resume with the snug "
                  "that wrote it", (long long)format, SNUG_VERSION, STATE_FORMAT);
+        rc = refuse(e, p, why);
+    }
+    if (!rc && format < 3 && eng->model.lora.on) {
+        snprintf(why, sizeof why, "format %lld keeps the adapters in the order of an earlier snug's memory, which this "
+                 "snug (%s) lays out otherwise; resume with the snug that wrote it", (long long)format, SNUG_VERSION);
         rc = refuse(e, p, why);
     }
     /* every other file as it was written */
