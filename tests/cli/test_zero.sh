@@ -279,12 +279,16 @@ run prune 2 --zero_stage 1 --save_steps 1 --save_total_limit 1 || bad "prune did
 resume_refused() {
   local what=$1 np=$2 from=$3 msg=$4; shift 4
   local pre=()
-  [ "$np" -gt 1 ] && pre=("${MPI[@]}" -np "$np")
+  # mpirun would end the other ranks when the first exits non-zero, racing their own refusals: every rank runs to
+  # its own exit and prints its status, so that the counts below say each one refused, with exit 2
+  [ "$np" -gt 1 ] && pre=("${MPI[@]}" --mca orte_abort_on_non_zero_status 0 -np "$np" bash -c '"$@"; echo "rank exit $?"' rank)
   [ "$np" -gt 1 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
   "${pre[@]}" "$SNUG" train $common --output_dir "$W/refused" --resume_from_checkpoint "$from" "$@" > "$W/refused.log" 2>&1
   local st=$?
-  [ $st -eq 2 ] && [ "$(grep -c "error: .*$msg" "$W/refused.log")" -eq "$np" ] && ok ||
-    bad "$what: exit $st, $(grep error "$W/refused.log" | head -3)"
+  [ "$np" -gt 1 ] && st=$(grep -c "^rank exit 2$" "$W/refused.log")
+  [ "$np" -gt 1 ] && [ "$st" -eq "$np" ] && st=2
+  [ "$st" -eq 2 ] && [ "$(grep -c "error: .*$msg" "$W/refused.log")" -eq "$np" ] && ok ||
+    bad "$what: exit $st (the ranks' count of exit 2 when several), $(grep error "$W/refused.log" | head -3)"
 }
 resume_refused "3 ranks" 3 "$W/ck1_adamw2/checkpoint-2" "trained with ranks 2, this run has 3" --zero_stage 1
 resume_refused "stage 2 from stage 1" 2 "$W/ck1_adamw2/checkpoint-2" "trained with zero_stage 1, this run has 2" --zero_stage 2
