@@ -286,7 +286,7 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
 }
 
 /* The highest ZeRO stage auto_fit may raise a run over several ranks to: the highest whose configuration is valid
- * (an adapter, the optimizer step inside backward or checkpoints at stage 3 may rule stages out). */
+ * (an adapter or the optimizer step inside backward rules the stages out). */
 static int zero_max(const snug_run_config *c, int ranks) {
     for (int z = 3; ranks > 1 && z > c->zero_stage; z--) {
         snug_run_config t = *c;
