@@ -709,8 +709,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
     if (ddp_collectives(&comm))
-        fprintf(out, "  data parallel        %d ranks (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
-                comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
+        fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
+                W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
