@@ -111,7 +111,7 @@ void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_pla
                                                  "estimate: 300-500 MiB with lazy loading (CUDA 12)"};
         ov->item[ov->n++] = (snug_overhead_item){"cuBLASLt workspace, scratch", CUBLAS_WORKSPACE_BYTES +
                                                  p->device_scratch, "32 MiB cuBLASLt + the scratch the plan sizes "
-                                                 "from the shape (reductions, attention, embedding sort)"};
+                                                 "from the shape (reductions, attention, embedding sort, 16-bit GEMM operands)"};
         ov->item[ov->n++] = (snug_overhead_item){"allocator slack", slack,
                                                  "2 MiB rounding per arena + 1% margin; arenas do not fragment"};
     } else {
