@@ -101,12 +101,25 @@ void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt) {
     return g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
 }
 
+/* Whether table entry i is a global tensor after the layers (the final norm, an untied head). */
+static int post_global(const snug_model *m, int i) {
+    const snug_param_table *t = &m->table;
+    int L = m->cfg.n_layer;
+    return t->e[i].layer < 0 && L > 0 && t->e[i].offset >= t->layer_offset[L - 1] + t->layer_numel[L - 1];
+}
+
+int snug_model_ready_group(const snug_model *m, int i) {
+    if (m->table.e[i].layer >= 0)
+        return m->table.e[i].layer;
+    return m->lv.zero_grads && post_global(m, i) ? SNUG_READY_POST : -1;
+}
+
 int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out, int max) {
     const snug_param_table *t = &m->table;
     int n = 0, have = m->grad_off && (m->grads || m->grads16);
     snug_grad_range cur = {0};
     for (int i = 0; i <= t->n; i++) { /* i == t->n closes the last range */
-        const snug_param_entry *p = i < t->n && t->e[i].layer == layer ? &t->e[i] : NULL;
+        const snug_param_entry *p = i < t->n && snug_model_ready_group(m, i) == layer ? &t->e[i] : NULL;
         snug_dtype dt = SNUG_DT_F32;
         void *g = p && have ? snug_model_grad(m, i, &dt) : NULL;
         size_t at = p ? (have ? m->grad_off[i] : p->offset) : 0;
@@ -127,11 +140,12 @@ int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out
     return n;
 }
 
-/* The global tensors as the one range of the table that the grads-ready callback announces for layer -1: from the
- * first one after the layers, wrapping past the end of the table to the ones before them (see model.h). */
-static void globals_span(const snug_model *m, size_t *offset, size_t *numel) {
+/* The global tensors of announcement `group` (-1, or SNUG_READY_POST) as the one range of the table that the
+ * grads-ready callback announces: from the first one after the layers, wrapping past the end of the table to the
+ * ones before them (see model.h). */
+static void globals_span(const snug_model *m, int group, size_t *offset, size_t *numel) {
     snug_grad_range r[SNUG_READY_MAX_RANGES];
-    int n = snug_model_ready_ranges(m, -1, r, SNUG_READY_MAX_RANGES);
+    int n = snug_model_ready_ranges(m, group, r, SNUG_READY_MAX_RANGES);
     *offset = n ? r[n - 1].offset : 0;
     *numel = 0;
     for (int k = 0; k < n && k < SNUG_READY_MAX_RANGES; k++)
@@ -142,9 +156,10 @@ float *snug_model_host_params(const snug_model *m) {
     return m->be->host_resident && !is16(m) && !m->param_sharded ? m->params : NULL;
 }
 
-/* ZeRO-3: where global parameter `offset` is in gglob (pre-layer globals first, then the post-layer ones). */
+/* ZeRO-3: where global parameter `offset` is in gglob: the pre-layer globals first, then the post-layer ones, or
+ * (gsplit) each set from the region's start, gathered one at a time. */
 static size_t gglob_at(const snug_model *m, size_t offset) {
-    return offset < m->gpre_n ? offset : m->gpre_n + (offset - (m->table.total - m->gpost_n));
+    return offset < m->gpre_n ? offset : (m->gsplit ? 0 : m->gpre_n) + (offset - (m->table.total - m->gpost_n));
 }
 
 const void *snug_model_stored(const snug_model *m, size_t offset) {
@@ -165,18 +180,23 @@ static void gather_range(snug_model *m, void *dst, size_t offset, size_t numel) 
         m->gather_params(m->gather_params_ud, dst, offset, numel);
 }
 
-/* ZeRO-3: the global tensors into gglob (it aliases the layer buffers, which are then empty). */
-static void gather_globals(snug_model *m) {
-    if (!m->param_sharded || m->gglob_ok)
+/* ZeRO-3: the global tensors into gglob (it aliases the layer buffers, which are then empty): `want` of them
+ * (GLOB_PRE, GLOB_POST), or both where the region holds both (a tied head is the embedding: the loss reads both). */
+enum { GLOB_PRE = 1, GLOB_POST = 2 };
+static void gather_globals(snug_model *m, int want) {
+    if (!m->gsplit)
+        want = GLOB_PRE | GLOB_POST;
+    if (!m->param_sharded || (m->gglob_ok & want) == want)
         return;
     size_t es = snug_dtype_size(m->lv.dt);
-    if (m->gpre_n)
+    if ((want & GLOB_PRE) && m->gpre_n)
         gather_range(m, m->gglob, 0, m->gpre_n);
-    if (m->gpost_n)
-        gather_range(m, (char *)m->gglob + m->gpre_n * es, m->table.total - m->gpost_n, m->gpost_n);
+    if ((want & GLOB_POST) && m->gpost_n)
+        gather_range(m, (char *)m->gglob + gglob_at(m, m->table.total - m->gpost_n) * es,
+                     m->table.total - m->gpost_n, m->gpost_n);
     m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
     m->wl_layer = -1;
-    m->gglob_ok = 1;
+    m->gglob_ok = want;
 }
 
 /* ZeRO-3: layer l's parameters (stored dtype) in its gather buffer, gathered unless it is still there. On the CPU
@@ -206,21 +226,29 @@ void snug_model_skip_step(snug_model *m, int train) {
     if (m->param_sharded) {
         m->gglob_ok = 0;
         m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
-        gather_globals(m);
+        gather_globals(m, GLOB_PRE);
         for (int l = 0; l < L; l++)
             (void)gathered_layer(m, l);
-        gather_globals(m);
+        gather_globals(m, GLOB_POST);
     }
     if (!train)
         return;
+    if (m->lv.zero_grads && m->on_grads_ready) { /* the post-layer globals apart, as snug_model_step announces them */
+        size_t off, n;
+        globals_span(m, SNUG_READY_POST, &off, &n);
+        m->on_grads_ready(m->on_grads_ready_ud, SNUG_READY_POST, off, n);
+    }
     for (int l = L - 1; l >= 0; l--) {
         if (m->param_sharded)
             (void)gathered_layer(m, l);
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
-    if (m->on_grads_ready)
-        m->on_grads_ready(m->on_grads_ready_ud, -1, 0, 0);
+    if (m->on_grads_ready) {
+        size_t off, n;
+        globals_span(m, -1, &off, &n);
+        m->on_grads_ready(m->on_grads_ready_ud, -1, off, n);
+    }
 }
 
 int snug_model_layer_full_ckpt(const snug_model *m, int l) {
@@ -353,10 +381,21 @@ static int grad_offsets(snug_model *m, snug_error *e) {
         m->grads_numel = t->total;
         return 0;
     }
-    size_t global = 0, layers = 0, lmax = largest_layer(m);
+    /* The global tensors first, in table order (pre = those before the layers, post = after), then one layer's
+     * buffer (16-bit: every layer's, or the one, in grads16). Under ZeRO-2/3 the post-layer globals are announced
+     * (and their buffer free) before the first layer's backward, and the pre-layer ones are written only by the
+     * embedding's backward, after the last layer's: post and the layer buffer share their place, and unless the
+     * head is tied (its gradient is the embedding's, accumulating from the loss on) pre shares it too. */
+    int apart = m->lv.zero_grads, tied = m->cfg.tie_embeddings;
+    size_t pre = 0, post = 0, layers = 0, lmax = largest_layer(m);
     for (int i = 0; i < t->n; i++)
-        if (t->e[i].layer < 0)
-            m->grad_off[i] = global, global += t->e[i].numel;
+        if (t->e[i].layer < 0 && !post_global(m, i))
+            m->grad_off[i] = pre, pre += t->e[i].numel;
+    size_t base = apart && !tied ? 0 : pre; /* where the post-layer globals start */
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].layer < 0 && post_global(m, i))
+            m->grad_off[i] = base + post, post += t->e[i].numel;
+    size_t lbase = apart ? base : pre + post; /* where the fp32 layer buffer starts */
     for (int l = 0; l < m->cfg.n_layer; l++)
         layers += t->layer_numel[l];
     for (int i = 0; i < t->n; i++) {
@@ -364,9 +403,12 @@ static int grad_offsets(snug_model *m, snug_error *e) {
         if (p->layer < 0)
             continue;
         size_t in_layers = oib ? p->offset - t->layer_offset[p->layer] : p->offset - t->layer_offset[0];
-        m->grad_off[i] = g16 ? in_layers : global + in_layers;
+        m->grad_off[i] = g16 ? in_layers : lbase + in_layers;
     }
-    m->grads_numel = g16 ? global : global + lmax;
+    size_t end = base + post;
+    if (!g16)
+        end = lbase + lmax > end ? lbase + lmax : end;
+    m->grads_numel = end > pre ? end : pre;
     m->grads16_numel = g16 ? (oib ? lmax : layers) : 0;
     return 0;
 }
@@ -540,11 +582,16 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
     m->gglob_ok = 0;
     m->gpre_n = m->gpost_n = m->gbuf_n = m->gregion_n = 0;
+    m->gsplit = 0;
     if (m->param_sharded) { /* ZeRO-3: the rank's shard, and one gather region for a layer pair or the globals */
         size_t es = snug_dtype_size(m->lv.dt), lay = (largest_layer(m) + 31) / 32 * 32; /* buffer 1 aligned */
         m->gpre_n = L > 0 ? m->table.layer_offset[0] : m->table.total;
         m->gpost_n = L > 0 ? m->table.total - (m->table.layer_offset[L - 1] + m->table.layer_numel[L - 1]) : 0;
-        size_t region = m->gpre_n + m->gpost_n > 2 * lay ? m->gpre_n + m->gpost_n : 2 * lay;
+        /* an untied model reads the pre-layer globals at the embedding and the post-layer ones at the loss: one set
+         * at a time, each from the region's start (gsplit); a tied head is the embedding, so the loss reads both */
+        m->gsplit = !m->cfg.tie_embeddings;
+        size_t glob = m->gsplit ? (m->gpre_n > m->gpost_n ? m->gpre_n : m->gpost_n) : m->gpre_n + m->gpost_n;
+        size_t region = glob > 2 * lay ? glob : 2 * lay;
         m->gbuf_n = lay;
         m->gregion_n = region;
         char *g = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (region ? region : 1) * es, e);
@@ -1386,7 +1433,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
     if (m->param_sharded) { /* the parameters may have changed since the last step: gather afresh */
         m->gglob_ok = 0;
         m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
-        gather_globals(m);
+        gather_globals(m, GLOB_PRE);
     }
     const void *wte = m->emb16 ? (const void *)m->emb16 : snug_model_stored(m, m->gwte);
     const void *head = snug_model_stored(m, m->ghead);
@@ -1400,6 +1447,14 @@ double snug_model_step(snug_model *m, float grad_scale) {
     const float *lnf_w = m->w.lnf_w, *lnf_b = m->w.lnf_b;
 
     m->wl_layer = -1; /* the parameters may have changed since the last step */
+    float *x0 = res_at(m, 0);
+    be->embed_fwd(be, x0, m->ids, wte, wdt, N, C, 0);
+    if (c->arch == SNUG_ARCH_GPT2)
+        be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
+    save_res(m, 0, x0, (size_t)N * C);
+    for (int l = 0; l < L; l++)
+        layer_fwd(m, l, 0);
+    gather_globals(m, GLOB_POST); /* ZeRO-3: the final norm and the head again (the layers took their buffer) */
     if (is16(m)) { /* the final norm's parameters widened (lnf_b exists for LayerNorm only) */
         be->from16(be, m->lnf_ws, snug_model_stored(m, m->glnf_w), (size_t)C, dt);
         lnf_w = m->lnf_ws;
@@ -1409,14 +1464,6 @@ double snug_model_step(snug_model *m, float grad_scale) {
             lnf_b = m->lnf_ws + C;
         }
     }
-    float *x0 = res_at(m, 0);
-    be->embed_fwd(be, x0, m->ids, wte, wdt, N, C, 0);
-    if (c->arch == SNUG_ARCH_GPT2)
-        be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
-    save_res(m, 0, x0, (size_t)N * C);
-    for (int l = 0; l < L; l++)
-        layer_fwd(m, l, 0);
-    gather_globals(m); /* ZeRO-3: the final norm and the head again (the layers took their buffer) */
     float *final = res_at(m, L);
     norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, lnf_w, lnf_b, N);
 
@@ -1430,6 +1477,12 @@ double snug_model_step(snug_model *m, float grad_scale) {
                                    grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
     be->zero(be, m->d_res, (size_t)N * C * sizeof(float));
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
+    if (m->lv.zero_grads && m->on_grads_ready) { /* the final norm and an untied head are complete: their buffer
+                                                  * is the layers' next (see grad_offsets) */
+        size_t off, n;
+        globals_span(m, SNUG_READY_POST, &off, &n);
+        m->on_grads_ready(m->on_grads_ready_ud, SNUG_READY_POST, off, n);
+    }
     for (int l = L - 1; l >= 0; l--) {
         layer_bwd(m, l);
         if (m->on_grads_ready)
@@ -1443,7 +1496,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
     if (m->on_grads_ready) {
         size_t off, n;
-        globals_span(m, &off, &n);
+        globals_span(m, -1, &off, &n);
         m->on_grads_ready(m->on_grads_ready_ud, -1, off, n);
     }
     return loss;

@@ -168,8 +168,9 @@ typedef struct snug_grad_range {
 } snug_grad_range;
 
 /* The ranges one snug_grads_ready_fn call announces: a layer is one range; the global tensors (layer -1) are the
- * ones before the layers (embeddings) and after them (final norm, untied head). */
-enum { SNUG_READY_MAX_RANGES = 2 };
+ * ones before the layers (embeddings) and after them (final norm, untied head). Under lv.zero_grads the ones after
+ * the layers are announced apart, as layer SNUG_READY_POST, and layer -1 is the ones before them. */
+enum { SNUG_READY_MAX_RANGES = 2, SNUG_READY_POST = -2 };
 
 /* The grads-ready callback (m->on_grads_ready), called by snug_model_step's backward as gradients become final for
  * the micro-batch, in backward order: layer L-1, ..., 0, each after its backward, then layer -1 (every global
@@ -179,6 +180,10 @@ enum { SNUG_READY_MAX_RANGES = 2 };
  *   layer -1:   the global tensors, which are not one range of the table (they sit before and after the layers):
  *               [offset, offset+numel) wraps past the end of the table, i.e. [offset, table.total) then
  *               [0, offset + numel - table.total). numel is the number of global parameters.
+ *   SNUG_READY_POST (lv.zero_grads only): the global tensors after the layers (the final norm, an untied head),
+ *               announced after the final norm's backward, before layer L-1's; layer -1 then announces only the
+ *               ones before the layers (the embeddings). Their gradient buffer is the layers' next: consume them
+ *               there and zero them.
  * offset and numel index the parameter table, not a gradient buffer: where the gradients are (fp32 grads or 16-bit
  * grads16, and the element offset in it) depends on the layout; snug_model_ready_ranges(m, layer, ...) gives it as
  * one snug_grad_range per contiguous piece. The gradients there hold the sum over the micro-batches run since they
@@ -250,13 +255,17 @@ typedef struct snug_model {
      * gather buffers (layer l in gbuf[l % 2], all-gathered before its forward and again before its backward unless
      * it is still there), and the global tensors from `gglob` (pre-layer globals, then the post-layer ones),
      * gathered before the embedding and again before the loss. Both live in one region of SNUG_MEM_PARAMS of
-     * max(globals, two layers) elements, since the globals and the layers are never read at the same time. */
+     * max(globals, two layers) elements, since the globals and the layers are never read at the same time; with an
+     * untied head the embedding reads only the pre-layer globals and the loss only the post-layer ones, so those
+     * are gathered one set at a time (gsplit) and the region is max(pre, post, two layers). */
     int param_sharded;
     size_t pshard_lo, pshard_n;
     void *gbuf[2];         /* (largest layer) each, stored dtype */
     int gbuf_layer[2];     /* the layer each holds, -1 none */
     void *gglob;           /* (globals) stored dtype; aliases gbuf */
-    int gglob_ok;          /* gglob holds the globals (no layer gathered since) */
+    int gsplit;            /* untied head: the pre- and post-layer globals take turns at gglob's start (the region is
+                            * max(pre, post, two layers)); else both, one after the other */
+    int gglob_ok;          /* which globals gglob holds (bits 1 pre, 2 post; no layer gathered since) */
     size_t gbuf_n, gregion_n; /* elements of a layer buffer (the largest layer, rounded up to 32) and of the region */
     size_t gpre_n, gpost_n; /* globals before the layers ([0, gpre_n)) and after them ([total - gpost_n, total)) */
     snug_layer_tensors gbuf_t[2]; /* fp32: views into gbuf[k] */
@@ -339,6 +348,9 @@ void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt);
  * (1 for a layer, at most SNUG_READY_MAX_RANGES). Depends only on the layout, so it can be called at any time after
  * snug_model_layout, e.g. to plan buckets before the first step. */
 int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out, int max);
+/* The announcement (the `layer` argument of on_grads_ready) that carries table entry i's gradients: its layer, -1,
+ * or SNUG_READY_POST. */
+int snug_model_ready_group(const snug_model *m, int i);
 /* The fp32 parameters when they are host memory the caller may read and write in place (the CPU backend, fp32);
  * NULL otherwise: go through snug_model_put_params / snug_model_get_params. */
 float *snug_model_host_params(const snug_model *m);

@@ -52,10 +52,10 @@ static void zero_grads(snug_model *m) {
         m->be->zero(m->be, m->gshard, m->gshard_n * sizeof(float));
 }
 
-/* ZeRO-2: as backward completes a layer's gradients (layer -1: the global tensors, two runs of the table), each run
- * of its tensors is reduce-scattered over the ranks' shards, this rank adds its segment of the sum into its shard
- * (gshard), and the shared buffer is zeroed for the next layer. Every micro-batch does so, as DeepSpeed's stage 2:
- * no full gradient is kept to accumulate into. */
+/* ZeRO-2: as backward completes a layer's gradients (SNUG_READY_POST: the global tensors after the layers; -1 the
+ * ones before them), each run of its tensors is reduce-scattered over the ranks' shards, this rank adds its segment
+ * of the sum into its shard (gshard), and the shared buffer is zeroed for the next layer. Every micro-batch does so,
+ * as DeepSpeed's stage 2: no full gradient is kept to accumulate into. */
 typedef struct zero2_ctx {
     snug_engine *eng;
     snug_comm *comm;
@@ -72,12 +72,12 @@ static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
     snug_backend *be = m->be;
     const snug_param_table *t = &m->table;
     for (int i = 0; !c->rc && i < t->n;) {
-        if (t->e[i].layer != layer) {
+        if (snug_model_ready_group(m, i) != layer) {
             i++;
             continue;
         }
         int j = i; /* a run of the layer's tensors: contiguous in the table and in the shared buffer */
-        while (j < t->n && t->e[j].layer == layer)
+        while (j < t->n && snug_model_ready_group(m, j) == layer)
             j++;
         size_t lo = t->e[i].offset, hi = t->e[j - 1].offset + t->e[j - 1].numel, s0 = 0;
         for (int r = 0; r < c->comm->size; s0 += c->shard[r], r++) {
@@ -743,7 +743,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     zm->param_sharded ? " layer by layer before each forward and backward (blocking)" : " after the step");
             if (zm->param_sharded)
                 fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
-                        "%zu global parameters\n", zm->gregion_n, zm->gbuf_n, zm->gpre_n + zm->gpost_n);
+                        "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gsplit
+                        ? (zm->gpre_n > zm->gpost_n ? zm->gpre_n : zm->gpost_n) : zm->gpre_n + zm->gpost_n,
+                        zm->gsplit ? " before or after the layers (an untied head: one set at a time)" : "");
         }
     }
     zero2_ctx z2 = {.eng = &r.eng, .comm = &comm, .shard = shard};

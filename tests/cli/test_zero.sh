@@ -170,6 +170,40 @@ check 3 val_3 3 --val_set_size 0.1 --eval_steps 2
 check 3 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
 # loading a Hugging Face folder: each rank keeps its shard of every tensor (staged in the gather region)
 check 3 load_3 3 --base_model "$W/ddp_adamw3" --max_steps 2
+# an untied head: its gradient and the final norm's are reduce-scattered right after the loss, so one buffer of
+# max(embedding, final norm + head, a layer) serves them, the layers and the embedding in turn (stages 2 and 3), and
+# stage 3 gathers the embedding and the head one at a time into a region of max(embedding, head, two layers)
+tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
+. "$SRC/tests/cli/untied_base.sh"
+check 2 untied_2 2 --base_model "$W/base"
+check 3 untied_3 3 --base_model "$W/base"
+check 3 untiedbf16_2 2 --base_model "$W/base" --bf16 true
+check 3 untiedval_2 2 --base_model "$W/base" --val_set_size 0.1 --eval_steps 2
+for z in zero2_untied_2 zero3_untied_3 zero3_untiedbf16_2; do
+  python3 - "$W" "$z" "$W/base/config.json" <<'PY' && ok || bad "$z: the gradient buffer or the gather region"
+import json, re, sys
+w, z, cfg = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+C, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+kv = C // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+layer = 2 * C + 2 * C * C + 2 * C * kv + 3 * C * I
+pre, post = V * C, V * C + C
+total = pre + post + L * layer
+n = int(z.rsplit("_", 1)[1][-1])
+stage = int(z[4])
+for r in range(n):
+    j = json.load(open(f"{w}/{z}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
+    g = j["plan"]["gradients"] - max(pre, post, layer) * 4  # what is left: the rank's shard of the sum
+    if abs(g - total * 4 / n) > 257 * 4:
+        sys.exit(f"rank {r}: gradients {j['plan']['gradients']} B: {g} B beside one buffer of max({pre}, {post}, "
+                 f"{layer}) floats, not a 1/{n} shard of {total}")
+if stage == 3:
+    m = re.search(r"one region of (\d+) elements: two layer buffers of (\d+), or the (\d+) global", open(f"{w}/{z}.log").read())
+    region, lay, glob = map(int, m.groups())
+    if glob != max(pre, post) or region != max(glob, 2 * lay):
+        sys.exit(f"the region {region} (layers {lay}, globals {glob}) is not max(embedding {pre}, head {post}, two layers)")
+print(f"  {z}: gradients one buffer of max({pre}, {post}, {layer}) floats and the shard")
+PY
+done
 # accumulation: the floor is how far other orders of the same sums move the logged numbers: one process accumulating
 # 6 micro-batches against DDP's 3 x 2 and 2 x 3, and at least one step of the printed gradient norm's last digit;
 # stage 2 reorders them once more
@@ -186,6 +220,8 @@ PY
 echo "  floor: other orders of the same sums move the losses and gradient norms by $floor (relative)"
 TOL=$(python3 -c "print(4 * $floor)") check 2 accum3 3 --gradient_accumulation_steps 2
 TOL=$(python3 -c "print(4 * $floor)") check 2 accum2 2 --gradient_accumulation_steps 3
+# the untied head's shared gradient buffer, reused by every micro-batch
+TOL=$(python3 -c "print(4 * $floor)") check 2 untiedacc_3 3 --base_model "$W/base" --gradient_accumulation_steps 2
 # stage 3 with accumulation reduce-scatters every micro-batch as stage 2 does: stage 2's bits
 for a in "accum3 3 2" "accum2 2 3"; do
   set -- $a
