@@ -3,9 +3,10 @@
  *
  * Memory. Every mode is planned by the layout code the trainer allocates with (snug_plan_run with the spec's ranks and
  * zero_stage: from stage 1 the optimizer arena and the fp32 master copy are each rank's shard; at stage 2 the
- * gradients arena is the shared layer buffer, the global tensors' gradients and the rank's shard of the sum; at stage
- * 3 the parameters arena is the rank's shard and one gather region of max(the global tensors, two layers); the
- * largest rank's plan is reported).
+ * gradients arena is the shared layer buffer, the global tensors' gradients and the rank's shard of the sum (with an
+ * untied head one buffer of max(embedding, final norm and head, layer) for all three); at stage 3 the parameters
+ * arena is the rank's shard and one gather region of max(the global tensors, two layers) (untied: max(embedding,
+ * final norm and head, two layers)); the largest rank's plan is reported).
  *
  * Communication (ring collectives, bytes each rank sends per optimizer step; P parameters, g = 4 bytes per fp32
  * gradient, w = 2 or 4 per parameter as stored, f = (n-1)/n, GA micro-batches per rank):
