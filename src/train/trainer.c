@@ -287,10 +287,12 @@ typedef struct master_stream {
     const snug_model *m;
     const size_t *shard; /* each rank's elements of the table */
     size_t *counts;      /* (size) scratch: a tensor's elements in each rank's shard */
+    int agreed;          /* the ranks agreed that one failed: none gathers or agrees again */
+    int *broken;         /* set when a collective failed: the ranks no longer agree */
 } master_stream;
 
-static int master_fill(void *ud, int i, float *dst, snug_error *e) {
-    master_stream *ms = ud;
+/* Tensor i gathered into dst (its numel floats) on every rank. */
+static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
     const snug_param_entry *p = &m->table.e[i];
     size_t lo = p->offset, hi = lo + p->numel, s0 = 0;
@@ -322,11 +324,31 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
     return 0;
 }
 
+/* The stream's fill (snug_weights_fill), on every rank: the ranks first agree that each is still fine, so a rank
+ * that failed (rank 0 writing the file, another allocating) is heard before the next gather instead of leaving the
+ * others in it, then tensor i is gathered. */
+static int master_fill(void *ud, int i, float *dst, snug_error *e) {
+    master_stream *ms = ud;
+    int rc = ddp_agree(ms->comm, 0, ms->broken, e);
+    if (rc) {
+        ms->agreed = 1;
+        return rc;
+    }
+    if ((rc = master_gather(ms, i, dst, e)))
+        *ms->broken = 1;
+    return rc;
+}
+
 /* The final save: rank 0 writes the folder, the master copy (or ZeRO-3's parameters) gathered into it as a stream
- * (above); the other ranks take part in each tensor's gather in the same order. */
-static int zero_save_master(run *r, snug_comm *c, const size_t *shard, snug_error *e) {
+ * (above); the other ranks take part in each tensor's gather in the same order. Every rank agrees once before each
+ * gather and once at the end (rank 0 once its save has returned, whether the folder is whole or it failed; another
+ * rank after its last gather, or at once if it failed before its first), so the agreements pair up however far the
+ * stream got, and a failure on any rank ends the save on all of them together with that rank's error. *broken is
+ * set only when a collective itself failed. */
+static int zero_save_master(run *r, snug_comm *c, const size_t *shard, int *broken, snug_error *e) {
     const snug_model *m = &r->eng.model;
-    master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t))};
+    master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t)),
+                        .broken = broken};
     int n = m->table.n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
     size_t largest = 0;
     for (int i = 0; i < n; i++)
@@ -341,6 +363,8 @@ static int zero_save_master(run *r, snug_comm *c, const size_t *shard, snug_erro
         rc = snug_model_weights_order(m, order, e);
     for (int k = 0; !rc && c->rank && k < n; k++)
         rc = master_fill(&ms, order[k], buf, e);
+    if (!ms.agreed && !*broken)
+        rc = ddp_agree(c, rc, broken, e);
     free(ms.counts);
     free(order);
     free(buf);
@@ -1009,9 +1033,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
          * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
-        /* a failure mid-stream leaves the others in a gather: mpirun (or dist_timeout) ends them */
-        if ((rc = zero_save_master(&r, &comm, shard, e)))
-            broken = 1;
+        /* a failure on one rank mid-stream ends the save on every rank, each with its error */
+        rc = zero_save_master(&r, &comm, shard, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }

@@ -22,7 +22,9 @@
 # region the header names, the shards summing to DDP's arena. Stage-3 checkpoints hold each rank's shard of the
 # parameters too (and no model files): saved and resumed (or stopped by SIGTERM and resumed) on as many ranks, the run
 # that never stopped, bit for bit, fp32 at 2 and 3 ranks and bf16 with the master copy at 3; another number of ranks
-# or stage refused. The settings not built are refused (exit 2) naming the key. Skipped (77) without mpirun or an MPI
+# or stage refused. The final save failing on rank 0 alone (the disk full mid-stream, a folder where a file goes)
+# ends every rank at once with exit 1, each naming the file. The settings not built are refused (exit 2) naming the
+# key. Skipped (77) without mpirun or an MPI
 # build.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
@@ -342,6 +344,39 @@ printf '\001' | dd of="$W/damaged/state-optim.rank1.bin" bs=1 seek=4096 conv=not
 resume_refused "damaged shard" 2 "$W/damaged" "state-optim.rank1.bin is .* bytes with hash .*, but was written as" --zero_stage 1
 rm "$W/damaged/state-optim.rank1.bin"
 resume_refused "missing shard" 2 "$W/damaged" "state-optim.rank1.bin is missing" --zero_stage 1
+# the final save failing on rank 0 alone (save_fails NAME NP HOW FILE ARGS...): HOW full links rank 0's temporary
+# FILE.tmp.<pid> to /dev/full, so its writes fail with the disk full in the middle of the stream (some tensors
+# gathered, more to come); HOW dir puts a folder where FILE goes, so the rename after the last gather fails. Every
+# rank exits 1 (a failed write, as one process) naming the file, and at once: far below a dist_timeout of 600 s
+# (mpirun is ended after 120 s, so a rank left waiting fails here rather than after the timeout)
+save_fails() {
+  local name=$1 np=$2 how=$3 file=$4; shift 4
+  local out="$W/$name"
+  rm -rf "$out"
+  mkdir -p "$out"
+  [ "$how" = dir ] && mkdir -p "$out/$file/in-the-way"
+  local pre=(env SAVE_OUT="$out" SAVE_FILE="$file" SAVE_HOW="$how")
+  [ "${SNUG_SANITIZED:-0}" = 1 ] && pre+=(ASAN_OPTIONS=detect_leaks=0)
+  # the inner bash makes the link under its own pid, which exec hands to snug
+  pre+=(timeout -k 5 120 "${MPI[@]}" --mca orte_abort_on_non_zero_status 0 -x SAVE_OUT -x SAVE_FILE -x SAVE_HOW
+        -np "$np" bash -c 'bash -c '\''[ "$OMPI_COMM_WORLD_RANK" != 0 ] || [ "$SAVE_HOW" != full ] ||
+          ln -s /dev/full "$SAVE_OUT/$SAVE_FILE.tmp.$$"; exec "$@"'\'' inner "$@"; echo "rank exit $?"' rank)
+  local t0=$SECONDS
+  "${pre[@]}" "$SNUG" train $common --output_dir "$out" --dist_timeout 600 "$@" > "$out.log" 2>&1
+  local took=$((SECONDS - t0)) exits named
+  exits=$(grep -c "^rank exit 1$" "$out.log")
+  named=$(grep -c "error: rank [0-9]* of $np: .*$out/$file" "$out.log")
+  [ "$exits" -eq "$np" ] && [ "$named" -eq "$np" ] && [ "$took" -lt 60 ] && ok ||
+    bad "$name: $exits of $np ranks exited 1, $named named $file, in $took s: $(grep -e error -e 'rank exit' "$out.log" | head -4)"
+  [ ! -f "$out/config.json" ] && [ -z "$(ls "$out" | grep '\.tmp\.')" ] && ok ||
+    bad "$name: the failed save left $(ls "$out" | tr '\n' ' ')"
+}
+save_fails savefull3 2 full model.safetensors --zero_stage 3
+save_fails savefull3_3 3 full model.safetensors --zero_stage 3
+save_fails savefullm 2 full model.safetensors --zero_stage 1 --bf16 true
+save_fails savedir3 2 dir model.safetensors --zero_stage 3
+save_fails savetok3 3 dir tokenizer.json --zero_stage 3
+save_fails savecfg3 2 dir config.json --zero_stage 3
 # SIGTERM to every rank: they finish the step together, each writes its shard files, rank 0 completes the folder,
 # every rank exits 0, and the resumed run is the run that never stopped (sigterm NAME ARGS...)
 sigterm() {
