@@ -117,25 +117,8 @@ fi
 
 # lora_modules_to_save on an untied copy of the base (lm_head a copy of the embedding, plain safetensors): both tables
 # train in full in the adapter (PEFT's names), planned as allocated, and generation reads the trained copies
-python3 - "$W/base" "$W/untied" <<'PY'
-import json, os, shutil, struct, sys
-src, dst = sys.argv[1:3]
-shutil.copytree(src, dst)
-path = os.path.join(dst, "model.safetensors")
-blob = open(path, "rb").read()
-n = struct.unpack("<Q", blob[:8])[0]
-head, data = json.loads(blob[8:8 + n]), blob[8 + n:]
-emb = next(k for k in head if k.endswith("embed_tokens.weight"))
-a, b = head[emb]["data_offsets"]
-head["lm_head.weight"] = {**head[emb], "data_offsets": [len(data), len(data) + b - a]}
-data += data[a:b]
-h = json.dumps(head).encode()
-h += b" " * (-len(h) % 8)
-open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
-cfg = json.load(open(os.path.join(dst, "config.json")))
-cfg["tie_word_embeddings"] = False
-json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
-PY
+. "$SRC/tests/cli/untie.sh"
+untie "$W/base" "$W/untied" || bad "the untied copy of the base"
 if run saved_mods --adapter lora --base_model "$W/untied" --lora_modules_to_save embed_tokens,lm_head --bf16 true; then
   planned saved_mods
   python3 - "$W/saved_mods" <<'PY' && ok || bad "saved_mods: the adapter lacks the trained modules"

@@ -102,10 +102,16 @@ P, f = 8030261248, 7 / 8
 assert j["gpus"] == 8 and [m["mode"] for m in j["modes"]] == ["ddp", "zero-1", "zero-2", "zero-3"]
 assert not ddp["fits"] and z3["fits"] and not any("estimated" in m for m in j["modes"]), j
 # ZeRO-3 from the layout: the parameters arena is the rank's shard of the bf16 copy (1/8, to within a block of 256)
-# and the gather region, here the global tensors (embedding, head, final norm), larger than two layers
+# and the gather region: the head is untied, so the embedding and the final norm + head take turns in it, each
+# larger than two layers
 p0, p3 = ddp["bytes"]["parameters"], z3["bytes"]["parameters"]
-region = 2 * (2 * 128256 * 4096 + 4096)
+post = 128256 * 4096 + 4096
+region = 2 * post
 assert abs(p3 - region - p0 / 8) <= 257 * 2 + 128, (p0, p3, region)
+# ZeRO-2/3's gradients: the rank's fp32 shard and one buffer of max(embedding, final norm + head, layer) floats
+for z in (z2, z3):
+    g = z["bytes"]["gradients"]
+    assert abs(g - 4 * post - P * 4 / 8) <= 257 * 4 + 128, (g, post)
 o0, o1 = ddp["bytes"]["optimizer state"], z1["bytes"]["optimizer state"]
 assert abs(o1 - o0 / 8) <= 257 * 8, (o0, o1)
 assert z3["step_s"] <= 1.10 * z3["compute_s"], z3
