@@ -152,6 +152,15 @@ static void globals_span(const snug_model *m, int group, size_t *offset, size_t 
         *numel += r[k].numel;
 }
 
+/* on_grads_ready for the global tensors of `group` (-1, or SNUG_READY_POST), when a callback is set. */
+static void announce_globals(snug_model *m, int group) {
+    if (!m->on_grads_ready)
+        return;
+    size_t off, n;
+    globals_span(m, group, &off, &n);
+    m->on_grads_ready(m->on_grads_ready_ud, group, off, n);
+}
+
 float *snug_model_host_params(const snug_model *m) {
     return m->be->host_resident && !is16(m) && !m->param_sharded ? m->params : NULL;
 }
@@ -233,22 +242,15 @@ void snug_model_skip_step(snug_model *m, int train) {
     }
     if (!train)
         return;
-    if (m->lv.zero_grads && m->on_grads_ready) { /* the post-layer globals apart, as snug_model_step announces them */
-        size_t off, n;
-        globals_span(m, SNUG_READY_POST, &off, &n);
-        m->on_grads_ready(m->on_grads_ready_ud, SNUG_READY_POST, off, n);
-    }
+    if (m->lv.zero_grads) /* the post-layer globals apart, as snug_model_step announces them */
+        announce_globals(m, SNUG_READY_POST);
     for (int l = L - 1; l >= 0; l--) {
         if (m->param_sharded)
             (void)gathered_layer(m, l);
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
-    if (m->on_grads_ready) {
-        size_t off, n;
-        globals_span(m, -1, &off, &n);
-        m->on_grads_ready(m->on_grads_ready_ud, -1, off, n);
-    }
+    announce_globals(m, -1);
 }
 
 int snug_model_layer_full_ckpt(const snug_model *m, int l) {
@@ -583,6 +585,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->gglob_ok = 0;
     m->gpre_n = m->gpost_n = m->gbuf_n = m->gregion_n = 0;
     m->gsplit = 0;
+    m->gglob_n = 0;
     if (m->param_sharded) { /* ZeRO-3: the rank's shard, and one gather region for a layer pair or the globals */
         size_t es = snug_dtype_size(m->lv.dt), lay = (largest_layer(m) + 31) / 32 * 32; /* buffer 1 aligned */
         m->gpre_n = L > 0 ? m->table.layer_offset[0] : m->table.total;
@@ -590,8 +593,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         /* an untied model reads the pre-layer globals at the embedding and the post-layer ones at the loss: one set
          * at a time, each from the region's start (gsplit); a tied head is the embedding, so the loss reads both */
         m->gsplit = !m->cfg.tie_embeddings;
-        size_t glob = m->gsplit ? (m->gpre_n > m->gpost_n ? m->gpre_n : m->gpost_n) : m->gpre_n + m->gpost_n;
-        size_t region = glob > 2 * lay ? glob : 2 * lay;
+        m->gglob_n = m->gsplit ? (m->gpre_n > m->gpost_n ? m->gpre_n : m->gpost_n) : m->gpre_n + m->gpost_n;
+        size_t region = m->gglob_n > 2 * lay ? m->gglob_n : 2 * lay;
         m->gbuf_n = lay;
         m->gregion_n = region;
         char *g = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (region ? region : 1) * es, e);
@@ -1477,12 +1480,8 @@ double snug_model_step(snug_model *m, float grad_scale) {
                                    grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
     be->zero(be, m->d_res, (size_t)N * C * sizeof(float));
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
-    if (m->lv.zero_grads && m->on_grads_ready) { /* the final norm and an untied head are complete: their buffer
-                                                  * is the layers' next (see grad_offsets) */
-        size_t off, n;
-        globals_span(m, SNUG_READY_POST, &off, &n);
-        m->on_grads_ready(m->on_grads_ready_ud, SNUG_READY_POST, off, n);
-    }
+    if (m->lv.zero_grads) /* the final norm and an untied head are complete: their buffer is the layers' next */
+        announce_globals(m, SNUG_READY_POST);
     for (int l = L - 1; l >= 0; l--) {
         layer_bwd(m, l);
         if (m->on_grads_ready)
@@ -1494,10 +1493,6 @@ double snug_model_step(snug_model *m, float grad_scale) {
         be->embed_bwd(be, lo->grads + lo->emb_off, m->d_res, m->ids, N, C);
     if (c->arch == SNUG_ARCH_GPT2 && m->g.wpe)
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
-    if (m->on_grads_ready) {
-        size_t off, n;
-        globals_span(m, -1, &off, &n);
-        m->on_grads_ready(m->on_grads_ready_ud, -1, off, n);
-    }
+    announce_globals(m, -1);
     return loss;
 }

@@ -267,6 +267,7 @@ typedef struct snug_model {
                             * max(pre, post, two layers)); else both, one after the other */
     int gglob_ok;          /* which globals gglob holds (bits 1 pre, 2 post; no layer gathered since) */
     size_t gbuf_n, gregion_n; /* elements of a layer buffer (the largest layer, rounded up to 32) and of the region */
+    size_t gglob_n;        /* elements the globals take in the region at most (both sets, or the larger with gsplit) */
     size_t gpre_n, gpost_n; /* globals before the layers ([0, gpre_n)) and after them ([total - gpost_n, total)) */
     snug_layer_tensors gbuf_t[2]; /* fp32: views into gbuf[k] */
     snug_gather_fn gather_params;

@@ -767,8 +767,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     zm->param_sharded ? " layer by layer before each forward and backward (blocking)" : " after the step");
             if (zm->param_sharded)
                 fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
-                        "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gsplit
-                        ? (zm->gpre_n > zm->gpost_n ? zm->gpre_n : zm->gpost_n) : zm->gpre_n + zm->gpost_n,
+                        "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gglob_n,
                         zm->gsplit ? " before or after the layers (an untied head: one set at a time)" : "");
         }
     }
