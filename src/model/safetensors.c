@@ -481,6 +481,19 @@ static void convert_run(snug_dtype dt, const unsigned char *p, float *out, size_
     }
 }
 
+/* The mapped pages of t's first `upto` bytes, once read, are dropped a block at a time (from *done on, whole pages
+ * only), so converting a tensor never holds more than a block of its file pages: they come back from the file if
+ * touched again. */
+static void drop_read(const snug_st_tensor *t, size_t upto, uintptr_t *done) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)t->data;
+    uintptr_t a = *done ? *done : (lo + page - 1) / page * page, b = (lo + upto) / page * page;
+    if (b < a + SNUG_ST_READ_BLOCK && upto < t->nbytes)
+        return;
+    if (b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED);
+    *done = b > a ? b : a;
+}
+
 int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e) {
     const char *path = s->paths[t->file];
     size_t esz = snug_dtype_size(t->dtype);
@@ -493,8 +506,14 @@ int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, in
                          "checkpoint does not match the architecture in config.json", path, t->name, t->ndim);
     size_t n = (size_t)numel_of(t->ndim, t->shape);
     const unsigned char *src = t->data;
+    uintptr_t dropped = 0;
     if (!transpose2d) {
-        convert_run(t->dtype, src, dst, n);
+        size_t run = SNUG_ST_READ_BLOCK / esz;
+        for (size_t i = 0; i < n; i += run) {
+            size_t k = n - i < run ? n - i : run;
+            convert_run(t->dtype, src + i * esz, dst + i, k);
+            drop_read(t, (size_t)(i + k) * esz, &dropped);
+        }
     } else if (n > 0) {
         /* [R, K] in the file -> [K, R] in dst: convert a row, then scatter it into column r. */
         size_t R = (size_t)t->shape[0], K = (size_t)t->shape[1];
@@ -505,6 +524,7 @@ int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, in
             convert_run(t->dtype, src + r * K * esz, row, K);
             for (size_t k = 0; k < K; k++)
                 dst[k * R + r] = row[k];
+            drop_read(t, (r + 1) * K * esz, &dropped);
         }
         free(row);
     }

@@ -45,6 +45,9 @@ void snug_st_close(snug_st_set *s);
  * loading a model never holds more than one tensor's pages beyond the model itself. */
 void snug_st_release(const snug_st_set *s, const snug_st_tensor *t);
 
+/* How much of a tensor's file pages reading it holds at once: snug_st_to_f32 drops each block it has read. */
+#define SNUG_ST_READ_BLOCK ((size_t)4 << 20)
+
 /* Converts a F32/F16/BF16 tensor to fp32 into dst (numel floats). transpose2d: the tensor is 2-D [R, K] and dst
  * receives its transpose [K, R] (GPT-2's Conv1D weights). Fails with the file and tensor named when a value is NaN
  * or infinite, or when the dtype is not a float type. */

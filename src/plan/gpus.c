@@ -26,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/safetensors.h"
+
 #define MIB (1024.0 * 1024.0)
 
 static const snug_gpu gpus[] = {
@@ -117,8 +119,9 @@ void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_pla
     } else {
         ov->item[ov->n++] = (snug_overhead_item){"process baseline", SNUG_CPU_BASELINE_BYTES,
                                                  "libraries, OpenBLAS/OpenMP buffers, tokenizer (measured)"};
-        ov->item[ov->n++] = (snug_overhead_item){"weights file pages", p->largest_tensor * sizeof(float),
-                                                 "the mapped pages of one tensor while it is converted in place"};
+        size_t pages = p->largest_tensor * sizeof(float);
+        ov->item[ov->n++] = (snug_overhead_item){"weights file pages", pages < SNUG_ST_READ_BLOCK ? pages : SNUG_ST_READ_BLOCK,
+                                                 "the mapped pages of one block of a tensor while it is read"};
         /* tokenizing leaves heap behind that grows with the data and levels off: fitted to 51 KB, 0.7, 2.7 and
          * 8.2 MB of text (+1.8, +13.6, +18.9, +20.8 MiB) */
         double tok = host_data_bytes ? (double)SNUG_CPU_TOKENIZE_BYTES * (1.0 - exp(-(double)host_data_bytes / 1.25e6))
