@@ -176,6 +176,18 @@ struct snug_backend {
     double (*xent_fwd_bwd)(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                            const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
                            int chunk, float *w_ws, int wblock);
+    /* The same loss one block of the head's rows at a time (loss_vocab_block), so that neither the logits nor the
+     * head's weight or gradient need to exist beyond one block [v0, v0+vb) of rows (w is that block, (vb,C) as wdt;
+     * dw its (vb,C) gradient). pass 0: folds the block's logits into each supervised token's running maximum st_max
+     * (-inf before the first block) and sum of exp(logit - st_max) st_sum (0 before; double), and sets st_zy to the
+     * label's logit when the label is in the block. pass 1, after every block's pass 0: with those statistics final,
+     * G = grad_scale * (softmax - onehot) over the block; dh (N,C) += G @ w, dw (vb,C) += G^T @ h (either NULL to
+     * skip). pass 2: returns the summed loss st_max + log(st_sum) - st_zy over the supervised tokens, in a fixed
+     * order. logits_ws holds chunk rows of vb floats. NULL on a backend without it (the lever is then off). */
+    double (*xent_block)(snug_backend *be, int pass, float *dh, float *dw, const float *h, const void *w,
+                         snug_dtype wdt, const int32_t *labels, int N, int C, int V, int v0, int vb, float grad_scale,
+                         float *st_max, double *st_sum, float *st_zy, float *logits_ws, int chunk, float *w_ws,
+                         int wblock);
 
     /* --- optimizer --- */
     /* sum of squares of x (n, stored as dt), in double; inf or NaN when x holds one (the loss scaler's check) */

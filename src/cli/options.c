@@ -352,6 +352,10 @@ static const key_spec keys[] = {
              "vocab) logits never exist whole"},
     {.name = "cross_entropy_chunk_tokens", .type = KT_INT, .group = G_MEMORY, AT_INT(cross_entropy_chunk_tokens),
      .def = "256", .help = "tokens per logits chunk with chunked_cross_entropy"},
+    {.name = "loss_vocab_block", .type = KT_INT, .group = G_MEMORY, AT_INT(loss_vocab_block), .def = "0",
+     .help = "compute the loss over this many rows of the output head at a time (two passes over the head), so the "
+             "logits are (tokens, rows) and under ZeRO-2/3 a tied embedding's weight and gradient never exist whole on "
+             "a rank; 0 = auto: on (one layer's size of rows) for ZeRO-2/3 with a tied head on the CPU; -1 = off"},
     {.name = "offload_embedding", .type = KT_BOOL, .group = G_MEMORY, AT_INT(offload_embedding), .def = "false",
      .help = "with an adapter under bf16/fp16: the frozen input embedding stays in (pinned) host memory and only the "
              "micro-batch's rows are read from it (not for tied embeddings, whose table is also the output head)"},

@@ -89,6 +89,14 @@ static void global_offsets(snug_model *m) {
         m->ghead = m->gwte;
 }
 
+/* The table entry of the tied embedding (the first tensor), or -1. */
+static int wte_entry(const snug_model *m) {
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer < 0 && m->table.e[i].offset == m->gwte)
+            return i;
+    return -1;
+}
+
 static int is16(const snug_model *m) { return m->lv.dt == SNUG_DT_BF16 || m->lv.dt == SNUG_DT_F16; }
 
 int snug_model_grad16(const snug_model *m, int i) {
@@ -111,6 +119,8 @@ static int post_global(const snug_model *m, int i) {
 int snug_model_ready_group(const snug_model *m, int i) {
     if (m->table.e[i].layer >= 0)
         return m->table.e[i].layer;
+    if (m->vtied && m->table.e[i].offset == m->gwte) /* reduced by rows (rows_fn), never announced */
+        return SNUG_READY_ROWS;
     return m->lv.zero_grads && post_global(m, i) ? SNUG_READY_POST : -1;
 }
 
@@ -168,8 +178,12 @@ float *snug_model_host_params(const snug_model *m) {
 /* ZeRO-3: where global parameter `offset` is in gglob: the pre-layer globals first, then the post-layer ones, or
  * (gsplit) each set from the region's start, gathered one at a time. */
 static size_t gglob_at(const snug_model *m, size_t offset) {
-    return offset < m->gpre_n ? offset : (m->gsplit ? 0 : m->gpre_n) + (offset - (m->table.total - m->gpost_n));
+    return offset < m->gpre_n ? offset - m->gpre_lo
+                              : (m->gsplit ? 0 : m->gpre_n - m->gpre_lo) + (offset - (m->table.total - m->gpost_n));
 }
+
+/* ZeRO-3 with vtied: where the loss's block of head rows goes in the region, after the globals (32-aligned). */
+static size_t head_block_at(const snug_model *m) { return (m->gglob_n + 31) / 32 * 32; }
 
 const void *snug_model_stored(const snug_model *m, size_t offset) {
     if (m->param_sharded) /* the global tensors, as last gathered */
@@ -198,8 +212,8 @@ static void gather_globals(snug_model *m, int want) {
     if (!m->param_sharded || (m->gglob_ok & want) == want)
         return;
     size_t es = snug_dtype_size(m->lv.dt);
-    if ((want & GLOB_PRE) && m->gpre_n)
-        gather_range(m, m->gglob, 0, m->gpre_n);
+    if ((want & GLOB_PRE) && m->gpre_n > m->gpre_lo)
+        gather_range(m, m->gglob, m->gpre_lo, m->gpre_n - m->gpre_lo);
     if ((want & GLOB_POST) && m->gpost_n)
         gather_range(m, (char *)m->gglob + gglob_at(m, m->table.total - m->gpost_n) * es,
                      m->table.total - m->gpost_n, m->gpost_n);
@@ -230,16 +244,148 @@ float *snug_model_host_scratch(snug_model *m, size_t n) {
     return m->gglob;
 }
 
+/* ---- loss_vocab_block (see snug_model's vb, vtied). The backend with xent_block is the CPU's, whose memory is
+ * host memory: the ids, the rows and the statistics below are read and written in place. ---- */
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* vtied: every rank's ids of the micro-batch (rank r's n at r * B*T, -1 past its tokens), the rows they look up
+ * (urow, increasing) and this rank's ids as indices into urow. n = 0: a rank without a micro-batch. */
+static void lookup_rows(snug_model *m, int n) {
+    size_t NM = (size_t)m->B * m->T, R = (size_t)(m->nranks > 1 ? m->nranks : 1);
+    int V = m->cfg.vocab_size;
+    int32_t *mine = m->uids + (size_t)m->rank * NM;
+    for (size_t k = 0; k < NM; k++)
+        mine[k] = k < (size_t)n ? m->ids[k] : -1;
+    if (m->rows_fn)
+        m->rows_fn(m->rows_ud, SNUG_ROWS_IDS, m->uids, 0, NULL, 0, (int)NM, 0);
+    /* the union, sorted: the ids of every rank sorted in a copy kept in place past this rank's (uids is rewritten
+     * each micro-batch) */
+    qsort(m->uids, R * NM, sizeof *m->uids, cmp_i32);
+    int nu = 0;
+    for (size_t k = 0; k < R * NM; k++) {
+        int32_t v = m->uids[k];
+        if (v >= 0 && v < V && (nu == 0 || m->urow[nu - 1] != v) && nu < m->umax)
+            m->urow[nu++] = v;
+    }
+    m->nU = nu;
+    for (int k = 0; k < n; k++) {
+        const int32_t *at = bsearch(&m->ids[k], m->urow, (size_t)nu, sizeof *m->urow, cmp_i32);
+        m->ids_u[k] = at ? (int32_t)(at - m->urow) : 0;
+    }
+}
+
+/* ZeRO-3 with vtied: the urow rows of the embedding into urows (stored dtype): this rank's pieces copied from its
+ * shard, the others' by the rows callback. */
+static void gather_lookup_rows(snug_model *m) {
+    size_t es = snug_dtype_size(m->lv.dt), C = (size_t)m->cfg.hidden_size, lo = m->pshard_lo, hi = lo + m->pshard_n;
+    const char *src = is16(m) ? (const char *)m->params16 : (const char *)m->params;
+    for (int k = 0; k < m->nU; k++) {
+        size_t o = m->gwte + (size_t)m->urow[k] * C, a = o > lo ? o : lo, b = o + C < hi ? o + C : hi;
+        if (b > a)
+            m->be->to_device(m->be, (char *)m->urows + ((size_t)k * C + (a - o)) * es, src + (a - lo) * es, (b - a) * es);
+    }
+    if (m->rows_fn)
+        m->rows_fn(m->rows_ud, SNUG_ROWS_GATHER, m->urows, m->gwte, m->urow, 0, m->nU, (int)C);
+}
+
+/* The head's rows [v0, v0+n) as stored: in place, or under ZeRO-3 (vtied) gathered into the region after the
+ * globals unless they are still there (*held: the block the region holds, -1 none). */
+static const void *head_rows(snug_model *m, const void *head, snug_dtype hdt, int v0, int n, int *held) {
+    size_t C = (size_t)m->cfg.hidden_size;
+    if (!(m->param_sharded && m->vtied))
+        return head ? (const char *)head + (size_t)v0 * C * snug_dtype_size(hdt) : NULL;
+    char *dst = (char *)m->gglob + head_block_at(m) * snug_dtype_size(m->lv.dt);
+    if (*held != v0) {
+        gather_range(m, dst, m->gwte + (size_t)v0 * C, (size_t)n * C);
+        *held = v0;
+    }
+    return dst;
+}
+
+/* vtied: block [v0, v0+n) of the head's gradient (dw, in the layers' buffer) is complete: the rows some rank looks
+ * up move to ubuf to wait for the embedding's backward, and the rest is reduced now (the callback zeroes dw). */
+static void hand_block(snug_model *m, float *dw, int v0, int n) {
+    snug_backend *be = m->be;
+    size_t C = (size_t)m->cfg.hidden_size;
+    int k, lo = 0, hi = m->nU; /* the first urow at or after v0 */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (m->urow[mid] < v0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (k = lo; k < m->nU && m->urow[k] < v0 + n; k++) {
+        float *row = dw + (size_t)(m->urow[k] - v0) * C;
+        be->to_device(be, m->ubuf + (size_t)k * C, row, C * sizeof(float));
+        be->zero(be, row, C * sizeof(float));
+    }
+    if (m->rows_fn)
+        m->rows_fn(m->rows_ud, SNUG_ROWS_REDUCE, dw, m->gwte, NULL, v0, n, (int)C);
+}
+
+/* The loss and (train) its gradients one block of the head's rows at a time: a pass over the blocks for each
+ * token's statistics, then (train) one for the gradients: dh into d_ln, the head's into dhead (or under vtied
+ * each block in turn through the layers' buffer). skip: a rank without a micro-batch issues the same collectives. */
+static double loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float *dhead, int N, float grad_scale,
+                          int train, int skip) {
+    snug_backend *be = m->be;
+    const snug_model_config *c = &m->cfg;
+    int C = c->hidden_size, V = c->vocab_size, vb = m->vb, held = -1;
+    for (int n = 0; n < N; n++) {
+        m->st_max[n] = -INFINITY;
+        m->st_sum[n] = 0.0;
+        m->st_zy[n] = 0.0f;
+    }
+    for (int v0 = 0; v0 < V; v0 += vb) {
+        int n = V - v0 < vb ? V - v0 : vb;
+        const void *w = head_rows(m, head, hdt, v0, n, &held);
+        if (!skip)
+            be->xent_block(be, 0, NULL, NULL, m->lnf, w, hdt, m->labels, N, C, V, v0, n, 0.0f, m->st_max, m->st_sum,
+                           m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
+    }
+    for (int v0 = 0; train && v0 < V; v0 += vb) {
+        int n = V - v0 < vb ? V - v0 : vb;
+        const void *w = head_rows(m, head, hdt, v0, n, &held);
+        float *dw = m->vtied ? m->g.wte : dhead ? dhead + (size_t)v0 * C : NULL;
+        if (!skip)
+            be->xent_block(be, 1, m->d_ln, dw, m->lnf, w, hdt, m->labels, N, C, V, v0, n, grad_scale, m->st_max,
+                           m->st_sum, m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
+        if (m->vtied)
+            hand_block(m, dw, v0, n);
+    }
+    return skip ? 0.0 : be->xent_block(be, 2, NULL, NULL, NULL, NULL, hdt, m->labels, N, C, V, 0, 1, 0.0f, m->st_max,
+                                       m->st_sum, m->st_zy, NULL, 0, NULL, 0);
+}
+
+/* vtied: the looked-up rows' gradient (ubuf: the head's part, plus the embedding's backward unless skip) reduced. */
+static void reduce_lookup_rows(snug_model *m, int N, int skip) {
+    if (!skip)
+        m->be->embed_bwd(m->be, m->ubuf, m->d_res, m->ids_u, N, m->cfg.hidden_size);
+    if (m->rows_fn)
+        m->rows_fn(m->rows_ud, SNUG_ROWS_REDUCE, m->ubuf, m->gwte, m->urow, 0, m->nU, m->cfg.hidden_size);
+}
+
 void snug_model_skip_step(snug_model *m, int train) {
     int L = m->cfg.n_layer;
+    if (m->vtied && (train || m->param_sharded))
+        lookup_rows(m, 0);
     if (m->param_sharded) {
         m->gglob_ok = 0;
         m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
         gather_globals(m, GLOB_PRE);
+        if (m->vtied)
+            gather_lookup_rows(m);
         for (int l = 0; l < L; l++)
             (void)gathered_layer(m, l);
         gather_globals(m, GLOB_POST);
     }
+    if (m->vtied && (train || m->param_sharded)) /* the head's blocks: gathered, and reduced */
+        (void)loss_blocks(m, NULL, m->lv.dt, NULL, 0, 0.0f, train, 1);
     if (!train)
         return;
     if (m->lv.zero_grads) /* the post-layer globals apart, as snug_model_step announces them */
@@ -250,6 +396,8 @@ void snug_model_skip_step(snug_model *m, int train) {
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
+    if (m->vtied)
+        reduce_lookup_rows(m, 0, 1);
     announce_globals(m, -1);
 }
 
@@ -388,12 +536,18 @@ static int grad_offsets(snug_model *m, snug_error *e) {
      * (and their buffer free) before the first layer's backward, and the pre-layer ones are written only by the
      * embedding's backward, after the last layer's: post and the layer buffer share their place, and unless the
      * head is tied (its gradient is the embedding's, accumulating from the loss on) pre shares it too. */
-    int apart = m->lv.zero_grads, tied = m->cfg.tie_embeddings;
+    int apart = m->lv.zero_grads, tied = m->cfg.tie_embeddings, wte = m->vtied ? wte_entry(m) : -1;
     size_t pre = 0, post = 0, layers = 0, lmax = largest_layer(m);
     for (int i = 0; i < t->n; i++)
-        if (t->e[i].layer < 0 && !post_global(m, i))
+        if (t->e[i].layer < 0 && !post_global(m, i) && i != wte)
             m->grad_off[i] = pre, pre += t->e[i].numel;
-    size_t base = apart && !tied ? 0 : pre; /* where the post-layer globals start */
+    /* where the post-layer globals start; split by rows (vtied), the embedding's gradient is one block of the head's
+     * rows at a time in the layers' buffer during the loss (and its looked-up rows in ubuf) */
+    size_t base = apart && (!tied || wte >= 0) ? 0 : pre;
+    if (wte >= 0) {
+        m->grad_off[wte] = base;
+        lmax = lmax > (size_t)m->vb * m->cfg.hidden_size ? lmax : (size_t)m->vb * m->cfg.hidden_size;
+    }
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer < 0 && post_global(m, i))
             m->grad_off[i] = base + post, post += t->e[i].numel;
@@ -543,6 +697,20 @@ void snug_model_free_host(snug_model *m) {
     m->q4_block = NULL;
 }
 
+/* loss_vocab_block: the head's rows per block of the loss (vb, 0 off) and whether a tied embedding is split by rows
+ * (vtied: ZeRO-2/3 training without adapters, the embedding the table's first tensor). */
+static void vocab_blocks(snug_model *m, int B, int T, int with_grads) {
+    const snug_model_config *c = &m->cfg;
+    int V = c->vocab_size, C = c->hidden_size;
+    size_t rows = m->lv.vocab_block > 0 ? (size_t)m->lv.vocab_block : largest_layer(m) / (size_t)(C > 0 ? C : 1);
+    m->vb = m->lv.vocab_block && !m->lv.lora.kind && V > 0 ? (int)(rows < 1 ? 1 : rows < (size_t)V ? rows : (size_t)V) : 0;
+    m->vtied = m->vb && with_grads && c->tie_embeddings && m->lv.zero_grads && !m->lv.optimizer_in_backward &&
+               !m->packed && m->gwte == 0 && wte_entry(m) >= 0;
+    size_t n = (size_t)(m->nranks > 1 ? m->nranks : 1) * (size_t)B * (size_t)T;
+    m->umax = m->vtied ? (int)(n < (size_t)V ? n : (size_t)V) : 0;
+    m->nU = 0;
+}
+
 int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grads, snug_error *e) {
     int xent_chunk = m->lv.xent_chunk;
     const snug_model_config *c = &m->cfg;
@@ -566,6 +734,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->wl_layer = -1;
     SNUG_TRY(storage_layout(m, e));
     global_offsets(m);
+    vocab_blocks(m, B, T, with_grads);
 
     if (!m->w.layers) {
         m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
@@ -586,6 +755,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->gpre_n = m->gpost_n = m->gbuf_n = m->gregion_n = 0;
     m->gsplit = 0;
     m->gglob_n = 0;
+    m->gpre_lo = 0;
+    m->urows = NULL;
     if (m->param_sharded) { /* ZeRO-3: the rank's shard, and one gather region for a layer pair or the globals */
         size_t es = snug_dtype_size(m->lv.dt), lay = (largest_layer(m) + 31) / 32 * 32; /* buffer 1 aligned */
         m->gpre_n = L > 0 ? m->table.layer_offset[0] : m->table.total;
@@ -593,8 +764,13 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         /* an untied model reads the pre-layer globals at the embedding and the post-layer ones at the loss: one set
          * at a time, each from the region's start (gsplit); a tied head is the embedding, so the loss reads both */
         m->gsplit = !m->cfg.tie_embeddings;
-        m->gglob_n = m->gsplit ? (m->gpre_n > m->gpost_n ? m->gpre_n : m->gpost_n) : m->gpre_n + m->gpost_n;
-        size_t region = m->gglob_n > 2 * lay ? m->gglob_n : 2 * lay;
+        /* split by rows (vtied), the embedding is no gathered global: the loss gathers one block of its rows at a
+         * time after the others (the final norm, GPT-2's positions), and the lookup only the rows it reads */
+        m->gpre_lo = m->vtied ? m->table.e[wte_entry(m)].numel : 0;
+        size_t pre = m->gpre_n - m->gpre_lo;
+        m->gglob_n = m->gsplit ? (pre > m->gpost_n ? pre : m->gpost_n) : pre + m->gpost_n;
+        size_t need = m->vtied ? head_block_at(m) + (size_t)m->vb * C : m->gglob_n;
+        size_t region = need > 2 * lay ? need : 2 * lay;
         m->gbuf_n = lay;
         m->gregion_n = region;
         char *g = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (region ? region : 1) * es, e);
@@ -602,6 +778,9 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             return e ? e->code : SNUG_ENOMEM;
         m->gglob = m->gbuf[0] = g;
         m->gbuf[1] = g + lay * es;
+        m->urows = NULL;
+        if (m->vtied && !(m->urows = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (size_t)m->umax * C * es, e)))
+            return e ? e->code : SNUG_ENOMEM;
     }
     if (half) {
         CARVE(m->params16, SNUG_MEM_PARAMS, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->dense_total);
@@ -746,7 +925,14 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     CARVE(m->lnf_rstd, SNUG_MEM_ACTS, N);
 
     /* workspace: the logits chunk always; activation gradients only for training */
-    CARVE(m->logits, SNUG_MEM_WORKSPACE, (size_t)m->xent_chunk * snug_logits_ld(V)); /* rows padded */
+    CARVE(m->logits, SNUG_MEM_WORKSPACE, (size_t)m->xent_chunk * (m->vb ? (size_t)m->vb : (size_t)snug_logits_ld(V)));
+    m->st_max = m->st_zy = NULL;
+    m->st_sum = NULL;
+    if (m->vb) { /* loss_vocab_block: each token's running statistics over the blocks */
+        CARVE(m->st_max, SNUG_MEM_WORKSPACE, N);
+        CARVE(m->st_zy, SNUG_MEM_WORKSPACE, N);
+        CARVE(m->st_sum, SNUG_MEM_WORKSPACE, N);
+    }
     m->d_res = m->d_ln = m->d_qkv = m->d_att = m->d_fc = m->d_act = NULL;
     if (with_grads) {
         CARVE(m->d_res, SNUG_MEM_WORKSPACE, N * C);
@@ -762,6 +948,14 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     CARVE(m->labels, SNUG_MEM_DATA, N);
     CARVE(m->pos, SNUG_MEM_DATA, N);
     CARVE(m->seg, SNUG_MEM_DATA, N);
+    m->uids = m->urow = m->ids_u = NULL;
+    m->ubuf = NULL;
+    if (m->vtied) { /* every rank's ids, the rows they look up, and those rows' gradient */
+        CARVE(m->uids, SNUG_MEM_DATA, (size_t)(m->nranks > 1 ? m->nranks : 1) * N);
+        CARVE(m->urow, SNUG_MEM_DATA, m->umax);
+        CARVE(m->ids_u, SNUG_MEM_DATA, N);
+        CARVE(m->ubuf, SNUG_MEM_GRADS, (size_t)m->umax * C);
+    }
     m->rope_cos = m->rope_sin = NULL;
     if (!gpt2) {
         CARVE(m->rope_cos, SNUG_MEM_DATA, (size_t)T * HD / 2);
@@ -776,7 +970,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             if (!off)
                 return snug_fail(e, SNUG_ENOMEM, "out of host memory");
             for (int i = 0; i < m->table.n; i++)
-                off[i] = m->table.e[i].layer < 0 ? gglob_at(m, m->table.e[i].offset) : 0;
+                off[i] = m->table.e[i].layer < 0 && m->table.e[i].offset >= m->gpre_lo ? gglob_at(m, m->table.e[i].offset)
+                                                                                       : 0; /* vtied: no view of the embedding */
             make_views(m, m->gglob, off, 1, &m->w);
             free(off);
             layer_views(m, m->gbuf[0], &m->gbuf_t[0]);
@@ -1433,13 +1628,19 @@ double snug_model_step(snug_model *m, float grad_scale) {
     int train = grad_scale != 0.0f && (m->grads || m->grads16 || m->lora.grads);
     m->lora.training = train;
     snug_dtype dt = m->lv.dt;
+    if (m->vtied && (train || m->param_sharded))
+        lookup_rows(m, N);
     if (m->param_sharded) { /* the parameters may have changed since the last step: gather afresh */
         m->gglob_ok = 0;
         m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
         gather_globals(m, GLOB_PRE);
+        if (m->vtied)
+            gather_lookup_rows(m);
     }
-    const void *wte = m->emb16 ? (const void *)m->emb16 : snug_model_stored(m, m->gwte);
-    const void *head = snug_model_stored(m, m->ghead);
+    const void *wte = m->emb16 ? (const void *)m->emb16 : m->param_sharded && m->vtied ? m->urows
+                                                                                      : snug_model_stored(m, m->gwte);
+    const int32_t *ids = m->param_sharded && m->vtied ? m->ids_u : m->ids;
+    const void *head = m->param_sharded && m->vtied ? NULL : snug_model_stored(m, m->ghead);
     snug_dtype wdt = dt, hdt = dt;
     float *dhead = m->g.lm_head;
     const snug_lora *lo = &m->lora;
@@ -1451,7 +1652,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
 
     m->wl_layer = -1; /* the parameters may have changed since the last step */
     float *x0 = res_at(m, 0);
-    be->embed_fwd(be, x0, m->ids, wte, wdt, N, C, 0);
+    be->embed_fwd(be, x0, ids, wte, wdt, N, C, 0);
     if (c->arch == SNUG_ARCH_GPT2)
         be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
     save_res(m, 0, x0, (size_t)N * C);
@@ -1471,13 +1672,16 @@ double snug_model_step(snug_model *m, float grad_scale) {
     norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, final, lnf_w, lnf_b, N);
 
     if (!train)
-        return be->xent_fwd_bwd(be, NULL, NULL, m->lnf, head, hdt, m->labels, N, C, c->vocab_size, 0.0f, m->logits,
-                                m->xent_chunk, m->w_ws, m->wblock);
+        return m->vb ? loss_blocks(m, head, hdt, NULL, N, 0.0f, 0, 0)
+                     : be->xent_fwd_bwd(be, NULL, NULL, m->lnf, head, hdt, m->labels, N, C, c->vocab_size, 0.0f,
+                                        m->logits, m->xent_chunk, m->w_ws, m->wblock);
 
-    /* the loss and the gradient of the final hidden states come out of one chunked pass */
+    /* the loss and the gradient of the final hidden states come out of one chunked pass (or two over the head's
+     * blocks of rows) */
     be->zero(be, m->d_ln, (size_t)N * C * sizeof(float));
-    double loss = be->xent_fwd_bwd(be, m->d_ln, dhead, m->lnf, head, hdt, m->labels, N, C, c->vocab_size,
-                                   grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
+    double loss = m->vb ? loss_blocks(m, head, hdt, dhead, N, grad_scale, 1, 0)
+                        : be->xent_fwd_bwd(be, m->d_ln, dhead, m->lnf, head, hdt, m->labels, N, C, c->vocab_size,
+                                           grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
     be->zero(be, m->d_res, (size_t)N * C * sizeof(float));
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
     if (m->lv.zero_grads) /* the final norm and an untied head are complete: their buffer is the layers' next */
@@ -1487,7 +1691,9 @@ double snug_model_step(snug_model *m, float grad_scale) {
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
-    if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */
+    if (m->vtied) /* the looked-up rows, with the head's part of their gradient */
+        reduce_lookup_rows(m, N, 0);
+    else if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */
         be->embed_bwd(be, m->g.wte, m->d_res, m->ids, N, C);
     else if (lo->on && lo->emb_off != (size_t)-1 && lo->grads) /* unless lora_modules_to_save trains its copy */
         be->embed_bwd(be, lo->grads + lo->emb_off, m->d_res, m->ids, N, C);

@@ -117,6 +117,9 @@ typedef struct snug_levers {
     int zero_grads;       /* ZeRO-2: the layers' gradients pass through one shared buffer (as optimizer_in_backward's),
                            * each reduce-scattered from on_grads_ready into `gshard`, the rank's shard of the sum, which
                            * the optimizer reads */
+    int vocab_block;      /* loss_vocab_block: the loss over the vocabulary `vocab_block` rows of the head at a time
+                           * (xent_block), so the logits are (chunk, rows) and, under ZeRO-2/3 with a tied head, no rank
+                           * holds the whole embedding's weight or gradient; -1: rows of one layer's size; 0: off */
     snug_lora_cfg lora;   /* adapter: lora (kind SNUG_ADAPTER_NONE: full fine-tuning) */
 } snug_levers;
 
@@ -170,7 +173,7 @@ typedef struct snug_grad_range {
 /* The ranges one snug_grads_ready_fn call announces: a layer is one range; the global tensors (layer -1) are the
  * ones before the layers (embeddings) and after them (final norm, untied head). Under lv.zero_grads the ones after
  * the layers are announced apart, as layer SNUG_READY_POST, and layer -1 is the ones before them. */
-enum { SNUG_READY_MAX_RANGES = 2, SNUG_READY_POST = -2 };
+enum { SNUG_READY_MAX_RANGES = 2, SNUG_READY_POST = -2, SNUG_READY_ROWS = -3 };
 
 /* The grads-ready callback (m->on_grads_ready), called by snug_model_step's backward as gradients become final for
  * the micro-batch, in backward order: layer L-1, ..., 0, each after its backward, then layer -1 (every global
@@ -197,6 +200,16 @@ typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t n
  * shard's part of the range) to its place in dst, and the callback fills the other ranks' pieces (an all-gather).
  * Every rank calls it in the same order with the same ranges (snug_model_step, snug_model_skip_step). */
 typedef void (*snug_gather_fn)(void *ud, void *dst, size_t offset, size_t numel);
+
+/* A tied embedding split by rows (m->vtied: ZeRO-2/3 with loss_vocab_block). The rows are the table elements
+ * [base + row*C, +C) of rows `rows[0..n)` (increasing), or of rows first, first+1, ... when rows is NULL; buf holds
+ * them one after another. SNUG_ROWS_GATHER (ZeRO-3): buf (stored dtype) holds this rank's pieces (its shard's part of
+ * each row) in place; fill the others' (an all-gather). SNUG_ROWS_REDUCE: buf (fp32) is this rank's gradient of
+ * those rows; sum it over the ranks, add this rank's part of the sum into gshard and zero buf. SNUG_ROWS_IDS: buf is
+ * (ranks, n) int32 with this rank's n ids at its slot; fill the others' (rows, base unused). Every rank calls it in
+ * the same order with the same rows. */
+enum { SNUG_ROWS_GATHER, SNUG_ROWS_REDUCE, SNUG_ROWS_IDS };
+typedef void (*snug_rows_fn)(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C);
 
 /* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
  * snug_layer_acts16 and these pointers are the fp32 compute buffers of the layer being run (shared by all layers);
@@ -338,6 +351,26 @@ typedef struct snug_model {
 
     snug_grads_ready_fn on_grads_ready;
     void *on_grads_ready_ud;
+
+    /* loss_vocab_block: the loss vb rows of the head at a time (0: the whole vocabulary in one pass), with each
+     * token's running statistics st_max, st_sum, st_zy (N each, workspace). vtied (ZeRO-2/3, tied head): the
+     * embedding's gradient never exists whole. Each block's head gradient is reduced as soon as it is complete
+     * (through the layer buffer, rows_fn SNUG_ROWS_REDUCE), except the rows some rank's micro-batch looks up: those
+     * (the union of every rank's ids, urow[0..nU), from SNUG_ROWS_IDS) wait in ubuf for the embedding's backward and
+     * are reduced after it. Under ZeRO-3 the embedding is not among the gathered globals either: the loss gathers
+     * each block into the region and the lookup gathers the urow rows into urows. nranks, rank: set before layout. */
+    int vb, vtied, nranks, rank;
+    float *st_max, *st_zy;
+    double *st_sum;
+    int32_t *uids;         /* (nranks, N) every rank's ids of the micro-batch, -1 past its tokens */
+    int32_t *urow;         /* (umax) the rows they look up, increasing */
+    int32_t *ids_u;        /* (N) this rank's ids as indices into urow */
+    int nU, umax;
+    float *ubuf;           /* (umax, C) fp32: the urow rows' gradient */
+    void *urows;           /* ZeRO-3: (umax, C) stored dtype: the urow rows' weights */
+    size_t gpre_lo;        /* ZeRO-3 with vtied: the pre-layer globals gathered are [gpre_lo, gpre_n) */
+    snug_rows_fn rows_fn;
+    void *rows_ud;
 } snug_model;
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */

@@ -119,6 +119,14 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     for (int i = 0; i < m->table.n; i++)
         largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
     float *scratch = direct ? NULL : snug_model_host_scratch(m, largest); /* ZeRO-3: the gather region */
+    size_t piece = largest;
+    if (!direct && !scratch && m->param_sharded && m->be->host_resident) {
+        /* ZeRO-3 with a region smaller than the largest tensor (the embedding, when no layer holds it): such a
+         * tensor goes through the region in pieces, each keeping only this rank's part */
+        piece = m->gregion_n * snug_dtype_size(m->lv.dt) / sizeof(float);
+        scratch = piece ? snug_model_host_scratch(m, piece) : NULL;
+        piece = scratch ? piece : largest;
+    }
     float *stage = direct || scratch ? scratch : malloc(largest * sizeof *stage);
     if (!direct && !stage) {
         snug_st_close(&s);
@@ -135,6 +143,25 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
         rc = match_tensor(&s, dir, p, &t, e);
         if (rc)
             break;
+        if (!direct && p->numel > piece) { /* in pieces (ZeRO-3 above; piece < largest only there) */
+            if (p->transposed || m->packed || snug_model_entry_q4(m, i)) { /* not by pieces: a copy of its own */
+                float *whole = malloc(p->numel * sizeof *whole);
+                rc = whole ? snug_st_to_f32(&s, t, whole, p->transposed, e)
+                           : snug_fail(e, SNUG_ENOMEM, "out of host memory staging '%s' of %s", p->name, dir);
+                if (!rc)
+                    rc = snug_model_put_entry(m, i, whole, e);
+                free(whole);
+                snug_st_release(&s, t);
+                continue;
+            }
+            for (size_t o = 0; !rc && o < p->numel; o += piece) {
+                size_t k = p->numel - o < piece ? p->numel - o : piece;
+                if (!(rc = snug_st_to_f32_range(&s, t, stage, o, k, e)))
+                    snug_model_put_range(m, p->offset + o, stage, k);
+            }
+            snug_st_release(&s, t);
+            continue;
+        }
         float *dst = direct ? direct + p->offset : stage;
         rc = snug_st_to_f32(&s, t, dst, p->transposed, e);
         if (!rc && !direct)

@@ -494,13 +494,34 @@ static void drop_read(const snug_st_tensor *t, size_t upto, uintptr_t *done) {
     *done = b > a ? b : a;
 }
 
+static int check_finite(const snug_st_set *s, const snug_st_tensor *t, const float *dst, size_t first, size_t n,
+                        snug_error *e);
+
+static int check_float(const snug_st_set *s, const snug_st_tensor *t, snug_error *e) {
+    if (t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_F16 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F64)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is stored as %s; snug reads weights as F32, F16 or BF16 "
+                         "(dequantize or convert the checkpoint first)", s->paths[t->file], t->name,
+                         t->dtype == SNUG_DT_UNSUPPORTED ? "a dtype snug does not support" : snug_dtype_name(t->dtype));
+    return 0;
+}
+
+int snug_st_to_f32_range(const snug_st_set *s, const snug_st_tensor *t, float *dst, size_t first, size_t n,
+                         snug_error *e) {
+    SNUG_TRY(check_float(s, t, e));
+    size_t esz = snug_dtype_size(t->dtype), run = SNUG_ST_READ_BLOCK / esz;
+    uintptr_t dropped = 0;
+    for (size_t i = 0; i < n; i += run) {
+        size_t k = n - i < run ? n - i : run;
+        convert_run(t->dtype, (const unsigned char *)t->data + (first + i) * esz, dst + i, k);
+        drop_read(t, (first + i + k) * esz, &dropped);
+    }
+    return check_finite(s, t, dst, first, n, e);
+}
+
 int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e) {
     const char *path = s->paths[t->file];
     size_t esz = snug_dtype_size(t->dtype);
-    if (t->dtype != SNUG_DT_F32 && t->dtype != SNUG_DT_F16 && t->dtype != SNUG_DT_BF16 && t->dtype != SNUG_DT_F64)
-        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is stored as %s; snug reads weights as F32, F16 or BF16 "
-                         "(dequantize or convert the checkpoint first)", path, t->name,
-                         t->dtype == SNUG_DT_UNSUPPORTED ? "a dtype snug does not support" : snug_dtype_name(t->dtype));
+    SNUG_TRY(check_float(s, t, e));
     if (transpose2d && t->ndim != 2)
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" has %d dimensions where a 2-D weight was expected; the "
                          "checkpoint does not match the architecture in config.json", path, t->name, t->ndim);
@@ -528,7 +549,16 @@ int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, in
         }
         free(row);
     }
-    /* One branch-free pass for NaN/Inf (exponent all ones); the search for where runs only on failure. */
+    return check_finite(s, t, dst, 0, n, e);
+}
+
+/* One branch-free pass over dst (elements [first, first+n) of t) for NaN/Inf (exponent all ones); the search for
+ * where runs only on failure. */
+static int check_finite(const snug_st_set *s, const snug_st_tensor *t, const float *dst, size_t first, size_t n,
+                        snug_error *e) {
+    const char *path = s->paths[t->file];
+    size_t esz = snug_dtype_size(t->dtype);
+    const unsigned char *src = (const unsigned char *)t->data + first * esz;
     uint32_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t x;
@@ -541,7 +571,7 @@ int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, in
         if (!isfinite(v))
             return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" holds %s at flat index %zu; the checkpoint is "
                              "corrupt or was saved after training diverged: use another checkpoint", path, t->name,
-                             isnan(v) ? "NaN" : "an infinite value", i);
+                             isnan(v) ? "NaN" : "an infinite value", first + i);
     }
     if (bad) /* the search always finds what the pass saw */
         return snug_fail(e, SNUG_EINTERNAL, "%s: tensor \"%s\": non-finite value not located", path, t->name);

@@ -52,6 +52,10 @@ void snug_st_release(const snug_st_set *s, const snug_st_tensor *t);
  * receives its transpose [K, R] (GPT-2's Conv1D weights). Fails with the file and tensor named when a value is NaN
  * or infinite, or when the dtype is not a float type. */
 int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e);
+/* Elements [first, first+n) of tensor t in its file's order (no transpose) to fp32 into dst (n floats), failing as
+ * snug_st_to_f32 does (the flat index named is the tensor's). */
+int snug_st_to_f32_range(const snug_st_set *s, const snug_st_tensor *t, float *dst, size_t first, size_t n,
+                         snug_error *e);
 
 /* A tensor to write. */
 typedef struct snug_st_out {

@@ -14,6 +14,11 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
     lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1;
+    /* the loss over blocks of the head's rows: as configured, or (auto) where it keeps a tied embedding from being
+     * whole on a rank under ZeRO-2/3, with blocks of one layer's size (no memory beyond the layer buffer) */
+    lv.vocab_block = s->loss_vocab_block > 0 ? s->loss_vocab_block
+                     : s->loss_vocab_block < 0 || s->device_cuda ? 0
+                     : lv.zero_grads && s->cfg.tie_embeddings && !lv.lora.kind ? -1 : 0;
     if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
         lv.master_weights = 0;
         lv.grads_fp32 = 0;
@@ -80,6 +85,8 @@ void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s) {
 }
 
 void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
+    m->nranks = s->ranks > 1 ? s->ranks : 1;
+    m->rank = s->rank;
     m->param_sharded = 0;
     m->pshard_lo = 0;
     m->pshard_n = m->table.total;

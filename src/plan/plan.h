@@ -30,6 +30,8 @@ typedef struct snug_plan_spec {
     double memory_budget;  /* bytes (0 = none): snug_engine_create refuses a plan over it (see plan/autofit.h) */
     double budget_overhead; /* runtime overhead outside the arenas that the budget must also hold */
     int ckpt_snapshot;     /* checkpoints are copied to host memory and written while training goes on */
+    int loss_vocab_block;  /* as configured: rows per block of the loss, 0 auto, -1 off (lv.vocab_block derives) */
+    int device_cuda;       /* the run is on a GPU (whose backend has no blocked loss yet) */
 } snug_plan_spec;
 
 typedef struct snug_plan {

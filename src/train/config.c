@@ -48,6 +48,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(!o->offload_embedding || o->adapter != SNUG_ADAPTER_NONE,
             "%s: offload_embedding keeps a frozen embedding in host memory, but a full fine-tune trains it; use "
             "adapter: lora or qlora, or set offload_embedding: false", src);
+    REQUIRE(o->loss_vocab_block >= -1,
+            "%s: loss_vocab_block is %d; use a number of rows of at least 1, 0 for auto or -1 for off", src,
+            o->loss_vocab_block);
     REQUIRE(o->tiled_mlp_num_shards >= 0,
             "%s: tiled_mlp_num_shards is %d; use a number of shards of at least 1, or 0 for auto", src,
             o->tiled_mlp_num_shards);

@@ -146,6 +146,7 @@ typedef struct snug_run_config {
     int tiled_mlp;
     int offload_embedding;
     int tiled_mlp_num_shards; /* 0 = auto */
+    int loss_vocab_block;     /* rows of the head per block of the loss; 0 = auto, -1 = off */
 } snug_run_config;
 
 /* Cross-field consistency (positive sizes, levers that exclude each other, ...): one error naming the setting and

@@ -256,7 +256,7 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
     snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
                         .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint,
-                        .zero_stage = c->zero_stage};
+                        .zero_stage = c->zero_stage, .loss_vocab_block = c->loss_vocab_block};
     snug_run_optimizer(c->optimizer, &s.optim, &s.optim_paged);
     s.lv.lora = lora_cfg(c, cfg->arch);
     return s;
@@ -299,11 +299,16 @@ static int zero_max(const snug_run_config *c, int ranks) {
 }
 
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {
+    if (device == SNUG_DEVICE_CUDA && c->loss_vocab_block > 0)
+        return snug_fail(e, SNUG_EINPUT, "%s: loss_vocab_block is %d, but the loss over blocks of the head's rows runs "
+                         "on the CPU backend only; remove it (or set it to 0) for a GPU run",
+                         c->config_path[0] ? c->config_path : "options", c->loss_vocab_block);
     SNUG_TRY(snug_setup_model(r, c, e));
     SNUG_TRY(resolve_adapter(r, e));
     r->spec = snug_run_spec(&r->c, &r->cfg);
     r->spec.ranks = r->ranks;
     r->spec.rank = r->rank;
+    r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {
         r->spec.zero_max = zero_max(&r->c, r->ranks);
@@ -320,6 +325,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
         r->spec = snug_run_spec(&r->c, &r->cfg);
         r->spec.ranks = r->ranks;
         r->spec.rank = r->rank;
+        r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
     }
     SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
     if (r->c.memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */

@@ -117,6 +117,59 @@ static void zero3_gather(void *ud, void *dst, size_t offset, size_t numel) {
     c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt, &c->e);
 }
 
+/* A tied embedding split by rows (model.h's snug_rows_fn): the rows' elements in each rank's shard are the counts of
+ * one collective over buf, whose pieces follow the rows' order (the rows increase, so each rank's piece is
+ * contiguous there). Errors go where the step's check looks: the gradients' (z2), or the gathers' under ZeRO-3. */
+typedef struct rows_ctx {
+    zero2_ctx *z2;
+    zero3_ctx *z3;     /* NULL unless the parameters are sharded */
+    size_t *counts;    /* (size) scratch */
+} rows_ctx;
+
+static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
+    rows_ctx *c = ud;
+    zero2_ctx *z2 = c->z2;
+    int *rc = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->rc : &z2->rc;
+    snug_error *e = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->e : &z2->e;
+    snug_comm *comm = z2->comm;
+    if (z2->rc || (c->z3 && c->z3->rc))
+        return;
+    if (op == SNUG_ROWS_IDS) { /* n int32 per rank, moved as opaque 16-bit halves */
+        for (int r = 0; r < comm->size; r++)
+            c->counts[r] = 2 * (size_t)n;
+        *rc = comm->allgather(comm, buf, c->counts, SNUG_COMM_U16 | SNUG_COMM_HOST, e);
+        return;
+    }
+    size_t s0 = 0;
+    for (int r = 0; r < comm->size; s0 += z2->shard[r], r++) {
+        size_t s1 = s0 + z2->shard[r], k = 0;
+        for (int j = 0; j < n; j++) {
+            size_t lo = base + (size_t)(rows ? rows[j] : first + j) * C, hi = lo + C;
+            size_t a = s0 > lo ? s0 : lo, b = s1 < hi ? s1 : hi;
+            k += b > a ? b - a : 0;
+        }
+        c->counts[r] = k;
+    }
+    if (op == SNUG_ROWS_GATHER) {
+        *rc = comm->allgather(comm, buf, c->counts, c->z3->dt, e);
+        return;
+    }
+    snug_model *m = &z2->eng->model;
+    snug_backend *be = m->be;
+    float *g = buf;
+    *rc = comm->reduce_scatter_sum(comm, g, c->counts, SNUG_COMM_F32, e);
+    size_t at = snug_comm_displ(c->counts, comm->rank), lo_s = m->gshard_lo, hi_s = lo_s + m->gshard_n;
+    for (int j = 0; !*rc && j < n; j++) { /* this rank's piece of the sum, row by row into its shard */
+        size_t lo = base + (size_t)(rows ? rows[j] : first + j) * C, hi = lo + C;
+        size_t a = lo_s > lo ? lo_s : lo, b = hi_s < hi ? hi_s : hi;
+        if (b > a) {
+            be->accumulate(be, m->gshard + (a - lo_s), g + at, b - a);
+            at += b - a;
+        }
+    }
+    be->zero(be, g, (size_t)n * C * sizeof(float));
+}
+
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
  * gradients are complete, sum them over the ranks (one all-reduce per tensor; each rank's backward announces the
  * layers in the same order), step that layer's tensors, add their sum of squares for the logged gradient norm into
@@ -771,6 +824,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                         zm->gsplit ? " before or after the layers (an untied head: one set at a time)" : "");
         }
     }
+    if (r.eng.model.vb)
+        fprintf(out, "  loss                 over blocks of %d of the head's %d rows (loss_vocab_block)%s\n",
+                r.eng.model.vb, r.eng.model.cfg.vocab_size,
+                !r.eng.model.vtied ? ""
+                : r.eng.model.param_sharded ? "; the tied embedding gathered a block (and the looked-up rows) at a time, "
+                                              "its gradient reduced block by block"
+                                            : "; the tied embedding's gradient reduced block by block");
     zero2_ctx z2 = {.eng = &r.eng, .comm = &comm, .shard = shard};
     if (!rc && shard && o->zero_stage >= 2) {
         if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
@@ -785,6 +845,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
         r.eng.model.gather_params = zero3_gather;
         r.eng.model.gather_params_ud = &z3;
+    }
+    rows_ctx zr = {.z2 = &z2, .z3 = r.eng.model.param_sharded ? &z3 : NULL};
+    if (!rc && shard && r.eng.model.vtied) {
+        if (!(zr.counts = malloc((size_t)W * sizeof *zr.counts)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+        r.eng.model.rows_fn = rows_op;
+        r.eng.model.rows_ud = &zr;
     }
 
     char metrics_path[4096];
@@ -1091,6 +1158,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(shard);
     free(z2.counts);
     free(z3.counts);
+    free(zr.counts);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

@@ -126,6 +126,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->dropout = snug_cpu_dropout;
     be->dequantize_4bit = snug_cpu_dequantize_4bit;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
+    be->xent_block = snug_cpu_xent_block;
     be->sumsq = snug_cpu_sumsq;
     be->sumsq_acc = cpu_sumsq_acc;
     be->sumsq_take = cpu_sumsq_take;

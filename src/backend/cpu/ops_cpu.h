@@ -103,6 +103,10 @@ void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, f
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
                              int chunk, float *w_ws, int wblock);
+double snug_cpu_xent_block(snug_backend *be, int pass, float *dh, float *dw, const float *h, const void *w,
+                           snug_dtype wdt, const int32_t *labels, int N, int C, int V, int v0, int vb,
+                           float grad_scale, float *st_max, double *st_sum, float *st_zy, float *logits_ws, int chunk,
+                           float *w_ws, int wblock);
 
 double snug_cpu_sumsq(snug_backend *be, const void *x, snug_dtype dt, size_t n);
 

@@ -107,3 +107,88 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
     }
     return total;
 }
+
+/* The loss over the head's rows [v0, v0+vb) alone (loss_vocab_block): w is that block (vb,C) as wdt. Pass 0 folds
+ * the block's logits into each supervised token's running maximum and sum of exponentials (st_max, st_sum: -inf and
+ * 0 before the first block) and takes the label's logit when it is in the block (st_zy). Pass 1, once every block
+ * has been folded, recomputes the block's logits and from the final statistics forms
+ * G = grad_scale * (softmax - onehot) over the block: dh (N,C) += G @ w, dw (vb,C) += G^T @ h. Pass 2 returns the
+ * summed loss, st_max + log(st_sum) - st_zy over the supervised tokens, in a fixed order. Chunked over tokens like
+ * xent_fwd_bwd: logits_ws holds chunk rows of vb floats. */
+double snug_cpu_xent_block(snug_backend *be, int pass, float *dh, float *dw, const float *h, const void *w,
+                           snug_dtype wdt, const int32_t *labels, int N, int C, int V, int v0, int vb,
+                           float grad_scale, float *st_max, double *st_sum, float *st_zy, float *logits_ws, int chunk,
+                           float *w_ws, int wblock) {
+    if (N <= 0 || C <= 0 || vb <= 0)
+        return 0.0;
+    if (pass == 2) {
+        double part[SNUG_CPU_NBLK];
+        for (int bk = 0; bk < SNUG_CPU_NBLK; bk++) {
+            int r0 = (int)((int64_t)N * bk / SNUG_CPU_NBLK), r1 = (int)((int64_t)N * (bk + 1) / SNUG_CPU_NBLK);
+            double acc = 0.0;
+            for (int r = r0; r < r1; r++)
+                if (labels[r] >= 0 && labels[r] < V)
+                    acc += st_max[r] + log(st_sum[r]) - st_zy[r];
+            part[bk] = acc;
+        }
+        double total = 0.0;
+        for (int bk = 0; bk < SNUG_CPU_NBLK; bk++)
+            total += part[bk];
+        return total;
+    }
+    if (chunk <= 0)
+        chunk = N;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        int nc = N - n0 < chunk ? N - n0 : chunk;
+        const float *hc = h + (size_t)n0 * C;
+        const int32_t *lab = labels + n0;
+        int any = 0;
+        for (int r = 0; r < nc && !any; r++)
+            any = lab[r] >= 0 && lab[r] < V;
+        if (!any)
+            continue;
+        gemm_w(be, 0, logits_ws, hc, w, wdt, nc, C, vb, w_ws, wblock); /* (nc, vb) at ldc vb */
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)nc * vb >= SNUG_CPU_PAR_MIN)
+        for (int r = 0; r < nc; r++) {
+            float *row = logits_ws + (size_t)r * vb;
+            int y = lab[r], n = n0 + r;
+            if (y < 0 || y >= V) {
+                if (pass == 1)
+                    memset(row, 0, (size_t)vb * sizeof(float));
+                continue;
+            }
+            if (pass == 0) {
+                if (y >= v0 && y < v0 + vb)
+                    st_zy[n] = row[y - v0];
+                float mx = row[0];
+                for (int v = 1; v < vb; v++)
+                    mx = row[v] > mx ? row[v] : mx;
+                float m1 = mx > st_max[n] ? mx : st_max[n];
+                double sum = 0.0;
+                for (int v = 0; v < vb; v++)
+                    row[v] -= m1;
+                snug_cpu_expf_n(row, row, vb);
+                for (int v = 0; v < vb; v++)
+                    sum += row[v];
+                st_sum[n] = st_sum[n] * exp((double)st_max[n] - (double)m1) + sum;
+                st_max[n] = m1;
+            } else { /* row <- grad_scale * (softmax - onehot) */
+                float mx = st_max[n], k = (float)(grad_scale / st_sum[n]);
+                for (int v = 0; v < vb; v++)
+                    row[v] -= mx;
+                snug_cpu_expf_n(row, row, vb);
+                for (int v = 0; v < vb; v++)
+                    row[v] *= k;
+                if (y >= v0 && y < v0 + vb)
+                    row[y - v0] -= grad_scale;
+            }
+        }
+        if (pass == 0)
+            continue;
+        if (dh) /* dh_chunk (nc,C) += G (nc,vb) @ w (vb,C) */
+            gemm_w(be, 1, dh + (size_t)n0 * C, logits_ws, w, wdt, nc, C, vb, w_ws, wblock);
+        if (dw) /* dw (vb,C) += G^T (vb,nc) @ h_chunk (nc,C) */
+            snug_cpu_gemm(be, 1, 0, vb, C, nc, 1.0f, logits_ws, vb, hc, C, 1.0f, dw, C);
+    }
+    return 0.0;
+}
