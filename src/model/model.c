@@ -182,7 +182,8 @@ static size_t gglob_at(const snug_model *m, size_t offset) {
                               : (m->gsplit ? 0 : m->gpre_n - m->gpre_lo) + (offset - (m->table.total - m->gpost_n));
 }
 
-/* ZeRO-3 with vtied: where the loss's block of head rows goes in the region, after the globals (32-aligned). */
+/* ZeRO-3 with vtied: where the loss's block of head rows (and, before the layers, the looked-up rows) go in the
+ * region, after the globals (32-aligned). */
 static size_t head_block_at(const snug_model *m) { return (m->gglob_n + 31) / 32 * 32; }
 
 const void *snug_model_stored(const snug_model *m, size_t offset) {
@@ -769,7 +770,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         m->gpre_lo = m->vtied ? m->table.e[wte_entry(m)].numel : 0;
         size_t pre = m->gpre_n - m->gpre_lo;
         m->gglob_n = m->gsplit ? (pre > m->gpost_n ? pre : m->gpost_n) : pre + m->gpost_n;
-        size_t need = m->vtied ? head_block_at(m) + (size_t)m->vb * C : m->gglob_n;
+        size_t rows = (size_t)(m->vb > m->umax ? m->vb : m->umax); /* a block of the head, or the looked-up rows */
+        size_t need = m->vtied ? head_block_at(m) + rows * C : m->gglob_n;
         size_t region = need > 2 * lay ? need : 2 * lay;
         m->gbuf_n = lay;
         m->gregion_n = region;
@@ -778,9 +780,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             return e ? e->code : SNUG_ENOMEM;
         m->gglob = m->gbuf[0] = g;
         m->gbuf[1] = g + lay * es;
-        m->urows = NULL;
-        if (m->vtied && !(m->urows = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (size_t)m->umax * C * es, e)))
-            return e ? e->code : SNUG_ENOMEM;
+        /* vtied: the lookup's rows where the loss's block goes later (the layers come between) */
+        m->urows = m->vtied ? g + head_block_at(m) * es : NULL;
     }
     if (half) {
         CARVE(m->params16, SNUG_MEM_PARAMS, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->dense_total);
@@ -951,9 +952,9 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->uids = m->urow = m->ids_u = NULL;
     m->ubuf = NULL;
     if (m->vtied) { /* every rank's ids, the rows they look up, and those rows' gradient */
-        CARVE(m->uids, SNUG_MEM_DATA, (size_t)(m->nranks > 1 ? m->nranks : 1) * N);
-        CARVE(m->urow, SNUG_MEM_DATA, m->umax);
-        CARVE(m->ids_u, SNUG_MEM_DATA, N);
+        CARVE(m->uids, SNUG_MEM_WORKSPACE, (size_t)(m->nranks > 1 ? m->nranks : 1) * N);
+        CARVE(m->urow, SNUG_MEM_WORKSPACE, m->umax);
+        CARVE(m->ids_u, SNUG_MEM_WORKSPACE, N);
         CARVE(m->ubuf, SNUG_MEM_GRADS, (size_t)m->umax * C);
     }
     m->rope_cos = m->rope_sin = NULL;

@@ -367,7 +367,8 @@ typedef struct snug_model {
     int32_t *ids_u;        /* (N) this rank's ids as indices into urow */
     int nU, umax;
     float *ubuf;           /* (umax, C) fp32: the urow rows' gradient */
-    void *urows;           /* ZeRO-3: (umax, C) stored dtype: the urow rows' weights */
+    void *urows;           /* ZeRO-3: (umax, C) stored dtype: the urow rows' weights, in the region after the
+                            * globals, where the loss's block goes later */
     size_t gpre_lo;        /* ZeRO-3 with vtied: the pre-layer globals gathered are [gpre_lo, gpre_n) */
     snug_rows_fn rows_fn;
     void *rows_ud;

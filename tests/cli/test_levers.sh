@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The same few training steps with the activation levers off and on: the logged losses agree (bitwise for
-# checkpointing, to fp32 rounding for the attention path and the chunked loss), and gradient accumulation over
+# checkpointing, to fp32 rounding for the attention path, the chunked loss and the loss over blocks of the head's
+# rows), and gradient accumulation over
 # N micro-batches logs the loss of the whole batch.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
@@ -29,6 +30,11 @@ train ckpt_offload --micro_batch_size 4 --gradient_checkpointing offload
 train naive_attention --micro_batch_size 4 --flash_attention false
 train chunked_ce --micro_batch_size 4 --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
 train all_levers --micro_batch_size 4 --gradient_checkpointing full --flash_attention false --chunked_cross_entropy true
+# the loss over blocks of the head's rows: 300 rows (7 blocks of the 2048, the last partial), and 7 rows with the
+# token chunks of 37
+train vocab_block --micro_batch_size 4 --loss_vocab_block 300
+train vocab_block_chunked --micro_batch_size 4 --loss_vocab_block 7 --chunked_cross_entropy true \
+  --cross_entropy_chunk_tokens 37
 train accumulate --micro_batch_size 1 --gradient_accumulation_steps 4
 # the optimizer step inside backward, where the two are defined to agree: no clipping, no accumulation
 train noclip --micro_batch_size 4 --max_grad_norm 0
@@ -54,6 +60,7 @@ train bf16_nomaster_noclip --micro_batch_size 4 --bf16 true --master_weights fal
 train bf16_nomaster_in_backward --micro_batch_size 4 --bf16 true --master_weights false --max_grad_norm 0 \
   --optimizer_in_backward true --gradient_checkpointing selective
 train packed_ga2 --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true
+train bf16_vocab_block --micro_batch_size 4 --bf16 true --loss_vocab_block 300
 train bf16_all_levers --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true --bf16 true \
   --gradient_checkpointing full --chunked_cross_entropy true --cross_entropy_chunk_tokens 37
 train fp16_all_levers --micro_batch_size 2 --gradient_accumulation_steps 2 --sample_packing true --fp16 true \
@@ -75,6 +82,9 @@ compare ckpt_every2 base 0
 compare ckpt_offload base 0
 compare naive_attention base 1e-5
 compare chunked_ce base 1e-5
+compare vocab_block base 1e-5
+compare vocab_block_chunked base 1e-5
+compare bf16_vocab_block bf16 5e-3
 compare all_levers base 1e-5
 compare accumulate base 1e-5
 compare in_backward noclip 0

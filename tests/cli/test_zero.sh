@@ -236,6 +236,78 @@ run zero3_accbf16 2 --zero_stage 3 --bf16 true --gradient_accumulation_steps 2 |
 run zero2_accbf16 2 --zero_stage 2 --bf16 true --gradient_accumulation_steps 2 || bad "zero2_accbf16 did not train"
 [ "$(worst zero3_accbf16 zero2_accbf16)" = 0.0 ] && cmp -s "$W/zero2_accbf16/model.safetensors" "$W/zero3_accbf16/model.safetensors" &&
   ok || bad "zero3_accbf16: not stage 2's bits with bf16 and accumulation"
+# loss_vocab_block: the loss over blocks of the head's rows. tiny-llama's 2048 rows fit one layer's buffer, so its
+# default is one block, which is the plain loss's arithmetic (every run above); 300 rows make 7 blocks, the last
+# partial. DDP with the same blocks is the reference. Under ZeRO-2/3 the tied embedding is split by rows: each
+# block's gradient is reduced as soon as it is complete, except the rows some rank's micro-batch looks up, which wait
+# for the embedding's backward; ZeRO-3 gathers one block at a time and only the looked-up rows. On data whose ids
+# repeat within and across ranks (so those rows sum several ranks' lookups), DDP's bits at 2 and 3 ranks, in bf16,
+# with evaluation, over an epoch with idle ranks; with accumulation within the floor.
+python3 - "$W/rep.jsonl" <<'PY'
+import json, random, sys
+random.seed(11)
+with open(sys.argv[1], "w") as f:
+    for _ in range(64):
+        ex = [random.randint(1, 120) for _ in range(random.randint(8, 32))]
+        f.write(json.dumps({"input_ids": ex, "labels": ex}) + "\n")
+PY
+printf 'datasets:\n  - path: %s\n    type: pretokenized\n' "$W/rep.jsonl" > "$W/rep.yaml"
+common_ids=$common
+common=${common/ids.yaml/rep.yaml}
+vb="--loss_vocab_block 300"
+check 2 vb_2 2 $vb
+check 2 vb_3 3 $vb
+check 3 vb_2 2 $vb
+check 3 vb_3 3 $vb
+check 3 vbbf16_3 3 $vb --bf16 true
+check 3 vbval_2 2 $vb --val_set_size 0.1 --eval_steps 2
+check 2 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_batch_size 3
+check 3 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_batch_size 3
+# accumulation: the floor measured again on these data, whose rows sum many more terms
+"$SNUG" train $common $vb --gradient_accumulation_steps 6 --output_dir "$W/vbone6" > "$W/vbone6.log" 2>&1 ||
+  bad "vbone6 did not train: $(tail -2 "$W/vbone6.log")"
+run ddp_vbacc6_3 3 $vb --gradient_accumulation_steps 2 || bad "ddp_vbacc6_3 did not train"
+vbfloor=$(python3 - "$W" "$(worst ddp_vbacc6_3 vbone6)" <<'PY'
+import json, sys
+digit = 1e-6 / min(r["grad_norm"] for r in map(json.loads, open(sys.argv[1] + "/vbone6/metrics.jsonl")))
+print(max(float(sys.argv[2]), digit))
+PY
+)
+echo "  floor on the repeated ids: $vbfloor (relative)"
+TOL=$(python3 -c "print(4 * $vbfloor)") check 2 vbacc_3 3 $vb --gradient_accumulation_steps 2
+for z in zero2_vb_2 zero2_vb_3 zero3_vb_2 zero3_vb_3; do
+  grep -q "loss *over blocks of 300 of the head's 2048 rows.*the tied embedding" "$W/$z.log" && ok ||
+    bad "$z: the header does not name the blocked loss"
+done
+# the memory: the gradients arena is the rank's shard beside the layers' buffer and the looked-up rows (at most
+# ranks x 2 x 32 of them), not the embedding's gradient whole; the ZeRO-3 region holds two layers, or the globals
+# left (the final norm) and a block or the looked-up rows
+cfgj="$W/ddp_adamw2/config.json"
+for z in zero2_vb_2 zero2_vb_3 zero3_vb_2 zero3_vb_3; do
+  python3 - "$W" "$z" "$cfgj" <<'PY' && ok || bad "$z: the gradient buffer or the gather region"
+import json, re, sys
+w, z, cfg = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+C, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+kv = C // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+layer = 2 * C + 2 * C * C + 2 * C * kv + 3 * C * I
+total = V * C + C + L * layer
+n, stage = int(z[-1]), int(z[4])
+umax = min(V, n * 2 * 32)
+for r in range(n):
+    j = json.load(open(f"{w}/{z}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
+    g = j["plan"]["gradients"] - (max(layer, 300 * C) + umax * C) * 4  # left: the rank's shard of the sum
+    if abs(g - total * 4 / n) > 257 * 4:
+        sys.exit(f"rank {r}: gradients {j['plan']['gradients']} B: {g} B beside the layer buffer and {umax} rows, "
+                 f"not a 1/{n} shard of {total}")
+if stage == 3:
+    m = re.search(r"one region of (\d+) elements: two layer buffers of (\d+), or the (\d+) global", open(f"{w}/{z}.log").read())
+    region, lay, glob = map(int, m.groups())
+    if glob != C or region != max(2 * lay, (glob + 31) // 32 * 32 + max(300, umax) * C):
+        sys.exit(f"the region {region} (layers {lay}, globals {glob}) is not two layers, or the final norm and a block")
+print(f"  {z}: gradients the shard beside one layer buffer and {umax} looked-up rows")
+PY
+done
+common=$common_ids
 # DeepSpeed's JSON and FSDP's strategy name the stage: the same run as zero_stage
 printf '{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1}}\n' > "$W/ds1.json"
 run ds1_adamw2 2 --deepspeed "$W/ds1.json" || bad "ds1_adamw2 did not train: $(tail -2 "$W/ds1_adamw2.log")"

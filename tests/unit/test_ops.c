@@ -899,6 +899,59 @@ static void test_xent(void) {
     free(bl), free(bhh), free(bw), free(bws), free(g1), free(g2);
 }
 
+/* The loss over blocks of the head's rows (loss_vocab_block): every block's statistics pass, then each block's
+ * gradient pass, then the sum, give the reference loss and gradients whatever the block (1 row, a non-divisor, the
+ * whole vocabulary) and the chunk, also for logits large enough that exp would overflow without the running max. */
+static void test_xent_block(void) {
+    printf("xent_block\n");
+    char what[112];
+    int N = 12, C = 13, V = 37;
+    float gs = 0.37f;
+    int32_t labels[12];
+    for (int n = 0; n < N; n++)
+        labels[n] = (n == 0 || (n >= 5 && n < 10)) ? -1 : irand(V);
+    labels[11] = V - 1; /* the last row of the last (partial) block */
+    float *h = randf((size_t)N * C, -1, 1), *w = randf((size_t)V * C, -1, 1);
+    for (int big = 0; big < 2; big++) {
+        if (big)
+            for (int i = 0; i < N * C; i++)
+                h[i] *= 40.0f;
+        double *hd = tod(h, (size_t)N * C), *wd = tod(w, (size_t)V * C);
+        double *rdh = zerod((size_t)N * C), *rdw = zerod((size_t)V * C);
+        double rloss = ref_xent(rdh, rdw, hd, wd, labels, N, C, V, gs);
+        int blocks[4] = {1, 7, 36, 37}, chunks[2] = {5, 100};
+        for (int b = 0; b < 4; b++)
+            for (int k = 0; k < 2; k++) {
+                int vb = blocks[b], ch = chunks[k];
+                float *ws = randf((size_t)ch * vb, -9, 9), *mx = randf((size_t)N, -9, 9), *zy = zerof((size_t)N);
+                float *dh = zerof((size_t)N * C), *dw = zerof((size_t)V * C);
+                double *sum = zerod((size_t)N);
+                for (int n = 0; n < N; n++)
+                    mx[n] = -INFINITY;
+                for (int v0 = 0; v0 < V; v0 += vb)
+                    be2->xent_block(be2, 0, NULL, NULL, h, w + (size_t)v0 * C, SNUG_DT_F32, labels, N, C, V, v0,
+                                    V - v0 < vb ? V - v0 : vb, 0.0f, mx, sum, zy, ws, ch, NULL, 0);
+                double l0 = be2->xent_block(be2, 2, NULL, NULL, NULL, NULL, SNUG_DT_F32, labels, N, C, V, 0, 1, 0.0f,
+                                            mx, sum, zy, NULL, 0, NULL, 0);
+                for (int v0 = 0; v0 < V; v0 += vb)
+                    be2->xent_block(be2, 1, dh, dw + (size_t)v0 * C, h, w + (size_t)v0 * C, SNUG_DT_F32, labels, N, C,
+                                    V, v0, V - v0 < vb ? V - v0 : vb, gs, mx, sum, zy, ws, ch, NULL, 0);
+                double l1 = be2->xent_block(be2, 2, NULL, NULL, NULL, NULL, SNUG_DT_F32, labels, N, C, V, 0, 1, 0.0f,
+                                            mx, sum, zy, NULL, 0, NULL, 0);
+                snprintf(what, sizeof what, "xent_block loss (block %d, chunk %d%s)", vb, ch, big ? ", large logits" : "");
+                expect(what, check_relerr(l0, rloss, 1e-30), TOL_REF);
+                CHECKF(l0 == l1, "xent_block: the gradient pass leaves the statistics as they were");
+                snprintf(what, sizeof what, "xent_block dh (block %d, chunk %d%s)", vb, ch, big ? ", large logits" : "");
+                expect(what, check_max_relerr(dh, rdh, (size_t)N * C), TOL_REF);
+                snprintf(what, sizeof what, "xent_block dw (block %d, chunk %d%s)", vb, ch, big ? ", large logits" : "");
+                expect(what, check_max_relerr(dw, rdw, (size_t)V * C), TOL_REF);
+                free(ws), free(mx), free(zy), free(dh), free(dw), free(sum);
+            }
+        free(hd), free(wd), free(rdh), free(rdw);
+    }
+    free(h), free(w);
+}
+
 /* ------------------------------------------------------------------------------------------------ optimizer */
 
 static void test_optimizer(void) {
@@ -1012,6 +1065,7 @@ int main(void) {
     test_activations();
     test_elementwise();
     test_xent();
+    test_xent_block();
     test_optimizer();
     be1->destroy(be1), be2->destroy(be2), be3->destroy(be3);
     return check_finish("test_ops");
