@@ -821,7 +821,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             if (zm->param_sharded)
                 fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
                         "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gglob_n,
-                        zm->gsplit ? " before or after the layers (an untied head: one set at a time)" : "");
+                        zm->gsplit  ? " before or after the layers (an untied head: one set at a time)"
+                        : zm->vtied ? " beside a block of the head's rows or the rows the micro-batch looks up"
+                                    : "");
         }
     }
     if (r.eng.model.vb)

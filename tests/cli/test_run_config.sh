@@ -61,6 +61,10 @@ expect_error top-k-text "top_k must be an integer, got 'many'" "$SNUG" generate 
 expect_error top-p-range "top_p is 2; it must be in \(0, 1\]" "$SNUG" generate "$W/model" --top_p 2
 expect_error unknown-flag "unknown key 'max_new_token'.*did you mean 'max_new_tokens'" \
   "$SNUG" generate "$W/model" --max_new_token 3
+expect_error vocab-block-range "loss_vocab_block is -2; use a number of rows of at least 1, 0 for auto or -1 for off" \
+  "$SNUG" train $base --max_steps 1 --loss_vocab_block -2 --output_dir "$W/vbbad"
+expect_error vocab-block-gpu "loss_vocab_block is 64, but the loss over blocks of the head's rows runs on the CPU" \
+  "$SNUG" plan $base --loss_vocab_block 64 --gpu h100
 long=$(python3 -c "print(' '.join(['wizards quietly hex jovial bakers'] * 400))")
 expect_error long-prompt "the prompt is [0-9]+ tokens but the model in .* has a context of [0-9]+ tokens" \
   "$SNUG" generate "$W/model" --prompt "$long" --max_new_tokens 4

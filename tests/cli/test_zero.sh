@@ -267,10 +267,11 @@ check 3 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_
 "$SNUG" train $common $vb --gradient_accumulation_steps 6 --output_dir "$W/vbone6" > "$W/vbone6.log" 2>&1 ||
   bad "vbone6 did not train: $(tail -2 "$W/vbone6.log")"
 run ddp_vbacc6_3 3 $vb --gradient_accumulation_steps 2 || bad "ddp_vbacc6_3 did not train"
-vbfloor=$(python3 - "$W" "$(worst ddp_vbacc6_3 vbone6)" <<'PY'
+run ddp_vbacc6_2 2 $vb --gradient_accumulation_steps 3 || bad "ddp_vbacc6_2 did not train"
+vbfloor=$(python3 - "$W" "$(worst ddp_vbacc6_3 vbone6)" "$(worst ddp_vbacc6_2 vbone6)" <<'PY'
 import json, sys
 digit = 1e-6 / min(r["grad_norm"] for r in map(json.loads, open(sys.argv[1] + "/vbone6/metrics.jsonl")))
-print(max(float(sys.argv[2]), digit))
+print(max(float(sys.argv[2]), float(sys.argv[3]), digit))
 PY
 )
 echo "  floor on the repeated ids: $vbfloor (relative)"
