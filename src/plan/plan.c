@@ -189,6 +189,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         p->B = B;
         p->T = T;
         p->xent_chunk = m.xent_chunk;
+        p->vocab_block = m.vb;
         p->device_scratch = snug_plan_device_scratch(s);
     }
     snug_model_free_host(&m);

@@ -42,6 +42,7 @@ typedef struct snug_plan {
     long long nparams;
     size_t largest_tensor;       /* floats in the largest parameter tensor (staging when loading weights) */
     int B, T, xent_chunk;
+    int vocab_block;             /* rows of the head per block of the loss (loss_vocab_block), 0: one pass */
     size_t device_scratch;       /* a GPU backend's scratch (snug_plan_device_scratch): allocated at this size */
 } snug_plan;
 

@@ -35,9 +35,10 @@ json_t *snug_overhead_json(const snug_overhead *ov) {
 
 json_t *snug_levers_json(const snug_plan_spec *s, const snug_plan *p) {
     snug_levers lv = snug_plan_levers(s);
-    return json_pack("{s:s, s:i, s:b, s:i, s:b, s:s, s:b}", "gradient_checkpointing", snug_ckpt_lever_name(&lv),
+    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:b, s:s, s:b}", "gradient_checkpointing", snug_ckpt_lever_name(&lv),
                      "gradient_checkpointing_every_n_layers", lv.ckpt_every > 0 ? lv.ckpt_every : 1,
                      "flash_attention", !lv.naive_attention, "xent_chunk_tokens", p->xent_chunk,
+                     "loss_vocab_block", p->vocab_block,
                      "optimizer_in_backward", lv.optimizer_in_backward, "optimizer",
                      snug_optim_name(s->optim, s->optim_paged), "fp32_layer_gradients",
                      lv.dt == SNUG_DT_F32 || lv.grads_fp32);

@@ -276,6 +276,10 @@ PY
 )
 echo "  floor on the repeated ids: $vbfloor (relative)"
 TOL=$(python3 -c "print(4 * $vbfloor)") check 2 vbacc_3 3 $vb --gradient_accumulation_steps 2
+run zero3_vbacc_3 3 --zero_stage 3 --dist_debug true $vb --gradient_accumulation_steps 2 ||
+  bad "zero3_vbacc_3 did not train: $(tail -2 "$W/zero3_vbacc_3.log")"
+[ "$(worst zero3_vbacc_3 zero2_vbacc_3)" = 0.0 ] && cmp -s "$W/zero2_vbacc_3/model.safetensors" "$W/zero3_vbacc_3/model.safetensors" &&
+  ok || bad "zero3_vbacc_3: not stage 2's bits with accumulation"
 for z in zero2_vb_2 zero2_vb_3 zero3_vb_2 zero3_vb_3; do
   grep -q "loss *over blocks of 300 of the head's 2048 rows.*the tied embedding" "$W/$z.log" && ok ||
     bad "$z: the header does not name the blocked loss"
