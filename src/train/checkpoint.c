@@ -136,6 +136,9 @@ static json_t *fixed_json(const snug_run_config *c, const snug_setup *s) {
         json_object_set_new(o, "ddp_deterministic", json_integer(c->ddp_deterministic));
         json_object_set_new(o, "zero_stage", json_integer(c->zero_stage));
     }
+    /* the loss's blocks of head rows as resolved (a checkpoint without it: 0, the plain loss); after the stage, which
+     * decides it by default */
+    json_object_set_new(o, "loss_vocab_block", json_integer(s->plan.vocab_block));
     return o;
 }
 
@@ -825,7 +828,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         json_t *w = json_object_get(was, name), *one = NULL;
         if (!w && !strcmp(name, "ranks"))
             w = one = json_integer(1);
-        else if (!w && !strcmp(name, "zero_stage"))
+        else if (!w && (!strcmp(name, "zero_stage") || !strcmp(name, "loss_vocab_block")))
             w = one = json_integer(0);
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY);

@@ -415,6 +415,14 @@ resume_refused "stage 2 from stage 3" 2 "$W/ck3_adamw2/checkpoint-2" "trained wi
   --zero_stage 2
 resume_refused "stage 3 from stage 2" 2 "$W/ck2_adamw2/checkpoint-2" "trained with zero_stage 2, this run has 3" \
   --zero_stage 3
+# the loss over blocks of the head's rows: saved and resumed at stages 2 and 3, the run that never stopped; resumed
+# with another loss_vocab_block (which changes the rounding), refused
+common=${common_ids/ids.yaml/rep.yaml}
+ck 2 vb_3 3 $vb
+ck 3 vb_2 2 $vb
+resume_refused "another loss_vocab_block" 2 "$W/ck3_vb_2/checkpoint-2" \
+  "trained with loss_vocab_block 300, this run has 0" --zero_stage 3 --loss_vocab_block -1
+common=$common_ids
 # a damaged or missing shard file: every rank fails naming it (exit 2), none waits
 cp -r "$W/ck1_adamw2/checkpoint-2" "$W/damaged"
 printf '\001' | dd of="$W/damaged/state-optim.rank1.bin" bs=1 seek=4096 conv=notrunc 2>/dev/null
