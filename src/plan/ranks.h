@@ -6,7 +6,9 @@
  * gradients arena is the shared layer buffer, the global tensors' gradients and the rank's shard of the sum (with an
  * untied head one buffer of max(embedding, final norm and head, layer) for all three); at stage 3 the parameters
  * arena is the rank's shard and one gather region of max(the global tensors, two layers) (untied: max(embedding,
- * final norm and head, two layers)); the largest rank's plan is reported).
+ * final norm and head, two layers)); with a tied head on the CPU, loss_vocab_block splits the embedding by rows
+ * (stage 2: its gradient one block at a time in the layer buffer beside the looked-up rows; stage 3: the region two
+ * layers, or the other globals and a block or the looked-up rows); the largest rank's plan is reported).
  *
  * Communication (ring collectives, bytes each rank sends per optimizer step; P parameters, g = 4 bytes per fp32
  * gradient, w = 2 or 4 per parameter as stored, f = (n-1)/n, GA micro-batches per rank):
