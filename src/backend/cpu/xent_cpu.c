@@ -41,6 +41,14 @@ static void gemm_w(snug_backend *be, int back, float *out, const float *in, cons
     }
 }
 
+/* Whether any of the nc labels is a supervised token (in [0, V)). */
+static int any_supervised(const int32_t *lab, int nc, int V) {
+    for (int r = 0; r < nc; r++)
+        if (lab[r] >= 0 && lab[r] < V)
+            return 1;
+    return 0;
+}
+
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,
                              int chunk, float *w_ws, int wblock) {
@@ -55,10 +63,7 @@ double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float
         int nc = N - n0 < chunk ? N - n0 : chunk;
         const float *hc = h + (size_t)n0 * C;
         const int32_t *lab = labels + n0;
-        int any = 0;
-        for (int r = 0; r < nc && !any; r++)
-            any = lab[r] >= 0 && lab[r] < V;
-        if (!any)
+        if (!any_supervised(lab, nc, V))
             continue;
 
         // logits (nc,V) = h_chunk (nc,C) @ w (V,C)^T
@@ -142,10 +147,7 @@ double snug_cpu_xent_block(snug_backend *be, int pass, float *dh, float *dw, con
         int nc = N - n0 < chunk ? N - n0 : chunk;
         const float *hc = h + (size_t)n0 * C;
         const int32_t *lab = labels + n0;
-        int any = 0;
-        for (int r = 0; r < nc && !any; r++)
-            any = lab[r] >= 0 && lab[r] < V;
-        if (!any)
+        if (!any_supervised(lab, nc, V))
             continue;
         gemm_w(be, 0, logits_ws, hc, w, wdt, nc, C, vb, w_ws, wblock); /* (nc, vb) at ldc vb */
 #pragma omp parallel for num_threads(NT(be)) if ((size_t)nc * vb >= SNUG_CPU_PAR_MIN)
