@@ -121,6 +121,32 @@ assert z3["total"] < z2["total"] < z1["total"] < ddp["total"]
 assert j["chosen"] in ("zero-2", "zero-3") and j["modes"][int(j["chosen"][-1])]["fits"]
 PY
 then ok; else bad "ranks: $(head -c 300 "$W/stderr")"; fi
+# a tied head (Llama-3.2-3B) over 8 CPU ranks: loss_vocab_block (auto) splits the embedding by rows, so ZeRO-2/3's
+# gradients are the shard beside one layer buffer and the looked-up rows (8 ranks x 2048 tokens), not the embedding's
+# gradient whole, and ZeRO-3's region is two layers; off (-1), the embedding is in both
+for vb in 0 -1; do
+  if "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --backend cpu \
+       --gpus 8 --loss_vocab_block $vb --json > "$W/tied$vb.json" 2>"$W/stderr" && python3 - "$W/tied$vb.json" "$vb" "$CFG/llama-3.2-3b/config.json" <<'PY'
+import json, sys
+j, on, cfg = json.load(open(sys.argv[1]))["ranks"], sys.argv[2] == "0", json.load(open(sys.argv[3]))
+C, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+kv = C // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+layer = 2 * C + 2 * C * C + 2 * C * kv + 3 * C * I
+P = V * C + C + L * layer
+ddp, z1, z2, z3 = j["modes"]
+rows = min(V, 8 * 2048)
+for z in (z2, z3):
+    g = z["bytes"]["gradients"] - P * 4 / 8
+    want = (layer + rows * C) * 4 if on else (V * C + layer) * 4
+    assert abs(g - want) <= 257 * 4 + 4096, (z["mode"], g, want)
+region = z3["bytes"]["parameters"] - P * 2 / 8
+want = 2 * layer * 2 if on else (V * C + C) * 2
+assert abs(region - want) <= 257 * 2 + 4096, (region, want)
+print(f"  llama-3.2-3b, loss_vocab_block {sys.argv[2]}: zero-3 gradients {z3['bytes']['gradients'] / 2**30:.3f} GiB, "
+      f"parameters {z3['bytes']['parameters'] / 2**30:.3f} GiB per rank")
+PY
+  then ok; else bad "tied head over 8 cpu ranks, loss_vocab_block $vb: $(head -c 300 "$W/stderr")"; fi
+done
 # 2 x RTX 4090 with the 8-bit paged optimizer: the plan says which mode fits, in text
 expect_out ranks-4090 "per rank over 2 GPUs of RTX 4090" "zero-3 " "(chosen: zero-|no mode fits in)" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090 \
