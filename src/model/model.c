@@ -263,13 +263,12 @@ static void lookup_rows(snug_model *m, int n) {
         mine[k] = k < (size_t)n ? m->ids[k] : -1;
     if (m->rows_fn)
         m->rows_fn(m->rows_ud, SNUG_ROWS_IDS, m->uids, 0, NULL, 0, (int)NM, 0);
-    /* the union, sorted: the ids of every rank sorted in a copy kept in place past this rank's (uids is rewritten
-     * each micro-batch) */
+    /* the union, sorted (in place: uids is filled afresh each micro-batch); at most umax = min(V, ranks x B x T) */
     qsort(m->uids, R * NM, sizeof *m->uids, cmp_i32);
     int nu = 0;
     for (size_t k = 0; k < R * NM; k++) {
         int32_t v = m->uids[k];
-        if (v >= 0 && v < V && (nu == 0 || m->urow[nu - 1] != v) && nu < m->umax)
+        if (v >= 0 && v < V && (nu == 0 || m->urow[nu - 1] != v))
             m->urow[nu++] = v;
     }
     m->nU = nu;
@@ -308,21 +307,14 @@ static const void *head_rows(snug_model *m, const void *head, snug_dtype hdt, in
 }
 
 /* vtied: block [v0, v0+n) of the head's gradient (dw, in the layers' buffer) is complete: the rows some rank looks
- * up move to ubuf to wait for the embedding's backward, and the rest is reduced now (the callback zeroes dw). */
-static void hand_block(snug_model *m, float *dw, int v0, int n) {
+ * up move to ubuf to wait for the embedding's backward, and the rest is reduced now (the callback zeroes dw). The
+ * blocks come in order, so *k (the first urow not yet moved) only advances. */
+static void hand_block(snug_model *m, float *dw, int v0, int n, int *k) {
     snug_backend *be = m->be;
     size_t C = (size_t)m->cfg.hidden_size;
-    int k, lo = 0, hi = m->nU; /* the first urow at or after v0 */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (m->urow[mid] < v0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    for (k = lo; k < m->nU && m->urow[k] < v0 + n; k++) {
-        float *row = dw + (size_t)(m->urow[k] - v0) * C;
-        be->to_device(be, m->ubuf + (size_t)k * C, row, C * sizeof(float));
+    for (; *k < m->nU && m->urow[*k] < v0 + n; (*k)++) {
+        float *row = dw + (size_t)(m->urow[*k] - v0) * C;
+        be->to_device(be, m->ubuf + (size_t)*k * C, row, C * sizeof(float));
         be->zero(be, row, C * sizeof(float));
     }
     if (m->rows_fn)
@@ -336,7 +328,7 @@ static double loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float
                           int train, int skip) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
-    int C = c->hidden_size, V = c->vocab_size, vb = m->vb, held = -1;
+    int C = c->hidden_size, V = c->vocab_size, vb = m->vb, held = -1, moved = 0;
     for (int n = 0; n < N; n++) {
         m->st_max[n] = -INFINITY;
         m->st_sum[n] = 0.0;
@@ -357,7 +349,7 @@ static double loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float
             be->xent_block(be, 1, m->d_ln, dw, m->lnf, w, hdt, m->labels, N, C, V, v0, n, grad_scale, m->st_max,
                            m->st_sum, m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
         if (m->vtied)
-            hand_block(m, dw, v0, n);
+            hand_block(m, dw, v0, n, &moved);
     }
     return skip ? 0.0 : be->xent_block(be, 2, NULL, NULL, NULL, NULL, hdt, m->labels, N, C, V, 0, 1, 0.0f, m->st_max,
                                        m->st_sum, m->st_zy, NULL, 0, NULL, 0);

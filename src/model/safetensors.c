@@ -519,23 +519,18 @@ int snug_st_to_f32_range(const snug_st_set *s, const snug_st_tensor *t, float *d
 }
 
 int snug_st_to_f32(const snug_st_set *s, const snug_st_tensor *t, float *dst, int transpose2d, snug_error *e) {
+    if (!transpose2d)
+        return snug_st_to_f32_range(s, t, dst, 0, (size_t)numel_of(t->ndim, t->shape), e);
     const char *path = s->paths[t->file];
     size_t esz = snug_dtype_size(t->dtype);
     SNUG_TRY(check_float(s, t, e));
-    if (transpose2d && t->ndim != 2)
+    if (t->ndim != 2)
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" has %d dimensions where a 2-D weight was expected; the "
                          "checkpoint does not match the architecture in config.json", path, t->name, t->ndim);
     size_t n = (size_t)numel_of(t->ndim, t->shape);
     const unsigned char *src = t->data;
     uintptr_t dropped = 0;
-    if (!transpose2d) {
-        size_t run = SNUG_ST_READ_BLOCK / esz;
-        for (size_t i = 0; i < n; i += run) {
-            size_t k = n - i < run ? n - i : run;
-            convert_run(t->dtype, src + i * esz, dst + i, k);
-            drop_read(t, (size_t)(i + k) * esz, &dropped);
-        }
-    } else if (n > 0) {
+    if (n > 0) {
         /* [R, K] in the file -> [K, R] in dst: convert a row, then scatter it into column r. */
         size_t R = (size_t)t->shape[0], K = (size_t)t->shape[1];
         float *row = malloc(K * sizeof *row);

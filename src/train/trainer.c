@@ -56,6 +56,15 @@ static void zero_grads(snug_model *m) {
  * ones before them), each run of its tensors is reduce-scattered over the ranks' shards, this rank adds its segment
  * of the sum into its shard (gshard), and the shared buffer is zeroed for the next layer. Every micro-batch does so,
  * as DeepSpeed's stage 2: no full gradient is kept to accumulate into. */
+/* Adds to counts[r] the elements of table range [lo, hi) in rank r's shard (shard: each rank's elements, in order). */
+static void add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, size_t *counts) {
+    size_t s0 = 0;
+    for (int r = 0; r < size; s0 += shard[r], r++) {
+        size_t a = s0 > lo ? s0 : lo, b = s0 + shard[r] < hi ? s0 + shard[r] : hi;
+        counts[r] += b > a ? b - a : 0;
+    }
+}
+
 typedef struct zero2_ctx {
     snug_engine *eng;
     snug_comm *comm;
@@ -79,11 +88,9 @@ static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
         int j = i; /* a run of the layer's tensors: contiguous in the table and in the shared buffer */
         while (j < t->n && snug_model_ready_group(m, j) == layer)
             j++;
-        size_t lo = t->e[i].offset, hi = t->e[j - 1].offset + t->e[j - 1].numel, s0 = 0;
-        for (int r = 0; r < c->comm->size; s0 += c->shard[r], r++) {
-            size_t a = s0 > lo ? s0 : lo, b = s0 + c->shard[r] < hi ? s0 + c->shard[r] : hi;
-            c->counts[r] = b > a ? b - a : 0;
-        }
+        size_t lo = t->e[i].offset, hi = t->e[j - 1].offset + t->e[j - 1].numel;
+        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
+        add_range_counts(c->shard, c->comm->size, lo, hi, c->counts);
         float *g = m->grads + m->grad_off[i];
         c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32, &c->e);
         size_t mine = snug_comm_displ(c->counts, c->comm->rank), n = c->counts[c->comm->rank];
@@ -109,11 +116,8 @@ static void zero3_gather(void *ud, void *dst, size_t offset, size_t numel) {
     zero3_ctx *c = ud;
     if (c->rc)
         return;
-    size_t lo = offset, hi = offset + numel, s0 = 0;
-    for (int r = 0; r < c->comm->size; s0 += c->shard[r], r++) {
-        size_t a = s0 > lo ? s0 : lo, b = s0 + c->shard[r] < hi ? s0 + c->shard[r] : hi;
-        c->counts[r] = b > a ? b - a : 0;
-    }
+    memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
+    add_range_counts(c->shard, c->comm->size, offset, offset + numel, c->counts);
     c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt, &c->e);
 }
 
@@ -140,16 +144,13 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
         *rc = comm->allgather(comm, buf, c->counts, SNUG_COMM_U16 | SNUG_COMM_HOST, e);
         return;
     }
-    size_t s0 = 0;
-    for (int r = 0; r < comm->size; s0 += z2->shard[r], r++) {
-        size_t s1 = s0 + z2->shard[r], k = 0;
-        for (int j = 0; j < n; j++) {
-            size_t lo = base + (size_t)(rows ? rows[j] : first + j) * C, hi = lo + C;
-            size_t a = s0 > lo ? s0 : lo, b = s1 < hi ? s1 : hi;
-            k += b > a ? b - a : 0;
-        }
-        c->counts[r] = k;
-    }
+    /* the table ranges buf holds: one per row, or the block's rows as one */
+    int nr = rows ? n : 1;
+    size_t len = rows ? (size_t)C : (size_t)n * C;
+#define RANGE_LO(j) (base + (size_t)(rows ? rows[j] : first) * C)
+    memset(c->counts, 0, (size_t)comm->size * sizeof *c->counts);
+    for (int j = 0; j < nr; j++)
+        add_range_counts(z2->shard, comm->size, RANGE_LO(j), RANGE_LO(j) + len, c->counts);
     if (op == SNUG_ROWS_GATHER) {
         *rc = comm->allgather(comm, buf, c->counts, c->z3->dt, e);
         return;
@@ -159,8 +160,8 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
     float *g = buf;
     *rc = comm->reduce_scatter_sum(comm, g, c->counts, SNUG_COMM_F32, e);
     size_t at = snug_comm_displ(c->counts, comm->rank), lo_s = m->gshard_lo, hi_s = lo_s + m->gshard_n;
-    for (int j = 0; !*rc && j < n; j++) { /* this rank's piece of the sum, row by row into its shard */
-        size_t lo = base + (size_t)(rows ? rows[j] : first + j) * C, hi = lo + C;
+    for (int j = 0; !*rc && j < nr; j++) { /* this rank's piece of the sum, range by range into its shard */
+        size_t lo = RANGE_LO(j), hi = lo + len;
         size_t a = lo_s > lo ? lo_s : lo, b = hi_s < hi ? hi_s : hi;
         if (b > a) {
             be->accumulate(be, m->gshard + (a - lo_s), g + at, b - a);
@@ -168,6 +169,7 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
         }
     }
     be->zero(be, g, (size_t)n * C * sizeof(float));
+#undef RANGE_LO
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
