@@ -37,17 +37,27 @@
  * CPU ranks) unless the call site ORs SNUG_COMM_HOST into the type: then it is host memory whatever the backend (the
  * loss sums, the stop flag, the validation slots, the failure flags). The host communicators (self, MPI) ignore the
  * flag; the NCCL communicator sends such a buffer through the host communicator it wraps, and any other through
- * NCCL on its own stream. The flag is part of the signature `check` compares. */
+ * NCCL on its own stream. The flag is part of the signature `check` compares.
+ *
+ * Overlap with compute. A device collective flagged SNUG_COMM_ASYNC (a gradient bucket while backward goes on, the
+ * next layer's parameters while this one computes) does not make the backend's compute stream wait for it: the
+ * caller promises that nothing queued after it reads or writes the buffer until it has called `wait`, which makes
+ * the compute stream wait for every such collective issued so far. The ranks still issue it in the same order as
+ * every other collective. The host communicators (self, MPI) complete every collective before returning, so there
+ * the flag changes nothing and `wait` has nothing to do. */
 typedef enum snug_comm_dtype {
     SNUG_COMM_F32,
     SNUG_COMM_F64,
     SNUG_COMM_I64,
     SNUG_COMM_U16,
-    SNUG_COMM_HOST = 16, /* a flag, not a type: SNUG_COMM_F64 | SNUG_COMM_HOST */
+    SNUG_COMM_HOST = 16,  /* a flag, not a type: SNUG_COMM_F64 | SNUG_COMM_HOST */
+    SNUG_COMM_ASYNC = 32, /* a flag: the caller waits (snug_comm.wait) before it reads or writes the buffer */
 } snug_comm_dtype;
 
-/* The type without the SNUG_COMM_HOST flag. */
-static inline snug_comm_dtype snug_comm_type(int dt) { return (snug_comm_dtype)(dt & ~SNUG_COMM_HOST); }
+/* The type without the SNUG_COMM_HOST and SNUG_COMM_ASYNC flags. */
+static inline snug_comm_dtype snug_comm_type(int dt) {
+    return (snug_comm_dtype)(dt & ~(SNUG_COMM_HOST | SNUG_COMM_ASYNC));
+}
 
 typedef struct snug_comm snug_comm;
 struct snug_comm {
@@ -67,6 +77,8 @@ struct snug_comm {
     /* the sharded collectives above: x holds the sum of counts[0..size-1] elements of dt */
     int (*reduce_scatter_sum)(snug_comm *c, void *x, const size_t *counts, snug_comm_dtype dt, snug_error *e);
     int (*allgather)(snug_comm *c, void *x, const size_t *counts, snug_comm_dtype dt, snug_error *e);
+    /* the work queued after this call sees every SNUG_COMM_ASYNC collective issued before it complete */
+    int (*wait)(snug_comm *c, snug_error *e);
     /* a fatal error on this rank: the other ranks must not wait for it forever (MPI_Abort under MPI) */
     void (*abort)(snug_comm *c, int code);
     void (*free)(snug_comm *c);

@@ -13,7 +13,9 @@
  * Streams and events: collectives run on the communicator's own stream. Each records `ready` on the backend's compute
  * stream and makes its stream wait for it (so it reads what the ops queued before it wrote), issues its NCCL calls,
  * records a completion event on its stream and makes the compute stream wait for that (so the ops queued after it
- * read the result). The host never waits for a collective: it learns of one's failure at a later collective, when a
+ * read the result), unless it is flagged SNUG_COMM_ASYNC: then it records `async_done` instead, and the compute stream
+ * waits for that only at the next `wait` (comm.h), so the ops queued in between run beside it. The host never waits
+ * for a collective: it learns of one's failure at a later collective, when a
  * completion event reports an error, ncclCommGetAsyncError does, or (dist_timeout) one has not completed in time.
  * With a timeout a watch thread polls the pending completion events and the asynchronous error every millisecond; on
  * expiry it aborts the NCCL communicator (which ends its kernels, so every stream waiting on them moves on) and every
@@ -170,6 +172,8 @@ typedef struct nccl_ctx {
     cudaStream_t stream;    /* the collectives */
     cudaStream_t compute;   /* the backend's */
     cudaEvent_t ready;      /* recorded on compute before each collective */
+    cudaEvent_t async_done; /* recorded on stream after each SNUG_COMM_ASYNC collective */
+    int async_pending;      /* one was issued since the last wait */
     pending ring[SNUG_NCCL_PENDING];
     int next;               /* the slot the next collective takes */
     void *scratch;          /* deterministic mode: size x SNUG_NCCL_PIECE x 8 bytes */
@@ -381,8 +385,10 @@ static int issue_begin(snug_comm *c, const char *what, pending **slot, snug_erro
 }
 
 /* Ends a device collective begun by issue_begin (which took x->mu): nrc is the NCCL calls' first failure (NCCL_OK:
- * none), cerr a CUDA launch's; on success the completion event is recorded and the compute stream waits for it. */
-static int issue_end(snug_comm *c, pending *p, const char *what, nccl_result nrc, cudaError_t cerr, snug_error *e) {
+ * none), cerr a CUDA launch's; on success the completion event is recorded and the compute stream waits for it, or
+ * with SNUG_COMM_ASYNC in dt, async_done is recorded for the next wait instead. */
+static int issue_end(snug_comm *c, pending *p, const char *what, nccl_result nrc, cudaError_t cerr, int dt,
+                     snug_error *e) {
     nccl_ctx *x = c->ctx;
     if (nrc != NCCL_OK && nrc != NCCL_IN_PROGRESS) {
         char d[320];
@@ -390,8 +396,12 @@ static int issue_end(snug_comm *c, pending *p, const char *what, nccl_result nrc
         fail_locked(x, "NCCL %s failed: %s", what, d);
     } else if (cerr == cudaSuccess) {
         cerr = cudaEventRecord(p->done, x->stream);
-        if (cerr == cudaSuccess)
+        if (cerr == cudaSuccess && (dt & SNUG_COMM_ASYNC)) {
+            cerr = cudaEventRecord(x->async_done, x->stream);
+            x->async_pending = 1;
+        } else if (cerr == cudaSuccess) {
             cerr = cudaStreamWaitEvent(x->compute, p->done, 0);
+        }
     }
     if (!x->failed && cerr != cudaSuccess) {
         (void)cudaGetLastError();
@@ -469,7 +479,7 @@ static int nccl_allreduce(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt,
                                                            x->stream);
         }
     }
-    return issue_end(c, p, what, nrc, cerr, e);
+    return issue_end(c, p, what, nrc, cerr, dt, e);
 }
 
 static int nccl_broadcast(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, int root, snug_error *e) {
@@ -492,7 +502,7 @@ static int nccl_broadcast(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt,
     pending *p;
     SNUG_TRY(issue_begin(c, what, &p, e));
     nccl_result nrc = nccl.Broadcast(buf, buf, n * snug_comm_dtype_size(dt), NCCL_UINT8, root, x->comm, x->stream);
-    return issue_end(c, p, what, nrc, cudaSuccess, e);
+    return issue_end(c, p, what, nrc, cudaSuccess, dt, e);
 }
 
 /* Every rank's device collectives so far complete (polled, under dist_timeout), then the host barrier. */
@@ -575,7 +585,7 @@ static int nccl_reduce_scatter(snug_comm *c, void *buf, const size_t *counts, sn
                                                                x->stream);
             }
     }
-    return issue_end(c, p, what, nrc, cerr, e);
+    return issue_end(c, p, what, nrc, cerr, dt, e);
 }
 
 static int nccl_allgather(snug_comm *c, void *buf, const size_t *counts, snug_comm_dtype dt, snug_error *e) {
@@ -602,7 +612,28 @@ static int nccl_allgather(snug_comm *c, void *buf, const size_t *counts, snug_co
         if (counts[r])
             nrc = nccl.Broadcast(b + d * es, b + d * es, counts[r] * es, NCCL_UINT8, r, x->comm, x->stream);
     nccl_result g = nccl.GroupEnd();
-    return issue_end(c, p, what, nrc != NCCL_OK ? nrc : g, cudaSuccess, e);
+    return issue_end(c, p, what, nrc != NCCL_OK ? nrc : g, cudaSuccess, dt, e);
+}
+
+/* The compute stream waits for every SNUG_COMM_ASYNC collective so far: they run in order on the communicator's
+ * stream, so the last one's event covers them all. No host wait. */
+static int nccl_wait(snug_comm *c, snug_error *e) {
+    nccl_ctx *x = c->ctx;
+    pthread_mutex_lock(&x->mu);
+    int rc = 0;
+    if (x->failed) {
+        rc = failed_locked(x, e);
+    } else if (x->async_pending) {
+        cudaError_t err = cudaStreamWaitEvent(x->compute, x->async_done, 0);
+        x->async_pending = 0;
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            fail_locked(x, "NCCL %s: %s", "wait for the collectives overlapped with compute", cudaGetErrorString(err));
+            rc = failed_locked(x, e);
+        }
+    }
+    pthread_mutex_unlock(&x->mu);
+    return rc;
 }
 
 static void nccl_abort(snug_comm *c, int code) {
@@ -640,6 +671,8 @@ static void release(nccl_ctx *x) {
             cudaEventDestroy(x->ring[i].done);
     if (x->ready)
         cudaEventDestroy(x->ready);
+    if (x->async_done)
+        cudaEventDestroy(x->async_done);
     if (x->stream)
         cudaStreamDestroy(x->stream);
     if (x->scratch)
@@ -707,6 +740,8 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
         err = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess)
         err = cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming);
+    if (err == cudaSuccess)
+        err = cudaEventCreateWithFlags(&x->async_done, cudaEventDisableTiming);
     for (int i = 0; i < SNUG_NCCL_PENDING && err == cudaSuccess; i++)
         err = cudaEventCreateWithFlags(&x->ring[i].done, cudaEventDisableTiming);
     if (err != cudaSuccess) {
@@ -735,7 +770,8 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
     snug_comm n = {.name = "nccl", .rank = c->rank, .size = c->size, .local_rank = c->local_rank,
                    .deterministic = c->deterministic, .check = c->check, .timeout_s = c->timeout_s, .seq = c->seq,
                    .ctx = x, .allreduce_sum = nccl_allreduce, .broadcast = nccl_broadcast, .barrier = nccl_barrier,
-                   .reduce_scatter_sum = nccl_reduce_scatter, .allgather = nccl_allgather, .abort = nccl_abort,
+                   .reduce_scatter_sum = nccl_reduce_scatter, .allgather = nccl_allgather, .wait = nccl_wait,
+                   .abort = nccl_abort,
                    .free = nccl_free};
     *c = n;
     return 0;

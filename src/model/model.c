@@ -192,16 +192,26 @@ const void *snug_model_stored(const snug_model *m, size_t offset) {
     return is16(m) ? (const void *)(m->params16 + offset) : (const void *)(m->params + offset);
 }
 
+/* ZeRO-3: the prefetched gather complete before the region is read or written again (a wait for it). */
+static void gather_settle(snug_model *m) {
+    if (m->gbuf_prefetched && m->gather_params)
+        m->gather_params(m->gather_params_ud, NULL, 0, 0, 0);
+    m->gbuf_prefetched = 0;
+}
+
 /* ZeRO-3: table elements [offset, offset+numel) of every rank's shard into dst (stored dtype): this rank's piece
- * copied from its shard, the others' by the gather callback. */
-static void gather_range(snug_model *m, void *dst, size_t offset, size_t numel) {
+ * copied from its shard, the others' by the gather callback. A prefetch may still be running on return; any other
+ * gather first waits for one still running, since its own piece's copy would race it in the region. */
+static void gather_range(snug_model *m, void *dst, size_t offset, size_t numel, int prefetch) {
+    if (!prefetch)
+        gather_settle(m);
     size_t es = snug_dtype_size(m->lv.dt), lo = m->pshard_lo, hi = lo + m->pshard_n;
     size_t a = offset > lo ? offset : lo, b = offset + numel < hi ? offset + numel : hi;
     const char *src = is16(m) ? (const char *)m->params16 : (const char *)m->params;
     if (b > a)
         m->be->to_device(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
     if (m->gather_params)
-        m->gather_params(m->gather_params_ud, dst, offset, numel);
+        m->gather_params(m->gather_params_ud, dst, offset, numel, prefetch);
 }
 
 /* ZeRO-3: the global tensors into gglob (it aliases the layer buffers, which are then empty): `want` of them
@@ -214,24 +224,34 @@ static void gather_globals(snug_model *m, int want) {
         return;
     size_t es = snug_dtype_size(m->lv.dt);
     if ((want & GLOB_PRE) && m->gpre_n > m->gpre_lo)
-        gather_range(m, m->gglob, m->gpre_lo, m->gpre_n - m->gpre_lo);
+        gather_range(m, m->gglob, m->gpre_lo, m->gpre_n - m->gpre_lo, 0);
     if ((want & GLOB_POST) && m->gpost_n)
         gather_range(m, (char *)m->gglob + gglob_at(m, m->table.total - m->gpost_n) * es,
-                     m->table.total - m->gpost_n, m->gpost_n);
+                     m->table.total - m->gpost_n, m->gpost_n, 0);
     m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
     m->wl_layer = -1;
     m->gglob_ok = want;
 }
 
-/* ZeRO-3: layer l's parameters (stored dtype) in its gather buffer, gathered unless it is still there. On the CPU
- * and MPI the gather is blocking (sequential); the second buffer is where the next layer goes, so a non-blocking
- * gather can fill it while this one runs. */
+/* ZeRO-3: layer l's parameters (stored dtype) in its gather buffer, gathered unless it is still there (prefetched:
+ * waited for). Then the layer the pass reads next (l + gdir) is gathered into the other buffer, whose layer the pass
+ * has finished with: a prefetch, which NCCL runs on its own stream while layer l computes (the CPU's MPI gathers
+ * block, so there it is the same gathers in another order). The ranks issue them in the same order, since every
+ * one calls this in the same sequence (snug_model_step, snug_model_skip_step). */
 static const void *gathered_layer(snug_model *m, int l) {
-    int k = l % 2;
+    int k = l % 2, nx = l + m->gdir;
     if (m->gbuf_layer[k] != l) {
         m->gglob_ok = 0;
-        gather_range(m, m->gbuf[k], m->table.layer_offset[l], m->table.layer_numel[l]);
+        gather_range(m, m->gbuf[k], m->table.layer_offset[l], m->table.layer_numel[l], 0);
         m->gbuf_layer[k] = l;
+    } else if (m->gbuf_prefetched & (1 << k)) {
+        gather_settle(m);
+    }
+    if (m->gdir && nx >= 0 && nx < m->cfg.n_layer && m->gbuf_layer[1 - k] != nx) {
+        gather_range(m, m->gbuf[1 - k], m->table.layer_offset[nx], m->table.layer_numel[nx], 1);
+        m->gbuf_layer[1 - k] = nx;
+        m->gbuf_prefetched |= 1 << (1 - k);
+        m->gglob_ok = 0;
     }
     return m->gbuf[k];
 }
@@ -239,6 +259,7 @@ static const void *gathered_layer(snug_model *m, int l) {
 float *snug_model_host_scratch(snug_model *m, size_t n) {
     if (!m->param_sharded || !m->be->host_resident || m->gregion_n * snug_dtype_size(m->lv.dt) < n * sizeof(float))
         return NULL;
+    gather_settle(m);
     m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
     m->gglob_ok = 0;
     m->wl_layer = -1;
@@ -281,6 +302,7 @@ static void lookup_rows(snug_model *m, int n) {
 /* ZeRO-3 with vtied: the urow rows of the embedding into urows (stored dtype): this rank's pieces copied from its
  * shard, the others' by the rows callback. */
 static void gather_lookup_rows(snug_model *m) {
+    gather_settle(m);
     size_t es = snug_dtype_size(m->lv.dt), C = (size_t)m->cfg.hidden_size, lo = m->pshard_lo, hi = lo + m->pshard_n;
     const char *src = is16(m) ? (const char *)m->params16 : (const char *)m->params;
     for (int k = 0; k < m->nU; k++) {
@@ -300,7 +322,7 @@ static const void *head_rows(snug_model *m, const void *head, snug_dtype hdt, in
         return head ? (const char *)head + (size_t)v0 * C * snug_dtype_size(hdt) : NULL;
     char *dst = (char *)m->gglob + head_block_at(m) * snug_dtype_size(m->lv.dt);
     if (*held != v0) {
-        gather_range(m, dst, m->gwte + (size_t)v0 * C, (size_t)n * C);
+        gather_range(m, dst, m->gwte + (size_t)v0 * C, (size_t)n * C, 0);
         *held = v0;
     }
     return dst;
@@ -373,8 +395,10 @@ void snug_model_skip_step(snug_model *m, int train) {
         gather_globals(m, GLOB_PRE);
         if (m->vtied)
             gather_lookup_rows(m);
+        m->gdir = 1;
         for (int l = 0; l < L; l++)
             (void)gathered_layer(m, l);
+        m->gdir = 0;
         gather_globals(m, GLOB_POST);
     }
     if (m->vtied && (train || m->param_sharded)) /* the head's blocks: gathered, and reduced */
@@ -383,12 +407,14 @@ void snug_model_skip_step(snug_model *m, int train) {
         return;
     if (m->lv.zero_grads) /* the post-layer globals apart, as snug_model_step announces them */
         announce_globals(m, SNUG_READY_POST);
+    m->gdir = -1;
     for (int l = L - 1; l >= 0; l--) {
         if (m->param_sharded)
             (void)gathered_layer(m, l);
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
+    m->gdir = 0;
     if (m->vtied)
         reduce_lookup_rows(m, 0, 1);
     announce_globals(m, -1);
@@ -1649,8 +1675,10 @@ double snug_model_step(snug_model *m, float grad_scale) {
     if (c->arch == SNUG_ARCH_GPT2)
         be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
     save_res(m, 0, x0, (size_t)N * C);
+    m->gdir = 1; /* ZeRO-3 prefetches the next layer */
     for (int l = 0; l < L; l++)
         layer_fwd(m, l, 0);
+    m->gdir = 0;
     gather_globals(m, GLOB_POST); /* ZeRO-3: the final norm and the head again (the layers took their buffer) */
     if (is16(m)) { /* the final norm's parameters widened (lnf_b exists for LayerNorm only) */
         be->from16(be, m->lnf_ws, snug_model_stored(m, m->glnf_w), (size_t)C, dt);
@@ -1679,11 +1707,13 @@ double snug_model_step(snug_model *m, float grad_scale) {
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
     if (m->lv.zero_grads) /* the final norm and an untied head are complete: their buffer is the layers' next */
         announce_globals(m, SNUG_READY_POST);
+    m->gdir = -1;
     for (int l = L - 1; l >= 0; l--) {
         layer_bwd(m, l);
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
+    m->gdir = 0;
     if (m->vtied) /* the looked-up rows, with the head's part of their gradient */
         reduce_lookup_rows(m, N, 0);
     else if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */

@@ -198,8 +198,10 @@ typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t n
 /* ZeRO-3's gather (m->gather_params): dst holds numel elements of the stored dtype (fp32, or m->lv.dt under 16-bit
  * storage) for the table elements [offset, offset+numel); the model has already copied this rank's piece (its
  * shard's part of the range) to its place in dst, and the callback fills the other ranks' pieces (an all-gather).
- * Every rank calls it in the same order with the same ranges (snug_model_step, snug_model_skip_step). */
-typedef void (*snug_gather_fn)(void *ud, void *dst, size_t offset, size_t numel);
+ * Every rank calls it in the same order with the same ranges (snug_model_step, snug_model_skip_step). With prefetch
+ * set (the next layer's gather, issued while this one computes) the gather may still be running when the callback
+ * returns (SNUG_COMM_ASYNC): the model calls it again with dst NULL (a wait) before anything reads or writes dst. */
+typedef void (*snug_gather_fn)(void *ud, void *dst, size_t offset, size_t numel, int prefetch);
 
 /* A tied embedding split by rows (m->vtied: ZeRO-2/3 with loss_vocab_block). The rows are the table elements
  * [base + row*C, +C) of rows `rows[0..n)` (increasing), or of rows first, first+1, ... when rows is NULL; buf holds
@@ -275,6 +277,8 @@ typedef struct snug_model {
     size_t pshard_lo, pshard_n;
     void *gbuf[2];         /* (largest layer) each, stored dtype */
     int gbuf_layer[2];     /* the layer each holds, -1 none */
+    int gbuf_prefetched;   /* bit k: a prefetch may still be filling gbuf[k] (wait before touching the region) */
+    int gdir;              /* the pass under way: +1 forward, -1 backward (which layer to prefetch), 0 none */
     void *gglob;           /* (globals) stored dtype; aliases gbuf */
     int gsplit;            /* untied head: the pre- and post-layer globals take turns at gglob's start (the region is
                             * max(pre, post, two layers)); else both, one after the other */

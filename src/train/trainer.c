@@ -102,7 +102,8 @@ static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
 }
 
 /* ZeRO-3: the model's gather of table elements [offset, offset+numel) (model.h's snug_gather_fn): each rank's
- * piece is its shard's part of the range, and one all-gather over those counts fills the others' in dst. */
+ * piece is its shard's part of the range, and one all-gather over those counts fills the others' in dst; a prefetch
+ * is issued SNUG_COMM_ASYNC, and dst NULL is the wait for it. */
 typedef struct zero3_ctx {
     snug_comm *comm;
     const size_t *shard; /* each rank's elements of the table */
@@ -112,13 +113,17 @@ typedef struct zero3_ctx {
     snug_error e;
 } zero3_ctx;
 
-static void zero3_gather(void *ud, void *dst, size_t offset, size_t numel) {
+static void zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch) {
     zero3_ctx *c = ud;
     if (c->rc)
         return;
+    if (!dst) {
+        c->rc = c->comm->wait(c->comm, &c->e);
+        return;
+    }
     memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
     add_range_counts(c->shard, c->comm->size, offset, offset + numel, c->counts);
-    c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt, &c->e);
+    c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e);
 }
 
 /* A tied embedding split by rows (model.h's snug_rows_fn): the rows' elements in each rank's shard are the counts of
@@ -170,6 +175,56 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
     }
     be->zero(be, g, (size_t)n * C * sizeof(float));
 #undef RANGE_LO
+}
+
+/* DDP: the gradients summed over the ranks in buckets of consecutive layers as backward completes them, during the
+ * step's last micro-batch (the grads-ready callback is set for it alone). Backward announces the layers last first,
+ * and the fp32 gradient buffer holds them in table order, so a bucket grows downwards through the buffer until it
+ * holds SNUG_DDP_BUCKET bytes (PyTorch DDP's 25 MiB) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on its own
+ * stream while backward goes on, and the step waits (comm.wait) before the gradient norm reads them. The global
+ * tensors, announced last, close the last bucket. The host communicators sum each bucket before returning. The sum
+ * of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits. */
+#define SNUG_DDP_BUCKET ((size_t)25 << 20)
+typedef struct ddp_bucket_ctx {
+    snug_engine *eng;
+    snug_comm *comm;
+    size_t lo, hi; /* the bucket being filled: elements [lo, hi) of the gradient buffer (empty: lo == hi) */
+    int rc;
+    snug_error e;
+} ddp_bucket_ctx;
+
+static void ddp_flush(ddp_bucket_ctx *c) {
+    if (!c->rc && c->hi > c->lo)
+        c->rc = c->comm->allreduce_sum(c->comm, c->eng->model.grads + c->lo, c->hi - c->lo,
+                                       SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
+    c->lo = c->hi = 0;
+}
+
+static void ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel) {
+    (void)offset, (void)numel;
+    ddp_bucket_ctx *c = ud;
+    snug_model *m = &c->eng->model;
+    snug_grad_range g[SNUG_READY_MAX_RANGES];
+    int n = snug_model_ready_ranges(m, layer, g, SNUG_READY_MAX_RANGES);
+    for (int i = 0; !c->rc && i < n && i < SNUG_READY_MAX_RANGES; i++) {
+        if (g[i].dt != SNUG_DT_F32 || !g[i].data) { /* snug_plan_levers keeps them fp32 when ranks sum them */
+            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: gradients to sum over the ranks that are not fp32",
+                              layer);
+            return;
+        }
+        if (c->hi > c->lo && g[i].at + g[i].numel == c->lo) {
+            c->lo = g[i].at;
+        } else if (c->hi > c->lo && g[i].at == c->hi) {
+            c->hi += g[i].numel;
+        } else {
+            ddp_flush(c);
+            c->lo = g[i].at, c->hi = g[i].at + g[i].numel;
+        }
+        if ((c->hi - c->lo) * sizeof(float) >= SNUG_DDP_BUCKET)
+            ddp_flush(c);
+    }
+    if (layer == -1) /* the last announcement of the micro-batch */
+        ddp_flush(c);
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -296,9 +351,9 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
     return rc;
 }
 
-/* The sum over the ranks of the step's gradients, in place: one all-reduce over the whole fp32 gradient buffer, or
- * under LoRA the adapters' (per-layer buckets overlapped with backward come later). Under ZeRO (shard: each rank's
- * counts) a reduce-scatter instead: only the rank's own shard is summed, the shard its optimizer steps. */
+/* The sum over the ranks of the step's gradients after backward, in place, where backward did not sum them in
+ * buckets (ddp_bucket_ready): under LoRA one all-reduce of the adapters' gradients; under ZeRO-1 (shard: each rank's
+ * counts) a reduce-scatter, which sums only the rank's own shard, the shard its optimizer steps. */
 static int ddp_reduce_grads(snug_comm *c, snug_model *m, const size_t *shard, snug_error *e) {
     if (!ddp_collectives(c) || (c->size == 1 && m->grads16)) /* one rank keeps 16-bit layer gradients */
         return 0;
@@ -306,9 +361,7 @@ static int ddp_reduce_grads(snug_comm *c, snug_model *m, const size_t *shard, sn
         return c->reduce_scatter_sum(c, m->grads, shard, SNUG_COMM_F32, e);
     if (m->lora.on) /* the adapters' gradients (fp32) are all that trains */
         return c->allreduce_sum(c, m->lora.grads, m->lora.table.total, SNUG_COMM_F32, e);
-    if (m->grads16) /* snug_plan_levers keeps layer gradients fp32 when ranks sum them */
-        return snug_fail(e, SNUG_EINTERNAL, "%d ranks with 16-bit layer gradients", c->size);
-    return c->allreduce_sum(c, m->grads, m->grads_numel, SNUG_COMM_F32, e);
+    return snug_fail(e, SNUG_EINTERNAL, "the gradients of %d ranks were not summed in backward", c->size);
 }
 
 /* ZeRO: the global gradient norm (times grad_scale) from each rank's shard, the squares summed over the ranks (in
@@ -898,6 +951,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
+    /* DDP sums the gradients in buckets during the last micro-batch's backward (the adapters' stay one sum) */
+    ddp_bucket_ctx buckets = {.eng = &r.eng, .comm = &comm};
+    int bucketed = ddp_collectives(&comm) && !shard && !o->optimizer_in_backward && !r.eng.model.lora.on &&
+                   !(comm.size == 1 && r.eng.model.grads16);
     int stopped = 0;
     for (int step = st.step; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
@@ -920,11 +977,21 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         double loss_sum = 0;
         for (int k = k0; k < k1; k++) {
+            if (bucketed) {
+                r.eng.model.on_grads_ready = k == k1 - 1 ? ddp_bucket_ready : NULL;
+                r.eng.model.on_grads_ready_ud = &buckets;
+            }
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
             /* LoRA dropout's masks: a function of the seed, the step and the micro-batch (the same on resume) */
             uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
             r.eng.model.lora.seed = snug_splitmix64(&ds);
             loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
+        }
+        if (bucketed) {
+            r.eng.model.on_grads_ready = NULL;
+            /* no micro-batch for this rank (an epoch's end): its zero gradients join the same buckets */
+            for (int l = r.eng.model.cfg.n_layer - 1; k0 == k1 && l >= -1; l--)
+                ddp_bucket_ready(&buckets, l, 0, 0);
         }
         if (o->optimizer_in_backward && k0 == k1 && W > 1) {
             /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
@@ -943,15 +1010,17 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             broken = 1;
             break;
         }
-        if (in_bwd.rc) {
-            rc = in_bwd.rc;
+        if (in_bwd.rc || buckets.rc) {
+            rc = in_bwd.rc ? in_bwd.rc : buckets.rc;
             if (e)
-                *e = in_bwd.e;
+                *e = in_bwd.rc ? in_bwd.e : buckets.e;
             broken = 1;
             break;
         }
         if (ddp_collectives(&comm) && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
-                      (!o->optimizer_in_backward && !z2.counts && (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
+                      (bucketed && (rc = comm.wait(&comm, e))) ||
+                      (!bucketed && !o->optimizer_in_backward && !z2.counts &&
+                       (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
             broken = 1;
             break;
         }

@@ -110,7 +110,9 @@ static void make_counts(size_t *counts, int size, size_t n, int pattern) {
 }
 
 /* The all-reduce and the reduce-scatter of n elements of dt, and the all-gather; deterministic or not. */
-static int paths_case(snug_comm *c, snug_comm_dtype dt, size_t n, int pattern, snug_error *e) {
+/* flags: 0, or SNUG_COMM_ASYNC (each collective then followed by the wait, as the trainer's buckets and prefetches
+ * are): the same results either way */
+static int paths_case(snug_comm *c, snug_comm_dtype dt, size_t n, int pattern, int flags, snug_error *e) {
     size_t es = snug_comm_dtype_size(dt), counts[64];
     char *x = malloc(n * es + 1), *want = malloc(n * es + 1), *all = malloc((size_t)c->size * n * es + 1);
     if (!x || !want || !all)
@@ -129,7 +131,10 @@ static int paths_case(snug_comm *c, snug_comm_dtype dt, size_t n, int pattern, s
             int exact = det || strcmp(c->name, "mpi") || dt == SNUG_COMM_I64;
             for (int op = 0; !rc && op < 2; op++) {
                 memcpy(x, all + (size_t)c->rank * n * es, n * es);
-                rc = op == 0 ? c->allreduce_sum(c, x, n, dt, e) : c->reduce_scatter_sum(c, x, counts, dt, e);
+                rc = op == 0 ? c->allreduce_sum(c, x, n, dt | flags, e)
+                             : c->reduce_scatter_sum(c, x, counts, dt | flags, e);
+                if (!rc && flags)
+                    rc = c->wait(c, e);
                 for (size_t i = 0; !rc && i < n; i++) {
                     int summed = op == 0 || (i >= d && i < d + cnt); /* the others' segments stay as they were */
                     const char *w = summed ? want + i * es : all + ((size_t)c->rank * n + i) * es, *got = x + i * es;
@@ -156,7 +161,9 @@ static int paths_case(snug_comm *c, snug_comm_dtype dt, size_t n, int pattern, s
     if (!rc && dt != SNUG_COMM_I64) { /* the all-gather of the reference, garbage outside the own segment */
         memset(x, 0xa5, n * es);
         memcpy(x + d * es, want + d * es, cnt * es);
-        rc = c->allgather(c, x, counts, dt, e);
+        rc = c->allgather(c, x, counts, dt | flags, e);
+        if (!rc && flags)
+            rc = c->wait(c, e);
         if (!rc && memcmp(x, want, n * es))
             rc = snug_fail(e, SNUG_EINTERNAL, "the all-gather of %zu %s (pattern %d) did not give every rank every "
                            "segment", n, dt == SNUG_COMM_U16 ? "16-bit" : "values", pattern);
@@ -177,7 +184,9 @@ static int paths_test(snug_comm *c, snug_error *e) {
     for (int t = 0; t < 4; t++)
         for (size_t k = 0; k < sizeof ns / sizeof *ns; k++)
             for (int pattern = 0; pattern < 2; pattern++)
-                SNUG_TRY(paths_case(c, dts[t], ns[k], pattern, e));
+                SNUG_TRY(paths_case(c, dts[t], ns[k], pattern, 0, e));
+    for (int t = 0; t < 4; t++) /* flagged to overlap with compute */
+        SNUG_TRY(paths_case(c, dts[t], 1001, 1, SNUG_COMM_ASYNC, e));
     /* a host-flagged value, as the trainer sums its losses */
     double v = 0.25 * (c->rank + 1), w = 0;
     for (int r = 0; r < c->size; r++)

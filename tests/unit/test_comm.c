@@ -62,6 +62,9 @@ int main(void) {
     size_t counts[1] = {3};
     CHECK(c.reduce_scatter_sum(&c, x, counts, SNUG_COMM_F32, &e) == 0 && c.allgather(&c, x, counts, SNUG_COMM_F32, &e)
           == 0 && x[0] == 1.5f && x[1] == -2 && x[2] == 3 && c.seq == 6);
+    /* the host communicators complete every collective before returning: an overlapped one is the same call */
+    CHECK(c.allreduce_sum(&c, x, 3, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &e) == 0 && c.wait(&c, &e) == 0 && x[0] == 1.5f &&
+          c.seq == 7);
     size_t three[3] = {4, 0, 5};
     CHECK(snug_comm_displ(three, 0) == 0 && snug_comm_displ(three, 2) == 4 && snug_comm_displ(three, 3) == 9);
     snug_comm_close(&c);
@@ -85,7 +88,9 @@ int main(void) {
     snug_comm_close(&c);
     /* the host flag is not a type: sizes and the rank-order sum ignore it */
     CHECK(snug_comm_dtype_size(SNUG_COMM_F64 | SNUG_COMM_HOST) == 8 && snug_comm_dtype_size(SNUG_COMM_U16 |
-          SNUG_COMM_HOST) == 2 && snug_comm_type(SNUG_COMM_F32 | SNUG_COMM_HOST) == SNUG_COMM_F32);
+          SNUG_COMM_HOST) == 2 && snug_comm_type(SNUG_COMM_F32 | SNUG_COMM_HOST) == SNUG_COMM_F32 &&
+          snug_comm_type(SNUG_COMM_U16 | SNUG_COMM_HOST | SNUG_COMM_ASYNC) == SNUG_COMM_U16 &&
+          snug_comm_dtype_size(SNUG_COMM_F32 | SNUG_COMM_ASYNC) == 4);
 
     /* the rank-order sum: ((a0 + a1) + a2), not a0 + (a1 + a2) */
     float all[6] = {1e8f, 1, -1e8f, 1, 1, 1}, out[2];

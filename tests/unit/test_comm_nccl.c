@@ -150,6 +150,29 @@ int main(void) {
         CHECKF(rc == 0 && bad == 0, "ordering (deterministic %d): rc %d (%s), %zu of %zu elements differ", det, rc,
                e.msg, bad, n);
     }
+    /* SNUG_COMM_ASYNC: the compute stream goes on beside the collective (x * 2 on a second buffer) and waits for it
+     * only at `wait`, so the x * 4 after the wait reads the sum */
+    float *dz = be->alloc(be, n * sizeof *dz);
+    be->to_device(be, dz, x, n * sizeof *x);
+    for (int det = 0; det <= 1; det++) {
+        c.deterministic = det;
+        be->scale(be, dx, 2.0f, n);
+        rc = c.allreduce_sum(&c, dx, n, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &e);
+        be->scale(be, dz, 2.0f, n);
+        int wrc = rc ? rc : c.wait(&c, &e);
+        be->scale(be, dx, 4.0f, n);
+        issued++;
+        be->to_host(be, y, dx, n * sizeof *y);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            x[i] *= 8.0f;
+            bad += memcmp(&x[i], &y[i], sizeof *y) != 0;
+        }
+        CHECKF(rc == 0 && wrc == 0 && bad == 0, "asynchronous (deterministic %d): rc %d/%d (%s), %zu of %zu elements "
+               "differ", det, rc, wrc, e.msg, bad, n);
+    }
+    CHECKF(c.wait(&c, &e) == 0, "a wait with nothing outstanding: %s", e.msg);
+    be->free(be, dz);
     be->free(be, dx);
     free(x);
     free(y);
