@@ -9,31 +9,46 @@ size_t snug_comm_dtype_size(snug_comm_dtype dt) {
     return dt == SNUG_COMM_F32 ? 4 : dt == SNUG_COMM_U16 ? 2 : 8;
 }
 
-void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt) {
-    dt = snug_comm_type(dt);
-    /* out <- ((all_0 + all_1) + all_2) + ...: one rank at a time, each element in the same order */
-    if (dt == SNUG_COMM_F32) {
-        float *o = out;
-        const float *a = all;
-        memmove(o, a, n * sizeof *o);
-        for (int r = 1; r < size; r++)
-            for (size_t i = 0; i < n; i++)
-                o[i] += a[(size_t)r * n + i];
-    } else if (dt == SNUG_COMM_F64) {
-        double *o = out;
-        const double *a = all;
-        memmove(o, a, n * sizeof *o);
-        for (int r = 1; r < size; r++)
-            for (size_t i = 0; i < n; i++)
-                o[i] += a[(size_t)r * n + i];
-    } else {
-        int64_t *o = out;
-        const int64_t *a = all;
-        memmove(o, a, n * sizeof *o);
-        for (int r = 1; r < size; r++)
-            for (size_t i = 0; i < n; i++)
-                o[i] += a[(size_t)r * n + i];
+/* out[0..n) <- src(0) + src(1) + ... + src(size-1), element by element in rank order, where src(r) is srcs[r] or,
+ * without srcs, all + r x n; through a block that stays in L1, so out may be any of the sources and the loops
+ * vectorise. */
+#define SUM_BLOCK 1024
+#define SUM_IN_ORDER(T)                                                                                  \
+    static void sum_##T(T *out, const void *const *srcs, const T *all, int size, size_t n) {             \
+        T t[SUM_BLOCK];                                                                                  \
+        for (size_t i = 0; i < n; i += SUM_BLOCK) {                                                      \
+            size_t m = n - i < SUM_BLOCK ? n - i : SUM_BLOCK;                                            \
+            for (int r = 0; r < size; r++) {                                                             \
+                const T *b = (srcs ? (const T *)srcs[r] : all + (size_t)r * n) + i;                      \
+                if (r == 0)                                                                              \
+                    memcpy(t, b, m * sizeof *t);                                                         \
+                else                                                                                     \
+                    for (size_t j = 0; j < m; j++)                                                       \
+                        t[j] += b[j];                                                                    \
+            }                                                                                            \
+            memcpy(out + i, t, m * sizeof *t);                                                           \
+        }                                                                                                \
     }
+SUM_IN_ORDER(float)
+SUM_IN_ORDER(double)
+SUM_IN_ORDER(int64_t)
+
+static void sum_any(void *out, const void *const *srcs, const void *all, int size, size_t n, snug_comm_dtype dt) {
+    dt = snug_comm_type(dt);
+    if (dt == SNUG_COMM_F32)
+        sum_float(out, srcs, all, size, n);
+    else if (dt == SNUG_COMM_F64)
+        sum_double(out, srcs, all, size, n);
+    else
+        sum_int64_t(out, srcs, all, size, n);
+}
+
+void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt) {
+    sum_any(out, NULL, all, size, n, dt);
+}
+
+void snug_comm_sum_sources(void *out, const void *const *src, int size, size_t n, snug_comm_dtype dt) {
+    sum_any(out, src, NULL, size, n, dt);
 }
 
 size_t snug_comm_displ(const size_t *counts, int r) {

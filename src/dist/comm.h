@@ -133,6 +133,8 @@ size_t snug_comm_dtype_size(snug_comm_dtype dt);
 /* The rank-order sum of `size` contributions laid out one after another in all (size x n elements): out <- all[0] +
  * all[1] + ... in that order. The deterministic all-reduce's arithmetic, shared by the implementations. */
 void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug_comm_dtype dt);
+/* The same sum over `size` sources anywhere in memory: out <- src[0] + src[1] + ... (out may be one of them). */
+void snug_comm_sum_sources(void *out, const void *const *src, int size, size_t n, snug_comm_dtype dt);
 
 /* The element where rank r's segment starts: counts[0] + ... + counts[r-1]. */
 size_t snug_comm_displ(const size_t *counts, int r);

@@ -132,39 +132,6 @@ static int shm_barrier(snug_comm *c, const char *what, snug_error *e) {
     return 0;
 }
 
-/* out[0..k) <- src[0] + src[1] + ... + src[size-1], element by element in rank order (snug_comm_sum_in_order's
- * arithmetic), through a block that stays in L1, so out may be one of the sources and the loops vectorise. */
-#define SHM_BLOCK 1024
-#define SHM_SUM(T)                                                                  \
-    static void shm_sum_##T(T *out, const void *const *src, int size, size_t k) {  \
-        T t[SHM_BLOCK];                                                             \
-        for (size_t i = 0; i < k; i += SHM_BLOCK) {                                 \
-            size_t m = k - i < SHM_BLOCK ? k - i : SHM_BLOCK;                       \
-            const T *a = (const T *)src[0] + i;                                     \
-            for (size_t j = 0; j < m; j++)                                          \
-                t[j] = a[j];                                                        \
-            for (int r = 1; r < size; r++) {                                        \
-                const T *b = (const T *)src[r] + i;                                 \
-                for (size_t j = 0; j < m; j++)                                      \
-                    t[j] += b[j];                                                   \
-            }                                                                       \
-            memcpy(out + i, t, m * sizeof *t);                                      \
-        }                                                                           \
-    }
-SHM_SUM(float)
-SHM_SUM(double)
-SHM_SUM(int64_t)
-
-static void shm_sum(void *out, const void *const *src, int size, size_t k, snug_comm_dtype dt) {
-    dt = snug_comm_type(dt);
-    if (dt == SNUG_COMM_F32)
-        shm_sum_float(out, src, size, k);
-    else if (dt == SNUG_COMM_F64)
-        shm_sum_double(out, src, size, k);
-    else
-        shm_sum_int64_t(out, src, size, k);
-}
-
 /* One round of a sum: each owner r's piece (x->off[r], x->len[r] <= slot elements of p) summed over the ranks in
  * rank order into the owner's p; with back (the all-reduce), every rank then copies every sum into its p. */
 static int shm_sum_round(snug_comm *c, char *p, size_t slot, snug_comm_dtype dt, int back, const char *what,
@@ -180,7 +147,7 @@ static int shm_sum_round(snug_comm *c, char *p, size_t slot, snug_comm_dtype dt,
     SNUG_TRY(shm_barrier(c, what, e));
     for (int r = 0; r < c->size; r++)
         x->src[r] = r == me ? p + x->off[me] * es : shm_buf(x, r, b) + me * slot * es;
-    shm_sum(p + x->off[me] * es, x->src, c->size, x->len[me], dt);
+    snug_comm_sum_sources(p + x->off[me] * es, x->src, c->size, x->len[me], dt);
     if (!back)
         return 0;
     memcpy(mine + me * slot * es, p + x->off[me] * es, x->len[me] * es); /* the sum, in this rank's own slot */

@@ -183,20 +183,29 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
  * holds SNUG_DDP_BUCKET bytes (PyTorch DDP's 25 MiB) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on its own
  * stream while backward goes on, and the step waits (comm.wait) before the gradient norm reads them. The global
  * tensors, announced last, close the last bucket. The host communicators sum each bucket before returning. The sum
- * of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits. */
+ * of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits. ZeRO-1
+ * (shard) reduce-scatters each bucket instead, over the shards' intersections with it: each rank's shard of the sum,
+ * as the one reduce-scatter of the whole buffer gives it. */
 #define SNUG_DDP_BUCKET ((size_t)25 << 20)
 typedef struct ddp_bucket_ctx {
     snug_engine *eng;
     snug_comm *comm;
+    const size_t *shard; /* ZeRO-1: each rank's elements of the table (the gradients sit at table offsets) */
+    size_t *counts;      /* (size) ZeRO-1's scratch: the bucket's elements in each rank's shard */
     size_t lo, hi; /* the bucket being filled: elements [lo, hi) of the gradient buffer (empty: lo == hi) */
     int rc;
     snug_error e;
 } ddp_bucket_ctx;
 
 static void ddp_flush(ddp_bucket_ctx *c) {
-    if (!c->rc && c->hi > c->lo)
-        c->rc = c->comm->allreduce_sum(c->comm, c->eng->model.grads + c->lo, c->hi - c->lo,
-                                       SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
+    float *g = c->eng->model.grads + c->lo;
+    if (!c->rc && c->hi > c->lo && c->shard) {
+        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
+        add_range_counts(c->shard, c->comm->size, c->lo, c->hi, c->counts);
+        c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
+    } else if (!c->rc && c->hi > c->lo) {
+        c->rc = c->comm->allreduce_sum(c->comm, g, c->hi - c->lo, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
+    }
     c->lo = c->hi = 0;
 }
 
@@ -207,9 +216,10 @@ static void ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel) {
     snug_grad_range g[SNUG_READY_MAX_RANGES];
     int n = snug_model_ready_ranges(m, layer, g, SNUG_READY_MAX_RANGES);
     for (int i = 0; !c->rc && i < n && i < SNUG_READY_MAX_RANGES; i++) {
-        if (g[i].dt != SNUG_DT_F32 || !g[i].data) { /* snug_plan_levers keeps them fp32 when ranks sum them */
-            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: gradients to sum over the ranks that are not fp32",
-                              layer);
+        if (g[i].dt != SNUG_DT_F32 || !g[i].data || (c->shard && g[i].at != g[i].offset)) {
+            /* snug_plan_levers keeps them fp32 when ranks sum them; ZeRO-1 keeps them at the table offsets */
+            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: gradients to sum over the ranks that are not fp32 "
+                              "(or, under ZeRO-1, not at their table offsets)", layer);
             return;
         }
         if (c->hi > c->lo && g[i].at + g[i].numel == c->lo) {
@@ -352,13 +362,11 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
 }
 
 /* The sum over the ranks of the step's gradients after backward, in place, where backward did not sum them in
- * buckets (ddp_bucket_ready): under LoRA one all-reduce of the adapters' gradients; under ZeRO-1 (shard: each rank's
- * counts) a reduce-scatter, which sums only the rank's own shard, the shard its optimizer steps. */
-static int ddp_reduce_grads(snug_comm *c, snug_model *m, const size_t *shard, snug_error *e) {
+ * buckets (ddp_bucket_ready): under LoRA (config.c refuses ZeRO with adapters) one all-reduce of the adapters'
+ * gradients. */
+static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
     if (!ddp_collectives(c) || (c->size == 1 && m->grads16)) /* one rank keeps 16-bit layer gradients */
         return 0;
-    if (shard) /* a full fine-tune (config.c refuses ZeRO with adapters): fp32 gradients at the table offsets */
-        return c->reduce_scatter_sum(c, m->grads, shard, SNUG_COMM_F32, e);
     if (m->lora.on) /* the adapters' gradients (fp32) are all that trains */
         return c->allreduce_sum(c, m->lora.grads, m->lora.table.total, SNUG_COMM_F32, e);
     return snug_fail(e, SNUG_EINTERNAL, "the gradients of %d ranks were not summed in backward", c->size);
@@ -910,6 +918,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.rows_fn = rows_op;
         r.eng.model.rows_ud = &zr;
     }
+    /* DDP and ZeRO-1 sum the gradients in buckets during the last micro-batch's backward (the adapters' stay one
+     * sum; ZeRO-2/3 reduce every micro-batch's, zero2_ready) */
+    ddp_bucket_ctx buckets = {.eng = &r.eng, .comm = &comm, .shard = shard};
+    int bucketed = ddp_collectives(&comm) && !(shard && r.eng.model.lv.zero_grads) && !o->optimizer_in_backward &&
+                   !r.eng.model.lora.on && !(comm.size == 1 && r.eng.model.grads16);
+    if (!rc && bucketed && shard && !(buckets.counts = malloc((size_t)W * sizeof *buckets.counts)))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
 
     char metrics_path[4096];
     FILE *metrics = NULL;
@@ -951,10 +966,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
-    /* DDP sums the gradients in buckets during the last micro-batch's backward (the adapters' stay one sum) */
-    ddp_bucket_ctx buckets = {.eng = &r.eng, .comm = &comm};
-    int bucketed = ddp_collectives(&comm) && !shard && !o->optimizer_in_backward && !r.eng.model.lora.on &&
-                   !(comm.size == 1 && r.eng.model.grads16);
     int stopped = 0;
     for (int step = st.step; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
@@ -1020,7 +1031,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (ddp_collectives(&comm) && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
                       (bucketed && (rc = comm.wait(&comm, e))) ||
                       (!bucketed && !o->optimizer_in_backward && !z2.counts &&
-                       (rc = ddp_reduce_grads(&comm, &r.eng.model, shard, e))))) {
+                       (rc = ddp_reduce_grads(&comm, &r.eng.model, e))))) {
             broken = 1;
             break;
         }
@@ -1232,6 +1243,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(z2.counts);
     free(z3.counts);
     free(zr.counts);
+    free(buckets.counts);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)
