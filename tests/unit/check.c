@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "model/presets.h"
+
 int check_passed, check_failed;
 
 double check_relerr(double a, double b, double floor) {
@@ -37,4 +39,19 @@ double check_max_rel_f(const float *a, const float *ref, size_t n) {
 int check_finish(const char *name) {
     printf("%s: %d passed, %d failed\n", name, check_passed, check_failed);
     return check_failed ? 1 : 0;
+}
+
+snug_model_config check_small_model(snug_arch arch, int vocab, int n_layer, int gpt2_fc, int max_position) {
+    snug_model_config c;
+    snug_error e = {0};
+    if (arch == SNUG_ARCH_GPT2) {
+        snug_preset(&c, "gpt2-124m", vocab, &e);
+        c.hidden_size = 32, c.intermediate_size = gpt2_fc, c.n_head = 4, c.n_kv_head = 4;
+    } else {
+        snug_preset(&c, "tiny-llama", vocab, &e);
+        c.hidden_size = 48, c.intermediate_size = 72, c.n_head = 6, c.n_kv_head = 2, c.tie_embeddings = 0;
+    }
+    c.n_layer = n_layer, c.max_position = max_position;
+    c.head_dim = c.hidden_size / c.n_head;
+    return c;
 }

@@ -38,4 +38,10 @@ double check_max_relerr(const float *a, const double *ref, size_t n);
 double check_max_rel_f(const float *a, const float *ref, size_t n);
 int check_finish(const char *name);
 
+#include "model/config.h"
+/* The small models the model-level tests run: a GPT-2 (tied head, 4 heads of 8, MLP width gpt2_fc) or a Llama
+ * (untied head, 6 query heads of 8 over 2 key-value heads, MLP width 72) with `vocab` tokens, `n_layer` layers and
+ * `max_position` positions. */
+snug_model_config check_small_model(snug_arch arch, int vocab, int n_layer, int gpt2_fc, int max_position);
+
 #endif

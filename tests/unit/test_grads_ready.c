@@ -26,22 +26,6 @@
 
 enum { B = 2, T = 11, VOCAB = 61, MAX_CALLS = 16 };
 
-static snug_model_config small_config(snug_arch arch) {
-    snug_model_config c;
-    snug_error e = {0};
-    if (arch == SNUG_ARCH_GPT2) { /* tied head; wpe before the layers, ln_f weight and bias after */
-        snug_preset(&c, "gpt2-124m", VOCAB, &e);
-        c.hidden_size = 32, c.intermediate_size = 64, c.n_layer = 3, c.n_head = 4, c.n_kv_head = 4;
-        c.max_position = 32;
-    } else { /* untied head: the final norm and lm_head after the layers */
-        snug_preset(&c, "tiny-llama", VOCAB, &e);
-        c.hidden_size = 48, c.intermediate_size = 72, c.n_layer = 3, c.n_head = 6, c.n_kv_head = 2;
-        c.max_position = 32, c.tie_embeddings = 0;
-    }
-    c.head_dim = c.hidden_size / c.n_head;
-    return c;
-}
-
 typedef struct batch {
     int32_t ids[B * T], labels[B * T], pos[B * T];
 } batch;
@@ -211,7 +195,7 @@ static double worst_tensor_err(const snug_param_table *t, const float *a, const 
 
 static void test_arch(snug_arch arch) {
     const char *arch_name = arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
-    snug_model_config cfg = small_config(arch);
+    snug_model_config cfg = check_small_model(arch, VOCAB, 3, 64, 32);
     snug_param_table t;
     snug_error e = {0};
     CHECK(snug_param_table_build(&t, &cfg, &e) == 0);
@@ -306,7 +290,7 @@ static void test_out_of_memory(void) {
 
     /* random init of 16-bit parameters goes through a host buffer; with the address space capped near what is
      * mapped already, that buffer cannot be had: an error, and the parameters are left as they were */
-    snug_model_config cfg = small_config(SNUG_ARCH_LLAMA);
+    snug_model_config cfg = check_small_model(SNUG_ARCH_LLAMA, VOCAB, 3, 64, 32);
     snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .lv = {.ckpt_every = 1, .dt = SNUG_DT_BF16}, .with_grads = 1};
     snug_engine g;
     snug_error e = {0};

@@ -14,22 +14,6 @@
 
 enum { B = 4, T = 19 };
 
-static snug_model_config small_config(snug_arch arch) {
-    snug_model_config c;
-    snug_error e = {0};
-    if (arch == SNUG_ARCH_GPT2) {
-        snug_preset(&c, "gpt2-124m", 61, &e);
-        c.hidden_size = 32, c.intermediate_size = 128, c.n_layer = 3, c.n_head = 4, c.n_kv_head = 4;
-        c.max_position = 64;
-    } else {
-        snug_preset(&c, "tiny-llama", 61, &e);
-        c.hidden_size = 48, c.intermediate_size = 72, c.n_layer = 3, c.n_head = 6, c.n_kv_head = 2;
-        c.max_position = 64, c.tie_embeddings = 0;
-    }
-    c.head_dim = c.hidden_size / c.n_head;
-    return c;
-}
-
 typedef struct batch {
     int32_t ids[B * T], labels[B * T], pos[B * T];
 } batch;
@@ -96,7 +80,7 @@ static double run(const snug_model_config *cfg, snug_levers lv, const batch *b, 
 
 static void test_arch(snug_arch arch) {
     const char *name = arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
-    snug_model_config cfg = small_config(arch);
+    snug_model_config cfg = check_small_model(arch, 61, 3, 128, 64);
     snug_param_table t;
     snug_error e = {0};
     snug_param_table_build(&t, &cfg, &e);
@@ -158,7 +142,7 @@ static void test_arch(snug_arch arch) {
 
 /* The memory claims, from the plan of a Llama with 8 layers at batch 1. */
 static void test_memory(void) {
-    snug_model_config cfg = small_config(SNUG_ARCH_LLAMA);
+    snug_model_config cfg = check_small_model(SNUG_ARCH_LLAMA, 61, 3, 128, 64);
     cfg.n_layer = 8, cfg.hidden_size = 256, cfg.n_head = 8, cfg.n_kv_head = 4, cfg.head_dim = 32;
     cfg.intermediate_size = 688, cfg.max_position = 4096, cfg.vocab_size = 32000;
     snug_error e = {0};

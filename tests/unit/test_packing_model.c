@@ -19,22 +19,6 @@
 enum { V = 61, T = 32, B = 4, NEX = 7 };
 static const uint32_t lens[NEX] = {5, 17, 9, 30, 3, 12, 21};
 
-static snug_model_config small_config(snug_arch arch) {
-    snug_model_config c;
-    snug_error e = {0};
-    if (arch == SNUG_ARCH_GPT2) {
-        snug_preset(&c, "gpt2-124m", V, &e);
-        c.hidden_size = 32, c.intermediate_size = 128, c.n_layer = 2, c.n_head = 4, c.n_kv_head = 4;
-    } else {
-        snug_preset(&c, "tiny-llama", V, &e);
-        c.hidden_size = 48, c.intermediate_size = 72, c.n_layer = 2, c.n_head = 6, c.n_kv_head = 2;
-        c.tie_embeddings = 0;
-    }
-    c.max_position = 64;
-    c.head_dim = c.hidden_size / c.n_head;
-    return c;
-}
-
 /* The examples: random ids; the first third of each example unsupervised (a prompt). */
 typedef struct data {
     int32_t ids[256];
@@ -102,7 +86,7 @@ static double run_loader(snug_engine *g, const data *d, snug_batching how, int f
 
 static void test_case(snug_arch arch, snug_levers lv, const char *what) {
     const char *name = arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
-    snug_model_config cfg = small_config(arch);
+    snug_model_config cfg = check_small_model(arch, V, 2, 128, 64);
     data d;
     make_data(&d);
     snug_engine g;

@@ -94,22 +94,6 @@ static void on_ready(void *ud, int layer, size_t offset, size_t numel) {
     }
 }
 
-static snug_model_config small_config(snug_arch arch) {
-    snug_model_config c;
-    snug_error e = {0};
-    if (arch == SNUG_ARCH_GPT2) {
-        snug_preset(&c, "gpt2-124m", VOCAB, &e);
-        c.hidden_size = 32, c.intermediate_size = 64, c.n_layer = 4, c.n_head = 4, c.n_kv_head = 4;
-        c.max_position = 32;
-    } else {
-        snug_preset(&c, "tiny-llama", VOCAB, &e);
-        c.hidden_size = 48, c.intermediate_size = 72, c.n_layer = 4, c.n_head = 6, c.n_kv_head = 2;
-        c.max_position = 32, c.tie_embeddings = 0;
-    }
-    c.head_dim = c.hidden_size / c.n_head;
-    return c;
-}
-
 static void make_engine(snug_engine *g, const snug_model_config *cfg, snug_levers lv, int ranks) {
     snug_error e = {0};
     snug_plan_spec spec = {.cfg = *cfg, .B = B, .T = T, .lv = lv, .with_grads = 1, .ranks = ranks, .rank = 0,
@@ -192,7 +176,7 @@ static void check_schedule(const char *what, const snug_param_table *t, int L, c
 }
 
 static void test_case(snug_arch arch, snug_dtype dt, int ckpt) {
-    snug_model_config cfg = small_config(arch);
+    snug_model_config cfg = check_small_model(arch, VOCAB, 4, 64, 32);
     snug_levers lv = {.dt = dt, .ckpt = ckpt ? SNUG_CKPT_FULL : SNUG_CKPT_NONE, .master_weights = dt != SNUG_DT_F32};
     char what[96];
     snprintf(what, sizeof what, "%s %s%s", arch == SNUG_ARCH_GPT2 ? "gpt2 (tied)" : "llama (untied)",
