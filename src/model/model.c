@@ -209,7 +209,7 @@ static void gather_range(snug_model *m, void *dst, size_t offset, size_t numel, 
     size_t a = offset > lo ? offset : lo, b = offset + numel < hi ? offset + numel : hi;
     const char *src = is16(m) ? (const char *)m->params16 : (const char *)m->params;
     if (b > a)
-        m->be->to_device(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
+        m->be->copy(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
     if (m->gather_params)
         m->gather_params(m->gather_params_ud, dst, offset, numel, prefetch);
 }
@@ -308,7 +308,7 @@ static void gather_lookup_rows(snug_model *m) {
     for (int k = 0; k < m->nU; k++) {
         size_t o = m->gwte + (size_t)m->urow[k] * C, a = o > lo ? o : lo, b = o + C < hi ? o + C : hi;
         if (b > a)
-            m->be->to_device(m->be, (char *)m->urows + ((size_t)k * C + (a - o)) * es, src + (a - lo) * es, (b - a) * es);
+            m->be->copy(m->be, (char *)m->urows + ((size_t)k * C + (a - o)) * es, src + (a - lo) * es, (b - a) * es);
     }
     if (m->rows_fn)
         m->rows_fn(m->rows_ud, SNUG_ROWS_GATHER, m->urows, m->gwte, m->urow, 0, m->nU, (int)C);
@@ -336,7 +336,7 @@ static void hand_block(snug_model *m, float *dw, int v0, int n, int *k) {
     size_t C = (size_t)m->cfg.hidden_size;
     for (; *k < m->nU && m->urow[*k] < v0 + n; (*k)++) {
         float *row = dw + (size_t)(m->urow[*k] - v0) * C;
-        be->to_device(be, m->ubuf + (size_t)*k * C, row, C * sizeof(float));
+        be->copy(be, m->ubuf + (size_t)*k * C, row, C * sizeof(float));
         be->zero(be, row, C * sizeof(float));
     }
     if (m->rows_fn)

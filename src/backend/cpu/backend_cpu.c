@@ -96,6 +96,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->alloc = cpu_alloc;
     be->free = cpu_free;
     be->to_device = cpu_copy;
+    be->copy = cpu_copy;
     be->to_host = cpu_copy;
     be->zero = cpu_zero;
 

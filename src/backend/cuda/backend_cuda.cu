@@ -196,6 +196,12 @@ static void cuda_copy_sync(snug_backend *be, void *dst, const void *src, size_t 
     SNUG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+/* copy: device to device, queued on the compute stream */
+static void cuda_copy_queued(snug_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        SNUG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, snug_cuda_stream(be)));
+}
+
 static void cuda_zero(snug_backend *be, void *dst, size_t bytes) {
     if (bytes)
         SNUG_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, snug_cuda_stream(be)));
@@ -361,6 +367,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->alloc = cuda_alloc;
     be->free = cuda_free;
     be->to_device = cuda_copy_sync;
+    be->copy = cuda_copy_queued;
     be->to_host = cuda_copy_sync;
     be->zero = cuda_zero;
 
