@@ -849,8 +849,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
     if (ddp_collectives(&comm))
-        fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
-                W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
+        fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step%s\n",
+                W, W == 1 ? "" : "s", comm.name, launch.launcher,
+                comm.deterministic ? ", gradients summed in rank order" : "", GA, B,
+                o->zero_stage || o->optimizer_in_backward || r.eng.model.lora.on
+                    ? ""
+                    : "; gradients summed in 25 MiB buckets during the last micro-batch's backward");
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
@@ -879,8 +883,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     o->zero_stage >= 3   ? "parameters, optimizer state and gradients"
                     : o->zero_stage >= 2 ? "optimizer state and gradients"
                                          : "optimizer state",
-                    least, most, SNUG_Q8_BLOCK, o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward" : "",
-                    zm->param_sharded ? " layer by layer before each forward and backward (blocking)" : " after the step");
+                    least, most, SNUG_Q8_BLOCK,
+                    o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward"
+                                       : " in 25 MiB buckets during the last micro-batch's backward",
+                    zm->param_sharded ? " layer by layer before each forward and backward, the next layer prefetched"
+                                      : " after the step");
             if (zm->param_sharded)
                 fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
                         "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gglob_n,
