@@ -174,6 +174,10 @@ static const key_spec keys[] = {
     {.name = "ddp_deterministic", .type = KT_BOOL, .group = G_BATCH, AT_INT(ddp_deterministic), .def = "false",
      .help = "sum the ranks' gradients in rank order (gathered, then added), so N ranks give the bits of one "
              "process accumulating N micro-batches; costs N times the all-reduce's traffic"},
+    {.name = "ddp_bucket_cap_mb", .type = KT_INT, .group = G_BATCH, AT_INT(ddp_bucket_cap_mb), .def = "25", MIN(1),
+     .help = "MiB of gradients per bucket: DDP (and ZeRO-1) sums the gradients during the last micro-batch's "
+             "backward, a bucket of consecutive layers at a time as backward completes them (on GPUs beside the rest "
+             "of backward)"},
     {.name = "dist_debug", .type = KT_BOOL, .group = G_BATCH, AT_INT(dist_debug), .def = "false",
      .help = "compare every collective's signature (order, kind, count, type) across the ranks first and fail "
              "naming the mismatch instead of hanging"},

@@ -180,16 +180,18 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
 /* DDP: the gradients summed over the ranks in buckets of consecutive layers as backward completes them, during the
  * step's last micro-batch (the grads-ready callback is set for it alone). Backward announces the layers last first,
  * and the fp32 gradient buffer holds them in table order, so a bucket grows downwards through the buffer until it
- * holds SNUG_DDP_BUCKET bytes (PyTorch DDP's 25 MiB) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on its own
+ * holds ddp_bucket_cap_mb (PyTorch DDP's 25 MiB by default) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on its own
  * stream while backward goes on, and the step waits (comm.wait) before the gradient norm reads them. The global
  * tensors, announced last, close the last bucket. The host communicators sum each bucket before returning. The sum
  * of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits. ZeRO-1
  * (shard) reduce-scatters each bucket instead, over the shards' intersections with it: each rank's shard of the sum,
  * as the one reduce-scatter of the whole buffer gives it. */
-#define SNUG_DDP_BUCKET ((size_t)25 << 20)
 typedef struct ddp_bucket_ctx {
     snug_engine *eng;
     snug_comm *comm;
+    size_t cap;          /* bytes per bucket */
+    int count_only;      /* 1: count the buckets a backward forms (nbuckets), summing nothing */
+    int nbuckets;
     const size_t *shard; /* ZeRO-1: each rank's elements of the table (the gradients sit at table offsets) */
     size_t *counts;      /* (size) ZeRO-1's scratch: the bucket's elements in each rank's shard */
     size_t lo, hi; /* the bucket being filled: elements [lo, hi) of the gradient buffer (empty: lo == hi) */
@@ -199,7 +201,9 @@ typedef struct ddp_bucket_ctx {
 
 static void ddp_flush(ddp_bucket_ctx *c) {
     float *g = c->eng->model.grads + c->lo;
-    if (!c->rc && c->hi > c->lo && c->shard) {
+    if (c->count_only) {
+        c->nbuckets += c->hi > c->lo;
+    } else if (!c->rc && c->hi > c->lo && c->shard) {
         memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
         add_range_counts(c->shard, c->comm->size, c->lo, c->hi, c->counts);
         c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
@@ -230,7 +234,7 @@ static void ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel) {
             ddp_flush(c);
             c->lo = g[i].at, c->hi = g[i].at + g[i].numel;
         }
-        if ((c->hi - c->lo) * sizeof(float) >= SNUG_DDP_BUCKET)
+        if ((c->hi - c->lo) * sizeof(float) >= c->cap)
             ddp_flush(c);
     }
     if (layer == -1) /* the last announcement of the micro-batch */
@@ -849,12 +853,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
     if (ddp_collectives(&comm))
-        fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step%s\n",
-                W, W == 1 ? "" : "s", comm.name, launch.launcher,
-                comm.deterministic ? ", gradients summed in rank order" : "", GA, B,
-                o->zero_stage || o->optimizer_in_backward || r.eng.model.lora.on
-                    ? ""
-                    : "; gradients summed in 25 MiB buckets during the last micro-batch's backward");
+        fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
+                W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
@@ -885,7 +885,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                                          : "optimizer state",
                     least, most, SNUG_Q8_BLOCK,
                     o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward"
-                                       : " in 25 MiB buckets during the last micro-batch's backward",
+                                       : " in buckets during the last micro-batch's backward",
                     zm->param_sharded ? " layer by layer before each forward and backward, the next layer prefetched"
                                       : " after the step");
             if (zm->param_sharded)
@@ -927,11 +927,24 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     }
     /* DDP and ZeRO-1 sum the gradients in buckets during the last micro-batch's backward (the adapters' stay one
      * sum; ZeRO-2/3 reduce every micro-batch's, zero2_ready) */
-    ddp_bucket_ctx buckets = {.eng = &r.eng, .comm = &comm, .shard = shard};
+    ddp_bucket_ctx buckets = {.eng = &r.eng, .comm = &comm, .shard = shard,
+                              .cap = (size_t)o->ddp_bucket_cap_mb << 20, .count_only = 1};
     int bucketed = ddp_collectives(&comm) && !(shard && r.eng.model.lv.zero_grads) && !o->optimizer_in_backward &&
                    !r.eng.model.lora.on && !(comm.size == 1 && r.eng.model.grads16);
     if (!rc && bucketed && shard && !(buckets.counts = malloc((size_t)W * sizeof *buckets.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
+    for (int l = r.eng.model.cfg.n_layer - 1; !rc && bucketed && l >= -1; l--) /* the buckets a backward forms */
+        ddp_bucket_ready(&buckets, l, 0, 0);
+    if (bucketed) {
+        fprintf(out, "  gradient buckets     %d of up to %d MiB, summed during the last micro-batch's backward\n",
+                buckets.nbuckets, o->ddp_bucket_cap_mb);
+        buckets.count_only = 0;
+    }
+    if (!rc && buckets.rc) {
+        rc = buckets.rc;
+        if (e)
+            *e = buckets.e;
+    }
 
     char metrics_path[4096];
     FILE *metrics = NULL;

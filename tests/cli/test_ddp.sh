@@ -74,6 +74,12 @@ for n in 2 3; do
   same ddp$n one$n 0
   grep -q "data parallel *$n ranks" "$W/ddp$n.log" && ok || bad "ddp$n: no data parallel line in the header"
 done
+# the gradients summed in buckets during backward: one by default (tiny-llama is under 25 MiB), several of 1 MiB (each
+# flushed at the cap), the same bits either way
+run ddp3_b1 3 --ddp_deterministic true --ddp_bucket_cap_mb 1 || bad "ddp3_b1 did not train: $(tail -2 "$W/ddp3_b1.log")"
+same ddp3_b1 one3 0
+grep -q "gradient buckets *1 of up to 25 MiB" "$W/ddp3.log" && grep -Eq "gradient buckets *([2-9]|[1-9][0-9]+) of up to 1 MiB" \
+  "$W/ddp3_b1.log" && ok || bad "ddp3, ddp3_b1: not one bucket of 25 MiB and several of 1 MiB: $(grep bucket "$W/ddp3_b1.log")"
 # validation shared by the ranks (micro-batch k on rank k % 3): the same validation losses, bit for bit
 run one3_val 0 --gradient_accumulation_steps 3 --val_set_size 7 --eval_steps 2 || bad "one3_val did not train"
 run ddp3_val 3 --ddp_deterministic true --val_set_size 7 --eval_steps 2 || bad "ddp3_val did not train"

@@ -63,6 +63,8 @@ expect_error unknown-flag "unknown key 'max_new_token'.*did you mean 'max_new_to
   "$SNUG" generate "$W/model" --max_new_token 3
 expect_error vocab-block-range "loss_vocab_block is -2; use a number of rows of at least 1, 0 for auto or -1 for off" \
   "$SNUG" train $base --max_steps 1 --loss_vocab_block -2 --output_dir "$W/vbbad"
+expect_error bucket-cap-zero "ddp_bucket_cap_mb is 0; it must be at least 1" \
+  "$SNUG" train $base --max_steps 1 --ddp_bucket_cap_mb 0 --output_dir "$W/bucket0"
 expect_error vocab-block-gpu "loss_vocab_block is 64, but the loss over blocks of the head's rows runs on the CPU" \
   "$SNUG" plan $base --loss_vocab_block 64 --gpu h100
 long=$(python3 -c "print(' '.join(['wizards quietly hex jovial bakers'] * 400))")

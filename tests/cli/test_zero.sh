@@ -148,6 +148,7 @@ check 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
 # the gradients reduce-scattered in buckets during backward: ranks 2 and 3, idle in the epoch's last step, join the
 # same buckets with zeros
 check 1 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+check 1 b1_3 3 --ddp_bucket_cap_mb 1
 check 2 adamw2 2
 check 2 adamw3 3
 check 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
