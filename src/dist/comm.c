@@ -51,6 +51,11 @@ void snug_comm_sum_sources(void *out, const void *const *src, int size, size_t n
     sum_any(out, src, NULL, size, n, dt);
 }
 
+int snug_comm_wait_done(snug_comm *c, snug_error *e) {
+    (void)c, (void)e;
+    return 0;
+}
+
 size_t snug_comm_displ(const size_t *counts, int r) {
     size_t d = 0;
     for (int k = 0; k < r; k++)

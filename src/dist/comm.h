@@ -136,6 +136,9 @@ void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug
 /* The same sum over `size` sources anywhere in memory: out <- src[0] + src[1] + ... (out may be one of them). */
 void snug_comm_sum_sources(void *out, const void *const *src, int size, size_t n, snug_comm_dtype dt);
 
+/* `wait` for the host communicators (self, MPI): their collectives are complete when they return. */
+int snug_comm_wait_done(snug_comm *c, snug_error *e);
+
 /* The element where rank r's segment starts: counts[0] + ... + counts[r-1]. */
 size_t snug_comm_displ(const size_t *counts, int r);
 

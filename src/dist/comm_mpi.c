@@ -419,12 +419,6 @@ static int mpi_allgather(snug_comm *c, void *buf, const size_t *counts, snug_com
     return 0;
 }
 
-/* every collective here completed before it returned (SNUG_COMM_ASYNC changes nothing on host buffers) */
-static int mpi_wait(snug_comm *c, snug_error *e) {
-    (void)c, (void)e;
-    return 0;
-}
-
 static void mpi_abort(snug_comm *c, int code) {
     mpi_ctx *x = c->ctx;
     MPI_Abort(x ? x->comm : MPI_COMM_WORLD, code ? code : 1);
@@ -476,7 +470,7 @@ int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
     c->barrier = mpi_barrier;
     c->reduce_scatter_sum = mpi_reduce_scatter;
     c->allgather = mpi_allgather;
-    c->wait = mpi_wait;
+    c->wait = snug_comm_wait_done; /* every collective here is complete when it returns */
     c->abort = mpi_abort;
     c->free = mpi_free;
     return 0;

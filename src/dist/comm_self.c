@@ -30,11 +30,6 @@ static int self_sharded(snug_comm *c, void *x, const size_t *counts, snug_comm_d
     return 0;
 }
 
-static int self_wait(snug_comm *c, snug_error *e) {
-    (void)c, (void)e;
-    return 0;
-}
-
 static void self_abort(snug_comm *c, int code) { (void)c, (void)code; }
 
 static void self_free(snug_comm *c) { (void)c; }
@@ -43,7 +38,7 @@ void snug_comm_self_init(snug_comm *c) {
     memset(c, 0, sizeof *c);
     *c = (snug_comm){.name = "self", .rank = 0, .size = 1, .allreduce_sum = self_allreduce,
                      .broadcast = self_broadcast, .barrier = self_barrier,
-                     .reduce_scatter_sum = self_sharded, .allgather = self_sharded, .wait = self_wait,
+                     .reduce_scatter_sum = self_sharded, .allgather = self_sharded, .wait = snug_comm_wait_done,
                      .abort = self_abort,
                      .free = self_free};
 }

@@ -182,10 +182,10 @@ static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *row
  * and the fp32 gradient buffer holds them in table order, so a bucket grows downwards through the buffer until it
  * holds ddp_bucket_cap_mb (PyTorch DDP's 25 MiB by default) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on
  * its own stream while backward goes on, and the step waits (comm.wait) before the gradient norm reads them. The
- * global tensors, announced last, close the last bucket. The host communicators sum each bucket before returning. The sum
- * of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits. ZeRO-1
- * (shard) reduce-scatters each bucket instead, over the shards' intersections with it: each rank's shard of the sum,
- * as the one reduce-scatter of the whole buffer gives it. */
+ * global tensors, announced last, close the last bucket. The host communicators sum each bucket before returning.
+ * The sum of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits.
+ * ZeRO-1 (shard) reduce-scatters each bucket instead, over the shards' intersections with it: each rank's shard of
+ * the sum, as the one reduce-scatter of the whole buffer gives it. */
 typedef struct ddp_bucket_ctx {
     snug_engine *eng;
     snug_comm *comm;
