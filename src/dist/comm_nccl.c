@@ -16,7 +16,8 @@
  * read the result), unless it is flagged SNUG_COMM_ASYNC: then it records `async_done` instead, and the compute stream
  * waits for that only at the next `wait` (comm.h), so the ops queued in between run beside it. The host never waits
  * for a collective: it learns of one's failure at a later collective, when a completion event reports an error,
- * ncclCommGetAsyncError does, or (dist_timeout) one has not completed in time. With a timeout a watch thread polls the pending completion events and the asynchronous error every millisecond; on
+ * ncclCommGetAsyncError does, or (dist_timeout) one has not completed in time.
+ * With a timeout a watch thread polls the pending completion events and the asynchronous error every millisecond; on
  * expiry it aborts the NCCL communicator (which ends its kernels, so every stream waiting on them moves on) and every
  * later call on this rank fails with the reason; the other ranks' watches expire the same way, or mpirun ends them.
  *
