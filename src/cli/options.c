@@ -178,14 +178,21 @@ static const key_spec keys[] = {
      .help = "MiB of gradients per bucket: DDP (and ZeRO-1) sums the gradients during the last micro-batch's "
              "backward, a bucket of consecutive layers at a time as backward completes them (on GPUs beside the rest "
              "of backward)"},
+    {.name = "zero_overlap_comm", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(zero_overlap_comm), .def = "auto",
+     .values = "auto true false", ENUMS({"auto", SNUG_OVERLAP_AUTO}, {"true", SNUG_OVERLAP_ON},
+                                        {"false", SNUG_OVERLAP_OFF}),
+     .help = "ZeRO-2/3: reduce-scatter each layer's gradients while backward computes the next layer, from a second "
+             "layer gradient buffer (one layer of fp32 gradients more per rank, in the plan); auto: on GPUs (NCCL sums "
+             "on its own stream), off on CPU ranks, whose collectives run in line and gain nothing from it"},
     {.name = "dist_debug", .type = KT_BOOL, .group = G_BATCH, AT_INT(dist_debug), .def = "false",
      .help = "compare every collective's signature (order, kind, count, type) across the ranks first and fail "
              "naming the mismatch instead of hanging"},
     {.name = "dist_timeout", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(dist_timeout), .def = "600", MIN(0),
      .help = "seconds a collective may wait for the other ranks before the run fails on every rank; 0 = forever"},
     {.name = "deepspeed", .type = KT_STRING, .group = G_BATCH, AT_STR(deepspeed),
-     .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage (offloading is refused; the "
-             "file's other settings are DeepSpeed's own and are not read)"},
+     .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage and its overlap_comm "
+             "zero_overlap_comm (offloading is refused; the file's other settings are DeepSpeed's own and are not "
+             "read)"},
     {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
      .help = "FSDP's sharding, as Hugging Face's Trainer takes it: full_shard is zero_stage 3, shard_grad_op 2, "
              "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); offload is not "
@@ -1085,7 +1092,7 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
 }
 
 /* deepspeed: ds_config.json. Its zero_optimization.stage means what zero_stage means, so it sets it (a zero_stage
- * given too must agree); stages not built and offloading to the CPU or NVMe are refused naming the file's key. */
+ * given too must agree), and so does its overlap_comm for zero_overlap_comm; stages not built and offloading to the CPU or NVMe are refused naming the file's key. */
 static int apply_deepspeed(snug_run_config *o, snug_error *e) {
     if (!o->deepspeed[0])
         return 0;
@@ -1118,6 +1125,16 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
                        o->zero_stage, ds, stage);
     if (!rc && st)
         o->zero_stage = stage;
+    json_t *ov = z ? json_object_get(z, "overlap_comm") : NULL; /* the same lever: reductions beside backward */
+    snug_overlap_choice want = ov && json_is_true(ov) ? SNUG_OVERLAP_ON : SNUG_OVERLAP_OFF;
+    if (!rc && ov && !json_is_boolean(ov))
+        rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.overlap_comm must be true or false", ds);
+    else if (!rc && ov && o->zero_overlap_comm != SNUG_OVERLAP_AUTO && o->zero_overlap_comm != want)
+        rc = snug_fail(e, SNUG_EINPUT, "zero_overlap_comm is %s but deepspeed's %s sets zero_optimization.overlap_comm "
+                       "%s; keep one", want == SNUG_OVERLAP_ON ? "false" : "true", ds,
+                       want == SNUG_OVERLAP_ON ? "true" : "false");
+    else if (!rc && ov)
+        o->zero_overlap_comm = want;
     json_decref(j);
     return rc;
 }

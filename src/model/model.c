@@ -535,7 +535,8 @@ static void dense_layer_views(const snug_model *m, float *base, snug_layer_tenso
 /* Where each tensor's gradient lives (snug_model.grad_off). Normally the flat layout of the parameters. With 16-bit
  * layer gradients, the global tensors are packed into grads and the layers into grads16. With
  * optimizer_in_backward (and ZeRO-2's zero_grads), one buffer the size of the largest layer takes every layer's
- * gradients in turn: no full-model gradient buffer exists. */
+ * gradients in turn: no full-model gradient buffer exists. ZeRO-2's zero_overlap has two, the even layers' and the
+ * odd layers'. */
 static int grad_offsets(snug_model *m, snug_error *e) {
     const snug_param_table *t = &m->table;
     int g16 = is16(m) && !m->lv.grads_fp32, oib = m->lv.optimizer_in_backward || m->lv.zero_grads;
@@ -571,6 +572,9 @@ static int grad_offsets(snug_model *m, snug_error *e) {
         if (t->e[i].layer < 0 && post_global(m, i))
             m->grad_off[i] = base + post, post += t->e[i].numel;
     size_t lbase = apart ? base : pre + post; /* where the fp32 layer buffer starts */
+    /* zero_overlap: the odd layers in a second buffer after the first, which the head's blocks may have widened */
+    int two = m->lv.zero_overlap && apart && !m->lv.optimizer_in_backward && !g16;
+    size_t second = two ? largest_layer(m) : 0;
     for (int l = 0; l < m->cfg.n_layer; l++)
         layers += t->layer_numel[l];
     for (int i = 0; i < t->n; i++) {
@@ -578,11 +582,11 @@ static int grad_offsets(snug_model *m, snug_error *e) {
         if (p->layer < 0)
             continue;
         size_t in_layers = oib ? p->offset - t->layer_offset[p->layer] : p->offset - t->layer_offset[0];
-        m->grad_off[i] = g16 ? in_layers : lbase + in_layers;
+        m->grad_off[i] = g16 ? in_layers : lbase + in_layers + (two && p->layer % 2 ? lmax : 0);
     }
     size_t end = base + post;
     if (!g16)
-        end = lbase + lmax > end ? lbase + lmax : end;
+        end = lbase + lmax + second > end ? lbase + lmax + second : end;
     m->grads_numel = end > pre ? end : pre;
     m->grads16_numel = g16 ? (oib ? lmax : layers) : 0;
     return 0;

@@ -117,6 +117,9 @@ typedef struct snug_levers {
     int zero_grads;       /* ZeRO-2: the layers' gradients pass through one shared buffer (as optimizer_in_backward's),
                            * each reduce-scattered from on_grads_ready into `gshard`, the rank's shard of the sum, which
                            * the optimizer reads */
+    int zero_overlap;     /* with zero_grads: two such buffers, the layers alternating between them (layer l in buffer
+                           * l % 2), so that a layer's reduce-scatter may still run while backward writes the next one's
+                           * (zero_overlap_comm) */
     int vocab_block;      /* loss_vocab_block: the loss over the vocabulary `vocab_block` rows of the head at a time
                            * (xent_block), so the logits are (chunk, rows) and, under ZeRO-2/3 with a tied head, no rank
                            * holds the whole embedding's weight or gradient; -1: rows of one layer's size; 0: off */

@@ -14,6 +14,9 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
     lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1;
+    /* a second layer gradient buffer where the reduce-scatters run beside backward: NCCL's stream, on GPU ranks */
+    lv.zero_overlap = lv.zero_grads && !lv.optimizer_in_backward &&
+                      (s->overlap_comm > 0 || (s->overlap_comm == 0 && s->device_cuda));
     /* the loss over blocks of the head's rows: as configured, or (auto) where it keeps a tied embedding from being
      * whole on a rank under ZeRO-2/3, with blocks of one layer's size (no memory beyond the layer buffer) */
     lv.vocab_block = s->loss_vocab_block > 0 ? s->loss_vocab_block

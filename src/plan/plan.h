@@ -32,6 +32,8 @@ typedef struct snug_plan_spec {
     int ckpt_snapshot;     /* checkpoints are copied to host memory and written while training goes on */
     int loss_vocab_block;  /* as configured: rows per block of the loss, 0 auto, -1 off (lv.vocab_block derives) */
     int device_cuda;       /* the run is on a GPU (whose backend has no blocked loss yet) */
+    int overlap_comm;      /* as configured (zero_overlap_comm): 1 on, -1 off, 0 auto: on for GPU ranks (lv.zero_overlap
+                            * derives) */
 } snug_plan_spec;
 
 typedef struct snug_plan {

@@ -107,6 +107,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: device %d is unknown; use auto, cpu or cuda", src, (int)o->device);
     REQUIRE(o->ddp_backend >= SNUG_DDP_BACKEND_AUTO && o->ddp_backend <= SNUG_DDP_BACKEND_MPI,
             "%s: ddp_backend %d is unknown; use nccl, mpi or auto", src, (int)o->ddp_backend);
+    REQUIRE(o->zero_overlap_comm >= SNUG_OVERLAP_AUTO && o->zero_overlap_comm <= SNUG_OVERLAP_OFF,
+            "%s: zero_overlap_comm %d is unknown; use true, false or auto", src, (int)o->zero_overlap_comm);
     REQUIRE(o->ddp_backend != SNUG_DDP_BACKEND_NCCL || o->device != SNUG_BACKEND_CPU,
             "%s: ddp_backend is nccl but device is cpu: NCCL moves GPU buffers; use ddp_backend: mpi (or leave it "
             "unset) for CPU ranks, or device: cuda", src);

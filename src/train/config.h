@@ -41,6 +41,14 @@ typedef enum snug_ddp_backend {
     SNUG_DDP_BACKEND_MPI,  /* host buffers through MPI (CPU ranks) */
 } snug_ddp_backend;
 
+/* zero_overlap_comm (DeepSpeed's zero_optimization.overlap_comm): ZeRO-2/3's per-layer reduce-scatters beside the
+ * backward of the next layer, in a second layer gradient buffer */
+typedef enum snug_overlap_choice {
+    SNUG_OVERLAP_AUTO, /* unset: on for CUDA ranks (NCCL runs it on its own stream), off for CPU ranks */
+    SNUG_OVERLAP_ON,
+    SNUG_OVERLAP_OFF,
+} snug_overlap_choice;
+
 typedef struct snug_dataset_spec {
     char path[1024];              /* a JSONL file (a relative path in a YAML file is joined to its folder) */
     snug_data_format type;        /* completion (default), alpaca, chat, pretokenized */
@@ -108,6 +116,7 @@ typedef struct snug_run_config {
     snug_ddp_backend ddp_backend;
     int ddp_deterministic;    /* 1: gradients summed in rank order, the same bits whatever the MPI algorithm */
     int ddp_bucket_cap_mb;    /* DDP and ZeRO-1: MiB of gradients per sum issued during backward (PyTorch's 25) */
+    snug_overlap_choice zero_overlap_comm;
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
                                * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */

@@ -256,7 +256,10 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
     snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
                         .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint,
-                        .zero_stage = c->zero_stage, .loss_vocab_block = c->loss_vocab_block};
+                        .zero_stage = c->zero_stage, .loss_vocab_block = c->loss_vocab_block,
+                        .overlap_comm = c->zero_overlap_comm == SNUG_OVERLAP_ON    ? 1
+                                        : c->zero_overlap_comm == SNUG_OVERLAP_OFF ? -1
+                                                                                   : 0};
     snug_run_optimizer(c->optimizer, &s.optim, &s.optim_paged);
     s.lv.lora = lora_cfg(c, cfg->arch);
     return s;

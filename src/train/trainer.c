@@ -30,6 +30,7 @@
 #include "train/engine.h"
 #include "train/loss_scale.h"
 #include "train/merge.h"
+#include "train/rank_hooks.h"
 #include "train/setup.h"
 #include "train/state.h"
 
@@ -50,195 +51,6 @@ static void zero_grads(snug_model *m) {
         m->be->zero(m->be, m->lora.grads, m->lora.table.total * sizeof(float));
     if (m->gshard)
         m->be->zero(m->be, m->gshard, m->gshard_n * sizeof(float));
-}
-
-/* ZeRO-2: as backward completes a layer's gradients (SNUG_READY_POST: the global tensors after the layers; -1 the
- * ones before them), each run of its tensors is reduce-scattered over the ranks' shards, this rank adds its segment
- * of the sum into its shard (gshard), and the shared buffer is zeroed for the next layer. Every micro-batch does so,
- * as DeepSpeed's stage 2: no full gradient is kept to accumulate into. */
-/* Adds to counts[r] the elements of table range [lo, hi) in rank r's shard (shard: each rank's elements, in order). */
-static void add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, size_t *counts) {
-    size_t s0 = 0;
-    for (int r = 0; r < size; s0 += shard[r], r++) {
-        size_t a = s0 > lo ? s0 : lo, b = s0 + shard[r] < hi ? s0 + shard[r] : hi;
-        counts[r] += b > a ? b - a : 0;
-    }
-}
-
-typedef struct zero2_ctx {
-    snug_engine *eng;
-    snug_comm *comm;
-    const size_t *shard; /* each rank's elements of the table */
-    size_t *counts;      /* (size) scratch: a run's elements in each rank's shard */
-    int rc;
-    snug_error e;
-} zero2_ctx;
-
-static void zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    zero2_ctx *c = ud;
-    snug_model *m = &c->eng->model;
-    snug_backend *be = m->be;
-    const snug_param_table *t = &m->table;
-    for (int i = 0; !c->rc && i < t->n;) {
-        if (snug_model_ready_group(m, i) != layer) {
-            i++;
-            continue;
-        }
-        int j = i; /* a run of the layer's tensors: contiguous in the table and in the shared buffer */
-        while (j < t->n && snug_model_ready_group(m, j) == layer)
-            j++;
-        size_t lo = t->e[i].offset, hi = t->e[j - 1].offset + t->e[j - 1].numel;
-        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
-        add_range_counts(c->shard, c->comm->size, lo, hi, c->counts);
-        float *g = m->grads + m->grad_off[i];
-        c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32, &c->e);
-        size_t mine = snug_comm_displ(c->counts, c->comm->rank), n = c->counts[c->comm->rank];
-        if (!c->rc && n)
-            be->accumulate(be, m->gshard + (lo + mine - m->gshard_lo), g + mine, n);
-        be->zero(be, g, (hi - lo) * sizeof(float));
-        i = j;
-    }
-}
-
-/* ZeRO-3: the model's gather of table elements [offset, offset+numel) (model.h's snug_gather_fn): each rank's
- * piece is its shard's part of the range, and one all-gather over those counts fills the others' in dst; a prefetch
- * is issued SNUG_COMM_ASYNC, and dst NULL is the wait for it. */
-typedef struct zero3_ctx {
-    snug_comm *comm;
-    const size_t *shard; /* each rank's elements of the table */
-    size_t *counts;      /* (size) scratch: the range's elements in each rank's shard */
-    snug_comm_dtype dt;  /* as the parameters are stored: F32 or U16 */
-    int rc;
-    snug_error e;
-} zero3_ctx;
-
-static void zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch) {
-    zero3_ctx *c = ud;
-    if (c->rc)
-        return;
-    if (!dst) {
-        c->rc = c->comm->wait(c->comm, &c->e);
-        return;
-    }
-    memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
-    add_range_counts(c->shard, c->comm->size, offset, offset + numel, c->counts);
-    c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e);
-}
-
-/* A tied embedding split by rows (model.h's snug_rows_fn): the rows' elements in each rank's shard are the counts of
- * one collective over buf, whose pieces follow the rows' order (the rows increase, so each rank's piece is
- * contiguous there). Errors go where the step's check looks: the gradients' (z2), or the gathers' under ZeRO-3. */
-typedef struct rows_ctx {
-    zero2_ctx *z2;
-    zero3_ctx *z3;     /* NULL unless the parameters are sharded */
-    size_t *counts;    /* (size) scratch */
-} rows_ctx;
-
-static void rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
-    rows_ctx *c = ud;
-    zero2_ctx *z2 = c->z2;
-    int *rc = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->rc : &z2->rc;
-    snug_error *e = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->e : &z2->e;
-    snug_comm *comm = z2->comm;
-    if (z2->rc || (c->z3 && c->z3->rc))
-        return;
-    if (op == SNUG_ROWS_IDS) { /* n int32 per rank, moved as opaque 16-bit halves */
-        for (int r = 0; r < comm->size; r++)
-            c->counts[r] = 2 * (size_t)n;
-        *rc = comm->allgather(comm, buf, c->counts, SNUG_COMM_U16 | SNUG_COMM_HOST, e);
-        return;
-    }
-    /* the table ranges buf holds: one per row, or the block's rows as one */
-    int nr = rows ? n : 1;
-    size_t len = rows ? (size_t)C : (size_t)n * C;
-#define RANGE_LO(j) (base + (size_t)(rows ? rows[j] : first) * C)
-    memset(c->counts, 0, (size_t)comm->size * sizeof *c->counts);
-    for (int j = 0; j < nr; j++)
-        add_range_counts(z2->shard, comm->size, RANGE_LO(j), RANGE_LO(j) + len, c->counts);
-    if (op == SNUG_ROWS_GATHER) {
-        *rc = comm->allgather(comm, buf, c->counts, c->z3->dt, e);
-        return;
-    }
-    snug_model *m = &z2->eng->model;
-    snug_backend *be = m->be;
-    float *g = buf;
-    *rc = comm->reduce_scatter_sum(comm, g, c->counts, SNUG_COMM_F32, e);
-    size_t at = snug_comm_displ(c->counts, comm->rank), lo_s = m->gshard_lo, hi_s = lo_s + m->gshard_n;
-    for (int j = 0; !*rc && j < nr; j++) { /* this rank's piece of the sum, range by range into its shard */
-        size_t lo = RANGE_LO(j), hi = lo + len;
-        size_t a = lo_s > lo ? lo_s : lo, b = hi_s < hi ? hi_s : hi;
-        if (b > a) {
-            be->accumulate(be, m->gshard + (a - lo_s), g + at, b - a);
-            at += b - a;
-        }
-    }
-    be->zero(be, g, (size_t)n * C * sizeof(float));
-#undef RANGE_LO
-}
-
-/* DDP: the gradients summed over the ranks in buckets of consecutive layers as backward completes them, during the
- * step's last micro-batch (the grads-ready callback is set for it alone). Backward announces the layers last first,
- * and the fp32 gradient buffer holds them in table order, so a bucket grows downwards through the buffer until it
- * holds ddp_bucket_cap_mb (PyTorch DDP's 25 MiB by default) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on
- * its own stream while backward goes on, and the step waits (comm.wait) before the gradient norm reads them. The
- * global tensors, announced last, close the last bucket. The host communicators sum each bucket before returning.
- * The sum of every element is the all-reduce's whatever the buckets, so the deterministic mode keeps its bits.
- * ZeRO-1 (shard) reduce-scatters each bucket instead, over the shards' intersections with it: each rank's shard of
- * the sum, as the one reduce-scatter of the whole buffer gives it. */
-typedef struct ddp_bucket_ctx {
-    snug_engine *eng;
-    snug_comm *comm;
-    size_t cap;          /* bytes per bucket */
-    int count_only;      /* 1: count the buckets a backward forms (nbuckets), summing nothing */
-    int nbuckets;
-    const size_t *shard; /* ZeRO-1: each rank's elements of the table (the gradients sit at table offsets) */
-    size_t *counts;      /* (size) ZeRO-1's scratch: the bucket's elements in each rank's shard */
-    size_t lo, hi; /* the bucket being filled: elements [lo, hi) of the gradient buffer (empty: lo == hi) */
-    int rc;
-    snug_error e;
-} ddp_bucket_ctx;
-
-static void ddp_flush(ddp_bucket_ctx *c) {
-    float *g = c->eng->model.grads + c->lo;
-    if (c->count_only) {
-        c->nbuckets += c->hi > c->lo;
-    } else if (!c->rc && c->hi > c->lo && c->shard) {
-        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
-        add_range_counts(c->shard, c->comm->size, c->lo, c->hi, c->counts);
-        c->rc = c->comm->reduce_scatter_sum(c->comm, g, c->counts, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
-    } else if (!c->rc && c->hi > c->lo) {
-        c->rc = c->comm->allreduce_sum(c->comm, g, c->hi - c->lo, SNUG_COMM_F32 | SNUG_COMM_ASYNC, &c->e);
-    }
-    c->lo = c->hi = 0;
-}
-
-static void ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    ddp_bucket_ctx *c = ud;
-    snug_model *m = &c->eng->model;
-    snug_grad_range g[SNUG_READY_MAX_RANGES];
-    int n = snug_model_ready_ranges(m, layer, g, SNUG_READY_MAX_RANGES);
-    for (int i = 0; !c->rc && i < n && i < SNUG_READY_MAX_RANGES; i++) {
-        if (g[i].dt != SNUG_DT_F32 || !g[i].data || (c->shard && g[i].at != g[i].offset)) {
-            /* snug_plan_levers keeps them fp32 when ranks sum them; ZeRO-1 keeps them at the table offsets */
-            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: gradients to sum over the ranks that are not fp32 "
-                              "(or, under ZeRO-1, not at their table offsets)", layer);
-            return;
-        }
-        if (c->hi > c->lo && g[i].at + g[i].numel == c->lo) {
-            c->lo = g[i].at;
-        } else if (c->hi > c->lo && g[i].at == c->hi) {
-            c->hi += g[i].numel;
-        } else {
-            ddp_flush(c);
-            c->lo = g[i].at, c->hi = g[i].at + g[i].numel;
-        }
-        if ((c->hi - c->lo) * sizeof(float) >= c->cap)
-            ddp_flush(c);
-    }
-    if (layer == -1) /* the last announcement of the micro-batch */
-        ddp_flush(c);
 }
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
@@ -366,7 +178,7 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
 }
 
 /* The sum over the ranks of the step's gradients after backward, in place, where backward did not sum them in
- * buckets (ddp_bucket_ready): under LoRA (config.c refuses ZeRO with adapters) one all-reduce of the adapters'
+ * buckets (snug_ddp_bucket_ready): under LoRA (config.c refuses ZeRO with adapters) one all-reduce of the adapters'
  * gradients. */
 static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
     if (!ddp_collectives(c) || (c->size == 1 && m->grads16)) /* one rank keeps 16-bit layer gradients */
@@ -884,8 +696,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     : o->zero_stage >= 2 ? "optimizer state and gradients"
                                          : "optimizer state",
                     least, most, SNUG_Q8_BLOCK,
-                    o->zero_stage >= 2 ? " layer by layer in every micro-batch's backward"
-                                       : " in buckets during the last micro-batch's backward",
+                    o->zero_stage < 2 ? " in buckets during the last micro-batch's backward"
+                    : zm->lv.zero_overlap ? " layer by layer in every micro-batch's backward, each beside the next "
+                                            "layer's (zero_overlap_comm: two layer buffers)"
+                                          : " layer by layer in every micro-batch's backward",
                     zm->param_sharded ? " layer by layer before each forward and backward, the next layer prefetched"
                                       : " after the step");
             if (zm->param_sharded)
@@ -903,38 +717,38 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 : r.eng.model.param_sharded ? "; the tied embedding gathered a block (and the looked-up rows) at a time, "
                                               "its gradient reduced block by block"
                                             : "; the tied embedding's gradient reduced block by block");
-    zero2_ctx z2 = {.eng = &r.eng, .comm = &comm, .shard = shard};
+    snug_zero2_hook z2 = {.m = &r.eng.model, .comm = &comm, .shard = shard};
     if (!rc && shard && o->zero_stage >= 2) {
         if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.on_grads_ready = zero2_ready;
+        r.eng.model.on_grads_ready = snug_zero2_ready;
         r.eng.model.on_grads_ready_ud = &z2;
     }
-    zero3_ctx z3 = {.comm = &comm, .shard = shard,
+    snug_zero3_hook z3 = {.comm = &comm, .shard = shard,
                     .dt = r.eng.model.lv.dt == SNUG_DT_F32 ? SNUG_COMM_F32 : SNUG_COMM_U16};
     if (!rc && shard && r.eng.model.param_sharded) {
         if (!(z3.counts = malloc((size_t)W * sizeof *z3.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.gather_params = zero3_gather;
+        r.eng.model.gather_params = snug_zero3_gather;
         r.eng.model.gather_params_ud = &z3;
     }
-    rows_ctx zr = {.z2 = &z2, .z3 = r.eng.model.param_sharded ? &z3 : NULL};
+    snug_rows_hook zr = {.z2 = &z2, .z3 = r.eng.model.param_sharded ? &z3 : NULL};
     if (!rc && shard && r.eng.model.vtied) {
         if (!(zr.counts = malloc((size_t)W * sizeof *zr.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.rows_fn = rows_op;
+        r.eng.model.rows_fn = snug_rows_op;
         r.eng.model.rows_ud = &zr;
     }
     /* DDP and ZeRO-1 sum the gradients in buckets during the last micro-batch's backward (the adapters' stay one
-     * sum; ZeRO-2/3 reduce every micro-batch's, zero2_ready) */
-    ddp_bucket_ctx buckets = {.eng = &r.eng, .comm = &comm, .shard = shard,
+     * sum; ZeRO-2/3 reduce every micro-batch's, snug_zero2_ready) */
+    snug_ddp_buckets buckets = {.m = &r.eng.model, .comm = &comm, .shard = shard,
                               .cap = (size_t)o->ddp_bucket_cap_mb << 20, .count_only = 1};
     int bucketed = ddp_collectives(&comm) && !(shard && r.eng.model.lv.zero_grads) && !o->optimizer_in_backward &&
                    !r.eng.model.lora.on && !(comm.size == 1 && r.eng.model.grads16);
     if (!rc && bucketed && shard && !(buckets.counts = malloc((size_t)W * sizeof *buckets.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     for (int l = r.eng.model.cfg.n_layer - 1; !rc && bucketed && l >= -1; l--) /* the buckets a backward forms */
-        ddp_bucket_ready(&buckets, l, 0, 0);
+        snug_ddp_bucket_ready(&buckets, l, 0, 0);
     if (bucketed) {
         fprintf(out, "  gradient buckets     %d of up to %d MiB, summed during the last micro-batch's backward\n",
                 buckets.nbuckets, o->ddp_bucket_cap_mb);
@@ -1009,7 +823,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double loss_sum = 0;
         for (int k = k0; k < k1; k++) {
             if (bucketed) {
-                r.eng.model.on_grads_ready = k == k1 - 1 ? ddp_bucket_ready : NULL;
+                r.eng.model.on_grads_ready = k == k1 - 1 ? snug_ddp_bucket_ready : NULL;
                 r.eng.model.on_grads_ready_ud = &buckets;
             }
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
@@ -1022,7 +836,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             r.eng.model.on_grads_ready = NULL;
             /* no micro-batch for this rank (an epoch's end): its zero gradients join the same buckets */
             for (int l = r.eng.model.cfg.n_layer - 1; k0 == k1 && l >= -1; l--)
-                ddp_bucket_ready(&buckets, l, 0, 0);
+                snug_ddp_bucket_ready(&buckets, l, 0, 0);
         }
         if (o->optimizer_in_backward && k0 == k1 && W > 1) {
             /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
