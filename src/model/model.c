@@ -572,7 +572,9 @@ static int grad_offsets(snug_model *m, snug_error *e) {
         if (t->e[i].layer < 0 && post_global(m, i))
             m->grad_off[i] = base + post, post += t->e[i].numel;
     size_t lbase = apart ? base : pre + post; /* where the fp32 layer buffer starts */
-    /* zero_overlap: the odd layers in a second buffer after the first, which the head's blocks may have widened */
+    /* zero_overlap: the odd layers in a second buffer after the first, which the head's blocks may have widened.
+     * The pre-layer globals still share the first: layer 0's reduce-scatter is finished before the embeddings'
+     * backward writes them (rank_hooks.c) */
     int two = m->lv.zero_overlap && apart && !m->lv.optimizer_in_backward && !g16;
     size_t second = two ? largest_layer(m) : 0;
     for (int l = 0; l < m->cfg.n_layer; l++)

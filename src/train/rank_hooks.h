@@ -25,7 +25,8 @@ void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, 
  * Under m->lv.zero_overlap (two layer buffers, layer l's in buffer l % 2) a layer's reduce-scatters are issued
  * SNUG_COMM_ASYNC and finished at the next announcement: the wait, the adds into the shard and the zeroing of its
  * buffer, which backward writes again only two layers later. So NCCL sums layer l while backward computes layer
- * l-1. The global tensors' are finished at once, so nothing is outstanding after the -1 announcement. */
+ * l-1. Layer 0's and the global tensors' are finished at once (the embeddings' gradients share layer 0's buffer),
+ * so nothing is outstanding once layer 0 is announced. */
 enum { SNUG_ZERO2_PENDING = 8 }; /* the runs of one layer's tensors that may be outstanding (more: finished early) */
 
 typedef struct snug_zero2_run {
