@@ -798,9 +798,12 @@ static void print_ranks(const report *r, FILE *f) {
     if (!g)
         return;
     snprintf(text, sizeof text, "step s: compute %.3f s per step (%d x %d tokens x %d micro-batches per rank) plus the "
-             "communication, after backward for ddp and zero-1, overlapped layer by layer for zero-2 and zero-3 (one "
-             "layer's share exposed; the overlap needs GPU ranks, which snug does not have yet)", r->modes[0].compute_s, r->p->spec.B, r->p->spec.T,
-             r->p->spec.GA > 1 ? r->p->spec.GA : 1);
+             "communication it does not hide on NCCL's stream: ddp and zero-1 sum buckets during the last "
+             "micro-batch's backward (the last bucket and zero-1's all-gather exposed); zero-2 and zero-3 "
+             "reduce-scatter layer by layer, beside the next layer's backward with zero_overlap_comm (%s), and "
+             "zero-3 prefetches each layer's gather (the first of each pass exposed)", r->modes[0].compute_s,
+             r->p->spec.B, r->p->spec.T, r->p->spec.GA > 1 ? r->p->spec.GA : 1,
+             r->p->spec.overlap_comm < 0 ? "off" : "on");
     wrap(f, "  ", 4, text, 118);
     snug_format_bytes(b[0], sizeof b[0], g->mem_bytes);
     if (r->mode_choice >= 0)

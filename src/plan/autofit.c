@@ -18,8 +18,8 @@
  *    GEMMs: +1%;
  *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing;
  *  - over several ranks, a ZeRO stage sends the bytes plan/ranks.h gives per step. On a GPU (an A100 80GB assumed, as
- *    for paging) at its collective bandwidth, stages 0-1 after backward (exposed), stages 2-3 per layer, overlapped
- *    with compute but for one layer's share; on CPU ranks at SNUG_FIT_CPU_COMM_BPS against a compute rate of
+ *    for paging) at its collective bandwidth, exposed as plan/ranks.h's snug_rank_exposed_s says (the buckets, the
+ *    prefetched gathers and the overlapped reduce-scatters behind the compute); on CPU ranks at SNUG_FIT_CPU_COMM_BPS against a compute rate of
  *    SNUG_FIT_CPU_RANK_FLOPS, all exposed (a rank's one thread both computes and reduces). */
 #include "plan/autofit.h"
 
@@ -61,7 +61,8 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
             const snug_gpu *gpu = snug_gpu_find("a100-80gb");
             double tps = snug_gpu_tokens_per_s(gpu, s, P), comm = bytes / (gpu->link_gbps * 1e9);
             comp = tps > 0 ? tokens * g.GA / tps : 0.0;
-            exposed = s->zero_stage <= 1 ? comm : fmax(0.0, comm - comp) + comm / L;
+            g.device_cuda = 1; /* NCCL: the collectives beside the compute stream */
+            exposed = comm > 0 ? snug_rank_exposed_s(&g, P, s->ranks, s->zero_stage, comp, gpu->link_gbps * 1e9) : 0.0;
         } else {
             comp = tokens * g.GA * snug_flops_per_token(s, P) / SNUG_FIT_CPU_RANK_FLOPS;
             exposed = bytes / SNUG_FIT_CPU_COMM_BPS;

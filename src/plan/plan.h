@@ -32,6 +32,7 @@ typedef struct snug_plan_spec {
     int ckpt_snapshot;     /* checkpoints are copied to host memory and written while training goes on */
     int loss_vocab_block;  /* as configured: rows per block of the loss, 0 auto, -1 off (lv.vocab_block derives) */
     int device_cuda;       /* the run is on a GPU (whose backend has no blocked loss yet) */
+    int ddp_bucket_cap_mb; /* DDP and ZeRO-1's buckets (0: 25 MiB), for the time of the last one */
     int overlap_comm;      /* as configured (zero_overlap_comm): 1 on, -1 off, 0 auto: on for GPU ranks (lv.zero_overlap
                             * derives) */
 } snug_plan_spec;

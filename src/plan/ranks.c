@@ -22,6 +22,30 @@ double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, i
                     : GA * (2 * f * P * w + f * P * gb);
 }
 
+double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, int z, double compute, double bps) {
+    double P = (double)nparams, f = n > 1 ? (double)(n - 1) / n : 0.0, GA = s->GA > 1 ? s->GA : 1;
+    double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4, L = s->cfg.n_layer > 0 ? s->cfg.n_layer : 1;
+    double bwd = 2.0 / 3.0 * compute; /* backward's share of the step's GA micro-batches (twice forward's FLOPs) */
+    if (z <= 1) { /* buckets during the last micro-batch's backward; the last bucket, and ZeRO-1's gather, exposed */
+        double sum = (z == 0 ? 2 : 1) * f * P * gb / bps;
+        double cap = s->ddp_bucket_cap_mb > 0 ? s->ddp_bucket_cap_mb : 25;
+        double bucket = fmin(1.0, cap * 1048576.0 / (P * gb));
+        return fmax(0.0, sum - bwd / GA) + sum * bucket + (z == 1 ? f * P * w / bps : 0.0);
+    }
+    snug_levers lv = snug_plan_levers(s);
+    double rs = GA * f * P * gb / bps; /* every micro-batch's reduce-scatters, layer by layer */
+    /* beside the backward of the next layer, but for layer 0's (zero_overlap); otherwise in line */
+    double rs_exposed = lv.zero_overlap ? fmax(0.0, rs - bwd) + rs / L : rs;
+    if (z == 2) /* the parameters all-gathered once after the step */
+        return rs_exposed + f * P * w / bps;
+    /* the layers' gathers prefetched one layer ahead in forward and backward, the first of each pass exposed; one
+     * stream carries them and the reduce-scatters, so together they hide behind the whole step at most */
+    double gat = GA * 2 * f * P * w / bps;
+    if (!lv.zero_overlap)
+        return fmax(0.0, gat - compute) + gat / L + rs;
+    return fmax(0.0, gat + rs - compute) + (gat + rs) / L;
+}
+
 int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank_mode out[4], int *choice,
                     snug_error *e) {
     memset(out, 0, 4 * sizeof *out);
@@ -59,8 +83,9 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
             continue;
         m->comm_s = m->comm_bytes / (g->link_gbps * 1e9);
         m->compute_s = compute;
-        int L = s->cfg.n_layer > 0 ? s->cfg.n_layer : 1;
-        m->step_s = z <= 1 ? compute + m->comm_s : fmax(compute, m->comm_s) + m->comm_s / L;
+        snug_plan_spec t = *s;
+        t.ranks = n, t.zero_stage = z;
+        m->step_s = compute + snug_rank_exposed_s(&t, ddp->nparams, n, z, compute, g->link_gbps * 1e9);
         if (m->fits && (*choice < 0 || m->step_s < out[*choice].step_s))
             *choice = z;
     }

@@ -19,9 +19,14 @@
  *   ZeRO-3   every micro-batch: the parameters gathered before forward and   GA (2 f P w + f P g)
  *            again before backward, the gradients reduce-scattered
  * Time: bytes / the GPU's collective bandwidth (gpus.c). Compute: the step's tokens per rank / the estimated
- * tokens/s (gpus.c). Stages 0 and 1 communicate after backward (as snug does), so their step is compute + comm; the
- * per-layer collectives of stages 2 and 3 overlap the neighbouring layers' compute, so theirs is max(compute, comm)
- * plus one layer's share of the communication (the first gather, the last reduce-scatter), which stays exposed. */
+ * tokens/s (gpus.c), of which backward is two thirds. The step is compute plus what the collectives leave exposed
+ * (snug_rank_exposed_s), as NCCL runs them beside the compute stream:
+ *   DDP, ZeRO-1  the buckets hide behind the last micro-batch's backward; the last bucket (ddp_bucket_cap_mb) stays
+ *                exposed, and so does ZeRO-1's all-gather after the step
+ *   ZeRO-2       each layer's reduce-scatter behind backward with zero_overlap_comm (layer 0's exposed), in line
+ *                without it; the all-gather after the step exposed
+ *   ZeRO-3       the gathers prefetched a layer ahead (the first of each pass exposed) and, with zero_overlap_comm,
+ *                the reduce-scatters too: one stream, so together they hide behind the step's compute at most. */
 #ifndef SNUG_PLAN_RANKS_H
 #define SNUG_PLAN_RANKS_H
 
@@ -40,6 +45,10 @@ typedef struct snug_rank_mode {
 
 /* Bytes each of n ranks sends per optimizer step at ZeRO stage z (0: DDP) under spec s, as the table above says. */
 double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, int z);
+
+/* The seconds of a step's communication at ZeRO stage z (0: DDP) over n ranks that the compute (`compute` seconds
+ * per optimizer step) does not hide, at bps bytes per second, as the table above says. */
+double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, int z, double compute, double bps);
 
 /* The four modes (out[0] DDP, out[s] ZeRO-s) of spec s over n ranks, on gpu g (NULL: memory and bytes only).
  * *choice: the mode that fits at the least predicted step time (ties: the lower stage), -1 when none fits or

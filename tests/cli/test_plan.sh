@@ -121,6 +121,27 @@ assert z3["total"] < z2["total"] < z1["total"] < ddp["total"]
 assert j["chosen"] in ("zero-2", "zero-3") and j["modes"][int(j["chosen"][-1])]["fits"]
 PY
 then ok; else bad "ranks: $(head -c 300 "$W/stderr")"; fi
+# zero_overlap_comm (auto: on for GPUs): off, ZeRO-2/3's reduce-scatters run in line, so their predicted steps are
+# longer by the reduce-scatter's time less the share of layer 0 that was exposed anyway, DDP's and ZeRO-1's are the
+# same; on, the second layer buffer fits inside the head's buffer (525M floats against two layers of 218M): the
+# memory is the same either way
+if "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu h100 \
+     --gpus 8 --zero_overlap_comm false --json > "$W/ranks_off.json" 2>"$W/stderr" &&
+   python3 - "$W/ranks.json" "$W/ranks_off.json" <<'PY'
+import json, sys
+on, off = (json.load(open(p))["ranks"]["modes"] for p in sys.argv[1:3])
+P, f, L = 8030261248, 7 / 8, 32
+for a, b in zip(on, off):
+    assert a["bytes"] == b["bytes"], (a["mode"], a["bytes"], b["bytes"])
+for z in (0, 1):
+    assert on[z]["step_s"] == off[z]["step_s"], (on[z], off[z])
+rs = f * P * 4 / (370 * 1e9)  # one reduce-scatter of the fp32 gradients at the H100's 370 GB/s (gpus.c)
+assert abs(off[2]["step_s"] - on[2]["step_s"] - rs * (1 - 1 / L)) < 1e-6, (on[2], off[2], rs)
+assert off[3]["step_s"] > on[3]["step_s"] + 0.5 * rs, (on[3], off[3], rs)
+print(f"  zero_overlap_comm off: zero-2 step {off[2]['step_s']:.3f} s against {on[2]['step_s']:.3f} s, zero-3 "
+      f"{off[3]['step_s']:.3f} s against {on[3]['step_s']:.3f} s")
+PY
+then ok; else bad "ranks, zero_overlap_comm false: $(head -c 300 "$W/stderr")"; fi
 # a tied head (Llama-3.2-3B) over 8 CPU ranks: loss_vocab_block (auto) splits the embedding by rows, so ZeRO-2/3's
 # gradients are the shard beside one layer buffer and the looked-up rows (8 ranks x 2048 tokens), not the embedding's
 # gradient whole, and ZeRO-3's region is two layers; off (-1), the embedding is in both

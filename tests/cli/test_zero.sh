@@ -210,6 +210,44 @@ if stage == 3:
 print(f"  {z}: gradients one buffer of max({pre}, {post}, {layer}) floats and the shard")
 PY
 done
+# zero_overlap_comm: each layer's reduce-scatter is issued beside the next layer's backward, from a second layer
+# buffer (layer 0's at once: the embeddings' gradients share its buffer). The host communicator completes each one as
+# it is issued, so on CPU ranks this checks the layout and the order of the adds (DDP's bits, tied and untied, at
+# stages 2 and 3) and the plan: each rank's gradients arena is the one-buffer run's plus one layer of fp32, to the
+# arena's alignment. test_zero2_overlap runs the hooks against a communicator that delivers only at the wait.
+check 2 ov_3 3 --zero_overlap_comm true
+check 3 ovgc_2 2 --zero_overlap_comm true --gradient_checkpointing true
+check 2 ovuntied_2 2 --base_model "$W/base" --zero_overlap_comm true
+check 3 ovuntiedbf16_2 2 --base_model "$W/base" --zero_overlap_comm true --bf16 true
+check 2 ovepoch4 4 --zero_overlap_comm true --num_epochs 1 --max_steps -1 --max_grad_norm 0
+for pair in zero2_ov_3:zero2_adamw3 zero3_ovgc_2:zero3_gc_2 zero2_ovuntied_2:zero2_untied_2 \
+            zero3_ovuntiedbf16_2:zero3_untiedbf16_2 zero2_ovepoch4:zero2_epoch4; do
+  ov=${pair%%:*} one=${pair##*:}
+  grep -q "each beside the next layer's (zero_overlap_comm: two layer buffers)" "$W/$ov.log" && ok ||
+    bad "$ov: the header does not name the overlap"
+  python3 - "$W" "$ov" "$one" <<'PY' && ok || bad "$ov: the gradients arena against $one's"
+import json, struct, sys
+w, ov, one = sys.argv[1:4]
+head = open(f"{w}/{ov}/model.safetensors", "rb")
+meta = json.loads(head.read(struct.unpack("<Q", head.read(8))[0]))
+layer = 0
+for k, v in meta.items():
+    if ".layers.0." in k:
+        n = 1
+        for d in v["shape"]:
+            n *= d
+        layer += n
+ranks = int(ov.rsplit("_", 1)[1][-1])
+for r in range(ranks):
+    f = "memory.json" if r == 0 else f"memory.rank{r}.json"
+    a, b = (json.load(open(f"{w}/{x}/{f}"))["plan"] for x in (ov, one))
+    d = a["gradients"] - b["gradients"]
+    if not 0 <= d - 4 * layer < 64 or any(a[c] != b[c] for c in a if c != "gradients"):
+        sys.exit(f"rank {r}: gradients {a['gradients']} against {b['gradients']} with one buffer: {d} B more, "
+                 f"not one layer of {layer} floats")
+print(f"  {ov}: one layer of {layer} floats more gradients per rank than {one}")
+PY
+done
 # accumulation: the floor is how far other orders of the same sums move the logged numbers: one process accumulating
 # 6 micro-batches against DDP's 3 x 2 and 2 x 3, and at least one step of the printed gradient norm's last digit;
 # stage 2 reorders them once more
