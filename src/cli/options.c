@@ -1092,7 +1092,8 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
 }
 
 /* deepspeed: ds_config.json. Its zero_optimization.stage means what zero_stage means, so it sets it (a zero_stage
- * given too must agree), and so does its overlap_comm for zero_overlap_comm; stages not built and offloading to the CPU or NVMe are refused naming the file's key. */
+ * given too must agree), and so does its overlap_comm for zero_overlap_comm; stages not built and offloading to the
+ * CPU or NVMe are refused naming the file's key. */
 static int apply_deepspeed(snug_run_config *o, snug_error *e) {
     if (!o->deepspeed[0])
         return 0;

@@ -19,8 +19,9 @@
  *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing;
  *  - over several ranks, a ZeRO stage sends the bytes plan/ranks.h gives per step. On a GPU (an A100 80GB assumed, as
  *    for paging) at its collective bandwidth, exposed as plan/ranks.h's snug_rank_exposed_s says (the buckets, the
- *    prefetched gathers and the overlapped reduce-scatters behind the compute); on CPU ranks at SNUG_FIT_CPU_COMM_BPS against a compute rate of
- *    SNUG_FIT_CPU_RANK_FLOPS, all exposed (a rank's one thread both computes and reduces). */
+ *    prefetched gathers and the overlapped reduce-scatters behind the compute); on CPU ranks at
+ *    SNUG_FIT_CPU_COMM_BPS against a compute rate of SNUG_FIT_CPU_RANK_FLOPS, all exposed (a rank's one thread both
+ *    computes and reduces). */
 #include "plan/autofit.h"
 
 #include "plan/ranks.h"

@@ -649,9 +649,29 @@ static void test_zero(void) {
         CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, dbad[i].want) && has(&e, "deepspeed: "),
                "'%s' not in: %s", dbad[i].want, e.msg);
     }
-    const char *ds2 = write_file("ds2.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}");
+    char ds2[1024]; /* write_file's path is overwritten by the next file's */
+    snprintf(ds2, sizeof ds2, "%s",
+             write_file("ds2.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}"));
     snprintf(yaml, sizeof yaml, "deepspeed: %s\n", ds2);
-    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_stage == 2 && o.zero_overlap_comm == SNUG_OVERLAP_ON, "%s",
+           e.msg);
+    /* its overlap_comm is zero_overlap_comm: unset, auto; given, it must agree with a zero_overlap_comm given too */
+    CHECKF(parse_config("zero_stage: 2\n", &o, &e) == 0 && o.zero_overlap_comm == SNUG_OVERLAP_AUTO, "%s", e.msg);
+    CHECKF(parse_config("zero_stage: 2\nzero_overlap_comm: false\n", &o, &e) == 0 &&
+           o.zero_overlap_comm == SNUG_OVERLAP_OFF, "%s", e.msg);
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\nzero_overlap_comm: true\n", ds2);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_overlap_comm == SNUG_OVERLAP_ON, "%s", e.msg);
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\nzero_overlap_comm: false\n", ds2);
+    CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "zero_overlap_comm is false but deepspeed's") &&
+           has(&e, "sets zero_optimization.overlap_comm true; keep one"), "%s", e.msg);
+    const char *dsf = write_file("dsf.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": false}}");
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\n", dsf);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_overlap_comm == SNUG_OVERLAP_OFF, "%s", e.msg);
+    const char *dsn = write_file("dsn.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": \"yes\"}}");
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\n", dsn);
+    CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "zero_optimization.overlap_comm must be true or false"),
+           "%s", e.msg);
+    EXPECT_YAML_ERROR("zero_overlap_comm: sometimes\n", "zero_overlap_comm");
     CHECKF(parse_config("deepspeed: /nonexistent/ds.json\n", &o, &e) == SNUG_EINPUT &&
            has(&e, "/nonexistent/ds.json"), "%s", e.msg);
     /* FSDP: shard_grad_op is stage 2; full_shard (stage 3) and the rest refused naming the key */

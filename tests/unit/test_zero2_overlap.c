@@ -247,7 +247,7 @@ static void case_(const char *what, snug_arch arch, snug_dtype dt, int full_ckpt
                "%s: gradients of %zu elements with two buffers, %zu with one", what, ovd.grads_numel,
                ref.grads_numel);
         CHECKF(ovd.odd_even_apart && !ref.odd_even_apart, "%s: the odd and even layers' buffers", what);
-        if (nmb == 1 && !cfg.tie_embeddings && dt == SNUG_DT_F32) { /* twice one process's gradients over this rank's shard */
+        if (nmb == 1 && !cfg.tie_embeddings && dt == SNUG_DT_F32) { /* twice one process's, over this shard */
             snug_model *m = &one.model;
             snug_model_put_params(m, init);
             memset(m->grads, 0, m->grads_numel * sizeof(float));
