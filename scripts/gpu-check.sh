@@ -14,7 +14,8 @@
 #     `snug --help` runs, and with no GPU visible (CUDA_VISIBLE_DEVICES=) every CUDA test skips (exit 77) and
 #     `snug train --device cuda` is refused (exit 2), never a crash
 #   ctest -L cuda -LE nccl <= 200 s; then the NCCL communicator, ctest -L nccl <= 120 s (test_comm_nccl: one rank
-#     against comm_self; cli_test_cuda_train_nccl: one rank through NCCL bitwise against the run without); each
+#     against comm_self; test_nccl_join: the join ends within dist_timeout against a stand-in NCCL that hangs,
+#     fails or joins; cli_test_cuda_train_nccl: one rank through NCCL bitwise against the run without); each
 #     failing test again with CUDA_LAUNCH_BLOCKING=1 (<= 90 s, errors reported where the kernel ran) and under
 #     compute-sanitizer when the toolkit has it (<= 120 s)
 #   probe_memory <= 60 s: GPT-2 124M, 3 steps: the plan against cudaMemGetInfo

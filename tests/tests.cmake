@@ -35,6 +35,12 @@ set_tests_properties(test_cuda_ops PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;c
 # The NCCL communicator at one rank on a GPU against comm_self: skipped (exit 77) the same way; scripts/gpu-check.sh
 # runs it in its own stage (`ctest -L nccl`).
 set_tests_properties(test_comm_nccl PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;nccl")
+# Joining the NCCL communicator within dist_timeout, against a stand-in NCCL library (tests/unit/fake_nccl.c)
+# whose join hangs, fails or succeeds: skipped (77) without a CUDA build or a GPU.
+add_library(snug_fake_nccl SHARED ${CMAKE_SOURCE_DIR}/tests/unit/fake_nccl.c)
+target_compile_definitions(test_nccl_join PRIVATE SNUG_FAKE_NCCL="$<TARGET_FILE:snug_fake_nccl>")
+add_dependencies(test_nccl_join snug_fake_nccl)
+set_tests_properties(test_nccl_join PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;nccl")
 
 file(GLOB SNUG_SHELL_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cli/test_*.sh)
 foreach(src ${SNUG_SHELL_TESTS})

@@ -8,7 +8,8 @@
  *
  * Bootstrap: the communicator wraps a host communicator already open (self for one rank, MPI for several). Every rank
  * opens NCCL and the ranks agree that all could; rank 0 makes the unique id and broadcasts it through the host
- * communicator; each joins on the backend's GPU. One rank alone needs no MPI.
+ * communicator; each makes its stream and events, the ranks agree again, and each joins on the backend's GPU, for
+ * dist_timeout at most (join_timed). One rank alone needs no MPI.
  *
  * Streams and events: collectives run on the communicator's own stream. Each records `ready` on the backend's compute
  * stream and makes its stream wait for it (so it reads what the ops queued before it wrote), issues its NCCL calls,
@@ -707,6 +708,100 @@ static int agree(snug_comm *h, int rc, const char *what, snug_error *e) {
 
 int snug_comm_nccl_available(void) { return 1; }
 
+/* ncclCommInitRank waits for every rank to join, so a rank that died after the unique id's broadcast, or one that
+ * cannot reach the others, would hold the rest there forever. The join runs on a thread of its own (on the rank's
+ * GPU: the current device is per thread) while the caller waits at most dist_timeout for it. A join that does not
+ * return in time is left behind, its state owned by the thread (it frees it if NCCL ever returns), and the rank fails
+ * naming the timeout: nothing can abort a communicator NCCL has not handed back yet. */
+typedef struct nccl_join {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, abandoned; /* under mu */
+    int device, nranks, rank;
+    nccl_id id;
+    nccl_comm_t comm;
+    nccl_result r;
+    cudaError_t cerr;
+} nccl_join;
+
+static void join_free(nccl_join *j) {
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static void *join_thread(void *arg) {
+    nccl_join *j = arg;
+    nccl_comm_t comm = NULL;
+    nccl_result r = NCCL_OK;
+    cudaError_t cerr = cudaSetDevice(j->device);
+    if (cerr == cudaSuccess)
+        r = nccl.CommInitRank(&comm, j->nranks, j->id, j->rank);
+    pthread_mutex_lock(&j->mu);
+    int abandoned = j->abandoned;
+    j->comm = comm, j->r = r, j->cerr = cerr, j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) { /* the caller gave up: the communicator is nobody's */
+        if (comm && r == NCCL_OK)
+            nccl.CommAbort(comm);
+        join_free(j);
+    }
+    return NULL;
+}
+
+/* The rank's NCCL communicator in *comm (0), or why not in why: 1 failed, 2 timed out (timeout_s <= 0: wait as long
+ * as NCCL does). */
+static int join_timed(int device, int nranks, nccl_id id, int rank, double timeout_s, nccl_comm_t *comm, char *why,
+                       size_t whylen) {
+    *comm = NULL;
+    nccl_join *j = calloc(1, sizeof *j);
+    if (!j) {
+        snprintf(why, whylen, "out of host memory to join the NCCL communicator");
+        return 1;
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->device = device, j->nranks = nranks, j->rank = rank, j->id = id;
+    pthread_t t;
+    if (pthread_create(&t, NULL, join_thread, j)) {
+        snprintf(why, whylen, "cannot start a thread to join the NCCL communicator");
+        join_free(j);
+        return 1;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double end = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + timeout_s;
+    until.tv_sec = (time_t)end;
+    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+    pthread_mutex_lock(&j->mu);
+    int late = 0;
+    while (!j->done && !late)
+        late = timeout_s > 0 ? pthread_cond_timedwait(&j->cv, &j->mu, &until) != 0 && !j->done
+                             : (pthread_cond_wait(&j->cv, &j->mu), 0);
+    if (late) {
+        j->abandoned = 1;
+        pthread_mutex_unlock(&j->mu);
+        pthread_detach(t);
+        snprintf(why, whylen, "ncclCommInitRank (rank %d of %d, GPU %d) did not complete in %.0f s (dist_timeout): "
+                 "a rank died before joining, or the ranks cannot reach each other (NCCL_DEBUG=WARN says more; "
+                 "NCCL_SOCKET_IFNAME picks the network interface)", rank, nranks, device, timeout_s);
+        return 2;
+    }
+    pthread_mutex_unlock(&j->mu);
+    pthread_join(t, NULL);
+    if (j->cerr != cudaSuccess)
+        snprintf(why, whylen, "GPU %d: cannot make it current to join the NCCL communicator: %s", device,
+                 cudaGetErrorString(j->cerr));
+    else if (j->r != NCCL_OK)
+        snprintf(why, whylen, "ncclCommInitRank (rank %d of %d, GPU %d) failed: %s; NCCL_DEBUG=WARN says more", rank,
+                 nranks, device, nccl.GetErrorString(j->r));
+    else
+        *comm = j->comm;
+    join_free(j);
+    return *comm ? 0 : 1;
+}
+
 int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
     if (strcmp(be->name, "cuda"))
         return snug_fail(e, SNUG_EINTERNAL, "the NCCL communicator needs the CUDA backend, not %s", be->name);
@@ -748,18 +843,19 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
         (void)cudaGetLastError();
         snprintf(why, sizeof why, "GPU %d: creating the NCCL communicator's stream and events failed: %s", x->device,
                  cudaGetErrorString(err));
-    } else {
-        nccl_result r = nccl.CommInitRank(&x->comm, c->size, id, c->rank);
-        if (r != NCCL_OK) {
-            x->comm = NULL;
-            snprintf(why, sizeof why, "ncclCommInitRank (rank %d of %d, GPU %d) failed: %s; NCCL_DEBUG=WARN says "
-                     "more", c->rank, c->size, x->device, nccl.GetErrorString(r));
-        }
     }
-    if (!why[0] && c->deterministic && need_scratch(&(snug_comm){.size = c->size, .ctx = x}, &le))
-        snprintf(why, sizeof why, "%.400s", le.msg);
+    /* every rank ready before any joins: one that cannot must not leave the others waiting in ncclCommInitRank */
     rc = why[0] ? snug_fail(e, SNUG_EIO, "%s", why) : 0;
-    if ((rc = agree(c, rc, "join the NCCL communicator", e))) {
+    if (!(rc = agree(c, rc, "prepare the NCCL communicator", e))) {
+        int late = join_timed(x->device, c->size, id, c->rank, c->timeout_s, &x->comm, why, sizeof why) == 2;
+        if (!why[0] && c->deterministic && need_scratch(&(snug_comm){.size = c->size, .ctx = x}, &le))
+            snprintf(why, sizeof why, "%.400s", le.msg);
+        rc = why[0] ? snug_fail(e, SNUG_EIO, "%s", why) : 0;
+        /* a rank whose join timed out fails alone: the others may be held in ncclCommInitRank still */
+        if (!late)
+            rc = agree(c, rc, "join the NCCL communicator", e);
+    }
+    if (rc) {
         x->failed = 1;
         release(x);
         free(x);
