@@ -121,6 +121,12 @@ int snug_comm_nccl_available(void);
 struct snug_backend;
 int snug_comm_nccl_wrap(snug_comm *c, struct snug_backend *be, snug_error *e);
 
+/* The NCCL communicator's own device memory in deterministic mode (ddp_deterministic): its rank-order sums gather
+ * SNUG_NCCL_PIECE elements of every rank at a time, 8 bytes each at most, into one scratch of this size, allocated
+ * when the communicator is made. The plan counts it with the runtime overhead (plan/gpus.c). */
+#define SNUG_NCCL_PIECE ((size_t)1 << 20)
+#define SNUG_NCCL_SCRATCH_BYTES(size) ((size_t)(size) * SNUG_NCCL_PIECE * 8)
+
 /* The communicator a run with launch l needs: self for one process, MPI for more (refused without MPI in the build,
  * or under a launcher MPI cannot join, such as torchrun's environment alone). */
 int snug_comm_open(snug_comm *c, const snug_launch *l, snug_error *e);

@@ -156,7 +156,6 @@ static int load_nccl(snug_error *e) {
 
 /* ------------------------------------------------------------------------------------------------ the context */
 
-#define SNUG_NCCL_PIECE ((size_t)1 << 20) /* elements of one rank per deterministic piece */
 #define SNUG_NCCL_PENDING 64              /* collectives in flight before the host waits for the oldest */
 
 typedef struct pending {
@@ -426,7 +425,7 @@ static int need_scratch(snug_comm *c, snug_error *e) {
     nccl_ctx *x = c->ctx;
     if (x->scratch)
         return 0;
-    size_t bytes = (size_t)c->size * SNUG_NCCL_PIECE * 8;
+    size_t bytes = SNUG_NCCL_SCRATCH_BYTES(c->size);
     if (cudaMalloc(&x->scratch, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         x->scratch = NULL;

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/comm.h"
 #include "model/safetensors.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -97,8 +98,24 @@ void snug_gpu_list(char *buf, size_t n) {
  *    backward's row sums and the embedding backward's sort, of the plan's size (p->device_scratch: the backend is
  *    created with exactly that many bytes).
  *  - allocator slack: each arena is one cudaMalloc, rounded up to the 2 MiB allocation granularity; static arenas do
- *    not fragment, so instead of the 5-10% headroom a caching allocator needs, 1% covers what the estimate misses. */
+ *    not fragment, so instead of the 5-10% headroom a caching allocator needs, 1% covers what the estimate misses.
+ *  - over several ranks, NCCL's buffers: each channel's connection to a peer holds one buffer per protocol, Simple
+ *    4 MiB (NCCL_BUFFSIZE), LL 512 KiB (8 lines x 512 threads x 8 steps x 16 bytes) and LL128 4,915,200 bytes (120
+ *    elements x 640 threads x 8 steps x 8 bytes; NCCL's init.cc defaults), 9.2 MiB that NCCL allocates as 10 MiB
+ *    (the 10,485,760-byte allocations NCCL_DEBUG_SUBSYS=ALLOC lists on 8 x H100, NVIDIA/nccl issue 1685). The
+ *    memory grows linearly with the channels (NVIDIA/nccl issue 986); on NVLink machines NCCL opens up to 32. A
+ *    ring receives from one peer per channel and a tree within a machine from two; snug counts two receiving peers
+ *    per channel, 640 MiB, which with the 512 MiB context is 1.13 GiB: about the 1 GB nccl-tests leaves to CUDA and
+ *    NCCL on HGX/DGX machines (NVIDIA/nccl-tests issue 198) and the 1.06 GB reported for both on 8 x H100 (issue
+ *    1685). The PCIe cards open fewer channels and use less; the plan counts the NVLink figure everywhere, as a
+ *    bound. Not counted: NVLink SHARP's buffers (H100/H200 with NVSwitch; NCCL_NVLS_ENABLE=0 turns them off), and
+ *    the send/receive buffers that deterministic mode's per-owner exchange opens between every pair of ranks (an
+ *    all-to-all added 3.3 GB on 8 x H100 in issue 1685; deterministic mode is for tests). Its scratch is counted,
+ *    exactly (SNUG_NCCL_SCRATCH_BYTES, dist/comm.h). */
 #define CUDA_CONTEXT_BYTES ((size_t)512 << 20)
+#define NCCL_CHANNELS 32
+#define NCCL_PEERS_PER_CHANNEL 2
+#define NCCL_CONNECTION_BYTES ((size_t)10 << 20)
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #define CUDA_ALLOC_GRANULE ((size_t)2 << 20)
 
@@ -116,6 +133,11 @@ void snug_overhead_compute(snug_overhead *ov, snug_device_kind k, const snug_pla
                                                  "from the shape (reductions, attention, embedding sort, 16-bit GEMM operands)"};
         ov->item[ov->n++] = (snug_overhead_item){"allocator slack", slack,
                                                  "2 MiB rounding per arena + 1% margin; arenas do not fragment"};
+        if (p->ranks > 1)
+            ov->item[ov->n++] = (snug_overhead_item){
+                "NCCL buffers", (size_t)NCCL_CHANNELS * NCCL_PEERS_PER_CHANNEL * NCCL_CONNECTION_BYTES + p->comm_scratch,
+                p->comm_scratch ? "estimate: 32 channels x 2 peers x 10 MiB, + the deterministic sums' scratch"
+                                : "estimate: 32 channels x 2 peers x 10 MiB (NCCL's protocol buffers)"};
     } else {
         ov->item[ov->n++] = (snug_overhead_item){"process baseline", SNUG_CPU_BASELINE_BYTES,
                                                  "libraries, OpenBLAS/OpenMP buffers, tokenizer (measured)"};

@@ -44,7 +44,7 @@ typedef struct snug_overhead_item {
 
 typedef struct snug_overhead {
     int n;
-    snug_overhead_item item[4];
+    snug_overhead_item item[5];
     size_t total;
 } snug_overhead;
 

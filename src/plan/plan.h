@@ -35,6 +35,7 @@ typedef struct snug_plan_spec {
     int ddp_bucket_cap_mb; /* DDP and ZeRO-1's buckets (0: 25 MiB), for the time of the last one */
     int overlap_comm;      /* as configured (zero_overlap_comm): 1 on, -1 off, 0 auto: on for GPU ranks (lv.zero_overlap
                             * derives) */
+    int comm_deterministic; /* ddp_deterministic: GPU ranks' communicator holds the rank-order sums' scratch */
 } snug_plan_spec;
 
 typedef struct snug_plan {
@@ -47,6 +48,8 @@ typedef struct snug_plan {
     int B, T, xent_chunk;
     int vocab_block;             /* rows of the head per block of the loss (loss_vocab_block), 0: one pass */
     size_t device_scratch;       /* a GPU backend's scratch (snug_plan_device_scratch): allocated at this size */
+    int ranks;                   /* the spec's data-parallel ranks (1: one process) */
+    size_t comm_scratch;         /* over several GPU ranks: the NCCL communicator's deterministic scratch (0: none) */
 } snug_plan;
 
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e);

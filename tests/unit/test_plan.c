@@ -274,6 +274,29 @@ static void test_gpus(void) {
     snug_overhead ov;
     snug_overhead_compute(&ov, SNUG_DEVICE_CUDA, &p, 1 << 20);
     CHECK(ov.total > ((size_t)512 << 20) && ov.total < (size_t)(0.05 * p.total) + ((size_t)1 << 30));
+    for (int i = 0; i < ov.n; i++)
+        CHECKF(!strstr(ov.item[i].name, "NCCL"), "one process has no NCCL buffers: %s", ov.item[i].name);
+    /* over several GPU ranks, NCCL's buffers (32 channels x 2 peers x 10 MiB) and, in deterministic mode, the
+     * communicator's scratch (8 MiB per rank); with the CUDA context about the 1.06 GB reported on 8 x H100 */
+    for (int det = 0; det < 2; det++) {
+        snug_plan_spec r = s;
+        r.ranks = 8, r.zero_stage = 3, r.comm_deterministic = det;
+        snug_plan pr = plan_of(&r);
+        CHECK(pr.ranks == 8 && pr.comm_scratch == (det ? (size_t)64 << 20 : 0));
+        snug_overhead_compute(&ov, SNUG_DEVICE_CUDA, &pr, 0);
+        size_t nccl = 0, ctx = 0;
+        for (int i = 0; i < ov.n; i++) {
+            if (!strcmp(ov.item[i].name, "NCCL buffers"))
+                nccl = ov.item[i].bytes;
+            if (strstr(ov.item[i].name, "CUDA context"))
+                ctx = ov.item[i].bytes;
+        }
+        CHECKF(nccl == ((size_t)640 << 20) + pr.comm_scratch, "NCCL buffers %zu", nccl);
+        CHECK(ctx + nccl - pr.comm_scratch > 1.0e9 && ctx + nccl - pr.comm_scratch < 1.3e9);
+        snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &pr, 0); /* CPU ranks: host buffers, not these */
+        for (int i = 0; i < ov.n; i++)
+            CHECK(!strstr(ov.item[i].name, "NCCL"));
+    }
     snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &p, 0);
     CHECK(ov.total == SNUG_CPU_BASELINE_BYTES + SNUG_ST_READ_BLOCK); /* one block of the embedding's file pages */
     snug_overhead_compute(&ov, SNUG_DEVICE_CPU, &p, 1000);
