@@ -34,6 +34,7 @@ typedef enum key_type {
     KT_LIST,     /* only for keys not supported yet */
     KT_MAP,      /* only for keys not supported yet */
     KT_NAMES,    /* char[size]: a list of names (YAML list, or "a,b" as one value), stored joined by commas */
+    KT_FSDP,     /* fsdp_config: FSDP's options, a mapping or a JSON file's path, read into the fsdp_* fields */
 } key_type;
 
 /* Groups of the --help listing, in the order of options.h. G_DATASET keys live inside each datasets entry. */
@@ -195,8 +196,20 @@ static const key_spec keys[] = {
              "read)"},
     {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
      .help = "FSDP's sharding, as Hugging Face's Trainer takes it: full_shard is zero_stage 3, shard_grad_op 2, "
-             "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); offload is not "
-             "built yet"},
+             "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); true takes the "
+             "strategy from fsdp_config (FULL_SHARD when it names none); offload is not built yet"},
+    {.name = "fsdp_config", .type = KT_FSDP, .group = G_BATCH,
+     .help = "FSDP's options: a mapping (Axolotl) or a JSON file (Hugging Face's --fsdp_config), keys with or without "
+             "the fsdp_ prefix. sharding_strategy FULL_SHARD (or reshard_after_forward: true, FSDP2's default) is "
+             "zero_stage 3, SHARD_GRAD_OP (false) 2, NO_SHARD 0; activation_checkpointing: true is "
+             "gradient_checkpointing full; auto_wrap_policy TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP, "
+             "transformer_layer_cls_to_wrap, min_num_params, backward_prefetch, forward_prefetch, limit_all_gathers, "
+             "use_orig_params, sync_module_states, cpu_ram_efficient_loading, state_dict_type (FULL_ or "
+             "SHARDED_STATE_DICT) and version are accepted: snug gathers and reduces one decoder layer at a time, "
+             "prefetches the next, loads every rank from the file block by block, checkpoints each rank's shards and "
+             "writes the final model whole; offload_params, hybrid sharding and xla are refused"},
+    {.name = "fsdp_version", .type = KT_INT, .group = G_BATCH, AT_INT(fsdp_version), .def = "2", MIN(1),
+     .help = "Axolotl's FSDP version, 1 or 2: both shard the same way in snug"},
     {.name = "zero_stage", .type = KT_INT, .group = G_BATCH, AT_INT(zero_stage), .def = "0", MIN(0),
      .help = "ZeRO over the ranks: 1 = each rank keeps the optimizer state of 1/N of the parameters, steps only those "
              "after a reduce-scatter of the gradients and all-gathers the updated parameters (the same results as "
@@ -408,8 +421,6 @@ static const key_spec keys[] = {
      .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
-    LATER("fsdp_config", KT_MAP, "FSDP's options map; its fsdp_sharding_strategy FULL_SHARD is ZeRO stage 3, "
-                                 "SHARD_GRAD_OP stage 2: write fsdp: [full_shard] or zero_stage: 3 (or 2) instead"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
     LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
     LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
@@ -651,6 +662,7 @@ static const char *type_phrase(const key_spec *k, char *buf, size_t cap) {
     case KT_LIST: return "a list";
     case KT_NAMES: return "a list of names (a YAML list, or names separated by commas)";
     case KT_MAP: return "a mapping";
+    case KT_FSDP: return "a mapping of FSDP's options, or a JSON file's path";
     case KT_ENUM: {
         char choices[256];
         enum_choices(k->values, ", ", 0, choices, sizeof choices);
@@ -742,6 +754,7 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
     case KT_DATASETS:
     case KT_LIST:
     case KT_MAP:
+    case KT_FSDP:
         break;
     }
     return snug_fail(e, SNUG_EINTERNAL, "%s: %s has no scalar setter (a bug in snug's option table)", loc, written);
@@ -779,6 +792,8 @@ static void apply_defaults(void *base, int scope) {
 void snug_options_defaults(snug_run_config *o) {
     memset(o, 0, sizeof *o);
     apply_defaults(o, 0);
+    o->fsdp_config_stage = -2;
+    o->fsdp_activation_checkpointing = -1;
 }
 
 /* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written). */
@@ -922,6 +937,290 @@ static int load_datasets(snug_run_config *o, const char *written, const yaml_src
     return 0;
 }
 
+/* ---- fsdp_config ---- */
+
+/* FSDP's options map: Axolotl writes it as a YAML mapping, Hugging Face's Trainer takes a JSON file's path
+ * (--fsdp_config), and both spell each key with or without the fsdp_ prefix (the Trainer strips it). Its sharding
+ * means a ZeRO stage and its activation_checkpointing means gradient_checkpointing: full (both resolved with the
+ * rest of the sharding keys in apply_fsdp). The keys that tune how FSDP wraps, prefetches, loads and saves ask for
+ * what snug does anyway (one decoder layer gathered and reduced at a time, the next one prefetched, every rank
+ * loading the file a block at a time, each rank's shards in checkpoints and a whole model at the end), so they are
+ * checked and accepted; offloading, hybrid sharding and XLA are refused. */
+typedef enum fsdp_kind {
+    FK_STRATEGY, /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD (or 1, 2, 3: torch's ShardingStrategy) */
+    FK_RESHARD,  /* FSDP2: true (FULL_SHARD) or false (SHARD_GRAD_OP); FSDP1: a strategy's name */
+    FK_OFFLOAD,  /* true is refused */
+    FK_CKPT,     /* activation_checkpointing */
+    FK_BOOL,     /* accepted either way */
+    FK_CHOICE,   /* one of `values`, any case */
+    FK_NAMES,    /* a name or a list of names */
+    FK_COUNT,    /* an integer >= 0 */
+    FK_XLA,      /* true is refused */
+    FK_XLA_MAP,  /* a non-empty mapping is refused */
+} fsdp_kind;
+
+typedef struct fsdp_key {
+    const char *name;
+    fsdp_kind kind;
+    const char *values; /* FK_CHOICE */
+} fsdp_key;
+
+static const fsdp_key fsdp_keys[] = {
+    {"sharding_strategy", FK_STRATEGY, NULL},
+    {"reshard_after_forward", FK_RESHARD, NULL},
+    {"offload_params", FK_OFFLOAD, NULL},
+    {"cpu_offload", FK_OFFLOAD, NULL},
+    {"activation_checkpointing", FK_CKPT, NULL},
+    {"auto_wrap_policy", FK_CHOICE, "TRANSFORMER_BASED_WRAP SIZE_BASED_WRAP"},
+    {"transformer_layer_cls_to_wrap", FK_NAMES, NULL},
+    {"min_num_params", FK_COUNT, NULL},
+    {"backward_prefetch", FK_CHOICE, "BACKWARD_PRE BACKWARD_POST NO_PREFETCH"},
+    {"forward_prefetch", FK_BOOL, NULL},
+    {"limit_all_gathers", FK_BOOL, NULL},
+    {"use_orig_params", FK_BOOL, NULL},
+    {"sync_module_states", FK_BOOL, NULL},
+    {"cpu_ram_efficient_loading", FK_BOOL, NULL},
+    {"state_dict_type", FK_CHOICE, "FULL_STATE_DICT SHARDED_STATE_DICT"},
+    {"version", FK_CHOICE, "1 2"},
+    {"xla", FK_XLA, NULL},
+    {"xla_fsdp_v2", FK_XLA, NULL},
+    {"xla_fsdp_grad_ckpt", FK_XLA, NULL},
+    {"xla_fsdp_settings", FK_XLA_MAP, NULL},
+};
+#define NFSDP_KEYS ((int)(sizeof fsdp_keys / sizeof fsdp_keys[0]))
+
+/* One value of fsdp_config, from YAML or JSON. */
+typedef struct fsdp_value {
+    const char *text; /* a scalar as written (JSON booleans and numbers as text); NULL for a list or mapping */
+    int null;         /* null: asks for nothing */
+    int list, map, n; /* a list or a mapping of n entries */
+    int names;        /* a list whose every entry is a name */
+} fsdp_value;
+
+/* What one fsdp_config says, before apply_fsdp weighs it against fsdp and zero_stage. */
+typedef struct fsdp_read {
+    int strategy, reshard, ckpt; /* -1: not said */
+    int seen[NFSDP_KEYS];
+} fsdp_read;
+
+static int is_name(const char *s) {
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (!(isalnum((unsigned char)*s) || *s == '_' || *s == '.'))
+            return 0;
+    return 1;
+}
+
+/* The ZeRO stage a sharding strategy means: 3, 2 or 0; -2 for hybrid sharding; -1 for anything else. */
+static int strategy_stage(const char *s) {
+    static const struct { const char *name, *number; int stage; } st[] = {
+        {"FULL_SHARD", "1", 3},   {"SHARD_GRAD_OP", "2", 2},         {"NO_SHARD", "3", 0},
+        {"HYBRID_SHARD", "4", -2}, {"_HYBRID_SHARD_ZERO2", "5", -2}, {"HYBRID_SHARD_ZERO2", "", -2},
+    };
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+        if (!strcasecmp(s, st[i].name) || !strcmp(s, st[i].number))
+            return st[i].stage;
+    return -1;
+}
+
+static int fsdp_entry(fsdp_read *r, const char *name, const fsdp_value *v, const char *loc, snug_error *e) {
+    const char *key = strncmp(name, "fsdp_", 5) ? name : name + 5;
+    int ki = -1, best = INT_MAX;
+    const char *near = NULL;
+    for (int i = 0; i < NFSDP_KEYS && ki < 0; i++) {
+        int d = edit_distance(key, fsdp_keys[i].name);
+        if (d == 0)
+            ki = i;
+        else if (d < best)
+            best = d, near = fsdp_keys[i].name;
+    }
+    if (ki < 0) {
+        if (near && (best <= 3 || best * 3 <= (int)strlen(key)))
+            return snug_fail(e, SNUG_EINPUT, "%s: unknown fsdp_config key '%.100s': did you mean '%s'?", loc, name,
+                             near);
+        return snug_fail(e, SNUG_EINPUT, "%s: unknown fsdp_config key '%.100s': `snug train --help` lists those "
+                         "snug reads under fsdp_config", loc, name);
+    }
+    const fsdp_key *k = &fsdp_keys[ki];
+    if (r->seen[ki]++)
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config sets %s twice (with and without the fsdp_ prefix?); keep "
+                         "one", loc, k->name);
+    if (v->null)
+        return 0;
+    if (k->kind == FK_NAMES) {
+        if (v->text ? is_name(v->text) : v->list && v->names)
+            return 0;
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must name the layer class (LlamaDecoderLayer) or list "
+                         "such names", loc, name);
+    }
+    if (k->kind == FK_XLA_MAP) {
+        if (v->map && v->n == 0)
+            return 0;
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s is for FSDP on TPUs through XLA, which snug does not "
+                         "run on; remove it", loc, name);
+    }
+    if (!v->text)
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must be a single value, got %s", loc, name,
+                         v->list ? "a list" : "a mapping");
+    int b = 0, isbool = parse_bool(v->text, &b) == 0;
+    switch (k->kind) {
+    case FK_STRATEGY:
+    case FK_RESHARD: {
+        int stage = k->kind == FK_RESHARD && isbool ? (b ? 3 : 2) : strategy_stage(v->text);
+        if (stage == -2)
+            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s %s (sharding within each node, replicas across "
+                             "nodes) is not supported yet; use FULL_SHARD or SHARD_GRAD_OP", loc, name, v->text);
+        if (stage == -1)
+            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must be %s, got '%.60s'", loc, name,
+                             k->kind == FK_RESHARD ? "true (FULL_SHARD), false (SHARD_GRAD_OP) or a sharding "
+                                                     "strategy's name"
+                                                   : "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (or 1, 2, 3)",
+                             v->text);
+        *(k->kind == FK_RESHARD ? &r->reshard : &r->strategy) = stage;
+        return 0;
+    }
+    case FK_OFFLOAD:
+    case FK_XLA:
+    case FK_CKPT:
+    case FK_BOOL:
+        if (!isbool)
+            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must be true or false, got '%.60s'", loc, name,
+                             v->text);
+        if (b && k->kind == FK_OFFLOAD)
+            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s: offloading the parameters to the CPU is not "
+                             "supported yet; remove it or set it to false (a paged optimizer, optimizer: "
+                             "paged_adamw_8bit, keeps the optimizer state in host memory)", loc, name);
+        if (b && k->kind == FK_XLA)
+            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s is for FSDP on TPUs through XLA, which snug does "
+                             "not run on; remove it or set it to false", loc, name);
+        if (k->kind == FK_CKPT)
+            r->ckpt = b;
+        return 0;
+    case FK_CHOICE:
+        for (const char *p = k->values; *p;) {
+            size_t n = strcspn(p, " ");
+            if (n == strlen(v->text) && !strncasecmp(p, v->text, n))
+                return 0;
+            p += n + (p[n] == ' ');
+        }
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must be one of %s, got '%.60s'%s", loc, name,
+                         k->values, v->text,
+                         !strcasecmp(v->text, "NO_WRAP") ? " (snug gathers and reduces one decoder layer at a time, "
+                                                           "as TRANSFORMER_BASED_WRAP does)" : "");
+    case FK_COUNT: {
+        int c;
+        if (parse_int(v->text, &c) || c < 0)
+            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must be a whole number of parameters, got "
+                             "'%.60s'", loc, name, v->text);
+        return 0;
+    }
+    case FK_NAMES:
+    case FK_XLA_MAP:
+        break;
+    }
+    return 0;
+}
+
+/* Stores what one whole fsdp_config said: the stage (a sharding_strategy and a reshard_after_forward that disagree
+ * are refused) and activation_checkpointing. */
+static int fsdp_store(snug_run_config *o, const fsdp_read *r, const char *loc, snug_error *e) {
+    if (r->strategy >= 0 && r->reshard >= 0 && r->strategy != r->reshard)
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's sharding_strategy means ZeRO stage %d but its "
+                         "reshard_after_forward means stage %d; keep one", loc, r->strategy, r->reshard);
+    o->fsdp_config_stage = r->strategy >= 0 ? r->strategy : r->reshard;
+    o->fsdp_activation_checkpointing = r->ckpt;
+    return 0;
+}
+
+/* fsdp_config as a JSON file (Hugging Face's --fsdp_config FILE). An empty path clears it. */
+static int fsdp_config_file(snug_run_config *o, const char *path, const char *where, snug_error *e) {
+    o->fsdp_config_stage = -2;
+    o->fsdp_activation_checkpointing = -1;
+    if (!*path)
+        return 0;
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j)
+        return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config: %s line %d: %s; give FSDP's options as a JSON object, or "
+                         "as a mapping in the YAML", where, path, je.line, je.text);
+    int rc = 0;
+    char loc[1200];
+    snprintf(loc, sizeof loc, "fsdp_config %s", path);
+    if (!json_is_object(j))
+        rc = snug_fail(e, SNUG_EINPUT, "%s: must hold a JSON object such as {\"sharding_strategy\": \"FULL_SHARD\"}",
+                       loc);
+    fsdp_read r = {.strategy = -1, .reshard = -1, .ckpt = -1};
+    const char *name;
+    json_t *jv;
+    json_object_foreach(j, name, jv) {
+        if (rc)
+            break;
+        char num[64];
+        fsdp_value v = {.null = json_is_null(jv), .list = json_is_array(jv), .map = json_is_object(jv)};
+        if (json_is_string(jv))
+            v.text = json_string_value(jv);
+        else if (json_is_boolean(jv))
+            v.text = json_is_true(jv) ? "true" : "false";
+        else if (json_is_integer(jv))
+            snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(jv)), v.text = num;
+        else if (json_is_real(jv))
+            snprintf(num, sizeof num, "%.17g", json_real_value(jv)), v.text = num;
+        v.n = v.list ? (int)json_array_size(jv) : v.map ? (int)json_object_size(jv) : 0;
+        v.names = v.list;
+        for (size_t i = 0; v.list && i < json_array_size(jv); i++) {
+            json_t *item = json_array_get(jv, i);
+            v.names &= json_is_string(item) && is_name(json_string_value(item));
+        }
+        rc = fsdp_entry(&r, name, &v, loc, e);
+    }
+    if (!rc)
+        rc = fsdp_store(o, &r, loc, e);
+    json_decref(j);
+    return rc;
+}
+
+/* fsdp_config in the YAML: a mapping, or a JSON file's path. */
+static int load_fsdp_config(snug_run_config *o, const char *written, const yaml_src *y, const yaml_node_t *v,
+                            const char *loc, snug_error *e) {
+    if (node_is_empty(v)) /* asks for nothing */
+        return fsdp_config_file(o, "", loc, e);
+    if (v->type == YAML_SCALAR_NODE) {
+        const char *text = node_text(v, written, loc, e);
+        return text ? fsdp_config_file(o, text, loc, e) : SNUG_EINPUT;
+    }
+    if (v->type != YAML_MAPPING_NODE)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be a mapping of FSDP's options (sharding_strategy: FULL_SHARD) "
+                         "or a JSON file's path, got a list", loc, written);
+    fsdp_read r = {.strategy = -1, .reshard = -1, .ckpt = -1};
+    char here[1300];
+    for (yaml_node_pair_t *pr = v->data.mapping.pairs.start; pr < v->data.mapping.pairs.top; pr++) {
+        yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key), *vn = yaml_document_get_node(y->doc, pr->value);
+        snprintf(here, sizeof here, "%s line %lu", y->path, (unsigned long)kn->start_mark.line + 1);
+        if (kn->type != YAML_SCALAR_NODE)
+            return snug_fail(e, SNUG_EINPUT, "%s: a key of %s must be a plain name, got %s", here, written,
+                             node_kind(kn));
+        fsdp_value fv = {.null = node_is_null(vn), .list = vn->type == YAML_SEQUENCE_NODE,
+                         .map = vn->type == YAML_MAPPING_NODE};
+        if (vn->type == YAML_SCALAR_NODE && !fv.null && !(fv.text = node_text(vn, written, here, e)))
+            return SNUG_EINPUT;
+        if (fv.list) {
+            fv.n = (int)(vn->data.sequence.items.top - vn->data.sequence.items.start);
+            fv.names = 1;
+            for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
+                const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+                fv.names &= item && item->type == YAML_SCALAR_NODE &&
+                            strlen((const char *)item->data.scalar.value) == item->data.scalar.length &&
+                            is_name((const char *)item->data.scalar.value);
+            }
+        } else if (fv.map) {
+            fv.n = (int)(vn->data.mapping.pairs.top - vn->data.mapping.pairs.start);
+        }
+        SNUG_TRY(fsdp_entry(&r, (const char *)kn->data.scalar.value, &fv, here, e));
+    }
+    return fsdp_store(o, &r, loc, e);
+}
+
 static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
                         snug_error *e) {
     unsigned long seen[NKEYS] = {0}; /* line where each key was set, to catch a key given twice */
@@ -948,6 +1247,8 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
         seen_as[ki] = name;
         if (k->type == KT_DATASETS && !k->later)
             SNUG_TRY(load_datasets(base, name, y, v, loc, e));
+        else if (k->type == KT_FSDP)
+            SNUG_TRY(load_fsdp_config(base, name, y, v, loc, e));
         else
             SNUG_TRY(apply_scalar_node(base, k, name, y, v, loc, e));
     }
@@ -1058,6 +1359,8 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
         return refuse_later(k, key, value, !*value, where, e);
     if (k->type == KT_DATASETS)
         return add_dataset_path(o, value, "", where, e);
+    if (k->type == KT_FSDP)
+        return fsdp_config_file(o, value, where, e);
     return set_text(o, k, key, value, where, e);
 }
 
@@ -1140,10 +1443,17 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
     return rc;
 }
 
-/* fsdp: [full_shard, auto_wrap]. Its strategy means a ZeRO stage (FULL_SHARD = 3, SHARD_GRAD_OP = 2, NO_SHARD =
- * 0), which sets zero_stage (a zero_stage given too must agree). */
+/* fsdp and fsdp_config: FSDP's sharding means a ZeRO stage (FULL_SHARD = 3, SHARD_GRAD_OP = 2, NO_SHARD = 0),
+ * which sets zero_stage. `fsdp` lists the strategy as Hugging Face's Trainer takes it ([full_shard, auto_wrap]), or is
+ * true (the Trainer's newer spelling: the strategy is fsdp_config's); fsdp_config's sharding_strategy or
+ * reshard_after_forward must agree with it, and a zero_stage given too with both. FSDP without a named strategy is
+ * FULL_SHARD, as FSDP's default is, unless zero_stage names the stage. fsdp_config's activation_checkpointing turns
+ * gradient_checkpointing on (full) where it is off. */
 static int apply_fsdp(snug_run_config *o, snug_error *e) {
-    int stage = -1;
+    if (o->fsdp_version > 2)
+        return snug_fail(e, SNUG_EINPUT, "fsdp_version is %d; it must be 1 or 2 (both shard the same way in snug)",
+                         o->fsdp_version);
+    int stage = -1, on = -1; /* on: fsdp: true or false */
     for (const char *p = o->fsdp; *p;) {
         size_t k = strcspn(p, ", ");
         if (k == 13 && !strncmp(p, "shard_grad_op", k))
@@ -1152,18 +1462,41 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
             stage = stage < 0 ? 0 : stage;
         else if (k == 10 && !strncmp(p, "full_shard", k))
             stage = 3;
+        else if ((k == 4 && !strncmp(p, "true", k)) || (k == 5 && !strncmp(p, "false", k)))
+            on = k == 4;
         else if (k && !(k == 9 && !strncmp(p, "auto_wrap", k)))
             return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes full_shard, shard_grad_op, "
-                             "no_shard and auto_wrap (offload is not built yet)", (int)k, p);
+                             "no_shard, auto_wrap, or true with the strategy in fsdp_config (offload and hybrid "
+                             "sharding are not built yet)", (int)k, p);
         p += k;
         p += strspn(p, ", ");
     }
+    int cs = o->fsdp_config_stage;
+    if (on == 0)
+        return stage >= 0 || cs > -2 ? snug_fail(e, SNUG_EINPUT, "fsdp is false but %s; remove one",
+                                                 stage >= 0 ? "it names a sharding strategy too"
+                                                            : "fsdp_config is given")
+                                     : 0;
+    if (stage >= 0 && cs >= 0 && stage != cs)
+        return snug_fail(e, SNUG_EINPUT, "fsdp (%s) means ZeRO stage %d but fsdp_config's sharding means stage %d; "
+                         "keep one", o->fsdp, stage, cs);
     if (stage < 0)
+        stage = cs;
+    int fsdp_on = stage >= 0 || cs == -1 || on == 1;
+    if (!fsdp_on)
         return 0;
-    if (o->zero_stage && o->zero_stage != stage)
-        return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp (%s) means stage %d; keep one", o->zero_stage,
-                         o->fsdp, stage);
+    if (stage < 0) /* FSDP's default strategy, FULL_SHARD, unless zero_stage says otherwise */
+        stage = o->zero_stage ? o->zero_stage : 3;
+    if (o->zero_stage && o->zero_stage != stage) {
+        if (o->fsdp[0])
+            return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp (%s) means stage %d; keep one", o->zero_stage,
+                             o->fsdp, stage);
+        return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp_config means stage %d; keep one", o->zero_stage,
+                         stage);
+    }
     o->zero_stage = stage;
+    if (o->fsdp_activation_checkpointing == 1 && o->gradient_checkpointing == SNUG_CKPT_CHOICE_NONE)
+        o->gradient_checkpointing = SNUG_CKPT_CHOICE_FULL;
     return 0;
 }
 
@@ -1212,8 +1545,8 @@ static void print_key(FILE *f, const key_spec *k) {
     } else {
         static const char *const names[] = {"int",  "float", "bool",    "string",
                                             "",     "size",  "list",    "list",
-                                            "mapping", "list of names"}; /* by key_type */
-        _Static_assert(sizeof names / sizeof *names == KT_NAMES + 1, "a name for every key type");
+                                            "mapping", "list of names", "mapping or file"}; /* by key_type */
+        _Static_assert(sizeof names / sizeof *names == KT_FSDP + 1, "a name for every key type");
         snprintf(type, sizeof type, "%s", names[k->type]);
     }
     fprintf(f, "  %s: %s", k->name, type);

@@ -121,6 +121,10 @@ typedef struct snug_run_config {
                                * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */
     char fsdp[256];           /* FSDP's options as written, joined by commas (shard_grad_op is zero_stage 2) */
+    int fsdp_version;         /* Axolotl's fsdp_version, 1 or 2: the same sharding to snug */
+    int fsdp_config_stage;    /* the ZeRO stage fsdp_config's sharding_strategy or reshard_after_forward means;
+                               * -1: an fsdp_config that names no sharding (FSDP's default, FULL_SHARD); -2: none */
+    int fsdp_activation_checkpointing; /* fsdp_config's activation_checkpointing: -1 unset, 0 or 1 */
     int dist_debug;           /* 1: every collective's signature compared across ranks before it runs */
     double dist_timeout;      /* seconds before a collective that does not complete fails the run; 0 = never */
 

@@ -370,6 +370,22 @@ cmp -s "$W/fsdp3_adamw2/model.safetensors" "$W/zero3_adamw2/model.safetensors" &
 run fsdp_adamw2 2 --fsdp "shard_grad_op auto_wrap" || bad "fsdp_adamw2 did not train: $(tail -2 "$W/fsdp_adamw2.log")"
 cmp -s "$W/fsdp_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensors" && grep -q "ZeRO *stage 2" "$W/fsdp_adamw2.log" &&
   ok || bad "fsdp shard_grad_op is not zero_stage 2's run"
+# fsdp_config: Axolotl's FSDP2 mapping (FULL_SHARD by reshard_after_forward), and Hugging Face's JSON file with
+# fsdp: true (SHARD_GRAD_OP by its prefixed key), each the run of the stage it means
+{ cat "$W/ids.yaml"; printf 'fsdp_version: 2\nfsdp_config:\n  offload_params: false\n  state_dict_type: FULL_STATE_DICT\n'
+  printf '  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  transformer_layer_cls_to_wrap: LlamaDecoderLayer\n'
+  printf '  reshard_after_forward: true\n  cpu_ram_efficient_loading: true\n'; } > "$W/fsdpcfg.yaml"
+common=${common_ids/ids.yaml/fsdpcfg.yaml}
+run fsdpcfg3_adamw2 2 || bad "fsdpcfg3_adamw2 did not train: $(tail -2 "$W/fsdpcfg3_adamw2.log")"
+cmp -s "$W/fsdpcfg3_adamw2/model.safetensors" "$W/zero3_adamw2/model.safetensors" &&
+  grep -q "ZeRO *stage 3" "$W/fsdpcfg3_adamw2.log" && ok || bad "fsdp_config reshard_after_forward is not zero_stage 3's run"
+common=$common_ids
+printf '{"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+ "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_use_orig_params": true, "xla": false}\n' > "$W/fsdp.json"
+run fsdpjson2_adamw2 2 --fsdp true --fsdp_config "$W/fsdp.json" ||
+  bad "fsdpjson2_adamw2 did not train: $(tail -2 "$W/fsdpjson2_adamw2.log")"
+cmp -s "$W/fsdpjson2_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensors" &&
+  grep -q "ZeRO *stage 2" "$W/fsdpjson2_adamw2.log" && ok || bad "fsdp_config's SHARD_GRAD_OP is not zero_stage 2's run"
 
 # checkpoints: each rank writes its shard of the optimizer state (and of the fp32 master copy; at stage 3 of the
 # parameters as stored, without the gather region) as its own state-*.rank<R>.bin, rank 0 the rest; a run saved at
@@ -542,9 +558,11 @@ refuse() {
 }
 refuse "zero_stage 4" "zero_stage 4 does not exist" --zero_stage 4
 refuse "zero_stage -1" "zero_stage" --zero_stage -1
-{ cat "$W/ids.yaml"; printf 'fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n'; } > "$W/fsdpcfg.yaml"
-"$SNUG" train "$W/fsdpcfg.yaml" --output_dir "$W/refused" > "$W/refused.log" 2>&1
-[ $? -eq 2 ] && grep -q "fsdp: \[full_shard\]" "$W/refused.log" && ok || bad "fsdp_config: $(tail -1 "$W/refused.log")"
+{ cat "$W/ids.yaml"; printf 'fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: true\n'; } \
+  > "$W/fsdpoff.yaml"
+"$SNUG" train "$W/fsdpoff.yaml" --output_dir "$W/refused" > "$W/refused.log" 2>&1
+[ $? -eq 2 ] && grep -q "fsdpoff.yaml line $(($(wc -l < "$W/ids.yaml") + 3)): fsdp_config's fsdp_offload_params" \
+  "$W/refused.log" && ok || bad "fsdp_config offload: $(tail -1 "$W/refused.log")"
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
 refuse "with an adapter" "adapter" --zero_stage 1 --adapter lora

@@ -591,6 +591,101 @@ static int parse_config(const char *yaml, snug_run_config *o, snug_error *e) {
     return snug_options_parse_args(o, 1, argv, e);
 }
 
+/* fsdp_config: Axolotl's mapping (FSDP1 keys with the fsdp_ prefix, FSDP2 keys without) and Hugging Face's JSON file,
+ * each sharding setting as its ZeRO stage, activation_checkpointing as gradient_checkpointing, the keys snug does
+ * anyway accepted, and every refusal with its place. */
+static void test_fsdp_config(void) {
+    snug_run_config o;
+    snug_error e;
+    char yaml[1200];
+    CHECKF(parse_config("fsdp_version: 2\nfsdp_config:\n  offload_params: false\n  state_dict_type: FULL_STATE_DICT\n"
+                        "  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  transformer_layer_cls_to_wrap: LlamaDecoderLayer\n"
+                        "  reshard_after_forward: true\n  cpu_ram_efficient_loading: true\n"
+                        "  activation_checkpointing: true\n", &o, &e) == 0 &&
+           o.zero_stage == 3 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_FULL, "%s", e.msg);
+    CHECKF(parse_config("fsdp: [full_shard, auto_wrap]\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+                        "  fsdp_offload_params: false\n  fsdp_backward_prefetch: BACKWARD_PRE\n"
+                        "  fsdp_transformer_layer_cls_to_wrap: [LlamaDecoderLayer, MistralDecoderLayer]\n"
+                        "  fsdp_use_orig_params: false\n  fsdp_sync_module_states: true\n  fsdp_limit_all_gathers: true\n"
+                        "  fsdp_forward_prefetch: false\n  fsdp_min_num_params: 0\n  fsdp_state_dict_type: sharded_state_dict\n",
+                        &o, &e) == 0 && o.zero_stage == 3 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_NONE,
+           "%s", e.msg);
+    CHECKF(parse_config("fsdp_config:\n  reshard_after_forward: false\n", &o, &e) == 0 && o.zero_stage == 2, "%s",
+           e.msg);
+    CHECKF(parse_config("fsdp_config:\n  sharding_strategy: 2\n", &o, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
+    CHECKF(parse_config("fsdp_config:\n  reshard_after_forward: shard_grad_op\n", &o, &e) == 0 && o.zero_stage == 2,
+           "%s", e.msg); /* FSDP1's spelling of reshard_after_forward */
+    CHECKF(parse_config("fsdp_config:\n  sharding_strategy: NO_SHARD\n", &o, &e) == 0 && o.zero_stage == 0, "%s",
+           e.msg);
+    CHECKF(parse_config("fsdp_config:\n  activation_checkpointing: false\n", &o, &e) == 0 && o.zero_stage == 3 &&
+           o.gradient_checkpointing == SNUG_CKPT_CHOICE_NONE, "%s", e.msg);
+    /* no strategy named: zero_stage decides; activation_checkpointing leaves a chosen checkpointing as it is */
+    CHECKF(parse_config("zero_stage: 2\nfsdp_config:\n  activation_checkpointing: true\n", &o, &e) == 0 &&
+           o.zero_stage == 2 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_FULL, "%s", e.msg);
+    CHECKF(parse_config("gradient_checkpointing: selective\nfsdp: [full_shard]\nfsdp_config:\n"
+                        "  activation_checkpointing: true\n", &o, &e) == 0 &&
+           o.gradient_checkpointing == SNUG_CKPT_CHOICE_SELECTIVE, "%s", e.msg);
+    CHECKF(parse_config("fsdp_config: {}\nfsdp_config_typo: 1\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "did you mean 'fsdp_config'"), "%s", e.msg);
+    CHECKF(parse_config("fsdp_config: {}\n", &o, &e) == 0 && o.zero_stage == 0, "%s", e.msg); /* asks for nothing */
+    /* refusals, each naming the file and line */
+    EXPECT_YAML_ERROR("seed: 1\nfsdp_config:\n  fsdp_offload_params: true\n", "cfg.yaml line 3",
+                      "fsdp_config's fsdp_offload_params", "not supported yet", "paged_adamw_8bit");
+    EXPECT_YAML_ERROR("fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n", "line 2", "HYBRID_SHARD",
+                      "not supported yet; use FULL_SHARD or SHARD_GRAD_OP");
+    EXPECT_YAML_ERROR("fsdp_config:\n  sharding_strategy: HALF_SHARD\n", "must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD");
+    EXPECT_YAML_ERROR("fsdp_config:\n  sharding_strategy: FULL_SHARD\n  reshard_after_forward: false\n",
+                      "sharding_strategy means ZeRO stage 3 but its reshard_after_forward means stage 2; keep one");
+    EXPECT_YAML_ERROR("fsdp_config:\n  fsdp_sharding_stratgy: FULL_SHARD\n", "line 2",
+                      "unknown fsdp_config key 'fsdp_sharding_stratgy': did you mean 'sharding_strategy'?");
+    EXPECT_YAML_ERROR("fsdp_config:\n  auto_wrap_policy: NO_WRAP\n", "must be one of TRANSFORMER_BASED_WRAP",
+                      "one decoder layer at a time");
+    EXPECT_YAML_ERROR("fsdp_config:\n  xla: true\n", "TPUs");
+    EXPECT_YAML_ERROR("fsdp_config:\n  xla_fsdp_settings: {compute_dtype: bfloat16}\n", "TPUs");
+    EXPECT_YAML_ERROR("fsdp_config:\n  sync_module_states: maybe\n", "must be true or false");
+    EXPECT_YAML_ERROR("fsdp_config:\n  min_num_params: -5\n", "min_num_params must be a whole number");
+    EXPECT_YAML_ERROR("fsdp_config:\n  transformer_layer_cls_to_wrap: [{a: b}]\n", "must name the layer class");
+    EXPECT_YAML_ERROR("fsdp_config:\n  version: [2]\n", "must be a single value, got a list");
+    EXPECT_YAML_ERROR("fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  sharding_strategy: FULL_SHARD\n",
+                      "sets sharding_strategy twice");
+    EXPECT_YAML_ERROR("fsdp_config: [FULL_SHARD]\n", "must be a mapping of FSDP's options");
+    CHECKF(parse_config("fsdp: [shard_grad_op]\nfsdp_config:\n  sharding_strategy: FULL_SHARD\n", &o, &e) ==
+           SNUG_EINPUT && has(&e, "fsdp (shard_grad_op) means ZeRO stage 2 but fsdp_config's sharding means stage 3"),
+           "%s", e.msg);
+    CHECKF(parse_config("zero_stage: 1\nfsdp_config:\n  reshard_after_forward: true\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "zero_stage is 1 but fsdp_config means stage 3"), "%s", e.msg);
+    CHECKF(parse_config("fsdp: false\nfsdp_config:\n  reshard_after_forward: true\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "fsdp is false but fsdp_config is given; remove one"), "%s", e.msg);
+    CHECKF(parse_config("fsdp: [hybrid_shard]\n", &o, &e) == SNUG_EINPUT && has(&e, "hybrid"), "%s", e.msg);
+    CHECKF(parse_config("fsdp_version: 3\n", &o, &e) == SNUG_EINPUT && has(&e, "fsdp_version is 3; it must be 1 or 2"),
+           "%s", e.msg);
+    /* Hugging Face's JSON file: in the YAML, and on the command line over the YAML's mapping */
+    const char *js = write_file("fsdp.json", "{\"fsdp_sharding_strategy\": \"SHARD_GRAD_OP\", \"transformer_layer_cls_to_wrap\": "
+                                "[\"GPT2Block\"], \"min_num_params\": 0, \"xla\": false, \"xla_fsdp_settings\": {}, "
+                                "\"activation_checkpointing\": true, \"limit_all_gathers\": null}");
+    snprintf(yaml, sizeof yaml, "fsdp: true\nfsdp_config: %s\n", js);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.zero_stage == 2 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_FULL,
+           "%s", e.msg);
+    char cfg[1024], jsarg[1024];
+    snprintf(cfg, sizeof cfg, "%s", write_file("cfg.yaml", "fsdp_config:\n  reshard_after_forward: true\n"));
+    snprintf(jsarg, sizeof jsarg, "%s", js);
+    char *argv[] = {cfg, "--fsdp_config", jsarg};
+    snug_options_defaults(&o);
+    CHECKF(snug_options_parse_args(&o, 3, argv, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
+    const char *jbad = write_file("fsdpbad.json", "{\"offload_params\": true}");
+    snprintf(yaml, sizeof yaml, "fsdp_config: %s\n", jbad);
+    CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "fsdp_config ") && has(&e, "fsdpbad.json") &&
+           has(&e, "offload_params: offloading"), "%s", e.msg);
+    const char *jnot = write_file("fsdpnot.json", "[1, 2]");
+    snprintf(yaml, sizeof yaml, "fsdp_config: %s\n", jnot);
+    CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "must hold a JSON object"), "%s", e.msg);
+    const char *jsyn = write_file("fsdpsyn.json", "{\"sharding_strategy\": }");
+    snprintf(yaml, sizeof yaml, "fsdp_config: %s\n", jsyn);
+    CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "fsdpsyn.json line 1"), "%s", e.msg);
+    CHECKF(parse_config("fsdp_config: /nonexistent/fsdp.json\n", &o, &e) == SNUG_EINPUT &&
+           has(&e, "/nonexistent/fsdp.json"), "%s", e.msg);
+}
+
 /* ZeRO: zero_stage, DeepSpeed's zero_optimization.stage, and the refusals of what is not built */
 static void test_zero(void) {
     snug_run_config o;
@@ -682,8 +777,9 @@ static void test_zero(void) {
            "%s", e.msg);
     CHECKF(parse_config("fsdp: [shard_grad_op]\nzero_stage: 1\n", &o, &e) == SNUG_EINPUT &&
            has(&e, "zero_stage is 1 but fsdp (shard_grad_op) means stage 2"), "%s", e.msg);
-    EXPECT_YAML_ERROR("fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n", "fsdp_config is not supported yet",
-                      "write fsdp: [full_shard] or zero_stage: 3 (or 2) instead");
+    CHECKF(parse_config("fsdp: true\n", &o, &e) == 0 && o.zero_stage == 3, "%s", e.msg); /* FULL_SHARD by default */
+    CHECKF(parse_config("fsdp: false\n", &o, &e) == 0 && o.zero_stage == 0, "%s", e.msg);
+    test_fsdp_config();
 }
 
 /* A failed load leaves the options as they were. */
