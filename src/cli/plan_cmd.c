@@ -46,6 +46,7 @@ int snug_plan_args_take(snug_plan_args *a, int *argc, char **argv, snug_error *e
 /* ---- the report ---- */
 
 #define MAXLEV 32
+#define MAX_GPUS 256 /* the most GPUs the plan looks at when none of --gpus fits */
 
 typedef struct gpu_row {
     const snug_gpu *g;
@@ -100,6 +101,8 @@ typedef struct report {
     /* --gpus N: each rank's plan under DDP and each ZeRO stage (plan/ranks.h) */
     snug_rank_mode modes[4];
     int mode_choice;                /* the stage that fits at the least predicted step time; -1 none */
+    int fewest_gpus;                /* none fits: the fewest GPUs over which one does (0: none up to MAX_GPUS) */
+    snug_rank_mode fewest;          /* the mode chosen there */
 } report;
 
 /* When each category is in use, and where the step's peak falls. */
@@ -794,7 +797,7 @@ static void print_ranks(const report *r, FILE *f) {
              "workspace, data. Every mode comes from the layout code the trainer allocates with (the largest "
              "rank's shards; zero-3's parameters are the rank's shard and one gather region of max(the global "
              "tensors, two layers), or with an untied head max(embedding, head, two layers); a tied head on the cpu is "
-             "split by rows: loss_vocab_block; see src/plan/ranks.h)", host ? " (the paged optimizer state is in host memory, not in it)" : "");
+             "split by rows: loss_vocab_block; see src/plan/ranks.h)", host ? "; the paged optimizer state is in host memory, not in it" : "");
     wrap(f, "  ", 4, text, 118);
     if (!g)
         return;
@@ -811,9 +814,16 @@ static void print_ranks(const report *r, FILE *f) {
         snprintf(text, sizeof text, "chosen: %s, the mode that fits in %s at the least predicted step time (%.1f%% "
                  "over the compute alone)%s", mode_names[r->mode_choice], b[0],
                  100.0 * (r->modes[r->mode_choice].step_s / r->modes[r->mode_choice].compute_s - 1.0), "");
-    else
-        snprintf(text, sizeof text, "no mode fits in %s per GPU; more GPUs, or the levers above, shrink each rank",
-                 b[0]);
+    else if (r->fewest_gpus) {
+        snug_format_bytes(b[1], sizeof b[1], r->fewest.need);
+        snprintf(text, sizeof text, "no mode fits in %s per GPU; over %d GPUs %s fits (%s per rank, %.3f s per step "
+                 "of %d x %d tokens per rank), or the levers above shrink each rank", b[0], r->fewest_gpus,
+                 mode_names[r->fewest.stage], b[1], r->fewest.step_s, r->p->spec.B * (r->p->spec.GA > 1 ?
+                 r->p->spec.GA : 1), r->p->spec.T);
+    } else {
+        snprintf(text, sizeof text, "no mode fits in %s per GPU, even over %d GPUs; the levers above shrink each rank",
+                 b[0], MAX_GPUS);
+    }
     wrap(f, "  ", 4, text, 118);
 }
 
@@ -835,8 +845,13 @@ static json_t *ranks_json(const report *r) {
         }
         json_array_append_new(modes, o);
     }
-    return json_pack("{s:i, s:o, s:o}", "gpus", r->a->gpus, "modes", modes, "chosen",
-                     r->mode_choice >= 0 ? json_string(mode_names[r->mode_choice]) : json_null());
+    json_t *fewest = r->fewest_gpus ? json_pack("{s:i, s:s, s:f, s:f}", "gpus", r->fewest_gpus, "mode",
+                                                mode_names[r->fewest.stage], "need", r->fewest.need, "step_s",
+                                                r->fewest.step_s)
+                                    : json_null();
+    return json_pack("{s:i, s:o, s:o, s:o}", "gpus", r->a->gpus, "modes", modes, "chosen",
+                     r->mode_choice >= 0 ? json_string(mode_names[r->mode_choice]) : json_null(), "fits_from",
+                     fewest);
 }
 
 int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, snug_error *e) {
@@ -869,6 +884,8 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
         rc = build(r, e);
     if (!rc && a->gpus > 1)
         rc = snug_plan_ranks(&p->spec, a->gpus, a->g, r->modes, &r->mode_choice, e);
+    if (!rc && a->gpus > 1 && a->g && r->mode_choice < 0)
+        rc = snug_plan_ranks_fewest(&p->spec, a->gpus, MAX_GPUS, a->g, &r->fewest_gpus, &r->fewest, e);
     if (!rc && a->svg[0])
         rc = write_svg(r, e);
     if (!rc) {

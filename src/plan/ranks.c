@@ -91,3 +91,27 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
     }
     return 0;
 }
+
+int snug_plan_ranks_fewest(const snug_plan_spec *s, int n, int max_n, const snug_gpu *g, int *gpus,
+                           snug_rank_mode *mode, snug_error *e) {
+    *gpus = 0;
+    snug_rank_mode out[4];
+    int choice, lo = n, hi = 0; /* lo: fits on none; hi: the fewest found that fits */
+    for (int k = n + 1; !hi && lo < max_n; k = lo * 2 < max_n ? lo * 2 : max_n) {
+        SNUG_TRY(snug_plan_ranks(s, k, g, out, &choice, e));
+        if (choice >= 0)
+            hi = k, *mode = out[choice];
+        else
+            lo = k;
+    }
+    while (hi && hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        SNUG_TRY(snug_plan_ranks(s, mid, g, out, &choice, e));
+        if (choice >= 0)
+            hi = mid, *mode = out[choice];
+        else
+            lo = mid;
+    }
+    *gpus = hi;
+    return 0;
+}

@@ -56,4 +56,10 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
 int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank_mode out[4], int *choice,
                     snug_error *e);
 
+/* When no mode fits over n GPUs of g: the fewest GPUs, more than n and at most max_n, over which one does, found by
+ * doubling and then halving the interval (a rank's memory shrinks as the ranks grow), and the mode chosen there
+ * (*mode, with its stage). *gpus is 0 when none fits up to max_n. */
+int snug_plan_ranks_fewest(const snug_plan_spec *s, int n, int max_n, const snug_gpu *g, int *gpus,
+                           snug_rank_mode *mode, snug_error *e);
+
 #endif

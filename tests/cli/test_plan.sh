@@ -172,6 +172,27 @@ done
 expect_out ranks-4090 "per rank over 2 GPUs of RTX 4090" "zero-3 " "(chosen: zero-|no mode fits in)" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090 \
   --gpus 2 --optimizer paged_adamw_8bit --gradient_checkpointing true
+# ... and where none fits, over how many GPUs one would: that many fit (the same mode and memory), one fewer does not
+r4090=(plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090
+  --optimizer paged_adamw_8bit --gradient_checkpointing true --json)
+if "$SNUG" "${r4090[@]}" --gpus 2 > "$W/f2.json" 2>"$W/stderr" &&
+   n=$(python3 -c 'import json,sys; f = json.load(open(sys.argv[1]))["ranks"]["fits_from"]; print(f["gpus"])' "$W/f2.json") &&
+   "$SNUG" "${r4090[@]}" --gpus "$n" > "$W/fn.json" 2>>"$W/stderr" &&
+   "$SNUG" "${r4090[@]}" --gpus $((n - 1)) > "$W/fm.json" 2>>"$W/stderr" &&
+   python3 - "$W/f2.json" "$W/fn.json" "$W/fm.json" <<'PY'
+import json, sys
+two, at, below = (json.load(open(p))["ranks"] for p in sys.argv[1:4])
+f = two["fits_from"]
+assert two["chosen"] is None and f["gpus"] > 2, two
+assert at["chosen"] == f["mode"] and at["fits_from"] is None, at
+mode = next(m for m in at["modes"] if m["mode"] == f["mode"])
+assert mode["need"] == f["need"], (mode, f)
+assert below["chosen"] is None, below
+print(f"  llama-3.1-8b on rtx4090 x 2 fits nowhere; {f['mode']} fits from {f['gpus']} GPUs ({f['need'] / 2**30:.2f} GiB)")
+PY
+then ok; else bad "fewest GPUs: $(head -c 300 "$W/stderr")"; fi
+expect_out ranks-4090-text "no mode fits in 23.99 GiB per GPU; over [0-9]+ GPUs zero-3 fits" -- \
+  "$SNUG" "${r4090[@]:0:${#r4090[@]}-1}" --gpus 2
 expect_error gpus-0 "gpus is 0; it must be at least 1" "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --gpus 0
 
 # the chart: SVG always, PNG when a converter is installed
