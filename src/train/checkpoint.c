@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "model/peft_io.h"
 #include "snug.h"
+#include "train/reshard.h"
 
 #define STATE_JSON "trainer_state.json"
 #define STATE_HASH "trainer_state.hash"
@@ -751,6 +752,124 @@ static int refuse(snug_error *e, const char *dir, const char *what) {
                      "own name), or start the run again", dir, what);
 }
 
+/* Whether file `name` of checkpoint dir is as trainer_state.json lists it (f: its size and hash). */
+static int check_file(const char *dir, const char *name, json_t *f, snug_error *e) {
+    char p[4400], why[600], hex[32];
+    size_t bytes;
+    uint64_t h;
+    snug_path_join(p, sizeof p, dir, name);
+    if (hash_file(p, &bytes, &h)) {
+        snprintf(why, sizeof why, "%s is missing or unreadable", name);
+        return refuse(e, dir, why);
+    }
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
+    const char *want_hash = json_string_value(json_object_get(f, "hash"));
+    if ((json_int_t)bytes != want_bytes || !want_hash || strcmp(hex, want_hash)) {
+        snprintf(why, sizeof why, "%s is %zu bytes with hash %s, but was written as %lld bytes with hash %s (the file "
+                 "was truncated or changed)", name, bytes, hex, (long long)want_bytes, want_hash ? want_hash : "?");
+        return refuse(e, p, why);
+    }
+    return 0;
+}
+
+/* How the checkpoint's ranks split the state: their number, their ZeRO stage (0 for one process) and their
+ * accumulation; the data of a step is ranks x accumulation micro-batches, whatever the split. */
+typedef struct split {
+    int ranks, stage, ga;
+} split;
+
+static split split_of(json_t *fixed_settings) {
+    json_t *r = json_object_get(fixed_settings, "ranks"), *z = json_object_get(fixed_settings, "zero_stage");
+    split sp = {.ranks = r ? (int)json_integer_value(r) : 1,
+                .ga = (int)json_integer_value(json_object_get(fixed_settings, "gradient_accumulation_steps"))};
+    sp.ranks = sp.ranks > 1 ? sp.ranks : 1;
+    sp.stage = sp.ranks > 1 && z ? (int)json_integer_value(z) : 0;
+    return sp;
+}
+
+/* Whether this run may continue a checkpoint split as `was` (the settings compared elsewhere being equal): the same
+ * micro-batches per step, whatever the ranks (each takes its share of the same global batch); ZeRO stage 3 only as
+ * stage 3 over several ranks, as its parameters are shards; stages 0 to 2 across each other, as they differ only in
+ * how the optimizer state and the master copy are split. */
+static int split_check(const char *dir, split was, split now, snug_error *e) {
+    int mb = was.ranks * was.ga;
+    if (mb != now.ranks * now.ga) {
+        char fix[160];
+        if (mb % now.ranks == 0)
+            snprintf(fix, sizeof fix, "set gradient_accumulation_steps to %d on %d rank%s", mb / now.ranks, now.ranks,
+                     now.ranks > 1 ? "s" : "");
+        else
+            snprintf(fix, sizeof fix, "resume on a number of ranks that divides %d, with ranks x "
+                     "gradient_accumulation_steps = %d", mb, mb);
+        return snug_fail(e, SNUG_EINPUT, "%s: the checkpoint's steps take %d micro-batch%s (%d rank%s x "
+                         "gradient_accumulation_steps %d), this run's %d (%d x %d), so the data would not continue "
+                         "where it stopped: %s", dir, mb, mb > 1 ? "es" : "", was.ranks, was.ranks > 1 ? "s" : "",
+                         was.ga, now.ranks * now.ga, now.ranks, now.ga, fix);
+    }
+    if (was.stage != now.stage && (was.stage == 3 || now.stage == 3))
+        return snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with zero_stage %d over %d rank%s, this run "
+                         "has zero_stage %d over %d; stage 3 keeps the parameters as shards and no model files, so it "
+                         "resumes only as stage 3 over two ranks or more (stages 0 to 2 resume across each other): "
+                         "set zero_stage: %d", dir, was.stage, was.ranks, was.ranks > 1 ? "s" : "", now.stage,
+                         now.ranks, was.stage);
+    return 0;
+}
+
+/* Whether kept arena i of a checkpoint split as sp is each rank's file (kept_per_rank of the run that wrote it). */
+static int was_per_rank(const snug_engine *eng, int i, split sp) {
+    snug_category c = kept[i].c;
+    return sp.ranks > 1 && sp.stage >= 1 &&
+           (c == SNUG_MEM_OPTIM || c == SNUG_MEM_MASTER || (c == SNUG_MEM_PARAMS && sp.stage >= 3)) &&
+           kept_bytes(eng, i) > 0;
+}
+
+/* Kept arena i of this rank from a checkpoint split otherwise (sp): the files that hold the arena over each of the
+ * old ranges (each rank's, or the one file of an unsplit arena), checked and read where they overlap this rank's. */
+static int read_resharded(const char *dir, json_t *files, const snug_setup *s, snug_engine *eng, int i, split sp,
+                          snug_error *e) {
+    const snug_param_table *t = &eng->model.table;
+    int per = was_per_rank(eng, i, sp), n = per ? sp.ranks : 1;
+    size_t *counts = calloc((size_t)n, sizeof *counts);
+    snug_shard_src *src = calloc((size_t)n, sizeof *src);
+    char (*paths)[4400] = calloc((size_t)n, sizeof *paths);
+    int rc = counts && src && paths ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory resharding a checkpoint");
+    if (!rc && per) {
+        snug_plan_spec old = s->spec;
+        old.ranks = sp.ranks, old.zero_stage = sp.stage;
+        snug_plan_zero_counts(&old, t, counts);
+    } else if (!rc) {
+        counts[0] = t->total;
+    }
+    const char *f = kept[i].file, *dot = strrchr(f, '.');
+    for (int r = 0; !rc && r < n; r++) {
+        char name[256];
+        if (per)
+            snprintf(name, sizeof name, "%.*s.rank%d.bin", (int)(dot - f), f, r);
+        else
+            snprintf(name, sizeof name, "%s", f);
+        src[r].lo = snug_comm_displ(counts, r);
+        src[r].hi = src[r].lo + counts[r];
+        src[r].path = paths[r];
+        snug_path_join(paths[r], sizeof paths[r], dir, name);
+        json_t *fi = json_object_get(files, name);
+        if (!fi) {
+            char why[400];
+            snprintf(why, sizeof why, "it lists no %s, the %s of %s %d of %d (zero_stage %d)", name,
+                     per ? "shard" : "file", snug_category_name(kept[i].c), r, n, sp.stage);
+            rc = refuse(e, dir, why);
+        } else if (counts[r] && per && json_integer_value(json_object_get(fi, "rank")) != s->rank) {
+            rc = check_file(dir, name, fi, e); /* this rank's own were checked with the rest */
+        }
+    }
+    if (!rc)
+        rc = snug_reshard_read(eng, kept[i].c, src, n, e);
+    free(counts);
+    free(src);
+    free(paths);
+    return rc;
+}
+
 int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng,
                          snug_error *e) {
     char p[4400], why[600];
@@ -796,39 +915,24 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     const char *name;
     json_t *f;
     json_object_foreach(files, name, f) {
-        if (rc)
-            break;
-        json_t *owner = json_object_get(f, "rank"); /* another rank's shard file is that rank's to check */
-        if (owner && json_integer_value(owner) != s->rank)
-            continue;
-        size_t bytes;
-        uint64_t h;
-        char hex[32];
-        snug_path_join(p, sizeof p, dir, name);
-        if (hash_file(p, &bytes, &h)) {
-            snprintf(why, sizeof why, "%s is missing or unreadable", name);
-            rc = refuse(e, dir, why);
-            break;
-        }
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-        json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
-        const char *want_hash = json_string_value(json_object_get(f, "hash"));
-        if ((json_int_t)bytes != want_bytes || !want_hash || strcmp(hex, want_hash)) {
-            snprintf(why, sizeof why, "%s is %zu bytes with hash %s, but was written as %lld bytes with hash %s (the "
-                     "file was truncated or changed)", name, bytes, hex, (long long)want_bytes,
-                     want_hash ? want_hash : "?");
-            rc = refuse(e, p, why);
-        }
+        json_t *owner = json_object_get(f, "rank"); /* another rank's shard file is that rank's to check (or the
+                                                     * reader's, when the ranks are split otherwise: resharded) */
+        if (!rc && !(owner && json_integer_value(owner) != s->rank))
+            rc = check_file(dir, name, f, e);
     }
     /* the settings that change the results must be the checkpoint's */
     json_t *was = j ? json_object_get(j, "fixed") : NULL, *now = fixed_json(&s->c, s);
+    split sp_was = split_of(was), sp_now = split_of(now);
+    int multi = sp_was.ranks > 1 && sp_now.ranks > 1;
     json_object_foreach(now, name, f) {
         if (rc)
             break;
+        /* the split of the ranks is weighed whole (split_check); a rank-order sum only between several ranks */
+        if (!strcmp(name, "ranks") || !strcmp(name, "gradient_accumulation_steps") || !strcmp(name, "zero_stage") ||
+            (!multi && !strcmp(name, "ddp_deterministic")))
+            continue;
         json_t *w = json_object_get(was, name), *one = NULL;
-        if (!w && !strcmp(name, "ranks"))
-            w = one = json_integer(1);
-        else if (!w && (!strcmp(name, "zero_stage") || !strcmp(name, "loss_vocab_block")))
+        if (!w && !strcmp(name, "loss_vocab_block"))
             w = one = json_integer(0);
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY);
@@ -842,6 +946,8 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         json_decref(one);
     }
     json_decref(now);
+    if (!rc)
+        rc = split_check(dir, sp_was, sp_now, e);
     if (!rc) {
         st->step = (int)json_integer_value(json_object_get(j, "step"));
         st->epochs_done = (int)json_integer_value(json_object_get(j, "epochs_done"));
@@ -861,8 +967,13 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         for (int i = 0; in_weights && i < NKEPT; i++)
             wa = !strcmp(in_weights, kept[i].file) ? i : wa;
         if (in_weights && (wa < 0 || wa != weights_arena(eng))) {
-            snprintf(why, sizeof why, "it keeps %s as model.safetensors, which this run cannot take it from (it lays "
-                     "out the weights differently); the checkpoint is from another configuration", in_weights);
+            if (sp_was.stage != sp_now.stage && (!strcmp(in_weights, "state-master.bin") || eng->model.master_sharded))
+                snprintf(why, sizeof why, "it keeps %s (the fp32 master copy of a 16-bit run without ZeRO) as "
+                         "model.safetensors, which ZeRO's shards of that copy are not read from; resume with zero_stage "
+                         "%d", in_weights, sp_was.stage);
+            else
+                snprintf(why, sizeof why, "it keeps %s as model.safetensors, which this run cannot take it from (it "
+                         "lays out the weights differently); the checkpoint is from another configuration", in_weights);
             rc = refuse(e, dir, why);
         } else if (in_weights) {
             rc = snug_model_load_weights(&eng->model, dir, e);
@@ -871,6 +982,13 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             size_t want_bytes = kept_bytes(eng, i);
             if (i == wa)
                 continue;
+            /* split otherwise than this run splits it: assembled from the files that hold this rank's range */
+            int per = kept_per_rank(eng, i);
+            if (want_bytes && (per || was_per_rank(eng, i, sp_was)) &&
+                (per != was_per_rank(eng, i, sp_was) || sp_was.ranks != sp_now.ranks)) {
+                rc = read_resharded(dir, files, s, eng, i, sp_was, e);
+                continue;
+            }
             char file[256]; /* under ZeRO, this rank's own file of its shard */
             kept_file(eng, i, s->rank, file, sizeof file);
             json_t *fi = json_object_get(files, file);

@@ -79,10 +79,11 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
 int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e);
 
 /* Reads checkpoint dir into st and eng's arenas (eng created from the same configuration; under ZeRO, rank s->rank
- * reads its own shard files). Refused with a clear error naming the file: an incomplete folder, a file whose size or
- * hash differs from trainer_state.json (truncated, changed), or a configuration that differs from the checkpoint's in
- * a setting that changes the results (the setting and both values named: the number of ranks and zero_stage among
- * them). */
+ * reads its own shard files, or on another split of the ranks assembles its range from the files that hold it:
+ * reshard.h). Refused with a clear error naming the file: an incomplete folder, a file whose size or hash differs
+ * from trainer_state.json (truncated, changed), a configuration that differs from the checkpoint's in a setting that
+ * changes the results (the setting and both values named), or a split of the ranks that would take other
+ * micro-batches per step (ranks x gradient_accumulation_steps) or move ZeRO stage 3 to another stage. */
 int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng, snug_error *e);
 
 /* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */

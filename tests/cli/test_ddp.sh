@@ -158,7 +158,8 @@ run nccl_cpu 2 --device cpu --ddp_backend nccl
 [ $? -eq 2 ] && grep -q "ddp_backend is nccl but device is cpu" "$W/nccl_cpu.log" && [ ! -e "$W/nccl_cpu" ] && ok ||
   bad "ddp_backend nccl on CPU ranks: $(tail -1 "$W/nccl_cpu.log")"
 # checkpoints under data parallel: every rank holds the same state and rank 0 saves it; a run stopped at a
-# checkpoint and resumed on as many ranks continues bit for bit; on another number of ranks it is refused, naming it
+# checkpoint and resumed on as many ranks continues bit for bit, and so does one resumed as one process accumulating
+# both ranks' micro-batches (the same micro-batches per step); a split that would change them is refused, naming it
 common="$ids --ddp_deterministic true"
 run ck_full 2 --max_steps 6 || bad "ck_full did not train: $(tail -2 "$W/ck_full.log")"
 run ck 2 --max_steps 6 --save_steps 2 || bad "ck did not train: $(tail -2 "$W/ck.log")"
@@ -166,9 +167,14 @@ rm -rf "$W/ck/checkpoint-4" "$W/ck/model.safetensors"
 run ck 2 --max_steps 6 --save_steps 2 --resume_from_checkpoint latest &&
   grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" && ok || bad "ck did not resume: $(tail -2 "$W/ck.log")"
 same ck ck_full 0
+rm -rf "$W/ck1" && cp -r "$W/ck" "$W/ck1" && rm -rf "$W/ck1/checkpoint-4" "$W/ck1/checkpoint-6" "$W/ck1/model.safetensors"
+run ck1 0 --max_steps 6 --save_steps 2 --gradient_accumulation_steps 2 --resume_from_checkpoint latest &&
+  grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck1.log" && ok ||
+  bad "ck1 did not resume as one process: $(tail -2 "$W/ck1.log")"
+same ck1 ck_full 0
 run ck3 3 --max_steps 6 --resume_from_checkpoint "$W/ck/checkpoint-2"
-[ $? -ne 0 ] && grep -q "trained with ranks 2, this run has 3" "$W/ck3.log" && ok ||
-  bad "resume on 3 ranks of a 2-rank checkpoint: $(tail -1 "$W/ck3.log")"
+[ $? -ne 0 ] && grep -q "steps take 2 micro-batches (2 ranks x gradient_accumulation_steps 1), this run's 3" "$W/ck3.log" &&
+  ok || bad "resume on 3 ranks of a 2-rank checkpoint: $(tail -1 "$W/ck3.log")"
 # SIGTERM to every rank (as a scheduler's preemption sends it): the ranks finish the step together, rank 0 saves,
 # every rank exits 0, and the resumed run is the run that never stopped
 run sig_full 2 --max_steps 200 || bad "sig_full did not train"

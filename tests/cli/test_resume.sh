@@ -231,6 +231,10 @@ expect_error incomplete "damaged: not a complete checkpoint" \
 # a changed setting that changes the results is refused; a new max_steps is not
 expect_error changed "trained with micro_batch_size 4, this run has 8" \
   "$SNUG" train $fast --max_steps 10 --micro_batch_size 8 --output_dir "$W/fp32" --resume_from_checkpoint "$ck"
+# (so is another accumulation: a step would take other micro-batches, and the fix is named)
+expect_error accumulation \
+  "steps take 1 micro-batch \\(1 rank x gradient_accumulation_steps 1\\), this run's 2 \\(1 x 2\\).*set gradient_accumulation_steps to 1" \
+  "$SNUG" train $fast --max_steps 10 --gradient_accumulation_steps 2 --output_dir "$W/fp32" --resume_from_checkpoint "$ck"
 "$SNUG" train $fast --max_steps 12 --output_dir "$W/fp32" --resume_from_checkpoint "$ck" > "$W/more.log" 2>&1 &&
   grep -q "resumed from .* at step 4 of 12" "$W/more.log" && ok || bad "a new max_steps: $(tail -2 "$W/more.log")"
 # an output_dir that holds a run

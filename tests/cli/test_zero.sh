@@ -13,16 +13,18 @@
 # arena is the shared layer buffer, the global tensors' and the rank's shard, less than DDP's. Checkpoints: every
 # rank writes its shard files, and a run saved and resumed (or stopped by SIGTERM to every rank and resumed) on as
 # many ranks at the same stage is the run that never stopped, bit for bit, at stages 1 and 2 with AdamW, 8-bit (paged)
-# AdamW and bf16 with the sharded master copy; another number of ranks, another stage, one process, a DDP checkpoint
-# and a damaged or missing shard file are refused (exit 2) on every rank. Stage 3 (the parameters too: each layer
+# AdamW and bf16 with the sharded master copy. On another split of the ranks (another number of ranks at the same
+# micro-batches per step, one process, another of stages 0 to 2) each rank assembles its shard from the files that
+# hold its range: the runs resumed from a ZeRO checkpoint and from DDP's are the same bits, stage 3 from 3 ranks to 2
+# stage 2's; a split that would change the data per step, stage 3 to another stage and a 16-bit DDP checkpoint's
+# master copy under ZeRO, and a damaged or missing shard file are refused (exit 2) on every rank. Stage 3 (the parameters too: each layer
 # all-gathered before its forward and backward, the global tensors before the embedding and the loss): DDP's bits at
 # 2 and 3 ranks, fp32 and bf16 with the master copy, with gradient checkpointing, with evaluation and over the epoch
 # whose last step leaves ranks idle (they join the gathers), and loading a Hugging Face folder; with accumulation
 # stage 2's bits (the same sums in the same order); the parameters arena of each rank is its shard plus the gather
 # region the header names, the shards summing to DDP's arena. Stage-3 checkpoints hold each rank's shard of the
 # parameters too (and no model files): saved and resumed (or stopped by SIGTERM and resumed) on as many ranks, the run
-# that never stopped, bit for bit, fp32 at 2 and 3 ranks and bf16 with the master copy at 3; another number of ranks
-# or stage refused. The final save failing on rank 0 alone (the disk full mid-stream, a folder where a file goes)
+# that never stopped, bit for bit, fp32 at 2 and 3 ranks and bf16 with the master copy at 3. The final save failing on rank 0 alone (the disk full mid-stream, a folder where a file goes)
 # ends every rank at once with exit 1, each naming the file. The settings not built are refused (exit 2) naming the
 # key. Skipped (77) without mpirun or an MPI
 # build.
@@ -447,8 +449,57 @@ ck 3 bf16_2 2 --bf16 true --master_weights false
 run prune 2 --zero_stage 1 --save_steps 1 --save_total_limit 1 || bad "prune did not train: $(tail -2 "$W/prune.log")"
 [ -f "$W/prune/checkpoint-2/state-optim.rank1.bin" ] && [ ! -e "$W/prune/checkpoint-1" ] && ok ||
   bad "save_total_limit 1 under ZeRO: $(ls "$W/prune" | tr '\n' ' ')"
-# resumed on another number of ranks, another stage, one process, or a DDP checkpoint under ZeRO: refused (exit 2)
-# naming the setting and both values, on every rank
+# another split of the ranks: a checkpoint resumes on any number of ranks that takes the same micro-batches per step
+# (ranks x gradient_accumulation_steps) and across stages 0 to 2 (stage 3 as stage 3), each rank assembling its shard
+# from the files that hold its range. The state is the same whatever split wrote it: resumed alike, the runs from a
+# ZeRO checkpoint and from DDP's (or from stage 2's, for stage 3) are the same bits.
+# resplit NAME FROM NP ARGS...: a copy of run FROM's output, resumed from its checkpoint-2 on NP ranks
+resplit() {
+  local name=$1 from=$2 np=$3; shift 3
+  rm -rf "${W:?}/$name"
+  cp -r "$W/$from" "$W/$name" && rm -f "$W/$name/model.safetensors"
+  run "$name" "$np" --save_steps 2 --resume_from_checkpoint latest "$@" &&
+    grep -q "resumed from .*checkpoint-2 at step 2 of 3" "$W/$name.log" && ok ||
+    bad "$name did not resume: $(grep error "$W/$name.log" | head -2)"
+}
+# resplit_same WHAT A B: the two resumed runs' losses, gradient norms and weights are the same bits
+resplit_same() {
+  [ "$(worst "$2" "$3")" = 0.0 ] && cmp -s "$W/$2/model.safetensors" "$W/$3/model.safetensors" && ok ||
+    bad "$1: $2 is not $3's bits"
+}
+run ddp_ck2 2 --save_steps 2 || bad "ddp_ck2 did not train: $(tail -2 "$W/ddp_ck2.log")"
+resplit rs_ddp_1 ddp_ck2 1 --gradient_accumulation_steps 2
+resplit rs_z1_1 ck1_adamw2 1 --gradient_accumulation_steps 2
+resplit_same "ZeRO-1 on 2 ranks to one process" rs_z1_1 rs_ddp_1
+run one_ck 1 --gradient_accumulation_steps 2 --save_steps 2 || bad "one_ck did not train: $(tail -2 "$W/one_ck.log")"
+resplit rs_one_ddp one_ck 2
+resplit rs_one_z1 one_ck 2 --zero_stage 1
+resplit_same "one process to ZeRO-1 on 2 ranks" rs_one_z1 rs_one_ddp
+run ddp_q8ck 2 --optimizer adamw_8bit --save_steps 2 || bad "ddp_q8ck did not train: $(tail -2 "$W/ddp_q8ck.log")"
+resplit rs_q8_ddp ddp_q8ck 1 --gradient_accumulation_steps 2 --optimizer adamw_8bit
+resplit rs_q8_z1 ck1_q8_2 1 --gradient_accumulation_steps 2 --optimizer adamw_8bit
+resplit_same "8-bit ZeRO-1 to one process" rs_q8_z1 rs_q8_ddp
+# (stage 2 with this tied head takes the loss over blocks of 2048 rows by default, a setting a resume keeps)
+run ddp_bf16ck 2 --bf16 true --save_steps 2 --loss_vocab_block 2048 ||
+  bad "ddp_bf16ck did not train: $(tail -2 "$W/ddp_bf16ck.log")"
+resplit rs_bf16_ddp ddp_bf16ck 1 --gradient_accumulation_steps 2 --bf16 true --loss_vocab_block 2048
+resplit rs_bf16_z2 ck2_bf16m_2 1 --gradient_accumulation_steps 2 --bf16 true --loss_vocab_block 2048
+resplit_same "bf16 ZeRO-2 (its master copy's shards) to one process" rs_bf16_z2 rs_bf16_ddp
+for v in "adamw" "bf16 --bf16 true"; do
+  set -- $v
+  t=$1; shift
+  run "s2acc_$t" 3 --zero_stage 2 --gradient_accumulation_steps 2 --save_steps 2 "$@" || bad "s2acc_$t did not train"
+  run "s3acc_$t" 3 --zero_stage 3 --gradient_accumulation_steps 2 --save_steps 2 "$@" || bad "s3acc_$t did not train"
+  resplit "rs_s2_$t" "s2acc_$t" 2 --zero_stage 2 --gradient_accumulation_steps 3 "$@"
+  resplit "rs_s3_$t" "s3acc_$t" 2 --zero_stage 3 --gradient_accumulation_steps 3 "$@"
+  resplit_same "ZeRO-3 from 3 ranks to 2 ($t)" "rs_s3_$t" "rs_s2_$t"
+done
+# the same ranks at another stage: ZeRO-1's checkpoint as stage 2, DDP's as stage 1, each DDP's bits
+resplit rs_z1_z2 ck1_adamw2 2 --zero_stage 2 --loss_vocab_block -1
+resplit_same "ZeRO-1's checkpoint at stage 2" rs_z1_z2 zero1_adamw2
+resplit rs_ddp_z1 ddp_ck2 2 --zero_stage 1
+resplit_same "DDP's checkpoint at stage 1" rs_ddp_z1 zero1_adamw2
+# what cannot continue the run: refused (exit 2) naming the settings and the fix, on every rank
 resume_refused() {
   local what=$1 np=$2 from=$3 msg=$4; shift 4
   local pre=()
@@ -463,16 +514,19 @@ resume_refused() {
   [ "$st" -eq 2 ] && [ "$(grep -c "error: .*$msg" "$W/refused.log")" -eq "$np" ] && ok ||
     bad "$what: exit $st (the ranks' count of exit 2 when several), $(grep error "$W/refused.log" | head -3)"
 }
-resume_refused "3 ranks" 3 "$W/ck1_adamw2/checkpoint-2" "trained with ranks 2, this run has 3" --zero_stage 1
-resume_refused "stage 2 from stage 1" 2 "$W/ck1_adamw2/checkpoint-2" "trained with zero_stage 1, this run has 2" --zero_stage 2
-resume_refused "one process" 1 "$W/ck1_adamw2/checkpoint-2" "trained with ranks 2, this run has 1" --zero_stage 1
-run ddp_ck 2 --save_steps 1 --max_steps 2 || bad "ddp_ck did not train: $(tail -2 "$W/ddp_ck.log")"
-resume_refused "DDP checkpoint" 2 "$W/ddp_ck/checkpoint-1" "trained with zero_stage 0, this run has 1" --zero_stage 1
-resume_refused "stage 3 on 2 ranks" 2 "$W/ck3_adamw3/checkpoint-2" "trained with ranks 3, this run has 2" --zero_stage 3
-resume_refused "stage 2 from stage 3" 2 "$W/ck3_adamw2/checkpoint-2" "trained with zero_stage 3, this run has 2" \
-  --zero_stage 2
-resume_refused "stage 3 from stage 2" 2 "$W/ck2_adamw2/checkpoint-2" "trained with zero_stage 2, this run has 3" \
-  --zero_stage 3
+resume_refused "3 ranks" 3 "$W/ck1_adamw2/checkpoint-2" \
+  "steps take 2 micro-batches (2 ranks x gradient_accumulation_steps 1), this run's 3 (3 x 1).*divides 2" --zero_stage 1
+resume_refused "one process" 1 "$W/ck1_adamw2/checkpoint-2" "set gradient_accumulation_steps to 2 on 1 rank" \
+  --zero_stage 1
+resume_refused "stage 2 from stage 3" 2 "$W/ck3_adamw2/checkpoint-2" \
+  "trained with zero_stage 3 over 2 ranks, this run has zero_stage 2 over 2.*set zero_stage: 3" --zero_stage 2
+resume_refused "bf16 DDP's master copy under ZeRO" 2 "$W/ddp_bf16ck/checkpoint-2" \
+  "model.safetensors, which ZeRO's shards of that copy are not read from; resume with zero_stage 0" --zero_stage 1 \
+  --bf16 true --loss_vocab_block 2048
+resume_refused "stage 3 on 2 ranks" 2 "$W/ck3_adamw3/checkpoint-2" \
+  "steps take 3 micro-batches (3 ranks x gradient_accumulation_steps 1), this run's 2 (2 x 1)" --zero_stage 3
+resume_refused "stage 3 from stage 2" 2 "$W/ck2_adamw2/checkpoint-2" \
+  "trained with zero_stage 2 over 2 ranks, this run has zero_stage 3 over 2.*set zero_stage: 2" --zero_stage 3
 # the loss over blocks of the head's rows: saved and resumed at stages 2 and 3, the run that never stopped; resumed
 # with another loss_vocab_block (which changes the rounding), refused
 common=${common_ids/ids.yaml/rep.yaml}
