@@ -53,14 +53,17 @@ int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p) {
     return opt->kind == SNUG_OPTIM_ADAMW_8BIT && p->numel >= SNUG_Q8_MIN_NUMEL && !(opt->embed_fp32 && is_embedding(p));
 }
 
-/* Tensor p's elements in the shard, [*a0, *a1): the whole tensor without one. */
-static void shard_part(const snug_adamw *o, const snug_param_entry *p, size_t *a0, size_t *a1) {
+void snug_adamw_part(const snug_param_entry *p, size_t lo, size_t hi, size_t *a0, size_t *a1) {
     size_t b = p->offset, e = p->offset + p->numel;
-    size_t lo = o->sharded ? o->shard_lo : b, hi = o->sharded ? o->shard_hi : e;
     lo = lo < b ? b : lo > e ? e : lo;
     hi = hi < lo ? lo : hi > e ? e : hi;
     *a0 = lo - b;
     *a1 = hi - b;
+}
+
+/* Tensor p's elements in the shard, [*a0, *a1): the whole tensor without one. */
+static void shard_part(const snug_adamw *o, const snug_param_entry *p, size_t *a0, size_t *a1) {
+    snug_adamw_part(p, o->sharded ? o->shard_lo : p->offset, o->sharded ? o->shard_hi : p->offset + p->numel, a0, a1);
 }
 
 /* Where tensor p's elements in the shard end. */

@@ -69,6 +69,10 @@ typedef struct snug_adamw {
  * real arenas, be copies the quantization maps to the device; on counting arenas (the plan) be is NULL. */
 int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t, snug_backend *be, snug_error *e);
 
+/* Tensor p's elements in the range [lo, hi) of the flat layout, as offsets into the tensor: [*a0, *a1) (empty when
+ * a0 == a1). A shard's state holds each tensor's part of its range, in table order. */
+void snug_adamw_part(const snug_param_entry *p, size_t lo, size_t hi, size_t *a0, size_t *a1);
+
 /* 1 when entry p keeps 8-bit state under opt's kind. */
 int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p);
 

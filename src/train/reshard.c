@@ -39,15 +39,6 @@ static int copy_in(reader *r, size_t off, void *dst, size_t n, snug_error *e) {
     return 0;
 }
 
-/* Tensor p's elements in the range [lo, hi), as offsets into the tensor [*a0, *a1) (empty: a0 == a1). */
-static void part_of(const snug_param_entry *p, size_t lo, size_t hi, size_t *a0, size_t *a1) {
-    size_t b = p->offset, end = p->offset + p->numel;
-    lo = lo < b ? b : lo > end ? end : lo;
-    hi = hi < lo ? lo : hi > end ? end : hi;
-    *a0 = lo - b;
-    *a1 = hi - b;
-}
-
 static size_t nblocks(size_t n) { return (n + SNUG_Q8_BLOCK - 1) / SNUG_Q8_BLOCK; }
 
 /* The optimizer state's layout over [lo, hi): where each buffer starts in the arena (bytes), and where each tensor's
@@ -75,7 +66,7 @@ static int layout_of(const snug_engine *eng, size_t lo, size_t hi, opt_layout *L
     size_t p32 = 0, p8 = 0, blk = 0;
     for (int i = 0; i < t->n; i++) {
         size_t a0, a1;
-        part_of(&t->e[i], lo, hi, &a0, &a1);
+        snug_adamw_part(&t->e[i], lo, hi, &a0, &a1);
         L->p32[i] = p32, L->p8[i] = p8, L->blk[i] = blk;
         if (snug_adamw_entry_8bit(&o, &t->e[i]))
             p8 += a1 - a0, blk += nblocks(a1 - a0);
@@ -100,8 +91,8 @@ static int optim_from(reader *r, const opt_layout *me, size_t lo, size_t hi, con
     int rc = layout_of(eng, s->lo, s->hi, &L, e);
     for (int i = 0; !rc && i < t->n; i++) {
         size_t a0, a1, s0, s1;
-        part_of(&t->e[i], lo, hi, &a0, &a1);
-        part_of(&t->e[i], s->lo, s->hi, &s0, &s1);
+        snug_adamw_part(&t->e[i], lo, hi, &a0, &a1);
+        snug_adamw_part(&t->e[i], s->lo, s->hi, &s0, &s1);
         size_t c0 = a0 > s0 ? a0 : s0, c1 = a1 < s1 ? a1 : s1;
         if (c0 >= c1)
             continue;
