@@ -773,6 +773,10 @@ static void print_ranks(const report *r, FILE *f) {
     fputc('\n', f);
     for (int z = 0; z < 4; z++) {
         const snug_rank_mode *m = &r->modes[z];
+        if (m->unbuilt) {
+            fprintf(f, "  %-8s not built %s\n", mode_names[z], m->unbuilt);
+            continue;
+        }
         size_t rest = m->total + m->host_total - m->bytes[SNUG_MEM_PARAMS] - m->bytes[SNUG_MEM_MASTER] -
                       m->bytes[SNUG_MEM_GRADS] - m->bytes[SNUG_MEM_OPTIM];
         double v[6] = {(double)m->bytes[SNUG_MEM_PARAMS], (double)m->bytes[SNUG_MEM_MASTER],
@@ -831,6 +835,11 @@ static json_t *ranks_json(const report *r) {
     json_t *modes = json_array();
     for (int z = 0; z < 4; z++) {
         const snug_rank_mode *m = &r->modes[z];
+        if (m->unbuilt) {
+            json_array_append_new(modes, json_pack("{s:s, s:i, s:s}", "mode", mode_names[z], "zero_stage", z,
+                                                   "not_built", m->unbuilt));
+            continue;
+        }
         json_t *o = json_pack("{s:s, s:i, s:o, s:I, s:I, s:f, s:f}", "mode", mode_names[z], "zero_stage", z,
                               "bytes", json_object(), "total", (json_int_t)m->total,
                               "host_total", (json_int_t)m->host_total, "need", m->need, "comm_bytes", m->comm_bytes);

@@ -94,6 +94,21 @@ static int saved_module_entry(const snug_model *m, unsigned bit) {
     return -1;
 }
 
+long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc) {
+    if (lc->kind == SNUG_ADAPTER_NONE)
+        return 0;
+    long long per_layer = 0;
+    for (int k = 0; k < snug_lora_module_count(c->arch); k++) {
+        int row0, rows, in;
+        if (!(lc->targets & (1u << k)))
+            continue;
+        snug_lora_module_shape(c, k, &row0, &rows, &in);
+        per_layer += (long long)lc->r * (in + rows);
+    }
+    int saved = !!(lc->save_modules & SNUG_SAVE_EMBED) + !!(lc->save_modules & SNUG_SAVE_HEAD);
+    return per_layer * c->n_layer + (long long)saved * c->vocab_size * c->hidden_size;
+}
+
 int snug_lora_build(snug_model *m, snug_error *e) {
     snug_lora *lo = &m->lora;
     snug_lora_free(lo);

@@ -435,6 +435,9 @@ static inline const snug_param_table *snug_model_trainable(const snug_model *m) 
  * "base_model.model.<module>.lora_A.weight"; in memory the A's of one site's modules side by side, then their B's)
  * and the module list of m->lora from m->lv.lora; nothing when kind is NONE. Called by snug_model_layout. */
 int snug_lora_build(snug_model *m, snug_error *e);
+/* The floats of the adapter table snug_lora_build lays out for config c (0 without an adapter): what trains, and so
+ * what data parallel sums, under LoRA. */
+long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);
 /* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input: rows

@@ -186,6 +186,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
             *(p->host[c] ? &p->host_total : &p->total) += A.a[c].peak;
         }
         p->nparams = (long long)m.table.total;
+        p->ntrain = (long long)snug_model_trainable(&m)->total;
         for (int i = 0; i < m.table.n; i++)
             if (m.table.e[i].numel > p->largest_tensor)
                 p->largest_tensor = m.table.e[i].numel;

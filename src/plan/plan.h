@@ -44,6 +44,7 @@ typedef struct snug_plan {
     size_t total;                /* device bytes: the categories not in host memory */
     size_t host_total;           /* host-resident bytes (paged optimizer state) */
     long long nparams;
+    long long ntrain;            /* the trainable floats: nparams, or under LoRA the adapter table's */
     size_t largest_tensor;       /* floats in the largest parameter tensor (staging when loading weights) */
     int B, T, xent_chunk;
     int vocab_block;             /* rows of the head per block of the loss (loss_vocab_block), 0: one pass */

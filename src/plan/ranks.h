@@ -10,8 +10,9 @@
  * (stage 2: its gradient one block at a time in the layer buffer beside the looked-up rows; stage 3: the region two
  * layers, or the other globals and a block or the looked-up rows); the largest rank's plan is reported).
  *
- * Communication (ring collectives, bytes each rank sends per optimizer step; P parameters, g = 4 bytes per fp32
- * gradient, w = 2 or 4 per parameter as stored, f = (n-1)/n, GA micro-batches per rank):
+ * Communication (ring collectives, bytes each rank sends per optimizer step; P parameters (for DDP's sum under LoRA
+ * the adapters'), g = 4 bytes per fp32 gradient, w = 2 or 4 per parameter as stored, f = (n-1)/n, GA micro-batches
+ * per rank):
  *   DDP      one all-reduce of the gradients after the last micro-batch      2 f P g
  *   ZeRO-1   a reduce-scatter of the gradients, an all-gather of parameters  f P g + f P w
  *   ZeRO-2   a reduce-scatter every micro-batch (no full gradient is kept    GA f P g + f P w
@@ -41,7 +42,11 @@ typedef struct snug_rank_mode {
     int fits;                    /* need <= the GPU's memory (when a GPU is given) */
     double comm_bytes;           /* sent by each rank per optimizer step */
     double comm_s, compute_s, step_s; /* with a GPU: predicted seconds per step (0 without) */
+    const char *unbuilt;         /* a ZeRO stage that does not run with the spec: why (the rest is 0); else NULL */
 } snug_rank_mode;
+
+/* Why ZeRO does not run with spec s (with an adapter, with optimizer_in_backward), or NULL when it does. */
+const char *snug_rank_zero_unbuilt(const snug_plan_spec *s);
 
 /* Bytes each of n ranks sends per optimizer step at ZeRO stage z (0: DDP) under spec s, as the table above says. */
 double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, int z);
@@ -50,9 +55,9 @@ double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, i
  * per optimizer step) does not hide, at bps bytes per second, as the table above says. */
 double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, int z, double compute, double bps);
 
-/* The four modes (out[0] DDP, out[s] ZeRO-s) of spec s over n ranks, on gpu g (NULL: memory and bytes only).
- * *choice: the mode that fits at the least predicted step time (ties: the lower stage), -1 when none fits or
- * without a GPU. */
+/* The four modes (out[0] DDP, out[s] ZeRO-s) of spec s over n ranks, on gpu g (NULL: memory and bytes only); the
+ * ZeRO stages that do not run with s are marked unbuilt and not planned. *choice: the mode that fits at the least
+ * predicted step time (ties: the lower stage), -1 when none fits or without a GPU. */
 int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank_mode out[4], int *choice,
                     snug_error *e);
 

@@ -17,6 +17,7 @@
 #include "plan/autofit.h"
 #include "plan/gpus.h"
 #include "plan/plan.h"
+#include "plan/ranks.h"
 #include "cli/options.h"
 #include "cli/plan_cmd.h"
 #include "plan/plan_json.h"
@@ -390,6 +391,43 @@ static void test_svg_and_json(void) {
     CHECK(rmdir(dir) == 0);
 }
 
+/* The plan per rank under LoRA: DDP sums the adapters' gradients alone (their count is the adapter table's), and the
+ * ZeRO stages, which do not run with an adapter, are marked so and never chosen. */
+static void test_ranks_adapters(void) {
+    snug_model_config c = load_fixture("llama-3.1-8b");
+    for (int k = 0; k < 2; k++) { /* default targets, and every linear module with lm_head saved (untied) */
+        snug_plan_spec s = spec_of(&c, 1, 2048);
+        s.lv.dt = SNUG_DT_BF16;
+        s.lv.lora = (snug_lora_cfg){.kind = SNUG_ADAPTER_LORA, .r = 16, .alpha = 16,
+                                    .targets = k ? snug_lora_all_linear(c.arch) : snug_lora_default_targets(c.arch),
+                                    .save_modules = k ? SNUG_SAVE_HEAD : 0};
+        snug_plan p = plan_of(&s);
+        long long want = snug_lora_nparams(&s.cfg, &s.lv.lora);
+        CHECKF(p.ntrain == want && want > 0 && want < p.nparams / 10, "adapter floats %lld, counted %lld", p.ntrain,
+               want);
+        snug_rank_mode m[4];
+        int choice;
+        snug_error e = {0};
+        CHECKF(snug_plan_ranks(&s, 4, snug_gpu_find("rtx4090"), m, &choice, &e) == 0, "%s", e.msg);
+        CHECK(!m[0].unbuilt && m[1].unbuilt && m[2].unbuilt && m[3].unbuilt && strstr(m[1].unbuilt, "adapter"));
+        CHECKF(fabs(m[0].comm_bytes - 2.0 * 0.75 * (double)p.ntrain * 4) < 1.0, "DDP sends %.0f bytes", m[0].comm_bytes);
+        CHECK(choice == 0 || choice == -1);
+    }
+    snug_plan_spec s = spec_of(&c, 1, 2048); /* full fine-tuning: every stage planned, DDP sums every parameter */
+    snug_plan p = plan_of(&s);
+    CHECK(p.ntrain == p.nparams);
+    snug_rank_mode m[4];
+    int choice;
+    snug_error e = {0};
+    CHECKF(snug_plan_ranks(&s, 4, NULL, m, &choice, &e) == 0, "%s", e.msg);
+    for (int z = 0; z < 4; z++)
+        CHECK(!m[z].unbuilt && m[z].total > 0);
+    CHECK(fabs(m[0].comm_bytes - 2.0 * 0.75 * (double)p.nparams * 4) < 1.0);
+    s.lv.optimizer_in_backward = 1;
+    CHECKF(snug_plan_ranks(&s, 4, NULL, m, &choice, &e) == 0, "%s", e.msg);
+    CHECK(!m[0].unbuilt && m[3].unbuilt && strstr(m[3].unbuilt, "optimizer_in_backward"));
+}
+
 int main(void) {
     test_fixtures();
     test_levers();
@@ -397,6 +435,7 @@ int main(void) {
     test_derived_levers();
     test_autofit();
     test_gpus();
+    test_ranks_adapters();
     test_args();
     test_svg_and_json();
     return check_finish("test_plan");
