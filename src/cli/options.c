@@ -216,7 +216,8 @@ static const key_spec keys[] = {
              "ddp); 2 = also the gradients: each layer's are reduce-scattered as backward completes them, every "
              "micro-batch, into the rank's shard; 3 = also the parameters: each layer is all-gathered before its forward "
              "and its backward, the global tensors before the embedding and the loss (its checkpoints keep each "
-             "rank's shards and no model files); 0 = every rank holds everything"},
+             "rank's shards and no model files; under LoRA it shards the frozen base alone); 0 = every rank holds "
+             "everything"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

@@ -13,7 +13,7 @@
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
-    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1;
+    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind;
     /* a second layer gradient buffer where the reduce-scatters run beside backward: NCCL's stream, on GPU ranks */
     lv.zero_overlap = lv.zero_grads && !lv.optimizer_in_backward &&
                       (s->overlap_comm > 0 || (s->overlap_comm == 0 && s->device_cuda));
@@ -51,7 +51,7 @@ void snug_plan_zero_counts(const snug_plan_spec *s, const snug_param_table *t, s
 
 int snug_plan_shard_optimizer(snug_adamw *opt, const snug_plan_spec *s, const snug_param_table *t, snug_error *e) {
     opt->sharded = 0;
-    if (!s->zero_stage || s->ranks <= 1)
+    if (!s->zero_stage || s->ranks <= 1 || s->lv.lora.kind) /* adapters: their state stays whole */
         return 0;
     size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
     if (!counts)
@@ -93,7 +93,7 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
     m->param_sharded = 0;
     m->pshard_lo = 0;
     m->pshard_n = m->table.total;
-    if (!s->with_grads || s->zero_stage < 3 || s->ranks <= 1 || m->lv.lora.kind)
+    if (!s->with_grads || s->zero_stage < 3 || s->ranks <= 1 || m->lv.lora.kind == SNUG_ADAPTER_QLORA)
         return;
     /* out of memory: the whole arena, more memory than planned for ZeRO-3, never a wrong one */
     m->param_sharded = rank_shard(m, s, &m->pshard_lo, &m->pshard_n);

@@ -20,9 +20,12 @@ static double summed(const snug_plan_spec *s, long long nparams) {
     return s->lv.lora.kind ? (double)snug_lora_nparams(&s->cfg, &s->lv.lora) : (double)nparams;
 }
 
-const char *snug_rank_zero_unbuilt(const snug_plan_spec *s) {
-    if (s->lv.lora.kind)
-        return "with an adapter (the adapters' state is small and stays whole on every rank)";
+const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z) {
+    if (s->lv.lora.kind == SNUG_ADAPTER_QLORA)
+        return "with QLoRA (its base's 4-bit blocks are not sharded)";
+    if (s->lv.lora.kind && z < 3)
+        return "with an adapter: only stage 3, which shards the frozen base (the adapters' state is small and stays "
+               "whole on every rank)";
     if (s->lv.optimizer_in_backward)
         return "with optimizer_in_backward";
     return NULL;
@@ -33,6 +36,8 @@ double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, i
     double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4; /* the ranks sum fp32 gradients (snug_plan_levers) */
     if (z == 0)
         P = summed(s, nparams);
+    if (z == 3 && s->lv.lora.kind) /* the frozen base gathered, the adapters' gradients all-reduced */
+        return GA * 2 * f * P * w + 2 * f * summed(s, nparams) * gb;
     return z == 0   ? 2 * f * P * gb
            : z == 1 ? f * P * gb + f * P * w
            : z == 2 ? GA * f * P * gb + f * P * w
@@ -43,9 +48,15 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
     double P = (double)nparams, f = n > 1 ? (double)(n - 1) / n : 0.0, GA = s->GA > 1 ? s->GA : 1;
     double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2, gb = 4, L = s->cfg.n_layer > 0 ? s->cfg.n_layer : 1;
     double bwd = 2.0 / 3.0 * compute; /* backward's share of the step's GA micro-batches (twice forward's FLOPs) */
+    /* under LoRA the adapters' gradients are one all-reduce after backward, exposed whole */
+    double adapters = s->lv.lora.kind ? 2 * f * summed(s, nparams) * gb / bps : 0.0;
+    if (z == 0 && s->lv.lora.kind)
+        return adapters;
+    if (s->lv.lora.kind) { /* stage 3: the frozen base's gathers prefetched, the first of each pass exposed */
+        double gat = GA * 2 * f * P * w / bps;
+        return fmax(0.0, gat - compute) + gat / L + adapters;
+    }
     if (z <= 1) { /* buckets during the last micro-batch's backward; the last bucket, and ZeRO-1's gather, exposed */
-        if (z == 0)
-            P = summed(s, nparams);
         double sum = (z == 0 ? 2 : 1) * f * P * gb / bps;
         double cap = s->ddp_bucket_cap_mb > 0 ? s->ddp_bucket_cap_mb : 25;
         double bucket = fmin(1.0, cap * 1048576.0 / (P * gb));
@@ -71,9 +82,9 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
     *choice = -1;
     snug_plan built[4], p; /* DDP and ZeRO-1 to 3 as the layout code lays them out */
     SNUG_TRY(rank_plan(s, n, 0, 0, &built[0], e));
-    const char *unbuilt = snug_rank_zero_unbuilt(s);
-    for (int z = 1; z <= 3 && !unbuilt; z++)
-        for (int r = 0; r < n; r++) { /* the largest rank (edges on blocks make the shards differ a little) */
+    for (int z = 1; z <= 3; z++)
+        for (int r = 0; r < n && !snug_rank_zero_unbuilt(s, z); r++) { /* the largest rank (edges on blocks make the
+                                                                            * shards differ a little) */
             SNUG_TRY(rank_plan(s, n, r, z, &p, e));
             if (r == 0 || p.total + p.host_total > built[z].total + built[z].host_total)
                 built[z] = p;
@@ -86,7 +97,7 @@ int snug_plan_ranks(const snug_plan_spec *s, int n, const snug_gpu *g, snug_rank
         snug_rank_mode *m = &out[z];
         const snug_plan *base = &built[z];
         m->stage = z;
-        m->unbuilt = z ? unbuilt : NULL;
+        m->unbuilt = z ? snug_rank_zero_unbuilt(s, z) : NULL;
         if (m->unbuilt)
             continue;
         memcpy(m->bytes, base->bytes, sizeof m->bytes);

@@ -45,8 +45,9 @@ typedef struct snug_rank_mode {
     const char *unbuilt;         /* a ZeRO stage that does not run with the spec: why (the rest is 0); else NULL */
 } snug_rank_mode;
 
-/* Why ZeRO does not run with spec s (with an adapter, with optimizer_in_backward), or NULL when it does. */
-const char *snug_rank_zero_unbuilt(const snug_plan_spec *s);
+/* Why ZeRO stage z (1 to 3) does not run with spec s (QLoRA; LoRA below stage 3; optimizer_in_backward), or NULL
+ * when it does. */
+const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z);
 
 /* Bytes each of n ranks sends per optimizer step at ZeRO stage z (0: DDP) under spec s, as the table above says. */
 double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, int z);

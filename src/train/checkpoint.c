@@ -61,6 +61,8 @@ static unsigned char *kept_at(const snug_engine *eng, int i) {
  * and at stage 3 the parameters), which each rank writes and reads as a file of its own; the others are the same on
  * every rank, and rank 0 writes them. */
 static int kept_per_rank(const snug_engine *eng, int i) {
+    if (!snug_plan_kept(&eng->model.lv, kept[i].c)) /* a frozen base, sharded or not, is no state */
+        return 0;
     return (kept[i].c == SNUG_MEM_OPTIM && eng->opt.sharded) ||
            (kept[i].c == SNUG_MEM_MASTER && eng->model.master_sharded) ||
            (kept[i].c == SNUG_MEM_PARAMS && eng->model.param_sharded);
@@ -454,7 +456,8 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     snug_hasher h;
     snug_hash_init(&h, CKPT_SEED);
     snug_write_opts wo = {.direct = 1, .hash = &h};
-    if (j->rank == 0 && !eng->model.param_sharded) { /* ZeRO-3: no rank holds the model to write (state.h) */
+    /* ZeRO-3: no rank holds the model to write (state.h); under LoRA the model files are the adapters' */
+    if (j->rank == 0 && (!eng->model.param_sharded || eng->model.lora.on)) {
         SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
         if (!eng->model.lora.on)
             list_file(j->files, "model.safetensors", &h);
@@ -633,7 +636,7 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
         j->src[i] = eng->snapshot[c];
     }
     const snug_model *m = &eng->model;
-    if (m->param_sharded) {
+    if (m->param_sharded && !m->lora.on) {
         /* ZeRO-3 writes no model files: nothing of the weights but the shard files */
     } else if (snap && m->lora.on) {
         j->p32 = in_snapshot(eng, m->lora.params);
@@ -791,8 +794,9 @@ static split split_of(json_t *fixed_settings) {
 /* Whether this run may continue a checkpoint split as `was` (the settings compared elsewhere being equal): the same
  * micro-batches per step, whatever the ranks (each takes its share of the same global batch); ZeRO stage 3 only as
  * stage 3 over several ranks, as its parameters are shards; stages 0 to 2 across each other, as they differ only in
- * how the optimizer state and the master copy are split. */
-static int split_check(const char *dir, split was, split now, snug_error *e) {
+ * how the optimizer state and the master copy are split. Under LoRA (frozen_base) the state is the adapters' at
+ * every stage: any split. */
+static int split_check(const char *dir, split was, split now, int frozen_base, snug_error *e) {
     int mb = was.ranks * was.ga;
     if (mb != now.ranks * now.ga) {
         char fix[160];
@@ -807,7 +811,7 @@ static int split_check(const char *dir, split was, split now, snug_error *e) {
                          "where it stopped: %s", dir, mb, mb > 1 ? "es" : "", was.ranks, was.ranks > 1 ? "s" : "",
                          was.ga, now.ranks * now.ga, now.ranks, now.ga, fix);
     }
-    if (was.stage != now.stage && (was.stage == 3 || now.stage == 3))
+    if (was.stage != now.stage && (was.stage == 3 || now.stage == 3) && !frozen_base)
         return snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with zero_stage %d over %d rank%s, this run "
                          "has zero_stage %d over %d; stage 3 keeps the parameters as shards and no model files, so it "
                          "resumes only as stage 3 over two ranks or more (stages 0 to 2 resume across each other): "
@@ -819,7 +823,7 @@ static int split_check(const char *dir, split was, split now, snug_error *e) {
 /* Whether kept arena i of a checkpoint split as sp is each rank's file (kept_per_rank of the run that wrote it). */
 static int was_per_rank(const snug_engine *eng, int i, split sp) {
     snug_category c = kept[i].c;
-    return sp.ranks > 1 && sp.stage >= 1 &&
+    return sp.ranks > 1 && sp.stage >= 1 && !eng->model.lora.on && /* under LoRA the state (adapters) is whole */
            (c == SNUG_MEM_OPTIM || c == SNUG_MEM_MASTER || (c == SNUG_MEM_PARAMS && sp.stage >= 3)) &&
            kept_bytes(eng, i) > 0;
 }
@@ -947,7 +951,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     }
     json_decref(now);
     if (!rc)
-        rc = split_check(dir, sp_was, sp_now, e);
+        rc = split_check(dir, sp_was, sp_now, eng->model.lora.on, e);
     if (!rc) {
         st->step = (int)json_integer_value(json_object_get(j, "step"));
         st->epochs_done = (int)json_integer_value(json_object_get(j, "epochs_done"));

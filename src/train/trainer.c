@@ -178,7 +178,7 @@ static int ddp_agree(snug_comm *c, int rc, int *broken, snug_error *e) {
 }
 
 /* The sum over the ranks of the step's gradients after backward, in place, where backward did not sum them in
- * buckets (snug_ddp_bucket_ready): under LoRA (config.c refuses ZeRO with adapters) one all-reduce of the adapters'
+ * buckets (snug_ddp_bucket_ready): under LoRA (with or without ZeRO-3's sharded base) one all-reduce of the adapters'
  * gradients. */
 static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
     if (!ddp_collectives(c) || (c->size == 1 && m->grads16)) /* one rank keeps 16-bit layer gradients */
@@ -504,7 +504,7 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     char who[96] = ""; /* several ranks: the plan is this rank's (rank 0's; under ZeRO each plans its shard) */
     if (r->s.spec.ranks > 1)
         snprintf(who, sizeof who, ", rank %d of %d%s", r->s.spec.rank, r->s.spec.ranks,
-                 r->s.spec.zero_stage ? ", optimizer state of its ZeRO shard" : "");
+                 r->eng.opt.sharded ? ", optimizer state of its ZeRO shard" : r->eng.model.param_sharded ? ", its shard of the frozen base" : "");
     if (!strcmp(r->eng.be->name, "cpu"))
         fprintf(out, "memory plan (backend cpu, %d threads%s):\n", r->eng.be->nthreads, who);
     else
@@ -690,6 +690,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 least = shard[q] < least ? shard[q] : least;
             }
             const snug_model *zm = &r.eng.model;
+            if (zm->lora.on)
+                fprintf(out, "  ZeRO                 stage 3 under LoRA: the frozen base sharded, %zu to %zu parameters "
+                        "per rank (edges on %d-element blocks), all-gathered layer by layer before each forward and "
+                        "backward, the next layer prefetched; the adapters, their gradients (summed after backward) "
+                        "and their optimizer state whole on every rank\n", least, most, SNUG_Q8_BLOCK);
+            else
             fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
                     "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered%s\n", o->zero_stage,
                     o->zero_stage >= 3   ? "parameters, optimizer state and gradients"
@@ -718,7 +724,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                                               "its gradient reduced block by block"
                                             : "; the tied embedding's gradient reduced block by block");
     snug_zero2_hook z2 = {.m = &r.eng.model, .comm = &comm, .shard = shard};
-    if (!rc && shard && o->zero_stage >= 2) {
+    if (!rc && shard && r.eng.model.lv.zero_grads) {
         if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
         r.eng.model.on_grads_ready = snug_zero2_ready;
@@ -846,7 +852,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         /* ZeRO-2/3: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
          * collectives (ZeRO-3's gathers; the reduce-scatters, with zero gradients), in the step's order */
-        for (int k = k1 - k0; z2.counts && k < (nmb < GAr ? nmb : GAr); k++)
+        for (int k = k1 - k0; (z2.counts || r.eng.model.param_sharded) && k < (nmb < GAr ? nmb : GAr); k++)
             snug_model_skip_step(&r.eng.model, 1);
         if (z2.rc || z3.rc) {
             rc = z2.rc ? z2.rc : z3.rc;
@@ -874,7 +880,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (o->optimizer_in_backward) {
             norm = sqrt(r.eng.be->sumsq_take(r.eng.be));
         } else {
-            if (!shard) {
+            if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
                 norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
             } else if ((rc = zero_grad_norm(&comm, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
                 broken = 1;
@@ -956,8 +962,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                         ckw.write_s, ck_wait, ckw.write_cpu_s);
         }
         /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
-         * shard */
-        int writer = lead || shard;
+         * shard (under LoRA the state is the adapters', whole on every rank, and the sharded base is no state) */
+        int writer = lead || (shard && !r.eng.model.lora.on);
         if (!rc && !writer && stop) { /* another DDP rank: rank 0 writes the checkpoint and says so */
             stopped = 1;
             break;
@@ -1012,7 +1018,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded)) {
+    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded) && !r.eng.model.lora.on) {
         /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
          * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)

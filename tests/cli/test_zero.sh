@@ -619,6 +619,52 @@ refuse "zero_stage -1" "zero_stage" --zero_stage -1
   "$W/refused.log" && ok || bad "fsdp_config offload: $(tail -1 "$W/refused.log")"
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
-refuse "with an adapter" "adapter" --zero_stage 1 --adapter lora
+refuse "with an adapter" "with adapter lora is not supported.*only stage 3" --zero_stage 1 --adapter lora
+refuse "with QLoRA" "zero_stage 3 with adapter qlora is not supported" --zero_stage 3 --adapter qlora
+refuse "offload_embedding at stage 3" "offload_embedding with zero_stage 3" --zero_stage 3 --adapter lora \
+  --bf16 true --offload_embedding true
+
+# LoRA at stage 3: the frozen base sharded and gathered layer by layer, the adapters (their gradients summed after
+# backward, their optimizer state) whole on every rank, so DDP's bits: the logged losses, gradient norms and
+# validation losses and the saved adapter, byte for byte; each rank's parameters arena is its plan, below DDP's;
+# checkpoints are rank 0's (the adapters), resumed on as many ranks or as one process
+# lora3 NAME NP ARGS...: DDP and stage 3 under LoRA with ARGS, the same bits
+lora3() {
+  local name=$1 np=$2; shift 2
+  run "lddp_$name" "$np" --adapter lora "$@" || { bad "lddp_$name did not train: $(tail -2 "$W/lddp_$name.log")"; return; }
+  run "lz3_$name" "$np" --adapter lora --zero_stage 3 --dist_debug true "$@" ||
+    { bad "lz3_$name did not train: $(grep error "$W/lz3_$name.log" | head -2)"; return; }
+  grep -q "stage 3 under LoRA: the frozen base sharded" "$W/lz3_$name.log" &&
+    [ "$(worst "lz3_$name" "lddp_$name")" = 0.0 ] &&
+    cmp -s "$W/lddp_$name/adapter_model.safetensors" "$W/lz3_$name/adapter_model.safetensors" &&
+    [ "$(grep -o '"val_loss": [0-9.e+-]*' "$W/lz3_$name/metrics.jsonl")" = \
+      "$(grep -o '"val_loss": [0-9.e+-]*' "$W/lddp_$name/metrics.jsonl")" ] && ok ||
+    bad "lz3_$name: not DDP's bits under LoRA"
+  python3 - "$W/lz3_$name" "$W/lddp_$name" "$np" <<'PY' && ok || bad "lz3_$name: the ranks' parameters arenas"
+import json, sys
+out, ddp, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+whole = json.load(open(f"{ddp}/memory.json"))["plan"]["parameters"]
+for r in range(n):
+    j = json.load(open(f"{out}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
+    p, m = j["plan"]["parameters"], j["measured"]["parameters"]
+    assert p == m and p < whole, (r, p, m, whole)
+    assert j["plan"]["optimizer state"] == json.load(open(f"{ddp}/memory.json"))["plan"]["optimizer state"]
+PY
+}
+lora3 bf16_2 2 --bf16 true
+lora3 acc_3 3 --gradient_accumulation_steps 2 --gradient_checkpointing true
+lora3 val_2 2 --base_model "$W/base" --bf16 true --gradient_accumulation_steps 4 --max_steps 9 --val_set_size 0.1 \
+  --lora_target_linear true
+run lz3_ck 2 --adapter lora --zero_stage 3 --bf16 true --save_steps 2 || bad "lz3_ck did not train"
+[ -f "$W/lz3_ck/checkpoint-2/adapter_model.safetensors" ] && [ -z "$(ls "$W/lz3_ck/checkpoint-2" | grep rank)" ] && ok ||
+  bad "lz3_ck: the checkpoint is not rank 0's adapters: $(ls "$W/lz3_ck/checkpoint-2" | tr '\n' ' ')"
+resplit lz3_ck_2 lz3_ck 2 --adapter lora --zero_stage 3 --bf16 true
+resplit_adapters() {
+  [ "$(worst "$2" "$3")" = 0.0 ] && cmp -s "$W/$2/adapter_model.safetensors" "$W/$3/adapter_model.safetensors" && ok ||
+    bad "$1: $2 is not $3's bits"
+}
+resplit_adapters "LoRA stage 3 resumed" lz3_ck_2 lz3_bf16_2
+resplit lz3_ck_1 lz3_ck 1 --adapter lora --bf16 true --gradient_accumulation_steps 2
+resplit_adapters "LoRA stage 3 resumed as one process" lz3_ck_1 lz3_bf16_2
 echo "test_zero: $pass passed, $fail failed"
 [ $fail -eq 0 ]

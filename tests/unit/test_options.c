@@ -700,7 +700,9 @@ static void test_zero(void) {
     } bad[] = {
         {"zero_stage: 4\n", "zero_stage 4 does not exist"},
         {"zero_stage: 1\noptimizer_in_backward: true\nmax_grad_norm: 0\n", "with optimizer_in_backward"},
-        {"zero_stage: 1\nadapter: lora\n", "with an adapter"},
+        {"zero_stage: 1\nadapter: lora\n", "zero_stage 1 with adapter lora is not supported"},
+        {"zero_stage: 3\nadapter: qlora\n", "zero_stage 3 with adapter qlora is not supported"},
+        {"zero_stage: 3\nadapter: lora\nbf16: true\noffload_embedding: true\n", "offload_embedding with zero_stage 3"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECKF(load(bad[i].yaml, &o, &e) == 0, "%s", e.msg);

@@ -391,8 +391,9 @@ static void test_svg_and_json(void) {
     CHECK(rmdir(dir) == 0);
 }
 
-/* The plan per rank under LoRA: DDP sums the adapters' gradients alone (their count is the adapter table's), and the
- * ZeRO stages, which do not run with an adapter, are marked so and never chosen. */
+/* The plan per rank under LoRA: DDP sums the adapters' gradients alone (their count is the adapter table's); stage 3
+ * shards the frozen base (less parameters memory, the same adapters' state) and stages 1 and 2, which do not run
+ * with an adapter, are marked so and never chosen; under QLoRA no stage runs. */
 static void test_ranks_adapters(void) {
     snug_model_config c = load_fixture("llama-3.1-8b");
     for (int k = 0; k < 2; k++) { /* default targets, and every linear module with lm_head saved (untied) */
@@ -409,9 +410,17 @@ static void test_ranks_adapters(void) {
         int choice;
         snug_error e = {0};
         CHECKF(snug_plan_ranks(&s, 4, snug_gpu_find("rtx4090"), m, &choice, &e) == 0, "%s", e.msg);
-        CHECK(!m[0].unbuilt && m[1].unbuilt && m[2].unbuilt && m[3].unbuilt && strstr(m[1].unbuilt, "adapter"));
+        CHECK(!m[0].unbuilt && m[1].unbuilt && m[2].unbuilt && !m[3].unbuilt && strstr(m[1].unbuilt, "adapter"));
         CHECKF(fabs(m[0].comm_bytes - 2.0 * 0.75 * (double)p.ntrain * 4) < 1.0, "DDP sends %.0f bytes", m[0].comm_bytes);
-        CHECK(choice == 0 || choice == -1);
+        /* stage 3: the base's gathers (twice per micro-batch, bf16) and the adapters' all-reduce */
+        CHECK(fabs(m[3].comm_bytes - (2.0 * 0.75 * (double)p.nparams * 2 + 2.0 * 0.75 * (double)p.ntrain * 4)) < 1.0);
+        CHECK(m[3].bytes[SNUG_MEM_PARAMS] < m[0].bytes[SNUG_MEM_PARAMS] / 2 &&
+              m[3].bytes[SNUG_MEM_OPTIM] == m[0].bytes[SNUG_MEM_OPTIM] &&
+              m[3].bytes[SNUG_MEM_GRADS] == m[0].bytes[SNUG_MEM_GRADS]);
+        CHECK(choice == 0 || choice == 3 || choice == -1);
+        s.lv.lora.kind = SNUG_ADAPTER_QLORA;
+        CHECKF(snug_plan_ranks(&s, 4, snug_gpu_find("rtx4090"), m, &choice, &e) == 0, "%s", e.msg);
+        CHECK(!m[0].unbuilt && m[1].unbuilt && m[3].unbuilt && strstr(m[3].unbuilt, "QLoRA") && choice <= 0);
     }
     snug_plan_spec s = spec_of(&c, 1, 2048); /* full fine-tuning: every stage planned, DDP sums every parameter */
     snug_plan p = plan_of(&s);
