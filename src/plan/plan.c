@@ -149,7 +149,7 @@ size_t snug_plan_device_scratch(const snug_plan_spec *s) {
     /* the linear layers' GEMMs read 16-bit weights as stored (matmul_w16) under 16-bit storage, except a QLoRA base's
      * 4-bit matrices and ZeRO-3's gathered layers, which are widened */
     int w16 = s->lv.dt != SNUG_DT_F32 && s->lv.lora.kind != SNUG_ADAPTER_QLORA &&
-              !(s->with_grads && s->zero_stage >= 3 && s->ranks > 1 && !s->lv.lora.kind);
+              !(s->with_grads && s->zero_stage >= 3 && s->ranks > 1);
     return snug_cuda_scratch_bytes((size_t)s->B * (size_t)s->T, c->n_head, width, w16 ? width : 0);
 }
 
