@@ -7,6 +7,7 @@ the first two) and each rank's peak RSS, and the ratios against the one process,
 ranks and the one process alternate (--rounds), so a drift of the machine's speed falls on both.
 
     python bench/bench_dist.py --snug build/snug [--ranks 2] [--steps 8] [--rounds 2] [--zero 1,2,3]
+        [--extra "--adapter lora --bf16 true"]   (more snug options for every run: LoRA at stage 3, --zero 3)
 """
 import argparse
 import json
@@ -67,7 +68,9 @@ def main():
     ap.add_argument("--zero", default="1,2,3", help="ZeRO stages to run beside DDP (empty: none)")
     ap.add_argument("--micro_batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--extra", default="", help="more snug options for every run, e.g. \"--adapter lora --bf16 true\"")
     a = ap.parse_args()
+    more = a.extra.split()
     snug = os.path.abspath(a.snug)
     N = a.ranks
     stages = [int(s) for s in a.zero.split(",") if s]
@@ -78,11 +81,13 @@ def main():
         make_model(cfg, folder)
         make_data(data, 400000)
         B, T = a.micro_batch, a.seq
-        print(f"{name}: global batch {N} x {B} x {T} tokens, fp32 AdamW, {a.steps} steps, {a.rounds} rounds")
-        modes = [("1 process x %d threads, accumulation %d" % (N, N), 1, N, N, [])]
-        modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"]))
+        print(f"{name}: global batch {N} x {B} x {T} tokens, AdamW, {a.steps} steps, {a.rounds} rounds"
+              + (f", {a.extra}" if more else ""))
+        modes = [("1 process x %d threads, accumulation %d" % (N, N), 1, N, N, more)]
+        modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"] + more))
         for s in stages:
-            modes.append(("%d ranks x 1 thread, ZeRO-%d" % (N, s), N, 1, 1, ["--ddp", "true", "--zero_stage", str(s)]))
+            modes.append(("%d ranks x 1 thread, ZeRO-%d" % (N, s), N, 1, 1,
+                          ["--ddp", "true", "--zero_stage", str(s)] + more))
         res = {m[0]: [] for m in modes}
         for k in range(a.rounds):
             for label, ranks, threads, accum, extra in modes:
