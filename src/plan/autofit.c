@@ -258,6 +258,8 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
                             sp.ckpt_snapshot = base->ckpt_snapshot && ws == 0;
                             sp.lv.mlp_shards = tiled[wt];
                             sp.lv.offload_embedding = emb[we];
+                            if (sp.zero_stage && snug_rank_zero_unbuilt(&sp, sp.zero_stage))
+                                continue; /* a stage that does not run with these levers (an adapter's below 3) */
                             rc = add_point(s, &cap, &sp, (int)(E / b), base, GA, base_factor, e);
                         }
     }

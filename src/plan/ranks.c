@@ -28,6 +28,8 @@ const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z) {
                "whole on every rank)";
     if (s->lv.optimizer_in_backward)
         return "with optimizer_in_backward";
+    if (z >= 3 && s->lv.offload_embedding)
+        return "with offload_embedding (the embedding is sharded with the rest of the base)";
     return NULL;
 }
 

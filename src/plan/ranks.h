@@ -45,8 +45,8 @@ typedef struct snug_rank_mode {
     const char *unbuilt;         /* a ZeRO stage that does not run with the spec: why (the rest is 0); else NULL */
 } snug_rank_mode;
 
-/* Why ZeRO stage z (1 to 3) does not run with spec s (QLoRA; LoRA below stage 3; optimizer_in_backward), or NULL
- * when it does. */
+/* Why ZeRO stage z (1 to 3) does not run with spec s (QLoRA; LoRA below stage 3; optimizer_in_backward;
+ * offload_embedding at stage 3), or NULL when it does: the rules config.c enforces, for the plan and auto_fit. */
 const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z);
 
 /* Bytes each of n ranks sends per optimizer step at ZeRO stage z (0: DDP) under spec s, as the table above says. */

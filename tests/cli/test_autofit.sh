@@ -101,6 +101,12 @@ PY
       done
     fi
   fi
+  # under LoRA only stage 3 runs (it shards the frozen base): a budget below DDP's needs never yields stage 1 or 2
+  if ranks lfit --adapter lora --bf16 true --auto_fit true --memory_budget 24MB; then
+    z=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"]["zero_stage"])' "$W/lfit/memory.json")
+    echo "  lfit (LoRA, 2 ranks, 24MB) chose zero_stage $z"
+    case "$z" in 0|3) ok ;; *) bad "lfit: auto_fit chose zero_stage $z under LoRA" ;; esac
+  fi
   if ranks zkeep --auto_fit true --memory_budget 10GB; then
     grep -q "auto_fit: kept the configuration" "$W/zkeep.log" && ok || bad "zkeep: $(grep auto_fit "$W/zkeep.log")"
   fi
