@@ -77,12 +77,16 @@ static int per_rank_state(const snug_engine *eng) {
 }
 
 /* The file of kept arena i: state-optim.bin, or rank r's shard of it, state-optim.rank<r>.bin. */
-static void kept_file(const snug_engine *eng, int i, int r, char *name, size_t n) {
+static void kept_name(int i, int per_rank, int r, char *name, size_t n) {
     const char *f = kept[i].file, *dot = strrchr(f, '.');
-    if (kept_per_rank(eng, i))
+    if (per_rank)
         snprintf(name, n, "%.*s.rank%d.bin", (int)(dot - f), f, r);
     else
         snprintf(name, n, "%s", f);
+}
+
+static void kept_file(const snug_engine *eng, int i, int r, char *name, size_t n) {
+    kept_name(i, kept_per_rank(eng, i), r, name, n);
 }
 
 /* Whether a file name is a rank's shard file (or its temporary file while it is written). */
@@ -845,13 +849,9 @@ static int read_resharded(const char *dir, json_t *files, const snug_setup *s, s
     } else if (!rc) {
         counts[0] = t->total;
     }
-    const char *f = kept[i].file, *dot = strrchr(f, '.');
     for (int r = 0; !rc && r < n; r++) {
         char name[256];
-        if (per)
-            snprintf(name, sizeof name, "%.*s.rank%d.bin", (int)(dot - f), f, r);
-        else
-            snprintf(name, sizeof name, "%s", f);
+        kept_name(i, per, r, name, sizeof name);
         src[r].lo = snug_comm_displ(counts, r);
         src[r].hi = src[r].lo + counts[r];
         src[r].path = paths[r];
