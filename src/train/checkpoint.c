@@ -939,11 +939,15 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         if (!w && !strcmp(name, "loss_vocab_block"))
             w = one = json_integer(0);
         if (!w || !json_equal(w, f)) {
-            char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY);
+            char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[96] = "";
+            /* the loss's blocks are resolved by the stage (auto): another stage needs the checkpoint's value set */
+            if (!strcmp(name, "loss_vocab_block") && w)
+                snprintf(fix, sizeof fix, " (here: loss_vocab_block: %lld)",
+                         json_integer_value(w) ? (long long)json_integer_value(w) : -1LL);
             rc = snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with %s %s, this run has %s; resuming would "
-                           "not continue the same run: resume with the checkpoint's settings (max_steps, "
+                           "not continue the same run: resume with the checkpoint's settings%s (max_steps, "
                            "learning_rate, the logging and saving keys may change)", dir, name, a ? a : "(none)",
-                           b ? b : "?");
+                           b ? b : "?", fix);
             free(a);
             free(b);
         }

@@ -479,6 +479,11 @@ run ddp_q8ck 2 --optimizer adamw_8bit --save_steps 2 || bad "ddp_q8ck did not tr
 resplit rs_q8_ddp ddp_q8ck 1 --gradient_accumulation_steps 2 --optimizer adamw_8bit
 resplit rs_q8_z1 ck1_q8_2 1 --gradient_accumulation_steps 2 --optimizer adamw_8bit
 resplit_same "8-bit ZeRO-1 to one process" rs_q8_z1 rs_q8_ddp
+p8="--optimizer paged_adamw_8bit --bf16 true --master_weights false --loss_vocab_block 2048"
+run ddp_p8ck 3 $p8 --save_steps 2 || bad "ddp_p8ck did not train: $(tail -2 "$W/ddp_p8ck.log")"
+resplit rs_p8_ddp ddp_p8ck 1 --gradient_accumulation_steps 3 $p8
+resplit rs_p8_z2 ck2_paged8_bf16_3 1 --gradient_accumulation_steps 3 $p8
+resplit_same "paged 8-bit ZeRO-2 on 3 ranks (host-resident state) to one process" rs_p8_z2 rs_p8_ddp
 # (stage 2 with this tied head takes the loss over blocks of 2048 rows by default, a setting a resume keeps)
 run ddp_bf16ck 2 --bf16 true --save_steps 2 --loss_vocab_block 2048 ||
   bad "ddp_bf16ck did not train: $(tail -2 "$W/ddp_bf16ck.log")"
@@ -525,6 +530,8 @@ resume_refused "bf16 DDP's master copy under ZeRO" 2 "$W/ddp_bf16ck/checkpoint-2
   --bf16 true --loss_vocab_block 2048
 resume_refused "stage 3 on 2 ranks" 2 "$W/ck3_adamw3/checkpoint-2" \
   "steps take 3 micro-batches (3 ranks x gradient_accumulation_steps 1), this run's 2 (2 x 1)" --zero_stage 3
+resume_refused "stage 2 from stage 1, the loss's blocks resolved otherwise" 2 "$W/ck1_adamw2/checkpoint-2" \
+  "trained with loss_vocab_block 0, this run has 2048.*(here: loss_vocab_block: -1)" --zero_stage 2
 resume_refused "stage 3 from stage 2" 2 "$W/ck2_adamw2/checkpoint-2" \
   "trained with zero_stage 2 over 2 ranks, this run has zero_stage 3 over 2.*set zero_stage: 2" --zero_stage 3
 # the loss over blocks of the head's rows: saved and resumed at stages 2 and 3, the run that never stopped; resumed
@@ -533,7 +540,7 @@ common=${common_ids/ids.yaml/rep.yaml}
 ck 2 vb_3 3 $vb
 ck 3 vb_2 2 $vb
 resume_refused "another loss_vocab_block" 2 "$W/ck3_vb_2/checkpoint-2" \
-  "trained with loss_vocab_block 300, this run has 0" --zero_stage 3 --loss_vocab_block -1
+  "trained with loss_vocab_block 300, this run has 0.*(here: loss_vocab_block: 300)" --zero_stage 3 --loss_vocab_block -1
 common=$common_ids
 # a damaged or missing shard file: every rank fails naming it (exit 2), none waits
 cp -r "$W/ck1_adamw2/checkpoint-2" "$W/damaged"
