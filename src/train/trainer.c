@@ -406,7 +406,7 @@ static void print_sample(run *r, FILE *out) {
         return;
     if (r->eng.model.param_sharded) { /* no rank holds the whole model to generate with */
         fprintf(out, "\nno sample: under zero_stage 3 no rank holds the whole model; sample from the saved folder "
-                "with snug generate\n");
+                "with snug generate%s\n", r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
         return;
     }
     snug_error e = {0};

@@ -630,6 +630,8 @@ refuse "with an adapter" "with adapter lora is not supported.*only stage 3" --ze
 refuse "with QLoRA" "zero_stage 3 with adapter qlora is not supported" --zero_stage 3 --adapter qlora
 refuse "offload_embedding at stage 3" "offload_embedding with zero_stage 3" --zero_stage 3 --adapter lora \
   --bf16 true --offload_embedding true
+refuse "lora_modules_to_save at stage 3" "lora_modules_to_save with zero_stage 3 is not supported yet" --zero_stage 3 \
+  --adapter lora --base_model "$W/base" --lora_modules_to_save lm_head
 
 # LoRA at stage 3: the frozen base sharded and gathered layer by layer, the adapters (their gradients summed after
 # backward, their optimizer state) whole on every rank, so DDP's bits: the logged losses, gradient norms and
