@@ -504,7 +504,9 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     char who[96] = ""; /* several ranks: the plan is this rank's (rank 0's; under ZeRO each plans its shard) */
     if (r->s.spec.ranks > 1)
         snprintf(who, sizeof who, ", rank %d of %d%s", r->s.spec.rank, r->s.spec.ranks,
-                 r->eng.opt.sharded ? ", optimizer state of its ZeRO shard" : r->eng.model.param_sharded ? ", its shard of the frozen base" : "");
+                 r->eng.opt.sharded           ? ", optimizer state of its ZeRO shard"
+                 : r->eng.model.param_sharded ? ", its shard of the frozen base"
+                                              : "");
     if (!strcmp(r->eng.be->name, "cpu"))
         fprintf(out, "memory plan (backend cpu, %d threads%s):\n", r->eng.be->nthreads, who);
     else
@@ -690,24 +692,25 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 least = shard[q] < least ? shard[q] : least;
             }
             const snug_model *zm = &r.eng.model;
-            if (zm->lora.on)
+            if (zm->lora.on) {
                 fprintf(out, "  ZeRO                 stage 3 under LoRA: the frozen base sharded, %zu to %zu parameters "
                         "per rank (edges on %d-element blocks), all-gathered layer by layer before each forward and "
                         "backward, the next layer prefetched; the adapters, their gradients (summed after backward) "
                         "and their optimizer state whole on every rank\n", least, most, SNUG_Q8_BLOCK);
-            else
-            fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
-                    "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered%s\n", o->zero_stage,
-                    o->zero_stage >= 3   ? "parameters, optimizer state and gradients"
-                    : o->zero_stage >= 2 ? "optimizer state and gradients"
-                                         : "optimizer state",
-                    least, most, SNUG_Q8_BLOCK,
-                    o->zero_stage < 2 ? " in buckets during the last micro-batch's backward"
-                    : zm->lv.zero_overlap ? " layer by layer in every micro-batch's backward, each beside the next "
-                                            "layer's (zero_overlap_comm: two layer buffers)"
-                                          : " layer by layer in every micro-batch's backward",
-                    zm->param_sharded ? " layer by layer before each forward and backward, the next layer prefetched"
-                                      : " after the step");
+            } else {
+                fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
+                        "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered%s\n", o->zero_stage,
+                        o->zero_stage >= 3   ? "parameters, optimizer state and gradients"
+                        : o->zero_stage >= 2 ? "optimizer state and gradients"
+                                             : "optimizer state",
+                        least, most, SNUG_Q8_BLOCK,
+                        o->zero_stage < 2 ? " in buckets during the last micro-batch's backward"
+                        : zm->lv.zero_overlap ? " layer by layer in every micro-batch's backward, each beside the next "
+                                                "layer's (zero_overlap_comm: two layer buffers)"
+                                              : " layer by layer in every micro-batch's backward",
+                        zm->param_sharded ? " layer by layer before each forward and backward, the next layer prefetched"
+                                          : " after the step");
+            }
             if (zm->param_sharded)
                 fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
                         "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gglob_n,
