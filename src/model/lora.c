@@ -82,7 +82,7 @@ void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *r
 }
 
 /* The base's table entry of a module lora_modules_to_save can train (SNUG_SAVE_EMBED or SNUG_SAVE_HEAD), -1 none. */
-static int saved_module_entry(const snug_model *m, unsigned bit) {
+int snug_lora_saved_entry(const snug_model *m, unsigned bit) {
     for (int i = 0; i < m->table.n; i++) {
         const char *n = m->table.e[i].name;
         size_t len = strlen(n);
@@ -184,7 +184,7 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             return snug_fail(e, SNUG_EINPUT, "lora_modules_to_save: this model ties embed_tokens to lm_head (one "
                              "table for both), which snug does not train beside adapters; remove lora_modules_to_save");
         }
-        int base = saved_module_entry(m, bit);
+        int base = snug_lora_saved_entry(m, bit);
         if (base < 0) {
             snug_lora_free(lo);
             return snug_fail(e, SNUG_EINPUT, "lora_modules_to_save: the model has no %s",
@@ -242,11 +242,14 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
     }
     m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
     free(host);
-    /* a module trained in full starts as the base's tensor (PEFT copies the original module) */
+    /* a module trained in full starts as the base's tensor (PEFT copies the original module); a sharded base (ZeRO-3)
+     * is not whole on any rank: the copies are then read from the base's file (snug_lora_saved_from_file) */
+    if (m->param_sharded)
+        return 0;
     if (lo->emb_off != (size_t)-1)
-        snug_model_entry_f32(m, saved_module_entry(m, SNUG_SAVE_EMBED), lo->params + lo->emb_off);
+        snug_model_entry_f32(m, snug_lora_saved_entry(m, SNUG_SAVE_EMBED), lo->params + lo->emb_off);
     if (lo->head_off != (size_t)-1)
-        snug_model_entry_f32(m, saved_module_entry(m, SNUG_SAVE_HEAD), lo->params + lo->head_off);
+        snug_model_entry_f32(m, snug_lora_saved_entry(m, SNUG_SAVE_HEAD), lo->params + lo->head_off);
     return 0;
 }
 

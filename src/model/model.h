@@ -440,6 +440,11 @@ int snug_lora_build(snug_model *m, snug_error *e);
 long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);
+/* The base table's entry that lora_modules_to_save's module `bit` (SNUG_SAVE_EMBED, SNUG_SAVE_HEAD) copies; -1: none. */
+int snug_lora_saved_entry(const snug_model *m, unsigned bit);
+/* Under ZeRO-3 (a sharded base): the trained copies of lora_modules_to_save from the base folder's file, rounded to
+ * the base's storage as loading rounds them, so they start as the base's tensors do without the shards. */
+int snug_lora_saved_from_file(snug_model *m, const char *dir, snug_error *e);
 /* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input: rows
  * n0 .. n0 + N - 1 of the micro-batch (n0 > 0 for a shard of a tiled MLP; dropout's mask is the same whatever the
  * shards). */

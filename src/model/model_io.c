@@ -248,3 +248,34 @@ int snug_model_save_weights(const snug_model *m, const char *dir, const snug_wri
     free(host);
     return rc;
 }
+
+int snug_lora_saved_from_file(snug_model *m, const char *dir, snug_error *e) {
+    snug_lora *lo = &m->lora;
+    if (!lo->on || !m->param_sharded || (lo->emb_off == (size_t)-1 && lo->head_off == (size_t)-1))
+        return 0;
+    snug_st_set s;
+    SNUG_TRY(snug_st_open_dir(&s, dir, e));
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        size_t off = k ? lo->head_off : lo->emb_off;
+        int i = snug_lora_saved_entry(m, k ? SNUG_SAVE_HEAD : SNUG_SAVE_EMBED);
+        if (off == (size_t)-1 || i < 0)
+            continue;
+        const snug_param_entry *p = &m->table.e[i];
+        const snug_st_tensor *t;
+        float *host = NULL;
+        rc = match_tensor(&s, dir, p, &t, e);
+        if (!rc && !(host = malloc(p->numel * sizeof *host)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for %s", p->name);
+        if (!rc)
+            rc = snug_st_to_f32(&s, t, host, p->transposed, e);
+        for (size_t j = 0; !rc && m->lv.dt != SNUG_DT_F32 && j < p->numel; j++) /* as the base stores it */
+            host[j] = m->lv.dt == SNUG_DT_BF16 ? snug_bf16_to_f32(snug_f32_to_bf16(host[j]))
+                                                : snug_f16_to_f32(snug_f32_to_f16(host[j]));
+        if (!rc)
+            m->be->to_device(m->be, lo->params + off, host, p->numel * sizeof *host);
+        free(host);
+    }
+    snug_st_close(&s);
+    return rc;
+}

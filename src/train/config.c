@@ -77,9 +77,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "rank, so with LoRA only stage 3 (which shards the frozen base) means something, and a QLoRA base's 4-bit "
             "blocks are not sharded yet; set zero_stage: %s", src, o->zero_stage,
             o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora", o->adapter == SNUG_ADAPTER_QLORA ? "0" : "3 or 0");
-    REQUIRE(!o->lora_modules_to_save[0] || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_NONE,
-            "%s: lora_modules_to_save with zero_stage 3 is not supported yet: the trained copies start from the base's "
-            "tensors, which stage 3 keeps in shards; remove lora_modules_to_save or set zero_stage: 0", src);
+    REQUIRE(!o->lora_modules_to_save[0] || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_NONE || o->base_model[0],
+            "%s: lora_modules_to_save with zero_stage 3 needs base_model: the trained copies start from the base's "
+            "tensors, read from its file since stage 3 keeps the base in shards; set base_model, or remove "
+            "lora_modules_to_save", src);
     REQUIRE(!o->offload_embedding || o->zero_stage < 3,
             "%s: offload_embedding with zero_stage 3 is not supported: the embedding is sharded with the rest of the "
             "base; set offload_embedding: false", src);

@@ -249,7 +249,7 @@ int snug_setup_load_adapter(const snug_setup *r, snug_model *m, snug_error *e) {
         return snug_peft_load(m, r->c.lora_model_dir, e);
     if (snug_lora_init(m, (uint64_t)r->c.seed))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the adapters");
-    return 0;
+    return snug_lora_saved_from_file(m, r->c.base_model, e);
 }
 
 snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {

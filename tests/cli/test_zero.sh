@@ -630,8 +630,8 @@ refuse "with an adapter" "with adapter lora is not supported.*only stage 3" --ze
 refuse "with QLoRA" "zero_stage 3 with adapter qlora is not supported" --zero_stage 3 --adapter qlora
 refuse "offload_embedding at stage 3" "offload_embedding with zero_stage 3" --zero_stage 3 --adapter lora \
   --bf16 true --offload_embedding true
-refuse "lora_modules_to_save at stage 3" "lora_modules_to_save with zero_stage 3 is not supported yet" --zero_stage 3 \
-  --adapter lora --base_model "$W/base" --lora_modules_to_save lm_head
+refuse "lora_modules_to_save at stage 3 without a base" "lora_modules_to_save with zero_stage 3 needs base_model" \
+  --zero_stage 3 --adapter lora --lora_modules_to_save lm_head
 
 # LoRA at stage 3: the frozen base sharded and gathered layer by layer, the adapters (their gradients summed after
 # backward, their optimizer state) whole on every rank, so DDP's bits: the logged losses, gradient norms and
@@ -664,6 +664,8 @@ lora3 bf16_2 2 --bf16 true
 lora3 acc_3 3 --gradient_accumulation_steps 2 --gradient_checkpointing true
 lora3 val_2 2 --base_model "$W/base" --bf16 true --gradient_accumulation_steps 4 --max_steps 9 --val_set_size 0.1 \
   --lora_target_linear true
+lora3 saved_2 2 --base_model "$W/base" --bf16 true --lora_modules_to_save lm_head,embed_tokens
+lora3 saved32_3 3 --base_model "$W/base" --lora_modules_to_save lm_head
 run lz3_ck 2 --adapter lora --zero_stage 3 --bf16 true --save_steps 2 || bad "lz3_ck did not train"
 [ -f "$W/lz3_ck/checkpoint-2/adapter_model.safetensors" ] && [ -z "$(ls "$W/lz3_ck/checkpoint-2" | grep rank)" ] && ok ||
   bad "lz3_ck: the checkpoint is not rank 0's adapters: $(ls "$W/lz3_ck/checkpoint-2" | tr '\n' ' ')"

@@ -703,7 +703,7 @@ static void test_zero(void) {
         {"zero_stage: 1\nadapter: lora\n", "zero_stage 1 with adapter lora is not supported"},
         {"zero_stage: 3\nadapter: qlora\n", "zero_stage 3 with adapter qlora is not supported"},
         {"zero_stage: 3\nadapter: lora\nbf16: true\noffload_embedding: true\n", "offload_embedding with zero_stage 3"},
-        {"zero_stage: 3\nadapter: lora\nlora_modules_to_save: [lm_head]\n", "lora_modules_to_save with zero_stage 3"},
+        {"zero_stage: 3\nadapter: lora\nlora_modules_to_save: [lm_head]\n", "lora_modules_to_save with zero_stage 3 needs base_model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECKF(load(bad[i].yaml, &o, &e) == 0, "%s", e.msg);
