@@ -68,8 +68,7 @@ static int kept_per_rank(const snug_engine *eng, int i) {
            (kept[i].c == SNUG_MEM_PARAMS && eng->model.param_sharded);
 }
 
-/* Whether the checkpoint is every rank's: some of the state is sharded. */
-static int per_rank_state(const snug_engine *eng) {
+int snug_checkpoint_per_rank(const snug_engine *eng) {
     int any = 0;
     for (int i = 0; i < NKEPT; i++)
         any |= kept_per_rank(eng, i);
@@ -598,7 +597,7 @@ static int ranks_agree(snug_comm *c, const char *dir, const char *what, int ok, 
 int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const snug_train_state *st,
                           const snug_setup *s, const snug_engine *eng, snug_error *e) {
     SNUG_TRY(snug_checkpoint_finish(w, 1, e));
-    int per_rank = per_rank_state(eng), rank = w->comm ? w->comm->rank : 0;
+    int per_rank = snug_checkpoint_per_rank(eng), rank = w->comm ? w->comm->rank : 0;
     if (per_rank && (!w->comm || w->comm->size < 2))
         return snug_fail(e, SNUG_EINTERNAL, "%s: a sharded state without its ranks' communicator", dir);
     if (per_rank) { /* rank 0 makes the folder (anew) before any rank writes into it */

@@ -86,6 +86,10 @@ int snug_checkpoint_finish(snug_checkpointer *w, int wait, snug_error *e);
  * micro-batches per step (ranks x gradient_accumulation_steps) or move ZeRO stage 3 to another stage. */
 int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng, snug_error *e);
 
+/* Whether every rank writes part of eng's checkpoints: some of the state is each rank's shard (ZeRO's optimizer
+ * state, master copy or stage-3 parameters; not a LoRA run's sharded base, which is no state). */
+int snug_checkpoint_per_rank(const snug_engine *eng);
+
 /* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */
 int snug_checkpoint_latest(const char *output_dir, char *path, size_t n);
 

@@ -965,8 +965,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                         ckw.write_s, ck_wait, ckw.write_cpu_s);
         }
         /* every rank holds the same state under data parallel: rank 0 saves it; under ZeRO each rank also its
-         * shard (under LoRA the state is the adapters', whole on every rank, and the sharded base is no state) */
-        int writer = lead || (shard && !r.eng.model.lora.on);
+         * shard */
+        int writer = lead || snug_checkpoint_per_rank(&r.eng);
         if (!rc && !writer && stop) { /* another DDP rank: rank 0 writes the checkpoint and says so */
             stopped = 1;
             break;
