@@ -256,6 +256,42 @@ static const void *gathered_layer(snug_model *m, int l) {
     return m->gbuf[k];
 }
 
+/* QLoRA at ZeRO-3: the prefetched span complete before its buffer is read or another gather is issued. */
+static void q4_settle(snug_model *m) {
+    if (m->q4_prefetched && m->gather_q4)
+        m->gather_q4(m->gather_q4_ud, NULL, 0, 0);
+    m->q4_prefetched = 0;
+}
+
+/* Layer l's 4-bit span into buffer k (this rank's piece copied from its shard, the others' by the callback), and
+ * the layer's matrices carved there. */
+static void q4_gather(snug_model *m, int l, int k, int prefetch) {
+    if (!prefetch)
+        q4_settle(m);
+    size_t P = m->q4_piece[l];
+    char *dst = m->q4_gbuf[k];
+    m->be->copy(m->be, dst + (size_t)m->rank * P, m->q4_shard + m->q4_soff[l], P);
+    if (m->gather_q4)
+        m->gather_q4(m->gather_q4_ud, dst, P, prefetch);
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer == l && m->q4[i].n)
+            snug_q4_carve(&m->q4[i], dst + m->q4_rel[i]);
+    m->q4_gbuf_layer[k] = l;
+    m->q4_prefetched |= prefetch ? 1 << k : 0;
+}
+
+/* QLoRA at ZeRO-3: layer l's 4-bit matrices readable (gathered unless still there, a prefetch waited for), and the
+ * pass's next layer prefetched into the other buffer, in the same order on every rank (see gathered_layer). */
+static void q4_layer(snug_model *m, int l) {
+    int k = l % 2, nx = l + m->gdir;
+    if (m->q4_gbuf_layer[k] != l)
+        q4_gather(m, l, k, 0);
+    else if (m->q4_prefetched & (1 << k))
+        q4_settle(m);
+    if (m->gdir && nx >= 0 && nx < m->cfg.n_layer && m->q4_gbuf_layer[1 - k] != nx)
+        q4_gather(m, nx, 1 - k, 1);
+}
+
 float *snug_model_host_scratch(snug_model *m, size_t n) {
     if (!m->param_sharded || !m->be->host_resident || m->gregion_n * snug_dtype_size(m->lv.dt) < n * sizeof(float))
         return NULL;
@@ -400,6 +436,11 @@ void snug_model_skip_step(snug_model *m, int train) {
             (void)gathered_layer(m, l);
         m->gdir = 0;
         gather_globals(m, GLOB_POST);
+    } else if (m->q4_sharded) {
+        m->gdir = 1;
+        for (int l = 0; l < L; l++)
+            q4_layer(m, l);
+        m->gdir = 0;
     }
     if (m->vtied && (train || m->param_sharded)) /* the head's blocks: gathered, and reduced */
         (void)loss_blocks(m, NULL, m->lv.dt, NULL, 0, 0.0f, train, 1);
@@ -411,6 +452,8 @@ void snug_model_skip_step(snug_model *m, int train) {
     for (int l = L - 1; l >= 0; l--) {
         if (m->param_sharded)
             (void)gathered_layer(m, l);
+        if (m->q4_sharded)
+            q4_layer(m, l);
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
@@ -636,6 +679,41 @@ static int q4_place(snug_model *m, int i, snug_error *e) {
                                       "stored in 4 bits", p->name);
 }
 
+/* QLoRA at ZeRO-3: where each 4-bit matrix is in its layer's span (q4_rel), each layer's piece per rank (q4_piece:
+ * the span rounded up to nranks x 64 bytes, over nranks) and where the rank keeps it (q4_soff), and the sizes of the
+ * shard and of a gather buffer (see snug_model.q4_sharded). */
+static int q4_spans(snug_model *m, snug_error *e) {
+    const snug_param_table *t = &m->table;
+    int L = m->cfg.n_layer;
+    size_t R = (size_t)(m->nranks > 1 ? m->nranks : 1);
+    m->q4_rel = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4_rel);
+    m->q4_piece = calloc((size_t)(L ? L : 1), sizeof *m->q4_piece);
+    m->q4_soff = calloc((size_t)(L ? L : 1), sizeof *m->q4_soff);
+    if (!m->q4_rel || !m->q4_piece || !m->q4_soff)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the parameter layout");
+    m->q4_shard_n = m->q4_gbuf_n = 0;
+    for (int l = 0; l < L; l++) {
+        size_t span = 0;
+        for (int i = 0; i < t->n; i++)
+            if (t->e[i].layer == l && m->q4[i].n) {
+                m->q4_rel[i] = span;
+                span += (snug_q4_bytes(m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested) + 63) / 64 * 64;
+            }
+        m->q4_piece[l] = (span + 64 * R - 1) / (64 * R) * 64;
+        m->q4_soff[l] = m->q4_shard_n;
+        m->q4_shard_n += m->q4_piece[l];
+        m->q4_gbuf_n = R * m->q4_piece[l] > m->q4_gbuf_n ? R * m->q4_piece[l] : m->q4_gbuf_n;
+    }
+    return 0;
+}
+
+static void q4_spans_free(snug_model *m) {
+    free(m->q4_rel);
+    free(m->q4_piece);
+    free(m->q4_soff);
+    m->q4_rel = m->q4_piece = m->q4_soff = NULL;
+}
+
 /* Where each tensor is stored (snug_model.soff, q4): at its table offset, or under QLoRA the block matrices in 4 bits
  * (bitsandbytes' layout, one quantized tensor per Hugging Face weight) and the rest packed densely. */
 static int storage_layout(snug_model *m, snug_error *e) {
@@ -644,6 +722,7 @@ static int storage_layout(snug_model *m, snug_error *e) {
     free(m->q4);
     free(m->q4_block);
     free(m->q4_site);
+    q4_spans_free(m);
     m->q4 = NULL;
     m->q4_block = NULL;
     m->q4_site = NULL;
@@ -693,7 +772,7 @@ static int storage_layout(snug_model *m, snug_error *e) {
         dense += p->numel;
     }
     m->dense_total = m->packed ? dense : t->total;
-    return 0;
+    return q && m->q4_sharded ? q4_spans(m, e) : 0;
 }
 
 /* Where dense tensor i is stored in 16 bits: its place in params16, or the host-resident embedding. */
@@ -713,6 +792,7 @@ void snug_model_free_host(snug_model *m) {
     free(m->q4);
     free(m->q4_block);
     free(m->q4_site);
+    q4_spans_free(m);
     m->q4_site = NULL;
     m->w.layers = m->g.layers = NULL;
     m->acts = NULL;
@@ -813,7 +893,19 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             CARVE(m->emb16, SNUG_MEM_OFFLOAD, m->table.e[m->emb_entry].numel);
         if (m->lv.master_weights)
             CARVE(m->params, SNUG_MEM_MASTER, m->master_sharded ? m->master_n : m->table.total);
-        for (int i = 0; m->q4 && i < m->table.n; i++)
+        m->q4_shard = m->q4_gbuf[0] = m->q4_gbuf[1] = NULL;
+        m->q4_gbuf_layer[0] = m->q4_gbuf_layer[1] = -1;
+        m->q4_prefetched = 0;
+        if (m->q4 && m->q4_sharded) { /* ZeRO-3: the rank's pieces, and two buffers a layer's span is gathered into */
+            if (!(m->q4_shard = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], m->q4_shard_n ? m->q4_shard_n : 1, e)) ||
+                !(m->q4_gbuf[0] = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], 2 * (m->q4_gbuf_n ? m->q4_gbuf_n : 1), e)))
+                return e ? e->code : SNUG_ENOMEM;
+            m->q4_gbuf[1] = m->q4_gbuf[0] + m->q4_gbuf_n;
+            for (int i = 0; i < m->table.n; i++) /* valid until the layer is first gathered */
+                if (m->q4[i].n)
+                    snug_q4_carve(&m->q4[i], m->q4_gbuf[0] + m->q4_rel[i]);
+        }
+        for (int i = 0; m->q4 && !m->q4_sharded && i < m->table.n; i++)
             if (m->q4[i].n) { /* QLoRA: each block matrix in bitsandbytes' parts */
                 const snug_q4_tensor *q = &m->q4[i];
                 void *blk = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], snug_q4_bytes(q->n, q->blocksize, q->nested), e);
@@ -1181,18 +1273,35 @@ int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e)
     /* quantized on the host (bitsandbytes' arithmetic), then copied to where the model keeps it */
     snug_q4_tensor q = m->q4[i];
     size_t bytes = snug_q4_bytes(q.n, q.blocksize, q.nested);
-    void *buf = m->be->host_resident ? m->q4_block[i] : malloc(bytes);
+    void *buf = m->be->host_resident && !m->q4_sharded ? m->q4_block[i] : malloc(bytes);
     if (!buf)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory quantizing %s", p->name);
     snug_q4_carve(&q, buf);
     int rc = snug_q4_quantize(&q, host, SNUG_DT_F32, e);
-    if (!rc && buf != m->q4_block[i])
-        m->be->to_device(m->be, m->q4_block[i], buf, bytes);
-    m->q4[i].nested_offset = q.nested_offset;
+    if (!rc)
+        snug_model_put_q4(m, i, buf, q.nested_offset);
     if (buf != m->q4_block[i])
         free(buf);
-    m->wl_layer = -1;
     return rc;
+}
+
+void snug_model_put_q4(snug_model *m, int i, const void *buf, float nested_offset) {
+    const snug_q4_tensor *q = &m->q4[i];
+    size_t bytes = snug_q4_bytes(q->n, q->blocksize, q->nested);
+    if (!m->q4_sharded) {
+        if (buf != m->q4_block[i])
+            m->be->to_device(m->be, m->q4_block[i], buf, bytes);
+    } else { /* the part of its layer's span that is this rank's piece */
+        int l = m->table.e[i].layer;
+        size_t P = m->q4_piece[l], lo = (size_t)m->rank * P, at = m->q4_rel[i];
+        size_t a = at > lo ? at : lo, b = at + bytes < lo + P ? at + bytes : lo + P;
+        if (b > a)
+            m->be->to_device(m->be, m->q4_shard + m->q4_soff[l] + (a - lo), (const char *)buf + (a - at), b - a);
+        for (int k = 0; k < 2; k++) /* gathered again before it is read */
+            m->q4_gbuf_layer[k] = m->q4_gbuf_layer[k] == l ? -1 : m->q4_gbuf_layer[k];
+    }
+    m->q4[i].nested_offset = nested_offset;
+    m->wl_layer = -1;
 }
 
 void snug_model_get_params(const snug_model *m, float *host) {
@@ -1385,6 +1494,8 @@ static int weight_site(const char *name) {
  * backend's GEMMs read 16-bit weights as stored (matmul_w16), only the norms and biases are widened and lin_fwd and
  * lin_bwd take the matrices from params16 (wl16): the views of the four are NULL. */
 static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
+    if (m->q4_sharded)
+        q4_layer(m, l);
     if (m->param_sharded && !is16(m)) {
         (void)gathered_layer(m, l);
         return &m->gbuf_t[l % 2];

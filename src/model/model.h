@@ -206,6 +206,11 @@ typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t n
  * returns (SNUG_COMM_ASYNC): the model calls it again with dst NULL (a wait) before anything reads or writes dst. */
 typedef void (*snug_gather_fn)(void *ud, void *dst, size_t offset, size_t numel, int prefetch);
 
+/* QLoRA at ZeRO-3's gather (m->gather_q4): dst holds nranks pieces of `piece` bytes (a layer's 4-bit span), this
+ * rank's already in place at rank x piece; the callback fills the others' (an all-gather of opaque bytes). The same
+ * order on every rank, prefetch and the wait (dst NULL) as for snug_gather_fn. */
+typedef void (*snug_gather_q4_fn)(void *ud, void *dst, size_t piece, int prefetch);
+
 /* A tied embedding split by rows (m->vtied: ZeRO-2/3 with loss_vocab_block). The rows are the table elements
  * [base + row*C, +C) of rows `rows[0..n)` (increasing), or of rows first, first+1, ... when rows is NULL; buf holds
  * them one after another. SNUG_ROWS_GATHER (ZeRO-3): buf (stored dtype) holds this rank's pieces (its shard's part of
@@ -355,6 +360,23 @@ typedef struct snug_model {
     size_t wq_n;
     size_t wl_n;           /* floats in wl */
     float *ones;           /* (N) ones: a QLoRA linear's bias added by a GEMM */
+    /* QLoRA at ZeRO-3 (q4_sharded, set before layout with nranks and rank): layer l's 4-bit matrices are one span
+     * of bytes (matrix i at q4_rel[i] in it, 64-byte aligned) cut into nranks equal pieces of q4_piece[l] bytes. The
+     * rank keeps piece `rank` of every layer in q4_shard (layer l's at q4_soff[l]); before a layer's forward and
+     * backward its span is all-gathered into q4_gbuf[l % 2] (nranks x the largest piece) unless it is still there,
+     * and the next layer of the pass is prefetched into the other, as gathered_layer does for the dense layers. The
+     * base is frozen, so a gathered layer stays valid across steps. q4[i] is carved where its layer was last
+     * gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank, and
+     * snug_model_entry_f32 and snug_model_get_params do not read the 4-bit matrices (no rank holds them whole). */
+    int q4_sharded;
+    size_t *q4_rel;        /* (table.n) */
+    size_t *q4_piece, *q4_soff; /* (n_layer) bytes */
+    size_t q4_shard_n, q4_gbuf_n; /* bytes of q4_shard and of each buffer */
+    char *q4_shard, *q4_gbuf[2];
+    int q4_gbuf_layer[2];  /* the layer each buffer holds, -1 none */
+    int q4_prefetched;     /* bit k: a prefetch may still be filling q4_gbuf[k] */
+    snug_gather_q4_fn gather_q4;
+    void *gather_q4_ud;
 
     snug_grads_ready_fn on_grads_ready;
     void *on_grads_ready_ud;
@@ -408,7 +430,7 @@ float *snug_model_host_scratch(snug_model *m, size_t n);
 /* ZeRO-3: the collectives of one snug_model_step without its compute, in the same order (the gathers of forward
  * and, with train, those of backward with each layer's grads-ready callback): a rank with no micro-batch left at the
  * end of an epoch, or no validation micro-batch of its own, still joins every other rank's gathers. Nothing without
- * param_sharded (train: only the grads-ready callbacks, as ZeRO-2's idle rank makes them). */
+ * param_sharded or q4_sharded (train: only the grads-ready callbacks, as ZeRO-2's idle rank makes them). */
 void snug_model_skip_step(snug_model *m, int train);
 
 /* The Hugging Face name of module k of an architecture's block ("self_attn.q_proj", "mlp.c_fc"), NULL past the
@@ -425,6 +447,9 @@ unsigned snug_lora_default_targets(snug_arch arch);
 
 /* Entry i of the base as fp32 values into dst (backend memory, numel floats): the parameters, or widened. */
 void snug_model_entry_f32(const snug_model *m, int i, float *dst);
+/* 4-bit matrix i from buf (snug_q4_bytes of it, its parts as snug_q4_carve lays them out, host memory) and its
+ * nested_offset: copied to where the model keeps it (under q4_sharded, only this rank's piece of it). */
+void snug_model_put_q4(snug_model *m, int i, const void *buf, float nested_offset);
 
 /* The tensors that train: the adapters' table under LoRA, else the model's. */
 static inline const snug_param_table *snug_model_trainable(const snug_model *m) {

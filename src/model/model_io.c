@@ -78,6 +78,11 @@ int snug_model_check_weights(const snug_param_table *table, const char *dir, snu
     return rc;
 }
 
+static void host_copy(snug_backend *be, void *dst, const void *src, size_t n) {
+    (void)be;
+    memcpy(dst, src, n);
+}
+
 /* Entry i from a bitsandbytes 4-bit tensor of the file: copied part by part into the model's 4-bit tensor, which
  * must have been laid out alike (type, block size, double quantization: setup reads them from the checkpoint). */
 static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, snug_error *e) {
@@ -95,14 +100,24 @@ static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, 
                          snug_q4_type_name(q->type), q->blocksize, q->nested ? ", double-quantized" : "");
     snug_q4_sizes z = snug_q4_sizes_of(q->n, q->blocksize, q->nested);
     snug_backend *be = m->be;
-    be->to_device(be, q->packed, f.packed, z.packed);
+    snug_q4_tensor d = *q; /* where its parts go: the model's tensor, or (sharded) one host copy of it whole */
+    void *whole = m->q4_sharded ? malloc(z.total) : NULL;
+    if (m->q4_sharded && !whole)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory loading %s", p->name);
+    if (whole)
+        snug_q4_carve(&d, whole);
+    void (*put)(snug_backend *, void *, const void *, size_t) = whole ? host_copy : be->to_device;
+    put(be, d.packed, f.packed, z.packed);
     if (q->nested) {
-        be->to_device(be, q->absmax_q, f.absmax_q, z.absmax);
-        be->to_device(be, q->nested_absmax, f.nested_absmax, z.nested_absmax);
-        be->to_device(be, q->nested_quant_map, f.nested_quant_map, z.nested_quant_map);
+        put(be, d.absmax_q, f.absmax_q, z.absmax);
+        put(be, d.nested_absmax, f.nested_absmax, z.nested_absmax);
+        put(be, d.nested_quant_map, f.nested_quant_map, z.nested_quant_map);
     } else {
-        be->to_device(be, q->absmax, f.absmax, z.absmax);
+        put(be, d.absmax, f.absmax, z.absmax);
     }
+    if (whole)
+        snug_model_put_q4(m, i, whole, f.nested_offset);
+    free(whole);
     m->q4[i].nested_offset = f.nested_offset;
     m->wl_layer = -1;
     return 0;

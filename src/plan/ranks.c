@@ -2,6 +2,7 @@
 #include "plan/ranks.h"
 
 #include "model/model.h"
+#include "model/quant4.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,15 +21,32 @@ static double summed(const snug_plan_spec *s, long long nparams) {
     return s->lv.lora.kind ? (double)snug_lora_nparams(&s->cfg, &s->lv.lora) : (double)nparams;
 }
 
+/* The bytes of the frozen base that stage 3 gathers in a pass: its stored parameters, or under QLoRA its 4-bit
+ * matrices (snug_model.q4_sharded: the dense tensors stay whole). */
+static double base_bytes(const snug_plan_spec *s, long long nparams) {
+    double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2;
+    if (s->lv.lora.kind != SNUG_ADAPTER_QLORA)
+        return (double)nparams * w;
+    snug_param_table t;
+    memset(&t, 0, sizeof t);
+    if (snug_param_table_build(&t, &s->cfg, NULL))
+        return (double)nparams * 0.5; /* out of host memory: about 4 bits a parameter */
+    double b = 0;
+    int bs = s->lv.lora.q4_blocksize ? s->lv.lora.q4_blocksize : 64;
+    for (int i = 0; i < t.n; i++)
+        if (t.e[i].layer >= 0 && t.e[i].ndim == 2)
+            b += (double)snug_q4_bytes(t.e[i].numel, bs, s->lv.lora.q4_nested);
+    snug_param_table_free(&t);
+    return b;
+}
+
 const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z) {
-    if (s->lv.lora.kind == SNUG_ADAPTER_QLORA)
-        return "with QLoRA (its base's 4-bit blocks are not sharded)";
     if (s->lv.lora.kind && z < 3)
         return "with an adapter: only stage 3, which shards the frozen base (the adapters' state is small and stays "
                "whole on every rank)";
     if (s->lv.optimizer_in_backward)
         return "with optimizer_in_backward";
-    if (z >= 3 && s->lv.offload_embedding)
+    if (z >= 3 && s->lv.offload_embedding && s->lv.lora.kind != SNUG_ADAPTER_QLORA)
         return "with offload_embedding (the embedding is sharded with the rest of the base)";
     return NULL;
 }
@@ -39,7 +57,7 @@ double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, i
     if (z == 0)
         P = summed(s, nparams);
     if (z == 3 && s->lv.lora.kind) /* the frozen base gathered, the adapters' gradients all-reduced */
-        return GA * 2 * f * P * w + 2 * f * summed(s, nparams) * gb;
+        return GA * 2 * f * base_bytes(s, nparams) + 2 * f * summed(s, nparams) * gb;
     return z == 0   ? 2 * f * P * gb
            : z == 1 ? f * P * gb + f * P * w
            : z == 2 ? GA * f * P * gb + f * P * w
@@ -55,7 +73,7 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
     if (z == 0 && s->lv.lora.kind)
         return adapters;
     if (s->lv.lora.kind) { /* stage 3: the frozen base's gathers prefetched, the first of each pass exposed */
-        double gat = GA * 2 * f * P * w / bps;
+        double gat = GA * 2 * f * base_bytes(s, nparams) / bps;
         return fmax(0.0, gat - compute) + gat / L + adapters;
     }
     if (z <= 1) { /* buckets during the last micro-batch's backward; the last bucket, and ZeRO-1's gather, exposed */

@@ -72,18 +72,18 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(!o->zero_stage || !o->optimizer_in_backward,
             "%s: zero_stage %d with optimizer_in_backward is not supported: each rank steps only its shard after the "
             "gradients are reduce-scattered; set optimizer_in_backward: false or zero_stage: 0", src, o->zero_stage);
-    REQUIRE(!o->zero_stage || o->adapter == SNUG_ADAPTER_NONE || (o->zero_stage == 3 && o->adapter == SNUG_ADAPTER_LORA),
+    REQUIRE(!o->zero_stage || o->adapter == SNUG_ADAPTER_NONE || o->zero_stage == 3,
             "%s: zero_stage %d with adapter %s is not supported: the adapters' state is small and stays whole on every "
-            "rank, so with LoRA only stage 3 (which shards the frozen base) means something, and a QLoRA base's 4-bit "
-            "blocks are not sharded yet; set zero_stage: %s", src, o->zero_stage,
-            o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora", o->adapter == SNUG_ADAPTER_QLORA ? "0" : "3 or 0");
-    REQUIRE(!o->lora_modules_to_save[0] || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_NONE || o->base_model[0],
+            "rank, so with an adapter only stage 3 (which shards the frozen base) means something; set zero_stage: 3 "
+            "or 0", src, o->zero_stage, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
+    /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
+    REQUIRE(!o->lora_modules_to_save[0] || o->zero_stage < 3 || o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],
             "%s: lora_modules_to_save with zero_stage 3 needs base_model: the trained copies start from the base's "
             "tensors, read from its file since stage 3 keeps the base in shards; set base_model, or remove "
             "lora_modules_to_save", src);
-    REQUIRE(!o->offload_embedding || o->zero_stage < 3,
-            "%s: offload_embedding with zero_stage 3 is not supported: the embedding is sharded with the rest of the "
-            "base; set offload_embedding: false", src);
+    REQUIRE(!o->offload_embedding || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_QLORA,
+            "%s: offload_embedding with zero_stage 3 is not supported under LoRA: the embedding is sharded with the "
+            "rest of the base (QLoRA's stage 3 keeps it whole); set offload_embedding: false", src);
     REQUIRE(!o->fp16 || o->master_weights,
             "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
             "with master_weights: false, or keep master_weights: true", src);

@@ -75,6 +75,19 @@ void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int pre
     c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e);
 }
 
+void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch) {
+    snug_zero3_hook *c = ud;
+    if (c->rc)
+        return;
+    if (!dst) {
+        c->rc = c->comm->wait(c->comm, &c->e);
+        return;
+    }
+    for (int r = 0; r < c->comm->size; r++) /* opaque bytes, moved as 16-bit halves (pieces are 64-byte multiples) */
+        c->counts[r] = piece / 2;
+    c->rc = c->comm->allgather(c->comm, dst, c->counts, SNUG_COMM_U16 | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e);
+}
+
 void snug_rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
     snug_rows_hook *c = ud;
     snug_zero2_hook *z2 = c->z2;

@@ -61,6 +61,9 @@ typedef struct snug_zero3_hook {
 } snug_zero3_hook;
 
 void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch);
+/* QLoRA at ZeRO-3 (gather_q4, model.h's snug_gather_q4_fn): every rank's piece is `piece` bytes, so the counts are
+ * equal; the same hook (its comm, counts scratch and error), shard unused. */
+void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch);
 
 /* A tied embedding split by rows (rows_fn, model.h's snug_rows_fn): the rows' elements in each rank's shard are the
  * counts of one collective over buf, whose pieces follow the rows' order (the rows increase, so each rank's piece is

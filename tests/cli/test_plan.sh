@@ -193,12 +193,12 @@ PY
 then ok; else bad "fewest GPUs: $(head -c 300 "$W/stderr")"; fi
 expect_out ranks-4090-text "no mode fits in 23.99 GiB per GPU; over [0-9]+ GPUs zero-3 fits" -- \
   "$SNUG" "${r4090[@]:0:${#r4090[@]}-1}" --gpus 2
-# QLoRA over 2 GPUs: DDP sums the adapters' 13 MiB of gradients, and the ZeRO stages say they are not built with it;
-# LoRA over 8: stage 3 shards the frozen base and fits where DDP does not
+# QLoRA over 2 GPUs: DDP sums the adapters' 13 MiB of gradients and is chosen; stage 3 shards the 4-bit matrices
+# (less memory, their gathers' traffic); LoRA over 8: stage 3 shards the frozen base and fits where DDP does not
 expect_out ranks-lora "ddp .* no " "zero-1   not built with an adapter: only stage 3" "zero-3 .* yes .*<- chosen" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090 \
   --gpus 8 --adapter lora --lora_target_linear true
-expect_out ranks-qlora "ddp .* 13\.00 MiB +[0-9.]+ +[0-9.]+  <- chosen" "zero-3   not built with QLoRA" -- \
+expect_out ranks-qlora "ddp +5\.31 GiB .* 13\.00 MiB +[0-9.]+ +[0-9.]+  <- chosen" "zero-3 +3\.84 GiB .* yes +3\.37 GiB" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090 \
   --gpus 2 --adapter qlora
 expect_error gpus-0 "gpus is 0; it must be at least 1" "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --gpus 0

@@ -12,6 +12,8 @@
 #include "check.h"
 #include "core/fileio.h"
 #include "model/config.h"
+#include "model/model.h"
+#include "model/quant4.h"
 #include "model/safetensors.h"
 #include "optim/optim.h"
 #include "plan/autofit.h"
@@ -393,7 +395,7 @@ static void test_svg_and_json(void) {
 
 /* The plan per rank under LoRA: DDP sums the adapters' gradients alone (their count is the adapter table's); stage 3
  * shards the frozen base (less parameters memory, the same adapters' state) and stages 1 and 2, which do not run
- * with an adapter, are marked so and never chosen; under QLoRA no stage runs. */
+ * with an adapter, are marked so and never chosen; under QLoRA stage 3 shards the 4-bit matrices. */
 static void test_ranks_adapters(void) {
     snug_model_config c = load_fixture("llama-3.1-8b");
     for (int k = 0; k < 2; k++) { /* default targets, and every linear module with lm_head saved (untied) */
@@ -419,8 +421,37 @@ static void test_ranks_adapters(void) {
               m[3].bytes[SNUG_MEM_GRADS] == m[0].bytes[SNUG_MEM_GRADS]);
         CHECK(choice == 0 || choice == 3 || choice == -1);
         s.lv.lora.kind = SNUG_ADAPTER_QLORA;
+        s.lv.lora.q4_nested = 1, s.lv.lora.q4_blocksize = 64;
         CHECKF(snug_plan_ranks(&s, 4, snug_gpu_find("rtx4090"), m, &choice, &e) == 0, "%s", e.msg);
-        CHECK(!m[0].unbuilt && m[1].unbuilt && m[3].unbuilt && strstr(m[3].unbuilt, "QLoRA") && choice <= 0);
+        CHECK(!m[0].unbuilt && m[1].unbuilt && m[2].unbuilt && !m[3].unbuilt);
+        /* QLoRA's stage 3 shards the 4-bit matrices alone: each layer's span (its matrices at 64-byte edges) in 4
+         * pieces of 64-byte multiples, the rank's piece of every layer kept and two spans gathered at a time, where
+         * DDP keeps each matrix (the arena's 64-byte edges); the dense tensors and the adapters' state as DDP's */
+        snug_param_table t;
+        memset(&t, 0, sizeof t);
+        CHECK(snug_param_table_build(&t, &c, NULL) == 0);
+        size_t whole = 0, shard = 0, most = 0;
+        double q4 = 0;
+        for (int l = 0; l < c.n_layer; l++) {
+            size_t span = 0;
+            for (int i = 0; i < t.n; i++)
+                if (t.e[i].layer == l && t.e[i].ndim == 2) {
+                    size_t b = snug_q4_bytes(t.e[i].numel, 64, 1);
+                    span += (b + 63) / 64 * 64;
+                    q4 += (double)b;
+                }
+            size_t piece = (span + 4 * 64 - 1) / (4 * 64) * 64;
+            whole += span, shard += piece, most = piece > most ? piece : most;
+        }
+        snug_param_table_free(&t);
+        CHECKF(m[3].bytes[SNUG_MEM_PARAMS] == m[0].bytes[SNUG_MEM_PARAMS] - whole + shard + 2 * 4 * most,
+               "QLoRA stage 3 parameters %zu, DDP's %zu: the 4-bit %zu bytes, a shard %zu, a span %zu",
+               m[3].bytes[SNUG_MEM_PARAMS], m[0].bytes[SNUG_MEM_PARAMS], whole, shard, 4 * most);
+        CHECK(m[3].bytes[SNUG_MEM_OPTIM] == m[0].bytes[SNUG_MEM_OPTIM] &&
+              m[3].bytes[SNUG_MEM_GRADS] == m[0].bytes[SNUG_MEM_GRADS] &&
+              m[3].bytes[SNUG_MEM_ADAPTER] == m[0].bytes[SNUG_MEM_ADAPTER]);
+        /* the 4-bit matrices gathered twice per micro-batch, and the adapters' all-reduce */
+        CHECK(fabs(m[3].comm_bytes - (2.0 * 0.75 * q4 + 2.0 * 0.75 * (double)p.ntrain * 4)) < 1.0);
     }
     snug_plan_spec s = spec_of(&c, 1, 2048); /* full fine-tuning: every stage planned, DDP sums every parameter */
     snug_plan p = plan_of(&s);
