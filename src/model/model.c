@@ -271,12 +271,12 @@ static void q4_gather(snug_model *m, int l, int k, int prefetch) {
     size_t P = m->q4_piece[l];
     char *dst = m->q4_gbuf[k];
     m->be->copy(m->be, dst + (size_t)m->rank * P, m->q4_shard + m->q4_soff[l], P);
+    m->q4_gbuf_layer[k] = l; /* set before the callback, which may look which layer it moves */
     if (m->gather_q4)
         m->gather_q4(m->gather_q4_ud, dst, P, prefetch);
     for (int i = 0; i < m->table.n; i++)
         if (m->table.e[i].layer == l && m->q4[i].n)
             snug_q4_carve(&m->q4[i], dst + m->q4_rel[i]);
-    m->q4_gbuf_layer[k] = l;
     m->q4_prefetched |= prefetch ? 1 << k : 0;
 }
 

@@ -627,7 +627,8 @@ refuse "zero_stage -1" "zero_stage" --zero_stage -1
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
 refuse "with an adapter" "with adapter lora is not supported.*only stage 3" --zero_stage 1 --adapter lora
-refuse "with QLoRA" "zero_stage 3 with adapter qlora is not supported" --zero_stage 3 --adapter qlora
+refuse "QLoRA below stage 3" "zero_stage 2 with adapter qlora is not supported.*only stage 3" --zero_stage 2 \
+  --adapter qlora
 refuse "offload_embedding at stage 3" "offload_embedding with zero_stage 3" --zero_stage 3 --adapter lora \
   --bf16 true --offload_embedding true
 refuse "lora_modules_to_save at stage 3 without a base" "lora_modules_to_save with zero_stage 3 needs base_model" \
@@ -677,5 +678,49 @@ resplit_adapters() {
 resplit_adapters "LoRA stage 3 resumed" lz3_ck_2 lz3_bf16_2
 resplit lz3_ck_1 lz3_ck 1 --adapter lora --bf16 true --gradient_accumulation_steps 2
 resplit_adapters "LoRA stage 3 resumed as one process" lz3_ck_1 lz3_bf16_2
+
+# QLoRA at stage 3: each layer's 4-bit matrices cut in equal byte pieces, one per rank, all-gathered layer by layer
+# (the next layer prefetched); the 16-bit tensors, the adapters and their state whole on every rank. DDP's bits:
+# losses, gradient norms, validation losses and the saved adapter, byte for byte, with checkpointing and
+# accumulation at 3 ranks, with evaluation, idle ranks at the epoch's end, a loaded (untied) base, lm_head trained in
+# full and the embedding in host memory at 2; each rank's arenas are its plan, and its parameters arena is below
+# DDP's where the model has more layers than two buffers and a shard hold (llama-30m's 8 at 2 ranks: 6 layers' bytes
+# where DDP holds 8; tiny-llama's 4 at 3 ranks). Checkpoints are rank 0's adapters, resumed at stage 3 on as many
+# ranks and as one process.
+# qlora3 NAME NP BELOW ARGS...: DDP and stage 3 under QLoRA with ARGS; BELOW=1: the parameters arena below DDP's
+qlora3() {
+  local name=$1 np=$2 below=$3; shift 3
+  run "qddp_$name" "$np" --adapter qlora --bf16 true "$@" ||
+    { bad "qddp_$name did not train: $(tail -2 "$W/qddp_$name.log")"; return; }
+  run "qz3_$name" "$np" --adapter qlora --bf16 true --zero_stage 3 --dist_debug true "$@" ||
+    { bad "qz3_$name did not train: $(grep error "$W/qz3_$name.log" | head -2)"; return; }
+  grep -q "stage 3 under QLoRA: the 4-bit matrices sharded" "$W/qz3_$name.log" &&
+    [ "$(worst "qz3_$name" "qddp_$name")" = 0.0 ] &&
+    cmp -s "$W/qddp_$name/adapter_model.safetensors" "$W/qz3_$name/adapter_model.safetensors" &&
+    [ "$(grep -o '"val_loss": [0-9.e+-]*' "$W/qz3_$name/metrics.jsonl")" = \
+      "$(grep -o '"val_loss": [0-9.e+-]*' "$W/qddp_$name/metrics.jsonl")" ] && ok ||
+    bad "qz3_$name: not DDP's bits under QLoRA"
+  python3 - "$W/qz3_$name" "$W/qddp_$name" "$np" "$below" <<'PY' && ok || bad "qz3_$name: the ranks' arenas"
+import json, sys
+out, ddp, n, below = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+d = json.load(open(f"{ddp}/memory.json"))["plan"]
+for r in range(n):
+    j = json.load(open(f"{out}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
+    assert j["plan"] == j["measured"], (r, j["plan"], j["measured"])
+    assert not below or j["plan"]["parameters"] < d["parameters"], (r, j["plan"]["parameters"], d["parameters"])
+    for c in ("optimizer state", "gradients", "adapter weights"):
+        assert j["plan"].get(c) == d.get(c), (r, c, j["plan"].get(c), d.get(c))
+PY
+}
+qlora3 30m_2 2 1 --model_preset llama-30m --max_steps 2
+qlora3 acc_3 3 1 --gradient_accumulation_steps 2 --gradient_checkpointing true
+qlora3 val_2 2 0 --base_model "$W/base" --gradient_accumulation_steps 4 --max_steps 9 --val_set_size 0.1 \
+  --lora_target_linear true --lora_modules_to_save lm_head --offload_embedding true
+run qz3_ck 2 --adapter qlora --zero_stage 3 --bf16 true --save_steps 2 || bad "qz3_ck did not train"
+run qz3_full 2 --adapter qlora --zero_stage 3 --bf16 true || bad "qz3_full did not train"
+resplit qz3_ck_2 qz3_ck 2 --adapter qlora --zero_stage 3 --bf16 true
+resplit_adapters "QLoRA stage 3 resumed" qz3_ck_2 qz3_full
+resplit qz3_ck_1 qz3_ck 1 --adapter qlora --bf16 true --gradient_accumulation_steps 2
+resplit_adapters "QLoRA stage 3 resumed as one process" qz3_ck_1 qz3_full
 echo "test_zero: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -223,11 +223,175 @@ static void test_case(snug_arch arch, snug_dtype dt, int ckpt) {
     snug_engine_free(&rg);
 }
 
+/* ---- QLoRA at stage 3 (model.h's q4_sharded): the layers' 4-bit spans gathered (and prefetched) the same way.
+ * The base is frozen, so a span still in its buffer from the last pass is not gathered again: the events of a step
+ * depend on what the buffers held before it, and the step and skip_step are compared from the same state. ---- */
+
+typedef struct fake4 {
+    snug_model *m;
+    char **span;     /* (L) each layer's span whole, from an unsharded model's 4-bit matrices */
+    const snug_model *ref;
+    int deferred;
+    char *pdst;      /* the outstanding prefetch */
+    size_t ppiece;
+    int pl;
+    event ev[MAX_EV];
+    int nev, races, wrong;
+} fake4;
+
+/* the other rank's piece of layer l's span into dst (garbage: 0xff bytes, NaN scales, instead) */
+static void fill4(fake4 *f, char *dst, int l, size_t piece, int garbage) {
+    for (int r = 0; r < f->m->nranks; r++)
+        if (r != f->m->rank) {
+            if (garbage)
+                memset(dst + (size_t)r * piece, 0xff, piece);
+            else
+                memcpy(dst + (size_t)r * piece, f->span[l] + (size_t)r * piece, piece);
+        }
+}
+
+/* every matrix of layer l in dst is the unsharded model's, byte for byte (this rank's piece came from its shard) */
+static void check_span(fake4 *f, const char *dst, int l) {
+    const snug_model *m = f->m;
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer == l && m->q4[i].n) {
+            const snug_q4_tensor *q = &m->q4[i];
+            f->wrong += memcmp(dst + m->q4_rel[i], f->ref->q4_block[i], snug_q4_bytes(q->n, q->blocksize,
+                                                                                      q->nested)) != 0;
+        }
+}
+
+static void on_gather4(void *ud, void *dst, size_t piece, int prefetch) {
+    fake4 *f = ud;
+    snug_model *m = f->m;
+    int l = !dst ? -1 : m->q4_gbuf_layer[(char *)dst == m->q4_gbuf[0] ? 0 : 1];
+    if (f->nev < MAX_EV)
+        f->ev[f->nev++] = (event){.kind = !dst ? 2 : prefetch, .offset = (size_t)(l + 1), .numel = piece};
+    if (!dst) {
+        if (f->pdst) {
+            fill4(f, f->pdst, f->pl, f->ppiece, 0);
+            check_span(f, f->pdst, f->pl);
+        }
+        f->pdst = NULL;
+        return;
+    }
+    if (f->pdst)
+        f->races++;
+    if (prefetch && f->deferred) {
+        fill4(f, dst, l, piece, 1);
+        f->pdst = dst, f->ppiece = piece, f->pl = l;
+    } else {
+        fill4(f, dst, l, piece, 0);
+        check_span(f, dst, l);
+    }
+}
+
+static void make_qlora(snug_engine *g, const snug_model_config *cfg, int ckpt, int ranks) {
+    snug_levers lv = {.dt = SNUG_DT_BF16, .ckpt = ckpt ? SNUG_CKPT_FULL : SNUG_CKPT_NONE,
+                      .lora = {.kind = SNUG_ADAPTER_QLORA, .r = 4, .alpha = 8, .q4_nested = 1, .q4_blocksize = 64,
+                               .targets = snug_lora_default_targets(cfg->arch)}};
+    make_engine(g, cfg, lv, ranks);
+    CHECK(snug_model_init_random(&g->model, 3) == 0 && snug_lora_init(&g->model, 11) == 0);
+    if (g->model.lora.grads)
+        memset(g->model.lora.grads, 0, g->model.lora.table.total * sizeof(float));
+}
+
+typedef struct result4 {
+    double loss, eval;
+    float *grads; /* (adapter table) */
+    event step[MAX_EV], skip[MAX_EV], evalev[MAX_EV], skip_eval[MAX_EV];
+    int nstep, nskip, neval, nskip_eval, races, wrong, prefetches;
+} result4;
+
+static void run4(const snug_model_config *cfg, int ckpt, const snug_model *ref, int deferred, result4 *res) {
+    snug_engine g;
+    make_qlora(&g, cfg, ckpt, 2);
+    snug_model *m = &g.model;
+    CHECK(m->q4_sharded && !m->param_sharded && m->q4_shard_n <= m->q4_gbuf_n * (size_t)cfg->n_layer / 2);
+    int L = cfg->n_layer;
+    char *span[64];
+    for (int l = 0; l < L; l++) {
+        span[l] = calloc(2, m->q4_piece[l]);
+        for (int i = 0; i < m->table.n; i++)
+            if (m->table.e[i].layer == l && m->q4[i].n)
+                memcpy(span[l] + m->q4_rel[i], ref->q4_block[i],
+                       snug_q4_bytes(m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested));
+    }
+    fake4 f = {.m = m, .span = span, .ref = ref, .deferred = deferred};
+    m->gather_q4 = on_gather4, m->gather_q4_ud = &f;
+    int32_t ids[B * T], labels[B * T], pos[B * T];
+    srand(5);
+    for (int n = 0; n < B * T; n++)
+        ids[n] = rand() % VOCAB, pos[n] = n % T, labels[n] = n % T == 0 ? -1 : rand() % VOCAB;
+    snug_model_set_batch(m, ids, labels, pos, NULL, B, T);
+    res->loss = snug_model_step(m, 1.0f); /* the buffers' state after a step is the same after every step */
+    size_t A = m->lora.table.total;
+    res->grads = malloc(A * sizeof(float));
+    memcpy(res->grads, m->lora.grads, A * sizeof(float));
+    f.nev = 0;
+    (void)snug_model_step(m, 1.0f);
+    memcpy(res->step, f.ev, sizeof f.ev), res->nstep = f.nev, f.nev = 0;
+    snug_model_skip_step(m, 1);
+    memcpy(res->skip, f.ev, sizeof f.ev), res->nskip = f.nev, f.nev = 0;
+    (void)snug_model_step(m, 0.0f); /* and after an evaluation the same after every evaluation */
+    f.nev = 0;
+    res->eval = snug_model_step(m, 0.0f);
+    memcpy(res->evalev, f.ev, sizeof f.ev), res->neval = f.nev, f.nev = 0;
+    snug_model_skip_step(m, 0);
+    memcpy(res->skip_eval, f.ev, sizeof f.ev), res->nskip_eval = f.nev;
+    res->races = f.races, res->wrong = f.wrong;
+    for (int i = 0; i < res->nstep; i++)
+        res->prefetches += res->step[i].kind == 1;
+    for (int l = 0; l < L; l++)
+        free(span[l]);
+    snug_engine_free(&g);
+}
+
+static void test_qlora(snug_arch arch, int ckpt) {
+    snug_model_config cfg = check_small_model(arch, VOCAB, 6, 64, 32);
+    char what[96];
+    snprintf(what, sizeof what, "qlora %s%s", arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama", ckpt ? " full checkpointing" : "");
+    snug_engine rg; /* one process: the 4-bit matrices whole, and the reference loss and adapter gradients */
+    make_qlora(&rg, &cfg, ckpt, 1);
+    int32_t ids[B * T], labels[B * T], pos[B * T];
+    srand(5);
+    for (int n = 0; n < B * T; n++)
+        ids[n] = rand() % VOCAB, pos[n] = n % T, labels[n] = n % T == 0 ? -1 : rand() % VOCAB;
+    snug_model_set_batch(&rg.model, ids, labels, pos, NULL, B, T);
+    double loss = snug_model_step(&rg.model, 1.0f), eval = snug_model_step(&rg.model, 0.0f);
+    result4 *now = calloc(1, sizeof *now), *later = calloc(1, sizeof *later);
+    run4(&cfg, ckpt, &rg.model, 0, now);
+    run4(&cfg, ckpt, &rg.model, 1, later);
+    CHECKF(now->loss == loss && later->loss == loss && later->eval == eval && now->eval == eval,
+           "%s: loss %.9g, %.9g late, one process %.9g; evaluation %.9g, %.9g late, one process %.9g", what,
+           now->loss, later->loss, loss, now->eval, later->eval, eval);
+    size_t A = rg.model.lora.table.total, bad = 0, nonzero = 0;
+    for (size_t k = 0; k < A; k++) {
+        bad += memcmp(&later->grads[k], &rg.model.lora.grads[k], sizeof(float)) != 0 ||
+               memcmp(&now->grads[k], &rg.model.lora.grads[k], sizeof(float)) != 0;
+        nonzero += rg.model.lora.grads[k] != 0.0f;
+    }
+    CHECKF(bad == 0 && nonzero > 0, "%s: %zu of %zu adapter gradients differ from one process's (%zu non-zero)", what,
+           bad, A, nonzero);
+    CHECKF(!later->races && !now->wrong && !later->wrong, "%s: %d gathers during a prefetch, %d and %d spans not the "
+           "unsharded bytes", what, later->races, now->wrong, later->wrong);
+    CHECKF(later->prefetches > 0, "%s: no prefetch in a step", what);
+    CHECKF(same_events(later->step, later->nstep, later->skip, later->nskip) &&
+           same_events(later->evalev, later->neval, later->skip_eval, later->nskip_eval),
+           "%s: skip_step's gathers (%d, evaluation %d) are not the step's (%d, %d)", what, later->nskip,
+           later->nskip_eval, later->nstep, later->neval);
+    printf("  %-40s loss %.6f, %d gathers and waits per step (%d prefetches), %zu adapter gradients bitwise\n", what,
+           later->loss, later->nstep, later->prefetches, A);
+    free(now->grads), free(later->grads), free(now), free(later);
+    snug_engine_free(&rg);
+}
+
 int main(void) {
     for (int a = 0; a < 2; a++)
         for (int ck = 0; ck < 2; ck++) {
             test_case(a ? SNUG_ARCH_GPT2 : SNUG_ARCH_LLAMA, SNUG_DT_F32, ck);
             test_case(a ? SNUG_ARCH_GPT2 : SNUG_ARCH_LLAMA, SNUG_DT_BF16, ck);
+            test_qlora(a ? SNUG_ARCH_GPT2 : SNUG_ARCH_LLAMA, ck);
         }
     return check_finish("test_zero3_gather");
 }
