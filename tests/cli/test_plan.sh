@@ -201,6 +201,13 @@ expect_out ranks-lora "ddp .* no " "zero-1   not built with an adapter: only sta
 expect_out ranks-qlora "ddp +5\.31 GiB .* 13\.00 MiB +[0-9.]+ +[0-9.]+  <- chosen" "zero-3 +3\.84 GiB .* yes +3\.37 GiB" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu rtx4090 \
   --gpus 2 --adapter qlora
+# FSDP-QLoRA's case: Llama-2-70B on 2 x RTX 4090, every linear module adapted, checkpointing: DDP holds the 4-bit
+# base whole (42 GiB per rank), stage 3 half of its 4-bit matrices plus two layers' (26 GiB); neither fits, and 3 GPUs
+# would at stage 3
+expect_out ranks-qlora-70b "ddp +33\.87 GiB .* 42\.00 GiB  no" "zero-3 +18\.24 GiB .* 26\.22 GiB  no" \
+  "over 3 GPUs zero-3 fits \(20\.69 GiB per rank" -- \
+  "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
+  --gradient_checkpointing true --gpu rtx4090 --gpus 2 --lora_target_linear true
 expect_error gpus-0 "gpus is 0; it must be at least 1" "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --gpus 0
 
 # the chart: SVG always, PNG when a converter is installed

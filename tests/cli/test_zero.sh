@@ -25,7 +25,8 @@
 # region the header names, the shards summing to DDP's arena. Stage-3 checkpoints hold each rank's shard of the
 # parameters too (and no model files): saved and resumed (or stopped by SIGTERM and resumed) on as many ranks, the run
 # that never stopped, bit for bit, fp32 at 2 and 3 ranks and bf16 with the master copy at 3. The final save failing on rank 0 alone (the disk full mid-stream, a folder where a file goes)
-# ends every rank at once with exit 1, each naming the file. The settings not built are refused (exit 2) naming the
+# ends every rank at once with exit 1, each naming the file. LoRA and QLoRA at stage 3 (the frozen base, or its 4-bit
+# matrices, sharded) give DDP's bits and resume. The settings not built are refused (exit 2) naming the
 # key. Skipped (77) without mpirun or an MPI
 # build.
 set -u

@@ -11,7 +11,9 @@
  *   - no blocking gather is issued while a prefetch is still outstanding (its own piece's copy would race it);
  *   - each layer is gathered once for forward and once for backward, all but the first of each pass as prefetches;
  *   - snug_model_skip_step (a rank without a micro-batch) issues the same gathers, waits included, in the same
- *     order with the same ranges, in training and in evaluation. */
+ *     order with the same ranges, in training and in evaluation.
+ * QLoRA's stage 3 (its layers' 4-bit spans gathered and prefetched alike) is checked the same way against one
+ * process's loss, evaluation loss and adapter gradients, bitwise, with each gathered span the unsharded bytes. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
