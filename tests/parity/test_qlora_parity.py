@@ -11,10 +11,13 @@ random Llama in bf16, NF4 (and FP4) with double quantization, LoRA r=8 on all se
 - The memory levers (offload_embedding, the 4-bit matrices dequantized in row chunks, a tiled MLP) against the run
   without them: bit for bit where only the place of the data changes, else within the same floor.
 - A corrupt quant_state, an unknown quant type and a 4-bit folder without an adapter are refused with one clear
-  error."""
+  error.
+- At ZeRO stage 3 over 2 MPI ranks, the pre-quantized folder (each rank keeping its piece of every layer's 4-bit
+  bytes) trains DDP's adapter on the 16-bit folder, byte for byte."""
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +85,56 @@ def levers(base_dir, ids, labels, got, outs, loss_floor):
             check(err <= max(4 * floor, 1e-3), f"{what}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
         print(f"  nf4 {what}: loss relerr {e:.1e}, worst adapter gradient relerr {worst:.1e}")
     print(f"  nf4 offload_embedding: loss and gradients bit for bit those without it: {same(off, got)}")
+
+
+def stage3(work, base_dir, pre):
+    """QLoRA at ZeRO stage 3 over 2 MPI ranks, reading the pre-quantized folder: each rank keeps its piece of every
+    layer's 4-bit span (the folder's bytes) and gathers the rest; the adapter trained is, byte for byte, DDP's on the
+    16-bit folder quantized at load (ddp_deterministic), with the same logged losses and gradient norms."""
+    if not shutil.which("mpirun"):
+        print("  stage 3: skipped (no mpirun)")
+        return
+    data, yml = os.path.join(work, "ids.jsonl"), os.path.join(work, "ids.yaml")
+    g = torch.Generator().manual_seed(4)
+    with open(data, "w") as f:
+        for _ in range(24):
+            ex = torch.randint(1, LLAMA["vocab_size"], (int(torch.randint(8, 20, (1,), generator=g)),),
+                               generator=g).tolist()
+            f.write(json.dumps({"input_ids": ex, "labels": ex}) + "\n")
+    with open(yml, "w") as f:
+        f.write(f"datasets:\n  - path: {data}\n    type: pretokenized\n")
+    mpi = ["mpirun", "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.getuid() == 0 else [])
+    # a byte-level tokenizer of the model's 256 ids (the data is pretokenized; the run checks that the sizes agree)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    t = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    t.pre_tokenizer, t.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok = os.path.join(work, "bytes_tokenizer")
+    os.makedirs(tok, exist_ok=True)
+    t.save(os.path.join(tok, "tokenizer.json"))
+    common = [SNUG, "train", yml, "--tokenizer", tok, "--adapter", "qlora", "--bf16", "true", "--lora_target_linear",
+              "true", "--sequence_len", "32", "--micro_batch_size", "2", "--max_steps", "3", "--logging_steps", "1",
+              "--learning_rate", "3e-3", "--sample_tokens", "0", "--seed", "5", "--threads", "1",
+              "--ddp_deterministic", "true"]
+    outs = {}
+    for tag, base, extra in (("ddp", base_dir, []), ("zero3", pre, ["--zero_stage", "3", "--dist_debug", "true"])):
+        outs[tag] = os.path.join(work, "stage3_" + tag)
+        r = subprocess.run(mpi + common + ["--base_model", base, "--output_dir", outs[tag]] + extra,
+                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if r.returncode != 0 and "built without MPI" in r.stdout + r.stderr:
+            print("  stage 3: skipped (snug built without MPI)")
+            return
+        check(r.returncode == 0, f"stage 3 {tag}: rc {r.returncode}: {(r.stdout + r.stderr).strip()[-400:]}")
+        if r.returncode:
+            return
+    rows = {t: [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(os.path.join(o, "metrics.jsonl")))]
+            for t, o in outs.items()}
+    adapters = {t: open(os.path.join(o, "adapter_model.safetensors"), "rb").read() for t, o in outs.items()}
+    same = rows["ddp"] == rows["zero3"] and len(rows["ddp"]) == 3 and adapters["ddp"] == adapters["zero3"]
+    check(same, f"stage 3 from the pre-quantized folder: {rows['zero3']} against DDP's {rows['ddp']}, adapters "
+          f"{'equal' if adapters['ddp'] == adapters['zero3'] else 'differ'}")
+    print(f"  stage 3 over 2 ranks from the pre-quantized folder: DDP's losses, gradient norms and adapter bytes: "
+          f"{same}")
 
 
 def main():
@@ -170,6 +223,7 @@ def main():
     same = a["loss"].item() == b["loss"].item() and all(torch.equal(a[k], b[k]) for k in a if k.startswith("grad."))
     check(same, "a pre-quantized bitsandbytes folder gives other numbers than the 16-bit folder quantized at load")
     print(f"  pre-quantized folder: loss and gradients bit for bit those of quantizing at load: {same}")
+    stage3(work, base_dir, pre)
 
     # damaged 4-bit checkpoints: one clear error, exit 2
     from safetensors.torch import load_file, save_file
