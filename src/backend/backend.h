@@ -48,8 +48,8 @@ struct snug_backend {
     void (*free)(snug_backend *be, void *p);
     void (*to_device)(snug_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*to_host)(snug_backend *be, void *host_dst, const void *src, size_t bytes);
-    /* dst <- src, both the backend's memory, queued after the ops before it (a GPU: on the compute stream, no host
-     * wait; to_device/to_host return only once their copy is done) */
+    /* dst <- src, each the backend's memory or host memory from host_alloc (pinned), queued after the ops before it
+     * (a GPU: on the compute stream, no host wait; to_device/to_host return only once their copy is done) */
     void (*copy)(snug_backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(snug_backend *be, void *dst, size_t bytes);
 

@@ -384,6 +384,11 @@ static const key_spec keys[] = {
     {.name = "offload_embedding", .type = KT_BOOL, .group = G_MEMORY, AT_INT(offload_embedding), .def = "false",
      .help = "with an adapter under bf16/fp16: the frozen input embedding stays in (pinned) host memory and only the "
              "micro-batch's rows are read from it (not for tied embeddings, whose table is also the output head)"},
+    {.name = "offload_params", .type = KT_BOOL, .group = G_MEMORY, AT_INT(offload_params), .def = "false",
+     .help = "QLoRA: the base's 4-bit matrices stay in (pinned) host memory and each layer's are copied to the device "
+             "just before it runs, the next layer's while this one computes (FSDP's offload_params; at zero_stage 3 "
+             "each rank keeps its share); fsdp_config's offload_params, DeepSpeed's offload_param and fsdp's "
+             "offload set it too"},
     {.name = "tiled_mlp", .type = KT_BOOL, .group = G_MEMORY, AT_INT(tiled_mlp), .def = "false",
      .help = "run each block's MLP over shards of the micro-batch's tokens (ALST's tiled MLP): its (tokens, "
              "intermediate) activations exist one shard at a time and are recomputed in backward, never saved"},
@@ -1001,6 +1006,7 @@ typedef struct fsdp_value {
 /* What one fsdp_config says, before apply_fsdp weighs it against fsdp and zero_stage. */
 typedef struct fsdp_read {
     int strategy, reshard, ckpt; /* -1: not said */
+    int offload;                 /* offload_params or cpu_offload true */
     int seen[NFSDP_KEYS];
 } fsdp_read;
 
@@ -1088,10 +1094,8 @@ static int fsdp_entry(fsdp_read *r, const char *name, const fsdp_value *v, const
         if (!isbool)
             return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s must be true or false, got '%.60s'", loc, name,
                              v->text);
-        if (b && k->kind == FK_OFFLOAD)
-            return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s: offloading the parameters to the CPU is not "
-                             "supported yet; remove it or set it to false (a paged optimizer, optimizer: "
-                             "paged_adamw_8bit, keeps the optimizer state in host memory)", loc, name);
+        if (k->kind == FK_OFFLOAD)
+            r->offload |= b;
         if (b && k->kind == FK_XLA)
             return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's %s is for FSDP on TPUs through XLA, which snug does "
                              "not run on; remove it or set it to false", loc, name);
@@ -1131,6 +1135,7 @@ static int fsdp_store(snug_run_config *o, const fsdp_read *r, const char *loc, s
                          "reshard_after_forward means stage %d; keep one", loc, r->strategy, r->reshard);
     o->fsdp_config_stage = r->strategy >= 0 ? r->strategy : r->reshard;
     o->fsdp_activation_checkpointing = r->ckpt;
+    o->fsdp_offload_params = r->offload;
     return 0;
 }
 
@@ -1138,6 +1143,7 @@ static int fsdp_store(snug_run_config *o, const fsdp_read *r, const char *loc, s
 static int fsdp_config_file(snug_run_config *o, const char *path, const char *where, snug_error *e) {
     o->fsdp_config_stage = -2;
     o->fsdp_activation_checkpointing = -1;
+    o->fsdp_offload_params = 0;
     if (!*path)
         return 0;
     json_error_t je;
@@ -1419,11 +1425,15 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
     static const char *const offloads[] = {"offload_optimizer", "offload_param"};
     for (int i = 0; !rc && z && i < 2; i++) {
         json_t *off = json_object_get(z, offloads[i]), *dev = off ? json_object_get(off, "device") : NULL;
-        if (dev && !(json_is_string(dev) && !strcmp(json_string_value(dev), "none")))
-            rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.%s.device is %s: offloading is not "
-                           "supported yet; remove it (a paged optimizer, optimizer: paged_adamw_8bit, keeps the "
-                           "optimizer state in host memory)", ds, offloads[i],
-                           json_is_string(dev) ? json_string_value(dev) : "not a string");
+        const char *d = dev && json_is_string(dev) ? json_string_value(dev) : NULL;
+        if (i == 1 && d && !strcmp(d, "cpu")) /* the parameters in host memory: offload_params (QLoRA's base) */
+            o->offload_params = 1;
+        else if (dev && !(d && !strcmp(d, "none")))
+            rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.%s.device is %s: %s; remove it (a paged "
+                           "optimizer, optimizer: paged_adamw_8bit, keeps the optimizer state in host memory)", ds,
+                           offloads[i], d ? d : "not a string",
+                           i == 1 ? "snug offloads the parameters to cpu only" : "offloading the optimizer is not "
+                           "supported yet");
     }
     if (!rc && st && o->zero_stage && o->zero_stage != stage)
         rc = snug_fail(e, SNUG_EINPUT, "zero_stage is %d but deepspeed's %s sets zero_optimization.stage %d; keep one",
@@ -1465,10 +1475,12 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
             stage = 3;
         else if ((k == 4 && !strncmp(p, "true", k)) || (k == 5 && !strncmp(p, "false", k)))
             on = k == 4;
+        else if (k == 7 && !strncmp(p, "offload", k))
+            o->fsdp_offload_params = 1;
         else if (k && !(k == 9 && !strncmp(p, "auto_wrap", k)))
             return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes full_shard, shard_grad_op, "
-                             "no_shard, auto_wrap, or true with the strategy in fsdp_config (offload and hybrid "
-                             "sharding are not built yet)", (int)k, p);
+                             "no_shard, auto_wrap, offload, or true with the strategy in fsdp_config (hybrid "
+                             "sharding is not built yet)", (int)k, p);
         p += k;
         p += strspn(p, ", ");
     }
@@ -1496,6 +1508,8 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
                          stage);
     }
     o->zero_stage = stage;
+    if (o->fsdp_offload_params)
+        o->offload_params = 1;
     if (o->fsdp_activation_checkpointing == 1 && o->gradient_checkpointing == SNUG_CKPT_CHOICE_NONE)
         o->gradient_checkpointing = SNUG_CKPT_CHOICE_FULL;
     return 0;

@@ -141,6 +141,7 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
 
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
+    int offq = s->lv.offload_params && s->lv.lora.kind == SNUG_ADAPTER_QLORA;
     if (s->lv.lora.kind && (c == SNUG_MEM_MASTER || c == SNUG_MEM_GRADS)) {
         snprintf(buf, n, "%s", c == SNUG_MEM_MASTER ? "none: the frozen base takes no update"
                                                     : "fp32 gradients of the adapters only");
@@ -174,12 +175,15 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
                  r->p->cfg.vocab_size);
         break;
     case SNUG_MEM_OFFLOAD:
-        if (!s->lv.ckpt_offload && !s->lv.offload_embedding)
+        if (!s->lv.ckpt_offload && !s->lv.offload_embedding && !offq)
             snprintf(buf, n, "none");
         else
-            snprintf(buf, n, "%s%s%s in host memory", s->lv.ckpt_offload ? "layer inputs (gradient_checkpointing: offload)" : "",
-                     s->lv.ckpt_offload && s->lv.offload_embedding ? " and " : "",
-                     s->lv.offload_embedding ? "the frozen embedding (offload_embedding)" : "");
+            snprintf(buf, n, "%s%s%s%s%s in host memory",
+                     s->lv.ckpt_offload ? "layer inputs (gradient_checkpointing: offload)" : "",
+                     s->lv.ckpt_offload && (s->lv.offload_embedding || offq) ? " and " : "",
+                     s->lv.offload_embedding ? "the frozen embedding (offload_embedding)" : "",
+                     s->lv.offload_embedding && offq ? " and " : "",
+                     offq ? "the 4-bit base (offload_params)" : "");
         break;
     case SNUG_MEM_SNAPSHOT:
         snprintf(buf, n, "%s", s->ckpt_snapshot ? "parameters, master and optimizer state copied for a checkpoint"
@@ -438,7 +442,7 @@ static void print_text(const report *r, FILE *f) {
             snug_device_kind_name(r->kind));
     fprintf(f, "  %-20s %11s  %7s  %s\n", "category", "peak", "B/param", "what");
     for (int k = 0; k < SNUG_MEM_NCAT; k++) {
-        char what[128], bpp[16] = "";
+        char what[192], bpp[16] = "";
         fmtb(a, sizeof a, (double)pl->bytes[k]);
         category_what(r, k, what, sizeof what);
         if (k <= SNUG_MEM_OPTIM)
@@ -641,7 +645,7 @@ static json_t *report_json(const report *r) {
     json_object_set_new(j, "backend", json_string(snug_device_kind_name(r->kind)));
     json_t *cats = json_object();
     for (int k = 0; k < SNUG_MEM_NCAT; k++) {
-        char what[128];
+        char what[192];
         category_what(r, k, what, sizeof what);
         json_object_set_new(cats, snug_category_name((snug_category)k),
                             json_pack("{s:I, s:f, s:b, s:s}", "bytes", (json_int_t)pl->bytes[k], "bytes_per_parameter",

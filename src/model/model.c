@@ -256,21 +256,29 @@ static const void *gathered_layer(snug_model *m, int l) {
     return m->gbuf[k];
 }
 
-/* QLoRA at ZeRO-3: the prefetched span complete before its buffer is read or another gather is issued. */
+/* q4_sharded: the prefetched span complete before its buffer is read or another gather is issued (the gather
+ * waited for, or the side stream's copy from host memory). */
 static void q4_settle(snug_model *m) {
     if (m->q4_prefetched && m->gather_q4)
         m->gather_q4(m->gather_q4_ud, NULL, 0, 0);
+    if (m->q4_prefetched && m->lv.offload_params && m->q4_parts == 1)
+        m->be->copy_wait(m->be);
     m->q4_prefetched = 0;
 }
 
 /* Layer l's 4-bit span into buffer k (this rank's piece copied from its shard, the others' by the callback), and
- * the layer's matrices carved there. */
+ * the layer's matrices carved there. With offload_params on one process a prefetch's copy from host memory runs on
+ * the backend's side stream, beside the compute queued before the next wait (q4_settle); at ZeRO-3 the rank's
+ * piece is copied on the compute stream, since the all-gather that follows reads it there. */
 static void q4_gather(snug_model *m, int l, int k, int prefetch) {
     if (!prefetch)
         q4_settle(m);
     size_t P = m->q4_piece[l];
     char *dst = m->q4_gbuf[k];
-    m->be->copy(m->be, dst + (size_t)m->rank * P, m->q4_shard + m->q4_soff[l], P);
+    if (prefetch && m->lv.offload_params && m->q4_parts == 1)
+        m->be->copy_in_async(m->be, dst, m->q4_shard + m->q4_soff[l], P);
+    else
+        m->be->copy(m->be, dst + (size_t)m->q4_part * P, m->q4_shard + m->q4_soff[l], P);
     m->q4_gbuf_layer[k] = l; /* set before the callback, which may look which layer it moves */
     if (m->gather_q4)
         m->gather_q4(m->gather_q4_ud, dst, P, prefetch);
@@ -680,12 +688,12 @@ static int q4_place(snug_model *m, int i, snug_error *e) {
 }
 
 /* QLoRA at ZeRO-3: where each 4-bit matrix is in its layer's span (q4_rel), each layer's piece per rank (q4_piece:
- * the span rounded up to nranks x 64 bytes, over nranks) and where the rank keeps it (q4_soff), and the sizes of the
+ * the span rounded up to q4_parts x 64 bytes, over q4_parts) and where the rank keeps it (q4_soff), and the sizes of the
  * shard and of a gather buffer (see snug_model.q4_sharded). */
 static int q4_spans(snug_model *m, snug_error *e) {
     const snug_param_table *t = &m->table;
     int L = m->cfg.n_layer;
-    size_t R = (size_t)(m->nranks > 1 ? m->nranks : 1);
+    size_t R = (size_t)(m->q4_parts > 1 ? m->q4_parts : 1);
     m->q4_rel = calloc((size_t)(t->n ? t->n : 1), sizeof *m->q4_rel);
     m->q4_piece = calloc((size_t)(L ? L : 1), sizeof *m->q4_piece);
     m->q4_soff = calloc((size_t)(L ? L : 1), sizeof *m->q4_soff);
@@ -896,8 +904,10 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         m->q4_shard = m->q4_gbuf[0] = m->q4_gbuf[1] = NULL;
         m->q4_gbuf_layer[0] = m->q4_gbuf_layer[1] = -1;
         m->q4_prefetched = 0;
-        if (m->q4 && m->q4_sharded) { /* ZeRO-3: the rank's pieces, and two buffers a layer's span is gathered into */
-            if (!(m->q4_shard = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], m->q4_shard_n ? m->q4_shard_n : 1, e)) ||
+        if (m->q4 && m->q4_sharded) { /* the rank's pieces (ZeRO-3; in host memory with offload_params), and two
+                                       * buffers a layer's span is gathered into */
+            snug_category at = m->lv.offload_params ? SNUG_MEM_OFFLOAD : SNUG_MEM_PARAMS;
+            if (!(m->q4_shard = snug_arena_alloc(&A->a[at], m->q4_shard_n ? m->q4_shard_n : 1, e)) ||
                 !(m->q4_gbuf[0] = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], 2 * (m->q4_gbuf_n ? m->q4_gbuf_n : 1), e)))
                 return e ? e->code : SNUG_ENOMEM;
             m->q4_gbuf[1] = m->q4_gbuf[0] + m->q4_gbuf_n;
@@ -1293,10 +1303,13 @@ void snug_model_put_q4(snug_model *m, int i, const void *buf, float nested_offse
             m->be->to_device(m->be, m->q4_block[i], buf, bytes);
     } else { /* the part of its layer's span that is this rank's piece */
         int l = m->table.e[i].layer;
-        size_t P = m->q4_piece[l], lo = (size_t)m->rank * P, at = m->q4_rel[i];
+        size_t P = m->q4_piece[l], lo = (size_t)m->q4_part * P, at = m->q4_rel[i];
         size_t a = at > lo ? at : lo, b = at + bytes < lo + P ? at + bytes : lo + P;
-        if (b > a)
-            m->be->to_device(m->be, m->q4_shard + m->q4_soff[l] + (a - lo), (const char *)buf + (a - at), b - a);
+        char *dst = m->q4_shard + m->q4_soff[l] + (a - lo);
+        if (b > a && m->lv.offload_params) /* host memory */
+            memcpy(dst, (const char *)buf + (a - at), b - a);
+        else if (b > a)
+            m->be->to_device(m->be, dst, (const char *)buf + (a - at), b - a);
         for (int k = 0; k < 2; k++) /* gathered again before it is read */
             m->q4_gbuf_layer[k] = m->q4_gbuf_layer[k] == l ? -1 : m->q4_gbuf_layer[k];
     }

@@ -104,6 +104,8 @@ typedef struct snug_levers {
     int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
     int offload_embedding; /* the frozen input embedding (adapters, 16-bit, untied head) in host memory
                             * (SNUG_MEM_OFFLOAD): the embedding op reads the micro-batch's rows there */
+    int offload_params;   /* QLoRA: the base's 4-bit matrices in host memory (SNUG_MEM_OFFLOAD; at ZeRO-3 the rank's
+                           * pieces of them), each layer's copied to a device buffer before it runs (q4_sharded) */
     int mlp_shards;       /* tiled_mlp: 0 off; k >= 1: every block's MLP runs over k shards of the micro-batch's
                            * tokens, its activations never saved but recomputed shard by shard in backward;
                            * -1: k = ceil(tokens / hidden size) */
@@ -360,15 +362,18 @@ typedef struct snug_model {
     size_t wq_n;
     size_t wl_n;           /* floats in wl */
     float *ones;           /* (N) ones: a QLoRA linear's bias added by a GEMM */
-    /* QLoRA at ZeRO-3 (q4_sharded, set before layout with nranks and rank): layer l's 4-bit matrices are one span
-     * of bytes (matrix i at q4_rel[i] in it, 64-byte aligned) cut into nranks equal pieces of q4_piece[l] bytes. The
-     * rank keeps piece `rank` of every layer in q4_shard (layer l's at q4_soff[l]); before a layer's forward and
-     * backward its span is all-gathered into q4_gbuf[l % 2] (nranks x the largest piece) unless it is still there,
-     * and the next layer of the pass is prefetched into the other, as gathered_layer does for the dense layers. The
-     * base is frozen, so a gathered layer stays valid across steps. q4[i] is carved where its layer was last
-     * gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank, and
+    /* QLoRA at ZeRO-3, or with lv.offload_params (q4_sharded, set before layout with q4_parts and q4_part): layer
+     * l's 4-bit matrices are one span of bytes (matrix i at q4_rel[i] in it, 64-byte aligned) cut into q4_parts
+     * equal pieces of q4_piece[l] bytes. The rank keeps piece q4_part of every layer in q4_shard (layer l's at
+     * q4_soff[l]; in host memory with offload_params); before a layer's forward and backward its span is
+     * assembled in q4_gbuf[l % 2] (the rank's piece copied in, the others' all-gathered) unless it is still there,
+     * and the next layer of the pass is prefetched into the other buffer, as gathered_layer does for the dense
+     * layers. The base is frozen, so a gathered layer stays valid across steps. q4[i] is carved where its layer was
+     * last gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank, and
      * snug_model_entry_f32 and snug_model_get_params do not read the 4-bit matrices (no rank holds them whole). */
     int q4_sharded;
+    int q4_parts, q4_part; /* the pieces of a span and this rank's: nranks and rank at ZeRO-3, else 1 and 0
+                            * (offload_params alone: the whole span kept in host memory, copied in, no gather) */
     size_t *q4_rel;        /* (table.n) */
     size_t *q4_piece, *q4_soff; /* (n_layer) bytes */
     size_t q4_shard_n, q4_gbuf_n; /* bytes of q4_shard and of each buffer */

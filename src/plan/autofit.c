@@ -17,6 +17,10 @@
  *    recompute (a third of the step's FLOPs times the MLP's share of the block's linear FLOPs), and runs smaller
  *    GEMMs: +1%;
  *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing;
+ *  - offload_params copies each layer's 4-bit matrices (the rank's piece at ZeRO-3) over PCIe (an effective 25
+ *    GB/s) before its forward and its backward. On one process the next layer's copy runs beside the compute: the
+ *    transfer beyond the compute (an A100 80GB's, as for paging) plus one layer's exposed per pass; at ZeRO-3 the
+ *    pieces are copied on the compute stream, all exposed. Nothing on the CPU;
  *  - over several ranks, a ZeRO stage sends the bytes plan/ranks.h gives per step. On a GPU (an A100 80GB assumed, as
  *    for paging) at its collective bandwidth, exposed as plan/ranks.h's snug_rank_exposed_s says (the buckets, the
  *    prefetched gathers and the overlapped reduce-scatters behind the compute); on CPU ranks at
@@ -69,6 +73,17 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
             exposed = bytes / SNUG_FIT_CPU_COMM_BPS;
         }
         f *= 1.0 + (comp > 0 ? exposed / comp : 0.0);
+    }
+    if (lv->offload_params && lv->lora.kind == SNUG_ADAPTER_QLORA && kind == SNUG_DEVICE_CUDA) {
+        long long P = snug_model_config_nparams(&s->cfg);
+        int parts = s->zero_stage >= 3 && s->ranks > 1 ? s->ranks : 1;
+        double pass = snug_rank_base_bytes(s, P) / parts / 25e9; /* one pass's copies, s */
+        double tps = snug_gpu_tokens_per_s(snug_gpu_find("a100-80gb"), s, P);
+        double compute = tps > 0 ? tokens / tps : 0.0; /* one micro-batch */
+        /* one process: the side stream's copies beside the compute; at ZeRO-3 the rank's pieces on the compute
+         * stream, exposed (model.c's q4_gather) */
+        double exposed = parts > 1 ? 2 * pass : fmax(0.0, 2 * pass - compute) + 2 * pass / L;
+        f *= 1.0 + (compute > 0 ? exposed / compute : 0.0);
     }
     if (s->optim == SNUG_OPTIM_ADAMW_8BIT)
         f *= 1.05;
@@ -142,6 +157,8 @@ static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) 
     }
     if (a->offload_embedding != b->offload_embedding)
         PART("offload_embedding: %s", a->offload_embedding ? "true" : "false");
+    if (a->offload_params != b->offload_params)
+        PART("offload_params: %s", a->offload_params ? "true" : "false");
     if (p->spec.zero_stage != base->zero_stage)
         PART("zero_stage: %d", p->spec.zero_stage);
 #undef PART
@@ -231,6 +248,9 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
     int emb[2] = {base->lv.offload_embedding, 1};
     int nemb = !base->lv.offload_embedding && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind &&
                        base->lv.dt != SNUG_DT_F32 && !base->cfg.tie_embeddings ? 2 : 1;
+    /* and for QLoRA's 4-bit base on a GPU, its place (offload_params) */
+    int offp[2] = {base->lv.offload_params, 1};
+    int noff = !base->lv.offload_params && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind == SNUG_ADAPTER_QLORA ? 2 : 1;
 
     /* over several ranks, the ZeRO stages from the configured one up to zero_max */
     int zlo = base->zero_stage, nz = base->ranks > 1 && base->zero_max > zlo ? base->zero_max - zlo + 1 : 1;
@@ -242,9 +262,9 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
             for (int x = 0; x < nxent && !rc; x++)
                 for (int a = 0; a < nnaive && !rc; a++)
                     for (int k = 0; k < nopt && !rc; k++)
-                        for (int w = 0; w < nsnap * ntiled * nemb * nz && !rc; w++) {
+                        for (int w = 0; w < nsnap * ntiled * nemb * noff * nz && !rc; w++) {
                             int ws = w % nsnap, wt = w / nsnap % ntiled, we = w / nsnap / ntiled % nemb;
-                            int z = w / nsnap / ntiled / nemb;
+                            int wo = w / nsnap / ntiled / nemb % noff, z = w / nsnap / ntiled / nemb / noff;
                             if (b == base->B && i == 0 && x == 0 && a == 0 && k == 0 && w == 0)
                                 continue; /* the configured run, already pt[0] */
                             snug_plan_spec sp = *base;
@@ -258,6 +278,7 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
                             sp.ckpt_snapshot = base->ckpt_snapshot && ws == 0;
                             sp.lv.mlp_shards = tiled[wt];
                             sp.lv.offload_embedding = emb[we];
+                            sp.lv.offload_params = offp[wo];
                             if (sp.zero_stage && snug_rank_zero_unbuilt(&sp, sp.zero_stage))
                                 continue; /* a stage that does not run with these levers (an adapter's below 3) */
                             rc = add_point(s, &cap, &sp, (int)(E / b), base, GA, base_factor, e);
@@ -324,6 +345,8 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
                                                                 : "recomputes the MLP in backward, shard by shard";
     if (a->offload_embedding != b->offload_embedding)
         return "the batch's embedding rows read over PCIe";
+    if (a->offload_params != b->offload_params)
+        return "each layer's 4-bit matrices copied over PCIe, beside the compute";
     if (p->spec.optim_paged && !base->spec.optim_paged)
         return "state streamed over PCIe every step";
     if (p->spec.optim != base->spec.optim)
@@ -342,7 +365,7 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
 }
 
 /* Which lever a single-change point changes: 0 attention, 1 cross-entropy, 2 checkpointing, 3 optimizer, 4 batch,
- * 5 the checkpoint snapshot, 6 the tiled MLP, 7 the embedding's place. */
+ * 5 the checkpoint snapshot, 6 the tiled MLP, 7 the embedding's place, 8 the 4-bit base's place. */
 static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
     const snug_plan_spec *a = &p->spec, *b = &base->spec;
     if (a->lv.naive_attention != b->lv.naive_attention)
@@ -359,6 +382,8 @@ static int lever_of(const snug_fit_point *p, const snug_fit_point *base) {
         return 6;
     if (a->lv.offload_embedding != b->lv.offload_embedding)
         return 7;
+    if (a->lv.offload_params != b->lv.offload_params)
+        return 8;
     return 4;
 }
 

@@ -91,15 +91,15 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
     m->nranks = s->ranks > 1 ? s->ranks : 1;
     m->rank = s->rank;
     m->param_sharded = 0;
-    m->q4_sharded = 0;
     m->pshard_lo = 0;
     m->pshard_n = m->table.total;
-    if (!s->with_grads || s->zero_stage < 3 || s->ranks <= 1)
+    int zero3 = s->with_grads && s->zero_stage >= 3 && s->ranks > 1;
+    /* QLoRA: the 4-bit matrices sharded by bytes (the dense tensors whole), and/or kept in host memory */
+    m->q4_sharded = m->lv.lora.kind == SNUG_ADAPTER_QLORA && (zero3 || m->lv.offload_params);
+    m->q4_parts = m->q4_sharded && zero3 ? s->ranks : 1;
+    m->q4_part = m->q4_sharded && zero3 ? s->rank : 0;
+    if (!zero3 || m->lv.lora.kind == SNUG_ADAPTER_QLORA)
         return;
-    if (m->lv.lora.kind == SNUG_ADAPTER_QLORA) { /* the 4-bit matrices sharded by bytes, the dense tensors whole */
-        m->q4_sharded = 1;
-        return;
-    }
     /* out of memory: the whole arena, more memory than planned for ZeRO-3, never a wrong one */
     m->param_sharded = rank_shard(m, s, &m->pshard_lo, &m->pshard_n);
 }

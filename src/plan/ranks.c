@@ -21,9 +21,7 @@ static double summed(const snug_plan_spec *s, long long nparams) {
     return s->lv.lora.kind ? (double)snug_lora_nparams(&s->cfg, &s->lv.lora) : (double)nparams;
 }
 
-/* The bytes of the frozen base that stage 3 gathers in a pass: its stored parameters, or under QLoRA its 4-bit
- * matrices (snug_model.q4_sharded: the dense tensors stay whole). */
-static double base_bytes(const snug_plan_spec *s, long long nparams) {
+double snug_rank_base_bytes(const snug_plan_spec *s, long long nparams) {
     double w = s->lv.dt == SNUG_DT_F32 ? 4 : 2;
     if (s->lv.lora.kind != SNUG_ADAPTER_QLORA)
         return (double)nparams * w;
@@ -57,7 +55,7 @@ double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, i
     if (z == 0)
         P = summed(s, nparams);
     if (z == 3 && s->lv.lora.kind) /* the frozen base gathered, the adapters' gradients all-reduced */
-        return GA * 2 * f * base_bytes(s, nparams) + 2 * f * summed(s, nparams) * gb;
+        return GA * 2 * f * snug_rank_base_bytes(s, nparams) + 2 * f * summed(s, nparams) * gb;
     return z == 0   ? 2 * f * P * gb
            : z == 1 ? f * P * gb + f * P * w
            : z == 2 ? GA * f * P * gb + f * P * w
@@ -73,7 +71,7 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
     if (z == 0 && s->lv.lora.kind)
         return adapters;
     if (s->lv.lora.kind) { /* stage 3: the frozen base's gathers prefetched, the first of each pass exposed */
-        double gat = GA * 2 * f * base_bytes(s, nparams) / bps;
+        double gat = GA * 2 * f * snug_rank_base_bytes(s, nparams) / bps;
         return fmax(0.0, gat - compute) + gat / L + adapters;
     }
     if (z <= 1) { /* buckets during the last micro-batch's backward; the last bucket, and ZeRO-1's gather, exposed */

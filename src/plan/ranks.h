@@ -52,6 +52,10 @@ const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z);
 /* Bytes each of n ranks sends per optimizer step at ZeRO stage z (0: DDP) under spec s, as the table above says. */
 double snug_rank_comm_bytes(const snug_plan_spec *s, long long nparams, int n, int z);
 
+/* The bytes of the frozen base (an adapter's) that stage 3 gathers in a pass: its stored parameters, or under QLoRA
+ * its 4-bit matrices (snug_model.q4_sharded: the dense tensors stay whole), which offload_params also copies in. */
+double snug_rank_base_bytes(const snug_plan_spec *s, long long nparams);
+
 /* The seconds of a step's communication at ZeRO stage z (0: DDP) over n ranks that the compute (`compute` seconds
  * per optimizer step) does not hide, at bps bytes per second, as the table above says. */
 double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, int z, double compute, double bps);

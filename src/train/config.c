@@ -81,6 +81,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: lora_modules_to_save with zero_stage 3 needs base_model: the trained copies start from the base's "
             "tensors, read from its file since stage 3 keeps the base in shards; set base_model, or remove "
             "lora_modules_to_save", src);
+    REQUIRE(!o->offload_params || o->adapter == SNUG_ADAPTER_QLORA,
+            "%s: offload_params (FSDP's offload_params, DeepSpeed's offload_param) keeps a frozen 4-bit base in host "
+            "memory, which is built for QLoRA only; set adapter: qlora, or offload_params: false (a paged "
+            "optimizer, optimizer: paged_adamw_8bit, keeps the optimizer state in host memory)", src);
     REQUIRE(!o->offload_embedding || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_QLORA,
             "%s: offload_embedding with zero_stage 3 is not supported under LoRA: the embedding is sharded with the "
             "rest of the base (QLoRA's stage 3 keeps it whole); set offload_embedding: false", src);
@@ -174,6 +178,7 @@ snug_levers snug_run_levers(const snug_run_config *c) {
                       .naive_attention = !c->flash_attention,
                       .xent_chunk = c->chunked_cross_entropy ? c->cross_entropy_chunk_tokens : 0,
                       .offload_embedding = c->offload_embedding,
+                      .offload_params = c->offload_params,
                       .mlp_shards = !c->tiled_mlp ? 0 : c->tiled_mlp_num_shards > 0 ? c->tiled_mlp_num_shards : -1,
                       .optimizer_in_backward = c->optimizer_in_backward,
                       .dt = c->bf16 ? SNUG_DT_BF16 : c->fp16 ? SNUG_DT_F16 : SNUG_DT_F32,

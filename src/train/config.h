@@ -125,6 +125,7 @@ typedef struct snug_run_config {
     int fsdp_config_stage;    /* the ZeRO stage fsdp_config's sharding_strategy or reshard_after_forward means;
                                * -1: an fsdp_config that names no sharding (FSDP's default, FULL_SHARD); -2: none */
     int fsdp_activation_checkpointing; /* fsdp_config's activation_checkpointing: -1 unset, 0 or 1 */
+    int fsdp_offload_params;   /* fsdp_config's offload_params (or cpu_offload) true, or fsdp's offload */
     int dist_debug;           /* 1: every collective's signature compared across ranks before it runs */
     double dist_timeout;      /* seconds before a collective that does not complete fails the run; 0 = never */
 
@@ -159,6 +160,8 @@ typedef struct snug_run_config {
     int cross_entropy_chunk_tokens;
     int tiled_mlp;
     int offload_embedding;
+    int offload_params;       /* QLoRA: the 4-bit base in host memory (also fsdp_config's offload_params, DeepSpeed's
+                               * offload_param, fsdp's offload) */
     int tiled_mlp_num_shards; /* 0 = auto */
     int loss_vocab_block;     /* rows of the head per block of the loss; 0 = auto, -1 = off */
 } snug_run_config;

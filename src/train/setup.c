@@ -286,6 +286,7 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
     c->tiled_mlp = lv->mlp_shards != 0;
     c->tiled_mlp_num_shards = lv->mlp_shards > 0 ? lv->mlp_shards : 0;
     c->offload_embedding = lv->offload_embedding;
+    c->offload_params = lv->offload_params;
     c->zero_stage = p->spec.zero_stage;
 }
 

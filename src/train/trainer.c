@@ -405,8 +405,11 @@ static void print_sample(run *r, FILE *out) {
     if (!o->sample_tokens || !r->s.tok)
         return;
     if (r->eng.model.param_sharded || r->eng.model.q4_sharded) { /* no rank holds the whole model to generate with */
-        fprintf(out, "\nno sample: under zero_stage 3 no rank holds the whole model; sample from the saved folder "
-                "with snug generate%s\n", r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
+        fprintf(out, "\nno sample: %s; sample from the saved folder with snug generate%s\n",
+                r->eng.model.param_sharded || r->eng.model.q4_parts > 1
+                    ? "under zero_stage 3 no rank holds the whole model"
+                    : "the 4-bit base is in host memory (offload_params), a layer at a time on the device",
+                r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
         return;
     }
     snug_error e = {0};
@@ -505,7 +508,7 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     if (r->s.spec.ranks > 1)
         snprintf(who, sizeof who, ", rank %d of %d%s", r->s.spec.rank, r->s.spec.ranks,
                  r->eng.opt.sharded           ? ", optimizer state of its ZeRO shard"
-                 : r->eng.model.param_sharded || r->eng.model.q4_sharded ? ", its shard of the frozen base"
+                 : r->eng.model.param_sharded || r->eng.model.q4_parts > 1 ? ", its shard of the frozen base"
                                               : "");
     if (!strcmp(r->eng.be->name, "cpu"))
         fprintf(out, "memory plan (backend cpu, %d threads%s):\n", r->eng.be->nthreads, who);
@@ -681,7 +684,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                                    .seg = seg + k * BT};
     size_t *shard = NULL; /* ZeRO: each rank's elements of the flat parameters; NULL: every rank holds everything */
     const snug_model *qm = &r.eng.model;
-    if (!rc && qm->q4_sharded) {
+    if (!rc && qm->q4_parts > 1) {
         size_t most = 0;
         for (int l = 0; l < qm->cfg.n_layer; l++)
             most = qm->q4_piece[l] > most ? qm->q4_piece[l] : most;
@@ -691,7 +694,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 "after backward) and their optimizer state whole on every rank\n", qm->q4_shard_n / 1048576.0, W,
                 most / 1048576.0);
     }
-    if (!rc && o->zero_stage && W > 1 && !qm->q4_sharded) {
+    if (!rc && qm->q4_sharded && qm->lv.offload_params)
+        fprintf(out, "  offload_params       the 4-bit base in host memory (%.1f MiB%s), each layer's copied to the "
+                "device just before it runs and the next layer's while it does, into two buffers of %.2f MiB\n",
+                qm->q4_shard_n / 1048576.0, qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
+    if (!rc && o->zero_stage && W > 1 && qm->q4_parts <= 1) {
         if (!(shard = malloc((size_t)W * sizeof *shard)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
         else
@@ -752,7 +759,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.gather_params = snug_zero3_gather;
         r.eng.model.gather_params_ud = &z3;
     }
-    if (!rc && r.eng.model.q4_sharded) { /* equal byte pieces: no counts from the table */
+    if (!rc && r.eng.model.q4_parts > 1) { /* equal byte pieces: no counts from the table */
         if (!(z3.counts = malloc((size_t)W * sizeof *z3.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
         r.eng.model.gather_q4 = snug_zero3_gather_q4;
@@ -872,7 +879,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         /* ZeRO-2/3: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
          * collectives (ZeRO-3's gathers; the reduce-scatters, with zero gradients), in the step's order */
-        for (int k = k1 - k0; (z2.counts || r.eng.model.param_sharded || r.eng.model.q4_sharded) && k < (nmb < GAr ? nmb : GAr); k++)
+        for (int k = k1 - k0; (z2.counts || r.eng.model.param_sharded || r.eng.model.q4_parts > 1) && k < (nmb < GAr ? nmb : GAr); k++)
             snug_model_skip_step(&r.eng.model, 1);
         if (z2.rc || z3.rc) {
             rc = z2.rc ? z2.rc : z3.rc;
@@ -1086,7 +1093,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = rank_memory_json(&r, "memory.json", measured, e);
         print_sample(&r, out);
     }
-    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_sharded)) { /* under ZeRO each rank plans its own shard:
+    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1)) { /* under ZeRO each rank plans its own shard:
                                                                            * each writes its memory */
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)

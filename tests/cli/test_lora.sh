@@ -79,6 +79,18 @@ run lora_bf16 --adapter lora --bf16 true && planned lora_bf16
 run lora_bf16_full --adapter lora --bf16 true --gradient_checkpointing full && same lora_bf16_full lora_bf16
 run qlora --adapter qlora && planned qlora
 run qlora_full --adapter qlora --gradient_checkpointing full && same qlora_full qlora
+# offload_params: the 4-bit base in host memory, each layer's copied into one of two device buffers before it runs
+# (the next while it does): the same bits; the parameters arena keeps only the two buffers, the 4-bit bytes are
+# in the offload arena, as planned
+run qlora_off --adapter qlora --offload_params true && same qlora_off qlora && planned qlora_off &&
+  python3 - "$W/qlora_off/memory.json" "$W/qlora/memory.json" <<'PY' && ok || bad "qlora_off: the arenas"
+import json, sys
+off, whole = (json.load(open(p))["plan"] for p in sys.argv[1:3])
+assert whole["offloaded to host"] == 0 and off["offloaded to host"] > 0, (off, whole)
+assert off["parameters"] < whole["parameters"] < off["parameters"] + off["offloaded to host"], (off, whole)
+PY
+grep -q "offload_params  *the 4-bit base in host memory" "$W/qlora_off.log" && ok || bad "qlora_off: no header line"
+run qlora_off_full --adapter qlora --offload_params true --gradient_checkpointing full && same qlora_off_full qlora
 # a tiled MLP: in one shard the same arithmetic (bit for bit); in several, GEMMs over fewer rows, so as close as
 # rounding; planned as allocated
 # the step inside backward: each layer's adapters stepped as its backward ends, bit for bit the step after backward

@@ -620,11 +620,13 @@ refuse() {
 }
 refuse "zero_stage 4" "zero_stage 4 does not exist" --zero_stage 4
 refuse "zero_stage -1" "zero_stage" --zero_stage -1
+# fsdp_config's offload_params is offload_params, built for QLoRA's 4-bit base only: a full fine-tune is refused
 { cat "$W/ids.yaml"; printf 'fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: true\n'; } \
   > "$W/fsdpoff.yaml"
 "$SNUG" train "$W/fsdpoff.yaml" --output_dir "$W/refused" > "$W/refused.log" 2>&1
-[ $? -eq 2 ] && grep -q "fsdpoff.yaml line $(($(wc -l < "$W/ids.yaml") + 3)): fsdp_config's fsdp_offload_params" \
-  "$W/refused.log" && ok || bad "fsdp_config offload: $(tail -1 "$W/refused.log")"
+[ $? -eq 2 ] && grep -q "fsdpoff.yaml: offload_params (FSDP's offload_params, DeepSpeed's offload_param) keeps a frozen" \
+  "$W/refused.log" && grep -q "set adapter: qlora" "$W/refused.log" && ok ||
+  bad "fsdp_config offload: $(tail -1 "$W/refused.log")"
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
 refuse "with an adapter" "with adapter lora is not supported.*only stage 3" --zero_stage 1 --adapter lora
@@ -715,6 +717,16 @@ PY
 }
 qlora3 30m_2 2 1 --model_preset llama-30m --max_steps 2
 qlora3 acc_3 3 1 --gradient_accumulation_steps 2 --gradient_checkpointing true
+# offload_params (the 4-bit base in host memory: each rank's pieces at stage 3, the whole base under DDP) keeps the
+# bits of the run without it
+qlora3 off_3 3 0 --gradient_accumulation_steps 2 --gradient_checkpointing true --offload_params true
+resplit_adapters "offload_params under DDP" qddp_off_3 qddp_acc_3
+resplit_adapters "offload_params at stage 3" qz3_off_3 qddp_acc_3
+python3 - "$W/qz3_off_3/memory.json" "$W/qz3_acc_3/memory.json" <<'PY' && ok || bad "qz3_off_3: the arenas"
+import json, sys
+off, dev = (json.load(open(p))["plan"] for p in sys.argv[1:3])
+assert off["parameters"] + off["offloaded to host"] == dev["parameters"] and off["offloaded to host"] > 0, (off, dev)
+PY
 qlora3 val_2 2 0 --base_model "$W/base" --gradient_accumulation_steps 4 --max_steps 9 --val_set_size 0.1 \
   --lora_target_linear true --lora_modules_to_save lm_head --offload_embedding true
 run qz3_ck 2 --adapter qlora --zero_stage 3 --bf16 true --save_steps 2 || bad "qz3_ck did not train"

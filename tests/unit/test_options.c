@@ -629,8 +629,16 @@ static void test_fsdp_config(void) {
            has(&e, "did you mean 'fsdp_config'"), "%s", e.msg);
     CHECKF(parse_config("fsdp_config: {}\n", &o, &e) == 0 && o.zero_stage == 0, "%s", e.msg); /* asks for nothing */
     /* refusals, each naming the file and line */
-    EXPECT_YAML_ERROR("seed: 1\nfsdp_config:\n  fsdp_offload_params: true\n", "cfg.yaml line 3",
-                      "fsdp_config's fsdp_offload_params", "not supported yet", "paged_adamw_8bit");
+    /* offload_params (FSDP1's fsdp_ spelling, FSDP2's plain one, cpu_offload) is offload_params: QLoRA's 4-bit base in
+     * host memory; the run's validation refuses it for anything else */
+    CHECKF(parse_config("seed: 1\nfsdp_config:\n  fsdp_offload_params: true\n", &o, &e) == 0 && o.offload_params &&
+           o.zero_stage == 3, "%s", e.msg);
+    CHECKF(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "offload_params") && has(&e, "adapter: qlora") &&
+           has(&e, "paged_adamw_8bit"), "%s", e.msg);
+    CHECKF(parse_config("adapter: qlora\nbf16: true\nfsdp_config:\n  cpu_offload: true\n", &o, &e) == 0 &&
+           o.offload_params && snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
+    CHECKF(parse_config("fsdp_config:\n  offload_params: false\n", &o, &e) == 0 && !o.offload_params, "%s", e.msg);
+    EXPECT_YAML_ERROR("fsdp_config:\n  offload_params: sometimes\n", "line 2", "must be true or false");
     EXPECT_YAML_ERROR("fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n", "line 2", "HYBRID_SHARD",
                       "not supported yet; use FULL_SHARD or SHARD_GRAD_OP");
     EXPECT_YAML_ERROR("fsdp_config:\n  sharding_strategy: HALF_SHARD\n", "must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD");
@@ -672,10 +680,13 @@ static void test_fsdp_config(void) {
     char *argv[] = {cfg, "--fsdp_config", jsarg};
     snug_options_defaults(&o);
     CHECKF(snug_options_parse_args(&o, 3, argv, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
-    const char *jbad = write_file("fsdpbad.json", "{\"offload_params\": true}");
+    const char *joff = write_file("fsdpoff.json", "{\"offload_params\": true}");
+    snprintf(yaml, sizeof yaml, "fsdp_config: %s\n", joff);
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.offload_params, "%s", e.msg);
+    const char *jbad = write_file("fsdpbad.json", "{\"xla\": true}");
     snprintf(yaml, sizeof yaml, "fsdp_config: %s\n", jbad);
     CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "fsdp_config ") && has(&e, "fsdpbad.json") &&
-           has(&e, "offload_params: offloading"), "%s", e.msg);
+           has(&e, "xla is for FSDP on TPUs"), "%s", e.msg);
     const char *jnot = write_file("fsdpnot.json", "[1, 2]");
     snprintf(yaml, sizeof yaml, "fsdp_config: %s\n", jnot);
     CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, "must hold a JSON object"), "%s", e.msg);
@@ -741,7 +752,9 @@ static void test_zero(void) {
     } dbad[] = {
         {"ds5.json", "{\"zero_optimization\": {\"stage\": \"auto\"}}", "zero_optimization.stage must be 0, 1, 2 or 3"},
         {"dso.json", "{\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}}",
-         "zero_optimization.offload_optimizer.device is cpu: offloading is not supported yet"},
+         "zero_optimization.offload_optimizer.device is cpu: offloading the optimizer is not supported yet"},
+        {"dsn.json", "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}",
+         "zero_optimization.offload_param.device is nvme: snug offloads the parameters to cpu only"},
         {"dsz.json", "{\"zero_optimization\": 1}", "zero_optimization must be an object"},
         {"dsbad.json", "{\"zero_optimization\": ", "line 1"},
     };
@@ -751,6 +764,11 @@ static void test_zero(void) {
         CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, dbad[i].want) && has(&e, "deepspeed: "),
                "'%s' not in: %s", dbad[i].want, e.msg);
     }
+    /* DeepSpeed's offload_param to the cpu is offload_params */
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\n",
+             write_file("dsp.json", "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
+                                    "\"cpu\", \"pin_memory\": true}}}"));
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.offload_params && o.zero_stage == 3, "%s", e.msg);
     char ds2[1024]; /* write_file's path is overwritten by the next file's */
     snprintf(ds2, sizeof ds2, "%s",
              write_file("ds2.json", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}"));
@@ -780,7 +798,9 @@ static void test_zero(void) {
     CHECKF(parse_config("fsdp: [shard_grad_op, auto_wrap]\n", &o, &e) == 0 && o.zero_stage == 2, "%s", e.msg);
     CHECKF(parse_config("fsdp: no_shard auto_wrap\n", &o, &e) == 0 && o.zero_stage == 0, "%s", e.msg);
     CHECKF(parse_config("fsdp: [full_shard, auto_wrap]\n", &o, &e) == 0 && o.zero_stage == 3, "%s", e.msg);
-    CHECKF(parse_config("fsdp: [shard_grad_op, offload]\n", &o, &e) == SNUG_EINPUT && has(&e, "fsdp: 'offload'"),
+    CHECKF(parse_config("fsdp: [full_shard, offload]\n", &o, &e) == 0 && o.offload_params && o.zero_stage == 3, "%s",
+           e.msg);
+    CHECKF(parse_config("fsdp: [shard_grad_op, hybrid]\n", &o, &e) == SNUG_EINPUT && has(&e, "fsdp: 'hybrid'"),
            "%s", e.msg);
     CHECKF(parse_config("fsdp: [shard_grad_op]\nzero_stage: 1\n", &o, &e) == SNUG_EINPUT &&
            has(&e, "zero_stage is 1 but fsdp (shard_grad_op) means stage 2"), "%s", e.msg);

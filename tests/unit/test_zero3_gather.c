@@ -243,8 +243,8 @@ typedef struct fake4 {
 
 /* the other rank's piece of layer l's span into dst (garbage: 0xff bytes, NaN scales, instead) */
 static void fill4(fake4 *f, char *dst, int l, size_t piece, int garbage) {
-    for (int r = 0; r < f->m->nranks; r++)
-        if (r != f->m->rank) {
+    for (int r = 0; r < f->m->q4_parts; r++)
+        if (r != f->m->q4_part) {
             if (garbage)
                 memset(dst + (size_t)r * piece, 0xff, piece);
             else

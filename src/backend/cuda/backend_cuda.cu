@@ -199,7 +199,7 @@ static void cuda_copy_sync(snug_backend *be, void *dst, const void *src, size_t 
 /* copy: device to device, queued on the compute stream */
 static void cuda_copy_queued(snug_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes)
-        SNUG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, snug_cuda_stream(be)));
+        SNUG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, snug_cuda_stream(be)));
 }
 
 static void cuda_zero(snug_backend *be, void *dst, size_t bytes) {
