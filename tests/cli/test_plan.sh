@@ -208,6 +208,15 @@ expect_out ranks-qlora-70b "ddp +33\.87 GiB .* 42\.00 GiB  no" "zero-3 +18\.24 G
   "over 3 GPUs zero-3 fits \(20\.69 GiB per rank" -- \
   "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
   --gradient_checkpointing true --gpu rtx4090 --gpus 2 --lora_target_linear true
+# FSDP-QLoRA's CPU offload: the same 70B on one RTX 4090 with offload_params, the 4-bit base in host memory; and the
+# lever offered where the run does not fit
+expect_out qlora-70b-offload "offloaded to host +32\.89 GiB .*offload_params" "total +8\.99 GiB" \
+  "RTX 4090 24GB .* fits: needs 8\.99 GiB" -- \
+  "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
+  --gradient_checkpointing true --gpu rtx4090 --lora_target_linear true --offload_params true
+expect_out qlora-70b-lever "offload_params: true +32\.38 GiB +8\.99 GiB +\+1%" -- \
+  "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
+  --gradient_checkpointing true --gpu rtx4090 --lora_target_linear true
 expect_error gpus-0 "gpus is 0; it must be at least 1" "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --gpus 0
 
 # the chart: SVG always, PNG when a converter is installed
