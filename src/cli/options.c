@@ -385,10 +385,10 @@ static const key_spec keys[] = {
      .help = "with an adapter under bf16/fp16: the frozen input embedding stays in (pinned) host memory and only the "
              "micro-batch's rows are read from it (not for tied embeddings, whose table is also the output head)"},
     {.name = "offload_params", .type = KT_BOOL, .group = G_MEMORY, AT_INT(offload_params), .def = "false",
-     .help = "QLoRA: the base's 4-bit matrices stay in (pinned) host memory and each layer's are copied to the device "
-             "just before it runs, the next layer's while this one computes (FSDP's offload_params; at zero_stage 3 "
-             "each rank keeps its share); fsdp_config's offload_params, DeepSpeed's offload_param and fsdp's "
-             "offload set it too"},
+     .help = "with an adapter (lora or qlora): the frozen base (QLoRA's 4-bit matrices) stays in (pinned) host memory "
+             "and each layer's weights are copied to the device just before it runs, the next layer's while this one "
+             "computes (FSDP's offload_params; at zero_stage 3 each rank keeps its share); fsdp_config's "
+             "offload_params, DeepSpeed's offload_param and fsdp's offload set it too"},
     {.name = "tiled_mlp", .type = KT_BOOL, .group = G_MEMORY, AT_INT(tiled_mlp), .def = "false",
      .help = "run each block's MLP over shards of the micro-batch's tokens (ALST's tiled MLP): its (tokens, "
              "intermediate) activations exist one shard at a time and are recomputed in backward, never saved"},

@@ -141,7 +141,7 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
 
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
-    int offq = s->lv.offload_params && s->lv.lora.kind == SNUG_ADAPTER_QLORA;
+    int offq = s->lv.offload_params && s->lv.lora.kind;
     if (s->lv.lora.kind && (c == SNUG_MEM_MASTER || c == SNUG_MEM_GRADS)) {
         snprintf(buf, n, "%s", c == SNUG_MEM_MASTER ? "none: the frozen base takes no update"
                                                     : "fp32 gradients of the adapters only");
@@ -183,7 +183,8 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
                      s->lv.ckpt_offload && (s->lv.offload_embedding || offq) ? " and " : "",
                      s->lv.offload_embedding ? "the frozen embedding (offload_embedding)" : "",
                      s->lv.offload_embedding && offq ? " and " : "",
-                     offq ? "the 4-bit base (offload_params)" : "");
+                     !offq ? "" : s->lv.lora.kind == SNUG_ADAPTER_QLORA ? "the 4-bit base (offload_params)"
+                                                                        : "the frozen base (offload_params)");
         break;
     case SNUG_MEM_SNAPSHOT:
         snprintf(buf, n, "%s", s->ckpt_snapshot ? "parameters, master and optimizer state copied for a checkpoint"

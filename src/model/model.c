@@ -192,10 +192,13 @@ const void *snug_model_stored(const snug_model *m, size_t offset) {
     return is16(m) ? (const void *)(m->params16 + offset) : (const void *)(m->params + offset);
 }
 
-/* ZeRO-3: the prefetched gather complete before the region is read or written again (a wait for it). */
+/* ZeRO-3: the prefetched gather complete before the region is read or written again (a wait for it; with
+ * offload_params and nothing to gather, a wait for the side stream's copy). */
 static void gather_settle(snug_model *m) {
     if (m->gbuf_prefetched && m->gather_params)
         m->gather_params(m->gather_params_ud, NULL, 0, 0, 0);
+    else if (m->gbuf_prefetched && m->lv.offload_params)
+        m->be->copy_wait(m->be);
     m->gbuf_prefetched = 0;
 }
 
@@ -208,8 +211,12 @@ static void gather_range(snug_model *m, void *dst, size_t offset, size_t numel, 
     size_t es = snug_dtype_size(m->lv.dt), lo = m->pshard_lo, hi = lo + m->pshard_n;
     size_t a = offset > lo ? offset : lo, b = offset + numel < hi ? offset + numel : hi;
     const char *src = is16(m) ? (const char *)m->params16 : (const char *)m->params;
+    /* offload_params with nothing to gather: a prefetch's copy from host memory on the side stream, beside the
+     * compute (waited for in gather_settle); a gather's own piece goes on the compute stream, which it precedes */
+    void (*cp)(snug_backend *, void *, const void *, size_t) =
+        prefetch && m->lv.offload_params && !m->gather_params ? m->be->copy_in_async : m->be->copy;
     if (b > a)
-        m->be->copy(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
+        cp(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
     if (m->gather_params)
         m->gather_params(m->gather_params_ud, dst, offset, numel, prefetch);
 }
@@ -261,7 +268,7 @@ static const void *gathered_layer(snug_model *m, int l) {
 static void q4_settle(snug_model *m) {
     if (m->q4_prefetched && m->gather_q4)
         m->gather_q4(m->gather_q4_ud, NULL, 0, 0);
-    if (m->q4_prefetched && m->lv.offload_params && m->q4_parts == 1)
+    else if (m->q4_prefetched && m->lv.offload_params)
         m->be->copy_wait(m->be);
     m->q4_prefetched = 0;
 }
@@ -275,7 +282,7 @@ static void q4_gather(snug_model *m, int l, int k, int prefetch) {
         q4_settle(m);
     size_t P = m->q4_piece[l];
     char *dst = m->q4_gbuf[k];
-    if (prefetch && m->lv.offload_params && m->q4_parts == 1)
+    if (prefetch && m->lv.offload_params && !m->gather_q4)
         m->be->copy_in_async(m->be, dst, m->q4_shard + m->q4_soff[l], P);
     else
         m->be->copy(m->be, dst + (size_t)m->q4_part * P, m->q4_shard + m->q4_soff[l], P);
@@ -870,6 +877,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->gglob_n = 0;
     m->gpre_lo = 0;
     m->urows = NULL;
+    /* the stored base: the device's, or with offload_params (a sharded frozen base) host memory */
+    snug_category base_at = m->param_sharded && m->lv.offload_params ? SNUG_MEM_OFFLOAD : SNUG_MEM_PARAMS;
     if (m->param_sharded) { /* ZeRO-3: the rank's shard, and one gather region for a layer pair or the globals */
         size_t es = snug_dtype_size(m->lv.dt), lay = (largest_layer(m) + 31) / 32 * 32; /* buffer 1 aligned */
         m->gpre_n = L > 0 ? m->table.layer_offset[0] : m->table.total;
@@ -896,7 +905,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         m->urows = m->vtied ? g + head_block_at(m) * es : NULL;
     }
     if (half) {
-        CARVE(m->params16, SNUG_MEM_PARAMS, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->dense_total);
+        CARVE(m->params16, base_at, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->dense_total);
         if (m->emb_entry >= 0) /* offload_embedding: the frozen table in host memory */
             CARVE(m->emb16, SNUG_MEM_OFFLOAD, m->table.e[m->emb_entry].numel);
         if (m->lv.master_weights)
@@ -925,7 +934,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
                 m->q4_block[i] = blk;
             }
     } else {
-        CARVE(m->params, SNUG_MEM_PARAMS, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->table.total);
+        CARVE(m->params, base_at, m->param_sharded ? (m->pshard_n ? m->pshard_n : 1) : m->table.total);
     }
     m->grads = NULL;
     m->grads16 = NULL;
@@ -1226,8 +1235,19 @@ void snug_model_put_range(snug_model *m, size_t offset, const float *host, size_
         host += a - offset;
         n = b - a;
         offset = a;
+        if (!is16(m) && m->lv.offload_params) { /* host memory */
+            memcpy(m->params + (a - m->pshard_lo), host, n * sizeof *host);
+            return;
+        }
         if (!is16(m)) {
             be->to_device(be, m->params + (a - m->pshard_lo), host, n * sizeof *host);
+            return;
+        }
+        if (m->lv.offload_params) { /* host memory, rounded there as the backend's to16 rounds (to nearest even) */
+            uint16_t *d = m->params16 + (a - m->pshard_lo);
+            for (size_t k = 0; k < n; k++)
+                d[k] = m->lv.dt == SNUG_DT_BF16 ? snug_f32_to_bf16(host[k]) : snug_f32_to_f16(host[k]);
+            m->wl_layer = -1;
             return;
         }
     }

@@ -104,8 +104,10 @@ typedef struct snug_levers {
     int xent_chunk;       /* tokens per logits chunk (chunked_cross_entropy); 0 = every token of the micro-batch */
     int offload_embedding; /* the frozen input embedding (adapters, 16-bit, untied head) in host memory
                             * (SNUG_MEM_OFFLOAD): the embedding op reads the micro-batch's rows there */
-    int offload_params;   /* QLoRA: the base's 4-bit matrices in host memory (SNUG_MEM_OFFLOAD; at ZeRO-3 the rank's
-                           * pieces of them), each layer's copied to a device buffer before it runs (q4_sharded) */
+    int offload_params;   /* an adapter's frozen base in host memory (SNUG_MEM_OFFLOAD; at ZeRO-3 the rank's share),
+                           * each layer's copied to a device buffer before it runs: QLoRA's 4-bit matrices
+                           * (q4_sharded), or LoRA's base laid out as ZeRO-3's (param_sharded, the whole table the
+                           * rank's shard without stage 3) */
     int mlp_shards;       /* tiled_mlp: 0 off; k >= 1: every block's MLP runs over k shards of the micro-batch's
                            * tokens, its activations never saved but recomputed shard by shard in backward;
                            * -1: k = ceil(tokens / hidden size) */

@@ -17,7 +17,7 @@
  *    recompute (a third of the step's FLOPs times the MLP's share of the block's linear FLOPs), and runs smaller
  *    GEMMs: +1%;
  *  - offload_embedding reads the micro-batch's embedding rows over PCIe (tokens x hidden x 2 bytes): nothing;
- *  - offload_params copies each layer's 4-bit matrices (the rank's piece at ZeRO-3) over PCIe (an effective 25
+ *  - offload_params copies each layer's frozen weights (QLoRA's 4-bit matrices; the rank's piece at ZeRO-3) over PCIe (an effective 25
  *    GB/s) before its forward and its backward. On one process the next layer's copy runs beside the compute: the
  *    transfer beyond the compute (an A100 80GB's, as for paging) plus one layer's exposed per pass; at ZeRO-3 the
  *    pieces are copied on the compute stream, all exposed. Nothing on the CPU;
@@ -74,7 +74,7 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
         }
         f *= 1.0 + (comp > 0 ? exposed / comp : 0.0);
     }
-    if (lv->offload_params && lv->lora.kind == SNUG_ADAPTER_QLORA && kind == SNUG_DEVICE_CUDA) {
+    if (lv->offload_params && lv->lora.kind && kind == SNUG_DEVICE_CUDA) {
         long long P = snug_model_config_nparams(&s->cfg);
         int parts = s->zero_stage >= 3 && s->ranks > 1 ? s->ranks : 1;
         double pass = snug_rank_base_bytes(s, P) / parts / 25e9; /* one pass's copies, s */
@@ -248,9 +248,9 @@ int snug_fit_space_build(snug_fit_space *s, const snug_plan_spec *base, snug_dev
     int emb[2] = {base->lv.offload_embedding, 1};
     int nemb = !base->lv.offload_embedding && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind &&
                        base->lv.dt != SNUG_DT_F32 && !base->cfg.tie_embeddings ? 2 : 1;
-    /* and for QLoRA's 4-bit base on a GPU, its place (offload_params) */
+    /* and for a frozen base (an adapter's) on a GPU, its place (offload_params) */
     int offp[2] = {base->lv.offload_params, 1};
-    int noff = !base->lv.offload_params && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind == SNUG_ADAPTER_QLORA ? 2 : 1;
+    int noff = !base->lv.offload_params && kind == SNUG_DEVICE_CUDA && base->lv.lora.kind && base->with_grads ? 2 : 1;
 
     /* over several ranks, the ZeRO stages from the configured one up to zero_max */
     int zlo = base->zero_stage, nz = base->ranks > 1 && base->zero_max > zlo ? base->zero_max - zlo + 1 : 1;
@@ -346,7 +346,7 @@ static const char *cost_note(const snug_fit_point *p, const snug_fit_point *base
     if (a->offload_embedding != b->offload_embedding)
         return "the batch's embedding rows read over PCIe";
     if (a->offload_params != b->offload_params)
-        return "each layer's 4-bit matrices copied over PCIe, beside the compute";
+        return "each layer's frozen weights copied over PCIe, beside the compute";
     if (p->spec.optim_paged && !base->spec.optim_paged)
         return "state streamed over PCIe every step";
     if (p->spec.optim != base->spec.optim)

@@ -98,7 +98,15 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
     m->q4_sharded = m->lv.lora.kind == SNUG_ADAPTER_QLORA && (zero3 || m->lv.offload_params);
     m->q4_parts = m->q4_sharded && zero3 ? s->ranks : 1;
     m->q4_part = m->q4_sharded && zero3 ? s->rank : 0;
-    if (!zero3 || m->lv.lora.kind == SNUG_ADAPTER_QLORA)
+    if (m->lv.lora.kind == SNUG_ADAPTER_QLORA)
+        return;
+    if (!zero3 && m->lv.offload_params && m->lv.lora.kind && s->with_grads) {
+        /* LoRA's frozen base in host memory, whole (one process, or DDP): the same layout as stage 3 with every
+         * element this rank's, each layer copied into the gather region as it runs and nothing gathered */
+        m->param_sharded = 1;
+        return;
+    }
+    if (!zero3)
         return;
     /* out of memory: the whole arena, more memory than planned for ZeRO-3, never a wrong one */
     m->param_sharded = rank_shard(m, s, &m->pshard_lo, &m->pshard_n);
@@ -152,9 +160,10 @@ size_t snug_plan_device_scratch(const snug_plan_spec *s) {
     width = qkv > width ? qkv : width;
     width = fc > width ? fc : width;
     /* the linear layers' GEMMs read 16-bit weights as stored (matmul_w16) under 16-bit storage, except a QLoRA base's
-     * 4-bit matrices and ZeRO-3's gathered layers, which are widened */
+     * 4-bit matrices and ZeRO-3's (or offload_params') gathered layers, which are widened */
     int w16 = s->lv.dt != SNUG_DT_F32 && s->lv.lora.kind != SNUG_ADAPTER_QLORA &&
-              !(s->with_grads && s->zero_stage >= 3 && s->ranks > 1);
+              !(s->with_grads && s->zero_stage >= 3 && s->ranks > 1) &&
+              !(s->with_grads && s->lv.lora.kind && s->lv.offload_params);
     return snug_cuda_scratch_bytes((size_t)s->B * (size_t)s->T, c->n_head, width, w16 ? width : 0);
 }
 

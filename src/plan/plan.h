@@ -85,7 +85,8 @@ void snug_plan_shard_master(snug_model *m, const snug_plan_spec *s);
  * pshard_n, the same counts as the optimizer's), set before snug_model_layout by the plan and the engine alike; the
  * layout then carves the shard and the gather region (model.h) in the parameters arena. Under QLoRA the 4-bit
  * matrices are what is sharded (m->q4_sharded: equal byte pieces of each layer), and the dense tensors stay whole;
- * with offload_params the rank's pieces (one process: all of them) are in host memory. */
+ * with offload_params the rank's pieces (one process: all of them) are in host memory. LoRA's offload_params lays
+ * the base out as stage 3 does, in host memory; without stage 3 the rank's shard is the whole table. */
 void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s);
 
 /* ZeRO-2 (m->lv.zero_grads): carves m->gshard, the rank's shard of the summed gradients, in A's gradients arena,

@@ -77,14 +77,17 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "rank, so with an adapter only stage 3 (which shards the frozen base) means something; set zero_stage: 3 "
             "or 0", src, o->zero_stage, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
-    REQUIRE(!o->lora_modules_to_save[0] || o->zero_stage < 3 || o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],
-            "%s: lora_modules_to_save with zero_stage 3 needs base_model: the trained copies start from the base's "
-            "tensors, read from its file since stage 3 keeps the base in shards; set base_model, or remove "
-            "lora_modules_to_save", src);
-    REQUIRE(!o->offload_params || o->adapter == SNUG_ADAPTER_QLORA,
-            "%s: offload_params (FSDP's offload_params, DeepSpeed's offload_param) keeps a frozen 4-bit base in host "
-            "memory, which is built for QLoRA only; set adapter: qlora, or offload_params: false (a paged "
-            "optimizer, optimizer: paged_adamw_8bit, keeps the optimizer state in host memory)", src);
+    REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||
+                o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],
+            "%s: lora_modules_to_save with %s needs base_model: the trained copies start from the base's tensors, "
+            "read from its file since the base is kept %s; set base_model, or remove lora_modules_to_save", src,
+            o->zero_stage >= 3 ? "zero_stage 3" : "offload_params",
+            o->zero_stage >= 3 ? "in shards" : "in host memory");
+    REQUIRE(!o->offload_params || o->adapter != SNUG_ADAPTER_NONE,
+            "%s: offload_params (FSDP's offload_params, DeepSpeed's offload_param) keeps a frozen base in host "
+            "memory, which a full fine-tune does not have (its parameters are updated every step); set adapter: lora "
+            "or qlora, or offload_params: false (a paged optimizer, optimizer: paged_adamw_8bit, keeps the "
+            "optimizer state in host memory)", src);
     REQUIRE(!o->offload_embedding || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_QLORA,
             "%s: offload_embedding with zero_stage 3 is not supported under LoRA: the embedding is sharded with the "
             "rest of the base (QLoRA's stage 3 keeps it whole); set offload_embedding: false", src);

@@ -160,8 +160,8 @@ typedef struct snug_run_config {
     int cross_entropy_chunk_tokens;
     int tiled_mlp;
     int offload_embedding;
-    int offload_params;       /* QLoRA: the 4-bit base in host memory (also fsdp_config's offload_params, DeepSpeed's
-                               * offload_param, fsdp's offload) */
+    int offload_params;       /* an adapter's frozen base in host memory (also fsdp_config's offload_params,
+                               * DeepSpeed's offload_param, fsdp's offload) */
     int tiled_mlp_num_shards; /* 0 = auto */
     int loss_vocab_block;     /* rows of the head per block of the loss; 0 = auto, -1 = off */
 } snug_run_config;

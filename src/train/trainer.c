@@ -406,9 +406,10 @@ static void print_sample(run *r, FILE *out) {
         return;
     if (r->eng.model.param_sharded || r->eng.model.q4_sharded) { /* no rank holds the whole model to generate with */
         fprintf(out, "\nno sample: %s; sample from the saved folder with snug generate%s\n",
-                r->eng.model.param_sharded || r->eng.model.q4_parts > 1
+                (r->eng.model.param_sharded && !r->eng.model.lv.offload_params) || r->eng.model.q4_parts > 1 ||
+                        r->s.c.zero_stage >= 3
                     ? "under zero_stage 3 no rank holds the whole model"
-                    : "the 4-bit base is in host memory (offload_params), a layer at a time on the device",
+                    : "the base is in host memory (offload_params), a layer at a time on the device",
                 r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
         return;
     }
@@ -694,6 +695,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 "after backward) and their optimizer state whole on every rank\n", qm->q4_shard_n / 1048576.0, W,
                 most / 1048576.0);
     }
+    if (!rc && qm->param_sharded && qm->lv.offload_params)
+        fprintf(out, "  offload_params       the frozen base in host memory (%.1f MiB%s), each layer's copied to the "
+                "device just before it runs and the next layer's while it does, into the gather region\n",
+                (double)qm->pshard_n * snug_dtype_size(qm->lv.dt) / 1048576.0, o->zero_stage >= 3 && W > 1
+                ? ", this rank's shard" : "");
     if (!rc && qm->q4_sharded && qm->lv.offload_params)
         fprintf(out, "  offload_params       the 4-bit base in host memory (%.1f MiB%s), each layer's copied to the "
                 "device just before it runs and the next layer's while it does, into two buffers of %.2f MiB\n",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend end to end against the CPU backend: `snug parity` (logits, loss, every parameter gradient, and the
 # parameters after 3 AdamW steps) on three models, bf16 training with every lever on both devices, paged optimizers,
-# activation offload, optimizer_in_backward and fp16 against the CPU within tolerances from a measured floor, and a
+# activation offload, optimizer_in_backward, fp16 and QLoRA (its 4-bit base on the device and in host memory,
+# offload_params) against the CPU within tolerances from a measured floor, and a
 # GPT-2 124M step's tokens/s. Skipped (exit
 # 77) when this snug has no CUDA backend or no GPU is visible; scripts/gpu-check.sh runs it on a GPU machine.
 #
@@ -90,6 +91,15 @@ if [ "$PART" = nccl ]; then
         compare $r ddp2_det 0
         if cmp -s "$W/$r/model.safetensors" "$W/ddp2_det/model.safetensors"; then ok; else bad "$r: weights differ from ddp2_det's"; fi
       done
+      # QLoRA at stage 3: the 4-bit spans all-gathered through NCCL (and, offloaded, copied in from host memory)
+      train qlora2_det --ddp_deterministic true --adapter qlora --bf16 true
+      train qlora2_z3 --ddp_deterministic true --adapter qlora --bf16 true --zero_stage 3
+      train qlora2_z3_off --ddp_deterministic true --adapter qlora --bf16 true --zero_stage 3 --offload_params true
+      for r in qlora2_z3 qlora2_z3_off; do
+        compare $r qlora2_det 0
+        if cmp -s "$W/$r/adapter_model.safetensors" "$W/qlora2_det/adapter_model.safetensors"; then ok; else
+          bad "$r: the adapter differs from qlora2_det's"; fi
+      done
     else
       bad "2 GPU ranks through NCCL did not train: $(grep error "$W/ddp2.log" | head -2)"
     fi
@@ -175,13 +185,17 @@ for dev in cpu cuda; do
   train paged32_in_backward_$dev --device $dev --micro_batch_size 4 --max_grad_norm 0 --optimizer paged_adamw_32bit \
     --optimizer_in_backward true
   train fp16_$dev --device $dev --micro_batch_size 4 --fp16 true
+  train qlora_$dev --device $dev --micro_batch_size 4 --adapter qlora --bf16 true
+  train qlora_offload_$dev --device $dev --micro_batch_size 4 --adapter qlora --bf16 true --offload_params true
 done
 for r in paged32 paged8 offload noclip in_backward paged32_in_backward; do compare ${r}_cuda ${r}_cpu "$tol32"; done
-for r in bf16_offload fp16; do compare ${r}_cuda ${r}_cpu "$tol16"; done
+for r in bf16_offload fp16 qlora qlora_offload; do compare ${r}_cuda ${r}_cpu "$tol16"; done
 # what the CPU holds bit for bit holds on the GPU too (one device, one order): the offloaded layer inputs come back
 # as they left (the copies overlap compute, ordered by events), and stepping inside backward is the same step
 compare offload_cuda fp32_cuda 0
 compare in_backward_cuda noclip_cuda 0
+# QLoRA's 4-bit base in pinned host memory, each layer's copied in on the side stream beside the compute
+compare qlora_offload_cuda qlora_cuda 0
 
 # GPT-2 124M on the GPU: tokens/s of its steps after the first, printed (a measurement, not a test)
 "$SNUG" train --dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sample_tokens 0 --val_set_size 0 \

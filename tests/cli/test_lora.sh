@@ -82,15 +82,24 @@ run qlora_full --adapter qlora --gradient_checkpointing full && same qlora_full 
 # offload_params: the 4-bit base in host memory, each layer's copied into one of two device buffers before it runs
 # (the next while it does): the same bits; the parameters arena keeps only the two buffers, the 4-bit bytes are
 # in the offload arena, as planned
-run qlora_off --adapter qlora --offload_params true && same qlora_off qlora && planned qlora_off &&
-  python3 - "$W/qlora_off/memory.json" "$W/qlora/memory.json" <<'PY' && ok || bad "qlora_off: the arenas"
+offloaded() { # OFF WHOLE: the parameters arena smaller, the base in the offload arena
+  python3 - "$W/$1/memory.json" "$W/$2/memory.json" <<'PY' && ok || bad "$1: the arenas against $2's"
 import json, sys
 off, whole = (json.load(open(p))["plan"] for p in sys.argv[1:3])
 assert whole["offloaded to host"] == 0 and off["offloaded to host"] > 0, (off, whole)
-assert off["parameters"] < whole["parameters"] < off["parameters"] + off["offloaded to host"], (off, whole)
+assert off["parameters"] < whole["parameters"] <= off["parameters"] + off["offloaded to host"], (off, whole)
 PY
+}
+run qlora_off --adapter qlora --offload_params true && same qlora_off qlora && planned qlora_off &&
+  offloaded qlora_off qlora
 grep -q "offload_params  *the 4-bit base in host memory" "$W/qlora_off.log" && ok || bad "qlora_off: no header line"
 run qlora_off_full --adapter qlora --offload_params true --gradient_checkpointing full && same qlora_off_full qlora
+# and LoRA's frozen base (fp32 and bf16): laid out as ZeRO-3 lays it out, the whole table this process's shard in host
+# memory, each layer copied into the gather region as it runs
+run lora_off --adapter lora --offload_params true && same lora_off lora && planned lora_off && offloaded lora_off lora
+run lora_bf16_off --adapter lora --bf16 true --offload_params true --gradient_checkpointing full &&
+  same lora_bf16_off lora_bf16 && planned lora_bf16_off && offloaded lora_bf16_off lora_bf16
+grep -q "offload_params  *the frozen base in host memory" "$W/lora_off.log" && ok || bad "lora_off: no header line"
 # a tiled MLP: in one shard the same arithmetic (bit for bit); in several, GEMMs over fewer rows, so as close as
 # rounding; planned as allocated
 # the step inside backward: each layer's adapters stepped as its backward ends, bit for bit the step after backward

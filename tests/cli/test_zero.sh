@@ -620,12 +620,12 @@ refuse() {
 }
 refuse "zero_stage 4" "zero_stage 4 does not exist" --zero_stage 4
 refuse "zero_stage -1" "zero_stage" --zero_stage -1
-# fsdp_config's offload_params is offload_params, built for QLoRA's 4-bit base only: a full fine-tune is refused
+# fsdp_config's offload_params is offload_params, an adapter's frozen base in host memory: a full fine-tune is refused
 { cat "$W/ids.yaml"; printf 'fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: true\n'; } \
   > "$W/fsdpoff.yaml"
 "$SNUG" train "$W/fsdpoff.yaml" --output_dir "$W/refused" > "$W/refused.log" 2>&1
 [ $? -eq 2 ] && grep -q "fsdpoff.yaml: offload_params (FSDP's offload_params, DeepSpeed's offload_param) keeps a frozen" \
-  "$W/refused.log" && grep -q "set adapter: qlora" "$W/refused.log" && ok ||
+  "$W/refused.log" && grep -q "set adapter: lora or qlora" "$W/refused.log" && ok ||
   bad "fsdp_config offload: $(tail -1 "$W/refused.log")"
 refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
   --max_grad_norm 0
@@ -670,6 +670,23 @@ lora3 val_2 2 --base_model "$W/base" --bf16 true --gradient_accumulation_steps 4
   --lora_target_linear true
 lora3 saved_2 2 --base_model "$W/base" --bf16 true --lora_modules_to_save lm_head,embed_tokens
 lora3 saved32_3 3 --base_model "$W/base" --lora_modules_to_save lm_head
+# offload_params: the frozen base in host memory (each rank's shard at stage 3, the whole base under DDP), each
+# layer copied into the gather region as it runs; the bits of the runs without it, the shard moved between arenas
+run lz3_off_3 3 --adapter lora --zero_stage 3 --dist_debug true --gradient_accumulation_steps 2 \
+  --gradient_checkpointing true --offload_params true || bad "lz3_off_3 did not train: $(grep error "$W/lz3_off_3.log")"
+run lddp_off_3 3 --adapter lora --gradient_accumulation_steps 2 --gradient_checkpointing true --offload_params true ||
+  bad "lddp_off_3 did not train: $(grep error "$W/lddp_off_3.log")"
+for r in lz3_off_3 lddp_off_3; do
+  [ "$(worst "$r" lddp_acc_3)" = 0.0 ] && cmp -s "$W/$r/adapter_model.safetensors" "$W/lddp_acc_3/adapter_model.safetensors" &&
+    ok || bad "$r: not DDP's bits without offload_params"
+done
+python3 - "$W/lz3_off_3/memory.rank1.json" "$W/lz3_acc_3/memory.rank1.json" <<'PY' && ok || bad "lz3_off_3: the arenas"
+import json, sys
+off, dev = (json.load(open(p)) for p in sys.argv[1:3])
+assert off["plan"] == off["measured"], off
+off, dev = off["plan"], dev["plan"]
+assert off["parameters"] + off["offloaded to host"] == dev["parameters"] and off["offloaded to host"] > 0, (off, dev)
+PY
 run lz3_ck 2 --adapter lora --zero_stage 3 --bf16 true --save_steps 2 || bad "lz3_ck did not train"
 [ -f "$W/lz3_ck/checkpoint-2/adapter_model.safetensors" ] && [ -z "$(ls "$W/lz3_ck/checkpoint-2" | grep rank)" ] && ok ||
   bad "lz3_ck: the checkpoint is not rank 0's adapters: $(ls "$W/lz3_ck/checkpoint-2" | tr '\n' ' ')"

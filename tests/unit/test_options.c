@@ -629,11 +629,11 @@ static void test_fsdp_config(void) {
            has(&e, "did you mean 'fsdp_config'"), "%s", e.msg);
     CHECKF(parse_config("fsdp_config: {}\n", &o, &e) == 0 && o.zero_stage == 0, "%s", e.msg); /* asks for nothing */
     /* refusals, each naming the file and line */
-    /* offload_params (FSDP1's fsdp_ spelling, FSDP2's plain one, cpu_offload) is offload_params: QLoRA's 4-bit base in
-     * host memory; the run's validation refuses it for anything else */
+    /* offload_params (FSDP1's fsdp_ spelling, FSDP2's plain one, cpu_offload) is offload_params: an adapter's frozen
+     * base in host memory; the run's validation refuses it for a full fine-tune */
     CHECKF(parse_config("seed: 1\nfsdp_config:\n  fsdp_offload_params: true\n", &o, &e) == 0 && o.offload_params &&
            o.zero_stage == 3, "%s", e.msg);
-    CHECKF(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "offload_params") && has(&e, "adapter: qlora") &&
+    CHECKF(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "offload_params") && has(&e, "adapter: lora or qlora") &&
            has(&e, "paged_adamw_8bit"), "%s", e.msg);
     CHECKF(parse_config("adapter: qlora\nbf16: true\nfsdp_config:\n  cpu_offload: true\n", &o, &e) == 0 &&
            o.offload_params && snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
@@ -715,6 +715,8 @@ static void test_zero(void) {
         {"zero_stage: 2\nadapter: qlora\n", "zero_stage 2 with adapter qlora is not supported"},
         {"zero_stage: 3\nadapter: lora\nbf16: true\noffload_embedding: true\n", "offload_embedding with zero_stage 3"},
         {"zero_stage: 3\nadapter: lora\nlora_modules_to_save: [lm_head]\n", "lora_modules_to_save with zero_stage 3 needs base_model"},
+        {"adapter: lora\noffload_params: true\nlora_modules_to_save: [lm_head]\n",
+         "lora_modules_to_save with offload_params needs base_model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECKF(load(bad[i].yaml, &o, &e) == 0, "%s", e.msg);
