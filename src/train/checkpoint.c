@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -871,6 +872,19 @@ static int read_resharded(const char *dir, json_t *files, const snug_setup *s, s
     free(src);
     free(paths);
     return rc;
+}
+
+int snug_checkpoint_vocab_block(const char *dir, int *v) {
+    char p[4400];
+    snug_path_join(p, sizeof p, dir, STATE_JSON);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    json_t *w = json_object_get(json_object_get(j, "fixed"), "loss_vocab_block");
+    int found = json_is_integer(w) && json_integer_value(w) >= 0 && json_integer_value(w) <= INT_MAX;
+    if (found)
+        *v = json_integer_value(w) ? (int)json_integer_value(w) : -1;
+    json_decref(j);
+    return found;
 }
 
 int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng,

@@ -90,6 +90,11 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
  * state, master copy or stage-3 parameters; not a LoRA run's sharded base, which is no state). */
 int snug_checkpoint_per_rank(const snug_engine *eng);
 
+/* The loss_vocab_block checkpoint dir was trained with, as a setting (its blocks' rows, or -1 for none), into *v;
+ * 1 when its trainer_state.json says, 0 when it cannot be read or does not say (the load checks it fully). A run
+ * that leaves loss_vocab_block to its auto value resumes with it, since the auto value follows the ZeRO stage. */
+int snug_checkpoint_vocab_block(const char *dir, int *v);
+
 /* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */
 int snug_checkpoint_latest(const char *output_dir, char *path, size_t n);
 

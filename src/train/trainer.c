@@ -588,8 +588,24 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         snug_backend_use_gpu(comm.local_rank);
     r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
     r.s.rank = comm.rank;  /* and under ZeRO each plans its own shard */
+    /* a resume that leaves loss_vocab_block to its auto value (which follows the ZeRO stage) takes the
+     * checkpoint's, so that it continues the same loss on another stage */
+    snug_run_config *adopted = NULL;
+    if (!rc && config->resume_from_checkpoint[0] && config->loss_vocab_block == 0) {
+        char dir[4096] = "";
+        int vb;
+        if (strcmp(config->resume_from_checkpoint, "latest"))
+            snprintf(dir, sizeof dir, "%s", config->resume_from_checkpoint);
+        else if (snug_checkpoint_latest(config->output_dir, dir, sizeof dir))
+            dir[0] = '\0';
+        if (dir[0] && snug_checkpoint_vocab_block(dir, &vb) && (adopted = malloc(sizeof *adopted))) {
+            *adopted = *config;
+            adopted->loss_vocab_block = vb;
+        }
+    }
     if (!rc)
-        rc = snug_setup_resolve(&r.s, config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
+        rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
+    free(adopted);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
     if (!rc)
         rc = snug_setup_load_data(&r.s, e);

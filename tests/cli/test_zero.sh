@@ -485,7 +485,7 @@ run ddp_p8ck 3 $p8 --save_steps 2 || bad "ddp_p8ck did not train: $(tail -2 "$W/
 resplit rs_p8_ddp ddp_p8ck 1 --gradient_accumulation_steps 3 $p8
 resplit rs_p8_z2 ck2_paged8_bf16_3 1 --gradient_accumulation_steps 3 $p8
 resplit_same "paged 8-bit ZeRO-2 on 3 ranks (host-resident state) to one process" rs_p8_z2 rs_p8_ddp
-# (stage 2 with this tied head takes the loss over blocks of 2048 rows by default, a setting a resume keeps)
+# (stage 2 with this tied head takes the loss over blocks of 2048 rows by default; resumed, the checkpoint's)
 run ddp_bf16ck 2 --bf16 true --save_steps 2 --loss_vocab_block 2048 ||
   bad "ddp_bf16ck did not train: $(tail -2 "$W/ddp_bf16ck.log")"
 resplit rs_bf16_ddp ddp_bf16ck 1 --gradient_accumulation_steps 2 --bf16 true --loss_vocab_block 2048
@@ -500,9 +500,14 @@ for v in "adamw" "bf16 --bf16 true"; do
   resplit "rs_s3_$t" "s3acc_$t" 2 --zero_stage 3 --gradient_accumulation_steps 3 "$@"
   resplit_same "ZeRO-3 from 3 ranks to 2 ($t)" "rs_s3_$t" "rs_s2_$t"
 done
-# the same ranks at another stage: ZeRO-1's checkpoint as stage 2, DDP's as stage 1, each DDP's bits
+# the same ranks at another stage: ZeRO-1's checkpoint as stage 2, DDP's as stage 1, each DDP's bits; stage 2 with
+# this tied head would take the loss over blocks of the head's rows (auto), but a resume leaving loss_vocab_block to
+# its auto value takes the checkpoint's (none here), so the run continues as it was, as with the value given
 resplit rs_z1_z2 ck1_adamw2 2 --zero_stage 2 --loss_vocab_block -1
 resplit_same "ZeRO-1's checkpoint at stage 2" rs_z1_z2 zero1_adamw2
+resplit rs_z1_z2_auto ck1_adamw2 2 --zero_stage 2
+resplit_same "ZeRO-1's checkpoint at stage 2, loss_vocab_block auto" rs_z1_z2_auto zero1_adamw2
+grep -q "loss  *over blocks" "$W/rs_z1_z2_auto.log" && bad "rs_z1_z2_auto: the loss over blocks" || ok
 resplit rs_ddp_z1 ddp_ck2 2 --zero_stage 1
 resplit_same "DDP's checkpoint at stage 1" rs_ddp_z1 zero1_adamw2
 # what cannot continue the run: refused (exit 2) naming the settings and the fix, on every rank
@@ -531,8 +536,9 @@ resume_refused "bf16 DDP's master copy under ZeRO" 2 "$W/ddp_bf16ck/checkpoint-2
   --bf16 true --loss_vocab_block 2048
 resume_refused "stage 3 on 2 ranks" 2 "$W/ck3_adamw3/checkpoint-2" \
   "steps take 3 micro-batches (3 ranks x gradient_accumulation_steps 1), this run's 2 (2 x 1)" --zero_stage 3
-resume_refused "stage 2 from stage 1, the loss's blocks resolved otherwise" 2 "$W/ck1_adamw2/checkpoint-2" \
-  "trained with loss_vocab_block 0, this run has 2048.*(here: loss_vocab_block: -1)" --zero_stage 2
+resume_refused "stage 2 from stage 1 with the loss's blocks set otherwise" 2 "$W/ck1_adamw2/checkpoint-2" \
+  "trained with loss_vocab_block 0, this run has 2048.*(here: loss_vocab_block: -1)" --zero_stage 2 \
+  --loss_vocab_block 2048
 resume_refused "stage 3 from stage 2" 2 "$W/ck2_adamw2/checkpoint-2" \
   "trained with zero_stage 2 over 2 ranks, this run has zero_stage 3 over 2.*set zero_stage: 2" --zero_stage 3
 # the loss over blocks of the head's rows: saved and resumed at stages 2 and 3, the run that never stopped; resumed
