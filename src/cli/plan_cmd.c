@@ -802,11 +802,13 @@ static void print_ranks(const report *r, FILE *f) {
     char text[1400];
     int host = r->modes[0].host_total > 0;
     snprintf(text, sizeof text, "per rank: the device memory with the cuda runtime overhead and, over several ranks, "
-             "NCCL's buffers (an estimate)%s; the rest: activations, workspace, data. Every mode comes from the layout "
+             "NCCL's buffers (an estimate); the rest: activations, workspace, data%s. Every mode comes from the layout "
              "code the trainer allocates with (the largest rank's shards; zero-3's parameters are the rank's shard and "
              "one gather region of max(the global tensors, two layers), or with an untied head max(embedding, head, "
              "two layers); a tied head on the cpu is split by rows: loss_vocab_block; see src/plan/ranks.h)",
-             host ? "; the paged optimizer state is in host memory, not in it" : "");
+             host ? ", and the arenas in host memory (a paged optimizer's state, what offload_params, offload_embedding "
+                    "and gradient_checkpointing: offload keep there), which per rank does not count"
+                  : "");
     wrap(f, "  ", 4, text, 118);
     if (!g)
         return;
