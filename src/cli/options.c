@@ -1426,14 +1426,19 @@ static int apply_deepspeed(snug_run_config *o, snug_error *e) {
     for (int i = 0; !rc && z && i < 2; i++) {
         json_t *off = json_object_get(z, offloads[i]), *dev = off ? json_object_get(off, "device") : NULL;
         const char *d = dev && json_is_string(dev) ? json_string_value(dev) : NULL;
-        if (i == 1 && d && !strcmp(d, "cpu")) /* the parameters in host memory: offload_params (QLoRA's base) */
+        if (i == 1 && d && !strcmp(d, "cpu")) { /* the parameters in host memory: offload_params (a frozen base) */
             o->offload_params = 1;
-        else if (dev && !(d && !strcmp(d, "none")))
-            rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.%s.device is %s: %s; remove it (a paged "
-                           "optimizer, optimizer: paged_adamw_8bit, keeps the optimizer state in host memory)", ds,
-                           offloads[i], d ? d : "not a string",
-                           i == 1 ? "snug offloads the parameters to cpu only" : "offloading the optimizer is not "
-                           "supported yet");
+        } else if (i == 0 && d && !strcmp(d, "cpu")) {
+            /* the optimizer state in host memory: a paged optimizer (its state streamed through the device for the
+             * step, which runs there rather than on the CPU) */
+            if (o->optimizer == SNUG_OPTIMIZER_ADAMW)
+                o->optimizer = SNUG_OPTIMIZER_PAGED_ADAMW_32BIT;
+            else if (o->optimizer == SNUG_OPTIMIZER_ADAMW_8BIT)
+                o->optimizer = SNUG_OPTIMIZER_PAGED_ADAMW_8BIT;
+        } else if (dev && !(d && !strcmp(d, "none"))) {
+            rc = snug_fail(e, SNUG_EINPUT, "deepspeed: %s: zero_optimization.%s.device is %s: snug offloads to cpu "
+                           "only; set it to cpu or none", ds, offloads[i], d ? d : "not a string");
+        }
     }
     if (!rc && st && o->zero_stage && o->zero_stage != stage)
         rc = snug_fail(e, SNUG_EINPUT, "zero_stage is %d but deepspeed's %s sets zero_optimization.stage %d; keep one",

@@ -753,10 +753,10 @@ static void test_zero(void) {
         const char *name, *json, *want;
     } dbad[] = {
         {"ds5.json", "{\"zero_optimization\": {\"stage\": \"auto\"}}", "zero_optimization.stage must be 0, 1, 2 or 3"},
-        {"dso.json", "{\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}}",
-         "zero_optimization.offload_optimizer.device is cpu: offloading the optimizer is not supported yet"},
+        {"dso.json", "{\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"nvme\"}}}",
+         "zero_optimization.offload_optimizer.device is nvme: snug offloads to cpu only"},
         {"dsn.json", "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}",
-         "zero_optimization.offload_param.device is nvme: snug offloads the parameters to cpu only"},
+         "zero_optimization.offload_param.device is nvme: snug offloads to cpu only"},
         {"dsz.json", "{\"zero_optimization\": 1}", "zero_optimization must be an object"},
         {"dsbad.json", "{\"zero_optimization\": ", "line 1"},
     };
@@ -765,6 +765,16 @@ static void test_zero(void) {
         snprintf(yaml, sizeof yaml, "deepspeed: %s\n", path);
         CHECKF(parse_config(yaml, &o, &e) == SNUG_EINPUT && has(&e, dbad[i].want) && has(&e, "deepspeed: "),
                "'%s' not in: %s", dbad[i].want, e.msg);
+    }
+    /* DeepSpeed's offload_optimizer to the cpu is a paged optimizer (8-bit stays 8-bit) */
+    snprintf(yaml, sizeof yaml, "deepspeed: %s\n",
+             write_file("dso2.json", "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": "
+                                     "\"cpu\", \"pin_memory\": true}}}"));
+    CHECKF(parse_config(yaml, &o, &e) == 0 && o.optimizer == SNUG_OPTIMIZER_PAGED_ADAMW_32BIT, "%s", e.msg);
+    {
+        char y8[2048];
+        snprintf(y8, sizeof y8, "%soptimizer: adamw_8bit\n", yaml);
+        CHECKF(parse_config(y8, &o, &e) == 0 && o.optimizer == SNUG_OPTIMIZER_PAGED_ADAMW_8BIT, "%s", e.msg);
     }
     /* DeepSpeed's offload_param to the cpu is offload_params */
     snprintf(yaml, sizeof yaml, "deepspeed: %s\n",
