@@ -191,13 +191,13 @@ static const key_spec keys[] = {
     {.name = "dist_timeout", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(dist_timeout), .def = "600", MIN(0),
      .help = "seconds a collective may wait for the other ranks before the run fails on every rank; 0 = forever"},
     {.name = "deepspeed", .type = KT_STRING, .group = G_BATCH, AT_STR(deepspeed),
-     .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage and its overlap_comm "
-             "zero_overlap_comm (offloading is refused; the file's other settings are DeepSpeed's own and are not "
-             "read)"},
+     .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage, its overlap_comm "
+             "zero_overlap_comm, offload_param to cpu offload_params and offload_optimizer to cpu a paged optimizer "
+             "(nvme is refused; the file's other settings are DeepSpeed's own and are not read)"},
     {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
      .help = "FSDP's sharding, as Hugging Face's Trainer takes it: full_shard is zero_stage 3, shard_grad_op 2, "
              "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); true takes the "
-             "strategy from fsdp_config (FULL_SHARD when it names none); offload is not built yet"},
+             "strategy from fsdp_config (FULL_SHARD when it names none); offload is offload_params"},
     {.name = "fsdp_config", .type = KT_FSDP, .group = G_BATCH,
      .help = "FSDP's options: a mapping (Axolotl) or a JSON file (Hugging Face's --fsdp_config), keys with or without "
              "the fsdp_ prefix. sharding_strategy FULL_SHARD (or reshard_after_forward: true, FSDP2's default) is "
@@ -207,7 +207,8 @@ static const key_spec keys[] = {
              "use_orig_params, sync_module_states, cpu_ram_efficient_loading, state_dict_type (FULL_ or "
              "SHARDED_STATE_DICT) and version are accepted: snug gathers and reduces one decoder layer at a time, "
              "prefetches the next, loads every rank from the file block by block, checkpoints each rank's shards and "
-             "writes the final model whole; offload_params, hybrid sharding and xla are refused"},
+             "writes the final model whole; offload_params (or cpu_offload) is offload_params; hybrid sharding and "
+             "xla are refused"},
     {.name = "fsdp_version", .type = KT_INT, .group = G_BATCH, AT_INT(fsdp_version), .def = "2", MIN(1),
      .help = "Axolotl's FSDP version, 1 or 2: both shard the same way in snug"},
     {.name = "zero_stage", .type = KT_INT, .group = G_BATCH, AT_INT(zero_stage), .def = "0", MIN(0),
