@@ -62,30 +62,30 @@ void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
     }
 }
 
+/* The all-gather of dst over c->counts (a prefetch issued SNUG_COMM_ASYNC), or with dst NULL the wait for one. */
+static void zero3_issue(snug_zero3_hook *c, void *dst, snug_comm_dtype dt, int prefetch) {
+    c->rc = dst ? c->comm->allgather(c->comm, dst, c->counts, dt | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e)
+                : c->comm->wait(c->comm, &c->e);
+}
+
 void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch) {
     snug_zero3_hook *c = ud;
     if (c->rc)
         return;
-    if (!dst) {
-        c->rc = c->comm->wait(c->comm, &c->e);
-        return;
+    if (dst) {
+        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
+        snug_add_range_counts(c->shard, c->comm->size, offset, offset + numel, c->counts);
     }
-    memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
-    snug_add_range_counts(c->shard, c->comm->size, offset, offset + numel, c->counts);
-    c->rc = c->comm->allgather(c->comm, dst, c->counts, c->dt | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e);
+    zero3_issue(c, dst, c->dt, prefetch);
 }
 
 void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch) {
     snug_zero3_hook *c = ud;
     if (c->rc)
         return;
-    if (!dst) {
-        c->rc = c->comm->wait(c->comm, &c->e);
-        return;
-    }
-    for (int r = 0; r < c->comm->size; r++) /* opaque bytes, moved as 16-bit halves (pieces are 64-byte multiples) */
+    for (int r = 0; dst && r < c->comm->size; r++) /* opaque bytes as 16-bit halves (pieces: 64-byte multiples) */
         c->counts[r] = piece / 2;
-    c->rc = c->comm->allgather(c->comm, dst, c->counts, SNUG_COMM_U16 | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e);
+    zero3_issue(c, dst, SNUG_COMM_U16, prefetch);
 }
 
 void snug_rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {

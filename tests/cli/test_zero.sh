@@ -647,29 +647,33 @@ refuse "lora_modules_to_save at stage 3 without a base" "lora_modules_to_save wi
 # backward, their optimizer state) whole on every rank, so DDP's bits: the logged losses, gradient norms and
 # validation losses and the saved adapter, byte for byte; each rank's parameters arena is its plan, below DDP's;
 # checkpoints are rank 0's (the adapters), resumed on as many ranks or as one process
-# lora3 NAME NP ARGS...: DDP and stage 3 under LoRA with ARGS, the same bits
-lora3() {
-  local name=$1 np=$2; shift 2
-  run "lddp_$name" "$np" --adapter lora "$@" || { bad "lddp_$name did not train: $(tail -2 "$W/lddp_$name.log")"; return; }
-  run "lz3_$name" "$np" --adapter lora --zero_stage 3 --dist_debug true "$@" ||
-    { bad "lz3_$name did not train: $(grep error "$W/lz3_$name.log" | head -2)"; return; }
-  grep -q "stage 3 under LoRA: the frozen base sharded" "$W/lz3_$name.log" &&
-    [ "$(worst "lz3_$name" "lddp_$name")" = 0.0 ] &&
-    cmp -s "$W/lddp_$name/adapter_model.safetensors" "$W/lz3_$name/adapter_model.safetensors" &&
-    [ "$(grep -o '"val_loss": [0-9.e+-]*' "$W/lz3_$name/metrics.jsonl")" = \
-      "$(grep -o '"val_loss": [0-9.e+-]*' "$W/lddp_$name/metrics.jsonl")" ] && ok ||
-    bad "lz3_$name: not DDP's bits under LoRA"
-  python3 - "$W/lz3_$name" "$W/lddp_$name" "$np" <<'PY' && ok || bad "lz3_$name: the ranks' parameters arenas"
+# adapter3 KIND NAME NP BELOW ARGS...: DDP and stage 3 under KIND (lora: into lddp_NAME and lz3_NAME; qlora, bf16:
+# qddp_NAME and qz3_NAME) with ARGS give the same bits (losses, gradient norms, validation losses, the adapter);
+# each rank's arenas are its plan, its adapters' state DDP's, and with BELOW=1 its parameters arena below DDP's
+adapter3() {
+  local kind=$1 name=$2 np=$3 below=$4; shift 4
+  local d=lddp_$name z=lz3_$name what="LoRA: the frozen base sharded" extra=()
+  [ "$kind" = qlora ] && d=qddp_$name z=qz3_$name what="QLoRA: the 4-bit matrices sharded" extra=(--bf16 true)
+  run "$d" "$np" --adapter "$kind" "${extra[@]}" "$@" || { bad "$d did not train: $(tail -2 "$W/$d.log")"; return; }
+  run "$z" "$np" --adapter "$kind" "${extra[@]}" --zero_stage 3 --dist_debug true "$@" ||
+    { bad "$z did not train: $(grep error "$W/$z.log" | head -2)"; return; }
+  grep -q "stage 3 under $what" "$W/$z.log" && [ "$(worst "$z" "$d")" = 0.0 ] &&
+    cmp -s "$W/$d/adapter_model.safetensors" "$W/$z/adapter_model.safetensors" &&
+    [ "$(grep -o '"val_loss": [0-9.e+-]*' "$W/$z/metrics.jsonl")" = \
+      "$(grep -o '"val_loss": [0-9.e+-]*' "$W/$d/metrics.jsonl")" ] && ok || bad "$z: not DDP's bits under $kind"
+  python3 - "$W/$z" "$W/$d" "$np" "$below" <<'PY' && ok || bad "$z: the ranks' arenas"
 import json, sys
-out, ddp, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-whole = json.load(open(f"{ddp}/memory.json"))["plan"]["parameters"]
+out, ddp, n, below = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+d = json.load(open(f"{ddp}/memory.json"))["plan"]
 for r in range(n):
     j = json.load(open(f"{out}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
-    p, m = j["plan"]["parameters"], j["measured"]["parameters"]
-    assert p == m and p < whole, (r, p, m, whole)
-    assert j["plan"]["optimizer state"] == json.load(open(f"{ddp}/memory.json"))["plan"]["optimizer state"]
+    assert j["plan"] == j["measured"], (r, j["plan"], j["measured"])
+    assert not below or j["plan"]["parameters"] < d["parameters"], (r, j["plan"]["parameters"], d["parameters"])
+    for c in ("optimizer state", "gradients", "adapter weights"):
+        assert j["plan"].get(c) == d.get(c), (r, c, j["plan"].get(c), d.get(c))
 PY
 }
+lora3() { adapter3 lora "$1" "$2" 1 "${@:3}"; }
 lora3 bf16_2 2 --bf16 true
 lora3 acc_3 3 --gradient_accumulation_steps 2 --gradient_checkpointing true
 lora3 val_2 2 --base_model "$W/base" --bf16 true --gradient_accumulation_steps 4 --max_steps 9 --val_set_size 0.1 \
@@ -713,31 +717,7 @@ resplit_adapters "LoRA stage 3 resumed as one process" lz3_ck_1 lz3_bf16_2
 # DDP's where the model has more layers than two buffers and a shard hold (llama-30m's 8 at 2 ranks: 6 layers' bytes
 # where DDP holds 8; tiny-llama's 4 at 3 ranks). Checkpoints are rank 0's adapters, resumed at stage 3 on as many
 # ranks and as one process.
-# qlora3 NAME NP BELOW ARGS...: DDP and stage 3 under QLoRA with ARGS; BELOW=1: the parameters arena below DDP's
-qlora3() {
-  local name=$1 np=$2 below=$3; shift 3
-  run "qddp_$name" "$np" --adapter qlora --bf16 true "$@" ||
-    { bad "qddp_$name did not train: $(tail -2 "$W/qddp_$name.log")"; return; }
-  run "qz3_$name" "$np" --adapter qlora --bf16 true --zero_stage 3 --dist_debug true "$@" ||
-    { bad "qz3_$name did not train: $(grep error "$W/qz3_$name.log" | head -2)"; return; }
-  grep -q "stage 3 under QLoRA: the 4-bit matrices sharded" "$W/qz3_$name.log" &&
-    [ "$(worst "qz3_$name" "qddp_$name")" = 0.0 ] &&
-    cmp -s "$W/qddp_$name/adapter_model.safetensors" "$W/qz3_$name/adapter_model.safetensors" &&
-    [ "$(grep -o '"val_loss": [0-9.e+-]*' "$W/qz3_$name/metrics.jsonl")" = \
-      "$(grep -o '"val_loss": [0-9.e+-]*' "$W/qddp_$name/metrics.jsonl")" ] && ok ||
-    bad "qz3_$name: not DDP's bits under QLoRA"
-  python3 - "$W/qz3_$name" "$W/qddp_$name" "$np" "$below" <<'PY' && ok || bad "qz3_$name: the ranks' arenas"
-import json, sys
-out, ddp, n, below = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-d = json.load(open(f"{ddp}/memory.json"))["plan"]
-for r in range(n):
-    j = json.load(open(f"{out}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json")))
-    assert j["plan"] == j["measured"], (r, j["plan"], j["measured"])
-    assert not below or j["plan"]["parameters"] < d["parameters"], (r, j["plan"]["parameters"], d["parameters"])
-    for c in ("optimizer state", "gradients", "adapter weights"):
-        assert j["plan"].get(c) == d.get(c), (r, c, j["plan"].get(c), d.get(c))
-PY
-}
+qlora3() { adapter3 qlora "$@"; }
 qlora3 30m_2 2 1 --model_preset llama-30m --max_steps 2
 qlora3 acc_3 3 1 --gradient_accumulation_steps 2 --gradient_checkpointing true
 # offload_params (the 4-bit base in host memory: each rank's pieces at stage 3, the whole base under DDP) keeps the
