@@ -42,7 +42,7 @@ const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z) {
     if (s->lv.lora.kind && z < 3)
         return "with an adapter: only stage 3, which shards the frozen base (the adapters' state is small and stays "
                "whole on every rank)";
-    if (s->lv.optimizer_in_backward)
+    if (s->lv.optimizer_in_backward && !s->lv.lora.kind) /* an adapter's state is whole: stepped as under DDP */
         return "with optimizer_in_backward";
     if (z >= 3 && s->lv.offload_embedding && s->lv.lora.kind != SNUG_ADAPTER_QLORA)
         return "with offload_embedding (the embedding is sharded with the rest of the base)";

@@ -727,6 +727,9 @@ static void test_zero(void) {
            snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     CHECKF(load("zero_stage: 2\n", &o, &e) == 0 && o.zero_stage == 2 && snug_run_config_validate(&o, &e) == 0, "%s",
            e.msg);
+    /* an adapter's state is whole at stage 3: its step may run inside backward, as under DDP */
+    CHECKF(load("zero_stage: 3\nadapter: lora\noptimizer_in_backward: true\nmax_grad_norm: 0\n", &o, &e) == 0 &&
+           snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     /* QLoRA at stage 3 shards the 4-bit matrices: the embedding and the head stay whole, so a trained copy starts
      * from them without base_model, and the embedding may live in host memory */
     CHECKF(load("zero_stage: 3\nadapter: qlora\nbf16: true\noffload_embedding: true\nlora_modules_to_save: [lm_head]\n",

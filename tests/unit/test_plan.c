@@ -452,6 +452,11 @@ static void test_ranks_adapters(void) {
               m[3].bytes[SNUG_MEM_ADAPTER] == m[0].bytes[SNUG_MEM_ADAPTER]);
         /* the 4-bit matrices gathered twice per micro-batch, and the adapters' all-reduce */
         CHECK(fabs(m[3].comm_bytes - (2.0 * 0.75 * q4 + 2.0 * 0.75 * (double)p.ntrain * 4)) < 1.0);
+        /* the adapters' step inside backward: stage 3 still built (their state is whole, stepped as under DDP) */
+        s.lv.optimizer_in_backward = 1;
+        CHECKF(snug_plan_ranks(&s, 4, snug_gpu_find("rtx4090"), m, &choice, &e) == 0, "%s", e.msg);
+        CHECK(!m[0].unbuilt && m[2].unbuilt && !m[3].unbuilt);
+        s.lv.optimizer_in_backward = 0;
     }
     snug_plan_spec s = spec_of(&c, 1, 2048); /* full fine-tuning: every stage planned, DDP sums every parameter */
     snug_plan p = plan_of(&s);
