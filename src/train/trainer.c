@@ -893,15 +893,17 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             for (int l = r.eng.model.cfg.n_layer - 1; k0 == k1 && l >= -1; l--)
                 snug_ddp_bucket_ready(&buckets, l, 0, 0);
         }
-        if (o->optimizer_in_backward && k0 == k1 && W > 1) {
+        int gathers = r.eng.model.param_sharded || r.eng.model.q4_parts > 1; /* stage 3 under an adapter */
+        if (o->optimizer_in_backward && k0 == k1 && W > 1 && !gathers) {
             /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
-             * layer's sum, announced in backward's order (the last layer first, the global tensors last) */
+             * layer's sum, announced in backward's order (the last layer first, the global tensors last); under
+             * stage 3 skip_step below announces them between the layers' gathers, as a step does */
             for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
                 step_in_backward(&in_bwd, l, 0, 0);
         }
         /* ZeRO-2/3: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
          * collectives (ZeRO-3's gathers; the reduce-scatters, with zero gradients), in the step's order */
-        for (int k = k1 - k0; (z2.counts || r.eng.model.param_sharded || r.eng.model.q4_parts > 1) && k < (nmb < GAr ? nmb : GAr); k++)
+        for (int k = k1 - k0; (z2.counts || gathers) && k < (nmb < GAr ? nmb : GAr); k++)
             snug_model_skip_step(&r.eng.model, 1);
         if (z2.rc || z3.rc) {
             rc = z2.rc ? z2.rc : z3.rc;
