@@ -2,14 +2,17 @@
  *
  * The only place that prints errors and chooses exit statuses: 0 success, 2 bad input (config, data, model files),
  * 1 anything else. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/options.h"
 #include "cli/parity.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "cli/plan_cmd.h"
 #include "train/trainer.h"
 #include "cli/generate_cmd.h"
@@ -82,6 +85,54 @@ static int load_options(snug_run_config *o, int argc, char **argv, int train, sn
     return train ? snug_run_config_validate_train(o, e) : snug_run_config_validate(o, e);
 }
 
+/* torchrun on one node (LOCAL_WORLD_SIZE = WORLD_SIZE): snug's ranks talk through MPI, which torchrun's processes
+ * cannot join, so its local rank 0 runs the same command again as `mpirun -np WORLD_SIZE` (whose processes take
+ * the GPUs by their local rank, as torchrun's would) and the others end here. 0: no such launch (or no MPI in this
+ * build: snug_train refuses it, naming mpirun); 1: handled, *status is this process's exit status (rank 0 gets
+ * here only when mpirun could not be started). */
+static int torchrun_handover(int argc, char **argv, int *status, snug_error *e) {
+    snug_launch l;
+    snug_error ignored = {0}; /* a malformed launch is snug_train's to report */
+    if (snug_launch_detect(&l, &ignored) || strcmp(l.launcher, "torchrun") || l.size <= 1 || l.local_size != l.size ||
+        !snug_comm_mpi_available())
+        return 0;
+    *status = 0;
+    if (l.local_rank != 0)
+        return 1;
+    char exe[4096], np[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0)
+        exe[n] = '\0';
+    else
+        snprintf(exe, sizeof exe, "%s", argv[0]);
+    snprintf(np, sizeof np, "%d", l.size);
+    char **args = calloc((size_t)argc + 8, sizeof *args);
+    if (!args)
+        return *status = 1, 1;
+    int k = 0;
+    args[k++] = "mpirun", args[k++] = "-np", args[k++] = np;
+    if (geteuid() == 0) /* Open MPI will not start as root without it (containers often run as root) */
+        args[k++] = "--allow-run-as-root";
+    if (sysconf(_SC_NPROCESSORS_ONLN) < l.size)
+        args[k++] = "--oversubscribe";
+    args[k++] = exe;
+    for (int i = 1; i < argc; i++)
+        args[k++] = argv[i];
+    static const char *const torchrun_vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof torchrun_vars / sizeof *torchrun_vars; i++)
+        unsetenv(torchrun_vars[i]);
+    printf("torchrun: %d processes on one node; snug's ranks talk through MPI, so local rank 0 runs them as mpirun "
+           "-np %d and torchrun's others end here\n", l.size, l.size);
+    fflush(stdout);
+    execvp("mpirun", args);
+    snug_fail(e, SNUG_EINPUT, "torchrun's %d processes: snug's ranks talk through MPI and mpirun could not be started "
+              "(%s); install Open MPI (scripts/setup.sh installs openmpi-bin) or launch with mpirun -np %d", l.size,
+              strerror(errno), l.size);
+    free(args);
+    *status = 2;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     /* every line as it is printed, also into a file or a pipe: `snug train > log` shows each logged step at once, and
      * a killed run keeps every line it printed */
@@ -115,6 +166,13 @@ int main(int argc, char **argv) {
         rc = plan ? snug_plan_args_take(&pa, &nargs, argv + 2, &e) : 0;
         if (!rc)
             rc = load_options(o, nargs, argv + 2, !plan, &e);
+        int status = 0;
+        if (!rc && !plan && torchrun_handover(argc, argv, &status, &e)) {
+            if (status == 2)
+                report(&e);
+            free(o);
+            return status;
+        }
         if (!rc && !plan)
             catch_stop_signals();
         if (!rc)

@@ -88,10 +88,11 @@ int snug_comm_open(snug_comm *c, const snug_launch *l, snug_error *e) {
         snug_comm_self_init(c);
         return 0;
     }
-    if (!strcmp(l->launcher, "torchrun"))
-        return snug_fail(e, SNUG_EINPUT, "RANK=%d WORLD_SIZE=%d (a torchrun-style launch): snug's ranks talk through "
-                         "MPI for now, which this environment cannot join; launch with mpirun -np %d snug train ... "
-                         "or srun", l->rank, l->size, l->size);
+    if (!strcmp(l->launcher, "torchrun")) /* on one node `snug train` hands over to mpirun first (cli/main.c) */
+        return snug_fail(e, SNUG_EINPUT, "RANK=%d WORLD_SIZE=%d (a torchrun-style launch%s): snug's ranks talk through "
+                         "MPI, which torchrun's processes cannot join; launch with mpirun -np %d snug train ... (with "
+                         "a hostfile over several nodes) or srun", l->rank, l->size,
+                         l->local_size && l->local_size != l->size ? " over several nodes" : "", l->size);
     SNUG_TRY(snug_comm_mpi_init(c, e));
     if (c->size != l->size || c->rank != l->rank)
         return snug_fail(e, SNUG_EINTERNAL, "the %s launcher says rank %d of %d but MPI says rank %d of %d; launch "

@@ -90,6 +90,7 @@ struct snug_comm {
  * MASTER_ADDR/MASTER_PORT). `launcher` names the one found ("none": a single process). */
 typedef struct snug_launch {
     int rank, size, local_rank;
+    int local_size;       /* torchrun's LOCAL_WORLD_SIZE: the processes on this node (0: not said) */
     const char *launcher;
     char master_addr[256];
     int master_port;

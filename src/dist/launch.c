@@ -62,6 +62,8 @@ int snug_launch_detect(snug_launch *l, snug_error *e) {
         found = try_launcher(l, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", e);
     if (found < 0)
         return SNUG_EINPUT;
+    if (found && !strcmp(l->launcher, "torchrun") && env_int("LOCAL_WORLD_SIZE", &l->local_size, e) < 0)
+        return SNUG_EINPUT;
     const char *addr = getenv("MASTER_ADDR");
     if (addr)
         snprintf(l->master_addr, sizeof l->master_addr, "%s", addr);

@@ -94,6 +94,26 @@ PY
 run one2_bf16 0 --bf16 true --gradient_accumulation_steps 2 || bad "one2_bf16 did not train: $(tail -2 "$W/one2_bf16.log")"
 run ddp2_bf16 2 --bf16 true --ddp_deterministic true || bad "ddp2_bf16 did not train: $(tail -2 "$W/ddp2_bf16.log")"
 same ddp2_bf16 one2_bf16 0
+# torchrun on one node (LOCAL_WORLD_SIZE = WORLD_SIZE): local rank 0 runs the job as mpirun -np WORLD_SIZE, the
+# others end at once with exit 0 and write nothing; the bits of the same job under mpirun. Over several nodes
+# (LOCAL_WORLD_SIZE < WORLD_SIZE) it is refused (exit 2) naming mpirun with a hostfile, or srun
+tr=(RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)
+env "${tr[@]}" "$SNUG" train $common --output_dir "$W/torchrun1" --ddp_deterministic true > "$W/torchrun1.log" 2>&1
+st=$?
+[ $st -eq 0 ] && [ ! -e "$W/torchrun1" ] && ok || bad "torchrun's rank 1: exit $st, $(tail -1 "$W/torchrun1.log")"
+tr=(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)
+[ "${SNUG_SANITIZED:-0}" = 1 ] && tr+=(ASAN_OPTIONS=detect_leaks=0)
+env "${tr[@]}" "$SNUG" train $common --output_dir "$W/torchrun0" --ddp_deterministic true > "$W/torchrun0.log" 2>&1 &&
+  grep -q "torchrun: 2 processes on one node.*mpirun -np 2" "$W/torchrun0.log" &&
+  grep -q "data parallel *2 ranks (.*launched by mpirun" "$W/torchrun0.log" && ok ||
+  bad "torchrun's rank 0: $(grep -v '^\[' "$W/torchrun0.log" | tail -2)"
+same torchrun0 ddp2 0
+env RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 "$SNUG" train $common --output_dir "$W/torchrun_nodes" \
+  > "$W/torchrun_nodes.log" 2>&1
+st=$?
+[ $st -eq 2 ] && grep -q "torchrun-style launch over several nodes.*mpirun -np 4 .*hostfile.* or srun" \
+  "$W/torchrun_nodes.log" && [ ! -e "$W/torchrun_nodes" ] && ok ||
+  bad "torchrun over several nodes: exit $st, $(tail -1 "$W/torchrun_nodes.log")"
 # rank 0 alone prints: one header
 [ "$(grep -c '^snug: training' "$W/ddp3.log")" -eq 1 ] && ok || bad "ddp3: more than one rank printed"
 # accumulation per rank: 2 ranks x 2 micro-batches against 4 in one process (each rank's own sum is a fold of its
