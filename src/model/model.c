@@ -307,6 +307,14 @@ static void q4_layer(snug_model *m, int l) {
         q4_gather(m, nx, 1 - k, 1);
 }
 
+/* A reader outside the passes (snug_model_entry_f32, snug_model_get_params) of layer l's 4-bit matrices: with the
+ * whole spans on this rank (offload_params without stage 3) the span copied in, as a pass would; at stage 3 the
+ * others' pieces would take a collective, so nothing (those readers are not used there). */
+static void q4_local(const snug_model *m, int l) {
+    if (m->q4_sharded && m->q4_parts == 1)
+        q4_layer((snug_model *)m, l);
+}
+
 float *snug_model_host_scratch(snug_model *m, size_t n) {
     if (!m->param_sharded || !m->be->host_resident || m->gregion_n * snug_dtype_size(m->lv.dt) < n * sizeof(float))
         return NULL;
@@ -1208,6 +1216,7 @@ void snug_model_entry_f32(const snug_model *m, int i, float *dst) {
         be->zero(be, dst, p->numel * sizeof *dst);
         be->accumulate(be, dst, m->params + p->offset, p->numel);
     } else if (snug_model_entry_q4(m, i)) {
+        q4_local(m, p->layer);
         size_t R = (size_t)m->q4[i].shape[0], cols = (size_t)m->q4[i].shape[1], cr = (size_t)m->q4_site[i].chunk_rows;
         for (size_t r = 0; r < R; r += cr)
             dequant_rows(m, i, r, R - r < cr ? R - r : cr, dst + r * cols);
@@ -1350,6 +1359,7 @@ void snug_model_get_params(const snug_model *m, float *host) {
         for (int i = 0; i < m->table.n; i++) {
             const snug_param_entry *p = &m->table.e[i];
             if (snug_model_entry_q4(m, i)) {
+                q4_local(m, p->layer);
                 size_t R = (size_t)m->q4[i].shape[0], cols = (size_t)m->q4[i].shape[1];
                 size_t cr = (size_t)m->q4_site[i].chunk_rows;
                 for (size_t r = 0; r < R; r += cr) {

@@ -371,8 +371,9 @@ typedef struct snug_model {
      * assembled in q4_gbuf[l % 2] (the rank's piece copied in, the others' all-gathered) unless it is still there,
      * and the next layer of the pass is prefetched into the other buffer, as gathered_layer does for the dense
      * layers. The base is frozen, so a gathered layer stays valid across steps. q4[i] is carved where its layer was
-     * last gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank, and
-     * snug_model_entry_f32 and snug_model_get_params do not read the 4-bit matrices (no rank holds them whole). */
+     * last gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank;
+     * snug_model_entry_f32 and snug_model_get_params read the 4-bit matrices only with q4_parts 1 (at stage 3 no
+     * rank holds them whole). */
     int q4_sharded;
     int q4_parts, q4_part; /* the pieces of a span and this rank's: nranks and rank at ZeRO-3, else 1 and 0
                             * (offload_params alone: the whole span kept in host memory, copied in, no gather) */

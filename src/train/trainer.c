@@ -404,13 +404,11 @@ static void print_sample(run *r, FILE *out) {
     const snug_run_config *o = &r->s.c;
     if (!o->sample_tokens || !r->s.tok)
         return;
-    if (r->eng.model.param_sharded || r->eng.model.q4_sharded) { /* no rank holds the whole model to generate with */
-        fprintf(out, "\nno sample: %s; sample from the saved folder with snug generate%s\n",
-                (r->eng.model.param_sharded && !r->eng.model.lv.offload_params) || r->eng.model.q4_parts > 1 ||
-                        r->s.c.zero_stage >= 3
-                    ? "under zero_stage 3 no rank holds the whole model"
-                    : "the base is in host memory (offload_params), a layer at a time on the device",
-                r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
+    /* at stage 3 no rank holds the whole model to generate with (offload_params alone keeps it whole in host
+     * memory, read from there) */
+    if ((r->eng.model.param_sharded || r->eng.model.q4_sharded) && r->s.ranks > 1 && o->zero_stage >= 3) {
+        fprintf(out, "\nno sample: under zero_stage 3 no rank holds the whole model; sample from the saved folder with "
+                "snug generate%s\n", r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
         return;
     }
     snug_error e = {0};

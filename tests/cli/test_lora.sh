@@ -100,6 +100,12 @@ run lora_off --adapter lora --offload_params true && same lora_off lora && plann
 run lora_bf16_off --adapter lora --bf16 true --offload_params true --gradient_checkpointing full &&
   same lora_bf16_off lora_bf16 && planned lora_bf16_off && offloaded lora_bf16_off lora_bf16
 grep -q "offload_params  *the frozen base in host memory" "$W/lora_off.log" && ok || bad "lora_off: no header line"
+# the end-of-run sample reads the offloaded base from host memory: the sample of the run without it
+run qlora_sample --adapter qlora --max_steps 2 --sample_tokens 12 --sample_prompt hello &&
+  run qlora_off_sample --adapter qlora --max_steps 2 --sample_tokens 12 --sample_prompt hello --offload_params true &&
+  [ -n "$(grep -A1 '^sample (' "$W/qlora_sample.log" | tail -1)" ] &&
+  [ "$(grep -A1 '^sample (' "$W/qlora_sample.log" | tail -1)" = "$(grep -A1 '^sample (' "$W/qlora_off_sample.log" | tail -1)" ] &&
+  ok || bad "qlora_off_sample: not the sample without offload_params: $(grep -A1 '^sample (' "$W/qlora_off_sample.log")"
 # a tiled MLP: in one shard the same arithmetic (bit for bit); in several, GEMMs over fewer rows, so as close as
 # rounding; planned as allocated
 # the step inside backward: each layer's adapters stepped as its backward ends, bit for bit the step after backward
