@@ -13,7 +13,8 @@
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
-    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind;
+    /* (with the step inside backward the gradients are one layer's already: stage 2 steps as stage 1) */
+    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind && !lv.optimizer_in_backward;
     /* a second layer gradient buffer where the reduce-scatters run beside backward: NCCL's stream, on GPU ranks */
     lv.zero_overlap = lv.zero_grads && !lv.optimizer_in_backward &&
                       (s->overlap_comm > 0 || (s->overlap_comm == 0 && s->device_cuda));

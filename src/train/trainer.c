@@ -61,6 +61,9 @@ static void zero_grads(snug_model *m) {
 typedef struct step_in_backward_ctx {
     snug_engine *eng;
     snug_comm *comm;
+    const size_t *shard; /* ZeRO-1/2: each rank's elements of the table (it steps its part of each layer, whose
+                          * parameters are then all-gathered); NULL: every rank steps everything */
+    size_t *counts;      /* (size) scratch: a range's elements in each rank's shard */
     double lr;
     int rc;        /* the first failed all-reduce of the step (then nothing more is reduced or stepped) */
     snug_error e;
@@ -100,6 +103,15 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
             be->sumsq_acc(be, g, dt, t->e[i].numel);
         }
     snug_adamw_step_layer(&c->eng->opt, m, layer, c->lr, 1.0f);
+    snug_grad_range r[SNUG_READY_MAX_RANGES];
+    int nr = c->shard ? snug_model_ready_ranges(m, layer, r, SNUG_READY_MAX_RANGES) : 0;
+    for (int k = 0; k < nr && k < SNUG_READY_MAX_RANGES && !c->rc; k++) { /* the stepped parts, gathered whole */
+        int half = m->lv.dt != SNUG_DT_F32;
+        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
+        snug_add_range_counts(c->shard, c->comm->size, r[k].offset, r[k].offset + r[k].numel, c->counts);
+        c->rc = c->comm->allgather(c->comm, half ? (void *)(m->params16 + r[k].offset) : (void *)(m->params + r[k].offset),
+                                   c->counts, half ? SNUG_COMM_U16 : SNUG_COMM_F32, &c->e);
+    }
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer == layer) {
             void *g = trainable_grad(m, i, &dt);
@@ -730,7 +742,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 least = shard[q] < least ? shard[q] : least;
             }
             const snug_model *zm = &r.eng.model;
-            if (zm->lora.on) {
+            if (o->optimizer_in_backward && !zm->lora.on) {
+                fprintf(out, "  ZeRO                 stage %d with the step inside backward: optimizer state%s sharded, %zu "
+                        "to %zu parameters per rank (edges on %d-element blocks); each layer's gradients summed as "
+                        "backward completes them, its shard stepped and its parameters all-gathered\n", o->zero_stage,
+                        zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK);
+            } else if (zm->lora.on) {
                 fprintf(out, "  ZeRO                 stage 3 under LoRA: the frozen base sharded, %zu to %zu parameters "
                         "per rank (edges on %d-element blocks), all-gathered layer by layer before each forward and "
                         "backward, the next layer prefetched; the adapters, their gradients (summed after backward) "
@@ -827,7 +844,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     int tty = isatty(fileno(out));
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
-    step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm};
+    step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm,
+                                   .shard = o->optimizer_in_backward && !r.eng.model.lora.on ? shard : NULL};
+    if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     st.per_epoch = per_epoch;
     snug_loss_scaler_init(&st.ls, r.eng.model.lv.dt == SNUG_DT_F16);
     if (!rc && resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
@@ -1134,6 +1154,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(z3.counts);
     free(zr.counts);
     free(buckets.counts);
+    free(in_bwd.counts);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

@@ -633,8 +633,9 @@ refuse "zero_stage -1" "zero_stage" --zero_stage -1
 [ $? -eq 2 ] && grep -q "fsdpoff.yaml: offload_params (FSDP's offload_params, DeepSpeed's offload_param) keeps a frozen" \
   "$W/refused.log" && grep -q "set adapter: lora or qlora" "$W/refused.log" && ok ||
   bad "fsdp_config offload: $(tail -1 "$W/refused.log")"
-refuse "with optimizer_in_backward" "optimizer_in_backward" --zero_stage 1 --optimizer_in_backward true \
-  --max_grad_norm 0
+refuse "stage 3 with optimizer_in_backward" \
+  "zero_stage 3 with optimizer_in_backward is not supported for a full fine-tune.*set zero_stage: 2 or 1" \
+  --zero_stage 3 --optimizer_in_backward true --max_grad_norm 0
 refuse "with an adapter" "with adapter lora is not supported.*only stage 3" --zero_stage 1 --adapter lora
 refuse "QLoRA below stage 3" "zero_stage 2 with adapter qlora is not supported.*only stage 3" --zero_stage 2 \
   --adapter qlora
@@ -750,5 +751,47 @@ for kind in lora qlora; do
     cmp -s "$W/oib_ddp_$kind/adapter_model.safetensors" "$W/oib_z3_$kind/adapter_model.safetensors" && ok ||
     bad "oib_z3_$kind: not DDP's bits with optimizer_in_backward"
 done
+# optimizer_in_backward on a full fine-tune at stages 1 and 2: each layer's gradients summed as backward completes
+# them, each rank steps its shard of the layer (its optimizer state and, under 16-bit, its master copy) and the
+# layer's parameters are all-gathered. DDP's bits (fp32; bf16 with the master copy sharded; bf16 stochastic rounding;
+# paged 8-bit) across the epoch's end at 4 ranks; each rank's arenas its plan, its optimizer state a quarter of DDP's
+# (8-bit: plus its own maps and block edges); a checkpoint resumed on as many ranks is the run that never stopped
+for v in "f32" "bf16 --bf16 true" "sr --bf16 true --master_weights false" "p8 --optimizer paged_adamw_8bit --bf16 true"; do
+  set -- $v
+  t=$1; shift
+  ob=(--max_steps 18 --max_grad_norm 0 --optimizer_in_backward true "$@")
+  run "ob_ddp_$t" 4 "${ob[@]}" || bad "ob_ddp_$t did not train: $(grep error "$W/ob_ddp_$t.log" | head -1)"
+  for z in 1 2; do
+    [ $z = 2 ] && [ "$t" != f32 ] && continue
+    run "ob_z${z}_$t" 4 "${ob[@]}" --zero_stage $z --dist_debug true ||
+      bad "ob_z${z}_$t did not train: $(grep error "$W/ob_z${z}_$t.log" | head -1)"
+    [ "$(worst "ob_z${z}_$t" "ob_ddp_$t")" = 0.0 ] &&
+      cmp -s "$W/ob_ddp_$t/model.safetensors" "$W/ob_z${z}_$t/model.safetensors" && ok ||
+      bad "ob_z${z}_$t: not DDP's bits with optimizer_in_backward"
+  done
+  python3 - "$W/ob_z1_$t" "$W/ob_ddp_$t" <<'PY' && ok || bad "ob_z1_$t: the ranks' arenas"
+import json, sys
+z, ddp = sys.argv[1], json.load(open(f"{sys.argv[2]}/memory.json"))
+d, n = ddp["plan"], 4
+ranks = [json.load(open(f"{z}/" + ("memory.json" if r == 0 else f"memory.rank{r}.json"))) for r in range(n)]
+for r, j in enumerate(ranks):
+    assert j["plan"] == j["measured"], (r, j["plan"], j["measured"])
+    assert j["plan"]["gradients"] == d["gradients"], (r, j["plan"]["gradients"], d["gradients"])
+# as check() weighs them: the shards sum to DDP's state (8-bit: each rank's own maps unless paged; each of six
+# buffers rounded to 64 bytes), fp32 state and the master copy 1/N each give or take a block of 256
+opt, whole = [j["plan"]["optimizer state"] for j in ranks], d["optimizer state"]
+eight, paged = "8bit" in ddp["optimizer"], ddp["optimizer"].startswith("paged")
+extra = (n - 1) * 2048 if eight and not paged else 0
+assert 0 <= sum(opt) - whole - extra <= n * 6 * 64, (opt, whole)
+assert eight or max(abs(b - whole / n) for b in opt) <= 257 * 8, (opt, whole)
+mas, whole_m = [j["plan"]["master weights"] for j in ranks], d["master weights"]
+assert not whole_m or (0 <= sum(mas) - whole_m <= n * 64 and max(abs(b - whole_m / n) for b in mas) <= 257 * 4), mas
+PY
+done
+ob=(--max_grad_norm 0 --optimizer_in_backward true --bf16 true --zero_stage 1)
+run ob_full 3 "${ob[@]}" || bad "ob_full did not train"
+run ob_ck 3 "${ob[@]}" --save_steps 2 || bad "ob_ck did not train"
+resplit ob_ck_r ob_ck 3 "${ob[@]}"
+resplit_same "ZeRO-1 with optimizer_in_backward resumed" ob_ck_r ob_full
 echo "test_zero: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -710,7 +710,7 @@ static void test_zero(void) {
         const char *yaml, *want;
     } bad[] = {
         {"zero_stage: 4\n", "zero_stage 4 does not exist"},
-        {"zero_stage: 1\noptimizer_in_backward: true\nmax_grad_norm: 0\n", "with optimizer_in_backward"},
+        {"zero_stage: 3\noptimizer_in_backward: true\nmax_grad_norm: 0\n", "with optimizer_in_backward"},
         {"zero_stage: 1\nadapter: lora\n", "zero_stage 1 with adapter lora is not supported"},
         {"zero_stage: 2\nadapter: qlora\n", "zero_stage 2 with adapter qlora is not supported"},
         {"zero_stage: 3\nadapter: lora\nbf16: true\noffload_embedding: true\n", "offload_embedding with zero_stage 3"},
@@ -727,7 +727,10 @@ static void test_zero(void) {
            snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     CHECKF(load("zero_stage: 2\n", &o, &e) == 0 && o.zero_stage == 2 && snug_run_config_validate(&o, &e) == 0, "%s",
            e.msg);
-    /* an adapter's state is whole at stage 3: its step may run inside backward, as under DDP */
+    /* the step inside backward at stages 1 and 2 (each rank steps its shard of each layer), and under an adapter at
+     * stage 3 (the adapters' state is whole: stepped as under DDP) */
+    CHECKF(load("zero_stage: 2\noptimizer_in_backward: true\nmax_grad_norm: 0\n", &o, &e) == 0 &&
+           snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     CHECKF(load("zero_stage: 3\nadapter: lora\noptimizer_in_backward: true\nmax_grad_norm: 0\n", &o, &e) == 0 &&
            snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     /* QLoRA at stage 3 shards the 4-bit matrices: the embedding and the head stay whole, so a trained copy starts
