@@ -69,6 +69,13 @@ typedef struct step_in_backward_ctx {
     snug_error e;
 } step_in_backward_ctx;
 
+/* ZeRO-1/2: the stored parameters (the 16-bit copy under 16-bit storage, else fp32; whole on every rank) from table
+ * offset `at`, and their type for a collective. */
+static void *stored_params(const snug_model *m, size_t at, snug_comm_dtype *dt) {
+    *dt = m->lv.dt != SNUG_DT_F32 ? SNUG_COMM_U16 : SNUG_COMM_F32;
+    return m->lv.dt != SNUG_DT_F32 ? (void *)(m->params16 + at) : (void *)(m->params + at);
+}
+
 /* Tensor i of the trainable table's gradient: the model's (fp32 or 16-bit), or under LoRA the adapters' (fp32). */
 static void *trainable_grad(const snug_model *m, int i, snug_dtype *dt) {
     if (m->lora.on) {
@@ -106,11 +113,11 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     snug_grad_range r[SNUG_READY_MAX_RANGES];
     int nr = c->shard ? snug_model_ready_ranges(m, layer, r, SNUG_READY_MAX_RANGES) : 0;
     for (int k = 0; k < nr && k < SNUG_READY_MAX_RANGES && !c->rc; k++) { /* the stepped parts, gathered whole */
-        int half = m->lv.dt != SNUG_DT_F32;
+        snug_comm_dtype sdt;
+        void *p = stored_params(m, r[k].offset, &sdt);
         memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
         snug_add_range_counts(c->shard, c->comm->size, r[k].offset, r[k].offset + r[k].numel, c->counts);
-        c->rc = c->comm->allgather(c->comm, half ? (void *)(m->params16 + r[k].offset) : (void *)(m->params + r[k].offset),
-                                   c->counts, half ? SNUG_COMM_U16 : SNUG_COMM_F32, &c->e);
+        c->rc = c->comm->allgather(c->comm, p, c->counts, sdt, &c->e);
     }
     for (int i = 0; i < t->n; i++)
         if (t->e[i].layer == layer) {
@@ -215,9 +222,9 @@ static int zero_grad_norm(snug_comm *c, const snug_model *m, const size_t *shard
 
 /* ZeRO: every rank's updated shard of the parameters to every rank (fp32, or the 16-bit copy forward reads). */
 static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *shard, snug_error *e) {
-    if (m->lv.dt != SNUG_DT_F32)
-        return c->allgather(c, m->params16, shard, SNUG_COMM_U16, e);
-    return c->allgather(c, m->params, shard, SNUG_COMM_F32, e);
+    snug_comm_dtype dt;
+    void *p = stored_params(m, 0, &dt);
+    return c->allgather(c, p, shard, dt, e);
 }
 
 /* ZeRO with a sharded master copy: the F32 weights DDP saves, streamed tensor by tensor. Each tensor's pieces (its
@@ -598,20 +605,24 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         snug_backend_use_gpu(comm.local_rank);
     r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
     r.s.rank = comm.rank;  /* and under ZeRO each plans its own shard */
-    /* a resume that leaves loss_vocab_block to its auto value (which follows the ZeRO stage) takes the
-     * checkpoint's, so that it continues the same loss on another stage */
-    snug_run_config *adopted = NULL;
-    if (!rc && config->resume_from_checkpoint[0] && config->loss_vocab_block == 0) {
-        char dir[4096] = "";
-        int vb;
-        if (strcmp(config->resume_from_checkpoint, "latest"))
-            snprintf(dir, sizeof dir, "%s", config->resume_from_checkpoint);
-        else if (snug_checkpoint_latest(config->output_dir, dir, sizeof dir))
-            dir[0] = '\0';
-        if (dir[0] && snug_checkpoint_vocab_block(dir, &vb) && (adopted = malloc(sizeof *adopted))) {
-            *adopted = *config;
-            adopted->loss_vocab_block = vb;
+    /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
+     * stage) takes the checkpoint's, so that it continues the same loss on another stage */
+    char resume[4096] = "";
+    if (!rc && config->resume_from_checkpoint[0]) {
+        if (!strcmp(config->resume_from_checkpoint, "latest")) {
+            if (snug_checkpoint_latest(config->output_dir, resume, sizeof resume))
+                rc = snug_fail(e, SNUG_EINPUT, "%s: resume_from_checkpoint is latest but the folder holds no complete "
+                               "checkpoint; start the run without it", config->output_dir);
+        } else {
+            snprintf(resume, sizeof resume, "%s", config->resume_from_checkpoint);
         }
+    }
+    snug_run_config *adopted = NULL;
+    int vb;
+    if (!rc && resume[0] && config->loss_vocab_block == 0 && snug_checkpoint_vocab_block(resume, &vb) &&
+        (adopted = malloc(sizeof *adopted))) {
+        *adopted = *config;
+        adopted->loss_vocab_block = vb;
     }
     if (!rc)
         rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
@@ -633,17 +644,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             snug_param_table_free(&t);
         }
     }
-    /* a folder that holds a run is continued or overwritten, never mixed into */
-    char resume[4096] = "";
-    if (!rc && o->resume_from_checkpoint[0]) {
-        if (!strcmp(o->resume_from_checkpoint, "latest")) {
-            if (snug_checkpoint_latest(o->output_dir, resume, sizeof resume))
-                rc = snug_fail(e, SNUG_EINPUT, "%s: resume_from_checkpoint is latest but the folder holds no complete "
-                               "checkpoint; start the run without it", o->output_dir);
-        } else {
-            snprintf(resume, sizeof resume, "%s", o->resume_from_checkpoint);
-        }
-    } else if (!rc && lead && snug_output_dir_has_run(o->output_dir)) {
+    /* a folder that holds a run is continued (resume, above) or overwritten, never mixed into */
+    if (!rc && !resume[0] && lead && snug_output_dir_has_run(o->output_dir)) {
         if (o->overwrite_output_dir)
             rc = snug_checkpoint_prune(o->output_dir, -1, e);
         else
@@ -911,11 +913,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             for (int l = r.eng.model.cfg.n_layer - 1; k0 == k1 && l >= -1; l--)
                 snug_ddp_bucket_ready(&buckets, l, 0, 0);
         }
-        int gathers = r.eng.model.param_sharded || r.eng.model.q4_parts > 1; /* stage 3 under an adapter */
+        /* a base laid out to be gathered (stage 3, or LoRA's offload_params): skip_step repeats the step's gathers
+         * and its announcements */
+        int gathers = r.eng.model.param_sharded || r.eng.model.q4_parts > 1;
         if (o->optimizer_in_backward && k0 == k1 && W > 1 && !gathers) {
             /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
-             * layer's sum, announced in backward's order (the last layer first, the global tensors last); under
-             * stage 3 skip_step below announces them between the layers' gathers, as a step does */
+             * layer's sum, announced in backward's order (the last layer first, the global tensors last); with a
+             * gathered base skip_step below announces them between the layers' gathers, as a step does */
             for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
                 step_in_backward(&in_bwd, l, 0, 0);
         }

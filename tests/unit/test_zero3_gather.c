@@ -96,6 +96,15 @@ static void on_ready(void *ud, int layer, size_t offset, size_t numel) {
     }
 }
 
+/* the same (B, T) micro-batch for every run: ids and labels from a fixed seed */
+static void set_batch(snug_model *m) {
+    int32_t ids[B * T], labels[B * T], pos[B * T];
+    srand(5);
+    for (int n = 0; n < B * T; n++)
+        ids[n] = rand() % VOCAB, pos[n] = n % T, labels[n] = n % T == 0 ? -1 : rand() % VOCAB;
+    snug_model_set_batch(m, ids, labels, pos, NULL, B, T);
+}
+
 static void make_engine(snug_engine *g, const snug_model_config *cfg, snug_levers lv, int ranks) {
     snug_error e = {0};
     snug_plan_spec spec = {.cfg = *cfg, .B = B, .T = T, .lv = lv, .with_grads = 1, .ranks = ranks, .rank = 0,
@@ -128,11 +137,7 @@ static void run(const snug_model_config *cfg, snug_levers lv, const float *init,
     m->on_grads_ready = on_ready, m->on_grads_ready_ud = &o;
     if (m->grads)
         memset(m->grads, 0, m->grads_numel * sizeof(float));
-    int32_t ids[B * T], labels[B * T], pos[B * T];
-    srand(5);
-    for (int n = 0; n < B * T; n++)
-        ids[n] = rand() % VOCAB, pos[n] = n % T, labels[n] = n % T == 0 ? -1 : rand() % VOCAB;
-    snug_model_set_batch(m, ids, labels, pos, NULL, B, T);
+    set_batch(m);
     res->loss = snug_model_step(m, 1.0f);
     memcpy(res->step, f.ev, sizeof f.ev), res->nstep = f.nev, f.nev = 0;
     m->on_grads_ready = NULL; /* the skipped step's zero gradients are not this step's */
@@ -321,11 +326,7 @@ static void run4(const snug_model_config *cfg, int ckpt, const snug_model *ref, 
     }
     fake4 f = {.m = m, .span = span, .ref = ref, .deferred = deferred};
     m->gather_q4 = on_gather4, m->gather_q4_ud = &f;
-    int32_t ids[B * T], labels[B * T], pos[B * T];
-    srand(5);
-    for (int n = 0; n < B * T; n++)
-        ids[n] = rand() % VOCAB, pos[n] = n % T, labels[n] = n % T == 0 ? -1 : rand() % VOCAB;
-    snug_model_set_batch(m, ids, labels, pos, NULL, B, T);
+    set_batch(m);
     res->loss = snug_model_step(m, 1.0f); /* the buffers' state after a step is the same after every step */
     size_t A = m->lora.table.total;
     res->grads = malloc(A * sizeof(float));
@@ -355,11 +356,7 @@ static void test_qlora(snug_arch arch, int ckpt) {
     snprintf(what, sizeof what, "qlora %s%s", arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama", ckpt ? " full checkpointing" : "");
     snug_engine rg; /* one process: the 4-bit matrices whole, and the reference loss and adapter gradients */
     make_qlora(&rg, &cfg, ckpt, 1);
-    int32_t ids[B * T], labels[B * T], pos[B * T];
-    srand(5);
-    for (int n = 0; n < B * T; n++)
-        ids[n] = rand() % VOCAB, pos[n] = n % T, labels[n] = n % T == 0 ? -1 : rand() % VOCAB;
-    snug_model_set_batch(&rg.model, ids, labels, pos, NULL, B, T);
+    set_batch(&rg.model);
     double loss = snug_model_step(&rg.model, 1.0f), eval = snug_model_step(&rg.model, 0.0f);
     result4 *now = calloc(1, sizeof *now), *later = calloc(1, sizeof *later);
     run4(&cfg, ckpt, &rg.model, 0, now);
