@@ -148,7 +148,16 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
         return;
     }
     switch (c) {
-    case SNUG_MEM_PARAMS: snprintf(buf, n, "%s weights", snug_precision_name(s->lv.dt)); break;
+    case SNUG_MEM_PARAMS:
+        if (s->lv.lora.kind == SNUG_ADAPTER_QLORA && offq)
+            snprintf(buf, n, "%s embeddings, norms, head; two layers' %s matrices (copied in)", snug_precision_name(s->lv.dt),
+                     s->lv.lora.q4_type ? "FP4" : "NF4");
+        else if (s->lv.lora.kind == SNUG_ADAPTER_QLORA)
+            snprintf(buf, n, "%s block matrices, %s embeddings, norms, head",
+                     s->lv.lora.q4_type ? "FP4" : "NF4", snug_precision_name(s->lv.dt));
+        else
+            snprintf(buf, n, "%s weights", snug_precision_name(s->lv.dt));
+        break;
     case SNUG_MEM_MASTER:
         snprintf(buf, n, "%s", s->lv.dt == SNUG_DT_F32 ? "none: fp32 weights are their own master copy"
                                : s->lv.master_weights ? "fp32 copy that takes the update"
@@ -425,8 +434,12 @@ static void print_text(const report *r, FILE *f) {
     if (pl_lv->lora.kind) {
         char t[256];
         snug_lora_targets_list(c->arch, pl_lv->lora.targets, t, sizeof t);
-        fprintf(f, "  training     LoRA r=%d alpha %g on %s: the %s base frozen, fp32 adapters, optimizer %s\n",
-                pl_lv->lora.r, (double)pl_lv->lora.alpha, t, snug_precision_name(pl_lv->dt),
+        int q = pl_lv->lora.kind == SNUG_ADAPTER_QLORA;
+        char base[64];
+        snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",
+                 q ? (pl_lv->lora.q4_type ? "FP4" : "NF4") : snug_precision_name(pl_lv->dt), snug_precision_name(pl_lv->dt));
+        fprintf(f, "  training     %s r=%d alpha %g on %s: the %s frozen, fp32 adapters, optimizer %s\n",
+                q ? "QLoRA" : "LoRA", pl_lv->lora.r, (double)pl_lv->lora.alpha, t, base,
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     } else if (pl_lv->dt == SNUG_DT_F32)
         fprintf(f, "  training     fp32 weights, activations and gradients, optimizer %s\n",

@@ -204,13 +204,16 @@ expect_out ranks-qlora "ddp +5\.31 GiB .* 13\.00 MiB +[0-9.]+ +[0-9.]+  <- chose
 # FSDP-QLoRA's case: Llama-2-70B on 2 x RTX 4090, every linear module adapted, checkpointing: DDP holds the 4-bit
 # base whole (42 GiB per rank), stage 3 half of its 4-bit matrices plus two layers' (26 GiB); neither fits, and 3 GPUs
 # would at stage 3
-expect_out ranks-qlora-70b "ddp +33\.87 GiB .* 42\.00 GiB  no" "zero-3 +18\.24 GiB .* 26\.22 GiB  no" \
+expect_out ranks-qlora-70b "parameters +33\.87 GiB .* NF4 block matrices, bf16 embeddings, norms, head" \
+  "ddp +33\.87 GiB .* 42\.00 GiB  no" "zero-3 +18\.24 GiB .* 26\.22 GiB  no" \
   "over 3 GPUs zero-3 fits \(20\.69 GiB per rank" -- \
   "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
   --gradient_checkpointing true --gpu rtx4090 --gpus 2 --lora_target_linear true
 # FSDP-QLoRA's CPU offload: the same 70B on one RTX 4090 with offload_params, the 4-bit base in host memory; and the
 # lever offered where the run does not fit
 expect_out qlora-70b-offload "offloaded to host +32\.89 GiB .*offload_params" "total +8\.99 GiB" \
+  "training +QLoRA r=8 .* the NF4 base \(bf16 embeddings, norms, head\) frozen" \
+  "parameters +1\.80 GiB .* bf16 embeddings, norms, head; two layers' NF4 matrices" \
   "RTX 4090 24GB .* fits: needs 8\.99 GiB" -- \
   "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
   --gradient_checkpointing true --gpu rtx4090 --lora_target_linear true --offload_params true
