@@ -120,7 +120,8 @@ typedef struct snug_levers {
     int grads_fp32;       /* 16-bit: layer gradients in fp32 anyway: accumulation over micro-batches sums in fp32 */
     int zero_grads;       /* ZeRO-2: the layers' gradients pass through one shared buffer (as optimizer_in_backward's),
                            * each reduce-scattered from on_grads_ready into `gshard`, the rank's shard of the sum, which
-                           * the optimizer reads */
+                           * the optimizer reads (ZeRO-3 with optimizer_in_backward: no gshard; the rank's part of
+                           * each layer's sum is stepped where the reduce-scatter leaves it, in the buffer) */
     int zero_overlap;     /* with zero_grads: two such buffers, the layers alternating between them (layer l in buffer
                            * l % 2), so that a layer's reduce-scatter may still run while backward writes the next one's
                            * (zero_overlap_comm) */

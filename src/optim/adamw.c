@@ -260,8 +260,11 @@ static void update_piece(snug_adamw *o, snug_backend *be, const snug_param_table
     }
     int p16 = md->lv.dt != SNUG_DT_F32, g16 = snug_model_grad16(md, i);
     size_t goff = md->grad_off[i] + a;
-    /* fp32 gradients: the model's, or under ZeRO-2 the rank's shard of their sum */
-    const float *gsrc = md->lv.zero_grads ? md->gshard + (off - md->gshard_lo) : md->grads ? md->grads + goff : NULL;
+    /* fp32 gradients: the model's, or under ZeRO-2 the rank's shard of their sum (stage 3 inside backward: the rank's
+     * part of the layer's sum, reduce-scattered in place in the layer's buffer) */
+    const float *gsrc = md->lv.zero_grads && !md->lv.optimizer_in_backward ? md->gshard + (off - md->gshard_lo)
+                        : md->grads                                        ? md->grads + goff
+                                                                           : NULL;
     /* ZeRO: the shard's master copy; ZeRO-3: the shard's parameters (fp32 or 16-bit) at their place in the shard */
     size_t p0 = md->param_sharded ? md->pshard_lo : 0;
     float *master = md->params && md->master_sharded ? md->params + (off - md->master_lo)
@@ -388,6 +391,12 @@ void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, floa
     step_all(opt, m->be, &m->table, &x, lr, grad_scale);
 }
 
+/* The announcement tensor i of t belongs to: its layer, or for the model's global tensors their group (under ZeRO
+ * stage 3 the ones after the layers are announced apart, snug_model_ready_group). */
+static int group_of(const snug_model *m, const snug_param_table *t, int i) {
+    return m->lora.on ? t->e[i].layer : snug_model_ready_group(m, i);
+}
+
 void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale) {
     /* under LoRA the adapters' table: fp32 parameters and gradients at its offsets */
     const snug_param_table *t = snug_model_trainable(m);
@@ -396,12 +405,12 @@ void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, doub
     pos at = walk_start(opt, t);
     if (opt->paged) { /* each run of the layer's tensors (the globals are two runs) streams through the slots */
         while (at.i < t->n) {
-            if (t->e[at.i].layer != layer) {
+            if (group_of(m, t, at.i) != layer) {
                 advance(opt, t, &at, part_end(opt, &t->e[at.i]) - at.a);
                 continue;
             }
             int stop = at.i;
-            while (stop < t->n && t->e[stop].layer == layer)
+            while (stop < t->n && group_of(m, t, stop) == layer)
                 stop++;
             snug_param_table run = *t;
             run.n = stop;
@@ -414,7 +423,7 @@ void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, doub
     while (at.i < t->n) {
         const snug_param_entry *p = &t->e[at.i];
         size_t k = part_end(opt, p) - at.a;
-        if (p->layer == layer)
+        if (group_of(m, t, at.i) == layer)
             update_piece(opt, m->be, t, &x, at.i, at.a, k, lr, grad_scale, opt->m ? opt->m + at.o32 : NULL,
                          opt->v ? opt->v + at.o32 : NULL, opt->qm ? opt->qm + at.o8 : NULL,
                          opt->qv ? opt->qv + at.o8 : NULL, opt->am ? opt->am + at.ob : NULL,

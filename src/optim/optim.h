@@ -93,9 +93,10 @@ void snug_adamw_step(snug_adamw *opt, snug_backend *be, const snug_param_table *
  * update is computed in fp32 and rounded to bf16 stochastically). 16-bit gradients are widened first. */
 void snug_adamw_step_model(snug_adamw *opt, const snug_model *m, double lr, float grad_scale);
 
-/* The optimizer step inside backward: steps only the model's tensors of `layer` (-1: the global tensors), as
- * snug_adamw_step_model does; a paged optimizer streams just that layer's state. The caller advances opt->step once
- * per optimizer step, before backward. */
+/* The optimizer step inside backward: steps only the model's tensors of `layer`, a group backward announces
+ * (snug_model_ready_group: a layer, -1 the global tensors, or under ZeRO-3 SNUG_READY_POST the ones after the layers
+ * and -1 those before), as snug_adamw_step_model does; a sharded optimizer only its shard's part, a paged one
+ * streaming just that state. The caller advances opt->step once per optimizer step, before backward. */
 void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, double lr, float grad_scale);
 
 /* "adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit" */

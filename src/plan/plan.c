@@ -13,8 +13,11 @@
 snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
-    /* (with the step inside backward the gradients are one layer's already: stage 2 steps as stage 1) */
-    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind && !lv.optimizer_in_backward;
+    /* (with the step inside backward the gradients are one layer's already: stage 2 steps as stage 1; stage 3 keeps
+     * the layout, each layer's gradients reduce-scattered and the rank's part stepped at once, with no shard of
+     * summed gradients kept) */
+    lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind &&
+                    (!lv.optimizer_in_backward || s->zero_stage >= 3);
     /* a second layer gradient buffer where the reduce-scatters run beside backward: NCCL's stream, on GPU ranks */
     lv.zero_overlap = lv.zero_grads && !lv.optimizer_in_backward &&
                       (s->overlap_comm > 0 || (s->overlap_comm == 0 && s->device_cuda));
@@ -22,7 +25,7 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
      * whole on a rank under ZeRO-2/3, with blocks of one layer's size (no memory beyond the layer buffer) */
     lv.vocab_block = s->loss_vocab_block > 0 ? s->loss_vocab_block
                      : s->loss_vocab_block < 0 || s->device_cuda ? 0
-                     : lv.zero_grads && s->cfg.tie_embeddings && !lv.lora.kind ? -1 : 0;
+                     : lv.zero_grads && s->cfg.tie_embeddings && !lv.lora.kind && !lv.optimizer_in_backward ? -1 : 0;
     if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
         lv.master_weights = 0;
         lv.grads_fp32 = 0;
@@ -116,7 +119,7 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
     m->gshard = NULL;
     m->gshard_lo = m->gshard_n = 0;
-    if (!m->lv.zero_grads)
+    if (!m->lv.zero_grads || m->lv.optimizer_in_backward) /* stage 3 inside backward: each layer's sum stepped at once */
         return 0;
     size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
     if (!counts)

@@ -42,8 +42,6 @@ const char *snug_rank_zero_unbuilt(const snug_plan_spec *s, int z) {
     if (s->lv.lora.kind && z < 3)
         return "with an adapter: only stage 3, which shards the frozen base (the adapters' state is small and stays "
                "whole on every rank)";
-    if (s->lv.optimizer_in_backward && !s->lv.lora.kind && z >= 3) /* an adapter's state is whole: as under DDP */
-        return "with optimizer_in_backward (its parameters sharded too; stages 1 and 2 shard the optimizer state)";
     if (z >= 3 && s->lv.offload_embedding && s->lv.lora.kind != SNUG_ADAPTER_QLORA)
         return "with offload_embedding (the embedding is sharded with the rest of the base)";
     return NULL;
@@ -70,7 +68,7 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
     double bwd = 2.0 / 3.0 * compute; /* backward's share of the step's GA micro-batches (twice forward's FLOPs) */
     /* under LoRA the adapters' gradients are one all-reduce after backward, exposed whole */
     double adapters = s->lv.lora.kind ? 2 * f * summed(s, nparams) * gb / bps : 0.0;
-    if (s->lv.optimizer_in_backward && !(s->lv.lora.kind && z == 3)) /* each layer's sums in line, blocking */
+    if (s->lv.optimizer_in_backward && z < 3) /* each layer's sums in line, blocking (stage 3: below, unhidden) */
         return snug_rank_comm_bytes(s, nparams, n, z) / bps;
     if (z == 0 && s->lv.lora.kind)
         return adapters;

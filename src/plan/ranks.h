@@ -27,7 +27,9 @@
  *   ZeRO-2       each layer's reduce-scatter behind backward with zero_overlap_comm (layer 0's exposed), in line
  *                without it; the all-gather after the step exposed
  *   ZeRO-3       the gathers prefetched a layer ahead (the first of each pass exposed) and, with zero_overlap_comm,
- *                the reduce-scatters too: one stream, so together they hide behind the step's compute at most. */
+ *                the reduce-scatters too: one stream, so together they hide behind the step's compute at most
+ *   optimizer_in_backward: each layer's sums (stages 1 and 2: all-reduce and gather) run in line, exposed; at
+ *                stage 3 the reduce-scatters in line and the gathers prefetched as above. */
 #ifndef SNUG_PLAN_RANKS_H
 #define SNUG_PLAN_RANKS_H
 

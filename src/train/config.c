@@ -69,13 +69,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->zero_stage <= 3,
             "%s: zero_stage %d does not exist; use 3 (parameters, gradients and optimizer state sharded), 2 "
             "(gradients and optimizer state), 1 (optimizer state) or 0", src, o->zero_stage);
-    /* inside backward each layer's summed gradients step the rank's shard of it (stages 1 and 2: the gradients are
-     * one layer's already), whose parameters are then gathered; under an adapter stage 3 shards only the frozen
-     * base and the adapters step as under DDP */
-    REQUIRE(o->zero_stage < 3 || !o->optimizer_in_backward || o->adapter != SNUG_ADAPTER_NONE,
-            "%s: zero_stage 3 with optimizer_in_backward is not supported for a full fine-tune (its parameters are "
-            "sharded too); set zero_stage: 2 or 1, which shard the optimizer state and the master copy while the step "
-            "runs inside backward, or optimizer_in_backward: false", src);
     REQUIRE(!o->zero_stage || o->adapter == SNUG_ADAPTER_NONE || o->zero_stage == 3,
             "%s: zero_stage %d with adapter %s is not supported: the adapters' state is small and stays whole on every "
             "rank, so with an adapter only stage 3 (which shards the frozen base) means something; set zero_stage: 3 "

@@ -85,6 +85,33 @@ static void *trainable_grad(const snug_model *m, int i, snug_dtype *dt) {
     return snug_model_grad(m, i, dt);
 }
 
+/* ZeRO-3 (a full fine-tune): each range of the group's gradients reduce-scattered in place (the rank's part of the
+ * sum lands at its own place in the buffer), that part stepped and its squares added for the norm (summed over the
+ * ranks after backward), the buffer zeroed. The parameters are the rank's shard: the next gather reads them. */
+static void step_in_backward_zero3(step_in_backward_ctx *c, int group) {
+    snug_model *m = &c->eng->model;
+    snug_backend *be = c->eng->be;
+    snug_grad_range r[SNUG_READY_MAX_RANGES];
+    int nr = snug_model_ready_ranges(m, group, r, SNUG_READY_MAX_RANGES);
+    for (int k = 0; k < nr && k < SNUG_READY_MAX_RANGES && !c->rc; k++) {
+        if (r[k].dt != SNUG_DT_F32) { /* snug_plan_levers keeps them fp32 when ranks sum them */
+            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: 16-bit gradients to sum over the ranks", group);
+            return;
+        }
+        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
+        snug_add_range_counts(c->shard, c->comm->size, r[k].offset, r[k].offset + r[k].numel, c->counts);
+        c->rc = c->comm->reduce_scatter_sum(c->comm, r[k].data, c->counts, SNUG_COMM_F32, &c->e);
+        size_t mine = snug_comm_displ(c->counts, c->comm->rank), n = c->counts[c->comm->rank];
+        if (!c->rc && n)
+            be->sumsq_acc(be, (float *)r[k].data + mine, SNUG_DT_F32, n);
+    }
+    if (c->rc)
+        return;
+    snug_adamw_step_layer(&c->eng->opt, m, group, c->lr, 1.0f);
+    for (int k = 0; k < nr && k < SNUG_READY_MAX_RANGES; k++)
+        be->zero(be, r[k].data, r[k].numel * sizeof(float));
+}
+
 static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     (void)offset, (void)numel;
     step_in_backward_ctx *c = ud;
@@ -94,6 +121,10 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     snug_dtype dt;
     if (c->rc)
         return;
+    if (c->shard && m->param_sharded) {
+        step_in_backward_zero3(c, layer);
+        return;
+    }
     for (int i = 0; c->comm->size > 1 && i < t->n; i++)
         if (t->e[i].layer == layer) {
             void *g = trainable_grad(m, i, &dt);
@@ -744,7 +775,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 least = shard[q] < least ? shard[q] : least;
             }
             const snug_model *zm = &r.eng.model;
-            if (o->optimizer_in_backward && !zm->lora.on) {
+            if (o->optimizer_in_backward && !zm->lora.on && zm->param_sharded) {
+                fprintf(out, "  ZeRO                 stage 3 with the step inside backward: parameters, optimizer state%s "
+                        "sharded, %zu to %zu parameters per rank (edges on %d-element blocks); each layer's gradients "
+                        "reduce-scattered as backward completes them and the rank's part stepped at once (no shard of "
+                        "gradients kept), parameters all-gathered layer by layer before each forward and backward\n",
+                        zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK);
+            } else if (o->optimizer_in_backward && !zm->lora.on) {
                 fprintf(out, "  ZeRO                 stage %d with the step inside backward: optimizer state%s sharded, %zu "
                         "to %zu parameters per rank (edges on %d-element blocks); each layer's gradients summed as "
                         "backward completes them, its shard stepped and its parameters all-gathered\n", o->zero_stage,
@@ -951,7 +988,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double loss = nsup ? loss_sum / (double)nsup : 0;
         double norm;
         if (o->optimizer_in_backward) {
-            norm = sqrt(r.eng.be->sumsq_take(r.eng.be));
+            double ss = r.eng.be->sumsq_take(r.eng.be);
+            /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums */
+            if (in_bwd.shard && r.eng.model.param_sharded &&
+                (rc = comm.allreduce_sum(&comm, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) {
+                broken = 1;
+                break;
+            }
+            norm = sqrt(ss);
         } else {
             if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
                 norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);

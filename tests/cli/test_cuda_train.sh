@@ -91,12 +91,15 @@ if [ "$PART" = nccl ]; then
         compare $r ddp2_det 0
         if cmp -s "$W/$r/model.safetensors" "$W/ddp2_det/model.safetensors"; then ok; else bad "$r: weights differ from ddp2_det's"; fi
       done
-      # the step inside backward at ZeRO-1: each layer summed, the rank's shard stepped, the layer gathered
+      # the step inside backward at ZeRO-1 (each layer summed, the rank's shard stepped, the layer gathered) and at
+      # ZeRO-3 (each layer reduce-scattered, the rank's part stepped in place)
       train oib2_det --ddp_deterministic true --optimizer_in_backward true
-      train oib2_z1 --ddp_deterministic true --optimizer_in_backward true --zero_stage 1
-      compare oib2_z1 oib2_det 0
-      if cmp -s "$W/oib2_z1/model.safetensors" "$W/oib2_det/model.safetensors"; then ok; else
-        bad "oib2_z1: weights differ from oib2_det's"; fi
+      for z in 1 3; do
+        train oib2_z$z --ddp_deterministic true --optimizer_in_backward true --zero_stage $z
+        compare oib2_z$z oib2_det 0
+        if cmp -s "$W/oib2_z$z/model.safetensors" "$W/oib2_det/model.safetensors"; then ok; else
+          bad "oib2_z$z: weights differ from oib2_det's"; fi
+      done
       # QLoRA at stage 3: the 4-bit spans all-gathered through NCCL (and, offloaded, copied in from host memory)
       train qlora2_det --ddp_deterministic true --adapter qlora --bf16 true
       train qlora2_z3 --ddp_deterministic true --adapter qlora --bf16 true --zero_stage 3

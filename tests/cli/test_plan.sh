@@ -220,6 +220,11 @@ expect_out qlora-70b-offload "offloaded to host +32\.89 GiB .*offload_params" "t
 expect_out qlora-70b-lever "offload_params: true +32\.38 GiB +8\.99 GiB +\+1%" -- \
   "$SNUG" plan --base_model "$CFG/llama-2-70b" --adapter qlora --bf16 true --sequence_len 2048 --micro_batch_size 1 \
   --gradient_checkpointing true --gpu rtx4090 --lora_target_linear true
+# ZeRO-3 with the step inside backward keeps no shard of the summed gradients, only one layer's buffer (which the
+# untied embedding and head share): less memory per rank, each layer's reduce-scatter in line
+expect_out ranks-z3-oib "zero-3 +2\.85 GiB +3\.74 GiB +1\.96 GiB +7\.48 GiB .* 20\.80 GiB  yes .*<- chosen" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 \
+  --gradient_checkpointing true --gpu h100 --gpus 8 --optimizer_in_backward true --max_grad_norm 0
 expect_error gpus-0 "gpus is 0; it must be at least 1" "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --gpus 0
 
 # the chart: SVG always, PNG when a converter is installed

@@ -468,9 +468,15 @@ static void test_ranks_adapters(void) {
     for (int z = 0; z < 4; z++)
         CHECK(!m[z].unbuilt && m[z].total > 0);
     CHECK(fabs(m[0].comm_bytes - 2.0 * 0.75 * (double)p.nparams * 4) < 1.0);
-    s.lv.optimizer_in_backward = 1; /* stages 1 and 2 step each rank's shard inside backward; stage 3 is not built */
+    snug_rank_mode z3 = m[3];
+    s.lv.optimizer_in_backward = 1; /* every stage steps each rank's shard inside backward */
     CHECKF(snug_plan_ranks(&s, 4, NULL, m, &choice, &e) == 0, "%s", e.msg);
-    CHECK(!m[0].unbuilt && !m[1].unbuilt && !m[2].unbuilt && m[3].unbuilt && strstr(m[3].unbuilt, "optimizer_in_backward"));
+    CHECK(!m[0].unbuilt && !m[1].unbuilt && !m[2].unbuilt && !m[3].unbuilt);
+    /* stage 3: no shard of the summed gradients kept, only one layer's buffer (the globals' share it, untied); the
+     * same parameters, optimizer state and traffic (the gathers and one reduce-scatter) as without, exposed */
+    CHECK(m[3].bytes[SNUG_MEM_GRADS] < z3.bytes[SNUG_MEM_GRADS] && m[3].bytes[SNUG_MEM_PARAMS] == z3.bytes[SNUG_MEM_PARAMS] &&
+          m[3].bytes[SNUG_MEM_OPTIM] == z3.bytes[SNUG_MEM_OPTIM] && m[3].bytes[SNUG_MEM_GRADS] < m[2].bytes[SNUG_MEM_GRADS]);
+    CHECK(fabs(m[3].comm_bytes - z3.comm_bytes) < 1.0);
     CHECK(m[1].bytes[SNUG_MEM_OPTIM] < m[0].bytes[SNUG_MEM_OPTIM] / 3 &&
           m[1].bytes[SNUG_MEM_GRADS] == m[0].bytes[SNUG_MEM_GRADS] && m[2].bytes[SNUG_MEM_GRADS] == m[0].bytes[SNUG_MEM_GRADS]);
     /* each layer's gradients all-reduced, its shard's parameters all-gathered */
