@@ -641,7 +641,7 @@ static int grad_offsets(snug_model *m, snug_error *e) {
     /* zero_overlap: the odd layers in a second buffer after the first, which the head's blocks may have widened.
      * The pre-layer globals still share the first: layer 0's reduce-scatter is finished before the embeddings'
      * backward writes them (rank_hooks.c) */
-    int two = m->lv.zero_overlap && apart && !m->lv.optimizer_in_backward && !g16;
+    int two = m->lv.zero_overlap && apart && !g16;
     size_t second = two ? largest_layer(m) : 0;
     for (int l = 0; l < m->cfg.n_layer; l++)
         layers += t->layer_numel[l];

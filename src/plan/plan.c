@@ -18,9 +18,9 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
      * summed gradients kept) */
     lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind &&
                     (!lv.optimizer_in_backward || s->zero_stage >= 3);
-    /* a second layer gradient buffer where the reduce-scatters run beside backward: NCCL's stream, on GPU ranks */
-    lv.zero_overlap = lv.zero_grads && !lv.optimizer_in_backward &&
-                      (s->overlap_comm > 0 || (s->overlap_comm == 0 && s->device_cuda));
+    /* a second layer gradient buffer where the reduce-scatters run beside backward: NCCL's stream, on GPU ranks
+     * (stage 3 inside backward: a layer is stepped once its reduce-scatter is waited for, at the next layer's end) */
+    lv.zero_overlap = lv.zero_grads && (s->overlap_comm > 0 || (s->overlap_comm == 0 && s->device_cuda));
     /* the loss over blocks of the head's rows: as configured, or (auto) where it keeps a tied embedding from being
      * whole on a rank under ZeRO-2/3, with blocks of one layer's size (no memory beyond the layer buffer) */
     lv.vocab_block = s->loss_vocab_block > 0 ? s->loss_vocab_block

@@ -68,7 +68,7 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
     double bwd = 2.0 / 3.0 * compute; /* backward's share of the step's GA micro-batches (twice forward's FLOPs) */
     /* under LoRA the adapters' gradients are one all-reduce after backward, exposed whole */
     double adapters = s->lv.lora.kind ? 2 * f * summed(s, nparams) * gb / bps : 0.0;
-    if (s->lv.optimizer_in_backward && z < 3) /* each layer's sums in line, blocking (stage 3: below, unhidden) */
+    if (s->lv.optimizer_in_backward && z < 3) /* each layer's sums in line, blocking (stage 3: as without) */
         return snug_rank_comm_bytes(s, nparams, n, z) / bps;
     if (z == 0 && s->lv.lora.kind)
         return adapters;

@@ -28,8 +28,8 @@
  *                without it; the all-gather after the step exposed
  *   ZeRO-3       the gathers prefetched a layer ahead (the first of each pass exposed) and, with zero_overlap_comm,
  *                the reduce-scatters too: one stream, so together they hide behind the step's compute at most
- *   optimizer_in_backward: each layer's sums (stages 1 and 2: all-reduce and gather) run in line, exposed; at
- *                stage 3 the reduce-scatters in line and the gathers prefetched as above. */
+ *   optimizer_in_backward: each layer's sums (stages 1 and 2: all-reduce and gather) run in line, exposed; stage 3
+ *                as without it (each layer stepped once its reduce-scatter is waited for, at the next layer's end). */
 #ifndef SNUG_PLAN_RANKS_H
 #define SNUG_PLAN_RANKS_H
 

@@ -13,7 +13,8 @@ void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, 
     }
 }
 
-/* The outstanding runs finished: waited for, this rank's segments added into its shard, their buffer zeroed. */
+/* The outstanding runs finished: waited for, this rank's segments added into its shard (or, with c->step, their
+ * squares summed and the group stepped), their buffer zeroed. */
 static void zero2_finish(snug_zero2_hook *c) {
     snug_model *m = c->m;
     snug_backend *be = m->be;
@@ -21,10 +22,15 @@ static void zero2_finish(snug_zero2_hook *c) {
         c->rc = c->comm->wait(c->comm, &c->e);
     for (int k = 0; !c->rc && k < c->npend; k++) {
         const snug_zero2_run *p = &c->pend[k];
-        if (p->n)
+        if (p->n && c->step)
+            be->sumsq_acc(be, p->g + p->mine, SNUG_DT_F32, p->n);
+        else if (p->n)
             be->accumulate(be, m->gshard + (p->lo + p->mine - m->gshard_lo), p->g + p->mine, p->n);
-        be->zero(be, p->g, (p->hi - p->lo) * sizeof(float));
     }
+    if (c->npend && !c->rc && c->step)
+        c->step(c->step_ud, c->pend_group);
+    for (int k = 0; !c->rc && k < c->npend; k++)
+        be->zero(be, c->pend[k].g, (c->pend[k].hi - c->pend[k].lo) * sizeof(float));
     c->npend = 0;
 }
 
@@ -45,8 +51,14 @@ void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
         int j = i; /* a run of the layer's tensors: contiguous in the table and in the layer buffer */
         while (j < t->n && snug_model_ready_group(m, j) == layer)
             j++;
+        if (c->npend == SNUG_ZERO2_PENDING && c->step) { /* a group is one run: never here */
+            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: more than %d runs of gradients", layer,
+                              SNUG_ZERO2_PENDING);
+            return;
+        }
         if (c->npend == SNUG_ZERO2_PENDING)
             zero2_finish(c);
+        c->pend_group = layer;
         snug_zero2_run *p = &c->pend[c->npend];
         p->lo = t->e[i].offset, p->hi = t->e[j - 1].offset + t->e[j - 1].numel;
         p->g = m->grads + m->grad_off[i];

@@ -26,7 +26,12 @@ void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, 
  * SNUG_COMM_ASYNC and finished at the next announcement: the wait, the adds into the shard and the zeroing of its
  * buffer, which backward writes again only two layers later. So NCCL sums layer l while backward computes layer
  * l-1. Layer 0's and the global tensors' are finished at once (the embeddings' gradients share layer 0's buffer),
- * so nothing is outstanding once layer 0 is announced. */
+ * so nothing is outstanding once layer 0 is announced.
+ *
+ * With `step` set (optimizer_in_backward at stage 3, no gshard) finishing a layer steps instead of adding: the
+ * squares of the rank's segments go to the backend's accumulator (sumsq_acc, for the logged norm), step(step_ud,
+ * group) steps the rank's part of the group where the reduce-scatter left it, and the buffer is zeroed. A group is
+ * one run of the table (a layer, or the globals on one side of the layers), so its runs never outgrow `pend`. */
 enum { SNUG_ZERO2_PENDING = 8 }; /* the runs of one layer's tensors that may be outstanding (more: finished early) */
 
 typedef struct snug_zero2_run {
@@ -42,6 +47,9 @@ typedef struct snug_zero2_hook {
     size_t *counts;      /* scratch: a run's elements in each rank's shard */
     int npend;           /* zero_overlap: the runs issued and not finished yet */
     snug_zero2_run pend[SNUG_ZERO2_PENDING];
+    void (*step)(void *step_ud, int group); /* see above; NULL: add into m->gshard */
+    void *step_ud;
+    int pend_group;      /* the group the pending runs belong to */
     int rc;
     snug_error e;
 } snug_zero2_hook;

@@ -85,31 +85,11 @@ static void *trainable_grad(const snug_model *m, int i, snug_dtype *dt) {
     return snug_model_grad(m, i, dt);
 }
 
-/* ZeRO-3 (a full fine-tune): each range of the group's gradients reduce-scattered in place (the rank's part of the
- * sum lands at its own place in the buffer), that part stepped and its squares added for the norm (summed over the
- * ranks after backward), the buffer zeroed. The parameters are the rank's shard: the next gather reads them. */
-static void step_in_backward_zero3(step_in_backward_ctx *c, int group) {
-    snug_model *m = &c->eng->model;
-    snug_backend *be = c->eng->be;
-    snug_grad_range r[SNUG_READY_MAX_RANGES];
-    int nr = snug_model_ready_ranges(m, group, r, SNUG_READY_MAX_RANGES);
-    for (int k = 0; k < nr && k < SNUG_READY_MAX_RANGES && !c->rc; k++) {
-        if (r[k].dt != SNUG_DT_F32) { /* snug_plan_levers keeps them fp32 when ranks sum them */
-            c->rc = snug_fail(&c->e, SNUG_EINTERNAL, "layer %d: 16-bit gradients to sum over the ranks", group);
-            return;
-        }
-        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
-        snug_add_range_counts(c->shard, c->comm->size, r[k].offset, r[k].offset + r[k].numel, c->counts);
-        c->rc = c->comm->reduce_scatter_sum(c->comm, r[k].data, c->counts, SNUG_COMM_F32, &c->e);
-        size_t mine = snug_comm_displ(c->counts, c->comm->rank), n = c->counts[c->comm->rank];
-        if (!c->rc && n)
-            be->sumsq_acc(be, (float *)r[k].data + mine, SNUG_DT_F32, n);
-    }
-    if (c->rc)
-        return;
-    snug_adamw_step_layer(&c->eng->opt, m, group, c->lr, 1.0f);
-    for (int k = 0; k < nr && k < SNUG_READY_MAX_RANGES; k++)
-        be->zero(be, r[k].data, r[k].numel * sizeof(float));
+/* ZeRO-3 (a full fine-tune; snug_zero2_hook's step): the rank's part of the group's sum, reduce-scattered in place
+ * by snug_zero2_ready, stepped there. The parameters are the rank's shard: the next gather reads them. */
+static void step_group(void *ud, int group) {
+    step_in_backward_ctx *c = ud;
+    snug_adamw_step_layer(&c->eng->opt, &c->eng->model, group, c->lr, 1.0f);
 }
 
 static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
@@ -121,10 +101,6 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
     snug_dtype dt;
     if (c->rc)
         return;
-    if (c->shard && m->param_sharded) {
-        step_in_backward_zero3(c, layer);
-        return;
-    }
     for (int i = 0; c->comm->size > 1 && i < t->n; i++)
         if (t->e[i].layer == layer) {
             void *g = trainable_grad(m, i, &dt);
@@ -778,9 +754,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             if (o->optimizer_in_backward && !zm->lora.on && zm->param_sharded) {
                 fprintf(out, "  ZeRO                 stage 3 with the step inside backward: parameters, optimizer state%s "
                         "sharded, %zu to %zu parameters per rank (edges on %d-element blocks); each layer's gradients "
-                        "reduce-scattered as backward completes them and the rank's part stepped at once (no shard of "
-                        "gradients kept), parameters all-gathered layer by layer before each forward and backward\n",
-                        zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK);
+                        "reduce-scattered as backward completes them%s and the rank's part stepped once summed (no "
+                        "shard of gradients kept), parameters all-gathered layer by layer before each forward and "
+                        "backward\n", zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK,
+                        zm->lv.zero_overlap ? " beside the next layer's backward (zero_overlap_comm: two layer buffers)"
+                                            : "");
             } else if (o->optimizer_in_backward && !zm->lora.on) {
                 fprintf(out, "  ZeRO                 stage %d with the step inside backward: optimizer state%s sharded, %zu "
                         "to %zu parameters per rank (edges on %d-element blocks); each layer's gradients summed as "
@@ -884,7 +862,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
     step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm,
-                                   .shard = o->optimizer_in_backward && !r.eng.model.lora.on ? shard : NULL};
+                                   .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard : NULL};
     if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     st.per_epoch = per_epoch;
@@ -908,7 +886,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     }
     snug_loss_scaler ls = st.ls;
     double loss_mean = st.loss_mean;
-    if (o->optimizer_in_backward) {
+    if (o->optimizer_in_backward && z2.counts) { /* ZeRO-3: each layer reduce-scattered, the rank's part stepped */
+        z2.step = step_group;
+        z2.step_ud = &in_bwd;
+    } else if (o->optimizer_in_backward) {
         r.eng.model.on_grads_ready = step_in_backward;
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
@@ -990,7 +971,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (o->optimizer_in_backward) {
             double ss = r.eng.be->sumsq_take(r.eng.be);
             /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums */
-            if (in_bwd.shard && r.eng.model.param_sharded &&
+            if (z2.step &&
                 (rc = comm.allreduce_sum(&comm, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) {
                 broken = 1;
                 break;

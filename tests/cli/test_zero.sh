@@ -792,6 +792,12 @@ assert not whole_m or (0 <= sum(mas) - whole_m <= n * 64 and max(abs(b - whole_m
 PY
   done
 done
+# stage 3 with the reduce-scatters beside the next layer's backward: each layer stepped once its sum is waited for
+run ob_z3o_bf16 4 --max_steps 18 --max_grad_norm 0 --optimizer_in_backward true --bf16 true --zero_stage 3 \
+  --zero_overlap_comm true --dist_debug true || bad "ob_z3o_bf16 did not train: $(grep error "$W/ob_z3o_bf16.log" | head -1)"
+grep -q "beside the next layer's backward (zero_overlap_comm" "$W/ob_z3o_bf16.log" && [ "$(worst ob_z3o_bf16 ob_ddp_bf16)" = 0.0 ] &&
+  cmp -s "$W/ob_ddp_bf16/model.safetensors" "$W/ob_z3o_bf16/model.safetensors" && ok ||
+  bad "ob_z3o_bf16: not DDP's bits with optimizer_in_backward and overlapped reduce-scatters"
 # stage 3 with the untied head: the head and final norm are stepped as soon as the loss's backward completes them
 # (their buffer is the last layer's next), the embedding after its backward; DDP's bits in bf16 with checkpointing
 # and evaluation at 3 ranks, and no shard of the gradients kept: the gradients arena is one buffer of max(embedding,
