@@ -285,6 +285,9 @@ static int template_id(snug_tokenizer *t, json_t *specials, const char *name, co
     if (!json_is_array(ids))
         return tok_bad(t, e, path, "special token \"%s\" is not in special_tokens", name);
     json_t *first = json_array_get(ids, 0);
+    if (json_is_integer(first) && (json_integer_value(first) < 0 || json_integer_value(first) > INT32_MAX))
+        return tok_bad(t, e, path, "special token \"%s\" has id %lld, not a token id", name,
+                       (long long)json_integer_value(first));
     *id = json_is_integer(first) ? (int32_t)json_integer_value(first) : -1;
     return 0;
 }
@@ -310,8 +313,9 @@ static int parse_post(snug_tokenizer *t, json_t *j, const char *path, snug_error
     }
     if (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing")) {
         json_t *cls = json_array_get(json_object_get(j, "cls"), 1), *sep = json_array_get(json_object_get(j, "sep"), 1);
-        if (!json_is_integer(cls) || !json_is_integer(sep))
-            return tok_bad(t, e, path, "%s needs \"cls\" and \"sep\" as [token, id]", type);
+        if (!json_is_integer(cls) || !json_is_integer(sep) || json_integer_value(cls) < 0 ||
+            json_integer_value(cls) > INT32_MAX || json_integer_value(sep) < 0 || json_integer_value(sep) > INT32_MAX)
+            return tok_bad(t, e, path, "%s needs \"cls\" and \"sep\" as [token, id] with ids of the vocabulary", type);
         t->bos_id = (int32_t)json_integer_value(cls);
         t->eos_id = (int32_t)json_integer_value(sep);
         t->adds_bos = t->adds_eos = 1;
@@ -410,6 +414,11 @@ static int load_json(snug_tokenizer *t, const char *json, size_t len, snug_error
         rc = build_matcher(t, &t->normed, 1, e);
     if (!rc)
         rc = build_ids(t, e);
+    /* the ids the post-processor adds to every sequence index the model's embedding: they must be tokens */
+    if (!rc && ((t->adds_bos && t->bos_id >= t->nids) || (t->adds_eos && t->eos_id >= t->nids)))
+        rc = tok_bad(t, e, "post_processor", "it adds token id %d, outside the vocabulary (ids 0..%d); give the "
+                     "special tokens the ids they have in model.vocab or added_tokens",
+                     t->adds_bos && t->bos_id >= t->nids ? t->bos_id : t->eos_id, t->nids - 1);
     json_decref(root);
     return rc;
 }

@@ -336,6 +336,15 @@ static void test_bad_input(void) {
         "Sideways", "pre_tokenizer");
     bad("{\"decoder\":{\"type\":\"WordPiece\"}," MODEL_OK "}", "WordPiece", "decoder");
     bad("{\"post_processor\":{\"type\":\"Magic\"}," MODEL_OK "}", "Magic", "post_processor");
+    /* the ids a post-processor adds index the embedding: outside the vocabulary (3 ids here) they are refused */
+    bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+        "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[3]}}}," MODEL_OK "}",
+        "token id 3, outside the vocabulary (ids 0..2)", "post_processor");
+    bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+        "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[4294967297]}}},"
+        MODEL_OK "}", "4294967297, not a token id", "post_processor.single");
+    bad("{\"post_processor\":{\"type\":\"RobertaProcessing\",\"sep\":[\"</s>\",2],\"cls\":[\"<s>\",7]}," MODEL_OK "}",
+        "token id 7, outside", "post_processor");
     bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", "\"ab\"", "model.merges");
     bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b c\"]}}", "entry 0",
         "model.merges");
