@@ -38,7 +38,8 @@ void snug_hash_update(snug_hasher *s, const void *data, size_t n) {
         h = mix_word(h, w);
     }
     s->h = h;
-    memcpy(s->buf, p, n);
+    if (n) /* (data may be NULL with n 0) */
+        memcpy(s->buf, p, n);
     s->nbuf = n;
 }
 

@@ -150,7 +150,44 @@ static int builder_finish(builder *b, snug_dataset *ds, snug_error *e) {
 typedef struct mapped_file {
     const char *data;
     size_t len;
+    int heap;              /* data was read into malloc'd memory (a pipe), not mapped */
 } mapped_file;
+
+/* A pipe or other stream (`--dataset <(zcat data.jsonl.gz)`): read to its end. */
+static int read_stream(int fd, const char *path, mapped_file *m, snug_error *e) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            close(fd);
+            return snug_fail(e, SNUG_ENOMEM, "%s: out of host memory reading the dataset", path);
+        }
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                continue;
+            }
+            buf = nb, cap *= 2;
+        }
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            int err = errno;
+            free(buf);
+            close(fd);
+            return snug_fail(e, SNUG_EIO, "%s: cannot read the dataset file (%s)", path, strerror(err));
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    m->data = buf, m->len = n, m->heap = 1;
+    return 0;
+}
 
 static int map_file(const char *path, mapped_file *m, snug_error *e) {
     memset(m, 0, sizeof *m);
@@ -163,6 +200,8 @@ static int map_file(const char *path, mapped_file *m, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: cannot open the dataset file (%s); check datasets[].path in the config",
                          path, strerror(err));
     }
+    if (!S_ISREG(st.st_mode))
+        return read_stream(fd, path, m, e);
     m->len = (size_t)st.st_size;
     if (m->len) {
         void *p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -178,7 +217,9 @@ static int map_file(const char *path, mapped_file *m, snug_error *e) {
 }
 
 static void unmap_file(mapped_file *m) {
-    if (m->data)
+    if (m->heap)
+        free((void *)m->data);
+    else if (m->data)
         munmap((void *)m->data, m->len);
     memset(m, 0, sizeof *m);
 }
@@ -498,7 +539,7 @@ static int select_examples(const snug_dataset *ds, const char *is_val, char want
 
 int snug_dataset_split(snug_dataset *ds, double val, uint64_t seed, snug_dataset *val_out, snug_error *e) {
     memset(val_out, 0, sizeof *val_out);
-    size_t n = ds->nexamples, nval = val < 1.0 ? (size_t)(val * (double)n + 0.5) : (size_t)val;
+    size_t n = ds->nexamples, nval = val < 1.0 ? (size_t)(val * (double)n + 0.5) : val < (double)n ? (size_t)val : n;
     if (nval == 0)
         return 0;
     if (nval >= n)

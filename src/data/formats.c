@@ -119,7 +119,8 @@ static int encode_range(const snug_format *f, snug_example *ex, const char *alt,
     if (drop_last >= 0 && (hi == lo || ex->tmp[--hi] != drop_last))
         return snug_fail(e, SNUG_EINPUT, "the tokenizer joins a template's special token with the text before it; "
                          "check its added_tokens");
-    memmove(ex->tmp, ex->tmp + lo, (hi - lo) * sizeof *ex->tmp);
+    if (hi > lo) /* (tmp is NULL while nothing was encoded) */
+        memmove(ex->tmp, ex->tmp + lo, (hi - lo) * sizeof *ex->tmp);
     ex->tmpn = hi - lo;
     return 0;
 }

@@ -396,18 +396,29 @@ int snug_model_config_validate(const snug_model_config *cfg, const char *path, s
                *kL = gpt2 ? "n_layer" : "num_hidden_layers", *kNH = gpt2 ? "n_head" : "num_attention_heads",
                *kPos = gpt2 ? "n_positions" : "max_position_embeddings",
                *kEps = gpt2 ? "layer_norm_epsilon" : "rms_norm_eps";
+    /* the upper bounds are far beyond any published model (a vocabulary of 262k, width 16k, 126 layers) and keep
+     * every size the layout code multiplies within its integers */
     const struct {
         const char *key;
-        int v;
+        int v, max;
     } sizes[] = {
-        {"vocab_size", cfg->vocab_size}, {kC, cfg->hidden_size},  {kI, cfg->intermediate_size},
-        {kL, cfg->n_layer},              {kNH, cfg->n_head},      {"num_key_value_heads", cfg->n_kv_head},
-        {"head_dim", cfg->head_dim},     {kPos, cfg->max_position},
+        {"vocab_size", cfg->vocab_size, 1 << 24},
+        {kC, cfg->hidden_size, 1 << 17},
+        {kI, cfg->intermediate_size, 1 << 20},
+        {kL, cfg->n_layer, 1 << 12},
+        {kNH, cfg->n_head, 1 << 12},
+        {"num_key_value_heads", cfg->n_kv_head, 1 << 12},
+        {"head_dim", cfg->head_dim, INT_MAX},
+        {kPos, cfg->max_position, INT_MAX},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         if (sizes[i].v <= 0)
             return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; it must be a positive integer", path, sizes[i].key,
                              sizes[i].v);
+        if (sizes[i].v > sizes[i].max)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; snug plans and trains models with %s up to %d", path,
+                             sizes[i].key, sizes[i].v, sizes[i].key, sizes[i].max);
+    }
     if (!(cfg->norm_eps > 0) || !isfinite(cfg->norm_eps))
         return snug_fail(e, SNUG_EINPUT, "%s: %s is %g; it must be a small positive number such as 1e-05", path, kEps,
                          (double)cfg->norm_eps);
@@ -441,15 +452,19 @@ int snug_model_config_validate(const snug_model_config *cfg, const char *path, s
     if (cfg->head_dim % 2 != 0)
         return snug_fail(e, SNUG_EINPUT, "%s: head_dim is %d; RoPE needs an even head_dim (hidden_size / "
                          "num_attention_heads when head_dim is absent)", path, cfg->head_dim);
-    if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta))
-        return snug_fail(e, SNUG_EINPUT, "%s: rope_theta is %g; it must be positive (10000.0 is the usual value)",
+    /* below 1 the frequencies grow past 1 radian per position (and overflow to NaN as theta nears 0) */
+    if (!(cfg->rope_theta >= 1) || !isfinite(cfg->rope_theta))
+        return snug_fail(e, SNUG_EINPUT, "%s: rope_theta is %g; it must be at least 1 (10000.0 is the usual value)",
                          path, cfg->rope_theta);
-    if (cfg->rope_type == SNUG_ROPE_LINEAR && !(cfg->rope_factor > 0))
-        return snug_fail(e, SNUG_EINPUT, "%s: rope_scaling.factor is %g; it must be positive", path, cfg->rope_factor);
+    /* transformers' own check: a scaling factor of at least 1 */
+    if (cfg->rope_type == SNUG_ROPE_LINEAR && !(cfg->rope_factor >= 1 && isfinite(cfg->rope_factor)))
+        return snug_fail(e, SNUG_EINPUT, "%s: rope_scaling.factor is %g; it must be at least 1", path,
+                         cfg->rope_factor);
     if (cfg->rope_type == SNUG_ROPE_LLAMA3 &&
-        (!(cfg->rope_factor > 0) || !(cfg->rope_low_freq_factor > 0) ||
-         !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) || cfg->rope_original_max_position <= 0))
-        return snug_fail(e, SNUG_EINPUT, "%s: rope_scaling (llama3) needs factor > 0, 0 < low_freq_factor < "
+        (!(cfg->rope_factor >= 1 && isfinite(cfg->rope_factor)) || !(cfg->rope_low_freq_factor > 0) ||
+         !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) || !isfinite(cfg->rope_high_freq_factor) ||
+         cfg->rope_original_max_position <= 0))
+        return snug_fail(e, SNUG_EINPUT, "%s: rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < "
                          "high_freq_factor and original_max_position_embeddings > 0 (got %g, %g, %g, %d); fix them",
                          path, cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
                          cfg->rope_original_max_position);

@@ -94,7 +94,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(!o->fp16 || !o->optimizer_in_backward,
             "%s: fp16 with optimizer_in_backward is not supported: the loss scaler must see every gradient before any "
             "layer is stepped; use bf16", src);
-    REQUIRE(o->gradient_accumulation_steps >= 1, "%s: gradient_accumulation_steps is %d; it must be at least 1", src,
+    REQUIRE(o->gradient_accumulation_steps >= 1 && o->gradient_accumulation_steps <= 1 << 20,
+            "%s: gradient_accumulation_steps is %d; use 1 to 1048576 micro-batches per step", src,
             o->gradient_accumulation_steps);
     REQUIRE(o->max_steps == -1 || o->max_steps >= 1,
             "%s: max_steps is %d; use -1 (train for num_epochs) or a number of steps >= 1", src, o->max_steps);
@@ -152,7 +153,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: merge_lora needs adapter: lora and a base_model folder to merge into", src);
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
-    REQUIRE(o->threads >= 0, "%s: threads is %d; use 0 (all cores) or a positive count", src, o->threads);
+    REQUIRE(o->threads >= 0 && o->threads <= 1024, "%s: threads is %d; use 0 (all cores) or a count up to 1024", src,
+            o->threads);
     REQUIRE(o->data_seed >= -1, "%s: data_seed is %d; use -1 (the same as seed) or a seed of 0 or more", src,
             o->data_seed);
     REQUIRE(o->sample_tokens >= 0, "%s: sample_tokens is %d; it must be 0 or more", src, o->sample_tokens);

@@ -94,6 +94,10 @@ static int resolve_model(snug_setup *r, snug_error *e) {
         if (r->enc.bos_id >= 0)
             r->cfg.bos_token_id = r->enc.bos_id;
     }
+    if (r->enc.eos_id < 0 && r->cfg.eos_token_id >= r->cfg.vocab_size) /* it would end every example */
+        return snug_fail(e, SNUG_EINPUT, "%s/config.json: eos_token_id %d is outside the vocabulary (vocab_size %d); "
+                         "set it to the id of the end-of-text token", o->base_model, r->cfg.eos_token_id,
+                         r->cfg.vocab_size);
     if (r->enc.eos_id < 0)
         r->enc.eos_id = r->cfg.eos_token_id;
     if (o->sequence_len > r->cfg.max_position)

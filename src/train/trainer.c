@@ -512,9 +512,9 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
             r->s.train.ntokens, r->s.val.nexamples);
     snug_data_report_print(out, &r->s.drep, r->s.dsrc, &r->s.dopts);
     snug_batching_report_print(out, &r->brep);
-    fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %d tokens per step\n",
+    fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %lld tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps,
-            o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps);
+            (long long)o->micro_batch_size * o->sequence_len * o->gradient_accumulation_steps);
     fprintf(out, "  schedule             %d steps (%zu micro-batches per epoch), lr %g %s, warmup %d\n", total_steps,
             batches_per_epoch, o->learning_rate, snug_sched_name(o->lr_scheduler), snug_warmup_steps(o, total_steps));
     fprintf(out, "  optimizer            %s\n", snug_optim_name(r->s.spec.optim, r->s.spec.optim_paged));

@@ -99,5 +99,37 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
 PY
 expect_error shape "k_proj.weight.*shape" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
 
+# out-of-range numbers found by fuzzing: each once overflowed an int, read past a table, crashed, or trained NaN
+cfgset() { # cfgset KEY VALUE: the model folder's config.json with KEY set
+  bad_model; python3 - "$W/bm/config.json" "$1" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c[sys.argv[2]] = json.loads(sys.argv[3]); json.dump(c, open(sys.argv[1], "w"))
+PY
+}
+for kv in "intermediate_size 1073741824" "num_hidden_layers 65536" "vocab_size 2147483647" "hidden_size 2147483640"; do
+  set -- $kv
+  cfgset "$1" "$2"
+  expect_error "config-$1" "bm/config.json: $1 is $2; snug plans and trains models with $1 up to" \
+    "$SNUG" plan --base_model "$W/bm" --sequence_len 16
+done
+cfgset rope_theta 1e-300
+expect_error rope-theta "bm/config.json: rope_theta is 1e-300; it must be at least 1" \
+  "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+cfgset rope_scaling '{"rope_type": "linear", "factor": 1e-300}'
+expect_error rope-factor "bm/config.json: rope_scaling.factor is 1e-300; it must be at least 1" \
+  "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+expect_error threads "threads is 100000; use 0 \(all cores\) or a count up to 1024" \
+  "$SNUG" train --dataset "$W/data.jsonl" $T --threads 100000
+expect_error accumulation "gradient_accumulation_steps is 2147483647; use 1 to 1048576" \
+  "$SNUG" train --dataset "$W/data.jsonl" $T --gradient_accumulation_steps 2147483647
+expect_error val-huge "val_set_size 1e\+30 leaves no training examples" \
+  "$SNUG" train --dataset "$W/data.jsonl" $T --val_set_size 1e30
+: > "$W/empty.jsonl"
+expect_error empty-dataset "empty.jsonl: the file has no examples" "$SNUG" train --dataset "$W/empty.jsonl" $T
+# a dataset read from a pipe (its size unknown until read): trained, not taken for an empty file
+rm -rf "$W/out"
+if "$SNUG" train --dataset <(cat "$W/data.jsonl") $T --max_steps 1 > "$W/stdout" 2>&1 && [ -f "$W/out/model.safetensors" ]
+then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: pipe: $(tail -1 "$W/stdout")"; fi
+
 echo "test_bad_input: $pass passed, $fail failed"
 [ $fail -eq 0 ]
