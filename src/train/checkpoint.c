@@ -151,7 +151,11 @@ static json_t *fixed_json(const snug_run_config *c, const snug_setup *s) {
 
 /* ---- files: hash, write, read ---- */
 
-static int hash_file(const char *path, size_t *bytes, uint64_t *hash) {
+/* limit: read no further than this (a checkpoint file is as large as its listing says): -1 when longer */
+static int hash_file(const char *path, size_t *bytes, uint64_t *hash, size_t limit) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > limit)
+        return -1;
     FILE *f = fopen(path, "rb");
     if (!f)
         return -1;
@@ -490,7 +494,7 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
         size_t bytes;
         uint64_t hv;
         snug_path_join(p, sizeof p, part, de->d_name);
-        if (hash_file(p, &bytes, &hv)) {
+        if (hash_file(p, &bytes, &hv, SIZE_MAX)) {
             closedir(d);
             return snug_fail(e, SNUG_EIO, "%s: cannot read back what was just written", p);
         }
@@ -764,13 +768,19 @@ static int check_file(const char *dir, const char *name, json_t *f, snug_error *
     char p[4400], why[600], hex[32];
     size_t bytes;
     uint64_t h;
+    json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
+    /* a listed name is a file of this folder, never a path out of it */
+    if (!name[0] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
+        snprintf(why, sizeof why, "it lists \"%.200s\", which is not a file name of the checkpoint", name);
+        return refuse(e, dir, why);
+    }
     snug_path_join(p, sizeof p, dir, name);
-    if (hash_file(p, &bytes, &h)) {
-        snprintf(why, sizeof why, "%s is missing or unreadable", name);
+    if (hash_file(p, &bytes, &h, want_bytes >= 0 ? (size_t)want_bytes : 0)) {
+        snprintf(why, sizeof why, "%s is missing, unreadable, not a plain file or longer than the %lld bytes it was "
+                 "written as", name, (long long)want_bytes);
         return refuse(e, dir, why);
     }
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-    json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
     const char *want_hash = json_string_value(json_object_get(f, "hash"));
     if ((json_int_t)bytes != want_bytes || !want_hash || strcmp(hex, want_hash)) {
         snprintf(why, sizeof why, "%s is %zu bytes with hash %s, but was written as %lld bytes with hash %s (the file "
@@ -902,6 +912,8 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     }
     snug_path_join(p, sizeof p, dir, STATE_JSON);
     int rc = snug_read_file(p, &text, &len, e);
+    if (rc) /* the hash without its state: as incomplete as a checkpoint without the hash */
+        rc = refuse(e, dir, "not a complete checkpoint: trainer_state.json is missing or unreadable");
     char want[32];
     if (!rc) {
         snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, CKPT_SEED));

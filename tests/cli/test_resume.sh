@@ -225,6 +225,15 @@ for f in model.safetensors state-optim.bin; do
   expect_error "truncated $f" "damaged.*$f is 100 bytes" \
     "$SNUG" train $fast --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
 done
+# a listed file grown past its size is not read to its end (a device or a huge file in its place)
+rm -rf "$W/damaged"; cp -r "$ck" "$W/damaged"; printf 'xx' >> "$W/damaged/state-optim.bin"
+expect_error "longer state-optim.bin" "damaged: state-optim.bin is missing, unreadable, not a plain file or longer than" \
+  "$SNUG" train $fast --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+# the state without the hash, or the hash without the state: incomplete
+rm -rf "$W/damaged"; cp -r "$ck" "$W/damaged"; rm "$W/damaged/trainer_state.json"
+expect_error "no trainer_state.json" "damaged: not a complete checkpoint: trainer_state.json is missing" \
+  "$SNUG" train $fast --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
+rm -rf "$W/damaged"; cp -r "$ck" "$W/damaged"
 rm "$W/damaged/trainer_state.hash"
 expect_error incomplete "damaged: not a complete checkpoint" \
   "$SNUG" train $fast --max_steps 10 --output_dir "$W/fp32" --resume_from_checkpoint "$W/damaged"
