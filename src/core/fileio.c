@@ -184,6 +184,9 @@ int snug_read_file(const char *path, char **out, size_t *len, snug_error *e) {
     *out = NULL;
     if (len)
         *len = 0;
+    struct stat ds;
+    if (stat(path, &ds) == 0 && S_ISDIR(ds.st_mode))
+        return snug_fail(e, SNUG_EINPUT, "%s is a folder where a file was expected; check the path", path);
     FILE *f = fopen(path, "rb");
     if (!f) {
         int err = errno;

@@ -272,13 +272,16 @@ out:
 static int open_one(snug_st_set *s, const char *path, snug_error *e) {
     SNUG_TRY(add_file_slot(s, path, e));
     int fi = s->nfiles - 1;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* before open: a FIFO's open would wait for a writer */
+        return snug_fail(e, SNUG_EINPUT, "%s: not a regular file (a %s); the weights must be a safetensors file", path,
+                         S_ISDIR(st.st_mode) ? "folder" : "device, pipe or socket");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return snug_fail(e, SNUG_EIO, "cannot open %s: %s; check the path", path, strerror(errno));
-    struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return snug_fail(e, SNUG_EIO, "cannot read %s: not a regular file; check the path", path);
+        return snug_fail(e, SNUG_EINPUT, "%s: not a regular file; the weights must be a safetensors file", path);
     }
     if (st.st_size < 8) {
         close(fd);
@@ -354,6 +357,12 @@ static int open_index(snug_st_set *s, const char *dir, const char *index_path, s
             goto out;
         }
         const char *f = json_string_value(v);
+        if (!f[0] || strchr(f, '/') || !strcmp(f, ".") || !strcmp(f, "..")) {
+            rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map puts tensor \"%s\" in \"%s\", which is not a file name of "
+                           "the model folder; name its shard file (model-00001-of-00002.safetensors)", index_path,
+                           name, f);
+            goto out;
+        }
         int k = 0;
         while (k < nshards && strcmp(shards[k], f) != 0)
             k++;

@@ -126,6 +126,25 @@ expect_error val-huge "val_set_size 1e\+30 leaves no training examples" \
   "$SNUG" train --dataset "$W/data.jsonl" $T --val_set_size 1e30
 : > "$W/empty.jsonl"
 expect_error empty-dataset "empty.jsonl: the file has no examples" "$SNUG" train --dataset "$W/empty.jsonl" $T
+# a folder where the weights or the configuration go; a shard index naming something that is not a file of the folder
+bad_model; rm "$W/bm/model.safetensors"; mkdir "$W/bm/model.safetensors"
+expect_error weights-folder "bm/model.safetensors: not a regular file \(a folder\)" \
+  "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; rm "$W/bm/config.json"; mkdir "$W/bm/config.json"
+expect_error config-folder "bm/config.json is a folder where a file was expected" \
+  "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+bad_model; mv "$W/bm/model.safetensors" "$W/bm/model-00001-of-00001.safetensors"
+python3 - "$W/bm" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+h = open(f"{d}/model-00001-of-00001.safetensors", "rb").read()
+names = [k for k in json.loads(h[8:8 + struct.unpack("<Q", h[:8])[0]]) if k != "__metadata__"]
+wm = {k: "model-00001-of-00001.safetensors" for k in names}
+wm[names[0]] = ".."
+json.dump({"metadata": {}, "weight_map": wm}, open(f"{d}/model.safetensors.index.json", "w"))
+PY
+expect_error shard-name 'weight_map puts tensor .* in "\.\.", which is not a file name of the model folder' \
+  "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
 # a dataset read from a pipe (its size unknown until read): trained, not taken for an empty file
 rm -rf "$W/out"
 if "$SNUG" train --dataset <(cat "$W/data.jsonl") $T --max_steps 1 > "$W/stdout" 2>&1 && [ -f "$W/out/model.safetensors" ]
