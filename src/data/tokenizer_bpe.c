@@ -200,8 +200,12 @@ int tok_parse_model(snug_tokenizer *t, json_t *model, snug_error *e) {
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= INT32_MAX)
-            return tok_bad(t, e, "model.vocab", "the id of \"%.80s\" must be an integer in [0, 2^31)", key);
+        if (!json_is_integer(val) || json_integer_value(val) < 0)
+            return tok_bad(t, e, "model.vocab", "the id of \"%.80s\" must be a non-negative integer", key);
+        /* ids index tables as large as the largest id (and a model's vocabulary, which snug bounds the same) */
+        if (json_integer_value(val) >= 1 << 24)
+            return tok_bad(t, e, "model.vocab", "the id of \"%.80s\" is %lld; snug reads vocabularies of ids below "
+                           "2^24 (16777216)", key, (long long)json_integer_value(val));
         if (json_integer_value(val) > max_id)
             max_id = json_integer_value(val);
         pool_len += strlen(key) + 1;

@@ -349,6 +349,9 @@ static void test_bad_input(void) {
     bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b c\"]}}", "entry 0",
         "model.merges");
     bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-3},\"merges\":[]}}", "\"a\"", "model.vocab");
+    /* an id past any vocabulary would size the id tables by it (2^31 entries: an out-of-memory, not this error) */
+    bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":2147483646},\"merges\":[]}}", "is 2147483646; snug reads "
+        "vocabularies of ids below 2^24", "model.vocab");
     bad("{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}}", "dropout", NULL);
     bad("{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"}," MODEL_OK "}", "replacement",
         "single character");
