@@ -967,6 +967,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             break;
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
+        /* a loss that is no number: what a step would write (and the model saved at the end) would be NaN; stop
+         * with the checkpoints as they are (fp16's loss scaler handles overflow itself). Every rank has the sum. */
+        if (!isfinite(loss) && r.eng.model.lv.dt != SNUG_DT_F16) {
+            rc = snug_fail(e, SNUG_EINPUT, "step %d: the loss is %g: training diverged (or the model's numbers "
+                           "overflow); lower learning_rate (%g), set max_grad_norm, or check the base model's "
+                           "config.json; nothing was saved after the last checkpoint", step + 1, loss,
+                           o->learning_rate);
+            break;
+        }
         double norm;
         if (o->optimizer_in_backward) {
             double ss = r.eng.be->sumsq_take(r.eng.be);

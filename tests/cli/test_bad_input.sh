@@ -145,6 +145,12 @@ json.dump({"metadata": {}, "weight_map": wm}, open(f"{d}/model.safetensors.index
 PY
 expect_error shard-name 'weight_map puts tensor .* in "\.\.", which is not a file name of the model folder' \
   "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+# a loss that is no number (a learning rate that blows the weights up) stops the run naming the fix, with no NaN model
+rm -rf "$W/out"
+"$SNUG" train --dataset "$W/data.jsonl" $T --max_steps 20 --learning_rate 1e30 > "$W/stdout" 2> "$W/stderr"
+if [ $? -eq 2 ] && grep -Eq "step [0-9]+: the loss is -?nan: training diverged.*lower learning_rate" "$W/stderr" &&
+   [ ! -e "$W/out/model.safetensors" ]; then pass=$((pass + 1)); else
+  fail=$((fail + 1)); echo "FAIL: diverged: $(tail -1 "$W/stderr")"; fi
 # a dataset read from a pipe (its size unknown until read): trained, not taken for an empty file
 rm -rf "$W/out"
 if "$SNUG" train --dataset <(cat "$W/data.jsonl") $T --max_steps 1 > "$W/stdout" 2>&1 && [ -f "$W/out/model.safetensors" ]
