@@ -83,17 +83,22 @@ def main():
         B, T = a.micro_batch, a.seq
         print(f"{name}: global batch {N} x {B} x {T} tokens, AdamW, {a.steps} steps, {a.rounds} rounds"
               + (f", {a.extra}" if more else ""))
-        modes = [("1 process x %d threads, accumulation %d" % (N, N), 1, N, N, more)]
-        modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"] + more))
+        # the same global batch on one process: accumulation over N micro-batches, or (the step inside backward
+        # cannot accumulate) one micro-batch N times as large
+        if "--optimizer_in_backward" in more:
+            modes = [("1 process x %d threads, micro-batch %d" % (N, N * B), 1, N, 1, more, N * B)]
+        else:
+            modes = [("1 process x %d threads, accumulation %d" % (N, N), 1, N, N, more, B)]
+        modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"] + more, B))
         for s in stages:
             modes.append(("%d ranks x 1 thread, ZeRO-%d" % (N, s), N, 1, 1,
-                          ["--ddp", "true", "--zero_stage", str(s)] + more))
+                          ["--ddp", "true", "--zero_stage", str(s)] + more, B))
         res = {m[0]: [] for m in modes}
         for k in range(a.rounds):
-            for label, ranks, threads, accum, extra in modes:
+            for label, ranks, threads, accum, extra, mb in modes:
                 out = os.path.join(w, "out-%d-%d" % (k, len(res[label])))
                 try:
-                    res[label].append(run(snug, folder, data, out, B, T, a.steps, ranks, threads, accum, extra))
+                    res[label].append(run(snug, folder, data, out, mb, T, a.steps, ranks, threads, accum, extra))
                 except RuntimeError as err:
                     res[label].append({"error": str(err).splitlines()[-1]})
                 shutil.rmtree(out, ignore_errors=True)
