@@ -150,44 +150,8 @@ static int builder_finish(builder *b, snug_dataset *ds, snug_error *e) {
 typedef struct mapped_file {
     const char *data;
     size_t len;
-    int heap;              /* data was read into malloc'd memory (a pipe), not mapped */
+    int heap;              /* data was read into malloc'd memory (a pipe, snug_read_file), not mapped */
 } mapped_file;
-
-/* A pipe or other stream (`--dataset <(zcat data.jsonl.gz)`): read to its end. */
-static int read_stream(int fd, const char *path, mapped_file *m, snug_error *e) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            close(fd);
-            return snug_fail(e, SNUG_ENOMEM, "%s: out of host memory reading the dataset", path);
-        }
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                continue;
-            }
-            buf = nb, cap *= 2;
-        }
-        ssize_t got = read(fd, buf + n, cap - n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            int err = errno;
-            free(buf);
-            close(fd);
-            return snug_fail(e, SNUG_EIO, "%s: cannot read the dataset file (%s)", path, strerror(err));
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
-    close(fd);
-    m->data = buf, m->len = n, m->heap = 1;
-    return 0;
-}
 
 static int map_file(const char *path, mapped_file *m, snug_error *e) {
     memset(m, 0, sizeof *m);
@@ -200,8 +164,13 @@ static int map_file(const char *path, mapped_file *m, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: cannot open the dataset file (%s); check datasets[].path in the config",
                          path, strerror(err));
     }
-    if (!S_ISREG(st.st_mode))
-        return read_stream(fd, path, m, e);
+    if (!S_ISREG(st.st_mode)) { /* a pipe (`--dataset <(zcat data.jsonl.gz)`): its size is unknown, read it to its end */
+        close(fd);
+        char *buf;
+        SNUG_TRY(snug_read_file(path, &buf, &m->len, e));
+        m->data = buf, m->heap = 1;
+        return 0;
+    }
     m->len = (size_t)st.st_size;
     if (m->len) {
         void *p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
