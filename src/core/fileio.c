@@ -279,3 +279,7 @@ int snug_file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
 }
+
+int snug_is_plain_name(const char *name) {
+    return name[0] && !strchr(name, '/') && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}

@@ -47,4 +47,8 @@ int snug_mkdirs(const char *path, snug_error *e);
 
 int snug_file_exists(const char *path);
 
+/* Whether name, read from a listing (a shard index, a checkpoint's files), names a file inside the listing's folder:
+ * not empty, no '/', not "." or "..", so joining it to the folder never leads out of it. */
+int snug_is_plain_name(const char *name);
+
 #endif

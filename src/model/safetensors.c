@@ -357,7 +357,7 @@ static int open_index(snug_st_set *s, const char *dir, const char *index_path, s
             goto out;
         }
         const char *f = json_string_value(v);
-        if (!f[0] || strchr(f, '/') || !strcmp(f, ".") || !strcmp(f, "..")) {
+        if (!snug_is_plain_name(f)) {
             rc = snug_fail(e, SNUG_EINPUT, "%s: weight_map puts tensor \"%s\" in \"%s\", which is not a file name of "
                            "the model folder; name its shard file (model-00001-of-00002.safetensors)", index_path,
                            name, f);

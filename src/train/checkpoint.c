@@ -770,7 +770,7 @@ static int check_file(const char *dir, const char *name, json_t *f, snug_error *
     uint64_t h;
     json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
     /* a listed name is a file of this folder, never a path out of it */
-    if (!name[0] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
+    if (!snug_is_plain_name(name)) {
         snprintf(why, sizeof why, "it lists \"%.200s\", which is not a file name of the checkpoint", name);
         return refuse(e, dir, why);
     }

@@ -169,6 +169,14 @@ static void test_mkdirs(void) {
     rmdir(tpath("x"));
 }
 
+/* names from a listing: only those that stay inside the folder */
+static void test_plain_name(void) {
+    CHECK(snug_is_plain_name("model-00001-of-00002.safetensors") && snug_is_plain_name("..x") &&
+          snug_is_plain_name(".hidden"));
+    CHECK(!snug_is_plain_name("") && !snug_is_plain_name(".") && !snug_is_plain_name("..") &&
+          !snug_is_plain_name("../x") && !snug_is_plain_name("/dev/zero") && !snug_is_plain_name("a/b"));
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/snug_test_fileio_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -179,6 +187,7 @@ int main(void) {
     test_direct();
     test_read_copy();
     test_mkdirs();
+    test_plain_name();
     CHECKF(rmdir(tmpdir) == 0, "temporary folder %s not empty", tmpdir);
     return check_finish("test_fileio");
 }
