@@ -139,6 +139,9 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
     fputc('\n', f);
 }
 
+/* QLoRA's 4-bit code as the report names it (snug_q4_type_name's, upper case) */
+static const char *q4_code(const snug_levers *lv) { return lv->lora.q4_type ? "FP4" : "NF4"; }
+
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
     int offq = s->lv.offload_params && s->lv.lora.kind;
@@ -150,11 +153,11 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
     switch (c) {
     case SNUG_MEM_PARAMS:
         if (s->lv.lora.kind == SNUG_ADAPTER_QLORA && offq)
-            snprintf(buf, n, "%s embeddings, norms, head; two layers' %s matrices (copied in)", snug_precision_name(s->lv.dt),
-                     s->lv.lora.q4_type ? "FP4" : "NF4");
+            snprintf(buf, n, "%s embeddings, norms, head; two layers' %s matrices (copied in)",
+                     snug_precision_name(s->lv.dt), q4_code(&s->lv));
         else if (s->lv.lora.kind == SNUG_ADAPTER_QLORA)
-            snprintf(buf, n, "%s block matrices, %s embeddings, norms, head",
-                     s->lv.lora.q4_type ? "FP4" : "NF4", snug_precision_name(s->lv.dt));
+            snprintf(buf, n, "%s block matrices, %s embeddings, norms, head", q4_code(&s->lv),
+                     snug_precision_name(s->lv.dt));
         else
             snprintf(buf, n, "%s weights", snug_precision_name(s->lv.dt));
         break;
@@ -437,7 +440,7 @@ static void print_text(const report *r, FILE *f) {
         int q = pl_lv->lora.kind == SNUG_ADAPTER_QLORA;
         char base[64];
         snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",
-                 q ? (pl_lv->lora.q4_type ? "FP4" : "NF4") : snug_precision_name(pl_lv->dt), snug_precision_name(pl_lv->dt));
+                 q ? q4_code(pl_lv) : snug_precision_name(pl_lv->dt), snug_precision_name(pl_lv->dt));
         fprintf(f, "  training     %s r=%d alpha %g on %s: the %s frozen, fp32 adapters, optimizer %s\n",
                 q ? "QLoRA" : "LoRA", pl_lv->lora.r, (double)pl_lv->lora.alpha, t, base,
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));

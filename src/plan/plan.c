@@ -14,7 +14,7 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
     snug_levers lv = s->lv;
     lv.grads_fp32 = s->with_grads && lv.dt != SNUG_DT_F32 && (s->GA > 1 || s->ranks > 1);
     /* (with the step inside backward the gradients are one layer's already: stage 2 steps as stage 1; stage 3 keeps
-     * the layout, each layer's gradients reduce-scattered and the rank's part stepped at once, with no shard of
+     * the layout, each layer's gradients reduce-scattered and the rank's part stepped once summed, with no shard of
      * summed gradients kept) */
     lv.zero_grads = s->with_grads && s->zero_stage >= 2 && s->ranks > 1 && !lv.lora.kind &&
                     (!lv.optimizer_in_backward || s->zero_stage >= 3);
