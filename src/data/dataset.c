@@ -164,7 +164,7 @@ static int map_file(const char *path, mapped_file *m, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: cannot open the dataset file (%s); check datasets[].path in the config",
                          path, strerror(err));
     }
-    if (!S_ISREG(st.st_mode)) { /* a pipe (`--dataset <(zcat data.jsonl.gz)`): its size is unknown, read it to its end */
+    if (!S_ISREG(st.st_mode)) { /* a pipe (`--dataset <(zcat data.jsonl.gz)`): its size unknown, read to its end */
         close(fd);
         char *buf;
         SNUG_TRY(snug_read_file(path, &buf, &m->len, e));

@@ -321,8 +321,8 @@ int tok_regex_events(tok_ctx *c, const tok_regex *re, const char *s, size_t len,
         size_t ms, me;
         int rc = tok_regex_find(re, c->md, s, len, pos, &ms, &me);
         if (rc < 0)
-            return snug_fail(c->e, SNUG_EINPUT, "tokenizer.json: a regex of its normalizer or pre_tokenizer gives up on "
-                             "this text (PCRE2's match limit: the pattern backtracks without end); simplify the "
+            return snug_fail(c->e, SNUG_EINPUT, "tokenizer.json: a regex of its normalizer or pre_tokenizer gives up "
+                             "on this text (PCRE2's match limit: the pattern backtracks without end); simplify the "
                              "pattern, or leave the text out"), -1;
         if (rc == 0)
             break;

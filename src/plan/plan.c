@@ -119,7 +119,7 @@ void snug_plan_shard_params(snug_model *m, const snug_plan_spec *s) {
 int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s, snug_error *e) {
     m->gshard = NULL;
     m->gshard_lo = m->gshard_n = 0;
-    if (!m->lv.zero_grads || m->lv.optimizer_in_backward) /* stage 3 inside backward: each layer's sum stepped at once */
+    if (!m->lv.zero_grads || m->lv.optimizer_in_backward) /* stage 3 inside backward: each layer's sum stepped */
         return 0;
     size_t *counts = malloc((size_t)s->ranks * sizeof *counts);
     if (!counts)

@@ -752,11 +752,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             }
             const snug_model *zm = &r.eng.model;
             if (o->optimizer_in_backward && !zm->lora.on && zm->param_sharded) {
-                fprintf(out, "  ZeRO                 stage 3 with the step inside backward: parameters, optimizer state%s "
-                        "sharded, %zu to %zu parameters per rank (edges on %d-element blocks); each layer's gradients "
-                        "reduce-scattered as backward completes them%s and the rank's part stepped once summed (no "
-                        "shard of gradients kept), parameters all-gathered layer by layer before each forward and "
-                        "backward\n", zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK,
+                fprintf(out, "  ZeRO                 stage 3 with the step inside backward: parameters, optimizer "
+                        "state%s sharded, %zu to %zu parameters per rank (edges on %d-element blocks); each layer's "
+                        "gradients reduce-scattered as backward completes them%s and the rank's part stepped once "
+                        "summed (no shard of gradients kept), parameters all-gathered layer by layer before each "
+                        "forward and backward\n",
+                        zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK,
                         zm->lv.zero_overlap ? " beside the next layer's backward (zero_overlap_comm: two layer buffers)"
                                             : "");
             } else if (o->optimizer_in_backward && !zm->lora.on) {
@@ -861,8 +862,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     int tty = isatty(fileno(out));
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
+    /* (ZeRO-3 steps through the reduce-scatter hook, z2.step below) */
     step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm,
-                                   .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard : NULL};
+                                   .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard
+                                                                                                            : NULL};
     if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     st.per_epoch = per_epoch;
