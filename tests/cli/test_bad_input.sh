@@ -145,6 +145,30 @@ json.dump({"metadata": {}, "weight_map": wm}, open(f"{d}/model.safetensors.index
 PY
 expect_error shard-name 'weight_map puts tensor .* in "\.\.", which is not a file name of the model folder' \
   "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+# a FIFO where the weights go: refused at once (opening it would wait for a writer forever)
+bad_model; rm "$W/bm/model.safetensors"; mkfifo "$W/bm/model.safetensors"
+expect_error weights-fifo "bm/model.safetensors: not a regular file \(a device, pipe or socket\)" \
+  timeout 60 "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/bm" $T
+# tokenizers that misbehave on a line: a regex that backtracks without end is bad input naming the file and line; a
+# line that encodes to no tokens at all (a Strip normalizer on blanks) is an example like any other, not a crash
+tokset() { # tokset NAME JSON: the tokenizer with normalizer JSON, in $W/NAME
+  rm -rf "$W/$1"; cp -r "$SRC/assets/tokenizer" "$W/$1"
+  python3 - "$W/$1/tokenizer.json" "$2" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1])); t["normalizer"] = json.loads(sys.argv[2]); json.dump(t, open(sys.argv[1], "w"))
+PY
+}
+tokset tk_regex '{"type": "Replace", "pattern": {"Regex": "(a+)+$"}, "content": "x"}'
+python3 -c "import json; print(json.dumps({'text': 'a' * 5000 + 'b'}))" > "$W/aaa.jsonl"
+expect_error regex-limit "aaa.jsonl line 1: tokenizer.json: a regex of its normalizer or pre_tokenizer gives up" \
+  "$SNUG" train --dataset "$W/aaa.jsonl" $T --tokenizer "$W/tk_regex" --max_steps 1
+tokset tk_strip '{"type": "Strip", "left": true, "right": true}'
+printf '{"text": "fine line"}\n{"text": "   "}\n' > "$W/blank.jsonl"
+rm -rf "$W/out"
+"$SNUG" train --dataset "$W/blank.jsonl" $T --tokenizer "$W/tk_strip" --max_steps 1 > "$W/stdout" 2> "$W/stderr"
+rc=$?
+if [ $rc -eq 0 ] || { [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/stderr")" -eq 1 ]; }; then pass=$((pass + 1)); else
+  fail=$((fail + 1)); echo "FAIL: a line of no tokens: exit $rc: $(tail -3 "$W/stderr")"; fi
 # a loss that is no number (a learning rate that blows the weights up) stops the run naming the fix, with no NaN model
 rm -rf "$W/out"
 "$SNUG" train --dataset "$W/data.jsonl" $T --max_steps 20 --learning_rate 1e30 > "$W/stdout" 2> "$W/stderr"
