@@ -96,6 +96,8 @@ static int put_str(const snug_format *f, snug_example *ex, const char *s, int su
 }
 
 static int push_ids(snug_example *ex, const int32_t *ids, size_t n, int sup, snug_error *e) {
+    if (!n) /* (ids may be NULL: a range that encoded to nothing) */
+        return 0;
     if (grow((void **)&ex->ids, &ex->cap, ex->n + n, sizeof *ex->ids) ||
         grow((void **)&ex->sup, &ex->supcap, ex->n + n, 1))
         return oom(e);
