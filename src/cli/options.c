@@ -219,6 +219,15 @@ static const key_spec keys[] = {
              "and its backward, the global tensors before the embedding and the loss (its checkpoints keep each "
              "rank's shards and no model files; under LoRA it shards the frozen base alone); 0 = every rank holds "
              "everything"},
+    {.name = "tensor_parallel_size", .type = KT_INT, .group = G_BATCH, AT_INT(tensor_parallel_size), .def = "1",
+     MIN(1),
+     .help = "tensor parallelism (Megatron's layout) over that many ranks, launched as mpirun -np N: each rank holds "
+             "1/N of every block's attention heads and MLP rows (q/k/v and gate/up split by rows, o_proj and "
+             "down_proj by columns) with their gradients and optimizer state, and every rank runs the same "
+             "micro-batches; each block's two outputs and, in backward, the gradients of its two norm outputs are "
+             "summed over the ranks. Llama-family models with heads, key/value heads and intermediate_size divisible "
+             "by N; full fine-tuning; as many ranks as N (data parallelism beside it is not built yet); checkpoints "
+             "keep each rank's slices, the final model is written whole"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

@@ -1386,9 +1386,57 @@ void snug_model_get_params(const snug_model *m, float *host) {
     ((snug_model *)m)->wl_layer = -1;
 }
 
+/* The random init's values k0 .. k0 + len - 1 of table entry i (p) of a model of n_layer layers into x, the entry's
+ * stream *s continuing from the previous piece (len even but for the last piece). */
+static void init_values(const snug_param_entry *p, double std, int n_layer, uint64_t *s, float *x, size_t len) {
+    int is_norm_w = p->ndim == 1 && (strstr(p->name, "norm") || strstr(p->name, "ln_")) && ends_with(p->name, "weight");
+    int residual_out = ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight") ||
+                       ends_with(p->name, "c_proj.weight");
+    double sd = residual_out ? std / sqrt(2.0 * n_layer) : std;
+    if (p->ndim == 1) {
+        for (size_t k = 0; k < len; k++)
+            x[k] = is_norm_w ? 1.0f : 0.0f;
+        return;
+    }
+    for (size_t k = 0; k < len; k += 2) {
+        double u1 = uniform01(s), u2 = uniform01(s), r = sqrt(-2.0 * log(u1));
+        x[k] = (float)(sd * r * cos(2 * M_PI * u2));
+        if (k + 1 < len)
+            x[k + 1] = (float)(sd * r * sin(2 * M_PI * u2));
+    }
+}
+
+/* each tensor gets its own stream, so adding a tensor does not change the others */
+static uint64_t init_stream(uint64_t seed, int i) { return seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull; }
+
+/* Tensor parallelism: the whole model's tensors drawn as one process draws them, each rank keeping its slice, so the
+ * ranks start from the weights one process would */
+static int init_random_tp(snug_model *m, uint64_t seed, double std) {
+    snug_param_table g;
+    if (snug_param_table_build(&g, &m->tp_cfg, NULL))
+        return SNUG_ENOMEM;
+    size_t largest = 0;
+    for (int i = 0; i < g.n; i++)
+        largest = g.e[i].numel > largest ? g.e[i].numel : largest;
+    float *whole = malloc(largest * sizeof *whole), *part = malloc(largest * sizeof *part);
+    int rc = whole && part && g.n == m->table.n ? 0 : SNUG_ENOMEM;
+    for (int i = 0; i < g.n && !rc; i++) {
+        uint64_t s = init_stream(seed, i);
+        init_values(&g.e[i], std, m->tp_cfg.n_layer, &s, whole, g.e[i].numel);
+        snug_tp_slice(&g.e[i], &m->table.e[i], m->tp_rank, whole, part, 0);
+        rc = snug_model_put_entry(m, i, part, NULL) ? SNUG_ENOMEM : 0;
+    }
+    free(whole);
+    free(part);
+    snug_param_table_free(&g);
+    return rc;
+}
+
 int snug_model_init_random(snug_model *m, uint64_t seed) {
     const snug_model_config *c = &m->cfg;
     float std = c->initializer_range > 0 ? c->initializer_range : 0.02f;
+    if (m->tp > 1)
+        return init_random_tp(m, seed, std);
     /* write straight into the parameters when they are fp32 host memory; else through a host buffer of PIECE
      * values (even, so the Box-Muller pairs never straddle two pieces) */
     size_t PIECE = (size_t)1 << 20, largest = 0;
@@ -1401,26 +1449,11 @@ int snug_model_init_random(snug_model *m, uint64_t seed) {
         return SNUG_ENOMEM;
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        /* each tensor gets its own stream, so adding a tensor does not change the others */
-        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull;
-        int is_norm_w = p->ndim == 1 && (strstr(p->name, "norm") || strstr(p->name, "ln_")) && ends_with(p->name, "weight");
-        int residual_out = ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight") ||
-                           ends_with(p->name, "c_proj.weight");
-        double sd = residual_out ? std / sqrt(2.0 * c->n_layer) : std;
+        uint64_t s = init_stream(seed, i);
         for (size_t k0 = 0; k0 < p->numel; k0 += PIECE) {
             size_t len = p->numel - k0 < PIECE ? p->numel - k0 : PIECE;
             float *x = direct ? direct + p->offset + k0 : buf;
-            if (p->ndim == 1) {
-                for (size_t k = 0; k < len; k++)
-                    x[k] = is_norm_w ? 1.0f : 0.0f;
-            } else {
-                for (size_t k = 0; k < len; k += 2) {
-                    double u1 = uniform01(&s), u2 = uniform01(&s), r = sqrt(-2.0 * log(u1));
-                    x[k] = (float)(sd * r * cos(2 * M_PI * u2));
-                    if (k + 1 < len)
-                        x[k + 1] = (float)(sd * r * sin(2 * M_PI * u2));
-                }
-            }
+            init_values(p, std, c->n_layer, &s, x, len);
             if (!direct && m->q4 && snug_model_put_entry(m, i, buf, NULL)) {
                 free(buf);
                 return SNUG_ENOMEM;
@@ -1631,6 +1664,15 @@ static void lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw
     }
 }
 
+/* Tensor parallelism: a row-parallel site's bias, added by rank 0 alone (the ranks' partial outputs are summed) */
+static const float *tp_bias(const snug_model *m, const float *b) { return m->tp > 1 && m->tp_rank ? NULL : b; }
+
+/* Tensor parallelism: n floats summed over the ranks in place (nothing on one rank) */
+static void tp_sum(snug_model *m, float *x, size_t n) {
+    if (m->tp > 1 && m->tp_reduce)
+        m->tp_reduce(m->tp_reduce_ud, x, n);
+}
+
 /* The MLP's input half for rows [n0, n0 + ns) of the micro-batch: fc = fc(ln2) (+ adapters) and act = act(fc), into
  * a->fc, a->act (a tiled MLP's shard buffers, or every row); under 16-bit each rounded, and saved where s has a
  * place for it (never for a tiled MLP). */
@@ -1678,8 +1720,9 @@ static void layer_fwd(snug_model *m, int l, int recompute) {
         be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
                           1.0f / sqrtf((float)HD));
     keep(m, s->att, a->att, Nn * NH * HD);
-    lin_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, w->o_b, N, NH * HD, C);
+    lin_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, tp_bias(m, w->o_b), N, NH * HD, C);
     snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N, 0);
+    tp_sum(m, a->res_mid, Nn * C);
     be->accumulate(be, a->res_mid, x, Nn * C);
     keep(m, s->res_mid, a->res_mid, Nn * C);
     norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res_mid, w->ln2_w, w->ln2_b, N);
@@ -1691,9 +1734,10 @@ static void layer_fwd(snug_model *m, int l, int recompute) {
     for (int n0 = 0; n0 < N; n0 += rows) {
         int ns = N - n0 < rows ? N - n0 : rows;
         mlp_in(m, l, w, a, s, n0, ns);
-        lin_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, a->act, w->proj_w, w->proj_b, ns, I, C);
+        lin_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, a->act, w->proj_w, tp_bias(m, w->proj_b), ns, I, C);
         snug_lora_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, C, a->act, ns, n0);
     }
+    tp_sum(m, out, Nn * C);
     be->accumulate(be, out, a->res_mid, Nn * C);
     save_res(m, l + 1, out, Nn * C);
 }
@@ -1765,6 +1809,7 @@ static void layer_bwd(snug_model *m, int l) {
         lin_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, g->fc_w, g->fc_b, m->d_fc, a->ln2 + o, w->fc_w, ns, C, m->FC);
         snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, m->d_fc, m->FC, a->ln2 + o, ns, n0);
     }
+    tp_sum(m, m->d_ln, Nn * C);
     norm_bwd(m, m->d_res, g->ln2_w, g->ln2_b, m->d_ln, a->res_mid, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
@@ -1791,8 +1836,10 @@ static void layer_bwd(snug_model *m, int l) {
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
             m->QKV);
     snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N, 0);
-    if (need_dx)
+    if (need_dx) {
+        tp_sum(m, m->d_ln, Nn * C);
         norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
+    }
     if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
         size_t o16 = m->lv.optimizer_in_backward || m->lv.zero_grads ? 0
                                                                       : m->table.layer_offset[l] - m->table.layer_offset[0];

@@ -226,6 +226,10 @@ typedef void (*snug_gather_q4_fn)(void *ud, void *dst, size_t piece, int prefetc
 enum { SNUG_ROWS_GATHER, SNUG_ROWS_REDUCE, SNUG_ROWS_IDS };
 typedef void (*snug_rows_fn)(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C);
 
+/* Tensor parallelism's sum (m->tp_reduce): buf (backend memory, n floats) summed over the tensor-parallel ranks in
+ * place, the same bits on every rank. Every rank calls it in the same order with the same n. */
+typedef void (*snug_tp_reduce_fn)(void *ud, float *buf, size_t n);
+
 /* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
  * snug_layer_acts16 and these pointers are the fp32 compute buffers of the layer being run (shared by all layers);
  * the small per-row statistics (lse, mean, rstd) and naive attention's probs stay fp32 per layer. */
@@ -410,6 +414,19 @@ typedef struct snug_model {
     size_t gpre_lo;        /* ZeRO-3 with vtied: the pre-layer globals gathered are [gpre_lo, gpre_n) */
     snug_rows_fn rows_fn;
     void *rows_ud;
+
+    /* Tensor parallelism (Megatron's layout; tp > 1, set before layout with tp_rank and tp_cfg): cfg is this rank's
+     * share of tp_cfg's blocks (snug_tp_config: n_head, n_kv_head and intermediate_size divided by tp), so the table
+     * holds the rank's query and key/value heads and its rows of gate/up (column-parallel, sliced by rows) and the
+     * matching columns of o_proj and down_proj (row-parallel, sliced by columns); the embeddings, the norms, the
+     * head and the row-parallel biases are whole on every rank. Each block's two row-parallel outputs are summed
+     * over the ranks (tp_reduce) before the residual adds them, the bias added by rank 0 alone; in backward the
+     * gradients of the two norms' outputs are summed before the norms' backward. So every rank holds the same
+     * residual stream, the same loss and the same gradients of the whole tensors. */
+    int tp, tp_rank;
+    snug_model_config tp_cfg;
+    snug_tp_reduce_fn tp_reduce;
+    void *tp_reduce_ud;
 } snug_model;
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
@@ -500,6 +517,19 @@ void snug_model_free_host(snug_model *m);
 
 /* Builds the parameter table for a config (no allocation of model memory). */
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
+
+/* Tensor parallelism: one rank's share of a model config's blocks over tp ranks (n_head, n_kv_head and
+ * intermediate_size divided by tp; the rest as it is). NULL, with why (naming the setting) in *why, where it does
+ * not divide or the architecture has no tensor-parallel layout yet (GPT-2's fused c_attn). */
+const snug_model_config *snug_tp_config(const snug_model_config *g, int tp, snug_model_config *local, char *why,
+                                        size_t n);
+/* Entry l of a rank's table as a slice of entry g of the whole model's (the same name): 0 whole, 1 rows (the rank
+ * takes rows [part * l.rows, +l.rows)), 2 columns (of every row, columns [part * l.cols, +l.cols)). */
+int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l);
+/* Rank `part`'s slice of a whole tensor (g's numel floats, as the table lays it out) into local (l's numel), or with
+ * put set the other way: the slice written into its place in the whole tensor. */
+void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int part, float *whole, float *local,
+                   int put);
 void snug_param_table_free(snug_param_table *t);
 
 /* Carves every buffer of a model for micro-batches of (B, T) from the arenas: parameters, gradients (when

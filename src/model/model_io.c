@@ -123,10 +123,48 @@ static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, 
     return 0;
 }
 
+/* Tensor parallelism: each tensor read whole (checked against the whole model's table) into one host buffer, and
+ * the rank's slice of it (snug_tp_slice) put in place. */
+static int load_tp(snug_model *m, snug_st_set *s, const char *dir, snug_error *e) {
+    snug_param_table g;
+    SNUG_TRY(snug_param_table_build(&g, &m->tp_cfg, e));
+    size_t largest = 0;
+    for (int i = 0; i < g.n; i++)
+        largest = g.e[i].numel > largest ? g.e[i].numel : largest;
+    float *whole = malloc(largest * sizeof *whole), *part = malloc(largest * sizeof *part);
+    int rc = whole && part && g.n == m->table.n ? 0
+             : snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s", dir);
+    for (int i = 0; i < g.n && !rc; i++) {
+        const snug_st_tensor *t = NULL;
+        if (snug_q4_st_detect(s, g.e[i].name)) {
+            rc = snug_fail(e, SNUG_EINPUT, "%s: '%s' is 4-bit (bitsandbytes); tensor parallelism trains 16- and "
+                           "32-bit weights: use the unquantized model", dir, g.e[i].name);
+            break;
+        }
+        if ((rc = match_tensor(s, dir, &g.e[i], &t, e)))
+            break;
+        rc = snug_st_to_f32(s, t, whole, g.e[i].transposed, e);
+        snug_st_release(s, t);
+        if (!rc) {
+            snug_tp_slice(&g.e[i], &m->table.e[i], m->tp_rank, whole, part, 0);
+            rc = snug_model_put_entry(m, i, part, e);
+        }
+    }
+    free(whole);
+    free(part);
+    snug_param_table_free(&g);
+    return rc;
+}
+
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
     snug_st_set s;
     memset(&s, 0, sizeof s);
     SNUG_TRY(snug_st_open_dir(&s, dir, e));
+    if (m->tp > 1) {
+        int rc = load_tp(m, &s, dir, e);
+        snug_st_close(&s);
+        return rc;
+    }
     /* a backend whose memory is host memory receives each tensor in place; others get it through a staging
      * buffer the size of the largest tensor */
     float *direct = snug_model_host_params(m);
@@ -213,12 +251,21 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
     return rc;
 }
 
-/* The streamed file's tensors: every table tensor F32 (16-bit without an fp32 copy), fetched by fill. */
-static snug_st_out *stream_outs(const snug_model *m, snug_weights_fill fill, void *ud) {
-    snug_st_out *out = calloc((size_t)m->table.n, sizeof *out);
+/* The table of the whole model a streamed file holds: the model's own, or under tensor parallelism the whole model's
+ * (built into *own, to be freed). */
+static const snug_param_table *whole_table(const snug_model *m, snug_param_table *own, snug_error *e) {
+    memset(own, 0, sizeof *own);
+    if (m->tp <= 1)
+        return &m->table;
+    return snug_param_table_build(own, &m->tp_cfg, e) ? NULL : own;
+}
+
+/* The streamed file's tensors: every tensor of table t F32 (16-bit without an fp32 copy), fetched by fill. */
+static snug_st_out *stream_outs(const snug_model *m, const snug_param_table *t, snug_weights_fill fill, void *ud) {
+    snug_st_out *out = calloc((size_t)t->n, sizeof *out);
     snug_dtype dt = m->lv.dt != SNUG_DT_F32 && !m->params ? m->lv.dt : SNUG_DT_F32;
-    for (int i = 0; out && i < m->table.n; i++) {
-        const snug_param_entry *p = &m->table.e[i];
+    for (int i = 0; out && i < t->n; i++) {
+        const snug_param_entry *p = &t->e[i];
         out[i] = (snug_st_out){.name = p->name, .dtype = dt, .ndim = p->ndim, .transpose2d = p->transposed,
                                .shape = {p->shape[0], p->shape[1]}, .fill = fill, .fill_ud = ud, .fill_tag = i};
     }
@@ -227,24 +274,33 @@ static snug_st_out *stream_outs(const snug_model *m, snug_weights_fill fill, voi
 
 int snug_model_save_weights_stream(const snug_model *m, const char *dir, snug_weights_fill fill, void *ud,
                                    const snug_write_opts *opts, snug_error *e) {
-    snug_st_out *out = stream_outs(m, fill, ud);
-    if (!out)
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
+    snug_param_table own;
+    const snug_param_table *t = whole_table(m, &own, e);
+    if (!t)
+        return e ? e->code : SNUG_ENOMEM;
+    snug_st_out *out = stream_outs(m, t, fill, ud);
+    int rc = out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int rc = snug_st_write(path, out, m->table.n, opts, e);
+    if (!rc)
+        rc = snug_st_write(path, out, t->n, opts, e);
     free(out);
+    snug_param_table_free(&own);
     return rc;
 }
 
 int snug_model_weights_order(const snug_model *m, int *order, snug_error *e) {
-    snug_st_out *out = stream_outs(m, NULL, NULL);
-    for (int i = 0; out && i < m->table.n; i++)
+    snug_param_table own;
+    const snug_param_table *t = whole_table(m, &own, e);
+    if (!t)
+        return e ? e->code : SNUG_ENOMEM;
+    snug_st_out *out = stream_outs(m, t, NULL, NULL);
+    for (int i = 0; out && i < t->n; i++)
         out[i].f32 = (const float *)out; /* any source: only the names, dtypes and shapes set the order */
-    if (!out)
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory ordering the weights");
-    int rc = snug_st_write_order(out, m->table.n, order, e);
+    int rc = out ? snug_st_write_order(out, t->n, order, e)
+                 : snug_fail(e, SNUG_ENOMEM, "out of host memory ordering the weights");
     free(out);
+    snug_param_table_free(&own);
     return rc;
 }
 

@@ -132,3 +132,52 @@ void snug_param_table_free(snug_param_table *t) {
     free(t->layer_numel);
     memset(t, 0, sizeof *t);
 }
+
+/* ---- tensor parallelism ---- */
+
+const snug_model_config *snug_tp_config(const snug_model_config *g, int tp, snug_model_config *local, char *why,
+                                        size_t n) {
+    *local = *g;
+    if (tp <= 1)
+        return local;
+    if (g->arch == SNUG_ARCH_GPT2) {
+        snprintf(why, n, "tensor parallelism is built for the Llama family (llama, mistral, qwen2); GPT-2's fused "
+                 "c_attn has no tensor-parallel layout yet");
+        return NULL;
+    }
+    const char *what = g->n_head % tp ? "num_attention_heads" : g->n_kv_head % tp ? "num_key_value_heads"
+                       : g->intermediate_size % tp ? "intermediate_size" : NULL;
+    if (what) {
+        int v = g->n_head % tp ? g->n_head : g->n_kv_head % tp ? g->n_kv_head : g->intermediate_size;
+        snprintf(why, n, "tensor_parallel_size %d does not divide the model's %s (%d): each rank takes an equal "
+                 "share of the heads and of the MLP's rows; choose a divisor of %d", tp, what, v, v);
+        return NULL;
+    }
+    local->n_head = g->n_head / tp;
+    local->n_kv_head = g->n_kv_head / tp;
+    local->intermediate_size = g->intermediate_size / tp;
+    return local;
+}
+
+int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l) {
+    if (l->numel == g->numel)
+        return 0;
+    return l->shape[0] != g->shape[0] ? 1 : 2;
+}
+
+void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int part, float *whole, float *local,
+                   int put) {
+    int kind = snug_tp_slice_kind(g, l);
+    size_t rows = (size_t)l->shape[0], cols = l->ndim == 2 ? (size_t)l->shape[1] : 1;
+    size_t gcols = g->ndim == 2 ? (size_t)g->shape[1] : 1;
+    if (kind == 0) {
+        memcpy(put ? whole : local, put ? local : whole, l->numel * sizeof *local);
+        return;
+    }
+    /* rows: one block of the whole tensor; columns: a run of each row */
+    size_t r0 = kind == 1 ? (size_t)part * rows : 0, c0 = kind == 2 ? (size_t)part * cols : 0;
+    for (size_t r = 0; r < rows; r++) {
+        float *w = whole + (r0 + r) * gcols + c0, *x = local + r * cols;
+        memcpy(put ? w : x, put ? x : w, cols * sizeof *x);
+    }
+}

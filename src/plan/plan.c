@@ -171,15 +171,24 @@ size_t snug_plan_device_scratch(const snug_plan_spec *s) {
     return snug_cuda_scratch_bytes((size_t)s->B * (size_t)s->T, c->n_head, width, w16 ? width : 0);
 }
 
+int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) {
+    char why[256];
+    if (!snug_tp_config(&s->cfg, s->tp, &m->cfg, why, sizeof why))
+        return snug_fail(e, SNUG_EINPUT, "%s", why);
+    m->tp = s->tp > 1 ? s->tp : 1;
+    m->tp_rank = s->tp > 1 ? s->tp_rank : 0;
+    m->tp_cfg = s->cfg;
+    m->lv = snug_plan_levers(s);
+    return snug_param_table_build(&m->table, &m->cfg, e);
+}
+
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
     memset(p, 0, sizeof *p);
     SNUG_TRY(snug_plan_spec_check(s, e));
     snug_model m;
     memset(&m, 0, sizeof m);
-    m.cfg = s->cfg;
-    m.lv = snug_plan_levers(s);
     int B = s->B, T = s->T;
-    SNUG_TRY(snug_param_table_build(&m.table, &s->cfg, e));
+    SNUG_TRY(snug_plan_model_init(&m, s, e));
     snug_plan_shard_master(&m, s);
     snug_plan_shard_params(&m, s);
     snug_arenas A;

@@ -36,6 +36,9 @@ typedef struct snug_plan_spec {
     int overlap_comm;      /* as configured (zero_overlap_comm): 1 on, -1 off, 0 auto: on for GPU ranks (lv.zero_overlap
                             * derives) */
     int comm_deterministic; /* ddp_deterministic: GPU ranks' communicator holds the rank-order sums' scratch */
+    int tp;                /* tensor_parallel_size: ranks that split every block (0 or 1: none); the plan is one
+                            * rank's, its blocks' share of cfg (snug_tp_config) */
+    int tp_rank;           /* which of them */
 } snug_plan_spec;
 
 typedef struct snug_plan {
@@ -54,6 +57,11 @@ typedef struct snug_plan {
 } snug_plan;
 
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e);
+
+/* What the plan and the engine both set before laying a model out: its config (under tensor parallelism the rank's
+ * share of the spec's), levers, tensor-parallel rank and parameter table. An error where the split does not fit the
+ * model; free with snug_model_free_host. */
+int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e);
 
 /* Bytes of the CUDA backend's scratch for the spec's shape (backend/cuda/backend_cuda.h's snug_cuda_scratch_bytes
  * of B*T tokens, the query heads and the widest column sum): the size the engine creates the backend with and the

@@ -64,6 +64,8 @@ static unsigned char *kept_at(const snug_engine *eng, int i) {
 static int kept_per_rank(const snug_engine *eng, int i) {
     if (!snug_plan_kept(&eng->model.lv, kept[i].c)) /* a frozen base, sharded or not, is no state */
         return 0;
+    if (eng->model.tp > 1) /* tensor parallelism: each rank's slices, and their optimizer state */
+        return kept_bytes(eng, i) > 0;
     return (kept[i].c == SNUG_MEM_OPTIM && eng->opt.sharded) ||
            (kept[i].c == SNUG_MEM_MASTER && eng->model.master_sharded) ||
            (kept[i].c == SNUG_MEM_PARAMS && eng->model.param_sharded);
@@ -110,7 +112,7 @@ static const struct {
     I(long_examples), I(micro_batch_size), I(sample_packing), I(group_by_length), I(pad_to_sequence_len),
     I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
     D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),
-    I(optimizer_in_backward), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
+    I(optimizer_in_backward), I(tensor_parallel_size), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
     I(tiled_mlp_num_shards), I(adapter), I(lora_r),
     D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), S(lora_modules_to_save), I(lora_rslora),
@@ -464,8 +466,9 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     snug_hasher h;
     snug_hash_init(&h, CKPT_SEED);
     snug_write_opts wo = {.direct = 1, .hash = &h};
-    /* ZeRO-3: no rank holds the model to write (state.h); under LoRA the model files are the adapters' */
-    if (j->rank == 0 && (!eng->model.param_sharded || eng->model.lora.on)) {
+    /* ZeRO-3 and tensor parallelism: no rank holds the model to write (state.h); under LoRA the model files are the
+     * adapters' */
+    if (j->rank == 0 && (!eng->model.param_sharded || eng->model.lora.on) && eng->model.tp <= 1) {
         SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
         if (!eng->model.lora.on)
             list_file(j->files, "model.safetensors", &h);
@@ -834,9 +837,16 @@ static int split_check(const char *dir, split was, split now, int frozen_base, s
     return 0;
 }
 
+/* The rank whose files of its own this process reads: its data-parallel rank, or its tensor-parallel one. */
+static int state_rank(const snug_engine *eng, const snug_setup *s) {
+    return eng->model.tp > 1 ? eng->model.tp_rank : s->rank;
+}
+
 /* Whether kept arena i of a checkpoint split as sp is each rank's file (kept_per_rank of the run that wrote it). */
 static int was_per_rank(const snug_engine *eng, int i, split sp) {
     snug_category c = kept[i].c;
+    if (eng->model.tp > 1) /* tensor_parallel_size is a fixed setting: the checkpoint's split is this run's */
+        return kept_per_rank(eng, i);
     return sp.ranks > 1 && sp.stage >= 1 && !eng->model.lora.on && /* under LoRA the state (adapters) is whole */
            (c == SNUG_MEM_OPTIM || c == SNUG_MEM_MASTER || (c == SNUG_MEM_PARAMS && sp.stage >= 3)) &&
            kept_bytes(eng, i) > 0;
@@ -872,7 +882,7 @@ static int read_resharded(const char *dir, json_t *files, const snug_setup *s, s
             snprintf(why, sizeof why, "it lists no %s, the %s of %s %d of %d (zero_stage %d)", name,
                      per ? "shard" : "file", snug_category_name(kept[i].c), r, n, sp.stage);
             rc = refuse(e, dir, why);
-        } else if (counts[r] && per && json_integer_value(json_object_get(fi, "rank")) != s->rank) {
+        } else if (counts[r] && per && json_integer_value(json_object_get(fi, "rank")) != state_rank(eng, s)) {
             rc = check_file(dir, name, fi, e); /* this rank's own were checked with the rest */
         }
     }
@@ -946,7 +956,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     json_object_foreach(files, name, f) {
         json_t *owner = json_object_get(f, "rank"); /* another rank's shard file is that rank's to check (or the
                                                      * reader's, when the ranks are split otherwise: resharded) */
-        if (!rc && !(owner && json_integer_value(owner) != s->rank))
+        if (!rc && !(owner && json_integer_value(owner) != state_rank(eng, s)))
             rc = check_file(dir, name, f, e);
     }
     /* the settings that change the results must be the checkpoint's */
@@ -963,12 +973,17 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         json_t *w = json_object_get(was, name), *one = NULL;
         if (!w && !strcmp(name, "loss_vocab_block"))
             w = one = json_integer(0);
+        if (!w && !strcmp(name, "tensor_parallel_size")) /* written before tensor parallelism: none */
+            w = one = json_integer(1);
         if (!w || !json_equal(w, f)) {
-            char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[96] = "";
+            char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[160] = "";
             /* the loss's blocks are resolved by the stage (auto): another stage needs the checkpoint's value set */
             if (!strcmp(name, "loss_vocab_block") && w)
                 snprintf(fix, sizeof fix, " (here: loss_vocab_block: %lld)",
                          json_integer_value(w) ? (long long)json_integer_value(w) : -1LL);
+            if (!strcmp(name, "tensor_parallel_size") && w) /* each rank's files hold its slices of the blocks */
+                snprintf(fix, sizeof fix, " (here: tensor_parallel_size: %lld on as many ranks, each reading its "
+                         "slices of the blocks)", (long long)json_integer_value(w));
             rc = snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with %s %s, this run has %s; resuming would "
                            "not continue the same run: resume with the checkpoint's settings%s (max_steps, "
                            "learning_rate, the logging and saving keys may change)", dir, name, a ? a : "(none)",
@@ -1022,13 +1037,14 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
                 rc = read_resharded(dir, files, s, eng, i, sp_was, e);
                 continue;
             }
-            char file[256]; /* under ZeRO, this rank's own file of its shard */
-            kept_file(eng, i, s->rank, file, sizeof file);
+            char file[256]; /* under ZeRO, this rank's own file of its shard (tensor parallelism: of its slices) */
+            int me = state_rank(eng, s);
+            kept_file(eng, i, me, file, sizeof file);
             json_t *fi = json_object_get(files, file);
             if (!fi && kept_per_rank(eng, i)) {
                 snprintf(why, sizeof why, "it lists no %s, the shard of %s this rank (%d of %d) reads; the checkpoint "
                          "is from another number of ranks or zero_stage", file, snug_category_name(kept[i].c),
-                         s->rank, s->ranks);
+                         me, eng->model.tp > 1 ? eng->model.tp : s->ranks);
                 rc = refuse(e, dir, why);
             } else if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
                 snprintf(why, sizeof why, "%s holds %lld bytes of %s, this run lays out %zu; the checkpoint is from "

@@ -73,6 +73,21 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: zero_stage %d with adapter %s is not supported: the adapters' state is small and stays whole on every "
             "rank, so with an adapter only stage 3 (which shards the frozen base) means something; set zero_stage: 3 "
             "or 0", src, o->zero_stage, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
+    /* tensor parallelism: a full fine-tune, alone on its ranks */
+    REQUIRE(o->tensor_parallel_size >= 1 && o->tensor_parallel_size <= 4096,
+            "%s: tensor_parallel_size is %d; use 1 (none) to 4096 ranks", src, o->tensor_parallel_size);
+    REQUIRE(o->tensor_parallel_size == 1 || o->adapter == SNUG_ADAPTER_NONE,
+            "%s: tensor_parallel_size %d with adapter %s is not supported yet: tensor parallelism splits a full "
+            "fine-tune's blocks; set tensor_parallel_size: 1 (data parallelism, with zero_stage: 3 to shard the base, "
+            "suits adapters)", src, o->tensor_parallel_size, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
+    REQUIRE(o->tensor_parallel_size == 1 || !o->zero_stage,
+            "%s: tensor_parallel_size %d with zero_stage %d is not supported: every rank of a tensor-parallel run "
+            "already holds only its slices of the blocks, and sharding beside it needs data-parallel ranks, which "
+            "are not built beside tensor parallelism yet; set zero_stage: 0, or tensor_parallel_size: 1", src,
+            o->tensor_parallel_size, o->zero_stage);
+    REQUIRE(o->tensor_parallel_size == 1 || !o->optimizer_in_backward,
+            "%s: tensor_parallel_size %d with optimizer_in_backward is not supported yet; set optimizer_in_backward: "
+            "false", src, o->tensor_parallel_size);
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
     REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||
                 o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],

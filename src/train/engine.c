@@ -41,13 +41,11 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
                          "options to see which levers make it fit, or set auto_fit: true with a memory_budget", need,
                          dev ? "GPU memory" : "host memory", dev ? "the GPU has" : "this machine has", have);
     }
-    g->model.cfg = spec->cfg;
-    g->model.lv = snug_plan_levers(spec);
     g->model.be = g->be;
+    SNUG_TRY(snug_plan_model_init(&g->model, spec, e));
     if (g->model.lv.vocab_block && !g->be->xent_block)
         return snug_fail(e, SNUG_EINPUT, "loss_vocab_block: the loss over blocks of the head's rows is not built for "
                          "the %s backend; set loss_vocab_block: -1", g->be->name ? g->be->name : "this");
-    SNUG_TRY(snug_param_table_build(&g->model.table, &spec->cfg, e));
     snug_plan_shard_master(&g->model, spec);
     snug_plan_shard_params(&g->model, spec);
     for (int c = 0; c < SNUG_MEM_NCAT; c++) {

@@ -156,6 +156,45 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
     return snug_fail(e, SNUG_EINPUT, "%d ranks: %s; run one process, or change the setting", c->size, why);
 }
 
+/* Tensor parallelism's sum (the model's tp_reduce) over the world's ranks; a failure is kept for the step to report. */
+typedef struct tp_hook {
+    snug_comm *comm;
+    int rc;
+    snug_error e;
+} tp_hook;
+
+static void tp_reduce(void *ud, float *buf, size_t n) {
+    tp_hook *h = ud;
+    if (!h->rc)
+        h->rc = h->comm->allreduce_sum(h->comm, buf, n, SNUG_COMM_F32, &h->e);
+}
+
+/* Tensor parallelism: the global gradient norm (times grad_scale). The squares of the sliced tensors' gradients are
+ * summed over the ranks; those of the whole tensors, the same on every rank, count once. whole: the whole model's
+ * table (which entries are sliced). */
+static int tp_grad_norm(snug_comm *c, const snug_model *m, const snug_param_table *whole, float grad_scale,
+                        double *norm, snug_error *e) {
+    double ss[2] = {0, 0}; /* sliced, whole */
+    for (int i = 0; i < m->table.n; i++) {
+        snug_dtype dt;
+        const void *g = snug_model_grad(m, i, &dt);
+        ss[snug_tp_slice_kind(&whole->e[i], &m->table.e[i]) ? 0 : 1] += m->be->sumsq(m->be, g, dt,
+                                                                                      m->table.e[i].numel);
+    }
+    SNUG_TRY(c->allreduce_sum(c, ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
+    *norm = sqrt(ss[0] + ss[1]) * fabs((double)grad_scale);
+    return 0;
+}
+
+/* Tensor parallelism: the world's ranks are its ranks, all of them, each its own data-parallel world of one. */
+static int tp_refuse(const snug_run_config *o, const snug_comm *c, snug_error *e) {
+    if (o->tensor_parallel_size == c->size)
+        return 0;
+    return snug_fail(e, SNUG_EINPUT, "tensor_parallel_size is %d but %d rank%s run: launch exactly that many (mpirun "
+                     "-np %d snug train ...); data parallelism beside tensor parallelism is not built yet",
+                     o->tensor_parallel_size, c->size, c->size == 1 ? "" : "s", o->tensor_parallel_size);
+}
+
 /* Whether the step's collectives run: with several ranks, or through NCCL at one rank (each an identity there, but
  * NCCL's path, which is how one GPU tests it). */
 static int ddp_collectives(const snug_comm *c) { return c->size > 1 || strcmp(c->name, "self"); }
@@ -247,7 +286,45 @@ typedef struct master_stream {
     size_t *counts;      /* (size) scratch: a tensor's elements in each rank's shard */
     int agreed;          /* the ranks agreed that one failed: none gathers or agrees again */
     int *broken;         /* set when a collective failed: the ranks no longer agree */
+    /* tensor parallelism (m->tp > 1; shard and counts unused): the whole model's table and a buffer of its largest
+     * tensor, where the ranks' slices are gathered */
+    snug_param_table whole;
+    float *slices;
 } master_stream;
+
+/* Tensor parallelism: this rank's slice of tensor i as fp32 into host memory (the fp32 parameters or master copy,
+ * else the 16-bit parameters widened). */
+static int tp_local_f32(const snug_model *m, int i, float *dst, snug_error *e) {
+    const snug_param_entry *p = &m->table.e[i];
+    if (m->params) {
+        m->be->to_host(m->be, dst, m->params + p->offset, p->numel * sizeof *dst);
+        return 0;
+    }
+    uint16_t *h = malloc(p->numel * sizeof *h);
+    if (!h)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory gathering '%s' to save it", p->name);
+    m->be->to_host(m->be, h, m->params16 + p->offset, p->numel * sizeof *h);
+    for (size_t k = 0; k < p->numel; k++)
+        dst[k] = m->lv.dt == SNUG_DT_BF16 ? snug_bf16_to_f32(h[k]) : snug_f16_to_f32(h[k]);
+    free(h);
+    return 0;
+}
+
+/* Tensor parallelism: tensor i of the whole model into dst on every rank. A tensor every rank holds whole is this
+ * rank's; a sliced one is all-gathered (rank r's slice at r x its size in ms->slices) and each slice put in place. */
+static int tp_gather(master_stream *ms, int i, float *dst, snug_error *e) {
+    const snug_model *m = ms->m;
+    const snug_param_entry *g = &ms->whole.e[i], *l = &m->table.e[i];
+    if (!snug_tp_slice_kind(g, l))
+        return tp_local_f32(m, i, dst, e);
+    SNUG_TRY(tp_local_f32(m, i, ms->slices + (size_t)ms->comm->rank * l->numel, e));
+    for (int r = 0; r < ms->comm->size; r++)
+        ms->counts[r] = l->numel;
+    SNUG_TRY(ms->comm->allgather(ms->comm, ms->slices, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e));
+    for (int r = 0; r < ms->comm->size; r++)
+        snug_tp_slice(g, l, r, dst, ms->slices + (size_t)r * l->numel, 1);
+    return 0;
+}
 
 /* Tensor i gathered into dst (its numel floats) on every rank. */
 static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
@@ -292,29 +369,31 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
         ms->agreed = 1;
         return rc;
     }
-    if ((rc = master_gather(ms, i, dst, e)))
+    if ((rc = ms->m->tp > 1 ? tp_gather(ms, i, dst, e) : master_gather(ms, i, dst, e)))
         *ms->broken = 1;
     return rc;
 }
 
-/* The final save: rank 0 writes the folder, the master copy (or ZeRO-3's parameters) gathered into it as a stream
- * (above); the other ranks take part in each tensor's gather in the same order. Every rank agrees once before each
- * gather and once at the end (rank 0 once its save has returned, whether the folder is whole or it failed; another
- * rank after its last gather, or at once if it failed before its first), so the agreements pair up however far the
- * stream got, and a failure on any rank ends the save on all of them together with that rank's error. *broken is
- * set only when a collective itself failed. */
-static int zero_save_master(run *r, snug_comm *c, const size_t *shard, int *broken, snug_error *e) {
+/* The final save: rank 0 writes the folder, the master copy (or ZeRO-3's parameters, or tensor parallelism's slices)
+ * gathered into it as a stream (above); the other ranks take part in each tensor's gather in the same order. Every
+ * rank agrees once before each gather and once at the end (rank 0 once its save has returned, whether the folder is
+ * whole or it failed; another rank after its last gather, or at once if it failed before its first), so the
+ * agreements pair up however far the stream got, and a failure on any rank ends the save on all of them together
+ * with that rank's error. *broken is set only when a collective itself failed. */
+static int stream_save(run *r, snug_comm *c, const size_t *shard, int *broken, snug_error *e) {
     const snug_model *m = &r->eng.model;
     master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t)),
                         .broken = broken};
-    int n = m->table.n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
+    int rc = m->tp > 1 ? snug_param_table_build(&ms.whole, &m->tp_cfg, e) : 0;
+    const snug_param_table *t = m->tp > 1 ? &ms.whole : &m->table; /* the tensors of the file */
+    int n = t->n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
     size_t largest = 0;
     for (int i = 0; i < n; i++)
-        largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
+        largest = t->e[i].numel > largest ? t->e[i].numel : largest;
     float *buf = c->rank ? malloc(largest * sizeof *buf) : NULL;
-    int rc = !ms.counts || (c->rank && (!order || !buf))
-                 ? snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the fp32 master copy to save it")
-                 : 0;
+    ms.slices = m->tp > 1 ? malloc(largest * sizeof *ms.slices) : NULL;
+    if (!rc && (!ms.counts || (c->rank && (!order || !buf)) || (m->tp > 1 && !ms.slices)))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the weights to save them");
     if (!rc && c->rank == 0)
         rc = snug_save_hf_folder_stream(r->s.c.output_dir, &r->s, &r->eng, master_fill, &ms, e);
     if (!rc && c->rank)
@@ -324,6 +403,8 @@ static int zero_save_master(run *r, snug_comm *c, const size_t *shard, int *brok
     if (!ms.agreed && !*broken)
         rc = ddp_agree(c, rc, broken, e);
     free(ms.counts);
+    free(ms.slices);
+    snug_param_table_free(&ms.whole);
     free(order);
     free(buf);
     return rc;
@@ -432,6 +513,11 @@ static void print_sample(run *r, FILE *out) {
         return;
     /* at stage 3 no rank holds the whole model to generate with (offload_params alone keeps it whole in host
      * memory, read from there) */
+    if (r->eng.model.tp > 1) { /* its forward takes every rank */
+        fprintf(out, "\nno sample: under tensor parallelism no rank holds the whole model; sample from the saved "
+                "folder with snug generate\n");
+        return;
+    }
     if ((r->eng.model.param_sharded || r->eng.model.q4_sharded) && r->s.ranks > 1 && o->zero_stage >= 3) {
         fprintf(out, "\nno sample: under zero_stage 3 no rank holds the whole model; sample from the saved folder with "
                 "snug generate%s\n", r->eng.model.lora.on ? " BASE_MODEL --adapter OUTPUT_DIR" : "");
@@ -506,7 +592,14 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     fprintf(out, "snug: training %s (%s, %d layers, width %d, %d heads / %d kv heads, vocab %d)\n",
             o->base_model[0] ? o->base_model : o->model_preset, c->model_type, c->n_layer, c->hidden_size, c->n_head,
             c->n_kv_head, c->vocab_size);
-    fprintf(out, "  parameters           %lld (%.2fM)\n", r->s.plan.nparams, r->s.plan.nparams / 1e6);
+    snug_param_table whole;
+    if (r->eng.model.tp > 1 && !snug_param_table_build(&whole, c, NULL)) { /* tensor parallelism: the rank's share */
+        fprintf(out, "  parameters           %zu (%.2fM), %lld (%.2fM) on each of %d tensor-parallel ranks\n",
+                whole.total, whole.total / 1e6, r->s.plan.nparams, r->s.plan.nparams / 1e6, r->eng.model.tp);
+        snug_param_table_free(&whole);
+    } else {
+        fprintf(out, "  parameters           %lld (%.2fM)\n", r->s.plan.nparams, r->s.plan.nparams / 1e6);
+    }
     fprintf(out, "  tokenizer            %s\n", r->s.tok_path[0] ? r->s.tok_path : "byte-level (256 bytes + end of text)");
     fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->s.train.nexamples,
             r->s.train.ntokens, r->s.val.nexamples);
@@ -604,14 +697,22 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     FILE *quiet = lead ? NULL : fopen("/dev/null", "w");
     if (!lead)
         out = quiet ? quiet : out;
-    int rc = ddp_refuse(config, &comm, on_gpu, e);
+    /* tensor parallelism: the world's ranks split every block and run the same micro-batches; the data-parallel
+     * world (dp) is then this rank alone */
+    int tpn = config->tensor_parallel_size > 1 ? config->tensor_parallel_size : 1;
+    snug_comm self, *dp = &comm;
+    snug_comm_self_init(&self);
+    if (tpn > 1)
+        dp = &self;
+    int rc = tpn > 1 ? tp_refuse(config, &comm, e) : ddp_refuse(config, &comm, on_gpu, e);
     /* CUDA ranks talk through NCCL (ddp_backend: nccl, or unset with several ranks), each on its local rank's GPU */
     int use_nccl = on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
                               (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && comm.size > 1));
     if (on_gpu)
         snug_backend_use_gpu(comm.local_rank);
-    r.s.ranks = comm.size; /* ranks that sum gradients keep them fp32, as accumulation does */
-    r.s.rank = comm.rank;  /* and under ZeRO each plans its own shard */
+    r.s.ranks = dp->size; /* ranks that sum gradients keep them fp32, as accumulation does */
+    r.s.rank = dp->rank;  /* and under ZeRO each plans its own shard */
+    r.s.tp_rank = tpn > 1 ? comm.rank : 0;
     /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
      * stage) takes the checkpoint's, so that it continues the same loss on another stage */
     char resume[4096] = "";
@@ -690,7 +791,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
 
     /* GA is each rank's accumulation; a step takes W x GA micro-batches of the data's order, rank r the r-th GA of
      * them, so W ranks step as one process accumulating W x GA micro-batches does */
-    int W = comm.size, GA = o->gradient_accumulation_steps * W, GAr = o->gradient_accumulation_steps;
+    int W = dp->size, GA = o->gradient_accumulation_steps * W, GAr = o->gradient_accumulation_steps;
     int B = o->micro_batch_size, T = o->sequence_len;
     size_t per_epoch = snug_loader_batches_per_epoch(&loader);
     /* an epoch is ceil(per_epoch / GA) steps, its last step accumulating only the micro-batches left in it (as
@@ -705,9 +806,22 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.eps = o->adam_epsilon;
     r.eng.opt.weight_decay = o->weight_decay;
     print_header(&r, out, total, per_epoch);
-    if (ddp_collectives(&comm))
+    if (ddp_collectives(dp))
         fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
                 W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
+    tp_hook tph = {.comm = &comm};
+    snug_param_table tp_whole = {0};
+    if (tpn > 1) {
+        const snug_model_config *lc = &r.eng.model.cfg;
+        fprintf(out, "  tensor parallel      %d ranks (%s, launched by %s%s): each holds %d of %d query heads, %d of %d "
+                "key/value heads and %d of %d MLP rows of every block; 4 all-reduces of %d x %d per block and "
+                "micro-batch\n", tpn, comm.name, launch.launcher, comm.deterministic ? ", summed in rank order" : "",
+                lc->n_head, r.s.cfg.n_head, lc->n_kv_head, r.s.cfg.n_kv_head, lc->intermediate_size,
+                r.s.cfg.intermediate_size, B * T, lc->hidden_size);
+        r.eng.model.tp_reduce = tp_reduce;
+        r.eng.model.tp_reduce_ud = &tph;
+        rc = snug_param_table_build(&tp_whole, &r.s.cfg, e);
+    }
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
@@ -799,14 +913,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 : r.eng.model.param_sharded ? "; the tied embedding gathered a block (and the looked-up rows) at a time, "
                                               "its gradient reduced block by block"
                                             : "; the tied embedding's gradient reduced block by block");
-    snug_zero2_hook z2 = {.m = &r.eng.model, .comm = &comm, .shard = shard};
+    snug_zero2_hook z2 = {.m = &r.eng.model, .comm = dp, .shard = shard};
     if (!rc && shard && r.eng.model.lv.zero_grads) {
         if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
         r.eng.model.on_grads_ready = snug_zero2_ready;
         r.eng.model.on_grads_ready_ud = &z2;
     }
-    snug_zero3_hook z3 = {.comm = &comm, .shard = shard,
+    snug_zero3_hook z3 = {.comm = dp, .shard = shard,
                     .dt = r.eng.model.lv.dt == SNUG_DT_F32 ? SNUG_COMM_F32 : SNUG_COMM_U16};
     if (!rc && shard && r.eng.model.param_sharded) {
         if (!(z3.counts = malloc((size_t)W * sizeof *z3.counts)))
@@ -829,10 +943,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     }
     /* DDP and ZeRO-1 sum the gradients in buckets during the last micro-batch's backward (the adapters' stay one
      * sum; ZeRO-2/3 reduce every micro-batch's, snug_zero2_ready) */
-    snug_ddp_buckets buckets = {.m = &r.eng.model, .comm = &comm, .shard = shard,
+    snug_ddp_buckets buckets = {.m = &r.eng.model, .comm = dp, .shard = shard,
                               .cap = (size_t)o->ddp_bucket_cap_mb << 20, .count_only = 1};
-    int bucketed = ddp_collectives(&comm) && !(shard && r.eng.model.lv.zero_grads) && !o->optimizer_in_backward &&
-                   !r.eng.model.lora.on && !(comm.size == 1 && r.eng.model.grads16);
+    int bucketed = ddp_collectives(dp) && !(shard && r.eng.model.lv.zero_grads) && !o->optimizer_in_backward &&
+                   !r.eng.model.lora.on && !(dp->size == 1 && r.eng.model.grads16);
     if (!rc && bucketed && shard && !(buckets.counts = malloc((size_t)W * sizeof *buckets.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     for (int l = r.eng.model.cfg.n_layer - 1; !rc && bucketed && l >= -1; l--) /* the buckets a backward forms */
@@ -863,7 +977,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
     /* (ZeRO-3 steps through the reduce-scatter hook, z2.step below) */
-    step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = &comm,
+    step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = dp,
                                    .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard
                                                                                                             : NULL};
     if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
@@ -907,7 +1021,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             nsup += snug_count_supervised(mb[k].labels, (size_t)mb[k].rows * mb[k].T);
             tokens_since += mb[k].tokens; /* example tokens of every rank: padding is not counted */
         }
-        int k0 = comm.rank * GAr < nmb ? comm.rank * GAr : nmb, k1 = k0 + GAr < nmb ? k0 + GAr : nmb;
+        int k0 = dp->rank * GAr < nmb ? dp->rank * GAr : nmb, k1 = k0 + GAr < nmb ? k0 + GAr : nmb;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
         double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
@@ -962,10 +1076,17 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             broken = 1;
             break;
         }
-        if (ddp_collectives(&comm) && ((rc = comm.allreduce_sum(&comm, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
-                      (bucketed && (rc = comm.wait(&comm, e))) ||
+        if (tph.rc) {
+            rc = tph.rc;
+            if (e)
+                *e = tph.e;
+            broken = 1;
+            break;
+        }
+        if (ddp_collectives(dp) && ((rc = dp->allreduce_sum(dp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
+                      (bucketed && (rc = dp->wait(dp, e))) ||
                       (!bucketed && !o->optimizer_in_backward && !z2.counts &&
-                       (rc = ddp_reduce_grads(&comm, &r.eng.model, e))))) {
+                       (rc = ddp_reduce_grads(dp, &r.eng.model, e))))) {
             broken = 1;
             break;
         }
@@ -984,15 +1105,20 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             double ss = r.eng.be->sumsq_take(r.eng.be);
             /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums */
             if (z2.step &&
-                (rc = comm.allreduce_sum(&comm, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) {
+                (rc = dp->allreduce_sum(dp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) {
                 broken = 1;
                 break;
             }
             norm = sqrt(ss);
         } else {
-            if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
+            if (tpn > 1) {
+                if ((rc = tp_grad_norm(&comm, &r.eng.model, &tp_whole, 1.0f / ls.scale, &norm, e))) {
+                    broken = 1;
+                    break;
+                }
+            } else if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
                 norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
-            } else if ((rc = zero_grad_norm(&comm, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
+            } else if ((rc = zero_grad_norm(dp, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
                 broken = 1;
                 break;
             }
@@ -1006,7 +1132,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale now %.0f (%d "
                         "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
             /* ZeRO-3 gathers nothing here: the next forward gathers each layer as it needs it */
-            if (shard && !r.eng.model.param_sharded && (rc = zero_gather_params(&comm, &r.eng.model, shard, e))) {
+            if (shard && !r.eng.model.param_sharded && (rc = zero_gather_params(dp, &r.eng.model, shard, e))) {
                 broken = 1;
                 break;
             }
@@ -1018,9 +1144,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double val = NAN;
         if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
                                   (o->eval_steps == 0 && epoch_end) || step + 1 == total) &&
-            ((rc = evaluate(&r, mb[0], &comm, &val, e)) || (rc = z3.rc))) {
-            if (z3.rc && e)
-                *e = z3.e;
+            ((rc = evaluate(&r, mb[0], dp, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
+            if ((z3.rc || tph.rc) && e)
+                *e = z3.rc ? z3.e : tph.e;
             broken = 1;
             break;
         }
@@ -1107,7 +1233,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     }
     /* a failure inside the loop is this rank's alone while the others wait in the step's collectives: this rank
      * ends without MPI_Finalize, and mpirun ends the others */
-    if (rc && W > 1)
+    if (rc && comm.size > 1)
         broken = 1;
     { /* the last checkpoint is complete before the run ends, however it ends (under ZeRO only when the ranks still
        * agree: a folder they could not complete together stays .partial) */
@@ -1128,13 +1254,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded) && !r.eng.model.lora.on) {
+    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded || tpn > 1) &&
+        !r.eng.model.lora.on) {
         /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
          * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
-        rc = zero_save_master(&r, &comm, shard, &broken, e);
+        rc = stream_save(&r, tpn > 1 ? &comm : dp, shard, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }
@@ -1176,7 +1303,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = rank_memory_json(&r, "memory.json", measured, e);
         print_sample(&r, out);
     }
-    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1)) { /* under ZeRO each rank plans its own shard:
+    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || tpn > 1)) { /* under ZeRO each rank plans its own shard:
                                                                            * each writes its memory */
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
@@ -1196,6 +1323,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(zr.counts);
     free(buckets.counts);
     free(in_bwd.counts);
+    snug_param_table_free(&tp_whole);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)
