@@ -420,15 +420,30 @@ static void report_free(report *r) {
 
 /* ---- text ---- */
 
+/* The model's parameters (under tensor parallelism the plan's are one rank's share) */
+static double whole_params(const snug_setup *p) {
+    snug_param_table t;
+    if (p->spec.tp <= 1 || snug_param_table_build(&t, &p->cfg, NULL))
+        return (double)p->plan.nparams;
+    double n = (double)t.total;
+    snug_param_table_free(&t);
+    return n;
+}
+
+/* A parameter count: 3.67M, 8.03B */
+static void count_text(char *buf, size_t n, double v) {
+    snprintf(buf, n, v >= 1e9 ? "%.2fB" : "%.2fM", v >= 1e9 ? v / 1e9 : v / 1e6);
+}
+
 static void print_text(const report *r, FILE *f) {
     const snug_setup *p = r->p;
     const snug_run_config *o = &p->c;
     const snug_model_config *c = &p->cfg;
     const snug_plan *pl = &p->plan;
     char a[32], b[32], d[32], lv[256];
-    double P = pl->nparams > 0 ? (double)pl->nparams : 1;
+    double P = pl->nparams > 0 ? (double)pl->nparams : 1, whole = whole_params(p);
     fprintf(f, "snug plan: %s (%s, %.2fB parameters: %d layers, width %d, %d heads / %d kv heads, vocab %d)\n",
-            r->model_name, c->model_type, pl->nparams / 1e9, c->n_layer, c->hidden_size, c->n_head, c->n_kv_head,
+            r->model_name, c->model_type, whole / 1e9, c->n_layer, c->hidden_size, c->n_head, c->n_kv_head,
             c->vocab_size);
     fprintf(f, "  batch        %d x %d tokens per micro-batch, %d accumulation = %.0f tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps, step_tokens(o));
@@ -452,6 +467,22 @@ static void print_text(const report *r, FILE *f) {
                 snug_precision_name(pl_lv->dt), pl_lv->master_weights ? "fp32 master weights" : "no master weights",
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     fprintf(f, "  levers       %s\n", lv);
+    if (p->spec.tp > 1) { /* the plan below is one rank's */
+        int nar = 0;
+        double bytes = snug_tp_comm_bytes(&p->spec, &nar);
+        char n1[32], n2[32];
+        fmtb(a, sizeof a, bytes);
+        fmtb(b, sizeof b, (double)p->spec.B * p->spec.T * c->hidden_size * sizeof(float));
+        count_text(n1, sizeof n1, (double)pl->nparams);
+        count_text(n2, sizeof n2, whole);
+        fprintf(f, "  tensor par.  %d ranks, each with 1/%d of every block's heads and MLP rows: %s of the %s parameters\n",
+                p->spec.tp, p->spec.tp, n1, n2);
+        fprintf(f, "               the memory below is one rank's; per step %d all-reduces of %s, %s sent per rank\n", nar,
+                b, a);
+        if (r->a->g && r->a->g->link_gbps > 0)
+            fprintf(f, "               %.1f ms of collectives at %.0f GB/s, in line with the compute\n",
+                    1e3 * bytes / (r->a->g->link_gbps * 1e9), r->a->g->link_gbps);
+    }
     if (p->fit_note[0])
         fprintf(f, "  %s\n", p->fit_note);
 
@@ -636,13 +667,20 @@ static json_t *report_json(const report *r) {
     const snug_plan *pl = &p->plan;
     json_t *j = json_object();
     json_object_set_new(j, "model", json_pack("{s:s, s:s, s:I, s:i, s:i, s:i, s:i, s:i, s:i}", "name", r->model_name,
-                                              "model_type", c->model_type, "parameters", (json_int_t)pl->nparams,
+                                              "model_type", c->model_type, "parameters", (json_int_t)whole_params(p),
                                               "layers", c->n_layer, "hidden_size", c->hidden_size, "heads", c->n_head,
                                               "kv_heads", c->n_kv_head, "intermediate_size", c->intermediate_size,
                                               "vocab_size", c->vocab_size));
     json_object_set_new(j, "batch", json_pack("{s:i, s:i, s:i, s:f}", "micro_batch_size", o->micro_batch_size,
                                               "sequence_len", o->sequence_len, "gradient_accumulation_steps",
                                               o->gradient_accumulation_steps, "tokens_per_step", step_tokens(o)));
+    if (p->spec.tp > 1) { /* the memory is one rank's */
+        int nar = 0;
+        double bytes = snug_tp_comm_bytes(&p->spec, &nar);
+        json_object_set_new(j, "tensor_parallel", json_pack("{s:i, s:I, s:i, s:f}", "ranks", p->spec.tp,
+                                                            "parameters_per_rank", (json_int_t)pl->nparams,
+                                                            "allreduces_per_step", nar, "bytes_sent_per_rank", bytes));
+    }
     const snug_levers *lv = &p->spec.lv;
     json_object_set_new(j, "levers", snug_levers_json(&p->spec, pl));
     json_t *meth = json_array();
@@ -899,7 +937,11 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
     r->p = p;
     r->kind = a->backend == SNUG_BACKEND_CUDA || (a->backend == SNUG_BACKEND_AUTO && a->g) ? SNUG_DEVICE_CUDA
                                                                                           : SNUG_DEVICE_CPU;
-    int rc = snug_setup_resolve(p, o, r->kind, e);
+    int rc = a->gpus > 1 && o->tensor_parallel_size > 1
+                 ? snug_fail(e, SNUG_EINPUT, "command line: --gpus %d plans data parallelism, which is not built beside "
+                             "tensor parallelism yet; with tensor_parallel_size %d the plan is already one rank's: "
+                             "drop --gpus", a->gpus, o->tensor_parallel_size)
+                 : snug_setup_resolve(p, o, r->kind, e);
     if (!rc) { /* the data when it can be read: its size prices the run and the host memory */
         r->data_host_bytes = p->data_host_est;
         snug_error de = {0};

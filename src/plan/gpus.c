@@ -168,7 +168,8 @@ double snug_host_memory_bytes(void) {
 
 double snug_flops_per_token(const snug_plan_spec *s, long long nparams) {
     const snug_model_config *c = &s->cfg;
-    return 6.0 * (double)nparams + 6.0 * c->n_layer * (double)s->T * c->n_head * c->head_dim;
+    int heads = s->tp > 1 ? c->n_head / s->tp : c->n_head; /* tensor parallelism: the rank's (nparams its share) */
+    return 6.0 * (double)nparams + 6.0 * c->n_layer * (double)s->T * heads * c->head_dim;
 }
 
 double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams) {

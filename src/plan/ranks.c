@@ -169,3 +169,16 @@ int snug_plan_ranks_fewest(const snug_plan_spec *s, int n, int max_n, const snug
     *gpus = hi;
     return 0;
 }
+
+double snug_tp_comm_bytes(const snug_plan_spec *s, int *count) {
+    *count = 0;
+    if (s->tp <= 1)
+        return 0.0;
+    const snug_model_config *c = &s->cfg;
+    int L = c->n_layer, recomputed = 0, GA = s->GA > 1 ? s->GA : 1;
+    for (int l = 0; s->lv.ckpt == SNUG_CKPT_FULL && l < L; l++)
+        recomputed += l % (s->lv.ckpt_every > 0 ? s->lv.ckpt_every : 1) == 0;
+    *count = GA * (4 * L + (s->lv.mlp_shards ? 1 : 2) * recomputed);
+    double each = (double)s->B * s->T * c->hidden_size * sizeof(float);
+    return *count * each * 2.0 * (s->tp - 1) / s->tp;
+}

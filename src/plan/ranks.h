@@ -62,6 +62,13 @@ double snug_rank_base_bytes(const snug_plan_spec *s, long long nparams);
  * per optimizer step) does not hide, at bps bytes per second, as the table above says. */
 double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, int z, double compute, double bps);
 
+/* Tensor parallelism (spec tp > 1): the all-reduces of one optimizer step, each of a micro-batch's B x T x C fp32
+ * activations (or their gradients): 4 per block per micro-batch (2 in forward, 2 in backward), and 2 more per block
+ * whose forward backward recomputes (full checkpointing; 1 with a tiled MLP, recomputed only up to the MLP's input).
+ * *count gets how many; returns the bytes each rank sends
+ * (ring: 2 (t-1)/t of each). They run in line with the compute: time = bytes / the GPU's collective bandwidth. */
+double snug_tp_comm_bytes(const snug_plan_spec *s, int *count);
+
 /* The four modes (out[0] DDP, out[s] ZeRO-s) of spec s over n ranks, on gpu g (NULL: memory and bytes only); the
  * ZeRO stages that do not run with s are marked unbuilt and not planned. *choice: the mode that fits at the least
  * predicted step time (ties: the lower stage), -1 when none fits or without a GPU. */

@@ -190,9 +190,9 @@ static int tp_grad_norm(snug_comm *c, const snug_model *m, const snug_param_tabl
 static int tp_refuse(const snug_run_config *o, const snug_comm *c, snug_error *e) {
     if (o->tensor_parallel_size == c->size)
         return 0;
-    return snug_fail(e, SNUG_EINPUT, "tensor_parallel_size is %d but %d rank%s run: launch exactly that many (mpirun "
+    return snug_fail(e, SNUG_EINPUT, "tensor_parallel_size is %d but %d rank%s: launch exactly that many (mpirun "
                      "-np %d snug train ...); data parallelism beside tensor parallelism is not built yet",
-                     o->tensor_parallel_size, c->size, c->size == 1 ? "" : "s", o->tensor_parallel_size);
+                     o->tensor_parallel_size, c->size, c->size == 1 ? " runs" : "s run", o->tensor_parallel_size);
 }
 
 /* Whether the step's collectives run: with several ranks, or through NCCL at one rank (each an identity there, but
