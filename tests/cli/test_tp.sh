@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Tensor parallelism over MPI ranks on the CPU (tensor_parallel_size: N, mpirun -np N) against one process.
+# - Exact where the arithmetic is the same: with a learning rate of 1e-30 no update reaches a weight's last bit (for
+#   |w| above 1e-22; none of these weights is that small), so the folder a tensor-parallel run saves (each rank's
+#   slices gathered) is byte for byte the one process's, from a base model (each rank loads its slices) and from a
+#   random init (each rank draws the whole model and keeps its slices); a run stopped at a checkpoint and resumed
+#   on as many ranks is the run that never stopped, bit for bit.
+# - Elsewhere within a bound from a noise floor measured here: the split changes the order of additions in the
+#   row-parallel GEMMs and the sums over the ranks, a rounding-level change. The floor is one process started from
+#   the base with every weight moved by one unit in the last place of the precision the run stores (fp32, or bf16):
+#   how far a rounding-level change carries over the same steps. A tensor-parallel run's losses, gradient norms and
+#   validation losses, and its final weights, must be within 10 times that floor of the one process's.
+# - Each rank's arenas equal its plan, and its parameters, gradients and optimizer state are smaller than one
+#   process's; the settings it cannot take are refused before anything is written.
+# Skipped (77) without mpirun or an MPI build.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+command -v mpirun >/dev/null || { echo "test_tp: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+export OMP_NUM_THREADS=1
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+python3 - "$W/text.jsonl" <<'PY'
+import json, random, sys
+random.seed(3)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(240):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 40)))}) + "\n")
+PY
+tok="--tokenizer $SRC/assets/tokenizer --sequence_len 48 --sample_tokens 0 --seed 5 --threads 1"
+# the bases: tiny-llama (8 heads, 4 key/value heads, 768 MLP rows) after one step, tied, and with an untied lm_head
+printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/ids.yaml"
+. "$SRC/tests/cli/untied_base.sh"
+
+# run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME
+run() {
+  local name=$1 np=$2; shift 2
+  local pre=()
+  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
+  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
+}
+common="$W/ids.yaml $tok --base_model $W/base --max_steps 1 --micro_batch_size 2"
+if ! run probe 2 --tensor_parallel_size 2 && grep -q "built without MPI" "$W/probe.log"; then
+  echo "test_tp: skipped: this snug was built without MPI"; exit 77
+fi
+
+# nudge SRC DST BIT: a copy of the folder SRC whose F32 weights each have mantissa bit BIT flipped (0: one fp32 unit
+# in the last place; 16: one bf16 unit, the last bit bf16 keeps)
+nudge() {
+  cp -r "$1" "$2" && python3 - "$2/model.safetensors" "$3" <<'PY'
+import array, json, struct, sys
+path, bit = sys.argv[1], int(sys.argv[2])
+b = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+for name, t in json.loads(b[8:8 + n]).items():
+    if name == "__metadata__" or t["dtype"] != "F32":
+        continue
+    s, e = t["data_offsets"]
+    u = array.array("I")
+    u.frombytes(bytes(b[8 + n + s:8 + n + e]))
+    for k in range(len(u)):
+        u[k] ^= 1 << bit
+    b[8 + n + s:8 + n + e] = u.tobytes()
+open(path, "wb").write(b)
+PY
+}
+# $W/biased: the untied base with attention_bias and mlp_bias: a random bias on every linear layer (q/k/v and
+# gate/up biases are sliced with their rows; o_proj's and down_proj's stay whole, added once)
+python3 - "$W/base" "$W/biased" <<'PY' || { echo "FAIL: the biased base"; exit 1; }
+import array, json, os, random, shutil, struct, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst)
+cfg = json.load(open(os.path.join(dst, "config.json")))
+cfg["attention_bias"] = cfg["mlp_bias"] = True
+json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+path = os.path.join(dst, "model.safetensors")
+blob = open(path, "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+head, data = json.loads(blob[8:8 + n]), bytearray(blob[8 + n:])
+random.seed(7)
+for name, t in list(head.items()):
+    if name.endswith("_proj.weight") and ".layers." in name:
+        rows = t["shape"][0]
+        b = array.array("f", [random.gauss(0, 0.05) for _ in range(rows)]).tobytes()
+        head[name[:-len("weight")] + "bias"] = {"dtype": "F32", "shape": [rows], "data_offsets": [len(data), len(data) + len(b)]}
+        data += b
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
+PY
+nudge "$W/base" "$W/base_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
+nudge "$W/biased" "$W/biased_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
+nudge "$W/base" "$W/base_bf16" 16 || { echo "FAIL: the nudged base"; exit 1; }
+
+# near RUN REF FLOOR: RUN's logged losses, gradient norms and validation losses, and its final weights (each tensor's
+# largest difference over its largest magnitude), within 10 times FLOOR's distance from REF
+near() {
+  if python3 - "$W" "$1" "$2" "$3" <<'PY'
+import array, json, struct, sys
+w, run, ref, floor = sys.argv[1:5]
+def curve(name):
+    rows = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl")]
+    return [(r["loss"], r["grad_norm"], r.get("val_loss")) for r in rows]
+def weights(name):
+    b = open(f"{w}/{name}/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    out = {}
+    for k, t in json.loads(b[8:8 + n]).items():
+        if k == "__metadata__":
+            continue
+        s, e = t["data_offsets"]
+        raw = b[8 + n + s:8 + n + e]
+        if t["dtype"] == "BF16":
+            h = array.array("H"); h.frombytes(raw)
+            a = array.array("f"); a.frombytes(struct.pack(f"<{len(h)}I", *[x << 16 for x in h]))
+        else:
+            a = array.array("f"); a.frombytes(raw)
+        out[k] = a
+    return out
+def dist_curve(a, b):
+    if len(a) != len(b) or not a:
+        sys.exit(f"  {len(a)} logged steps against {len(b)}")
+    d = 0.0
+    for p, q in zip(a, b):
+        for x, y in zip(p, q):
+            if (x is None) != (y is None):
+                sys.exit("  validation losses logged at other steps")
+            if x is not None:
+                d = max(d, abs(x - y) / abs(y))
+    return d
+def dist_w(a, b):
+    if a.keys() != b.keys():
+        sys.exit("  other tensors saved")
+    return max(max(abs(x - y) for x, y in zip(a[k], b[k])) / (max(abs(y) for y in b[k]) or 1.0) for k in a)
+c, cf = dist_curve(curve(run), curve(ref)), dist_curve(curve(floor), curve(ref))
+wr = weights(ref)
+d, df = dist_w(weights(run), wr), dist_w(weights(floor), wr)
+print(f"  {run:<10} vs {ref:<8} curve {c:.1e} (floor {cf:.1e}), weights {d:.1e} (floor {df:.1e})")
+sys.exit(0 if cf > 0 and df > 0 and c <= 10 * cf and d <= 10 * df else 1)
+PY
+  then ok; else bad "$1 is further from $2 than 10 times the noise floor ($3)"; fi
+}
+
+common="$W/ids.yaml $tok --max_steps 6 --logging_steps 1 --learning_rate 3e-3 --lr_scheduler cosine
+        --max_grad_norm 0.5 --micro_batch_size 2 --val_set_size 12 --eval_steps 3"
+# fp32 from the untied base: 2 ranks (4 of 8 heads, 2 of 4 key/value heads each) and 4 (one key/value head each,
+# with full checkpointing, whose recomputation repeats the sums, and accumulation)
+run one 0 --base_model "$W/base" || bad "one did not train: $(tail -2 "$W/one.log")"
+run one_nudged 0 --base_model "$W/base_f32" || bad "one_nudged did not train"
+run tp2 2 --base_model "$W/base" --tensor_parallel_size 2 || bad "tp2 did not train: $(tail -2 "$W/tp2.log")"
+near tp2 one one_nudged
+run one_bias 0 --base_model "$W/biased" || bad "one_bias did not train: $(tail -2 "$W/one_bias.log")"
+run one_bias_nudged 0 --base_model "$W/biased_f32" || bad "one_bias_nudged did not train"
+run tp2_bias 2 --base_model "$W/biased" --tensor_parallel_size 2 || bad "tp2_bias did not train: $(tail -2 "$W/tp2_bias.log")"
+near tp2_bias one_bias one_bias_nudged
+run one_ga 0 --base_model "$W/base" --gradient_accumulation_steps 2 || bad "one_ga did not train"
+run one_ga_nudged 0 --base_model "$W/base_f32" --gradient_accumulation_steps 2 || bad "one_ga_nudged did not train"
+run tp4 4 --base_model "$W/base" --tensor_parallel_size 4 --gradient_accumulation_steps 2 --gradient_checkpointing true ||
+  bad "tp4 did not train: $(tail -2 "$W/tp4.log")"
+near tp4 one_ga one_ga_nudged
+grep -q "tensor parallel *4 ranks (.*each holds 2 of 8 query heads, 1 of 4 key/value heads and 192 of 768 MLP rows" \
+  "$W/tp4.log" && ok || bad "tp4: no tensor parallel line in the header: $(grep -a 'tensor parallel' "$W/tp4.log")"
+[ "$(grep -c '^snug: training' "$W/tp4.log")" -eq 1 ] && ok || bad "tp4: more than one rank printed"
+# bf16 with the fp32 master copy, on the tied base
+run one_bf16 0 --base_model "$W/tied" --bf16 true || bad "one_bf16 did not train"
+nudge "$W/tied" "$W/tied_bf16" 16 || bad "the nudged tied base"
+run one_bf16_nudged 0 --base_model "$W/tied_bf16" --bf16 true || bad "one_bf16_nudged did not train"
+run tp2_bf16 2 --base_model "$W/tied" --bf16 true --tensor_parallel_size 2 || bad "tp2_bf16 did not train"
+near tp2_bf16 one_bf16 one_bf16_nudged
+
+# learning_rate 1e-30: the weights as loaded (or drawn), sliced, gathered and saved: the one process's bytes
+common="$W/ids.yaml $tok --max_steps 1 --learning_rate 1e-30 --micro_batch_size 2"
+run load_one 0 --base_model "$W/base" || bad "load_one did not train"
+run load_tp2 2 --base_model "$W/base" --tensor_parallel_size 2 || bad "load_tp2 did not train"
+cmp -s "$W/load_one/model.safetensors" "$W/load_tp2/model.safetensors" && ok ||
+  bad "the base loaded as 2 slices and gathered is not the base one process saves"
+run init_one 0 --model_preset tiny-llama || bad "init_one did not train"
+run init_tp4 4 --model_preset tiny-llama --tensor_parallel_size 4 || bad "init_tp4 did not train"
+cmp -s "$W/init_one/model.safetensors" "$W/init_tp4/model.safetensors" && ok ||
+  bad "the random init drawn as 4 slices is not one process's"
+cmp -s "$W/init_one/config.json" "$W/init_tp4/config.json" && ok || bad "the saved config.json differs"
+
+# each rank's arenas are its plan, and its share of the parameters, gradients and optimizer state smaller
+python3 - "$W/tp2" "$W/one" <<'PY' && ok || bad "tp2: a rank's memory is not its plan, or not smaller than one process's"
+import json, sys
+tp, one = sys.argv[1:3]
+ref = json.load(open(f"{one}/memory.json"))
+for f in ("memory.json", "memory.rank1.json"):
+    m = json.load(open(f"{tp}/{f}"))
+    if m["plan"] != m["measured"]:
+        sys.exit(f"  {f}: planned {m['plan']} measured {m['measured']}")
+    for c in ("parameters", "gradients", "optimizer state"):
+        if not m["measured"][c] < ref["measured"][c]:
+            sys.exit(f"  {f}: {c} {m['measured'][c]} not under one process's {ref['measured'][c]}")
+print(f"  tp2 per rank: parameters {m['measured']['parameters']} bytes against {ref['measured']['parameters']}")
+PY
+
+# checkpoints keep each rank's slices: resumed on as many ranks, the run that never stopped, bit for bit; on
+# another number of ranks or as one process, refused naming the setting
+common="$W/ids.yaml $tok --base_model $W/base --max_steps 6 --logging_steps 1 --learning_rate 3e-3
+        --micro_batch_size 2 --tensor_parallel_size 2"
+run ck_full 2 || bad "ck_full did not train"
+run ck 2 --save_steps 2 || bad "ck did not train: $(tail -2 "$W/ck.log")"
+ls "$W/ck/checkpoint-2" | grep -q "state-params.rank1.bin" && [ ! -e "$W/ck/checkpoint-2/model.safetensors" ] && ok ||
+  bad "checkpoint-2: not each rank's slices ($(ls "$W/ck/checkpoint-2" | tr '\n' ' '))"
+rm -rf "$W/ck/checkpoint-4" "$W/ck/model.safetensors"
+run ck 2 --save_steps 2 --resume_from_checkpoint latest && grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" &&
+  ok || bad "ck did not resume: $(tail -2 "$W/ck.log")"
+cmp -s "$W/ck/model.safetensors" "$W/ck_full/model.safetensors" && ok || bad "the resumed run's weights differ"
+cmp -s <(cut -d, -f1-5 "$W/ck/metrics.jsonl") <(cut -d, -f1-5 "$W/ck_full/metrics.jsonl") && ok ||
+  bad "the resumed run's losses differ"
+run ck4 4 --tensor_parallel_size 4 --resume_from_checkpoint "$W/ck/checkpoint-2"
+[ $? -eq 2 ] && grep -q "trained with tensor_parallel_size 2, this run has 4.*tensor_parallel_size: 2 on as many ranks" \
+  "$W/ck4.log" && ok || bad "resume on 4 ranks of a 2-rank checkpoint: $(grep -a error "$W/ck4.log" | head -1)"
+"$SNUG" train $common --tensor_parallel_size 1 --output_dir "$W/ck1" --resume_from_checkpoint "$W/ck/checkpoint-2" \
+  > "$W/ck1.log" 2>&1
+[ $? -eq 2 ] && grep -q "trained with tensor_parallel_size 2, this run has 1" "$W/ck1.log" && ok ||
+  bad "resume as one process of a 2-rank checkpoint: $(tail -1 "$W/ck1.log")"
+
+# refused on every rank before anything is written (exit 2), naming the setting
+common="$W/ids.yaml $tok --max_steps 1 --micro_batch_size 2"
+refused() { # NAME NP PATTERN ARGS...
+  local name=$1 np=$2 pat=$3; shift 3
+  run "$name" "$np" "$@"
+  local st=$?
+  [ $st -eq 2 ] && grep -q "$pat" "$W/$name.log" && [ ! -e "$W/$name" ] && ok ||
+    bad "$name: exit $st, $(grep -a error "$W/$name.log" | head -1)"
+}
+refused heads3 3 "tensor_parallel_size 3 does not divide the model's num_attention_heads (8)" \
+  --model_preset tiny-llama --tensor_parallel_size 3
+refused world 3 "tensor_parallel_size is 2 but 3 ranks run: launch exactly that many (mpirun -np 2" \
+  --model_preset tiny-llama --tensor_parallel_size 2
+refused alone 0 "tensor_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --tensor_parallel_size 2
+refused gpt2 2 "GPT-2's fused c_attn has no tensor-parallel layout yet" --model_preset gpt2-124m --tensor_parallel_size 2
+refused lora 2 "tensor_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
+  --tensor_parallel_size 2
+refused zero 2 "tensor_parallel_size 2 with zero_stage 3 is not supported" --model_preset tiny-llama \
+  --tensor_parallel_size 2 --zero_stage 3
+
+echo "test_tp: $pass passed, $fail failed"
+[ $fail -eq 0 ]
