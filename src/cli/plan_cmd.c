@@ -364,6 +364,14 @@ static void price_row(report *r, gpu_row *w) {
                      : a->tokens_per_s;
     w->price = a->price_per_hour > 0 && (!a->g || a->g == w->g) ? a->price_per_hour : w->g->price_per_hour;
     w->tps = w->best ? tps / (1.0 + w->best->cost) : tps;
+    if (r->p->spec.tp > 1 && w->tps > 0) { /* tensor parallelism: N GPUs at a time, its all-reduces in line */
+        int nar;
+        const snug_plan_spec *sp = &r->p->spec;
+        double step_tokens = (double)sp->B * sp->T * (sp->GA > 1 ? sp->GA : 1);
+        double comm = w->g->link_gbps > 0 ? snug_tp_comm_bytes(sp, &nar) / (w->g->link_gbps * 1e9) : 0.0;
+        w->tps = step_tokens / (step_tokens / w->tps + comm);
+        w->price *= sp->tp;
+    }
     w->hours = w->tps > 0 ? r->run_tokens / w->tps / 3600.0 : 0;
     w->usd = w->hours * w->price;
 }
@@ -614,8 +622,11 @@ static void print_text(const report *r, FILE *f) {
     }
 
     char head[1024];
-    snprintf(head, sizeof head, "time and cost of the run on each GPU that fits (%.4g tokens: %s):", r->run_tokens,
-             r->tokens_source);
+    char group[64] = "";
+    if (r->p->spec.tp > 1)
+        snprintf(group, sizeof group, ", %d at a time (tensor-parallel)", r->p->spec.tp);
+    snprintf(head, sizeof head, "time and cost of the run on each GPU that fits%s (%.4g tokens: %s):", group,
+             r->run_tokens, r->tokens_source);
     fputc('\n', f);
     wrap(f, "", 2, head, 118);
     int any = 0;

@@ -50,6 +50,11 @@ expect_out llama2-70b "68\.98B parameters" "does not fit .* whatever the levers"
 expect_out llama31-8b "8\.03B parameters" "vocab 128256" "gradient_checkpointing: full +[0-9.]+ GiB .*\+33%" \
   "time and cost" "cheapest: " -- \
   "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --sequence_len 2048 --micro_batch_size 2 --gpu h100
+# tensor parallelism: one rank's plan (the layers' matrices / 8, the embedding and head whole) and its all-reduces
+expect_out tp8 "8\.03B parameters" "1\.92B of the 8\.03B parameters" "192 all-reduces of 32\.00 MiB" \
+  "ms of collectives at 370 GB/s" "H100 80GB \(79\.65 GiB\): fits" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.1-8b" --bf16 true --sequence_len 2048 --micro_batch_size 1 --gpu h100 \
+  --gradient_checkpointing true --tensor_parallel_size 8
 expect_out target-fits "H200 141GB \(140\.40 GiB\): fits" -- "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --gpu h200
 expect_out target-budget "memory_budget \(37\.25 GiB\): does not fit" "cheapest setting that fits: .*optimizer" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --memory_budget 40GB --backend cuda

@@ -13,6 +13,7 @@
 #include "core/fileio.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/presets.h"
 #include "model/quant4.h"
 #include "model/safetensors.h"
 #include "optim/optim.h"
@@ -483,8 +484,86 @@ static void test_ranks_adapters(void) {
     CHECK(fabs(m[1].comm_bytes - (2.0 * 0.75 * (double)p.nparams * 4 + 0.75 * (double)p.nparams * 4)) < 1.0);
 }
 
+/* Tensor parallelism: the rank's share of a config, the slices of each tensor (put back, the whole tensor again),
+ * one rank's plan (its blocks' matrices 1/N, the global tensors whole), and the all-reduces a step makes. */
+static void test_tensor_parallel(void) {
+    snug_model_config c = load_fixture("llama-3.1-8b"), l;
+    char why[256];
+    snug_error e = {0};
+    CHECK(snug_tp_config(&c, 8, &l, why, sizeof why) == &l && l.n_head == 4 && l.n_kv_head == 1 &&
+          l.intermediate_size == 1792 && l.hidden_size == c.hidden_size && l.head_dim == c.head_dim);
+    CHECK(!snug_tp_config(&c, 16, &l, why, sizeof why) && strstr(why, "num_key_value_heads (8)"));
+    CHECK(!snug_tp_config(&c, 3, &l, why, sizeof why) && strstr(why, "num_attention_heads (32)"));
+    snug_model_config g2;
+    CHECK(snug_preset(&g2, "gpt2-124m", 0, &e) == 0);
+    CHECK(!snug_tp_config(&g2, 2, &l, why, sizeof why) && strstr(why, "GPT-2"));
+
+    /* a small model: every tensor of the 2 ranks' tables put back into the whole model's gives it again */
+    snug_model_config s;
+    CHECK(snug_preset(&s, "tiny-llama", 64, &e) == 0);
+    s.qkv_bias = s.o_bias = s.mlp_bias = 1;
+    snug_model_config half;
+    snug_param_table gt, lt;
+    CHECK(snug_tp_config(&s, 2, &half, why, sizeof why) == &half);
+    CHECK(snug_param_table_build(&gt, &s, &e) == 0 && snug_param_table_build(&lt, &half, &e) == 0);
+    CHECK(gt.n == lt.n);
+    int kinds[3] = {0, 0, 0}, same = 1;
+    for (int i = 0; i < gt.n && gt.n == lt.n; i++) {
+        const snug_param_entry *G = &gt.e[i], *L = &lt.e[i];
+        int k = snug_tp_slice_kind(G, L);
+        kinds[k]++;
+        CHECK(!strcmp(G->name, L->name) && (k ? L->numel * 2 == G->numel : L->numel == G->numel));
+        float *whole = malloc(G->numel * sizeof *whole), *back = calloc(G->numel, sizeof *back);
+        float *part = malloc(L->numel * sizeof *part);
+        for (size_t j = 0; j < G->numel; j++)
+            whole[j] = (float)j;
+        for (int r = 0; r < 2; r++) {
+            snug_tp_slice(G, L, r, whole, part, 0);
+            if (k == 1) /* rows: rank r's block of rows */
+                same &= part[0] == (float)((size_t)r * L->numel);
+            if (k == 2) /* columns: rank r's run of the first row, then of the second */
+                same &= part[0] == (float)((size_t)r * L->shape[1]) && part[L->shape[1]] == (float)G->shape[1] +
+                        (float)((size_t)r * L->shape[1]);
+            snug_tp_slice(G, L, r, back, part, 1);
+        }
+        same &= !memcmp(whole, back, G->numel * sizeof *whole);
+        free(whole);
+        free(back);
+        free(part);
+    }
+    CHECK(same);
+    /* per layer: q/k/v, gate/up and their biases by rows (10), o/down by columns (2), norms and o/down biases whole */
+    CHECKF(kinds[1] == 10 * s.n_layer && kinds[2] == 2 * s.n_layer, "rows %d, columns %d", kinds[1], kinds[2]);
+    snug_param_table_free(&gt);
+    snug_param_table_free(&lt);
+
+    /* one rank's plan of Llama-3.1-8B over 8: the layers' matrices / 8, the embedding and head whole */
+    snug_plan_spec sp = spec_of(&c, 1, 2048), st = sp;
+    st.tp = 8;
+    st.tp_rank = 5;
+    snug_plan whole = plan_of(&sp), rank = plan_of(&st);
+    long long per_layer = 4096LL * (4096 + 2 * 1024 + 4096 + 3 * 14336), globals = 2LL * 128256 * 4096 + 4096;
+    CHECKF(whole.nparams == globals + 32 * (per_layer + 2 * 4096), "%lld", whole.nparams);
+    CHECKF(rank.nparams == globals + 32 * (per_layer / 8 + 2 * 4096), "%lld", rank.nparams);
+    CHECK(rank.bytes[SNUG_MEM_PARAMS] < whole.bytes[SNUG_MEM_PARAMS] / 3);
+    CHECK(rank.bytes[SNUG_MEM_ACTS] < whole.bytes[SNUG_MEM_ACTS]);
+    /* 4 all-reduces per block and micro-batch, 2 more per block full checkpointing recomputes, 1 with a tiled MLP */
+    int n = 0;
+    double bytes = snug_tp_comm_bytes(&st, &n);
+    CHECK(n == 128 && fabs(bytes - 128 * 2048.0 * 4096 * 4 * 2 * 7 / 8) < 1);
+    st.lv.ckpt = SNUG_CKPT_FULL;
+    st.GA = 2;
+    snug_tp_comm_bytes(&st, &n);
+    CHECK(n == 2 * 192);
+    st.lv.mlp_shards = -1;
+    snug_tp_comm_bytes(&st, &n);
+    CHECK(n == 2 * 160);
+    CHECK(snug_tp_comm_bytes(&sp, &n) == 0 && n == 0);
+}
+
 int main(void) {
     test_fixtures();
+    test_tensor_parallel();
     test_levers();
     test_fit_space();
     test_derived_levers();
