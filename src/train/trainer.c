@@ -138,7 +138,8 @@ static void run_free(run *r) {
     snug_setup_free(&r->s);
 }
 
-/* Data parallel: the settings a multi-rank run cannot take yet, refused before anything is read or written. */
+/* Several ranks (data or tensor parallel): the settings they cannot take yet, refused before anything is read or
+ * written. */
 static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
     if (o->ddp_backend == SNUG_DDP_BACKEND_NCCL && !on_gpu)
         return snug_fail(e, SNUG_EINPUT, "ddp_backend is nccl but this run trains on the CPU (device: %s): NCCL moves "
@@ -146,7 +147,9 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
                          "machine with a GPU", o->device == SNUG_BACKEND_AUTO ? "auto, and no GPU is visible" : "cpu");
     if (c->size == 1)
         return 0;
-    const char *why = !o->ddp ? "ddp is false, and data parallel is the only way snug runs as several ranks"
+    const char *why = !o->ddp && o->tensor_parallel_size <= 1
+                          ? "ddp is false and tensor_parallel_size is 1, and snug runs as several ranks only as data "
+                            "parallel or tensor parallelism"
                       : on_gpu && o->ddp_backend == SNUG_DDP_BACKEND_MPI
                           ? "ddp_backend is mpi on CUDA ranks, which would stage every gradient through host memory "
                             "(not built); use ddp_backend: nccl (the default on GPUs)"
@@ -704,7 +707,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     snug_comm_self_init(&self);
     if (tpn > 1)
         dp = &self;
-    int rc = tpn > 1 ? tp_refuse(config, &comm, e) : ddp_refuse(config, &comm, on_gpu, e);
+    int rc = tpn > 1 ? tp_refuse(config, &comm, e) : 0;
+    if (!rc) /* the backend's choice holds for tensor parallelism's sums too */
+        rc = ddp_refuse(config, &comm, on_gpu, e);
     /* CUDA ranks talk through NCCL (ddp_backend: nccl, or unset with several ranks), each on its local rank's GPU */
     int use_nccl = on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
                               (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && comm.size > 1));

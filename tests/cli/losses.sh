@@ -13,6 +13,16 @@ train() {
     "$W/$name/metrics.jsonl" > "$W/$name.loss"
 }
 
+# worst NAME REF: the worst relative difference of two runs' logged losses (inf when their steps differ)
+worst() {
+  python3 - "$W/$1.loss" "$W/$2.loss" <<'PY'
+import sys
+a = [float(x) for x in open(sys.argv[1]).read().split()]
+b = [float(x) for x in open(sys.argv[2]).read().split()]
+print(max(abs(x - y) / abs(y) for x, y in zip(a, b)) if len(a) == len(b) and a else float("inf"))
+PY
+}
+
 # compare NAME REF TOL: every logged loss of NAME within relative TOL of REF's (0: bitwise)
 compare() {
   if python3 - "$W/$1.loss" "$W/$2.loss" "$3" <<'PY'
