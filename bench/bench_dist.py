@@ -8,6 +8,11 @@ ranks and the one process alternate (--rounds), so a drift of the machine's spee
 
     python bench/bench_dist.py --snug build/snug [--ranks 2] [--steps 8] [--rounds 2] [--zero 1,2,3]
         [--extra "--adapter lora --bf16 true"]   (more snug options for every run: LoRA at stage 3, --zero 3)
+
+With --tp, tensor parallelism instead (Llama 30M, bench_train's second case): N ranks x 1 thread with
+`tensor_parallel_size: N`, every rank on the same micro-batch, against 1 process x N threads on it.
+
+    python bench/bench_dist.py --snug build/snug --tp [--ranks 2] [--micro_batch 1] [--seq 512]
 """
 import argparse
 import json
@@ -69,28 +74,38 @@ def main():
     ap.add_argument("--micro_batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--extra", default="", help="more snug options for every run, e.g. \"--adapter lora --bf16 true\"")
+    ap.add_argument("--tp", action="store_true", help="tensor parallelism (Llama 30M) instead of data parallel")
     a = ap.parse_args()
     more = a.extra.split()
     snug = os.path.abspath(a.snug)
     N = a.ranks
     stages = [int(s) for s in a.zero.split(",") if s]
-    name, cfg, _, _ = CASES[0]
+    name, cfg, _, _ = CASES[1 if a.tp else 0]
     w = tempfile.mkdtemp(prefix="bench_dist.")
     try:
         folder, data = os.path.join(w, name), os.path.join(w, "data.jsonl")
         make_model(cfg, folder)
         make_data(data, 400000)
         B, T = a.micro_batch, a.seq
-        print(f"{name}: global batch {N} x {B} x {T} tokens, AdamW, {a.steps} steps, {a.rounds} rounds"
-              + (f", {a.extra}" if more else ""))
+        if a.tp:
+            print(f"{name}: micro-batch {B} x {T} tokens on every rank, AdamW, {a.steps} steps, {a.rounds} rounds"
+                  + (f", {a.extra}" if more else ""))
+        else:
+            print(f"{name}: global batch {N} x {B} x {T} tokens, AdamW, {a.steps} steps, {a.rounds} rounds"
+                  + (f", {a.extra}" if more else ""))
         # the same global batch on one process: accumulation over N micro-batches, or (the step inside backward
         # cannot accumulate) one micro-batch N times as large
-        if "--optimizer_in_backward" in more:
+        if a.tp:  # every rank on the same micro-batch: one process takes it once
+            modes = [("1 process x %d threads" % N, 1, N, 1, more, B),
+                     ("%d ranks x 1 thread, tensor parallel" % N, N, 1, 1,
+                      ["--tensor_parallel_size", str(N)] + more, B)]
+        elif "--optimizer_in_backward" in more:
             modes = [("1 process x %d threads, micro-batch %d" % (N, N * B), 1, N, 1, more, N * B)]
         else:
             modes = [("1 process x %d threads, accumulation %d" % (N, N), 1, N, N, more, B)]
-        modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"] + more, B))
-        for s in stages:
+        if not a.tp:
+            modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"] + more, B))
+        for s in stages if not a.tp else []:
             modes.append(("%d ranks x 1 thread, ZeRO-%d" % (N, s), N, 1, 1,
                           ["--ddp", "true", "--zero_stage", str(s)] + more, B))
         res = {m[0]: [] for m in modes}
@@ -103,8 +118,8 @@ def main():
                     res[label].append({"error": str(err).splitlines()[-1]})
                 shutil.rmtree(out, ignore_errors=True)
         base = res[modes[0][0]]
-        ddp = res[modes[1][0]]
-        print(f"| run | tokens/s per round | vs 1 process | peak RSS per rank (MiB) | vs DDP |")
+        ddp = res[modes[0 if a.tp else 1][0]]  # the RSS reference: DDP's, or under --tp the one process's
+        print(f"| run | tokens/s per round | vs 1 process | peak RSS per rank (MiB) | vs {'1 process' if a.tp else 'DDP'} |")
         print("|---|---|---|---|---|")
         for label, *_ in modes:
             rows = res[label]

@@ -223,7 +223,8 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
         p->vocab_block = m.vb;
         p->device_scratch = snug_plan_device_scratch(s);
         p->ranks = s->ranks > 1 ? s->ranks : 1;
-        p->comm_scratch = p->ranks > 1 && s->comm_deterministic ? SNUG_NCCL_SCRATCH_BYTES(p->ranks) : 0;
+        int world = p->ranks > 1 ? p->ranks : s->tp > 1 ? s->tp : 1; /* tensor parallelism sums over its ranks */
+        p->comm_scratch = world > 1 && s->comm_deterministic ? SNUG_NCCL_SCRATCH_BYTES(world) : 0;
     }
     snug_model_free_host(&m);
     return rc;
