@@ -54,10 +54,12 @@ struct snug_backend {
     void (*zero)(snug_backend *be, void *dst, size_t bytes);
 
     /* --- embeddings --- */
-    /* out (N,C) = table[ids[n]] (+= when accumulate) ; ids (N) in [0, rows) ; table (rows,C) stored as tdt */
+    /* out (N,C) = table[ids[n]] (+= when accumulate) ; ids (N) in [0, rows), or -1 for a zero row (tensor
+     * parallelism: an id in another rank's rows) ; table (rows,C) stored as tdt */
     void (*embed_fwd)(snug_backend *be, float *out, const int32_t *ids, const void *table, snug_dtype tdt, int N,
                       int C, int accumulate);
-    /* dtable (rows,C) += scatter of dout (N,C) by ids; deterministic (same result for any thread count) */
+    /* dtable (rows,C) += scatter of dout (N,C) by ids (an id of -1 adds nothing); deterministic (same result for any
+     * thread count) */
     void (*embed_bwd)(snug_backend *be, float *dtable, const float *dout, const int32_t *ids, int N, int C);
 
     /* --- normalisation --- */

@@ -183,8 +183,12 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
                                                                    : "everything backward needs");
         break;
     case SNUG_MEM_WORKSPACE:
-        snprintf(buf, n, "logits of %d tokens x %d vocab, activation gradients", r->p->plan.xent_chunk,
-                 r->p->cfg.vocab_size);
+        if (r->p->plan.vocab_block) /* the loss over blocks of the head's rows (or a tensor-parallel rank's rows) */
+            snprintf(buf, n, "logits of %d tokens x %d rows of the head, activation gradients",
+                     r->p->plan.xent_chunk, r->p->plan.vocab_block);
+        else
+            snprintf(buf, n, "logits of %d tokens x %d vocab, activation gradients", r->p->plan.xent_chunk,
+                     r->p->cfg.vocab_size);
         break;
     case SNUG_MEM_OFFLOAD:
         if (!s->lv.ckpt_offload && !s->lv.offload_embedding && !offq)

@@ -405,11 +405,40 @@ static void hand_block(snug_model *m, float *dw, int v0, int n, int *k) {
 /* The loss and (train) its gradients one block of the head's rows at a time: a pass over the blocks for each
  * token's statistics, then (train) one for the gradients: dh into d_ln, the head's into dhead (or under vtied
  * each block in turn through the layers' buffer). skip: a rank without a micro-batch issues the same collectives. */
+/* Tensor parallelism over the vocabulary: each token's statistics over the rank's rows gathered from every rank
+ * and combined in rank order (the largest maximum M, the sums of exponentials rescaled to it, the label's logit
+ * from the rank whose rows hold it), the same bits on every rank. */
+static void tp_combine_stats(snug_model *m, int N) {
+    double *mine = m->tp_st + (size_t)m->tp_rank * 3 * N;
+    for (int n = 0; n < N; n++) {
+        mine[n] = m->st_max[n];
+        mine[N + n] = m->st_sum[n];
+        mine[2 * N + n] = m->st_zy[n];
+    }
+    if (m->tp_gather)
+        m->tp_gather(m->tp_gather_ud, m->tp_st, (size_t)3 * N);
+    for (int n = 0; n < N; n++) {
+        double mx = -INFINITY, sum = 0.0, zy = 0.0;
+        for (int r = 0; r < m->tp; r++)
+            mx = m->tp_st[(size_t)r * 3 * N + n] > mx ? m->tp_st[(size_t)r * 3 * N + n] : mx;
+        for (int r = 0; r < m->tp && mx > -INFINITY; r++) {
+            const double *st = m->tp_st + (size_t)r * 3 * N;
+            sum += st[N + n] * exp(st[n] - mx);
+            zy += st[2 * N + n];
+        }
+        m->st_max[n] = (float)mx;
+        m->st_sum[n] = sum;
+        m->st_zy[n] = (float)zy;
+    }
+}
+
 static double loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float *dhead, int N, float grad_scale,
                           int train, int skip) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int C = c->hidden_size, V = c->vocab_size, vb = m->vb, held = -1, moved = 0;
+    /* tensor parallelism over the vocabulary: the rank's rows are those from voff of the whole vocabulary Vw */
+    int voff = m->tp_vocab ? m->tp_rank * V : 0, Vw = m->tp_vocab ? m->tp_cfg.vocab_size : V;
     for (int n = 0; n < N; n++) {
         m->st_max[n] = -INFINITY;
         m->st_sum[n] = 0.0;
@@ -419,20 +448,22 @@ static double loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float
         int n = V - v0 < vb ? V - v0 : vb;
         const void *w = head_rows(m, head, hdt, v0, n, &held);
         if (!skip)
-            be->xent_block(be, 0, NULL, NULL, m->lnf, w, hdt, m->labels, N, C, V, v0, n, 0.0f, m->st_max, m->st_sum,
-                           m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
+            be->xent_block(be, 0, NULL, NULL, m->lnf, w, hdt, m->labels, N, C, Vw, voff + v0, n, 0.0f, m->st_max,
+                           m->st_sum, m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
     }
+    if (m->tp_vocab)
+        tp_combine_stats(m, N);
     for (int v0 = 0; train && v0 < V; v0 += vb) {
         int n = V - v0 < vb ? V - v0 : vb;
         const void *w = head_rows(m, head, hdt, v0, n, &held);
         float *dw = m->vtied ? m->g.wte : dhead ? dhead + (size_t)v0 * C : NULL;
         if (!skip)
-            be->xent_block(be, 1, m->d_ln, dw, m->lnf, w, hdt, m->labels, N, C, V, v0, n, grad_scale, m->st_max,
-                           m->st_sum, m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
+            be->xent_block(be, 1, m->d_ln, dw, m->lnf, w, hdt, m->labels, N, C, Vw, voff + v0, n, grad_scale,
+                           m->st_max, m->st_sum, m->st_zy, m->logits, m->xent_chunk, m->w_ws, m->wblock);
         if (m->vtied)
             hand_block(m, dw, v0, n, &moved);
     }
-    return skip ? 0.0 : be->xent_block(be, 2, NULL, NULL, NULL, NULL, hdt, m->labels, N, C, V, 0, 1, 0.0f, m->st_max,
+    return skip ? 0.0 : be->xent_block(be, 2, NULL, NULL, NULL, NULL, hdt, m->labels, N, C, Vw, 0, 1, 0.0f, m->st_max,
                                        m->st_sum, m->st_zy, NULL, 0, NULL, 0);
 }
 
@@ -832,6 +863,8 @@ static void vocab_blocks(snug_model *m, int B, int T, int with_grads) {
     int V = c->vocab_size, C = c->hidden_size;
     size_t rows = m->lv.vocab_block > 0 ? (size_t)m->lv.vocab_block : largest_layer(m) / (size_t)(C > 0 ? C : 1);
     m->vb = m->lv.vocab_block && !m->lv.lora.kind && V > 0 ? (int)(rows < 1 ? 1 : rows < (size_t)V ? rows : (size_t)V) : 0;
+    if (m->tp_vocab) /* the rank's rows of the head: one block, or blocks of loss_vocab_block's rows */
+        m->vb = m->lv.vocab_block > 0 && m->lv.vocab_block < V ? m->lv.vocab_block : V;
     m->vtied = m->vb && with_grads && c->tie_embeddings && m->lv.zero_grads && !m->lv.optimizer_in_backward &&
                !m->packed && m->gwte == 0 && wte_entry(m) >= 0;
     size_t n = (size_t)(m->nranks > 1 ? m->nranks : 1) * (size_t)B * (size_t)T;
@@ -1092,6 +1125,15 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     CARVE(m->labels, SNUG_MEM_DATA, N);
     CARVE(m->pos, SNUG_MEM_DATA, N);
     CARVE(m->seg, SNUG_MEM_DATA, N);
+    m->ids_tp = NULL;
+    m->tp_st = NULL;
+    if (m->tp_vocab) { /* the ids as the rank's rows, and every rank's statistics of each token */
+        if (m->be && (!m->be->host_resident || !m->be->xent_block)) /* (the plan lays out without a backend) */
+            return snug_fail(e, SNUG_EINTERNAL, "tensor parallelism over the vocabulary needs a backend in host memory "
+                             "with the blocked loss");
+        CARVE(m->ids_tp, SNUG_MEM_DATA, N);
+        CARVE(m->tp_st, SNUG_MEM_WORKSPACE, (size_t)m->tp * 3 * N);
+    }
     m->uids = m->urow = m->ids_u = NULL;
     m->ubuf = NULL;
     if (m->vtied) { /* every rank's ids, the rows they look up, and those rows' gradient */
@@ -1472,6 +1514,11 @@ void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labe
     m->cur_B = b_used;
     m->cur_T = t_used;
     m->be->to_device(m->be, m->ids, ids, n);
+    if (m->tp_vocab && m->ids_tp) { /* host memory (layout checks): the rank's rows, -1 (a zero row) elsewhere */
+        int32_t V = m->cfg.vocab_size, lo = m->tp_rank * V;
+        for (size_t k = 0; k < (size_t)b_used * t_used; k++)
+            m->ids_tp[k] = ids[k] >= lo && ids[k] - lo < V ? ids[k] - lo : -1;
+    }
     m->be->to_device(m->be, m->labels, labels, n);
     m->be->to_device(m->be, m->pos, pos, n);
     if (seg)
@@ -1865,7 +1912,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
     }
     const void *wte = m->emb16 ? (const void *)m->emb16 : m->param_sharded && m->vtied ? m->urows
                                                                                       : snug_model_stored(m, m->gwte);
-    const int32_t *ids = m->param_sharded && m->vtied ? m->ids_u : m->ids;
+    const int32_t *ids = m->param_sharded && m->vtied ? m->ids_u : m->tp_vocab ? m->ids_tp : m->ids;
     const void *head = m->param_sharded && m->vtied ? NULL : snug_model_stored(m, m->ghead);
     snug_dtype wdt = dt, hdt = dt;
     float *dhead = m->g.lm_head;
@@ -1879,6 +1926,8 @@ double snug_model_step(snug_model *m, float grad_scale) {
     m->wl_layer = -1; /* the parameters may have changed since the last step */
     float *x0 = res_at(m, 0);
     be->embed_fwd(be, x0, ids, wte, wdt, N, C, 0);
+    if (m->tp_vocab) /* each rank looked up the ids in its rows */
+        tp_sum(m, x0, (size_t)N * C);
     if (c->arch == SNUG_ARCH_GPT2)
         be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
     save_res(m, 0, x0, (size_t)N * C);
@@ -1910,6 +1959,8 @@ double snug_model_step(snug_model *m, float grad_scale) {
     double loss = m->vb ? loss_blocks(m, head, hdt, dhead, N, grad_scale, 1, 0)
                         : be->xent_fwd_bwd(be, m->d_ln, dhead, m->lnf, head, hdt, m->labels, N, C, c->vocab_size,
                                            grad_scale, m->logits, m->xent_chunk, m->w_ws, m->wblock);
+    if (m->tp_vocab) /* each rank's rows of the head gave their part */
+        tp_sum(m, m->d_ln, (size_t)N * C);
     be->zero(be, m->d_res, (size_t)N * C * sizeof(float));
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
     if (m->lv.zero_grads) /* the final norm and an untied head are complete: their buffer is the layers' next */
@@ -1924,7 +1975,7 @@ double snug_model_step(snug_model *m, float grad_scale) {
     if (m->vtied) /* the looked-up rows, with the head's part of their gradient */
         reduce_lookup_rows(m, N, 0);
     else if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */
-        be->embed_bwd(be, m->g.wte, m->d_res, m->ids, N, C);
+        be->embed_bwd(be, m->g.wte, m->d_res, ids, N, C);
     else if (lo->on && lo->emb_off != (size_t)-1 && lo->grads) /* unless lora_modules_to_save trains its copy */
         be->embed_bwd(be, lo->grads + lo->emb_off, m->d_res, m->ids, N, C);
     if (c->arch == SNUG_ARCH_GPT2 && m->g.wpe)

@@ -229,6 +229,9 @@ typedef void (*snug_rows_fn)(void *ud, int op, void *buf, size_t base, const int
 /* Tensor parallelism's sum (m->tp_reduce): buf (backend memory, n floats) summed over the tensor-parallel ranks in
  * place, the same bits on every rank. Every rank calls it in the same order with the same n. */
 typedef void (*snug_tp_reduce_fn)(void *ud, float *buf, size_t n);
+/* Tensor parallelism's gather (m->tp_gather): buf (host memory) holds tp pieces of n doubles, this rank's at
+ * tp_rank x n; the callback fills the others' (an all-gather). The same order on every rank. */
+typedef void (*snug_tp_gather_fn)(void *ud, double *buf, size_t n);
 
 /* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
  * snug_layer_acts16 and these pointers are the fp32 compute buffers of the layer being run (shared by all layers);
@@ -422,11 +425,22 @@ typedef struct snug_model {
      * head and the row-parallel biases are whole on every rank. Each block's two row-parallel outputs are summed
      * over the ranks (tp_reduce) before the residual adds them, the bias added by rank 0 alone; in backward the
      * gradients of the two norms' outputs are summed before the norms' backward. So every rank holds the same
-     * residual stream, the same loss and the same gradients of the whole tensors. */
+     * residual stream, the same loss and the same gradients of the whole tensors.
+     * tp_vocab (set before layout; a backend with xent_block, in host memory): the vocabulary is split too, cfg's
+     * vocab_size the rank's rows [tp_rank x V/tp, +V/tp) of the embedding and the head. The lookup takes the ids in
+     * the rank's rows (ids_tp: the others -1, a zero row) and sums over the ranks; the loss runs over the rank's rows
+     * as blocks (loss_blocks), each token's statistics (running maximum, sum of exponentials, the label's logit)
+     * gathered from every rank (tp_gather, into tp_st) and combined in rank order between its passes, and the final
+     * norm's output gradient is summed over the ranks. */
     int tp, tp_rank;
     snug_model_config tp_cfg;
     snug_tp_reduce_fn tp_reduce;
     void *tp_reduce_ud;
+    int tp_vocab;
+    int32_t *ids_tp;       /* (N) SNUG_MEM_DATA: the micro-batch's ids as rows of the rank's vocabulary, -1 elsewhere */
+    double *tp_st;         /* (tp, 3, N) SNUG_MEM_WORKSPACE: every rank's statistics of each token */
+    snug_tp_gather_fn tp_gather;
+    void *tp_gather_ud;
 } snug_model;
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
@@ -523,6 +537,9 @@ int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, sn
  * not divide or the architecture has no tensor-parallel layout yet (GPT-2's fused c_attn). */
 const snug_model_config *snug_tp_config(const snug_model_config *g, int tp, snug_model_config *local, char *why,
                                         size_t n);
+/* Tensor parallelism: whether the vocabulary splits over tp ranks too (the embedding and head by rows): when it
+ * divides by tp and the loss runs over blocks of the head's rows (not on a GPU yet). */
+int snug_tp_vocab_split(const snug_model_config *g, int tp, int device_cuda);
 /* Entry l of a rank's table as a slice of entry g of the whole model's (the same name): 0 whole, 1 rows (the rank
  * takes rows [part * l.rows, +l.rows)), 2 columns (of every row, columns [part * l.cols, +l.cols)). */
 int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l);

@@ -159,6 +159,10 @@ const snug_model_config *snug_tp_config(const snug_model_config *g, int tp, snug
     return local;
 }
 
+int snug_tp_vocab_split(const snug_model_config *g, int tp, int device_cuda) {
+    return tp > 1 && !device_cuda && g->vocab_size % tp == 0;
+}
+
 int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l) {
     if (l->numel == g->numel)
         return 0;

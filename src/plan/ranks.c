@@ -178,7 +178,10 @@ double snug_tp_comm_bytes(const snug_plan_spec *s, int *count) {
     int L = c->n_layer, recomputed = 0, GA = s->GA > 1 ? s->GA : 1;
     for (int l = 0; s->lv.ckpt == SNUG_CKPT_FULL && l < L; l++)
         recomputed += l % (s->lv.ckpt_every > 0 ? s->lv.ckpt_every : 1) == 0;
-    *count = GA * (4 * L + (s->lv.mlp_shards ? 1 : 2) * recomputed);
+    int vocab = snug_tp_vocab_split(c, s->tp, s->device_cuda); /* the lookup's sum and the final norm's gradient */
+    *count = GA * (4 * L + (s->lv.mlp_shards ? 1 : 2) * recomputed + 2 * vocab);
     double each = (double)s->B * s->T * c->hidden_size * sizeof(float);
-    return *count * each * 2.0 * (s->tp - 1) / s->tp;
+    /* and with the vocabulary split, each token's 3 statistics (doubles) gathered from every rank */
+    double gather = vocab ? GA * (double)(s->tp - 1) * 3 * s->B * s->T * sizeof(double) : 0.0;
+    return *count * each * 2.0 * (s->tp - 1) / s->tp + gather;
 }

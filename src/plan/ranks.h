@@ -65,7 +65,9 @@ double snug_rank_exposed_s(const snug_plan_spec *s, long long nparams, int n, in
 /* Tensor parallelism (spec tp > 1): the all-reduces of one optimizer step, each of a micro-batch's B x T x C fp32
  * activations (or their gradients): 4 per block per micro-batch (2 in forward, 2 in backward), and 2 more per block
  * whose forward backward recomputes (full checkpointing; 1 with a tiled MLP, recomputed only up to the MLP's input).
- * *count gets how many; returns the bytes each rank sends
+ * With the vocabulary split (snug_tp_vocab_split) 2 more per micro-batch (the lookup's sum, the final norm's
+ * gradient) and a gather of each token's 3 loss statistics (doubles).
+ * *count gets how many all-reduces; returns the bytes each rank sends
  * (ring: 2 (t-1)/t of each). They run in line with the compute: time = bytes / the GPU's collective bandwidth. */
 double snug_tp_comm_bytes(const snug_plan_spec *s, int *count);
 

@@ -162,6 +162,7 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
 /* Tensor parallelism's sum (the model's tp_reduce) over the world's ranks; a failure is kept for the step to report. */
 typedef struct tp_hook {
     snug_comm *comm;
+    size_t *counts; /* (size) the gather's */
     int rc;
     snug_error e;
 } tp_hook;
@@ -170,6 +171,15 @@ static void tp_reduce(void *ud, float *buf, size_t n) {
     tp_hook *h = ud;
     if (!h->rc)
         h->rc = h->comm->allreduce_sum(h->comm, buf, n, SNUG_COMM_F32, &h->e);
+}
+
+/* Tensor parallelism's gather (the model's tp_gather): every rank's n doubles, in host memory. */
+static void tp_gather(void *ud, double *buf, size_t n) {
+    tp_hook *h = ud;
+    for (int r = 0; r < h->comm->size; r++)
+        h->counts[r] = n;
+    if (!h->rc)
+        h->rc = h->comm->allgather(h->comm, buf, h->counts, SNUG_COMM_F64 | SNUG_COMM_HOST, &h->e);
 }
 
 /* Tensor parallelism: the global gradient norm (times grad_scale). The squares of the sliced tensors' gradients are
@@ -315,7 +325,7 @@ static int tp_local_f32(const snug_model *m, int i, float *dst, snug_error *e) {
 
 /* Tensor parallelism: tensor i of the whole model into dst on every rank. A tensor every rank holds whole is this
  * rank's; a sliced one is all-gathered (rank r's slice at r x its size in ms->slices) and each slice put in place. */
-static int tp_gather(master_stream *ms, int i, float *dst, snug_error *e) {
+static int tp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
     const snug_param_entry *g = &ms->whole.e[i], *l = &m->table.e[i];
     if (!snug_tp_slice_kind(g, l))
@@ -372,7 +382,7 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
         ms->agreed = 1;
         return rc;
     }
-    if ((rc = ms->m->tp > 1 ? tp_gather(ms, i, dst, e) : master_gather(ms, i, dst, e)))
+    if ((rc = ms->m->tp > 1 ? tp_gather_tensor(ms, i, dst, e) : master_gather(ms, i, dst, e)))
         *ms->broken = 1;
     return rc;
 }
@@ -819,13 +829,26 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (tpn > 1) {
         const snug_model_config *lc = &r.eng.model.cfg;
         fprintf(out, "  tensor parallel      %d ranks (%s, launched by %s%s): each holds %d of %d query heads, %d of %d "
-                "key/value heads and %d of %d MLP rows of every block; 4 all-reduces of %d x %d per block and "
-                "micro-batch\n", tpn, comm.name, launch.launcher, comm.deterministic ? ", summed in rank order" : "",
+                "key/value heads and %d of %d MLP rows of every block, and %s; 4 all-reduces of %d x %d per block "
+                "and micro-batch\n", tpn, comm.name, launch.launcher, comm.deterministic ? ", summed in rank order" : "",
                 lc->n_head, r.s.cfg.n_head, lc->n_kv_head, r.s.cfg.n_kv_head, lc->intermediate_size,
-                r.s.cfg.intermediate_size, B * T, lc->hidden_size);
+                r.s.cfg.intermediate_size, r.eng.model.tp_vocab ? "its rows of the vocabulary (embedding, head)"
+                                                                : "the whole vocabulary", B * T, lc->hidden_size);
+        if (r.eng.model.tp_vocab)
+            fprintf(out, "                       vocabulary split: %d of %d rows per rank; the lookup and the final norm's "
+                    "gradient summed over the ranks, each token's loss statistics gathered\n", lc->vocab_size,
+                    r.s.cfg.vocab_size);
+        else
+            fprintf(out, "                       vocabulary whole on every rank (%s)\n",
+                    on_gpu ? "the loss over blocks of the head's rows is not built for GPUs yet"
+                           : "its size does not divide by tensor_parallel_size");
         r.eng.model.tp_reduce = tp_reduce;
         r.eng.model.tp_reduce_ud = &tph;
+        r.eng.model.tp_gather = tp_gather;
+        r.eng.model.tp_gather_ud = &tph;
         rc = snug_param_table_build(&tp_whole, &r.s.cfg, e);
+        if (!rc && !(tph.counts = calloc((size_t)comm.size, sizeof *tph.counts)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for tensor parallelism");
     }
 
     size_t BT = (size_t)B * T;
@@ -1329,6 +1352,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(buckets.counts);
     free(in_bwd.counts);
     snug_param_table_free(&tp_whole);
+    free(tph.counts);
     snug_loader_free(&loader);
     run_free(&r);
     if (!broken)

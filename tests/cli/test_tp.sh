@@ -96,7 +96,37 @@ h = json.dumps(head).encode()
 h += b" " * (-len(h) % 8)
 open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
 PY
+# $W/v2050: the untied base with 2 more rows of vocabulary (as a padded vocabulary has): 2050 divides by 2, not by 4,
+# so at 4 ranks the embedding and head stay whole on every rank
+python3 - "$W/base" "$W/v2050" <<'PY' || { echo "FAIL: the padded base"; exit 1; }
+import array, json, os, random, shutil, struct, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst)
+cfg = json.load(open(os.path.join(dst, "config.json")))
+cfg["vocab_size"] += 2
+json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+path = os.path.join(dst, "model.safetensors")
+blob = open(path, "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+head, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+random.seed(11)
+out, new = bytearray(), {}
+for name, t in sorted(head.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1):
+    if name == "__metadata__":
+        continue
+    a, b = t["data_offsets"]
+    raw = data[a:b]
+    if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+        raw += array.array("f", [random.gauss(0, 0.02) for _ in range(2 * t["shape"][1])]).tobytes()
+        t = dict(t, shape=[t["shape"][0] + 2, t["shape"][1]])
+    new[name] = dict(t, data_offsets=[len(out), len(out) + len(raw)])
+    out += raw
+h = json.dumps(new).encode()
+h += b" " * (-len(h) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(out))
+PY
 nudge "$W/base" "$W/base_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
+nudge "$W/v2050" "$W/v2050_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
 nudge "$W/biased" "$W/biased_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
 nudge "$W/base" "$W/base_bf16" 16 || { echo "FAIL: the nudged base"; exit 1; }
 
@@ -169,6 +199,14 @@ near tp4 one_ga one_ga_nudged
 grep -q "tensor parallel *4 ranks (.*each holds 2 of 8 query heads, 1 of 4 key/value heads and 192 of 768 MLP rows" \
   "$W/tp4.log" && ok || bad "tp4: no tensor parallel line in the header: $(grep -a 'tensor parallel' "$W/tp4.log")"
 [ "$(grep -c '^snug: training' "$W/tp4.log")" -eq 1 ] && ok || bad "tp4: more than one rank printed"
+grep -q "vocabulary split: 1024 of 2048 rows per rank" "$W/tp2.log" && ok || bad "tp2: the vocabulary not split"
+# a vocabulary that does not divide by the ranks: whole on each of them
+run one_v 0 --base_model "$W/v2050" || bad "one_v did not train: $(tail -2 "$W/one_v.log")"
+run one_v_nudged 0 --base_model "$W/v2050_f32" || bad "one_v_nudged did not train"
+run tp4_v 4 --base_model "$W/v2050" --tensor_parallel_size 4 || bad "tp4_v did not train: $(tail -2 "$W/tp4_v.log")"
+near tp4_v one_v one_v_nudged
+grep -q "vocabulary whole on every rank (its size does not divide" "$W/tp4_v.log" && ok ||
+  bad "tp4_v: not the whole vocabulary: $(grep -a vocabulary "$W/tp4_v.log")"
 # bf16 with the fp32 master copy, on the tied base
 run one_bf16 0 --base_model "$W/tied" --bf16 true || bad "one_bf16 did not train"
 nudge "$W/tied" "$W/tied_bf16" 16 || bad "the nudged tied base"

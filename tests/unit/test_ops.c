@@ -173,6 +173,20 @@ static void test_embed(void) {
         for (int j = 0; j < C; j++)
             ref[(size_t)ids[n] * C + j] += dout[(size_t)n * C + j];
     expect("embed_bwd vs reference", check_max_relerr(dt, ref, (size_t)rows * C), TOL_REF);
+    /* an id of -1 (tensor parallelism: another rank's row) looks up zeros and adds nothing */
+    int32_t ids1[7] = {3, -1, 3, 4, -1, 3, 0};
+    float *o1 = randf((size_t)N * C, -1, 1), *d1 = copyf(dt, (size_t)rows * C);
+    be2->embed_fwd(be2, o1, ids1, table, SNUG_DT_F32, N, C, 0);
+    int zero_ok = 1;
+    for (int j = 0; j < C; j++)
+        zero_ok &= o1[C + j] == 0.0f && o1[4 * C + j] == 0.0f;
+    CHECKF(zero_ok && same_bits(o1, table + 3 * C, C), "embed_fwd: -1 looks up a zero row");
+    be2->embed_bwd(be2, d1, dout, ids1, N, C);
+    double e1 = 0;
+    for (int j = 0; j < C; j++) /* row 1 took no token here (ids 1 were -1): it stays as it was */
+        e1 = fmax(e1, fabs(d1[C + j] - dt[C + j]));
+    expect("embed_bwd: -1 adds nothing", e1, 0);
+    free(o1), free(d1);
     embed_ctx ctx = {N, C, ids, tod(table, (size_t)rows * C), dout};
     expect_fd("embed_bwd vs finite differences", embed_loss, &ctx, ctx.table, (size_t)rows * C, dt, TOL_FD);
     float *dt2 = randf((size_t)rows * C, -1, 1), *dt2i = copyf(dt2, (size_t)rows * C);

@@ -537,20 +537,31 @@ static void test_tensor_parallel(void) {
     snug_param_table_free(&gt);
     snug_param_table_free(&lt);
 
-    /* one rank's plan of Llama-3.1-8B over 8: the layers' matrices / 8, the embedding and head whole */
+    /* one rank's plan of Llama-3.1-8B over 8 on a GPU: the layers' matrices / 8, the embedding and head whole (the
+     * blocked loss is CPU-only); on the CPU the vocabulary's rows / 8 too */
     snug_plan_spec sp = spec_of(&c, 1, 2048), st = sp;
     st.tp = 8;
     st.tp_rank = 5;
+    st.device_cuda = 1;
     snug_plan whole = plan_of(&sp), rank = plan_of(&st);
-    long long per_layer = 4096LL * (4096 + 2 * 1024 + 4096 + 3 * 14336), globals = 2LL * 128256 * 4096 + 4096;
-    CHECKF(whole.nparams == globals + 32 * (per_layer + 2 * 4096), "%lld", whole.nparams);
-    CHECKF(rank.nparams == globals + 32 * (per_layer / 8 + 2 * 4096), "%lld", rank.nparams);
+    long long per_layer = 4096LL * (4096 + 2 * 1024 + 4096 + 3 * 14336), embed = 2LL * 128256 * 4096;
+    CHECKF(whole.nparams == embed + 4096 + 32 * (per_layer + 2 * 4096), "%lld", whole.nparams);
+    CHECKF(rank.nparams == embed + 4096 + 32 * (per_layer / 8 + 2 * 4096), "%lld", rank.nparams);
     CHECK(rank.bytes[SNUG_MEM_PARAMS] < whole.bytes[SNUG_MEM_PARAMS] / 3);
     CHECK(rank.bytes[SNUG_MEM_ACTS] < whole.bytes[SNUG_MEM_ACTS]);
-    /* 4 all-reduces per block and micro-batch, 2 more per block full checkpointing recomputes, 1 with a tiled MLP */
+    CHECK(!snug_tp_vocab_split(&c, 8, 1) && snug_tp_vocab_split(&c, 8, 0) && !snug_tp_vocab_split(&c, 7, 0));
+    snug_plan_spec sc = st;
+    sc.device_cuda = 0;
+    snug_plan cpu = plan_of(&sc);
+    CHECKF(cpu.nparams == embed / 8 + 4096 + 32 * (per_layer / 8 + 2 * 4096), "%lld", cpu.nparams);
+    CHECK(cpu.vocab_block == 128256 / 8); /* the rank's rows of the head, one block */
+    /* 4 all-reduces per block and micro-batch, 2 more per block full checkpointing recomputes, 1 with a tiled MLP;
+     * with the vocabulary split 2 more per micro-batch and the gather of each token's 3 statistics */
     int n = 0;
     double bytes = snug_tp_comm_bytes(&st, &n);
     CHECK(n == 128 && fabs(bytes - 128 * 2048.0 * 4096 * 4 * 2 * 7 / 8) < 1);
+    bytes = snug_tp_comm_bytes(&sc, &n);
+    CHECK(n == 130 && fabs(bytes - 130 * 2048.0 * 4096 * 4 * 2 * 7 / 8 - 7 * 3 * 2048.0 * 8) < 1);
     st.lv.ckpt = SNUG_CKPT_FULL;
     st.GA = 2;
     snug_tp_comm_bytes(&st, &n);

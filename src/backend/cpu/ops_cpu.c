@@ -25,6 +25,11 @@ void snug_cpu_embed_fwd(snug_backend *be, float *out, const int32_t *ids, const 
 #pragma omp parallel for num_threads(NT(be)) if ((size_t)N * C >= SNUG_CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
+        if (ids[n] < 0) { /* a zero row */
+            if (!accumulate)
+                memset(o, 0, (size_t)C * sizeof *o);
+            continue;
+        }
         const void *row = (const unsigned char *)table + (size_t)ids[n] * C * esz;
         if (accumulate && tdt == SNUG_DT_F32) {
             const float *r = row;
@@ -51,6 +56,8 @@ void snug_cpu_embed_bwd(snug_backend *be, float *dtable, const float *dout, cons
     for (int bk = 0; bk < nblk; bk++) {
         int c0 = bk * SNUG_CPU_CBLK, c1 = MIN(C, c0 + SNUG_CPU_CBLK);
         for (int n = 0; n < N; n++) {
+            if (ids[n] < 0)
+                continue;
             float *d = dtable + (size_t)ids[n] * C;
             const float *g = dout + (size_t)n * C;
             for (int c = c0; c < c1; c++)

@@ -23,8 +23,13 @@ __global__ void embed_fwd_kernel(float *out, const int32_t *ids, const void *tab
                                  int accumulate) {
     // out (N,C), one block per row n; table (rows,C) stored as tdt
     int n = blockIdx.x;
-    size_t row = (size_t)ids[n] * C;
     float *o = out + (size_t)n * C;
+    if (ids[n] < 0) { /* a zero row */
+        for (int c = threadIdx.x; !accumulate && c < C; c += blockDim.x)
+            o[c] = 0.0f;
+        return;
+    }
+    size_t row = (size_t)ids[n] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float v = snug_d_load(table, row + c, tdt);
         o[c] = accumulate ? o[c] + v : v;
@@ -100,7 +105,7 @@ __global__ void eb_sum_kernel(float *__restrict__ dtable, const float *__restric
     // order, one column per thread and step
     int r = blockIdx.x;
     uint32_t id = (uint32_t)(key[r] >> 32);
-    if (r > 0 && (uint32_t)(key[r - 1] >> 32) == id)
+    if ((int32_t)id < 0 || (r > 0 && (uint32_t)(key[r - 1] >> 32) == id)) /* -1: adds nothing (sorted last) */
         return;
     int end = r + 1;
     while (end < N && (uint32_t)(key[end] >> 32) == id)
