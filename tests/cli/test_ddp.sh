@@ -7,14 +7,8 @@
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
-command -v mpirun >/dev/null || { echo "test_ddp: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
-# 1 thread per rank: 3 ranks share 2 cores
-export OMP_NUM_THREADS=1
+NAME=test_ddp
+. "$SRC/tests/cli/ranks.sh"
 
 # Bitwise equality needs each micro-batch to add once to every gradient element, so that accumulating micro-batches
 # 0..N-1 in one buffer ((g0 + g1) + g2) is the rank-order sum of the ranks' buffers. Every op adds its whole
@@ -27,18 +21,6 @@ export OMP_NUM_THREADS=1
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
 # the base: tiny-llama after one step, its embedding copied into an untied lm_head
 . "$SRC/tests/cli/untied_base.sh"
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-
-# run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME
-run() {
-  local name=$1 np=$2; shift 2
-  local pre=()
-  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
-  # the sanitizer build: Open MPI's own allocations at exit are not snug's leaks
-  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
-}
 # same NAME REF TOL: the logged losses and gradient norms within relative TOL (0: the same bits), and with TOL 0
 # the same weights, byte for byte
 same() {
@@ -64,9 +46,7 @@ PY
 
 common="$W/ids.yaml --base_model $W/base $tok --max_steps 4 --logging_steps 1
         --learning_rate 3e-3 --lr_scheduler cosine --max_grad_norm 0.5 --micro_batch_size 2"
-if ! run probe 2 --ddp_deterministic true --max_steps 1 && grep -q "built without MPI" "$W/probe.log"; then
-  echo "test_ddp: skipped: this snug was built without MPI"; exit 77
-fi
+skip_without_mpi --ddp_deterministic true --max_steps 1
 ids="$common"
 for n in 2 3; do
   run one$n 0 --gradient_accumulation_steps $n || bad "one$n did not train: $(tail -2 "$W/one$n.log")"

@@ -16,15 +16,8 @@
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
-command -v mpirun >/dev/null || { echo "test_tp: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
-export OMP_NUM_THREADS=1
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+NAME=test_tp
+. "$SRC/tests/cli/ranks.sh"
 
 python3 - "$W/text.jsonl" <<'PY'
 import json, random, sys
@@ -39,18 +32,8 @@ tok="--tokenizer $SRC/assets/tokenizer --sequence_len 48 --sample_tokens 0 --see
 printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/ids.yaml"
 . "$SRC/tests/cli/untied_base.sh"
 
-# run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME
-run() {
-  local name=$1 np=$2; shift 2
-  local pre=()
-  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
-  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
-}
 common="$W/ids.yaml $tok --base_model $W/base --max_steps 1 --micro_batch_size 2"
-if ! run probe 2 --tensor_parallel_size 2 && grep -q "built without MPI" "$W/probe.log"; then
-  echo "test_tp: skipped: this snug was built without MPI"; exit 77
-fi
+skip_without_mpi --tensor_parallel_size 2
 
 # nudge SRC DST BIT: a copy of the folder SRC whose F32 weights each have mantissa bit BIT flipped (0: one fp32 unit
 # in the last place; 16: one bf16 unit, the last bit bf16 keeps)

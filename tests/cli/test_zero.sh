@@ -32,15 +32,8 @@
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
-command -v mpirun >/dev/null || { echo "test_zero: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
-export OMP_NUM_THREADS=1 # 3 ranks share 2 cores
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+NAME=test_zero
+. "$SRC/tests/cli/ranks.sh"
 
 # the data of test_ddp.sh: every id once, so DDP itself is the bits of one process (see there); here the reference
 # is DDP, which sums the same gradients, so any data would do, and this keeps the two tests' runs comparable
@@ -49,16 +42,7 @@ common="$W/ids.yaml --tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample
         --max_steps 3 --logging_steps 1 --learning_rate 3e-3 --lr_scheduler cosine --max_grad_norm 0.5
         --micro_batch_size 2 --ddp_deterministic true"
 
-# run NAME NP ARGS...: `snug train` as NP ranks into $W/NAME
-run() {
-  local name=$1 np=$2; shift 2
-  local pre=("${MPI[@]}" -np "$np")
-  [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
-}
-if ! run probe 2 --max_steps 1 && grep -q "built without MPI" "$W/probe.log"; then
-  echo "test_zero: skipped: this snug was built without MPI"; exit 77
-fi
+skip_without_mpi --max_steps 1
 
 # worst NAME REF: the largest relative difference of the logged losses and gradient norms
 worst() {

@@ -1,0 +1,31 @@
+# ranks.sh: shared by the multi-rank CLI tests (sourced, not a test itself). Needs SNUG and NAME (the test's name)
+# set by the sourcing script, and `common` (the options every run shares) before the first run. Skips (77) without
+# mpirun; sets W (a temporary folder, removed at exit), pass/fail with ok/bad, MPI (mpirun with what it needs here),
+# one OpenMP thread per rank (3 ranks share 2 cores), and run.
+command -v mpirun >/dev/null || { echo "$NAME: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+export OMP_NUM_THREADS=1
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME, its output in
+# $W/NAME.log
+run() {
+  local name=$1 np=$2; shift 2
+  local pre=()
+  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
+  # the sanitizer build: Open MPI's own allocations at exit are not snug's leaks
+  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
+}
+
+# skip_without_mpi ARGS...: a 2-rank probe run with ARGS; skips (77) when this snug was built without MPI
+skip_without_mpi() {
+  if ! run probe 2 "$@" && grep -q "built without MPI" "$W/probe.log"; then
+    echo "$NAME: skipped: this snug was built without MPI"; exit 77
+  fi
+}
