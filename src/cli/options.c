@@ -226,7 +226,8 @@ static const key_spec keys[] = {
              "down_proj by columns) with their gradients and optimizer state, and every rank runs the same "
              "micro-batches; each block's two outputs and, in backward, the gradients of its two norm outputs are "
              "summed over the ranks. Llama-family models with heads, key/value heads and intermediate_size divisible "
-             "by N; full fine-tuning; as many ranks as N (data parallelism beside it is not built yet); checkpoints "
+             "by N; full fine-tuning; a multiple of N ranks (groups of N consecutive ranks, data parallel across the "
+             "groups, on CPU ranks for now); checkpoints "
              "keep each rank's slices, the final model is written whole"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},

@@ -953,9 +953,9 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
     r->kind = a->backend == SNUG_BACKEND_CUDA || (a->backend == SNUG_BACKEND_AUTO && a->g) ? SNUG_DEVICE_CUDA
                                                                                           : SNUG_DEVICE_CPU;
     int rc = a->gpus > 1 && o->tensor_parallel_size > 1
-                 ? snug_fail(e, SNUG_EINPUT, "command line: --gpus %d plans data parallelism, which is not built beside "
-                             "tensor parallelism yet; with tensor_parallel_size %d the plan is already one rank's: "
-                             "drop --gpus", a->gpus, o->tensor_parallel_size)
+                 ? snug_fail(e, SNUG_EINPUT, "command line: --gpus %d plans data parallelism over GPUs, which does "
+                             "not run beside tensor parallelism on GPUs yet; with tensor_parallel_size %d the plan is "
+                             "already one rank's: drop --gpus", a->gpus, o->tensor_parallel_size)
                  : snug_setup_resolve(p, o, r->kind, e);
     if (!rc) { /* the data when it can be read: its size prices the run and the host memory */
         r->data_host_bytes = p->data_host_est;

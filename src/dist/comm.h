@@ -81,6 +81,10 @@ struct snug_comm {
     int (*wait)(snug_comm *c, snug_error *e);
     /* a fatal error on this rank: the other ranks must not wait for it forever (MPI_Abort under MPI) */
     void (*abort)(snug_comm *c, int code);
+    /* out <- a communicator of the ranks that pass the same color, ranked by key (ties by rank), with c's settings
+     * (deterministic, check, timeout_s, local_rank); collective over c. NULL where not built (NCCL). Close out with
+     * snug_comm_close before c. */
+    int (*split)(snug_comm *c, int color, int key, snug_comm *out, snug_error *e);
     void (*free)(snug_comm *c);
 };
 

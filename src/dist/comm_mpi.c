@@ -442,21 +442,16 @@ static void mpi_free(snug_comm *c) {
 
 int snug_comm_mpi_available(void) { return 1; }
 
-int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
-    memset(c, 0, sizeof *c);
-    int inited = 0, rc;
-    MPI_Initialized(&inited);
-    if (!inited && (rc = MPI_Init(NULL, NULL)) != MPI_SUCCESS)
-        return mpi_failed(e, rc, "MPI_Init");
+static int mpi_split(snug_comm *c, int color, int key, snug_comm *out, snug_error *e);
+
+/* c over comm (which it then owns): its rank, size, shared window and functions */
+static int mpi_open(snug_comm *c, MPI_Comm comm, snug_error *e) {
     mpi_ctx *x = calloc(1, sizeof *x);
-    if (!x)
+    if (!x) {
+        MPI_Comm_free(&comm);
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the MPI communicator");
-    /* errors come back as codes (reported through snug_error), never as MPI's own abort */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &x->comm)) != MPI_SUCCESS) {
-        free(x);
-        return mpi_failed(e, rc, "MPI_Comm_dup");
     }
+    x->comm = comm;
     MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(x->comm, &c->rank);
     MPI_Comm_size(x->comm, &c->size);
@@ -464,7 +459,6 @@ int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
     mpi_users++;
     c->name = x->shm ? "mpi-shm" : "mpi";
     c->ctx = x;
-    c->local_rank = c->rank;
     c->allreduce_sum = mpi_allreduce;
     c->broadcast = mpi_broadcast;
     c->barrier = mpi_barrier;
@@ -472,6 +466,36 @@ int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
     c->allgather = mpi_allgather;
     c->wait = snug_comm_wait_done; /* every collective here is complete when it returns */
     c->abort = mpi_abort;
+    c->split = mpi_split;
     c->free = mpi_free;
+    return 0;
+}
+
+static int mpi_split(snug_comm *c, int color, int key, snug_comm *out, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    MPI_Comm sub;
+    int rc = MPI_Comm_split(x->comm, color, key, &sub);
+    if (rc != MPI_SUCCESS)
+        return mpi_failed(e, rc, "MPI_Comm_split");
+    memset(out, 0, sizeof *out);
+    SNUG_TRY(mpi_open(out, sub, e));
+    out->deterministic = c->deterministic, out->check = c->check, out->timeout_s = c->timeout_s;
+    out->local_rank = c->local_rank;
+    return 0;
+}
+
+int snug_comm_mpi_init(snug_comm *c, snug_error *e) {
+    memset(c, 0, sizeof *c);
+    int inited = 0, rc;
+    MPI_Initialized(&inited);
+    if (!inited && (rc = MPI_Init(NULL, NULL)) != MPI_SUCCESS)
+        return mpi_failed(e, rc, "MPI_Init");
+    /* errors come back as codes (reported through snug_error), never as MPI's own abort */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm comm;
+    if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm)) != MPI_SUCCESS)
+        return mpi_failed(e, rc, "MPI_Comm_dup");
+    SNUG_TRY(mpi_open(c, comm, e));
+    c->local_rank = c->rank;
     return 0;
 }

@@ -34,11 +34,20 @@ static void self_abort(snug_comm *c, int code) { (void)c, (void)code; }
 
 static void self_free(snug_comm *c) { (void)c; }
 
+static int self_split(snug_comm *c, int color, int key, snug_comm *out, snug_error *e) {
+    (void)color, (void)key, (void)e;
+    snug_comm_self_init(out);
+    out->deterministic = c->deterministic, out->check = c->check, out->timeout_s = c->timeout_s;
+    out->local_rank = c->local_rank;
+    return 0;
+}
+
 void snug_comm_self_init(snug_comm *c) {
     memset(c, 0, sizeof *c);
     *c = (snug_comm){.name = "self", .rank = 0, .size = 1, .allreduce_sum = self_allreduce,
                      .broadcast = self_broadcast, .barrier = self_barrier,
                      .reduce_scatter_sum = self_sharded, .allgather = self_sharded, .wait = snug_comm_wait_done,
                      .abort = self_abort,
+                     .split = self_split,
                      .free = self_free};
 }

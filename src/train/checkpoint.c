@@ -837,9 +837,10 @@ static int split_check(const char *dir, split was, split now, int frozen_base, s
     return 0;
 }
 
-/* The rank whose files of its own this process reads: its data-parallel rank, or its tensor-parallel one. */
+/* The rank whose files of its own this process reads: its data-parallel rank, or under tensor parallelism its rank
+ * in the world (data-parallel rank x tensor_parallel_size + tensor-parallel rank, as the trainer groups them). */
 static int state_rank(const snug_engine *eng, const snug_setup *s) {
-    return eng->model.tp > 1 ? eng->model.tp_rank : s->rank;
+    return eng->model.tp > 1 ? s->rank * eng->model.tp + eng->model.tp_rank : s->rank;
 }
 
 /* Whether kept arena i of a checkpoint split as sp is each rank's file (kept_per_rank of the run that wrote it). */
@@ -996,6 +997,12 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     json_decref(now);
     if (!rc)
         rc = split_check(dir, sp_was, sp_now, eng->model.lora.on, e);
+    if (!rc && eng->model.tp > 1 && sp_was.ranks != sp_now.ranks) { /* each rank's files are its world rank's */
+        snprintf(why, sizeof why, "it was trained as %d data-parallel group%s of tensor_parallel_size %d ranks, this "
+                 "run has %d; a tensor-parallel checkpoint resumes on as many ranks (mpirun -np %d)", sp_was.ranks,
+                 sp_was.ranks > 1 ? "s" : "", eng->model.tp, sp_now.ranks, sp_was.ranks * eng->model.tp);
+        rc = refuse(e, dir, why);
+    }
     if (!rc) {
         st->step = (int)json_integer_value(json_object_get(j, "step"));
         st->epochs_done = (int)json_integer_value(json_object_get(j, "epochs_done"));

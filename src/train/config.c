@@ -81,10 +81,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "fine-tune's blocks; set tensor_parallel_size: 1 (data parallelism, with zero_stage: 3 to shard the base, "
             "suits adapters)", src, o->tensor_parallel_size, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
     REQUIRE(o->tensor_parallel_size == 1 || !o->zero_stage,
-            "%s: tensor_parallel_size %d with zero_stage %d is not supported: every rank of a tensor-parallel run "
-            "already holds only its slices of the blocks, and sharding beside it needs data-parallel ranks, which "
-            "are not built beside tensor parallelism yet; set zero_stage: 0, or tensor_parallel_size: 1", src,
-            o->tensor_parallel_size, o->zero_stage);
+            "%s: tensor_parallel_size %d with zero_stage %d is not supported yet: beside tensor parallelism the "
+            "data-parallel groups sum their gradients as DDP does (every rank of a group keeps its slices' optimizer "
+            "state); set zero_stage: 0, or tensor_parallel_size: 1", src, o->tensor_parallel_size, o->zero_stage);
     REQUIRE(o->tensor_parallel_size == 1 || !o->optimizer_in_backward,
             "%s: tensor_parallel_size %d with optimizer_in_backward is not supported yet; set optimizer_in_backward: "
             "false", src, o->tensor_parallel_size);

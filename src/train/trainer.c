@@ -199,13 +199,22 @@ static int tp_grad_norm(snug_comm *c, const snug_model *m, const snug_param_tabl
     return 0;
 }
 
-/* Tensor parallelism: the world's ranks are its ranks, all of them, each its own data-parallel world of one. */
-static int tp_refuse(const snug_run_config *o, const snug_comm *c, snug_error *e) {
-    if (o->tensor_parallel_size == c->size)
-        return 0;
-    return snug_fail(e, SNUG_EINPUT, "tensor_parallel_size is %d but %d rank%s: launch exactly that many (mpirun "
-                     "-np %d snug train ...); data parallelism beside tensor parallelism is not built yet",
-                     o->tensor_parallel_size, c->size, c->size == 1 ? " runs" : "s run", o->tensor_parallel_size);
+/* Tensor parallelism: the world is groups of tensor_parallel_size ranks (data parallel across the groups, on CPU
+ * ranks for now). */
+static int tp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
+    int t = o->tensor_parallel_size;
+    if (c->size % t)
+        return snug_fail(e, SNUG_EINPUT, "tensor_parallel_size is %d but %d rank%s: launch a multiple of it (mpirun "
+                         "-np %d snug train ... for tensor parallelism alone, -np %d for 2 data-parallel groups of %d)",
+                         t, c->size, c->size == 1 ? " runs" : "s run", t, 2 * t, t);
+    if (!o->ddp && c->size > t)
+        return snug_fail(e, SNUG_EINPUT, "%d ranks with tensor_parallel_size %d form %d data-parallel groups, but ddp "
+                         "is false; launch %d ranks, or set ddp: true", c->size, t, c->size / t, t);
+    if (on_gpu && c->size > t)
+        return snug_fail(e, SNUG_EINPUT, "%d GPU ranks with tensor_parallel_size %d: data parallelism beside tensor "
+                         "parallelism runs on CPU ranks only for now; launch %d GPU ranks, or set "
+                         "tensor_parallel_size: 1", c->size, t, t);
+    return 0;
 }
 
 /* Whether the step's collectives run: with several ranks, or through NCCL at one rank (each an identity there, but
@@ -710,16 +719,24 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     FILE *quiet = lead ? NULL : fopen("/dev/null", "w");
     if (!lead)
         out = quiet ? quiet : out;
-    /* tensor parallelism: the world's ranks split every block and run the same micro-batches; the data-parallel
-     * world (dp) is then this rank alone */
+    /* tensor parallelism: groups of tpn consecutive ranks (tp, ranked by rank % tpn) split every block and run the
+     * same micro-batches; the data-parallel groups (dp) are the ranks of one place in every group (ranked by
+     * rank / tpn), or this rank alone when there is one group. So the world's rank is dp rank x tpn + tp rank. */
     int tpn = config->tensor_parallel_size > 1 ? config->tensor_parallel_size : 1;
-    snug_comm self, *dp = &comm;
+    snug_comm self, tpc = {0}, dpc = {0}, *dp = &comm, *tp = &comm;
     snug_comm_self_init(&self);
-    if (tpn > 1)
-        dp = &self;
-    int rc = tpn > 1 ? tp_refuse(config, &comm, e) : 0;
+    int rc = tpn > 1 ? tp_refuse(config, &comm, on_gpu, e) : 0;
     if (!rc) /* the backend's choice holds for tensor parallelism's sums too */
         rc = ddp_refuse(config, &comm, on_gpu, e);
+    if (!rc && tpn > 1 && comm.size == tpn) {
+        dp = &self;
+    } else if (!rc && tpn > 1) {
+        rc = comm.split(&comm, comm.rank / tpn, comm.rank % tpn, &tpc, e);
+        if (!rc)
+            rc = comm.split(&comm, comm.rank % tpn, comm.rank / tpn, &dpc, e);
+        tp = &tpc;
+        dp = &dpc;
+    }
     /* CUDA ranks talk through NCCL (ddp_backend: nccl, or unset with several ranks), each on its local rank's GPU */
     int use_nccl = on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
                               (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && comm.size > 1));
@@ -727,7 +744,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         snug_backend_use_gpu(comm.local_rank);
     r.s.ranks = dp->size; /* ranks that sum gradients keep them fp32, as accumulation does */
     r.s.rank = dp->rank;  /* and under ZeRO each plans its own shard */
-    r.s.tp_rank = tpn > 1 ? comm.rank : 0;
+    r.s.tp_rank = tpn > 1 ? tp->rank : 0;
     /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
      * stage) takes the checkpoint's, so that it continues the same loss on another stage */
     char resume[4096] = "";
@@ -824,7 +841,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (ddp_collectives(dp))
         fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
                 W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
-    tp_hook tph = {.comm = &comm};
+    tp_hook tph = {.comm = tp};
     snug_param_table tp_whole = {0};
     if (tpn > 1) {
         const snug_model_config *lc = &r.eng.model.cfg;
@@ -847,7 +864,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.tp_gather = tp_gather;
         r.eng.model.tp_gather_ud = &tph;
         rc = snug_param_table_build(&tp_whole, &r.s.cfg, e);
-        if (!rc && !(tph.counts = calloc((size_t)comm.size, sizeof *tph.counts)))
+        if (!rc && !(tph.counts = calloc((size_t)tp->size, sizeof *tph.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for tensor parallelism");
     }
 
@@ -1140,7 +1157,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             norm = sqrt(ss);
         } else {
             if (tpn > 1) {
-                if ((rc = tp_grad_norm(&comm, &r.eng.model, &tp_whole, 1.0f / ls.scale, &norm, e))) {
+                if ((rc = tp_grad_norm(tp, &r.eng.model, &tp_whole, 1.0f / ls.scale, &norm, e))) {
                     broken = 1;
                     break;
                 }
@@ -1289,7 +1306,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
-        rc = stream_save(&r, tpn > 1 ? &comm : dp, shard, &broken, e);
+        if (tpn <= 1 || dp->rank == 0) /* tensor parallelism: the first group's ranks gather their slices */
+            rc = stream_save(&r, tpn > 1 ? tp : dp, shard, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }
@@ -1360,8 +1378,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
 done:
     if (rc && comm.size > 1 && e)
         snug_error_wrap(e, "rank %d of %d: ", comm.rank, comm.size);
-    if (!broken) /* MPI_Finalize only when every rank reaches it */
+    if (!broken) { /* MPI_Finalize only when every rank reaches it */
+        snug_comm_close(&tpc);
+        snug_comm_close(&dpc);
         snug_comm_close(&comm);
+    }
     if (quiet)
         fclose(quiet);
     return rc;

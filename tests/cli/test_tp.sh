@@ -246,6 +246,28 @@ run ck4 4 --tensor_parallel_size 4 --resume_from_checkpoint "$W/ck/checkpoint-2"
 [ $? -eq 2 ] && grep -q "trained with tensor_parallel_size 2, this run has 1" "$W/ck1.log" && ok ||
   bad "resume as one process of a 2-rank checkpoint: $(tail -1 "$W/ck1.log")"
 
+# data parallel beside tensor parallelism: 2 groups of 2 ranks (4 ranks) against one group accumulating both groups'
+# micro-batches: the same bits (ddp_deterministic), on test_ddp's data, where every gradient element receives one
+# addition per micro-batch (each id once, an untied model: see test_ddp.sh); with evaluation split over the groups.
+# Its checkpoint (every rank's slices) resumes on as many ranks to the same bits, and on 2 is refused
+. "$SRC/tests/cli/ids_data.sh"
+common="$W/ids.yaml $tok --base_model $W/base --max_steps 6 --logging_steps 1 --learning_rate 3e-3
+        --max_grad_norm 0.5 --micro_batch_size 2 --tensor_parallel_size 2 --val_set_size 8 --eval_steps 3"
+run g1 2 --gradient_accumulation_steps 2 || bad "g1 did not train: $(tail -2 "$W/g1.log")"
+run g2 4 --ddp_deterministic true || bad "g2 did not train: $(tail -2 "$W/g2.log")"
+cmp -s "$W/g1/model.safetensors" "$W/g2/model.safetensors" && ok || bad "g2: the weights differ from g1's"
+cmp -s <(cut -d, -f1-5 "$W/g1/metrics.jsonl") <(cut -d, -f1-5 "$W/g2/metrics.jsonl") &&
+  [ "$(grep -c val_loss "$W/g2/metrics.jsonl")" -eq 2 ] && ok || bad "g2: the losses differ from g1's"
+grep -q "data parallel *2 ranks" "$W/g2.log" && grep -q "tensor parallel *2 ranks" "$W/g2.log" && ok ||
+  bad "g2: not 2 data-parallel groups of 2 tensor-parallel ranks"
+run g2ck 4 --ddp_deterministic true --save_steps 2 || bad "g2ck did not train: $(tail -2 "$W/g2ck.log")"
+rm -rf "$W/g2ck/checkpoint-4" "$W/g2ck/model.safetensors"
+run g2ck 4 --ddp_deterministic true --save_steps 2 --resume_from_checkpoint latest &&
+  cmp -s "$W/g2ck/model.safetensors" "$W/g2/model.safetensors" && ok || bad "g2ck did not resume to g2's weights"
+run g1ck 2 --gradient_accumulation_steps 2 --resume_from_checkpoint "$W/g2ck/checkpoint-2"
+[ $? -eq 2 ] && grep -q "trained as 2 data-parallel groups of tensor_parallel_size 2 ranks, this run has 1" \
+  "$W/g1ck.log" && ok || bad "a 4-rank checkpoint resumed on 2: $(grep -a error "$W/g1ck.log" | head -1)"
+
 # refused on every rank before anything is written (exit 2), naming the setting
 common="$W/ids.yaml $tok --max_steps 1 --micro_batch_size 2"
 refused() { # NAME NP PATTERN ARGS...
@@ -257,8 +279,10 @@ refused() { # NAME NP PATTERN ARGS...
 }
 refused heads3 3 "tensor_parallel_size 3 does not divide the model's num_attention_heads (8)" \
   --model_preset tiny-llama --tensor_parallel_size 3
-refused world 3 "tensor_parallel_size is 2 but 3 ranks run: launch exactly that many (mpirun -np 2" \
+refused world 3 "tensor_parallel_size is 2 but 3 ranks run: launch a multiple of it (mpirun -np 2" \
   --model_preset tiny-llama --tensor_parallel_size 2
+refused noddp 4 "4 ranks with tensor_parallel_size 2 form 2 data-parallel groups, but ddp is false" \
+  --model_preset tiny-llama --tensor_parallel_size 2 --ddp false
 refused alone 0 "tensor_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --tensor_parallel_size 2
 refused gpt2 2 "GPT-2's fused c_attn has no tensor-parallel layout yet" --model_preset gpt2-124m --tensor_parallel_size 2
 refused lora 2 "tensor_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
