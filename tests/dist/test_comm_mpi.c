@@ -248,6 +248,24 @@ int main(int argc, char **argv) {
         rc = sum_test(&c, &e);
     } else if (!strcmp(mode, "paths")) {
         rc = paths_test(&c, &e);
+    } else if (!strcmp(mode, "split")) {
+        /* groups by rank parity, ranked from the last rank down: each group's own sums (the rank-order sum of its
+         * ranks, on its own shared window), the world's still whole after */
+        snug_comm g;
+        int want = (c.size + 1 - c.rank % 2) / 2;
+        rc = c.split(&c, c.rank % 2, c.size - c.rank, &g, &e);
+        if (!rc && (g.size != want || g.rank != (want - 1 - c.rank / 2)))
+            rc = snug_fail(&e, SNUG_EINTERNAL, "split: rank %d of %d in a group of %d, not %d of %d", g.rank, g.size,
+                           g.size, want - 1 - c.rank / 2, want);
+        if (!rc)
+            rc = sum_test(&g, &e);
+        if (!rc)
+            printf("rank %d: group %d of %d ranks (%s)\n", c.rank, c.rank % 2, g.size, g.name);
+        int64_t one = 1;
+        if (!rc && !(rc = c.allreduce_sum(&c, &one, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, &e)) && one != c.size)
+            rc = snug_fail(&e, SNUG_EINTERNAL, "the world's sum after the split is %lld", (long long)one);
+        if (!rc)
+            snug_comm_close(&g);
     } else if (!strcmp(mode, "mismatch")) {
         c.check = 1;
         float x[4] = {1, 2, 3, 4};
