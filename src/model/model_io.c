@@ -123,34 +123,39 @@ static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, 
     return 0;
 }
 
-/* Tensor parallelism: each tensor read whole (checked against the whole model's table) into one host buffer, and
- * the rank's slice of it (snug_tp_slice) put in place. */
+/* Tensor parallelism: each tensor checked against the whole model's table and only the rank's slice read from the
+ * file (a block of rows is one range of it, a run of columns one range per row; the Llama family's tensors are not
+ * transposed), into one buffer of the rank's largest tensor, then put in place. */
 static int load_tp(snug_model *m, snug_st_set *s, const char *dir, snug_error *e) {
     snug_param_table g;
     SNUG_TRY(snug_param_table_build(&g, &m->tp_cfg, e));
     size_t largest = 0;
-    for (int i = 0; i < g.n; i++)
-        largest = g.e[i].numel > largest ? g.e[i].numel : largest;
-    float *whole = malloc(largest * sizeof *whole), *part = malloc(largest * sizeof *part);
-    int rc = whole && part && g.n == m->table.n ? 0
-             : snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s", dir);
+    for (int i = 0; i < m->table.n; i++)
+        largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
+    float *part = malloc(largest * sizeof *part);
+    int rc = part && g.n == m->table.n ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s",
+                                                       dir);
     for (int i = 0; i < g.n && !rc; i++) {
+        const snug_param_entry *G = &g.e[i], *L = &m->table.e[i];
         const snug_st_tensor *t = NULL;
-        if (snug_q4_st_detect(s, g.e[i].name)) {
+        if (snug_q4_st_detect(s, G->name)) {
             rc = snug_fail(e, SNUG_EINPUT, "%s: '%s' is 4-bit (bitsandbytes); tensor parallelism trains 16- and "
-                           "32-bit weights: use the unquantized model", dir, g.e[i].name);
+                           "32-bit weights: use the unquantized model", dir, G->name);
             break;
         }
-        if ((rc = match_tensor(s, dir, &g.e[i], &t, e)))
+        if ((rc = match_tensor(s, dir, G, &t, e)))
             break;
-        rc = snug_st_to_f32(s, t, whole, g.e[i].transposed, e);
+        int kind = snug_tp_slice_kind(G, L);
+        size_t rows = (size_t)L->shape[0], cols = L->ndim == 2 ? (size_t)L->shape[1] : 1;
+        if (kind == 0 || kind == 1) /* the whole tensor, or rank r's block of rows: one range */
+            rc = snug_st_to_f32_range(s, t, part, kind ? (size_t)m->tp_rank * L->numel : 0, L->numel, e);
+        for (size_t r = 0; kind == 2 && r < rows && !rc; r++) /* each row's run of columns */
+            rc = snug_st_to_f32_range(s, t, part + r * cols, r * (size_t)G->shape[1] + (size_t)m->tp_rank * cols,
+                                      cols, e);
         snug_st_release(s, t);
-        if (!rc) {
-            snug_tp_slice(&g.e[i], &m->table.e[i], m->tp_rank, whole, part, 0);
+        if (!rc)
             rc = snug_model_put_entry(m, i, part, e);
-        }
     }
-    free(whole);
     free(part);
     snug_param_table_free(&g);
     return rc;
