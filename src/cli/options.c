@@ -225,10 +225,11 @@ static const key_spec keys[] = {
              "1/N of every block's attention heads and MLP rows (q/k/v and gate/up split by rows, o_proj and "
              "down_proj by columns) with their gradients and optimizer state, and every rank runs the same "
              "micro-batches; each block's two outputs and, in backward, the gradients of its two norm outputs are "
-             "summed over the ranks. Llama-family models with heads, key/value heads and intermediate_size divisible "
-             "by N; full fine-tuning; a multiple of N ranks (groups of N consecutive ranks, data parallel across the "
-             "groups, on CPU ranks for now); checkpoints "
-             "keep each rank's slices, the final model is written whole"},
+             "summed over the ranks; on the CPU a vocabulary that divides by N is split too (embedding and head by "
+             "rows, the loss's statistics gathered). Llama-family and GPT-2 models with heads, key/value heads and "
+             "intermediate_size divisible by N; full fine-tuning; a multiple of N ranks (groups of N consecutive "
+             "ranks, data parallel across the groups, on CPU ranks for now); checkpoints keep each rank's slices, the "
+             "final model is written whole"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

@@ -46,6 +46,8 @@ typedef struct snug_param_entry {
     int layer;              /* -1 for global tensors */
     int decay;              /* 1 for matrices (weight decay applies), 0 for norms, biases, 1-D tensors */
     int transposed;         /* stored transposed in the file (GPT-2 Conv1D) */
+    int segs;               /* its rows are that many equal parts side by side (GPT-2's fused c_attn: q, k, v), each
+                             * split alone under tensor parallelism; 1 otherwise */
 } snug_param_entry;
 
 typedef struct snug_param_table {
@@ -534,14 +536,15 @@ int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, sn
 
 /* Tensor parallelism: one rank's share of a model config's blocks over tp ranks (n_head, n_kv_head and
  * intermediate_size divided by tp; the rest as it is). NULL, with why (naming the setting) in *why, where it does
- * not divide or the architecture has no tensor-parallel layout yet (GPT-2's fused c_attn). */
+ * not divide. */
 const snug_model_config *snug_tp_config(const snug_model_config *g, int tp, snug_model_config *local, char *why,
                                         size_t n);
 /* Tensor parallelism: whether the vocabulary splits over tp ranks too (the embedding and head by rows): when it
  * divides by tp and the loss runs over blocks of the head's rows (not on a GPU yet). */
 int snug_tp_vocab_split(const snug_model_config *g, int tp, int device_cuda);
-/* Entry l of a rank's table as a slice of entry g of the whole model's (the same name): 0 whole, 1 rows (the rank
- * takes rows [part * l.rows, +l.rows)), 2 columns (of every row, columns [part * l.cols, +l.cols)). */
+/* Entry l of a rank's table as a slice of entry g of the whole model's (the same name), in the table's layout (a
+ * transposed entry's rows are its file's columns): 0 whole, 1 rows (the rank takes rows [part * l.rows, +l.rows), or
+ * of each of its segs parts the rank's share), 2 columns (of every row, columns [part * l.cols, +l.cols)). */
 int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l);
 /* Rank `part`'s slice of a whole tensor (g's numel floats, as the table lays it out) into local (l's numel), or with
  * put set the other way: the slice written into its place in the whole tensor. */

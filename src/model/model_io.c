@@ -124,17 +124,20 @@ static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, 
 }
 
 /* Tensor parallelism: each tensor checked against the whole model's table and only the rank's slice read from the
- * file (a block of rows is one range of it, a run of columns one range per row; the Llama family's tensors are not
- * transposed), into one buffer of the rank's largest tensor, then put in place. */
+ * file (a block of rows is one range of it, or one per part of a fused tensor; a run of columns one range per row),
+ * into one buffer of the rank's largest tensor, then put in place. A tensor the file holds transposed (GPT-2's
+ * Conv1D) is read whole, transposed, and sliced. */
 static int load_tp(snug_model *m, snug_st_set *s, const char *dir, snug_error *e) {
     snug_param_table g;
     SNUG_TRY(snug_param_table_build(&g, &m->tp_cfg, e));
-    size_t largest = 0;
+    size_t largest = 0, largest_t = 0;
     for (int i = 0; i < m->table.n; i++)
         largest = m->table.e[i].numel > largest ? m->table.e[i].numel : largest;
-    float *part = malloc(largest * sizeof *part);
-    int rc = part && g.n == m->table.n ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s",
-                                                       dir);
+    for (int i = 0; i < g.n; i++)
+        largest_t = g.e[i].transposed && g.e[i].numel > largest_t ? g.e[i].numel : largest_t;
+    float *part = malloc(largest * sizeof *part), *whole = largest_t ? malloc(largest_t * sizeof *whole) : NULL;
+    int rc = part && (whole || !largest_t) && g.n == m->table.n
+                 ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory staging the weights of %s", dir);
     for (int i = 0; i < g.n && !rc; i++) {
         const snug_param_entry *G = &g.e[i], *L = &m->table.e[i];
         const snug_st_tensor *t = NULL;
@@ -145,11 +148,19 @@ static int load_tp(snug_model *m, snug_st_set *s, const char *dir, snug_error *e
         }
         if ((rc = match_tensor(s, dir, G, &t, e)))
             break;
-        int kind = snug_tp_slice_kind(G, L);
-        size_t rows = (size_t)L->shape[0], cols = L->ndim == 2 ? (size_t)L->shape[1] : 1;
-        if (kind == 0 || kind == 1) /* the whole tensor, or rank r's block of rows: one range */
-            rc = snug_st_to_f32_range(s, t, part, kind ? (size_t)m->tp_rank * L->numel : 0, L->numel, e);
-        for (size_t r = 0; kind == 2 && r < rows && !rc; r++) /* each row's run of columns */
+        int kind = snug_tp_slice_kind(G, L), segs = L->segs > 1 ? L->segs : 1;
+        size_t rows = (size_t)L->shape[0], cols = L->ndim == 2 ? (size_t)L->shape[1] : 1, lseg = rows / (size_t)segs;
+        if (G->transposed && kind) { /* the file's columns are the table's rows */
+            if (!(rc = snug_st_to_f32(s, t, whole, 1, e)))
+                snug_tp_slice(G, L, m->tp_rank, whole, part, 0);
+        } else if (kind == 0) {
+            rc = snug_st_to_f32(s, t, part, G->transposed, e);
+        }
+        for (int k = 0; !G->transposed && kind == 1 && k < segs && !rc; k++) /* the rank's block of each part */
+            rc = snug_st_to_f32_range(s, t, part + (size_t)k * lseg * cols,
+                                      ((size_t)k * (size_t)G->shape[0] / (size_t)segs + (size_t)m->tp_rank * lseg) *
+                                          cols, lseg * cols, e);
+        for (size_t r = 0; !G->transposed && kind == 2 && r < rows && !rc; r++) /* each row's run of columns */
             rc = snug_st_to_f32_range(s, t, part + r * cols, r * (size_t)G->shape[1] + (size_t)m->tp_rank * cols,
                                       cols, e);
         snug_st_release(s, t);
@@ -157,6 +168,7 @@ static int load_tp(snug_model *m, snug_st_set *s, const char *dir, snug_error *e
             rc = snug_model_put_entry(m, i, part, e);
     }
     free(part);
+    free(whole);
     snug_param_table_free(&g);
     return rc;
 }

@@ -39,6 +39,7 @@ int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char 
     p->layer = layer;
     p->decay = ndim == 2;
     p->transposed = transposed;
+    p->segs = 1;
     *off += p->numel;
     return 0;
 }
@@ -84,6 +85,7 @@ static int build_llama(builder *b, const snug_model_config *c) {
 
 static int build_gpt2(builder *b, const snug_model_config *c) {
     int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+    int qd = c->n_head * c->head_dim; /* C, but a tensor-parallel rank's share of the heads */
     char n[96];
     int rc = add(b, "transformer.wte.weight", 2, V, C, -1, 0);
     rc |= add(b, "transformer.wpe.weight", 2, c->max_position, C, -1, 0);
@@ -92,9 +94,11 @@ static int build_gpt2(builder *b, const snug_model_config *c) {
 #define P(fmt, nd, d0, d1, tr) (snprintf(n, sizeof n, "transformer.h.%d." fmt, l), rc |= add(b, n, nd, d0, d1, l, tr))
         P("ln_1.weight", 1, C, 0, 0);
         P("ln_1.bias", 1, C, 0, 0);
-        P("attn.c_attn.weight", 2, C, 3 * C, 1); /* Conv1D: file [in, out], flat [out, in] */
-        P("attn.c_attn.bias", 1, 3 * C, 0, 0);
-        P("attn.c_proj.weight", 2, C, C, 1);
+        P("attn.c_attn.weight", 2, C, 3 * qd, 1); /* Conv1D: file [in, out], flat [out, in]; q, k, v rows */
+        b->t->e[b->t->n - 1].segs = 3;
+        P("attn.c_attn.bias", 1, 3 * qd, 0, 0);
+        b->t->e[b->t->n - 1].segs = 3;
+        P("attn.c_proj.weight", 2, qd, C, 1);
         P("attn.c_proj.bias", 1, C, 0, 0);
         P("ln_2.weight", 1, C, 0, 0);
         P("ln_2.bias", 1, C, 0, 0);
@@ -140,11 +144,6 @@ const snug_model_config *snug_tp_config(const snug_model_config *g, int tp, snug
     *local = *g;
     if (tp <= 1)
         return local;
-    if (g->arch == SNUG_ARCH_GPT2) {
-        snprintf(why, n, "tensor parallelism is built for the Llama family (llama, mistral, qwen2); GPT-2's fused "
-                 "c_attn has no tensor-parallel layout yet");
-        return NULL;
-    }
     const char *what = g->n_head % tp ? "num_attention_heads" : g->n_kv_head % tp ? "num_key_value_heads"
                        : g->intermediate_size % tp ? "intermediate_size" : NULL;
     if (what) {
@@ -163,25 +162,36 @@ int snug_tp_vocab_split(const snug_model_config *g, int tp, int device_cuda) {
     return tp > 1 && !device_cuda && g->vocab_size % tp == 0;
 }
 
+/* An entry's rows and columns as the table lays it out (a Conv1D weight transposed from its file) */
+static void table_dims(const snug_param_entry *p, size_t *rows, size_t *cols) {
+    *rows = (size_t)(p->ndim == 2 && p->transposed ? p->shape[1] : p->shape[0]);
+    *cols = p->ndim == 2 ? (size_t)(p->transposed ? p->shape[0] : p->shape[1]) : 1;
+}
+
 int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l) {
     if (l->numel == g->numel)
         return 0;
-    return l->shape[0] != g->shape[0] ? 1 : 2;
+    size_t gr, gc, lr, lc;
+    table_dims(g, &gr, &gc);
+    table_dims(l, &lr, &lc);
+    return lr != gr ? 1 : 2;
 }
 
 void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int part, float *whole, float *local,
                    int put) {
-    int kind = snug_tp_slice_kind(g, l);
-    size_t rows = (size_t)l->shape[0], cols = l->ndim == 2 ? (size_t)l->shape[1] : 1;
-    size_t gcols = g->ndim == 2 ? (size_t)g->shape[1] : 1;
+    int kind = snug_tp_slice_kind(g, l), segs = l->segs > 1 ? l->segs : 1;
+    size_t gr, gc, rows, cols;
+    table_dims(g, &gr, &gc);
+    table_dims(l, &rows, &cols);
     if (kind == 0) {
         memcpy(put ? whole : local, put ? local : whole, l->numel * sizeof *local);
         return;
     }
-    /* rows: one block of the whole tensor; columns: a run of each row */
-    size_t r0 = kind == 1 ? (size_t)part * rows : 0, c0 = kind == 2 ? (size_t)part * cols : 0;
+    /* rows: the rank's block of each part; columns: a run of each row */
+    size_t lseg = rows / (size_t)segs, gseg = gr / (size_t)segs, c0 = kind == 2 ? (size_t)part * cols : 0;
     for (size_t r = 0; r < rows; r++) {
-        float *w = whole + (r0 + r) * gcols + c0, *x = local + r * cols;
+        size_t wr = kind == 1 ? r / lseg * gseg + (size_t)part * lseg + r % lseg : r;
+        float *w = whole + wr * gc + c0, *x = local + r * cols;
         memcpy(put ? w : x, put ? x : w, cols * sizeof *x);
     }
 }

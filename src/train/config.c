@@ -84,9 +84,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: tensor_parallel_size %d with zero_stage %d is not supported yet: beside tensor parallelism the "
             "data-parallel groups sum their gradients as DDP does (every rank of a group keeps its slices' optimizer "
             "state); set zero_stage: 0, or tensor_parallel_size: 1", src, o->tensor_parallel_size, o->zero_stage);
-    REQUIRE(o->tensor_parallel_size == 1 || !o->optimizer_in_backward,
-            "%s: tensor_parallel_size %d with optimizer_in_backward is not supported yet; set optimizer_in_backward: "
-            "false", src, o->tensor_parallel_size);
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
     REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||
                 o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],

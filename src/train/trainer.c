@@ -65,6 +65,10 @@ typedef struct step_in_backward_ctx {
                           * parameters are then all-gathered); NULL: every rank steps everything */
     size_t *counts;      /* (size) scratch: a range's elements in each rank's shard */
     double lr;
+    /* tensor parallelism: the whole model's table; the squares of a tensor every rank holds whole are counted by
+     * tensor-parallel rank 0 alone (the sum over the ranks is then the norm's) */
+    const snug_param_table *whole;
+    int tp_rank;
     int rc;        /* the first failed all-reduce of the step (then nothing more is reduced or stepped) */
     snug_error e;
 } step_in_backward_ctx;
@@ -112,7 +116,8 @@ static void step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
                 return;
         }
     for (int i = 0; i < t->n; i++)
-        if (t->e[i].layer == layer) {
+        if (t->e[i].layer == layer &&
+            (!c->whole || c->tp_rank == 0 || snug_tp_slice_kind(&c->whole->e[i], &t->e[i]))) {
             void *g = trainable_grad(m, i, &dt);
             be->sumsq_acc(be, g, dt, t->e[i].numel);
         }
@@ -1024,7 +1029,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     /* (ZeRO-3 steps through the reduce-scatter hook, z2.step below) */
     step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = dp,
                                    .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard
-                                                                                                            : NULL};
+                                                                                                            : NULL,
+                                   .whole = tpn > 1 ? &tp_whole : NULL, .tp_rank = tpn > 1 ? tp->rank : 0};
     if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     st.per_epoch = per_epoch;
@@ -1148,9 +1154,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double norm;
         if (o->optimizer_in_backward) {
             double ss = r.eng.be->sumsq_take(r.eng.be);
-            /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums */
-            if (z2.step &&
-                (rc = dp->allreduce_sum(dp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) {
+            /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums; tensor parallelism:
+             * of its slices (and rank 0 of the whole tensors) */
+            if ((z2.step && (rc = dp->allreduce_sum(dp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) ||
+                (tpn > 1 && (rc = tp->allreduce_sum(tp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
                 broken = 1;
                 break;
             }

@@ -190,6 +190,41 @@ run tp4_v 4 --base_model "$W/v2050" --tensor_parallel_size 4 || bad "tp4_v did n
 near tp4_v one_v one_v_nudged
 grep -q "vocabulary whole on every rank (its size does not divide" "$W/tp4_v.log" && ok ||
   bad "tp4_v: not the whole vocabulary: $(grep -a vocabulary "$W/tp4_v.log")"
+# GPT-2 (a tiny random one): its fused c_attn (file [in, out], transposed) split into the rank's q, k and v rows,
+# c_fc by rows, both c_proj by columns, the position embedding and the LayerNorms whole
+python3 - "$W/gpt2" <<'PY' || { echo "FAIL: the GPT-2 base"; exit 1; }
+import array, json, os, random, struct, sys
+d = sys.argv[1]
+os.makedirs(d)
+C, L, H, T, V, I = 64, 2, 4, 64, 2048, 256
+json.dump({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": C, "n_layer": L, "n_head": H,
+           "n_positions": T, "n_inner": I, "vocab_size": V, "layer_norm_epsilon": 1e-5, "bos_token_id": 0,
+           "eos_token_id": 0}, open(os.path.join(d, "config.json"), "w"))
+random.seed(13)
+shapes = {"transformer.wte.weight": [V, C], "transformer.wpe.weight": [T, C], "transformer.ln_f.weight": [C],
+          "transformer.ln_f.bias": [C]}
+for l in range(L):
+    p = f"transformer.h.{l}."
+    shapes.update({p + "ln_1.weight": [C], p + "ln_1.bias": [C], p + "attn.c_attn.weight": [C, 3 * C],
+                   p + "attn.c_attn.bias": [3 * C], p + "attn.c_proj.weight": [C, C], p + "attn.c_proj.bias": [C],
+                   p + "ln_2.weight": [C], p + "ln_2.bias": [C], p + "mlp.c_fc.weight": [C, I],
+                   p + "mlp.c_fc.bias": [I], p + "mlp.c_proj.weight": [I, C], p + "mlp.c_proj.bias": [C]})
+head, data = {}, bytearray()
+for k, sh in shapes.items():
+    n = sh[0] * (sh[1] if len(sh) > 1 else 1)
+    mean = 1.0 if "ln_" in k and k.endswith("weight") else 0.0
+    b = array.array("f", [mean + random.gauss(0, 0.05) for _ in range(n)]).tobytes()
+    head[k] = {"dtype": "F32", "shape": sh, "data_offsets": [len(data), len(data) + len(b)]}
+    data += b
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(os.path.join(d, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
+PY
+nudge "$W/gpt2" "$W/gpt2_f32" 0 || bad "the nudged GPT-2 base"
+run one_g 0 --base_model "$W/gpt2" || bad "one_g did not train: $(tail -2 "$W/one_g.log")"
+run one_g_nudged 0 --base_model "$W/gpt2_f32" || bad "one_g_nudged did not train"
+run tp2_g 2 --base_model "$W/gpt2" --tensor_parallel_size 2 || bad "tp2_g did not train: $(tail -2 "$W/tp2_g.log")"
+near tp2_g one_g one_g_nudged
 # bf16 with the fp32 master copy, on the tied base
 run one_bf16 0 --base_model "$W/tied" --bf16 true || bad "one_bf16 did not train"
 nudge "$W/tied" "$W/tied_bf16" 16 || bad "the nudged tied base"
@@ -203,6 +238,10 @@ run load_one 0 --base_model "$W/base" || bad "load_one did not train"
 run load_tp2 2 --base_model "$W/base" --tensor_parallel_size 2 || bad "load_tp2 did not train"
 cmp -s "$W/load_one/model.safetensors" "$W/load_tp2/model.safetensors" && ok ||
   bad "the base loaded as 2 slices and gathered is not the base one process saves"
+run load_g1 0 --base_model "$W/gpt2" || bad "load_g1 did not train"
+run load_g4 4 --base_model "$W/gpt2" --tensor_parallel_size 4 || bad "load_g4 did not train"
+cmp -s "$W/load_g1/model.safetensors" "$W/load_g4/model.safetensors" && ok ||
+  bad "GPT-2 loaded as 4 slices (c_attn's q, k, v each split) and gathered is not the base one process saves"
 run init_one 0 --model_preset tiny-llama || bad "init_one did not train"
 run init_tp4 4 --model_preset tiny-llama --tensor_parallel_size 4 || bad "init_tp4 did not train"
 cmp -s "$W/init_one/model.safetensors" "$W/init_tp4/model.safetensors" && ok ||
@@ -264,6 +303,16 @@ run g2ck 4 --ddp_deterministic true --save_steps 2 || bad "g2ck did not train: $
 rm -rf "$W/g2ck/checkpoint-4" "$W/g2ck/model.safetensors"
 run g2ck 4 --ddp_deterministic true --save_steps 2 --resume_from_checkpoint latest &&
   cmp -s "$W/g2ck/model.safetensors" "$W/g2/model.safetensors" && ok || bad "g2ck did not resume to g2's weights"
+# the optimizer step inside backward (each layer stepped as its backward ends; no clipping): the bits of the step
+# after backward, for one group and for two
+for np in 2 4; do
+  run oib_ref$np $np --ddp_deterministic true --max_grad_norm 0 || bad "oib_ref$np did not train"
+  run oib$np $np --ddp_deterministic true --max_grad_norm 0 --optimizer_in_backward true ||
+    bad "oib$np did not train: $(tail -2 "$W/oib$np.log")"
+  cmp -s "$W/oib$np/model.safetensors" "$W/oib_ref$np/model.safetensors" &&
+    cmp -s <(cut -d, -f1-5 "$W/oib$np/metrics.jsonl") <(cut -d, -f1-5 "$W/oib_ref$np/metrics.jsonl") && ok ||
+    bad "oib$np: not the bits of the step after backward"
+done
 run g1ck 2 --gradient_accumulation_steps 2 --resume_from_checkpoint "$W/g2ck/checkpoint-2"
 [ $? -eq 2 ] && grep -q "trained as 2 data-parallel groups of tensor_parallel_size 2 ranks, this run has 1" \
   "$W/g1ck.log" && ok || bad "a 4-rank checkpoint resumed on 2: $(grep -a error "$W/g1ck.log" | head -1)"
@@ -284,7 +333,6 @@ refused world 3 "tensor_parallel_size is 2 but 3 ranks run: launch a multiple of
 refused noddp 4 "4 ranks with tensor_parallel_size 2 form 2 data-parallel groups, but ddp is false" \
   --model_preset tiny-llama --tensor_parallel_size 2 --ddp false
 refused alone 0 "tensor_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --tensor_parallel_size 2
-refused gpt2 2 "GPT-2's fused c_attn has no tensor-parallel layout yet" --model_preset gpt2-124m --tensor_parallel_size 2
 refused lora 2 "tensor_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
   --tensor_parallel_size 2
 refused zero 2 "tensor_parallel_size 2 with zero_stage 3 is not supported" --model_preset tiny-llama \

@@ -496,7 +496,24 @@ static void test_tensor_parallel(void) {
     CHECK(!snug_tp_config(&c, 3, &l, why, sizeof why) && strstr(why, "num_attention_heads (32)"));
     snug_model_config g2;
     CHECK(snug_preset(&g2, "gpt2-124m", 0, &e) == 0);
-    CHECK(!snug_tp_config(&g2, 2, &l, why, sizeof why) && strstr(why, "GPT-2"));
+    CHECK(snug_tp_config(&g2, 4, &l, why, sizeof why) == &l && l.n_head == 3 && l.intermediate_size == 768);
+    CHECK(!snug_tp_config(&g2, 8, &l, why, sizeof why) && strstr(why, "num_attention_heads (12)"));
+    /* GPT-2's fused c_attn over 2: each of q, k, v's rows split apart, in the table's (transposed) layout */
+    snug_model_config gl;
+    snug_param_table g2t, g2l;
+    CHECK(snug_tp_config(&g2, 2, &gl, why, sizeof why) == &gl);
+    CHECK(snug_param_table_build(&g2t, &g2, &e) == 0 && snug_param_table_build(&g2l, &gl, &e) == 0);
+    const snug_param_entry *ca = &g2t.e[4], *cl = &g2l.e[4]; /* h.0.attn.c_attn.weight: file [768, 2304] */
+    CHECK(strstr(ca->name, "c_attn.weight") && ca->segs == 3 && cl->shape[1] == 3 * 384 &&
+          snug_tp_slice_kind(ca, cl) == 1);
+    float *cw = malloc(ca->numel * sizeof *cw), *cp = malloc(cl->numel * sizeof *cp);
+    for (size_t j = 0; cw && j < ca->numel; j++)
+        cw[j] = (float)j;
+    snug_tp_slice(ca, cl, 1, cw, cp, 0); /* rank 1: q rows 384.., k rows 768 + 384.., v rows 1536 + 384.. */
+    CHECK(cp[0] == 384.0f * 768 && cp[384 * 768] == (768.0f + 384) * 768 && cp[768 * 768] == (1536.0f + 384) * 768);
+    free(cw), free(cp);
+    snug_param_table_free(&g2t);
+    snug_param_table_free(&g2l);
 
     /* a small model: every tensor of the 2 ranks' tables put back into the whole model's gives it again */
     snug_model_config s;
