@@ -303,6 +303,28 @@ run g2ck 4 --ddp_deterministic true --save_steps 2 || bad "g2ck did not train: $
 rm -rf "$W/g2ck/checkpoint-4" "$W/g2ck/model.safetensors"
 run g2ck 4 --ddp_deterministic true --save_steps 2 --resume_from_checkpoint latest &&
   cmp -s "$W/g2ck/model.safetensors" "$W/g2/model.safetensors" && ok || bad "g2ck did not resume to g2's weights"
+# SIGTERM to every rank of 2 groups of 2 (bf16 with the fp32 master copy): the ranks finish the step together,
+# every rank writes its slices' state, every rank exits 0, and the resumed run is the run that never stopped
+run sig_full 4 --bf16 true --max_steps 200 --val_set_size 0 || bad "sig_full did not train"
+pre=("${MPI[@]}" -np 4)
+[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+"${pre[@]}" "$SNUG" train $common --bf16 true --max_steps 200 --val_set_size 0 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
+mp=$!
+for i in $(seq 200); do [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
+wait $mp
+st=$?
+step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
+if [ $st -eq 0 ] && [ -n "$step" ] && [ -f "$W/sig/checkpoint-$step/state-master.rank3.bin" ]; then
+  ok
+  run sig 4 --bf16 true --max_steps 200 --val_set_size 0 --resume_from_checkpoint latest ||
+    bad "sig did not resume: $(tail -2 "$W/sig.log")"
+  cmp -s "$W/sig/model.safetensors" "$W/sig_full/model.safetensors" &&
+    cmp -s <(cut -d, -f1-5 "$W/sig/metrics.jsonl") <(cut -d, -f1-5 "$W/sig_full/metrics.jsonl") && ok ||
+    bad "the run resumed after SIGTERM is not the run that never stopped"
+else
+  bad "SIGTERM to 4 ranks: exit $st, $(tail -5 "$W/sig.log")"
+fi
 # the optimizer step inside backward (each layer stepped as its backward ends; no clipping): the bits of the step
 # after backward, for one group and for two
 for np in 2 4; do
