@@ -293,6 +293,28 @@ static int zero_grad_norm(snug_comm *c, const snug_model *m, const size_t *shard
     return 0;
 }
 
+/* ZeRO beside tensor parallelism: the squares of the shard's part of each tensor, the sliced ones' and the whole
+ * ones' apart, summed over the data-parallel ranks; the sliced ones' then over the tensor-parallel ranks (the whole
+ * ones are the same on each). */
+static int zero_tp_grad_norm(snug_comm *dpc, snug_comm *tpc, const snug_param_table *whole, const snug_model *m,
+                             const size_t *shard, float grad_scale, double *norm, snug_error *e) {
+    size_t lo = snug_comm_displ(shard, dpc->rank), hi = lo + shard[dpc->rank];
+    const float *g = m->lv.zero_grads ? m->gshard : m->grads + lo;
+    double ss[2] = {0, 0}; /* sliced, whole */
+    for (int i = 0; i < m->table.n; i++) {
+        size_t a = m->table.e[i].offset, b = a + m->table.e[i].numel;
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (b > a)
+            ss[snug_tp_slice_kind(&whole->e[i], &m->table.e[i]) ? 0 : 1] +=
+                m->be->sumsq(m->be, g + (a - lo), SNUG_DT_F32, b - a);
+    }
+    SNUG_TRY(dpc->allreduce_sum(dpc, ss, 2, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
+    SNUG_TRY(tpc->allreduce_sum(tpc, ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
+    *norm = sqrt(ss[0] + ss[1]) * fabs((double)grad_scale);
+    return 0;
+}
+
 /* ZeRO: every rank's updated shard of the parameters to every rank (fp32, or the 16-bit copy forward reads). */
 static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *shard, snug_error *e) {
     snug_comm_dtype dt;
@@ -307,14 +329,16 @@ static int zero_gather_params(snug_comm *c, const snug_model *m, const size_t *s
  * storage without master weights gathers the 16-bit shards as stored and widens them (the file keeps them 16-bit:
  * written back exactly, DDP's bytes). */
 typedef struct master_stream {
-    snug_comm *comm;
+    snug_comm *comm;     /* the world: the agreements before each tensor */
+    snug_comm *dpc;      /* the data-parallel ranks, over which ZeRO shards (the world without tensor parallelism) */
     const snug_model *m;
-    const size_t *shard; /* each rank's elements of the table */
-    size_t *counts;      /* (size) scratch: a tensor's elements in each rank's shard */
+    const size_t *shard; /* each data-parallel rank's elements of the table; NULL: every rank holds all of it */
+    size_t *counts;      /* (world size) scratch: a tensor's elements in each rank's shard, or each rank's slice */
     int agreed;          /* the ranks agreed that one failed: none gathers or agrees again */
     int *broken;         /* set when a collective failed: the ranks no longer agree */
-    /* tensor parallelism (m->tp > 1; shard and counts unused): the whole model's table and a buffer of its largest
-     * tensor, where the ranks' slices are gathered */
+    /* tensor parallelism (m->tp > 1): its ranks, the whole model's table and a buffer of its largest tensor, where
+     * the ranks' slices are gathered (each slice first gathered from the data-parallel shards under ZeRO) */
+    snug_comm *tpc;
     snug_param_table whole;
     float *slices;
 } master_stream;
@@ -339,26 +363,30 @@ static int tp_local_f32(const snug_model *m, int i, float *dst, snug_error *e) {
 
 /* Tensor parallelism: tensor i of the whole model into dst on every rank. A tensor every rank holds whole is this
  * rank's; a sliced one is all-gathered (rank r's slice at r x its size in ms->slices) and each slice put in place. */
+static int master_gather(master_stream *ms, int i, float *dst, snug_error *e);
+
 static int tp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
     const snug_param_entry *g = &ms->whole.e[i], *l = &m->table.e[i];
-    if (!snug_tp_slice_kind(g, l))
-        return tp_local_f32(m, i, dst, e);
-    SNUG_TRY(tp_local_f32(m, i, ms->slices + (size_t)ms->comm->rank * l->numel, e));
-    for (int r = 0; r < ms->comm->size; r++)
+    int sliced = snug_tp_slice_kind(g, l);
+    float *mine = sliced ? ms->slices + (size_t)ms->tpc->rank * l->numel : dst;
+    SNUG_TRY(ms->shard ? master_gather(ms, i, mine, e) : tp_local_f32(m, i, mine, e));
+    if (!sliced)
+        return 0;
+    for (int r = 0; r < ms->tpc->size; r++)
         ms->counts[r] = l->numel;
-    SNUG_TRY(ms->comm->allgather(ms->comm, ms->slices, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e));
-    for (int r = 0; r < ms->comm->size; r++)
+    SNUG_TRY(ms->tpc->allgather(ms->tpc, ms->slices, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e));
+    for (int r = 0; r < ms->tpc->size; r++)
         snug_tp_slice(g, l, r, dst, ms->slices + (size_t)r * l->numel, 1);
     return 0;
 }
 
-/* Tensor i gathered into dst (its numel floats) on every rank. */
+/* Tensor i of the table gathered from the data-parallel ranks' shards into dst (its numel floats) on every rank. */
 static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
     const snug_param_entry *p = &m->table.e[i];
     size_t lo = p->offset, hi = lo + p->numel, s0 = 0;
-    for (int r = 0; r < ms->comm->size; s0 += ms->shard[r], r++) {
+    for (int r = 0; r < ms->dpc->size; s0 += ms->shard[r], r++) {
         size_t a = s0 > lo ? s0 : lo, b = s0 + ms->shard[r] < hi ? s0 + ms->shard[r] : hi;
         ms->counts[r] = b > a ? b - a : 0;
     }
@@ -368,7 +396,7 @@ static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
     if (m->params) {
         if (b > a)
             m->be->to_host(m->be, dst + (a - lo), m->params + (a - slo), (b - a) * sizeof *dst);
-        return ms->comm->allgather(ms->comm, dst, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e);
+        return ms->dpc->allgather(ms->dpc, dst, ms->counts, SNUG_COMM_F32 | SNUG_COMM_HOST, e);
     }
     /* no fp32 copy (ZeRO-3, 16-bit without master weights): the 16-bit values gathered into dst's first half, then
      * widened in place from the last (value k's float covers 16-bit slots 2k and 2k+1, already read; memcpy keeps
@@ -376,7 +404,7 @@ static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
     unsigned char *raw = (unsigned char *)dst;
     if (b > a)
         m->be->to_host(m->be, raw + (a - lo) * sizeof(uint16_t), m->params16 + (a - slo), (b - a) * sizeof(uint16_t));
-    SNUG_TRY(ms->comm->allgather(ms->comm, raw, ms->counts, SNUG_COMM_U16 | SNUG_COMM_HOST, e));
+    SNUG_TRY(ms->dpc->allgather(ms->dpc, raw, ms->counts, SNUG_COMM_U16 | SNUG_COMM_HOST, e));
     for (size_t k = p->numel; k-- > 0;) {
         uint16_t h;
         memcpy(&h, raw + k * sizeof h, sizeof h);
@@ -407,10 +435,12 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
  * whole or it failed; another rank after its last gather, or at once if it failed before its first), so the
  * agreements pair up however far the stream got, and a failure on any rank ends the save on all of them together
  * with that rank's error. *broken is set only when a collective itself failed. */
-static int stream_save(run *r, snug_comm *c, const size_t *shard, int *broken, snug_error *e) {
+static int stream_save(run *r, snug_comm *c, snug_comm *dpc, snug_comm *tpc, const size_t *shard, int *broken,
+                       snug_error *e) {
     const snug_model *m = &r->eng.model;
-    master_stream ms = {.comm = c, .m = m, .shard = shard, .counts = calloc((size_t)c->size, sizeof(size_t)),
-                        .broken = broken};
+    int use_shard = m->master_sharded || m->param_sharded; /* the master copy or the parameters are shards */
+    master_stream ms = {.comm = c, .dpc = dpc, .tpc = tpc, .m = m, .shard = use_shard ? shard : NULL,
+                        .counts = calloc((size_t)c->size, sizeof(size_t)), .broken = broken};
     int rc = m->tp > 1 ? snug_param_table_build(&ms.whole, &m->tp_cfg, e) : 0;
     const snug_param_table *t = m->tp > 1 ? &ms.whole : &m->table; /* the tensors of the file */
     int n = t->n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
@@ -1163,7 +1193,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             }
             norm = sqrt(ss);
         } else {
-            if (tpn > 1) {
+            if (tpn > 1 && shard && !r.eng.model.lora.on) {
+                if ((rc = zero_tp_grad_norm(dp, tp, &tp_whole, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
+                    broken = 1;
+                    break;
+                }
+            } else if (tpn > 1) {
                 if ((rc = tp_grad_norm(tp, &r.eng.model, &tp_whole, 1.0f / ls.scale, &norm, e))) {
                     broken = 1;
                     break;
@@ -1313,8 +1348,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
-        if (tpn <= 1 || dp->rank == 0) /* tensor parallelism: the first group's ranks gather their slices */
-            rc = stream_save(&r, tpn > 1 ? tp : dp, shard, &broken, e);
+        rc = stream_save(&r, &comm, dp, tpn > 1 ? tp : NULL, shard, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }

@@ -73,7 +73,8 @@ for name, t in list(head.items()):
     if name.endswith("_proj.weight") and ".layers." in name:
         rows = t["shape"][0]
         b = array.array("f", [random.gauss(0, 0.05) for _ in range(rows)]).tobytes()
-        head[name[:-len("weight")] + "bias"] = {"dtype": "F32", "shape": [rows], "data_offsets": [len(data), len(data) + len(b)]}
+        head[name[:-len("weight")] + "bias"] = {"dtype": "F32", "shape": [rows],
+                                                "data_offsets": [len(data), len(data) + len(b)]}
         data += b
 h = json.dumps(head).encode()
 h += b" " * (-len(h) % 8)
@@ -172,11 +173,13 @@ run tp2 2 --base_model "$W/base" --tensor_parallel_size 2 || bad "tp2 did not tr
 near tp2 one one_nudged
 run one_bias 0 --base_model "$W/biased" || bad "one_bias did not train: $(tail -2 "$W/one_bias.log")"
 run one_bias_nudged 0 --base_model "$W/biased_f32" || bad "one_bias_nudged did not train"
-run tp2_bias 2 --base_model "$W/biased" --tensor_parallel_size 2 || bad "tp2_bias did not train: $(tail -2 "$W/tp2_bias.log")"
+run tp2_bias 2 --base_model "$W/biased" --tensor_parallel_size 2 ||
+  bad "tp2_bias did not train: $(tail -2 "$W/tp2_bias.log")"
 near tp2_bias one_bias one_bias_nudged
 run one_ga 0 --base_model "$W/base" --gradient_accumulation_steps 2 || bad "one_ga did not train"
 run one_ga_nudged 0 --base_model "$W/base_f32" --gradient_accumulation_steps 2 || bad "one_ga_nudged did not train"
-run tp4 4 --base_model "$W/base" --tensor_parallel_size 4 --gradient_accumulation_steps 2 --gradient_checkpointing true ||
+run tp4 4 --base_model "$W/base" --tensor_parallel_size 4 --gradient_accumulation_steps 2 \
+  --gradient_checkpointing true ||
   bad "tp4 did not train: $(tail -2 "$W/tp4.log")"
 near tp4 one_ga one_ga_nudged
 grep -q "tensor parallel *4 ranks (.*each holds 2 of 8 query heads, 1 of 4 key/value heads and 192 of 768 MLP rows" \
@@ -249,7 +252,8 @@ cmp -s "$W/init_one/model.safetensors" "$W/init_tp4/model.safetensors" && ok ||
 cmp -s "$W/init_one/config.json" "$W/init_tp4/config.json" && ok || bad "the saved config.json differs"
 
 # each rank's arenas are its plan, and its share of the parameters, gradients and optimizer state smaller
-python3 - "$W/tp2" "$W/one" <<'PY' && ok || bad "tp2: a rank's memory is not its plan, or not smaller than one process's"
+python3 - "$W/tp2" "$W/one" <<'PY' && ok ||
+  bad "tp2: a rank's memory is not its plan, or not smaller than one process's"
 import json, sys
 tp, one = sys.argv[1:3]
 ref = json.load(open(f"{one}/memory.json"))
@@ -272,13 +276,15 @@ run ck 2 --save_steps 2 || bad "ck did not train: $(tail -2 "$W/ck.log")"
 ls "$W/ck/checkpoint-2" | grep -q "state-params.rank1.bin" && [ ! -e "$W/ck/checkpoint-2/model.safetensors" ] && ok ||
   bad "checkpoint-2: not each rank's slices ($(ls "$W/ck/checkpoint-2" | tr '\n' ' '))"
 rm -rf "$W/ck/checkpoint-4" "$W/ck/model.safetensors"
-run ck 2 --save_steps 2 --resume_from_checkpoint latest && grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" &&
+run ck 2 --save_steps 2 --resume_from_checkpoint latest &&
+  grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" &&
   ok || bad "ck did not resume: $(tail -2 "$W/ck.log")"
 cmp -s "$W/ck/model.safetensors" "$W/ck_full/model.safetensors" && ok || bad "the resumed run's weights differ"
 cmp -s <(cut -d, -f1-5 "$W/ck/metrics.jsonl") <(cut -d, -f1-5 "$W/ck_full/metrics.jsonl") && ok ||
   bad "the resumed run's losses differ"
 run ck4 4 --tensor_parallel_size 4 --resume_from_checkpoint "$W/ck/checkpoint-2"
-[ $? -eq 2 ] && grep -q "trained with tensor_parallel_size 2, this run has 4.*tensor_parallel_size: 2 on as many ranks" \
+[ $? -eq 2 ] &&
+  grep -q "trained with tensor_parallel_size 2, this run has 4.*tensor_parallel_size: 2 on as many ranks" \
   "$W/ck4.log" && ok || bad "resume on 4 ranks of a 2-rank checkpoint: $(grep -a error "$W/ck4.log" | head -1)"
 "$SNUG" train $common --tensor_parallel_size 1 --output_dir "$W/ck1" --resume_from_checkpoint "$W/ck/checkpoint-2" \
   > "$W/ck1.log" 2>&1
@@ -303,14 +309,52 @@ run g2ck 4 --ddp_deterministic true --save_steps 2 || bad "g2ck did not train: $
 rm -rf "$W/g2ck/checkpoint-4" "$W/g2ck/model.safetensors"
 run g2ck 4 --ddp_deterministic true --save_steps 2 --resume_from_checkpoint latest &&
   cmp -s "$W/g2ck/model.safetensors" "$W/g2/model.safetensors" && ok || bad "g2ck did not resume to g2's weights"
+# ZeRO over the data-parallel groups beside tensor parallelism: stages 1 and 2 (each rank's slices' optimizer state,
+# and at stage 2 their gradients, sharded over its data-parallel group) give DDP's bits, in fp32 and in bf16 with the
+# master copy sharded too (the final save gathers each slice from the shards, then the slices); each rank's arenas
+# are its plan, its optimizer state about half DDP's; a stage-2 checkpoint resumes to the same bits
+for dt in f32 bf16; do
+  x=()
+  [ $dt = bf16 ] && x=(--bf16 true)
+  run zddp_$dt 4 --ddp_deterministic true "${x[@]}" || bad "zddp_$dt did not train"
+  for z in 1 2; do
+    run z${z}_$dt 4 --ddp_deterministic true "${x[@]}" --zero_stage $z ||
+      bad "z${z}_$dt did not train: $(tail -2 "$W/z${z}_$dt.log")"
+    cmp -s "$W/z${z}_$dt/model.safetensors" "$W/zddp_$dt/model.safetensors" &&
+      cmp -s <(cut -d, -f1-5 "$W/z${z}_$dt/metrics.jsonl") <(cut -d, -f1-5 "$W/zddp_$dt/metrics.jsonl") && ok ||
+      bad "z${z}_$dt: not DDP's bits beside tensor parallelism"
+  done
+done
+python3 - "$W" <<'PY' && ok || bad "ZeRO beside tensor parallelism: a rank's memory is not its plan, or not sharded"
+import json, sys
+w = sys.argv[1]
+for r in range(4):
+    f = "memory.json" if r == 0 else f"memory.rank{r}.json"
+    ddp, z = (json.load(open(f"{w}/{run}/{f}")) for run in ("zddp_f32", "z2_f32"))
+    if z["plan"] != z["measured"]:
+        sys.exit(f"  rank {r}: planned {z['plan']} measured {z['measured']}")
+    o, od = z["measured"]["optimizer state"], ddp["measured"]["optimizer state"]
+    if not 0.45 * od < o < 0.55 * od or not z["measured"]["gradients"] < ddp["measured"]["gradients"]:
+        sys.exit(f"  rank {r}: optimizer state {o} against DDP's {od}")
+print(f"  ZeRO-2 beside tensor parallelism: optimizer state {o} bytes per rank against DDP's {od}")
+PY
+run zck 4 --ddp_deterministic true --bf16 true --zero_stage 2 --save_steps 2 || bad "zck did not train"
+rm -rf "$W/zck/checkpoint-4" "$W/zck/model.safetensors"
+run zck 4 --ddp_deterministic true --bf16 true --zero_stage 2 --save_steps 2 --resume_from_checkpoint latest &&
+  cmp -s "$W/zck/model.safetensors" "$W/z2_bf16/model.safetensors" && ok ||
+  bad "zck did not resume to z2_bf16's weights"
 # SIGTERM to every rank of 2 groups of 2 (bf16 with the fp32 master copy): the ranks finish the step together,
 # every rank writes its slices' state, every rank exits 0, and the resumed run is the run that never stopped
 run sig_full 4 --bf16 true --max_steps 200 --val_set_size 0 || bad "sig_full did not train"
 pre=("${MPI[@]}" -np 4)
 [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-"${pre[@]}" "$SNUG" train $common --bf16 true --max_steps 200 --val_set_size 0 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
+"${pre[@]}" "$SNUG" train $common --bf16 true --max_steps 200 --val_set_size 0 --output_dir "$W/sig" \
+  > "$W/sig.log" 2>&1 &
 mp=$!
-for i in $(seq 200); do [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+for i in $(seq 200); do
+  [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
 pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
 wait $mp
 st=$?
@@ -357,7 +401,7 @@ refused noddp 4 "4 ranks with tensor_parallel_size 2 form 2 data-parallel groups
 refused alone 0 "tensor_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --tensor_parallel_size 2
 refused lora 2 "tensor_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
   --tensor_parallel_size 2
-refused zero 2 "tensor_parallel_size 2 with zero_stage 3 is not supported" --model_preset tiny-llama \
+refused zero 4 "tensor_parallel_size 2 with zero_stage 3 is not supported yet" --model_preset tiny-llama \
   --tensor_parallel_size 2 --zero_stage 3
 
 echo "test_tp: $pass passed, $fail failed"
