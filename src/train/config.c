@@ -80,10 +80,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: tensor_parallel_size %d with adapter %s is not supported yet: tensor parallelism splits a full "
             "fine-tune's blocks; set tensor_parallel_size: 1 (data parallelism, with zero_stage: 3 to shard the base, "
             "suits adapters)", src, o->tensor_parallel_size, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
-    REQUIRE(o->tensor_parallel_size == 1 || o->zero_stage < 3,
-            "%s: tensor_parallel_size %d with zero_stage 3 is not supported yet: beside tensor parallelism ZeRO shards "
-            "the optimizer state (stage 1) and the gradients (stage 2) of each rank's slices over the data-parallel "
-            "groups, not the parameters; set zero_stage: 2, or tensor_parallel_size: 1", src, o->tensor_parallel_size);
+    REQUIRE(o->tensor_parallel_size == 1 || o->zero_stage < 3 || !o->optimizer_in_backward,
+            "%s: tensor_parallel_size %d with zero_stage 3 and optimizer_in_backward is not supported yet (the "
+            "step inside stage 3's reduce-scatters does not tell the slices' gradient norm from the whole tensors'); "
+            "set optimizer_in_backward: false, or zero_stage: 2", src, o->tensor_parallel_size);
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
     REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||
                 o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],

@@ -309,15 +309,16 @@ run g2ck 4 --ddp_deterministic true --save_steps 2 || bad "g2ck did not train: $
 rm -rf "$W/g2ck/checkpoint-4" "$W/g2ck/model.safetensors"
 run g2ck 4 --ddp_deterministic true --save_steps 2 --resume_from_checkpoint latest &&
   cmp -s "$W/g2ck/model.safetensors" "$W/g2/model.safetensors" && ok || bad "g2ck did not resume to g2's weights"
-# ZeRO over the data-parallel groups beside tensor parallelism: stages 1 and 2 (each rank's slices' optimizer state,
-# and at stage 2 their gradients, sharded over its data-parallel group) give DDP's bits, in fp32 and in bf16 with the
-# master copy sharded too (the final save gathers each slice from the shards, then the slices); each rank's arenas
-# are its plan, its optimizer state about half DDP's; a stage-2 checkpoint resumes to the same bits
+# ZeRO over the data-parallel groups beside tensor parallelism: stages 1 to 3 (each rank's slices' optimizer state,
+# from stage 2 their gradients, at stage 3 their parameters, sharded over its data-parallel group) give DDP's bits,
+# in fp32 and in bf16 with the master copy sharded too (the final save gathers each slice from the shards, then the
+# slices), with evaluation; each rank's arenas are its plan, its optimizer state about half DDP's (and at stage 3 its
+# parameters less); a stage-2 checkpoint resumes to the same bits
 for dt in f32 bf16; do
   x=()
   [ $dt = bf16 ] && x=(--bf16 true)
   run zddp_$dt 4 --ddp_deterministic true "${x[@]}" || bad "zddp_$dt did not train"
-  for z in 1 2; do
+  for z in 1 2 3; do
     run z${z}_$dt 4 --ddp_deterministic true "${x[@]}" --zero_stage $z ||
       bad "z${z}_$dt did not train: $(tail -2 "$W/z${z}_$dt.log")"
     cmp -s "$W/z${z}_$dt/model.safetensors" "$W/zddp_$dt/model.safetensors" &&
@@ -336,6 +337,9 @@ for r in range(4):
     o, od = z["measured"]["optimizer state"], ddp["measured"]["optimizer state"]
     if not 0.45 * od < o < 0.55 * od or not z["measured"]["gradients"] < ddp["measured"]["gradients"]:
         sys.exit(f"  rank {r}: optimizer state {o} against DDP's {od}")
+    z3 = json.load(open(f"{w}/z3_f32/{f}"))
+    if z3["plan"] != z3["measured"] or not z3["measured"]["parameters"] < ddp["measured"]["parameters"]:
+        sys.exit(f"  rank {r}: stage 3 planned {z3['plan']} measured {z3['measured']}")
 print(f"  ZeRO-2 beside tensor parallelism: optimizer state {o} bytes per rank against DDP's {od}")
 PY
 run zck 4 --ddp_deterministic true --bf16 true --zero_stage 2 --save_steps 2 || bad "zck did not train"
@@ -401,8 +405,8 @@ refused noddp 4 "4 ranks with tensor_parallel_size 2 form 2 data-parallel groups
 refused alone 0 "tensor_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --tensor_parallel_size 2
 refused lora 2 "tensor_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
   --tensor_parallel_size 2
-refused zero 4 "tensor_parallel_size 2 with zero_stage 3 is not supported yet" --model_preset tiny-llama \
-  --tensor_parallel_size 2 --zero_stage 3
+refused zero 4 "tensor_parallel_size 2 with zero_stage 3 and optimizer_in_backward is not supported yet" \
+  --model_preset tiny-llama --tensor_parallel_size 2 --zero_stage 3 --optimizer_in_backward true --max_grad_norm 0
 
 echo "test_tp: $pass passed, $fail failed"
 [ $fail -eq 0 ]
