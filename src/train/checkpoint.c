@@ -97,6 +97,28 @@ static int is_rank_file(const char *name) {
     return !strncmp(name, "state-", 6) && q && q[5] >= '0' && q[5] <= '9';
 }
 
+/* Under tensor parallelism, whether the data-parallel groups hold the same state (no ZeRO shards it over them) */
+static int tp_replicated(const snug_engine *eng) {
+    return eng->model.tp > 1 && !eng->opt.sharded && !eng->model.master_sharded && !eng->model.param_sharded;
+}
+
+/* The rank whose files of its own this process reads: its data-parallel rank, or under tensor parallelism its rank
+ * in the world (data-parallel rank x tensor_parallel_size + tensor-parallel rank, as the trainer groups them), or
+ * its tensor-parallel rank where every data-parallel group holds the same state (the first group's files). */
+static int state_rank(const snug_engine *eng, const snug_setup *s) {
+    if (eng->model.tp <= 1)
+        return s->rank;
+    return tp_replicated(eng) ? eng->model.tp_rank : s->rank * eng->model.tp + eng->model.tp_rank;
+}
+
+/* The rank the files this rank writes are named after (world: its rank in the checkpoint's communicator), or -1
+ * where another rank writes the same bytes: a data-parallel group after the first one whose state is the first's. */
+static int file_rank(const snug_engine *eng, const snug_setup *s, int world) {
+    if (!tp_replicated(eng))
+        return world;
+    return s->rank == 0 ? eng->model.tp_rank : -1;
+}
+
 /* ---- what must not change on resume: the settings that change the results ---- */
 
 typedef enum { F_INT, F_DBL, F_STR } field_kind;
@@ -413,6 +435,7 @@ struct snug_ckpt_job {
     const uint16_t *p16;
     int rank;        /* the rank writing (0: the model files and the state every rank holds) */
     int per_rank;    /* ZeRO: each rank writes its shard files, and the loop's thread completes the folder */
+    int frank;       /* the rank its shard files are named after (file_rank); -1: it writes none */
     json_t *files;   /* what this rank wrote, each file's size and hash (a shard file with its rank) */
     int64_t rbytes[NKEPT], rhash[NKEPT]; /* this rank's shard files: size and hash */
     pthread_t thread;
@@ -476,13 +499,13 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     int wa = weights_arena(eng);
     for (int i = 0; i < NKEPT; i++) {
         int mine = kept_per_rank(eng, i); /* a shard file, written even when the shard is empty */
-        if (i == wa || (!mine && (j->rank != 0 || !kept_bytes(eng, i))))
+        if (i == wa || (!mine && (j->rank != 0 || !kept_bytes(eng, i))) || (mine && j->frank < 0))
             continue;
-        kept_file(eng, i, j->rank, name, sizeof name);
+        kept_file(eng, i, mine ? j->frank : j->rank, name, sizeof name);
         snug_path_join(p, sizeof p, part, name);
         snug_hash_init(&h, CKPT_SEED);
         SNUG_TRY(write_arena(p, j->src[i], kept_bytes(eng, i), j->host, eng->be, &h, e));
-        list_entry(j->files, name, h.total, snug_hash_final(&h), mine ? j->rank : -1);
+        list_entry(j->files, name, h.total, snug_hash_final(&h), mine ? j->frank : -1);
         j->rbytes[i] = (int64_t)h.total;
         j->rhash[i] = (int64_t)snug_hash_final(&h);
     }
@@ -628,6 +651,7 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
     j->eng = eng;
     j->rank = rank;
     j->per_rank = per_rank;
+    j->frank = file_rank(eng, s, rank);
     j->t0 = now_s();
     int snap = 1;
     for (int i = 0; i < NKEPT; i++)
@@ -671,7 +695,7 @@ int snug_checkpoint_start(snug_checkpointer *w, const char *dir, int keep, const
  * hash of each of its shard files to every rank (one all-gather of NKEPT pairs per rank), then rank 0 lists them all
  * in trainer_state.json and renames the folder, and the ranks agree that it did. */
 static int commit(struct snug_ckpt_job *j, snug_comm *c, snug_error *e) {
-    const size_t per = 1 + 2 * NKEPT;
+    const size_t per = 2 + 2 * NKEPT;
     int W = c->size;
     int64_t *all = calloc((size_t)W * per, sizeof *all);
     size_t *counts = calloc((size_t)W, sizeof *counts);
@@ -682,9 +706,10 @@ static int commit(struct snug_ckpt_job *j, snug_comm *c, snug_error *e) {
     }
     int64_t *mine = all + (size_t)j->rank * per;
     mine[0] = j->rc;
+    mine[1] = j->frank;
     for (int i = 0; i < NKEPT; i++) {
-        mine[1 + 2 * i] = j->rbytes[i];
-        mine[2 + 2 * i] = j->rhash[i];
+        mine[2 + 2 * i] = j->rbytes[i];
+        mine[3 + 2 * i] = j->rhash[i];
     }
     for (int r = 0; r < W; r++)
         counts[r] = per;
@@ -709,12 +734,14 @@ static int commit(struct snug_ckpt_job *j, snug_comm *c, snug_error *e) {
     if (j->rank == 0) {
         char name[256];
         for (int r = 1; r < W; r++)
-            for (int i = 0; i < NKEPT; i++)
-                if (kept_per_rank(j->eng, i)) {
-                    const int64_t *q = all + (size_t)r * per;
-                    kept_file(j->eng, i, r, name, sizeof name);
-                    list_entry(j->files, name, (uint64_t)q[1 + 2 * i], (uint64_t)q[2 + 2 * i], r);
+            for (int i = 0; i < NKEPT; i++) {
+                const int64_t *q = all + (size_t)r * per;
+                int fr = (int)q[1]; /* -1: rank r wrote none (the same bytes as another rank's) */
+                if (kept_per_rank(j->eng, i) && fr >= 0) {
+                    kept_file(j->eng, i, fr, name, sizeof name);
+                    list_entry(j->files, name, (uint64_t)q[2 + 2 * i], (uint64_t)q[3 + 2 * i], fr);
                 }
+            }
         wrc = write_state(j, e);
     }
     free(all);
@@ -835,12 +862,6 @@ static int split_check(const char *dir, split was, split now, int frozen_base, s
                          "set zero_stage: %d", dir, was.stage, was.ranks, was.ranks > 1 ? "s" : "", now.stage,
                          now.ranks, was.stage);
     return 0;
-}
-
-/* The rank whose files of its own this process reads: its data-parallel rank, or under tensor parallelism its rank
- * in the world (data-parallel rank x tensor_parallel_size + tensor-parallel rank, as the trainer groups them). */
-static int state_rank(const snug_engine *eng, const snug_setup *s) {
-    return eng->model.tp > 1 ? s->rank * eng->model.tp + eng->model.tp_rank : s->rank;
 }
 
 /* Whether kept arena i of a checkpoint split as sp is each rank's file (kept_per_rank of the run that wrote it). */

@@ -343,12 +343,14 @@ for r in range(4):
 print(f"  ZeRO-2 beside tensor parallelism: optimizer state {o} bytes per rank against DDP's {od}")
 PY
 run zck 4 --ddp_deterministic true --bf16 true --zero_stage 2 --save_steps 2 || bad "zck did not train"
+[ -f "$W/zck/checkpoint-2/state-optim.rank3.bin" ] && ok || bad "zck: not every rank's shard of its slices' state"
 rm -rf "$W/zck/checkpoint-4" "$W/zck/model.safetensors"
 run zck 4 --ddp_deterministic true --bf16 true --zero_stage 2 --save_steps 2 --resume_from_checkpoint latest &&
   cmp -s "$W/zck/model.safetensors" "$W/z2_bf16/model.safetensors" && ok ||
   bad "zck did not resume to z2_bf16's weights"
-# SIGTERM to every rank of 2 groups of 2 (bf16 with the fp32 master copy): the ranks finish the step together,
-# every rank writes its slices' state, every rank exits 0, and the resumed run is the run that never stopped
+# SIGTERM to every rank of 2 groups of 2 (bf16 with the fp32 master copy): the ranks finish the step together, the
+# first group's ranks write their slices' state (the second group's is the same bytes: written once), every rank
+# exits 0, and the resumed run is the run that never stopped
 run sig_full 4 --bf16 true --max_steps 200 --val_set_size 0 || bad "sig_full did not train"
 pre=("${MPI[@]}" -np 4)
 [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
@@ -363,7 +365,8 @@ pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
 wait $mp
 st=$?
 step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
-if [ $st -eq 0 ] && [ -n "$step" ] && [ -f "$W/sig/checkpoint-$step/state-master.rank3.bin" ]; then
+ck="$W/sig/checkpoint-$step"
+if [ $st -eq 0 ] && [ -n "$step" ] && [ -f "$ck/state-master.rank1.bin" ] && [ ! -e "$ck/state-master.rank2.bin" ]; then
   ok
   run sig 4 --bf16 true --max_steps 200 --val_set_size 0 --resume_from_checkpoint latest ||
     bad "sig did not resume: $(tail -2 "$W/sig.log")"
