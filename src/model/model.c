@@ -402,9 +402,6 @@ static void hand_block(snug_model *m, float *dw, int v0, int n, int *k) {
         m->rows_fn(m->rows_ud, SNUG_ROWS_REDUCE, dw, m->gwte, NULL, v0, n, (int)C);
 }
 
-/* The loss and (train) its gradients one block of the head's rows at a time: a pass over the blocks for each
- * token's statistics, then (train) one for the gradients: dh into d_ln, the head's into dhead (or under vtied
- * each block in turn through the layers' buffer). skip: a rank without a micro-batch issues the same collectives. */
 /* Tensor parallelism over the vocabulary: each token's statistics over the rank's rows gathered from every rank
  * and combined in rank order (the largest maximum M, the sums of exponentials rescaled to it, the label's logit
  * from the rank whose rows hold it), the same bits on every rank. */
@@ -432,6 +429,9 @@ static void tp_combine_stats(snug_model *m, int N) {
     }
 }
 
+/* The loss and (train) its gradients one block of the head's rows at a time: a pass over the blocks for each
+ * token's statistics, then (train) one for the gradients: dh into d_ln, the head's into dhead (or under vtied
+ * each block in turn through the layers' buffer). skip: a rank without a micro-batch issues the same collectives. */
 static double loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float *dhead, int N, float grad_scale,
                           int train, int skip) {
     snug_backend *be = m->be;
@@ -1428,8 +1428,8 @@ void snug_model_get_params(const snug_model *m, float *host) {
     ((snug_model *)m)->wl_layer = -1;
 }
 
-/* The random init's values k0 .. k0 + len - 1 of table entry i (p) of a model of n_layer layers into x, the entry's
- * stream *s continuing from the previous piece (len even but for the last piece). */
+/* The random init's next len values of table entry p (a model of n_layer layers) into x, from the entry's stream *s
+ * where the previous piece left it (len even but for the last piece, so the Box-Muller pairs stay whole). */
 static void init_values(const snug_param_entry *p, double std, int n_layer, uint64_t *s, float *x, size_t len) {
     int is_norm_w = p->ndim == 1 && (strstr(p->name, "norm") || strstr(p->name, "ln_")) && ends_with(p->name, "weight");
     int residual_out = ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight") ||

@@ -361,10 +361,11 @@ static int tp_local_f32(const snug_model *m, int i, float *dst, snug_error *e) {
     return 0;
 }
 
-/* Tensor parallelism: tensor i of the whole model into dst on every rank. A tensor every rank holds whole is this
- * rank's; a sliced one is all-gathered (rank r's slice at r x its size in ms->slices) and each slice put in place. */
 static int master_gather(master_stream *ms, int i, float *dst, snug_error *e);
 
+/* Tensor parallelism: tensor i of the whole model into dst on every rank. A tensor every rank holds whole is this
+ * rank's; a sliced one is all-gathered (rank r's slice at r x its size in ms->slices) and each slice put in place.
+ * Under ZeRO the rank's own tensor (its slice, or the whole one) is first gathered from the data-parallel shards. */
 static int tp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
     const snug_param_entry *g = &ms->whole.e[i], *l = &m->table.e[i];

@@ -163,12 +163,19 @@ nkill = 8 if quick else 20
 d = W + "/killed"
 args = [snug, "train", *common, "--max_steps", "60", "--save_steps", "3", "--save_total_limit", "2", "--output_dir", d]
 random.seed(7)
-# the uninterrupted run first: its wall time sets when the kills fall, so that they land inside the runs on a fast
-# machine as on a slow one (each kill within the part of the run still to do)
 ref = W + "/killref"
-t0 = time.time()
 subprocess.run([snug, "train", *common, "--max_steps", "60", "--output_dir", ref], check=True, stdout=subprocess.DEVNULL)
-full = time.time() - t0
+
+def logged():
+    try:
+        with open(d + "/metrics.jsonl") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+# Each kill falls inside the part of the run still to do whatever the machine's speed or load: the run is followed
+# until it has logged a step drawn from the ones it has not done yet, then killed a random part of a step later (a
+# step's time measured on this run), so it may fall in a step, in its logging or in a checkpoint's writing.
 kills = 0
 for attempt in range(60):
     extra = ["--resume_from_checkpoint", "latest"] if any(n.startswith("checkpoint-") and not n.endswith(".partial")
@@ -179,7 +186,12 @@ for attempt in range(60):
     if kills < nkill:
         done = max([int(n.split("-")[1]) for n in (os.listdir(d) if os.path.isdir(d) else [])
                     if n.startswith("checkpoint-") and not n.endswith(".partial")] or [0])
-        time.sleep(random.uniform(0.05, 0.9) * full * max(60 - done, 3) / 60)
+        target, part = random.randint(done + 1, 59), random.random()
+        t0, n0 = time.time(), logged()
+        while p.poll() is None and logged() < target:
+            time.sleep(0.002)
+        n1 = logged()
+        time.sleep(part * (time.time() - t0) / max(n1 - n0, 1))
         if p.poll() is None:
             p.kill()
             kills += 1
