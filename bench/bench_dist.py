@@ -119,7 +119,8 @@ def main():
                 shutil.rmtree(out, ignore_errors=True)
         base = res[modes[0][0]]
         ddp = res[modes[0 if a.tp else 1][0]]  # the RSS reference: DDP's, or under --tp the one process's
-        print(f"| run | tokens/s per round | vs 1 process | peak RSS per rank (MiB) | vs {'1 process' if a.tp else 'DDP'} |")
+        ref = "1 process" if a.tp else "DDP"
+        print(f"| run | tokens/s per round | vs 1 process | peak RSS per rank (MiB) | vs {ref} |")
         print("|---|---|---|---|---|")
         for label, *_ in modes:
             rows = res[label]

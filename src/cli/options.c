@@ -228,8 +228,8 @@ static const key_spec keys[] = {
              "summed over the ranks; on the CPU a vocabulary that divides by N is split too (embedding and head by "
              "rows, the loss's statistics gathered). Llama-family and GPT-2 models with heads, key/value heads and "
              "intermediate_size divisible by N; full fine-tuning; a multiple of N ranks (groups of N consecutive "
-             "ranks, data parallel across the groups, on CPU ranks for now, with zero_stage 1 to 3 sharding the slices' "
-             "state over them); checkpoints keep each rank's slices, the final model is written whole"},
+             "ranks, data parallel across the groups, on CPU ranks for now, with zero_stage 1 to 3 sharding the "
+             "slices' state over them); checkpoints keep each rank's slices, the final model is written whole"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

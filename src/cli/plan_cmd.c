@@ -487,10 +487,10 @@ static void print_text(const report *r, FILE *f) {
         fmtb(b, sizeof b, (double)p->spec.B * p->spec.T * c->hidden_size * sizeof(float));
         count_text(n1, sizeof n1, (double)pl->nparams);
         count_text(n2, sizeof n2, whole);
-        fprintf(f, "  tensor par.  %d ranks, each with 1/%d of every block's heads and MLP rows: %s of the %s parameters\n",
-                p->spec.tp, p->spec.tp, n1, n2);
-        fprintf(f, "               the memory below is one rank's; per step %d all-reduces of %s, %s sent per rank\n", nar,
-                b, a);
+        fprintf(f, "  tensor par.  %d ranks, each with 1/%d of every block's heads and MLP rows: %s of the %s "
+                "parameters\n", p->spec.tp, p->spec.tp, n1, n2);
+        fprintf(f, "               the memory below is one rank's; per step %d all-reduces of %s, %s sent per rank\n",
+                nar, b, a);
         if (r->a->g && r->a->g->link_gbps > 0)
             fprintf(f, "               %.1f ms of collectives at %.0f GB/s, in line with the compute\n",
                     1e3 * bytes / (r->a->g->link_gbps * 1e9), r->a->g->link_gbps);

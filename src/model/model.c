@@ -1449,7 +1449,9 @@ static void init_values(const snug_param_entry *p, double std, int n_layer, uint
 }
 
 /* each tensor gets its own stream, so adding a tensor does not change the others */
-static uint64_t init_stream(uint64_t seed, int i) { return seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull; }
+static uint64_t init_stream(uint64_t seed, int i) {
+    return seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+}
 
 /* Tensor parallelism: the whole model's tensors drawn as one process draws them, each rank keeping its slice, so the
  * ranks start from the weights one process would */

@@ -73,7 +73,7 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: zero_stage %d with adapter %s is not supported: the adapters' state is small and stays whole on every "
             "rank, so with an adapter only stage 3 (which shards the frozen base) means something; set zero_stage: 3 "
             "or 0", src, o->zero_stage, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
-    /* tensor parallelism: a full fine-tune, alone on its ranks */
+    /* tensor parallelism: a full fine-tune */
     REQUIRE(o->tensor_parallel_size >= 1 && o->tensor_parallel_size <= 4096,
             "%s: tensor_parallel_size is %d; use 1 (none) to 4096 ranks", src, o->tensor_parallel_size);
     REQUIRE(o->tensor_parallel_size == 1 || o->adapter == SNUG_ADAPTER_NONE,

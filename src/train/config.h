@@ -117,7 +117,8 @@ typedef struct snug_run_config {
     int ddp_deterministic;    /* 1: gradients summed in rank order, the same bits whatever the MPI algorithm */
     int ddp_bucket_cap_mb;    /* DDP and ZeRO-1: MiB of gradients per sum issued during backward (PyTorch's 25) */
     snug_overlap_choice zero_overlap_comm;
-    int tensor_parallel_size; /* tensor parallelism over that many ranks (1: none); the world is that many ranks */
+    int tensor_parallel_size; /* tensor parallelism over groups of that many ranks (1: none); the world is a
+                               * multiple of it, data parallel across the groups */
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
                                * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */

@@ -881,15 +881,16 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     snug_param_table tp_whole = {0};
     if (tpn > 1) {
         const snug_model_config *lc = &r.eng.model.cfg;
-        fprintf(out, "  tensor parallel      %d ranks (%s, launched by %s%s): each holds %d of %d query heads, %d of %d "
-                "key/value heads and %d of %d MLP rows of every block, and %s; 4 all-reduces of %d x %d per block "
-                "and micro-batch\n", tpn, comm.name, launch.launcher, comm.deterministic ? ", summed in rank order" : "",
+        fprintf(out, "  tensor parallel      %d ranks (%s, launched by %s%s): each holds %d of %d query heads, "
+                "%d of %d key/value heads and %d of %d MLP rows of every block, and %s; 4 all-reduces of %d x %d per block "
+                "and micro-batch\n", tpn, comm.name, launch.launcher,
+                comm.deterministic ? ", summed in rank order" : "",
                 lc->n_head, r.s.cfg.n_head, lc->n_kv_head, r.s.cfg.n_kv_head, lc->intermediate_size,
                 r.s.cfg.intermediate_size, r.eng.model.tp_vocab ? "its rows of the vocabulary (embedding, head)"
                                                                 : "the whole vocabulary", B * T, lc->hidden_size);
         if (r.eng.model.tp_vocab)
-            fprintf(out, "                       vocabulary split: %d of %d rows per rank; the lookup and the final norm's "
-                    "gradient summed over the ranks, each token's loss statistics gathered\n", lc->vocab_size,
+            fprintf(out, "                       vocabulary split: %d of %d rows per rank; the lookup and the final "
+                    "norm's gradient summed over the ranks, each token's loss statistics gathered\n", lc->vocab_size,
                     r.s.cfg.vocab_size);
         else
             fprintf(out, "                       vocabulary whole on every rank (%s)\n",
@@ -1391,8 +1392,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = rank_memory_json(&r, "memory.json", measured, e);
         print_sample(&r, out);
     }
-    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || tpn > 1)) { /* under ZeRO each rank plans its own shard:
-                                                                           * each writes its memory */
+    /* under ZeRO (and tensor parallelism) each rank plans its own shard (slices): each writes its memory */
+    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || tpn > 1)) {
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             measured[c] = r.eng.arenas.a[c].peak;

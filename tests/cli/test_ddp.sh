@@ -211,7 +211,8 @@ if [ -n "${SNUG_COMM_TEST:-}" ]; then
     done
     # split into groups (tensor parallelism's groups and data-parallel groups): each group's sums its own
     timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" split > "$W/split$np.log" 2>&1 &&
-      [ "$(grep -c ': ok$' "$W/split$np.log")" -eq $np ] && ok || bad "comm split at $np ranks: $(tail -3 "$W/split$np.log")"
+      [ "$(grep -c ': ok$' "$W/split$np.log")" -eq $np ] && ok ||
+      bad "comm split at $np ranks: $(tail -3 "$W/split$np.log")"
     want=$(grep -c ': mpi-shm digest' "$W/paths$np.1.log"):$(grep -c ': mpi digest' "$W/paths$np.0.log")
     [ "$want" = "$np:$np" ] && [ "$(grep -o 'rank [0-9]*: mpi-shm digest [0-9a-f]*' "$W/paths$np.1.log" | sort | sed 's/mpi-shm/mpi/')" = \
       "$(grep -o 'rank [0-9]*: mpi digest [0-9a-f]*' "$W/paths$np.0.log" | sort)" ] && ok ||
