@@ -230,6 +230,18 @@ static const key_spec keys[] = {
              "intermediate_size divisible by N; full fine-tuning; a multiple of N ranks (groups of N consecutive "
              "ranks, data parallel across the groups, on CPU ranks for now, with zero_stage 1 to 3 sharding the "
              "slices' state over them); checkpoints keep each rank's slices, the final model is written whole"},
+    {.name = "pipeline_parallel_size", .type = KT_INT, .group = G_BATCH, AT_INT(pipeline_parallel_size),
+     .def = "1", MIN(1),
+     .help = "pipeline parallelism over that many ranks, launched as mpirun -np N: the layers are split into N "
+             "consecutive stages (the first also holds the embedding, the last the final norm, the head and the "
+             "loss; a tied head is kept on both, its gradient summed), each rank keeping its stage's parameters, "
+             "gradients and optimizer state; the micro-batches of a step (gradient_accumulation_steps, at least N "
+             "to keep every stage busy) flow through the stages in the 1F1B schedule, activations sent forward and "
+             "their gradients back; a stage before the last keeps only each micro-batch's input and runs its "
+             "forward again just before that micro-batch's backward. The same bits as one process accumulating the "
+             "same micro-batches (an untied head). Full fine-tuning on CPU ranks for now; a multiple of N ranks "
+             "(groups of N consecutive ranks, data parallel across the groups); checkpoints keep each stage's "
+             "state, the final model is written whole"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

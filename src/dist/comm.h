@@ -7,7 +7,8 @@
  * elements, never bytes. Every rank must issue the same collectives in the same order with the same counts: a run
  * whose ranks disagree is a bug, and `check` (debug mode) exchanges each collective's signature first and fails on
  * every rank naming the mismatch instead of hanging. Failures are reported through snug_error; nothing here prints
- * or exits.
+ * or exits. Point-to-point messages (`send`, `recv`: pipeline parallelism's activations and gradients between
+ * neighbouring stages) are the one exception to "every rank": only the two ranks of a message take part.
  *
  * Deterministic mode: an all-reduce's result must not depend on the library's algorithm (ring, tree, recursive
  * halving all add in different orders). With `deterministic` set, every rank's contribution is gathered and summed
@@ -44,7 +45,8 @@
  * caller promises that nothing queued after it reads or writes the buffer until it has called `wait`, which makes
  * the compute stream wait for every such collective issued so far. The ranks still issue it in the same order as
  * every other collective. The host communicators (self, MPI) complete every collective before returning, so there
- * the flag changes nothing and `wait` has nothing to do. */
+ * the flag changes nothing for a collective; MPI's `wait` completes only the point-to-point sends flagged with it
+ * (see `send` below). */
 typedef enum snug_comm_dtype {
     SNUG_COMM_F32,
     SNUG_COMM_F64,
@@ -77,7 +79,7 @@ struct snug_comm {
     /* the sharded collectives above: x holds the sum of counts[0..size-1] elements of dt */
     int (*reduce_scatter_sum)(snug_comm *c, void *x, const size_t *counts, snug_comm_dtype dt, snug_error *e);
     int (*allgather)(snug_comm *c, void *x, const size_t *counts, snug_comm_dtype dt, snug_error *e);
-    /* the work queued after this call sees every SNUG_COMM_ASYNC collective issued before it complete */
+    /* the work queued after this call sees every SNUG_COMM_ASYNC collective (and send) issued before it complete */
     int (*wait)(snug_comm *c, snug_error *e);
     /* a fatal error on this rank: the other ranks must not wait for it forever (MPI_Abort under MPI) */
     void (*abort)(snug_comm *c, int code);
@@ -85,6 +87,19 @@ struct snug_comm {
      * (deterministic, check, timeout_s, local_rank); collective over c. NULL where not built (NCCL). Close out with
      * snug_comm_close before c. */
     int (*split)(snug_comm *c, int color, int key, snug_comm *out, snug_error *e);
+    /* point to point (pipeline parallelism): n elements of dt to / from rank peer of c (another rank of c: never
+     * this one). Not collective: only the two ranks take part, they pair their sends and receives in the same order
+     * with the same count and type, seq does not count them and `check` does not compare them. send flagged
+     * SNUG_COMM_ASYNC returns at once: the caller leaves x alone until its next `wait`, which completes every such
+     * send issued so far. Without the flag, send returns once x may be reused, which can mean once the peer has
+     * received it: two ranks that both send before they receive deadlock (until timeout_s), so a ring exchange
+     * sends flagged, receives, then waits. recv returns with x filled (it ignores the flag), and fails if the
+     * message held another count. A peer that is not another rank of c fails at once, with nothing sent. Both honour
+     * timeout_s (naming the peer); after a timeout the communicator is good only for abort and close. Closing with
+     * flagged sends not yet waited for releases them without completing them. NULL where not built: self (no other
+     * rank), NCCL (pipeline parallelism runs on CPU ranks only for now). */
+    int (*send)(snug_comm *c, const void *x, size_t n, snug_comm_dtype dt, int peer, snug_error *e);
+    int (*recv)(snug_comm *c, void *x, size_t n, snug_comm_dtype dt, int peer, snug_error *e);
     void (*free)(snug_comm *c);
 };
 
@@ -147,7 +162,7 @@ void snug_comm_sum_in_order(void *out, const void *all, int size, size_t n, snug
 /* The same sum over `size` sources anywhere in memory: out <- src[0] + src[1] + ... (out may be one of them). */
 void snug_comm_sum_sources(void *out, const void *const *src, int size, size_t n, snug_comm_dtype dt);
 
-/* `wait` for the host communicators (self, MPI): their collectives are complete when they return. */
+/* `wait` with nothing to complete (self): every collective is complete when it returns. */
 int snug_comm_wait_done(snug_comm *c, snug_error *e);
 
 /* The element where rank r's segment starts: counts[0] + ... + counts[r-1]. */

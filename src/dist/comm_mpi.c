@@ -23,7 +23,14 @@
  * timeout as an MPI request. Two buffers mean a round's copies never overwrite what a rank may still be reading from
  * the round before: a rank writes buffer b again only after a wait that every rank reached after reading b. The
  * window is size x 2 x 1 MiB (a round stays in the L2 caches; 4 MiB buffers were slower). SNUG_MPI_SHM=0 in the
- * environment keeps MPI's own collectives, the path of ranks on several hosts. */
+ * environment keeps MPI's own collectives, the path of ranks on several hosts.
+ *
+ * Point to point (send, recv; see comm.h). MPI_Isend / MPI_Irecv with one tag on the communicator's own MPI
+ * communicator (the collectives have a context of their own, so they never match these), in pieces of at most
+ * SNUG_MPI_MAXN elements: MPI keeps the messages between two ranks in order, so the receiver's pieces pair with the
+ * sender's. A send or receive is completed by the same polling as a collective, so timeout_s holds and names the
+ * peer; a receive checks that each message held the count it expected. A flagged send's requests wait in
+ * mpi_ctx.pend for `wait` (mpi_wait), which completes them in order. */
 #include <limits.h>
 #include <mpi.h>
 #include <sched.h>
@@ -40,6 +47,7 @@
 
 #define SNUG_SHM_BYTES ((size_t)1 << 20) /* one of a rank's two buffers in the shared window */
 #define SNUG_SHM_HEAD ((size_t)4096)      /* a rank's barrier counter, on its own page ahead of its buffers */
+#define SNUG_MPI_TAG 77                   /* every point-to-point message */
 
 typedef struct mpi_ctx {
     MPI_Comm comm;
@@ -52,6 +60,12 @@ typedef struct mpi_ctx {
     unsigned round;   /* rounds done: the parity picks the buffer of the next */
     size_t *off, *len; /* (size) a round's piece of each owner: element offset in x and count */
     const void **src; /* (size) the sources of a rank-order sum */
+    /* the flagged sends not yet waited for (see above): npend of cap */
+    struct pend_send {
+        MPI_Request req;
+        int peer;
+    } *pend;
+    size_t npend, cap;
 } mpi_ctx;
 
 static int mpi_users; /* open MPI communicators: the last one closed finalizes */
@@ -81,8 +95,14 @@ static int mpi_failed(snug_error *e, int rc, const char *what) {
     return snug_fail(e, SNUG_EIO, "MPI %s failed: %.*s", what, len, s);
 }
 
-/* One more poll of a collective started at t0: fails once c->timeout_s seconds (if > 0) have passed, naming it. */
-static int poll_again(snug_comm *c, double t0, long polls, const char *what, snug_error *e) {
+/* One more poll of a collective (peer < 0) or of a message to or from rank peer, started at t0: fails once
+ * c->timeout_s seconds (if > 0) have passed, naming it. */
+static int poll_again(snug_comm *c, double t0, long polls, const char *what, int peer, snug_error *e) {
+    if (peer >= 0 && c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
+        return snug_fail(e, SNUG_EIO, "rank %d of %d: %s not complete after %.0f s: rank %d has died, is stuck, or "
+                         "has not reached its side of the message (the two ranks must pair their sends and receives "
+                         "in the same order); raise dist_timeout if a step really takes this long", c->rank, c->size,
+                         what, c->timeout_s, peer);
     if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
         return snug_fail(e, SNUG_EIO, "rank %d of %d: collective #%llu (%s) not complete after %.0f s: another "
                          "rank has died, is stuck, or issued a different collective (run with "
@@ -94,18 +114,24 @@ static int poll_again(snug_comm *c, double t0, long polls, const char *what, snu
     return 0;
 }
 
-/* Completes req, polling; fails after c->timeout_s seconds (if > 0), naming the collective. */
-static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error *e) {
+/* Completes req, polling, its status in st (may be MPI_STATUS_IGNORE); fails after c->timeout_s seconds (if > 0),
+ * naming the collective (peer < 0) or the message to or from rank peer. */
+static int wait_for(snug_comm *c, MPI_Request *req, const char *what, int peer, MPI_Status *st, snug_error *e) {
     double t0 = now_s();
     for (long polls = 0;; polls++) {
         int done = 0;
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        int rc = MPI_Test(req, &done, st);
         if (rc != MPI_SUCCESS)
             return mpi_failed(e, rc, what);
         if (done)
             return 0;
-        SNUG_TRY(poll_again(c, t0, polls, what, e));
+        SNUG_TRY(poll_again(c, t0, polls, what, peer, e));
     }
+}
+
+/* wait_for a collective's request */
+static int wait_req(snug_comm *c, MPI_Request *req, const char *what, snug_error *e) {
+    return wait_for(c, req, what, -1, MPI_STATUS_IGNORE, e);
 }
 
 /* ---- the intra-node path (see the top of the file) ---- */
@@ -127,7 +153,7 @@ static int shm_barrier(snug_comm *c, const char *what, snug_error *e) {
         while (atomic_load_explicit(shm_counter(x, r), memory_order_acquire) < g) {
             if (!polls)
                 t0 = now_s();
-            SNUG_TRY(poll_again(c, t0, ++polls, what, e));
+            SNUG_TRY(poll_again(c, t0, ++polls, what, -1, e));
         }
     return 0;
 }
@@ -419,6 +445,83 @@ static int mpi_allgather(snug_comm *c, void *buf, const size_t *counts, snug_com
     return 0;
 }
 
+/* ---- point to point (see the top of the file) ---- */
+
+/* Room in x->pend for one more flagged send, made before the send is issued so that no request is ever lost. */
+static int pend_room(mpi_ctx *x, snug_error *e) {
+    if (x->npend < x->cap)
+        return 0;
+    size_t cap = x->cap ? 2 * x->cap : 16;
+    struct pend_send *p = realloc(x->pend, cap * sizeof *p);
+    if (!p)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for %zu pending sends", cap);
+    x->pend = p, x->cap = cap;
+    return 0;
+}
+
+/* n elements of dt to rank peer (into 0) or from it (into 1), a piece of at most SNUG_MPI_MAXN elements at a time:
+ * a flagged send's pieces join x->pend, every other request is complete before the next piece. */
+static int mpi_p2p(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, int peer, int into, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    if (peer < 0 || peer >= c->size || peer == c->rank)
+        return snug_fail(e, SNUG_EINTERNAL, "%s rank %d on rank %d of a communicator of %d ranks: the peer must be "
+                         "another rank of it (0..%d)", into ? "receive from" : "send to", peer, c->rank, c->size,
+                         c->size - 1);
+    int async = !into && (dt & SNUG_COMM_ASYNC);
+    size_t es = snug_comm_dtype_size(dt);
+    char what[96];
+    snprintf(what, sizeof what, "%s rank %d (%zu %s)", into ? "recv from" : "send to", peer, n, dtype_name(dt));
+    for (size_t i = 0; i < n; i += SNUG_MPI_MAXN) {
+        size_t k = n - i < SNUG_MPI_MAXN ? n - i : SNUG_MPI_MAXN;
+        char *p = (char *)buf + i * es;
+        MPI_Request req;
+        if (async)
+            SNUG_TRY(pend_room(x, e));
+        int rc = into ? MPI_Irecv(p, (int)k, mpi_type(dt), peer, SNUG_MPI_TAG, x->comm, &req)
+                      : MPI_Isend(p, (int)k, mpi_type(dt), peer, SNUG_MPI_TAG, x->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_failed(e, rc, what);
+        if (async) {
+            x->pend[x->npend++] = (struct pend_send){req, peer};
+            continue;
+        }
+        MPI_Status st;
+        if ((rc = wait_for(c, &req, what, peer, &st, e))) {
+            if (into && req != MPI_REQUEST_NULL) { /* MPI no longer writes into buf once the caller has it back */
+                MPI_Cancel(&req);
+                MPI_Request_free(&req);
+            }
+            return rc;
+        }
+        int got = -1;
+        if (into && (MPI_Get_count(&st, mpi_type(dt), &got) != MPI_SUCCESS || got != (int)k))
+            return snug_fail(e, SNUG_EINTERNAL, "%s: a message of %d elements where %zu were expected: the two ranks' "
+                             "sends and receives do not pair (the same order, the same counts and types)", what,
+                             got, k);
+    }
+    return 0;
+}
+
+static int mpi_send(snug_comm *c, const void *buf, size_t n, snug_comm_dtype dt, int peer, snug_error *e) {
+    return mpi_p2p(c, (void *)buf, n, dt, peer, 0, e); /* MPI_Isend only reads it */
+}
+
+static int mpi_recv(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt, int peer, snug_error *e) {
+    return mpi_p2p(c, buf, n, dt, peer, 1, e);
+}
+
+/* Every flagged send so far complete, in the order issued (the collectives are complete already). */
+static int mpi_wait(snug_comm *c, snug_error *e) {
+    mpi_ctx *x = c->ctx;
+    for (size_t i = 0; i < x->npend; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "send to rank %d (flagged, at the wait)", x->pend[i].peer);
+        SNUG_TRY(wait_for(c, &x->pend[i].req, what, x->pend[i].peer, MPI_STATUS_IGNORE, e)); /* done: NULL */
+    }
+    x->npend = 0;
+    return 0;
+}
+
 static void mpi_abort(snug_comm *c, int code) {
     mpi_ctx *x = c->ctx;
     MPI_Abort(x ? x->comm : MPI_COMM_WORLD, code ? code : 1);
@@ -428,6 +531,15 @@ static void mpi_free(snug_comm *c) {
     mpi_ctx *x = c->ctx;
     if (!x)
         return;
+    for (size_t i = 0; i < x->npend; i++) { /* flagged sends never waited for: released, complete or not */
+        MPI_Request *r = &x->pend[i].req;
+        int done = 0;
+        if (*r != MPI_REQUEST_NULL)
+            MPI_Test(r, &done, MPI_STATUS_IGNORE); /* complete: r is now MPI_REQUEST_NULL */
+        if (*r != MPI_REQUEST_NULL)
+            MPI_Request_free(r);
+    }
+    free(x->pend);
     if (x->shm) /* collective: only where every rank closes (a broken run leaves MPI as it is) */
         MPI_Win_free(&x->win);
     MPI_Comm_free(&x->comm);
@@ -464,9 +576,11 @@ static int mpi_open(snug_comm *c, MPI_Comm comm, snug_error *e) {
     c->barrier = mpi_barrier;
     c->reduce_scatter_sum = mpi_reduce_scatter;
     c->allgather = mpi_allgather;
-    c->wait = snug_comm_wait_done; /* every collective here is complete when it returns */
+    c->wait = mpi_wait; /* the collectives are complete when they return; the flagged sends are not */
     c->abort = mpi_abort;
     c->split = mpi_split;
+    c->send = mpi_send;
+    c->recv = mpi_recv;
     c->free = mpi_free;
     return 0;
 }

@@ -867,6 +867,7 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
                    .ctx = x, .allreduce_sum = nccl_allreduce, .broadcast = nccl_broadcast, .barrier = nccl_barrier,
                    .reduce_scatter_sum = nccl_reduce_scatter, .allgather = nccl_allgather, .wait = nccl_wait,
                    .abort = nccl_abort,
+                   .send = NULL, .recv = NULL, /* point to point: CPU ranks only for now (comm.h) */
                    .free = nccl_free};
     *c = n;
     return 0;

@@ -49,5 +49,6 @@ void snug_comm_self_init(snug_comm *c) {
                      .reduce_scatter_sum = self_sharded, .allgather = self_sharded, .wait = snug_comm_wait_done,
                      .abort = self_abort,
                      .split = self_split,
+                     .send = NULL, .recv = NULL, /* point to point: there is no other rank */
                      .free = self_free};
 }

@@ -866,7 +866,7 @@ static void vocab_blocks(snug_model *m, int B, int T, int with_grads) {
     if (m->tp_vocab) /* the rank's rows of the head: one block, or blocks of loss_vocab_block's rows */
         m->vb = m->lv.vocab_block > 0 && m->lv.vocab_block < V ? m->lv.vocab_block : V;
     m->vtied = m->vb && with_grads && c->tie_embeddings && m->lv.zero_grads && !m->lv.optimizer_in_backward &&
-               m->tp <= 1 && !m->packed && m->gwte == 0 && wte_entry(m) >= 0;
+               m->tp <= 1 && m->pp <= 1 && !m->packed && m->gwte == 0 && wte_entry(m) >= 0;
     size_t n = (size_t)(m->nranks > 1 ? m->nranks : 1) * (size_t)B * (size_t)T;
     m->umax = m->vtied ? (int)(n < (size_t)V ? n : (size_t)V) : 0;
     m->nU = 0;
@@ -1095,17 +1095,19 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         if (m->mlp_rows)
             a->fc = mlp_fc, a->act = mlp_act;
     }
-    CARVE(m->lnf, SNUG_MEM_ACTS, N * C);
-    m->lnf_mean = NULL;
-    if (gpt2)
-        CARVE(m->lnf_mean, SNUG_MEM_ACTS, N);
-    CARVE(m->lnf_rstd, SNUG_MEM_ACTS, N);
-
-    /* workspace: the logits chunk always; activation gradients only for training */
-    CARVE(m->logits, SNUG_MEM_WORKSPACE, (size_t)m->xent_chunk * (m->vb ? (size_t)m->vb : (size_t)snug_logits_ld(V)));
+    m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = NULL;
     m->st_max = m->st_zy = NULL;
     m->st_sum = NULL;
-    if (m->vb) { /* loss_vocab_block: each token's running statistics over the blocks */
+    if (snug_pp_last(m)) { /* the final norm and the loss: the last pipeline stage's */
+        CARVE(m->lnf, SNUG_MEM_ACTS, N * C);
+        if (gpt2)
+            CARVE(m->lnf_mean, SNUG_MEM_ACTS, N);
+        CARVE(m->lnf_rstd, SNUG_MEM_ACTS, N);
+        /* workspace: the logits chunk always; activation gradients only for training */
+        CARVE(m->logits, SNUG_MEM_WORKSPACE,
+              (size_t)m->xent_chunk * (m->vb ? (size_t)m->vb : (size_t)snug_logits_ld(V)));
+    }
+    if (m->vb && snug_pp_last(m)) { /* loss_vocab_block: each token's running statistics over the blocks */
         CARVE(m->st_max, SNUG_MEM_WORKSPACE, N);
         CARVE(m->st_zy, SNUG_MEM_WORKSPACE, N);
         CARVE(m->st_sum, SNUG_MEM_WORKSPACE, N);
@@ -1118,6 +1120,18 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         CARVE(m->d_att, SNUG_MEM_WORKSPACE, N * NH * HD);
         CARVE(m->d_fc, SNUG_MEM_WORKSPACE, NM * m->FC);
         CARVE(m->d_act, SNUG_MEM_WORKSPACE, NM * I);
+    }
+    m->pp_in = m->pp_out = m->pp_dout = m->pp_din = NULL;
+    if (m->pp > 1) { /* what crosses to the neighbouring stages (see model.h) */
+        if (!snug_pp_first(m))
+            CARVE(m->pp_in, SNUG_MEM_ACTS, (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) * N * C);
+        if (!snug_pp_last(m)) {
+            CARVE(m->pp_out, SNUG_MEM_WORKSPACE, N * C);
+            if (with_grads)
+                CARVE(m->pp_dout, SNUG_MEM_WORKSPACE, N * C);
+        }
+        if (!snug_pp_first(m) && with_grads)
+            CARVE(m->pp_din, SNUG_MEM_WORKSPACE, N * C);
     }
 
     /* data */
@@ -1489,17 +1503,32 @@ int snug_model_init_random(snug_model *m, uint64_t seed) {
     PIECE = largest > PIECE ? (largest + 1) / 2 * 2 : PIECE;
     float *direct = snug_model_host_params(m);
     float *buf = direct ? NULL : malloc(PIECE * sizeof *buf);
-    if (!direct && !buf)
+    /* a pipeline stage: each tensor's stream is its index in the whole model's table, as one process draws it */
+    int *whole_i = malloc((size_t)(m->table.n ? m->table.n : 1) * sizeof *whole_i);
+    snug_model_config wc = *c;
+    wc.n_layer = m->pp > 1 ? m->pp_L : c->n_layer;
+    snug_param_table g = {0};
+    if ((!direct && !buf) || !whole_i || (m->pp > 1 && snug_param_table_build(&g, &wc, NULL))) {
+        free(buf);
+        free(whole_i);
         return SNUG_ENOMEM;
+    }
+    for (int i = 0, j = 0; i < m->table.n; i++) { /* the same order: a forward scan finds each */
+        while (m->pp > 1 && j < g.n && strcmp(g.e[j].name, m->table.e[i].name))
+            j++;
+        whole_i[i] = m->pp > 1 ? j : i;
+    }
+    snug_param_table_free(&g);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        uint64_t s = init_stream(seed, i);
+        uint64_t s = init_stream(seed, whole_i[i]);
         for (size_t k0 = 0; k0 < p->numel; k0 += PIECE) {
             size_t len = p->numel - k0 < PIECE ? p->numel - k0 : PIECE;
             float *x = direct ? direct + p->offset + k0 : buf;
-            init_values(p, std, c->n_layer, &s, x, len);
+            init_values(p, std, wc.n_layer, &s, x, len);
             if (!direct && m->q4 && snug_model_put_entry(m, i, buf, NULL)) {
                 free(buf);
+                free(whole_i);
                 return SNUG_ENOMEM;
             } else if (!direct && !m->q4) {
                 snug_model_put_range(m, p->offset + k0, buf, len);
@@ -1507,6 +1536,7 @@ int snug_model_init_random(snug_model *m, uint64_t seed) {
         }
     }
     free(buf);
+    free(whole_i);
     return 0;
 }
 
@@ -1896,7 +1926,11 @@ static void layer_bwd(snug_model *m, int l) {
     }
 }
 
-double snug_model_step(snug_model *m, float grad_scale) {
+static double stage_bwd(snug_model *m, const int32_t *ids, double loss);
+
+double snug_model_step(snug_model *m, float grad_scale) { return snug_model_stage(m, grad_scale, NULL, NULL); }
+
+double snug_model_stage(snug_model *m, float grad_scale, const float *in, const float *dout) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int N = m->cur_B * m->cur_T, C = c->hidden_size, L = c->n_layer;
@@ -1912,10 +1946,13 @@ double snug_model_step(snug_model *m, float grad_scale) {
         if (m->vtied)
             gather_lookup_rows(m);
     }
-    const void *wte = m->emb16 ? (const void *)m->emb16 : m->param_sharded && m->vtied ? m->urows
-                                                                                      : snug_model_stored(m, m->gwte);
+    /* (a pipeline stage may hold neither the embedding nor the head) */
+    const void *wte = m->emb16                       ? (const void *)m->emb16
+                      : m->param_sharded && m->vtied ? m->urows
+                      : m->gwte != (size_t)-1        ? snug_model_stored(m, m->gwte)
+                                                     : NULL;
     const int32_t *ids = m->param_sharded && m->vtied ? m->ids_u : m->tp_vocab ? m->ids_tp : m->ids;
-    const void *head = m->param_sharded && m->vtied ? NULL : snug_model_stored(m, m->ghead);
+    const void *head = (m->param_sharded && m->vtied) || m->ghead == (size_t)-1 ? NULL : snug_model_stored(m, m->ghead);
     snug_dtype wdt = dt, hdt = dt;
     float *dhead = m->g.lm_head;
     const snug_lora *lo = &m->lora;
@@ -1927,16 +1964,28 @@ double snug_model_step(snug_model *m, float grad_scale) {
 
     m->wl_layer = -1; /* the parameters may have changed since the last step */
     float *x0 = res_at(m, 0);
-    be->embed_fwd(be, x0, ids, wte, wdt, N, C, 0);
-    if (m->tp_vocab) /* each rank looked up the ids in its rows */
-        tp_sum(m, x0, (size_t)N * C);
-    if (c->arch == SNUG_ARCH_GPT2)
-        be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
+    if (!snug_pp_first(m)) { /* a later pipeline stage: the previous stage's output */
+        be->copy(be, x0, in, (size_t)N * C * sizeof(float));
+    } else {
+        be->embed_fwd(be, x0, ids, wte, wdt, N, C, 0);
+        if (m->tp_vocab) /* each rank looked up the ids in its rows */
+            tp_sum(m, x0, (size_t)N * C);
+        if (c->arch == SNUG_ARCH_GPT2)
+            be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
+    }
     save_res(m, 0, x0, (size_t)N * C);
     m->gdir = 1; /* ZeRO-3 prefetches the next layer */
     for (int l = 0; l < L; l++)
         layer_fwd(m, l, 0);
     m->gdir = 0;
+    if (!snug_pp_last(m)) { /* an earlier pipeline stage: its output, or backward from its gradient */
+        if (!dout) {
+            be->copy(be, m->pp_out, res_at(m, L), (size_t)N * C * sizeof(float));
+            return 0;
+        }
+        be->copy(be, m->d_res, dout, (size_t)N * C * sizeof(float));
+        return stage_bwd(m, ids, 0);
+    }
     gather_globals(m, GLOB_POST); /* ZeRO-3: the final norm and the head again (the layers took their buffer) */
     if (is16(m)) { /* the final norm's parameters widened (lnf_b exists for LayerNorm only) */
         be->from16(be, m->lnf_ws, snug_model_stored(m, m->glnf_w), (size_t)C, dt);
@@ -1967,6 +2016,16 @@ double snug_model_step(snug_model *m, float grad_scale) {
     norm_bwd(m, m->d_res, m->g.lnf_w, m->g.lnf_b, m->d_ln, final, lnf_w, m->lnf_mean, m->lnf_rstd, N);
     if (m->lv.zero_grads) /* the final norm and an untied head are complete: their buffer is the layers' next */
         announce_globals(m, SNUG_READY_POST);
+    return stage_bwd(m, ids, loss);
+}
+
+/* Backward through the layers from dL/d res[L] in d_res, then into the embedding (the first pipeline stage) or
+ * pp_din (a later one). Returns loss. */
+static double stage_bwd(snug_model *m, const int32_t *ids, double loss) {
+    snug_backend *be = m->be;
+    const snug_model_config *c = &m->cfg;
+    int N = m->cur_B * m->cur_T, C = c->hidden_size, L = c->n_layer;
+    const snug_lora *lo = &m->lora;
     m->gdir = -1;
     for (int l = L - 1; l >= 0; l--) {
         layer_bwd(m, l);
@@ -1974,13 +2033,15 @@ double snug_model_step(snug_model *m, float grad_scale) {
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
     m->gdir = 0;
-    if (m->vtied) /* the looked-up rows, with the head's part of their gradient */
+    if (!snug_pp_first(m)) /* the input's gradient, for the previous stage */
+        be->copy(be, m->pp_din, m->d_res, (size_t)N * C * sizeof(float));
+    else if (m->vtied) /* the looked-up rows, with the head's part of their gradient */
         reduce_lookup_rows(m, N, 0);
     else if (m->g.wte) /* a frozen base (LoRA) has no embedding gradient */
         be->embed_bwd(be, m->g.wte, m->d_res, ids, N, C);
     else if (lo->on && lo->emb_off != (size_t)-1 && lo->grads) /* unless lora_modules_to_save trains its copy */
         be->embed_bwd(be, lo->grads + lo->emb_off, m->d_res, m->ids, N, C);
-    if (c->arch == SNUG_ARCH_GPT2 && m->g.wpe)
+    if (c->arch == SNUG_ARCH_GPT2 && m->g.wpe && snug_pp_first(m))
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
     announce_globals(m, -1);
     return loss;

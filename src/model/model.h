@@ -443,7 +443,23 @@ typedef struct snug_model {
     double *tp_st;         /* (tp, 3, N) SNUG_MEM_WORKSPACE: every rank's statistics of each token */
     snug_tp_gather_fn tp_gather;
     void *tp_gather_ud;
+
+    /* Pipeline parallelism (pp > 1, set before layout with pp_stage, pp_l0 and pp_L): this rank is stage pp_stage
+     * of pp; cfg is the whole model's with n_layer its layers (layers pp_l0.. of pp_L, snug_pp_layers), the table
+     * holds them (named as the whole model's) with the embedding on the first stage and the final norm and head on
+     * the last (a tied head: the embedding again, its gradient summed with the first stage's by the caller).
+     * snug_model_stage runs a micro-batch through the stage; the stage's input and output cross to the next stage
+     * through these buffers (N x C fp32 each, backend memory): pp_in, pp_slots inputs kept until their backward
+     * (SNUG_MEM_ACTS; stages after the first), pp_out the output forward leaves to send and pp_dout the gradient of
+     * the output received (stages before the last), pp_din the input's gradient backward leaves to send (stages
+     * after the first) (SNUG_MEM_WORKSPACE). */
+    int pp, pp_stage, pp_l0, pp_L, pp_slots;
+    float *pp_in, *pp_out, *pp_dout, *pp_din;
 } snug_model;
+
+/* Pipeline parallelism: whether this rank holds the embedding (the first stage) and the head (the last). */
+static inline int snug_pp_first(const snug_model *m) { return m->pp <= 1 || m->pp_stage == 0; }
+static inline int snug_pp_last(const snug_model *m) { return m->pp <= 1 || m->pp_stage == m->pp - 1; }
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
 int snug_model_grad16(const snug_model *m, int i);
@@ -533,6 +549,17 @@ void snug_model_free_host(snug_model *m);
 
 /* Builds the parameter table for a config (no allocation of model memory). */
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
+/* The global tensors a table holds (pipeline parallelism: a stage's share of the model) */
+enum {
+    SNUG_PARTS_EMBED = 1, /* the token embedding and GPT-2's positions (the first stage) */
+    SNUG_PARTS_HEAD = 2,  /* the final norm and the head, a tied head as the token embedding (the last stage) */
+};
+/* The table of cfg's layers, named as layers l0, l0 + 1, ... of a whole model, with the global tensors of parts. */
+int snug_param_table_build_part(snug_param_table *t, const snug_model_config *cfg, int l0, int parts,
+                                snug_error *e);
+/* Pipeline parallelism: the layers [*l0, *l0 + *n) of stage `stage` of pp over a model of L layers: L / pp each,
+ * the remainder one more each on the stages after the first (which holds the embedding). -1 when L < pp. */
+int snug_pp_layers(int L, int pp, int stage, int *l0, int *n);
 
 /* Tensor parallelism: one rank's share of a model config's blocks over tp ranks (n_head, n_kv_head and
  * intermediate_size divided by tp; the rest as it is). NULL, with why (naming the setting) in *why, where it does
@@ -614,5 +641,12 @@ void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labe
 /* Forward over the current batch. Returns the summed loss over supervised tokens (divide by their count). When
  * grad_scale != 0, also runs backward, accumulating grad_scale * d(loss sum) into m->grads. */
 double snug_model_step(snug_model *m, float grad_scale);
+/* Pipeline parallelism: the current batch through this stage. The first stage embeds the ids; the others read their
+ * input from in (N x C, backend memory: a slot of pp_in). The last stage is snug_model_step from there: the loss,
+ * and backward when grad_scale != 0. Any other stage with dout NULL runs forward only and leaves its output in
+ * pp_out; with dout (the output's gradient, N x C) it runs forward again (the same bits) and then backward from
+ * dout, accumulating grad_scale-scaled gradients, and leaves its input's gradient in pp_din (after the first
+ * stage). Returns the loss sum on the last stage, 0 elsewhere. */
+double snug_model_stage(snug_model *m, float grad_scale, const float *in, const float *dout);
 
 #endif

@@ -268,11 +268,11 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
     return rc;
 }
 
-/* The table of the whole model a streamed file holds: the model's own, or under tensor parallelism the whole model's
- * (built into *own, to be freed). */
+/* The table of the whole model a streamed file holds: the model's own, or under tensor or pipeline parallelism the
+ * whole model's (built into *own, to be freed). */
 static const snug_param_table *whole_table(const snug_model *m, snug_param_table *own, snug_error *e) {
     memset(own, 0, sizeof *own);
-    if (m->tp <= 1)
+    if (m->tp <= 1 && m->pp <= 1)
         return &m->table;
     return snug_param_table_build(own, &m->tp_cfg, e) ? NULL : own;
 }

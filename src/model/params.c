@@ -13,6 +13,8 @@ typedef struct builder {
     snug_param_table *t;
     int cap;
     size_t off;
+    int l0;    /* the whole model's index of layer 0 (a pipeline stage's first layer), in the names */
+    int parts; /* SNUG_PARTS_*: the global tensors the table holds */
 } builder;
 
 static int add(builder *b, const char *name, int ndim, int64_t d0, int64_t d1, int layer, int transposed) {
@@ -48,10 +50,12 @@ static int build_llama(builder *b, const snug_model_config *c) {
     int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
     int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_kv_head * c->head_dim;
     char n[96];
-    int rc = add(b, "model.embed_tokens.weight", 2, V, C, -1, 0);
+    int tied_head = (b->parts & SNUG_PARTS_HEAD) && c->tie_embeddings;
+    int rc = (b->parts & SNUG_PARTS_EMBED) || tied_head ? add(b, "model.embed_tokens.weight", 2, V, C, -1, 0) : 0;
     for (int l = 0; l < c->n_layer && !rc; l++) {
         b->t->layer_offset[l] = b->off;
-#define P(fmt, nd, d0, d1) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), rc |= add(b, n, nd, d0, d1, l, 0))
+#define P(fmt, nd, d0, d1)                                                                                             \
+    (snprintf(n, sizeof n, "model.layers.%d." fmt, b->l0 + l), rc |= add(b, n, nd, d0, d1, l, 0))
         P("input_layernorm.weight", 1, C, 0);
         P("self_attn.q_proj.weight", 2, qd, C);
         P("self_attn.k_proj.weight", 2, kvd, C);
@@ -77,6 +81,8 @@ static int build_llama(builder *b, const snug_model_config *c) {
 #undef P
         b->t->layer_numel[l] = b->off - b->t->layer_offset[l];
     }
+    if (!(b->parts & SNUG_PARTS_HEAD))
+        return rc;
     rc |= add(b, "model.norm.weight", 1, C, 0, -1, 0);
     if (!c->tie_embeddings)
         rc |= add(b, "lm_head.weight", 2, V, C, -1, 0);
@@ -87,11 +93,14 @@ static int build_gpt2(builder *b, const snug_model_config *c) {
     int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
     int qd = c->n_head * c->head_dim; /* C, but a tensor-parallel rank's share of the heads */
     char n[96];
-    int rc = add(b, "transformer.wte.weight", 2, V, C, -1, 0);
-    rc |= add(b, "transformer.wpe.weight", 2, c->max_position, C, -1, 0);
+    int embed = b->parts & SNUG_PARTS_EMBED, head = b->parts & SNUG_PARTS_HEAD; /* GPT-2's head is tied */
+    int rc = embed || head ? add(b, "transformer.wte.weight", 2, V, C, -1, 0) : 0;
+    if (embed)
+        rc |= add(b, "transformer.wpe.weight", 2, c->max_position, C, -1, 0);
     for (int l = 0; l < c->n_layer && !rc; l++) {
         b->t->layer_offset[l] = b->off;
-#define P(fmt, nd, d0, d1, tr) (snprintf(n, sizeof n, "transformer.h.%d." fmt, l), rc |= add(b, n, nd, d0, d1, l, tr))
+#define P(fmt, nd, d0, d1, tr)                                                                                         \
+    (snprintf(n, sizeof n, "transformer.h.%d." fmt, b->l0 + l), rc |= add(b, n, nd, d0, d1, l, tr))
         P("ln_1.weight", 1, C, 0, 0);
         P("ln_1.bias", 1, C, 0, 0);
         P("attn.c_attn.weight", 2, C, 3 * qd, 1); /* Conv1D: file [in, out], flat [out, in]; q, k, v rows */
@@ -109,16 +118,23 @@ static int build_gpt2(builder *b, const snug_model_config *c) {
 #undef P
         b->t->layer_numel[l] = b->off - b->t->layer_offset[l];
     }
-    rc |= add(b, "transformer.ln_f.weight", 1, C, 0, -1, 0);
-    rc |= add(b, "transformer.ln_f.bias", 1, C, 0, -1, 0);
+    if (head) {
+        rc |= add(b, "transformer.ln_f.weight", 1, C, 0, -1, 0);
+        rc |= add(b, "transformer.ln_f.bias", 1, C, 0, -1, 0);
+    }
     return rc;
 }
 
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e) {
+    return snug_param_table_build_part(t, cfg, 0, SNUG_PARTS_EMBED | SNUG_PARTS_HEAD, e);
+}
+
+int snug_param_table_build_part(snug_param_table *t, const snug_model_config *cfg, int l0, int parts,
+                                snug_error *e) {
     memset(t, 0, sizeof *t);
     t->layer_offset = calloc((size_t)cfg->n_layer + 1, sizeof *t->layer_offset);
     t->layer_numel = calloc((size_t)cfg->n_layer + 1, sizeof *t->layer_numel);
-    builder b = {.t = t};
+    builder b = {.t = t, .l0 = l0, .parts = parts};
     int rc = (!t->layer_offset || !t->layer_numel) ? -1
              : cfg->arch == SNUG_ARCH_GPT2        ? build_gpt2(&b, cfg)
                                                   : build_llama(&b, cfg);
@@ -194,4 +210,16 @@ void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int par
         float *w = whole + wr * gc + c0, *x = local + r * cols;
         memcpy(put ? w : x, put ? x : w, cols * sizeof *x);
     }
+}
+
+/* ---- pipeline parallelism ---- */
+
+int snug_pp_layers(int L, int pp, int stage, int *l0, int *n) {
+    if (pp < 1 || L < pp || stage < 0 || stage >= pp)
+        return -1;
+    int base = L / pp, extra = L % pp; /* stages 1..extra take one more */
+    *n = base + (stage >= 1 && stage <= extra);
+    int before = stage - 1 < extra ? stage - 1 : extra; /* the longer stages ahead of this one */
+    *l0 = stage * base + (before > 0 ? before : 0);
+    return 0;
 }

@@ -182,7 +182,20 @@ int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) 
     if (m->tp_vocab) /* the rank's rows of the embedding and the head */
         m->cfg.vocab_size = s->cfg.vocab_size / s->tp;
     m->lv = snug_plan_levers(s);
-    return snug_param_table_build(&m->table, &m->cfg, e);
+    m->pp = s->pp > 1 ? s->pp : 1;
+    m->pp_stage = m->pp > 1 ? s->pp_stage : 0;
+    m->pp_L = s->cfg.n_layer;
+    m->pp_l0 = 0;
+    if (m->pp > 1) { /* the stage's layers, the embedding on the first, the head on the last */
+        int n;
+        if (snug_pp_layers(s->cfg.n_layer, m->pp, m->pp_stage, &m->pp_l0, &n))
+            return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d is more than the model's %d layers: each "
+                             "stage takes at least one; choose at most %d", m->pp, s->cfg.n_layer, s->cfg.n_layer);
+        m->cfg.n_layer = n;
+        m->pp_slots = m->pp - m->pp_stage; /* 1F1B: the micro-batches in flight on this stage at most */
+    }
+    int parts = (snug_pp_first(m) ? SNUG_PARTS_EMBED : 0) | (snug_pp_last(m) ? SNUG_PARTS_HEAD : 0);
+    return snug_param_table_build_part(&m->table, &m->cfg, m->pp_l0, parts, e);
 }
 
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {

@@ -39,6 +39,9 @@ typedef struct snug_plan_spec {
     int tp;                /* tensor_parallel_size: ranks that split every block (0 or 1: none); the plan is one
                             * rank's, its blocks' share of cfg (snug_tp_config) */
     int tp_rank;           /* which of them */
+    int pp;                /* pipeline_parallel_size: stages the layers are split over (0 or 1: none); the plan is
+                            * one stage's (snug_pp_layers) */
+    int pp_stage;          /* which of them */
 } snug_plan_spec;
 
 typedef struct snug_plan {

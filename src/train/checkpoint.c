@@ -61,10 +61,14 @@ static unsigned char *kept_at(const snug_engine *eng, int i) {
 /* Whether kept arena i is this rank's shard (ZeRO: the optimizer state, under 16-bit storage the fp32 master copy,
  * and at stage 3 the parameters), which each rank writes and reads as a file of its own; the others are the same on
  * every rank, and rank 0 writes them. */
+/* The ranks the model is split over (tensor or pipeline parallelism; 1: none) and this rank's place among them. */
+static int split_n(const snug_model *m) { return m->tp > 1 ? m->tp : m->pp > 1 ? m->pp : 1; }
+static int split_rank(const snug_model *m) { return m->tp > 1 ? m->tp_rank : m->pp > 1 ? m->pp_stage : 0; }
+
 static int kept_per_rank(const snug_engine *eng, int i) {
     if (!snug_plan_kept(&eng->model.lv, kept[i].c)) /* a frozen base, sharded or not, is no state */
         return 0;
-    if (eng->model.tp > 1) /* tensor parallelism: each rank's slices, and their optimizer state */
+    if (split_n(&eng->model) > 1) /* tensor (pipeline) parallelism: each rank's slices (layers) and their state */
         return kept_bytes(eng, i) > 0;
     return (kept[i].c == SNUG_MEM_OPTIM && eng->opt.sharded) ||
            (kept[i].c == SNUG_MEM_MASTER && eng->model.master_sharded) ||
@@ -97,18 +101,20 @@ static int is_rank_file(const char *name) {
     return !strncmp(name, "state-", 6) && q && q[5] >= '0' && q[5] <= '9';
 }
 
-/* Under tensor parallelism, whether the data-parallel groups hold the same state (no ZeRO shards it over them) */
+/* Under tensor or pipeline parallelism, whether the data-parallel groups hold the same state (no ZeRO shards it over
+ * them) */
 static int tp_replicated(const snug_engine *eng) {
-    return eng->model.tp > 1 && !eng->opt.sharded && !eng->model.master_sharded && !eng->model.param_sharded;
+    return split_n(&eng->model) > 1 && !eng->opt.sharded && !eng->model.master_sharded && !eng->model.param_sharded;
 }
 
 /* The rank whose files of its own this process reads: its data-parallel rank, or under tensor parallelism its rank
  * in the world (data-parallel rank x tensor_parallel_size + tensor-parallel rank, as the trainer groups them), or
  * its tensor-parallel rank where every data-parallel group holds the same state (the first group's files). */
 static int state_rank(const snug_engine *eng, const snug_setup *s) {
-    if (eng->model.tp <= 1)
+    const snug_model *m = &eng->model;
+    if (split_n(m) <= 1)
         return s->rank;
-    return tp_replicated(eng) ? eng->model.tp_rank : s->rank * eng->model.tp + eng->model.tp_rank;
+    return tp_replicated(eng) ? split_rank(m) : s->rank * split_n(m) + split_rank(m);
 }
 
 /* The rank the files this rank writes are named after (world: its rank in the checkpoint's communicator), or -1
@@ -116,7 +122,7 @@ static int state_rank(const snug_engine *eng, const snug_setup *s) {
 static int file_rank(const snug_engine *eng, const snug_setup *s, int world) {
     if (!tp_replicated(eng))
         return world;
-    return s->rank == 0 ? eng->model.tp_rank : -1;
+    return s->rank == 0 ? split_rank(&eng->model) : -1;
 }
 
 /* ---- what must not change on resume: the settings that change the results ---- */
@@ -134,7 +140,7 @@ static const struct {
     I(long_examples), I(micro_batch_size), I(sample_packing), I(group_by_length), I(pad_to_sequence_len),
     I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
     D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),
-    I(optimizer_in_backward), I(tensor_parallel_size), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed),
+    I(optimizer_in_backward), I(tensor_parallel_size), I(pipeline_parallel_size), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed),
     I(data_seed),
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
     I(tiled_mlp_num_shards), I(adapter), I(lora_r),
@@ -492,7 +498,7 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     snug_write_opts wo = {.direct = 1, .hash = &h};
     /* ZeRO-3 and tensor parallelism: no rank holds the model to write (state.h); under LoRA the model files are the
      * adapters' */
-    if (j->rank == 0 && (!eng->model.param_sharded || eng->model.lora.on) && eng->model.tp <= 1) {
+    if (j->rank == 0 && (!eng->model.param_sharded || eng->model.lora.on) && split_n(&eng->model) <= 1) {
         SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
         if (!eng->model.lora.on)
             list_file(j->files, "model.safetensors", &h);
@@ -868,7 +874,8 @@ static int split_check(const char *dir, split was, split now, int frozen_base, s
 /* Whether kept arena i of a checkpoint split as sp is each rank's file (kept_per_rank of the run that wrote it). */
 static int was_per_rank(const snug_engine *eng, int i, split sp) {
     snug_category c = kept[i].c;
-    if (eng->model.tp > 1) /* tensor_parallel_size is a fixed setting: the checkpoint's split is this run's */
+    if (split_n(&eng->model) > 1) /* a fixed setting (tensor_parallel_size, pipeline_parallel_size): the
+                                   * checkpoint's split is this run's */
         return kept_per_rank(eng, i);
     return sp.ranks > 1 && sp.stage >= 1 && !eng->model.lora.on && /* under LoRA the state (adapters) is whole */
            (c == SNUG_MEM_OPTIM || c == SNUG_MEM_MASTER || (c == SNUG_MEM_PARAMS && sp.stage >= 3)) &&
@@ -996,8 +1003,8 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         json_t *w = json_object_get(was, name), *one = NULL;
         if (!w && !strcmp(name, "loss_vocab_block"))
             w = one = json_integer(0);
-        if (!w && !strcmp(name, "tensor_parallel_size")) /* written before tensor parallelism: none */
-            w = one = json_integer(1);
+        if (!w && (!strcmp(name, "tensor_parallel_size") || !strcmp(name, "pipeline_parallel_size")))
+            w = one = json_integer(1); /* written before tensor (pipeline) parallelism: none */
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[160] = "";
             /* the loss's blocks are resolved by the stage (auto): another stage needs the checkpoint's value set */
@@ -1007,6 +1014,9 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             if (!strcmp(name, "tensor_parallel_size") && w) /* each rank's files hold its slices of the blocks */
                 snprintf(fix, sizeof fix, " (here: tensor_parallel_size: %lld on as many ranks, each reading its "
                          "slices of the blocks)", (long long)json_integer_value(w));
+            if (!strcmp(name, "pipeline_parallel_size") && w) /* each rank's files hold its stage's layers */
+                snprintf(fix, sizeof fix, " (here: pipeline_parallel_size: %lld on as many ranks, each reading its "
+                         "stage's layers)", (long long)json_integer_value(w));
             rc = snug_fail(e, SNUG_EINPUT, "%s: the checkpoint was trained with %s %s, this run has %s; resuming would "
                            "not continue the same run: resume with the checkpoint's settings%s (max_steps, "
                            "learning_rate, the logging and saving keys may change)", dir, name, a ? a : "(none)",
@@ -1019,10 +1029,12 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
     json_decref(now);
     if (!rc)
         rc = split_check(dir, sp_was, sp_now, eng->model.lora.on, e);
-    if (!rc && eng->model.tp > 1 && sp_was.ranks != sp_now.ranks) { /* each rank's files are its world rank's */
-        snprintf(why, sizeof why, "it was trained as %d data-parallel group%s of tensor_parallel_size %d ranks, this "
-                 "run has %d; a tensor-parallel checkpoint resumes on as many ranks (mpirun -np %d)", sp_was.ranks,
-                 sp_was.ranks > 1 ? "s" : "", eng->model.tp, sp_now.ranks, sp_was.ranks * eng->model.tp);
+    if (!rc && split_n(&eng->model) > 1 && sp_was.ranks != sp_now.ranks) { /* each rank's files: its world rank's */
+        int n = split_n(&eng->model);
+        snprintf(why, sizeof why, "it was trained as %d data-parallel group%s of %s %d ranks, this run has %d; such "
+                 "a checkpoint resumes on as many ranks (mpirun -np %d)", sp_was.ranks, sp_was.ranks > 1 ? "s" : "",
+                 eng->model.tp > 1 ? "tensor_parallel_size" : "pipeline_parallel_size", n, sp_now.ranks,
+                 sp_was.ranks * n);
         rc = refuse(e, dir, why);
     }
     if (!rc) {
@@ -1073,7 +1085,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             if (!fi && kept_per_rank(eng, i)) {
                 snprintf(why, sizeof why, "it lists no %s, the shard of %s this rank (%d of %d) reads; the checkpoint "
                          "is from another number of ranks or zero_stage", file, snug_category_name(kept[i].c),
-                         me, eng->model.tp > 1 ? eng->model.tp : s->ranks);
+                         me, split_n(&eng->model) > 1 ? split_n(&eng->model) : s->ranks);
                 rc = refuse(e, dir, why);
             } else if ((size_t)json_integer_value(json_object_get(fi, "bytes")) != want_bytes) {
                 snprintf(why, sizeof why, "%s holds %lld bytes of %s, this run lays out %zu; the checkpoint is from "

@@ -84,6 +84,29 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: tensor_parallel_size %d with zero_stage 3 and optimizer_in_backward is not supported yet (the "
             "step inside stage 3's reduce-scatters does not tell the slices' gradient norm from the whole tensors'); "
             "set optimizer_in_backward: false, or zero_stage: 2", src, o->tensor_parallel_size);
+    /* pipeline parallelism: a full fine-tune, alone among the model splits, with the optimizer after backward */
+    REQUIRE(o->pipeline_parallel_size >= 1 && o->pipeline_parallel_size <= 4096,
+            "%s: pipeline_parallel_size is %d; use 1 (none) to 4096 stages", src, o->pipeline_parallel_size);
+    if (o->pipeline_parallel_size > 1) {
+        int pp = o->pipeline_parallel_size;
+        REQUIRE(o->adapter == SNUG_ADAPTER_NONE,
+                "%s: pipeline_parallel_size %d with adapter %s is not supported yet: pipeline parallelism splits a "
+                "full fine-tune's layers; set pipeline_parallel_size: 1 (data parallelism, with zero_stage: 3 to shard "
+                "the base, suits adapters)", src, pp, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
+        REQUIRE(o->tensor_parallel_size == 1,
+                "%s: pipeline_parallel_size %d with tensor_parallel_size %d is not supported yet; choose one of them "
+                "(data parallelism goes beside either)", src, pp, o->tensor_parallel_size);
+        REQUIRE(o->zero_stage == 0,
+                "%s: pipeline_parallel_size %d with zero_stage %d is not supported yet: each stage already holds only "
+                "its layers' state; set zero_stage: 0 (data parallel groups then use ddp)", src, pp, o->zero_stage);
+        REQUIRE(!o->optimizer_in_backward,
+                "%s: pipeline_parallel_size %d with optimizer_in_backward is not supported: a stage's layers finish "
+                "backward once per micro-batch, and the step waits for every stage's gradient norm; set "
+                "optimizer_in_backward: false", src, pp);
+        REQUIRE(!o->auto_fit,
+                "%s: pipeline_parallel_size %d with auto_fit is not supported yet (every stage must run the same "
+                "micro-batches); set the levers by hand: snug plan shows each stage's memory", src, pp);
+    }
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
     REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||
                 o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],

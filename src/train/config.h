@@ -119,6 +119,8 @@ typedef struct snug_run_config {
     snug_overlap_choice zero_overlap_comm;
     int tensor_parallel_size; /* tensor parallelism over groups of that many ranks (1: none); the world is a
                                * multiple of it, data parallel across the groups */
+    int pipeline_parallel_size; /* pipeline parallelism: the layers in that many stages, one per rank of a group
+                                 * (1: none); the world is a multiple of it, data parallel across the groups */
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
                                * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */

@@ -129,11 +129,12 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
 
 
 int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
-    int ranks = r->ranks, rank = r->rank, tp_rank = r->tp_rank; /* the caller's, the fields set before */
+    int ranks = r->ranks, rank = r->rank, tp_rank = r->tp_rank, pp_stage = r->pp_stage; /* the fields set before */
     memset(r, 0, sizeof *r);
     r->ranks = ranks;
     r->rank = rank;
     r->tp_rank = tp_rank;
+    r->pp_stage = pp_stage;
     r->c = *c;
     SNUG_TRY(open_tokenizer(r, e));
     return resolve_model(r, e);
@@ -262,6 +263,7 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
                         .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint,
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
+                        .pp = c->pipeline_parallel_size,
                         .loss_vocab_block = c->loss_vocab_block,
                         .ddp_bucket_cap_mb = c->ddp_bucket_cap_mb, .comm_deterministic = c->ddp_deterministic,
                         .overlap_comm = c->zero_overlap_comm == SNUG_OVERLAP_ON    ? 1
@@ -320,6 +322,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
     r->spec.ranks = r->ranks;
     r->spec.rank = r->rank;
     r->spec.tp_rank = r->tp_rank;
+    r->spec.pp_stage = r->pp_stage;
     r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {

@@ -26,6 +26,7 @@ typedef struct snug_setup {
     int ranks, rank;          /* data-parallel ranks (0 or 1: one process) and this one: the fields set before
                                * snug_setup_resolve (which keeps them; the rest is zeroed there) */
     int tp_rank;              /* under tensor parallelism: this rank's place among its ranks (set likewise) */
+    int pp_stage;             /* under pipeline parallelism: this rank's stage (set likewise) */
     snug_plan_spec spec;      /* snug_run_spec(&c, &cfg), with ranks */
     snug_plan plan;           /* of spec, before anything is allocated */
     char fit_note[1024];      /* what auto_fit chose and why; "" when auto_fit is off */

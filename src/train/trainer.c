@@ -30,6 +30,7 @@
 #include "train/engine.h"
 #include "train/loss_scale.h"
 #include "train/merge.h"
+#include "train/pipeline.h"
 #include "train/rank_hooks.h"
 #include "train/setup.h"
 #include "train/state.h"
@@ -152,9 +153,9 @@ static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, 
                          "machine with a GPU", o->device == SNUG_BACKEND_AUTO ? "auto, and no GPU is visible" : "cpu");
     if (c->size == 1)
         return 0;
-    const char *why = !o->ddp && o->tensor_parallel_size <= 1
-                          ? "ddp is false and tensor_parallel_size is 1, and snug runs as several ranks only as data "
-                            "parallel or tensor parallelism"
+    const char *why = !o->ddp && o->tensor_parallel_size <= 1 && o->pipeline_parallel_size <= 1
+                          ? "ddp is false and tensor_parallel_size and pipeline_parallel_size are 1, and snug runs as "
+                            "several ranks only as data, tensor or pipeline parallelism"
                       : on_gpu && o->ddp_backend == SNUG_DDP_BACKEND_MPI
                           ? "ddp_backend is mpi on CUDA ranks, which would stage every gradient through host memory "
                             "(not built); use ddp_backend: nccl (the default on GPUs)"
@@ -219,6 +220,24 @@ static int tp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, s
         return snug_fail(e, SNUG_EINPUT, "%d GPU ranks with tensor_parallel_size %d: data parallelism beside tensor "
                          "parallelism runs on CPU ranks only for now; launch %d GPU ranks, or set "
                          "tensor_parallel_size: 1", c->size, t, t);
+    return 0;
+}
+
+/* Pipeline parallelism: the world is groups of pipeline_parallel_size ranks (data parallel across the groups), on
+ * CPU ranks (the NCCL communicator has no point-to-point messages yet). */
+static int pp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
+    int p = o->pipeline_parallel_size;
+    if (c->size % p)
+        return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size is %d but %d rank%s: launch a multiple of it (mpirun "
+                         "-np %d snug train ... for one pipeline, -np %d for 2 data-parallel groups of %d)", p, c->size,
+                         c->size == 1 ? " runs" : "s run", p, 2 * p, p);
+    if (!o->ddp && c->size > p)
+        return snug_fail(e, SNUG_EINPUT, "%d ranks with pipeline_parallel_size %d form %d data-parallel groups, but "
+                         "ddp is false; launch %d ranks, or set ddp: true", c->size, p, c->size / p, p);
+    if (on_gpu)
+        return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d on GPU ranks: pipeline parallelism runs on CPU "
+                         "ranks only for now (the stages' messages are not built on NCCL); set device: cpu, or "
+                         "pipeline_parallel_size: 1 (zero_stage: 3 shards a model too large for one GPU)", p);
     return 0;
 }
 
@@ -382,6 +401,27 @@ static int tp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e)
     return 0;
 }
 
+/* Pipeline parallelism: tensor i of the whole model into dst on every rank, broadcast from the stage holding it (the
+ * first for the embedding, a tied head's too). */
+static int pp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e) {
+    const snug_model *m = ms->m;
+    const snug_param_table *w = &ms->whole;
+    const snug_param_entry *g = &w->e[i];
+    int owner = g->offset < w->layer_offset[0] ? 0 : m->pp - 1, l0, n;
+    for (int q = 0; g->layer >= 0 && q < m->pp; q++)
+        if (!snug_pp_layers(m->pp_L, m->pp, q, &l0, &n) && g->layer >= l0 && g->layer < l0 + n)
+            owner = q;
+    if (owner == m->pp_stage) {
+        int j = 0;
+        while (j < m->table.n && strcmp(m->table.e[j].name, g->name))
+            j++;
+        if (j == m->table.n) /* the layout and the whole table disagree: a bug, not an input */
+            return snug_fail(e, SNUG_EINTERNAL, "stage %d holds no '%s' to save", m->pp_stage, g->name);
+        SNUG_TRY(tp_local_f32(m, j, dst, e));
+    }
+    return ms->tpc->broadcast(ms->tpc, dst, g->numel, SNUG_COMM_F32 | SNUG_COMM_HOST, owner, e);
+}
+
 /* Tensor i of the table gathered from the data-parallel ranks' shards into dst (its numel floats) on every rank. */
 static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
@@ -425,7 +465,9 @@ static int master_fill(void *ud, int i, float *dst, snug_error *e) {
         ms->agreed = 1;
         return rc;
     }
-    if ((rc = ms->m->tp > 1 ? tp_gather_tensor(ms, i, dst, e) : master_gather(ms, i, dst, e)))
+    if ((rc = ms->m->tp > 1   ? tp_gather_tensor(ms, i, dst, e)
+              : ms->m->pp > 1 ? pp_gather_tensor(ms, i, dst, e)
+                              : master_gather(ms, i, dst, e)))
         *ms->broken = 1;
     return rc;
 }
@@ -442,8 +484,9 @@ static int stream_save(run *r, snug_comm *c, snug_comm *dpc, snug_comm *tpc, con
     int use_shard = m->master_sharded || m->param_sharded; /* the master copy or the parameters are shards */
     master_stream ms = {.comm = c, .dpc = dpc, .tpc = tpc, .m = m, .shard = use_shard ? shard : NULL,
                         .counts = calloc((size_t)c->size, sizeof(size_t)), .broken = broken};
-    int rc = m->tp > 1 ? snug_param_table_build(&ms.whole, &m->tp_cfg, e) : 0;
-    const snug_param_table *t = m->tp > 1 ? &ms.whole : &m->table; /* the tensors of the file */
+    int split = m->tp > 1 || m->pp > 1; /* tensor or pipeline parallelism: the whole model's table */
+    int rc = split ? snug_param_table_build(&ms.whole, &m->tp_cfg, e) : 0;
+    const snug_param_table *t = split ? &ms.whole : &m->table; /* the tensors of the file */
     int n = t->n, *order = c->rank ? malloc((size_t)n * sizeof *order) : NULL;
     size_t largest = 0;
     for (int i = 0; i < n; i++)
@@ -512,7 +555,7 @@ static snug_batching_opts batching_opts(const run *r, int shuffle) {
  * Several ranks share the micro-batches, k on rank k % size; each micro-batch's loss lands in its own slot of an
  * array the ranks sum, where every slot has one non-zero term, so the sum is exact and the mean, added in micro-batch
  * order, has the bits of one process's. */
-static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, double *val, snug_error *e) {
+static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, snug_pipe *pipe, double *val, snug_error *e) {
     snug_loader vl;
     snug_error le = {0};
     snug_batching_opts bo = batching_opts(r, 0);
@@ -534,7 +577,15 @@ static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, double *val, snug
         loss[n] = 0;
         if ((int)(n % (size_t)c->size) == c->rank) {
             snug_model_set_batch(&r->eng.model, mb.ids, mb.labels, mb.pos, mb.seg, mb.rows, mb.T);
-            loss[n] = snug_model_step(&r->eng.model, 0.0f);
+            int rc = 0;
+            if (!pipe)
+                loss[n] = snug_model_step(&r->eng.model, 0.0f);
+            else if ((rc = snug_pipe_forward(pipe, &r->eng.model, &loss[n], e))) /* through the stages */
+                free(loss);
+            if (rc) {
+                snug_loader_free(&vl);
+                return rc;
+            }
         } else { /* ZeRO-3: every rank joins the gathers of every micro-batch's forward */
             snug_model_skip_step(&r->eng.model, 0);
         }
@@ -543,6 +594,8 @@ static int evaluate(run *r, snug_micro_batch mb, snug_comm *c, double *val, snug
     }
     snug_loader_free(&vl);
     int rc = c->size > 1 && n ? c->allreduce_sum(c, loss, n, SNUG_COMM_F64 | SNUG_COMM_HOST, e) : 0;
+    if (!rc && pipe && n) /* the last stage's losses */
+        rc = pipe->c->allreduce_sum(pipe->c, loss, n, SNUG_COMM_F64 | SNUG_COMM_HOST, e);
     double sum = 0;
     for (size_t i = 0; !rc && i < n; i++)
         sum += loss[i];
@@ -571,9 +624,9 @@ static void print_sample(run *r, FILE *out) {
         return;
     /* at stage 3 no rank holds the whole model to generate with (offload_params alone keeps it whole in host
      * memory, read from there) */
-    if (r->eng.model.tp > 1) { /* its forward takes every rank */
-        fprintf(out, "\nno sample: under tensor parallelism no rank holds the whole model; sample from the saved "
-                "folder with snug generate\n");
+    if (r->eng.model.tp > 1 || r->eng.model.pp > 1) { /* its forward takes every rank */
+        fprintf(out, "\nno sample: under %s parallelism no rank holds the whole model; sample from the saved "
+                "folder with snug generate\n", r->eng.model.tp > 1 ? "tensor" : "pipeline");
         return;
     }
     if ((r->eng.model.param_sharded || r->eng.model.q4_sharded) && r->s.ranks > 1 && o->zero_stage >= 3) {
@@ -758,18 +811,21 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     /* tensor parallelism: groups of tpn consecutive ranks (tp, ranked by rank % tpn) split every block and run the
      * same micro-batches; the data-parallel groups (dp) are the ranks of one place in every group (ranked by
      * rank / tpn), or this rank alone when there is one group. So the world's rank is dp rank x tpn + tp rank. */
+    /* Pipeline parallelism groups its stages the same way (ppn consecutive ranks, the stage its rank in tp, the
+     * pipeline's communicator; the configuration refuses both splits at once). */
     int tpn = config->tensor_parallel_size > 1 ? config->tensor_parallel_size : 1;
-    snug_comm self, tpc = {0}, dpc = {0}, *dp = &comm, *tp = &comm;
+    int ppn = config->pipeline_parallel_size > 1 ? config->pipeline_parallel_size : 1, gn = tpn > 1 ? tpn : ppn;
+    snug_comm self, tpc = {0}, dpc = {0}, endc = {0}, *dp = &comm, *tp = &comm;
     snug_comm_self_init(&self);
-    int rc = tpn > 1 ? tp_refuse(config, &comm, on_gpu, e) : 0;
+    int rc = tpn > 1 ? tp_refuse(config, &comm, on_gpu, e) : ppn > 1 ? pp_refuse(config, &comm, on_gpu, e) : 0;
     if (!rc) /* the backend's choice holds for tensor parallelism's sums too */
         rc = ddp_refuse(config, &comm, on_gpu, e);
-    if (!rc && tpn > 1 && comm.size == tpn) {
+    if (!rc && gn > 1 && comm.size == gn) {
         dp = &self;
-    } else if (!rc && tpn > 1) {
-        rc = comm.split(&comm, comm.rank / tpn, comm.rank % tpn, &tpc, e);
+    } else if (!rc && gn > 1) {
+        rc = comm.split(&comm, comm.rank / gn, comm.rank % gn, &tpc, e);
         if (!rc)
-            rc = comm.split(&comm, comm.rank % tpn, comm.rank / tpn, &dpc, e);
+            rc = comm.split(&comm, comm.rank % gn, comm.rank / gn, &dpc, e);
         tp = &tpc;
         dp = &dpc;
     }
@@ -781,6 +837,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.s.ranks = dp->size; /* ranks that sum gradients keep them fp32, as accumulation does */
     r.s.rank = dp->rank;  /* and under ZeRO each plans its own shard */
     r.s.tp_rank = tpn > 1 ? tp->rank : 0;
+    r.s.pp_stage = ppn > 1 ? tp->rank : 0;
     /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
      * stage) takes the checkpoint's, so that it continues the same loss on another stage */
     char resume[4096] = "";
@@ -903,6 +960,35 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = snug_param_table_build(&tp_whole, &r.s.cfg, e);
         if (!rc && !(tph.counts = calloc((size_t)tp->size, sizeof *tph.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for tensor parallelism");
+    }
+    snug_pipe pipe = {.c = tp};
+    if (ppn > 1) {
+        fprintf(out, "  pipeline parallel    %d stages (%s, launched by %s), 1F1B over each step's %d micro-batch%s "
+                "(the bubble: %d of every %d stage-slots idle); per micro-batch %d x %d floats to the next stage and "
+                "their gradient back; a stage before the last keeps each micro-batch's input and runs its forward "
+                "again before its backward\n", ppn, comm.name, launch.launcher, GAr, GAr == 1 ? "" : "es", ppn - 1,
+                GAr + ppn - 1, B * T, r.s.cfg.hidden_size);
+        for (int q = 0; q < ppn; q++) {
+            int l0, nl;
+            snug_pp_layers(r.s.cfg.n_layer, ppn, q, &l0, &nl);
+            fprintf(out, "                       stage %d: layers %d-%d%s%s\n", q, l0, l0 + nl - 1,
+                    q == 0 ? ", the embedding" : "",
+                    q < ppn - 1 ? ""
+                    : r.s.cfg.tie_embeddings ? ", the final norm, the tied head (the embedding again, its gradient "
+                                               "summed with stage 0's)"
+                                             : ", the final norm, the head");
+        }
+        if (GAr < ppn)
+            fprintf(out, "                       (gradient_accumulation_steps %d < %d stages: some stage is always "
+                    "idle; raise it to keep the pipeline full)\n", GAr, ppn);
+        /* a tied head: the first and last stages sum its gradient (the pipeline itself when there are two) */
+        if (!rc && r.s.cfg.tie_embeddings && ppn > 2) {
+            int end = tp->rank == 0 || tp->rank == ppn - 1;
+            rc = tp->split(tp, end ? 0 : 1, tp->rank, &endc, e);
+            pipe.ends = end ? &endc : NULL;
+        } else if (r.s.cfg.tie_embeddings) {
+            pipe.ends = tp;
+        }
     }
 
     size_t BT = (size_t)B * T;
@@ -1114,7 +1200,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             zero_grads(&r.eng.model);
         }
         double loss_sum = 0;
-        for (int k = k0; k < k1; k++) {
+        /* pipeline parallelism: the rank's micro-batches through the stages (1F1B), the last stage's loss summed
+         * over the pipeline */
+        if (ppn > 1 && ((rc = snug_pipe_step(&pipe, &r.eng.model, mb + k0, k1 - k0, scale * ls.scale,
+                                             bucketed ? snug_ddp_bucket_ready : NULL, &buckets, &loss_sum, e)) ||
+                        (rc = tp->allreduce_sum(tp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
+            broken = 1;
+            break;
+        }
+        for (int k = k0; k < k1 && ppn <= 1; k++) {
             if (bucketed) {
                 r.eng.model.on_grads_ready = k == k1 - 1 ? snug_ddp_bucket_ready : NULL;
                 r.eng.model.on_grads_ready_ud = &buckets;
@@ -1173,6 +1267,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             broken = 1;
             break;
         }
+        if (ppn > 1 && (rc = snug_pipe_tied_sum(&pipe, &r.eng.model, e))) { /* a tied head's two parts */
+            broken = 1;
+            break;
+        }
         double loss = nsup ? loss_sum / (double)nsup : 0;
         /* a loss that is no number: what a step would write (and the model saved at the end) would be NaN; stop
          * with the checkpoints as they are (fp16's loss scaler handles overflow itself). Every rank has the sum. */
@@ -1205,6 +1303,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     broken = 1;
                     break;
                 }
+            } else if (ppn > 1) {
+                if ((rc = snug_pipe_grad_norm(&pipe, &r.eng.model, 1.0f / ls.scale, &norm, e))) {
+                    broken = 1;
+                    break;
+                }
             } else if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
                 norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
             } else if ((rc = zero_grad_norm(dp, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
@@ -1233,7 +1336,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double val = NAN;
         if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
                                   (o->eval_steps == 0 && epoch_end) || step + 1 == total) &&
-            ((rc = evaluate(&r, mb[0], dp, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
+            ((rc = evaluate(&r, mb[0], dp, ppn > 1 ? &pipe : NULL, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
             if ((z3.rc || tph.rc) && e)
                 *e = z3.rc ? z3.e : tph.e;
             broken = 1;
@@ -1343,14 +1446,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
-    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded || tpn > 1) &&
+    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded || gn > 1) &&
         !r.eng.model.lora.on) {
         /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
          * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
-        rc = stream_save(&r, &comm, dp, tpn > 1 ? tp : NULL, shard, &broken, e);
+        rc = stream_save(&r, &comm, dp, gn > 1 ? tp : NULL, shard, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }
@@ -1393,7 +1496,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         print_sample(&r, out);
     }
     /* under ZeRO (and tensor parallelism) each rank plans its own shard (slices): each writes its memory */
-    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || tpn > 1)) {
+    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || gn > 1)) {
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             measured[c] = r.eng.arenas.a[c].peak;
@@ -1422,6 +1525,7 @@ done:
     if (rc && comm.size > 1 && e)
         snug_error_wrap(e, "rank %d of %d: ", comm.rank, comm.size);
     if (!broken) { /* MPI_Finalize only when every rank reaches it */
+        snug_comm_close(&endc);
         snug_comm_close(&tpc);
         snug_comm_close(&dpc);
         snug_comm_close(&comm);

@@ -4,13 +4,19 @@
  *                           a count over one gathered piece), broadcast and barrier; the reduce-scatter over uneven
  *                           segments (one over a gathered piece, one empty) is the rank-order sum in each owner's
  *                           segment in the deterministic mode and within fp32 rounding of it otherwise, and the
- *                           all-gather puts every owner's segment on every rank (fp32 and 16-bit values)
+ *                           all-gather puts every owner's segment on every rank (fp32 and 16-bit values); then
+ *                           point to point (p2p_test): a ring exchange both ways of flagged sends, which deadlocks
+ *                           unless they return at once, every value exact; unflagged sends between ranks 0 and 1
+ *                           (float64 and 16-bit bit for bit, with the signature check on); a bad peer and a count
+ *                           that does not pair are errors
  *   test_comm_mpi paths     the collectives over awkward counts (odd, not divisible by the ranks, over several of
  *                           the shared-memory path's rounds, empty segments) in float, double, int64 and 16-bit:
  *                           the sums are the rank-order sum bit for bit in the deterministic mode (and on the
  *                           shared-memory path in both modes, within fp32 rounding of it on MPI's own), the
  *                           all-gathers exact; prints the communicator's name and a digest of every result, which
  *                           test_ddp.sh compares between the shared-memory path and SNUG_MPI_SHM=0 (MPI's own)
+ *   test_comm_mpi split     groups by rank parity, ranked from the last rank down: each group's sum test and its
+ *                           point-to-point messages (by the group's ranks), the world's sums still whole after
  *   test_comm_mpi mismatch  with the signature check, rank 1 all-reduces one element more: every rank fails naming
  *                           the mismatch
  *   test_comm_mpi shards    with the signature check, rank 1 reduce-scatters with other counts (the same total):
@@ -198,6 +204,122 @@ static int paths_test(snug_comm *c, snug_error *e) {
     return 0;
 }
 
+/* ---- point to point ---- */
+
+/* Whether call failed with an error naming want (then cleared), not succeeded or failed otherwise. */
+static int fails_naming(int rc, snug_error *e, const char *want) {
+    int ok = rc != 0 && strstr(e->msg, want) != NULL;
+    if (ok)
+        *e = (snug_error){0};
+    return ok;
+}
+
+/* The messages of c: a ring exchange both ways, pairs of ranks 0 and 1, bad peers. world is this rank's rank in the
+ * world, which every value sent carries, so the receiver knows that c's ranks (not the world's) chose the peer. */
+static int p2p_test(snug_comm *c, int world, snug_error *e) {
+    if (!c->send || !c->recv || c->size > 64)
+        return snug_fail(e, SNUG_EINTERNAL, "the %s communicator has no point-to-point messages", c->name);
+    double timeout = c->timeout_s;
+    int64_t worlds[64] = {0}; /* c's rank r is the world's rank worlds[r] */
+    worlds[c->rank] = world;
+    SNUG_TRY(c->allreduce_sum(c, worlds, (size_t)c->size, SNUG_COMM_I64, e));
+    uint64_t seq = c->seq;
+    float v = 1;
+    /* bad peers: errors, on every rank, with nothing sent */
+    if (!fails_naming(c->send(c, &v, 1, SNUG_COMM_F32, c->size, e), e, "the peer must be another rank") ||
+        !fails_naming(c->recv(c, &v, 1, SNUG_COMM_F32, -1, e), e, "the peer must be another rank") ||
+        !fails_naming(c->send(c, &v, 1, SNUG_COMM_F32 | SNUG_COMM_ASYNC, c->rank, e), e, "the peer must be another"))
+        return snug_fail(e, SNUG_EINTERNAL, "a send or receive to a peer outside the communicator (or to itself) "
+                         "did not fail naming it%s%s", e->msg[0] ? ": " : "", e->msg);
+    if (c->size < 2)
+        return c->seq == seq ? 0 : snug_fail(e, SNUG_EINTERNAL, "the failed messages counted as collectives");
+    c->timeout_s = 60; /* a deadlock fails instead of hanging */
+    /* the ring, both ways at once: over MPI's eager limit, so a send that waited for its receiver would deadlock */
+    size_t n = ((size_t)3 << 20) + 5;
+    float *out[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    float *in[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    if (!out[0] || !out[1] || !in[0] || !in[1])
+        return snug_fail(e, SNUG_ENOMEM, "out of memory");
+    int next = (c->rank + 1) % c->size, prev = (c->rank + c->size - 1) % c->size;
+    for (int w = 0; w < 2; w++) /* way 0 to the next rank, way 1 to the previous one */
+        for (size_t i = 0; i < n; i++)
+            value(&out[w][i], SNUG_COMM_F32, world + 64 * w, i);
+    SNUG_TRY(c->send(c, out[0], n, SNUG_COMM_F32 | SNUG_COMM_ASYNC, next, e));
+    SNUG_TRY(c->send(c, out[1], n, SNUG_COMM_F32 | SNUG_COMM_ASYNC, prev, e));
+    SNUG_TRY(c->recv(c, in[0], n, SNUG_COMM_F32, prev, e));
+    SNUG_TRY(c->recv(c, in[1], n, SNUG_COMM_F32, next, e));
+    SNUG_TRY(c->wait(c, e));
+    for (int w = 0; w < 2; w++)
+        for (size_t i = 0; i < n; i++) {
+            float want;
+            value(&want, SNUG_COMM_F32, (int)worlds[w ? next : prev] + 64 * w, i);
+            if (memcmp(&in[w][i], &want, sizeof want))
+                return snug_fail(e, SNUG_EINTERNAL, "the ring exchange to the %s rank: element %zu of %zu from rank "
+                                 "%d is %.9g, not %.9g", w ? "previous" : "next", i, n, w ? next : prev, in[w][i],
+                                 want);
+        }
+    free(out[0]), free(out[1]), free(in[0]), free(in[1]);
+    /* unflagged, between ranks 0 and 1 only (the others must not be needed: the signature check on must not make
+     * them collective): float64 over the eager limit from 0 to 1, 16-bit values back, every bit */
+    int check = c->check;
+    c->check = 1;
+    size_t nd = 1000003, nh = 65536 + 3;
+    double *d = malloc(nd * sizeof *d);
+    uint16_t *h = malloc(nh * sizeof *h);
+    if (!d || !h)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory");
+    static const double odd[] = {-0.0, 5e-324, INFINITY, -INFINITY, 0x1.fffffffffffffp+1023, NAN};
+    const size_t nodd = sizeof odd / sizeof *odd;
+    for (size_t i = 0; c->rank < 2 && i < nd; i++) {
+        value(&d[i], SNUG_COMM_F64, world, i);
+        if (i < nodd)
+            d[i] = odd[i];
+        if (c->rank == 1)
+            d[i] = 42; /* garbage, to be overwritten */
+    }
+    for (size_t i = 0; c->rank < 2 && i < nh; i++)
+        h[i] = c->rank == 1 ? (uint16_t)(i * 40503u + (size_t)world) : 7;
+    if (c->rank == 0) {
+        SNUG_TRY(c->send(c, d, nd, SNUG_COMM_F64, 1, e));
+        SNUG_TRY(c->recv(c, h, nh, SNUG_COMM_U16 | SNUG_COMM_HOST, 1, e));
+    } else if (c->rank == 1) {
+        SNUG_TRY(c->recv(c, d, nd, SNUG_COMM_F64, 0, e));
+        SNUG_TRY(c->send(c, h, nh, SNUG_COMM_U16 | SNUG_COMM_HOST, 0, e));
+    }
+    for (size_t i = 0; c->rank < 2 && i < nd; i++) {
+        double want;
+        value(&want, SNUG_COMM_F64, (int)worlds[0], i);
+        want = i < nodd ? odd[i] : want;
+        if (memcmp(&d[i], &want, sizeof want))
+            return snug_fail(e, SNUG_EINTERNAL, "the float64 message from rank 0: element %zu is %.17g, not %.17g", i,
+                             d[i], want);
+    }
+    for (size_t i = 0; c->rank < 2 && i < nh; i++)
+        if (h[i] != (uint16_t)(i * 40503u + (size_t)worlds[1]))
+            return snug_fail(e, SNUG_EINTERNAL, "the 16-bit message from rank 1: element %zu is %u", i, h[i]);
+    free(d), free(h);
+    c->check = check;
+    if (c->seq != seq)
+        return snug_fail(e, SNUG_EINTERNAL, "point-to-point messages counted as collectives (seq %llu, not %llu)",
+                         (unsigned long long)c->seq, (unsigned long long)seq);
+    /* a count that does not pair: 5 elements sent, 7 expected */
+    int64_t k[7] = {0};
+    if (c->rank == 0)
+        SNUG_TRY(c->send(c, k, 5, SNUG_COMM_I64, 1, e));
+    else if (c->rank == 1 && !fails_naming(c->recv(c, k, 7, SNUG_COMM_I64, 0, e), e, "of 5 elements where 7 were"))
+        return snug_fail(e, SNUG_EINTERNAL, "a receive of 7 elements where 5 were sent did not fail naming it%s%s",
+                         e->msg[0] ? ": " : "", e->msg);
+    /* a receive that no send pairs: rank 1 fails after 1 s naming it (last: the peer sends nothing more) */
+    c->timeout_s = 1;
+    if (c->rank == 1 && !fails_naming(c->recv(c, k, 7, SNUG_COMM_I64, 0, e), e,
+                                      "recv from rank 0 (7 int64) not complete after 1 s: rank 0 has died"))
+        return snug_fail(e, SNUG_EINTERNAL, "a receive that no send pairs did not time out naming it%s%s",
+                         e->msg[0] ? ": " : "", e->msg);
+    c->timeout_s = timeout;
+    printf("rank %d: point to point over %d ranks (%s)\n", world, c->size, c->name);
+    return c->barrier(c, e);
+}
+
 static int sum_test(snug_comm *c, snug_error *e) {
     size_t n = ((size_t)1 << 20) + 37; /* one piece and a bit */
     float *x = malloc(n * sizeof *x), *want = malloc(n * sizeof *want);
@@ -246,6 +368,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "sum")) {
         rc = sum_test(&c, &e);
+        if (!rc)
+            rc = p2p_test(&c, c.rank, &e);
     } else if (!strcmp(mode, "paths")) {
         rc = paths_test(&c, &e);
     } else if (!strcmp(mode, "split")) {
@@ -259,6 +383,8 @@ int main(int argc, char **argv) {
                            g.size, want - 1 - c.rank / 2, want);
         if (!rc)
             rc = sum_test(&g, &e);
+        if (!rc) /* at 3 ranks, group 0 is world ranks 2 and 0, in that order: its messages go by its own ranks */
+            rc = p2p_test(&g, c.rank, &e);
         if (!rc)
             printf("rank %d: group %d of %d ranks (%s)\n", c.rank, c.rank % 2, g.size, g.name);
         int64_t one = 1;
