@@ -73,6 +73,8 @@ set_tests_properties(cli_test_ddp PROPERTIES SKIP_RETURN_CODE 77)
 set_tests_properties(cli_test_zero PROPERTIES SKIP_RETURN_CODE 77)
 # Tensor parallelism over MPI ranks against one process (tests/cli/test_tp.sh): skipped (exit 77) the same way.
 set_tests_properties(cli_test_tp PROPERTIES SKIP_RETURN_CODE 77)
+# Pipeline parallelism over MPI ranks against one process (tests/cli/test_pp.sh): skipped (exit 77) the same way.
+set_tests_properties(cli_test_pp PROPERTIES SKIP_RETURN_CODE 77)
 # The MPI communicator's own checks (tests/dist/test_comm_mpi.c), run under mpirun by test_ddp.sh.
 if(TARGET MPI::MPI_C)
   add_executable(test_comm_mpi ${CMAKE_SOURCE_DIR}/tests/dist/test_comm_mpi.c)

@@ -103,6 +103,9 @@ typedef struct report {
     int mode_choice;                /* the stage that fits at the least predicted step time; -1 none */
     int fewest_gpus;                /* none fits: the fewest GPUs over which one does (0: none up to MAX_GPUS) */
     snug_rank_mode fewest;          /* the mode chosen there */
+    /* pipeline_parallel_size: each stage's parameters and planned bytes; the plan printed is the heaviest's */
+    long long *pp_params;
+    double *pp_total;
 } report;
 
 /* When each category is in use, and where the step's peak falls. */
@@ -425,6 +428,8 @@ static int build(report *r, snug_error *e) {
 }
 
 static void report_free(report *r) {
+    free(r->pp_params);
+    free(r->pp_total);
     if (r->own_cuda)
         snug_fit_space_free(&r->cuda);
     snug_fit_space_free(&r->space);
@@ -432,10 +437,10 @@ static void report_free(report *r) {
 
 /* ---- text ---- */
 
-/* The model's parameters (under tensor parallelism the plan's are one rank's share) */
+/* The model's parameters (under tensor or pipeline parallelism the plan's are one rank's share) */
 static double whole_params(const snug_setup *p) {
     snug_param_table t;
-    if (p->spec.tp <= 1 || snug_param_table_build(&t, &p->cfg, NULL))
+    if ((p->spec.tp <= 1 && p->spec.pp <= 1) || snug_param_table_build(&t, &p->cfg, NULL))
         return (double)p->plan.nparams;
     double n = (double)t.total;
     snug_param_table_free(&t);
@@ -494,6 +499,25 @@ static void print_text(const report *r, FILE *f) {
         if (r->a->g && r->a->g->link_gbps > 0)
             fprintf(f, "               %.1f ms of collectives at %.0f GB/s, in line with the compute\n",
                     1e3 * bytes / (r->a->g->link_gbps * 1e9), r->a->g->link_gbps);
+    }
+    if (p->spec.pp > 1) { /* the plan below is the heaviest stage's */
+        int P = p->spec.pp, m = o->gradient_accumulation_steps;
+        fmtb(b, sizeof b, (double)p->spec.B * p->spec.T * c->hidden_size * sizeof(float));
+        fprintf(f, "  pipeline     %d stages of the layers, 1F1B over %d micro-batch%s per step (a stage's forward run "
+                "again before its backward; %d of every %d stage-slots idle); the memory below is stage %d's, the "
+                "heaviest:\n", P, m, m == 1 ? "" : "es", P - 1, m + P - 1, p->spec.pp_stage);
+        for (int q = 0; q < P; q++) {
+            int l0, n;
+            char n1[32];
+            snug_pp_layers(c->n_layer, P, q, &l0, &n);
+            count_text(n1, sizeof n1, (double)r->pp_params[q]);
+            fmtb(a, sizeof a, r->pp_total[q]);
+            char span[32];
+            snprintf(span, sizeof span, n == 1 ? "layer %d" : "layers %d-%d", l0, l0 + n - 1);
+            fprintf(f, "               stage %d: %s%s: %s parameters, %s\n", q, span,
+                    q == 0 && P > 1 ? " and the embedding" : q == P - 1 ? " and the head" : "", n1, a);
+        }
+        fprintf(f, "               per micro-batch and stage boundary %s forward and its gradient back\n", b);
     }
     if (p->fit_note[0])
         fprintf(f, "  %s\n", p->fit_note);
@@ -695,6 +719,17 @@ static json_t *report_json(const report *r) {
         json_object_set_new(j, "tensor_parallel", json_pack("{s:i, s:I, s:i, s:f}", "ranks", p->spec.tp,
                                                             "parameters_per_rank", (json_int_t)pl->nparams,
                                                             "allreduces_per_step", nar, "bytes_sent_per_rank", bytes));
+    }
+    if (p->spec.pp > 1) { /* the memory is the heaviest stage's */
+        json_t *st = json_array();
+        for (int q = 0; q < p->spec.pp; q++) {
+            int l0, n;
+            snug_pp_layers(c->n_layer, p->spec.pp, q, &l0, &n);
+            json_array_append_new(st, json_pack("{s:i, s:i, s:I, s:f}", "first_layer", l0, "layers", n, "parameters",
+                                                (json_int_t)r->pp_params[q], "bytes", r->pp_total[q]));
+        }
+        json_object_set_new(j, "pipeline_parallel", json_pack("{s:i, s:i, s:o}", "stages", p->spec.pp, "planned_stage",
+                                                              p->spec.pp_stage, "per_stage", st));
     }
     const snug_levers *lv = &p->spec.lv;
     json_object_set_new(j, "levers", snug_levers_json(&p->spec, pl));
@@ -939,6 +974,27 @@ static json_t *ranks_json(const report *r) {
                      fewest);
 }
 
+/* Pipeline parallelism: every stage planned; the setup's plan becomes the heaviest stage's. */
+static int plan_stages(report *r, snug_error *e) {
+    snug_setup *p = r->p;
+    int P = p->spec.pp, heavy = 0;
+    r->pp_params = calloc((size_t)P, sizeof *r->pp_params);
+    r->pp_total = calloc((size_t)P, sizeof *r->pp_total);
+    if (!r->pp_params || !r->pp_total)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory planning the stages");
+    for (int q = 0; q < P; q++) {
+        snug_plan_spec s = p->spec;
+        snug_plan pl;
+        s.pp_stage = q;
+        SNUG_TRY(snug_plan_run(&pl, &s, e));
+        r->pp_params[q] = pl.nparams;
+        r->pp_total[q] = (double)(pl.total + pl.host_total);
+        heavy = r->pp_total[q] > r->pp_total[heavy] ? q : heavy;
+    }
+    p->pp_stage = p->spec.pp_stage = heavy;
+    return snug_plan_run(&p->plan, &p->spec, e);
+}
+
 int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, snug_error *e) {
     report *r = calloc(1, sizeof *r);
     snug_setup *p = calloc(1, sizeof *p);
@@ -956,7 +1012,12 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
                  ? snug_fail(e, SNUG_EINPUT, "command line: --gpus %d plans data parallelism over GPUs, which does "
                              "not run beside tensor parallelism on GPUs yet; with tensor_parallel_size %d the plan is "
                              "already one rank's: drop --gpus", a->gpus, o->tensor_parallel_size)
+             : (a->gpus > 1 || r->kind == SNUG_DEVICE_CUDA) && o->pipeline_parallel_size > 1
+                 ? snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d: pipeline parallelism runs on CPU ranks only "
+                             "for now; plan it with --backend cpu (and without --gpus)", o->pipeline_parallel_size)
                  : snug_setup_resolve(p, o, r->kind, e);
+    if (!rc && p->spec.pp > 1)
+        rc = plan_stages(r, e);
     if (!rc) { /* the data when it can be read: its size prices the run and the host memory */
         r->data_host_bytes = p->data_host_est;
         snug_error de = {0};

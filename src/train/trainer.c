@@ -971,7 +971,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         for (int q = 0; q < ppn; q++) {
             int l0, nl;
             snug_pp_layers(r.s.cfg.n_layer, ppn, q, &l0, &nl);
-            fprintf(out, "                       stage %d: layers %d-%d%s%s\n", q, l0, l0 + nl - 1,
+            char span[32];
+            snprintf(span, sizeof span, nl == 1 ? "layer %d" : "layers %d-%d", l0, l0 + nl - 1);
+            fprintf(out, "                       stage %d: %s%s%s\n", q, span,
                     q == 0 ? ", the embedding" : "",
                     q < ppn - 1 ? ""
                     : r.s.cfg.tie_embeddings ? ", the final norm, the tied head (the embedding again, its gradient "

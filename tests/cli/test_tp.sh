@@ -18,6 +18,7 @@ SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
 NAME=test_tp
 . "$SRC/tests/cli/ranks.sh"
+. "$SRC/tests/cli/noise_floor.sh"
 
 python3 - "$W/text.jsonl" <<'PY'
 import json, random, sys
@@ -35,26 +36,6 @@ printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/i
 common="$W/ids.yaml $tok --base_model $W/base --max_steps 1 --micro_batch_size 2"
 skip_without_mpi --tensor_parallel_size 2
 
-# nudge SRC DST BIT: a copy of the folder SRC whose F32 weights each have mantissa bit BIT flipped (0: one fp32 unit
-# in the last place; 16: one bf16 unit, the last bit bf16 keeps)
-nudge() {
-  cp -r "$1" "$2" && python3 - "$2/model.safetensors" "$3" <<'PY'
-import array, json, struct, sys
-path, bit = sys.argv[1], int(sys.argv[2])
-b = bytearray(open(path, "rb").read())
-n = struct.unpack("<Q", b[:8])[0]
-for name, t in json.loads(b[8:8 + n]).items():
-    if name == "__metadata__" or t["dtype"] != "F32":
-        continue
-    s, e = t["data_offsets"]
-    u = array.array("I")
-    u.frombytes(bytes(b[8 + n + s:8 + n + e]))
-    for k in range(len(u)):
-        u[k] ^= 1 << bit
-    b[8 + n + s:8 + n + e] = u.tobytes()
-open(path, "wb").write(b)
-PY
-}
 # $W/biased: the untied base with attention_bias and mlp_bias: a random bias on every linear layer (q/k/v and
 # gate/up biases are sliced with their rows; o_proj's and down_proj's stay whole, added once)
 python3 - "$W/base" "$W/biased" <<'PY' || { echo "FAIL: the biased base"; exit 1; }
@@ -114,54 +95,6 @@ nudge "$W/v2050" "$W/v2050_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
 nudge "$W/biased" "$W/biased_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
 nudge "$W/base" "$W/base_bf16" 16 || { echo "FAIL: the nudged base"; exit 1; }
 
-# near RUN REF FLOOR: RUN's logged losses, gradient norms and validation losses, and its final weights (each tensor's
-# largest difference over its largest magnitude), within 10 times FLOOR's distance from REF
-near() {
-  if python3 - "$W" "$1" "$2" "$3" <<'PY'
-import array, json, struct, sys
-w, run, ref, floor = sys.argv[1:5]
-def curve(name):
-    rows = [json.loads(l) for l in open(f"{w}/{name}/metrics.jsonl")]
-    return [(r["loss"], r["grad_norm"], r.get("val_loss")) for r in rows]
-def weights(name):
-    b = open(f"{w}/{name}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    out = {}
-    for k, t in json.loads(b[8:8 + n]).items():
-        if k == "__metadata__":
-            continue
-        s, e = t["data_offsets"]
-        raw = b[8 + n + s:8 + n + e]
-        if t["dtype"] == "BF16":
-            h = array.array("H"); h.frombytes(raw)
-            a = array.array("f"); a.frombytes(struct.pack(f"<{len(h)}I", *[x << 16 for x in h]))
-        else:
-            a = array.array("f"); a.frombytes(raw)
-        out[k] = a
-    return out
-def dist_curve(a, b):
-    if len(a) != len(b) or not a:
-        sys.exit(f"  {len(a)} logged steps against {len(b)}")
-    d = 0.0
-    for p, q in zip(a, b):
-        for x, y in zip(p, q):
-            if (x is None) != (y is None):
-                sys.exit("  validation losses logged at other steps")
-            if x is not None:
-                d = max(d, abs(x - y) / abs(y))
-    return d
-def dist_w(a, b):
-    if a.keys() != b.keys():
-        sys.exit("  other tensors saved")
-    return max(max(abs(x - y) for x, y in zip(a[k], b[k])) / (max(abs(y) for y in b[k]) or 1.0) for k in a)
-c, cf = dist_curve(curve(run), curve(ref)), dist_curve(curve(floor), curve(ref))
-wr = weights(ref)
-d, df = dist_w(weights(run), wr), dist_w(weights(floor), wr)
-print(f"  {run:<10} vs {ref:<8} curve {c:.1e} (floor {cf:.1e}), weights {d:.1e} (floor {df:.1e})")
-sys.exit(0 if cf > 0 and df > 0 and c <= 10 * cf and d <= 10 * df else 1)
-PY
-  then ok; else bad "$1 is further from $2 than 10 times the noise floor ($3)"; fi
-}
 
 common="$W/ids.yaml $tok --max_steps 6 --logging_steps 1 --learning_rate 3e-3 --lr_scheduler cosine
         --max_grad_norm 0.5 --micro_batch_size 2 --val_set_size 12 --eval_steps 3"
@@ -195,34 +128,7 @@ grep -q "vocabulary whole on every rank (its size does not divide" "$W/tp4_v.log
   bad "tp4_v: not the whole vocabulary: $(grep -a vocabulary "$W/tp4_v.log")"
 # GPT-2 (a tiny random one): its fused c_attn (file [in, out], transposed) split into the rank's q, k and v rows,
 # c_fc by rows, both c_proj by columns, the position embedding and the LayerNorms whole
-python3 - "$W/gpt2" <<'PY' || { echo "FAIL: the GPT-2 base"; exit 1; }
-import array, json, os, random, struct, sys
-d = sys.argv[1]
-os.makedirs(d)
-C, L, H, T, V, I = 64, 2, 4, 64, 2048, 256
-json.dump({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": C, "n_layer": L, "n_head": H,
-           "n_positions": T, "n_inner": I, "vocab_size": V, "layer_norm_epsilon": 1e-5, "bos_token_id": 0,
-           "eos_token_id": 0}, open(os.path.join(d, "config.json"), "w"))
-random.seed(13)
-shapes = {"transformer.wte.weight": [V, C], "transformer.wpe.weight": [T, C], "transformer.ln_f.weight": [C],
-          "transformer.ln_f.bias": [C]}
-for l in range(L):
-    p = f"transformer.h.{l}."
-    shapes.update({p + "ln_1.weight": [C], p + "ln_1.bias": [C], p + "attn.c_attn.weight": [C, 3 * C],
-                   p + "attn.c_attn.bias": [3 * C], p + "attn.c_proj.weight": [C, C], p + "attn.c_proj.bias": [C],
-                   p + "ln_2.weight": [C], p + "ln_2.bias": [C], p + "mlp.c_fc.weight": [C, I],
-                   p + "mlp.c_fc.bias": [I], p + "mlp.c_proj.weight": [I, C], p + "mlp.c_proj.bias": [C]})
-head, data = {}, bytearray()
-for k, sh in shapes.items():
-    n = sh[0] * (sh[1] if len(sh) > 1 else 1)
-    mean = 1.0 if "ln_" in k and k.endswith("weight") else 0.0
-    b = array.array("f", [mean + random.gauss(0, 0.05) for _ in range(n)]).tobytes()
-    head[k] = {"dtype": "F32", "shape": sh, "data_offsets": [len(data), len(data) + len(b)]}
-    data += b
-h = json.dumps(head).encode()
-h += b" " * (-len(h) % 8)
-open(os.path.join(d, "model.safetensors"), "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
-PY
+tiny_gpt2 "$W/gpt2" || { echo "FAIL: the GPT-2 base"; exit 1; }
 nudge "$W/gpt2" "$W/gpt2_f32" 0 || bad "the nudged GPT-2 base"
 run one_g 0 --base_model "$W/gpt2" || bad "one_g did not train: $(tail -2 "$W/one_g.log")"
 run one_g_nudged 0 --base_model "$W/gpt2_f32" || bad "one_g_nudged did not train"

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Pipeline parallelism over MPI ranks on the CPU (pipeline_parallel_size: N, mpirun -np N) against one process.
+# - Bit for bit where the arithmetic is the same: each stage runs its layers' ops unchanged and accumulates its
+#   gradients over the micro-batches in their order, so with an untied head and no clipping (whose norm sums the
+#   stages' squares in another order) the losses, validation losses and final weights are one process's accumulating
+#   the same micro-batches, at 2, 3 and 4 stages, with fewer micro-batches than stages, under bf16 and full
+#   checkpointing; data parallel groups of pipelines are data parallelism's bits; the weights as loaded or drawn and
+#   gathered back are the one process's bytes; a run stopped (at a checkpoint, or by SIGTERM) and resumed is the run
+#   that never stopped.
+# - Within 10 times a noise floor measured here (noise_floor.sh) where the order of additions changes: a tied head
+#   (its gradient summed from the first and last stages) with clipping, on Llama and GPT-2.
+# - Each rank's arenas equal its plan and `snug plan`'s stage; the settings it cannot take are refused before
+#   anything is written.
+# Skipped (77) without mpirun or an MPI build.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+NAME=test_pp
+. "$SRC/tests/cli/ranks.sh"
+. "$SRC/tests/cli/noise_floor.sh"
+
+python3 - "$W/text.jsonl" <<'PY'
+import json, random, sys
+random.seed(3)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(240):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 40)))}) + "\n")
+PY
+tok="--tokenizer $SRC/assets/tokenizer --sequence_len 48 --sample_tokens 0 --seed 5 --threads 1"
+# the bases: tiny-llama (4 layers) after one step, tied ($W/tied), and with an untied lm_head ($W/base)
+printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/ids.yaml"
+. "$SRC/tests/cli/untied_base.sh"
+common="$W/ids.yaml $tok --base_model $W/base --max_steps 1 --micro_batch_size 2"
+skip_without_mpi --pipeline_parallel_size 2
+
+# same CURVE RUN REF: RUN's logged losses and validation losses are REF's, its gradient norms within 1e-6 (the
+# stages' sums of squares added in another order), and its weights REF's bytes
+same() {
+  cmp -s "$W/$1/model.safetensors" "$W/$2/model.safetensors" &&
+    python3 - "$W/$1/metrics.jsonl" "$W/$2/metrics.jsonl" <<'PY' && ok || bad "$1: not the bits of $2"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert len(a) == len(b) and a, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["loss"] == y["loss"] and x.get("val_loss") == y.get("val_loss"), (x, y)
+    assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-6 * y["grad_norm"], (x, y)
+PY
+}
+
+common="$W/ids.yaml $tok --base_model $W/base --max_steps 4 --logging_steps 1 --learning_rate 3e-3
+        --max_grad_norm 0 --micro_batch_size 2 --gradient_accumulation_steps 4 --val_set_size 12 --eval_steps 2"
+run one 0 || bad "one did not train: $(tail -2 "$W/one.log")"
+for np in 2 3 4; do
+  run pp$np $np --pipeline_parallel_size $np || bad "pp$np did not train: $(tail -2 "$W/pp$np.log")"
+  same pp$np one
+done
+grep -q "pipeline parallel *2 stages (.*1F1B over each step's 4 micro-batches (the bubble: 1 of every 5" "$W/pp2.log" &&
+  grep -q "stage 0: layers 0-1, the embedding" "$W/pp2.log" &&
+  grep -q "stage 1: layers 2-3, the final norm, the head$" "$W/pp2.log" && ok ||
+  bad "pp2: no pipeline lines in the header: $(grep -a -A2 'pipeline parallel' "$W/pp2.log")"
+grep -q "stage 1: layers 1-2$" "$W/pp3.log" && ok || bad "pp3: the 4 layers not split 1, 2, 1"
+[ "$(grep -c '^snug: training' "$W/pp4.log")" -eq 1 ] && ok || bad "pp4: more than one rank printed"
+# bf16 with full checkpointing, 2 micro-batches through 3 stages (the first stage's 2 forwards before any backward)
+run one_b 0 --gradient_accumulation_steps 2 --bf16 true --gradient_checkpointing true || bad "one_b did not train"
+run pp3_b 3 --gradient_accumulation_steps 2 --bf16 true --gradient_checkpointing true --pipeline_parallel_size 3 ||
+  bad "pp3_b did not train: $(tail -2 "$W/pp3_b.log")"
+same pp3_b one_b
+grep -q "gradient_accumulation_steps 2 < 3 stages: some stage is always idle" "$W/pp3_b.log" && ok ||
+  bad "pp3_b: no note of the idle stage"
+
+# each rank's arenas are its plan and `snug plan`'s for its stage; its parameters, gradients and optimizer state
+# smaller than one process's
+"$SNUG" plan $common --pipeline_parallel_size 3 --backend cpu --json > "$W/plan3.json" 2> "$W/plan3.err" ||
+  bad "snug plan with pipeline_parallel_size 3: $(tail -1 "$W/plan3.err")"
+python3 - "$W/pp3" "$W/one" "$W/plan3.json" <<'PY' && ok || bad "pp3: a rank's memory is not its stage's plan"
+import json, sys
+pp, one, plan = sys.argv[1:4]
+ref = json.load(open(f"{one}/memory.json"))
+stages = json.load(open(plan))["pipeline_parallel"]["per_stage"]
+assert len(stages) == 3 and [s["layers"] for s in stages] == [1, 2, 1], stages
+for q, f in enumerate(("memory.json", "memory.rank1.json", "memory.rank2.json")):
+    m = json.load(open(f"{pp}/{f}"))
+    assert m["plan"] == m["measured"], (f, m["plan"], m["measured"])
+    assert sum(m["measured"].values()) == stages[q]["bytes"], (f, sum(m["measured"].values()), stages[q])
+    for c in ("parameters", "gradients", "optimizer state"):
+        assert m["measured"][c] < ref["measured"][c], (f, c)
+print("  pp3 stages:", [s["bytes"] for s in stages], "bytes, one process:", sum(ref["measured"].values()))
+PY
+"$SNUG" plan $common --pipeline_parallel_size 3 --backend cpu > "$W/plan3.txt" 2>&1 &&
+  grep -q "the memory below is stage [0-2]'s, the heaviest" "$W/plan3.txt" && ok ||
+  bad "snug plan: no stage lines: $(grep -a -A1 pipeline "$W/plan3.txt")"
+
+# a tied head (the embedding on the first and last stages, its gradient summed) with clipping: within 10 times the
+# floor, on tiny-llama and on a tiny GPT-2 (its position embedding on the first stage alone)
+common="$W/ids.yaml $tok --max_steps 6 --logging_steps 1 --learning_rate 3e-3 --max_grad_norm 0.5
+        --micro_batch_size 2 --gradient_accumulation_steps 3 --val_set_size 12 --eval_steps 3"
+nudge "$W/tied" "$W/tied_f32" 0 || bad "the nudged tied base"
+run one_t 0 --base_model "$W/tied" || bad "one_t did not train"
+run one_t_nudged 0 --base_model "$W/tied_f32" || bad "one_t_nudged did not train"
+run pp3_t 3 --base_model "$W/tied" --pipeline_parallel_size 3 || bad "pp3_t did not train: $(tail -2 "$W/pp3_t.log")"
+near pp3_t one_t one_t_nudged
+grep -q "stage 2: layer 3, the final norm, the tied head (the embedding again" "$W/pp3_t.log" && ok ||
+  bad "pp3_t: the last stage does not say it holds the tied head"
+tiny_gpt2 "$W/gpt2" || { echo "FAIL: the GPT-2 base"; exit 1; }
+nudge "$W/gpt2" "$W/gpt2_f32" 0 || bad "the nudged GPT-2 base"
+run one_g 0 --base_model "$W/gpt2" || bad "one_g did not train: $(tail -2 "$W/one_g.log")"
+run one_g_nudged 0 --base_model "$W/gpt2_f32" || bad "one_g_nudged did not train"
+run pp2_g 2 --base_model "$W/gpt2" --pipeline_parallel_size 2 || bad "pp2_g did not train: $(tail -2 "$W/pp2_g.log")"
+near pp2_g one_g one_g_nudged
+
+# learning_rate 1e-30: the weights as loaded (each stage its tensors) or drawn (each tensor from its own stream, as
+# one process draws it), gathered and saved: the one process's bytes
+common="$W/ids.yaml $tok --max_steps 1 --learning_rate 1e-30 --micro_batch_size 2"
+run load_one 0 --base_model "$W/base" || bad "load_one did not train"
+run load_pp3 3 --base_model "$W/base" --pipeline_parallel_size 3 || bad "load_pp3 did not train"
+cmp -s "$W/load_one/model.safetensors" "$W/load_pp3/model.safetensors" && ok ||
+  bad "the base loaded as 3 stages and gathered is not the base one process saves"
+run load_g1 0 --base_model "$W/gpt2" || bad "load_g1 did not train"
+run load_g2 2 --base_model "$W/gpt2" --pipeline_parallel_size 2 || bad "load_g2 did not train"
+cmp -s "$W/load_g1/model.safetensors" "$W/load_g2/model.safetensors" && ok ||
+  bad "GPT-2 loaded as 2 stages and gathered is not the base one process saves"
+run init_one 0 --model_preset tiny-llama || bad "init_one did not train"
+run init_pp4 4 --model_preset tiny-llama --pipeline_parallel_size 4 || bad "init_pp4 did not train"
+cmp -s "$W/init_one/model.safetensors" "$W/init_pp4/model.safetensors" && ok ||
+  bad "the random init drawn as 4 stages is not one process's"
+cmp -s "$W/init_one/config.json" "$W/init_pp4/config.json" && ok || bad "the saved config.json differs"
+
+# data parallel beside the pipeline: 2 groups of 2 stages (4 ranks) against data parallelism over 2 ranks, on
+# test_ddp's data (each id once: every gradient element one addition per micro-batch), with evaluation split over
+# the groups: the same bits
+. "$SRC/tests/cli/ids_data.sh"
+common="$W/ids.yaml $tok --base_model $W/base --max_steps 4 --logging_steps 1 --learning_rate 3e-3
+        --max_grad_norm 0 --micro_batch_size 2 --gradient_accumulation_steps 2 --ddp_deterministic true
+        --val_set_size 8 --eval_steps 2"
+run ddp2 2 || bad "ddp2 did not train"
+run g2 4 --pipeline_parallel_size 2 || bad "g2 did not train: $(tail -2 "$W/g2.log")"
+same g2 ddp2
+grep -q "data parallel *2 ranks" "$W/g2.log" && ok || bad "g2: no data parallel line"
+
+# checkpoints keep each stage's state: resumed on as many ranks, the run that never stopped, bit for bit; on another
+# number of stages, refused naming the setting
+common="$W/ids.yaml $tok --base_model $W/tied --max_steps 6 --logging_steps 1 --learning_rate 3e-3
+        --micro_batch_size 2 --gradient_accumulation_steps 3 --pipeline_parallel_size 3"
+run ck_full 3 || bad "ck_full did not train"
+run ck 3 --save_steps 2 || bad "ck did not train: $(tail -2 "$W/ck.log")"
+ls "$W/ck/checkpoint-2" | grep -q "state-params.rank2.bin" && [ ! -e "$W/ck/checkpoint-2/model.safetensors" ] && ok ||
+  bad "checkpoint-2: not each stage's state ($(ls "$W/ck/checkpoint-2" | tr '\n' ' '))"
+rm -rf "$W/ck/checkpoint-4" "$W/ck/model.safetensors"
+run ck 3 --save_steps 2 --resume_from_checkpoint latest &&
+  grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" && ok || bad "ck did not resume: $(tail -2 "$W/ck.log")"
+cmp -s "$W/ck/model.safetensors" "$W/ck_full/model.safetensors" &&
+  cmp -s <(cut -d, -f1-5 "$W/ck/metrics.jsonl") <(cut -d, -f1-5 "$W/ck_full/metrics.jsonl") && ok ||
+  bad "the resumed run is not the run that never stopped"
+run ck2 2 --pipeline_parallel_size 2 --resume_from_checkpoint "$W/ck/checkpoint-2"
+[ $? -eq 2 ] && grep -q "trained with pipeline_parallel_size 3, this run has 2.*pipeline_parallel_size: 3 on as many" \
+  "$W/ck2.log" && ok || bad "resume on 2 stages of a 3-stage checkpoint: $(grep -a error "$W/ck2.log" | head -1)"
+
+# SIGTERM to every rank of 2 groups of 2 stages (bf16 with the fp32 master copy): the ranks finish the step together,
+# the first group's stages write their state (the second group's is the same bytes: written once), every rank exits
+# 0, and the resumed run is the run that never stopped
+common="$W/ids.yaml $tok --base_model $W/base --logging_steps 1 --learning_rate 3e-3 --micro_batch_size 2
+        --gradient_accumulation_steps 2 --pipeline_parallel_size 2 --ddp_deterministic true"
+run sig_full 4 --bf16 true --max_steps 200 || bad "sig_full did not train"
+pre=("${MPI[@]}" -np 4)
+[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+"${pre[@]}" "$SNUG" train $common --bf16 true --max_steps 200 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
+mp=$!
+for i in $(seq 200); do
+  [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
+wait $mp
+st=$?
+step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
+ck="$W/sig/checkpoint-$step"
+if [ $st -eq 0 ] && [ -n "$step" ] && [ -f "$ck/state-master.rank1.bin" ] && [ ! -e "$ck/state-master.rank2.bin" ]; then
+  ok
+  run sig 4 --bf16 true --max_steps 200 --resume_from_checkpoint latest || bad "sig did not resume: $(tail -2 "$W/sig.log")"
+  cmp -s "$W/sig/model.safetensors" "$W/sig_full/model.safetensors" &&
+    cmp -s <(cut -d, -f1-5 "$W/sig/metrics.jsonl") <(cut -d, -f1-5 "$W/sig_full/metrics.jsonl") && ok ||
+    bad "the run resumed after SIGTERM is not the run that never stopped"
+else
+  bad "SIGTERM to 4 ranks: exit $st, $(tail -5 "$W/sig.log")"
+fi
+
+# refused on every rank before anything is written (exit 2), naming the setting
+common="$W/ids.yaml $tok --max_steps 1 --micro_batch_size 2"
+refused() { # NAME NP PATTERN ARGS...
+  local name=$1 np=$2 pat=$3; shift 3
+  run "$name" "$np" "$@"
+  local st=$?
+  [ $st -eq 2 ] && grep -q "$pat" "$W/$name.log" && [ ! -e "$W/$name" ] && ok ||
+    bad "$name: exit $st, $(grep -a error "$W/$name.log" | head -1)"
+}
+refused world 3 "pipeline_parallel_size is 2 but 3 ranks run: launch a multiple of it (mpirun -np 2" \
+  --model_preset tiny-llama --pipeline_parallel_size 2
+refused noddp 4 "4 ranks with pipeline_parallel_size 2 form 2 data-parallel groups, but ddp is false" \
+  --model_preset tiny-llama --pipeline_parallel_size 2 --ddp false
+refused alone 0 "pipeline_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --pipeline_parallel_size 2
+refused layers 5 "pipeline_parallel_size 5 is more than the model's 4 layers" --model_preset tiny-llama \
+  --pipeline_parallel_size 5
+refused lora 2 "pipeline_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
+  --pipeline_parallel_size 2
+refused tp 4 "pipeline_parallel_size 2 with tensor_parallel_size 2 is not supported yet" --model_preset tiny-llama \
+  --pipeline_parallel_size 2 --tensor_parallel_size 2
+refused zero 4 "pipeline_parallel_size 2 with zero_stage 1 is not supported yet" --model_preset tiny-llama \
+  --pipeline_parallel_size 2 --zero_stage 1
+refused oib 2 "pipeline_parallel_size 2 with optimizer_in_backward is not supported" --model_preset tiny-llama \
+  --pipeline_parallel_size 2 --optimizer_in_backward true --max_grad_norm 0
+refused fit 2 "pipeline_parallel_size 2 with auto_fit is not supported yet" --model_preset tiny-llama \
+  --pipeline_parallel_size 2 --auto_fit true
+"$SNUG" plan $common --model_preset tiny-llama --pipeline_parallel_size 2 --backend cuda > "$W/plan_gpu.log" 2>&1
+[ $? -eq 2 ] && grep -q "pipeline parallelism runs on CPU ranks only for now" "$W/plan_gpu.log" && ok ||
+  bad "snug plan of a pipeline on a GPU: $(tail -1 "$W/plan_gpu.log")"
+
+echo "test_pp: $pass passed, $fail failed"
+[ $fail -eq 0 ]
