@@ -13,6 +13,11 @@ With --tp, tensor parallelism instead (Llama 30M, bench_train's second case): N 
 `tensor_parallel_size: N`, every rank on the same micro-batch, against 1 process x N threads on it.
 
     python bench/bench_dist.py --snug build/snug --tp [--ranks 2] [--micro_batch 1] [--seq 512]
+
+With --pp, pipeline parallelism (Llama 30M): N ranks x 1 thread with `pipeline_parallel_size: N` over --accum
+micro-batches per step (1F1B), against 1 process x N threads accumulating the same micro-batches.
+
+    python bench/bench_dist.py --snug build/snug --pp [--ranks 2] [--accum 8] [--micro_batch 1] [--seq 512]
 """
 import argparse
 import json
@@ -75,12 +80,15 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--extra", default="", help="more snug options for every run, e.g. \"--adapter lora --bf16 true\"")
     ap.add_argument("--tp", action="store_true", help="tensor parallelism (Llama 30M) instead of data parallel")
+    ap.add_argument("--pp", action="store_true", help="pipeline parallelism (Llama 30M) instead of data parallel")
+    ap.add_argument("--accum", type=int, default=8, help="micro-batches per step under --pp")
     a = ap.parse_args()
     more = a.extra.split()
+    split = a.tp or a.pp  # the model split over the ranks, against one process
     snug = os.path.abspath(a.snug)
     N = a.ranks
     stages = [int(s) for s in a.zero.split(",") if s]
-    name, cfg, _, _ = CASES[1 if a.tp else 0]
+    name, cfg, _, _ = CASES[1 if split else 0]
     w = tempfile.mkdtemp(prefix="bench_dist.")
     try:
         folder, data = os.path.join(w, name), os.path.join(w, "data.jsonl")
@@ -90,6 +98,9 @@ def main():
         if a.tp:
             print(f"{name}: micro-batch {B} x {T} tokens on every rank, AdamW, {a.steps} steps, {a.rounds} rounds"
                   + (f", {a.extra}" if more else ""))
+        elif a.pp:
+            print(f"{name}: {a.accum} micro-batches of {B} x {T} tokens per step through {N} stages, AdamW, "
+                  f"{a.steps} steps, {a.rounds} rounds" + (f", {a.extra}" if more else ""))
         else:
             print(f"{name}: global batch {N} x {B} x {T} tokens, AdamW, {a.steps} steps, {a.rounds} rounds"
                   + (f", {a.extra}" if more else ""))
@@ -99,13 +110,17 @@ def main():
             modes = [("1 process x %d threads" % N, 1, N, 1, more, B),
                      ("%d ranks x 1 thread, tensor parallel" % N, N, 1, 1,
                       ["--tensor_parallel_size", str(N)] + more, B)]
+        elif a.pp:  # the same micro-batches: one process accumulates them, the stages pipeline them
+            modes = [("1 process x %d threads, accumulation %d" % (N, a.accum), 1, N, a.accum, more, B),
+                     ("%d ranks x 1 thread, pipeline parallel" % N, N, 1, a.accum,
+                      ["--pipeline_parallel_size", str(N)] + more, B)]
         elif "--optimizer_in_backward" in more:
             modes = [("1 process x %d threads, micro-batch %d" % (N, N * B), 1, N, 1, more, N * B)]
         else:
             modes = [("1 process x %d threads, accumulation %d" % (N, N), 1, N, N, more, B)]
-        if not a.tp:
+        if not split:
             modes.append(("%d ranks x 1 thread, DDP" % N, N, 1, 1, ["--ddp", "true"] + more, B))
-        for s in stages if not a.tp else []:
+        for s in stages if not split else []:
             modes.append(("%d ranks x 1 thread, ZeRO-%d" % (N, s), N, 1, 1,
                           ["--ddp", "true", "--zero_stage", str(s)] + more, B))
         res = {m[0]: [] for m in modes}
@@ -118,8 +133,8 @@ def main():
                     res[label].append({"error": str(err).splitlines()[-1]})
                 shutil.rmtree(out, ignore_errors=True)
         base = res[modes[0][0]]
-        ddp = res[modes[0 if a.tp else 1][0]]  # the RSS reference: DDP's, or under --tp the one process's
-        ref = "1 process" if a.tp else "DDP"
+        ddp = res[modes[0 if split else 1][0]]  # the RSS reference: DDP's, or under --tp/--pp the one process's
+        ref = "1 process" if split else "DDP"
         print(f"| run | tokens/s per round | vs 1 process | peak RSS per rank (MiB) | vs {ref} |")
         print("|---|---|---|---|---|")
         for label, *_ in modes:

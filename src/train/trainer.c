@@ -708,6 +708,10 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
         fprintf(out, "  parameters           %zu (%.2fM), %lld (%.2fM) on each of %d tensor-parallel ranks\n",
                 whole.total, whole.total / 1e6, r->s.plan.nparams, r->s.plan.nparams / 1e6, r->eng.model.tp);
         snug_param_table_free(&whole);
+    } else if (r->eng.model.pp > 1 && !snug_param_table_build(&whole, c, NULL)) { /* this rank's stage */
+        fprintf(out, "  parameters           %zu (%.2fM), %lld (%.2fM) on stage %d of %d\n", whole.total,
+                whole.total / 1e6, r->s.plan.nparams, r->s.plan.nparams / 1e6, r->eng.model.pp_stage, r->eng.model.pp);
+        snug_param_table_free(&whole);
     } else {
         fprintf(out, "  parameters           %lld (%.2fM)\n", r->s.plan.nparams, r->s.plan.nparams / 1e6);
     }

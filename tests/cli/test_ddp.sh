@@ -178,13 +178,7 @@ run ck3 3 --max_steps 6 --resume_from_checkpoint "$W/ck/checkpoint-2"
 # SIGTERM to every rank (as a scheduler's preemption sends it): the ranks finish the step together, rank 0 saves,
 # every rank exits 0, and the resumed run is the run that never stopped
 run sig_full 2 --max_steps 200 || bad "sig_full did not train"
-pre=("${MPI[@]}" -np 2)
-[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-"${pre[@]}" "$SNUG" train $common --max_steps 200 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
-mp=$!
-for i in $(seq 100); do [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
-pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
-wait $mp
+stopped sig 2 --max_steps 200
 rc=$?
 step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
 if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$W/sig/checkpoint-$step/trainer_state.hash" ]; then

@@ -19,14 +19,7 @@ NAME=test_pp
 . "$SRC/tests/cli/ranks.sh"
 . "$SRC/tests/cli/noise_floor.sh"
 
-python3 - "$W/text.jsonl" <<'PY'
-import json, random, sys
-random.seed(3)
-words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
-with open(sys.argv[1], "w") as f:
-    for i in range(240):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 40)))}) + "\n")
-PY
+text_data "$W/text.jsonl"
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 48 --sample_tokens 0 --seed 5 --threads 1"
 # the bases: tiny-llama (4 layers) after one step, tied ($W/tied), and with an untied lm_head ($W/base)
 printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/ids.yaml"
@@ -61,11 +54,16 @@ grep -q "pipeline parallel *2 stages (.*1F1B over each step's 4 micro-batches (t
   bad "pp2: no pipeline lines in the header: $(grep -a -A2 'pipeline parallel' "$W/pp2.log")"
 grep -q "stage 1: layers 1-2$" "$W/pp3.log" && ok || bad "pp3: the 4 layers not split 1, 2, 1"
 [ "$(grep -c '^snug: training' "$W/pp4.log")" -eq 1 ] && ok || bad "pp4: more than one rank printed"
-# bf16 with full checkpointing, 2 micro-batches through 3 stages (the first stage's 2 forwards before any backward)
-run one_b 0 --gradient_accumulation_steps 2 --bf16 true --gradient_checkpointing true || bad "one_b did not train"
-run pp3_b 3 --gradient_accumulation_steps 2 --bf16 true --gradient_checkpointing true --pipeline_parallel_size 3 ||
-  bad "pp3_b did not train: $(tail -2 "$W/pp3_b.log")"
+# bf16 with full checkpointing and packing, 2 micro-batches through 3 stages (the first stage's 2 forwards before any
+# backward); fp16 with 8-bit AdamW and the layer inputs offloaded
+lv="--gradient_accumulation_steps 2 --bf16 true --gradient_checkpointing true --sample_packing true"
+run one_b 0 $lv || bad "one_b did not train"
+run pp3_b 3 $lv --pipeline_parallel_size 3 || bad "pp3_b did not train: $(tail -2 "$W/pp3_b.log")"
 same pp3_b one_b
+lv="--fp16 true --optimizer adamw_8bit --gradient_checkpointing offload"
+run one_h 0 $lv || bad "one_h did not train"
+run pp2_h 2 $lv --pipeline_parallel_size 2 || bad "pp2_h did not train: $(tail -2 "$W/pp2_h.log")"
+same pp2_h one_h
 grep -q "gradient_accumulation_steps 2 < 3 stages: some stage is always idle" "$W/pp3_b.log" && ok ||
   bad "pp3_b: no note of the idle stage"
 
@@ -162,16 +160,7 @@ run ck2 2 --pipeline_parallel_size 2 --resume_from_checkpoint "$W/ck/checkpoint-
 common="$W/ids.yaml $tok --base_model $W/base --logging_steps 1 --learning_rate 3e-3 --micro_batch_size 2
         --gradient_accumulation_steps 2 --pipeline_parallel_size 2 --ddp_deterministic true"
 run sig_full 4 --bf16 true --max_steps 200 || bad "sig_full did not train"
-pre=("${MPI[@]}" -np 4)
-[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-"${pre[@]}" "$SNUG" train $common --bf16 true --max_steps 200 --output_dir "$W/sig" > "$W/sig.log" 2>&1 &
-mp=$!
-for i in $(seq 200); do
-  [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break
-  sleep 0.1
-done
-pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
-wait $mp
+stopped sig 4 --bf16 true --max_steps 200
 st=$?
 step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
 ck="$W/sig/checkpoint-$step"
@@ -187,13 +176,6 @@ fi
 
 # refused on every rank before anything is written (exit 2), naming the setting
 common="$W/ids.yaml $tok --max_steps 1 --micro_batch_size 2"
-refused() { # NAME NP PATTERN ARGS...
-  local name=$1 np=$2 pat=$3; shift 3
-  run "$name" "$np" "$@"
-  local st=$?
-  [ $st -eq 2 ] && grep -q "$pat" "$W/$name.log" && [ ! -e "$W/$name" ] && ok ||
-    bad "$name: exit $st, $(grep -a error "$W/$name.log" | head -1)"
-}
 refused world 3 "pipeline_parallel_size is 2 but 3 ranks run: launch a multiple of it (mpirun -np 2" \
   --model_preset tiny-llama --pipeline_parallel_size 2
 refused noddp 4 "4 ranks with pipeline_parallel_size 2 form 2 data-parallel groups, but ddp is false" \

@@ -20,14 +20,7 @@ NAME=test_tp
 . "$SRC/tests/cli/ranks.sh"
 . "$SRC/tests/cli/noise_floor.sh"
 
-python3 - "$W/text.jsonl" <<'PY'
-import json, random, sys
-random.seed(3)
-words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
-with open(sys.argv[1], "w") as f:
-    for i in range(240):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(random.randint(3, 40)))}) + "\n")
-PY
+text_data "$W/text.jsonl"
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 48 --sample_tokens 0 --seed 5 --threads 1"
 # the bases: tiny-llama (8 heads, 4 key/value heads, 768 MLP rows) after one step, tied, and with an untied lm_head
 printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/ids.yaml"
@@ -258,17 +251,7 @@ run zck 4 --ddp_deterministic true --bf16 true --zero_stage 2 --save_steps 2 --r
 # first group's ranks write their slices' state (the second group's is the same bytes: written once), every rank
 # exits 0, and the resumed run is the run that never stopped
 run sig_full 4 --bf16 true --max_steps 200 --val_set_size 0 || bad "sig_full did not train"
-pre=("${MPI[@]}" -np 4)
-[ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-"${pre[@]}" "$SNUG" train $common --bf16 true --max_steps 200 --val_set_size 0 --output_dir "$W/sig" \
-  > "$W/sig.log" 2>&1 &
-mp=$!
-for i in $(seq 200); do
-  [ -s "$W/sig/metrics.jsonl" ] && [ "$(wc -l < "$W/sig/metrics.jsonl")" -ge 3 ] && break
-  sleep 0.1
-done
-pkill -TERM -P "$mp" -f -- "--output_dir $W/sig\$"
-wait $mp
+stopped sig 4 --bf16 true --max_steps 200 --val_set_size 0
 st=$?
 step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/sig.log")
 ck="$W/sig/checkpoint-$step"
@@ -298,13 +281,6 @@ run g1ck 2 --gradient_accumulation_steps 2 --resume_from_checkpoint "$W/g2ck/che
 
 # refused on every rank before anything is written (exit 2), naming the setting
 common="$W/ids.yaml $tok --max_steps 1 --micro_batch_size 2"
-refused() { # NAME NP PATTERN ARGS...
-  local name=$1 np=$2 pat=$3; shift 3
-  run "$name" "$np" "$@"
-  local st=$?
-  [ $st -eq 2 ] && grep -q "$pat" "$W/$name.log" && [ ! -e "$W/$name" ] && ok ||
-    bad "$name: exit $st, $(grep -a error "$W/$name.log" | head -1)"
-}
 refused heads3 3 "tensor_parallel_size 3 does not divide the model's num_attention_heads (8)" \
   --model_preset tiny-llama --tensor_parallel_size 3
 refused world 3 "tensor_parallel_size is 2 but 3 ranks run: launch a multiple of it (mpirun -np 2" \

@@ -577,13 +577,7 @@ save_fails savecfg3 2 dir config.json --zero_stage 3
 sigterm() {
   local name=$1; shift
   run "${name}_full" 2 --max_steps 60 "$@" || bad "${name}_full did not train"
-  local pre=("${MPI[@]}" -np 2)
-  [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-  "${pre[@]}" "$SNUG" train $common --max_steps 60 "$@" --output_dir "$W/$name" > "$W/$name.log" 2>&1 &
-  local mp=$!
-  for i in $(seq 100); do [ -s "$W/$name/metrics.jsonl" ] && [ "$(wc -l < "$W/$name/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
-  pkill -TERM -P "$mp" -f -- "--output_dir $W/$name\$"
-  wait $mp
+  stopped "$name" 2 --max_steps 60 "$@"
   local rc=$? step
   step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 60.*/\1/p' "$W/$name.log")
   if [ $rc -eq 0 ] && [ -n "$step" ] && [ -f "$W/$name/checkpoint-$step/trainer_state.hash" ] &&

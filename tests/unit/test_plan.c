@@ -589,9 +589,61 @@ static void test_tensor_parallel(void) {
     CHECK(snug_tp_comm_bytes(&sp, &n) == 0 && n == 0);
 }
 
+/* Pipeline parallelism: the layers split into consecutive stages, each stage's table the whole model's tensors of its
+ * layers (same names, shapes), the embedding on the first, the final norm and head on the last, a tied head's
+ * embedding on both; the stages' plans sum to the whole model's parameters (plus a tied head's second copy) */
+static void test_pipeline_parallel(void) {
+    int l0, n, next = 0;
+    for (int q = 0; q < 5; q++) { /* 12 layers over 5: 2, 3, 3, 2, 2 */
+        CHECK(snug_pp_layers(12, 5, q, &l0, &n) == 0 && l0 == next && n == (q == 1 || q == 2 ? 3 : 2));
+        next = l0 + n;
+    }
+    CHECK(next == 12 && snug_pp_layers(3, 4, 0, &l0, &n) == -1 && snug_pp_layers(4, 4, 4, &l0, &n) == -1);
+    snug_error e = {0};
+    for (int tied = 0; tied < 2; tied++) {
+        snug_model_config c;
+        CHECK(snug_preset(&c, tied ? "gpt2-124m" : "llama-30m", 0, &e) == 0);
+        c.tie_embeddings = tied;
+        snug_param_table whole;
+        CHECK(snug_param_table_build(&whole, &c, &e) == 0);
+        snug_plan_spec sp = spec_of(&c, 1, 64);
+        long long sum = 0, wte = whole.e[0].numel;
+        int P = 3, found = 0;
+        for (int q = 0; q < P; q++) {
+            snug_plan_spec st = sp;
+            st.pp = P;
+            st.pp_stage = q;
+            snug_model m = {0};
+            CHECK(snug_plan_model_init(&m, &st, &e) == 0);
+            snug_pp_layers(c.n_layer, P, q, &l0, &n);
+            CHECK(m.cfg.n_layer == n && m.pp_l0 == l0 && m.pp_L == c.n_layer && m.pp_slots == P - q);
+            for (int i = 0; i < m.table.n; i++) { /* each tensor is the whole model's of that name */
+                const snug_param_entry *L = &m.table.e[i];
+                int j = 0;
+                while (j < whole.n && strcmp(whole.e[j].name, L->name))
+                    j++;
+                CHECKF(j < whole.n && whole.e[j].numel == L->numel &&
+                           (L->layer < 0 ? whole.e[j].layer < 0 : whole.e[j].layer == L->layer + l0),
+                       "stage %d: %s", q, L->name);
+                found += L->layer >= 0;
+            }
+            int has_embed = m.table.n && !strcmp(m.table.e[0].name, whole.e[0].name);
+            CHECKF(has_embed == (q == 0 || (tied && q == P - 1)), "stage %d: embedding %d", q, has_embed);
+            sum += (long long)m.table.total;
+            snug_plan pl = plan_of(&st);
+            CHECK(pl.nparams == (long long)m.table.total && pl.bytes[SNUG_MEM_ACTS] > 0);
+            snug_param_table_free(&m.table);
+        }
+        CHECK(found == whole.n - (tied ? 4 : 3)); /* every layer tensor on exactly one stage */
+        CHECKF(sum == (long long)whole.total + (tied ? wte : 0), "%lld vs %zu", sum, whole.total);
+        snug_param_table_free(&whole);
+    }
+}
+
 int main(void) {
     test_fixtures();
     test_tensor_parallel();
+    test_pipeline_parallel();
     test_levers();
     test_fit_space();
     test_derived_levers();
