@@ -237,11 +237,16 @@ static const key_spec keys[] = {
              "loss; a tied head is kept on both, its gradient summed), each rank keeping its stage's parameters, "
              "gradients and optimizer state; the micro-batches of a step (gradient_accumulation_steps, at least N "
              "to keep every stage busy) flow through the stages in the 1F1B schedule, activations sent forward and "
-             "their gradients back; a stage before the last keeps only each micro-batch's input and runs its "
-             "forward again just before that micro-batch's backward. The same bits as one process accumulating the "
+             "their gradients back; a stage keeps the activations of each micro-batch in flight (N - stage of "
+             "them; pipeline_recompute: true keeps their inputs alone). The same bits as one process accumulating the "
              "same micro-batches (an untied head). Full fine-tuning on CPU ranks for now; a multiple of N ranks "
              "(groups of N consecutive ranks, data parallel across the groups); checkpoints keep each stage's "
              "state, the final model is written whole"},
+    {.name = "pipeline_recompute", .type = KT_BOOL, .group = G_BATCH, AT_INT(pipeline_recompute), .def = "false",
+     .help = "under pipeline_parallel_size: a stage before the last keeps only each micro-batch's input and runs its "
+             "forward again just before that micro-batch's backward (GPipe's re-materialisation: the activations of "
+             "one micro-batch instead of one per micro-batch in flight, N - stage of them, for one more forward on "
+             "those stages); the same bits either way"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),

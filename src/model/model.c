@@ -578,6 +578,78 @@ static int carve_layer_big16(snug_model *m, snug_arenas *A, snug_layer_acts16 *s
     return 0;
 }
 
+/* What every saved set shares: the workspace's recompute sets (checkpointing, 16-bit's fp32 set, the tiled MLP's
+ * shard) and the switches that decide what a set holds. */
+typedef struct act_parts {
+    snug_layer_acts shared, cmp;
+    float *mlp_fc, *mlp_act;
+    int selective, offload, with_grads;
+} act_parts;
+
+/* Saved set k: the residual stream (fp32 in SNUG_MEM_ACTS, 16-bit copies, or offloaded to host memory) and each
+ * layer's saved activations (those checkpointing keeps), the rest pointing into the shared workspace sets. */
+static int carve_act_set(snug_model *m, snug_arenas *A, const act_parts *p, int k, size_t N, snug_error *e) {
+    int L = m->cfg.n_layer, half = is16(m);
+    size_t C = (size_t)m->cfg.hidden_size;
+    snug_act_set *set = &m->act_sets[k];
+    if (!set->acts) { /* set 0's views are the model's own arrays */
+        set->acts = k ? calloc((size_t)(L ? L : 1), sizeof *set->acts) : m->acts;
+        set->acts16 = k ? calloc((size_t)(L ? L : 1), sizeof *set->acts16) : m->acts16;
+        if (!set->acts || !set->acts16)
+            return snug_fail(e, SNUG_ENOMEM, "out of host memory for the model's activation views");
+    }
+    set->res = NULL;
+    set->res16 = NULL;
+    set->res_off = NULL;
+    if (p->offload) {
+        size_t bytes = (size_t)(L + 1) * N * C * snug_dtype_size(m->lv.dt);
+        if (!(set->res_off = snug_arena_alloc(&A->a[SNUG_MEM_OFFLOAD], bytes, e)))
+            return e ? e->code : SNUG_ENOMEM;
+    } else if (half) {
+        CARVE(set->res16, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+    } else {
+        CARVE(set->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
+    }
+    for (int l = 0; l < L; l++) {
+        snug_layer_acts *a = &set->acts[l];
+        memset(a, 0, sizeof *a);
+        memset(&set->acts16[l], 0, sizeof set->acts16[l]);
+        if (p->with_grads && snug_model_layer_full_ckpt(m, l)) {
+            *a = p->shared;
+        } else {
+            SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_ACTS, a, N, e));
+            if (half) {
+                SNUG_TRY(carve_layer_big16(m, A, &set->acts16[l], N, !p->selective, e));
+            } else {
+                SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_ACTS, a, N, !p->selective, e));
+                if (p->selective) {
+                    a->ln1 = p->shared.ln1;
+                    a->ln2 = p->shared.ln2;
+                    a->act = p->shared.act;
+                }
+            }
+        }
+        if (half) {
+            a->ln1 = p->cmp.ln1, a->qkv = p->cmp.qkv, a->att = p->cmp.att, a->res_mid = p->cmp.res_mid;
+            a->ln2 = p->cmp.ln2, a->fc = p->cmp.fc, a->act = p->cmp.act;
+        }
+        if (m->mlp_rows)
+            a->fc = p->mlp_fc, a->act = p->mlp_act;
+    }
+    return 0;
+}
+
+void snug_model_use_set(snug_model *m, int k) {
+    const snug_act_set *set = &m->act_sets[k];
+    m->act_set = k;
+    m->acts = set->acts;
+    m->acts16 = set->acts16;
+    m->res16 = set->res16;
+    m->res_off = set->res_off;
+    if (set->res) /* fp32 without offloading: the stream itself (else the workspace's pair of slots) */
+        m->res = set->res;
+}
+
 static size_t largest_layer(const snug_model *m) {
     size_t mx = 0;
     for (int l = 0; l < m->cfg.n_layer; l++)
@@ -834,11 +906,27 @@ static uint16_t *stored16(const snug_model *m, int i) {
     return i == m->emb_entry ? m->emb16 : m->params16 + m->soff[i];
 }
 
+/* The activation sets' views (set 0's are the model's own acts arrays, which stay) */
+static void free_act_sets(snug_model *m) {
+    if (m->act_sets) {
+        m->acts = m->act_sets[0].acts;
+        m->acts16 = m->act_sets[0].acts16;
+    }
+    for (int k = 1; m->act_sets && k < m->act_sets_n; k++) {
+        free(m->act_sets[k].acts);
+        free(m->act_sets[k].acts16);
+    }
+    free(m->act_sets);
+    m->act_sets = NULL;
+    m->act_sets_n = 0;
+}
+
 void snug_model_free_host(snug_model *m) {
     snug_param_table_free(&m->table);
     snug_lora_free(&m->lora);
     free(m->w.layers);
     free(m->g.layers);
+    free_act_sets(m);
     free(m->acts);
     free(m->acts16);
     free(m->grad_off);
@@ -1035,9 +1123,6 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->res_off = NULL;
     int offload = with_grads && any_full && m->lv.ckpt_offload;
     if (offload) { /* the layer inputs in host memory; two fp32 slots run the layers (as under 16-bit) */
-        size_t bytes = (size_t)(L + 1) * N * C * snug_dtype_size(m->lv.dt);
-        if (!(m->res_off = snug_arena_alloc(&A->a[SNUG_MEM_OFFLOAD], bytes, e)))
-            return e ? e->code : SNUG_ENOMEM;
         if (half)
             CARVE(m->res_stage, SNUG_MEM_WORKSPACE, N * C);
         if (!half)
@@ -1045,15 +1130,11 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     }
     if (half) {
         /* 16-bit: layers run in one fp32 set (cmp) and save 16-bit copies; only the statistics stay fp32 */
-        if (!offload)
-            CARVE(m->res16, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
         CARVE(m->res, SNUG_MEM_WORKSPACE, 2 * N * C);
         SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_WORKSPACE, &cmp, N, 1, e));
         if (any_full)
             SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_WORKSPACE, &shared, N, e));
     } else {
-        if (!offload)
-            CARVE(m->res, SNUG_MEM_ACTS, (size_t)(L + 1) * N * C);
         if (any_full) {
             SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_WORKSPACE, &shared, N, 1, e));
             SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_WORKSPACE, &shared, N, e));
@@ -1069,32 +1150,19 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         CARVE(mlp_fc, SNUG_MEM_WORKSPACE, NM * m->FC);
         CARVE(mlp_act, SNUG_MEM_WORKSPACE, NM * I);
     }
-    for (int l = 0; l < L; l++) {
-        snug_layer_acts *a = &m->acts[l];
-        memset(a, 0, sizeof *a);
-        memset(&m->acts16[l], 0, sizeof m->acts16[l]);
-        if (with_grads && snug_model_layer_full_ckpt(m, l)) {
-            *a = shared;
-        } else {
-            SNUG_TRY(carve_layer_stats(m, A, SNUG_MEM_ACTS, a, N, e));
-            if (half) {
-                SNUG_TRY(carve_layer_big16(m, A, &m->acts16[l], N, !selective, e));
-            } else {
-                SNUG_TRY(carve_layer_big(m, A, SNUG_MEM_ACTS, a, N, !selective, e));
-                if (selective) {
-                    a->ln1 = shared.ln1;
-                    a->ln2 = shared.ln2;
-                    a->act = shared.act;
-                }
-            }
-        }
-        if (half) {
-            a->ln1 = cmp.ln1, a->qkv = cmp.qkv, a->att = cmp.att, a->res_mid = cmp.res_mid;
-            a->ln2 = cmp.ln2, a->fc = cmp.fc, a->act = cmp.act;
-        }
-        if (m->mlp_rows)
-            a->fc = mlp_fc, a->act = mlp_act;
-    }
+    /* the saved set: one, or under pipeline parallelism without recomputation one per micro-batch in flight */
+    act_parts parts = {.shared = shared, .cmp = cmp, .mlp_fc = mlp_fc, .mlp_act = mlp_act, .selective = selective,
+                       .offload = offload, .with_grads = with_grads};
+    int nsets = with_grads && m->pp_keep > 1 ? m->pp_keep : 1;
+    if (m->act_sets && m->act_sets_n != nsets) /* laid out again for another count: the views afresh */
+        free_act_sets(m);
+    if (!m->act_sets && (m->act_sets = calloc((size_t)nsets, sizeof *m->act_sets)))
+        m->act_sets_n = nsets;
+    if (!m->act_sets)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the model's activation views");
+    for (int k = 0; k < nsets; k++)
+        SNUG_TRY(carve_act_set(m, A, &parts, k, N, e));
+    snug_model_use_set(m, 0);
     m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = NULL;
     m->st_max = m->st_zy = NULL;
     m->st_sum = NULL;
@@ -1962,6 +2030,11 @@ double snug_model_stage(snug_model *m, float grad_scale, const float *in, const 
         head = lo->params + lo->head_off, hdt = SNUG_DT_F32, dhead = lo->grads ? lo->grads + lo->head_off : NULL;
     const float *lnf_w = m->w.lnf_w, *lnf_b = m->w.lnf_b;
 
+    if (!snug_pp_last(m) && dout && m->act_sets_n > 1) { /* its forward kept this micro-batch's set */
+        m->wl_layer = -1;
+        be->copy(be, m->d_res, dout, (size_t)N * C * sizeof(float));
+        return stage_bwd(m, ids, 0);
+    }
     m->wl_layer = -1; /* the parameters may have changed since the last step */
     float *x0 = res_at(m, 0);
     if (!snug_pp_first(m)) { /* a later pipeline stage: the previous stage's output */

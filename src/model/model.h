@@ -258,6 +258,15 @@ typedef struct snug_layer_acts16 {
     uint16_t *ln1, *qkv, *att, *res_mid, *ln2, *fc, *act; /* shapes as in snug_layer_acts; NULL: not kept */
 } snug_layer_acts16;
 
+/* One micro-batch's saved activations (see snug_model.act_sets) */
+typedef struct snug_act_set {
+    float *res;                /* fp32 without offloading: the residual stream (L+1, N, C); NULL otherwise */
+    uint16_t *res16;           /* 16-bit: its saved copy */
+    void *res_off;             /* ckpt_offload: in host memory */
+    snug_layer_acts *acts;     /* (L) */
+    snug_layer_acts16 *acts16; /* (L) */
+} snug_act_set;
+
 typedef struct snug_model {
     snug_model_config cfg;
     snug_backend *be;
@@ -455,6 +464,12 @@ typedef struct snug_model {
      * after the first) (SNUG_MEM_WORKSPACE). */
     int pp, pp_stage, pp_l0, pp_L, pp_slots;
     float *pp_in, *pp_out, *pp_dout, *pp_din;
+    /* The saved activations as sets (set before layout: pp_keep, 0 or 1 for one): a stage before the last that does
+     * not recompute keeps one set per micro-batch in flight (pp_keep = pp_slots), each a residual stream and every
+     * layer's saved activations; snug_model_use_set points res/res16/res_off and acts/acts16 at set k, which forward
+     * fills and backward reads. act_set: the set in use. */
+    int pp_keep, act_set, act_sets_n;
+    snug_act_set *act_sets;
 } snug_model;
 
 /* Pipeline parallelism: whether this rank holds the embedding (the first stage) and the head (the last). */
@@ -648,5 +663,9 @@ double snug_model_step(snug_model *m, float grad_scale);
  * dout, accumulating grad_scale-scaled gradients, and leaves its input's gradient in pp_din (after the first
  * stage). Returns the loss sum on the last stage, 0 elsewhere. */
 double snug_model_stage(snug_model *m, float grad_scale, const float *in, const float *dout);
+/* Pipeline parallelism without recomputation: the saved activations from here on are set k's (k < pp_keep): a
+ * stage's forward of a micro-batch fills its set, its backward (snug_model_stage with dout, which then runs no
+ * forward) reads it. */
+void snug_model_use_set(snug_model *m, int k);
 
 #endif

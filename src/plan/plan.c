@@ -193,6 +193,7 @@ int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) 
                              "stage takes at least one; choose at most %d", m->pp, s->cfg.n_layer, s->cfg.n_layer);
         m->cfg.n_layer = n;
         m->pp_slots = m->pp - m->pp_stage; /* 1F1B: the micro-batches in flight on this stage at most */
+        m->pp_keep = s->pp_recompute || snug_pp_last(m) ? 1 : m->pp_slots; /* their activations, or inputs alone */
     }
     int parts = (snug_pp_first(m) ? SNUG_PARTS_EMBED : 0) | (snug_pp_last(m) ? SNUG_PARTS_HEAD : 0);
     return snug_param_table_build_part(&m->table, &m->cfg, m->pp_l0, parts, e);

@@ -13,8 +13,11 @@ static float *in_slot(const snug_model *m, int i) {
     return snug_pp_first(m) ? NULL : m->pp_in + (size_t)(i % m->pp_slots) * stage_floats(m);
 }
 
-static void set_batch(snug_model *m, const snug_micro_batch *b) {
+/* Micro-batch i's data, and its set of saved activations where the stage keeps one per micro-batch in flight */
+static void set_batch(snug_model *m, const snug_micro_batch *b, int i) {
     snug_model_set_batch(m, b->ids, b->labels, b->pos, b->seg, b->rows, b->T);
+    if (m->act_sets_n > 1)
+        snug_model_use_set(m, i % m->act_sets_n);
 }
 
 /* The current micro-batch's output-sized exchange: N x C floats of the current batch's rows. */
@@ -56,15 +59,15 @@ int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, int 
     w = w < n ? w : n;
     *loss = 0;
     for (int i = 0; i < w; i++) { /* warm-up: the forwards ahead of the first backward */
-        set_batch(m, &mb[i]);
+        set_batch(m, &mb[i], i);
         SNUG_TRY(fwd(p, m, i, e));
     }
     for (int i = 0; i < n; i++) { /* one forward, one backward; then the backwards left */
         if (i + w < n && !snug_pp_last(m) && w > 0) {
-            set_batch(m, &mb[i + w]);
+            set_batch(m, &mb[i + w], i + w);
             SNUG_TRY(fwd(p, m, i + w, e));
         }
-        set_batch(m, &mb[i]);
+        set_batch(m, &mb[i], i);
         m->on_grads_ready = i == n - 1 ? hook : NULL;
         m->on_grads_ready_ud = ud;
         int rc = bwd(p, m, i, grad_scale, loss, e);

@@ -263,7 +263,7 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
                         .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint,
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
-                        .pp = c->pipeline_parallel_size,
+                        .pp = c->pipeline_parallel_size, .pp_recompute = c->pipeline_recompute,
                         .loss_vocab_block = c->loss_vocab_block,
                         .ddp_bucket_cap_mb = c->ddp_bucket_cap_mb, .comm_deterministic = c->ddp_deterministic,
                         .overlap_comm = c->zero_overlap_comm == SNUG_OVERLAP_ON    ? 1

@@ -969,9 +969,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (ppn > 1) {
         fprintf(out, "  pipeline parallel    %d stages (%s, launched by %s), 1F1B over each step's %d micro-batch%s "
                 "(the bubble: %d of every %d stage-slots idle); per micro-batch %d x %d floats to the next stage and "
-                "their gradient back; a stage before the last keeps each micro-batch's input and runs its forward "
-                "again before its backward\n", ppn, comm.name, launch.launcher, GAr, GAr == 1 ? "" : "es", ppn - 1,
-                GAr + ppn - 1, B * T, r.s.cfg.hidden_size);
+                "their gradient back; %s\n", ppn, comm.name, launch.launcher, GAr, GAr == 1 ? "" : "es", ppn - 1,
+                GAr + ppn - 1, B * T, r.s.cfg.hidden_size,
+                o->pipeline_recompute ? "a stage before the last keeps each micro-batch's input and runs its forward "
+                                        "again before its backward (pipeline_recompute)"
+                                      : "stage s keeps the activations of the N - s micro-batches it has in flight");
         for (int q = 0; q < ppn; q++) {
             int l0, nl;
             snug_pp_layers(r.s.cfg.n_layer, ppn, q, &l0, &nl);

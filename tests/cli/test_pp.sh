@@ -48,6 +48,21 @@ for np in 2 3 4; do
   run pp$np $np --pipeline_parallel_size $np || bad "pp$np did not train: $(tail -2 "$W/pp$np.log")"
   same pp$np one
 done
+# pipeline_recompute: each stage before the last keeps its inputs alone and runs its forward again: the same bits,
+# its saved activations one micro-batch's instead of one per micro-batch in flight (3 on the first of 3 stages)
+run pp3_r 3 --pipeline_parallel_size 3 --pipeline_recompute true || bad "pp3_r did not train: $(tail -2 "$W/pp3_r.log")"
+same pp3_r one
+python3 - "$W/pp3" "$W/pp3_r" <<'PY' && ok || bad "pipeline_recompute: not the saved activations it should keep"
+import json, sys
+keep, rec = sys.argv[1:3]
+for f, ratio in (("memory.json", 3), ("memory.rank1.json", 2), ("memory.rank2.json", 1)):
+    a, b = (json.load(open(f"{d}/{f}")) for d in (keep, rec))
+    assert a["plan"] == a["measured"] and b["plan"] == b["measured"], f
+    x, y = a["measured"]["saved activations"], b["measured"]["saved activations"]
+    # the first stage's are its sets alone (3 against 1); a later one's also hold the inputs received, either way
+    assert (x == 3 * y) if ratio == 3 else (x > y) if ratio == 2 else (x == y), (f, x, y)
+    print(f"  {f}: saved activations {x} kept, {y} recomputed")
+PY
 grep -q "pipeline parallel *2 stages (.*1F1B over each step's 4 micro-batches (the bubble: 1 of every 5" "$W/pp2.log" &&
   grep -q "stage 0: layers 0-1, the embedding" "$W/pp2.log" &&
   grep -q "stage 1: layers 2-3, the final norm, the head$" "$W/pp2.log" && ok ||
