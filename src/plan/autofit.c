@@ -194,6 +194,16 @@ static int add_point(snug_fit_space *s, int *cap, const snug_plan_spec *sp, int 
         if (q.total + q.host_total > p->plan.total + p->plan.host_total)
             p->plan = q;
     }
+    for (int q0 = 0; p->spec.pp > 1 && q0 < p->spec.pp; q0++) {
+        /* pipeline parallelism: the heaviest stage's plan, for the same reason (every stage runs the same
+         * micro-batches, so all choose alike, and the choice fits each stage) */
+        snug_plan_spec t = p->spec;
+        snug_plan q;
+        t.pp_stage = q0;
+        SNUG_TRY(snug_plan_run(&q, &t, e));
+        if (q.total + q.host_total > p->plan.total + p->plan.host_total)
+            p->plan = q;
+    }
     p->cost = snug_fit_time_factor(sp, GA, s->kind) / base_factor - 1.0;
     describe(p, base, baseGA);
     s->n++;

@@ -103,9 +103,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
                 "%s: pipeline_parallel_size %d with optimizer_in_backward is not supported: a stage's layers finish "
                 "backward once per micro-batch, and the step waits for every stage's gradient norm; set "
                 "optimizer_in_backward: false", src, pp);
-        REQUIRE(!o->auto_fit,
-                "%s: pipeline_parallel_size %d with auto_fit is not supported yet (every stage must run the same "
-                "micro-batches); set the levers by hand: snug plan shows each stage's memory", src, pp);
     }
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
     REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||

@@ -3,9 +3,10 @@
  * The schedule is 1F1B (PipeDream-flush, as Megatron's non-interleaved one): over a step's m micro-batches, stage s
  * of p first runs w = min(p - s - 1, m) forwards, then alternates the forward of micro-batch i + w with the backward
  * of micro-batch i, then runs the backwards left. The last stage (w = 0) runs each micro-batch's forward, loss and
- * backward together. A stage before the last keeps only each micro-batch's input (one of the model's pp_slots =
- * p - s slots, as many as it has in flight) and runs its forward again just before that micro-batch's backward
- * (GPipe's re-materialisation), so its activations are one micro-batch's however many are in flight.
+ * backward together. A stage before the last has at most p - s micro-batches in flight (the model's pp_slots): it
+ * keeps each one's saved activations in a set of its own (snug_model_use_set, set i mod pp_slots), or with
+ * pipeline_recompute (one set) only each one's input, and runs its forward again just before that micro-batch's
+ * backward (GPipe's re-materialisation).
  *
  * The stages exchange N x C floats per micro-batch: the output forward (to s + 1) and the input's gradient backward
  * (to s - 1), each sent SNUG_COMM_ASYNC from the model's pp_out / pp_din and waited for before the stage's next

@@ -340,6 +340,8 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
         r->spec = snug_run_spec(&r->c, &r->cfg);
         r->spec.ranks = r->ranks;
         r->spec.rank = r->rank;
+        r->spec.tp_rank = r->tp_rank; /* this rank's slices (stage), not the first's */
+        r->spec.pp_stage = r->pp_stage;
         r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
     }
     SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));

@@ -3,8 +3,8 @@
 # - Bit for bit where the arithmetic is the same: each stage runs its layers' ops unchanged and accumulates its
 #   gradients over the micro-batches in their order, so with an untied head and no clipping (whose norm sums the
 #   stages' squares in another order) the losses, validation losses and final weights are one process's accumulating
-#   the same micro-batches, at 2, 3 and 4 stages, with fewer micro-batches than stages, under bf16 and full
-#   checkpointing; data parallel groups of pipelines are data parallelism's bits; the weights as loaded or drawn and
+#   the same micro-batches, at 2, 3 and 4 stages, with pipeline_recompute, with fewer micro-batches than stages,
+#   under bf16, fp16 and checkpointing; data parallel groups of pipelines are data parallelism's bits; the weights as loaded or drawn and
 #   gathered back are the one process's bytes; a run stopped (at a checkpoint, or by SIGTERM) and resumed is the run
 #   that never stopped.
 # - Within 10 times a noise floor measured here (noise_floor.sh) where the order of additions changes: a tied head
@@ -129,6 +129,11 @@ run load_one 0 --base_model "$W/base" || bad "load_one did not train"
 run load_pp3 3 --base_model "$W/base" --pipeline_parallel_size 3 || bad "load_pp3 did not train"
 cmp -s "$W/load_one/model.safetensors" "$W/load_pp3/model.safetensors" && ok ||
   bad "the base loaded as 3 stages and gathered is not the base one process saves"
+# auto_fit plans every stage and chooses for the heaviest, alike on every rank; each keeps its own stage
+run load_fit 3 --base_model "$W/base" --pipeline_parallel_size 3 --auto_fit true --memory_budget 2GB ||
+  bad "load_fit did not train: $(tail -2 "$W/load_fit.log")"
+cmp -s "$W/load_one/model.safetensors" "$W/load_fit/model.safetensors" && ok ||
+  bad "under auto_fit the stages did not load their own layers"
 run load_g1 0 --base_model "$W/gpt2" || bad "load_g1 did not train"
 run load_g2 2 --base_model "$W/gpt2" --pipeline_parallel_size 2 || bad "load_g2 did not train"
 cmp -s "$W/load_g1/model.safetensors" "$W/load_g2/model.safetensors" && ok ||
@@ -206,8 +211,6 @@ refused zero 4 "pipeline_parallel_size 2 with zero_stage 1 is not supported yet"
   --pipeline_parallel_size 2 --zero_stage 1
 refused oib 2 "pipeline_parallel_size 2 with optimizer_in_backward is not supported" --model_preset tiny-llama \
   --pipeline_parallel_size 2 --optimizer_in_backward true --max_grad_norm 0
-refused fit 2 "pipeline_parallel_size 2 with auto_fit is not supported yet" --model_preset tiny-llama \
-  --pipeline_parallel_size 2 --auto_fit true
 "$SNUG" plan $common --model_preset tiny-llama --pipeline_parallel_size 2 --backend cuda > "$W/plan_gpu.log" 2>&1
 [ $? -eq 2 ] && grep -q "pipeline parallelism runs on CPU ranks only for now" "$W/plan_gpu.log" && ok ||
   bad "snug plan of a pipeline on a GPU: $(tail -1 "$W/plan_gpu.log")"

@@ -144,6 +144,11 @@ run load_g1 0 --base_model "$W/gpt2" || bad "load_g1 did not train"
 run load_g4 4 --base_model "$W/gpt2" --tensor_parallel_size 4 || bad "load_g4 did not train"
 cmp -s "$W/load_g1/model.safetensors" "$W/load_g4/model.safetensors" && ok ||
   bad "GPT-2 loaded as 4 slices (c_attn's q, k, v each split) and gathered is not the base one process saves"
+# auto_fit's choice, made alike on every rank, leaves each rank its own slices
+run load_fit 2 --base_model "$W/base" --tensor_parallel_size 2 --auto_fit true --memory_budget 2GB ||
+  bad "load_fit did not train: $(tail -2 "$W/load_fit.log")"
+cmp -s "$W/load_one/model.safetensors" "$W/load_fit/model.safetensors" && ok ||
+  bad "under auto_fit the ranks did not load their own slices"
 run init_one 0 --model_preset tiny-llama || bad "init_one did not train"
 run init_tp4 4 --model_preset tiny-llama --tensor_parallel_size 4 || bad "init_tp4 did not train"
 cmp -s "$W/init_one/model.safetensors" "$W/init_tp4/model.safetensors" && ok ||
