@@ -242,6 +242,11 @@ static const key_spec keys[] = {
              "same micro-batches (an untied head). Full fine-tuning on CPU ranks for now; a multiple of N ranks "
              "(groups of N consecutive ranks, data parallel across the groups); checkpoints keep each stage's "
              "state, the final model is written whole"},
+    {.name = "pipeline_layers", .type = KT_NAMES, .group = G_BATCH, AT_STR(pipeline_layers), .def = "",
+     .help = "under pipeline_parallel_size N: how many layers each stage takes, N counts (a YAML list, or "
+             "separated by commas) that sum to the model's layers, e.g. [7, 9, 9, 7] to give the stages that also "
+             "hold the embedding and the head fewer; empty = an even split (the remainder one more each on the "
+             "stages after the first)"},
     {.name = "pipeline_recompute", .type = KT_BOOL, .group = G_BATCH, AT_INT(pipeline_recompute), .def = "false",
      .help = "under pipeline_parallel_size: a stage before the last keeps only each micro-batch's input and runs its "
              "forward again just before that micro-batch's backward (GPipe's re-materialisation: the activations of "
@@ -758,8 +763,10 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
     case KT_NAMES:
         for (const char *c = text; *c; c++)
             if (!(isalnum((unsigned char)*c) || strchr("_.-, ", *c)))
-                return snug_fail(e, SNUG_EINPUT, "%s: %s must list module names (letters, digits, '_', '.', '-'), got "
-                                 "'%.60s'", loc, written, text);
+                return snug_fail(e, SNUG_EINPUT, "%s: %s must list %s, separated by commas (or be a YAML list), "
+                                 "got '%.60s'", loc, written,
+                                 strstr(k->name, "layers") ? "numbers" : "module names (letters, digits, '_', '.', '-')",
+                                 text);
         __attribute__((fallthrough)); /* stored as written */
     case KT_STRING: {
         char canon[64]; /* other spellings of a value: resume_from_checkpoint: true is latest */

@@ -509,7 +509,7 @@ static void print_text(const report *r, FILE *f) {
         for (int q = 0; q < P; q++) {
             int l0, n;
             char n1[32];
-            snug_pp_layers(c->n_layer, P, q, &l0, &n);
+            snug_pp_layers(c->n_layer, P, p->spec.pp_split, q, &l0, &n);
             count_text(n1, sizeof n1, (double)r->pp_params[q]);
             fmtb(a, sizeof a, r->pp_total[q]);
             char span[32];
@@ -724,7 +724,7 @@ static json_t *report_json(const report *r) {
         json_t *st = json_array();
         for (int q = 0; q < p->spec.pp; q++) {
             int l0, n;
-            snug_pp_layers(c->n_layer, p->spec.pp, q, &l0, &n);
+            snug_pp_layers(c->n_layer, p->spec.pp, p->spec.pp_split, q, &l0, &n);
             json_array_append_new(st, json_pack("{s:i, s:i, s:I, s:f}", "first_layer", l0, "layers", n, "parameters",
                                                 (json_int_t)r->pp_params[q], "bytes", r->pp_total[q]));
         }

@@ -463,6 +463,7 @@ typedef struct snug_model {
      * the output received (stages before the last), pp_din the input's gradient backward leaves to send (stages
      * after the first) (SNUG_MEM_WORKSPACE). */
     int pp, pp_stage, pp_l0, pp_L, pp_slots;
+    const char *pp_split;  /* pipeline_layers as configured (snug_pp_layers), or NULL */
     float *pp_in, *pp_out, *pp_dout, *pp_din;
     /* The saved activations as sets (set before layout: pp_keep, 0 or 1 for one): a stage before the last that does
      * not recompute keeps one set per micro-batch in flight (pp_keep = pp_slots), each a residual stream and every
@@ -572,9 +573,11 @@ enum {
 /* The table of cfg's layers, named as layers l0, l0 + 1, ... of a whole model, with the global tensors of parts. */
 int snug_param_table_build_part(snug_param_table *t, const snug_model_config *cfg, int l0, int parts,
                                 snug_error *e);
-/* Pipeline parallelism: the layers [*l0, *l0 + *n) of stage `stage` of pp over a model of L layers: L / pp each,
- * the remainder one more each on the stages after the first (which holds the embedding). -1 when L < pp. */
-int snug_pp_layers(int L, int pp, int stage, int *l0, int *n);
+/* Pipeline parallelism: the layers [*l0, *l0 + *n) of stage `stage` of pp over a model of L layers: as split lists
+ * them (pipeline_layers: pp counts, each at least 1, that sum to L, separated by commas), or with split NULL or ""
+ * L / pp each, the remainder one more each on the stages after the first (which holds the embedding). -1 when it
+ * cannot be (L < pp, a list that does not fit). */
+int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n);
 
 /* Tensor parallelism: one rank's share of a model config's blocks over tp ranks (n_head, n_kv_head and
  * intermediate_size divided by tp; the rest as it is). NULL, with why (naming the setting) in *why, where it does

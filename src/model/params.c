@@ -214,9 +214,27 @@ void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int par
 
 /* ---- pipeline parallelism ---- */
 
-int snug_pp_layers(int L, int pp, int stage, int *l0, int *n) {
+int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n) {
     if (pp < 1 || L < pp || stage < 0 || stage >= pp)
         return -1;
+    if (split && split[0]) { /* as listed: pp counts of at least 1 that sum to L */
+        int k = 0, sum = 0, v;
+        for (const char *c = split; *c;) {
+            char *end;
+            long x = strtol(c, &end, 10);
+            if (end == c || x < 1 || x > L)
+                return -1;
+            v = (int)x;
+            if (k == stage)
+                *l0 = sum, *n = v;
+            sum += v;
+            k++;
+            c = end;
+            while (*c == ',' || *c == ' ')
+                c++;
+        }
+        return k == pp && sum == L ? 0 : -1;
+    }
     int base = L / pp, extra = L % pp; /* stages 1..extra take one more */
     *n = base + (stage >= 1 && stage <= extra);
     int before = stage - 1 < extra ? stage - 1 : extra; /* the longer stages ahead of this one */

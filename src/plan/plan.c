@@ -188,9 +188,15 @@ int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) 
     m->pp_l0 = 0;
     if (m->pp > 1) { /* the stage's layers, the embedding on the first, the head on the last */
         int n;
-        if (snug_pp_layers(s->cfg.n_layer, m->pp, m->pp_stage, &m->pp_l0, &n))
-            return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d is more than the model's %d layers: each "
-                             "stage takes at least one; choose at most %d", m->pp, s->cfg.n_layer, s->cfg.n_layer);
+        m->pp_split = s->pp_split;
+        if (snug_pp_layers(s->cfg.n_layer, m->pp, s->pp_split, m->pp_stage, &m->pp_l0, &n))
+            return s->pp_split && s->pp_split[0]
+                       ? snug_fail(e, SNUG_EINPUT, "pipeline_layers '%s' does not split the model's %d layers into "
+                                   "%d stages: list %d counts of at least 1 that sum to %d", s->pp_split,
+                                   s->cfg.n_layer, m->pp, m->pp, s->cfg.n_layer)
+                       : snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d is more than the model's %d layers: "
+                                   "each stage takes at least one; choose at most %d", m->pp, s->cfg.n_layer,
+                                   s->cfg.n_layer);
         m->cfg.n_layer = n;
         m->pp_slots = m->pp - m->pp_stage; /* 1F1B: the micro-batches in flight on this stage at most */
         m->pp_keep = s->pp_recompute || snug_pp_last(m) ? 1 : m->pp_slots; /* their activations, or inputs alone */

@@ -42,6 +42,7 @@ typedef struct snug_plan_spec {
     int pp;                /* pipeline_parallel_size: stages the layers are split over (0 or 1: none); the plan is
                             * one stage's (snug_pp_layers) */
     int pp_stage;          /* which of them */
+    const char *pp_split;  /* pipeline_layers: the layers of each stage, or NULL / "" for an even split */
     int pp_recompute;      /* pipeline_recompute: a stage before the last keeps only each micro-batch's input and
                             * runs its forward again before its backward (else it keeps each one's activations) */
 } snug_plan_spec;

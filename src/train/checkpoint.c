@@ -140,7 +140,7 @@ static const struct {
     I(long_examples), I(micro_batch_size), I(sample_packing), I(group_by_length), I(pad_to_sequence_len),
     I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
     D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),
-    I(optimizer_in_backward), I(tensor_parallel_size), I(pipeline_parallel_size), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed),
+    I(optimizer_in_backward), I(tensor_parallel_size), I(pipeline_parallel_size), S(pipeline_layers), I(bf16), I(fp16), I(master_weights), I(optimizer), I(seed),
     I(data_seed),
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
     I(tiled_mlp_num_shards), I(adapter), I(lora_r),
@@ -1005,6 +1005,8 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             w = one = json_integer(0);
         if (!w && (!strcmp(name, "tensor_parallel_size") || !strcmp(name, "pipeline_parallel_size")))
             w = one = json_integer(1); /* written before tensor (pipeline) parallelism: none */
+        if (!w && !strcmp(name, "pipeline_layers"))
+            w = one = json_string("");
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[160] = "";
             /* the loss's blocks are resolved by the stage (auto): another stage needs the checkpoint's value set */

@@ -2,6 +2,7 @@
 #include "train/config.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #define REQUIRE(cond, ...)                                   \
     do {                                                     \
@@ -99,6 +100,20 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
         REQUIRE(o->zero_stage == 0,
                 "%s: pipeline_parallel_size %d with zero_stage %d is not supported yet: each stage already holds only "
                 "its layers' state; set zero_stage: 0 (data parallel groups then use ddp)", src, pp, o->zero_stage);
+        int counts = 0, fine = 1; /* pipeline_layers: N positive counts (their sum is checked against the model) */
+        for (const char *c = o->pipeline_layers; *c;) {
+            char *end;
+            long v = strtol(c, &end, 10);
+            fine &= end != c && v >= 1;
+            counts++;
+            c = end == c ? c + 1 : end;
+            while (*c == ',' || *c == ' ')
+                c++;
+        }
+        REQUIRE(!o->pipeline_layers[0] || (fine && counts == pp),
+                "%s: pipeline_layers is '%s'; list %d counts of layers, each at least 1 (one per stage of "
+                "pipeline_parallel_size %d), e.g. [2, 3, 3, 2] for 10 layers over 4", src, o->pipeline_layers, pp,
+                pp);
         REQUIRE(!o->optimizer_in_backward,
                 "%s: pipeline_parallel_size %d with optimizer_in_backward is not supported: a stage's layers finish "
                 "backward once per micro-batch, and the step waits for every stage's gradient norm; set "

@@ -122,6 +122,7 @@ typedef struct snug_run_config {
     int pipeline_parallel_size; /* pipeline parallelism: the layers in that many stages, one per rank of a group
                                  * (1: none); the world is a multiple of it, data parallel across the groups */
     int pipeline_recompute;     /* a stage before the last keeps only its inputs and runs its forward again */
+    char pipeline_layers[256];  /* the layers of each stage, counts joined by commas ("" = an even split) */
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
                                * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */

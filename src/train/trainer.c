@@ -409,7 +409,7 @@ static int pp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e)
     const snug_param_entry *g = &w->e[i];
     int owner = g->offset < w->layer_offset[0] ? 0 : m->pp - 1, l0, n;
     for (int q = 0; g->layer >= 0 && q < m->pp; q++)
-        if (!snug_pp_layers(m->pp_L, m->pp, q, &l0, &n) && g->layer >= l0 && g->layer < l0 + n)
+        if (!snug_pp_layers(m->pp_L, m->pp, m->pp_split, q, &l0, &n) && g->layer >= l0 && g->layer < l0 + n)
             owner = q;
     if (owner == m->pp_stage) {
         int j = 0;
@@ -976,7 +976,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                                       : "stage s keeps the activations of the N - s micro-batches it has in flight");
         for (int q = 0; q < ppn; q++) {
             int l0, nl;
-            snug_pp_layers(r.s.cfg.n_layer, ppn, q, &l0, &nl);
+            snug_pp_layers(r.s.cfg.n_layer, ppn, o->pipeline_layers, q, &l0, &nl);
             char span[32];
             snprintf(span, sizeof span, nl == 1 ? "layer %d" : "layers %d-%d", l0, l0 + nl - 1);
             fprintf(out, "                       stage %d: %s%s%s\n", q, span,

@@ -69,6 +69,11 @@ grep -q "pipeline parallel *2 stages (.*1F1B over each step's 4 micro-batches (t
   bad "pp2: no pipeline lines in the header: $(grep -a -A2 'pipeline parallel' "$W/pp2.log")"
 grep -q "stage 1: layers 1-2$" "$W/pp3.log" && ok || bad "pp3: the 4 layers not split 1, 2, 1"
 [ "$(grep -c '^snug: training' "$W/pp4.log")" -eq 1 ] && ok || bad "pp4: more than one rank printed"
+# pipeline_layers: the stages as listed (3 layers and 1): the same bits
+run pp2_31 2 --pipeline_parallel_size 2 --pipeline_layers 3,1 || bad "pp2_31 did not train: $(tail -2 "$W/pp2_31.log")"
+same pp2_31 one
+grep -q "stage 0: layers 0-2, the embedding" "$W/pp2_31.log" && grep -q "stage 1: layer 3, the final norm" \
+  "$W/pp2_31.log" && ok || bad "pp2_31: not the listed split: $(grep -a 'stage [01]:' "$W/pp2_31.log")"
 # bf16 with full checkpointing and packing, 2 micro-batches through 3 stages (the first stage's 2 forwards before any
 # backward); fp16 with 8-bit AdamW and the layer inputs offloaded
 lv="--gradient_accumulation_steps 2 --bf16 true --gradient_checkpointing true --sample_packing true"
@@ -203,6 +208,10 @@ refused noddp 4 "4 ranks with pipeline_parallel_size 2 form 2 data-parallel grou
 refused alone 0 "pipeline_parallel_size is 2 but 1 rank runs" --model_preset tiny-llama --pipeline_parallel_size 2
 refused layers 5 "pipeline_parallel_size 5 is more than the model's 4 layers" --model_preset tiny-llama \
   --pipeline_parallel_size 5
+refused split 2 "pipeline_layers '2,1' does not split the model's 4 layers into 2 stages: list 2 counts of at least" \
+  --model_preset tiny-llama --pipeline_parallel_size 2 --pipeline_layers 2,1
+refused split3 2 "pipeline_layers is '1,1,2'; list 2 counts of layers" --model_preset tiny-llama \
+  --pipeline_parallel_size 2 --pipeline_layers 1,1,2
 refused lora 2 "pipeline_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
   --pipeline_parallel_size 2
 refused tp 4 "pipeline_parallel_size 2 with tensor_parallel_size 2 is not supported yet" --model_preset tiny-llama \

@@ -595,10 +595,15 @@ static void test_tensor_parallel(void) {
 static void test_pipeline_parallel(void) {
     int l0, n, next = 0;
     for (int q = 0; q < 5; q++) { /* 12 layers over 5: 2, 3, 3, 2, 2 */
-        CHECK(snug_pp_layers(12, 5, q, &l0, &n) == 0 && l0 == next && n == (q == 1 || q == 2 ? 3 : 2));
+        CHECK(snug_pp_layers(12, 5, NULL, q, &l0, &n) == 0 && l0 == next && n == (q == 1 || q == 2 ? 3 : 2));
         next = l0 + n;
     }
-    CHECK(next == 12 && snug_pp_layers(3, 4, 0, &l0, &n) == -1 && snug_pp_layers(4, 4, 4, &l0, &n) == -1);
+    CHECK(next == 12 && snug_pp_layers(3, 4, "", 0, &l0, &n) == -1 && snug_pp_layers(4, 4, NULL, 4, &l0, &n) == -1);
+    /* as listed: [1, 6, 5] of 12 */
+    CHECK(snug_pp_layers(12, 3, "1, 6,5", 1, &l0, &n) == 0 && l0 == 1 && n == 6);
+    CHECK(snug_pp_layers(12, 3, "1,6,5", 2, &l0, &n) == 0 && l0 == 7 && n == 5);
+    CHECK(snug_pp_layers(12, 3, "1,6,4", 0, &l0, &n) == -1 && snug_pp_layers(12, 3, "1,6", 0, &l0, &n) == -1);
+    CHECK(snug_pp_layers(12, 3, "0,6,6", 1, &l0, &n) == -1 && snug_pp_layers(12, 2, "1,6,5", 0, &l0, &n) == -1);
     snug_error e = {0};
     for (int tied = 0; tied < 2; tied++) {
         snug_model_config c;
@@ -615,7 +620,7 @@ static void test_pipeline_parallel(void) {
             st.pp_stage = q;
             snug_model m = {0};
             CHECK(snug_plan_model_init(&m, &st, &e) == 0);
-            snug_pp_layers(c.n_layer, P, q, &l0, &n);
+            snug_pp_layers(c.n_layer, P, NULL, q, &l0, &n);
             CHECK(m.cfg.n_layer == n && m.pp_l0 == l0 && m.pp_L == c.n_layer && m.pp_slots == P - q);
             for (int i = 0; i < m.table.n; i++) { /* each tensor is the whole model's of that name */
                 const snug_param_entry *L = &m.table.e[i];
