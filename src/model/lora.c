@@ -152,6 +152,7 @@ int snug_lora_build(snug_model *m, snug_error *e) {
         }
     }
     lo->per_layer = off;
+    lo->l0 = m->pp > 1 ? m->pp_l0 : 0;
     /* the table, named as PEFT saves the adapters: base_model.model.<module>.lora_A.weight */
     int L = c->n_layer, cap = 0;
     snug_param_table *t = &lo->table;
@@ -167,9 +168,11 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             char name[96];
             const char *pre = c->arch == SNUG_ARCH_GPT2 ? "transformer.h" : "model.layers";
             size_t a = at + md->a_off, b = at + md->b_off;
-            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_A.weight", pre, l, defs[md->index].name);
+            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_A.weight", pre, lo->l0 + l,
+                     defs[md->index].name);
             rc |= snug_param_table_add(t, &cap, &a, name, 2, lo->r, md->in, l, 0);
-            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, l, defs[md->index].name);
+            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, lo->l0 + l,
+                     defs[md->index].name);
             rc |= snug_param_table_add(t, &cap, &b, name, 2, md->rows, lo->r, l, 0);
         }
     }
@@ -177,7 +180,7 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     lo->emb_off = lo->head_off = (size_t)-1;
     for (int k = 0; k < 2 && !rc; k++) {
         unsigned bit = k ? SNUG_SAVE_HEAD : SNUG_SAVE_EMBED;
-        if (!(lc->save_modules & bit))
+        if (!(lc->save_modules & bit) || (k ? !snug_pp_last(m) : !snug_pp_first(m))) /* (a pipeline stage's) */
             continue;
         if (c->tie_embeddings) {
             snug_lora_free(lo);
@@ -234,7 +237,8 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
             continue; /* B stays zero: the adapted model starts as the base */
         /* torch's kaiming_uniform_(a = sqrt(5)) on (r, in): U(-1/sqrt(in), 1/sqrt(in)) */
         float bound = 1.0f / sqrtf((float)p->shape[1]);
-        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        /* (a pipeline stage's entries: their index in the whole model's table, 2 per module and layer before) */
+        uint64_t s = seed * 0x100000001B3ull + (uint64_t)(i + 2 * lo->nmod * lo->l0) * 0x9E3779B97F4A7C15ull;
         for (size_t k = 0; k < p->numel; k++) {
             double u = ((snug_splitmix64(&s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
             host[p->offset + k] = (float)((2.0 * u - 1.0) * bound);
@@ -256,7 +260,7 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
 /* The dropout stream of module md in layer l for this micro-batch, from row n0 on: element i of the stream is drawn
  * from seed + (i + 1) * gamma (snug_sr_bits), so starting n0 rows in is the seed moved on by n0 * in gammas. */
 static uint64_t mask_seed(const snug_lora *lo, int l, const snug_lora_module *md, int n0) {
-    uint64_t s = lo->seed ^ ((uint64_t)(l + 1) * 0xD6E8FEB86659FD93ull) ^ ((uint64_t)(md->index + 1) << 56);
+    uint64_t s = lo->seed ^ ((uint64_t)(lo->l0 + l + 1) * 0xD6E8FEB86659FD93ull) ^ ((uint64_t)(md->index + 1) << 56);
     return s + (uint64_t)n0 * (uint64_t)md->in * 0x9E3779B97F4A7C15ull;
 }
 

@@ -1977,7 +1977,8 @@ static void layer_bwd(snug_model *m, int l) {
         keep(m, NULL, a->ln1, Nn * C);
     }
     /* a frozen embedding (LoRA) takes no gradient, so the first layer's input gradient is never read */
-    int need_dx = l > 0 || m->g.wte || m->g.wpe || g->ln1_w || (m->lora.on && m->lora.emb_off != (size_t)-1);
+    int need_dx = l > 0 || !snug_pp_first(m) || m->g.wte || m->g.wpe || g->ln1_w ||
+                  (m->lora.on && m->lora.emb_off != (size_t)-1); /* (a later pipeline stage sends it back) */
     if (need_dx)
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,

@@ -158,6 +158,8 @@ typedef struct snug_lora {
     int nmod;
     snug_lora_module mod[SNUG_LORA_MAX_MODULES];
     size_t per_layer;     /* adapter floats per layer */
+    int l0;               /* the whole model's index of layer 0 (pipeline parallelism: the stage's first layer), in
+                           * the names, the initial values' streams and dropout's masks */
     size_t emb_off, head_off; /* the trained copies of embed_tokens and lm_head in the adapter table (after every
                                * layer's adapters), (size_t)-1 when not trained */
     int max_in;

@@ -276,11 +276,12 @@ static int read_arena(const char *path, snug_engine *eng, int i, snug_error *e) 
 
 /* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, from a stream (fill, F32),
  * or (all NULL) from the engine's model itself; model.safetensors is written with wo (NULL: none). */
-static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
-                   const uint16_t *p16, snug_weights_fill fill, void *ud, const snug_write_opts *wo, snug_error *e) {
+static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *eng, const snug_model *am,
+                      const float *p32, const uint16_t *p16, snug_weights_fill fill, void *ud,
+                      const snug_write_opts *wo, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
-    const snug_model *m = &eng->model;
+    const snug_model *m = am ? am : &eng->model;
     if (s->tok_path[0]) {
         char srcdir[4096];
         snprintf(srcdir, sizeof srcdir, "%s", s->tok_path);
@@ -315,8 +316,18 @@ static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng,
     return snug_model_config_save(&cfg, p, e);
 }
 
+static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
+                   const uint16_t *p16, snug_weights_fill fill, void *ud, const snug_write_opts *wo, snug_error *e) {
+    return save_hf_as(dir, s, eng, NULL, p32, p16, fill, ud, wo, e);
+}
+
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
     return save_hf(dir, s, eng, NULL, NULL, NULL, NULL, NULL, e);
+}
+
+int snug_save_hf_folder_adapter(const char *dir, const snug_setup *s, const snug_engine *eng, const snug_model *whole,
+                                const float *host, snug_error *e) {
+    return save_hf_as(dir, s, eng, whole, host, NULL, NULL, NULL, NULL, e);
 }
 
 int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,

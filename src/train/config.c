@@ -90,10 +90,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: pipeline_parallel_size is %d; use 1 (none) to 4096 stages", src, o->pipeline_parallel_size);
     if (o->pipeline_parallel_size > 1) {
         int pp = o->pipeline_parallel_size;
-        REQUIRE(o->adapter == SNUG_ADAPTER_NONE,
-                "%s: pipeline_parallel_size %d with adapter %s is not supported yet: pipeline parallelism splits a "
-                "full fine-tune's layers; set pipeline_parallel_size: 1 (data parallelism, with zero_stage: 3 to shard "
-                "the base, suits adapters)", src, pp, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
         REQUIRE(o->tensor_parallel_size == 1,
                 "%s: pipeline_parallel_size %d with tensor_parallel_size %d is not supported yet; choose one of them "
                 "(data parallelism goes beside either)", src, pp, o->tensor_parallel_size);

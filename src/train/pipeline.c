@@ -13,9 +13,12 @@ static float *in_slot(const snug_model *m, int i) {
     return snug_pp_first(m) ? NULL : m->pp_in + (size_t)(i % m->pp_slots) * stage_floats(m);
 }
 
-/* Micro-batch i's data, and its set of saved activations where the stage keeps one per micro-batch in flight */
-static void set_batch(snug_model *m, const snug_micro_batch *b, int i) {
+/* Micro-batch i's data (and LoRA dropout's seed), and its set of saved activations where the stage keeps one per
+ * micro-batch in flight */
+static void set_batch(snug_model *m, const snug_micro_batch *b, const uint64_t *seeds, int i) {
     snug_model_set_batch(m, b->ids, b->labels, b->pos, b->seg, b->rows, b->T);
+    if (seeds)
+        m->lora.seed = seeds[i];
     if (m->act_sets_n > 1)
         snug_model_use_set(m, i % m->act_sets_n);
 }
@@ -23,15 +26,16 @@ static void set_batch(snug_model *m, const snug_micro_batch *b, int i) {
 /* The current micro-batch's output-sized exchange: N x C floats of the current batch's rows. */
 static size_t cur_floats(const snug_model *m) { return (size_t)m->cur_B * m->cur_T * m->cfg.hidden_size; }
 
-/* Forward of the current batch (micro-batch i) on a stage before the last: its input received, the output sent. */
-static int fwd(snug_pipe *p, snug_model *m, int i, snug_error *e) {
+/* Forward of the current batch (micro-batch i) on a stage before the last: its input received, the output sent.
+ * grad_scale: the step's (training: LoRA's dropout on), or 0 (evaluation). */
+static int fwd(snug_pipe *p, snug_model *m, int i, float grad_scale, snug_error *e) {
     snug_comm *c = p->c;
     size_t n = cur_floats(m);
     float *in = in_slot(m, i);
     if (in)
         SNUG_TRY(c->recv(c, in, n, SNUG_COMM_F32, c->rank - 1, e));
     SNUG_TRY(c->wait(c, e)); /* the last output sent has been received: pp_out may be overwritten */
-    snug_model_stage(m, 0.0f, in, NULL);
+    snug_model_stage(m, grad_scale, in, NULL);
     return c->send(c, m->pp_out, n, SNUG_COMM_F32 | SNUG_COMM_ASYNC, c->rank + 1, e);
 }
 
@@ -53,21 +57,21 @@ static int bwd(snug_pipe *p, snug_model *m, int i, float grad_scale, double *los
     return c->send(c, m->pp_din, n, SNUG_COMM_F32 | SNUG_COMM_ASYNC, c->rank - 1, e);
 }
 
-int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, int n, float grad_scale,
-                   snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e) {
+int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, const uint64_t *seeds, int n,
+                   float grad_scale, snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e) {
     int s = p->c->rank, w = p->c->size - s - 1;
     w = w < n ? w : n;
     *loss = 0;
     for (int i = 0; i < w; i++) { /* warm-up: the forwards ahead of the first backward */
-        set_batch(m, &mb[i], i);
-        SNUG_TRY(fwd(p, m, i, e));
+        set_batch(m, &mb[i], seeds, i);
+        SNUG_TRY(fwd(p, m, i, grad_scale, e));
     }
     for (int i = 0; i < n; i++) { /* one forward, one backward; then the backwards left */
         if (i + w < n && !snug_pp_last(m) && w > 0) {
-            set_batch(m, &mb[i + w], i + w);
-            SNUG_TRY(fwd(p, m, i + w, e));
+            set_batch(m, &mb[i + w], seeds, i + w);
+            SNUG_TRY(fwd(p, m, i + w, grad_scale, e));
         }
-        set_batch(m, &mb[i], i);
+        set_batch(m, &mb[i], seeds, i);
         m->on_grads_ready = i == n - 1 ? hook : NULL;
         m->on_grads_ready_ud = ud;
         int rc = bwd(p, m, i, grad_scale, loss, e);
@@ -81,7 +85,7 @@ int snug_pipe_forward(snug_pipe *p, snug_model *m, double *loss, snug_error *e) 
     snug_comm *c = p->c;
     *loss = 0;
     if (!snug_pp_last(m)) {
-        SNUG_TRY(fwd(p, m, 0, e));
+        SNUG_TRY(fwd(p, m, 0, 0.0f, e));
         return c->wait(c, e);
     }
     float *in = in_slot(m, 0);
@@ -92,7 +96,7 @@ int snug_pipe_forward(snug_pipe *p, snug_model *m, double *loss, snug_error *e) 
 
 /* The table entry of the embedding a tied head reads, or -1. */
 static int tied_entry(const snug_model *m) {
-    if (m->pp <= 1 || !m->cfg.tie_embeddings || m->gwte == (size_t)-1)
+    if (m->pp <= 1 || !m->cfg.tie_embeddings || m->gwte == (size_t)-1 || !m->grads) /* (LoRA: a frozen base) */
         return -1;
     for (int i = 0; i < m->table.n; i++)
         if (m->table.e[i].layer < 0 && m->table.e[i].offset == m->gwte)
@@ -111,8 +115,8 @@ int snug_pipe_tied_sum(snug_pipe *p, snug_model *m, snug_error *e) {
 
 int snug_pipe_grad_norm(snug_pipe *p, const snug_model *m, float grad_scale, double *norm, snug_error *e) {
     int skip = snug_pp_last(m) && !snug_pp_first(m) ? tied_entry(m) : -1; /* the first stage counts it */
-    double ss = 0;
-    for (int i = 0; i < m->table.n; i++) {
+    double ss = m->lora.grads ? m->be->sumsq(m->be, m->lora.grads, SNUG_DT_F32, m->lora.table.total) : 0;
+    for (int i = 0; i < m->table.n && !m->lora.grads; i++) {
         if (i == skip)
             continue;
         snug_dtype dt;

@@ -29,10 +29,10 @@ typedef struct snug_pipe {
 } snug_pipe;
 
 /* One step's micro-batches mb[0..n) through this stage, gradients accumulated (grad_scale-scaled) into the model's.
- * hook / ud: the model's on_grads_ready during the last micro-batch's backward (DDP's buckets), or NULL. *loss: the
- * summed loss on the last stage, 0 on the others. */
-int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, int n, float grad_scale,
-                   snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e);
+ * seeds: LoRA dropout's seed of each micro-batch (NULL: none). hook / ud: the model's on_grads_ready during the last
+ * micro-batch's backward (DDP's buckets), or NULL. *loss: the summed loss on the last stage, 0 on the others. */
+int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, const uint64_t *seeds, int n,
+                   float grad_scale, snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e);
 
 /* The current batch (set on every stage) forward through the pipeline, for evaluation: *loss the summed loss on the
  * last stage, 0 on the others. */
@@ -42,8 +42,8 @@ int snug_pipe_forward(snug_pipe *p, snug_model *m, double *loss, snug_error *e);
  * parts). Nothing on the other stages, or without a tied head. */
 int snug_pipe_tied_sum(snug_pipe *p, snug_model *m, snug_error *e);
 
-/* The gradient norm over the pipeline (times grad_scale): each stage's squares summed over the stages, the tied
- * head's copy on the last stage not counted again. */
+/* The gradient norm over the pipeline (times grad_scale): each stage's squares (of its adapters' under LoRA) summed
+ * over the stages, the tied head's copy on the last stage not counted again. */
 int snug_pipe_grad_norm(snug_pipe *p, const snug_model *m, float grad_scale, double *norm, snug_error *e);
 
 #endif

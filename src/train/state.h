@@ -50,6 +50,10 @@ int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine 
  * it is written, e.g. gathered from the ranks' shards of the master copy. */
 int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,
                                void *ud, snug_error *e);
+/* The folder of a LoRA run whose adapters were gathered from several ranks (pipeline parallelism): whole, a model
+ * whose adapter table is the whole model's, and host, that table's values. */
+int snug_save_hf_folder_adapter(const char *dir, const snug_setup *s, const snug_engine *eng, const snug_model *whole,
+                                const float *host, snug_error *e);
 
 /* Checkpoints are written one at a time. With a snapshot (the engine's spec.ckpt_snapshot, async_checkpoint), the
  * arenas a checkpoint keeps are copied into it and a thread writes the folder from the copy while training goes on;

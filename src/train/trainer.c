@@ -422,6 +422,50 @@ static int pp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e)
     return ms->tpc->broadcast(ms->tpc, dst, g->numel, SNUG_COMM_F32 | SNUG_COMM_HOST, owner, e);
 }
 
+/* Pipeline parallelism under LoRA: the adapters of every stage gathered, tensor by tensor from the stage holding it,
+ * into the whole model's adapter table (built on a model of the whole config); rank 0 writes the folder. The ranks
+ * agree before the gathers and after the write, as stream_save does. */
+static int pp_save_adapter(run *r, snug_comm *c, snug_comm *ppc, int *broken, snug_error *e) {
+    const snug_model *m = &r->eng.model;
+    snug_model w;
+    memset(&w, 0, sizeof w);
+    w.cfg = m->tp_cfg; /* the whole model's */
+    w.lv = m->lv;
+    w.be = m->be;
+    size_t n = m->lora.table.total;
+    int rc = snug_param_table_build(&w.table, &w.cfg, e);
+    if (!rc)
+        rc = snug_lora_build(&w, e);
+    float *host = rc ? NULL : calloc(w.lora.table.total ? w.lora.table.total : 1, sizeof *host);
+    float *mine = malloc((n ? n : 1) * sizeof *mine);
+    if (!rc && (!host || !mine))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory gathering the adapters to save them");
+    if (!rc)
+        m->be->to_host(m->be, mine, m->lora.params, n * sizeof *mine);
+    rc = ddp_agree(c, rc, broken, e);
+    for (int i = 0; !rc && i < w.lora.table.n; i++) {
+        const snug_param_entry *g = &w.lora.table.e[i];
+        int owner = g->layer < 0 && strstr(g->name, "embed_tokens") ? 0 : m->pp - 1, l0, k;
+        for (int q = 0; g->layer >= 0 && q < m->pp; q++)
+            if (!snug_pp_layers(m->pp_L, m->pp, m->pp_split, q, &l0, &k) && g->layer >= l0 && g->layer < l0 + k)
+                owner = q;
+        for (int j = 0; owner == m->pp_stage && j < m->lora.table.n; j++)
+            if (!strcmp(m->lora.table.e[j].name, g->name))
+                memcpy(host + g->offset, mine + m->lora.table.e[j].offset, g->numel * sizeof *host);
+        if ((rc = ppc->broadcast(ppc, host + g->offset, g->numel, SNUG_COMM_F32 | SNUG_COMM_HOST, owner, e)))
+            *broken = 1;
+    }
+    if (!rc && c->rank == 0)
+        rc = snug_save_hf_folder_adapter(r->s.c.output_dir, &r->s, &r->eng, &w, host, e);
+    if (!*broken)
+        rc = ddp_agree(c, rc, broken, e);
+    free(host);
+    free(mine);
+    snug_lora_free(&w.lora);
+    snug_param_table_free(&w.table);
+    return rc;
+}
+
 /* Tensor i of the table gathered from the data-parallel ranks' shards into dst (its numel floats) on every rank. */
 static int master_gather(master_stream *ms, int i, float *dst, snug_error *e) {
     const snug_model *m = ms->m;
@@ -1003,7 +1047,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
     int32_t *pos = malloc((size_t)GA * BT * sizeof *pos), *seg = malloc((size_t)GA * BT * sizeof *seg);
     snug_micro_batch *mb = malloc((size_t)GA * sizeof *mb); /* the step's micro-batches, each (B, T) at most */
-    if (!ids || !labels || !pos || !seg || !mb)
+    uint64_t *seeds = malloc((size_t)GA * sizeof *seeds);   /* and their dropout seeds */
+    if (!ids || !labels || !pos || !seg || !mb || !seeds)
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the batch buffers");
     for (int k = 0; !rc && k < GA; k++)
         mb[k] = (snug_micro_batch){.ids = ids + k * BT, .labels = labels + k * BT, .pos = pos + k * BT,
@@ -1208,9 +1253,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             zero_grads(&r.eng.model);
         }
         double loss_sum = 0;
+        /* LoRA dropout's masks: a function of the seed, the step and the micro-batch (the same on resume) */
+        for (int k = k0; k < k1; k++) {
+            uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
+            seeds[k - k0] = snug_splitmix64(&ds);
+        }
         /* pipeline parallelism: the rank's micro-batches through the stages (1F1B), the last stage's loss summed
          * over the pipeline */
-        if (ppn > 1 && ((rc = snug_pipe_step(&pipe, &r.eng.model, mb + k0, k1 - k0, scale * ls.scale,
+        if (ppn > 1 && ((rc = snug_pipe_step(&pipe, &r.eng.model, mb + k0, seeds, k1 - k0, scale * ls.scale,
                                              bucketed ? snug_ddp_bucket_ready : NULL, &buckets, &loss_sum, e)) ||
                         (rc = tp->allreduce_sum(tp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
             broken = 1;
@@ -1222,9 +1272,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 r.eng.model.on_grads_ready_ud = &buckets;
             }
             snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
-            /* LoRA dropout's masks: a function of the seed, the step and the micro-batch (the same on resume) */
-            uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
-            r.eng.model.lora.seed = snug_splitmix64(&ds);
+            r.eng.model.lora.seed = seeds[k - k0];
             loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
         }
         if (bucketed) {
@@ -1462,6 +1510,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
         rc = stream_save(&r, &comm, dp, gn > 1 ? tp : NULL, shard, &broken, e);
+    } else if (!rc && !stopped && ppn > 1 && r.eng.model.lora.on) { /* every stage's adapters */
+        rc = pp_save_adapter(&r, &comm, tp, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }
@@ -1517,6 +1567,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(pos);
     free(seg);
     free(mb);
+    free(seeds);
     free(shard);
     free(z2.counts);
     free(z3.counts);

@@ -27,10 +27,12 @@ printf 'datasets:\n  - path: %s\n    type: completion\n' "$W/text.jsonl" > "$W/i
 common="$W/ids.yaml $tok --base_model $W/base --max_steps 1 --micro_batch_size 2"
 skip_without_mpi --pipeline_parallel_size 2
 
-# same CURVE RUN REF: RUN's logged losses and validation losses are REF's, its gradient norms within 1e-6 (the
-# stages' sums of squares added in another order), and its weights REF's bytes
+# same RUN REF: RUN's logged losses and validation losses are REF's, its gradient norms within 1e-6 (the stages' sums
+# of squares added in another order), and its weights (or adapter) REF's bytes
 same() {
-  cmp -s "$W/$1/model.safetensors" "$W/$2/model.safetensors" &&
+  local f=model.safetensors
+  [ -e "$W/$2/$f" ] || f=adapter_model.safetensors
+  cmp -s "$W/$1/$f" "$W/$2/$f" &&
     python3 - "$W/$1/metrics.jsonl" "$W/$2/metrics.jsonl" <<'PY' && ok || bad "$1: not the bits of $2"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
@@ -86,6 +88,27 @@ run pp2_h 2 $lv --pipeline_parallel_size 2 || bad "pp2_h did not train: $(tail -
 same pp2_h one_h
 grep -q "gradient_accumulation_steps 2 < 3 stages: some stage is always idle" "$W/pp3_b.log" && ok ||
   bad "pp3_b: no note of the idle stage"
+
+# LoRA (dropout's masks drawn by the whole model's layer index) and QLoRA (each stage's 4-bit matrices) on the
+# stages' layers, the adapters gathered into one PEFT folder: one process's bits; lora_modules_to_save's copies on the
+# first and last stages; merge_lora from the gathered adapter; a resumed run the run that never stopped
+lv="--adapter lora --lora_r 4 --lora_dropout 0.1 --lora_target_linear true"
+run one_l 0 $lv --merge_lora true || bad "one_l did not train: $(tail -2 "$W/one_l.log")"
+run pp3_l 3 $lv --merge_lora true --pipeline_parallel_size 3 || bad "pp3_l did not train: $(tail -2 "$W/pp3_l.log")"
+same pp3_l one_l
+cmp -s "$W/one_l/merged/model.safetensors" "$W/pp3_l/merged/model.safetensors" && ok ||
+  bad "pp3_l: the merged model is not one process's"
+lv="--adapter qlora --lora_r 4 --lora_target_linear true --bf16 true --lora_modules_to_save embed_tokens,lm_head"
+run one_q 0 $lv || bad "one_q did not train: $(tail -2 "$W/one_q.log")"
+run pp2_q 2 $lv --pipeline_parallel_size 2 || bad "pp2_q did not train: $(tail -2 "$W/pp2_q.log")"
+same pp2_q one_q
+lv="--adapter lora --lora_r 4 --lora_dropout 0.1 --max_steps 4 --val_set_size 0"
+run lck_full 2 $lv --pipeline_parallel_size 2 || bad "lck_full did not train"
+run lck 2 $lv --pipeline_parallel_size 2 --save_steps 2 || bad "lck did not train: $(tail -2 "$W/lck.log")"
+rm -rf "$W/lck/checkpoint-4" "$W/lck/adapter_model.safetensors" "$W/lck/adapter_config.json"
+run lck 2 $lv --pipeline_parallel_size 2 --save_steps 2 --resume_from_checkpoint latest &&
+  cmp -s "$W/lck/adapter_model.safetensors" "$W/lck_full/adapter_model.safetensors" && ok ||
+  bad "the resumed LoRA pipeline is not the run that never stopped: $(tail -2 "$W/lck.log")"
 
 # each rank's arenas are its plan and `snug plan`'s for its stage; its parameters, gradients and optimizer state
 # smaller than one process's
@@ -212,8 +235,6 @@ refused split 2 "pipeline_layers '2,1' does not split the model's 4 layers into 
   --model_preset tiny-llama --pipeline_parallel_size 2 --pipeline_layers 2,1
 refused split3 2 "pipeline_layers is '1,1,2'; list 2 counts of layers" --model_preset tiny-llama \
   --pipeline_parallel_size 2 --pipeline_layers 1,1,2
-refused lora 2 "pipeline_parallel_size 2 with adapter lora is not supported" --base_model "$W/tied" --adapter lora \
-  --pipeline_parallel_size 2
 refused tp 4 "pipeline_parallel_size 2 with tensor_parallel_size 2 is not supported yet" --model_preset tiny-llama \
   --pipeline_parallel_size 2 --tensor_parallel_size 2
 refused zero 4 "pipeline_parallel_size 2 with zero_stage 1 is not supported yet" --model_preset tiny-llama \
