@@ -503,9 +503,11 @@ static void print_text(const report *r, FILE *f) {
     if (p->spec.pp > 1) { /* the plan below is the heaviest stage's */
         int P = p->spec.pp, m = o->gradient_accumulation_steps;
         fmtb(b, sizeof b, (double)p->spec.B * p->spec.T * c->hidden_size * sizeof(float));
-        fprintf(f, "  pipeline     %d stages of the layers, 1F1B over %d micro-batch%s per step (a stage's forward run "
-                "again before its backward; %d of every %d stage-slots idle); the memory below is stage %d's, the "
-                "heaviest:\n", P, m, m == 1 ? "" : "es", P - 1, m + P - 1, p->spec.pp_stage);
+        fprintf(f, "  pipeline     %d stages of the layers, 1F1B over %d micro-batch%s per step (%s; %d of every %d "
+                "stage-slots idle); the memory below is stage %d's, the heaviest:\n", P, m, m == 1 ? "" : "es",
+                p->spec.pp_recompute ? "a stage keeps each micro-batch's input and runs its forward again"
+                                     : "stage s keeps the activations of its P - s micro-batches in flight",
+                P - 1, m + P - 1, p->spec.pp_stage);
         for (int q = 0; q < P; q++) {
             int l0, n;
             char n1[32];
