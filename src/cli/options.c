@@ -240,7 +240,8 @@ static const key_spec keys[] = {
              "their gradients back; a stage keeps the activations of each micro-batch in flight (N - stage of "
              "them; pipeline_recompute: true keeps their inputs alone). The same bits as one process accumulating the "
              "same micro-batches (an untied head). Full fine-tuning, LoRA or QLoRA, on CPU ranks for now; a "
-             "multiple of N ranks (groups of N consecutive ranks, data parallel across the groups); checkpoints keep "
+             "multiple of N ranks (groups of N consecutive ranks, data parallel across the groups, zero_stage 1 or 2 "
+             "sharding each stage's state over them with an untied head); checkpoints keep "
              "each stage's state, the final model (or adapter) is written whole"},
     {.name = "pipeline_layers", .type = KT_NAMES, .group = G_BATCH, AT_STR(pipeline_layers), .def = "",
      .help = "under pipeline_parallel_size N: how many layers each stage takes, N counts (a YAML list, or "

@@ -93,9 +93,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
         REQUIRE(o->tensor_parallel_size == 1,
                 "%s: pipeline_parallel_size %d with tensor_parallel_size %d is not supported yet; choose one of them "
                 "(data parallelism goes beside either)", src, pp, o->tensor_parallel_size);
-        REQUIRE(o->zero_stage == 0,
-                "%s: pipeline_parallel_size %d with zero_stage %d is not supported yet: each stage already holds only "
-                "its layers' state; set zero_stage: 0 (data parallel groups then use ddp)", src, pp, o->zero_stage);
+        REQUIRE(o->zero_stage < 3,
+                "%s: pipeline_parallel_size %d with zero_stage 3 is not supported yet (stages 1 and 2 shard each "
+                "stage's optimizer state and gradients over its data-parallel group); set zero_stage: 2 or lower",
+                src, pp);
         int counts = 0, fine = 1; /* pipeline_layers: N positive counts (their sum is checked against the model) */
         for (const char *c = o->pipeline_layers; *c;) {
             char *end;

@@ -72,10 +72,13 @@ int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, cons
             SNUG_TRY(fwd(p, m, i + w, grad_scale, e));
         }
         set_batch(m, &mb[i], seeds, i);
-        m->on_grads_ready = i == n - 1 ? hook : NULL;
-        m->on_grads_ready_ud = ud;
+        if (hook) { /* (otherwise the model's own hook, ZeRO-2's, runs in every backward) */
+            m->on_grads_ready = i == n - 1 ? hook : NULL;
+            m->on_grads_ready_ud = ud;
+        }
         int rc = bwd(p, m, i, grad_scale, loss, e);
-        m->on_grads_ready = NULL;
+        if (hook)
+            m->on_grads_ready = NULL;
         SNUG_TRY(rc);
     }
     return p->c->wait(p->c, e); /* every send received: the next step starts with nothing in flight */

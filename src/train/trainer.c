@@ -300,14 +300,16 @@ static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
 }
 
 /* ZeRO: the global gradient norm (times grad_scale) from each rank's shard, the squares summed over the ranks (in
- * rank order in the deterministic mode). The same sum as snug_grad_norm_model's over the whole buffer up to the
+ * rank order in the deterministic mode), and with `stages` (pipeline parallelism, an untied head) over those too. The same sum as snug_grad_norm_model's over the whole buffer up to the
  * order of the double additions. */
-static int zero_grad_norm(snug_comm *c, const snug_model *m, const size_t *shard, float grad_scale, double *norm,
-                          snug_error *e) {
+static int zero_grad_norm(snug_comm *c, snug_comm *stages, const snug_model *m, const size_t *shard, float grad_scale,
+                          double *norm, snug_error *e) {
     size_t lo = snug_comm_displ(shard, c->rank);
     const float *g = m->lv.zero_grads ? m->gshard : m->grads + lo; /* ZeRO-2 keeps only the shard's sum */
     double ss = shard[c->rank] ? m->be->sumsq(m->be, g, SNUG_DT_F32, shard[c->rank]) : 0.0;
     SNUG_TRY(c->allreduce_sum(c, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
+    if (stages) /* pipeline parallelism: then over the stages */
+        SNUG_TRY(stages->allreduce_sum(stages, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
     *norm = sqrt(ss) * fabs((double)grad_scale);
     return 0;
 }
@@ -411,13 +413,13 @@ static int pp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e)
     for (int q = 0; g->layer >= 0 && q < m->pp; q++)
         if (!snug_pp_layers(m->pp_L, m->pp, m->pp_split, q, &l0, &n) && g->layer >= l0 && g->layer < l0 + n)
             owner = q;
-    if (owner == m->pp_stage) {
+    if (owner == m->pp_stage) { /* under ZeRO first gathered from the stage's data-parallel shards */
         int j = 0;
         while (j < m->table.n && strcmp(m->table.e[j].name, g->name))
             j++;
         if (j == m->table.n) /* the layout and the whole table disagree: a bug, not an input */
             return snug_fail(e, SNUG_EINTERNAL, "stage %d holds no '%s' to save", m->pp_stage, g->name);
-        SNUG_TRY(tp_local_f32(m, j, dst, e));
+        SNUG_TRY(ms->shard ? master_gather(ms, j, dst, e) : tp_local_f32(m, j, dst, e));
     }
     return ms->tpc->broadcast(ms->tpc, dst, g->numel, SNUG_COMM_F32 | SNUG_COMM_HOST, owner, e);
 }
@@ -909,6 +911,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     free(adopted);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
+    if (!rc && ppn > 1 && o->zero_stage && r.s.cfg.tie_embeddings) /* (every rank refuses alike) */
+        rc = snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d with zero_stage %d and a tied head "
+                       "(tie_word_embeddings) is not supported yet: the embedding's gradient is summed from the first "
+                       "and the last stage, which ZeRO shard differently; set zero_stage: 0", ppn, o->zero_stage);
     if (!rc)
         rc = snug_setup_load_data(&r.s, e);
     snug_loader loader = {0};
@@ -1359,14 +1365,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     broken = 1;
                     break;
                 }
-            } else if (ppn > 1) {
+            } else if (ppn > 1 && (!shard || r.eng.model.lora.on)) {
                 if ((rc = snug_pipe_grad_norm(&pipe, &r.eng.model, 1.0f / ls.scale, &norm, e))) {
                     broken = 1;
                     break;
                 }
             } else if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
                 norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
-            } else if ((rc = zero_grad_norm(dp, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
+            } else if ((rc = zero_grad_norm(dp, ppn > 1 ? tp : NULL, &r.eng.model, shard, 1.0f / ls.scale, &norm,
+                                            e))) {
                 broken = 1;
                 break;
             }

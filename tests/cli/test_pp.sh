@@ -183,6 +183,21 @@ run ddp2 2 || bad "ddp2 did not train"
 run g2 4 --pipeline_parallel_size 2 || bad "g2 did not train: $(tail -2 "$W/g2.log")"
 same g2 ddp2
 grep -q "data parallel *2 ranks" "$W/g2.log" && ok || bad "g2: no data parallel line"
+# ZeRO over each stage's data-parallel group: stage 1 (the optimizer state sharded) DDP's bits; stage 2 (gradients
+# reduce-scattered every micro-batch) DDP's bits at one micro-batch per rank, in bf16 with the fp32 master copy
+# sharded (the final save gathers it from the shards); a stage-2 checkpoint resumes to the same bits
+run g2z1 4 --pipeline_parallel_size 2 --zero_stage 1 || bad "g2z1 did not train: $(tail -2 "$W/g2z1.log")"
+same g2z1 g2
+lv="--gradient_accumulation_steps 1 --bf16 true --pipeline_parallel_size 2"
+run g1b 4 $lv || bad "g1b did not train"
+run g1bz2 4 $lv --zero_stage 2 || bad "g1bz2 did not train: $(tail -2 "$W/g1bz2.log")"
+same g1bz2 g1b
+run g1bz2ck 4 $lv --zero_stage 2 --save_steps 2 --val_set_size 0 || bad "g1bz2ck did not train"
+rm -rf "$W/g1bz2ck/checkpoint-4" "$W/g1bz2ck/model.safetensors"
+run g1bz2ck 4 $lv --zero_stage 2 --save_steps 2 --val_set_size 0 --resume_from_checkpoint latest &&
+  run g1bz2nv 4 $lv --zero_stage 2 --val_set_size 0 &&
+  cmp -s "$W/g1bz2ck/model.safetensors" "$W/g1bz2nv/model.safetensors" && ok ||
+  bad "a ZeRO-2 pipeline checkpoint did not resume to the run that never stopped: $(tail -2 "$W/g1bz2ck.log")"
 
 # checkpoints keep each stage's state: resumed on as many ranks, the run that never stopped, bit for bit; on another
 # number of stages, refused naming the setting
@@ -237,8 +252,10 @@ refused split3 2 "pipeline_layers is '1,1,2'; list 2 counts of layers" --model_p
   --pipeline_parallel_size 2 --pipeline_layers 1,1,2
 refused tp 4 "pipeline_parallel_size 2 with tensor_parallel_size 2 is not supported yet" --model_preset tiny-llama \
   --pipeline_parallel_size 2 --tensor_parallel_size 2
-refused zero 4 "pipeline_parallel_size 2 with zero_stage 1 is not supported yet" --model_preset tiny-llama \
-  --pipeline_parallel_size 2 --zero_stage 1
+refused z3 4 "pipeline_parallel_size 2 with zero_stage 3 is not supported yet" --model_preset tiny-llama \
+  --pipeline_parallel_size 2 --zero_stage 3
+refused ztied 4 "pipeline_parallel_size 2 with zero_stage 1 and a tied head (tie_word_embeddings) is not supported" \
+  --model_preset tiny-llama --pipeline_parallel_size 2 --zero_stage 1
 refused oib 2 "pipeline_parallel_size 2 with optimizer_in_backward is not supported" --model_preset tiny-llama \
   --pipeline_parallel_size 2 --optimizer_in_backward true --max_grad_norm 0
 "$SNUG" plan $common --model_preset tiny-llama --pipeline_parallel_size 2 --backend cuda > "$W/plan_gpu.log" 2>&1
