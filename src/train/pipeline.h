@@ -30,7 +30,8 @@ typedef struct snug_pipe {
 
 /* One step's micro-batches mb[0..n) through this stage, gradients accumulated (grad_scale-scaled) into the model's.
  * seeds: LoRA dropout's seed of each micro-batch (NULL: none). hook / ud: the model's on_grads_ready during the last
- * micro-batch's backward (DDP's buckets), or NULL (the model's own hook, if any, then runs in every backward). *loss: the summed loss on the last stage, 0 on the others. */
+ * micro-batch's backward (DDP's buckets), or NULL (the model's own hook, if any, then runs in every backward).
+ * *loss: the summed loss on the last stage, 0 on the others. */
 int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, const uint64_t *seeds, int n,
                    float grad_scale, snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e);
 

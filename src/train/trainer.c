@@ -300,8 +300,8 @@ static int ddp_reduce_grads(snug_comm *c, snug_model *m, snug_error *e) {
 }
 
 /* ZeRO: the global gradient norm (times grad_scale) from each rank's shard, the squares summed over the ranks (in
- * rank order in the deterministic mode), and with `stages` (pipeline parallelism, an untied head) over those too. The same sum as snug_grad_norm_model's over the whole buffer up to the
- * order of the double additions. */
+ * rank order in the deterministic mode), and with `stages` (pipeline parallelism, an untied head) over those too.
+ * The same sum as snug_grad_norm_model's over the whole buffer up to the order of the double additions. */
 static int zero_grad_norm(snug_comm *c, snug_comm *stages, const snug_model *m, const size_t *shard, float grad_scale,
                           double *norm, snug_error *e) {
     size_t lo = snug_comm_displ(shard, c->rank);

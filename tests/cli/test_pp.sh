@@ -3,10 +3,11 @@
 # - Bit for bit where the arithmetic is the same: each stage runs its layers' ops unchanged and accumulates its
 #   gradients over the micro-batches in their order, so with an untied head and no clipping (whose norm sums the
 #   stages' squares in another order) the losses, validation losses and final weights are one process's accumulating
-#   the same micro-batches, at 2, 3 and 4 stages, with pipeline_recompute, with fewer micro-batches than stages,
-#   under bf16, fp16 and checkpointing; data parallel groups of pipelines are data parallelism's bits; the weights as loaded or drawn and
-#   gathered back are the one process's bytes; a run stopped (at a checkpoint, or by SIGTERM) and resumed is the run
-#   that never stopped.
+#   the same micro-batches, at 2, 3 and 4 stages, with pipeline_recompute and pipeline_layers, with fewer
+#   micro-batches than stages, under bf16, fp16 and checkpointing, for LoRA and QLoRA adapters; data parallel groups
+#   of pipelines are data parallelism's bits, with ZeRO-1 and 2 too; the weights as loaded or drawn and gathered back
+#   are the one process's bytes; a run stopped (at a checkpoint, or by SIGTERM) and resumed is the run that never
+#   stopped.
 # - Within 10 times a noise floor measured here (noise_floor.sh) where the order of additions changes: a tied head
 #   (its gradient summed from the first and last stages) with clipping, on Llama and GPT-2.
 # - Each rank's arenas equal its plan and `snug plan`'s stage; the settings it cannot take are refused before
@@ -209,7 +210,8 @@ ls "$W/ck/checkpoint-2" | grep -q "state-params.rank2.bin" && [ ! -e "$W/ck/chec
   bad "checkpoint-2: not each stage's state ($(ls "$W/ck/checkpoint-2" | tr '\n' ' '))"
 rm -rf "$W/ck/checkpoint-4" "$W/ck/model.safetensors"
 run ck 3 --save_steps 2 --resume_from_checkpoint latest &&
-  grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" && ok || bad "ck did not resume: $(tail -2 "$W/ck.log")"
+  grep -q "resumed from .*checkpoint-2 at step 2 of 6" "$W/ck.log" && ok ||
+  bad "ck did not resume: $(tail -2 "$W/ck.log")"
 cmp -s "$W/ck/model.safetensors" "$W/ck_full/model.safetensors" &&
   cmp -s <(cut -d, -f1-5 "$W/ck/metrics.jsonl") <(cut -d, -f1-5 "$W/ck_full/metrics.jsonl") && ok ||
   bad "the resumed run is not the run that never stopped"
@@ -229,7 +231,8 @@ step=$(sed -n 's/.*stopped by a signal after step \([0-9]*\) of 200.*/\1/p' "$W/
 ck="$W/sig/checkpoint-$step"
 if [ $st -eq 0 ] && [ -n "$step" ] && [ -f "$ck/state-master.rank1.bin" ] && [ ! -e "$ck/state-master.rank2.bin" ]; then
   ok
-  run sig 4 --bf16 true --max_steps 200 --resume_from_checkpoint latest || bad "sig did not resume: $(tail -2 "$W/sig.log")"
+  run sig 4 --bf16 true --max_steps 200 --resume_from_checkpoint latest ||
+    bad "sig did not resume: $(tail -2 "$W/sig.log")"
   cmp -s "$W/sig/model.safetensors" "$W/sig_full/model.safetensors" &&
     cmp -s <(cut -d, -f1-5 "$W/sig/metrics.jsonl") <(cut -d, -f1-5 "$W/sig_full/metrics.jsonl") && ok ||
     bad "the run resumed after SIGTERM is not the run that never stopped"
