@@ -40,8 +40,9 @@ static int fwd(snug_pipe *p, snug_model *m, int i, float grad_scale, snug_error 
 }
 
 /* Backward of the current batch (micro-batch i): on the last stage its input received and its forward, loss and
- * backward run; before it, the output's gradient received and the forward run again from the kept input first. The
- * input's gradient goes back to the previous stage. */
+ * backward run; before it, the output's gradient received and backward run from the micro-batch's set of saved
+ * activations (with pipeline_recompute, from its forward run again on the kept input). The input's gradient goes
+ * back to the previous stage. */
 static int bwd(snug_pipe *p, snug_model *m, int i, float grad_scale, double *loss, snug_error *e) {
     snug_comm *c = p->c;
     size_t n = cur_floats(m);
