@@ -193,6 +193,13 @@ lv="--gradient_accumulation_steps 1 --bf16 true --pipeline_parallel_size 2"
 run g1b 4 $lv || bad "g1b did not train"
 run g1bz2 4 $lv --zero_stage 2 || bad "g1bz2 did not train: $(tail -2 "$W/g1bz2.log")"
 same g1bz2 g1b
+# an epoch's end: 19 micro-batches of 7 rows, the last step's one for the first pipeline alone (the second's stages
+# join ZeRO-2's reduce-scatters with zero gradients): DDP's bits
+lv2="--gradient_accumulation_steps 1 --micro_batch_size 7 --max_steps -1 --val_set_size 0 --pipeline_parallel_size 2"
+run ep 4 $lv2 || bad "ep did not train"
+run epz2 4 $lv2 --zero_stage 2 || bad "epz2 did not train: $(tail -2 "$W/epz2.log")"
+grep -q "10 steps (19 micro-batches per epoch)" "$W/ep.log" && same epz2 ep ||
+  bad "ep: not an epoch whose last step leaves the second pipeline without a micro-batch"
 run g1bz2ck 4 $lv --zero_stage 2 --save_steps 2 --val_set_size 0 || bad "g1bz2ck did not train"
 rm -rf "$W/g1bz2ck/checkpoint-4" "$W/g1bz2ck/model.safetensors"
 run g1bz2ck 4 $lv --zero_stage 2 --save_steps 2 --val_set_size 0 --resume_from_checkpoint latest &&
