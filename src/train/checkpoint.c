@@ -58,13 +58,13 @@ static unsigned char *kept_at(const snug_engine *eng, int i) {
     return eng->blocks[kept[i].c];
 }
 
-/* Whether kept arena i is this rank's shard (ZeRO: the optimizer state, under 16-bit storage the fp32 master copy,
- * and at stage 3 the parameters), which each rank writes and reads as a file of its own; the others are the same on
- * every rank, and rank 0 writes them. */
 /* The ranks the model is split over (tensor or pipeline parallelism; 1: none) and this rank's place among them. */
 static int split_n(const snug_model *m) { return m->tp > 1 ? m->tp : m->pp > 1 ? m->pp : 1; }
 static int split_rank(const snug_model *m) { return m->tp > 1 ? m->tp_rank : m->pp > 1 ? m->pp_stage : 0; }
 
+/* Whether kept arena i is this rank's shard (ZeRO: the optimizer state, under 16-bit storage the fp32 master copy,
+ * and at stage 3 the parameters), which each rank writes and reads as a file of its own; the others are the same on
+ * every rank, and rank 0 writes them. Under tensor or pipeline parallelism every kept arena is the rank's own. */
 static int kept_per_rank(const snug_engine *eng, int i) {
     if (!snug_plan_kept(&eng->model.lv, kept[i].c)) /* a frozen base, sharded or not, is no state */
         return 0;
