@@ -1581,11 +1581,8 @@ int snug_model_init_random(snug_model *m, uint64_t seed) {
         free(whole_i);
         return SNUG_ENOMEM;
     }
-    for (int i = 0, j = 0; i < m->table.n; i++) { /* the same order: a forward scan finds each */
-        while (m->pp > 1 && j < g.n && strcmp(g.e[j].name, m->table.e[i].name))
-            j++;
-        whole_i[i] = m->pp > 1 ? j : i;
-    }
+    for (int i = 0; i < m->table.n; i++)
+        whole_i[i] = m->pp > 1 ? snug_param_table_find(&g, m->table.e[i].name) : i;
     snug_param_table_free(&g);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];

@@ -567,6 +567,8 @@ void snug_model_free_host(snug_model *m);
 
 /* Builds the parameter table for a config (no allocation of model memory). */
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
+/* The index of the entry named name in t, or -1. */
+int snug_param_table_find(const snug_param_table *t, const char *name);
 /* The global tensors a table holds (pipeline parallelism: a stage's share of the model) */
 enum {
     SNUG_PARTS_EMBED = 1, /* the token embedding and GPT-2's positions (the first stage) */
@@ -580,6 +582,9 @@ int snug_param_table_build_part(snug_param_table *t, const snug_model_config *cf
  * L / pp each, the remainder one more each on the stages after the first (which holds the embedding). -1 when it
  * cannot be (L < pp, a list that does not fit). */
 int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n);
+/* The stage that holds layer `layer` of the whole model (-1: a global tensor, on the first stage when it comes before
+ * the layers (pre: the embeddings), else on the last). */
+int snug_pp_stage_of(int L, int pp, const char *split, int layer, int pre);
 
 /* Tensor parallelism: one rank's share of a model config's blocks over tp ranks (n_head, n_kv_head and
  * intermediate_size divided by tp; the rest as it is). NULL, with why (naming the setting) in *why, where it does

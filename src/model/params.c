@@ -125,6 +125,13 @@ static int build_gpt2(builder *b, const snug_model_config *c) {
     return rc;
 }
 
+int snug_param_table_find(const snug_param_table *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->e[i].name, name))
+            return i;
+    return -1;
+}
+
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e) {
     return snug_param_table_build_part(t, cfg, 0, SNUG_PARTS_EMBED | SNUG_PARTS_HEAD, e);
 }
@@ -240,4 +247,12 @@ int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n)
     int before = stage - 1 < extra ? stage - 1 : extra; /* the longer stages ahead of this one */
     *l0 = stage * base + (before > 0 ? before : 0);
     return 0;
+}
+
+int snug_pp_stage_of(int L, int pp, const char *split, int layer, int pre) {
+    int l0, n;
+    for (int q = 0; layer >= 0 && q < pp; q++)
+        if (!snug_pp_layers(L, pp, split, q, &l0, &n) && layer >= l0 && layer < l0 + n)
+            return q;
+    return pre ? 0 : pp - 1;
 }

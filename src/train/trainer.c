@@ -409,15 +409,10 @@ static int pp_gather_tensor(master_stream *ms, int i, float *dst, snug_error *e)
     const snug_model *m = ms->m;
     const snug_param_table *w = &ms->whole;
     const snug_param_entry *g = &w->e[i];
-    int owner = g->offset < w->layer_offset[0] ? 0 : m->pp - 1, l0, n;
-    for (int q = 0; g->layer >= 0 && q < m->pp; q++)
-        if (!snug_pp_layers(m->pp_L, m->pp, m->pp_split, q, &l0, &n) && g->layer >= l0 && g->layer < l0 + n)
-            owner = q;
+    int owner = snug_pp_stage_of(m->pp_L, m->pp, m->pp_split, g->layer, g->offset < w->layer_offset[0]);
     if (owner == m->pp_stage) { /* under ZeRO first gathered from the stage's data-parallel shards */
-        int j = 0;
-        while (j < m->table.n && strcmp(m->table.e[j].name, g->name))
-            j++;
-        if (j == m->table.n) /* the layout and the whole table disagree: a bug, not an input */
+        int j = snug_param_table_find(&m->table, g->name);
+        if (j < 0) /* the layout and the whole table disagree: a bug, not an input */
             return snug_fail(e, SNUG_EINTERNAL, "stage %d holds no '%s' to save", m->pp_stage, g->name);
         SNUG_TRY(ms->shard ? master_gather(ms, j, dst, e) : tp_local_f32(m, j, dst, e));
     }
@@ -447,13 +442,11 @@ static int pp_save_adapter(run *r, snug_comm *c, snug_comm *ppc, int *broken, sn
     rc = ddp_agree(c, rc, broken, e);
     for (int i = 0; !rc && i < w.lora.table.n; i++) {
         const snug_param_entry *g = &w.lora.table.e[i];
-        int owner = g->layer < 0 && strstr(g->name, "embed_tokens") ? 0 : m->pp - 1, l0, k;
-        for (int q = 0; g->layer >= 0 && q < m->pp; q++)
-            if (!snug_pp_layers(m->pp_L, m->pp, m->pp_split, q, &l0, &k) && g->layer >= l0 && g->layer < l0 + k)
-                owner = q;
-        for (int j = 0; owner == m->pp_stage && j < m->lora.table.n; j++)
-            if (!strcmp(m->lora.table.e[j].name, g->name))
-                memcpy(host + g->offset, mine + m->lora.table.e[j].offset, g->numel * sizeof *host);
+        /* (the global ones: lora_modules_to_save's copies, the embedding's on the first stage, lm_head's on the last) */
+        int owner = snug_pp_stage_of(m->pp_L, m->pp, m->pp_split, g->layer, !strstr(g->name, "lm_head"));
+        int j = owner == m->pp_stage ? snug_param_table_find(&m->lora.table, g->name) : -1;
+        if (j >= 0)
+            memcpy(host + g->offset, mine + m->lora.table.e[j].offset, g->numel * sizeof *host);
         if ((rc = ppc->broadcast(ppc, host + g->offset, g->numel, SNUG_COMM_F32 | SNUG_COMM_HOST, owner, e)))
             *broken = 1;
     }

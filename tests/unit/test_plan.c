@@ -604,6 +604,10 @@ static void test_pipeline_parallel(void) {
     CHECK(snug_pp_layers(12, 3, "1,6,5", 2, &l0, &n) == 0 && l0 == 7 && n == 5);
     CHECK(snug_pp_layers(12, 3, "1,6,4", 0, &l0, &n) == -1 && snug_pp_layers(12, 3, "1,6", 0, &l0, &n) == -1);
     CHECK(snug_pp_layers(12, 3, "0,6,6", 1, &l0, &n) == -1 && snug_pp_layers(12, 2, "1,6,5", 0, &l0, &n) == -1);
+    /* which stage holds a layer, or a global tensor (the embeddings on the first, the rest on the last) */
+    CHECK(snug_pp_stage_of(12, 3, "1,6,5", 0, 0) == 0 && snug_pp_stage_of(12, 3, "1,6,5", 6, 0) == 1 &&
+          snug_pp_stage_of(12, 3, "1,6,5", 7, 1) == 2 && snug_pp_stage_of(12, 3, NULL, -1, 1) == 0 &&
+          snug_pp_stage_of(12, 3, NULL, -1, 0) == 2 && snug_pp_stage_of(12, 5, NULL, 4, 0) == 1);
     snug_error e = {0};
     for (int tied = 0; tied < 2; tied++) {
         snug_model_config c;
