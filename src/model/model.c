@@ -1192,7 +1192,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
     m->pp_in = m->pp_out = m->pp_dout = m->pp_din = NULL;
     if (m->pp > 1) { /* what crosses to the neighbouring stages (see model.h) */
         if (!snug_pp_first(m))
-            CARVE(m->pp_in, SNUG_MEM_ACTS, (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) * N * C);
+            CARVE(m->pp_in, SNUG_MEM_ACTS, (size_t)snug_pp_in_slots(m) * N * C);
         if (!snug_pp_last(m)) {
             CARVE(m->pp_out, SNUG_MEM_WORKSPACE, N * C);
             if (with_grads)

@@ -460,8 +460,8 @@ typedef struct snug_model {
      * holds them (named as the whole model's) with the embedding on the first stage and the final norm and head on
      * the last (a tied head: the embedding again, its gradient summed with the first stage's by the caller).
      * snug_model_stage runs a micro-batch through the stage; the stage's input and output cross to the next stage
-     * through these buffers (N x C fp32 each, backend memory): pp_in, pp_slots inputs kept until their backward
-     * (SNUG_MEM_ACTS; stages after the first), pp_out the output forward leaves to send and pp_dout the gradient of
+     * through these buffers (N x C fp32 each, backend memory): pp_in, the inputs received (snug_pp_in_slots of them,
+     * SNUG_MEM_ACTS; stages after the first), pp_out the output forward leaves to send and pp_dout the gradient of
      * the output received (stages before the last), pp_din the input's gradient backward leaves to send (stages
      * after the first) (SNUG_MEM_WORKSPACE). */
     int pp, pp_stage, pp_l0, pp_L, pp_slots;
@@ -478,6 +478,11 @@ typedef struct snug_model {
 /* Pipeline parallelism: whether this rank holds the embedding (the first stage) and the head (the last). */
 static inline int snug_pp_first(const snug_model *m) { return m->pp <= 1 || m->pp_stage == 0; }
 static inline int snug_pp_last(const snug_model *m) { return m->pp <= 1 || m->pp_stage == m->pp - 1; }
+/* Pipeline parallelism: the slots of pp_in, the stage's inputs kept: one per micro-batch in flight where its backward
+ * runs the forward again (pipeline_recompute), else one (the forward keeps the input in the micro-batch's set). */
+static inline int snug_pp_in_slots(const snug_model *m) {
+    return m->act_sets_n > 1 || m->pp_slots < 1 ? 1 : m->pp_slots;
+}
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
 int snug_model_grad16(const snug_model *m, int i);

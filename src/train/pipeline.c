@@ -10,7 +10,7 @@ static size_t stage_floats(const snug_model *m) { return (size_t)m->B * m->T * m
 
 /* Slot of micro-batch i among the stage's inputs in flight. */
 static float *in_slot(const snug_model *m, int i) {
-    return snug_pp_first(m) ? NULL : m->pp_in + (size_t)(i % m->pp_slots) * stage_floats(m);
+    return snug_pp_first(m) ? NULL : m->pp_in + (size_t)(i % snug_pp_in_slots(m)) * stage_floats(m);
 }
 
 /* Micro-batch i's data (and LoRA dropout's seed), and its set of saved activations where the stage keeps one per
