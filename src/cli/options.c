@@ -70,6 +70,7 @@ typedef struct key_spec {
     const char *later_values; /* KT_ENUM: values recognised but not built yet; "*" = every other value */
     const char *off;          /* not-supported keys: values that ask for nothing (besides null, empty and false) */
     const char *later;        /* non-NULL: the key is not supported yet, and this says what it would do */
+    const char *items;        /* KT_NAMES: what the list holds, in its error (NULL: module names) */
     const char *help;
 } key_spec;
 
@@ -194,7 +195,7 @@ static const key_spec keys[] = {
      .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage, its overlap_comm "
              "zero_overlap_comm, offload_param to cpu offload_params and offload_optimizer to cpu a paged optimizer "
              "(nvme is refused; the file's other settings are DeepSpeed's own and are not read)"},
-    {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp),
+    {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp), .items = "FSDP options",
      .help = "FSDP's sharding, as Hugging Face's Trainer takes it: full_shard is zero_stage 3, shard_grad_op 2, "
              "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); true takes the "
              "strategy from fsdp_config (FULL_SHARD when it names none); offload is offload_params"},
@@ -244,6 +245,7 @@ static const key_spec keys[] = {
              "sharding each stage's state over them with an untied head); checkpoints keep "
              "each stage's state, the final model (or adapter) is written whole"},
     {.name = "pipeline_layers", .type = KT_NAMES, .group = G_BATCH, AT_STR(pipeline_layers), .def = "",
+     .items = "numbers",
      .help = "under pipeline_parallel_size N: how many layers each stage takes, N counts (a YAML list, or "
              "separated by commas) that sum to the model's layers, e.g. [7, 9, 9, 7] to give the stages that also "
              "hold the embedding and the head fewer; empty = an even split (the remainder one more each on the "
@@ -766,8 +768,7 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
             if (!(isalnum((unsigned char)*c) || strchr("_.-, ", *c)))
                 return snug_fail(e, SNUG_EINPUT, "%s: %s must list %s, separated by commas (or be a YAML list), "
                                  "got '%.60s'", loc, written,
-                                 strstr(k->name, "layers") ? "numbers" : "module names (letters, digits, '_', '.', '-')",
-                                 text);
+                                 k->items ? k->items : "module names (letters, digits, '_', '.', '-')", text);
         __attribute__((fallthrough)); /* stored as written */
     case KT_STRING: {
         char canon[64]; /* other spellings of a value: resume_from_checkpoint: true is latest */

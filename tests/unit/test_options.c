@@ -398,6 +398,8 @@ static void test_not_supported(void) {
     }
     EXPECT_YAML_ERROR("lora_target_modules: [q_proj, {a: b}]\n", "lora_target_modules must list names");
     EXPECT_YAML_ERROR("lora_target_modules: \"q_proj; rm -rf\"\n", "must list module names");
+    EXPECT_YAML_ERROR("pipeline_layers: \"4;4\"\n", "pipeline_layers must list numbers, separated by commas");
+    EXPECT_YAML_ERROR("fsdp: \"full_shard; auto_wrap\"\n", "fsdp must list FSDP options");
     EXPECT_YAML_ERROR("model_type: LlamaForCausalLM\n", "set it to AutoModelForCausalLM");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
 
