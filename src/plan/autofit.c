@@ -184,22 +184,17 @@ static int add_point(snug_fit_space *s, int *cap, const snug_plan_spec *sp, int 
     p->spec.GA = GA;
     p->GA = GA;
     SNUG_TRY(snug_plan_run(&p->plan, &p->spec, e));
-    for (int r = 0; p->spec.ranks > 1 && p->spec.zero_stage && r < p->spec.ranks; r++) {
-        /* the largest rank's plan (shard edges on blocks make them differ a little), so that every rank, searching
-         * the same space, makes the same choice and the choice fits each of them */
+    /* the largest rank's plan (ZeRO's shard edges on blocks make the ranks differ a little; pipeline stages hold
+     * different layers), so that every rank, searching the same space, makes the same choice and the choice fits
+     * each of them */
+    int nr = p->spec.ranks > 1 && p->spec.zero_stage ? p->spec.ranks : 1, ns = p->spec.pp > 1 ? p->spec.pp : 1;
+    for (int k = 0; nr * ns > 1 && k < nr * ns; k++) {
         snug_plan_spec t = p->spec;
         snug_plan q;
-        t.rank = r;
-        SNUG_TRY(snug_plan_run(&q, &t, e));
-        if (q.total + q.host_total > p->plan.total + p->plan.host_total)
-            p->plan = q;
-    }
-    for (int q0 = 0; p->spec.pp > 1 && q0 < p->spec.pp; q0++) {
-        /* pipeline parallelism: the heaviest stage's plan, for the same reason (every stage runs the same
-         * micro-batches, so all choose alike, and the choice fits each stage) */
-        snug_plan_spec t = p->spec;
-        snug_plan q;
-        t.pp_stage = q0;
+        if (nr > 1)
+            t.rank = k % nr;
+        if (ns > 1)
+            t.pp_stage = k / nr;
         SNUG_TRY(snug_plan_run(&q, &t, e));
         if (q.total + q.host_total > p->plan.total + p->plan.host_total)
             p->plan = q;
