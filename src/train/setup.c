@@ -301,7 +301,9 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
 
 /* The highest ZeRO stage auto_fit may raise a run over several ranks to: the highest whose configuration is valid
  * (an adapter or the optimizer step inside backward rules the stages out). */
-static int zero_max(const snug_run_config *c, int ranks) {
+static int zero_max(const snug_run_config *c, const snug_model_config *cfg, int ranks) {
+    if (c->pipeline_parallel_size > 1 && cfg->tie_embeddings) /* refused beside a pipeline (snug_setup_resolve) */
+        return c->zero_stage;
     for (int z = 3; ranks > 1 && z > c->zero_stage; z--) {
         snug_run_config t = *c;
         snug_error ve = {0};
@@ -318,6 +320,11 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
                          "on the CPU backend only; remove it (or set it to 0) for a GPU run",
                          c->config_path[0] ? c->config_path : "options", c->loss_vocab_block);
     SNUG_TRY(snug_setup_model(r, c, e));
+    if (c->pipeline_parallel_size > 1 && c->zero_stage && r->cfg.tie_embeddings) /* (needs the model's config) */
+        return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d with zero_stage %d and a tied head "
+                         "(tie_word_embeddings) is not supported yet: the embedding's gradient is summed from the "
+                         "first and the last stage, which ZeRO shard differently; set zero_stage: 0",
+                         c->pipeline_parallel_size, c->zero_stage);
     SNUG_TRY(resolve_adapter(r, e));
     r->spec = snug_run_spec(&r->c, &r->cfg);
     r->spec.ranks = r->ranks;
@@ -327,7 +334,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
     r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_fit) {
-        r->spec.zero_max = zero_max(&r->c, r->ranks);
+        r->spec.zero_max = zero_max(&r->c, &r->cfg, r->ranks);
         snug_fit_point best;
         SNUG_TRY(snug_autofit(&r->spec, r->c.memory_budget, device, r->data_host_est, &best, r->fit_note,
                               sizeof r->fit_note, e));

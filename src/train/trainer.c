@@ -904,10 +904,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     free(adopted);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
-    if (!rc && ppn > 1 && o->zero_stage && r.s.cfg.tie_embeddings) /* (every rank refuses alike) */
-        rc = snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d with zero_stage %d and a tied head "
-                       "(tie_word_embeddings) is not supported yet: the embedding's gradient is summed from the first "
-                       "and the last stage, which ZeRO shard differently; set zero_stage: 0", ppn, o->zero_stage);
     if (!rc)
         rc = snug_setup_load_data(&r.s, e);
     snug_loader loader = {0};
