@@ -195,7 +195,8 @@ if [ -n "${SNUG_COMM_TEST:-}" ]; then
     pre=("${MPI[@]}" -np $np)
     [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
     timeout 120 "${pre[@]}" "$SNUG_COMM_TEST" sum > "$W/sum$np.log" 2>&1 &&
-      [ "$(grep -c ': ok$' "$W/sum$np.log")" -eq $np ] && ok || bad "comm sum at $np ranks: $(tail -3 "$W/sum$np.log")"
+      [ "$(grep -c ': ok$' "$W/sum$np.log")" -eq $np ] && ok ||
+      bad "comm sum at $np ranks: $(grep -a -m3 ': error: ' "$W/sum$np.log" || tail -3 "$W/sum$np.log")"
     # the shared-memory path (every rank on this host) against MPI's own collectives: each bit for bit the
     # rank-order sum on awkward counts, and the same results (a digest per rank) on both
     for path in 1 0; do
