@@ -31,8 +31,8 @@ typedef enum key_type {
     KT_ENUM,     /* an enum field: `values` maps each spelling to a name, `enums` each name to its value */
     KT_SIZE,     /* double bytes from "40GB", "512 MiB", "1000000" */
     KT_DATASETS, /* the datasets list */
-    KT_LIST,     /* only for keys not supported yet */
-    KT_MAP,      /* only for keys not supported yet */
+    KT_LIST,     /* a list: read by `map` (keys not supported yet: refused unless empty) */
+    KT_MAP,      /* a mapping: read by `map` (keys not supported yet: refused unless empty) */
     KT_NAMES,    /* char[size]: a list of names (YAML list, or "a,b" as one value), stored joined by commas */
     KT_FSDP,     /* fsdp_config: FSDP's options, a mapping or a JSON file's path, read into the fsdp_* fields */
 } key_type;
@@ -53,6 +53,16 @@ typedef struct enum_name {
     int value;
 } enum_name;
 
+/* What a KT_MAP or KT_LIST key holds, read by load_map_key. */
+typedef enum map_kind {
+    KM_NONE,           /* a key not supported yet */
+    KM_SPECIAL_TOKENS, /* special_tokens: pad_token, eos_token, bos_token, unk_token */
+    KM_CKPT_KWARGS,    /* gradient_checkpointing_kwargs: use_reentrant */
+    KM_MESSAGE_FIELDS, /* message_property_mappings: role, content */
+    KM_ROLES,          /* roles: system, user, assistant, each a list of the values that mean it */
+    KM_ROLES_TO_TRAIN, /* roles_to_train: [assistant] */
+} map_kind;
+
 typedef struct key_spec {
     const char *name;
     const char *aliases;      /* other spellings, space-separated, or NULL */
@@ -71,6 +81,7 @@ typedef struct key_spec {
     const char *off;          /* not-supported keys: values that ask for nothing (besides null, empty and false) */
     const char *later;        /* non-NULL: the key is not supported yet, and this says what it would do */
     const char *items;        /* KT_NAMES: what the list holds, in its error (NULL: module names) */
+    map_kind map;             /* KT_MAP, KT_LIST: what it holds */
     const char *help;
 } key_spec;
 
@@ -98,6 +109,9 @@ static const key_spec keys[] = {
      .def = "", .help = "Hugging Face model folder to fine-tune; empty = train model_preset from scratch"},
     {.name = "model_preset", .type = KT_STRING, .group = G_MODEL, AT_STR(model_preset), .def = "tiny-llama",
      .help = "built-in architecture trained from scratch when base_model is empty"},
+    {.name = "model_type", .type = KT_STRING, .group = G_MODEL, AT_STR(model_class), .def = "",
+     .help = "the transformers class (Axolotl's): AutoModelForCausalLM, or the one config.json's architectures "
+             "names (LlamaForCausalLM, ...); empty = config.json's"},
     {.name = "tokenizer", .aliases = "tokenizer_config tokenizer_name", .type = KT_STRING, .group = G_MODEL,
      AT_STR(tokenizer), .def = "", .help = "tokenizer folder or tokenizer.json; empty = base_model's, or the built-in one"},
 
@@ -119,6 +133,15 @@ static const key_spec keys[] = {
      .def = "last_run_prepared",
      .help = "folder of the tokenized-data cache (relative to the current directory); reused while the data, "
              "tokenizer and options are unchanged"},
+    {.name = "chat_template", .type = KT_ENUM, .group = G_DATA, AT_ENUM(chat_template), .def = "chatml",
+     .values = "chatml llama3", ENUMS({"chatml", SNUG_CHAT_CHATML}, {"llama3", SNUG_CHAT_LLAMA3}), .later_values = "*",
+     .help = "the template of every chat dataset entry that names none: chatml or llama3"},
+    {.name = "special_tokens", .type = KT_MAP, .group = G_DATA, .map = KM_SPECIAL_TOKENS,
+     .help = "tokens of the tokenizer's vocabulary that take a role: pad_token (pads batches; saved with the "
+             "tokenizer), eos_token (ends every completion and alpaca example, stops generation; saved too); "
+             "bos_token and unk_token only as the tokenizer's own"},
+    {.name = "debug", .type = KT_BOOL, .group = G_DATA, AT_INT(debug), .def = "false",
+     .help = "print the first 3 examples token by token with their mask before training (snug preprocess --debug)"},
 
     /* each datasets entry */
     {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
@@ -133,7 +156,8 @@ static const key_spec keys[] = {
      .help = "the JSON field that holds the text (completion)"},
     {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(chat_template), .def = "chatml",
      .values = "chatml llama3", ENUMS({"chatml", SNUG_CHAT_CHATML}, {"llama3", SNUG_CHAT_LLAMA3}), .later_values = "*",
-     .help = "the template of a chat dataset: chatml (<|im_start|>role ... <|im_end|>) or llama3 (<|eot_id|>)"},
+     .help = "the template of a chat dataset: chatml (<|im_start|>role ... <|im_end|>) or llama3 (<|eot_id|>); "
+             "unset = the config-wide chat_template"},
     {.name = "split", .type = KT_STRING, .group = G_DATASET, .off = "train",
      .later = "splits of Hugging Face hub datasets; snug reads local JSONL files"},
     {.name = "name", .type = KT_STRING, .group = G_DATASET,
@@ -142,12 +166,20 @@ static const key_spec keys[] = {
      .later = "several files per entry; give each file its own entry"},
     {.name = "ds_type", .type = KT_STRING, .group = G_DATASET, .off = "json",
      .later = "formats other than JSONL"},
-    {.name = "field_messages", .type = KT_STRING, .group = G_DATASET, .off = "messages",
-     .later = "other chat field names; snug reads \"messages\" with \"role\" and \"content\""},
-    {.name = "message_property_mappings", .type = KT_MAP, .group = G_DATASET,
-     .later = "other chat field names; snug reads \"messages\" with \"role\" and \"content\""},
-    {.name = "roles_to_train", .type = KT_LIST, .group = G_DATASET,
-     .later = "choosing the roles trained on; snug trains on assistant messages (all with train_on_inputs)"},
+    {.name = "field_messages", .type = KT_STRING, .group = G_DATASET, DS_STR(field_messages), .def = "messages",
+     .help = "chat: the field of a line that holds its list of messages (ShareGPT's: conversations)"},
+    {.name = "message_field_role", .type = KT_STRING, .group = G_DATASET, DS_STR(field_role), .def = "role",
+     .help = "chat: the field of a message that holds its role (ShareGPT's: from)"},
+    {.name = "message_field_content", .type = KT_STRING, .group = G_DATASET, DS_STR(field_content),
+     .def = "content", .help = "chat: the field of a message that holds its text (ShareGPT's: value)"},
+    {.name = "message_property_mappings", .type = KT_MAP, .group = G_DATASET, .map = KM_MESSAGE_FIELDS,
+     .help = "chat: {role: FIELD, content: FIELD}, the same as message_field_role and message_field_content"},
+    {.name = "roles", .type = KT_MAP, .group = G_DATASET, .map = KM_ROLES,
+     .help = "chat: the role values that mean each role, {user: [human, user], assistant: [gpt, assistant], system: "
+             "[system]} (that is the default; given, only the values listed are read)"},
+    {.name = "roles_to_train", .type = KT_LIST, .group = G_DATASET, .map = KM_ROLES_TO_TRAIN,
+     .help = "chat: [assistant], the roles trained on (every role with train_on_inputs); other lists are not "
+             "supported yet"},
 
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
@@ -311,6 +343,17 @@ static const key_spec keys[] = {
      .help = "evaluate on the held-out set every N steps; 0 = at the end of each epoch"},
     {.name = "save_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_steps), .def = "0",
      .help = "save a checkpoint every N steps; 0 = only at the end"},
+    {.name = "evals_per_epoch", .type = KT_INT, .group = G_OUTPUT, AT_INT(evals_per_epoch), .def = "0", MIN(0),
+     .help = "instead of eval_steps: evaluate every ceil(steps / (evals_per_epoch x num_epochs)) steps, as Axolotl; "
+             "0 = unset"},
+    {.name = "saves_per_epoch", .type = KT_INT, .group = G_OUTPUT, AT_INT(saves_per_epoch), .def = "0", MIN(0),
+     .help = "instead of save_steps: save a checkpoint every ceil(steps / (saves_per_epoch x num_epochs)) steps, as "
+             "Axolotl; 0 = unset"},
+    {.name = "loss_watchdog_threshold", .type = KT_FLOAT, .group = G_OUTPUT, AT_DBL(loss_watchdog_threshold),
+     .def = "0", .help = "end training (saving the model as at the end) once the loss has been above this "
+                         "loss_watchdog_patience steps in a row; 0 = off"},
+    {.name = "loss_watchdog_patience", .type = KT_INT, .group = G_OUTPUT, AT_INT(loss_watchdog_patience),
+     .def = "3", MIN(1), .help = "steps in a row above loss_watchdog_threshold that end training"},
     {.name = "save_total_limit", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_total_limit), .def = "0", MIN(0),
      .help = "keep only the K newest complete checkpoints; 0 = keep them all"},
     {.name = "async_checkpoint", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(async_checkpoint), .def = "true",
@@ -349,6 +392,10 @@ static const key_spec keys[] = {
     {.name = "lora_target_modules", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_target_modules), .def = "",
      .help = "the linear modules that get adapters, as PEFT matches them (q_proj, v_proj, ...; all-linear); empty = "
              "PEFT's default for the architecture (q_proj and v_proj; GPT-2 c_attn)"},
+    {.name = "lora_fan_in_fan_out", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(lora_fan_in_fan_out), .def = "auto",
+     .values = "auto true yes=true on=true false no=false off=false", ENUMS({"auto", -1}, {"true", 1}, {"false", 0}),
+     .help = "PEFT's fan_in_fan_out, what the model's layers are: true for GPT-2 (Conv1D), false otherwise; "
+             "auto = that"},
     {.name = "lora_target_linear", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_target_linear), .def = "false",
      .help = "adapt every linear module of each block (q, k, v, o, gate, up, down), as well as lora_target_modules"},
     {.name = "lora_modules_to_save", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_modules_to_save), .def = "",
@@ -400,6 +447,21 @@ static const key_spec keys[] = {
     {.name = "flash_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(flash_attention), .def = "true",
      .help = "tiled attention with online softmax, no (T, T) buffer; false = the reference path that stores the "
              "attention probabilities"},
+    {.name = "attn_implementation", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(attn_implementation), .def = "auto",
+     .values = "auto eager sdpa=fused flash_attention_2=fused flash_attention_3=fused flex_attention=fused "
+               "xformers=fused",
+     ENUMS({"auto", -1}, {"eager", 0}, {"fused", 1}),
+     .help = "transformers' attention: eager stores the attention probabilities (flash_attention: false); sdpa, "
+             "flash_attention_2, ... are exact fused attention (flash_attention: true); auto = flash_attention's"},
+    {.name = "sdp_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(attn_sdp), .def = "false",
+     .help = "Axolotl's PyTorch fused attention: true = flash_attention: true"},
+    {.name = "xformers_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(attn_xformers), .def = "false",
+     .help = "Axolotl's xformers attention: true = flash_attention: true"},
+    {.name = "gradient_checkpointing_kwargs", .type = KT_MAP, .group = G_MEMORY, .map = KM_CKPT_KWARGS,
+     .help = "{use_reentrant: true or false}: PyTorch's two ways of recomputing give the same gradients, as "
+             "snug's one"},
+    {.name = "activation_offloading", .type = KT_BOOL, .group = G_MEMORY, AT_INT(activation_offloading),
+     .def = "false", .help = "Axolotl's: gradient_checkpointing: offload (the layer inputs in host memory)"},
     {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16), .def = "false", .values = "auto=true",
      .help = "mixed precision: parameters, saved activations and gradients stored as bfloat16, computed in fp32 "
              "(auto: true, as every device snug runs on has bf16)"},
@@ -452,10 +514,6 @@ static const key_spec keys[] = {
      .example = "2.50 (USD per GPU-hour)", .help = "USD per GPU-hour; default: a table of typical cloud prices"},
 
     /* recognised, not supported yet */
-    LATER("gradient_checkpointing_kwargs", KT_MAP, "recomputing activations in the backward pass"),
-    LATER_BOOL("activation_offloading", "offloading activations to the CPU"),
-    LATER_BOOL("sdp_attention", "fused attention kernels"),
-    LATER_BOOL("xformers_attention", "fused attention kernels"),
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
     LATER_BOOL("load_in_8bit", "quantised base models"),
     LATER_BOOL("peft_use_dora", "DoRA adapters"),
@@ -465,12 +523,8 @@ static const key_spec keys[] = {
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
-    LATER("saves_per_epoch", KT_INT, "per-epoch counts; use save_steps"),
-    LATER("evals_per_epoch", KT_INT, "per-epoch counts; use eval_steps"),
     LATER("eval_batch_size", KT_INT, "a separate evaluation batch size; evaluation uses micro_batch_size"),
     LATER("early_stopping_patience", KT_INT, "early stopping"),
-    LATER("loss_watchdog_threshold", KT_FLOAT, "stopping when the loss explodes"),
-    LATER("loss_watchdog_patience", KT_INT, "stopping when the loss explodes"),
     LATER("lr_scheduler_kwargs", KT_MAP, "scheduler options"),
     LATER("wandb_project", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_entity", KT_STRING, "Weights & Biases logging"),
@@ -478,12 +532,14 @@ static const key_spec keys[] = {
     LATER("wandb_watch", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_log_model", KT_STRING, "Weights & Biases logging"),
     LATER_BOOL("use_tensorboard", "TensorBoard logging"),
-    LATER("special_tokens", KT_MAP, "adding or changing special tokens"),
-    LATER("chat_template", KT_STRING, "a config-wide chat template; set chat_template in each chat datasets entry"),
     LATER_BOOL("trust_remote_code", "running a model's own Python code"),
-    {.name = "model_type", .type = KT_STRING, .off = "AutoModelForCausalLM",
-     .later = "choosing the model class; snug reads it from config.json"},
-    {.name = "tokenizer_type", .type = KT_STRING, .off = "AutoTokenizer",
+    LATER_BOOL("s2_attention", "shifted sparse attention (LongLoRA)"),
+    {.name = "eval_table_size", .type = KT_INT, .off = "0",
+     .later = "a table of sampled predictions at each evaluation"},
+    {.name = "eval_max_new_tokens", .type = KT_INT, .group = G_OUTPUT, AT_INT(eval_max_new_tokens), .def = "128",
+     MIN(1), .help = "Axolotl's tokens per row of eval_table_size's table (which snug does not build)"},
+    {.name = "tokenizer_type", .type = KT_STRING,
+     .off = "AutoTokenizer PreTrainedTokenizerFast LlamaTokenizerFast GPT2TokenizerFast Qwen2TokenizerFast",
      .later = "choosing the tokenizer class; snug reads tokenizer.json"},
     LATER_BOOL("strict", "Axolotl's strict mode; snug always rejects unknown keys"),
 };
@@ -848,6 +904,7 @@ static int add_dataset_path(snug_run_config *o, const char *path, const char *di
     if (!*path)
         return snug_fail(e, SNUG_EINPUT, "%s: a dataset path is empty; give a JSONL file", loc);
     snug_dataset_spec ds;
+    memset(&ds, 0, sizeof ds);
     apply_defaults(&ds, 1);
     int n = *dir && path[0] != '/' ? snprintf(ds.path, sizeof ds.path, "%s/%s", dir, path)
                                    : snprintf(ds.path, sizeof ds.path, "%s", path);
@@ -931,6 +988,150 @@ static int apply_scalar_node(void *base, const key_spec *k, const char *written,
     return text ? set_text(base, k, written, text, loc, e) : SNUG_EINPUT;
 }
 
+/* ---- keys that hold a mapping or a list (map_kind) ---- */
+
+/* The text of a scalar entry `name` of a KT_MAP key, or NULL with e filled. */
+static const char *entry_text(const yaml_node_t *v, const char *written, const char *name, const char *loc,
+                              snug_error *e) {
+    char what[192];
+    snprintf(what, sizeof what, "%s.%s", written, name);
+    if (v->type != YAML_SCALAR_NODE) {
+        snug_fail(e, SNUG_EINPUT, "%s: %s must be a single value, got %s", loc, what, node_kind(v));
+        return NULL;
+    }
+    return node_is_null(v) ? "" : node_text(v, what, loc, e);
+}
+
+/* A value of a mapping copied into a field of cap bytes. */
+static int entry_copy(char *dst, size_t cap, const char *text, const char *written, const char *name, const char *loc,
+                      snug_error *e) {
+    if (strlen(text) >= cap)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is too long (%zu characters; at most %zu)", loc, written, name,
+                         strlen(text), cap - 1);
+    memcpy(dst, text, strlen(text) + 1);
+    return 0;
+}
+
+/* roles: {ROLE: [values] or value}: each role's values joined by commas into its field of cap bytes. */
+static int load_roles(snug_dataset_spec *d, const char *written, const yaml_src *y, const yaml_node_t *v,
+                      const char *loc, snug_error *e) {
+    char *fields[3] = {d->roles_system, d->roles_user, d->roles_assistant};
+    static const char *const names[3] = {"system", "user", "assistant"};
+    for (int r = 0; r < 3; r++)
+        fields[r][0] = '\0';
+    for (yaml_node_pair_t *pr = v->data.mapping.pairs.start; pr < v->data.mapping.pairs.top; pr++) {
+        const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key), *vn = yaml_document_get_node(y->doc, pr->value);
+        const char *role = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
+        int r = 0;
+        while (r < 3 && strcmp(role, names[r]))
+            r++;
+        if (r == 3)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s names the role '%.40s'; snug's chat templates have system, user "
+                             "and assistant", loc, written, role);
+        size_t len = 0, cap = sizeof d->roles_user;
+        int one = vn->type == YAML_SCALAR_NODE;
+        if (!one && vn->type != YAML_SEQUENCE_NODE)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must list the values that mean %s, got a mapping", loc, written,
+                             role, role);
+        yaml_node_item_t self = 0, *it = one ? &self : vn->data.sequence.items.start;
+        yaml_node_item_t *end = one ? &self + 1 : vn->data.sequence.items.top;
+        for (; it < end; it++) {
+            const yaml_node_t *item = one ? vn : yaml_document_get_node(y->doc, *it);
+            const char *text = item ? entry_text(item, written, role, loc, e) : NULL;
+            if (!text)
+                return e ? e->code : SNUG_EINPUT;
+            if (!*text || strchr(text, ','))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s lists '%.40s'; a role value is a non-empty text without "
+                                 "commas", loc, written, role, text);
+            len += (size_t)snprintf(fields[r] + len, len < cap ? cap - len : 0, "%s%s", len ? "," : "", text);
+            if (len >= cap)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s lists too many values", loc, written, role);
+        }
+    }
+    return 0;
+}
+
+/* A KT_MAP or KT_LIST key of a kind snug reads (k->map): its entries into base. */
+static int load_map_key(void *base, const key_spec *k, const char *written, const yaml_src *y, const yaml_node_t *v,
+                        const char *loc, snug_error *e) {
+    if (node_is_null(v))
+        v = NULL; /* null: the defaults */
+    int want_list = k->type == KT_LIST;
+    if (v && v->type != (want_list ? YAML_SEQUENCE_NODE : YAML_MAPPING_NODE))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be %s, got %s", loc, written, want_list ? "a list" : "a mapping",
+                         node_kind(v));
+    snug_run_config *o = base;
+    snug_dataset_spec *d = base;
+    switch (k->map) {
+    case KM_ROLES:
+        d->roles_system[0] = d->roles_user[0] = d->roles_assistant[0] = '\0';
+        return v ? load_roles(d, written, y, v, loc, e) : 0;
+    case KM_ROLES_TO_TRAIN: /* [assistant]: what snug trains on */
+        for (yaml_node_item_t *it = v ? v->data.sequence.items.start : NULL; v && it < v->data.sequence.items.top;
+             it++) {
+            const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+            if (!item || item->type != YAML_SCALAR_NODE || strcmp((const char *)item->data.scalar.value, "assistant") ||
+                v->data.sequence.items.top - v->data.sequence.items.start != 1)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s other than [assistant] is not supported yet (snug trains on "
+                                 "the assistant's messages, or on every message with train_on_inputs: true); remove "
+                                 "it or set it to [assistant]", loc, written);
+        }
+        return 0;
+    default:
+        break;
+    }
+    if (k->map == KM_SPECIAL_TOKENS)
+        o->pad_token[0] = o->eos_token[0] = o->bos_token[0] = o->unk_token[0] = '\0';
+    if (k->map == KM_MESSAGE_FIELDS)
+        snprintf(d->field_role, sizeof d->field_role, "role"), snprintf(d->field_content, sizeof d->field_content,
+                                                                         "content");
+    for (yaml_node_pair_t *pr = v ? v->data.mapping.pairs.start : NULL; v && pr < v->data.mapping.pairs.top; pr++) {
+        const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key), *vn = yaml_document_get_node(y->doc, pr->value);
+        const char *name = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
+        const char *text = entry_text(vn, written, name, loc, e);
+        if (!text)
+            return e ? e->code : SNUG_EINPUT;
+        switch (k->map) {
+        case KM_SPECIAL_TOKENS: {
+            static const char *const names[] = {"pad_token", "eos_token", "bos_token", "unk_token"};
+            char *fields[] = {o->pad_token, o->eos_token, o->bos_token, o->unk_token};
+            int i = 0;
+            while (i < 4 && strcmp(name, names[i]))
+                i++;
+            if (i == 4)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads pad_token, eos_token, "
+                                 "bos_token and unk_token (adding tokens to the vocabulary is not supported yet)", loc,
+                                 written, name);
+            SNUG_TRY(entry_copy(fields[i], sizeof o->pad_token, text, written, name, loc, e));
+            break;
+        }
+        case KM_CKPT_KWARGS: {
+            int b;
+            if (strcmp(name, "use_reentrant"))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads use_reentrant (true or "
+                                 "false, the same gradients either way)", loc, written, name);
+            if (*text && parse_bool(text, &b))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.use_reentrant must be true or false, got '%.40s'", loc,
+                                 written, text);
+            break;
+        }
+        case KM_MESSAGE_FIELDS:
+            if (!strcmp(name, "role"))
+                SNUG_TRY(entry_copy(d->field_role, sizeof d->field_role, *text ? text : "role", written, name, loc, e));
+            else if (!strcmp(name, "content"))
+                SNUG_TRY(entry_copy(d->field_content, sizeof d->field_content, *text ? text : "content", written, name,
+                                    loc, e));
+            else
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads a message's role and "
+                                 "content", loc, written, name);
+            break;
+        default:
+            return snug_fail(e, SNUG_EINTERNAL, "%s: %s has no reader (a bug in snug's option table)", loc, written);
+        }
+    }
+    return 0;
+}
+
 /* Reads the keys of one mapping (the whole config, or one datasets entry) into base. */
 static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
                         snug_error *e);
@@ -950,6 +1151,7 @@ static int load_dataset_entry(snug_run_config *o, int index, const yaml_src *y, 
         return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] must be a mapping such as 'path: data.jsonl', got a list",
                          loc, index);
     snug_dataset_spec ds;
+    memset(&ds, 0, sizeof ds);
     apply_defaults(&ds, 1);
     snprintf(what, sizeof what, "datasets[%d]", index);
     SNUG_TRY(load_mapping(&ds, 1, y, item, what, e));
@@ -957,9 +1159,8 @@ static int load_dataset_entry(snug_run_config *o, int index, const yaml_src *y, 
         return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] has no path; add 'path: data.jsonl'", loc, index);
     SNUG_TRY(add_dataset_path(o, ds.path, y->dir, loc, e));
     snug_dataset_spec *d = &o->datasets[o->ndatasets - 1];
-    d->type = ds.type;
-    memcpy(d->field, ds.field, sizeof ds.field);
-    d->chat_template = ds.chat_template;
+    snprintf(ds.path, sizeof ds.path, "%s", d->path); /* joined to the file's folder */
+    *d = ds;
     return 0;
 }
 
@@ -1294,8 +1495,12 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
             SNUG_TRY(load_datasets(base, name, y, v, loc, e));
         else if (k->type == KT_FSDP)
             SNUG_TRY(load_fsdp_config(base, name, y, v, loc, e));
+        else if ((k->type == KT_MAP || k->type == KT_LIST) && !k->later)
+            SNUG_TRY(load_map_key(base, k, name, y, v, loc, e));
         else
             SNUG_TRY(apply_scalar_node(base, k, name, y, v, loc, e));
+        if (dataset_scope && !strcmp(k->name, "chat_template"))
+            ((snug_dataset_spec *)base)->chat_template_own = 1;
     }
     return 0;
 }
@@ -1406,6 +1611,9 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
         return add_dataset_path(o, value, "", where, e);
     if (k->type == KT_FSDP)
         return fsdp_config_file(o, value, where, e);
+    if (k->type == KT_MAP || k->type == KT_LIST)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s is a %s; set it in the YAML config", where, key,
+                         k->type == KT_MAP ? "mapping" : "list");
     return set_text(o, k, key, value, where, e);
 }
 
@@ -1558,6 +1766,34 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
     return 0;
 }
 
+/* Keys that say what other keys say (Axolotl's and transformers' spellings), resolved once every key is read, in
+ * whatever order they were written: the config-wide chat template for the chat entries that name none, the
+ * attention keys as flash_attention, activation_offloading as gradient_checkpointing: offload. */
+static int apply_aliases(snug_run_config *o, snug_error *e) {
+    const char *src = o->config_path[0] ? o->config_path : "options";
+    for (int i = 0; i < o->ndatasets; i++)
+        if (!o->datasets[i].chat_template_own)
+            o->datasets[i].chat_template = o->chat_template;
+    const char *fused = o->attn_sdp ? "sdp_attention: true" : o->attn_xformers ? "xformers_attention: true" : NULL;
+    if (o->attn_implementation == 0 && fused)
+        return snug_fail(e, SNUG_EINPUT, "%s: attn_implementation: eager and %s ask for two kinds of attention; "
+                         "remove one", src, fused);
+    if (o->attn_implementation == 0) {
+        o->flash_attention = 0;
+    } else if ((o->attn_implementation == 1 || fused) && !o->flash_attention) {
+        return snug_fail(e, SNUG_EINPUT, "%s: flash_attention: false (the probabilities stored) and %s (fused "
+                         "attention) disagree; remove one", src, fused ? fused : "attn_implementation");
+    }
+    if (o->activation_offloading) {
+        if (o->gradient_checkpointing == SNUG_CKPT_CHOICE_SELECTIVE)
+            return snug_fail(e, SNUG_EINPUT, "%s: activation_offloading keeps whole layers' inputs in host memory, "
+                             "which selective checkpointing does not recompute from; set gradient_checkpointing: true "
+                             "(or offload)", src);
+        o->gradient_checkpointing = SNUG_CKPT_CHOICE_OFFLOAD;
+    }
+    return 0;
+}
+
 int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
     snug_run_config tmp = *o;
     char key[128];
@@ -1587,6 +1823,7 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
     }
     SNUG_TRY(apply_deepspeed(&tmp, e));
     SNUG_TRY(apply_fsdp(&tmp, e));
+    SNUG_TRY(apply_aliases(&tmp, e));
     *o = tmp;
     return 0;
 }

@@ -10,74 +10,12 @@
 #include "core/fileio.h"
 #include "train/setup.h"
 
-enum { DEBUG_EXAMPLES = 3 };
-
-/* The token's text with control characters, quotes and backslashes escaped (bytes >= 0x80 too for the byte-level
- * stand-in, whose tokens are single bytes). */
-static void print_token(FILE *out, const snug_setup *d, int32_t id) {
-    char byte[2] = {0, 0};
-    const char *s = NULL;
-    size_t n = 0;
-    int raw_high = d->tok != NULL;
-    if (d->tok) {
-        s = snug_tok_id_to_token(d->tok, id);
-    } else if (id >= 0 && id < 256) {
-        byte[0] = (char)id;
-        s = byte;
-        n = 1;
-    } else if (id == d->enc.eos_id) {
-        s = "<eos>";
-        raw_high = 1;
-    }
-    if (!s) {
-        fprintf(out, "(no token)");
-        return;
-    }
-    if (!n)
-        n = strlen(s);
-    fputc('"', out);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n')
-            fputs("\\n", out);
-        else if (c == '\t')
-            fputs("\\t", out);
-        else if (c == '\r')
-            fputs("\\r", out);
-        else if (c == '"' || c == '\\')
-            fprintf(out, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !raw_high))
-            fprintf(out, "\\x%02x", c);
-        else
-            fputc(c, out);
-    }
-    fputc('"', out);
-}
-
 /* Examples of the whole store (every file, in file order, before the validation split). */
 static size_t store_examples(const snug_setup *d) {
     size_t n = 0;
     for (int i = 0; i < d->drep.nsources; i++)
         n += (size_t)d->drep.src[i].examples;
     return n;
-}
-
-static void print_debug(FILE *out, const snug_setup *d) {
-    const snug_dataset *ds = &d->train; /* its store arrays hold every example */
-    size_t total = store_examples(d);
-    for (size_t k = 0; k < total && k < DEBUG_EXAMPLES; k++) {
-        uint64_t a = ds->start[k], b = ds->start[k + 1], nsup = 0;
-        for (uint64_t t = a; t < b; t++)
-            nsup += ds->sup[t];
-        fprintf(out, "\nexample %zu of %zu: %llu tokens, %llu supervised\n", k + 1, total,
-                (unsigned long long)(b - a), (unsigned long long)nsup);
-        fprintf(out, "  %5s %8s  %-10s  %s\n", "pos", "id", "supervised", "token");
-        for (uint64_t t = a; t < b; t++) {
-            fprintf(out, "  %5llu %8d  %-10s  ", (unsigned long long)(t - a), ds->ids[t], ds->sup[t] ? "yes" : "no");
-            print_token(out, d, ds->ids[t]);
-            fputc('\n', out);
-        }
-    }
 }
 
 /* A growing line buffer. */
@@ -189,7 +127,7 @@ int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
         fprintf(out, "  %-20s training %zu examples, %zu tokens; validation %zu examples, %zu tokens\n", "split",
                 d->train.nexamples, d->train.ntokens, d->val.nexamples, d->val.ntokens);
         if (debug)
-            print_debug(out, d);
+            snug_setup_print_examples(out, d, 3);
         if (dump_path) {
             rc = dump(dump_path, d, e);
             if (!rc)

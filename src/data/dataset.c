@@ -392,6 +392,13 @@ static uint64_t cache_key(const snug_data_source *src, const mapped_file *maps, 
         hash_u64(&h, (uint64_t)src[i].format);
         hash_u64(&h, (uint64_t)src[i].chat);
         hash_str(&h, src[i].field && *src[i].field ? src[i].field : "text");
+        if (src[i].format == SNUG_DATA_CHAT) { /* the fields and the roles read */
+            hash_str(&h, src[i].messages && *src[i].messages ? src[i].messages : "messages");
+            hash_str(&h, src[i].role && *src[i].role ? src[i].role : "role");
+            hash_str(&h, src[i].content && *src[i].content ? src[i].content : "content");
+            for (int r = 0; r < 3; r++)
+                hash_str(&h, src[i].roles[r] ? src[i].roles[r] : "");
+        }
         hash_u64(&h, maps[i].len);
         hash_u64(&h, snug_hash64(maps[i].data, maps[i].len, 0x66696c65ull));
     }

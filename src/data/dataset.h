@@ -70,6 +70,11 @@ typedef struct snug_data_source {
     snug_data_format format;
     const char *field;       /* completion: the text field; NULL = "text" */
     snug_chat_template chat; /* chat: the template */
+    /* chat: the fields of a line and of its messages; NULL or "" = "messages", "role", "content" */
+    const char *messages, *role, *content;
+    /* chat: the role values that mean system, user and assistant, each a list joined by commas; all NULL or "" = the
+     * default (system; human and user; gpt and assistant), as Axolotl's; otherwise only the values listed */
+    const char *roles[3];
 } snug_data_source;
 
 typedef struct snug_data_opts {

@@ -274,8 +274,8 @@ static const char *format_example(const snug_format *f, char *buf, size_t cap) {
         snprintf(buf, cap, "{\"instruction\": \"...\", \"input\": \"...\", \"output\": \"...\"} (input optional)");
         break;
     case SNUG_DATA_CHAT:
-        snprintf(buf, cap, "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, {\"role\": \"assistant\", "
-                           "\"content\": \"...\"}]}");
+        snprintf(buf, cap, "{\"%s\": [{\"%s\": \"user\", \"%s\": \"...\"}, {\"%s\": \"assistant\", "
+                 "\"%s\": \"...\"}]}", f->messages, f->role, f->content, f->role, f->content);
         break;
     case SNUG_DATA_PRETOKENIZED:
         snprintf(buf, cap, "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]} (labels optional)");
@@ -393,40 +393,88 @@ static void trim(const char **s, size_t *n) {
     *n = b - a;
 }
 
-typedef enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT } role;
+typedef enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, NROLES } role;
+
+static const char *const role_names[NROLES] = {"system", "user", "assistant"};
+
+/* The values that mean role r, joined by commas: the source's roles when it lists any, else Axolotl's default. */
+static const char *role_list(const snug_format *f, int r) {
+    static const char *const defaults[NROLES] = {"system", "human,user", "gpt,assistant"};
+    int own = 0;
+    for (int k = 0; k < NROLES; k++)
+        own |= f->src->roles[k] && *f->src->roles[k];
+    return own ? (f->src->roles[r] ? f->src->roles[r] : "") : defaults[r];
+}
+
+/* The role a message's role value means, or -1. */
+static int role_of(const snug_format *f, const char *value) {
+    for (int r = 0; r < NROLES; r++) {
+        const char *list = role_list(f, r);
+        size_t n = strlen(value);
+        for (const char *p = list; *p;) {
+            size_t k = strcspn(p, ",");
+            if (k == n && !memcmp(p, value, n))
+                return r;
+            p += k + (p[k] == ',');
+        }
+    }
+    return -1;
+}
+
+/* What role values a line may use, for an error: "\"system\", \"human\", \"user\", ..." */
+static const char *role_values(const snug_format *f, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < NROLES; r++) {
+        for (const char *p = role_list(f, r); *p && len < cap;) {
+            size_t k = strcspn(p, ",");
+            len += (size_t)snprintf(buf + len, cap - len, "%s\"%.*s\" (%s)", len ? ", " : "", (int)k, p,
+                                    role_names[r]);
+            p += k + (p[k] == ',');
+        }
+    }
+    return buf;
+}
 
 static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_error *e) {
-    char hint[200];
-    json_t *msgs = json_object_get(obj, "messages");
+    char hint[300], vals[300];
+    const char *fm = f->messages, *fr = f->role, *fc = f->content;
+    json_t *msgs = json_object_get(obj, fm);
     if (!msgs)
-        return snug_fail(e, SNUG_EINPUT, "the \"messages\" field is missing; each chat line must be %s",
-                         format_example(f, hint, sizeof hint));
+        return snug_fail(e, SNUG_EINPUT, "the \"%s\" field is missing; each chat line must be %s%s", fm,
+                         format_example(f, hint, sizeof hint),
+                         strcmp(fm, "messages") ? "" : " (or set datasets[].field_messages to the field that holds "
+                                                       "the messages, e.g. conversations)");
     if (!json_is_array(msgs))
-        return snug_fail(e, SNUG_EINPUT, "the \"messages\" field is %s, not a list; each chat line must be %s",
+        return snug_fail(e, SNUG_EINPUT, "the \"%s\" field is %s, not a list; each chat line must be %s", fm,
                          snug_json_type_name(msgs), format_example(f, hint, sizeof hint));
     size_t nm = json_array_size(msgs);
     if (nm == 0)
-        return snug_fail(e, SNUG_EINPUT, "\"messages\" is empty; give at least a user and an assistant message or "
-                         "remove the line");
+        return snug_fail(e, SNUG_EINPUT, "\"%s\" is empty; give at least a user and an assistant message or "
+                         "remove the line", fm);
     int any_assistant = 0;
     for (size_t i = 0; i < nm; i++) { /* check everything before tokenizing anything */
         json_t *m = json_array_get(msgs, i), *r, *c;
         if (!json_is_object(m))
-            return snug_fail(e, SNUG_EINPUT, "messages[%zu] is %s, not an object such as {\"role\": \"user\", "
-                             "\"content\": \"...\"}", i, snug_json_type_name(m));
-        r = json_object_get(m, "role");
-        c = json_object_get(m, "content");
+            return snug_fail(e, SNUG_EINPUT, "%s[%zu] is %s, not an object such as {\"%s\": \"user\", \"%s\": "
+                             "\"...\"}", fm, i, snug_json_type_name(m), fr, fc);
+        r = json_object_get(m, fr);
+        c = json_object_get(m, fc);
         if (!r || !json_is_string(r))
-            return snug_fail(e, SNUG_EINPUT, "messages[%zu].role is %s; it must be \"system\", \"user\" or "
-                             "\"assistant\"", i, r ? snug_json_type_name(r) : "missing");
+            return snug_fail(e, SNUG_EINPUT, "%s[%zu].%s is %s; it must be one of %s%s", fm, i, fr,
+                             r ? snug_json_type_name(r) : "missing", role_values(f, vals, sizeof vals),
+                             r || strcmp(fr, "role") ? "" : " (or set datasets[].message_field_role to the field that "
+                                                           "holds the role, e.g. from)");
         if (!c || !json_is_string(c))
-            return snug_fail(e, SNUG_EINPUT, "messages[%zu].content is %s; it must be a string", i,
-                             c ? snug_json_type_name(c) : "missing");
-        const char *rs = json_string_value(r);
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
-            return snug_fail(e, SNUG_EINPUT, "messages[%zu].role is \"%.40s\"; use \"system\", \"user\" or "
-                             "\"assistant\"", i, rs);
-        any_assistant |= !strcmp(rs, "assistant");
+            return snug_fail(e, SNUG_EINPUT, "%s[%zu].%s is %s; it must be a string%s", fm, i, fc,
+                             c ? snug_json_type_name(c) : "missing",
+                             c || strcmp(fc, "content") ? "" : " (or set datasets[].message_field_content to the "
+                                                               "field that holds the text, e.g. value)");
+        int role = role_of(f, json_string_value(r));
+        if (role < 0)
+            return snug_fail(e, SNUG_EINPUT, "%s[%zu].%s is \"%.40s\"; use one of %s, or map it to a role with "
+                             "datasets[].roles", fm, i, fr, json_string_value(r), role_values(f, vals, sizeof vals));
+        any_assistant |= role == ROLE_ASSISTANT;
     }
     int toi = f->opts->train_on_inputs ? 1 : 0;
     if (!any_assistant && !toi)
@@ -436,11 +484,12 @@ static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_err
     if (llama3)
         SNUG_TRY(put_special(f, ex, "<|begin_of_text|>", 0, e));
     for (size_t i = 0; i < nm; i++) {
-        json_t *m = json_array_get(msgs, i), *c = json_object_get(m, "content");
-        const char *rs = json_string_value(json_object_get(m, "role"));
+        json_t *m = json_array_get(msgs, i), *c = json_object_get(m, fc);
+        int role = role_of(f, json_string_value(json_object_get(m, fr)));
+        const char *rs = role_names[role]; /* the template writes the role, not the value that meant it */
         const char *text = json_string_value(c);
         size_t n = json_string_length(c);
-        int sup = toi || !strcmp(rs, "assistant");
+        int sup = toi || role == ROLE_ASSISTANT;
         if (llama3) {
             trim(&text, &n);
             SNUG_TRY(put_special(f, ex, "<|start_header_id|>", toi, e));
@@ -523,6 +572,9 @@ static int do_pretokenized(const snug_format *f, json_t *obj, snug_example *ex, 
 int snug_format_init(snug_format *f, const snug_data_source *src, const snug_data_opts *opts, const snug_encoder *enc,
                      snug_error *e) {
     *f = (snug_format){.src = src, .opts = opts, .enc = enc, .field = src->field && *src->field ? src->field : "text",
+                       .messages = src->messages && *src->messages ? src->messages : "messages",
+                       .role = src->role && *src->role ? src->role : "role",
+                       .content = src->content && *src->content ? src->content : "content",
                        .special = {-1, -1, -1, -1}};
     if (src->format != SNUG_DATA_CHAT || !enc->special_id)
         return 0;

@@ -47,6 +47,7 @@ typedef struct snug_format {
     const snug_data_opts *opts;
     const snug_encoder *enc;
     const char *field;
+    const char *messages, *role, *content; /* chat's field names (the defaults filled in) */
     int32_t special[4]; /* the template's special tokens' ids (in the order of formats.c's lists); -1: as text */
 } snug_format;
 

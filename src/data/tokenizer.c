@@ -727,6 +727,10 @@ int snug_tok_eos_id(const snug_tokenizer *t) {
     return t->eos_id;
 }
 
+int snug_tok_unk_id(const snug_tokenizer *t) {
+    return t->unk_id;
+}
+
 int snug_tok_adds_eos(const snug_tokenizer *t) {
     return t->adds_eos;
 }

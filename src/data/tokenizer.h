@@ -81,6 +81,9 @@ int snug_tok_eos_id(const snug_tokenizer *t);
 /* 1 when the post-processor appends the EOS to a single sequence, else 0. */
 int snug_tok_adds_eos(const snug_tokenizer *t);
 
+/* The BPE model's unk_token id, or -1 when it has none. */
+int snug_tok_unk_id(const snug_tokenizer *t);
+
 /* FNV-1a 64 of the tokenizer.json bytes: a cache key for tokenized data. */
 uint64_t snug_tok_hash(const snug_tokenizer *t);
 

@@ -291,6 +291,7 @@ static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *e
         else
             snprintf(srcdir, sizeof srcdir, ".");
         SNUG_TRY(snug_copy_tokenizer_files(srcdir, dir, e));
+        SNUG_TRY(snug_tokenizer_files_set_special(dir, &s->c, e));
     }
     /* LoRA: the adapter as PEFT saves it (p32: the adapter table's values), naming its base; adapter_config.json,
      * written last, makes the folder an adapter */
@@ -565,6 +566,8 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
         (json_int_t)st->in_epoch, "per_epoch", (json_int_t)st->per_epoch, "optimizer_step", st->opt_step,
         "loss_scale", "on", st->ls.on, "scale", (double)st->ls.scale, "clean", st->ls.clean, "skipped",
         st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", j->files);
+    if (js && st->watch_over) /* (absent: 0, as in checkpoints from before the watchdog) */
+        json_object_set_new(js, "loss_watchdog_steps", json_integer(st->watch_over));
     if (js && wa >= 0) /* resume reads this arena from model.safetensors */
         json_object_set_new(js, "weights_arena", json_string(kept[wa].file));
     char *text = js ? json_dumps(js, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
@@ -1062,6 +1065,7 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         st->ls.clean = (int)json_integer_value(json_object_get(ls, "clean"));
         st->ls.skipped = (int)json_integer_value(json_object_get(ls, "skipped"));
         st->loss_mean = json_real_value(json_object_get(j, "loss_mean"));
+        st->watch_over = (int)json_integer_value(json_object_get(j, "loss_watchdog_steps"));
         /* the fp32 weights' arena kept as model.safetensors alone: read first, as loading the weights also sets a
          * 16-bit copy, which its own file then restores bit for bit */
         const char *in_weights = json_string_value(json_object_get(j, "weights_arena"));

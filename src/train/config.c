@@ -196,6 +196,15 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: merge_lora needs adapter: lora and a base_model folder to merge into", src);
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
+    REQUIRE(o->evals_per_epoch >= 0 && !(o->evals_per_epoch && o->eval_steps),
+            "%s: evals_per_epoch %d and eval_steps %d both say when to evaluate; keep one", src, o->evals_per_epoch,
+            o->eval_steps);
+    REQUIRE(o->saves_per_epoch >= 0 && !(o->saves_per_epoch && o->save_steps),
+            "%s: saves_per_epoch %d and save_steps %d both say when to save; keep one", src, o->saves_per_epoch,
+            o->save_steps);
+    REQUIRE(o->loss_watchdog_threshold >= 0 && o->loss_watchdog_patience >= 1,
+            "%s: loss_watchdog_threshold is %g and loss_watchdog_patience %d; use a threshold above 0 (0 = off) and "
+            "a patience of at least 1 step", src, o->loss_watchdog_threshold, o->loss_watchdog_patience);
     REQUIRE(o->threads >= 0 && o->threads <= 1024, "%s: threads is %d; use 0 (all cores) or a count up to 1024", src,
             o->threads);
     REQUIRE(o->data_seed >= -1, "%s: data_seed is %d; use -1 (the same as seed) or a seed of 0 or more", src,

@@ -54,6 +54,14 @@ typedef struct snug_dataset_spec {
     snug_data_format type;        /* completion (default), alpaca, chat, pretokenized */
     char field[64];               /* the text field for completion (default "text") */
     snug_chat_template chat_template; /* for chat: chatml (default) or llama3 */
+    int chat_template_own;        /* 1: the entry names its chat_template; 0: the config-wide one applies */
+    /* chat: the fields of a line and its messages (Axolotl's field_messages, message_property_mappings) */
+    char field_messages[64];      /* "messages" */
+    char field_role[64];          /* "role" */
+    char field_content[64];       /* "content" */
+    /* chat: the role values that mean each role, names joined by commas (Axolotl's roles); all "" = its default
+     * (human and user, gpt and assistant, system) */
+    char roles_system[256], roles_user[256], roles_assistant[256];
 } snug_dataset_spec;
 
 typedef struct snug_run_config {
@@ -79,6 +87,9 @@ typedef struct snug_run_config {
     int bnb_4bit_blocksize;   /* 64; a pre-quantized checkpoint's own */
     int bnb_4bit_compute_fp16; /* bnb_4bit_compute_dtype: float16 (else bfloat16): the 16-bit type of the rest */
     char model_preset[64];    /* built-in architecture when base_model is empty ("tiny-llama") */
+    char model_class[64];     /* model_type (Axolotl's: the transformers class): "" or AutoModelForCausalLM, else it
+                               * must be the class config.json's architectures names */
+    int lora_fan_in_fan_out;  /* -1 = what the model's layers are (GPT-2's Conv1D: 1, else 0); 0 or 1 must agree */
     char tokenizer[1024];     /* folder or tokenizer.json; "" = base_model's, or the built-in */
 
     /* data */
@@ -90,6 +101,10 @@ typedef struct snug_run_config {
     int skip_bad_examples;
     snug_long_policy long_examples;
     char dataset_prepared_path[1024];
+    snug_chat_template chat_template; /* the config-wide chat_template: chat entries that name none use it */
+    /* special_tokens: tokens of the tokenizer's vocabulary that take these roles ("" = the tokenizer's own) */
+    char pad_token[128], eos_token[128], bos_token[128], unk_token[128];
+    int debug;                /* 1: the first examples are printed token by token before training (Axolotl's debug) */
 
     /* batch and schedule */
     int micro_batch_size;
@@ -142,6 +157,13 @@ typedef struct snug_run_config {
     int logging_steps;
     int eval_steps;           /* 0 = at the end of each epoch */
     int save_steps;           /* 0 = only at the end */
+    int evals_per_epoch;      /* Axolotl's: an evaluation every ceil(total / (evals_per_epoch x num_epochs)) steps,
+                               * instead of eval_steps; 0 = unset */
+    int saves_per_epoch;      /* likewise a checkpoint, instead of save_steps; 0 = unset */
+    double loss_watchdog_threshold; /* training ends (and saves, as at its end) once the step's loss has been above
+                                     * it loss_watchdog_patience steps in a row; 0 = off */
+    int loss_watchdog_patience;
+    int eval_max_new_tokens;  /* Axolotl's tokens per row of eval_table_size's table (no table: it changes nothing) */
     int save_total_limit;     /* 0 = keep every checkpoint; K = the K newest complete ones */
     int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
     char resume_from_checkpoint[1024]; /* "" = a new run; a checkpoint folder; "latest": the newest complete one in
@@ -162,6 +184,10 @@ typedef struct snug_run_config {
     snug_ckpt_choice gradient_checkpointing;
     int gradient_checkpointing_every_n_layers;
     int flash_attention;
+    int attn_implementation;  /* -1 unset; 0 eager (the probabilities stored: flash_attention false); 1 a fused kernel
+                               * (sdpa, flash_attention_2, ...: flash_attention true) */
+    int activation_offloading; /* Axolotl's: gradient_checkpointing offload */
+    int attn_sdp, attn_xformers; /* Axolotl's sdp_attention, xformers_attention: true = flash_attention true */
     int chunked_cross_entropy;
     int cross_entropy_chunk_tokens;
     int tiled_mlp;

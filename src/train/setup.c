@@ -6,7 +6,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "core/fileio.h"
+#include "core/json_util.h"
 #include "model/peft_io.h"
 #include "model/presets.h"
 #include "plan/autofit.h"
@@ -73,6 +76,42 @@ static int open_tokenizer(snug_setup *r, snug_error *e) {
     return 0;
 }
 
+/* special_tokens: each a token of the vocabulary; pad_token and eos_token take their roles, bos_token and unk_token
+ * must be the tokenizer's own (changing them would change how every text is tokenized) */
+static int special_tokens(snug_setup *r, snug_error *e) {
+    const snug_run_config *o = &r->c;
+    const char *src = o->config_path[0] ? o->config_path : "options";
+    const char *text[4] = {o->pad_token, o->eos_token, o->bos_token, o->unk_token};
+    static const char *const names[4] = {"pad_token", "eos_token", "bos_token", "unk_token"};
+    r->pad_id = -1;
+    for (int i = 0; i < 4; i++) {
+        if (!text[i][0])
+            continue;
+        if (!r->tok)
+            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s needs a tokenizer (tokenizer.json), and this run "
+                             "has none; set tokenizer, or remove it", src, names[i]);
+        int id = snug_tok_token_id(r->tok, text[i]);
+        if (id < 0)
+            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s '%.60s' is not a token of %s; name one of its "
+                             "tokens (adding tokens, which grows the embedding, is not supported yet)", src, names[i],
+                             text[i], r->tok_path);
+        int own = i == 2 ? snug_tok_bos_id(r->tok) : i == 3 ? snug_tok_unk_id(r->tok) : -2;
+        if ((i == 2 && own >= 0 && id != own) || (i == 3 && id != own))
+            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s '%.60s' is not the tokenizer's own (%s); changing "
+                             "it would change how every text is tokenized, which is not supported yet; remove it or "
+                             "set it to that token", src, names[i], text[i],
+                             own >= 0 ? snug_tok_id_to_token(r->tok, own) : "none");
+        if (i == 1 && snug_tok_adds_eos(r->tok) && id != r->enc.eos_id)
+            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.eos_token '%.60s': the tokenizer's post-processor "
+                             "appends its own EOS to every text; remove it", src, text[i]);
+        if (i == 0)
+            r->pad_id = id;
+        if (i == 1)
+            r->enc.eos_id = id;
+    }
+    return 0;
+}
+
 static int resolve_model(snug_setup *r, snug_error *e) {
     const snug_run_config *o = &r->c;
     if (o->base_model[0]) {
@@ -94,12 +133,25 @@ static int resolve_model(snug_setup *r, snug_error *e) {
         if (r->enc.bos_id >= 0)
             r->cfg.bos_token_id = r->enc.bos_id;
     }
+    const char *src = o->config_path[0] ? o->config_path : "options";
+    if (o->model_class[0] && strcmp(o->model_class, "AutoModelForCausalLM") &&
+        strcmp(o->model_class, r->cfg.architecture))
+        return snug_fail(e, SNUG_EINPUT, "%s: model_type is %s, but the model is a %s (%s); set model_type to %s or "
+                         "AutoModelForCausalLM, or remove it", src, o->model_class, r->cfg.architecture,
+                         o->base_model[0] ? "its config.json's architectures" : "model_preset", r->cfg.architecture);
+    int conv1d = r->cfg.arch == SNUG_ARCH_GPT2; /* PEFT's fan_in_fan_out: the weights stored (in, out) */
+    if (o->adapter && o->lora_fan_in_fan_out >= 0 && o->lora_fan_in_fan_out != conv1d)
+        return snug_fail(e, SNUG_EINPUT, "%s: lora_fan_in_fan_out is %s, but this model's layers are %s "
+                         "(fan_in_fan_out %s); set it to %s or remove it", src, o->lora_fan_in_fan_out ? "true" : "false",
+                         conv1d ? "GPT-2's Conv1D" : "nn.Linear", conv1d ? "true" : "false", conv1d ? "true" : "false");
     if (r->enc.eos_id < 0 && r->cfg.eos_token_id >= r->cfg.vocab_size) /* it would end every example */
         return snug_fail(e, SNUG_EINPUT, "%s/config.json: eos_token_id %d is outside the vocabulary (vocab_size %d); "
                          "set it to the id of the end-of-text token", o->base_model, r->cfg.eos_token_id,
                          r->cfg.vocab_size);
     if (r->enc.eos_id < 0)
         r->enc.eos_id = r->cfg.eos_token_id;
+    if (r->pad_id < 0)
+        r->pad_id = r->enc.eos_id >= 0 ? r->enc.eos_id : 0;
     if (o->sequence_len > r->cfg.max_position)
         return snug_fail(e, SNUG_EINPUT, "sequence_len %d exceeds the model's max_position_embeddings %d; lower "
                          "sequence_len", o->sequence_len, r->cfg.max_position);
@@ -115,7 +167,9 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
         const snug_dataset_spec *d = &o->datasets[i];
         snug_data_source *s = &r->dsrc[i];
         *s = (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text", .format = d->type,
-                                .chat = d->chat_template};
+                                .chat = d->chat_template, .messages = d->field_messages, .role = d->field_role,
+                                .content = d->field_content,
+                                .roles = {d->roles_system, d->roles_user, d->roles_assistant}};
     }
     r->dopts = (snug_data_opts){.train_on_inputs = o->train_on_inputs, .sequence_len = o->sequence_len,
                                 .drop_long = o->long_examples == SNUG_LONG_DROP, .skip_bad = o->skip_bad_examples};
@@ -137,6 +191,7 @@ int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
     r->pp_stage = pp_stage;
     r->c = *c;
     SNUG_TRY(open_tokenizer(r, e));
+    SNUG_TRY(special_tokens(r, e));
     return resolve_model(r, e);
 }
 
@@ -235,6 +290,44 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     return 0;
 }
 
+int snug_tokenizer_files_set_special(const char *dir, const snug_run_config *c, snug_error *e) {
+    static const char *const files[] = {"tokenizer_config.json", "special_tokens_map.json"};
+    if (!c->pad_token[0] && !c->eos_token[0])
+        return 0;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char p[4096];
+        snug_path_join(p, sizeof p, dir, files[i]);
+        json_error_t je;
+        json_t *j = NULL;
+        if (snug_file_exists(p)) { /* (snug_json_loadb: transformers writes integers beyond int64) */
+            char *buf = NULL;
+            size_t len = 0;
+            SNUG_TRY(snug_read_file(p, &buf, &len, e));
+            j = snug_json_loadb(buf, len, 0, &je);
+            free(buf);
+        } else {
+            j = json_object();
+        }
+        if (!json_is_object(j)) {
+            json_decref(j);
+            return snug_fail(e, SNUG_EINPUT, "%s: not a JSON object; the tokenizer files copied from the tokenizer's "
+                             "folder must be valid JSON", p);
+        }
+        if (c->pad_token[0])
+            json_object_set_new(j, "pad_token", json_string(c->pad_token));
+        if (c->eos_token[0])
+            json_object_set_new(j, "eos_token", json_string(c->eos_token));
+        char *text = json_dumps(j, JSON_INDENT(2));
+        json_decref(j);
+        if (!text)
+            return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", p);
+        int rc = snug_write_file_atomic(p, text, strlen(text), e);
+        free(text);
+        SNUG_TRY(rc);
+    }
+    return 0;
+}
+
 int snug_copy_tokenizer_files(const char *src_dir, const char *dst_dir, snug_error *e) {
     static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                         "chat_template.jinja"};
@@ -261,7 +354,7 @@ int snug_setup_load_adapter(const snug_setup *r, snug_model *m, snug_error *e) {
 snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {
     snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
-                        .ckpt_snapshot = c->save_steps > 0 && c->async_checkpoint,
+                        .ckpt_snapshot = (c->save_steps > 0 || c->saves_per_epoch > 0) && c->async_checkpoint,
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
                         .pp = c->pipeline_parallel_size, .pp_recompute = c->pipeline_recompute,
                         .pp_split = c->pipeline_layers,
@@ -290,7 +383,7 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
     if (lv->xent_chunk > 0)
         c->cross_entropy_chunk_tokens = lv->xent_chunk;
     c->optimizer = snug_run_optimizer_choice(p->spec.optim, p->spec.optim_paged);
-    if (c->save_steps > 0)
+    if (c->save_steps > 0 || c->saves_per_epoch > 0)
         c->async_checkpoint = p->spec.ckpt_snapshot;
     c->tiled_mlp = lv->mlp_shards != 0;
     c->tiled_mlp_num_shards = lv->mlp_shards > 0 ? lv->mlp_shards : 0;
@@ -360,6 +453,68 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
         r->spec.budget_overhead = (double)ov.total;
     }
     return 0;
+}
+
+/* The token's text with control characters, quotes and backslashes escaped (bytes >= 0x80 too for the byte-level
+ * stand-in, whose tokens are single bytes). */
+static void print_token(FILE *out, const snug_setup *d, int32_t id) {
+    char byte[2] = {0, 0};
+    const char *s = NULL;
+    size_t n = 0;
+    int raw_high = d->tok != NULL;
+    if (d->tok) {
+        s = snug_tok_id_to_token(d->tok, id);
+    } else if (id >= 0 && id < 256) {
+        byte[0] = (char)id;
+        s = byte;
+        n = 1;
+    } else if (id == d->enc.eos_id) {
+        s = "<eos>";
+        raw_high = 1;
+    }
+    if (!s) {
+        fprintf(out, "(no token)");
+        return;
+    }
+    if (!n)
+        n = strlen(s);
+    fputc('"', out);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", out);
+        else if (c == '\t')
+            fputs("\\t", out);
+        else if (c == '\r')
+            fputs("\\r", out);
+        else if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !raw_high))
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+void snug_setup_print_examples(FILE *out, const snug_setup *d, size_t n) {
+    const snug_dataset *ds = &d->train; /* its store arrays hold every example, in file order */
+    size_t total = 0;
+    for (int i = 0; i < d->drep.nsources; i++)
+        total += (size_t)d->drep.src[i].examples;
+    for (size_t k = 0; k < total && k < n; k++) {
+        uint64_t a = ds->start[k], b = ds->start[k + 1], nsup = 0;
+        for (uint64_t t = a; t < b; t++)
+            nsup += ds->sup[t];
+        fprintf(out, "\nexample %zu of %zu: %llu tokens, %llu supervised\n", k + 1, total,
+                (unsigned long long)(b - a), (unsigned long long)nsup);
+        fprintf(out, "  %5s %8s  %-10s  %s\n", "pos", "id", "supervised", "token");
+        for (uint64_t t = a; t < b; t++) {
+            fprintf(out, "  %5llu %8d  %-10s  ", (unsigned long long)(t - a), ds->ids[t], ds->sup[t] ? "yes" : "no");
+            print_token(out, d, ds->ids[t]);
+            fputc('\n', out);
+        }
+    }
 }
 
 void snug_setup_free(snug_setup *r) {

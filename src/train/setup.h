@@ -8,6 +8,7 @@
 #define SNUG_TRAIN_SETUP_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "core/error.h"
 #include "data/dataset.h"
@@ -22,7 +23,8 @@ typedef struct snug_setup {
     snug_model_config cfg;
     snug_tokenizer *tok;      /* NULL for the byte-level stand-in */
     char tok_path[4096];      /* the tokenizer.json used ("" for the byte-level stand-in) */
-    snug_encoder enc;
+    snug_encoder enc;         /* its eos_id: special_tokens' eos_token, else the tokenizer's (else config.json's) */
+    int pad_id;               /* the id that pads batches: special_tokens' pad_token, else the EOS (else 0) */
     int ranks, rank;          /* data-parallel ranks (0 or 1: one process) and this one: the fields set before
                                * snug_setup_resolve (which keeps them; the rest is zeroed there) */
     int tp_rank;              /* under tensor parallelism: this rank's place among its ranks (set likewise) */
@@ -56,9 +58,17 @@ int snug_setup_load_adapter(const snug_setup *s, snug_model *m, snug_error *e);
  * special_tokens_map.json, chat_template.jinja) into dst_dir, each atomically. */
 int snug_copy_tokenizer_files(const char *src_dir, const char *dst_dir, snug_error *e);
 
+/* Sets special_tokens' pad_token and eos_token (those given) in the tokenizer_config.json and
+ * special_tokens_map.json of a folder the tokenizer files were copied into (creating them when absent). */
+int snug_tokenizer_files_set_special(const char *dir, const snug_run_config *c, snug_error *e);
+
 /* Reads the datasets as the configuration says (the tokenizer, the model's EOS, the cache under
  * dataset_prepared_path, the validation split). */
 int snug_setup_load_data(snug_setup *s, snug_error *e);
+
+/* The first n examples of the datasets (every file, in file order, before the validation split) token by token:
+ * position, id, whether it is supervised, the token's text escaped. */
+void snug_setup_print_examples(FILE *out, const snug_setup *s, size_t n);
 
 void snug_setup_free(snug_setup *s);
 

@@ -41,6 +41,7 @@ typedef struct snug_train_state {
     int opt_step;          /* the optimizer's own count (bias correction, stochastic rounding) */
     snug_loss_scaler ls;   /* fp16's dynamic loss scale */
     double loss_mean;      /* the progress bar's moving average of the loss */
+    int watch_over;        /* steps in a row whose loss was above loss_watchdog_threshold */
 } snug_train_state;
 
 /* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,

@@ -587,7 +587,7 @@ static snug_batching_opts batching_opts(const run *r, int shuffle) {
     return (snug_batching_opts){.how = how, .B = o->micro_batch_size, .T = o->sequence_len,
                                 .pad_to_sequence_len = o->pad_to_sequence_len,
                                 .pad_to_multiple_of = o->pad_to_multiple_of, .shuffle = shuffle,
-                                .seed = snug_data_seed(o), .pad_id = r->s.enc.eos_id >= 0 ? r->s.enc.eos_id : 0};
+                                .seed = snug_data_seed(o), .pad_id = r->s.pad_id};
 }
 
 /* Mean loss over every supervised token of the validation set, batched as training is (NAN when it cannot be read).
@@ -906,6 +906,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
     if (!rc)
         rc = snug_setup_load_data(&r.s, e);
+    if (!rc && o->debug && lead) /* Axolotl's debug: the first examples as the model will see them */
+        snug_setup_print_examples(out, &r.s, 3);
     snug_loader loader = {0};
     snug_batching_opts bopts = batching_opts(&r, 1);
     if (!rc)
@@ -968,6 +970,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (total < 1)
         total = 1;
     int warmup = snug_warmup_steps(o, total);
+    /* Axolotl's per-epoch counts: a fraction 1 / (count x num_epochs) of the run's steps, rounded up (as Hugging
+     * Face's Trainer rounds a fractional eval_steps or save_steps) */
+    int epochs = o->num_epochs > 0 ? o->num_epochs : 1;
+    int eval_every = o->evals_per_epoch ? (int)(((long long)total + (long long)o->evals_per_epoch * epochs - 1) /
+                                                ((long long)o->evals_per_epoch * epochs))
+                                        : o->eval_steps;
+    int save_every = o->saves_per_epoch ? (int)(((long long)total + (long long)o->saves_per_epoch * epochs - 1) /
+                                                ((long long)o->saves_per_epoch * epochs))
+                                        : o->save_steps;
     snug_sched sched = o->lr_scheduler;
     r.eng.opt.beta1 = o->adam_beta1;
     r.eng.opt.beta2 = o->adam_beta2;
@@ -1385,9 +1396,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if ((rc = snug_backend_check(r.eng.be, e))) /* a device op that failed during the step (CUDA) */
             break;
 
+        /* the loss watchdog: the run ends here, as at its last step (every rank has the same loss) */
+        st.watch_over = o->loss_watchdog_threshold > 0 && loss > o->loss_watchdog_threshold ? st.watch_over + 1 : 0;
+        int watched = o->loss_watchdog_threshold > 0 && st.watch_over >= o->loss_watchdog_patience && step + 1 < total;
+        if (watched)
+            total = step + 1;
         double val = NAN;
-        if (r.s.val.nexamples && ((o->eval_steps > 0 && (step + 1) % o->eval_steps == 0) ||
-                                  (o->eval_steps == 0 && epoch_end) || step + 1 == total) &&
+        if (r.s.val.nexamples && ((eval_every > 0 && (step + 1) % eval_every == 0) ||
+                                  (eval_every == 0 && epoch_end) || step + 1 == total) &&
             ((rc = evaluate(&r, mb[0], dp, ppn > 1 ? &pipe : NULL, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
             if ((z3.rc || tph.rc) && e)
                 *e = z3.rc ? z3.e : tph.e;
@@ -1448,7 +1464,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             stopped = 1;
             break;
         }
-        if (!rc && writer && ((o->save_steps > 0 && (step + 1) % o->save_steps == 0 && step + 1 < total) || stop)) {
+        if (watched) {
+            if (tty)
+                fputc('\n', out);
+            fprintf(out, "step %d: the loss has been above loss_watchdog_threshold %g for %d step%s in a row: training "
+                    "ends here and the model is saved as at the end\n", step + 1, o->loss_watchdog_threshold,
+                    st.watch_over, st.watch_over == 1 ? "" : "s");
+        }
+        if (!rc && writer && ((save_every > 0 && (step + 1) % save_every == 0 && step + 1 < total) || stop)) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
             double tc = now_s();

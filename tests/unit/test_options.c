@@ -362,7 +362,7 @@ static void test_wrong_types(void) {
 static void test_not_supported(void) {
     static const char *const levers[] = {
         "tf32", "load_in_8bit",
-        "activation_offloading", "torch_compile",
+        "s2_attention", "torch_compile",
     };
     char yaml[256], want[128];
     for (size_t i = 0; i < sizeof levers / sizeof levers[0]; i++) {
@@ -373,10 +373,8 @@ static void test_not_supported(void) {
         EXPECT_YAML_OK(yaml);
     }
     static const char *const valued[] = {
-        "wandb_project: proj",
-        "special_tokens: {pad_token: \"<pad>\"}",    "chat_template: chatml",
-        "saves_per_epoch: 1",  "evals_per_epoch: 4",
-        "model_type: MistralForCausalLM",
+        "wandb_project: proj", "eval_table_size: 5", "early_stopping_patience: 3",
+        "tokenizer_type: LlamaTokenizer",
     };
     for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
         snprintf(yaml, sizeof yaml, "%s\n", valued[i]);
@@ -400,7 +398,7 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("lora_target_modules: \"q_proj; rm -rf\"\n", "must list module names");
     EXPECT_YAML_ERROR("pipeline_layers: \"4;4\"\n", "pipeline_layers must list numbers, separated by commas");
     EXPECT_YAML_ERROR("fsdp: \"full_shard; auto_wrap\"\n", "fsdp must list FSDP options");
-    EXPECT_YAML_ERROR("model_type: LlamaForCausalLM\n", "set it to AutoModelForCausalLM");
+    EXPECT_YAML_OK("model_type: LlamaForCausalLM\neval_table_size: 0\ntokenizer_type: PreTrainedTokenizerFast\n");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
 
     /* resuming and keeping checkpoints are built: Axolotl's and Hugging Face's spellings */
@@ -441,8 +439,6 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: freeform\n", "type must be one of completion");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template: qwen3\n",
                       "chat_template 'qwen3' is not supported yet; use chatml, llama3");
-    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    field_messages: conversations\n",
-                      "field_messages is not supported yet", "set it to messages");
     EXPECT_YAML_OK("datasets:\n  - path: a.jsonl\n    type: chat\n    field_messages: messages\n");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    split: test\n", "split is not supported yet",
                       "set it to train");
@@ -905,6 +901,83 @@ static void test_levers(void) {
     CHECKF(snug_run_config_validate(&o, &e) == 0 && snug_run_levers(&o).offload_embedding == 1, "%s", e.msg);
 }
 
+/* The keys of Axolotl's example configs that name what snug does under another name, or a mapping: each read into
+ * its field, each resolved against the others once the file is read, each refusal with its place. */
+static void test_axolotl_keys(void) {
+    snug_run_config o;
+    snug_error e;
+    CHECKF(parse_config("special_tokens:\n  pad_token: \"<|end_of_text|>\"\n  eos_token: <|im_end|>\n"
+                        "gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n"
+                        "chat_template: llama3\nevals_per_epoch: 4\nsaves_per_epoch: 1\nloss_watchdog_threshold: 5.0\n"
+                        "loss_watchdog_patience: 2\nlora_fan_in_fan_out:\ndebug: true\neval_max_new_tokens: 64\n"
+                        "attn_implementation: flash_attention_2\nxformers_attention:\nsdp_attention: true\n"
+                        "datasets:\n  - path: a.jsonl\n    type: chat_template\n    field_messages: conversations\n"
+                        "    message_field_role: from\n    message_field_content: value\n"
+                        "    roles:\n      user: [human, user]\n      assistant:\n        - gpt\n      system: sys\n"
+                        "    roles_to_train: [assistant]\n  - path: b.jsonl\n    type: chat\n    chat_template: chatml\n"
+                        "    message_property_mappings:\n      role: speaker\n      content: text\n",
+                        &o, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(o.pad_token, "<|end_of_text|>") && !strcmp(o.eos_token, "<|im_end|>") && !o.bos_token[0]);
+    CHECK(o.evals_per_epoch == 4 && o.saves_per_epoch == 1 && o.loss_watchdog_threshold == 5.0 &&
+          o.loss_watchdog_patience == 2 && o.lora_fan_in_fan_out == -1 && o.debug && o.eval_max_new_tokens == 64);
+    CHECK(o.attn_implementation == 1 && o.flash_attention && o.gradient_checkpointing == SNUG_CKPT_CHOICE_FULL);
+    const snug_dataset_spec *d = &o.datasets[0], *d1 = &o.datasets[1];
+    CHECK(o.ndatasets == 2 && d->type == SNUG_DATA_CHAT && d->chat_template == SNUG_CHAT_LLAMA3 &&
+          !strcmp(d->field_messages, "conversations") && !strcmp(d->field_role, "from") &&
+          !strcmp(d->field_content, "value") && !strcmp(d->roles_user, "human,user") &&
+          !strcmp(d->roles_assistant, "gpt") && !strcmp(d->roles_system, "sys"));
+    /* the entry's own chat_template wins over the config-wide one, written before or after it */
+    CHECK(d1->chat_template == SNUG_CHAT_CHATML && !strcmp(d1->field_role, "speaker") &&
+          !strcmp(d1->field_content, "text") && !strcmp(d1->field_messages, "messages") && !d1->roles_user[0]);
+    CHECKF(parse_config("attn_implementation: eager\nactivation_offloading: true\nlora_fan_in_fan_out: true\n",
+                        &o, &e) == 0, "%s", e.msg);
+    CHECK(!o.flash_attention && o.gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD && o.lora_fan_in_fan_out == 1);
+    CHECKF(parse_config("model_type: AutoModelForCausalLM\nspecial_tokens:\n", &o, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(o.model_class, "AutoModelForCausalLM") && !o.pad_token[0]);
+    /* refusals, each naming the key and the fix */
+    static const struct {
+        const char *yaml, *want;
+    } bad[] = {
+        {"special_tokens:\n  sep_token: x\n", "special_tokens.sep_token is not supported"},
+        {"special_tokens: [a]\n", "special_tokens must be a mapping, got a list"},
+        {"special_tokens:\n  pad_token: [a]\n", "special_tokens.pad_token must be a single value"},
+        {"gradient_checkpointing_kwargs:\n  preserve_rng_state: true\n", "snug reads use_reentrant"},
+        {"gradient_checkpointing_kwargs:\n  use_reentrant: maybe\n", "use_reentrant must be true or false"},
+        {"attn_implementation: paged_attention\n", "attn_implementation must be one of"},
+        {"attn_implementation: eager\nsdp_attention: true\n", "ask for two kinds of attention"},
+        {"flash_attention: false\nxformers_attention: true\n", "xformers_attention: true (fused attention) disagree"},
+        {"gradient_checkpointing: selective\nactivation_offloading: true\n", "set gradient_checkpointing: true"},
+        {"chat_template: tokenizer_default\n", "chat_template 'tokenizer_default' is not supported yet"},
+        {"datasets:\n  - path: a.jsonl\n    roles:\n      tool: [tool]\n", "names the role 'tool'"},
+        {"datasets:\n  - path: a.jsonl\n    roles:\n      user: ['a,b']\n", "without commas"},
+        {"datasets:\n  - path: a.jsonl\n    roles_to_train: [user]\n", "roles_to_train other than [assistant]"},
+        {"datasets:\n  - path: a.jsonl\n    message_property_mappings:\n      tool: tools\n",
+         "message_property_mappings.tool is not supported"},
+        {"lora_fan_in_fan_out: sometimes\n", "lora_fan_in_fan_out must be one of"},
+        {"evals_per_epoch: -1\n", "evals_per_epoch is -1; it must be at least 0"},
+        {"loss_watchdog_patience: 0\n", "loss_watchdog_patience is 0; it must be at least 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = parse_config(bad[i].yaml, &o, &e);
+        CHECKF(rc == SNUG_EINPUT && has(&e, "cfg.yaml") && has(&e, bad[i].want), "%s: rc %d, %s", bad[i].yaml, rc,
+               e.msg);
+    }
+    char *argv[] = {"--special_tokens", "x"};
+    snug_options_defaults(&o);
+    CHECK(snug_options_parse_args(&o, 2, argv, &e) == SNUG_EINPUT && has(&e, "set it in the YAML config"));
+    /* what only the whole configuration can check */
+    static const char *const invalid[][2] = {
+        {"evals_per_epoch: 2\neval_steps: 10\n", "evals_per_epoch 2 and eval_steps 10 both say when to evaluate"},
+        {"saves_per_epoch: 2\nsave_steps: 10\n", "saves_per_epoch 2 and save_steps 10 both say when to save"},
+        {"loss_watchdog_threshold: -1\n", "loss_watchdog_threshold is -1"},
+    };
+    for (size_t i = 0; i < sizeof invalid / sizeof *invalid; i++) {
+        CHECKF(parse_config(invalid[i][0], &o, &e) == 0, "%s", e.msg);
+        CHECKF(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, invalid[i][1]), "%s: %s", invalid[i][0],
+               e.msg);
+    }
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -920,6 +993,7 @@ int main(void) {
     test_not_supported();
     test_levers();
     test_dataset_keys();
+    test_axolotl_keys();
     test_memory_budget();
     test_datasets();
     test_validate();
