@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# Axolotl's example configs as written: a config with every key of Axolotl's llama-3 LoRA, instruct and full
+# fine-tune examples (model_type, special_tokens, the config-wide chat_template with ShareGPT field names and role
+# mappings, evals_per_epoch, saves_per_epoch, the loss watchdog, gradient_checkpointing_kwargs, attn_implementation,
+# the empty keys) trains with its base_model and datasets pointed at local files, and each key does what it says:
+# the evaluations and checkpoints fall where Axolotl's fractions put them, the pad token changes no bit of the run
+# and is saved with the tokenizer, an eos_token ends every example, ShareGPT fields and roles give the tokens of the
+# same conversation written as messages, the watchdog ends a run as at its end (and its count survives a resume),
+# debug prints the examples. Keys asking for what snug does not do are refused: exit 2, one error naming the key.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+SNUG=$(cd "$(dirname "$SNUG")" && pwd)/$(basename "$SNUG") # absolute: the test runs in its own folder
+SRC=$(cd "$SRC" && pwd)
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $1"; [ -n "${2:-}" ] && tail -3 "$2"; }
+cd "$W" || exit 1
+
+# a tokenizer with Llama 3's and ChatML's special tokens (the built-in one plus added tokens)
+mkdir -p tok
+python3 - "$SRC/assets/tokenizer/tokenizer.json" tok/tokenizer.json <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+n = max(max(t["model"]["vocab"].values()), max(a["id"] for a in t["added_tokens"])) + 1
+for s in ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+          "<|end_of_text|>"]:
+    t["added_tokens"].append({"id": n, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True})
+    n += 1
+json.dump(t, open(sys.argv[2], "w"), ensure_ascii=False)
+PY
+cp "$SRC/assets/tokenizer/tokenizer_config.json" tok/
+python3 - <<'PY'
+import json, random
+random.seed(5)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jovial bakers".split()
+say = lambda k: " ".join(random.choice(words) for _ in range(k))
+with open("sharegpt.jsonl", "w") as sg, open("messages.jsonl", "w") as ms, open("alpaca.jsonl", "w") as al:
+    for i in range(48):
+        turns = [("system", "Be brief."), ("human", say(random.randint(2, 9))), ("gpt", say(random.randint(2, 12)))]
+        sg.write(json.dumps({"conversations": [{"from": f, "value": v} for f, v in turns]}) + "\n")
+        role = {"system": "system", "human": "user", "gpt": "assistant"}
+        ms.write(json.dumps({"messages": [{"role": role[f], "content": v} for f, v in turns]}) + "\n")
+        al.write(json.dumps({"instruction": say(4), "input": "", "output": say(random.randint(2, 9))}) + "\n")
+PY
+# the base: a tiny Llama after one step, a Hugging Face folder with this tokenizer
+cat > base.yml <<'EOF'
+tokenizer: tok
+datasets:
+  - path: alpaca.jsonl
+    type: alpaca
+sequence_len: 256
+max_steps: 1
+sample_tokens: 0
+dataset_prepared_path: prep
+output_dir: base
+EOF
+"$SNUG" train base.yml > base.log 2>&1 || { bad "the base did not train" base.log; echo "test_axolotl: $pass passed, $fail failed"; exit 1; }
+
+# Axolotl's llama-3 instruct LoRA example, keys and empty keys as written there, the paths local
+cat > lora.yml <<'EOF'
+base_model: base
+model_type: LlamaForCausalLM
+tokenizer_type: AutoTokenizer
+
+load_in_8bit: false
+load_in_4bit: false
+strict: false
+
+chat_template: llama3
+datasets:
+  - path: sharegpt.jsonl
+    type: chat_template
+    field_messages: conversations
+    message_field_role: from
+    message_field_content: value
+    roles:
+      user:
+        - human
+      assistant:
+        - gpt
+      system:
+        - system
+    roles_to_train: ["assistant"]
+dataset_prepared_path: prep
+val_set_size: 0.1
+output_dir: ./out
+
+sequence_len: 64
+sample_packing: true
+eval_sample_packing: true
+pad_to_sequence_len: true
+
+adapter: lora
+lora_model_dir:
+lora_r: 8
+lora_alpha: 16
+lora_dropout: 0.05
+lora_target_linear: true
+lora_fan_in_fan_out:
+
+wandb_project:
+wandb_entity:
+wandb_watch:
+wandb_name:
+wandb_log_model:
+
+gradient_accumulation_steps: 1
+micro_batch_size: 2
+num_epochs: 1
+optimizer: adamw_bnb_8bit
+lr_scheduler: cosine
+learning_rate: 0.0002
+
+train_on_inputs: false
+group_by_length: false
+bf16: auto
+fp16:
+tf32: false
+
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+early_stopping_patience:
+resume_from_checkpoint:
+local_rank:
+logging_steps: 1
+xformers_attention:
+flash_attention: true
+s2_attention:
+attn_implementation: flash_attention_2
+
+loss_watchdog_threshold: 50.0
+loss_watchdog_patience: 3
+
+warmup_steps: 2
+evals_per_epoch: 4
+eval_table_size:
+eval_max_new_tokens: 128
+saves_per_epoch: 2
+debug:
+deepspeed:
+weight_decay: 0.0
+fsdp:
+fsdp_config:
+special_tokens:
+  pad_token: "<|end_of_text|>"
+sample_tokens: 0
+EOF
+"$SNUG" train lora.yml > lora.log 2>&1 || bad "Axolotl's LoRA example did not train" lora.log
+# evaluations every ceil(steps / 4) steps and at the end, a checkpoint every ceil(steps / 2) before the end; the pad
+# token in the saved tokenizer files
+if python3 - lora.log out <<'PY'
+import json, math, os, re, sys
+log, out = open(sys.argv[1]).read(), sys.argv[2]
+steps = int(re.search(r"schedule +(\d+) steps", log)[1])
+rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+evals = [r["step"] for r in rows if "val_loss" in r]
+e = math.ceil(steps / 4)
+want = sorted(set(list(range(e, steps + 1, e)) + [steps]))
+s = math.ceil(steps / 2)
+cks = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
+want_ck = [k for k in range(s, steps, s)]
+tc = json.load(open(os.path.join(out, "tokenizer_config.json")))
+sm = json.load(open(os.path.join(out, "special_tokens_map.json")))
+print(f"  {steps} steps: evaluated at {evals} (want {want}), checkpoints {cks} (want {want_ck}), pad_token "
+      f"{tc.get('pad_token')} / {sm.get('pad_token')}, eos_token {tc.get('eos_token')}")
+sys.exit(0 if evals == want and cks == want_ck and tc.get("pad_token") == sm.get("pad_token") == "<|end_of_text|>"
+         and tc.get("eos_token") == "<|endoftext|>" and os.path.exists(os.path.join(out, "adapter_config.json"))
+         else 1)
+PY
+then ok; else bad "evals_per_epoch / saves_per_epoch / special_tokens in the saved run"; fi
+grep -q "data files .*sharegpt.jsonl (chat, llama3)" lora.log && ok || bad "the config-wide chat_template was not used" lora.log
+
+# the pad token is never attended to nor a target: the same run padding with the EOS has the same losses, bit for
+# bit (the run pads: packed rows of 64 tokens hold one example each)
+grep -q "padding" lora.log && sed -e '/^special_tokens:/,/pad_token/d' -e 's#output_dir: ./out#output_dir: ./out_eos#' \
+  lora.yml > eos_pad.yml
+"$SNUG" train eos_pad.yml > eos_pad.log 2>&1 || bad "the run padding with the EOS failed" eos_pad.log
+if python3 - out/metrics.jsonl out_eos/metrics.jsonl <<'PY'
+import json, sys
+a, b = ([(r["loss"], r.get("val_loss")) for r in map(json.loads, open(p))] for p in sys.argv[1:3])
+print(f"  losses with pad_token {a[-1]}, padding with the EOS {b[-1]} ({len(a)} steps)")
+sys.exit(0 if a == b and len(a) > 2 else 1)
+PY
+then ok; else bad "pad_token changed the losses"; fi
+
+# ShareGPT's fields and roles (given, or Axolotl's default roles) give the tokens of the same conversations written
+# as messages with role and content, in both templates
+cat > msgs.yml <<'EOF'
+tokenizer: tok
+chat_template: llama3
+datasets:
+  - path: messages.jsonl
+    type: chat
+sequence_len: 64
+dataset_prepared_path: prep
+EOF
+cat > sg_default.yml <<'EOF'
+tokenizer: tok
+datasets:
+  - path: sharegpt.jsonl
+    type: chat_template
+    chat_template: llama3
+    field_messages: conversations
+    message_property_mappings:
+      role: from
+      content: value
+sequence_len: 64
+dataset_prepared_path: prep
+EOF
+"$SNUG" preprocess msgs.yml --dump msgs.dump > msgs.log 2>&1 || bad "preprocess of messages" msgs.log
+"$SNUG" preprocess sg_default.yml --dump sg.dump > sg.log 2>&1 || bad "preprocess of ShareGPT fields" sg.log
+"$SNUG" preprocess lora.yml --dump sg_roles.dump > sg_roles.log 2>&1 || bad "preprocess of lora.yml" sg_roles.log
+cmp -s msgs.dump sg.dump && cmp -s msgs.dump sg_roles.dump && [ -s msgs.dump ] && ok ||
+  bad "ShareGPT fields and roles did not give the tokens of the same messages"
+sed 's/chat_template: llama3/chat_template: chatml/' msgs.yml > msgs_ml.yml
+sed 's/    chat_template: llama3/    chat_template: chatml/' sg_default.yml > sg_ml.yml
+"$SNUG" preprocess msgs_ml.yml --dump a.dump > /dev/null 2>&1
+"$SNUG" preprocess sg_ml.yml --dump b.dump > /dev/null 2>&1
+cmp -s a.dump b.dump && [ -s a.dump ] && ! cmp -s a.dump msgs.dump && ok || bad "chatml: ShareGPT fields differ"
+# a role value no mapping names: one error naming the line, the value and the values read
+sed -e 's/- gpt/- bot/' lora.yml > badrole.yml
+"$SNUG" preprocess badrole.yml > badrole.log 2>&1
+[ $? -eq 2 ] && grep -q 'sharegpt.jsonl line 1: conversations\[2\].from is "gpt"; use one of "system" (system), "human" (user), "bot" (assistant)' badrole.log &&
+  ok || bad "an unmapped role value" badrole.log
+
+# eos_token: every alpaca example ends with it, and it is saved with the tokenizer
+cat > eos.yml <<'EOF'
+tokenizer: tok
+datasets:
+  - path: alpaca.jsonl
+    type: alpaca
+special_tokens:
+  eos_token: <|im_end|>
+sequence_len: 256
+max_steps: 1
+sample_tokens: 0
+dataset_prepared_path: prep
+output_dir: out_eos_token
+EOF
+"$SNUG" preprocess eos.yml --dump eos.dump > eos.log 2>&1 || bad "preprocess with eos_token" eos.log
+"$SNUG" train eos.yml > eos_train.log 2>&1 || bad "train with eos_token" eos_train.log
+if python3 - eos.dump tok/tokenizer.json out_eos_token/tokenizer_config.json <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+im_end = next(a["id"] for a in json.load(open(sys.argv[2]))["added_tokens"] if a["content"] == "<|im_end|>")
+tc = json.load(open(sys.argv[3]))
+ends = {r["input_ids"][-1] for r in rows}
+print(f"  {len(rows)} examples end with {ends} (<|im_end|> is {im_end}); saved eos_token {tc.get('eos_token')}")
+sys.exit(0 if ends == {im_end} and all(r["labels"][-1] == im_end for r in rows) and tc.get("eos_token") == "<|im_end|>"
+         else 1)
+PY
+then ok; else bad "eos_token"; fi
+
+# the loss watchdog ends the run as at its end: the model saved, the step said, exit 0
+sed -e 's/loss_watchdog_threshold: 50.0/loss_watchdog_threshold: 0.001/' -e 's/loss_watchdog_patience: 3/loss_watchdog_patience: 2/' \
+  -e 's#output_dir: ./out#output_dir: ./out_watch#' -e 's/^debug:$/debug: true/' lora.yml > watch.yml
+"$SNUG" train watch.yml > watch.log 2>&1 || bad "the watched run failed" watch.log
+grep -q "step 2: the loss has been above loss_watchdog_threshold 0.001 for 2 steps in a row: training ends here" \
+  watch.log && [ "$(tail -1 out_watch/metrics.jsonl | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')" = 2 ] &&
+  [ -f out_watch/adapter_model.safetensors ] && grep -q "val_loss" out_watch/metrics.jsonl && ok ||
+  bad "the loss watchdog did not end the run at step 2 with the model saved" watch.log
+grep -Eq '^ +0 +[0-9]+ +no +"<\|begin_of_text\|>"' watch.log && grep -q "^example 3 of" watch.log && ok ||
+  bad "debug: true did not print the examples" watch.log
+# its count is state: resumed from the checkpoint of step 1 (one step over the threshold), the run ends at step 3
+# again (a count started afresh would end it at step 4)
+sed -e 's/^saves_per_epoch: 2$/save_steps: 1/' -e 's/loss_watchdog_patience: 2/loss_watchdog_patience: 3/' \
+  -e 's#output_dir: ./out_watch#output_dir: ./out_resume#' -e 's/^debug: true$/debug:/' watch.yml > resume.yml
+"$SNUG" train resume.yml > resume1.log 2>&1 || bad "the first watched run" resume1.log
+"$SNUG" train resume.yml --resume_from_checkpoint out_resume/checkpoint-1 > resume2.log 2>&1 ||
+  bad "the resumed watched run" resume2.log
+grep -q "step 3: the loss has been above loss_watchdog_threshold 0.001 for 3 steps in a row" resume1.log &&
+  grep -q "resumed from out_resume/checkpoint-1 at step 1" resume2.log &&
+  grep -q "step 3: the loss has been above loss_watchdog_threshold 0.001 for 3 steps in a row" resume2.log && ok ||
+  bad "the watchdog's count did not survive the resume" resume2.log
+
+# attn_implementation: eager is flash_attention: false, activation_offloading is offload checkpointing
+grep -v "^attn_implementation:" lora.yml > noattn.yml
+"$SNUG" plan noattn.yml --attn_implementation eager --json > eager.json 2>eager.err &&
+  "$SNUG" plan noattn.yml --flash_attention false --json > noflash.json 2>>eager.err &&
+  "$SNUG" plan noattn.yml --activation_offloading true > offload.txt 2>>eager.err || bad "plan with the attention keys" eager.err
+cmp -s eager.json noflash.json && ! "$SNUG" plan noattn.yml --json | cmp -s - eager.json && ok ||
+  bad "attn_implementation: eager is not the plan of flash_attention: false"
+grep -q "levers .*gradient_checkpointing offload" offload.txt && ok ||
+  bad "activation_offloading is not offload checkpointing" offload.txt
+
+# refusals: exit 2, one error naming the key and the fix, nothing written
+refused() { # NAME PATTERN ARGS...
+  local name=$1 pattern=$2; shift 2
+  rm -rf out_refused
+  "$SNUG" train lora.yml --output_dir out_refused "$@" > refused.log 2>&1
+  local rc=$?
+  if [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' refused.log)" -eq 1 ] && grep -Eq -- "$pattern" refused.log &&
+     [ ! -e out_refused ]; then ok; else bad "$name (rc $rc)" refused.log; fi
+}
+refused model_type "model_type is MistralForCausalLM, but the model is a LlamaForCausalLM" --model_type MistralForCausalLM
+refused fan_in_fan_out "lora_fan_in_fan_out is true, but this model's layers are nn.Linear" --lora_fan_in_fan_out true
+sed -e 's/  pad_token: "<|end_of_text|>"/  pad_token: "<pad>"/' lora.yml > newtok.yml
+"$SNUG" train newtok.yml --output_dir out_refused > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "special_tokens.pad_token '<pad>' is not a token of base/tokenizer.json" refused.log &&
+  [ ! -e out_refused ] && ok || bad "a pad_token outside the vocabulary" refused.log
+sed -e 's/  pad_token: "<|end_of_text|>"/  unk_token: "<|im_start|>"/' lora.yml > unk.yml
+"$SNUG" train unk.yml --output_dir out_refused > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "special_tokens.unk_token '<|im_start|>' is not the tokenizer's own" refused.log && ok ||
+  bad "another unk_token" refused.log
+sed -e 's/^eval_table_size:$/eval_table_size: 5/' lora.yml > table.yml
+"$SNUG" train table.yml --output_dir out_refused > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "table.yml line [0-9]*: eval_table_size is not supported yet" refused.log && ok ||
+  bad "eval_table_size" refused.log
+sed -e 's/^evals_per_epoch: 4$/evals_per_epoch: 4\neval_steps: 3/' lora.yml > both.yml
+"$SNUG" train both.yml --output_dir out_refused > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "evals_per_epoch 4 and eval_steps 3 both say when to evaluate" refused.log && ok ||
+  bad "evals_per_epoch beside eval_steps" refused.log
+
+echo "test_axolotl: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
