@@ -532,15 +532,25 @@ static const key_spec keys[] = {
     LATER("wandb_watch", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_log_model", KT_STRING, "Weights & Biases logging"),
     LATER_BOOL("use_tensorboard", "TensorBoard logging"),
-    LATER_BOOL("trust_remote_code", "running a model's own Python code"),
+    {.name = "trust_remote_code", .type = KT_BOOL, .group = G_MODEL, AT_INT(trust_remote_code), .def = "false",
+     .help = "either value: snug runs no code of the model's; an architecture it does not build is refused where "
+             "config.json is read"},
+    {.name = "is_llama_derived_model", .type = KT_BOOL, .group = G_MODEL, AT_INT(derived_llama), .def = "false",
+     .help = "Axolotl's hint; true is checked against config.json's model_type (llama)"},
+    {.name = "is_mistral_derived_model", .type = KT_BOOL, .group = G_MODEL, AT_INT(derived_mistral),
+     .def = "false", .help = "Axolotl's hint; true is checked against config.json's model_type (mistral)"},
+    {.name = "is_qwen_derived_model", .type = KT_BOOL, .group = G_MODEL, AT_INT(derived_qwen), .def = "false",
+     .help = "Axolotl's hint; true is checked against config.json's model_type (qwen2)"},
     LATER_BOOL("s2_attention", "shifted sparse attention (LongLoRA)"),
     {.name = "eval_table_size", .type = KT_INT, .off = "0",
      .later = "a table of sampled predictions at each evaluation"},
-    {.name = "eval_max_new_tokens", .type = KT_INT, .group = G_OUTPUT, AT_INT(eval_max_new_tokens), .def = "128",
+    {.name = "eval_max_new_tokens", .aliases = "eval_table_max_new_tokens", .type = KT_INT, .group = G_OUTPUT, AT_INT(eval_max_new_tokens), .def = "128",
      MIN(1), .help = "Axolotl's tokens per row of eval_table_size's table (which snug does not build)"},
     {.name = "tokenizer_type", .type = KT_STRING,
-     .off = "AutoTokenizer PreTrainedTokenizerFast LlamaTokenizerFast GPT2TokenizerFast Qwen2TokenizerFast",
-     .later = "choosing the tokenizer class; snug reads tokenizer.json"},
+     .off = "AutoTokenizer PreTrainedTokenizerFast LlamaTokenizerFast LlamaTokenizer GPT2TokenizerFast "
+            "GPT2Tokenizer Qwen2TokenizerFast Qwen2Tokenizer",
+     .later = "choosing the tokenizer class; snug reads tokenizer.json (the fast tokenizer's file) for the classes "
+              "of the architectures it builds"},
     LATER_BOOL("strict", "Axolotl's strict mode; snug always rejects unknown keys"),
 };
 

@@ -89,6 +89,8 @@ typedef struct snug_run_config {
     char model_preset[64];    /* built-in architecture when base_model is empty ("tiny-llama") */
     char model_class[64];     /* model_type (Axolotl's: the transformers class): "" or AutoModelForCausalLM, else it
                                * must be the class config.json's architectures names */
+    int trust_remote_code;    /* either value: snug runs no code of the model's */
+    int derived_llama, derived_mistral, derived_qwen; /* Axolotl's is_*_derived_model: true must be config.json's */
     int lora_fan_in_fan_out;  /* -1 = what the model's layers are (GPT-2's Conv1D: 1, else 0); 0 or 1 must agree */
     char tokenizer[1024];     /* folder or tokenizer.json; "" = base_model's, or the built-in */
 

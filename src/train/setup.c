@@ -139,6 +139,12 @@ static int resolve_model(snug_setup *r, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: model_type is %s, but the model is a %s (%s); set model_type to %s or "
                          "AutoModelForCausalLM, or remove it", src, o->model_class, r->cfg.architecture,
                          o->base_model[0] ? "its config.json's architectures" : "model_preset", r->cfg.architecture);
+    static const char *const derived[3] = {"llama", "mistral", "qwen2"};
+    const int said[3] = {o->derived_llama, o->derived_mistral, o->derived_qwen};
+    for (int i = 0; i < 3; i++)
+        if (said[i] && strcmp(r->cfg.model_type, derived[i]))
+            return snug_fail(e, SNUG_EINPUT, "%s: is_%s_derived_model is true, but the model's model_type is %s; set "
+                             "it to false or remove it", src, i == 2 ? "qwen" : derived[i], r->cfg.model_type);
     int conv1d = r->cfg.arch == SNUG_ARCH_GPT2; /* PEFT's fan_in_fan_out: the weights stored (in, out) */
     if (o->adapter && o->lora_fan_in_fan_out >= 0 && o->lora_fan_in_fan_out != conv1d)
         return snug_fail(e, SNUG_EINPUT, "%s: lora_fan_in_fan_out is %s, but this model's layers are %s "

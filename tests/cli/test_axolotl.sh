@@ -65,6 +65,8 @@ cat > lora.yml <<'EOF'
 base_model: base
 model_type: LlamaForCausalLM
 tokenizer_type: AutoTokenizer
+is_llama_derived_model: true
+trust_remote_code: true
 
 load_in_8bit: false
 load_in_4bit: false
@@ -298,6 +300,7 @@ refused() { # NAME PATTERN ARGS...
      [ ! -e out_refused ]; then ok; else bad "$name (rc $rc)" refused.log; fi
 }
 refused model_type "model_type is MistralForCausalLM, but the model is a LlamaForCausalLM" --model_type MistralForCausalLM
+refused derived "is_mistral_derived_model is true, but the model's model_type is llama" --is_mistral_derived_model true
 refused fan_in_fan_out "lora_fan_in_fan_out is true, but this model's layers are nn.Linear" --lora_fan_in_fan_out true
 sed -e 's/  pad_token: "<|end_of_text|>"/  pad_token: "<pad>"/' lora.yml > newtok.yml
 "$SNUG" train newtok.yml --output_dir out_refused > refused.log 2>&1

@@ -374,7 +374,7 @@ static void test_not_supported(void) {
     }
     static const char *const valued[] = {
         "wandb_project: proj", "eval_table_size: 5", "early_stopping_patience: 3",
-        "tokenizer_type: LlamaTokenizer",
+        "tokenizer_type: GemmaTokenizer",
     };
     for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
         snprintf(yaml, sizeof yaml, "%s\n", valued[i]);
@@ -932,7 +932,10 @@ static void test_axolotl_keys(void) {
     CHECKF(parse_config("attn_implementation: eager\nactivation_offloading: true\nlora_fan_in_fan_out: true\n",
                         &o, &e) == 0, "%s", e.msg);
     CHECK(!o.flash_attention && o.gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD && o.lora_fan_in_fan_out == 1);
-    CHECKF(parse_config("model_type: AutoModelForCausalLM\nspecial_tokens:\n", &o, &e) == 0, "%s", e.msg);
+    CHECKF(parse_config("model_type: AutoModelForCausalLM\nspecial_tokens:\ntrust_remote_code: true\n"
+                        "is_mistral_derived_model: true\neval_table_max_new_tokens: 32\ntokenizer_type: LlamaTokenizer\n",
+                        &o, &e) == 0, "%s", e.msg);
+    CHECK(o.trust_remote_code && o.derived_mistral && !o.derived_llama && o.eval_max_new_tokens == 32);
     CHECK(!strcmp(o.model_class, "AutoModelForCausalLM") && !o.pad_token[0]);
     /* refusals, each naming the key and the fix */
     static const struct {
