@@ -396,7 +396,7 @@ int snug_checkpoint_latest(const char *output_dir, char *path, size_t n) {
 
 static int int_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
 
-int snug_checkpoint_prune(const char *output_dir, int keep, snug_error *e) {
+int snug_checkpoint_prune(const char *output_dir, int keep, int protect, snug_error *e) {
     if (keep == 0)
         return 0;
     if (keep < 0)
@@ -414,6 +414,8 @@ int snug_checkpoint_prune(const char *output_dir, int keep, snug_error *e) {
     closedir(d);
     qsort(steps, (size_t)n, sizeof *steps, int_desc);
     for (int i = keep; i < n; i++) {
+        if (protect > 0 && steps[i] == protect)
+            continue;
         char p[4096];
         snprintf(p, sizeof p, "%s/checkpoint-%d", output_dir, steps[i]);
         if (remove_tree(p))
@@ -568,6 +570,12 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
         st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", j->files);
     if (js && st->watch_over) /* (absent: 0, as in checkpoints from before the watchdog) */
         json_object_set_new(js, "loss_watchdog_steps", json_integer(st->watch_over));
+    if (js && st->es_step) /* early stopping and load_best_model_at_end (absent: none yet) */
+        json_object_set_new(js, "early_stopping", json_pack("{s:f, s:i, s:i}", "best", st->es_best, "step",
+                                                            st->es_step, "count", st->es_count));
+    if (js && st->best_step)
+        json_object_set_new(js, "best_checkpoint", json_pack("{s:f, s:i}", "val_loss", st->best_val, "step",
+                                                             st->best_step));
     if (js && wa >= 0) /* resume reads this arena from model.safetensors */
         json_object_set_new(js, "weights_arena", json_string(kept[wa].file));
     char *text = js ? json_dumps(js, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
@@ -595,7 +603,7 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
     if (slash)
         *slash = '\0';
     fsync_dir(slash ? parent : ".");
-    return slash ? snug_checkpoint_prune(parent, j->keep, e) : snug_checkpoint_prune(".", j->keep, e);
+    return snug_checkpoint_prune(slash ? parent : ".", j->keep, j->st.best_step, e);
 }
 
 static double now_s(void) {
@@ -938,6 +946,48 @@ static int read_resharded(const char *dir, json_t *files, const snug_setup *s, s
     return rc;
 }
 
+int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_error *e) {
+    char p[4400];
+    size_t len;
+    char *text = NULL, *hash = NULL;
+    snug_path_join(p, sizeof p, dir, STATE_HASH);
+    if (snug_read_file(p, &hash, &len, e))
+        return refuse(e, dir, "not a complete checkpoint (no trainer_state.hash)");
+    snug_path_join(p, sizeof p, dir, STATE_JSON);
+    int rc = snug_read_file(p, &text, &len, e);
+    char want[32];
+    if (!rc) {
+        snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, CKPT_SEED));
+        if (strcmp(want, hash))
+            rc = refuse(e, dir, "trainer_state.json does not match trainer_state.hash");
+    }
+    json_error_t je;
+    json_t *j = rc ? NULL : snug_json_loadb(text, len, 0, &je);
+    free(text);
+    free(hash);
+    json_t *files = json_object_get(j, "files");
+    if (!rc && !json_is_object(files))
+        rc = refuse(e, dir, "no \"files\" list");
+    const char *name;
+    json_t *f;
+    int taken = 0;
+    json_object_foreach(files, name, f) { /* the model's weights: the files transformers and PEFT load them from */
+        size_t n = strlen(name);
+        if (rc || n < 12 || strcmp(name + n - 12, ".safetensors") || json_object_get(f, "rank"))
+            continue;
+        char src[4400], dst[4400];
+        snug_path_join(src, sizeof src, dir, name);
+        snug_path_join(dst, sizeof dst, out_dir, name);
+        if (!(rc = check_file(dir, name, f, e)))
+            rc = snug_copy_file(src, dst, e);
+        taken++;
+    }
+    json_decref(j);
+    if (!rc && !taken)
+        rc = refuse(e, dir, "it holds no model weights (.safetensors)");
+    return rc;
+}
+
 int snug_checkpoint_vocab_block(const char *dir, int *v) {
     char p[4400];
     snug_path_join(p, sizeof p, dir, STATE_JSON);
@@ -1066,6 +1116,12 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         st->ls.skipped = (int)json_integer_value(json_object_get(ls, "skipped"));
         st->loss_mean = json_real_value(json_object_get(j, "loss_mean"));
         st->watch_over = (int)json_integer_value(json_object_get(j, "loss_watchdog_steps"));
+        json_t *es = json_object_get(j, "early_stopping"), *best = json_object_get(j, "best_checkpoint");
+        st->es_best = json_number_value(json_object_get(es, "best"));
+        st->es_step = (int)json_integer_value(json_object_get(es, "step"));
+        st->es_count = (int)json_integer_value(json_object_get(es, "count"));
+        st->best_val = json_number_value(json_object_get(best, "val_loss"));
+        st->best_step = (int)json_integer_value(json_object_get(best, "step"));
         /* the fp32 weights' arena kept as model.safetensors alone: read first, as loading the weights also sets a
          * 16-bit copy, which its own file then restores bit for bit */
         const char *in_weights = json_string_value(json_object_get(j, "weights_arena"));

@@ -202,6 +202,20 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->saves_per_epoch >= 0 && !(o->saves_per_epoch && o->save_steps),
             "%s: saves_per_epoch %d and save_steps %d both say when to save; keep one", src, o->saves_per_epoch,
             o->save_steps);
+    REQUIRE(o->early_stopping_patience >= 0 && o->early_stopping_threshold >= 0,
+            "%s: early_stopping_patience is %d and early_stopping_threshold %g; use a patience of 0 (off) or more and "
+            "a threshold of 0 or more", src, o->early_stopping_patience, o->early_stopping_threshold);
+    REQUIRE(o->val_set_size > 0 || (!o->early_stopping_patience && o->load_best_model_at_end != 1),
+            "%s: %s compares validation losses, and the run has no validation set; set val_set_size (e.g. 0.05)", src,
+            o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
+    REQUIRE(o->load_best_model_at_end != 1 || o->save_steps > 0 || o->saves_per_epoch > 0,
+            "%s: load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none "
+            "before its end; set save_steps (or saves_per_epoch)", src);
+    REQUIRE(!snug_load_best(o) || (o->zero_stage == 0 && o->tensor_parallel_size == 1 &&
+                                   o->pipeline_parallel_size == 1),
+            "%s: load_best_model_at_end with %s is not supported yet (those checkpoints keep each rank's part, not the "
+            "model); set load_best_model_at_end: false", src,
+            o->zero_stage ? "zero_stage" : o->tensor_parallel_size > 1 ? "tensor_parallel_size" : "pipeline_parallel_size");
     REQUIRE(o->loss_watchdog_threshold >= 0 && o->loss_watchdog_patience >= 1,
             "%s: loss_watchdog_threshold is %g and loss_watchdog_patience %d; use a threshold above 0 (0 = off) and "
             "a patience of at least 1 step", src, o->loss_watchdog_threshold, o->loss_watchdog_patience);
@@ -265,6 +279,11 @@ const char *snug_sched_name(snug_sched s) {
 const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
     static const char *const names[] = {"none", "selective", "full", "offload"};
     return (unsigned)c < 4 ? names[c] : "?";
+}
+
+int snug_load_best(const snug_run_config *c) {
+    return c->load_best_model_at_end == 1 ||
+           (c->load_best_model_at_end < 0 && c->early_stopping_patience > 0 && (c->save_steps > 0 || c->saves_per_epoch > 0));
 }
 
 int snug_warmup_steps(const snug_run_config *c, int total) {

@@ -165,6 +165,12 @@ typedef struct snug_run_config {
     double loss_watchdog_threshold; /* training ends (and saves, as at its end) once the step's loss has been above
                                      * it loss_watchdog_patience steps in a row; 0 = off */
     int loss_watchdog_patience;
+    int early_stopping_patience; /* evaluations in a row without a lower val_loss that end training; 0 = off */
+    double early_stopping_threshold; /* how much lower a val_loss must be to count as lower */
+    int load_best_model_at_end; /* -1 auto (on with early_stopping_patience and checkpoints, as Axolotl), 0, 1: the
+                                 * model saved at the end is the checkpoint with the lowest val_loss (or the last
+                                 * step, when it is lower) */
+    int metric_for_best_model; /* 0: eval_loss, the only one */
     int eval_max_new_tokens;  /* Axolotl's tokens per row of eval_table_size's table (no table: it changes nothing) */
     int save_total_limit;     /* 0 = keep every checkpoint; K = the K newest complete ones */
     int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
@@ -215,6 +221,10 @@ snug_levers snug_run_levers(const snug_run_config *c);
 void snug_run_optimizer(snug_optimizer_choice o, snug_optim_kind *kind, int *paged);
 /* The choice for a state layout (the inverse of snug_run_optimizer). */
 snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged);
+
+/* Whether the model saved at the end is the best checkpoint's: load_best_model_at_end, or its auto (early stopping with
+ * checkpoints). */
+int snug_load_best(const snug_run_config *c);
 
 /* Warmup steps of a run of `total` steps: warmup_steps, else ceil(warmup_ratio x total). */
 int snug_warmup_steps(const snug_run_config *c, int total);

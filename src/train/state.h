@@ -42,6 +42,13 @@ typedef struct snug_train_state {
     snug_loss_scaler ls;   /* fp16's dynamic loss scale */
     double loss_mean;      /* the progress bar's moving average of the loss */
     int watch_over;        /* steps in a row whose loss was above loss_watchdog_threshold */
+    /* early stopping: the lowest validation loss so far (when es_step > 0, the step of it) and the evaluations since
+     * without a lower one */
+    double es_best;
+    int es_step, es_count;
+    /* load_best_model_at_end: the lowest validation loss of a checkpointed step (when best_step > 0), that step */
+    double best_val;
+    int best_step;
 } snug_train_state;
 
 /* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,
@@ -103,8 +110,13 @@ int snug_checkpoint_vocab_block(const char *dir, int *v);
 /* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */
 int snug_checkpoint_latest(const char *output_dir, char *path, size_t n);
 
-/* Deletes all but the `keep` newest complete checkpoints of output_dir (keep 0: none is deleted; -1: all are). */
-int snug_checkpoint_prune(const char *output_dir, int keep, snug_error *e);
+/* Copies the model's weight files (the .safetensors that transformers or PEFT load) of the complete checkpoint dir into
+ * out_dir, each checked against the size and hash the checkpoint lists (load_best_model_at_end). */
+int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_error *e);
+
+/* Deletes all but the `keep` newest complete checkpoints of output_dir (keep 0: none is deleted; -1: all are), and
+ * checkpoint-<protect> besides (protect 0: none; load_best_model_at_end's best). */
+int snug_checkpoint_prune(const char *output_dir, int keep, int protect, snug_error *e);
 
 /* Whether output_dir holds a run (metrics.jsonl or a checkpoint). */
 int snug_output_dir_has_run(const char *output_dir);

@@ -925,7 +925,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     /* a folder that holds a run is continued (resume, above) or overwritten, never mixed into */
     if (!rc && !resume[0] && lead && snug_output_dir_has_run(o->output_dir)) {
         if (o->overwrite_output_dir)
-            rc = snug_checkpoint_prune(o->output_dir, -1, e);
+            rc = snug_checkpoint_prune(o->output_dir, -1, 0, e);
         else
             rc = snug_fail(e, SNUG_EINPUT, "%s already holds a run (metrics.jsonl or checkpoints); continue it with "
                            "resume_from_checkpoint: latest, replace it with overwrite_output_dir: true, or choose "
@@ -979,6 +979,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     int save_every = o->saves_per_epoch ? (int)(((long long)total + (long long)o->saves_per_epoch * epochs - 1) /
                                                 ((long long)o->saves_per_epoch * epochs))
                                         : o->save_steps;
+    int load_best = snug_load_best(o);
     snug_sched sched = o->lr_scheduler;
     r.eng.opt.beta1 = o->adam_beta1;
     r.eng.opt.beta2 = o->adam_beta2;
@@ -1410,6 +1411,22 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             broken = 1;
             break;
         }
+        /* early stopping: the evaluations in a row without a validation loss lower than the best before it (by more
+         * than the threshold, as Hugging Face's EarlyStoppingCallback) end the run here, as at its last step */
+        int stopped_early = 0;
+        if (!isnan(val) && o->early_stopping_patience > 0) {
+            int lower = !st.es_step || (val < st.es_best && st.es_best - val > o->early_stopping_threshold);
+            st.es_count = lower ? 0 : st.es_count + 1;
+            stopped_early = st.es_count >= o->early_stopping_patience && step + 1 < total;
+            if (stopped_early)
+                total = step + 1;
+        }
+        if (!isnan(val) && (!st.es_step || val < st.es_best))
+            st.es_best = val, st.es_step = step + 1;
+        /* load_best_model_at_end: the lowest validation loss among the steps that keep a checkpoint (and the last) */
+        if (!isnan(val) && load_best && (!st.best_step || val < st.best_val) &&
+            ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == total))
+            st.best_val = val, st.best_step = step + 1;
         int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
                       !isnan(val);
         if (log_now && metrics) {
@@ -1463,6 +1480,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (!rc && !writer && stop) { /* another DDP rank: rank 0 writes the checkpoint and says so */
             stopped = 1;
             break;
+        }
+        if (stopped_early) {
+            if (tty)
+                fputc('\n', out);
+            fprintf(out, "step %d: no validation loss lower than %.6g (step %d) in %d evaluation%s "
+                    "(early_stopping_patience): training ends here%s\n", step + 1, st.es_best, st.es_step,
+                    st.es_count, st.es_count == 1 ? "" : "s",
+                    load_best ? "" : " and the model is saved as at the end");
         }
         if (watched) {
             if (tty)
@@ -1533,6 +1558,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         rc = pp_save_adapter(&r, &comm, tp, &broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
+    }
+    /* load_best_model_at_end: the weights saved are those of the checkpoint with the lowest validation loss */
+    if (!rc && !stopped && lead && load_best && st.best_step && st.best_step != st.step) {
+        char ck[4096];
+        snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, st.best_step);
+        rc = snug_checkpoint_take_weights(ck, o->output_dir, e);
+        if (!rc)
+            fprintf(out, "load_best_model_at_end: the model saved is checkpoint-%d's (validation loss %.6g, the "
+                    "lowest), not step %d's\n", st.best_step, st.best_val, st.step);
     }
     if (!rc && !stopped && lead && o->merge_lora) {
         char merged[4096];

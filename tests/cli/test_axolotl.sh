@@ -280,6 +280,46 @@ grep -q "step 3: the loss has been above loss_watchdog_threshold 0.001 for 3 ste
   grep -q "step 3: the loss has been above loss_watchdog_threshold 0.001 for 3 steps in a row" resume2.log && ok ||
   bad "the watchdog's count did not survive the resume" resume2.log
 
+# early stopping as Hugging Face's EarlyStoppingCallback with Axolotl's load_best_model_at_end: a learning rate high
+# enough to overshoot makes the validation loss rise; the run ends at the evaluation the rules say, the model saved is
+# the checkpoint with the lowest validation loss (kept from save_total_limit), and a resume from it ends alike
+es="--evals_per_epoch 0 --saves_per_epoch 0 --eval_steps 1 --save_steps 1 --early_stopping_patience 3
+    --learning_rate 1.0 --lr_scheduler constant --max_grad_norm 0 --save_total_limit 1"
+"$SNUG" train lora.yml $es --output_dir out_es > es.log 2>&1 || bad "the early-stopped run failed" es.log
+if python3 - out_es es.log <<'PY'
+import filecmp, json, os, sys
+out, log = sys.argv[1], open(sys.argv[2]).read()
+rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+vals = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+best, count, stop = None, 0, None  # the callback's rules: a lower loss resets the count, any other adds one
+for step, v in vals:
+    count = 0 if best is None or v < best else count + 1
+    best = v if best is None or v < best else best
+    if count >= 3:
+        stop = step
+        break
+best_step = min(vals, key=lambda sv: sv[1])[0]
+cks = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
+print(f"  validation losses {[round(v, 4) for _, v in vals]}: stopped at {rows[-1]['step']} (want {stop}), best at "
+      f"{best_step}, checkpoints kept {cks} (want {sorted({best_step, stop - 1}) if stop else '?'})")
+if stop is None or rows[-1]["step"] != stop or f"step {stop}: no validation loss lower than" not in log:
+    sys.exit(1)
+same = filecmp.cmp(os.path.join(out, "adapter_model.safetensors"),
+                   os.path.join(out, f"checkpoint-{best_step}", "adapter_model.safetensors"), shallow=False)
+sys.exit(0 if best_step < stop and same and cks == sorted({best_step, stop - 1}) and
+         f"the model saved is checkpoint-{best_step}'s" in log else 1)
+PY
+then ok; else bad "early stopping / load_best_model_at_end" es.log; fi
+best=$(grep -o "the model saved is checkpoint-[0-9]*" es.log | grep -o "[0-9]*$")
+stop=$(grep -o "^step [0-9]*: no validation loss" es.log | grep -o "[0-9]*")
+"$SNUG" train lora.yml $es --output_dir out_es --resume_from_checkpoint "out_es/checkpoint-$best" > es2.log 2>&1 ||
+  bad "the resumed early-stopped run failed" es2.log
+grep -q "^step $stop: no validation loss lower than" es2.log && grep -q "the model saved is checkpoint-$best's" es2.log &&
+  ok || bad "early stopping's state did not survive the resume (want the stop at $stop, checkpoint-$best)" es2.log
+"$SNUG" train lora.yml $es --output_dir out_es_last --load_best_model_at_end false > es3.log 2>&1
+! cmp -s out_es/adapter_model.safetensors out_es_last/adapter_model.safetensors &&
+  ! grep -q "load_best_model_at_end:" es3.log && ok || bad "load_best_model_at_end: false saved the best" es3.log
+
 # attn_implementation: eager is flash_attention: false, activation_offloading is offload checkpointing
 grep -v "^attn_implementation:" lora.yml > noattn.yml
 "$SNUG" plan noattn.yml --attn_implementation eager --json > eager.json 2>eager.err &&
@@ -299,6 +339,10 @@ refused() { # NAME PATTERN ARGS...
   if [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' refused.log)" -eq 1 ] && grep -Eq -- "$pattern" refused.log &&
      [ ! -e out_refused ]; then ok; else bad "$name (rc $rc)" refused.log; fi
 }
+refused early_nosplit "early_stopping_patience compares validation losses, and the run has no validation set" \
+  --early_stopping_patience 2 --val_set_size 0
+refused best_nosave "load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none" \
+  --load_best_model_at_end true --saves_per_epoch 0
 refused model_type "model_type is MistralForCausalLM, but the model is a LlamaForCausalLM" --model_type MistralForCausalLM
 refused derived "is_mistral_derived_model is true, but the model's model_type is llama" --is_mistral_derived_model true
 refused fan_in_fan_out "lora_fan_in_fan_out is true, but this model's layers are nn.Linear" --lora_fan_in_fan_out true

@@ -373,7 +373,7 @@ static void test_not_supported(void) {
         EXPECT_YAML_OK(yaml);
     }
     static const char *const valued[] = {
-        "wandb_project: proj", "eval_table_size: 5", "early_stopping_patience: 3",
+        "wandb_project: proj", "eval_table_size: 5", "lr_scheduler_kwargs: {a: 1}",
         "tokenizer_type: GemmaTokenizer",
     };
     for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
@@ -957,6 +957,8 @@ static void test_axolotl_keys(void) {
         {"datasets:\n  - path: a.jsonl\n    message_property_mappings:\n      tool: tools\n",
          "message_property_mappings.tool is not supported"},
         {"lora_fan_in_fan_out: sometimes\n", "lora_fan_in_fan_out must be one of"},
+        {"metric_for_best_model: accuracy\n", "metric_for_best_model 'accuracy' is not supported yet; use eval_loss"},
+        {"greater_is_better: true\n", "greater_is_better is not supported yet"},
         {"evals_per_epoch: -1\n", "evals_per_epoch is -1; it must be at least 0"},
         {"loss_watchdog_patience: 0\n", "loss_watchdog_patience is 0; it must be at least 1"},
     };
@@ -973,6 +975,10 @@ static void test_axolotl_keys(void) {
         {"evals_per_epoch: 2\neval_steps: 10\n", "evals_per_epoch 2 and eval_steps 10 both say when to evaluate"},
         {"saves_per_epoch: 2\nsave_steps: 10\n", "saves_per_epoch 2 and save_steps 10 both say when to save"},
         {"loss_watchdog_threshold: -1\n", "loss_watchdog_threshold is -1"},
+        {"early_stopping_patience: 2\n", "early_stopping_patience compares validation losses"},
+        {"val_set_size: 0.1\nload_best_model_at_end: true\n", "set save_steps (or saves_per_epoch)"},
+        {"val_set_size: 0.1\nearly_stopping_patience: 2\nsave_steps: 5\nzero_stage: 2\n",
+         "load_best_model_at_end with zero_stage is not supported yet"},
     };
     for (size_t i = 0; i < sizeof invalid / sizeof *invalid; i++) {
         CHECKF(parse_config(invalid[i][0], &o, &e) == 0, "%s", e.msg);
