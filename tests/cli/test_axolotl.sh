@@ -280,12 +280,31 @@ grep -q "step 3: the loss has been above loss_watchdog_threshold 0.001 for 3 ste
   grep -q "step 3: the loss has been above loss_watchdog_threshold 0.001 for 3 steps in a row" resume2.log && ok ||
   bad "the watchdog's count did not survive the resume" resume2.log
 
-# early stopping as Hugging Face's EarlyStoppingCallback with Axolotl's load_best_model_at_end: a learning rate high
-# enough to overshoot makes the validation loss rise; the run ends at the evaluation the rules say, the model saved is
-# the checkpoint with the lowest validation loss (kept from save_total_limit), and a resume from it ends alike
-es="--evals_per_epoch 0 --saves_per_epoch 0 --eval_steps 1 --save_steps 1 --early_stopping_patience 3
-    --learning_rate 1.0 --lr_scheduler constant --max_grad_norm 0 --save_total_limit 1"
-"$SNUG" train lora.yml $es --output_dir out_es > es.log 2>&1 || bad "the early-stopped run failed" es.log
+# early stopping as Hugging Face's EarlyStoppingCallback with Axolotl's load_best_model_at_end: a full fine-tune with a
+# learning rate of 1 wrecks the model from its second step (the first, in warmup, changes nothing), so the validation
+# loss rises; the run ends at the evaluation the callback's rules say, the model saved is the checkpoint with the
+# lowest validation loss (kept from save_total_limit), and a resume from it ends alike
+cat > es.yml <<'EOF'
+base_model: base
+datasets:
+  - path: alpaca.jsonl
+    type: alpaca
+val_set_size: 0.1
+sequence_len: 256
+micro_batch_size: 2
+eval_steps: 1
+save_steps: 1
+save_total_limit: 1
+early_stopping_patience: 2
+learning_rate: 1.0
+lr_scheduler: constant
+warmup_steps: 1
+max_grad_norm: 0
+sample_tokens: 0
+dataset_prepared_path: prep
+output_dir: out_es
+EOF
+"$SNUG" train es.yml > es.log 2>&1 || bad "the early-stopped run failed" es.log
 if python3 - out_es es.log <<'PY'
 import filecmp, json, os, sys
 out, log = sys.argv[1], open(sys.argv[2]).read()
@@ -295,7 +314,7 @@ best, count, stop = None, 0, None  # the callback's rules: a lower loss resets t
 for step, v in vals:
     count = 0 if best is None or v < best else count + 1
     best = v if best is None or v < best else best
-    if count >= 3:
+    if count >= 2:
         stop = step
         break
 best_step = min(vals, key=lambda sv: sv[1])[0]
@@ -304,20 +323,20 @@ print(f"  validation losses {[round(v, 4) for _, v in vals]}: stopped at {rows[-
       f"{best_step}, checkpoints kept {cks} (want {sorted({best_step, stop - 1}) if stop else '?'})")
 if stop is None or rows[-1]["step"] != stop or f"step {stop}: no validation loss lower than" not in log:
     sys.exit(1)
-same = filecmp.cmp(os.path.join(out, "adapter_model.safetensors"),
-                   os.path.join(out, f"checkpoint-{best_step}", "adapter_model.safetensors"), shallow=False)
+same = filecmp.cmp(os.path.join(out, "model.safetensors"),
+                   os.path.join(out, f"checkpoint-{best_step}", "model.safetensors"), shallow=False)
 sys.exit(0 if best_step < stop and same and cks == sorted({best_step, stop - 1}) and
          f"the model saved is checkpoint-{best_step}'s" in log else 1)
 PY
 then ok; else bad "early stopping / load_best_model_at_end" es.log; fi
 best=$(grep -o "the model saved is checkpoint-[0-9]*" es.log | grep -o "[0-9]*$")
 stop=$(grep -o "^step [0-9]*: no validation loss" es.log | grep -o "[0-9]*")
-"$SNUG" train lora.yml $es --output_dir out_es --resume_from_checkpoint "out_es/checkpoint-$best" > es2.log 2>&1 ||
+"$SNUG" train es.yml --resume_from_checkpoint "out_es/checkpoint-$best" > es2.log 2>&1 ||
   bad "the resumed early-stopped run failed" es2.log
 grep -q "^step $stop: no validation loss lower than" es2.log && grep -q "the model saved is checkpoint-$best's" es2.log &&
   ok || bad "early stopping's state did not survive the resume (want the stop at $stop, checkpoint-$best)" es2.log
-"$SNUG" train lora.yml $es --output_dir out_es_last --load_best_model_at_end false > es3.log 2>&1
-! cmp -s out_es/adapter_model.safetensors out_es_last/adapter_model.safetensors &&
+"$SNUG" train es.yml --output_dir out_es_last --load_best_model_at_end false > es3.log 2>&1
+! cmp -s out_es/model.safetensors out_es_last/model.safetensors && grep -q "^step $stop: no validation loss" es3.log &&
   ! grep -q "load_best_model_at_end:" es3.log && ok || bad "load_best_model_at_end: false saved the best" es3.log
 
 # attn_implementation: eager is flash_attention: false, activation_offloading is offload checkpointing
