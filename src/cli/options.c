@@ -147,11 +147,13 @@ static const key_spec keys[] = {
     {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
      .help = "JSONL file, one example per line; a relative path is relative to the YAML file's folder"},
     {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(type), .def = "completion",
-     .values = "completion alpaca chat chat_template=chat pretokenized",
+     .values = "completion alpaca chat chat_template=chat pretokenized input_output",
      ENUMS({"completion", SNUG_DATA_COMPLETION}, {"alpaca", SNUG_DATA_ALPACA}, {"chat", SNUG_DATA_CHAT},
-           {"pretokenized", SNUG_DATA_PRETOKENIZED}), .later_values = "sharegpt input_output",
+           {"pretokenized", SNUG_DATA_PRETOKENIZED}, {"input_output", SNUG_DATA_INPUT_OUTPUT}),
+     .later_values = "sharegpt",
      .help = "completion: {\"text\"} trained on every token; alpaca: {\"instruction\", \"input\", \"output\"}; "
-             "chat: {\"messages\": [{\"role\", \"content\"}]}; pretokenized: {\"input_ids\", \"labels\"}"},
+             "chat: {\"messages\": [{\"role\", \"content\"}]}; pretokenized: {\"input_ids\", \"labels\"}; input_output: "
+             "{\"segments\": [{\"label\", \"text\"}]}, each segment tokenized alone, trained on where label is true"},
     {.name = "field", .type = KT_STRING, .group = G_DATASET, DS_STR(field), .def = "text",
      .help = "the JSON field that holds the text (completion)"},
     {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(chat_template), .def = "chatml",
@@ -1902,8 +1904,8 @@ void snug_options_print_help(FILE *f) {
     fprintf(f, "  optimizer values other than adamw, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit and their other "
                "spellings (adafactor, sgd, lion_8bit, ...)\n");
     fprintf(f, "  lr_scheduler values other than cosine, linear, constant, constant_with_warmup\n");
-    fprintf(f, "  datasets[].type values other than completion, alpaca, chat (chat_template), pretokenized "
-               "(sharegpt, input_output, ...)\n");
+    fprintf(f, "  datasets[].type values other than completion, alpaca, chat (chat_template), pretokenized, "
+               "input_output (sharegpt, ...)\n");
 }
 
 /* ---- the flags of snug plan ---- */

@@ -54,6 +54,7 @@ typedef enum snug_data_format {
     SNUG_DATA_ALPACA,
     SNUG_DATA_CHAT,
     SNUG_DATA_PRETOKENIZED,
+    SNUG_DATA_INPUT_OUTPUT, /* Axolotl's template-free segments: {"segments": [{"label": bool, "text": "..."}]} */
 } snug_data_format;
 
 typedef enum snug_chat_template {

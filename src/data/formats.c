@@ -35,10 +35,12 @@ static const char *const CHATML_SPECIALS[] = {"<|im_start|>", "<|im_end|>", NULL
 static const char *const LLAMA3_SPECIALS[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                                               "<|eot_id|>", NULL};
 
-static const char *const FORMAT_NAMES[] = {"completion", "alpaca", "chat", "pretokenized"};
+static const char *const FORMAT_NAMES[] = {"completion", "alpaca", "chat", "pretokenized", "input_output"};
 static const char *const TEMPLATE_NAMES[] = {"chatml", "llama3"};
 
-const char *snug_data_format_name(snug_data_format f) { return (unsigned)f < 4 ? FORMAT_NAMES[f] : "?"; }
+const char *snug_data_format_name(snug_data_format f) {
+    return (unsigned)f < sizeof FORMAT_NAMES / sizeof *FORMAT_NAMES ? FORMAT_NAMES[f] : "?";
+}
 const char *snug_chat_template_name(snug_chat_template t) { return (unsigned)t < 2 ? TEMPLATE_NAMES[t] : "?"; }
 
 /* ---- building an example ---- */
@@ -280,6 +282,10 @@ static const char *format_example(const snug_format *f, char *buf, size_t cap) {
     case SNUG_DATA_PRETOKENIZED:
         snprintf(buf, cap, "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]} (labels optional)");
         break;
+    case SNUG_DATA_INPUT_OUTPUT:
+        snprintf(buf, cap, "{\"segments\": [{\"label\": false, \"text\": \"...\"}, {\"label\": true, \"text\": "
+                 "\"...\"}]}");
+        break;
     }
     return buf;
 }
@@ -352,6 +358,42 @@ static int do_alpaca(const snug_format *f, json_t *obj, snug_example *ex, snug_e
     SNUG_TRY(put_text(f, ex, out, nout, 1, e));
     if (enc->eos_id >= 0)
         SNUG_TRY(put_id(f, ex, enc->eos_id, 1, e));
+    return flush(f, ex, e);
+}
+
+/* input_output (Axolotl's template-free format): each segment's text tokenized on its own, without special tokens
+ * added (a BOS or EOS is written in the text where wanted), supervised when its label is true (every segment with
+ * train_on_inputs). */
+static int do_input_output(const snug_format *f, json_t *obj, snug_example *ex, snug_error *e) {
+    char hint[200];
+    json_t *segs = json_object_get(obj, "segments");
+    if (!json_is_array(segs))
+        return snug_fail(e, SNUG_EINPUT, "the \"segments\" field is %s; each input_output line must be %s",
+                         segs ? snug_json_type_name(segs) : "missing", format_example(f, hint, sizeof hint));
+    size_t n = json_array_size(segs);
+    int any = f->opts->train_on_inputs;
+    for (size_t i = 0; i < n; i++) { /* check everything before tokenizing anything */
+        json_t *s = json_array_get(segs, i), *label = json_object_get(s, "label"), *text = json_object_get(s, "text");
+        if (!json_is_object(s))
+            return snug_fail(e, SNUG_EINPUT, "segments[%zu] is %s, not an object such as {\"label\": true, \"text\": "
+                             "\"...\"}", i, snug_json_type_name(s));
+        if (!json_is_boolean(label))
+            return snug_fail(e, SNUG_EINPUT, "segments[%zu].label is %s; it must be true (trained on) or false", i,
+                             label ? snug_json_type_name(label) : "missing");
+        if (!json_is_string(text))
+            return snug_fail(e, SNUG_EINPUT, "segments[%zu].text is %s; it must be a string", i,
+                             text ? snug_json_type_name(text) : "missing");
+        any |= json_is_true(label) && json_string_length(text) > 0;
+    }
+    if (!any)
+        return snug_fail(e, SNUG_EINPUT, "no segment with \"label\": true and text: nothing to train on; label the "
+                         "response's segment true, or set train_on_inputs: true");
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_array_get(segs, i), *text = json_object_get(s, "text");
+        int sup = f->opts->train_on_inputs || json_is_true(json_object_get(s, "label"));
+        SNUG_TRY(put_text(f, ex, json_string_value(text), json_string_length(text), sup, e));
+        SNUG_TRY(cut(f, ex, e)); /* each segment on its own, as Axolotl tokenizes them */
+    }
     return flush(f, ex, e);
 }
 
@@ -630,6 +672,7 @@ int snug_format_line(const snug_format *f, const char *line, size_t len, snug_ex
         case SNUG_DATA_ALPACA: rc = do_alpaca(f, obj, ex, e); break;
         case SNUG_DATA_CHAT: rc = do_chat(f, obj, ex, e); break;
         case SNUG_DATA_PRETOKENIZED: rc = do_pretokenized(f, obj, ex, e); break;
+        case SNUG_DATA_INPUT_OUTPUT: rc = do_input_output(f, obj, ex, e); break;
         default: rc = do_completion(f, obj, ex, e); break;
         }
     }

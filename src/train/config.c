@@ -26,8 +26,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     for (int i = 0; i < o->ndatasets; i++) {
         const snug_dataset_spec *d = &o->datasets[i];
         REQUIRE(d->path[0], "%s: datasets[%d] has no path; add 'path: data.jsonl'", src, i);
-        REQUIRE(d->type >= SNUG_DATA_COMPLETION && d->type <= SNUG_DATA_PRETOKENIZED,
-                "%s: datasets[%d] type %d is unknown; use completion, alpaca, chat or pretokenized", src, i,
+        REQUIRE(d->type >= SNUG_DATA_COMPLETION && d->type <= SNUG_DATA_INPUT_OUTPUT,
+                "%s: datasets[%d] type %d is unknown; use completion, alpaca, chat, pretokenized or input_output", src, i,
                 (int)d->type);
         REQUIRE(d->field[0] || d->type != SNUG_DATA_COMPLETION,
                 "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);

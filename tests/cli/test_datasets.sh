@@ -185,6 +185,16 @@ expect_error no-special "b6.jsonl: chat_template chatml needs the special token 
   "$SNUG" train "$W/b6.yaml" $T
 printf '{"messages": [{"role": "robot", "content": "hi"}]}\n' > "$W/b6.jsonl"
 expect_error chat-role "b6.jsonl line 1: messages\[0\].role is \"robot\"" "$SNUG" train "$W/b6.yaml" --tokenizer "$W/tok" $T
+printf 'datasets:\n  - path: b8.jsonl\n    type: input_output\n' > "$W/b8.yaml"
+printf '{"segments": [{"label": false, "text": "Q"}, {"label": true, "text": "A"}]}\n{"segments": [{"text": "Q"}]}\n' \
+  > "$W/b8.jsonl"
+expect_error io-label "b8.jsonl line 2: segments\[0\].label is missing; it must be true" "$SNUG" train "$W/b8.yaml" $T
+printf '{"segments": [{"label": false, "text": "Q"}, {"label": true, "text": ""}]}\n' > "$W/b8.jsonl"
+expect_error io-untrained "b8.jsonl line 1: no segment with \"label\": true and text: nothing to train on" \
+  "$SNUG" train "$W/b8.yaml" $T
+printf '{"segments": "Q"}\n' > "$W/b8.jsonl"
+expect_error io-segments "b8.jsonl line 1: the \"segments\" field is a string; each input_output line must be" \
+  "$SNUG" train "$W/b8.yaml" $T
 printf 'datasets:\n  - path: b7.jsonl\n    type: chat\n    chat_template: zephyr\n' > "$W/b7.yaml"
 expect_error template "chat_template 'zephyr' is not supported yet" "$SNUG" train "$W/b7.yaml" $T
 expect_error preprocess-bad "b1.jsonl line 2: invalid JSON" "$SNUG" preprocess --dataset "$W/b1.jsonl" $T

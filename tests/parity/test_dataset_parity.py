@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""test_dataset_parity.py: snug's alpaca and chat datasets against the same templates applied in Python with the
-Hugging Face tokenizer, id for id and mask for mask.
+"""test_dataset_parity.py: snug's alpaca, chat and input_output datasets against the same templates applied in Python
+with the Hugging Face tokenizer, id for id and mask for mask.
 
 Two tokenizers, both saved by the `tokenizers` package:
   - the committed GPT-2 style byte-level BPE (assets/tokenizer) plus the chatml and llama3 special tokens, and a
@@ -13,7 +13,9 @@ the reference is:
     tokens) + [EOS], prompt masked unless train_on_inputs, output and EOS supervised;
   - chat: transformers' apply_chat_template with the chatml / llama3 template written as Jinja with {% generation %}
     blocks around the assistant content and its end-of-turn token; the ids are the template's, the mask is
-    `assistant_masks` (train_on_inputs: every token but <|begin_of_text|>).
+    `assistant_masks` (train_on_inputs: every token but <|begin_of_text|>);
+  - input_output: Axolotl's RawInputOutputStrategy, each segment tokenizer(text, no special tokens) in turn, masked
+    where its label is false unless train_on_inputs (special tokens written in the text are the tokens).
 Prints "N passed, M failed" and exits non-zero on any failure.
 
 Run with the venv python: ~/.cache/snug/venv/bin/python tests/parity/test_dataset_parity.py
@@ -146,6 +148,17 @@ def chat_rows(rng):
     return rows
 
 
+def io_rows(rng):
+    parts = ["<|begin_of_text|>", "Question: ", "what is 2+2?", "\n", "Answer:", " 4", "<|eot_id|>", "  spaced ",
+             "日本語", "😀", "", "line\nbreak", "<|im_start|>user\nHi<|im_end|>\n", " trailing "]
+    rows = []
+    for i in range(60):
+        segs = [{"label": bool(rng.random() < 0.4), "text": rng.choice(parts)} for _ in range(1 + i % 5)]
+        segs.append({"label": True, "text": rng.choice(parts[1:9])})
+        rows.append({"segments": segs})
+    return rows
+
+
 def write_jsonl(path, rows):
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
@@ -172,6 +185,15 @@ def ref_chat(tok, row, template, toi):
     if toi:
         begin = tok.convert_tokens_to_ids("<|begin_of_text|>")
         mask = [0 if (i == 0 and t == begin and template is LLAMA3) else 1 for i, t in enumerate(ids)]
+    return ids, mask
+
+
+def ref_io(tok, row, toi):
+    ids, mask = [], []
+    for s in row["segments"]:
+        t = tok(s["text"], add_special_tokens=False)["input_ids"]
+        ids += t
+        mask += [1 if (s["label"] or toi) else 0] * len(t)
     return ids, mask
 
 
@@ -217,9 +239,11 @@ def main():
         rng = random.Random(7)
         alpaca = os.path.join(work, "alpaca.jsonl")
         chat = os.path.join(work, "chat.jsonl")
-        arows, crows = alpaca_rows(rng), chat_rows(rng)
+        io = os.path.join(work, "io.jsonl")
+        arows, crows, irows = alpaca_rows(rng), chat_rows(rng), io_rows(rng)
         write_jsonl(alpaca, arows)
         write_jsonl(chat, crows)
+        write_jsonl(io, irows)
         families = {"gpt2": lambda p: gpt2_tokenizer(p, False), "gpt2-bos": lambda p: gpt2_tokenizer(p, True),
                     "llama3-bpe": llama3_tokenizer}
         for fam, make in families.items():
@@ -236,6 +260,8 @@ def main():
                 sfx = f"{fam}{' train_on_inputs' if toi else ''}"
                 got = snug_dump(work, tdir, alpaca, "alpaca", None, toi, f"alpaca-{fam}-{int(toi)}")
                 compare(f"alpaca {sfx}", got, arows, lambda r: ref_alpaca(tok, r, toi))
+                got = snug_dump(work, tdir, io, "input_output", None, toi, f"io-{fam}-{int(toi)}")
+                compare(f"input_output {sfx}", got, irows, lambda r: ref_io(tok, r, toi))
                 for tname, tmpl in (("chatml", CHATML), ("llama3", LLAMA3)):
                     got = snug_dump(work, tdir, chat, "chat", tname, toi, f"chat-{tname}-{fam}-{int(toi)}")
                     compare(f"chat {tname} {sfx}", got, crows, lambda r: ref_chat(tok, r, tmpl, toi))

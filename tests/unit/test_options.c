@@ -429,12 +429,12 @@ static void test_not_supported(void) {
     EXPECT_YAML_OK("optim: adamw_torch_fused\n");
 
     /* Dataset types not built, and dataset keys of hub datasets. */
-    static const char *const types[] = {"sharegpt", "input_output"};
+    static const char *const types[] = {"sharegpt"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         snprintf(yaml, sizeof yaml, "datasets:\n  - path: a.jsonl\n    type: %s\n", types[i]);
         snprintf(want, sizeof want, "type '%s' is not supported yet", types[i]);
         EXPECT_YAML_ERROR(yaml, "datasets[0] in ", "cfg.yaml line 3", want,
-                          "use completion, alpaca, chat, pretokenized");
+                          "use completion, alpaca, chat, pretokenized, input_output");
     }
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: freeform\n", "type must be one of completion");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template: qwen3\n",
