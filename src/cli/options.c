@@ -80,6 +80,8 @@ typedef struct key_spec {
     const char *later_values; /* KT_ENUM: values recognised but not built yet; "*" = every other value */
     const char *off;          /* not-supported keys: values that ask for nothing (besides null, empty and false) */
     const char *later;        /* non-NULL: the key is not supported yet, and this says what it would do */
+    const char *noop;         /* non-NULL: any value is accepted (checked for its type) and changes nothing in snug,
+                               * for the reason this says (another trainer's knob for what snug does its own way) */
     const char *items;        /* KT_NAMES: what the list holds, in its error (NULL: module names) */
     map_kind map;             /* KT_MAP, KT_LIST: what it holds */
     const char *help;
@@ -101,6 +103,7 @@ typedef struct key_spec {
     .size = sizeof(((snug_dataset_spec *)0)->f)
 
 #define LATER_BOOL(n, why) {.name = n, .type = KT_BOOL, .later = why}
+#define NOOP(n, t, why) {.name = n, .type = t, .noop = why}
 #define LATER(n, t, why) {.name = n, .type = t, .later = why}
 
 static const key_spec keys[] = {
@@ -119,7 +122,7 @@ static const key_spec keys[] = {
     {.name = "datasets", .aliases = "dataset", .type = KT_DATASETS, .group = G_DATA,
      .help = "training data, a list of entries (keys below); --dataset FILE.jsonl on the command line replaces "
              "it (repeat to add more)"},
-    {.name = "sequence_len", .aliases = "max_seq_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
+    {.name = "sequence_len", .aliases = "max_seq_length max_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
      .def = "256", MIN(2), .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
      .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
@@ -186,7 +189,7 @@ static const key_spec keys[] = {
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
      AT_INT(micro_batch_size), .def = "4", MIN(1), .help = "examples per forward/backward pass"},
-    {.name = "sample_packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing), .def = "false",
+    {.name = "sample_packing", .aliases = "packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing), .def = "false",
      .help = "pack several examples into each row of sequence_len tokens (first-fit decreasing), attention and "
              "positions kept per example; false = one example per row, padded"},
     {.name = "group_by_length", .type = KT_BOOL, .group = G_BATCH, AT_INT(group_by_length), .def = "false",
@@ -303,6 +306,8 @@ static const key_spec keys[] = {
      .later_values = "cosine_with_restarts polynomial inverse_sqrt reduce_lr_on_plateau cosine_with_min_lr "
                      "warmup_stable_decay one_cycle rex",
      .help = "after warmup: cosine or linear decay to 0, or constant"},
+    {.name = "cosine_min_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(cosine_min_lr_ratio), .def = "0",
+     .help = "Axolotl's: cosine decays to this fraction of learning_rate instead of 0 (0 to 1)"},
     {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
      .help = "steps of linear warmup from 0 to learning_rate"},
     {.name = "warmup_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(warmup_ratio), .def = "0",
@@ -345,6 +350,30 @@ static const key_spec keys[] = {
      .help = "evaluate on the held-out set every N steps; 0 = at the end of each epoch"},
     {.name = "save_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_steps), .def = "0",
      .help = "save a checkpoint every N steps; 0 = only at the end"},
+    {.name = "save_strategy", .type = KT_ENUM, .group = G_OUTPUT, AT_ENUM(save_strategy), .def = "unset",
+     .values = "unset no steps epoch", ENUMS({"unset", -1}, {"no", 0}, {"steps", 1}, {"epoch", 2}),
+     .later_values = "best",
+     .help = "Hugging Face's: no (no checkpoints), steps (every save_steps; 500 when unset, the Trainer's default), "
+             "epoch (at the end of each epoch); unset = as save_steps and saves_per_epoch say"},
+    {.name = "eval_strategy", .aliases = "evaluation_strategy", .type = KT_ENUM, .group = G_OUTPUT,
+     AT_ENUM(eval_strategy), .def = "unset", .values = "unset no steps epoch",
+     ENUMS({"unset", -1}, {"no", 0}, {"steps", 1}, {"epoch", 2}),
+     .help = "Hugging Face's: no (no evaluation, even with a validation set), steps (every eval_steps; logging_steps "
+             "when unset, the Trainer's default), epoch (at the end of each epoch); unset = as eval_steps and "
+             "evals_per_epoch say"},
+    {.name = "save_first_step", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(save_first_step), .def = "false",
+     .help = "Axolotl's: also a checkpoint after the first step (to see early that saving works)"},
+    {.name = "auto_resume_from_checkpoints", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(auto_resume),
+     .def = "false", .help = "Axolotl's: resume from the newest complete checkpoint in output_dir when there is one "
+                             "(resume_from_checkpoint: latest, without failing when there is none)"},
+    {.name = "disable_tqdm", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(no_progress_bar), .def = "false",
+     .help = "Hugging Face's: no progress bar on a terminal, one line per logged step as in a file"},
+    {.name = "use_cpu", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(use_cpu), .def = "false",
+     .help = "Hugging Face's: true = device: cpu"},
+    {.name = "full_determinism", .type = KT_BOOL, .group = G_BATCH, AT_INT(full_determinism), .def = "false",
+     .help = "Hugging Face's: true = ddp_deterministic (gradients summed in rank order)"},
+    {.name = "liger_fused_linear_cross_entropy", .type = KT_BOOL, .group = G_MEMORY, AT_INT(liger_flce),
+     .def = "false", .help = "Axolotl's Liger kernel that never holds the whole logits: chunked_cross_entropy: true"},
     {.name = "evals_per_epoch", .type = KT_INT, .group = G_OUTPUT, AT_INT(evals_per_epoch), .def = "0", MIN(0),
      .help = "instead of eval_steps: evaluate every ceil(steps / (evals_per_epoch x num_epochs)) steps, as Axolotl; "
              "0 = unset"},
@@ -451,7 +480,7 @@ static const key_spec keys[] = {
              "gradient_checkpointing, chunked_cross_entropy and the optimizer state to fit memory_budget at the least "
              "predicted cost"},
     {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(gradient_checkpointing),
-     .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective offload",
+     .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective offload unsloth=offload",
      ENUMS({"none", SNUG_CKPT_CHOICE_NONE}, {"selective", SNUG_CKPT_CHOICE_SELECTIVE}, {"full", SNUG_CKPT_CHOICE_FULL},
            {"offload", SNUG_CKPT_CHOICE_OFFLOAD}),
      .help = "recompute activations in backward: false, selective (norm outputs and the MLP activation), "
@@ -534,12 +563,74 @@ static const key_spec keys[] = {
     LATER_BOOL("load_in_8bit", "quantised base models"),
     LATER_BOOL("peft_use_dora", "DoRA adapters"),
     LATER("lora_layers_to_transform", KT_LIST, "adapters on some layers only"),
-    {.name = "eval_sample_packing", .type = KT_BOOL, .off = "true",
-     .later = "a separate batching for evaluation; evaluation batches as training does (same loss either way)"},
+    NOOP("eval_sample_packing", KT_BOOL, "evaluation batches as training does; the loss is the same either way"),
+    NOOP("logging_dir", KT_STRING, "where a TensorBoard reporter would write; snug writes metrics.jsonl"),
+    NOOP("dataloader_num_workers", KT_INT, "snug's loader reads the memory-mapped tokens in the training thread"),
+    NOOP("dataloader_pin_memory", KT_BOOL, "snug's loader reads the memory-mapped tokens in the training thread"),
+    NOOP("dataloader_prefetch_factor", KT_INT, "snug's loader reads the memory-mapped tokens in the training thread"),
+    NOOP("remove_unused_columns", KT_BOOL, "snug reads only the fields its dataset types name"),
+    NOOP("ddp_find_unused_parameters", KT_BOOL, "every parameter snug trains has a gradient every step"),
+    NOOP("dataset_processes", KT_INT, "tokenizing takes the threads of `threads`"),
+    NOOP("dataset_num_proc", KT_INT, "tokenizing takes the threads of `threads`"),
+    NOOP("low_cpu_mem_usage", KT_BOOL, "snug reads the weights tensor by tensor into the arenas"),
+    NOOP("include_tokens_per_second", KT_BOOL, "metrics.jsonl has tokens_per_s every logged step"),
+    NOOP("sample_packing_eff_est", KT_FLOAT, "snug packs the tokenized examples themselves"),
+    NOOP("total_num_tokens", KT_INT, "snug counts the tokenized examples themselves"),
+    NOOP("total_supervised_tokens", KT_INT, "snug counts the tokenized examples themselves"),
+    NOOP("hub_strategy", KT_STRING, "snug pushes nothing to the Hub (hub_model_id is refused)"),
+    NOOP("liger_rope", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("liger_rms_norm", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("liger_glu_activation", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("liger_layer_norm", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("liger_cross_entropy", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("unsloth_lora_mlp", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("unsloth_lora_qkv", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("unsloth_lora_o", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("unsloth_cross_entropy_loss", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("unsloth_rms_norm", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("unsloth_rope", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("flash_attn_cross_entropy", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("flash_attn_rms_norm", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("flash_attn_fuse_qkv", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    NOOP("flash_attn_fuse_mlp", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
+    {.name = "shuffle_merged_datasets", .type = KT_BOOL, .off = "true",
+     .later = "keeping the datasets' order; snug shuffles the examples of all datasets together"},
+    {.name = "save_safetensors", .type = KT_BOOL, .off = "true",
+     .later = "saving pytorch_model.bin; snug saves safetensors"},
+    {.name = "tokenizer_use_fast", .type = KT_BOOL, .off = "true",
+     .later = "a slow (Python) tokenizer; snug reads tokenizer.json, the fast tokenizer's file"},
+    {.name = "train_on_eos", .type = KT_STRING, .off = "turn",
+     .later = "other end-of-turn supervision; snug trains on the end-of-turn token of each trained turn (turn)"},
+    {.name = "sequence_parallel_degree", .aliases = "context_parallel_size", .type = KT_INT, .off = "1",
+     .later = "sequence (context) parallelism"},
+    {.name = "logging_strategy", .type = KT_STRING, .off = "steps",
+     .later = "logging by epoch; snug logs every logging_steps steps"},
+    {.name = "report_to", .type = KT_STRING, .off = "none",
+     .later = "reporting to an experiment tracker; snug writes metrics.jsonl"},
+    {.name = "torch_dtype", .aliases = "dtype", .type = KT_STRING, .off = "auto float32",
+     .later = "loading the weights in another dtype; use bf16 or fp16"},
+    LATER_BOOL("push_to_hub", "pushing to the Hugging Face Hub; snug writes output_dir"),
+    LATER("hub_model_id", KT_STRING, "pushing to the Hugging Face Hub; snug writes output_dir"),
+    LATER_BOOL("save_only_model", "checkpoints without the optimizer state (not resumable)"),
+    LATER("unfrozen_parameters", KT_LIST, "training only some tensors of a full fine-tune"),
+    LATER_BOOL("embeddings_skip_upcast", "keeping LoRA's embeddings in 16 bits"),
+    LATER("chat_template_jinja", KT_STRING, "a chat template in Jinja; set chat_template: chatml or llama3"),
+    LATER("default_system_message", KT_STRING, "adding a system message to chats without one"),
+    LATER_BOOL("dataset_exact_deduplication", "removing duplicate examples"),
+    LATER("pretraining_dataset", KT_STRING, "streaming pretraining data; list the files under datasets"),
+    LATER("test_datasets", KT_LIST, "separate evaluation files; use val_set_size"),
+    LATER_BOOL("skip_prepare_dataset", "tokenizing during training; snug tokenizes ahead into the cache"),
+    LATER_BOOL("resize_token_embeddings_to_32x", "padding the vocabulary to a multiple of 32"),
+    LATER("gpu_memory_limit", KT_STRING, "placing the model over devices; memory_budget bounds a run"),
+    LATER("lr_div_factor", KT_FLOAT, "the one_cycle scheduler"),
+    LATER_BOOL("bf16_full_eval", "evaluating in bf16 while training otherwise; evaluation uses the run's precision"),
+    LATER("neftune_noise_alpha", KT_FLOAT, "NEFTune's noise on the embeddings"),
+    LATER("plugins", KT_LIST, "Axolotl's plugins"),
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
-    LATER("eval_batch_size", KT_INT, "a separate evaluation batch size; evaluation uses micro_batch_size"),
+    {.name = "eval_batch_size", .aliases = "per_device_eval_batch_size", .type = KT_INT,
+     .later = "a separate evaluation batch size; evaluation uses micro_batch_size"},
     LATER_BOOL("greater_is_better", "a metric where higher is better; snug compares the validation loss"),
     LATER("lr_scheduler_kwargs", KT_MAP, "scheduler options"),
     LATER("wandb_project", KT_STRING, "Weights & Biases logging"),
@@ -890,23 +981,41 @@ static int set_text(void *base, const key_spec *k, const char *written, const ch
  * list or mapping; `nothing` says the value is null, empty, or an empty list or mapping. */
 static int refuse_later(const key_spec *k, const char *written, const char *text, int nothing, const char *loc,
                         snug_error *e) {
-    int b;
-    if (nothing || (text && k->type == KT_BOOL && parse_bool(text, &b) == 0 && !b) ||
-        (text && k->off && in_list(k->off, text)))
+    int b = 0;
+    char canon[8] = "";
+    if (text && k->type == KT_BOOL && parse_bool(text, &b) == 0) /* a bool's `off` holds true or false */
+        snprintf(canon, sizeof canon, "%s", b ? "true" : "false");
+    if (nothing || (canon[0] && (k->off ? in_list(k->off, canon) : !b)) ||
+        (text && k->off && !canon[0] && in_list(k->off, text)))
         return 0;
     char alt[96] = "";
     if (k->type == KT_BOOL)
-        snprintf(alt, sizeof alt, " or set it to false");
+        snprintf(alt, sizeof alt, " or set it to %s", k->off ? k->off : "false");
     else if (k->off)
         snprintf(alt, sizeof alt, " or set it to %.*s", (int)strcspn(k->off, " "), k->off);
     return snug_fail(e, SNUG_EINPUT, "%s: %s is not supported yet (%s); remove it%s", loc, written, k->later, alt);
+}
+
+/* A key that changes nothing in snug: its value is checked for its type (a list or mapping, text NULL, is taken as
+ * it is), then dropped. */
+static int noop_value(const key_spec *k, const char *written, const char *text, int null, const char *loc,
+                      snug_error *e) {
+    int b, i;
+    double d;
+    if (null || !text)
+        return 0;
+    if ((k->type == KT_BOOL && parse_bool(text, &b)) || (k->type == KT_INT && parse_int(text, &i)) ||
+        (k->type == KT_FLOAT && parse_double(text, &d)))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be %s, got '%.60s'", loc, written,
+                         k->type == KT_BOOL ? "true or false" : k->type == KT_INT ? "an integer" : "a number", text);
+    return 0;
 }
 
 /* Sets every key of one scope to its default. */
 static void apply_defaults(void *base, int scope) {
     for (int i = 0; i < NKEYS; i++) {
         const key_spec *k = &keys[i];
-        if (scope_of(k) != scope || k->later || k->type == KT_DATASETS)
+        if (scope_of(k) != scope || k->later || k->noop || k->type == KT_DATASETS)
             continue;
         if (k->def)
             set_text(base, k, k->name, k->def, "default", NULL);
@@ -990,6 +1099,9 @@ static int apply_scalar_node(void *base, const key_spec *k, const char *written,
     if (k->later)
         return refuse_later(k, written, v->type == YAML_SCALAR_NODE ? (const char *)v->data.scalar.value : NULL,
                             node_is_empty(v), loc, e);
+    if (k->noop)
+        return noop_value(k, written, v->type == YAML_SCALAR_NODE ? (const char *)v->data.scalar.value : NULL,
+                          node_is_null(v), loc, e);
     if (k->type == KT_NAMES && v->type == YAML_SEQUENCE_NODE) { /* [q_proj, v_proj] is "q_proj,v_proj" */
         char joined[1024] = "";
         size_t len = 0;
@@ -1633,6 +1745,8 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
         return unknown_key(key, 0, where, e);
     if (k->later)
         return refuse_later(k, key, value, !*value, where, e);
+    if (k->noop)
+        return noop_value(k, key, value, !*value, where, e);
     if (k->type == KT_DATASETS)
         return add_dataset_path(o, value, "", where, e);
     if (k->type == KT_FSDP)
@@ -1810,6 +1924,17 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: flash_attention: false (the probabilities stored) and %s (fused "
                          "attention) disagree; remove one", src, fused ? fused : "attn_implementation");
     }
+    if (o->use_cpu)
+        o->device = SNUG_BACKEND_CPU;
+    if (o->full_determinism)
+        o->ddp_deterministic = 1;
+    if (o->liger_flce)
+        o->chunked_cross_entropy = 1;
+    /* Hugging Face's strategies: steps without a count take the Trainer's defaults */
+    if (o->save_strategy == 1 && !o->save_steps && !o->saves_per_epoch)
+        o->save_steps = 500;
+    if (o->eval_strategy == 1 && !o->eval_steps && !o->evals_per_epoch)
+        o->eval_steps = o->logging_steps;
     if (o->activation_offloading) {
         if (o->gradient_checkpointing == SNUG_CKPT_CHOICE_SELECTIVE)
             return snug_fail(e, SNUG_EINPUT, "%s: activation_offloading keeps whole layers' inputs in host memory, "
@@ -1888,9 +2013,14 @@ void snug_options_print_help(FILE *f) {
             continue;
         fprintf(f, "\n%s:\n", group_titles[g]);
         for (int i = 0; i < NKEYS; i++)
-            if (keys[i].group == g && !keys[i].later)
+            if (keys[i].group == g && !keys[i].later && !keys[i].noop)
                 print_key(f, &keys[i]);
     }
+    fprintf(f, "\naccepted with any value, changing nothing in snug (other trainers' knobs for what snug does its own "
+               "way):\n");
+    for (int i = 0; i < NKEYS; i++)
+        if (keys[i].noop)
+            fprintf(f, "  %s: %s\n", keys[i].name, keys[i].noop);
     fprintf(f, "\nrecognised but not supported yet (refused unless the value asks for nothing: false, empty):\n");
     for (int i = 0; i < NKEYS; i++) {
         const key_spec *k = &keys[i];

@@ -108,7 +108,7 @@ void snug_dynamic_map(float code[256], int is_signed);
 typedef enum snug_sched { SNUG_SCHED_CONSTANT, SNUG_SCHED_LINEAR, SNUG_SCHED_COSINE } snug_sched;
 
 /* The learning rate of optimizer step `step` (0-based), as transformers' schedulers give it: linear warmup from 0
- * over `warmup` steps, then constant, linear decay to 0, or half-cosine decay to 0 at `total`. */
-double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total);
+ * over `warmup` steps, then constant, linear decay to 0, or half-cosine decay to min_ratio x base_lr at `total`. */
+double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio);
 
 #endif

@@ -4,7 +4,7 @@
 
 #include "optim/optim.h"
 
-double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total) {
+double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio) {
     if (step < warmup)
         return base_lr * (double)step / (double)(warmup > 0 ? warmup : 1);
     if (kind == SNUG_SCHED_CONSTANT)
@@ -15,6 +15,7 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
         progress = 1.0;
     if (kind == SNUG_SCHED_LINEAR)
         return base_lr * (1.0 - progress);
-    return base_lr * 0.5 * (1.0 + cos(M_PI * progress));
+    /* min_ratio: Axolotl's cosine_min_lr_ratio, (1 - r) * cosine + r (r = 0: transformers' cosine) */
+    return base_lr * ((1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * progress)) + min_ratio);
 }
 

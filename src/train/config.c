@@ -196,6 +196,18 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: merge_lora needs adapter: lora and a base_model folder to merge into", src);
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
+    static const char *const strategy[] = {"no", "steps", "epoch"};
+    REQUIRE(o->save_strategy < 0 || o->save_strategy == 1 || (!o->save_steps && !o->saves_per_epoch),
+            "%s: save_strategy %s and %s both say when to save; keep one", src,
+            strategy[o->save_strategy < 0 ? 0 : o->save_strategy], o->save_steps ? "save_steps" : "saves_per_epoch");
+    REQUIRE(o->eval_strategy < 0 || o->eval_strategy == 1 || (!o->eval_steps && !o->evals_per_epoch),
+            "%s: eval_strategy %s and %s both say when to evaluate; keep one", src,
+            strategy[o->eval_strategy < 0 ? 0 : o->eval_strategy], o->eval_steps ? "eval_steps" : "evals_per_epoch");
+    REQUIRE(o->eval_strategy != 0 || (!o->early_stopping_patience && o->load_best_model_at_end != 1),
+            "%s: eval_strategy no, and %s compares the validation losses of evaluations; remove one", src,
+            o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
+    REQUIRE(o->cosine_min_lr_ratio >= 0 && o->cosine_min_lr_ratio <= 1,
+            "%s: cosine_min_lr_ratio is %g; use a fraction of learning_rate from 0 to 1", src, o->cosine_min_lr_ratio);
     REQUIRE(o->evals_per_epoch >= 0 && !(o->evals_per_epoch && o->eval_steps),
             "%s: evals_per_epoch %d and eval_steps %d both say when to evaluate; keep one", src, o->evals_per_epoch,
             o->eval_steps);
@@ -208,7 +220,7 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->val_set_size > 0 || (!o->early_stopping_patience && o->load_best_model_at_end != 1),
             "%s: %s compares validation losses, and the run has no validation set; set val_set_size (e.g. 0.05)", src,
             o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
-    REQUIRE(o->load_best_model_at_end != 1 || o->save_steps > 0 || o->saves_per_epoch > 0,
+    REQUIRE(o->load_best_model_at_end != 1 || o->save_steps > 0 || o->saves_per_epoch > 0 || o->save_strategy == 2,
             "%s: load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none "
             "before its end; set save_steps (or saves_per_epoch)", src);
     REQUIRE(!snug_load_best(o) || (o->zero_stage == 0 && o->tensor_parallel_size == 1 &&
@@ -281,9 +293,14 @@ const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
     return (unsigned)c < 4 ? names[c] : "?";
 }
 
+int snug_run_saves(const snug_run_config *c) {
+    return c->save_steps > 0 || c->saves_per_epoch > 0 || c->save_strategy == 2 || c->save_first_step;
+}
+
 int snug_load_best(const snug_run_config *c) {
     return c->load_best_model_at_end == 1 ||
-           (c->load_best_model_at_end < 0 && c->early_stopping_patience > 0 && (c->save_steps > 0 || c->saves_per_epoch > 0));
+           (c->load_best_model_at_end < 0 && c->early_stopping_patience > 0 &&
+            (c->save_steps > 0 || c->saves_per_epoch > 0 || c->save_strategy == 2));
 }
 
 int snug_warmup_steps(const snug_run_config *c, int total) {

@@ -117,6 +117,7 @@ typedef struct snug_run_config {
     double learning_rate;
     snug_sched lr_scheduler;
     int warmup_steps;
+    double cosine_min_lr_ratio; /* Axolotl's: cosine decays to this fraction of learning_rate (0: to 0) */
     double warmup_ratio;      /* used when warmup_steps is 0 */
     double weight_decay;
     double adam_beta1, adam_beta2, adam_epsilon;
@@ -159,6 +160,16 @@ typedef struct snug_run_config {
     int logging_steps;
     int eval_steps;           /* 0 = at the end of each epoch */
     int save_steps;           /* 0 = only at the end */
+    int save_strategy;        /* Hugging Face's: -1 unset, 0 no (no checkpoints), 1 steps (save_steps, 500 unset), 2
+                               * epoch (a checkpoint at the end of each epoch) */
+    int eval_strategy;        /* likewise: 0 no (no evaluation), 1 steps (eval_steps, logging_steps unset), 2 epoch */
+    int save_first_step;      /* Axolotl's: a checkpoint after the first step too */
+    int auto_resume;          /* Axolotl's auto_resume_from_checkpoints: resume the newest complete checkpoint in
+                               * output_dir when there is one */
+    int no_progress_bar;      /* disable_tqdm: plain lines on a terminal too */
+    int use_cpu;              /* Hugging Face's: device cpu */
+    int full_determinism;     /* Hugging Face's: ddp_deterministic */
+    int liger_flce;           /* Axolotl's liger_fused_linear_cross_entropy: chunked_cross_entropy */
     int evals_per_epoch;      /* Axolotl's: an evaluation every ceil(total / (evals_per_epoch x num_epochs)) steps,
                                * instead of eval_steps; 0 = unset */
     int saves_per_epoch;      /* likewise a checkpoint, instead of save_steps; 0 = unset */
@@ -221,6 +232,10 @@ snug_levers snug_run_levers(const snug_run_config *c);
 void snug_run_optimizer(snug_optimizer_choice o, snug_optim_kind *kind, int *paged);
 /* The choice for a state layout (the inverse of snug_run_optimizer). */
 snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged);
+
+/* Whether the run writes checkpoints before its end (save_steps, saves_per_epoch, save_strategy: epoch,
+ * save_first_step); a signal's checkpoint aside. */
+int snug_run_saves(const snug_run_config *c);
 
 /* Whether the model saved at the end is the best checkpoint's: load_best_model_at_end, or its auto (early stopping with
  * checkpoints). */

@@ -360,7 +360,7 @@ int snug_setup_load_adapter(const snug_setup *r, snug_model *m, snug_error *e) {
 snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {
     snug_plan_spec s = {.cfg = *cfg, .B = c->micro_batch_size, .T = c->sequence_len,
                         .GA = c->gradient_accumulation_steps, .lv = snug_run_levers(c), .with_grads = 1,
-                        .ckpt_snapshot = (c->save_steps > 0 || c->saves_per_epoch > 0) && c->async_checkpoint,
+                        .ckpt_snapshot = snug_run_saves(c) && c->async_checkpoint,
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
                         .pp = c->pipeline_parallel_size, .pp_recompute = c->pipeline_recompute,
                         .pp_split = c->pipeline_layers,
@@ -389,7 +389,7 @@ static void apply_fit(snug_run_config *c, const snug_fit_point *p) {
     if (lv->xent_chunk > 0)
         c->cross_entropy_chunk_tokens = lv->xent_chunk;
     c->optimizer = snug_run_optimizer_choice(p->spec.optim, p->spec.optim_paged);
-    if (c->save_steps > 0 || c->saves_per_epoch > 0)
+    if (snug_run_saves(c))
         c->async_checkpoint = p->spec.ckpt_snapshot;
     c->tiled_mlp = lv->mlp_shards != 0;
     c->tiled_mlp_num_shards = lv->mlp_shards > 0 ? lv->mlp_shards : 0;

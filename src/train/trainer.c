@@ -892,6 +892,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         } else {
             snprintf(resume, sizeof resume, "%s", config->resume_from_checkpoint);
         }
+    } else if (!rc && config->auto_resume && snug_checkpoint_latest(config->output_dir, resume, sizeof resume)) {
+        resume[0] = '\0'; /* auto_resume_from_checkpoints: the newest complete checkpoint when there is one */
     }
     snug_run_config *adopted = NULL;
     int vb;
@@ -980,6 +982,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                                                 ((long long)o->saves_per_epoch * epochs))
                                         : o->save_steps;
     int load_best = snug_load_best(o);
+    int save_epoch = o->save_strategy == 2, eval_off = o->eval_strategy == 0; /* Hugging Face's strategies */
     snug_sched sched = o->lr_scheduler;
     r.eng.opt.beta1 = o->adam_beta1;
     r.eng.opt.beta2 = o->adam_beta2;
@@ -1201,7 +1204,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
     }
     rc = ddp_agree(&comm, rc, &broken, e);
-    int tty = isatty(fileno(out));
+    int tty = isatty(fileno(out)) && !o->no_progress_bar;
     double t0 = now_s(), tlog = t0;
     size_t tokens_since = 0;
     /* (ZeRO-3 steps through the reduce-scatter hook, z2.step below) */
@@ -1252,7 +1255,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         int k0 = dp->rank * GAr < nmb ? dp->rank * GAr : nmb, k1 = k0 + GAr < nmb ? k0 + GAr : nmb;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
-        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total);
+        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total, o->cosine_min_lr_ratio);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
             r.eng.opt.step++;
             in_bwd.lr = lr;
@@ -1402,8 +1405,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         int watched = o->loss_watchdog_threshold > 0 && st.watch_over >= o->loss_watchdog_patience && step + 1 < total;
         if (watched)
             total = step + 1;
+        /* a checkpoint of this step (if it is not the last): every save_every steps, at an epoch's end (save_strategy:
+         * epoch), after the first step (save_first_step) */
+        int save_now = (save_every > 0 && (step + 1) % save_every == 0) || (save_epoch && epoch_end) ||
+                       (o->save_first_step && step == 0);
         double val = NAN;
-        if (r.s.val.nexamples && ((eval_every > 0 && (step + 1) % eval_every == 0) ||
+        if (r.s.val.nexamples && !eval_off && ((eval_every > 0 && (step + 1) % eval_every == 0) ||
                                   (eval_every == 0 && epoch_end) || step + 1 == total) &&
             ((rc = evaluate(&r, mb[0], dp, ppn > 1 ? &pipe : NULL, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
             if ((z3.rc || tph.rc) && e)
@@ -1424,8 +1431,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (!isnan(val) && (!st.es_step || val < st.es_best))
             st.es_best = val, st.es_step = step + 1;
         /* load_best_model_at_end: the lowest validation loss among the steps that keep a checkpoint (and the last) */
-        if (!isnan(val) && load_best && (!st.best_step || val < st.best_val) &&
-            ((save_every > 0 && (step + 1) % save_every == 0) || step + 1 == total))
+        if (!isnan(val) && load_best && (!st.best_step || val < st.best_val) && (save_now || step + 1 == total))
             st.best_val = val, st.best_step = step + 1;
         int log_now = (step + 1) % (o->logging_steps > 0 ? o->logging_steps : 1) == 0 || step + 1 == total ||
                       !isnan(val);
@@ -1496,7 +1502,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     "ends here and the model is saved as at the end\n", step + 1, o->loss_watchdog_threshold,
                     st.watch_over, st.watch_over == 1 ? "" : "s");
         }
-        if (!rc && writer && ((save_every > 0 && (step + 1) % save_every == 0 && step + 1 < total) || stop)) {
+        if (!rc && writer && ((save_now && step + 1 < total) || stop)) {
             char ck[4096];
             snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, step + 1);
             double tc = now_s();

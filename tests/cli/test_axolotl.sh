@@ -339,6 +339,64 @@ grep -q "^step $stop: no validation loss lower than" es2.log && grep -q "the mod
 ! cmp -s out_es/model.safetensors out_es_last/model.safetensors && grep -q "^step $stop: no validation loss" es3.log &&
   ! grep -q "load_best_model_at_end:" es3.log && ok || bad "load_best_model_at_end: false saved the best" es3.log
 
+# Hugging Face's TrainingArguments keys: save_strategy epoch, eval_strategy steps (every logging_steps when eval_steps
+# is unset), save_first_step, cosine_min_lr_ratio (every logged lr against Axolotl's formula), disable_tqdm; then
+# auto_resume_from_checkpoints picks up the newest checkpoint, and eval_strategy no evaluates nothing
+cat > hf.yml <<'EOF'
+base_model: base
+datasets:
+  - path: alpaca.jsonl
+    type: alpaca
+val_set_size: 0.1
+sequence_len: 256
+micro_batch_size: 4
+num_epochs: 2
+logging_steps: 3
+save_strategy: epoch
+eval_strategy: steps
+save_first_step: true
+learning_rate: 1e-3
+lr_scheduler_type: cosine
+cosine_min_lr_ratio: 0.1
+warmup_steps: 2
+disable_tqdm: true
+report_to: none
+dataloader_num_workers: 4
+remove_unused_columns: false
+sample_tokens: 0
+dataset_prepared_path: prep
+output_dir: out_hf
+EOF
+"$SNUG" train hf.yml > hf.log 2>&1 || bad "the TrainingArguments run failed" hf.log
+if python3 - out_hf hf.log <<'PY'
+import json, math, os, re, sys
+out, log = sys.argv[1], open(sys.argv[2]).read()
+m = re.search(r"schedule +(\d+) steps \((\d+) micro-batches per epoch\)", log)
+total = int(m[1])
+rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+evals = [r["step"] for r in rows if "val_loss" in r]
+want_evals = sorted(set(list(range(3, total + 1, 3)) + [total]))
+cks = sorted(int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-"))
+want_cks = [1, total // 2]  # the first step, the end of the first epoch (the second's is the end of the run)
+def lr(step):  # Axolotl's cosine with a floor, after a linear warmup of 2 steps
+    if step < 2:
+        return 1e-3 * step / 2
+    p = (step - 2) / (total - 2)
+    return 1e-3 * ((1 - 0.1) * 0.5 * (1 + math.cos(math.pi * p)) + 0.1)
+lr_ok = all(abs(r["lr"] - lr(r["step"] - 1)) <= 1e-6 * 1e-3 + 1e-12 for r in rows)
+print(f"  {total} steps: evaluated at {evals} (want {want_evals}), checkpoints {cks} (want {want_cks}), "
+      f"last lr {rows[-1]['lr']:.4e} (want {lr(total - 1):.4e})")
+sys.exit(0 if evals == want_evals and cks == want_cks and lr_ok and total % 2 == 0 else 1)
+PY
+then ok; else bad "save_strategy / eval_strategy / save_first_step / cosine_min_lr_ratio"; fi
+"$SNUG" train hf.yml --auto_resume_from_checkpoints true --overwrite_output_dir true > hf2.log 2>&1 ||
+  bad "auto_resume_from_checkpoints" hf2.log
+grep -q "resumed from out_hf/checkpoint-[0-9]* at step" hf2.log && ok || bad "auto_resume did not resume" hf2.log
+"$SNUG" train hf.yml --auto_resume_from_checkpoints true --output_dir out_hf_new --eval_strategy no \
+  --save_strategy no --save_first_step false > hf3.log 2>&1 || bad "auto_resume with nothing to resume" hf3.log
+! grep -q "resumed from" hf3.log && ! grep -q val_loss out_hf_new/metrics.jsonl &&
+  [ -z "$(ls out_hf_new | grep checkpoint-)" ] && ok || bad "eval_strategy no / save_strategy no" hf3.log
+
 # attn_implementation: eager is flash_attention: false, activation_offloading is offload checkpointing
 grep -v "^attn_implementation:" lora.yml > noattn.yml
 "$SNUG" plan noattn.yml --attn_implementation eager --json > eager.json 2>eager.err &&
@@ -362,6 +420,9 @@ refused early_nosplit "early_stopping_patience compares validation losses, and t
   --early_stopping_patience 2 --val_set_size 0
 refused best_nosave "load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none" \
   --load_best_model_at_end true --saves_per_epoch 0
+refused save_both "save_strategy epoch and save_steps both say when to save" --save_strategy epoch --save_steps 3 \
+  --saves_per_epoch 0
+refused hub "hub_model_id is not supported yet" --hub_model_id me/model
 refused model_type "model_type is MistralForCausalLM, but the model is a LlamaForCausalLM" --model_type MistralForCausalLM
 refused derived "is_mistral_derived_model is true, but the model's model_type is llama" --is_mistral_derived_model true
 refused fan_in_fan_out "lora_fan_in_fan_out is true, but this model's layers are nn.Linear" --lora_fan_in_fan_out true

@@ -937,10 +937,26 @@ static void test_axolotl_keys(void) {
                         &o, &e) == 0, "%s", e.msg);
     CHECK(o.trust_remote_code && o.derived_mistral && !o.derived_llama && o.eval_max_new_tokens == 32);
     CHECK(!strcmp(o.model_class, "AutoModelForCausalLM") && !o.pad_token[0]);
+    /* Hugging Face's and TRL's spellings of snug's settings; other trainers' knobs that change nothing */
+    CHECKF(parse_config("packing: true\nmax_length: 128\ngradient_checkpointing: unsloth\nuse_cpu: true\n"
+                        "full_determinism: true\nliger_fused_linear_cross_entropy: true\nsave_strategy: steps\n"
+                        "eval_strategy: steps\nlogging_steps: 7\nliger_rope: true\ndataloader_num_workers: 4\n"
+                        "eval_sample_packing: false\nsave_safetensors: true\nreport_to: none\ntrain_on_eos: turn\n"
+                        "sequence_parallel_degree: 1\nplugins: []\nshuffle_merged_datasets: true\n", &o, &e) == 0,
+           "%s", e.msg);
+    CHECK(o.sample_packing && o.sequence_len == 128 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD &&
+          o.device == SNUG_BACKEND_CPU && o.ddp_deterministic && o.chunked_cross_entropy && o.save_steps == 500 &&
+          o.eval_steps == 7);
     /* refusals, each naming the key and the fix */
     static const struct {
         const char *yaml, *want;
     } bad[] = {
+        {"save_safetensors: false\n", "save_safetensors is not supported yet (saving pytorch_model.bin; snug saves "
+                                      "safetensors); remove it or set it to true"},
+        {"dataloader_num_workers: many\n", "dataloader_num_workers must be an integer, got 'many'"},
+        {"liger_rope: maybe\n", "liger_rope must be true or false"},
+        {"save_strategy: best\n", "save_strategy 'best' is not supported yet"},
+        {"report_to: wandb\n", "report_to is not supported yet"},
         {"special_tokens:\n  sep_token: x\n", "special_tokens.sep_token is not supported"},
         {"special_tokens: [a]\n", "special_tokens must be a mapping, got a list"},
         {"special_tokens:\n  pad_token: [a]\n", "special_tokens.pad_token must be a single value"},
@@ -975,6 +991,11 @@ static void test_axolotl_keys(void) {
         {"evals_per_epoch: 2\neval_steps: 10\n", "evals_per_epoch 2 and eval_steps 10 both say when to evaluate"},
         {"saves_per_epoch: 2\nsave_steps: 10\n", "saves_per_epoch 2 and save_steps 10 both say when to save"},
         {"loss_watchdog_threshold: -1\n", "loss_watchdog_threshold is -1"},
+        {"save_strategy: epoch\nsave_steps: 10\n", "save_strategy epoch and save_steps both say when to save"},
+        {"eval_strategy: 'no'\nevals_per_epoch: 2\n", "eval_strategy no and evals_per_epoch both say when"},
+        {"eval_strategy: 'no'\nval_set_size: 0.1\nearly_stopping_patience: 2\n", "eval_strategy no, and "
+                                                                                  "early_stopping_patience compares"},
+        {"cosine_min_lr_ratio: 2\n", "cosine_min_lr_ratio is 2; use a fraction"},
         {"early_stopping_patience: 2\n", "early_stopping_patience compares validation losses"},
         {"val_set_size: 0.1\nload_best_model_at_end: true\n", "set save_steps (or saves_per_epoch)"},
         {"val_set_size: 0.1\nearly_stopping_patience: 2\nsave_steps: 5\nzero_stage: 2\n",
