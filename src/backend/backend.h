@@ -168,6 +168,9 @@ struct snug_backend {
      * depends only on (seed, i), so backward applies the same op to the gradient, and every backend drops the same
      * elements. out may be in. */
     void (*dropout)(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
+    /* NEFTune's noise: x[i] += mag * snug_uniform_pm1(seed, i), uniform in (-mag, mag), the same bits on every
+     * backend (one rounded product, one rounded sum) */
+    void (*add_noise)(snug_backend *be, float *x, size_t n, float mag, uint64_t seed);
 
     /* --- loss: output projection + softmax + cross-entropy, chunked over tokens --- */
     /* For tokens n with labels[n] >= 0: loss_n = logsumexp(h_n . w^T) - (h_n . w^T)[labels[n]]. Returns the sum of
@@ -293,6 +296,12 @@ static inline SNUG_HOST_DEVICE uint32_t snug_sr_bits(uint64_t seed, uint64_t i) 
 /* Dropout's mask: element i survives when its 32 random bits are at or above p * 2^32. */
 static inline SNUG_HOST_DEVICE int snug_dropout_keep(uint64_t seed, uint64_t i, float p) {
     return (double)snug_sr_bits(seed, i) >= (double)p * 4294967296.0;
+}
+
+/* Element i of a uniform stream on (-1, 1): the 32 bits of snug_sr_bits at the centres of 2^32 equal cells, exact in
+ * double and rounded once to float. */
+static inline SNUG_HOST_DEVICE float snug_uniform_pm1(uint64_t seed, uint64_t i) {
+    return (float)(((double)snug_sr_bits(seed, i) + 0.5) * (1.0 / 2147483648.0) - 1.0);
 }
 
 /* The CPU backend: OpenMP threads (nthreads <= 0: all cores), OpenBLAS for GEMM and, under bf16 math on a CPU whose

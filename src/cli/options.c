@@ -326,6 +326,9 @@ static const key_spec keys[] = {
     {.name = "optimizer_in_backward", .type = KT_BOOL, .group = G_OPTIM, AT_INT(optimizer_in_backward), .def = "false",
      .help = "step each layer as soon as its gradients are complete and reuse its gradient buffer: gradients take "
              "one layer's memory; needs gradient_accumulation_steps 1 and max_grad_norm 0"},
+    {.name = "neftune_noise_alpha", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(neftune_noise_alpha), .def = "0",
+     .help = "NEFTune: a training step's embeddings get uniform noise in +-alpha / sqrt(sequence length x width) "
+             "(the micro-batch's length as padded or packed), as transformers' hook; evaluation sees none; 0 = off"},
     {.name = "weight_decay", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(weight_decay), .def = "0",
      .help = "decoupled weight decay"},
     {.name = "adam_beta1", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta1), .def = "0.9",
@@ -624,7 +627,6 @@ static const key_spec keys[] = {
     LATER("gpu_memory_limit", KT_STRING, "placing the model over devices; memory_budget bounds a run"),
     LATER("lr_div_factor", KT_FLOAT, "the one_cycle scheduler"),
     LATER_BOOL("bf16_full_eval", "evaluating in bf16 while training otherwise; evaluation uses the run's precision"),
-    LATER("neftune_noise_alpha", KT_FLOAT, "NEFTune's noise on the embeddings"),
     LATER("plugins", KT_LIST, "Axolotl's plugins"),
     LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),

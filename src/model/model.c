@@ -2043,6 +2043,10 @@ double snug_model_stage(snug_model *m, float grad_scale, const float *in, const 
             tp_sum(m, x0, (size_t)N * C);
         if (c->arch == SNUG_ARCH_GPT2)
             be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
+        if (train && m->neftune_alpha > 0) /* NEFTune (transformers' neftune_post_forward_hook): the sequence length
+                                            * times the width, of the micro-batch as it is padded or packed */
+            be->add_noise(be, x0, (size_t)N * C, m->neftune_alpha / sqrtf((float)m->cur_T * (float)C),
+                          m->lora.seed ^ 0x6e656674756e65ull);
     }
     save_res(m, 0, x0, (size_t)N * C);
     m->gdir = 1; /* ZeRO-3 prefetches the next layer */

@@ -363,6 +363,8 @@ typedef struct snug_model {
     float *rope_cos, *rope_sin;        /* (T, HD/2) */
 
     snug_lora lora;        /* adapter: lora (lora.on) */
+    float neftune_alpha;   /* NEFTune: a training step's embeddings get uniform noise of alpha / sqrt(T x hidden) (its
+                            * stream from lora.seed, the micro-batch's); 0 = none */
     /* Where each tensor is stored. Normally at its table offset in params / params16. Under QLoRA the block
      * matrices are 4-bit (q4[i].packed set, each carved from SNUG_MEM_PARAMS) and the other tensors are packed
      * densely: soff[i] is tensor i's place in params16 (dense_total elements). */

@@ -206,6 +206,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->eval_strategy != 0 || (!o->early_stopping_patience && o->load_best_model_at_end != 1),
             "%s: eval_strategy no, and %s compares the validation losses of evaluations; remove one", src,
             o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
+    REQUIRE(o->neftune_noise_alpha >= 0 && o->neftune_noise_alpha <= 1e6,
+            "%s: neftune_noise_alpha is %g; use 0 (off) or a positive scale such as 5", src, o->neftune_noise_alpha);
     REQUIRE(o->cosine_min_lr_ratio >= 0 && o->cosine_min_lr_ratio <= 1,
             "%s: cosine_min_lr_ratio is %g; use a fraction of learning_rate from 0 to 1", src, o->cosine_min_lr_ratio);
     REQUIRE(o->evals_per_epoch >= 0 && !(o->evals_per_epoch && o->eval_steps),

@@ -120,6 +120,7 @@ typedef struct snug_run_config {
     double cosine_min_lr_ratio; /* Axolotl's: cosine decays to this fraction of learning_rate (0: to 0) */
     double warmup_ratio;      /* used when warmup_steps is 0 */
     double weight_decay;
+    double neftune_noise_alpha; /* NEFTune's noise on the training embeddings; 0 = off */
     double adam_beta1, adam_beta2, adam_epsilon;
     double max_grad_norm;     /* 0 = no clipping */
     int optimizer_in_backward;

@@ -1243,6 +1243,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.on_grads_ready_ud = &in_bwd;
     }
     int stopped = 0;
+    r.eng.model.neftune_alpha = (float)o->neftune_noise_alpha;
     for (int step = st.step; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         int epoch_end;

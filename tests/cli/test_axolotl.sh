@@ -397,6 +397,25 @@ grep -q "resumed from out_hf/checkpoint-[0-9]* at step" hf2.log && ok || bad "au
 ! grep -q "resumed from" hf3.log && ! grep -q val_loss out_hf_new/metrics.jsonl &&
   [ -z "$(ls out_hf_new | grep checkpoint-)" ] && ok || bad "eval_strategy no / save_strategy no" hf3.log
 
+# NEFTune: noise on the training step's embeddings only. The first step of a warmup changes no weight, so its
+# validation loss is the base model's with the noise or without; its training loss is not; the noise is the same bits
+# from run to run
+neft="--max_steps 1 --warmup_steps 100 --eval_steps 0 --save_steps 0 --early_stopping_patience 0"
+for run in 0:0 5:1 5:2; do
+  a=${run%:*} k=${run#*:}
+  "$SNUG" train es.yml $neft --neftune_noise_alpha $a --output_dir "out_neft$k" > "neft$k.log" 2>&1 ||
+    bad "the run with neftune_noise_alpha $a failed" "neft$k.log"
+done
+if python3 - out_neft0/metrics.jsonl out_neft1/metrics.jsonl out_neft2/metrics.jsonl <<'PY'
+import json, sys
+a, b, c = (json.loads(open(p).readline()) for p in sys.argv[1:4])
+print(f"  step 1: loss {a['loss']} without noise, {b['loss']} with (again {c['loss']}); validation loss "
+      f"{a['val_loss']} / {b['val_loss']}")
+sys.exit(0 if a["val_loss"] == b["val_loss"] == c["val_loss"] and a["loss"] != b["loss"] and b["loss"] == c["loss"]
+         else 1)
+PY
+then ok; else bad "neftune_noise_alpha"; fi
+
 # attn_implementation: eager is flash_attention: false, activation_offloading is offload checkpointing
 grep -v "^attn_implementation:" lora.yml > noattn.yml
 "$SNUG" plan noattn.yml --attn_implementation eager --json > eager.json 2>eager.err &&

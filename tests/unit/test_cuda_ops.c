@@ -582,13 +582,13 @@ static void test_elementwise(void) {
 }
 
 /* LoRA's and QLoRA's ops: the strided GEMM on a block of columns of a wider matrix (both transposes), dropout's mask,
- * and the 4-bit dequantization (double-quantized scales), each against the CPU's. */
+ * the 4-bit dequantization (double-quantized scales) and NEFTune's noise, each against the CPU's. */
 static void test_adapter_ops(void) {
     int M = 37, N = 19, K = 23, ld = 61; /* C is columns [5, 5 + N) of a (M, ld) matrix */
-    printf("adapter ops (strided GEMM %dx%dx%d in ld %d, dropout, 4-bit dequantization)\n", M, N, K, ld);
+    printf("adapter ops (strided GEMM %dx%dx%d in ld %d, dropout, 4-bit dequantization, noise)\n", M, N, K, ld);
     float *A = randf((size_t)M * K, -1, 1), *B = randf((size_t)K * N, -1, 1), *C = randf((size_t)M * ld, -1, 1);
     snug_backend *bes[2] = {cpu, gpu};
-    float *res[2][4];
+    float *res[2][5];
     size_t n = 100003;
     float *x = randf(n, -2, 2);
     size_t nq = 64 * 300 + 17, nb = (nq + 63) / 64;
@@ -622,6 +622,10 @@ static void test_adapter_ops(void) {
         be->dropout(be, dx, dx, n, 0.3f, 0x1234);
         res[k][2] = malloc(n * 4);
         down(be, res[k][2], dx, n * 4);
+        float *dn = up(be, x, n * 4);
+        be->add_noise(be, dn, n, 0.37f, 0x1234);
+        res[k][4] = malloc(n * 4);
+        down(be, res[k][4], dn, n * 4);
         uint8_t *dp = up(be, packed, (nq + 1) / 2), *daq = up(be, aq, nb);
         float *dna = up(be, nabs, ((nb + 255) / 256) * 4), *dnm = up(be, nmap, 256 * 4), *dq = up(be, NULL, nq * 4);
         be->dequantize_4bit(be, dq, dp, NULL, daq, dna, dnm, 0.05f, code, nq, 64);
@@ -633,8 +637,9 @@ static void test_adapter_ops(void) {
     expect("gemm_strided, both transposed", rel(res[1][1], res[0][1], (size_t)M * ld), TOL_GEMM);
     expect_same("dropout", res[1][2], res[0][2], n * 4);
     expect_same("dequantize_4bit", res[1][3], res[0][3], nq * 4);
+    expect_same("add_noise", res[1][4], res[0][4], n * 4);
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             free(res[k][i]);
     free(A), free(B), free(C), free(x), free(packed), free(aq), free(nabs), free(nmap);
 }

@@ -782,6 +782,30 @@ static void test_elementwise(void) {
         free(a), free(b), free(o), free(d), free(s);
     }
     printf("  add, accumulate, scale exact\n");
+    /* NEFTune's noise: the stream's definition exactly (one rounded product, one rounded sum) at any thread count,
+     * inside (-mag, mag), and uniform: over n draws the mean within 5 standard errors of 0, the variance of mag^2 / 3
+     * within 5 of its standard errors (the draws are fixed by the seed, so the check holds alike everywhere) */
+    size_t n = 100003;
+    float mag = 0.37f, *x = randf(n, -1, 1), *y1 = copyf(x, n), *y3 = copyf(x, n);
+    be1->add_noise(be1, y1, n, mag, 0xfeedull);
+    be3->add_noise(be3, y3, n, mag, 0xfeedull);
+    int exact = 1, inside = 1;
+    double m1 = 0, m2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = snug_sr_bits(0xfeedull, i);
+        float u = (float)(((double)bits + 0.5) / 2147483648.0 - 1.0), d = mag * u;
+        exact &= y1[i] == x[i] + d && y3[i] == y1[i];
+        inside &= fabsf(d) < mag;
+        m1 += d, m2 += (double)d * d;
+    }
+    m1 /= (double)n, m2 /= (double)n;
+    double var = (double)mag * mag / 3, se_mean = sqrt(var / (double)n), se_var = var * sqrt(0.8 / (double)n);
+    CHECKF(exact && inside, "add_noise: the stream exactly (%d) and inside (-mag, mag) (%d)", exact, inside);
+    CHECKF(fabs(m1) < 5 * se_mean && fabs(m2 - m1 * m1 - var) < 5 * se_var,
+           "add_noise: mean %.3g (5 standard errors: %.3g), variance %.5g (want %.5g +- %.3g)", m1, 5 * se_mean,
+           m2 - m1 * m1, var, 5 * se_var);
+    free(x), free(y1), free(y3);
+    printf("  add_noise: the stream exactly, uniform on (-mag, mag)\n");
 }
 
 /* ------------------------------------------------------------------------------------------------ loss */

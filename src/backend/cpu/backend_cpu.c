@@ -125,6 +125,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->scale = snug_cpu_scale;
     be->gemm_strided = snug_cpu_gemm;
     be->dropout = snug_cpu_dropout;
+    be->add_noise = snug_cpu_add_noise;
     be->dequantize_4bit = snug_cpu_dequantize_4bit;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->xent_block = snug_cpu_xent_block;

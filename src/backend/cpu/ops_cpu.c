@@ -390,6 +390,14 @@ void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, f
         out[i] = snug_dropout_keep(seed, i, p) ? in[i] * keep : 0.0f;
 }
 
+void snug_cpu_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed) {
+#pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float d = mag * snug_uniform_pm1(seed, i); /* rounded, then added: no fused multiply-add (as on CUDA) */
+        x[i] += d;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------ optimizer */
 
 double snug_cpu_sumsq(snug_backend *be, const void *xv, snug_dtype dt, size_t n) {

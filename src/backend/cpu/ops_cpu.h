@@ -99,6 +99,7 @@ void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packe
                               const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
                               float nested_offset, const float *code, size_t n, int blocksize);
 void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
+void snug_cpu_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed);
 
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,

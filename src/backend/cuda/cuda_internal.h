@@ -260,6 +260,7 @@ void snug_cuda_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *pack
                                const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
                                float nested_offset, const float *code, size_t n, int blocksize);
 void snug_cuda_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
+void snug_cuda_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed);
 
 /* xent_cuda.cu */
 double snug_cuda_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,

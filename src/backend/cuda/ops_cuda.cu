@@ -597,6 +597,17 @@ extern "C" void snug_cuda_dropout(snug_backend *be, float *out, const float *in,
     SNUG_CUDA_LAUNCHED();
 }
 
+__global__ void add_noise_kernel(float *x, size_t n, float mag, uint64_t seed) {
+    FOR_EACH(i, n) x[i] = __fadd_rn(x[i], __fmul_rn(mag, snug_uniform_pm1(seed, i))); /* no contraction: the CPU's bits */
+}
+
+extern "C" void snug_cuda_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed) {
+    if (!n)
+        return;
+    add_noise_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(x, n, mag, seed);
+    SNUG_CUDA_LAUNCHED();
+}
+
 extern "C" void snug_cuda_scale(snug_backend *be, float *x, float s, size_t n) {
     if (!n)
         return;
