@@ -122,6 +122,9 @@ static const key_spec keys[] = {
     {.name = "datasets", .aliases = "dataset", .type = KT_DATASETS, .group = G_DATA,
      .help = "training data, a list of entries (keys below); --dataset FILE.jsonl on the command line replaces "
              "it (repeat to add more)"},
+    {.name = "test_datasets", .type = KT_DATASETS, .group = G_DATA,
+     .help = "the validation set from these files instead of val_set_size's split (entries as under datasets; "
+             "--test_datasets FILE.jsonl on the command line)"},
     {.name = "sequence_len", .aliases = "max_seq_length max_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
      .def = "256", MIN(2), .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
@@ -621,7 +624,6 @@ static const key_spec keys[] = {
     LATER("default_system_message", KT_STRING, "adding a system message to chats without one"),
     LATER_BOOL("dataset_exact_deduplication", "removing duplicate examples"),
     LATER("pretraining_dataset", KT_STRING, "streaming pretraining data; list the files under datasets"),
-    LATER("test_datasets", KT_LIST, "separate evaluation files; use val_set_size"),
     LATER_BOOL("skip_prepare_dataset", "tokenizing during training; snug tokenizes ahead into the cache"),
     LATER_BOOL("resize_token_embeddings_to_32x", "padding the vocabulary to a multiple of 32"),
     LATER("gpu_memory_limit", KT_STRING, "placing the model over devices; memory_budget bounds a run"),
@@ -1033,11 +1035,24 @@ void snug_options_defaults(snug_run_config *o) {
     o->fsdp_activation_checkpointing = -1;
 }
 
+/* One list of dataset entries: datasets (training) or test_datasets (validation). */
+typedef struct ds_list {
+    snug_dataset_spec *d;
+    int *n;
+    const char *key;
+} ds_list;
+
+static ds_list list_of(snug_run_config *o, const key_spec *k) {
+    if (!strcmp(k->name, "test_datasets"))
+        return (ds_list){o->test_datasets, &o->ntest_datasets, "test_datasets"};
+    return (ds_list){o->datasets, &o->ndatasets, "datasets"};
+}
+
 /* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written). */
-static int add_dataset_path(snug_run_config *o, const char *path, const char *dir, const char *loc, snug_error *e) {
-    if (o->ndatasets >= SNUG_MAX_DATASETS)
-        return snug_fail(e, SNUG_EINPUT, "%s: more than %d datasets; merge some JSONL files", loc,
-                         SNUG_MAX_DATASETS);
+static int add_dataset_path(ds_list l, const char *path, const char *dir, const char *loc, snug_error *e) {
+    if (*l.n >= SNUG_MAX_DATASETS)
+        return snug_fail(e, SNUG_EINPUT, "%s: more than %d %s; merge some JSONL files", loc, SNUG_MAX_DATASETS,
+                         l.key);
     if (!*path)
         return snug_fail(e, SNUG_EINPUT, "%s: a dataset path is empty; give a JSONL file", loc);
     snug_dataset_spec ds;
@@ -1048,7 +1063,7 @@ static int add_dataset_path(snug_run_config *o, const char *path, const char *di
     if (n < 0 || (size_t)n >= sizeof ds.path)
         return snug_fail(e, SNUG_EINPUT, "%s: dataset path '%.60s...' is too long (at most %zu characters)", loc,
                          path, sizeof ds.path - 1);
-    o->datasets[o->ndatasets++] = ds;
+    l.d[(*l.n)++] = ds;
     return 0;
 }
 
@@ -1276,49 +1291,48 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
 static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
                         snug_error *e);
 
-static int load_dataset_entry(snug_run_config *o, int index, const yaml_src *y, const yaml_node_t *item,
-                              snug_error *e) {
+static int load_dataset_entry(ds_list l, int index, const yaml_src *y, const yaml_node_t *item, snug_error *e) {
     char loc[1200], what[64];
     where_line(loc, sizeof loc, y, item);
-    if (o->ndatasets >= SNUG_MAX_DATASETS)
-        return snug_fail(e, SNUG_EINPUT, "%s: more than %d datasets; merge some JSONL files", loc,
-                         SNUG_MAX_DATASETS);
+    if (*l.n >= SNUG_MAX_DATASETS)
+        return snug_fail(e, SNUG_EINPUT, "%s: more than %d %s; merge some JSONL files", loc, SNUG_MAX_DATASETS,
+                         l.key);
     if (item->type == YAML_SCALAR_NODE) { /* "- data.jsonl" is short for "- path: data.jsonl" */
-        const char *text = node_text(item, "datasets", loc, e);
-        return text ? add_dataset_path(o, text, y->dir, loc, e) : SNUG_EINPUT;
+        const char *text = node_text(item, l.key, loc, e);
+        return text ? add_dataset_path(l, text, y->dir, loc, e) : SNUG_EINPUT;
     }
     if (item->type != YAML_MAPPING_NODE)
-        return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] must be a mapping such as 'path: data.jsonl', got a list",
-                         loc, index);
+        return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] must be a mapping such as 'path: data.jsonl', got a list", loc,
+                         l.key, index);
     snug_dataset_spec ds;
     memset(&ds, 0, sizeof ds);
     apply_defaults(&ds, 1);
-    snprintf(what, sizeof what, "datasets[%d]", index);
+    snprintf(what, sizeof what, "%s[%d]", l.key, index);
     SNUG_TRY(load_mapping(&ds, 1, y, item, what, e));
     if (!ds.path[0])
-        return snug_fail(e, SNUG_EINPUT, "%s: datasets[%d] has no path; add 'path: data.jsonl'", loc, index);
-    SNUG_TRY(add_dataset_path(o, ds.path, y->dir, loc, e));
-    snug_dataset_spec *d = &o->datasets[o->ndatasets - 1];
+        return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] has no path; add 'path: data.jsonl'", loc, l.key, index);
+    SNUG_TRY(add_dataset_path(l, ds.path, y->dir, loc, e));
+    snug_dataset_spec *d = &l.d[*l.n - 1];
     snprintf(ds.path, sizeof ds.path, "%s", d->path); /* joined to the file's folder */
     *d = ds;
     return 0;
 }
 
-static int load_datasets(snug_run_config *o, const char *written, const yaml_src *y, const yaml_node_t *v,
-                         const char *loc, snug_error *e) {
-    o->ndatasets = 0;
+static int load_datasets(ds_list l, const char *written, const yaml_src *y, const yaml_node_t *v, const char *loc,
+                         snug_error *e) {
+    *l.n = 0;
     if (node_is_null(v))
         return 0;
     if (v->type == YAML_SCALAR_NODE) { /* "datasets: data.jsonl": one completion dataset */
         const char *text = node_text(v, written, loc, e);
-        return text ? add_dataset_path(o, text, y->dir, loc, e) : SNUG_EINPUT;
+        return text ? add_dataset_path(l, text, y->dir, loc, e) : SNUG_EINPUT;
     }
     if (v->type == YAML_MAPPING_NODE)
         return snug_fail(e, SNUG_EINPUT, "%s: %s must be a list; write each dataset as '- path: data.jsonl'", loc,
                          written);
     int index = 0;
     for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++, index++)
-        SNUG_TRY(load_dataset_entry(o, index, y, yaml_document_get_node(y->doc, *it), e));
+        SNUG_TRY(load_dataset_entry(l, index, y, yaml_document_get_node(y->doc, *it), e));
     return 0;
 }
 
@@ -1632,7 +1646,7 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
         seen[ki] = line;
         seen_as[ki] = name;
         if (k->type == KT_DATASETS && !k->later)
-            SNUG_TRY(load_datasets(base, name, y, v, loc, e));
+            SNUG_TRY(load_datasets(list_of(base, k), name, y, v, loc, e));
         else if (k->type == KT_FSDP)
             SNUG_TRY(load_fsdp_config(base, name, y, v, loc, e));
         else if ((k->type == KT_MAP || k->type == KT_LIST) && !k->later)
@@ -1750,7 +1764,7 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
     if (k->noop)
         return noop_value(k, key, value, !*value, where, e);
     if (k->type == KT_DATASETS)
-        return add_dataset_path(o, value, "", where, e);
+        return add_dataset_path(list_of(o, k), value, "", where, e);
     if (k->type == KT_FSDP)
         return fsdp_config_file(o, value, where, e);
     if (k->type == KT_MAP || k->type == KT_LIST)
@@ -1916,6 +1930,9 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
     for (int i = 0; i < o->ndatasets; i++)
         if (!o->datasets[i].chat_template_own)
             o->datasets[i].chat_template = o->chat_template;
+    for (int i = 0; i < o->ntest_datasets; i++)
+        if (!o->test_datasets[i].chat_template_own)
+            o->test_datasets[i].chat_template = o->chat_template;
     const char *fused = o->attn_sdp ? "sdp_attention: true" : o->attn_xformers ? "xformers_attention: true" : NULL;
     if (o->attn_implementation == 0 && fused)
         return snug_fail(e, SNUG_EINPUT, "%s: attn_implementation: eager and %s ask for two kinds of attention; "
@@ -1965,13 +1982,14 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
     }
     if (config)
         SNUG_TRY(snug_options_load_yaml(&tmp, config, e));
-    int cli_datasets = 0;
+    int cli_datasets = 0, cli_test = 0;
     for (int i = 0; i < argc; i++) { /* then the overrides, in order */
         if (next_arg(argc, argv, &i, key, sizeof key, &value, e) != 1)
             continue;
         const key_spec *k = find_key(key, 0);
-        if (k && k->type == KT_DATASETS && cli_datasets++ == 0)
-            tmp.ndatasets = 0; /* the command line's datasets replace the config's */
+        int *seen = k && !strcmp(k->name, "test_datasets") ? &cli_test : &cli_datasets;
+        if (k && k->type == KT_DATASETS && (*seen)++ == 0)
+            *list_of(&tmp, k).n = 0; /* the command line's datasets replace the config's */
         SNUG_TRY(snug_options_set(&tmp, key, value, "command line", e));
     }
     SNUG_TRY(apply_deepspeed(&tmp, e));

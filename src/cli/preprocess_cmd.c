@@ -123,7 +123,9 @@ int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
                 d->c.ndatasets > 1 ? "s" : "");
         fprintf(out, "  %-20s %s\n", "tokenizer",
                 d->tok_path[0] ? d->tok_path : "byte-level (256 bytes + end of text)");
-        snug_data_report_print(out, &d->drep, d->dsrc, &d->dopts);
+        snug_data_report_print(out, "data files", &d->drep, d->dsrc, &d->dopts);
+        if (d->c.ntest_datasets)
+            snug_data_report_print(out, "validation files", &d->vrep, d->vsrc, &d->dopts);
         fprintf(out, "  %-20s training %zu examples, %zu tokens; validation %zu examples, %zu tokens\n", "split",
                 d->train.nexamples, d->train.ntokens, d->val.nexamples, d->val.ntokens);
         if (debug)

@@ -553,7 +553,7 @@ int snug_dataset_split(snug_dataset *ds, double val, uint64_t seed, snug_dataset
 
 /* ---- report ---- */
 
-void snug_data_report_print(FILE *out, const snug_data_report *rep, const snug_data_source *src,
+void snug_data_report_print(FILE *out, const char *label, const snug_data_report *rep, const snug_data_source *src,
                             const snug_data_opts *opts) {
     for (int i = 0; i < rep->nsources; i++) {
         const snug_source_stats *s = &rep->src[i];
@@ -562,7 +562,7 @@ void snug_data_report_print(FILE *out, const snug_data_report *rep, const snug_d
             snprintf(kind, sizeof kind, "chat, %s", snug_chat_template_name(src[i].chat));
         else
             snprintf(kind, sizeof kind, "%s", snug_data_format_name(src[i].format));
-        fprintf(out, "  %-20s %s (%s): %llu examples, %llu tokens, %llu supervised\n", i ? "" : "data files",
+        fprintf(out, "  %-20s %s (%s): %llu examples, %llu tokens, %llu supervised\n", i ? "" : label,
                 src[i].path, kind, (unsigned long long)s->examples, (unsigned long long)s->tokens,
                 (unsigned long long)s->supervised);
         if (s->long_examples) {

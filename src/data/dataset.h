@@ -143,9 +143,10 @@ int snug_dataset_prepare(snug_dataset *ds, const snug_data_source *src, int nsrc
 int snug_dataset_split(snug_dataset *ds, double val, uint64_t seed, snug_dataset *val_out, snug_error *e);
 void snug_dataset_free(snug_dataset *ds);
 
-/* Prints the data part of a run's header: per file the examples and tokens kept, the long examples ("3 examples
- * longer than sequence_len 256: truncated"), the bad lines skipped, and the cache used. */
-void snug_data_report_print(FILE *out, const snug_data_report *rep, const snug_data_source *src,
+/* Prints the data part of a run's header, its first line labelled `label` ("data files"): per file the examples and
+ * tokens kept, the long examples ("3 examples longer than sequence_len 256: truncated"), the bad lines skipped, and
+ * the cache used. */
+void snug_data_report_print(FILE *out, const char *label, const snug_data_report *rep, const snug_data_source *src,
                             const snug_data_opts *opts);
 
 /* Concatenate-and-chunk batches. */

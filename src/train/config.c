@@ -23,17 +23,21 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->val_set_size < 1 || o->val_set_size == floor(o->val_set_size),
             "%s: val_set_size is %g; a count (>= 1) must be a whole number, a fraction must be below 1", src,
             o->val_set_size);
-    for (int i = 0; i < o->ndatasets; i++) {
-        const snug_dataset_spec *d = &o->datasets[i];
-        REQUIRE(d->path[0], "%s: datasets[%d] has no path; add 'path: data.jsonl'", src, i);
+    for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) { /* datasets, then test_datasets */
+        int t = i >= o->ndatasets, k = t ? i - o->ndatasets : i;
+        const snug_dataset_spec *d = t ? &o->test_datasets[k] : &o->datasets[k];
+        const char *key = t ? "test_datasets" : "datasets";
+        REQUIRE(d->path[0], "%s: %s[%d] has no path; add 'path: data.jsonl'", src, key, k);
         REQUIRE(d->type >= SNUG_DATA_COMPLETION && d->type <= SNUG_DATA_INPUT_OUTPUT,
-                "%s: datasets[%d] type %d is unknown; use completion, alpaca, chat, pretokenized or input_output", src, i,
-                (int)d->type);
+                "%s: %s[%d] type %d is unknown; use completion, alpaca, chat, pretokenized or input_output", src, key,
+                k, (int)d->type);
         REQUIRE(d->field[0] || d->type != SNUG_DATA_COMPLETION,
-                "%s: datasets[%d] field is empty; name the JSON field that holds the text", src, i);
+                "%s: %s[%d] field is empty; name the JSON field that holds the text", src, key, k);
         REQUIRE(d->chat_template == SNUG_CHAT_CHATML || d->chat_template == SNUG_CHAT_LLAMA3,
-                "%s: datasets[%d] chat_template %d is unknown; use chatml or llama3", src, i, (int)d->chat_template);
+                "%s: %s[%d] chat_template %d is unknown; use chatml or llama3", src, key, k, (int)d->chat_template);
     }
+    REQUIRE(!o->ntest_datasets || o->val_set_size == 0,
+            "%s: test_datasets and val_set_size %g both give a validation set; keep one", src, o->val_set_size);
     REQUIRE(o->micro_batch_size >= 1, "%s: micro_batch_size is %d; it must be at least 1", src, o->micro_batch_size);
     REQUIRE(o->pad_to_multiple_of >= 0, "%s: pad_to_multiple_of is %d; use 0 (no rounding) or a positive length",
             src, o->pad_to_multiple_of);
@@ -219,8 +223,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->early_stopping_patience >= 0 && o->early_stopping_threshold >= 0,
             "%s: early_stopping_patience is %d and early_stopping_threshold %g; use a patience of 0 (off) or more and "
             "a threshold of 0 or more", src, o->early_stopping_patience, o->early_stopping_threshold);
-    REQUIRE(o->val_set_size > 0 || (!o->early_stopping_patience && o->load_best_model_at_end != 1),
-            "%s: %s compares validation losses, and the run has no validation set; set val_set_size (e.g. 0.05)", src,
+    REQUIRE(o->val_set_size > 0 || o->ntest_datasets > 0 ||
+                (!o->early_stopping_patience && o->load_best_model_at_end != 1),
+            "%s: %s compares validation losses, and the run has no validation set; set val_set_size (e.g. 0.05) or "
+            "test_datasets", src,
             o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
     REQUIRE(o->load_best_model_at_end != 1 || o->save_steps > 0 || o->saves_per_epoch > 0 || o->save_strategy == 2,
             "%s: load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none "

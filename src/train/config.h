@@ -97,6 +97,8 @@ typedef struct snug_run_config {
     /* data */
     int ndatasets;
     snug_dataset_spec datasets[SNUG_MAX_DATASETS];
+    int ntest_datasets;       /* Axolotl's test_datasets: the validation set from these files (val_set_size 0) */
+    snug_dataset_spec test_datasets[SNUG_MAX_DATASETS];
     int sequence_len;
     double val_set_size;      /* fraction (< 1) or count (>= 1) of examples held out; 0 = none */
     int train_on_inputs;

@@ -169,13 +169,14 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
     if (o->ndatasets == 0)
         return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
                          "pass --dataset data.jsonl");
-    for (int i = 0; i < o->ndatasets; i++) {
-        const snug_dataset_spec *d = &o->datasets[i];
-        snug_data_source *s = &r->dsrc[i];
-        *s = (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text", .format = d->type,
-                                .chat = d->chat_template, .messages = d->field_messages, .role = d->field_role,
-                                .content = d->field_content,
-                                .roles = {d->roles_system, d->roles_user, d->roles_assistant}};
+    for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) { /* datasets, then test_datasets */
+        int t = i >= o->ndatasets, k = t ? i - o->ndatasets : i;
+        const snug_dataset_spec *d = t ? &o->test_datasets[k] : &o->datasets[k];
+        *(t ? &r->vsrc[k] : &r->dsrc[k]) =
+            (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text", .format = d->type,
+                               .chat = d->chat_template, .messages = d->field_messages, .role = d->field_role,
+                               .content = d->field_content,
+                               .roles = {d->roles_system, d->roles_user, d->roles_assistant}};
     }
     r->dopts = (snug_data_opts){.train_on_inputs = o->train_on_inputs, .sequence_len = o->sequence_len,
                                 .drop_long = o->long_examples == SNUG_LONG_DROP, .skip_bad = o->skip_bad_examples};
@@ -184,6 +185,10 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
                                   &r->drep, e));
     if (o->val_set_size > 0)
         SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, snug_data_seed(o), &r->val, e));
+    if (o->ntest_datasets) /* the validation set from its own files, tokenized alike (its own cache file) */
+        SNUG_TRY(snug_dataset_prepare(&r->val, r->vsrc, o->ntest_datasets, &r->dopts, &r->enc,
+                                      o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
+                                      &r->vrep, e));
     return 0;
 }
 
@@ -533,9 +538,9 @@ void snug_setup_free(snug_setup *r) {
 
 size_t snug_dataset_bytes_estimate(const snug_run_config *c, int byte_level) {
     double bytes = 0;
-    for (int i = 0; i < c->ndatasets; i++) {
+    for (int i = 0; i < c->ndatasets + c->ntest_datasets; i++) {
         struct stat st;
-        if (stat(c->datasets[i].path, &st) == 0)
+        if (stat(i < c->ndatasets ? c->datasets[i].path : c->test_datasets[i - c->ndatasets].path, &st) == 0)
             bytes += (double)st.st_size;
     }
     /* about one token per byte of text for the byte-level stand-in, one per 4 bytes for a BPE tokenizer */

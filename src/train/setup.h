@@ -38,6 +38,8 @@ typedef struct snug_setup {
     snug_data_source dsrc[SNUG_MAX_DATASETS]; /* the datasets as src/data reads them (paths point into c) */
     snug_data_opts dopts;
     snug_data_report drep;    /* per file: examples, tokens, long and bad examples; the cache used */
+    snug_data_source vsrc[SNUG_MAX_DATASETS]; /* test_datasets as src/data reads them, and their report */
+    snug_data_report vrep;
 } snug_setup;
 
 /* The plan spec of a configuration for a model: micro-batch, accumulation, levers, optimizer state, budget. */

@@ -757,7 +757,9 @@ static void print_header(run *r, FILE *out, int total_steps, size_t batches_per_
     fprintf(out, "  tokenizer            %s\n", r->s.tok_path[0] ? r->s.tok_path : "byte-level (256 bytes + end of text)");
     fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->s.train.nexamples,
             r->s.train.ntokens, r->s.val.nexamples);
-    snug_data_report_print(out, &r->s.drep, r->s.dsrc, &r->s.dopts);
+    snug_data_report_print(out, "data files", &r->s.drep, r->s.dsrc, &r->s.dopts);
+    if (o->ntest_datasets)
+        snug_data_report_print(out, "validation files", &r->s.vrep, r->s.vsrc, &r->s.dopts);
     snug_batching_report_print(out, &r->brep);
     fprintf(out, "  batch                %d rows x %d tokens x %d accumulation = %lld tokens per step\n",
             o->micro_batch_size, o->sequence_len, o->gradient_accumulation_steps,

@@ -416,6 +416,22 @@ sys.exit(0 if a["val_loss"] == b["val_loss"] == c["val_loss"] and a["loss"] != b
 PY
 then ok; else bad "neftune_noise_alpha"; fi
 
+# test_datasets: the validation set from its own files (all of datasets trains), tokenized alike; refused beside
+# val_set_size
+head -10 alpaca.jsonl > alpaca_test.jsonl
+sed -e 's/^val_set_size: 0.1$/test_datasets:\n  - path: alpaca_test.jsonl\n    type: alpaca/' -e 's#output_dir: out_es#output_dir: out_td#' \
+  es.yml > td.yml
+"$SNUG" train td.yml --max_steps 2 --early_stopping_patience 0 --save_steps 0 > td.log 2>&1 || bad "test_datasets" td.log
+grep -q "data  *48 examples, [0-9]* tokens (validation: 10 examples)" td.log &&
+  grep -q "validation files *alpaca_test.jsonl (alpaca): 10 examples" td.log &&
+  [ "$(grep -c val_loss out_td/metrics.jsonl)" = 2 ] && ok || bad "test_datasets did not give the validation set" td.log
+printf '{"text": "held out number %d"}\n' $(seq 7) > text_test.jsonl # --test_datasets FILE: a completion file
+"$SNUG" preprocess es.yml --val_set_size 0 --test_datasets text_test.jsonl > td2.log 2>&1 &&
+  grep -q "validation 7 examples" td2.log && ok || bad "--test_datasets on the command line" td2.log
+"$SNUG" train td.yml --val_set_size 0.1 --output_dir out_refused > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "test_datasets and val_set_size 0.1 both give a validation set; keep one" refused.log && ok ||
+  bad "test_datasets beside val_set_size" refused.log
+
 # attn_implementation: eager is flash_attention: false, activation_offloading is offload checkpointing
 grep -v "^attn_implementation:" lora.yml > noattn.yml
 "$SNUG" plan noattn.yml --attn_implementation eager --json > eager.json 2>eager.err &&

@@ -527,7 +527,7 @@ static void test_skip_bad(void) {
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     snug_data_source src = {.path = p};
-    snug_data_report_print(f, &rep, &src, &o);
+    snug_data_report_print(f, "data files", &rep, &src, &o);
     fclose(f);
     CHECKF(strstr(text, "skipped 3 bad lines (lines 2, 4, 7); line 2: invalid JSON") != NULL, "%s", text);
     free(text);
@@ -562,7 +562,7 @@ static void test_long_examples(void) {
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     snug_data_source src = {.path = p};
-    snug_data_report_print(f, &rep, &src, &o);
+    snug_data_report_print(f, "data files", &rep, &src, &o);
     fclose(f);
     CHECKF(strstr(text, "2 examples longer than sequence_len 5: truncated") != NULL, "%s", text);
     free(text);
