@@ -929,6 +929,11 @@ static void test_axolotl_keys(void) {
     /* the entry's own chat_template wins over the config-wide one, written before or after it */
     CHECK(d1->chat_template == SNUG_CHAT_CHATML && !strcmp(d1->field_role, "speaker") &&
           !strcmp(d1->field_content, "text") && !strcmp(d1->field_messages, "messages") && !d1->roles_user[0]);
+    CHECKF(parse_config("chat_template: llama3\ntest_datasets:\n  - path: t.jsonl\n    type: chat\n  - u.jsonl\n",
+                        &o, &e) == 0, "%s", e.msg);
+    CHECK(o.ndatasets == 0 && o.ntest_datasets == 2 && o.test_datasets[0].type == SNUG_DATA_CHAT &&
+          o.test_datasets[0].chat_template == SNUG_CHAT_LLAMA3 && strstr(o.test_datasets[1].path, "/u.jsonl") &&
+          o.test_datasets[1].type == SNUG_DATA_COMPLETION);
     CHECKF(parse_config("attn_implementation: eager\nactivation_offloading: true\nlora_fan_in_fan_out: true\n",
                         &o, &e) == 0, "%s", e.msg);
     CHECK(!o.flash_attention && o.gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD && o.lora_fan_in_fan_out == 1);
