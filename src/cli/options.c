@@ -1655,6 +1655,11 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
             SNUG_TRY(apply_scalar_node(base, k, name, y, v, loc, e));
         if (dataset_scope && !strcmp(k->name, "chat_template"))
             ((snug_dataset_spec *)base)->chat_template_own = 1;
+        if (dataset_scope && !strcmp(k->name, "type") && v->type == YAML_SCALAR_NODE)
+            ((snug_dataset_spec *)base)->type_chat_template = !strcmp((const char *)v->data.scalar.value,
+                                                                      "chat_template");
+        if (!dataset_scope && !strcmp(k->name, "chat_template"))
+            ((snug_run_config *)base)->chat_template_set = 1;
     }
     return 0;
 }
@@ -1770,6 +1775,8 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
     if (k->type == KT_MAP || k->type == KT_LIST)
         return snug_fail(e, SNUG_EINPUT, "%s: %s is a %s; set it in the YAML config", where, key,
                          k->type == KT_MAP ? "mapping" : "list");
+    if (!strcmp(k->name, "chat_template"))
+        o->chat_template_set = 1;
     return set_text(o, k, key, value, where, e);
 }
 
@@ -1927,12 +1934,19 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
  * attention keys as flash_attention, activation_offloading as gradient_checkpointing: offload. */
 static int apply_aliases(snug_run_config *o, snug_error *e) {
     const char *src = o->config_path[0] ? o->config_path : "options";
-    for (int i = 0; i < o->ndatasets; i++)
-        if (!o->datasets[i].chat_template_own)
-            o->datasets[i].chat_template = o->chat_template;
-    for (int i = 0; i < o->ntest_datasets; i++)
-        if (!o->test_datasets[i].chat_template_own)
-            o->test_datasets[i].chat_template = o->chat_template;
+    for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) {
+        int t = i >= o->ndatasets, k = t ? i - o->ndatasets : i;
+        snug_dataset_spec *d = t ? &o->test_datasets[k] : &o->datasets[k];
+        /* Axolotl's type chat_template with no template named renders with the tokenizer's own (tokenizer_default),
+         * which snug does not run: refused rather than read as chatml */
+        if (d->type_chat_template && !d->chat_template_own && !o->chat_template_set)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is type chat_template and names no chat_template, so Axolotl "
+                             "would render it with the tokenizer's own template (tokenizer_default), which snug does "
+                             "not run; set chat_template: chatml or llama3 (the one the tokenizer's template writes) "
+                             "in the entry or for the whole config", src, t ? "test_datasets" : "datasets", k);
+        if (!d->chat_template_own)
+            d->chat_template = o->chat_template;
+    }
     const char *fused = o->attn_sdp ? "sdp_attention: true" : o->attn_xformers ? "xformers_attention: true" : NULL;
     if (o->attn_implementation == 0 && fused)
         return snug_fail(e, SNUG_EINPUT, "%s: attn_implementation: eager and %s ask for two kinds of attention; "

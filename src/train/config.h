@@ -55,6 +55,8 @@ typedef struct snug_dataset_spec {
     char field[64];               /* the text field for completion (default "text") */
     snug_chat_template chat_template; /* for chat: chatml (default) or llama3 */
     int chat_template_own;        /* 1: the entry names its chat_template; 0: the config-wide one applies */
+    int type_chat_template;       /* 1: its type is written chat_template (Axolotl's), whose template defaults to the
+                                   * tokenizer's own */
     /* chat: the fields of a line and its messages (Axolotl's field_messages, message_property_mappings) */
     char field_messages[64];      /* "messages" */
     char field_role[64];          /* "role" */
@@ -106,6 +108,7 @@ typedef struct snug_run_config {
     snug_long_policy long_examples;
     char dataset_prepared_path[1024];
     snug_chat_template chat_template; /* the config-wide chat_template: chat entries that name none use it */
+    int chat_template_set;    /* 1: the config (or the command line) names it */
     /* special_tokens: tokens of the tokenizer's vocabulary that take these roles ("" = the tokenizer's own) */
     char pad_token[128], eos_token[128], bos_token[128], unk_token[128];
     int debug;                /* 1: the first examples are printed token by token before training (Axolotl's debug) */
