@@ -634,7 +634,8 @@ static const key_spec keys[] = {
     LATER_BOOL("torch_compile", "graph compilation"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
     {.name = "eval_batch_size", .aliases = "per_device_eval_batch_size", .type = KT_INT,
-     .later = "a separate evaluation batch size; evaluation uses micro_batch_size"},
+     .noop = "evaluation runs in micro-batches of micro_batch_size rows; the validation loss, the mean over every "
+             "supervised token, is the same for any batch"},
     LATER_BOOL("greater_is_better", "a metric where higher is better; snug compares the validation loss"),
     LATER("lr_scheduler_kwargs", KT_MAP, "scheduler options"),
     LATER("wandb_project", KT_STRING, "Weights & Biases logging"),

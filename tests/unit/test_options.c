@@ -947,6 +947,7 @@ static void test_axolotl_keys(void) {
                         "full_determinism: true\nliger_fused_linear_cross_entropy: true\nsave_strategy: steps\n"
                         "eval_strategy: steps\nlogging_steps: 7\nliger_rope: true\ndataloader_num_workers: 4\n"
                         "eval_sample_packing: false\nsave_safetensors: true\nreport_to: none\ntrain_on_eos: turn\n"
+                        "per_device_eval_batch_size: 16\n"
                         "sequence_parallel_degree: 1\nplugins: []\nshuffle_merged_datasets: true\n", &o, &e) == 0,
            "%s", e.msg);
     CHECK(o.sample_packing && o.sequence_len == 128 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD &&
