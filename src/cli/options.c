@@ -372,6 +372,14 @@ static const key_spec keys[] = {
     {.name = "auto_resume_from_checkpoints", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(auto_resume),
      .def = "false", .help = "Axolotl's: resume from the newest complete checkpoint in output_dir when there is one "
                              "(resume_from_checkpoint: latest, without failing when there is none)"},
+    {.name = "report_to", .type = KT_NAMES, .group = G_OUTPUT, AT_STR(report_to), .def = "none",
+     .items = "trackers (none, tensorboard)",
+     .help = "Hugging Face's: tensorboard also writes TensorBoard event files (train/loss, train/learning_rate, "
+             "train/grad_norm, train/epoch, eval/loss) into logging_dir; none: metrics.jsonl alone"},
+    {.name = "use_tensorboard", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(use_tensorboard), .def = "false",
+     .help = "Axolotl's: report_to tensorboard"},
+    {.name = "logging_dir", .type = KT_STRING, .group = G_OUTPUT, AT_STR(logging_dir), .def = "",
+     .help = "the folder of TensorBoard's event files (relative to the current directory); empty = output_dir/runs"},
     {.name = "disable_tqdm", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(no_progress_bar), .def = "false",
      .help = "Hugging Face's: no progress bar on a terminal, one line per logged step as in a file"},
     {.name = "use_cpu", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(use_cpu), .def = "false",
@@ -570,7 +578,6 @@ static const key_spec keys[] = {
     LATER_BOOL("peft_use_dora", "DoRA adapters"),
     LATER("lora_layers_to_transform", KT_LIST, "adapters on some layers only"),
     NOOP("eval_sample_packing", KT_BOOL, "evaluation batches as training does; the loss is the same either way"),
-    NOOP("logging_dir", KT_STRING, "where a TensorBoard reporter would write; snug writes metrics.jsonl"),
     NOOP("dataloader_num_workers", KT_INT, "snug's loader reads the memory-mapped tokens in the training thread"),
     NOOP("dataloader_pin_memory", KT_BOOL, "snug's loader reads the memory-mapped tokens in the training thread"),
     NOOP("dataloader_prefetch_factor", KT_INT, "snug's loader reads the memory-mapped tokens in the training thread"),
@@ -611,8 +618,6 @@ static const key_spec keys[] = {
      .later = "sequence (context) parallelism"},
     {.name = "logging_strategy", .type = KT_STRING, .off = "steps",
      .later = "logging by epoch; snug logs every logging_steps steps"},
-    {.name = "report_to", .type = KT_STRING, .off = "none",
-     .later = "reporting to an experiment tracker; snug writes metrics.jsonl"},
     {.name = "torch_dtype", .aliases = "dtype", .type = KT_STRING, .off = "auto float32",
      .later = "loading the weights in another dtype; use bf16 or fp16"},
     LATER_BOOL("push_to_hub", "pushing to the Hugging Face Hub; snug writes output_dir"),
@@ -643,7 +648,6 @@ static const key_spec keys[] = {
     LATER("wandb_name", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_watch", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_log_model", KT_STRING, "Weights & Biases logging"),
-    LATER_BOOL("use_tensorboard", "TensorBoard logging"),
     {.name = "trust_remote_code", .type = KT_BOOL, .group = G_MODEL, AT_INT(trust_remote_code), .def = "false",
      .help = "either value: snug runs no code of the model's; an architecture it does not build is refused where "
              "config.json is read"},
@@ -1957,6 +1961,17 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
     } else if ((o->attn_implementation == 1 || fused) && !o->flash_attention) {
         return snug_fail(e, SNUG_EINPUT, "%s: flash_attention: false (the probabilities stored) and %s (fused "
                          "attention) disagree; remove one", src, fused ? fused : "attn_implementation");
+    }
+    /* report_to: the trackers snug writes for (a list, or one name; all means every one snug has) */
+    for (const char *p = o->report_to; *p;) {
+        size_t n = strcspn(p, ", ");
+        if (n && !word_matches("none tensorboard all", p, n))
+            return snug_fail(e, SNUG_EINPUT, "%s: report_to '%.*s' is not supported yet (snug writes metrics.jsonl, "
+                             "and TensorBoard's event files with report_to: tensorboard); remove it", src, (int)n, p);
+        if (n && (word_matches("tensorboard all", p, n)))
+            o->use_tensorboard = 1;
+        p += n;
+        p += strspn(p, ", ");
     }
     if (o->use_cpu)
         o->device = SNUG_BACKEND_CPU;

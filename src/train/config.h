@@ -173,6 +173,9 @@ typedef struct snug_run_config {
     int auto_resume;          /* Axolotl's auto_resume_from_checkpoints: resume the newest complete checkpoint in
                                * output_dir when there is one */
     int no_progress_bar;      /* disable_tqdm: plain lines on a terminal too */
+    char report_to[128];      /* trackers, names joined by commas: none or tensorboard (also use_tensorboard: true) */
+    int use_tensorboard;      /* Axolotl's: report_to tensorboard */
+    char logging_dir[1024];   /* TensorBoard's event files; "" = output_dir/runs */
     int use_cpu;              /* Hugging Face's: device cpu */
     int full_determinism;     /* Hugging Face's: ddp_deterministic */
     int liger_flce;           /* Axolotl's liger_fused_linear_cross_entropy: chunked_cross_entropy */

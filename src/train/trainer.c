@@ -34,6 +34,7 @@
 #include "train/rank_hooks.h"
 #include "train/setup.h"
 #include "train/state.h"
+#include "train/tboard.h"
 
 /* Everything a run holds; released by run_free whatever state it reached. */
 typedef struct run {
@@ -1205,6 +1206,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         else if (!rc && !(metrics = fopen(metrics_path, "w")))
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
     }
+    snug_tboard tb = {0}; /* report_to: tensorboard (a resumed run starts another event file) */
+    if (!rc && lead && o->use_tensorboard) {
+        char dir[4096];
+        if (o->logging_dir[0])
+            snprintf(dir, sizeof dir, "%s", o->logging_dir);
+        else
+            snug_path_join(dir, sizeof dir, o->output_dir, "runs");
+        rc = snug_tboard_open(&tb, dir, e);
+    }
     rc = ddp_agree(&comm, rc, &broken, e);
     int tty = isatty(fileno(out)) && !o->no_progress_bar;
     double t0 = now_s(), tlog = t0;
@@ -1451,6 +1461,18 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 fprintf(metrics, ", \"val_loss\": %.9g", val);
             fprintf(metrics, "}\n");
             fflush(metrics);
+            /* TensorBoard: Hugging Face's TensorBoardCallback's tags */
+            static const char *const tags[] = {"train/loss", "train/learning_rate", "train/grad_norm", "train/epoch",
+                                               "eval/loss"};
+            double vals[] = {loss, lr, norm,
+                             st.epochs_done + (st.per_epoch ? (double)st.in_epoch / (double)st.per_epoch : 0.0), val};
+            struct timespec wt;
+            clock_gettime(CLOCK_REALTIME, &wt);
+            if (!rc && (rc = snug_tboard_scalars(&tb, step + 1, (double)wt.tv_sec + wt.tv_nsec * 1e-9, tags, vals,
+                                                 isnan(val) ? 4 : 5, e))) {
+                broken = comm.size > 1;
+                break;
+            }
             if (tty) {
                 progress_bar(out, step + 1, total, loss_mean, lr, norm, tps, rss, t - t0);
                 if (!isnan(val))
@@ -1555,6 +1577,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         fputc('\n', out);
     if (metrics)
         fclose(metrics);
+    snug_tboard_close(&tb);
     if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded || gn > 1) &&
         !r.eng.model.lora.on) {
         /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
