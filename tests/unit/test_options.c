@@ -953,6 +953,10 @@ static void test_axolotl_keys(void) {
     CHECK(o.sample_packing && o.sequence_len == 128 && o.gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD &&
           o.device == SNUG_BACKEND_CPU && o.ddp_deterministic && o.chunked_cross_entropy && o.save_steps == 500 &&
           o.eval_steps == 7);
+    CHECKF(parse_config("report_to: [tensorboard]\nlogging_dir: tb\n", &o, &e) == 0 && o.use_tensorboard &&
+               !strcmp(o.logging_dir, "tb"), "%s", e.msg);
+    CHECKF(parse_config("report_to: none\nuse_tensorboard: true\n", &o, &e) == 0 && o.use_tensorboard, "%s", e.msg);
+    CHECKF(parse_config("report_to: none\n", &o, &e) == 0 && !o.use_tensorboard, "%s", e.msg);
     /* refusals, each naming the key and the fix */
     static const struct {
         const char *yaml, *want;
@@ -962,7 +966,7 @@ static void test_axolotl_keys(void) {
         {"dataloader_num_workers: many\n", "dataloader_num_workers must be an integer, got 'many'"},
         {"liger_rope: maybe\n", "liger_rope must be true or false"},
         {"save_strategy: best\n", "save_strategy 'best' is not supported yet"},
-        {"report_to: wandb\n", "report_to is not supported yet"},
+        {"report_to: [tensorboard, wandb]\n", "report_to 'wandb' is not supported yet"},
         {"special_tokens:\n  sep_token: x\n", "special_tokens.sep_token is not supported"},
         {"special_tokens: [a]\n", "special_tokens must be a mapping, got a list"},
         {"special_tokens:\n  pad_token: [a]\n", "special_tokens.pad_token must be a single value"},
