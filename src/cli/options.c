@@ -61,6 +61,7 @@ typedef enum map_kind {
     KM_MESSAGE_FIELDS, /* message_property_mappings: role, content */
     KM_ROLES,          /* roles: system, user, assistant, each a list of the values that mean it */
     KM_ROLES_TO_TRAIN, /* roles_to_train: [assistant] */
+    KM_SCHED_KWARGS,   /* lr_scheduler_kwargs: min_lr_rate, min_lr (cosine_with_min_lr's floor), num_cycles 0.5 */
 } map_kind;
 
 typedef struct key_spec {
@@ -304,11 +305,14 @@ static const key_spec keys[] = {
     {.name = "learning_rate", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(learning_rate), .def = "3e-4",
      .help = "peak learning rate, reached after warmup"},
     {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(lr_scheduler),
-     .def = "cosine", .values = "cosine linear constant constant_with_warmup=constant",
+     .def = "cosine", .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup=constant",
      ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT}),
-     .later_values = "cosine_with_restarts polynomial inverse_sqrt reduce_lr_on_plateau cosine_with_min_lr "
-                     "warmup_stable_decay one_cycle rex",
+     .later_values = "cosine_with_restarts polynomial inverse_sqrt reduce_lr_on_plateau warmup_stable_decay one_cycle "
+                     "rex",
      .help = "after warmup: cosine or linear decay to 0, or constant"},
+    {.name = "lr_scheduler_kwargs", .type = KT_MAP, .group = G_BATCH, .map = KM_SCHED_KWARGS,
+     .help = "Hugging Face's, for cosine_with_min_lr: {min_lr_rate: r} (cosine_min_lr_ratio) or {min_lr: lr}; "
+             "num_cycles 0.5 (the half cosine) only"},
     {.name = "cosine_min_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(cosine_min_lr_ratio), .def = "0",
      .help = "Axolotl's: cosine decays to this fraction of learning_rate instead of 0 (0 to 1)"},
     {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
@@ -642,7 +646,6 @@ static const key_spec keys[] = {
      .noop = "evaluation runs in micro-batches of micro_batch_size rows; the validation loss, the mean over every "
              "supervised token, is the same for any batch"},
     LATER_BOOL("greater_is_better", "a metric where higher is better; snug compares the validation loss"),
-    LATER("lr_scheduler_kwargs", KT_MAP, "scheduler options"),
     LATER("wandb_project", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_entity", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_name", KT_STRING, "Weights & Biases logging"),
@@ -1038,6 +1041,7 @@ void snug_options_defaults(snug_run_config *o) {
     apply_defaults(o, 0);
     o->fsdp_config_stage = -2;
     o->fsdp_activation_checkpointing = -1;
+    o->min_lr = -1;
 }
 
 /* One list of dataset entries: datasets (training) or test_datasets (validation). */
@@ -1273,6 +1277,24 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
             if (*text && parse_bool(text, &b))
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.use_reentrant must be true or false, got '%.40s'", loc,
                                  written, text);
+            break;
+        }
+        case KM_SCHED_KWARGS: {
+            double d;
+            int known = !strcmp(name, "min_lr_rate") || !strcmp(name, "min_lr") || !strcmp(name, "num_cycles");
+            if (!known)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads min_lr_rate, min_lr and "
+                                 "num_cycles (cosine_with_min_lr's)", loc, written, name);
+            if (!*text || parse_double(text, &d) || d < 0)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be a number of 0 or more, got '%.40s'", loc, written,
+                                 name, text);
+            if (!strcmp(name, "num_cycles") && d != 0.5)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.num_cycles is %g; snug's cosine is the half cosine (0.5)",
+                                 loc, written, d);
+            if (!strcmp(name, "min_lr_rate"))
+                o->cosine_min_lr_ratio = d;
+            else if (!strcmp(name, "min_lr"))
+                o->min_lr = d;
             break;
         }
         case KM_MESSAGE_FIELDS:
@@ -1665,6 +1687,9 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
                                                                       "chat_template");
         if (!dataset_scope && !strcmp(k->name, "chat_template"))
             ((snug_run_config *)base)->chat_template_set = 1;
+        if (!dataset_scope && !strcmp(k->name, "lr_scheduler") && v->type == YAML_SCALAR_NODE)
+            ((snug_run_config *)base)->sched_min_lr = !strcmp((const char *)v->data.scalar.value,
+                                                              "cosine_with_min_lr");
     }
     return 0;
 }
@@ -1782,6 +1807,8 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
                          k->type == KT_MAP ? "mapping" : "list");
     if (!strcmp(k->name, "chat_template"))
         o->chat_template_set = 1;
+    if (!strcmp(k->name, "lr_scheduler"))
+        o->sched_min_lr = !strcmp(value, "cosine_with_min_lr");
     return set_text(o, k, key, value, where, e);
 }
 
@@ -1973,6 +2000,15 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
         p += n;
         p += strspn(p, ", ");
     }
+    if (o->min_lr >= 0) { /* cosine_with_min_lr's floor as a learning rate */
+        if (o->learning_rate <= 0 || o->min_lr > o->learning_rate)
+            return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs.min_lr is %g, above learning_rate %g; the floor "
+                             "must be at most the peak", src, o->min_lr, o->learning_rate);
+        o->cosine_min_lr_ratio = o->min_lr / o->learning_rate;
+    }
+    if (o->sched_min_lr && o->cosine_min_lr_ratio == 0 && o->min_lr < 0)
+        return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler cosine_with_min_lr needs its floor: lr_scheduler_kwargs: "
+                         "{min_lr_rate: 0.1} (or min_lr, or cosine_min_lr_ratio)", src);
     if (o->use_cpu)
         o->device = SNUG_BACKEND_CPU;
     if (o->full_determinism)

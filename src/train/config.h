@@ -123,6 +123,9 @@ typedef struct snug_run_config {
     snug_sched lr_scheduler;
     int warmup_steps;
     double cosine_min_lr_ratio; /* Axolotl's: cosine decays to this fraction of learning_rate (0: to 0) */
+    double min_lr;            /* lr_scheduler_kwargs.min_lr (Hugging Face's cosine_with_min_lr): the floor as a learning
+                               * rate, cosine_min_lr_ratio = min_lr / learning_rate; -1 = unset */
+    int sched_min_lr;         /* 1: lr_scheduler is written cosine_with_min_lr, which needs a floor */
     double warmup_ratio;      /* used when warmup_steps is 0 */
     double weight_decay;
     double neftune_noise_alpha; /* NEFTune's noise on the training embeddings; 0 = off */

@@ -1,5 +1,6 @@
 /* test_options.c: the YAML + command-line configuration (src/cli/options.c): defaults, an Axolotl-style config, the
  * Hugging Face aliases, command-line overrides, and every kind of error a user can make, each with its message. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,7 +374,7 @@ static void test_not_supported(void) {
         EXPECT_YAML_OK(yaml);
     }
     static const char *const valued[] = {
-        "wandb_project: proj", "eval_table_size: 5", "lr_scheduler_kwargs: {a: 1}",
+        "wandb_project: proj", "eval_table_size: 5", "unfrozen_parameters: [a]",
         "tokenizer_type: GemmaTokenizer",
     };
     for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
@@ -849,7 +850,7 @@ static void test_help(void) {
     fclose(f);
     static const char *const want[] = {
         "model:", "data:", "batch & schedule:", "optimizer:", "output & logging:", "generation:", "memory:",
-        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|linear|constant|constant_with_warmup = cosine",
+        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|cosine_with_min_lr|linear|constant|constant_with_warmup = cosine",
         "optimizer: adamw|",
         "lr_scheduler_type", "learning_rate: float = 3e-4", "memory_budget: size", "output_dir: string = \"out\"",
         "num_train_epochs", "optim", "path: string (required)", "field: string = \"text\"", "--dataset",
@@ -957,6 +958,12 @@ static void test_axolotl_keys(void) {
                !strcmp(o.logging_dir, "tb"), "%s", e.msg);
     CHECKF(parse_config("report_to: none\nuse_tensorboard: true\n", &o, &e) == 0 && o.use_tensorboard, "%s", e.msg);
     CHECKF(parse_config("report_to: none\n", &o, &e) == 0 && !o.use_tensorboard, "%s", e.msg);
+    /* Hugging Face's cosine_with_min_lr: the floor as a rate or as a learning rate */
+    CHECKF(parse_config("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n", &o,
+                        &e) == 0 && o.lr_scheduler == SNUG_SCHED_COSINE && o.cosine_min_lr_ratio == 0.1, "%s", e.msg);
+    CHECKF(parse_config("learning_rate: 2e-4\nlr_scheduler_kwargs:\n  min_lr: 5e-5\n  num_cycles: 0.5\n"
+                        "lr_scheduler: cosine_with_min_lr\n", &o, &e) == 0 && fabs(o.cosine_min_lr_ratio - 0.25) < 1e-12,
+           "%s", e.msg);
     /* refusals, each naming the key and the fix */
     static const struct {
         const char *yaml, *want;
@@ -986,6 +993,10 @@ static void test_axolotl_keys(void) {
         {"datasets:\n  - path: a.jsonl\n    type: chat_template\n",
          "datasets[0] is type chat_template and names no chat_template"},
         {"test_datasets:\n  - path: a.jsonl\n    type: chat_template\n", "test_datasets[0] is type chat_template"},
+        {"lr_scheduler_type: cosine_with_min_lr\n", "cosine_with_min_lr needs its floor"},
+        {"lr_scheduler_kwargs: {num_cycles: 1}\n", "num_cycles is 1; snug's cosine is the half cosine"},
+        {"lr_scheduler_kwargs: {power: 2}\n", "lr_scheduler_kwargs.power is not supported"},
+        {"learning_rate: 1e-4\nlr_scheduler_kwargs: {min_lr: 1e-3}\n", "min_lr is 0.001, above learning_rate"},
         {"metric_for_best_model: accuracy\n", "metric_for_best_model 'accuracy' is not supported yet; use eval_loss"},
         {"greater_is_better: true\n", "greater_is_better is not supported yet"},
         {"evals_per_epoch: -1\n", "evals_per_epoch is -1; it must be at least 0"},
