@@ -6,11 +6,13 @@
 #include <string.h>
 
 int snug_fail(snug_error *e, int code, const char *fmt, ...) {
-    if (e) {
+    if (e) { /* formatted aside first: a message may quote the one it replaces (e->msg as an argument) */
+        char msg[sizeof e->msg];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        memcpy(e->msg, msg, sizeof msg);
         e->code = code;
     }
     return code;

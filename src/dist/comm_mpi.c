@@ -98,12 +98,14 @@ static int mpi_failed(snug_error *e, int rc, const char *what) {
 /* One more poll of a collective (peer < 0) or of a message to or from rank peer, started at t0: fails once
  * c->timeout_s seconds (if > 0) have passed, naming it. */
 static int poll_again(snug_comm *c, double t0, long polls, const char *what, int peer, snug_error *e) {
-    if (peer >= 0 && c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
+    int late = c->timeout_s > 0 && now_s() - t0 > c->timeout_s; /* the clock read once: a message's timeout is named
+                                                                  * as the message's, never as a collective's */
+    if (late && peer >= 0)
         return snug_fail(e, SNUG_EIO, "rank %d of %d: %s not complete after %.0f s: rank %d has died, is stuck, or "
                          "has not reached its side of the message (the two ranks must pair their sends and receives "
                          "in the same order); raise dist_timeout if a step really takes this long", c->rank, c->size,
                          what, c->timeout_s, peer);
-    if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
+    if (late)
         return snug_fail(e, SNUG_EIO, "rank %d of %d: collective #%llu (%s) not complete after %.0f s: another "
                          "rank has died, is stuck, or issued a different collective (run with "
                          "dist_debug: true to compare every collective's signature); raise dist_timeout if a "

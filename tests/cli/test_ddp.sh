@@ -70,6 +70,16 @@ a, b = ([json.loads(l).get("val_loss") for l in open(p)] for p in sys.argv[1:3])
 print(f"  validation losses: {[x for x in a if x is not None]} against {[x for x in b if x is not None]}")
 sys.exit(0 if a == b and any(x is not None for x in a) else 1)
 PY
+# early stopping with load_best_model_at_end: a learning rate of 1 wrecks the model after the warmup step, the
+# ranks stop together where one process does, and save the same best checkpoint's weights
+es=(--val_set_size 7 --eval_steps 1 --save_steps 1 --early_stopping_patience 2 --learning_rate 1.0
+    --lr_scheduler constant --warmup_steps 1 --max_grad_norm 0 --max_steps 8)
+run one2_es 0 --gradient_accumulation_steps 2 "${es[@]}" || bad "one2_es did not train: $(tail -2 "$W/one2_es.log")"
+run ddp2_es 2 --ddp_deterministic true "${es[@]}" || bad "ddp2_es did not train: $(tail -2 "$W/ddp2_es.log")"
+same ddp2_es one2_es 0
+stop=$(grep -o "^step [0-9]*: no validation loss lower" "$W/one2_es.log")
+[ -n "$stop" ] && grep -q "^$stop" "$W/ddp2_es.log" && grep -q "the model saved is checkpoint-1's" "$W/ddp2_es.log" &&
+  ok || bad "ddp2_es: not stopped where one process stops ($stop), or not saved from checkpoint-1"
 # bf16 storage: the ranks keep fp32 layer gradients, as accumulation does, so the bits stay those of one process
 run one2_bf16 0 --bf16 true --gradient_accumulation_steps 2 || bad "one2_bf16 did not train: $(tail -2 "$W/one2_bf16.log")"
 run ddp2_bf16 2 --bf16 true --ddp_deterministic true || bad "ddp2_bf16 did not train: $(tail -2 "$W/ddp2_bf16.log")"
