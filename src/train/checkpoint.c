@@ -946,25 +946,44 @@ static int read_resharded(const char *dir, json_t *files, const snug_setup *s, s
     return rc;
 }
 
-int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_error *e) {
-    char p[4400];
+/* trainer_state.json of the complete checkpoint dir, checked against trainer_state.hash, into *out (NULL on an
+ * error); p receives its path. */
+static int read_state(const char *dir, char p[4400], json_t **out, snug_error *e) {
     size_t len;
     char *text = NULL, *hash = NULL;
-    snug_path_join(p, sizeof p, dir, STATE_HASH);
-    if (snug_read_file(p, &hash, &len, e))
-        return refuse(e, dir, "not a complete checkpoint (no trainer_state.hash)");
-    snug_path_join(p, sizeof p, dir, STATE_JSON);
+    *out = NULL;
+    snug_path_join(p, 4400, dir, STATE_HASH);
+    if (snug_read_file(p, &hash, &len, e)) {
+        char part[4200];
+        snprintf(part, sizeof part, "%s.partial", dir);
+        return refuse(e, dir, snug_file_exists(part) || !snug_file_exists(dir)
+                                  ? "not a complete checkpoint (no trainer_state.hash)"
+                                  : "not a complete checkpoint: trainer_state.hash is missing");
+    }
+    snug_path_join(p, 4400, dir, STATE_JSON);
     int rc = snug_read_file(p, &text, &len, e);
+    if (rc) /* the hash without its state: as incomplete as a checkpoint without the hash */
+        rc = refuse(e, dir, "not a complete checkpoint: trainer_state.json is missing or unreadable");
     char want[32];
     if (!rc) {
         snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, CKPT_SEED));
         if (strcmp(want, hash))
-            rc = refuse(e, dir, "trainer_state.json does not match trainer_state.hash");
+            rc = refuse(e, p, "its contents do not match trainer_state.hash (the file was truncated or changed)");
     }
+    free(hash);
     json_error_t je;
     json_t *j = rc ? NULL : snug_json_loadb(text, len, 0, &je);
     free(text);
-    free(hash);
+    if (!rc && !j)
+        rc = refuse(e, p, "not valid JSON");
+    *out = j;
+    return rc;
+}
+
+int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_error *e) {
+    char p[4400];
+    json_t *j;
+    int rc = read_state(dir, p, &j, e);
     json_t *files = json_object_get(j, "files");
     if (!rc && !json_is_object(files))
         rc = refuse(e, dir, "no \"files\" list");
@@ -1004,32 +1023,8 @@ int snug_checkpoint_vocab_block(const char *dir, int *v) {
 int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup *s, snug_engine *eng,
                          snug_error *e) {
     char p[4400], why[600];
-    size_t len;
-    char *text = NULL, *hash = NULL;
-    snug_path_join(p, sizeof p, dir, STATE_HASH);
-    if (snug_read_file(p, &hash, &len, e)) {
-        char part[4200];
-        snprintf(part, sizeof part, "%s.partial", dir);
-        return refuse(e, dir, snug_file_exists(part) || !snug_file_exists(dir)
-                                  ? "not a complete checkpoint (no trainer_state.hash)"
-                                  : "not a complete checkpoint: trainer_state.hash is missing");
-    }
-    snug_path_join(p, sizeof p, dir, STATE_JSON);
-    int rc = snug_read_file(p, &text, &len, e);
-    if (rc) /* the hash without its state: as incomplete as a checkpoint without the hash */
-        rc = refuse(e, dir, "not a complete checkpoint: trainer_state.json is missing or unreadable");
-    char want[32];
-    if (!rc) {
-        snprintf(want, sizeof want, "%016llx\n", (unsigned long long)snug_hash64(text, len, CKPT_SEED));
-        if (strcmp(want, hash))
-            rc = refuse(e, p, "its contents do not match trainer_state.hash (the file was truncated or changed)");
-    }
-    free(hash);
-    json_error_t je;
-    json_t *j = rc ? NULL : snug_json_loadb(text, len, 0, &je);
-    free(text);
-    if (!rc && !j)
-        rc = refuse(e, p, "not valid JSON");
+    json_t *j;
+    int rc = read_state(dir, p, &j, e);
     json_int_t format = j ? json_integer_value(json_object_get(j, "format")) : 0;
     if (!rc && (format < 1 || format > STATE_FORMAT)) {
         snprintf(why, sizeof why, "format %lld, which this snug (%s, format %d) does not read; resume with the snug "
