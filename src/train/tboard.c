@@ -90,6 +90,12 @@ static void put_len(pbuf *p, int f, const void *src, size_t n) {
     put_bytes(p, src, n);
 }
 
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* ---- records ---- */
 
 static int write_record(snug_tboard *tb, const pbuf *ev, snug_error *e) {
@@ -117,10 +123,8 @@ int snug_tboard_open(snug_tboard *tb, const char *dir, snug_error *e) {
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = '\0';
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-    snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%lld.%s.%d.0", dir, (long long)ts.tv_sec, host,
+    double now = wall_now();
+    snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%lld.%s.%d.0", dir, (long long)now, host,
              (int)getpid());
     if (!(tb->f = fopen(tb->path, "wb")))
         return snug_fail(e, SNUG_EIO, "%s: cannot create the TensorBoard event file: %s; check logging_dir", tb->path,
@@ -135,8 +139,8 @@ int snug_tboard_open(snug_tboard *tb, const char *dir, snug_error *e) {
     return rc;
 }
 
-int snug_tboard_scalars(snug_tboard *tb, int64_t step, double wall_time, const char *const *tags,
-                        const double *values, int n, snug_error *e) {
+int snug_tboard_scalars(snug_tboard *tb, int64_t step, const char *const *tags, const double *values, int n,
+                        snug_error *e) {
     if (!tb->f)
         return 0;
     pbuf sum = {.n = 0}, val, ev = {.n = 0};
@@ -147,7 +151,7 @@ int snug_tboard_scalars(snug_tboard *tb, int64_t step, double wall_time, const c
         put_len(&sum, 1, val.b, val.n);
         sum.over |= val.over;
     }
-    put_double(&ev, 1, wall_time);
+    put_double(&ev, 1, wall_now());
     put_key(&ev, 2, 0);
     put_varint(&ev, (uint64_t)step);
     put_len(&ev, 5, sum.b, sum.n);

@@ -22,9 +22,9 @@ typedef struct snug_tboard {
 /* Creates dir (and its parents) and a new event file in it, starting with the file_version event. */
 int snug_tboard_open(snug_tboard *tb, const char *dir, snug_error *e);
 
-/* One event at step: n scalars, tags[i] = values[i]. */
-int snug_tboard_scalars(snug_tboard *tb, int64_t step, double wall_time, const char *const *tags,
-                        const double *values, int n, snug_error *e);
+/* One event at step, stamped with the time now: n scalars, tags[i] = values[i]. Nothing when tb is not open. */
+int snug_tboard_scalars(snug_tboard *tb, int64_t step, const char *const *tags, const double *values, int n,
+                        snug_error *e);
 
 void snug_tboard_close(snug_tboard *tb);
 

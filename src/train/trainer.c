@@ -591,6 +591,12 @@ static snug_batching_opts batching_opts(const run *r, int shuffle) {
                                 .seed = snug_data_seed(o), .pad_id = r->s.pad_id};
 }
 
+/* Every how many of total steps `count` per epoch over `epochs` epochs fall: ceil(total / (count x epochs)). */
+static int per_epoch_every(int total, int count, int epochs) {
+    long long d = (long long)count * (epochs > 0 ? epochs : 1);
+    return (int)(((long long)total + d - 1) / d);
+}
+
 /* Mean loss over every supervised token of the validation set, batched as training is (NAN when it cannot be read).
  * Several ranks share the micro-batches, k on rank k % size; each micro-batch's loss lands in its own slot of an
  * array the ranks sum, where every slot has one non-zero term, so the sum is exact and the mean, added in micro-batch
@@ -977,13 +983,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     int warmup = snug_warmup_steps(o, total);
     /* Axolotl's per-epoch counts: a fraction 1 / (count x num_epochs) of the run's steps, rounded up (as Hugging
      * Face's Trainer rounds a fractional eval_steps or save_steps) */
-    int epochs = o->num_epochs > 0 ? o->num_epochs : 1;
-    int eval_every = o->evals_per_epoch ? (int)(((long long)total + (long long)o->evals_per_epoch * epochs - 1) /
-                                                ((long long)o->evals_per_epoch * epochs))
-                                        : o->eval_steps;
-    int save_every = o->saves_per_epoch ? (int)(((long long)total + (long long)o->saves_per_epoch * epochs - 1) /
-                                                ((long long)o->saves_per_epoch * epochs))
-                                        : o->save_steps;
+    int eval_every = o->evals_per_epoch ? per_epoch_every(total, o->evals_per_epoch, o->num_epochs) : o->eval_steps;
+    int save_every = o->saves_per_epoch ? per_epoch_every(total, o->saves_per_epoch, o->num_epochs) : o->save_steps;
     int load_best = snug_load_best(o);
     int save_epoch = o->save_strategy == 2, eval_off = o->eval_strategy == 0; /* Hugging Face's strategies */
     snug_sched sched = o->lr_scheduler;
@@ -1451,10 +1452,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         if (log_now && metrics) {
             double t = now_s(), tps = tokens_since / (t - tlog > 1e-9 ? t - tlog : 1e-9);
             double rss = peak_rss_bytes();
+            double epoch = st.epochs_done + (st.per_epoch ? (double)st.in_epoch / (double)st.per_epoch : 0.0);
             fprintf(metrics, "{\"step\": %d, \"epoch\": %.4f, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.6f, "
                     "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"peak_rss_bytes\": %.0f",
-                    step + 1, st.epochs_done + (st.per_epoch ? (double)st.in_epoch / (double)st.per_epoch : 0.0), loss,
-                    lr, norm, tps, t - t0, rss);
+                    step + 1, epoch, loss, lr, norm, tps, t - t0, rss);
             if (ls.on)
                 fprintf(metrics, ", \"loss_scale\": %.0f, \"skipped_steps\": %d", ls.scale, ls.skipped);
             if (!isnan(val))
@@ -1464,12 +1465,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             /* TensorBoard: Hugging Face's TensorBoardCallback's tags */
             static const char *const tags[] = {"train/loss", "train/learning_rate", "train/grad_norm", "train/epoch",
                                                "eval/loss"};
-            double vals[] = {loss, lr, norm,
-                             st.epochs_done + (st.per_epoch ? (double)st.in_epoch / (double)st.per_epoch : 0.0), val};
-            struct timespec wt;
-            clock_gettime(CLOCK_REALTIME, &wt);
-            if (!rc && (rc = snug_tboard_scalars(&tb, step + 1, (double)wt.tv_sec + wt.tv_nsec * 1e-9, tags, vals,
-                                                 isnan(val) ? 4 : 5, e))) {
+            double vals[] = {loss, lr, norm, epoch, val};
+            if (!rc && (rc = snug_tboard_scalars(&tb, step + 1, tags, vals, isnan(val) ? 4 : 5, e))) {
                 broken = comm.size > 1;
                 break;
             }
