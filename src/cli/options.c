@@ -1967,15 +1967,16 @@ static int apply_fsdp(snug_run_config *o, snug_error *e) {
 static int apply_aliases(snug_run_config *o, snug_error *e) {
     const char *src = o->config_path[0] ? o->config_path : "options";
     for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) {
-        int t = i >= o->ndatasets, k = t ? i - o->ndatasets : i;
-        snug_dataset_spec *d = t ? &o->test_datasets[k] : &o->datasets[k];
+        const char *key;
+        snug_dataset_spec *d = (snug_dataset_spec *)snug_run_dataset(o, i, &key); /* o's own entries */
+        int k = i < o->ndatasets ? i : i - o->ndatasets;
         /* Axolotl's type chat_template with no template named renders with the tokenizer's own (tokenizer_default),
          * which snug does not run: refused rather than read as chatml */
         if (d->type_chat_template && !d->chat_template_own && !o->chat_template_set)
             return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is type chat_template and names no chat_template, so Axolotl "
                              "would render it with the tokenizer's own template (tokenizer_default), which snug does "
                              "not run; set chat_template: chatml or llama3 (the one the tokenizer's template writes) "
-                             "in the entry or for the whole config", src, t ? "test_datasets" : "datasets", k);
+                             "in the entry or for the whole config", src, key, k);
         if (!d->chat_template_own)
             d->chat_template = o->chat_template;
     }

@@ -23,10 +23,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->val_set_size < 1 || o->val_set_size == floor(o->val_set_size),
             "%s: val_set_size is %g; a count (>= 1) must be a whole number, a fraction must be below 1", src,
             o->val_set_size);
-    for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) { /* datasets, then test_datasets */
-        int t = i >= o->ndatasets, k = t ? i - o->ndatasets : i;
-        const snug_dataset_spec *d = t ? &o->test_datasets[k] : &o->datasets[k];
-        const char *key = t ? "test_datasets" : "datasets";
+    for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) {
+        const char *key;
+        const snug_dataset_spec *d = snug_run_dataset(o, i, &key);
+        int k = i < o->ndatasets ? i : i - o->ndatasets;
         REQUIRE(d->path[0], "%s: %s[%d] has no path; add 'path: data.jsonl'", src, key, k);
         REQUIRE(d->type >= SNUG_DATA_COMPLETION && d->type <= SNUG_DATA_INPUT_OUTPUT,
                 "%s: %s[%d] type %d is unknown; use completion, alpaca, chat, pretokenized or input_output", src, key,
@@ -228,7 +228,7 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: %s compares validation losses, and the run has no validation set; set val_set_size (e.g. 0.05) or "
             "test_datasets", src,
             o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
-    REQUIRE(o->load_best_model_at_end != 1 || o->save_steps > 0 || o->saves_per_epoch > 0 || o->save_strategy == 2,
+    REQUIRE(o->load_best_model_at_end != 1 || snug_run_saves(o),
             "%s: load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none "
             "before its end; set save_steps (or saves_per_epoch)", src);
     REQUIRE(!snug_load_best(o) || (o->zero_stage == 0 && o->tensor_parallel_size == 1 &&
@@ -301,14 +301,19 @@ const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
     return (unsigned)c < 4 ? names[c] : "?";
 }
 
+const snug_dataset_spec *snug_run_dataset(const snug_run_config *c, int i, const char **key) {
+    if (key)
+        *key = i < c->ndatasets ? "datasets" : "test_datasets";
+    return i < c->ndatasets ? &c->datasets[i] : &c->test_datasets[i - c->ndatasets];
+}
+
 int snug_run_saves(const snug_run_config *c) {
     return c->save_steps > 0 || c->saves_per_epoch > 0 || c->save_strategy == 2 || c->save_first_step;
 }
 
 int snug_load_best(const snug_run_config *c) {
     return c->load_best_model_at_end == 1 ||
-           (c->load_best_model_at_end < 0 && c->early_stopping_patience > 0 &&
-            (c->save_steps > 0 || c->saves_per_epoch > 0 || c->save_strategy == 2));
+           (c->load_best_model_at_end < 0 && c->early_stopping_patience > 0 && snug_run_saves(c));
 }
 
 int snug_warmup_steps(const snug_run_config *c, int total) {

@@ -245,6 +245,9 @@ void snug_run_optimizer(snug_optimizer_choice o, snug_optim_kind *kind, int *pag
 /* The choice for a state layout (the inverse of snug_run_optimizer). */
 snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged);
 
+/* Entry i of datasets then test_datasets (i < ndatasets + ntest_datasets), and the key that lists it. */
+const snug_dataset_spec *snug_run_dataset(const snug_run_config *c, int i, const char **key);
+
 /* Whether the run writes checkpoints before its end (save_steps, saves_per_epoch, save_strategy: epoch,
  * save_first_step); a signal's checkpoint aside. */
 int snug_run_saves(const snug_run_config *c);

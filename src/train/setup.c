@@ -170,9 +170,8 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
                          "pass --dataset data.jsonl");
     for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) { /* datasets, then test_datasets */
-        int t = i >= o->ndatasets, k = t ? i - o->ndatasets : i;
-        const snug_dataset_spec *d = t ? &o->test_datasets[k] : &o->datasets[k];
-        *(t ? &r->vsrc[k] : &r->dsrc[k]) =
+        const snug_dataset_spec *d = snug_run_dataset(o, i, NULL);
+        *(i < o->ndatasets ? &r->dsrc[i] : &r->vsrc[i - o->ndatasets]) =
             (snug_data_source){.path = d->path, .field = d->field[0] ? d->field : "text", .format = d->type,
                                .chat = d->chat_template, .messages = d->field_messages, .role = d->field_role,
                                .content = d->field_content,
@@ -540,7 +539,7 @@ size_t snug_dataset_bytes_estimate(const snug_run_config *c, int byte_level) {
     double bytes = 0;
     for (int i = 0; i < c->ndatasets + c->ntest_datasets; i++) {
         struct stat st;
-        if (stat(i < c->ndatasets ? c->datasets[i].path : c->test_datasets[i - c->ndatasets].path, &st) == 0)
+        if (stat(snug_run_dataset(c, i, NULL)->path, &st) == 0)
             bytes += (double)st.st_size;
     }
     /* about one token per byte of text for the byte-level stand-in, one per 4 bytes for a BPE tokenizer */
