@@ -126,7 +126,8 @@ static const key_spec keys[] = {
     {.name = "test_datasets", .type = KT_DATASETS, .group = G_DATA,
      .help = "the validation set from these files instead of val_set_size's split (entries as under datasets; "
              "--test_datasets FILE.jsonl on the command line)"},
-    {.name = "sequence_len", .aliases = "max_seq_length max_length", .type = KT_INT, .group = G_DATA, AT_INT(sequence_len),
+    {.name = "sequence_len", .aliases = "max_seq_length max_length", .type = KT_INT, .group = G_DATA,
+     AT_INT(sequence_len),
      .def = "256", MIN(2), .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
      .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
@@ -159,8 +160,9 @@ static const key_spec keys[] = {
            {"pretokenized", SNUG_DATA_PRETOKENIZED}, {"input_output", SNUG_DATA_INPUT_OUTPUT}),
      .later_values = "sharegpt",
      .help = "completion: {\"text\"} trained on every token; alpaca: {\"instruction\", \"input\", \"output\"}; "
-             "chat: {\"messages\": [{\"role\", \"content\"}]}; pretokenized: {\"input_ids\", \"labels\"}; input_output: "
-             "{\"segments\": [{\"label\", \"text\"}]}, each segment tokenized alone, trained on where label is true"},
+             "chat: {\"messages\": [{\"role\", \"content\"}]}; pretokenized: {\"input_ids\", \"labels\"}; "
+             "input_output: {\"segments\": [{\"label\", \"text\"}]}, each segment tokenized alone, trained on where "
+             "label is true"},
     {.name = "field", .type = KT_STRING, .group = G_DATASET, DS_STR(field), .def = "text",
      .help = "the JSON field that holds the text (completion)"},
     {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(chat_template), .def = "chatml",
@@ -193,7 +195,8 @@ static const key_spec keys[] = {
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
      AT_INT(micro_batch_size), .def = "4", MIN(1), .help = "examples per forward/backward pass"},
-    {.name = "sample_packing", .aliases = "packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing), .def = "false",
+    {.name = "sample_packing", .aliases = "packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing),
+     .def = "false",
      .help = "pack several examples into each row of sequence_len tokens (first-fit decreasing), attention and "
              "positions kept per example; false = one example per row, padded"},
     {.name = "group_by_length", .type = KT_BOOL, .group = G_BATCH, AT_INT(group_by_length), .def = "false",
@@ -498,7 +501,8 @@ static const key_spec keys[] = {
              "gradient_checkpointing, chunked_cross_entropy and the optimizer state to fit memory_budget at the least "
              "predicted cost"},
     {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(gradient_checkpointing),
-     .def = "false", .values = "false=none none no=none off=none true=full full yes=full on=full selective offload unsloth=offload",
+     .def = "false",
+     .values = "false=none none no=none off=none true=full full yes=full on=full selective offload unsloth=offload",
      ENUMS({"none", SNUG_CKPT_CHOICE_NONE}, {"selective", SNUG_CKPT_CHOICE_SELECTIVE}, {"full", SNUG_CKPT_CHOICE_FULL},
            {"offload", SNUG_CKPT_CHOICE_OFFLOAD}),
      .help = "recompute activations in backward: false, selective (norm outputs and the MLP activation), "
@@ -663,7 +667,8 @@ static const key_spec keys[] = {
     LATER_BOOL("s2_attention", "shifted sparse attention (LongLoRA)"),
     {.name = "eval_table_size", .type = KT_INT, .off = "0",
      .later = "a table of sampled predictions at each evaluation"},
-    {.name = "eval_max_new_tokens", .aliases = "eval_table_max_new_tokens", .type = KT_INT, .group = G_OUTPUT, AT_INT(eval_max_new_tokens), .def = "128",
+    {.name = "eval_max_new_tokens", .aliases = "eval_table_max_new_tokens", .type = KT_INT, .group = G_OUTPUT,
+     AT_INT(eval_max_new_tokens), .def = "128",
      MIN(1), .help = "Axolotl's tokens per row of eval_table_size's table (which snug does not build)"},
     {.name = "tokenizer_type", .type = KT_STRING,
      .off = "AutoTokenizer PreTrainedTokenizerFast LlamaTokenizerFast LlamaTokenizer GPT2TokenizerFast "
@@ -1184,7 +1189,8 @@ static int load_roles(snug_dataset_spec *d, const char *written, const yaml_src 
     for (int r = 0; r < 3; r++)
         fields[r][0] = '\0';
     for (yaml_node_pair_t *pr = v->data.mapping.pairs.start; pr < v->data.mapping.pairs.top; pr++) {
-        const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key), *vn = yaml_document_get_node(y->doc, pr->value);
+        const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key);
+        const yaml_node_t *vn = yaml_document_get_node(y->doc, pr->value);
         const char *role = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
         int r = 0;
         while (r < 3 && strcmp(role, names[r]))
@@ -1250,7 +1256,8 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
         snprintf(d->field_role, sizeof d->field_role, "role"), snprintf(d->field_content, sizeof d->field_content,
                                                                          "content");
     for (yaml_node_pair_t *pr = v ? v->data.mapping.pairs.start : NULL; v && pr < v->data.mapping.pairs.top; pr++) {
-        const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key), *vn = yaml_document_get_node(y->doc, pr->value);
+        const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key);
+        const yaml_node_t *vn = yaml_document_get_node(y->doc, pr->value);
         const char *name = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
         const char *text = entry_text(vn, written, name, loc, e);
         if (!text)

@@ -235,7 +235,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
                                    o->pipeline_parallel_size == 1),
             "%s: load_best_model_at_end with %s is not supported yet (those checkpoints keep each rank's part, not the "
             "model); set load_best_model_at_end: false", src,
-            o->zero_stage ? "zero_stage" : o->tensor_parallel_size > 1 ? "tensor_parallel_size" : "pipeline_parallel_size");
+            o->zero_stage                     ? "zero_stage"
+            : o->tensor_parallel_size > 1     ? "tensor_parallel_size"
+                                              : "pipeline_parallel_size");
     REQUIRE(o->loss_watchdog_threshold >= 0 && o->loss_watchdog_patience >= 1,
             "%s: loss_watchdog_threshold is %g and loss_watchdog_patience %d; use a threshold above 0 (0 = off) and "
             "a patience of at least 1 step", src, o->loss_watchdog_threshold, o->loss_watchdog_patience);

@@ -148,8 +148,9 @@ static int resolve_model(snug_setup *r, snug_error *e) {
     int conv1d = r->cfg.arch == SNUG_ARCH_GPT2; /* PEFT's fan_in_fan_out: the weights stored (in, out) */
     if (o->adapter && o->lora_fan_in_fan_out >= 0 && o->lora_fan_in_fan_out != conv1d)
         return snug_fail(e, SNUG_EINPUT, "%s: lora_fan_in_fan_out is %s, but this model's layers are %s "
-                         "(fan_in_fan_out %s); set it to %s or remove it", src, o->lora_fan_in_fan_out ? "true" : "false",
-                         conv1d ? "GPT-2's Conv1D" : "nn.Linear", conv1d ? "true" : "false", conv1d ? "true" : "false");
+                         "(fan_in_fan_out %s); set it to %s or remove it", src,
+                         o->lora_fan_in_fan_out ? "true" : "false", conv1d ? "GPT-2's Conv1D" : "nn.Linear",
+                         conv1d ? "true" : "false", conv1d ? "true" : "false");
     if (r->enc.eos_id < 0 && r->cfg.eos_token_id >= r->cfg.vocab_size) /* it would end every example */
         return snug_fail(e, SNUG_EINPUT, "%s/config.json: eos_token_id %d is outside the vocabulary (vocab_size %d); "
                          "set it to the id of the end-of-text token", o->base_model, r->cfg.eos_token_id,

@@ -443,7 +443,8 @@ static int pp_save_adapter(run *r, snug_comm *c, snug_comm *ppc, int *broken, sn
     rc = ddp_agree(c, rc, broken, e);
     for (int i = 0; !rc && i < w.lora.table.n; i++) {
         const snug_param_entry *g = &w.lora.table.e[i];
-        /* (the global ones: lora_modules_to_save's copies, the embedding's on the first stage, lm_head's on the last) */
+        /* (the global ones: lora_modules_to_save's copies, the embedding's on the first stage, lm_head's on the
+         * last) */
         int owner = snug_pp_stage_of(m->pp_L, m->pp, m->pp_split, g->layer, !strstr(g->name, "lm_head"));
         int j = owner == m->pp_stage ? snug_param_table_find(&m->lora.table, g->name) : -1;
         if (j >= 0)

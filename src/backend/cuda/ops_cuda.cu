@@ -598,7 +598,8 @@ extern "C" void snug_cuda_dropout(snug_backend *be, float *out, const float *in,
 }
 
 __global__ void add_noise_kernel(float *x, size_t n, float mag, uint64_t seed) {
-    FOR_EACH(i, n) x[i] = __fadd_rn(x[i], __fmul_rn(mag, snug_uniform_pm1(seed, i))); /* no contraction: the CPU's bits */
+    /* no contraction: the CPU's bits */
+    FOR_EACH(i, n) x[i] = __fadd_rn(x[i], __fmul_rn(mag, snug_uniform_pm1(seed, i)));
 }
 
 extern "C" void snug_cuda_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed) {
