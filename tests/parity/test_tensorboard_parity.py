@@ -23,19 +23,11 @@ import tempfile
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import check, finish  # noqa: E402
+
 ROOT = os.environ.get("SNUG_SOURCE_DIR") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SNUG = os.path.abspath(os.environ.get("SNUG_BIN", "build/snug"))
-
-passed, failed = 0, 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what, file=sys.stderr)
 
 
 def train(work, *args):
@@ -107,8 +99,7 @@ def main():
               and not os.path.exists(os.path.join(work, "out3")), f"report_to wandb: {r.returncode} {r.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"test_tensorboard_parity: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    finish("test_tensorboard_parity")
 
 
 if __name__ == "__main__":
