@@ -1198,6 +1198,16 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             *e = buckets.e;
     }
 
+    snug_tboard tb = {0}; /* report_to: tensorboard (a resumed run starts another event file),
+                          * first: a logging_dir that cannot be made leaves output_dir as it was */
+    if (!rc && lead && o->use_tensorboard) {
+        char dir[4096];
+        if (o->logging_dir[0])
+            snprintf(dir, sizeof dir, "%s", o->logging_dir);
+        else
+            snug_path_join(dir, sizeof dir, o->output_dir, "runs");
+        rc = snug_tboard_open(&tb, dir, e);
+    }
     char metrics_path[4096];
     FILE *metrics = NULL;
     if (!rc && lead) {
@@ -1207,15 +1217,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             rc = (metrics = reopen_metrics(metrics_path, saved.step, e)) ? 0 : SNUG_EIO;
         else if (!rc && !(metrics = fopen(metrics_path, "w")))
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
-    }
-    snug_tboard tb = {0}; /* report_to: tensorboard (a resumed run starts another event file) */
-    if (!rc && lead && o->use_tensorboard) {
-        char dir[4096];
-        if (o->logging_dir[0])
-            snprintf(dir, sizeof dir, "%s", o->logging_dir);
-        else
-            snug_path_join(dir, sizeof dir, o->output_dir, "runs");
-        rc = snug_tboard_open(&tb, dir, e);
     }
     rc = ddp_agree(&comm, rc, &broken, e);
     int tty = isatty(fileno(out)) && !o->no_progress_bar;
