@@ -5,7 +5,8 @@ A short run with a validation set writes events into logging_dir. TensorBoard's 
 read them. Every record's length and data CRC-32C must be TensorBoard's masked_crc32c. Each tag must be Hugging Face's
 TensorBoardCallback's (train/loss, train/learning_rate, train/grad_norm, train/epoch, eval/loss) and hold, step for
 step, the value metrics.jsonl logged (as a float32, to the digits metrics.jsonl prints). An Axolotl-style
-use_tensorboard: true writes into output_dir/runs, and a report_to snug has no writer for is refused.
+use_tensorboard: true writes into output_dir/runs; a logging_dir that cannot be made fails before output_dir is
+touched, and a report_to snug has no writer for is refused.
 Prints "N passed, M failed" and exits non-zero on any failure.
 
 Run with the venv python: ~/.cache/snug/venv/bin/python tests/parity/test_tensorboard_parity.py
@@ -94,6 +95,12 @@ def main():
         r = train(work, "--output_dir", os.path.join(work, "out2"), "--use_tensorboard", "true")
         check(r.returncode == 0 and len(glob.glob(os.path.join(work, "out2", "runs", "events.out.tfevents.*"))) == 1,
               f"use_tensorboard: true did not write output_dir/runs: {r.stderr.strip()[-300:]}")
+        # a logging_dir that cannot be made (under a file): one error naming it, as an output_dir would get (an I/O
+        # failure, exit 1), and output_dir left as it was
+        r = train(work, "--output_dir", os.path.join(work, "out4"), "--report_to", "tensorboard", "--logging_dir",
+                  os.path.join(work, "data.jsonl", "tb"))
+        check(r.returncode == 1 and r.stderr.count("snug: error:") == 1 and "data.jsonl/tb" in r.stderr
+              and not os.path.exists(os.path.join(work, "out4")), f"bad logging_dir: {r.returncode} {r.stderr}")
         r = train(work, "--output_dir", os.path.join(work, "out3"), "--report_to", "wandb")
         check(r.returncode == 2 and "report_to 'wandb' is not supported yet" in r.stderr
               and not os.path.exists(os.path.join(work, "out3")), f"report_to wandb: {r.returncode} {r.stderr}")
