@@ -172,6 +172,18 @@ struct snug_backend {
      * backend (one rounded product, one rounded sum) */
     void (*add_noise)(snug_backend *be, float *x, size_t n, float mag, uint64_t seed);
 
+    /* --- rows and columns (DoRA's weight norms, magnitude gradient and output scale) --- */
+    /* out[j] = sqrt(sum_i a[j lda + i]^2) for j < rows, i < cols: each row summed in double, rounded once */
+    void (*row_norms)(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols);
+    /* out[j] += (sum_i a[j lda + i] b[j ldb + i]) / div[j]: the sum in double in index order, divided, then rounded
+     * and added */
+    void (*row_dots)(snug_backend *be, float *out, const float *a, size_t lda, const float *b, size_t ldb, int rows,
+                     int cols, const float *div);
+    /* out[t ldo + j] = bias[j] + (mag[j] / nrm[j]) * (in[t ldi + j] - bias[j]) for t < N, j < cols; bias NULL: none
+     * (no subtraction). The gain rounded once, then each product and sum; out may be in. */
+    void (*scale_cols)(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                       const float *mag, const float *nrm, const float *bias);
+
     /* --- loss: output projection + softmax + cross-entropy, chunked over tokens --- */
     /* For tokens n with labels[n] >= 0: loss_n = logsumexp(h_n . w^T) - (h_n . w^T)[labels[n]]. Returns the sum of
      * loss_n over supervised tokens (the caller divides). When dh or dw is non-NULL, also accumulates

@@ -39,25 +39,25 @@ static void forward_row(snug_model *m, int p) {
         else
             be->rmsnorm_fwd(be, ln1, a->ln1_rstd + p, in, w->ln1_w, 1, C, c->norm_eps);
         be->matmul_fwd(be, qkv, ln1, w->qkv_w, w->qkv_b, 1, C, m->QKV);
-        snug_lora_fwd(m, l, SNUG_SITE_QKV, qkv, m->QKV, ln1, 1, 0);
+        snug_lora_fwd(m, l, SNUG_SITE_QKV, qkv, m->QKV, ln1, 1, 0, w->qkv_b);
         if (!gpt2)
             be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
         be->attention_decode(be, att, a->qkv, p, NH, NKV, HD, 1.0f / sqrtf((float)HD));
         be->matmul_fwd(be, mid, att, w->o_w, w->o_b, 1, NH * HD, C);
-        snug_lora_fwd(m, l, SNUG_SITE_O, mid, C, att, 1, 0);
+        snug_lora_fwd(m, l, SNUG_SITE_O, mid, C, att, 1, 0, w->o_b);
         be->accumulate(be, mid, in, (size_t)C);
         if (gpt2)
             be->layernorm_fwd(be, ln2, a->ln2_mean + p, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1, C, c->norm_eps);
         else
             be->rmsnorm_fwd(be, ln2, a->ln2_rstd + p, mid, w->ln2_w, 1, C, c->norm_eps);
         be->matmul_fwd(be, fc, ln2, w->fc_w, w->fc_b, 1, C, m->FC);
-        snug_lora_fwd(m, l, SNUG_SITE_FC, fc, m->FC, ln2, 1, 0);
+        snug_lora_fwd(m, l, SNUG_SITE_FC, fc, m->FC, ln2, 1, 0, w->fc_b);
         if (gpt2)
             be->gelu_fwd(be, act, fc, (size_t)I);
         else
             be->swiglu_fwd(be, act, fc, 1, I);
         be->matmul_fwd(be, out, act, w->proj_w, w->proj_b, 1, I, C);
-        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, act, 1, 0);
+        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, act, 1, 0, w->proj_b);
         be->accumulate(be, out, mid, (size_t)C);
     }
     float *final = m->res + (size_t)c->n_layer * NC + (size_t)p * C, *lnf = m->lnf + (size_t)p * C;
@@ -175,6 +175,11 @@ int snug_generate_checked(snug_model *m, const int32_t *prompt, int n_prompt, in
         s = &greedy;
     uint64_t rng = s->seed;
     int n = n_prompt;
+    /* DoRA: the weight norms once; the adapters do not change while generating */
+    for (int l = 0; m->lora.dora && l < m->cfg.n_layer; l++)
+        for (int k = 0; k < SNUG_NSITES; k++)
+            snug_lora_dora_norms(m, l, (snug_site)k);
+    m->lora.dora_fixed = m->lora.dora;
     for (int p = 0; p < n_prompt - 1; p++)
         forward_row(m, p);
     while (n < total) {
@@ -192,6 +197,7 @@ int snug_generate_checked(snug_model *m, const int32_t *prompt, int n_prompt, in
             break;
     }
     *n_out = n;
+    m->lora.dora_fixed = 0;
 done:
     free(pos);
     free(logits);

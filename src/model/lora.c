@@ -103,7 +103,7 @@ long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc)
         if (!(lc->targets & (1u << k)))
             continue;
         snug_lora_module_shape(c, k, &row0, &rows, &in);
-        per_layer += (long long)lc->r * (in + rows);
+        per_layer += (long long)lc->r * (in + rows) + (lc->dora ? rows : 0);
     }
     int saved = !!(lc->save_modules & SNUG_SAVE_EMBED) + !!(lc->save_modules & SNUG_SAVE_HEAD);
     return per_layer * c->n_layer + (long long)saved * c->vocab_size * c->hidden_size;
@@ -124,6 +124,7 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     lo->r = lc->r;
     lo->scale = lc->rslora ? lc->alpha / sqrtf((float)lc->r) : lc->alpha / (float)lc->r;
     lo->dropout = lc->dropout;
+    lo->dora = lc->dora;
     for (int k = 0; k < nmod; k++) {
         if (!(lc->targets & (1u << k)))
             continue;
@@ -150,6 +151,12 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             md[j].b_off = off;
             off += (size_t)md[j].rows * lo->r;
         }
+        for (int j = 0; j < n && lo->dora; j++) { /* DoRA: then their magnitudes */
+            md[j].m_off = off;
+            off += (size_t)md[j].rows;
+            md[j].n_off = lo->dn_per_layer;
+            lo->dn_per_layer += (size_t)md[j].rows;
+        }
     }
     lo->per_layer = off;
     lo->l0 = m->pp > 1 ? m->pp_l0 : 0;
@@ -174,6 +181,14 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, lo->l0 + l,
                      defs[md->index].name);
             rc |= snug_param_table_add(t, &cap, &b, name, 2, md->rows, lo->r, l, 0);
+            if (!lo->dora)
+                continue;
+            size_t mo = at + md->m_off;
+            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_magnitude_vector", pre, lo->l0 + l,
+                     defs[md->index].name);
+            rc |= snug_param_table_add(t, &cap, &mo, name, 1, md->rows, 0, l, 0);
+            if (!rc) /* decayed as Trainer decays it: a module's "weight", neither a bias nor a norm */
+                t->e[t->n - 1].decay = 1;
         }
     }
     /* lora_modules_to_save: each a full copy of the base's tensor, named as PEFT saves it */
@@ -224,6 +239,79 @@ void snug_lora_free(snug_lora *lo) {
     memset(lo, 0, sizeof *lo);
 }
 
+/* DoRA: nrm (rows) = the row norms of module md's W + s B A in layer l, dchunk rows at a time in dw */
+static void dora_norms(snug_model *m, int l, const snug_lora_module *md, float *nrm) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    const float *P = lo->params + (size_t)l * lo->per_layer;
+    for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
+        int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
+        snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, md->in, lo->dw);
+        be->gemm_strided(be, 0, 0, nr, md->in, lo->r, lo->scale, P + md->b_off + (size_t)r0 * lo->r, lo->r,
+                         P + md->a_off, md->in, 1.0f, lo->dw, md->in); /* += s B A */
+        be->row_norms(be, nrm + r0, lo->dw, (size_t)md->in, nr, md->in);
+    }
+}
+
+void snug_lora_dora_norms(snug_model *m, int l, snug_site site) {
+    snug_lora *lo = &m->lora;
+    for (int i = 0; lo->on && lo->dora && !lo->dora_fixed && i < lo->nmod; i++)
+        if (lo->mod[i].site == site)
+            dora_norms(m, l, &lo->mod[i], lo->dn + (size_t)l * lo->dn_per_layer + lo->mod[i].n_off);
+}
+
+/* DoRA's scale of module md's output columns: out = bias + (mag / nrm) (out - bias) */
+static void dora_scale(snug_model *m, int l, const snug_lora_module *md, float *out, int width, int N,
+                       const float *bias) {
+    snug_lora *lo = &m->lora;
+    const float *mag = lo->params + (size_t)l * lo->per_layer + md->m_off;
+    const float *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
+    m->be->scale_cols(m->be, out + md->row0, (size_t)width, out + md->row0, (size_t)width, N, md->rows, mag, nrm,
+                      bias ? bias + md->row0 : NULL);
+}
+
+const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
+                                int in_place) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    if (!lo->on || !lo->dora)
+        return dout;
+    float *dst = dout;
+    size_t base = (size_t)l * lo->per_layer;
+    const float *P = lo->params + base, *nrm = lo->dn + (size_t)l * lo->dn_per_layer;
+    for (int i = 0; i < lo->nmod; i += lo->mod[i].group) {
+        const snug_lora_module *md = &lo->mod[i];
+        int n = md->group, r = lo->r, R = n * r, in = md->in;
+        if (md->site != site)
+            continue;
+        if (lo->grads) /* u = x [A_0; ...]^T, for the magnitudes' gradient */
+            be->gemm_strided(be, 0, 1, N, R, in, 1.0f, x, in, P + md->a_off, in, 0.0f, lo->u, R);
+        for (int j = 0; j < n; j++) {
+            const snug_lora_module *mj = md + j;
+            /* dmag = (sum over tokens of dy * (x W^T + s u B^T)) / nrm, the products of x W^T and u B^T taken as
+             * row dots of W with dy^T x and of B with s dy^T u, a chunk of the module's rows at a time */
+            for (int r0 = 0; lo->grads && r0 < mj->rows; r0 += lo->dchunk) {
+                int nr = mj->rows - r0 < lo->dchunk ? mj->rows - r0 : lo->dchunk;
+                const float *g = dout + mj->row0 + r0, *nj = nrm + mj->n_off + r0;
+                float *dm = lo->grads + base + mj->m_off + r0;
+                be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, lo->u + j * r, R, 0.0f, lo->dp, r);
+                be->row_dots(be, dm, P + mj->b_off + (size_t)r0 * r, (size_t)r, lo->dp, (size_t)r, nr, r, nj);
+                snug_model_site_rows(m, l, site, mj->row0 + r0, nr, in, lo->dw);
+                be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, x, in, 0.0f, lo->dp, in);
+                be->row_dots(be, dm, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nj);
+            }
+        }
+        /* then the gradient of the scaled columns: dy (mag / nrm), in place, or into dy where dout is read again (a
+         * module of o_proj or down_proj spans every column) */
+        if (!in_place)
+            dst = lo->dy;
+        for (int j = 0; j < n; j++)
+            be->scale_cols(be, dst + md[j].row0, (size_t)width, dout + md[j].row0, (size_t)width, N, md[j].rows,
+                           P + md[j].m_off, nrm + md[j].n_off, NULL);
+    }
+    return dst;
+}
+
 int snug_lora_init(snug_model *m, uint64_t seed) {
     snug_lora *lo = &m->lora;
     if (!lo->on)
@@ -237,8 +325,9 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
             continue; /* B stays zero: the adapted model starts as the base */
         /* torch's kaiming_uniform_(a = sqrt(5)) on (r, in): U(-1/sqrt(in), 1/sqrt(in)) */
         float bound = 1.0f / sqrtf((float)p->shape[1]);
-        /* (a pipeline stage's entries: their index in the whole model's table, 2 per module and layer before) */
-        uint64_t s = seed * 0x100000001B3ull + (uint64_t)(i + 2 * lo->nmod * lo->l0) * 0x9E3779B97F4A7C15ull;
+        /* (a pipeline stage's entries: their index in the whole model's table, 2 per module and layer before, 3
+         * with DoRA) */
+        uint64_t s = seed * 0x100000001B3ull + (uint64_t)(i + (2 + lo->dora) * lo->nmod * lo->l0) * 0x9E3779B97F4A7C15ull;
         for (size_t k = 0; k < p->numel; k++) {
             double u = ((snug_splitmix64(&s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
             host[p->offset + k] = (float)((2.0 * u - 1.0) * bound);
@@ -246,6 +335,10 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
     }
     m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
     free(host);
+    /* DoRA's magnitudes start as the base's row norms (B = 0: |W + s B A| = |W|), so the model starts as the base */
+    for (int l = 0; lo->dora && l < m->cfg.n_layer; l++)
+        for (int i = 0; i < lo->nmod; i++)
+            dora_norms(m, l, &lo->mod[i], lo->params + (size_t)l * lo->per_layer + lo->mod[i].m_off);
     /* a module trained in full starts as the base's tensor (PEFT copies the original module); a sharded base (ZeRO-3)
      * is not whole on any rank: the copies are then read from the base's file (snug_lora_saved_from_file) */
     if (m->param_sharded)
@@ -290,14 +383,19 @@ static void group_fwd(snug_model *m, int l, const snug_lora_module *md, int n, f
                          out + md[j].row0, width);
 }
 
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0) {
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0,
+                   const float *bias) {
     snug_lora *lo = &m->lora;
+    if (lo->on && lo->dora && n0 == 0) /* (a tiled MLP's later shards reuse the first's) */
+        snug_lora_dora_norms(m, l, site);
     for (int i = 0; lo->on && i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;
         if (!dropping(lo)) {
             group_fwd(m, l, md, md->group, out, width, x, N);
+            for (int j = 0; lo->dora && j < md->group; j++)
+                dora_scale(m, l, md + j, out, width, N, bias);
             continue;
         }
         for (int j = 0; j < md->group; j++) /* each module through its own mask */

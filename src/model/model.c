@@ -1079,6 +1079,22 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         }
         if (lo->dropout > 0.0f && with_grads)
             CARVE(lo->xd, SNUG_MEM_WORKSPACE, N * lo->max_in);
+        if (lo->dora) { /* the norms, and a chunk of rows of W + s B A and of dy^T x (4 MiB each at most) */
+            size_t wid = (size_t)(lo->max_in > lo->r ? lo->max_in : lo->r), rows = 0;
+            int res = 0; /* a module of o_proj or down_proj: its scaled gradient needs a buffer of its own */
+            for (int i = 0; i < lo->nmod; i++) {
+                rows = (size_t)lo->mod[i].rows > rows ? (size_t)lo->mod[i].rows : rows;
+                res |= lo->mod[i].site == SNUG_SITE_O || lo->mod[i].site == SNUG_SITE_PROJ;
+            }
+            size_t ch = ((size_t)1 << 20) / wid;
+            lo->dchunk = (int)(ch < 1 ? 1 : ch > rows ? rows : ch);
+            CARVE(lo->dn, SNUG_MEM_ADAPTER, lo->dn_per_layer * (size_t)m->cfg.n_layer);
+            CARVE(lo->dw, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk * wid);
+            if (with_grads)
+                CARVE(lo->dp, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk * wid);
+            if (with_grads && res)
+                CARVE(lo->dy, SNUG_MEM_WORKSPACE, N * (size_t)m->cfg.hidden_size);
+        }
     }
     if (with_grads && !m->lora.on) {
         SNUG_TRY(grad_offsets(m, e));
@@ -1755,6 +1771,28 @@ static const snug_layer_tensors *layer_weights(snug_model *m, int l) {
     return direct ? &m->wd_t : &m->wl_t;
 }
 
+void snug_model_site_rows(snug_model *m, int l, snug_site site, int row, int nr, int in, float *dst) {
+    snug_backend *be = m->be;
+    const snug_layer_tensors *w = layer_weights(m, l);
+    if (m->q4) { /* the 4-bit matrices of the site that hold some of the rows */
+        for (int i = 0; i < m->table.n; i++) {
+            if (m->table.e[i].layer != l || !m->q4[i].n || m->q4_site[i].site != (int)site)
+                continue;
+            int r0 = m->q4_site[i].row0, R = (int)m->q4[i].shape[0];
+            int a = row > r0 ? row : r0, b = row + nr < r0 + R ? row + nr : r0 + R;
+            if (a < b)
+                dequant_rows(m, i, (size_t)(a - r0), (size_t)(b - a), dst + (size_t)(a - row) * in);
+        }
+        return;
+    }
+    const float *f = site == SNUG_SITE_QKV ? w->qkv_w : site == SNUG_SITE_O ? w->o_w
+                   : site == SNUG_SITE_FC  ? w->fc_w  : w->proj_w;
+    if (f)
+        be->copy(be, dst, f + (size_t)row * in, (size_t)nr * in * sizeof *dst);
+    else /* the 16-bit weight as stored */
+        be->from16(be, dst, m->wl16[site] + (size_t)row * in, (size_t)nr * in, m->lv.dt);
+}
+
 /* out (N, OC) = inp (N, Cin) @ W^T + b, W the site's weight (OC, Cin): w, or with w NULL its 16-bit copy as stored
  * (wl16). Under QLoRA W is the site's 4-bit matrices, each dequantized a chunk of rows at a time into wq, and each
  * chunk's GEMM writes its columns of out. */
@@ -1826,7 +1864,7 @@ static void mlp_in(snug_model *m, int l, const snug_layer_tensors *w, const snug
     int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     const float *x = a->ln2 + (size_t)n0 * C;
     lin_fwd(m, l, SNUG_SITE_FC, a->fc, x, w->fc_w, w->fc_b, ns, C, m->FC);
-    snug_lora_fwd(m, l, SNUG_SITE_FC, a->fc, m->FC, x, ns, n0);
+    snug_lora_fwd(m, l, SNUG_SITE_FC, a->fc, m->FC, x, ns, n0, w->fc_b);
     keep(m, s ? s->fc : NULL, a->fc, (size_t)ns * m->FC);
     if (m->cfg.arch == SNUG_ARCH_GPT2)
         be->gelu_fwd(be, a->act, a->fc, (size_t)ns * I);
@@ -1853,7 +1891,7 @@ static void layer_fwd(snug_model *m, int l, int recompute) {
     norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     keep(m, s->ln1, a->ln1, Nn * C);
     lin_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
-    snug_lora_fwd(m, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N, 0);
+    snug_lora_fwd(m, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N, 0, w->qkv_b);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     keep(m, s->qkv, a->qkv, Nn * m->QKV);
@@ -1865,7 +1903,7 @@ static void layer_fwd(snug_model *m, int l, int recompute) {
                           1.0f / sqrtf((float)HD));
     keep(m, s->att, a->att, Nn * NH * HD);
     lin_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, tp_bias(m, w->o_b), N, NH * HD, C);
-    snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N, 0);
+    snug_lora_fwd(m, l, SNUG_SITE_O, a->res_mid, C, a->att, N, 0, tp_bias(m, w->o_b));
     tp_sum(m, a->res_mid, Nn * C);
     be->accumulate(be, a->res_mid, x, Nn * C);
     keep(m, s->res_mid, a->res_mid, Nn * C);
@@ -1879,7 +1917,7 @@ static void layer_fwd(snug_model *m, int l, int recompute) {
         int ns = N - n0 < rows ? N - n0 : rows;
         mlp_in(m, l, w, a, s, n0, ns);
         lin_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, a->act, w->proj_w, tp_bias(m, w->proj_b), ns, I, C);
-        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, C, a->act, ns, n0);
+        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, C, a->act, ns, n0, tp_bias(m, w->proj_b));
     }
     tp_sum(m, out, Nn * C);
     be->accumulate(be, out, a->res_mid, Nn * C);
@@ -1943,13 +1981,15 @@ static void layer_bwd(snug_model *m, int l) {
         if (m->mlp_rows)
             mlp_in(m, l, w, a, NULL, n0, ns);
         be->zero(be, m->d_act, nsI * sizeof(float));
-        lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, m->d_res + o, a->act, w->proj_w, ns, I, C);
-        snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, m->d_res + o, C, a->act, ns, n0);
+        const float *dp = snug_lora_dora_bwd(m, l, SNUG_SITE_PROJ, m->d_res + o, C, a->act, ns, 0);
+        lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, dp, a->act, w->proj_w, ns, I, C);
+        snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, dp, C, a->act, ns, n0);
         be->zero(be, m->d_fc, (size_t)ns * m->FC * sizeof(float));
         if (c->arch == SNUG_ARCH_GPT2)
             be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, nsI);
         else
             be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, ns, I);
+        snug_lora_dora_bwd(m, l, SNUG_SITE_FC, m->d_fc, m->FC, a->ln2 + o, ns, 1);
         lin_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, g->fc_w, g->fc_b, m->d_fc, a->ln2 + o, w->fc_w, ns, C, m->FC);
         snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, m->d_fc, m->FC, a->ln2 + o, ns, n0);
     }
@@ -1958,8 +1998,9 @@ static void layer_bwd(snug_model *m, int l) {
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
     be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
-    lin_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, NH * HD, C);
-    snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, m->d_res, C, a->att, N, 0);
+    const float *d_o = snug_lora_dora_bwd(m, l, SNUG_SITE_O, m->d_res, C, a->att, N, 0);
+    lin_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, d_o, a->att, w->o_w, N, NH * HD, C);
+    snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, d_o, C, a->att, N, 0);
     be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
     if (m->lv.naive_attention)
         be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
@@ -1978,6 +2019,7 @@ static void layer_bwd(snug_model *m, int l) {
                   (m->lora.on && m->lora.emb_off != (size_t)-1); /* (a later pipeline stage sends it back) */
     if (need_dx)
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
+    snug_lora_dora_bwd(m, l, SNUG_SITE_QKV, m->d_qkv, m->QKV, a->ln1, N, 1);
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
             m->QKV);
     snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N, 0);

@@ -88,6 +88,7 @@ typedef struct snug_lora_cfg {
     float alpha;
     float dropout;        /* on the adapter's input only */
     int rslora;
+    int dora;             /* DoRA (PEFT's use_dora): each module's output columns scaled by magnitude / weight norm */
     unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
     unsigned save_modules; /* lora_modules_to_save (PEFT's modules_to_save): SNUG_SAVE_EMBED, SNUG_SAVE_HEAD */
     /* QLoRA: how the base's block matrices are stored (bitsandbytes' quantize_4bit) */
@@ -147,6 +148,8 @@ typedef struct snug_lora_module {
                            * l * per_layer */
     int group;            /* on the first module of a site: the site's adapted modules (adjacent in mod[]), whose
                            * A's lie side by side, one (group r, in) matrix; 0 on the others */
+    size_t m_off;         /* DoRA: layer 0's magnitude (rows) in the adapter table, after the site's B's */
+    size_t n_off;         /* DoRA: the module's weight norms (rows) in a layer's part of `dn` */
 } snug_lora_module;
 
 /* The adapters of a model: their own parameter table (names as PEFT saves them), fp32 weights and gradients. */
@@ -170,6 +173,17 @@ typedef struct snug_lora {
     float *u, *du;        /* (N, max_group r) workspace: x A^T of the site being run (its modules side by side)
                            * and its gradient */
     float *xd;            /* (N, max_in) workspace: the dropped-out input (dropout > 0 only) */
+    /* DoRA: y = bias + (mag / |W + s B A|_row) (x W^T + s x A^T B^T) on each module's columns, the norm a constant to
+     * backward (PEFT's detach) */
+    int dora;
+    size_t dn_per_layer;  /* the summed rows of the modules */
+    float *dn;            /* (layers, dn_per_layer) SNUG_MEM_ADAPTER: each module's row norms |W + s B A|, as the
+                           * layer's last forward computed them */
+    int dchunk;           /* rows of a module's weight in dw and dp at a time */
+    float *dw, *dp;       /* (dchunk, max(max_in, r)) workspace: rows of W + s B A; rows of dy^T x or dy^T u */
+    float *dy;            /* (N, hidden) workspace, training only: the scaled output gradient of an o_proj or
+                           * down_proj module (its unscaled one is the residual stream's, read again after) */
+    int dora_fixed;       /* the norms in dn stay as they are (generation: the adapters do not change) */
     uint64_t seed;        /* dropout's stream of this micro-batch (set by the caller before each training step) */
     int training;         /* the step running trains (dropout applies); evaluation and generation see none */
 } snug_lora;
@@ -556,7 +570,20 @@ int snug_lora_saved_from_file(snug_model *m, const char *dir, snug_error *e);
 /* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input: rows
  * n0 .. n0 + N - 1 of the micro-batch (n0 > 0 for a shard of a tiled MLP; dropout's mask is the same whatever the
  * shards). */
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0);
+void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0,
+                   const float *bias);
+/* DoRA: the row norms of layer l's modules at site into lora.dn (nothing without DoRA, or with dora_fixed set).
+ * snug_lora_fwd calls it; generation calls it once per layer and site, then sets dora_fixed. */
+void snug_lora_dora_norms(snug_model *m, int l, snug_site site);
+/* DoRA, before the site's base backward: the magnitudes' gradients accumulate from the unscaled dout (N, width) and
+ * x (N, in); returns the gradient the base and snug_lora_bwd then read, each DoRA module's columns scaled by
+ * mag / nrm: dout itself (in_place) or lora.dy. Without DoRA: dout. */
+const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
+                                int in_place);
+/* Rows [row, row + nr) of layer l's weight at site (out features, in features as (rows, in)) in fp32 into dst
+ * (nr, in): copied, widened from 16 bits or dequantized from 4. Within a layer's pass, or outside the passes where
+ * nothing needs a collective (not under ZeRO-3). */
+void snug_model_site_rows(snug_model *m, int l, snug_site site, int row, int nr, int in, float *dst);
 /* After the base linear's backward: dx (N, in) += the adapters' input gradient (dx NULL: not wanted); dA, dB
  * accumulate. dout (N, width) the site's output gradient, x its input, rows from n0 as in snug_lora_fwd. */
 void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,

@@ -1,11 +1,11 @@
 /* peft_io.c: LoRA adapters in PEFT's files (adapter_config.json + adapter_model.safetensors), both ways.
  *
  * Written as PEFT writes them: tensor names base_model.model.<module>.lora_A.weight (r, in) and .lora_B.weight
- * (out, r) in fp32, metadata {"format": "pt"}, and a config with only keys every PEFT release since 0.6 knows (older
- * releases refuse unknown keys), plus use_rslora when it is on. Read back from snug or from any tool that writes
+ * (out, r) in fp32 (DoRA: and .lora_magnitude_vector (out)), metadata {"format": "pt"}, and a config with only keys
+ * every PEFT release since 0.6 knows (older releases refuse unknown keys), plus use_rslora and use_dora when on. Read back from snug or from any tool that writes
  * PEFT's format: target_modules as a list (a module matches when its name is the entry or ends in "." + entry) or
  * the string "all-linear"; modules_to_save (embed_tokens, lm_head: tensors base_model.model.<path>.weight, trained
- * in full); features that change the arithmetic and that snug does not implement (DoRA, per-module ranks, bias
+ * in full); features that change the arithmetic and that snug does not implement (per-module ranks, bias
  * training, embedding adapters, layer subsets) are refused by name rather than silently ignored. */
 #include <math.h>
 #include <stdio.h>
@@ -113,7 +113,7 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     int rc = out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory saving the adapter to %s", dir);
     for (int i = 0; !rc && i < lo->table.n; i++) {
         const snug_param_entry *p = &lo->table.e[i];
-        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = 2, .f32 = host + p->offset};
+        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .f32 = host + p->offset};
         out[i].shape[0] = p->shape[0];
         out[i].shape[1] = p->shape[1];
     }
@@ -139,6 +139,8 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
                           "alpha_pattern");
     if (j && lc->rslora)
         json_object_set_new(j, "use_rslora", json_true());
+    if (j && lc->dora) /* (only then: older PEFT releases refuse the key, and read no DoRA adapter anyway) */
+        json_object_set_new(j, "use_dora", json_true());
     if (j && lc->save_modules) { /* PEFT's names; the tensors are saved as base_model.model.<the module's path> */
         json_t *mods = json_array();
         if (lc->save_modules & SNUG_SAVE_EMBED)
@@ -215,8 +217,9 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
             out->dropout = (float)json_number_value(v);
     }
     out->rslora = json_is_true(json_object_get(j, "use_rslora"));
+    out->dora = json_is_true(json_object_get(j, "use_dora"));
     /* what snug does not compute is refused, not ignored */
-    static const char *const unsupported[] = {"use_dora", "lora_bias"};
+    static const char *const unsupported[] = {"lora_bias"};
     for (size_t i = 0; !rc && i < sizeof unsupported / sizeof *unsupported; i++)
         if (json_is_true(json_object_get(j, unsupported[i])))
             rc = bad_key(e, path, unsupported[i], "is true: not supported by snug");
@@ -323,14 +326,15 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
                          "[%s]; set lora_modules_to_save as the adapter has it", path, a, b);
     }
     if (want.r != lc->r || want.targets != lc->targets || fabsf(want.alpha - lc->alpha) > 0 ||
-        want.rslora != lc->rslora) {
+        want.rslora != lc->rslora || want.dora != lc->dora) {
         char a[256], b[256];
         snug_lora_targets_list(m->cfg.arch, want.targets, a, sizeof a);
         snug_lora_targets_list(m->cfg.arch, lc->targets, b, sizeof b);
-        return snug_fail(e, SNUG_EINPUT, "%s: the adapter has r=%d alpha=%g%s on [%s], the run is set to r=%d "
-                         "alpha=%g%s on [%s]; set lora_r, lora_alpha, peft_use_rslora and lora_target_modules as the "
-                         "adapter has them", path, want.r, (double)want.alpha, want.rslora ? " (rsLoRA)" : "", a,
-                         lc->r, (double)lc->alpha, lc->rslora ? " (rsLoRA)" : "", b);
+        return snug_fail(e, SNUG_EINPUT, "%s: the adapter has r=%d alpha=%g%s%s on [%s], the run is set to r=%d "
+                         "alpha=%g%s%s on [%s]; set lora_r, lora_alpha, peft_use_rslora, peft_use_dora and "
+                         "lora_target_modules as the adapter has them", path, want.r, (double)want.alpha,
+                         want.rslora ? " (rsLoRA)" : "", want.dora ? " (DoRA)" : "", a, lc->r, (double)lc->alpha,
+                         lc->rslora ? " (rsLoRA)" : "", lc->dora ? " (DoRA)" : "", b);
     }
     snug_st_set s;
     memset(&s, 0, sizeof s);
@@ -345,7 +349,7 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
         if (!t)
             rc = snug_fail(e, SNUG_EINPUT, "%s: no tensor %s; the adapter does not match this model (another base, "
                            "or other target modules)", path, p->name);
-        else if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
+        else if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || (p->ndim == 2 && t->shape[1] != p->shape[1]))
             rc = snug_fail(e, SNUG_EINPUT, "%s: %s has shape [%lld, %lld], this model needs [%lld, %lld]; the "
                            "adapter is for another base model or rank", path, p->name, (long long)t->shape[0],
                            t->ndim == 2 ? (long long)t->shape[1] : 1LL, (long long)p->shape[0],
@@ -359,8 +363,8 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
         for (int k = 0; k < lo->table.n && !known; k++)
             known = !strcmp(s.tensors[i].name, lo->table.e[k].name);
         if (!known)
-            rc = snug_fail(e, SNUG_EINPUT, "%s: tensor %s is not a LoRA A or B of the modules in adapter_config.json; "
-                           "snug does not load it", path, s.tensors[i].name);
+            rc = snug_fail(e, SNUG_EINPUT, "%s: tensor %s is not a LoRA A or B (or DoRA magnitude) of the modules "
+                           "in adapter_config.json; snug does not load it", path, s.tensors[i].name);
     }
     if (!rc)
         m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);

@@ -23,8 +23,8 @@ void snug_lora_save_list(unsigned save, char *buf, size_t n);
 /* Writes m's adapters into dir as PEFT saves them; host: the adapter table's values in host memory, or NULL to read
  * them from the model. base_name: base_model_name_or_path. adapter_config.json is written last. */
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e);
-/* Reads dir's adapter_config.json: r, alpha, dropout, rsLoRA and the targets, resolved against arch; refuses by name
- * what snug does not compute (DoRA, per-module ranks, trained biases, saved modules other than embed_tokens and
+/* Reads dir's adapter_config.json: r, alpha, dropout, rsLoRA, DoRA and the targets, resolved against arch; refuses
+ * by name what snug does not compute (per-module ranks, trained biases, saved modules other than embed_tokens and
  * lm_head, layer subsets). */
 int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e);
 /* Whether dir holds an adapter (adapter_config.json) and no model of its own (config.json). */

@@ -57,18 +57,30 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
             rc = round_trip(m->params + p->offset, p->transposed ? p->shape[1] : p->shape[0],
                             p->transposed ? p->shape[0] : p->shape[1], q4, e);
     }
-    if (!rc) { /* W[row0:row0+rows, :] (rows, in) += s * B (rows, r) @ A (r, in), in fp32 */
+    /* W[row0:row0+rows, :] (rows, in) += s * B (rows, r) @ A (r, in), in fp32; DoRA: then each row scaled by its
+     * magnitude over its norm, W = (mag / |W + s B A|) (W + s B A) */
+    float *nrm = NULL;
+    if (!rc && m->lora.dora && !(nrm = malloc((size_t)m->lora.dn_per_layer * sizeof *nrm)))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for DoRA's weight norms");
+    for (int l = 0; !rc && l < cfg.n_layer; l++) {
         snug_lora *lo = &m->lora;
-        for (int l = 0; l < cfg.n_layer; l++)
-            for (int i = 0; i < lo->nmod; i++) {
-                const snug_lora_module *md = &lo->mod[i];
-                const float *A = lo->params + (size_t)l * lo->per_layer + md->a_off;
-                const float *B = lo->params + (size_t)l * lo->per_layer + md->b_off;
-                float *W = site_weight(m, l, md->site) + (size_t)md->row0 * md->in;
-                m->be->gemm_strided(m->be, 0, 0, md->rows, md->in, lo->r, lo->scale, B, lo->r, A, md->in, 1.0f, W,
-                                    md->in);
+        for (int i = 0; i < lo->nmod; i++) {
+            const snug_lora_module *md = &lo->mod[i];
+            const float *P = lo->params + (size_t)l * lo->per_layer;
+            float *W = site_weight(m, l, md->site) + (size_t)md->row0 * md->in;
+            m->be->gemm_strided(m->be, 0, 0, md->rows, md->in, lo->r, lo->scale, P + md->b_off, lo->r,
+                                P + md->a_off, md->in, 1.0f, W, md->in);
+            if (!nrm)
+                continue;
+            m->be->row_norms(m->be, nrm, W, (size_t)md->in, md->rows, md->in);
+            for (int j = 0; j < md->rows; j++) {
+                float g = P[md->m_off + (size_t)j] / nrm[j];
+                for (int k = 0; k < md->in; k++)
+                    W[(size_t)j * md->in + k] *= g;
             }
+        }
     }
+    free(nrm);
     /* lora_modules_to_save: the trained copies replace the base's tensors */
     for (int k = 0; !rc && k < 2; k++) {
         const snug_lora *lo = &m->lora;

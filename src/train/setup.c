@@ -210,7 +210,7 @@ int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
  * snug_setup_resolve, so an unknown name never reaches here). */
 static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
     snug_lora_cfg l = {.kind = c->adapter, .r = c->lora_r, .dropout = (float)c->lora_dropout,
-                       .rslora = c->lora_rslora};
+                       .rslora = c->lora_rslora, .dora = c->lora_dora};
     if (!l.kind)
         return (snug_lora_cfg){0};
     l.alpha = c->lora_alpha > 0 ? (float)c->lora_alpha : (float)c->lora_r;
@@ -295,6 +295,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     c->lora_r = a.r;
     c->lora_alpha = a.alpha;
     c->lora_rslora = a.rslora;
+    c->lora_dora = a.dora;
     c->lora_target_linear = 0;
     snug_lora_targets_list(r->cfg.arch, a.targets, c->lora_target_modules, sizeof c->lora_target_modules);
     snug_lora_save_list(a.save_modules, c->lora_modules_to_save, sizeof c->lora_modules_to_save);

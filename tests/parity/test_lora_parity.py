@@ -43,6 +43,13 @@ def cases():
     yield "gpt2", transformers.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), dict(
         r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"])
+    # DoRA: every projection; q and v alone of the fused q/k/v with rsLoRA; GPT-2's Conv1D modules with their biases
+    yield "llama-dora", transformers.LlamaConfig(**LLAMA), dict(r=4, lora_alpha=8, target_modules=ALL7, use_dora=True)
+    yield "llama-dora-qv", transformers.LlamaConfig(**LLAMA), dict(r=8, lora_alpha=12, target_modules=["q_proj", "v_proj"],
+                                                                   use_rslora=True, use_dora=True)
+    yield "gpt2-dora", transformers.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), dict(
+        r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"], use_dora=True)
 
 
 def peft_model(cfg, lcfg, dtype, base_dir=None):
@@ -58,13 +65,16 @@ def peft_model(cfg, lcfg, dtype, base_dir=None):
     torch.manual_seed(2)
     with torch.no_grad():
         for n, p in m.named_parameters():
-            if "lora_" in n:
+            if "lora_magnitude_vector" in n:  # DoRA: the initial magnitudes (the base's row norms), moved
+                p.mul_(1 + 0.3 * torch.randn_like(p))
+            elif "lora_" in n:
                 p.copy_(0.3 * torch.randn_like(p))
     return m.eval()
 
 
 def plain(name):
     """PEFT's parameter name as it saves it: a trained module's copy is saved under the module's own name."""
+    name = name.replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")  # DoRA's, as saved
     return name.replace(".modules_to_save.default.", ".").replace(".default.", ".")
 
 
@@ -157,6 +167,9 @@ def main():
               f"{tag}: adapter_config.json {cfgj}")
         newer = {"exclude_modules", "lora_bias", "eva_config", "trainable_token_indices", "target_parameters",
                  "peft_version", "corda_config", "use_dora"}
+        dora = lcfg.get("use_dora", False)
+        check(cfgj.get("use_dora", False) == dora, f"{tag}: adapter_config.json's use_dora is {cfgj.get('use_dora')}")
+        newer -= {"use_dora"} if dora else set()
         check(not (newer & set(cfgj)), f"{tag}: adapter_config.json has keys older PEFT refuses: {newer & set(cfgj)}")
         base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager").float()
         with warnings.catch_warnings(record=True) as caught:
@@ -231,13 +244,18 @@ def main():
     bad = os.path.join(work, "bad")
     os.makedirs(bad)
     j = json.load(open(os.path.join(ad_dir, "adapter_config.json")))
-    for k, v, word in (("target_modules", ["query_key_value"], "query_key_value"), ("use_dora", True, "use_dora"),
+    for k, v, word in (("target_modules", ["query_key_value"], "query_key_value"), ("lora_bias", True, "lora_bias"),
                        ("peft_type", "IA3", "peft_type")):
         json.dump({**j, k: v}, open(os.path.join(bad, "adapter_config.json"), "w"))
         os.system(f"cp {ad_dir}/adapter_model.safetensors {bad}/")
         r = train(base_dir, bad)
         check(r.returncode == 2 and word in r.stderr and "adapter_config.json" in r.stderr,
               f"adapter_config.json with {k}={v}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+    # use_dora on an adapter saved without magnitudes: the missing tensor named
+    json.dump({**j, "use_dora": True}, open(os.path.join(bad, "adapter_config.json"), "w"))
+    r = train(base_dir, bad)
+    check(r.returncode == 2 and "lora_magnitude_vector" in r.stderr and "adapter_model.safetensors" in r.stderr,
+          f"use_dora without magnitudes: rc {r.returncode}: {r.stderr.strip()[-300:]}")
     finish("test_lora_parity")
 
 

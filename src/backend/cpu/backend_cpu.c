@@ -126,6 +126,9 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->gemm_strided = snug_cpu_gemm;
     be->dropout = snug_cpu_dropout;
     be->add_noise = snug_cpu_add_noise;
+    be->row_norms = snug_cpu_row_norms;
+    be->row_dots = snug_cpu_row_dots;
+    be->scale_cols = snug_cpu_scale_cols;
     be->dequantize_4bit = snug_cpu_dequantize_4bit;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->xent_block = snug_cpu_xent_block;

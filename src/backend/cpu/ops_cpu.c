@@ -398,6 +398,50 @@ void snug_cpu_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_
     }
 }
 
+/* ------------------------------------------------------------------------------------------------ rows, columns */
+
+void snug_cpu_row_norms(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols) {
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)rows * (size_t)cols >= SNUG_CPU_PAR_MIN)
+    for (int j = 0; j < rows; j++) {
+        const float *r = a + (size_t)j * lda;
+        double s = 0;
+        for (int i = 0; i < cols; i++)
+            s += (double)r[i] * r[i];
+        out[j] = (float)sqrt(s);
+    }
+}
+
+void snug_cpu_row_dots(snug_backend *be, float *out, const float *a, size_t lda, const float *b, size_t ldb, int rows,
+                       int cols, const float *div) {
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)rows * (size_t)cols >= SNUG_CPU_PAR_MIN)
+    for (int j = 0; j < rows; j++) {
+        const float *x = a + (size_t)j * lda, *y = b + (size_t)j * ldb;
+        double s = 0;
+        for (int i = 0; i < cols; i++)
+            s += (double)x[i] * y[i];
+        float d = (float)(s / div[j]);
+        out[j] += d;
+    }
+}
+
+void snug_cpu_scale_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                         const float *mag, const float *nrm, const float *bias) {
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * (size_t)cols >= SNUG_CPU_PAR_MIN)
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * ldo;
+        const float *x = in + (size_t)t * ldi;
+        for (int j = 0; j < cols; j++) {
+            float g = mag[j] / nrm[j];
+            if (bias) {
+                float d = x[j] - bias[j], p = g * d; /* each rounded: no fused multiply-add (as on CUDA) */
+                o[j] = bias[j] + p;
+            } else {
+                o[j] = g * x[j];
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------ optimizer */
 
 double snug_cpu_sumsq(snug_backend *be, const void *xv, snug_dtype dt, size_t n) {

@@ -100,6 +100,11 @@ void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packe
                               float nested_offset, const float *code, size_t n, int blocksize);
 void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 void snug_cpu_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed);
+void snug_cpu_row_norms(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols);
+void snug_cpu_row_dots(snug_backend *be, float *out, const float *a, size_t lda, const float *b, size_t ldb, int rows,
+                       int cols, const float *div);
+void snug_cpu_scale_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                         const float *mag, const float *nrm, const float *bias);
 
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,

@@ -609,6 +609,76 @@ extern "C" void snug_cuda_add_noise(snug_backend *be, float *x, size_t n, float 
     SNUG_CUDA_LAUNCHED();
 }
 
+/* one warp per row: lane k sums elements k, k + 32, ... in double, the lanes then folded by a fixed tree. (The CPU sums
+ * the row in index order, so the two agree to double rounding, not bit for bit.) */
+__device__ static double warp_row_sum(const float *a, const float *b, int cols) {
+    int lane = threadIdx.x & 31;
+    double s = 0;
+    for (int i = lane; i < cols; i += 32)
+        s += (double)a[i] * (double)b[i];
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_down_sync(0xffffffffu, s, o);
+    return s;
+}
+
+__global__ void row_norms_kernel(float *out, const float *a, size_t lda, int rows, int cols) {
+    int j = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    if (j >= rows)
+        return;
+    const float *r = a + (size_t)j * lda;
+    double s = warp_row_sum(r, r, cols);
+    if ((threadIdx.x & 31) == 0)
+        out[j] = (float)sqrt(s);
+}
+
+__global__ void row_dots_kernel(float *out, const float *a, size_t lda, const float *b, size_t ldb, int rows, int cols,
+                                const float *div) {
+    int j = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    if (j >= rows)
+        return;
+    double s = warp_row_sum(a + (size_t)j * lda, b + (size_t)j * ldb, cols);
+    if ((threadIdx.x & 31) == 0)
+        out[j] = __fadd_rn(out[j], (float)(s / div[j]));
+}
+
+__global__ void scale_cols_kernel(float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                                  const float *mag, const float *nrm, const float *bias) {
+    size_t n = (size_t)N * (size_t)cols;
+    FOR_EACH(k, n) {
+        size_t t = k / (size_t)cols;
+        int j = (int)(k % (size_t)cols);
+        float g = __fdiv_rn(mag[j], nrm[j]), x = in[t * ldi + j];
+        out[t * ldo + j] = bias ? __fadd_rn(bias[j], __fmul_rn(g, __fsub_rn(x, bias[j]))) : __fmul_rn(g, x);
+    }
+}
+
+static unsigned row_blocks(int rows) { return (unsigned)(((size_t)rows * 32 + 255) / 256); }
+
+extern "C" void snug_cuda_row_norms(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols) {
+    if (rows <= 0)
+        return;
+    row_norms_kernel<<<row_blocks(rows), 256, 0, snug_cuda_stream(be)>>>(out, a, lda, rows, cols);
+    SNUG_CUDA_LAUNCHED();
+}
+
+extern "C" void snug_cuda_row_dots(snug_backend *be, float *out, const float *a, size_t lda, const float *b,
+                                   size_t ldb, int rows, int cols, const float *div) {
+    if (rows <= 0)
+        return;
+    row_dots_kernel<<<row_blocks(rows), 256, 0, snug_cuda_stream(be)>>>(out, a, lda, b, ldb, rows, cols, div);
+    SNUG_CUDA_LAUNCHED();
+}
+
+extern "C" void snug_cuda_scale_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N,
+                                     int cols, const float *mag, const float *nrm, const float *bias) {
+    size_t n = (size_t)N * (size_t)cols;
+    if (!n)
+        return;
+    scale_cols_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(out, ldo, in, ldi, N, cols,
+                                                                                        mag, nrm, bias);
+    SNUG_CUDA_LAUNCHED();
+}
+
 extern "C" void snug_cuda_scale(snug_backend *be, float *x, float s, size_t n) {
     if (!n)
         return;
