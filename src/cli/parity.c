@@ -110,12 +110,12 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     /* --adapter: a PEFT LoRA adapter on the base; its A and B are what trains and what is dumped */
     if (!rc && adapter)
         rc = snug_peft_read_config(adapter, cfg.arch, &spec.lv.lora, e);
+    spec.lv.lora.q4_chunk = q4_chunk > 0 ? (size_t)q4_chunk : 0;
     if (!rc && qlora) { /* --qlora nf4|fp4: the adapter on the base stored 4-bit (double-quantized), the rest bf16 */
         spec.lv.lora.kind = SNUG_ADAPTER_QLORA;
         spec.lv.lora.q4_type = !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
         spec.lv.lora.q4_nested = 1;
         spec.lv.lora.q4_blocksize = 64;
-        spec.lv.lora.q4_chunk = q4_chunk > 0 ? (size_t)q4_chunk : 0;
         spec.lv.dt = SNUG_DT_BF16;
     }
     if (!rc)

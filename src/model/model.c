@@ -1086,8 +1086,16 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
                 rows = (size_t)lo->mod[i].rows > rows ? (size_t)lo->mod[i].rows : rows;
                 res |= lo->mod[i].site == SNUG_SITE_O || lo->mod[i].site == SNUG_SITE_PROJ;
             }
-            size_t ch = ((size_t)1 << 20) / wid;
-            lo->dchunk = (int)(ch < 1 ? 1 : ch > rows ? rows : ch);
+            /* QLoRA: a whole number of the rows that start a chunk on a block of codes and scales (as q4_place's) */
+            size_t quantum = 1;
+            for (int i = 0; m->q4 && i < m->table.n; i++) {
+                const snug_q4_tensor *q = &m->q4[i];
+                size_t unit = (size_t)q->blocksize * (q->nested ? (size_t)q->nested_blocksize : 1);
+                size_t qi = q->n ? unit / gcd_size((size_t)q->shape[1], unit) : 1;
+                quantum = qi > quantum ? qi : quantum;
+            }
+            size_t ch = (m->lv.lora.q4_chunk ? m->lv.lora.q4_chunk : (size_t)1 << 20) / wid / quantum * quantum;
+            lo->dchunk = (int)(ch < quantum ? quantum : ch > rows ? rows : ch);
             CARVE(lo->dn, SNUG_MEM_ADAPTER, lo->dn_per_layer * (size_t)m->cfg.n_layer);
             CARVE(lo->dw, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk * wid);
             if (with_grads)

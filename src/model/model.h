@@ -95,7 +95,8 @@ typedef struct snug_lora_cfg {
     int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */
     int q4_nested;        /* double quantization of the absmax */
     int q4_blocksize;     /* 64 unless a pre-quantized checkpoint says otherwise */
-    size_t q4_chunk;      /* elements of a 4-bit matrix dequantized at a time at most; 0 = 2^24 (64 MiB in fp32) */
+    size_t q4_chunk;      /* elements of a 4-bit matrix dequantized at a time at most; 0 = 2^24 (64 MiB in fp32).
+                           * DoRA: of a module's weight at a time in its norms and gradient; 0 = 2^20 */
 } snug_lora_cfg;
 
 typedef struct snug_levers {

@@ -1,6 +1,7 @@
 """snug's LoRA against PEFT on transformers models in fp32: logits, loss and the gradient of every lora_A and lora_B
 (Llama with GQA on all seven projections, Llama with q_proj and v_proj alone of the fused q/k/v, rsLoRA, GPT-2's
-Conv1D modules), five AdamW steps of the adapters against torch.optim.AdamW over PEFT's trainable parameters, an
+Conv1D modules; DoRA on the same three shapes, with every lora_magnitude_vector's gradient, its norms and magnitude
+gradients also taken a few rows of a module at a time), five AdamW steps of the adapters against torch.optim.AdamW over PEFT's trainable parameters, an
 adapter saved by snug loaded by PeftModel.from_pretrained with no missing or unexpected keys and giving snug's
 weights, `snug merge` against merge_and_unload (fp32 and bf16 bases), and adapters that do not match the base refused with a clear error.
 
@@ -129,6 +130,8 @@ def main():
         # the plain run, and with a tiled MLP (4 shards of 7 or 6 tokens: fewer GEMM rows, the same bound)
         runs = {"": snug_parity(base_dir, ids, labels, "--adapter", ad_dir),
                 " tiled MLP": snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--tiled_mlp", "4")}
+        if lcfg.get("use_dora"):  # DoRA's norms and magnitude gradients over a module's rows 512 / 64 = 8 at a time
+            runs[" DoRA row chunks"] = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--q4_chunk", "512")
         for how, got in runs.items():
             check_grads(tag + how, got, outs, m32, m64)
         got = runs[""]
