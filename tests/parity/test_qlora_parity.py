@@ -12,6 +12,7 @@ random Llama in bf16, NF4 (and FP4) with double quantization, LoRA r=8 on all se
   without them: bit for bit where only the place of the data changes, else within the same floor.
 - A corrupt quant_state, an unknown quant type and a 4-bit folder without an adapter are refused with one clear
   error.
+- DoRA on the 4-bit base (QDoRA): loss and gradients, magnitudes included, within the same floor.
 - At ZeRO stage 3 over 2 MPI ranks, the pre-quantized folder (each rank keeping its piece of every layer's 4-bit
   bytes) trains DDP's adapter on the 16-bit folder, byte for byte."""
 import copy
@@ -85,6 +86,61 @@ def levers(base_dir, ids, labels, got, outs, loss_floor):
             check(err <= max(4 * floor, 1e-3), f"{what}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
         print(f"  nf4 {what}: loss relerr {e:.1e}, worst adapter gradient relerr {worst:.1e}")
     print(f"  nf4 offload_embedding: loss and gradients bit for bit those without it: {same(off, got)}")
+
+
+def qdora(work, base, base_dir, ids, hf_labels, labels):
+    """DoRA on the 4-bit base (QDoRA): each module's weight norm over the dequantized matrix. The loss and every
+    adapter gradient (magnitudes included) against the fp32 reference within four times PEFT's own bf16 distance,
+    and the same with the norms and gradients taken in chunks of rows that start on blocks of codes and scales.
+
+    PEFT's DoRA dequantizes the 4-bit weight at every forward (dequantize_module_weight), but on the CPU
+    bitsandbytes 0.50's first forward of a Linear4bit repacks weight.data for its own kernel ((n/2, 1) codes become
+    (rows, cols/2)), which dequantize_4bit then misreads (0.13 off on weights of magnitude 0.05, measured here). The
+    reference takes each module's dequantized weight before the first forward instead."""
+    import bitsandbytes as bnb
+    import peft.tuners.lora.dora as pdora
+    before, original = {}, pdora.dequantize_module_weight
+    pdora.dequantize_module_weight = lambda module: before[id(module)] if id(module) in before else original(module)
+    ad_dir = os.path.join(work, "dora")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = peft.get_peft_model(copy.deepcopy(base).float(), peft.LoraConfig(
+            r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ALL7, init_lora_weights=False, use_dora=True))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for n, p in lm.named_parameters():
+            if "lora_magnitude_vector" in n:
+                p.mul_(1 + 0.3 * torch.randn_like(p))
+            elif "lora_" in n:
+                p.copy_(0.2 * torch.randn_like(p))
+    lm.save_pretrained(ad_dir)
+    outs = {}
+    for tag, compute, fp32_rest in (("fp32", torch.float32, True), ("bf16", torch.bfloat16, False)):
+        m = with_adapter(quantized(base_dir, "nf4", compute), ad_dir, fp32_rest)
+        for mod in m.modules():
+            if type(mod).__name__ == "Linear4bit":
+                before[id(mod)] = bnb.functional.dequantize_4bit(mod.weight.data, mod.weight.quant_state)
+        o = m(input_ids=ids, labels=hf_labels)
+        o.loss.backward()
+        outs[tag] = (o.loss.item(), {n.replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")
+                                      .replace(".default.", "."): p.grad.float()
+                                      for n, p in m.named_parameters() if p.requires_grad})
+    loss_floor = abs(outs["bf16"][0] - outs["fp32"][0]) / abs(outs["fp32"][0])
+    for how, extra in (("", ()), (" in row chunks", ("--q4_chunk", "4096"))):
+        got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", "nf4", *extra)
+        e = abs(got["loss"].item() - outs["fp32"][0]) / abs(outs["fp32"][0])
+        check(e <= max(4 * loss_floor, 1e-4), f"QDoRA{how}: loss relerr {e:.2e}, PEFT bf16's {loss_floor:.2e}")
+        worst, n = 0.0, 0
+        for name, g in outs["fp32"][1].items():
+            if "grad." + name not in got:
+                check(False, f"QDoRA{how}: snug has no gradient for {name}")
+                continue
+            floor, err = rel(outs["bf16"][1][name], g), rel(got["grad." + name], g)
+            worst, n = max(worst, err), n + 1
+            check(err <= max(4 * floor, 1e-3), f"QDoRA{how}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
+        mags = sum("magnitude" in k for k in outs["fp32"][1])
+        print(f"  nf4 DoRA{how}: loss relerr {e:.1e} (PEFT bf16 {loss_floor:.1e}); {n} adapter gradients ({mags} "
+              f"magnitudes), worst relerr {worst:.1e}")
 
 
 def stage3(work, base_dir, pre):
@@ -214,6 +270,8 @@ def main():
               f"PEFT bf16 {['%.4f' % x for x in ref16]}")
         print(f"  {qt}: {steps} AdamW steps, loss {mine[0]:.4f} -> {mine[-1]:.4f} (fp32 reference {ref32[0]:.4f} -> "
               f"{ref32[-1]:.4f}); largest gap to it {dev:.1e}, PEFT bf16's {floor:.1e}")
+
+    qdora(work, base, base_dir, ids, hf_labels, labels)
 
     # the folder transformers saves (pre-quantized) reads to the same bits as quantizing the 16-bit folder
     pre = os.path.join(work, "prequant")
