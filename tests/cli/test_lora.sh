@@ -162,6 +162,54 @@ PY
     bad "generate with trained modules: $(tail -2 "$W/gen4.log")"
 fi
 
+# DoRA: the run starts as the base (the magnitudes its row norms: every gain exactly 1, so the first loss is LoRA's
+# first, the base's) and learns; the levers give the bits of the run without them (checkpointing, offload_params, the
+# step inside backward, a tiled MLP in one shard) in fp32, bf16 and on the 4-bit base, planned as allocated; the
+# adapter holds each module's lora_magnitude_vector and says use_dora; merged, it gives the greedy text of the
+# adapter beside its base
+starts() { # A B: A's first loss is B's, and A's loss falls
+  if python3 - "$W/$1" "$W/$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:3])
+print(f"  {sys.argv[1].split('/')[-1]:<18} first loss {a[0]:.6f} ({sys.argv[2].split('/')[-1]}: {b[0]:.6f}), last {a[-1]:.4f}")
+sys.exit(0 if a[0] == b[0] and a[-1] < a[0] else 1)
+PY
+  then ok; else bad "$1 does not start as $2 or does not learn"; fi
+}
+dora="--adapter lora --peft_use_dora true"
+run dora $dora && planned dora && starts dora lora
+run dora_full $dora --gradient_checkpointing full && same dora_full dora
+run dora_off $dora --offload_params true && same dora_off dora && planned dora_off
+run dora_tiled1 $dora --tiled_mlp true --tiled_mlp_num_shards 1 && same dora_tiled1 dora
+run dora_noclip $dora --max_grad_norm 0 && run dora_oib $dora --max_grad_norm 0 --optimizer_in_backward true &&
+  same dora_oib dora_noclip
+run dora_bf16 $dora --bf16 true && planned dora_bf16 && starts dora_bf16 lora_bf16
+run dora_bf16_sel $dora --bf16 true --gradient_checkpointing selective && same dora_bf16_sel dora_bf16
+run qdora --adapter qlora --peft_use_dora true && planned qdora && starts qdora qlora
+run qdora_off --adapter qlora --peft_use_dora true --offload_params true --gradient_checkpointing full &&
+  same qdora_off qdora && planned qdora_off
+python3 - "$W/dora" <<'PY' && ok || bad "dora: the adapter lacks its magnitudes or use_dora"
+import json, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(d + "/adapter_config.json"))
+blob = open(d + "/adapter_model.safetensors", "rb").read()
+head = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
+mags = [k for k in head if k.endswith(".lora_magnitude_vector")]
+lay0 = [k for k in mags if ".layers.0." in k]
+sys.exit(0 if cfg.get("use_dora") is True and len(lay0) == 7 and all(len(head[k]["shape"]) == 1 for k in mags) else 1)
+PY
+if run dora_merged $dora --base_model "$W/base" --merge_lora true; then
+  "$SNUG" generate "$W/base" --adapter "$W/dora_merged" --prompt "The" --max_new_tokens 8 --temperature 0 > "$W/gen5.log" 2>&1 &&
+    "$SNUG" generate "$W/dora_merged/merged" --prompt "The" --max_new_tokens 8 --temperature 0 > "$W/gen6.log" 2>&1 &&
+    cmp -s "$W/gen5.log" "$W/gen6.log" && ok || bad "DoRA: greedy text with --adapter differs from the merged model's: $(cat "$W/gen5.log" "$W/gen6.log")"
+fi
+# refused: DoRA without an adapter, with dropout (not built), at ZeRO-3
+for args in "--peft_use_dora true:adapter: lora" "--adapter lora --peft_use_dora true --lora_dropout 0.1:lora_dropout: 0" \
+            "--adapter lora --peft_use_dora true --zero_stage 3:zero_stage"; do
+  "$SNUG" train $common ${args%%:*} --output_dir "$W/d" > "$W/d.log" 2>&1
+  [ $? -eq 2 ] && grep -q "peft_use_dora" "$W/d.log" && grep -q "${args#*:}" "$W/d.log" && ok || bad "${args%%:*}: $(tail -1 "$W/d.log")"
+done
+
 # refused: a module the model does not have; 4-bit weights without an adapter
 "$SNUG" train $common --adapter lora --lora_target_modules query_key_value --output_dir "$W/x" > "$W/x.log" 2>&1
 [ $? -eq 2 ] && grep -q "query_key_value" "$W/x.log" && grep -q "q_proj" "$W/x.log" && ok || bad "unknown module: $(tail -1 "$W/x.log")"

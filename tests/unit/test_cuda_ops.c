@@ -644,6 +644,40 @@ static void test_adapter_ops(void) {
     free(A), free(B), free(C), free(x), free(packed), free(aq), free(nabs), free(nmap);
 }
 
+/* DoRA's row ops: the norms and dots summed in double in another order (one rounding of a double apart, at most a
+ * float ulp), the column scale bit for bit (one rounded gain, difference, product and sum) */
+static void test_rows(void) {
+    const int rows = 300, cols = 1000, lda = 1003, N = 257, ld = 700, nc = 650;
+    float *a = randf((size_t)rows * lda, -1, 1), *b = randf((size_t)rows * lda, -1, 1);
+    float *div = randf((size_t)rows, 0.5f, 2.0f), *acc = randf((size_t)rows, -1, 1);
+    float *x = randf((size_t)N * ld, -2, 2), *mag = randf((size_t)nc, -1, 2), *nrm = randf((size_t)nc, 0.5f, 3);
+    float *bias = randf((size_t)nc, -1, 1), *res[2][3];
+    snug_backend *bes[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        snug_backend *be = bes[k];
+        float *da = up(be, a, (size_t)rows * lda * 4), *db = up(be, b, (size_t)rows * lda * 4);
+        float *ddiv = up(be, div, (size_t)rows * 4), *dn = up(be, NULL, (size_t)rows * 4);
+        float *dd = up(be, acc, (size_t)rows * 4), *dx = up(be, x, (size_t)N * ld * 4);
+        float *dm = up(be, mag, (size_t)nc * 4), *dr = up(be, nrm, (size_t)nc * 4), *dbias = up(be, bias, (size_t)nc * 4);
+        be->row_norms(be, dn, da, (size_t)lda, rows, cols);
+        be->row_dots(be, dd, da, (size_t)lda, db, (size_t)lda, rows, cols, ddiv);
+        be->scale_cols(be, dx, (size_t)ld, dx, (size_t)ld, N, nc, dm, dr, dbias);
+        res[k][0] = malloc((size_t)rows * 4), res[k][1] = malloc((size_t)rows * 4), res[k][2] = malloc((size_t)N * ld * 4);
+        down(be, res[k][0], dn, (size_t)rows * 4);
+        down(be, res[k][1], dd, (size_t)rows * 4);
+        down(be, res[k][2], dx, (size_t)N * ld * 4);
+        down(be, NULL, da, 0), down(be, NULL, db, 0), down(be, NULL, ddiv, 0), down(be, NULL, dm, 0);
+        down(be, NULL, dr, 0), down(be, NULL, dbias, 0);
+    }
+    expect("row_norms", rel(res[1][0], res[0][0], (size_t)rows), 2e-7);
+    expect("row_dots", rel(res[1][1], res[0][1], (size_t)rows), 2e-7);
+    expect_same("scale_cols", res[1][2], res[0][2], (size_t)N * ld * 4);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++)
+            free(res[k][i]);
+    free(a), free(b), free(div), free(acc), free(x), free(mag), free(nrm), free(bias);
+}
+
 /* ------------------------------------------------------------------------------------------------ 16-bit storage */
 
 /* values over the whole range: normal, subnormal (of fp16 and fp32), overflowing fp16, ties, inf, nan, -0 */
@@ -1576,6 +1610,7 @@ int main(void) {
     test_activations();
     test_elementwise();
     test_adapter_ops();
+    test_rows();
     test_16bit();
     test_xent();
     test_gemm16();

@@ -808,6 +808,56 @@ static void test_elementwise(void) {
     printf("  add_noise: the stream exactly, uniform on (-mag, mag)\n");
 }
 
+/* DoRA's row ops: each row's sum in double in index order, so exact against that definition at any thread count; the
+ * column scale one rounded gain, then each rounded difference, product and sum */
+static void test_rows(void) {
+    const int rows = 237, cols = 301, lda = 320, ldb = 305, N = 929, ldo = 50, ldi = 41, nc = 33;
+    float *a = randf((size_t)rows * lda, -1, 1), *b = randf((size_t)rows * ldb, -1, 1);
+    float *div = randf((size_t)rows, 0.5f, 2.0f), *n1 = zerof((size_t)rows), *n3 = zerof((size_t)rows);
+    float *d1 = randf((size_t)rows, -1, 1), *d3 = copyf(d1, (size_t)rows), *d0 = copyf(d1, (size_t)rows);
+    be1->row_norms(be1, n1, a, (size_t)lda, rows, cols);
+    be3->row_norms(be3, n3, a, (size_t)lda, rows, cols);
+    be1->row_dots(be1, d1, a, (size_t)lda, b, (size_t)ldb, rows, cols, div);
+    be3->row_dots(be3, d3, a, (size_t)lda, b, (size_t)ldb, rows, cols, div);
+    int ok_n = 1, ok_d = 1;
+    for (int j = 0; j < rows; j++) {
+        double s = 0, t = 0;
+        for (int i = 0; i < cols; i++) {
+            s += (double)a[(size_t)j * lda + i] * a[(size_t)j * lda + i];
+            t += (double)a[(size_t)j * lda + i] * b[(size_t)j * ldb + i];
+        }
+        float want = d0[j] + (float)(t / div[j]);
+        ok_n &= n1[j] == (float)sqrt(s) && n3[j] == n1[j];
+        ok_d &= d1[j] == want && d3[j] == d1[j];
+    }
+    CHECKF(ok_n && ok_d, "row_norms (%d) and row_dots (%d): each row's double sum, at 1 and 3 threads", ok_n, ok_d);
+    float *x = randf((size_t)N * ldi, -2, 2), *mag = randf((size_t)nc, -1, 2), *nrm = randf((size_t)nc, 0.5f, 3);
+    float *bias = randf((size_t)nc, -1, 1), *o1 = zerof((size_t)N * ldo), *o2 = zerof((size_t)N * ldo);
+    float *inplace = copyf(x, (size_t)N * ldi);
+    be3->scale_cols(be3, o1, (size_t)ldo, x, (size_t)ldi, N, nc, mag, nrm, bias);
+    be3->scale_cols(be3, o2, (size_t)ldo, x, (size_t)ldi, N, nc, mag, nrm, NULL);
+    be1->scale_cols(be1, inplace, (size_t)ldi, inplace, (size_t)ldi, N, nc, mag, nrm, NULL);
+    int ok_s = 1;
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < ldi; j++) {
+            float g = mag[j < nc ? j : 0] / nrm[j < nc ? j : 0], v = x[(size_t)t * ldi + j];
+            if (j >= nc) { /* columns past cols untouched */
+                ok_s &= inplace[(size_t)t * ldi + j] == v;
+                continue;
+            }
+            float diff = v - bias[j], prod = g * diff;
+            ok_s &= o1[(size_t)t * ldo + j] == bias[j] + prod && o2[(size_t)t * ldo + j] == g * v &&
+                    inplace[(size_t)t * ldi + j] == g * v;
+        }
+    for (int t = 0; t < N; t++) /* and past cols in out: still zero */
+        for (int j = nc; j < ldo; j++)
+            ok_s &= o1[(size_t)t * ldo + j] == 0.0f;
+    CHECKF(ok_s, "scale_cols: bias + (mag / nrm) (x - bias), without bias, in place, only its columns");
+    free(a), free(b), free(div), free(n1), free(n3), free(d1), free(d3), free(d0);
+    free(x), free(mag), free(nrm), free(bias), free(o1), free(o2), free(inplace);
+    printf("  row_norms, row_dots, scale_cols: exact at 1 and 3 threads\n");
+}
+
 /* ------------------------------------------------------------------------------------------------ loss */
 
 /* sum over supervised rows of lse - logit[label]; with dh, dw: gradients of that sum (scaled by gs) */
@@ -1102,6 +1152,7 @@ int main(void) {
     test_attention();
     test_activations();
     test_elementwise();
+    test_rows();
     test_xent();
     test_xent_block();
     test_optimizer();
