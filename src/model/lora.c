@@ -293,12 +293,15 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
             for (int r0 = 0; lo->grads && r0 < mj->rows; r0 += lo->dchunk) {
                 int nr = mj->rows - r0 < lo->dchunk ? mj->rows - r0 : lo->dchunk;
                 const float *g = dout + mj->row0 + r0, *nj = nrm + mj->n_off + r0;
-                float *dm = lo->grads + base + mj->m_off + r0;
+                be->zero(be, lo->dmt, (size_t)nr * sizeof *lo->dmt);
                 be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, lo->u + j * r, R, 0.0f, lo->dp, r);
-                be->row_dots(be, dm, P + mj->b_off + (size_t)r0 * r, (size_t)r, lo->dp, (size_t)r, nr, r, nj);
+                be->row_dots(be, lo->dmt, P + mj->b_off + (size_t)r0 * r, (size_t)r, lo->dp, (size_t)r, nr, r, nj);
                 snug_model_site_rows(m, l, site, mj->row0 + r0, nr, in, lo->dw);
                 be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, x, in, 0.0f, lo->dp, in);
-                be->row_dots(be, dm, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nj);
+                be->row_dots(be, lo->dmt, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nj);
+                /* added to the gradient once per micro-batch, as the GEMMs add dA and dB: data parallel's sum over
+                 * ranks then has the bits of one process accumulating */
+                be->accumulate(be, lo->grads + base + mj->m_off + r0, lo->dmt, (size_t)nr);
             }
         }
         /* then the gradient of the scaled columns: dy (mag / nrm), in place, or into dy where dout is read again (a

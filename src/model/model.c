@@ -1098,8 +1098,10 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
             lo->dchunk = (int)(ch < quantum ? quantum : ch > rows ? rows : ch);
             CARVE(lo->dn, SNUG_MEM_ADAPTER, lo->dn_per_layer * (size_t)m->cfg.n_layer);
             CARVE(lo->dw, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk * wid);
-            if (with_grads)
+            if (with_grads) {
                 CARVE(lo->dp, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk * wid);
+                CARVE(lo->dmt, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk);
+            }
             if (with_grads && res)
                 CARVE(lo->dy, SNUG_MEM_WORKSPACE, N * (size_t)m->cfg.hidden_size);
         }
