@@ -183,6 +183,10 @@ struct snug_backend {
      * (no subtraction). The gain rounded once, then each product and sum; out may be in. */
     void (*scale_cols)(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
                        const float *mag, const float *nrm, const float *bias);
+    /* out[t ldo + j] += (mag[j] / nrm[j] - minus) * in[t ldi + j]: the gain and the factor rounded once each, then the
+     * product and the sum (DoRA with dropout: minus 1 for the base's share, 0 for the adapter's) */
+    void (*add_scaled_cols)(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                            const float *mag, const float *nrm, float minus);
 
     /* --- loss: output projection + softmax + cross-entropy, chunked over tokens --- */
     /* For tokens n with labels[n] >= 0: loss_n = logsumexp(h_n . w^T) - (h_n . w^T)[labels[n]]. Returns the sum of

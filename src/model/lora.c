@@ -239,6 +239,8 @@ void snug_lora_free(snug_lora *lo) {
     memset(lo, 0, sizeof *lo);
 }
 
+static int dropping(const snug_lora *lo);
+
 /* DoRA: nrm (rows) = the row norms of module md's W + s B A in layer l, dchunk rows at a time in dw */
 static void dora_norms(snug_model *m, int l, const snug_lora_module *md, float *nrm) {
     snug_lora *lo = &m->lora;
@@ -274,7 +276,7 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
                                 int in_place) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
-    if (!lo->on || !lo->dora)
+    if (!lo->on || !lo->dora || dropping(lo)) /* (with dropout snug_lora_bwd takes all of DoRA's part) */
         return dout;
     float *dst = dout;
     size_t base = (size_t)l * lo->per_layer;
@@ -363,6 +365,72 @@ static uint64_t mask_seed(const snug_lora *lo, int l, const snug_lora_module *md
 /* Dropout applies: each module reads its own dropped-out input. */
 static int dropping(const snug_lora *lo) { return lo->dropout > 0.0f && lo->xd && lo->training; }
 
+/* DoRA on module md's dropped-out input xd, as PEFT computes it in training: out += (g - 1) (xd W^T) + g s (xd A^T)
+ * B^T on the module's columns, g = mag / nrm; a chunk of rows at a time through dt. */
+static void dora_drop_fwd(snug_model *m, int l, const snug_lora_module *md, float *out, int width, const float *xd,
+                          int N) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    int r = lo->r, in = md->in;
+    const float *P = lo->params + (size_t)l * lo->per_layer;
+    const float *mag = P + md->m_off, *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
+    be->gemm_strided(be, 0, 1, N, r, in, 1.0f, xd, in, P + md->a_off, in, 0.0f, lo->u, r); /* u = xd A^T */
+    for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
+        int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
+        float *o = out + md->row0 + r0;
+        snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, in, lo->dw);
+        be->gemm_strided(be, 0, 1, N, nr, in, 1.0f, xd, in, lo->dw, in, 0.0f, lo->dt, nr); /* xd W^T */
+        be->add_scaled_cols(be, o, (size_t)width, lo->dt, (size_t)nr, N, nr, mag + r0, nrm + r0, 1.0f);
+        be->gemm_strided(be, 0, 1, N, nr, r, lo->scale, lo->u, r, P + md->b_off + (size_t)r0 * r, r, 0.0f, lo->dt,
+                         nr); /* s u B^T */
+        be->add_scaled_cols(be, o, (size_t)width, lo->dt, (size_t)nr, N, nr, mag + r0, nrm + r0, 0.0f);
+    }
+}
+
+/* The backward of dora_drop_fwd, with dy = dout's columns of the module: dmag += (sum over tokens of dy (xd W^T +
+ * s u B^T)) / nrm; the adapter's share through gy = g dy (dB += s gy^T u, du = gy B, dA += s du^T xd); and dx +=
+ * drop(((g - 1) dy) W + s du A), each chunk's rows adding to du and the masked sum vx. */
+static void dora_drop_bwd(snug_model *m, int l, const snug_lora_module *md, float *dx, const float *dout, int width,
+                          const float *xd, int N, int n0) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    int r = lo->r, in = md->in;
+    size_t base = (size_t)l * lo->per_layer;
+    const float *P = lo->params + base, *A = P + md->a_off;
+    const float *mag = P + md->m_off, *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
+    float *G = lo->grads + base;
+    be->gemm_strided(be, 0, 1, N, r, in, 1.0f, xd, in, A, in, 0.0f, lo->u, r); /* u = xd A^T */
+    be->zero(be, lo->du, (size_t)N * r * sizeof(float));
+    if (dx)
+        be->zero(be, lo->vx, (size_t)N * in * sizeof(float));
+    for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
+        int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
+        const float *g = dout + md->row0 + r0, *B = P + md->b_off + (size_t)r0 * r;
+        be->zero(be, lo->dmt, (size_t)nr * sizeof *lo->dmt);
+        be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, lo->u, r, 0.0f, lo->dp, r);
+        be->row_dots(be, lo->dmt, B, (size_t)r, lo->dp, (size_t)r, nr, r, nrm + r0);
+        snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, in, lo->dw);
+        be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, xd, in, 0.0f, lo->dp, in);
+        be->row_dots(be, lo->dmt, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nrm + r0);
+        be->accumulate(be, G + md->m_off + r0, lo->dmt, (size_t)nr);
+        be->scale_cols(be, lo->dt, (size_t)nr, g, (size_t)width, N, nr, mag + r0, nrm + r0, NULL); /* gy */
+        be->gemm_strided(be, 0, 0, N, r, nr, 1.0f, lo->dt, nr, B, r, 1.0f, lo->du, r);  /* du += gy B */
+        be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, lo->dt, nr, lo->u, r, 1.0f, G + md->b_off + (size_t)r0 * r,
+                         r); /* dB += s gy^T u */
+        if (!dx)
+            continue;
+        be->zero(be, lo->dt, (size_t)N * nr * sizeof(float)); /* (g - 1) dy, then vx += it W */
+        be->add_scaled_cols(be, lo->dt, (size_t)nr, g, (size_t)width, N, nr, mag + r0, nrm + r0, 1.0f);
+        be->gemm_strided(be, 0, 0, N, in, nr, 1.0f, lo->dt, nr, lo->dw, in, 1.0f, lo->vx, in);
+    }
+    be->gemm_strided(be, 1, 0, r, in, N, lo->scale, lo->du, r, xd, in, 1.0f, G + md->a_off, in); /* dA */
+    if (!dx)
+        return;
+    be->gemm_strided(be, 0, 0, N, in, r, lo->scale, lo->du, r, A, in, 1.0f, lo->vx, in); /* vx += s du A */
+    be->dropout(be, lo->vx, lo->vx, (size_t)N * in, lo->dropout, mask_seed(lo, l, md, n0));
+    be->accumulate(be, dx, lo->vx, (size_t)N * in);
+}
+
 /* The input the adapter of module md reads: x itself, or x dropped out into the workspace. */
 static const float *adapter_input(snug_model *m, int l, const snug_lora_module *md, const float *x, int N, int n0) {
     snug_lora *lo = &m->lora;
@@ -401,8 +469,13 @@ void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, 
                 dora_scale(m, l, md + j, out, width, N, bias);
             continue;
         }
-        for (int j = 0; j < md->group; j++) /* each module through its own mask */
-            group_fwd(m, l, md + j, 1, out, width, adapter_input(m, l, md + j, x, N, n0), N);
+        for (int j = 0; j < md->group; j++) { /* each module through its own mask */
+            const float *xd = adapter_input(m, l, md + j, x, N, n0);
+            if (lo->dora)
+                dora_drop_fwd(m, l, md + j, out, width, xd, N);
+            else
+                group_fwd(m, l, md + j, 1, out, width, xd, N);
+        }
     }
 }
 
@@ -447,7 +520,12 @@ void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float 
             group_bwd(m, l, md, md->group, dx, dout, width, x, x, N, n0);
             continue;
         }
-        for (int j = 0; j < md->group; j++)
-            group_bwd(m, l, md + j, 1, dx, dout, width, adapter_input(m, l, md + j, x, N, n0), x, N, n0);
+        for (int j = 0; j < md->group; j++) {
+            const float *xd = adapter_input(m, l, md + j, x, N, n0);
+            if (lo->dora)
+                dora_drop_bwd(m, l, md + j, dx, dout, width, xd, N, n0);
+            else
+                group_bwd(m, l, md + j, 1, dx, dout, width, xd, x, N, n0);
+        }
     }
 }

@@ -1102,6 +1102,10 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
                 CARVE(lo->dp, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk * wid);
                 CARVE(lo->dmt, SNUG_MEM_WORKSPACE, (size_t)lo->dchunk);
             }
+            if (with_grads && lo->dropout > 0.0f) {
+                CARVE(lo->dt, SNUG_MEM_WORKSPACE, N * (size_t)lo->dchunk);
+                CARVE(lo->vx, SNUG_MEM_WORKSPACE, N * (size_t)lo->max_in);
+            }
             if (with_grads && res)
                 CARVE(lo->dy, SNUG_MEM_WORKSPACE, N * (size_t)m->cfg.hidden_size);
         }

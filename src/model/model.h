@@ -183,6 +183,8 @@ typedef struct snug_lora {
     int dchunk;           /* rows of a module's weight in dw and dp at a time */
     float *dw, *dp;       /* (dchunk, max(max_in, r)) workspace: rows of W + s B A; rows of dy^T x or dy^T u */
     float *dmt;           /* (dchunk) workspace, training only: a chunk's magnitude gradient of this micro-batch */
+    float *dt, *vx;       /* with dropout, training only: (N, dchunk) a chunk's columns, (N, max_in) the input's
+                           * gradient before its mask */
     float *dy;            /* (N, hidden) workspace, training only: the scaled output gradient of an o_proj or
                            * down_proj module (its unscaled one is the residual stream's, read again after) */
     int dora_fixed;       /* the norms in dn stay as they are (generation: the adapters do not change) */

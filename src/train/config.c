@@ -196,9 +196,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             o->lora_dropout);
     REQUIRE(!o->lora_dora || o->adapter, "%s: peft_use_dora is true but adapter is none; DoRA is a kind of adapter: "
             "add adapter: lora (or qlora)", src);
-    REQUIRE(!o->lora_dora || o->lora_dropout == 0,
-            "%s: peft_use_dora with lora_dropout %g is not built yet (DoRA's dropout runs the base a second time on "
-            "the dropped-out input); set lora_dropout: 0", src, o->lora_dropout);
     REQUIRE(!o->lora_dora || o->zero_stage < 3,
             "%s: peft_use_dora with zero_stage 3 is not supported yet (each module's weight norm needs the whole "
             "weight when the adapters start); set zero_stage: 0, or offload_params: true to keep the base in host "

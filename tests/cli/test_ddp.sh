@@ -145,8 +145,9 @@ qlora="--base_model $W/tied --adapter qlora --lora_dropout 0.1 --learning_rate 1
 run qlora_one 0 $qlora --gradient_accumulation_steps 2 || bad "qlora_one did not train: $(tail -2 "$W/qlora_one.log")"
 run qlora_ddp 2 $qlora --ddp_deterministic true || bad "qlora_ddp did not train: $(tail -2 "$W/qlora_ddp.log")"
 same qlora_ddp qlora_one 0
-# DoRA: each magnitude's gradient added once per micro-batch as well
-dora="--base_model $W/tied --adapter lora --peft_use_dora true --lora_target_linear true --learning_rate 1e-2 --max_steps 3"
+# DoRA (with dropout): each magnitude's gradient added once per micro-batch as well
+dora="--base_model $W/tied --adapter lora --peft_use_dora true --lora_target_linear true --lora_dropout 0.1
+      --learning_rate 1e-2 --max_steps 3"
 run dora_one 0 $dora --gradient_accumulation_steps 2 || bad "dora_one did not train: $(tail -2 "$W/dora_one.log")"
 run dora_ddp 2 $dora --ddp_deterministic true || bad "dora_ddp did not train: $(tail -2 "$W/dora_ddp.log")"
 same dora_ddp dora_one 0

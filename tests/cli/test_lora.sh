@@ -203,9 +203,14 @@ if run dora_merged $dora --base_model "$W/base" --merge_lora true; then
     "$SNUG" generate "$W/dora_merged/merged" --prompt "The" --max_new_tokens 8 --temperature 0 > "$W/gen6.log" 2>&1 &&
     cmp -s "$W/gen5.log" "$W/gen6.log" && ok || bad "DoRA: greedy text with --adapter differs from the merged model's: $(cat "$W/gen5.log" "$W/gen6.log")"
 fi
-# refused: DoRA without an adapter, with dropout (not built), at ZeRO-3
-for args in "--peft_use_dora true:adapter: lora" "--adapter lora --peft_use_dora true --lora_dropout 0.1:lora_dropout: 0" \
-            "--adapter lora --peft_use_dora true --zero_stage 3:zero_stage"; do
+# with dropout: a row's mask is the same in whichever shard of a tiled MLP it runs, and in a checkpointed layer's
+# recomputation
+run dora_drop $dora --lora_dropout 0.2 && planned dora_drop &&
+  run dora_drop_full $dora --lora_dropout 0.2 --gradient_checkpointing full && same dora_drop_full dora_drop &&
+  run dora_drop_tiled $dora --lora_dropout 0.2 --tiled_mlp true --tiled_mlp_num_shards 3 &&
+  near dora_drop_tiled dora_drop lora_ga lora
+# refused: DoRA without an adapter, at ZeRO-3
+for args in "--peft_use_dora true:adapter: lora" "--adapter lora --peft_use_dora true --zero_stage 3:zero_stage"; do
   "$SNUG" train $common ${args%%:*} --output_dir "$W/d" > "$W/d.log" 2>&1
   [ $? -eq 2 ] && grep -q "peft_use_dora" "$W/d.log" && grep -q "${args#*:}" "$W/d.log" && ok || bad "${args%%:*}: $(tail -1 "$W/d.log")"
 done

@@ -1,7 +1,8 @@
 """snug's LoRA against PEFT on transformers models in fp32: logits, loss and the gradient of every lora_A and lora_B
 (Llama with GQA on all seven projections, Llama with q_proj and v_proj alone of the fused q/k/v, rsLoRA, GPT-2's
 Conv1D modules; DoRA on the same three shapes, with every lora_magnitude_vector's gradient, its norms and magnitude
-gradients also taken a few rows of a module at a time), five AdamW steps of the adapters against torch.optim.AdamW over PEFT's trainable parameters, an
+gradients also taken a few rows of a module at a time; LoRA and DoRA with lora_dropout in training, PEFT's dropout
+given snug's masks), five AdamW steps of the adapters against torch.optim.AdamW over PEFT's trainable parameters, an
 adapter saved by snug loaded by PeftModel.from_pretrained with no missing or unexpected keys and giving snug's
 weights, `snug merge` against merge_and_unload (fp32 and bf16 bases), and adapters that do not match the base refused with a clear error.
 
@@ -107,6 +108,76 @@ def check_grads(tag, got, outs, m32, m64):
     extra = [k for k in got if k.startswith("grad.") and k[5:] not in {plain(x) for x in p64}]
     check(not extra, f"{tag}: snug has gradients PEFT has not: {extra[:3]}")
     print(f"  {tag:<24} logits and loss match; {n} adapter gradients, worst relerr {worst:.2e}")
+
+
+MODULES = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+           "gpt2": ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]}
+
+
+def snug_mask(layer, module, rows, cols, p, seed=0):
+    """snug's dropout mask of module `module` (its number in the architecture) in `layer` for a micro-batch's
+    (rows, cols) input: element i kept when the splitmix64 bits of seed ^ layer ^ module's stream at i + 1 are at or
+    above p 2^32 (backend.h, lora.c's mask_seed), the seed 0 in `snug parity`."""
+    import numpy as np
+    with np.errstate(over="ignore"):
+        s = np.uint64(seed) ^ np.uint64(((layer + 1) * 0xD6E8FEB86659FD93) % 2**64) ^ np.uint64((module + 1) << 56)
+        z = s + (np.arange(rows * cols, dtype=np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        bits = (z ^ (z >> np.uint64(31))) >> np.uint64(32)
+    keep = bits.astype(np.float64) >= float(np.float32(p)) * 4294967296.0
+    return torch.from_numpy(keep.reshape(rows, cols))
+
+
+class MaskDropout(torch.nn.Module):
+    """PEFT's lora_dropout with snug's mask: x * keep / (1 - p), the factor rounded to fp32 as snug computes it."""
+    def __init__(self, keep, p):
+        super().__init__()
+        self.keep, self.f = keep, float(torch.tensor(1.0, dtype=torch.float32) / (1 - torch.tensor(p, dtype=torch.float32)))
+
+    def forward(self, x):
+        return x * self.keep.reshape(x.shape).to(x.dtype) * self.f
+
+
+def dropout_parity():
+    """LoRA and DoRA with lora_dropout in training against PEFT given snug's masks (each module's own, PEFT's
+    lora_dropout modules replaced): DoRA's dropout runs the base again on the dropped-out input (PEFT's
+    DoraLinearVariant), so its magnitude and input gradients take that path."""
+    p = 0.25
+    for tag, cfg, lcfg in (("llama-all7 dropout", transformers.LlamaConfig(**LLAMA),
+                            dict(r=4, lora_alpha=8, target_modules=ALL7)),
+                           ("llama-dora dropout", transformers.LlamaConfig(**LLAMA),
+                            dict(r=4, lora_alpha=8, target_modules=ALL7, use_dora=True)),
+                           ("gpt2-dora dropout", transformers.GPT2Config(
+                               vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                               embd_pdrop=0.0, attn_pdrop=0.0), dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj",
+                                                                                                       "c_fc"], use_dora=True))):
+        work = tempfile.mkdtemp()
+        base_dir, ad_dir = os.path.join(work, "base"), os.path.join(work, "adapter")
+        m32 = peft_model(cfg, {**lcfg}, torch.float32, base_dir)
+        m32.peft_config["default"].lora_dropout = p
+        m32.save_pretrained(ad_dir)
+        m64 = copy.deepcopy(m32).to(torch.float64)
+        B, T = 2, 13
+        ids = torch.randint(0, cfg.vocab_size, (B, T))
+        hf_labels = ids.clone()
+        hf_labels[1, :3] = -100
+        arch = "gpt2" if isinstance(cfg, transformers.GPT2Config) else "llama"
+        outs = {}
+        for dt, m in ((32, m32), (64, m64)):
+            for name, mod in m.named_modules():
+                if not hasattr(mod, "lora_dropout") or "default" not in mod.lora_dropout:
+                    continue
+                k = next(i for i, s in enumerate(MODULES[arch]) if name.endswith("." + s))
+                layer = int(name.split(".h.")[1].split(".")[0] if arch == "gpt2" else name.split(".layers.")[1].split(".")[0])
+                cols = mod.in_features
+                mod.lora_dropout["default"] = MaskDropout(snug_mask(layer, k, B * T, cols, p), p)
+            m.train()
+            o = m(input_ids=ids, labels=hf_labels)
+            o.loss.backward()
+            outs[dt] = o
+        got = snug_parity(base_dir, ids, aligned_labels(hf_labels), "--adapter", ad_dir)
+        check_grads(tag, got, outs, m32, m64)
 
 
 def main():
@@ -219,6 +290,8 @@ def main():
             else:
                 check(worst <= 1.0, f"{tag}: bf16 merge differs by {worst:.2f} ulp from merge_and_unload")
                 print(f"  {tag:<14} merge (bf16 base): {off} values one bf16 ulp apart, the rest equal")
+
+    dropout_parity()
 
     # adapters that do not fit the base: one clear error, exit 2 (a vocabulary as large as the tokenizer's)
     cfg = transformers.LlamaConfig(**{**LLAMA, "vocab_size": 2048})

@@ -853,9 +853,24 @@ static void test_rows(void) {
         for (int j = nc; j < ldo; j++)
             ok_s &= o1[(size_t)t * ldo + j] == 0.0f;
     CHECKF(ok_s, "scale_cols: bias + (mag / nrm) (x - bias), without bias, in place, only its columns");
+    float *acc = randf((size_t)N * ldo, -1, 1), *acc0 = copyf(acc, (size_t)N * ldo);
+    be3->add_scaled_cols(be3, acc, (size_t)ldo, x, (size_t)ldi, N, nc, mag, nrm, 1.0f);
+    int ok_a = 1;
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < ldo; j++) {
+            size_t o = (size_t)t * ldo + j;
+            if (j >= nc) {
+                ok_a &= acc[o] == acc0[o];
+                continue;
+            }
+            float g = mag[j] / nrm[j], f = g - 1.0f, p = f * x[(size_t)t * ldi + j];
+            ok_a &= acc[o] == acc0[o] + p;
+        }
+    CHECKF(ok_a, "add_scaled_cols: out += (mag / nrm - 1) x on its columns only");
+    free(acc), free(acc0);
     free(a), free(b), free(div), free(n1), free(n3), free(d1), free(d3), free(d0);
     free(x), free(mag), free(nrm), free(bias), free(o1), free(o2), free(inplace);
-    printf("  row_norms, row_dots, scale_cols: exact at 1 and 3 threads\n");
+    printf("  row_norms, row_dots, scale_cols, add_scaled_cols: exact at 1 and 3 threads\n");
 }
 
 /* ------------------------------------------------------------------------------------------------ loss */

@@ -442,6 +442,19 @@ void snug_cpu_scale_cols(snug_backend *be, float *out, size_t ldo, const float *
     }
 }
 
+void snug_cpu_add_scaled_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                              const float *mag, const float *nrm, float minus) {
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * (size_t)cols >= SNUG_CPU_PAR_MIN)
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * ldo;
+        const float *x = in + (size_t)t * ldi;
+        for (int j = 0; j < cols; j++) {
+            float g = mag[j] / nrm[j], f = g - minus, p = f * x[j];
+            o[j] += p;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------ optimizer */
 
 double snug_cpu_sumsq(snug_backend *be, const void *xv, snug_dtype dt, size_t n) {

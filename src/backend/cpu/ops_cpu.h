@@ -105,6 +105,8 @@ void snug_cpu_row_dots(snug_backend *be, float *out, const float *a, size_t lda,
                        int cols, const float *div);
 void snug_cpu_scale_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
                          const float *mag, const float *nrm, const float *bias);
+void snug_cpu_add_scaled_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                              const float *mag, const float *nrm, float minus);
 
 double snug_cpu_xent_fwd_bwd(snug_backend *be, float *dh, float *dw, const float *h, const void *w, snug_dtype wdt,
                              const int32_t *labels, int N, int C, int V, float grad_scale, float *logits_ws,

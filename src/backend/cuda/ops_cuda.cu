@@ -652,6 +652,27 @@ __global__ void scale_cols_kernel(float *out, size_t ldo, const float *in, size_
     }
 }
 
+__global__ void add_scaled_cols_kernel(float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
+                                       const float *mag, const float *nrm, float minus) {
+    size_t n = (size_t)N * (size_t)cols;
+    FOR_EACH(k, n) {
+        size_t t = k / (size_t)cols;
+        int j = (int)(k % (size_t)cols);
+        float f = __fsub_rn(__fdiv_rn(mag[j], nrm[j]), minus);
+        out[t * ldo + j] = __fadd_rn(out[t * ldo + j], __fmul_rn(f, in[t * ldi + j]));
+    }
+}
+
+extern "C" void snug_cuda_add_scaled_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N,
+                                          int cols, const float *mag, const float *nrm, float minus) {
+    size_t n = (size_t)N * (size_t)cols;
+    if (!n)
+        return;
+    add_scaled_cols_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(out, ldo, in, ldi, N, cols,
+                                                                                             mag, nrm, minus);
+    SNUG_CUDA_LAUNCHED();
+}
+
 static unsigned row_blocks(int rows) { return (unsigned)(((size_t)rows * 32 + 255) / 256); }
 
 extern "C" void snug_cuda_row_norms(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols) {
