@@ -6,9 +6,10 @@ same number of threads. PEFT trains the same base folder with get_peft_model (ba
 tokens/s and peak RSS of each and the ratios snug/PEFT. Targets (LoRA issue): tokens/s >= 1.5x at <= 0.6x peak RSS.
 With --qlora: snug's adapter: qlora (NF4, double quantization, bf16 for the rest) against PEFT on transformers'
 BitsAndBytesConfig model (the same quantization, compute dtype bf16) prepared with prepare_model_for_kbit_training,
-as the QLoRA recipes do; target: peak RSS <= 0.5x.
+as the QLoRA recipes do; target: peak RSS <= 0.5x. With --dora: DoRA on the same modules in both (snug's
+peft_use_dora, PEFT's use_dora).
 
-    python bench/bench_lora.py --snug build/snug [--threads 2] [--steps 8] [--batch 4] [--seq 256] [--qlora]
+    python bench/bench_lora.py --snug build/snug [--threads 2] [--steps 8] [--batch 4] [--seq 256] [--qlora] [--dora]
 """
 import argparse
 import json
@@ -38,7 +39,8 @@ if sys.argv[6] == "1":  # QLoRA: bitsandbytes 4-bit base, the recipe's preparati
     base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
 else:
     base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-model = peft.get_peft_model(base, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=%s))
+model = peft.get_peft_model(base, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=%s,
+                                                  use_dora=sys.argv[7] == "1"))
 model.train()
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
 ids = torch.randint(0, 256, (B, T))
@@ -57,23 +59,24 @@ print(json.dumps({"tokens_per_s": B * T * len(warm) / sum(warm),
 """ % repr(TARGETS)
 
 
-def run_peft(path, B, T, steps, threads, qlora):
+def run_peft(path, B, T, steps, threads, qlora, dora):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = subprocess.run([sys.executable, "-c", PEFT_CHILD, path, str(B), str(T), str(steps), str(threads),
-                        "1" if qlora else "0"],
+                        "1" if qlora else "0", "1" if dora else "0"],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_snug(snug, path, data, B, T, steps, threads, out, qlora):
+def run_snug(snug, path, data, B, T, steps, threads, out, qlora, dora):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     cmd = [snug, "train", "--base_model", path, "--dataset", data, "--micro_batch_size", str(B), "--sequence_len",
            str(T), "--max_steps", str(steps), "--learning_rate", "1e-4", "--lr_scheduler", "constant",
            "--logging_steps", "1", "--output_dir", out, "--threads", str(threads), "--sample_tokens", "0",
            "--adapter", "qlora" if qlora else "lora", "--lora_r", "16", "--lora_alpha", "16", "--lora_target_linear", "true",
-           "--overwrite_output_dir", "true", "--max_grad_norm", "1.0", "--weight_decay", "0"]
+           "--overwrite_output_dir", "true", "--max_grad_norm", "1.0", "--weight_decay", "0",
+           "--peft_use_dora", "true" if dora else "false"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(r.stdout + r.stderr)
@@ -92,6 +95,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--work", default="")
     ap.add_argument("--qlora", action="store_true")
+    ap.add_argument("--dora", action="store_true")
     a = ap.parse_args()
     import torch
     import transformers
@@ -103,9 +107,10 @@ def main():
         transformers.AutoModelForCausalLM.from_config(cfg).float().save_pretrained(path, safe_serialization=True)
     data = os.path.join(work, "data.jsonl")
     make_data(data, a.batch * a.seq * (a.steps + 2) * 2)
-    s = run_snug(a.snug, path, data, a.batch, a.seq, a.steps, a.threads, os.path.join(work, "out"), a.qlora)
-    p = run_peft(path, a.batch, a.seq, a.steps, a.threads, a.qlora)
+    s = run_snug(a.snug, path, data, a.batch, a.seq, a.steps, a.threads, os.path.join(work, "out"), a.qlora, a.dora)
+    p = run_peft(path, a.batch, a.seq, a.steps, a.threads, a.qlora, a.dora)
     what = "QLoRA (NF4, double quantization, bf16)" if a.qlora else "LoRA (fp32)"
+    what = what.replace("LoRA", "DoRA") if a.dora else what
     print(f"{what} r=16 on all 7 projections, SmolLM-135M shape, B={a.batch} T={a.seq}, {a.threads} threads")
     print(f"  snug  {s['tokens_per_s']:8.1f} tokens/s  peak RSS {s['peak_rss'] / 2**20:8.1f} MiB")
     print(f"  PEFT  {p['tokens_per_s']:8.1f} tokens/s  peak RSS {p['peak_rss'] / 2**20:8.1f} MiB")

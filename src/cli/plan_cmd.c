@@ -211,11 +211,13 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
         break;
     case SNUG_MEM_ADAPTER:
         if (s->lv.lora.kind && s->lv.lora.save_modules)
-            snprintf(buf, n, "LoRA r=%d A and B, and %s in full, in fp32 (the rest of the base is frozen)",
-                     s->lv.lora.r, s->lv.lora.save_modules == (SNUG_SAVE_EMBED | SNUG_SAVE_HEAD) ? "embed_tokens, lm_head"
+            snprintf(buf, n, "%s r=%d A and B%s, and %s in full, in fp32 (the rest of the base is frozen)",
+                     s->lv.lora.dora ? "DoRA" : "LoRA", s->lv.lora.r, s->lv.lora.dora ? ", magnitudes" : "",
+                     s->lv.lora.save_modules == (SNUG_SAVE_EMBED | SNUG_SAVE_HEAD) ? "embed_tokens, lm_head"
                                    : s->lv.lora.save_modules & SNUG_SAVE_EMBED ? "embed_tokens" : "lm_head");
         else if (s->lv.lora.kind)
-            snprintf(buf, n, "LoRA r=%d A and B in fp32 (the base is frozen)", s->lv.lora.r);
+            snprintf(buf, n, "%s r=%d A and B%s in fp32 (the base is frozen)", s->lv.lora.dora ? "DoRA" : "LoRA",
+                     s->lv.lora.r, s->lv.lora.dora ? ", magnitudes" : "");
         else
             snprintf(buf, n, "none: full fine-tuning");
         break;
@@ -474,7 +476,7 @@ static void print_text(const report *r, FILE *f) {
         snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",
                  q ? q4_code(pl_lv) : snug_precision_name(pl_lv->dt), snug_precision_name(pl_lv->dt));
         fprintf(f, "  training     %s r=%d alpha %g on %s: the %s frozen, fp32 adapters, optimizer %s\n",
-                q ? "QLoRA" : "LoRA", pl_lv->lora.r, (double)pl_lv->lora.alpha, t, base,
+                pl_lv->lora.dora ? (q ? "QDoRA" : "DoRA") : q ? "QLoRA" : "LoRA", pl_lv->lora.r, (double)pl_lv->lora.alpha, t, base,
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     } else if (pl_lv->dt == SNUG_DT_F32)
         fprintf(f, "  training     fp32 weights, activations and gradients, optimizer %s\n",
