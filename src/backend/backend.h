@@ -183,6 +183,11 @@ struct snug_backend {
      * (no subtraction). The gain rounded once, then each product and sum; out may be in. */
     void (*scale_cols)(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
                        const float *mag, const float *nrm, const float *bias);
+    /* out[j] += (sum_t a[t lda + j] (y[t ldy + j] - bias[j])) / div[j] for j < cols, t < N (bias NULL: y alone): the
+     * difference rounded, the sum in double, divided, then rounded and added (DoRA's magnitude gradient from the
+     * module's output) */
+    void (*col_dots)(snug_backend *be, float *out, const float *a, size_t lda, const float *y, size_t ldy, int N,
+                     int cols, const float *bias, const float *div);
     /* out[t ldo + j] += (mag[j] / nrm[j] - minus) * in[t ldi + j]: the gain and the factor rounded once each, then the
      * product and the sum (DoRA with dropout: minus 1 for the base's share, 0 for the adapter's) */
     void (*add_scaled_cols)(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,

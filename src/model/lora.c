@@ -273,7 +273,7 @@ static void dora_scale(snug_model *m, int l, const snug_lora_module *md, float *
 }
 
 const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
-                                int in_place) {
+                                const float *y, const float *bias, int in_place) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     if (!lo->on || !lo->dora || dropping(lo)) /* (with dropout snug_lora_bwd takes all of DoRA's part) */
@@ -286,10 +286,18 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
         int n = md->group, r = lo->r, R = n * r, in = md->in;
         if (md->site != site)
             continue;
-        if (lo->grads) /* u = x [A_0; ...]^T, for the magnitudes' gradient */
+        if (lo->grads && !y) /* u = x [A_0; ...]^T, for the magnitudes' gradient */
             be->gemm_strided(be, 0, 1, N, R, in, 1.0f, x, in, P + md->a_off, in, 0.0f, lo->u, R);
         for (int j = 0; j < n; j++) {
             const snug_lora_module *mj = md + j;
+            if (lo->grads && y) { /* from the output: x W^T + s u B^T = (y - bias) nrm / mag, so dmag = the sum over
+                                   * tokens of dy (y - bias) / mag, one pass over the columns */
+                be->zero(be, lo->dmt, (size_t)mj->rows * sizeof *lo->dmt);
+                be->col_dots(be, lo->dmt, dout + mj->row0, (size_t)width, y + mj->row0, (size_t)width, N, mj->rows,
+                             bias ? bias + mj->row0 : NULL, P + mj->m_off);
+                be->accumulate(be, lo->grads + base + mj->m_off, lo->dmt, (size_t)mj->rows);
+                continue;
+            }
             /* dmag = (sum over tokens of dy * (x W^T + s u B^T)) / nrm, the products of x W^T and u B^T taken as
              * row dots of W with dy^T x and of B with s dy^T u, a chunk of the module's rows at a time */
             for (int r0 = 0; lo->grads && r0 < mj->rows; r0 += lo->dchunk) {

@@ -1995,7 +1995,7 @@ static void layer_bwd(snug_model *m, int l) {
         if (m->mlp_rows)
             mlp_in(m, l, w, a, NULL, n0, ns);
         be->zero(be, m->d_act, nsI * sizeof(float));
-        const float *dp = snug_lora_dora_bwd(m, l, SNUG_SITE_PROJ, m->d_res + o, C, a->act, ns, 0);
+        const float *dp = snug_lora_dora_bwd(m, l, SNUG_SITE_PROJ, m->d_res + o, C, a->act, ns, NULL, NULL, 0);
         lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, dp, a->act, w->proj_w, ns, I, C);
         snug_lora_bwd(m, l, SNUG_SITE_PROJ, m->d_act, dp, C, a->act, ns, n0);
         be->zero(be, m->d_fc, (size_t)ns * m->FC * sizeof(float));
@@ -2003,7 +2003,7 @@ static void layer_bwd(snug_model *m, int l) {
             be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, nsI);
         else
             be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, ns, I);
-        snug_lora_dora_bwd(m, l, SNUG_SITE_FC, m->d_fc, m->FC, a->ln2 + o, ns, 1);
+        snug_lora_dora_bwd(m, l, SNUG_SITE_FC, m->d_fc, m->FC, a->ln2 + o, ns, a->fc, w->fc_b, 1);
         lin_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, g->fc_w, g->fc_b, m->d_fc, a->ln2 + o, w->fc_w, ns, C, m->FC);
         snug_lora_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, m->d_fc, m->FC, a->ln2 + o, ns, n0);
     }
@@ -2012,7 +2012,7 @@ static void layer_bwd(snug_model *m, int l) {
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
     be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
-    const float *d_o = snug_lora_dora_bwd(m, l, SNUG_SITE_O, m->d_res, C, a->att, N, 0);
+    const float *d_o = snug_lora_dora_bwd(m, l, SNUG_SITE_O, m->d_res, C, a->att, N, NULL, NULL, 0);
     lin_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, d_o, a->att, w->o_w, N, NH * HD, C);
     snug_lora_bwd(m, l, SNUG_SITE_O, m->d_att, d_o, C, a->att, N, 0);
     be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
@@ -2033,7 +2033,11 @@ static void layer_bwd(snug_model *m, int l) {
                   (m->lora.on && m->lora.emb_off != (size_t)-1); /* (a later pipeline stage sends it back) */
     if (need_dx)
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
-    snug_lora_dora_bwd(m, l, SNUG_SITE_QKV, m->d_qkv, m->QKV, a->ln1, N, 1);
+    /* DoRA reads q/k/v's output as its GEMM left it: the rotation undone in place (attention's backward, the last
+     * reader of the rotated values, is done) */
+    if (m->lora.dora && c->arch != SNUG_ARCH_GPT2)
+        be->rope_bwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
+    snug_lora_dora_bwd(m, l, SNUG_SITE_QKV, m->d_qkv, m->QKV, a->ln1, N, a->qkv, w->qkv_b, 1);
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
             m->QKV);
     snug_lora_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N, 0);

@@ -580,10 +580,12 @@ void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, 
  * snug_lora_fwd calls it; generation calls it once per layer and site, then sets dora_fixed. */
 void snug_lora_dora_norms(snug_model *m, int l, snug_site site);
 /* DoRA, before the site's base backward: the magnitudes' gradients accumulate from the unscaled dout (N, width) and
- * x (N, in); returns the gradient the base and snug_lora_bwd then read, each DoRA module's columns scaled by
- * mag / nrm: dout itself (in_place) or lora.dy. Without DoRA: dout. */
+ * x (N, in), or with y non-NULL from the site's output as forward left it (N, width; the same row stride) and its
+ * bias, without the GEMM over x; returns the gradient the base and snug_lora_bwd then read, each DoRA module's
+ * columns scaled by mag / nrm: dout itself (in_place) or lora.dy. Without DoRA (or with dropout, which
+ * snug_lora_bwd takes whole): dout. */
 const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
-                                int in_place);
+                                const float *y, const float *bias, int in_place);
 /* Rows [row, row + nr) of layer l's weight at site (out features, in features as (rows, in)) in fp32 into dst
  * (nr, in): copied, widened from 16 bits or dequantized from 4. Within a layer's pass, or outside the passes where
  * nothing needs a collective (not under ZeRO-3). */

@@ -442,6 +442,28 @@ void snug_cpu_scale_cols(snug_backend *be, float *out, size_t ldo, const float *
     }
 }
 
+void snug_cpu_col_dots(snug_backend *be, float *out, const float *a, size_t lda, const float *y, size_t ldy, int N,
+                       int cols, const float *bias, const float *div) {
+    /* blocks of 64 columns, each thread walking the tokens down its block: rows read in order */
+    int nb = (cols + 63) / 64;
+#pragma omp parallel for num_threads(NT(be)) if ((size_t)N * (size_t)cols >= SNUG_CPU_PAR_MIN)
+    for (int b = 0; b < nb; b++) {
+        int j0 = b * 64, j1 = j0 + 64 < cols ? j0 + 64 : cols;
+        double s[64] = {0};
+        for (int t = 0; t < N; t++) {
+            const float *x = a + (size_t)t * lda, *v = y + (size_t)t * ldy;
+            for (int j = j0; j < j1; j++) {
+                float d = bias ? v[j] - bias[j] : v[j];
+                s[j - j0] += (double)x[j] * d;
+            }
+        }
+        for (int j = j0; j < j1; j++) {
+            float q = (float)(s[j - j0] / div[j]);
+            out[j] += q;
+        }
+    }
+}
+
 void snug_cpu_add_scaled_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
                               const float *mag, const float *nrm, float minus) {
 #pragma omp parallel for num_threads(NT(be)) if ((size_t)N * (size_t)cols >= SNUG_CPU_PAR_MIN)

@@ -404,6 +404,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->row_dots = snug_cuda_row_dots;
     be->scale_cols = snug_cuda_scale_cols;
     be->add_scaled_cols = snug_cuda_add_scaled_cols;
+    be->col_dots = snug_cuda_col_dots;
     be->dequantize_4bit = snug_cuda_dequantize_4bit;
     be->xent_fwd_bwd = snug_cuda_xent_fwd_bwd;
     be->sumsq = snug_cuda_sumsq;

@@ -266,6 +266,8 @@ void snug_cuda_row_dots(snug_backend *be, float *out, const float *a, size_t lda
                         int rows, int cols, const float *div);
 void snug_cuda_scale_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
                           const float *mag, const float *nrm, const float *bias);
+void snug_cuda_col_dots(snug_backend *be, float *out, const float *a, size_t lda, const float *y, size_t ldy, int N,
+                        int cols, const float *bias, const float *div);
 void snug_cuda_add_scaled_cols(snug_backend *be, float *out, size_t ldo, const float *in, size_t ldi, int N, int cols,
                                const float *mag, const float *nrm, float minus);
 

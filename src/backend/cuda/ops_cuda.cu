@@ -673,6 +673,28 @@ extern "C" void snug_cuda_add_scaled_cols(snug_backend *be, float *out, size_t l
     SNUG_CUDA_LAUNCHED();
 }
 
+/* one thread per column, walking the tokens in order (neighbouring threads read neighbouring floats) */
+__global__ void col_dots_kernel(float *out, const float *a, size_t lda, const float *y, size_t ldy, int N, int cols,
+                                const float *bias, const float *div) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols)
+        return;
+    double s = 0;
+    for (int t = 0; t < N; t++) {
+        float v = y[(size_t)t * ldy + j], d = bias ? __fsub_rn(v, bias[j]) : v;
+        s += (double)a[(size_t)t * lda + j] * (double)d;
+    }
+    out[j] = __fadd_rn(out[j], (float)(s / div[j]));
+}
+
+extern "C" void snug_cuda_col_dots(snug_backend *be, float *out, const float *a, size_t lda, const float *y,
+                                   size_t ldy, int N, int cols, const float *bias, const float *div) {
+    if (cols <= 0)
+        return;
+    col_dots_kernel<<<(cols + 127) / 128, 128, 0, snug_cuda_stream(be)>>>(out, a, lda, y, ldy, N, cols, bias, div);
+    SNUG_CUDA_LAUNCHED();
+}
+
 static unsigned row_blocks(int rows) { return (unsigned)(((size_t)rows * 32 + 255) / 256); }
 
 extern "C" void snug_cuda_row_norms(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols) {
