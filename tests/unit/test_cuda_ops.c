@@ -651,7 +651,7 @@ static void test_rows(void) {
     float *a = randf((size_t)rows * lda, -1, 1), *b = randf((size_t)rows * lda, -1, 1);
     float *div = randf((size_t)rows, 0.5f, 2.0f), *acc = randf((size_t)rows, -1, 1);
     float *x = randf((size_t)N * ld, -2, 2), *mag = randf((size_t)nc, -1, 2), *nrm = randf((size_t)nc, 0.5f, 3);
-    float *bias = randf((size_t)nc, -1, 1), *res[2][4];
+    float *bias = randf((size_t)nc, -1, 1), *res[2][5];
     snug_backend *bes[2] = {cpu, gpu};
     for (int k = 0; k < 2; k++) {
         snug_backend *be = bes[k];
@@ -666,6 +666,10 @@ static void test_rows(void) {
         be->add_scaled_cols(be, dacc + 3, (size_t)ld, dsrc, (size_t)ld, N, nc, dm, dr, 1.0f);
         res[k][3] = malloc((size_t)N * ld * 4);
         down(be, res[k][3], dacc, (size_t)N * ld * 4);
+        float *dcol = up(be, mag, (size_t)nc * 4); /* (added to) */
+        be->col_dots(be, dcol, dsrc + 1, (size_t)ld, dsrc, (size_t)ld, N, nc, dbias, dm);
+        res[k][4] = malloc((size_t)nc * 4);
+        down(be, res[k][4], dcol, (size_t)nc * 4);
         down(be, NULL, dsrc, 0);
         res[k][0] = malloc((size_t)rows * 4), res[k][1] = malloc((size_t)rows * 4), res[k][2] = malloc((size_t)N * ld * 4);
         down(be, res[k][0], dn, (size_t)rows * 4);
@@ -678,8 +682,9 @@ static void test_rows(void) {
     expect("row_dots", rel(res[1][1], res[0][1], (size_t)rows), 2e-7);
     expect_same("scale_cols", res[1][2], res[0][2], (size_t)N * ld * 4);
     expect_same("add_scaled_cols", res[1][3], res[0][3], (size_t)N * ld * 4);
+    expect_same("col_dots (the same order of double sums)", res[1][4], res[0][4], (size_t)nc * 4);
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             free(res[k][i]);
     free(a), free(b), free(div), free(acc), free(x), free(mag), free(nrm), free(bias);
 }

@@ -868,9 +868,28 @@ static void test_rows(void) {
         }
     CHECKF(ok_a, "add_scaled_cols: out += (mag / nrm - 1) x on its columns only");
     free(acc), free(acc0);
+    /* col_dots: each column's double sum over the tokens in order, with and without the bias */
+    float *dy = randf((size_t)N * ldo, -1, 1), *c1 = randf((size_t)nc, -1, 1), *c3 = copyf(c1, (size_t)nc);
+    float *c0 = copyf(c1, (size_t)nc), *cn = copyf(c1, (size_t)nc);
+    be1->col_dots(be1, c1, dy, (size_t)ldo, x, (size_t)ldi, N, nc, bias, mag);
+    be3->col_dots(be3, c3, dy, (size_t)ldo, x, (size_t)ldi, N, nc, bias, mag);
+    be3->col_dots(be3, cn, dy, (size_t)ldo, x, (size_t)ldi, N, nc, NULL, nrm);
+    int ok_c = 1;
+    for (int j = 0; j < nc; j++) {
+        double s = 0, sn = 0;
+        for (int t = 0; t < N; t++) {
+            float v = x[(size_t)t * ldi + j], d = v - bias[j];
+            s += (double)dy[(size_t)t * ldo + j] * d;
+            sn += (double)dy[(size_t)t * ldo + j] * v;
+        }
+        float q = (float)(s / mag[j]), qn = (float)(sn / nrm[j]);
+        ok_c &= c1[j] == c0[j] + q && c3[j] == c1[j] && cn[j] == c0[j] + qn;
+    }
+    CHECKF(ok_c, "col_dots: each column's double sum over the tokens, at 1 and 3 threads");
+    free(dy), free(c1), free(c3), free(c0), free(cn);
     free(a), free(b), free(div), free(n1), free(n3), free(d1), free(d3), free(d0);
     free(x), free(mag), free(nrm), free(bias), free(o1), free(o2), free(inplace);
-    printf("  row_norms, row_dots, scale_cols, add_scaled_cols: exact at 1 and 3 threads\n");
+    printf("  row_norms, row_dots, col_dots, scale_cols, add_scaled_cols: exact at 1 and 3 threads\n");
 }
 
 /* ------------------------------------------------------------------------------------------------ loss */
