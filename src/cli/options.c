@@ -469,6 +469,10 @@ static const key_spec keys[] = {
              "optimizer state) beside the adapters, as PEFT's modules_to_save; not for tied embeddings"},
     {.name = "peft_use_rslora", .aliases = "use_rslora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_rslora),
      .def = "false", .help = "rank-stabilised LoRA: scale = lora_alpha / sqrt(lora_r)"},
+    {.name = "peft_layers_to_transform", .aliases = "lora_layers_to_transform layers_to_transform", .type = KT_NAMES,
+     .group = G_MODEL, AT_STR(lora_layers), .def = "", .items = "layer indices (integers from 0)",
+     .help = "adapters on these layers only (PEFT's layers_to_transform: indices from 0, a YAML list or \"0,5\"); "
+             "empty: every layer"},
     {.name = "peft_use_dora", .aliases = "use_dora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_dora),
      .def = "false", .help = "DoRA: each adapted module's output rows scaled by a trained magnitude over the norm of "
                              "W + s B A (PEFT's use_dora; not with lora_dropout)"}, 
@@ -586,7 +590,6 @@ static const key_spec keys[] = {
     /* recognised, not supported yet */
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
     LATER_BOOL("load_in_8bit", "quantised base models"),
-    LATER("lora_layers_to_transform", KT_LIST, "adapters on some layers only"),
     NOOP("eval_sample_packing", KT_BOOL, "evaluation batches as training does; the loss is the same either way"),
     NOOP("dataloader_num_workers", KT_INT, "snug's loader reads the memory-mapped tokens in the training thread"),
     NOOP("dataloader_pin_memory", KT_BOOL, "snug's loader reads the memory-mapped tokens in the training thread"),

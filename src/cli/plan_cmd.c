@@ -476,7 +476,8 @@ static void print_text(const report *r, FILE *f) {
         snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",
                  q ? q4_code(pl_lv) : snug_precision_name(pl_lv->dt), snug_precision_name(pl_lv->dt));
         fprintf(f, "  training     %s r=%d alpha %g on %s: the %s frozen, fp32 adapters, optimizer %s\n",
-                pl_lv->lora.dora ? (q ? "QDoRA" : "DoRA") : q ? "QLoRA" : "LoRA", pl_lv->lora.r, (double)pl_lv->lora.alpha, t, base,
+                pl_lv->lora.dora ? (q ? "QDoRA" : "DoRA") : q ? "QLoRA" : "LoRA", pl_lv->lora.r,
+                (double)pl_lv->lora.alpha, t, base,
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     } else if (pl_lv->dt == SNUG_DT_F32)
         fprintf(f, "  training     fp32 weights, activations and gradients, optimizer %s\n",

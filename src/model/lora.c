@@ -94,6 +94,12 @@ int snug_lora_saved_entry(const snug_model *m, unsigned bit) {
     return -1;
 }
 
+int snug_lora_layer_on(const snug_lora_cfg *lc, int l) {
+    if (!(lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3]))
+        return 1;
+    return l >= 0 && l < 256 && (lc->layers[l / 64] >> (l % 64) & 1);
+}
+
 long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc) {
     if (lc->kind == SNUG_ADAPTER_NONE)
         return 0;
@@ -105,8 +111,10 @@ long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc)
         snug_lora_module_shape(c, k, &row0, &rows, &in);
         per_layer += (long long)lc->r * (in + rows) + (lc->dora ? rows : 0);
     }
-    int saved = !!(lc->save_modules & SNUG_SAVE_EMBED) + !!(lc->save_modules & SNUG_SAVE_HEAD);
-    return per_layer * c->n_layer + (long long)saved * c->vocab_size * c->hidden_size;
+    int saved = !!(lc->save_modules & SNUG_SAVE_EMBED) + !!(lc->save_modules & SNUG_SAVE_HEAD), layers = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        layers += snug_lora_layer_on(lc, l);
+    return per_layer * layers + (long long)saved * c->vocab_size * c->hidden_size;
 }
 
 int snug_lora_build(snug_model *m, snug_error *e) {
@@ -120,6 +128,15 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     const module_def *defs = modules(c->arch, &nmod);
     if (lc->r <= 0 || !(lc->targets & snug_lora_all_linear(c->arch)))
         return snug_fail(e, SNUG_EINPUT, "LoRA needs lora_r >= 1 and at least one target module of the model");
+    int whole = m->pp > 1 ? m->pp_L : c->n_layer, any = 0; /* (a pipeline stage's config holds its own layers) */
+    for (int l = 0; l < 256; l++)
+        if (l >= whole && snug_lora_layer_on(lc, l) && (lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3]))
+            return snug_fail(e, SNUG_EINPUT, "lora_layers_to_transform names layer %d; the model's layers are 0 to %d",
+                             l, whole - 1);
+    for (int l = 0; l < whole; l++)
+        any |= snug_lora_layer_on(lc, l);
+    if (!any)
+        return snug_fail(e, SNUG_EINPUT, "lora_layers_to_transform names no layer of the model");
     lo->on = 1;
     lo->r = lc->r;
     lo->scale = lc->rslora ? lc->alpha / sqrtf((float)lc->r) : lc->alpha / (float)lc->r;
@@ -167,10 +184,11 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     t->layer_numel = calloc((size_t)L + 1, sizeof *t->layer_numel);
     int rc = !t->layer_offset || !t->layer_numel;
     size_t at = 0;
-    for (int l = 0; l < L && !rc; l++, at += lo->per_layer) {
-        t->layer_offset[l] = at;
-        t->layer_numel[l] = lo->per_layer;
-        for (int i = 0; i < lo->nmod && !rc; i++) { /* in PEFT's order (A then B, module by module), at the layout's offsets */
+    for (int l = 0; l < L && !rc; at += t->layer_numel[l], l++) {
+        t->layer_offset[l] = at; /* a layer lora_layers_to_transform leaves out: no adapters, nothing in the table */
+        t->layer_numel[l] = snug_lora_layer_on(lc, lo->l0 + l) ? lo->per_layer : 0;
+        /* in PEFT's order (A then B, module by module), at the layout's offsets */
+        for (int i = 0; i < lo->nmod && !rc && t->layer_numel[l]; i++) {
             const snug_lora_module *md = &lo->mod[i];
             char name[96];
             const char *pre = c->arch == SNUG_ARCH_GPT2 ? "transformer.h" : "model.layers";
@@ -245,7 +263,7 @@ static int dropping(const snug_lora *lo);
 static void dora_norms(snug_model *m, int l, const snug_lora_module *md, float *nrm) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
-    const float *P = lo->params + (size_t)l * lo->per_layer;
+    const float *P = lo->params + lo->table.layer_offset[l];
     for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
         int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
         snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, md->in, lo->dw);
@@ -255,9 +273,12 @@ static void dora_norms(snug_model *m, int l, const snug_lora_module *md, float *
     }
 }
 
+/* Layer l has adapters (lora_layers_to_transform may leave it out). */
+static int adapted(const snug_lora *lo, int l) { return lo->on && lo->table.layer_numel[l]; }
+
 void snug_lora_dora_norms(snug_model *m, int l, snug_site site) {
     snug_lora *lo = &m->lora;
-    for (int i = 0; lo->on && lo->dora && !lo->dora_fixed && i < lo->nmod; i++)
+    for (int i = 0; adapted(lo, l) && lo->dora && !lo->dora_fixed && i < lo->nmod; i++)
         if (lo->mod[i].site == site)
             dora_norms(m, l, &lo->mod[i], lo->dn + (size_t)l * lo->dn_per_layer + lo->mod[i].n_off);
 }
@@ -266,7 +287,7 @@ void snug_lora_dora_norms(snug_model *m, int l, snug_site site) {
 static void dora_scale(snug_model *m, int l, const snug_lora_module *md, float *out, int width, int N,
                        const float *bias) {
     snug_lora *lo = &m->lora;
-    const float *mag = lo->params + (size_t)l * lo->per_layer + md->m_off;
+    const float *mag = lo->params + lo->table.layer_offset[l] + md->m_off;
     const float *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
     m->be->scale_cols(m->be, out + md->row0, (size_t)width, out + md->row0, (size_t)width, N, md->rows, mag, nrm,
                       bias ? bias + md->row0 : NULL);
@@ -276,10 +297,10 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
                                 const float *y, const float *bias, int in_place) {
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
-    if (!lo->on || !lo->dora || dropping(lo)) /* (with dropout snug_lora_bwd takes all of DoRA's part) */
+    if (!adapted(lo, l) || !lo->dora || dropping(lo)) /* (with dropout snug_lora_bwd takes all of DoRA's part) */
         return dout;
     float *dst = dout;
-    size_t base = (size_t)l * lo->per_layer;
+    size_t base = lo->table.layer_offset[l];
     const float *P = lo->params + base, *nrm = lo->dn + (size_t)l * lo->dn_per_layer;
     for (int i = 0; i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
@@ -340,7 +361,8 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
         float bound = 1.0f / sqrtf((float)p->shape[1]);
         /* (a pipeline stage's entries: their index in the whole model's table, 2 per module and layer before, 3
          * with DoRA) */
-        uint64_t s = seed * 0x100000001B3ull + (uint64_t)(i + (2 + lo->dora) * lo->nmod * lo->l0) * 0x9E3779B97F4A7C15ull;
+        uint64_t s = seed * 0x100000001B3ull +
+                     (uint64_t)(i + (2 + lo->dora) * lo->nmod * lo->l0) * 0x9E3779B97F4A7C15ull;
         for (size_t k = 0; k < p->numel; k++) {
             double u = ((snug_splitmix64(&s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
             host[p->offset + k] = (float)((2.0 * u - 1.0) * bound);
@@ -350,8 +372,8 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
     free(host);
     /* DoRA's magnitudes start as the base's row norms (B = 0: |W + s B A| = |W|), so the model starts as the base */
     for (int l = 0; lo->dora && l < m->cfg.n_layer; l++)
-        for (int i = 0; i < lo->nmod; i++)
-            dora_norms(m, l, &lo->mod[i], lo->params + (size_t)l * lo->per_layer + lo->mod[i].m_off);
+        for (int i = 0; adapted(lo, l) && i < lo->nmod; i++)
+            dora_norms(m, l, &lo->mod[i], lo->params + lo->table.layer_offset[l] + lo->mod[i].m_off);
     /* a module trained in full starts as the base's tensor (PEFT copies the original module); a sharded base (ZeRO-3)
      * is not whole on any rank: the copies are then read from the base's file (snug_lora_saved_from_file) */
     if (m->param_sharded)
@@ -380,7 +402,7 @@ static void dora_drop_fwd(snug_model *m, int l, const snug_lora_module *md, floa
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     int r = lo->r, in = md->in;
-    const float *P = lo->params + (size_t)l * lo->per_layer;
+    const float *P = lo->params + lo->table.layer_offset[l];
     const float *mag = P + md->m_off, *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
     be->gemm_strided(be, 0, 1, N, r, in, 1.0f, xd, in, P + md->a_off, in, 0.0f, lo->u, r); /* u = xd A^T */
     for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
@@ -403,7 +425,7 @@ static void dora_drop_bwd(snug_model *m, int l, const snug_lora_module *md, floa
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     int r = lo->r, in = md->in;
-    size_t base = (size_t)l * lo->per_layer;
+    size_t base = lo->table.layer_offset[l];
     const float *P = lo->params + base, *A = P + md->a_off;
     const float *mag = P + md->m_off, *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
     float *G = lo->grads + base;
@@ -455,7 +477,7 @@ static void group_fwd(snug_model *m, int l, const snug_lora_module *md, int n, f
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     int r = lo->r, R = n * r, in = md->in;
-    const float *P = lo->params + (size_t)l * lo->per_layer;
+    const float *P = lo->params + lo->table.layer_offset[l];
     be->gemm_strided(be, 0, 1, N, R, in, 1.0f, xin, in, P + md->a_off, in, 0.0f, lo->u, R); /* u = xin A^T */
     for (int j = 0; j < n; j++) /* out[:, row0:row0+rows] (N, rows) += s * u_j B_j^T */
         be->gemm_strided(be, 0, 1, N, md[j].rows, r, lo->scale, lo->u + j * r, R, P + md[j].b_off, r, 1.0f,
@@ -465,9 +487,11 @@ static void group_fwd(snug_model *m, int l, const snug_lora_module *md, int n, f
 void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0,
                    const float *bias) {
     snug_lora *lo = &m->lora;
-    if (lo->on && lo->dora && n0 == 0) /* (a tiled MLP's later shards reuse the first's) */
+    if (!adapted(lo, l))
+        return;
+    if (lo->dora && n0 == 0) /* (a tiled MLP's later shards reuse the first's) */
         snug_lora_dora_norms(m, l, site);
-    for (int i = 0; lo->on && i < lo->nmod; i += lo->mod[i].group) {
+    for (int i = 0; i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;
@@ -494,7 +518,7 @@ static void group_bwd(snug_model *m, int l, const snug_lora_module *md, int n, f
     snug_lora *lo = &m->lora;
     snug_backend *be = m->be;
     int r = lo->r, R = n * r, in = md->in;
-    size_t base = (size_t)l * lo->per_layer;
+    size_t base = lo->table.layer_offset[l];
     const float *P = lo->params + base, *A = P + md->a_off;
     float *G = lo->grads + base;
     be->gemm_strided(be, 0, 1, N, R, in, 1.0f, xin, in, A, in, 0.0f, lo->u, R); /* u = xin A^T */
@@ -520,7 +544,7 @@ static void group_bwd(snug_model *m, int l, const snug_lora_module *md, int n, f
 void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
                    int N, int n0) {
     snug_lora *lo = &m->lora;
-    for (int i = 0; lo->on && lo->grads && i < lo->nmod; i += lo->mod[i].group) {
+    for (int i = 0; adapted(lo, l) && lo->grads && i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;

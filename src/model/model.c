@@ -2035,7 +2035,7 @@ static void layer_bwd(snug_model *m, int l) {
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
     /* DoRA reads q/k/v's output as its GEMM left it: the rotation undone in place (attention's backward, the last
      * reader of the rotated values, is done) */
-    if (m->lora.dora && c->arch != SNUG_ARCH_GPT2)
+    if (m->lora.dora && m->lora.table.layer_numel[l] && c->arch != SNUG_ARCH_GPT2)
         be->rope_bwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     snug_lora_dora_bwd(m, l, SNUG_SITE_QKV, m->d_qkv, m->QKV, a->ln1, N, a->qkv, w->qkv_b, 1);
     lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,

@@ -90,6 +90,8 @@ typedef struct snug_lora_cfg {
     int rslora;
     int dora;             /* DoRA (PEFT's use_dora): each module's output columns scaled by magnitude / weight norm */
     unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
+    uint64_t layers[4];   /* PEFT's layers_to_transform: bit l of the whole model's layer l is adapted; all zero:
+                           * every layer */
     unsigned save_modules; /* lora_modules_to_save (PEFT's modules_to_save): SNUG_SAVE_EMBED, SNUG_SAVE_HEAD */
     /* QLoRA: how the base's block matrices are stored (bitsandbytes' quantize_4bit) */
     int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */
@@ -564,6 +566,8 @@ int snug_lora_build(snug_model *m, snug_error *e);
 /* The floats of the adapter table snug_lora_build lays out for config c (0 without an adapter): what trains, and so
  * what data parallel sums, under LoRA. */
 long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc);
+/* Whether the whole model's layer l carries adapters under lc (lora_layers_to_transform; every layer by default). */
+int snug_lora_layer_on(const snug_lora_cfg *lc, int l);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);
 /* The base table's entry that lora_modules_to_save's module `bit` (SNUG_SAVE_EMBED, SNUG_SAVE_HEAD) copies; -1: none. */

@@ -1,12 +1,13 @@
 /* peft_io.c: LoRA adapters in PEFT's files (adapter_config.json + adapter_model.safetensors), both ways.
  *
- * Written as PEFT writes them: tensor names base_model.model.<module>.lora_A.weight (r, in) and .lora_B.weight
- * (out, r) in fp32 (DoRA: and .lora_magnitude_vector (out)), metadata {"format": "pt"}, and a config with only keys
- * every PEFT release since 0.6 knows (older releases refuse unknown keys), plus use_rslora and use_dora when on. Read back from snug or from any tool that writes
- * PEFT's format: target_modules as a list (a module matches when its name is the entry or ends in "." + entry) or
- * the string "all-linear"; modules_to_save (embed_tokens, lm_head: tensors base_model.model.<path>.weight, trained
- * in full); features that change the arithmetic and that snug does not implement (per-module ranks, bias
- * training, embedding adapters, layer subsets) are refused by name rather than silently ignored. */
+ * Written as PEFT writes them: tensor names base_model.model.<module>.lora_A.weight (r, in) and .lora_B.weight (out, r)
+ * in fp32 (DoRA: and .lora_magnitude_vector (out)), metadata {"format": "pt"}, and a config with only keys every PEFT
+ * release since 0.6 knows (older releases refuse unknown keys), plus use_rslora and use_dora when on. Read back from
+ * snug or from any tool that writes PEFT's format: target_modules as a list (a module matches when its name is the
+ * entry or ends in "." + entry) or the string "all-linear"; modules_to_save (embed_tokens, lm_head: tensors
+ * base_model.model.<path>.weight, trained in full); layers_to_transform (the adapted layers); features that change the
+ * arithmetic and that snug does not implement (per-module ranks, bias training, embedding adapters) are refused by name
+ * rather than silently ignored. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,13 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
         json_object_set_new(j, "use_rslora", json_true());
     if (j && lc->dora) /* (only then: older PEFT releases refuse the key, and read no DoRA adapter anyway) */
         json_object_set_new(j, "use_dora", json_true());
+    if (j && (lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3])) {
+        json_t *layers = json_array();
+        for (int l = 0; l < 256; l++)
+            if (snug_lora_layer_on(lc, l))
+                json_array_append_new(layers, json_integer(l));
+        json_object_set_new(j, "layers_to_transform", layers);
+    }
     if (j && lc->save_modules) { /* PEFT's names; the tensors are saved as base_model.model.<the module's path> */
         json_t *mods = json_array();
         if (lc->save_modules & SNUG_SAVE_EMBED)
@@ -223,8 +231,39 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
     for (size_t i = 0; !rc && i < sizeof unsupported / sizeof *unsupported; i++)
         if (json_is_true(json_object_get(j, unsupported[i])))
             rc = bad_key(e, path, unsupported[i], "is true: not supported by snug");
-    static const char *const empty[] = {"rank_pattern", "alpha_pattern", "layers_to_transform",
-                                        "trainable_token_indices", "target_parameters"};
+    static const char *const empty[] = {"rank_pattern", "alpha_pattern", "trainable_token_indices",
+                                        "target_parameters"};
+    /* layers_to_transform: an index or a list of them (the block list found by its usual name: layers_pattern unset,
+     * or the architecture's own) */
+    v = json_object_get(j, "layers_to_transform");
+    if (!rc && json_is_integer(v)) {
+        json_int_t l = json_integer_value(v);
+        if (l < 0 || l >= 256)
+            rc = bad_key(e, path, "layers_to_transform", "must name layers from 0 to 255");
+        else
+            out->layers[l / 64] |= 1ull << (l % 64);
+    } else if (!rc && json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            json_int_t l = json_is_integer(x) ? json_integer_value(x) : -1;
+            if (l < 0 || l >= 256) {
+                rc = bad_key(e, path, "layers_to_transform", "must list layer indices from 0 to 255");
+                break;
+            }
+            out->layers[l / 64] |= 1ull << (l % 64);
+        }
+    } else if (!rc && v && !json_is_null(v)) {
+        rc = bad_key(e, path, "layers_to_transform", "must be a layer index or a list of them");
+    }
+    v = json_object_get(j, "layers_pattern");
+    const char *own = arch == SNUG_ARCH_GPT2 ? "h" : "layers";
+    if (!rc && v && !json_is_null(v)) {
+        json_t *first = json_is_array(v) && json_array_size(v) == 1 ? json_array_get(v, 0) : v;
+        if (!json_is_string(first) || strcmp(json_string_value(first), own))
+            rc = bad_key(e, path, "layers_pattern", arch == SNUG_ARCH_GPT2 ? "names other blocks than \"h\""
+                                                                           : "names other blocks than \"layers\"");
+    }
     /* modules trained in full: embed_tokens and lm_head */
     v = json_object_get(j, "modules_to_save");
     out->save_modules = 0;
@@ -326,13 +365,14 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
                          "[%s]; set lora_modules_to_save as the adapter has it", path, a, b);
     }
     if (want.r != lc->r || want.targets != lc->targets || fabsf(want.alpha - lc->alpha) > 0 ||
-        want.rslora != lc->rslora || want.dora != lc->dora) {
+        want.rslora != lc->rslora || want.dora != lc->dora || memcmp(want.layers, lc->layers, sizeof want.layers)) {
         char a[256], b[256];
         snug_lora_targets_list(m->cfg.arch, want.targets, a, sizeof a);
         snug_lora_targets_list(m->cfg.arch, lc->targets, b, sizeof b);
         return snug_fail(e, SNUG_EINPUT, "%s: the adapter has r=%d alpha=%g%s%s on [%s], the run is set to r=%d "
-                         "alpha=%g%s%s on [%s]; set lora_r, lora_alpha, peft_use_rslora, peft_use_dora and "
-                         "lora_target_modules as the adapter has them", path, want.r, (double)want.alpha,
+                         "alpha=%g%s%s on [%s]; set lora_r, lora_alpha, peft_use_rslora, peft_use_dora, "
+                         "lora_layers_to_transform and lora_target_modules as the adapter has them", path, want.r,
+                         (double)want.alpha,
                          want.rslora ? " (rsLoRA)" : "", want.dora ? " (DoRA)" : "", a, lc->r, (double)lc->alpha,
                          lc->rslora ? " (rsLoRA)" : "", lc->dora ? " (DoRA)" : "", b);
     }

@@ -25,7 +25,7 @@ void snug_lora_save_list(unsigned save, char *buf, size_t n);
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e);
 /* Reads dir's adapter_config.json: r, alpha, dropout, rsLoRA, DoRA and the targets, resolved against arch; refuses
  * by name what snug does not compute (per-module ranks, trained biases, saved modules other than embed_tokens and
- * lm_head, layer subsets). */
+ * lm_head). */
 int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e);
 /* Whether dir holds an adapter (adapter_config.json) and no model of its own (config.json). */
 int snug_peft_is_adapter(const char *dir);

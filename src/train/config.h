@@ -81,6 +81,7 @@ typedef struct snug_run_config {
     char lora_modules_to_save[128]; /* embed_tokens, lm_head: trained in full beside the adapters; "" = none */
     int lora_rslora;          /* scale alpha / sqrt(r) */
     int lora_dora;            /* DoRA: magnitude and direction (PEFT's use_dora) */
+    char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all */
     char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */
     /* QLoRA (adapter: qlora): how the base's block matrices are stored, bitsandbytes' BitsAndBytesConfig */

@@ -64,9 +64,9 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for DoRA's weight norms");
     for (int l = 0; !rc && l < cfg.n_layer; l++) {
         snug_lora *lo = &m->lora;
-        for (int i = 0; i < lo->nmod; i++) {
+        for (int i = 0; lo->table.layer_numel[l] && i < lo->nmod; i++) {
             const snug_lora_module *md = &lo->mod[i];
-            const float *P = lo->params + (size_t)l * lo->per_layer;
+            const float *P = lo->params + lo->table.layer_offset[l];
             float *W = site_weight(m, l, md->site) + (size_t)md->row0 * md->in;
             m->be->gemm_strided(m->be, 0, 0, md->rows, md->in, lo->r, lo->scale, P + md->b_off, lo->r,
                                 P + md->a_off, md->in, 1.0f, W, md->in);

@@ -206,6 +206,28 @@ int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
     return resolve_model(r, e);
 }
 
+/* lora_layers_to_transform ("3,5", "" for every layer) into the layer mask; -1 at an item that is no index from 0 to
+ * n_layer - 1, copied into bad. */
+static int parse_layers(const char *s, int n_layer, uint64_t mask[4], char *bad, size_t nbad) {
+    memset(mask, 0, 4 * sizeof *mask);
+    for (const char *p = s; *p;) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        if (!*p)
+            break;
+        size_t len = strcspn(p, ", ");
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end != p + len || v < 0 || v >= n_layer || v >= 256) {
+            snprintf(bad, nbad, "%.*s", (int)len, p);
+            return -1;
+        }
+        mask[v / 64] |= 1ull << (v % 64);
+        p += len;
+    }
+    return 0;
+}
+
 /* The adapters of c for an architecture: the targets resolved by PEFT's name matching (checked by
  * snug_setup_resolve, so an unknown name never reaches here). */
 static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
@@ -227,6 +249,9 @@ static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
         l.targets |= snug_lora_all_linear(arch);
     if (snug_lora_save_parse(c->lora_modules_to_save, &l.save_modules, NULL, 0))
         l.save_modules = 0; /* checked by snug_setup_resolve */
+    char bad[64];
+    if (parse_layers(c->lora_layers, 256, l.layers, bad, sizeof bad))
+        memset(l.layers, 0, sizeof l.layers); /* (likewise) */
     return l;
 }
 
@@ -288,10 +313,21 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     if (snug_lora_save_parse(c->lora_modules_to_save, &save, unknown, sizeof unknown))
         return snug_fail(e, SNUG_EINPUT, "%s: lora_modules_to_save names '%s'; snug trains embed_tokens and lm_head in "
                          "full, nothing else", c->config_path[0] ? c->config_path : "config", unknown);
+    uint64_t mask[4];
+    if (parse_layers(c->lora_layers, r->cfg.n_layer, mask, unknown, sizeof unknown))
+        return snug_fail(e, SNUG_EINPUT, "%s: lora_layers_to_transform names '%s'; list layer indices from 0 to %d "
+                         "(this model's layers)", c->config_path[0] ? c->config_path : "config", unknown,
+                         r->cfg.n_layer - 1);
     if (!c->lora_model_dir[0])
         return 0;
     snug_lora_cfg a;
     SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, &a, e));
+    c->lora_layers[0] = 0;
+    for (int l = 0; l < 256; l++) /* the adapter's layers, as the run's */
+        if ((a.layers[0] | a.layers[1] | a.layers[2] | a.layers[3]) && snug_lora_layer_on(&a, l)) {
+            size_t n = strlen(c->lora_layers);
+            snprintf(c->lora_layers + n, sizeof c->lora_layers - n, "%s%d", n ? "," : "", l);
+        }
     c->lora_r = a.r;
     c->lora_alpha = a.alpha;
     c->lora_rslora = a.rslora;

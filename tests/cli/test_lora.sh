@@ -171,7 +171,8 @@ starts() { # A B: A's first loss is B's, and A's loss falls
   if python3 - "$W/$1" "$W/$2" <<'PY'
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:3])
-print(f"  {sys.argv[1].split('/')[-1]:<18} first loss {a[0]:.6f} ({sys.argv[2].split('/')[-1]}: {b[0]:.6f}), last {a[-1]:.4f}")
+na, nb = (p.split('/')[-1] for p in sys.argv[1:3])
+print(f"  {na:<18} first loss {a[0]:.6f} ({nb}: {b[0]:.6f}), last {a[-1]:.4f}")
 sys.exit(0 if a[0] == b[0] and a[-1] < a[0] else 1)
 PY
   then ok; else bad "$1 does not start as $2 or does not learn"; fi
@@ -199,9 +200,11 @@ lay0 = [k for k in mags if ".layers.0." in k]
 sys.exit(0 if cfg.get("use_dora") is True and len(lay0) == 7 and all(len(head[k]["shape"]) == 1 for k in mags) else 1)
 PY
 if run dora_merged $dora --base_model "$W/base" --merge_lora true; then
-  "$SNUG" generate "$W/base" --adapter "$W/dora_merged" --prompt "The" --max_new_tokens 8 --temperature 0 > "$W/gen5.log" 2>&1 &&
+  "$SNUG" generate "$W/base" --adapter "$W/dora_merged" --prompt "The" --max_new_tokens 8 --temperature 0 \
+    > "$W/gen5.log" 2>&1 &&
     "$SNUG" generate "$W/dora_merged/merged" --prompt "The" --max_new_tokens 8 --temperature 0 > "$W/gen6.log" 2>&1 &&
-    cmp -s "$W/gen5.log" "$W/gen6.log" && ok || bad "DoRA: greedy text with --adapter differs from the merged model's: $(cat "$W/gen5.log" "$W/gen6.log")"
+    cmp -s "$W/gen5.log" "$W/gen6.log" && ok ||
+    bad "DoRA: greedy text with --adapter differs from the merged model's: $(cat "$W/gen5.log" "$W/gen6.log")"
 fi
 # with dropout: a row's mask is the same in whichever shard of a tiled MLP it runs, and in a checkpointed layer's
 # recomputation
@@ -209,10 +212,29 @@ run dora_drop $dora --lora_dropout 0.2 && planned dora_drop &&
   run dora_drop_full $dora --lora_dropout 0.2 --gradient_checkpointing full && same dora_drop_full dora_drop &&
   run dora_drop_tiled $dora --lora_dropout 0.2 --tiled_mlp true --tiled_mlp_num_shards 3 &&
   near dora_drop_tiled dora_drop lora_ga lora
+# adapters on some layers only: planned as allocated, the adapter holds those layers' tensors and names them in
+# layers_to_transform, and a run from it (lora_model_dir) takes its layers; a layer the model lacks is refused
+run layers13 --adapter lora --lora_layers_to_transform 1,3 && planned layers13 &&
+  python3 - "$W/layers13" <<'PY' && ok || bad "layers13: the adapter's layers"
+import json, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(d + "/adapter_config.json"))
+blob = open(d + "/adapter_model.safetensors", "rb").read()
+names = json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]])
+layers = {int(k.split(".layers.")[1].split(".")[0]) for k in names if ".layers." in k}
+sys.exit(0 if cfg["layers_to_transform"] == [1, 3] and layers == {1, 3} else 1)
+PY
+run layers13_more --adapter lora --lora_model_dir "$W/layers13" --max_steps 2 &&
+  grep -q "layers_to_transform" "$W/layers13_more/adapter_config.json" && ok ||
+  bad "layers13_more: $(tail -1 "$W/layers13_more.log")"
+"$SNUG" train $common --adapter lora --lora_layers_to_transform 1,9 --output_dir "$W/l9" > "$W/l9.log" 2>&1
+[ $? -eq 2 ] && grep -q "lora_layers_to_transform names '9'" "$W/l9.log" && grep -q "0 to 3" "$W/l9.log" && ok ||
+  bad "a layer the model lacks: $(tail -1 "$W/l9.log")"
 # refused: DoRA without an adapter, at ZeRO-3
 for args in "--peft_use_dora true:adapter: lora" "--adapter lora --peft_use_dora true --zero_stage 3:zero_stage"; do
   "$SNUG" train $common ${args%%:*} --output_dir "$W/d" > "$W/d.log" 2>&1
-  [ $? -eq 2 ] && grep -q "peft_use_dora" "$W/d.log" && grep -q "${args#*:}" "$W/d.log" && ok || bad "${args%%:*}: $(tail -1 "$W/d.log")"
+  [ $? -eq 2 ] && grep -q "peft_use_dora" "$W/d.log" && grep -q "${args#*:}" "$W/d.log" && ok ||
+    bad "${args%%:*}: $(tail -1 "$W/d.log")"
 done
 
 # refused: a module the model does not have; 4-bit weights without an adapter

@@ -1,10 +1,11 @@
 """snug's LoRA against PEFT on transformers models in fp32: logits, loss and the gradient of every lora_A and lora_B
 (Llama with GQA on all seven projections, Llama with q_proj and v_proj alone of the fused q/k/v, rsLoRA, GPT-2's
-Conv1D modules; DoRA on the same three shapes, with every lora_magnitude_vector's gradient, its norms and magnitude
-gradients also taken a few rows of a module at a time; LoRA and DoRA with lora_dropout in training, PEFT's dropout
-given snug's masks), five AdamW steps of the adapters against torch.optim.AdamW over PEFT's trainable parameters, an
-adapter saved by snug loaded by PeftModel.from_pretrained with no missing or unexpected keys and giving snug's
-weights, `snug merge` against merge_and_unload (fp32 and bf16 bases), and adapters that do not match the base refused with a clear error.
+Conv1D modules; DoRA on the same three shapes, and on the middle layer of three alone (layers_to_transform), with
+every lora_magnitude_vector's gradient, its norms and magnitude gradients also taken a few rows of a module at a
+time; LoRA and DoRA with lora_dropout in training, PEFT's dropout given snug's masks), five AdamW steps of the
+adapters against torch.optim.AdamW over PEFT's trainable parameters, an adapter saved by snug loaded by
+PeftModel.from_pretrained with no missing or unexpected keys and giving snug's weights, `snug merge` against
+merge_and_unload (fp32 and bf16 bases), and adapters that do not match the base refused with a clear error.
 
 Tolerance: the issue's 1e-5 (largest difference relative to the largest magnitude), or ten times PEFT's own fp32
 error against the same computation in float64 where that noise floor is higher."""
@@ -47,8 +48,11 @@ def cases():
         r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"])
     # DoRA: every projection; q and v alone of the fused q/k/v with rsLoRA; GPT-2's Conv1D modules with their biases
     yield "llama-dora", transformers.LlamaConfig(**LLAMA), dict(r=4, lora_alpha=8, target_modules=ALL7, use_dora=True)
-    yield "llama-dora-qv", transformers.LlamaConfig(**LLAMA), dict(r=8, lora_alpha=12, target_modules=["q_proj", "v_proj"],
-                                                                   use_rslora=True, use_dora=True)
+    yield "llama-dora-qv", transformers.LlamaConfig(**LLAMA), dict(
+        r=8, lora_alpha=12, target_modules=["q_proj", "v_proj"], use_rslora=True, use_dora=True)
+    # adapters on some layers only (PEFT's layers_to_transform), with DoRA
+    yield "llama-layer1", transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": 3}), dict(
+        r=4, lora_alpha=8, target_modules=ALL7, layers_to_transform=[1], use_dora=True)
     yield "gpt2-dora", transformers.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
                                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), dict(
         r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"], use_dora=True)
@@ -133,7 +137,8 @@ class MaskDropout(torch.nn.Module):
     """PEFT's lora_dropout with snug's mask: x * keep / (1 - p), the factor rounded to fp32 as snug computes it."""
     def __init__(self, keep, p):
         super().__init__()
-        self.keep, self.f = keep, float(torch.tensor(1.0, dtype=torch.float32) / (1 - torch.tensor(p, dtype=torch.float32)))
+        one, p32 = torch.tensor(1.0, dtype=torch.float32), torch.tensor(p, dtype=torch.float32)
+        self.keep, self.f = keep, float(one / (1 - p32))
 
     def forward(self, x):
         return x * self.keep.reshape(x.shape).to(x.dtype) * self.f
@@ -150,8 +155,8 @@ def dropout_parity():
                             dict(r=4, lora_alpha=8, target_modules=ALL7, use_dora=True)),
                            ("gpt2-dora dropout", transformers.GPT2Config(
                                vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
-                               embd_pdrop=0.0, attn_pdrop=0.0), dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj",
-                                                                                                       "c_fc"], use_dora=True))):
+                               embd_pdrop=0.0, attn_pdrop=0.0),
+                            dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"], use_dora=True))):
         work = tempfile.mkdtemp()
         base_dir, ad_dir = os.path.join(work, "base"), os.path.join(work, "adapter")
         m32 = peft_model(cfg, {**lcfg}, torch.float32, base_dir)
@@ -169,7 +174,7 @@ def dropout_parity():
                 if not hasattr(mod, "lora_dropout") or "default" not in mod.lora_dropout:
                     continue
                 k = next(i for i, s in enumerate(MODULES[arch]) if name.endswith("." + s))
-                layer = int(name.split(".h.")[1].split(".")[0] if arch == "gpt2" else name.split(".layers.")[1].split(".")[0])
+                layer = int(name.split(".h." if arch == "gpt2" else ".layers.")[1].split(".")[0])
                 cols = mod.in_features
                 mod.lora_dropout["default"] = MaskDropout(snug_mask(layer, k, B * T, cols, p), p)
             m.train()
@@ -327,11 +332,23 @@ def main():
         r = train(base_dir, bad)
         check(r.returncode == 2 and word in r.stderr and "adapter_config.json" in r.stderr,
               f"adapter_config.json with {k}={v}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
-    # use_dora on an adapter saved without magnitudes: the missing tensor named
+    # use_dora on an adapter saved without magnitudes: the missing tensor named; a magnitude of the wrong shape, and
+    # magnitudes in an adapter whose config says nothing of DoRA, likewise
     json.dump({**j, "use_dora": True}, open(os.path.join(bad, "adapter_config.json"), "w"))
     r = train(base_dir, bad)
     check(r.returncode == 2 and "lora_magnitude_vector" in r.stderr and "adapter_model.safetensors" in r.stderr,
           f"use_dora without magnitudes: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+    from safetensors.torch import load_file, save_file
+    sd = load_file(os.path.join(ad_dir, "adapter_model.safetensors"))
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"
+    for what, extra, cfg_dora, word in (("a magnitude of the wrong shape", torch.ones(5), True, "shape"),
+                                        ("magnitudes without use_dora", torch.ones(64), False, "magnitude")):
+        save_file({**sd, key: extra, key.replace("layers.0", "layers.1"): torch.ones(64)},
+                  os.path.join(bad, "adapter_model.safetensors"), metadata={"format": "pt"})
+        json.dump({**j, "use_dora": cfg_dora}, open(os.path.join(bad, "adapter_config.json"), "w"))
+        r = train(base_dir, bad)
+        check(r.returncode == 2 and "lora_magnitude_vector" in r.stderr and word in r.stderr,
+              f"{what}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
     finish("test_lora_parity")
 
 

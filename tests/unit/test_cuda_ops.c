@@ -658,7 +658,8 @@ static void test_rows(void) {
         float *da = up(be, a, (size_t)rows * lda * 4), *db = up(be, b, (size_t)rows * lda * 4);
         float *ddiv = up(be, div, (size_t)rows * 4), *dn = up(be, NULL, (size_t)rows * 4);
         float *dd = up(be, acc, (size_t)rows * 4), *dx = up(be, x, (size_t)N * ld * 4);
-        float *dm = up(be, mag, (size_t)nc * 4), *dr = up(be, nrm, (size_t)nc * 4), *dbias = up(be, bias, (size_t)nc * 4);
+        float *dm = up(be, mag, (size_t)nc * 4), *dr = up(be, nrm, (size_t)nc * 4);
+        float *dbias = up(be, bias, (size_t)nc * 4);
         be->row_norms(be, dn, da, (size_t)lda, rows, cols);
         be->row_dots(be, dd, da, (size_t)lda, db, (size_t)lda, rows, cols, ddiv);
         be->scale_cols(be, dx, (size_t)ld, dx, (size_t)ld, N, nc, dm, dr, dbias);
@@ -671,7 +672,8 @@ static void test_rows(void) {
         res[k][4] = malloc((size_t)nc * 4);
         down(be, res[k][4], dcol, (size_t)nc * 4);
         down(be, NULL, dsrc, 0);
-        res[k][0] = malloc((size_t)rows * 4), res[k][1] = malloc((size_t)rows * 4), res[k][2] = malloc((size_t)N * ld * 4);
+        res[k][0] = malloc((size_t)rows * 4), res[k][1] = malloc((size_t)rows * 4);
+        res[k][2] = malloc((size_t)N * ld * 4);
         down(be, res[k][0], dn, (size_t)rows * 4);
         down(be, res[k][1], dd, (size_t)rows * 4);
         down(be, res[k][2], dx, (size_t)N * ld * 4);

@@ -668,8 +668,8 @@ extern "C" void snug_cuda_add_scaled_cols(snug_backend *be, float *out, size_t l
     size_t n = (size_t)N * (size_t)cols;
     if (!n)
         return;
-    add_scaled_cols_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(out, ldo, in, ldi, N, cols,
-                                                                                             mag, nrm, minus);
+    add_scaled_cols_kernel<<<snug_cuda_grid(n), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(out, ldo, in, ldi, N,
+                                                                                             cols, mag, nrm, minus);
     SNUG_CUDA_LAUNCHED();
 }
 
