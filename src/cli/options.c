@@ -473,6 +473,10 @@ static const key_spec keys[] = {
      .group = G_MODEL, AT_STR(lora_layers), .def = "", .items = "layer indices (integers from 0)",
      .help = "adapters on these layers only (PEFT's layers_to_transform: indices from 0, a YAML list or \"0,5\"); "
              "empty: every layer"},
+    {.name = "loraplus_lr_ratio", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(loraplus_lr_ratio), .def = "0",
+     .help = "LoRA+: lora_B (and DoRA's magnitudes) step at this times the learning rate, as PEFT's "
+             "create_loraplus_optimizer (which Axolotl calls) groups them, and the adapters take no weight decay "
+             "(its loraplus_weight_decay); 0: off"},
     {.name = "peft_use_dora", .aliases = "use_dora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_dora),
      .def = "false", .help = "DoRA: each adapted module's output rows scaled by a trained magnitude over the norm of "
                              "W + s B A (PEFT's use_dora; not with lora_dropout)"}, 
@@ -604,6 +608,7 @@ static const key_spec keys[] = {
     NOOP("total_num_tokens", KT_INT, "snug counts the tokenized examples themselves"),
     NOOP("total_supervised_tokens", KT_INT, "snug counts the tokenized examples themselves"),
     NOOP("hub_strategy", KT_STRING, "snug pushes nothing to the Hub (hub_model_id is refused)"),
+    NOOP("loraplus_lr_embedding", KT_FLOAT, "LoRA+'s learning rate of adapters on embeddings; snug puts none there"),
     NOOP("liger_rope", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
     NOOP("liger_rms_norm", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),
     NOOP("liger_glu_activation", KT_BOOL, "snug's kernels are its own; the arithmetic is the same"),

@@ -44,11 +44,11 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
         return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --tiled_mlp SHARDS "
-                         "--offload_embedding 1 --q4_chunk ELEMENTS --device cpu|cuda]");
+                         "--offload_embedding 1 --q4_chunk ELEMENTS --loraplus RATIO --device cpu|cuda]");
     const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL, *qlora = NULL;
     snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0, mlp_shards = 0, offload_emb = 0, q4_chunk = 0;
-    double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8;
+    double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8, loraplus = 0.0;
     if ((argc - 3) % 2)
         return snug_fail(e, SNUG_EINPUT, "snug parity: %s has no value", argv[argc - 1]);
     for (int i = 3; i + 1 < argc; i += 2) {
@@ -62,9 +62,10 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
             /* every other option takes a number, read whole */
             static const char *const ints[] = {"--steps", "--threads", "--tiled_mlp", "--offload_embedding",
                                                "--q4_chunk"};
-            static const char *const reals[] = {"--lr", "--weight_decay", "--max_grad_norm", "--adam_epsilon"};
+            static const char *const reals[] = {"--lr", "--weight_decay", "--max_grad_norm", "--adam_epsilon",
+                                                "--loraplus"};
             int *iv[] = {&steps, &threads, &mlp_shards, &offload_emb, &q4_chunk};
-            double *rv[] = {&lr, &wd, &clip, &eps};
+            double *rv[] = {&lr, &wd, &clip, &eps, &loraplus};
             int found = 0;
             char *end = NULL;
             for (size_t j = 0; j < sizeof ints / sizeof *ints && !found; j++)
@@ -111,6 +112,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (!rc && adapter)
         rc = snug_peft_read_config(adapter, cfg.arch, &spec.lv.lora, e);
     spec.lv.lora.q4_chunk = q4_chunk > 0 ? (size_t)q4_chunk : 0;
+    spec.lv.lora.loraplus = loraplus; /* --loraplus RATIO: LoRA+'s learning rate of lora_B */
     if (!rc && qlora) { /* --qlora nf4|fp4: the adapter on the base stored 4-bit (double-quantized), the rest bf16 */
         spec.lv.lora.kind = SNUG_ADAPTER_QLORA;
         spec.lv.lora.q4_type = !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;

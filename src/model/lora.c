@@ -199,6 +199,8 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, lo->l0 + l,
                      defs[md->index].name);
             rc |= snug_param_table_add(t, &cap, &b, name, 2, md->rows, lo->r, l, 0);
+            if (!rc && lc->loraplus > 0) /* LoRA+: B faster than A */
+                t->e[t->n - 1].lr_scale = lc->loraplus;
             if (!lo->dora)
                 continue;
             size_t mo = at + md->m_off;
@@ -207,6 +209,8 @@ int snug_lora_build(snug_model *m, snug_error *e) {
             rc |= snug_param_table_add(t, &cap, &mo, name, 1, md->rows, 0, l, 0);
             if (!rc) /* decayed as Trainer decays it: a module's "weight", neither a bias nor a norm */
                 t->e[t->n - 1].decay = 1;
+            if (!rc && lc->loraplus > 0) /* (PEFT's LoRA+ puts 1-D tensors with the B's) */
+                t->e[t->n - 1].lr_scale = lc->loraplus;
         }
     }
     /* lora_modules_to_save: each a full copy of the base's tensor, named as PEFT saves it */

@@ -45,6 +45,7 @@ typedef struct snug_param_entry {
     size_t numel;
     int layer;              /* -1 for global tensors */
     int decay;              /* 1 for matrices (weight decay applies), 0 for norms, biases, 1-D tensors */
+    double lr_scale;        /* the learning rate's factor for this tensor (LoRA+'s ratio on lora_B); 1 otherwise */
     int transposed;         /* stored transposed in the file (GPT-2 Conv1D) */
     int segs;               /* its rows are that many equal parts side by side (GPT-2's fused c_attn: q, k, v), each
                              * split alone under tensor parallelism; 1 otherwise */
@@ -92,6 +93,8 @@ typedef struct snug_lora_cfg {
     unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
     uint64_t layers[4];   /* PEFT's layers_to_transform: bit l of the whole model's layer l is adapted; all zero:
                            * every layer */
+    double loraplus;      /* LoRA+ (loraplus_lr_ratio): lora_B and the 1-D tensors (DoRA's magnitudes) step at this
+                           * times the learning rate, as PEFT's create_loraplus_optimizer groups them; 0: off */
     unsigned save_modules; /* lora_modules_to_save (PEFT's modules_to_save): SNUG_SAVE_EMBED, SNUG_SAVE_HEAD */
     /* QLoRA: how the base's block matrices are stored (bitsandbytes' quantize_4bit) */
     int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */

@@ -40,6 +40,7 @@ int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char 
     p->offset = *off;
     p->layer = layer;
     p->decay = ndim == 2;
+    p->lr_scale = 1.0;
     p->transposed = transposed;
     p->segs = 1;
     *off += p->numel;

@@ -240,6 +240,8 @@ double snug_grad_norm(snug_backend *be, const float *grads, size_t n, float grad
 static void op(snug_adamw *o, snug_backend *be, const snug_param_entry *p, float *pp, const float *gg, size_t k,
                double lr, float gs, float *m, float *v, uint8_t *qm, uint8_t *qv, float *am, float *av) {
     double wd = p->decay ? o->weight_decay : 0.0;
+    if (p->lr_scale != 1.0) /* (LoRA+: lr times the ratio, in double as torch's param group holds it) */
+        lr *= p->lr_scale;
     if (snug_adamw_entry_8bit(o, p))
         be->adamw8bit(be, pp, gg, qm, qv, am, av, o->qmap, o->qmap + 256, k, lr, o->beta1, o->beta2, o->eps, wd,
                       o->step, gs);

@@ -145,7 +145,7 @@ static const struct {
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
     I(tiled_mlp_num_shards), I(adapter), I(lora_r),
     D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), S(lora_modules_to_save), I(lora_rslora),
-    I(lora_dora), S(lora_layers),
+    I(lora_dora), S(lora_layers), D(loraplus_lr_ratio),
     I(bnb_4bit_quant_type), I(bnb_4bit_use_double_quant), I(bnb_4bit_blocksize),
 #undef I
 #undef D

@@ -194,6 +194,10 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             o->lora_alpha);
     REQUIRE(o->lora_dropout >= 0 && o->lora_dropout < 1, "%s: lora_dropout is %g; it must be in [0, 1)", src,
             o->lora_dropout);
+    REQUIRE(o->loraplus_lr_ratio >= 0 && o->loraplus_lr_ratio <= 1e6,
+            "%s: loraplus_lr_ratio is %g; use a ratio above 0 (16 is usual) or 0 for none", src, o->loraplus_lr_ratio);
+    REQUIRE(!o->loraplus_lr_ratio || o->adapter, "%s: loraplus_lr_ratio is set but adapter is none; LoRA+ steps an "
+            "adapter's B faster than its A: add adapter: lora (or qlora)", src);
     REQUIRE(!o->lora_dora || o->adapter, "%s: peft_use_dora is true but adapter is none; DoRA is a kind of adapter: "
             "add adapter: lora (or qlora)", src);
     REQUIRE(!o->lora_dora || o->zero_stage < 3,

@@ -81,6 +81,7 @@ typedef struct snug_run_config {
     char lora_modules_to_save[128]; /* embed_tokens, lm_head: trained in full beside the adapters; "" = none */
     int lora_rslora;          /* scale alpha / sqrt(r) */
     int lora_dora;            /* DoRA: magnitude and direction (PEFT's use_dora) */
+    double loraplus_lr_ratio; /* LoRA+: lora_B's learning rate over lora_A's; 0 = off */
     char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all */
     char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */

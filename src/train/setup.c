@@ -232,7 +232,7 @@ static int parse_layers(const char *s, int n_layer, uint64_t mask[4], char *bad,
  * snug_setup_resolve, so an unknown name never reaches here). */
 static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
     snug_lora_cfg l = {.kind = c->adapter, .r = c->lora_r, .dropout = (float)c->lora_dropout,
-                       .rslora = c->lora_rslora, .dora = c->lora_dora};
+                       .rslora = c->lora_rslora, .dora = c->lora_dora, .loraplus = c->loraplus_lr_ratio};
     if (!l.kind)
         return (snug_lora_cfg){0};
     l.alpha = c->lora_alpha > 0 ? (float)c->lora_alpha : (float)c->lora_r;

@@ -992,8 +992,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.eng.opt.beta1 = o->adam_beta1;
     r.eng.opt.beta2 = o->adam_beta2;
     r.eng.opt.eps = o->adam_epsilon;
-    r.eng.opt.weight_decay = o->weight_decay;
+    /* LoRA+: PEFT's create_loraplus_optimizer gives every group its loraplus_weight_decay, 0 unless passed (Axolotl
+     * does not): the adapters take no weight decay */
+    r.eng.opt.weight_decay = o->loraplus_lr_ratio > 0 ? 0.0 : o->weight_decay;
     print_header(&r, out, total, per_epoch);
+    if (o->loraplus_lr_ratio > 0)
+        fprintf(out, "  LoRA+                lora_B%s at %g x the learning rate; no weight decay (PEFT's LoRA+ "
+                "optimizer)\n", o->lora_dora ? " and the magnitudes" : "", o->loraplus_lr_ratio);
     if (ddp_collectives(dp))
         fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
                 W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);

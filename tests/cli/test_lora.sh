@@ -230,6 +230,13 @@ run layers13_more --adapter lora --lora_model_dir "$W/layers13" --max_steps 2 &&
 "$SNUG" train $common --adapter lora --lora_layers_to_transform 1,9 --output_dir "$W/l9" > "$W/l9.log" 2>&1
 [ $? -eq 2 ] && grep -q "lora_layers_to_transform names '9'" "$W/l9.log" && grep -q "0 to 3" "$W/l9.log" && ok ||
   bad "a layer the model lacks: $(tail -1 "$W/l9.log")"
+# LoRA+: the header says what steps faster and that no weight decay applies; refused without an adapter
+run loraplus $dora --loraplus_lr_ratio 16 --weight_decay 0.1 &&
+  grep -q "LoRA+ *lora_B and the magnitudes at 16 x the learning rate; no weight decay" "$W/loraplus.log" && ok ||
+  bad "loraplus: no LoRA+ line: $(grep -i lora "$W/loraplus.log" | head -3)"
+"$SNUG" train $common --loraplus_lr_ratio 16 --output_dir "$W/lp" > "$W/lp.log" 2>&1
+[ $? -eq 2 ] && grep -q "loraplus_lr_ratio is set but adapter is none" "$W/lp.log" && ok ||
+  bad "loraplus alone: $(tail -1 "$W/lp.log")"
 # refused: DoRA without an adapter, at ZeRO-3
 for args in "--peft_use_dora true:adapter: lora" "--adapter lora --peft_use_dora true --zero_stage 3:zero_stage"; do
   "$SNUG" train $common ${args%%:*} --output_dir "$W/d" > "$W/d.log" 2>&1

@@ -2,10 +2,11 @@
 (Llama with GQA on all seven projections, Llama with q_proj and v_proj alone of the fused q/k/v, rsLoRA, GPT-2's
 Conv1D modules; DoRA on the same three shapes, and on the middle layer of three alone (layers_to_transform), with
 every lora_magnitude_vector's gradient, its norms and magnitude gradients also taken a few rows of a module at a
-time; LoRA and DoRA with lora_dropout in training, PEFT's dropout given snug's masks), five AdamW steps of the
-adapters against torch.optim.AdamW over PEFT's trainable parameters, an adapter saved by snug loaded by
-PeftModel.from_pretrained with no missing or unexpected keys and giving snug's weights, `snug merge` against
-merge_and_unload (fp32 and bf16 bases), and adapters that do not match the base refused with a clear error.
+time; LoRA and DoRA with lora_dropout in training, PEFT's dropout given snug's masks), five AdamW steps (and five
+with LoRA+ against create_loraplus_optimizer) of the adapters against torch.optim.AdamW over PEFT's trainable
+parameters, an adapter saved by snug loaded by PeftModel.from_pretrained with no missing or unexpected keys and
+giving snug's weights, `snug merge` against merge_and_unload (fp32 and bf16 bases), and adapters that do not match
+the base refused with a clear error.
 
 Tolerance: the issue's 1e-5 (largest difference relative to the largest magnitude), or ten times PEFT's own fp32
 error against the same computation in float64 where that noise floor is higher."""
@@ -185,6 +186,43 @@ def dropout_parity():
         check_grads(tag, got, outs, m32, m64)
 
 
+def loraplus_parity():
+    """LoRA+ (snug's loraplus_lr_ratio): five AdamW steps against PEFT's create_loraplus_optimizer, which steps lora_B
+    and the 1-D tensors (DoRA's magnitudes) at the ratio times the learning rate, with its loraplus_weight_decay."""
+    steps, lr, wd, ratio = 5, 5e-3, 0.05, 4.0
+    from peft.optimizers import create_loraplus_optimizer
+    for tag, lcfg in (("llama-all7 LoRA+", dict(r=4, lora_alpha=8, target_modules=ALL7)),
+                      ("llama-dora LoRA+", dict(r=4, lora_alpha=8, target_modules=ALL7, use_dora=True))):
+        work = tempfile.mkdtemp()
+        base_dir, ad_dir = os.path.join(work, "base"), os.path.join(work, "adapter")
+        m32 = peft_model(transformers.LlamaConfig(**LLAMA), lcfg, torch.float32, base_dir)
+        m32.save_pretrained(ad_dir)
+        ids = torch.randint(0, LLAMA["vocab_size"], (2, 13))
+        trained = {}
+        for dt in (torch.float64, torch.float32):
+            m = copy.deepcopy(m32).to(dt)
+            opt = create_loraplus_optimizer(m, torch.optim.AdamW, lr=lr, loraplus_lr_ratio=ratio,
+                                            loraplus_weight_decay=wd, betas=(0.9, 0.999), eps=1e-8)
+            for _ in range(steps):
+                opt.zero_grad()
+                m(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+            trained[dt] = {plain(n): p.detach() for n, p in m.named_parameters() if p.requires_grad}
+        got = snug_parity(base_dir, ids, aligned_labels(ids), "--adapter", ad_dir, "--steps", str(steps), "--lr",
+                          str(lr), "--weight_decay", str(wd), "--loraplus", str(ratio))
+        plainrun = snug_parity(base_dir, ids, aligned_labels(ids), "--adapter", ad_dir, "--steps", str(steps), "--lr",
+                               str(lr), "--weight_decay", str(wd))
+        worst, moved = 0.0, 0
+        for name, ref in trained[torch.float64].items():
+            e = relerr(got["param." + name], ref)
+            floor = relerr(trained[torch.float32][name], ref)
+            worst = max(worst, e)
+            check(e < max(1e-4, 10 * floor), f"{tag}: {name} after {steps} steps relerr {e:.2e} (fp32: {floor:.2e})")
+            moved += "lora_B" in name and not torch.equal(got["param." + name], plainrun["param." + name])
+        check(moved > 0, f"{tag}: --loraplus changed no lora_B")
+        print(f"  {tag:<20} {steps} AdamW steps against create_loraplus_optimizer: worst relerr {worst:.2e}")
+
+
 def main():
     for tag, cfg, lcfg in cases():
         work = tempfile.mkdtemp()
@@ -297,6 +335,7 @@ def main():
                 print(f"  {tag:<14} merge (bf16 base): {off} values one bf16 ulp apart, the rest equal")
 
     dropout_parity()
+    loraplus_parity()
 
     # adapters that do not fit the base: one clear error, exit 2 (a vocabulary as large as the tokenizer's)
     cfg = transformers.LlamaConfig(**{**LLAMA, "vocab_size": 2048})
