@@ -131,6 +131,9 @@ static const key_spec keys[] = {
      .def = "256", MIN(2), .help = "tokens per training row (the context length trained)"},
     {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
      .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
+    {.name = "dataset_exact_deduplication", .type = KT_BOOL, .group = G_DATA, AT_INT(dataset_exact_deduplication),
+     .def = "false", .help = "keep one of the examples that tokenize the same (tokens and targets), before the "
+                             "validation split; test_datasets' examples that training has are dropped from them"},
     {.name = "train_on_inputs", .type = KT_BOOL, .group = G_DATA, AT_INT(train_on_inputs), .def = "false",
      .help = "also train on prompt, system and user tokens (alpaca, chat); the response and its EOS always are"},
     {.name = "long_examples", .type = KT_ENUM, .group = G_DATA, AT_ENUM(long_examples), .def = "truncate",
@@ -645,7 +648,6 @@ static const key_spec keys[] = {
     LATER_BOOL("embeddings_skip_upcast", "keeping LoRA's embeddings in 16 bits"),
     LATER("chat_template_jinja", KT_STRING, "a chat template in Jinja; set chat_template: chatml or llama3"),
     LATER("default_system_message", KT_STRING, "adding a system message to chats without one"),
-    LATER_BOOL("dataset_exact_deduplication", "removing duplicate examples"),
     LATER("pretraining_dataset", KT_STRING, "streaming pretraining data; list the files under datasets"),
     LATER_BOOL("skip_prepare_dataset", "tokenizing during training; snug tokenizes ahead into the cache"),
     LATER_BOOL("resize_token_embeddings_to_32x", "padding the vocabulary to a multiple of 32"),

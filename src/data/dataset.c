@@ -513,6 +513,89 @@ static int select_examples(const snug_dataset *ds, const char *is_val, char want
     return 0;
 }
 
+typedef struct keyed {
+    uint64_t h;
+    size_t i; /* prior's examples first (0 .. nprior - 1), then ds's */
+} keyed;
+
+static int by_hash(const void *a, const void *b) {
+    const keyed *x = a, *y = b;
+    return x->h != y->h ? (x->h < y->h ? -1 : 1) : (x->i > y->i) - (x->i < y->i);
+}
+
+/* Example i of prior (i < np) or of ds (i - np). */
+static size_t nth(const snug_dataset *ds, const snug_dataset *prior, size_t np, size_t i, const int32_t **ids,
+                  const uint8_t **sup) {
+    return i < np ? snug_dataset_example(prior, i, ids, sup) : snug_dataset_example(ds, i - np, ids, sup);
+}
+
+int snug_dataset_dedup(snug_dataset *ds, const snug_dataset *prior, uint64_t *removed, snug_error *e) {
+    size_t np = prior ? prior->nexamples : 0, n = ds->nexamples, all = np + n;
+    keyed *k = malloc((all ? all : 1) * sizeof *k);
+    char *keep = malloc(n ? n : 1);
+    *removed = 0;
+    if (!k || !keep) {
+        free(k);
+        free(keep);
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory removing duplicate examples");
+    }
+    for (size_t i = 0; i < all; i++) {
+        const int32_t *ids;
+        const uint8_t *sup;
+        size_t len = nth(ds, prior, np, i, &ids, &sup);
+        snug_hasher h;
+        snug_hash_init(&h, 0x64656475ull);
+        snug_hash_update(&h, ids, len * sizeof *ids);
+        snug_hash_update(&h, sup, len);
+        k[i] = (keyed){.h = snug_hash_final(&h), .i = i};
+    }
+    qsort(k, all, sizeof *k, by_hash);
+    memset(keep, 1, n);
+    for (size_t a = 0, b; a < all; a = b) { /* a run of equal hashes, in example order: each compared with those
+                                             * before it that were kept */
+        for (b = a + 1; b < all && k[b].h == k[a].h; b++)
+            ;
+        for (size_t x = a + 1; x < b; x++) {
+            if (k[x].i < np)
+                continue;
+            const int32_t *ix;
+            const uint8_t *sx;
+            size_t lx = nth(ds, prior, np, k[x].i, &ix, &sx);
+            for (size_t y = a; y < x; y++) {
+                if (k[y].i >= np && !keep[k[y].i - np])
+                    continue;
+                const int32_t *iy;
+                const uint8_t *sy;
+                if (nth(ds, prior, np, k[y].i, &iy, &sy) == lx && !memcmp(ix, iy, lx * sizeof *ix) &&
+                    !memcmp(sx, sy, lx)) {
+                    keep[k[x].i - np] = 0;
+                    break;
+                }
+            }
+        }
+    }
+    free(k);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        kept += keep[i];
+    *removed = n - kept;
+    int rc = 0;
+    if (kept < n) { /* the kept ones, as a view of the same store */
+        snug_dataset out;
+        for (size_t i = 0; i < n; i++)
+            keep[i] = !keep[i]; /* select_examples takes those marked `want` */
+        if (select_examples(ds, keep, 0, kept, &out)) {
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory removing duplicate examples");
+        } else {
+            free(ds->pick);
+            free(ds->cum);
+            *ds = out;
+        }
+    }
+    free(keep);
+    return rc;
+}
+
 int snug_dataset_split(snug_dataset *ds, double val, uint64_t seed, snug_dataset *val_out, snug_error *e) {
     memset(val_out, 0, sizeof *val_out);
     size_t n = ds->nexamples, nval = val < 1.0 ? (size_t)(val * (double)n + 0.5) : val < (double)n ? (size_t)val : n;
@@ -583,6 +666,9 @@ void snug_data_report_print(FILE *out, const char *label, const snug_data_report
                     (unsigned long long)s->bad_lines[0], s->first_bad);
         }
     }
+    if (rep->duplicates)
+        fprintf(out, "  %-20s %llu duplicate example%s removed (dataset_exact_deduplication)\n", "",
+                (unsigned long long)rep->duplicates, rep->duplicates > 1 ? "s" : "");
     if (rep->cache_path[0])
         fprintf(out, "  %-20s %s (%s%s%s)\n", "tokenized cache", rep->cache_path,
                 rep->cache_hit ? "reused" : rep->cache_note[0] ? "rebuilt: " : "written", rep->cache_note,

@@ -107,6 +107,7 @@ typedef struct snug_data_report {
     int cache_hit;         /* 1: the tokens were read from the cache file */
     char cache_path[4096]; /* the cache file used or written; "" for none */
     char cache_note[256];  /* why the cache was rebuilt ("" when it did not exist or was used) */
+    uint64_t duplicates;   /* examples snug_dataset_dedup removed (dataset_exact_deduplication) */
 } snug_data_report;
 
 typedef struct snug_data_store snug_data_store; /* owner of the arrays: malloc'd, or a mapped cache file */
@@ -121,6 +122,11 @@ typedef struct snug_dataset {
     size_t nexamples;        /* selected */
     size_t ntokens;          /* of the selected examples */
 } snug_dataset;
+
+/* dataset_exact_deduplication: keeps the first of the examples of ds whose tokens and targets are the same, and
+ * with prior non-NULL drops as well those that are in prior (a validation set's examples that the training set has);
+ * *removed their count. Equal examples are found by a hash of each and confirmed token by token. */
+int snug_dataset_dedup(snug_dataset *ds, const snug_dataset *prior, uint64_t *removed, snug_error *e);
 
 /* Example i of the set: its length, *ids and *sup (either may be NULL). */
 size_t snug_dataset_example(const snug_dataset *ds, size_t i, const int32_t **ids, const uint8_t **sup);

@@ -137,6 +137,7 @@ static const struct {
 #define D(f) {#f, F_DBL, offsetof(snug_run_config, f)}
 #define S(f) {#f, F_STR, offsetof(snug_run_config, f)}
     S(base_model), S(model_preset), I(sequence_len), D(val_set_size), I(train_on_inputs), I(skip_bad_examples),
+    I(dataset_exact_deduplication),
     I(long_examples), I(micro_batch_size), I(sample_packing), I(group_by_length), I(pad_to_sequence_len),
     I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
     D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),

@@ -82,6 +82,7 @@ typedef struct snug_run_config {
     int lora_rslora;          /* scale alpha / sqrt(r) */
     int lora_dora;            /* DoRA: magnitude and direction (PEFT's use_dora) */
     double loraplus_lr_ratio; /* LoRA+: lora_B's learning rate over lora_A's; 0 = off */
+    int dataset_exact_deduplication; /* one of each set of equal examples (tokens and targets) */
     char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all */
     char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */

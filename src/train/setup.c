@@ -183,12 +183,22 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
     SNUG_TRY(snug_dataset_prepare(&r->train, r->dsrc, o->ndatasets, &r->dopts, &r->enc,
                                   o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
                                   &r->drep, e));
+    if (o->dataset_exact_deduplication) /* (before the split: no example in both sets) */
+        SNUG_TRY(snug_dataset_dedup(&r->train, NULL, &r->drep.duplicates, e));
     if (o->val_set_size > 0)
         SNUG_TRY(snug_dataset_split(&r->train, o->val_set_size, snug_data_seed(o), &r->val, e));
     if (o->ntest_datasets) /* the validation set from its own files, tokenized alike (its own cache file) */
         SNUG_TRY(snug_dataset_prepare(&r->val, r->vsrc, o->ntest_datasets, &r->dopts, &r->enc,
                                       o->dataset_prepared_path[0] ? o->dataset_prepared_path : "last_run_prepared",
                                       &r->vrep, e));
+    if (o->ntest_datasets && o->dataset_exact_deduplication) {
+        SNUG_TRY(snug_dataset_dedup(&r->val, &r->train, &r->vrep.duplicates, e));
+        if (!r->val.nexamples)
+            return snug_fail(e, SNUG_EINPUT, "%s: every example of test_datasets is also a training example or a "
+                             "repeat (dataset_exact_deduplication removed all %llu), so nothing is left to validate "
+                             "on; give other test_datasets, or set dataset_exact_deduplication: false",
+                             o->config_path[0] ? o->config_path : "config", (unsigned long long)r->vrep.duplicates);
+    }
     return 0;
 }
 

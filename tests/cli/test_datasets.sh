@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Dataset formats through the program: `snug preprocess` (counts, --debug, --dump, the cache reused and rebuilt), the
-# long-example and bad-line reports, training on alpaca / chat / pretokenized data, and bad data: exit status 2, one
-# "snug: error:" line naming the file and the line, nothing in output_dir or the cache folder.
+# long-example and bad-line reports, training on alpaca / chat / pretokenized data, dataset_exact_deduplication, and
+# bad data: exit status 2, one "snug: error:" line naming the file and the line, nothing in output_dir or the cache
+# folder.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -198,6 +199,23 @@ expect_error io-segments "b8.jsonl line 1: the \"segments\" field is a string; e
 printf 'datasets:\n  - path: b7.jsonl\n    type: chat\n    chat_template: zephyr\n' > "$W/b7.yaml"
 expect_error template "chat_template 'zephyr' is not supported yet" "$SNUG" train "$W/b7.yaml" $T
 expect_error preprocess-bad "b1.jsonl line 2: invalid JSON" "$SNUG" preprocess --dataset "$W/b1.jsonl" $T
+
+# dataset_exact_deduplication: 6 lines, 3 of them repeats; test_datasets' lines that training has, and their repeats,
+# dropped; a validation set left empty refused (after tokenizing: the cache files stay, valid; no output_dir)
+printf '{"text": "a b c"}\n{"text": "hello"}\n{"text": "a b c"}\n{"text": "zz"}\n{"text": "hello"}\n{"text": "a b c"}\n' \
+  > "$W/dup.jsonl"
+printf '{"text": "zz"}\n{"text": "new"}\n{"text": "new"}\n' > "$W/dupv.jsonl"
+"$SNUG" train --dataset "$W/dup.jsonl" --test_datasets "$W/dupv.jsonl" --tokenizer "$SRC/assets/tokenizer" $T \
+  --dataset_exact_deduplication true > "$W/dup.log" 2>&1 || bad dedup "$W/dup.log"
+expect_out dedup-train "data +3 examples, .* \(validation: 1 examples\)" "$W/dup.log"
+expect_out dedup-count "3 duplicate examples removed \(dataset_exact_deduplication\)" "$W/dup.log"
+expect_out dedup-val "2 duplicate examples removed \(dataset_exact_deduplication\)" "$W/dup.log"
+printf '{"text": "zz"}\n{"text": "hello"}\n' > "$W/dupv.jsonl"
+rm -rf "$W/out"
+"$SNUG" train --dataset "$W/dup.jsonl" --test_datasets "$W/dupv.jsonl" --tokenizer "$SRC/assets/tokenizer" $T \
+  --dataset_exact_deduplication true > "$W/dup2.log" 2>&1
+[ $? -eq 2 ] && [ ! -e "$W/out" ] && grep -q "every example of test_datasets is also a training example" "$W/dup2.log" &&
+  ok || bad dedup-empty "$W/dup2.log"
 
 echo "test_datasets: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

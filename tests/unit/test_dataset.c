@@ -668,6 +668,66 @@ static void test_batcher_and_split(void) {
     snug_dataset_free(&ds);
 }
 
+/* dataset_exact_deduplication: the first of equal examples kept, in order; an example that differs only in its
+ * targets is another example; a set split from a store (a view) deduplicates alike; and against a prior set. */
+static int example_is(const snug_dataset *ds, size_t i, const snug_dataset *ref, size_t j) {
+    const int32_t *a, *b;
+    const uint8_t *sa, *sb;
+    size_t la = snug_dataset_example(ds, i, &a, &sa), lb = snug_dataset_example(ref, j, &b, &sb);
+    return la == lb && !memcmp(a, b, la * sizeof *a) && !memcmp(sa, sb, la);
+}
+
+static void test_dedup(void) {
+    snug_encoder be = snug_byte_encoder();
+    /* 0 a, 1 b, 2 a, 3 c, 4 b, 5 a; 6 and 7: the same text as alpaca's output with another instruction */
+    const char *p = write_text("dup.jsonl", "{\"instruction\": \"a\", \"output\": \"x\"}\n"
+                                            "{\"instruction\": \"b\", \"output\": \"y\"}\n"
+                                            "{\"instruction\": \"a\", \"output\": \"x\"}\n"
+                                            "{\"instruction\": \"c\", \"output\": \"z\"}\n"
+                                            "{\"instruction\": \"b\", \"output\": \"y\"}\n"
+                                            "{\"instruction\": \"a\", \"output\": \"x\"}\n");
+    snug_data_opts o = {0};
+    snug_dataset ds, whole, val;
+    snug_error e = {0};
+    uint64_t removed = 0;
+    CHECKF(build1(&ds, p, SNUG_DATA_ALPACA, 0, &o, &be, NULL, &e) == 0, "%s", e.msg);
+    CHECKF(build1(&whole, p, SNUG_DATA_ALPACA, 0, &o, &be, NULL, &e) == 0, "%s", e.msg);
+    CHECKF(snug_dataset_dedup(&ds, NULL, &removed, &e) == 0, "%s", e.msg);
+    CHECKF(removed == 3 && ds.nexamples == 3 && example_is(&ds, 0, &whole, 0) && example_is(&ds, 1, &whole, 1) &&
+           example_is(&ds, 2, &whole, 3), "dedup: %llu removed, %zu left", (unsigned long long)removed, ds.nexamples);
+    size_t tok = 0;
+    for (size_t i = 0; i < ds.nexamples; i++)
+        tok += snug_dataset_example(&ds, i, NULL, NULL);
+    CHECK(ds.ntokens == tok);
+    CHECKF(snug_dataset_dedup(&ds, NULL, &removed, &e) == 0 && removed == 0 && ds.nexamples == 3, "again: %llu",
+           (unsigned long long)removed);
+    /* train_on_inputs: the same tokens with other targets are kept beside the others */
+    snug_data_opts toi = {.train_on_inputs = 1};
+    const char *q = write_text("dup2.jsonl", "{\"instruction\": \"a\", \"output\": \"x\"}\n");
+    snug_dataset a1, a2;
+    CHECKF(build1(&a1, q, SNUG_DATA_ALPACA, 0, &o, &be, NULL, &e) == 0, "%s", e.msg);
+    CHECKF(build1(&a2, q, SNUG_DATA_ALPACA, 0, &toi, &be, NULL, &e) == 0, "%s", e.msg);
+    CHECKF(snug_dataset_dedup(&a2, &a1, &removed, &e) == 0 && removed == 0 && a2.nexamples == 1,
+           "other targets counted as equal");
+    CHECKF(snug_dataset_dedup(&a1, &whole, &removed, &e) == 0 && removed == 1 && a1.nexamples == 0,
+           "against a prior set: %llu removed", (unsigned long long)removed);
+    /* a split view: what remains of it, against the training part */
+    CHECK(snug_dataset_split(&whole, 2, 7, &val, &e) == 0);
+    size_t nval = val.nexamples;
+    CHECKF(snug_dataset_dedup(&val, &whole, &removed, &e) == 0, "%s", e.msg);
+    int inside = 1;
+    for (size_t i = 0; i < val.nexamples; i++)
+        for (size_t j = 0; j < whole.nexamples; j++)
+            inside &= !example_is(&val, i, &whole, j);
+    CHECKF(inside && removed + val.nexamples == nval, "the validation view against the training view");
+    snug_dataset_free(&ds);
+    snug_dataset_free(&whole);
+    snug_dataset_free(&val);
+    snug_dataset_free(&a1);
+    snug_dataset_free(&a2);
+    printf("  dedup: first of equal examples kept in order, targets count, views and a prior set\n");
+}
+
 /* Many lines: the parallel blocks are merged in file order. */
 static void test_many_lines(void) {
     snug_encoder be = snug_byte_encoder();
@@ -866,6 +926,7 @@ int main(void) {
     test_skip_bad();
     test_long_examples();
     test_batcher_and_split();
+    test_dedup();
     test_many_lines();
     test_hash();
     test_cache(tok);
