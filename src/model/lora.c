@@ -350,6 +350,14 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
     return dst;
 }
 
+void snug_lora_dora_start(snug_model *m) {
+    snug_lora *lo = &m->lora;
+    for (int l = 0; lo->dora_pending && l < m->cfg.n_layer; l++)
+        for (int i = 0; adapted(lo, l) && i < lo->nmod; i++)
+            dora_norms(m, l, &lo->mod[i], lo->params + lo->table.layer_offset[l] + lo->mod[i].m_off);
+    lo->dora_pending = 0;
+}
+
 int snug_lora_init(snug_model *m, uint64_t seed) {
     snug_lora *lo = &m->lora;
     if (!lo->on)
@@ -374,10 +382,11 @@ int snug_lora_init(snug_model *m, uint64_t seed) {
     }
     m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
     free(host);
-    /* DoRA's magnitudes start as the base's row norms (B = 0: |W + s B A| = |W|), so the model starts as the base */
-    for (int l = 0; lo->dora && l < m->cfg.n_layer; l++)
-        for (int i = 0; adapted(lo, l) && i < lo->nmod; i++)
-            dora_norms(m, l, &lo->mod[i], lo->params + lo->table.layer_offset[l] + lo->mod[i].m_off);
+    /* DoRA's magnitudes start as the base's row norms (B = 0: |W + s B A| = |W|), so the model starts as the base; a
+     * base sharded over ranks is read through its gathers, which exist once the ranks are joined: later */
+    lo->dora_pending = lo->dora;
+    if (!(m->nranks > 1 && (m->param_sharded || m->q4_sharded)))
+        snug_lora_dora_start(m);
     /* a module trained in full starts as the base's tensor (PEFT copies the original module); a sharded base (ZeRO-3)
      * is not whole on any rank: the copies are then read from the base's file (snug_lora_saved_from_file) */
     if (m->param_sharded)

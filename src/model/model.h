@@ -193,6 +193,7 @@ typedef struct snug_lora {
     float *dy;            /* (N, hidden) workspace, training only: the scaled output gradient of an o_proj or
                            * down_proj module (its unscaled one is the residual stream's, read again after) */
     int dora_fixed;       /* the norms in dn stay as they are (generation: the adapters do not change) */
+    int dora_pending;     /* the magnitudes await snug_lora_dora_start (a base sharded over ranks) */
     uint64_t seed;        /* dropout's stream of this micro-batch (set by the caller before each training step) */
     int training;         /* the step running trains (dropout applies); evaluation and generation see none */
 } snug_lora;
@@ -569,6 +570,9 @@ int snug_lora_build(snug_model *m, snug_error *e);
 /* The floats of the adapter table snug_lora_build lays out for config c (0 without an adapter): what trains, and so
  * what data parallel sums, under LoRA. */
 long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc);
+/* DoRA: the magnitudes set to the base's row norms, when snug_lora_init left them pending (the base sharded over
+ * ranks, read through its gathers: every rank calls it, once they are set); nothing otherwise. */
+void snug_lora_dora_start(snug_model *m);
 /* Whether the whole model's layer l carries adapters under lc (lora_layers_to_transform; every layer by default). */
 int snug_lora_layer_on(const snug_lora_cfg *lc, int l);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */

@@ -200,10 +200,6 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "adapter's B faster than its A: add adapter: lora (or qlora)", src);
     REQUIRE(!o->lora_dora || o->adapter, "%s: peft_use_dora is true but adapter is none; DoRA is a kind of adapter: "
             "add adapter: lora (or qlora)", src);
-    REQUIRE(!o->lora_dora || o->zero_stage < 3,
-            "%s: peft_use_dora with zero_stage 3 is not supported yet (each module's weight norm needs the whole "
-            "weight when the adapters start); set zero_stage: 0, or offload_params: true to keep the base in host "
-            "memory", src);
     REQUIRE(o->adapter || !o->lora_model_dir[0],
             "%s: lora_model_dir is set but adapter is none; add adapter: lora to train the adapter", src);
     REQUIRE(!o->merge_lora || (o->adapter && o->base_model[0]),

@@ -1175,6 +1175,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         r.eng.model.gather_q4 = snug_zero3_gather_q4;
         r.eng.model.gather_q4_ud = &z3;
     }
+    if (!rc && r.eng.model.lora.dora_pending) /* (every rank: the base's layers gathered in turn) */
+        snug_lora_dora_start(&r.eng.model);
     snug_rows_hook zr = {.z2 = &z2, .z3 = r.eng.model.param_sharded ? &z3 : NULL};
     if (!rc && shard && r.eng.model.vtied) {
         if (!(zr.counts = malloc((size_t)W * sizeof *zr.counts)))

@@ -237,8 +237,8 @@ run loraplus $dora --loraplus_lr_ratio 16 --weight_decay 0.1 &&
 "$SNUG" train $common --loraplus_lr_ratio 16 --output_dir "$W/lp" > "$W/lp.log" 2>&1
 [ $? -eq 2 ] && grep -q "loraplus_lr_ratio is set but adapter is none" "$W/lp.log" && ok ||
   bad "loraplus alone: $(tail -1 "$W/lp.log")"
-# refused: DoRA without an adapter, at ZeRO-3
-for args in "--peft_use_dora true:adapter: lora" "--adapter lora --peft_use_dora true --zero_stage 3:zero_stage"; do
+# refused: DoRA without an adapter
+for args in "--peft_use_dora true:adapter: lora"; do
   "$SNUG" train $common ${args%%:*} --output_dir "$W/d" > "$W/d.log" 2>&1
   [ $? -eq 2 ] && grep -q "peft_use_dora" "$W/d.log" && grep -q "${args#*:}" "$W/d.log" && ok ||
     bad "${args%%:*}: $(tail -1 "$W/d.log")"

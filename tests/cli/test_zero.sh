@@ -656,6 +656,8 @@ lora3 val_2 2 --base_model "$W/base" --bf16 true --gradient_accumulation_steps 4
   --lora_target_linear true
 lora3 saved_2 2 --base_model "$W/base" --bf16 true --lora_modules_to_save lm_head,embed_tokens
 lora3 saved32_3 3 --base_model "$W/base" --lora_modules_to_save lm_head
+# DoRA: the magnitudes start from the base's rows, gathered layer by layer once the ranks are joined
+lora3 dora_2 2 --bf16 true --peft_use_dora true --lora_target_linear true
 # offload_params: the frozen base in host memory (each rank's shard at stage 3, the whole base under DDP), each
 # layer copied into the gather region as it runs; the bits of the runs without it, the shard moved between arenas
 run lz3_off_3 3 --adapter lora --zero_stage 3 --dist_debug true --gradient_accumulation_steps 2 \
@@ -696,6 +698,7 @@ resplit_adapters "LoRA stage 3 resumed as one process" lz3_ck_1 lz3_bf16_2
 qlora3() { adapter3 qlora "$@"; }
 qlora3 30m_2 2 1 --model_preset llama-30m --max_steps 2
 qlora3 acc_3 3 1 --gradient_accumulation_steps 2 --gradient_checkpointing true
+qlora3 dora_2 2 0 --peft_use_dora true --lora_dropout 0.1
 # offload_params (the 4-bit base in host memory: each rank's pieces at stage 3, the whole base under DDP) keeps the
 # bits of the run without it
 qlora3 off_3 3 0 --gradient_accumulation_steps 2 --gradient_checkpointing true --offload_params true
