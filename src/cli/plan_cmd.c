@@ -211,13 +211,13 @@ static void category_what(const report *r, int c, char *buf, size_t n) {
         break;
     case SNUG_MEM_ADAPTER:
         if (s->lv.lora.kind && s->lv.lora.save_modules)
-            snprintf(buf, n, "%s r=%d A and B%s, and %s in full, in fp32 (the rest of the base is frozen)",
-                     s->lv.lora.dora ? "DoRA" : "LoRA", s->lv.lora.r, s->lv.lora.dora ? ", magnitudes" : "",
+            snprintf(buf, n, "%s r=%d %s, and %s in full, in fp32 (the rest of the base is frozen)",
+                     s->lv.lora.dora ? "DoRA" : "LoRA", s->lv.lora.r, s->lv.lora.dora ? "A, B, magnitudes" : "A and B",
                      s->lv.lora.save_modules == (SNUG_SAVE_EMBED | SNUG_SAVE_HEAD) ? "embed_tokens, lm_head"
                                    : s->lv.lora.save_modules & SNUG_SAVE_EMBED ? "embed_tokens" : "lm_head");
         else if (s->lv.lora.kind)
-            snprintf(buf, n, "%s r=%d A and B%s in fp32 (the base is frozen)", s->lv.lora.dora ? "DoRA" : "LoRA",
-                     s->lv.lora.r, s->lv.lora.dora ? ", magnitudes" : "");
+            snprintf(buf, n, "%s r=%d %s in fp32 (the base is frozen)", s->lv.lora.dora ? "DoRA" : "LoRA",
+                     s->lv.lora.r, s->lv.lora.dora ? "A, B and magnitudes" : "A and B");
         else
             snprintf(buf, n, "none: full fine-tuning");
         break;
@@ -471,6 +471,12 @@ static void print_text(const report *r, FILE *f) {
     if (pl_lv->lora.kind) {
         char t[256];
         snug_lora_targets_list(c->arch, pl_lv->lora.targets, t, sizeof t);
+        const uint64_t *lm = pl_lv->lora.layers;
+        for (int l = 0, k = 0; (lm[0] | lm[1] | lm[2] | lm[3]) && l < 256; l++) /* lora_layers_to_transform */
+            if (snug_lora_layer_on(&pl_lv->lora, l)) {
+                size_t n = strlen(t);
+                snprintf(t + n, sizeof t - n, "%s%d", k++ ? "," : " of layers ", l);
+            }
         int q = pl_lv->lora.kind == SNUG_ADAPTER_QLORA;
         char base[64];
         snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",
