@@ -202,8 +202,7 @@ expect_error preprocess-bad "b1.jsonl line 2: invalid JSON" "$SNUG" preprocess -
 
 # dataset_exact_deduplication: 6 lines, 3 of them repeats; test_datasets' lines that training has, and their repeats,
 # dropped; a validation set left empty refused (after tokenizing: the cache files stay, valid; no output_dir)
-printf '{"text": "a b c"}\n{"text": "hello"}\n{"text": "a b c"}\n{"text": "zz"}\n{"text": "hello"}\n{"text": "a b c"}\n' \
-  > "$W/dup.jsonl"
+printf '{"text": "%s"}\n' "a b c" hello "a b c" zz hello "a b c" > "$W/dup.jsonl"
 printf '{"text": "zz"}\n{"text": "new"}\n{"text": "new"}\n' > "$W/dupv.jsonl"
 "$SNUG" train --dataset "$W/dup.jsonl" --test_datasets "$W/dupv.jsonl" --tokenizer "$SRC/assets/tokenizer" $T \
   --dataset_exact_deduplication true > "$W/dup.log" 2>&1 || bad dedup "$W/dup.log"
@@ -214,7 +213,8 @@ printf '{"text": "zz"}\n{"text": "hello"}\n' > "$W/dupv.jsonl"
 rm -rf "$W/out"
 "$SNUG" train --dataset "$W/dup.jsonl" --test_datasets "$W/dupv.jsonl" --tokenizer "$SRC/assets/tokenizer" $T \
   --dataset_exact_deduplication true > "$W/dup2.log" 2>&1
-[ $? -eq 2 ] && [ ! -e "$W/out" ] && grep -q "every example of test_datasets is also a training example" "$W/dup2.log" &&
+[ $? -eq 2 ] && [ ! -e "$W/out" ] && grep -q "every example of test_datasets is also a training example" \
+  "$W/dup2.log" &&
   ok || bad dedup-empty "$W/dup2.log"
 
 echo "test_datasets: $pass passed, $fail failed"
