@@ -51,6 +51,10 @@ def cases():
     yield "llama-dora", transformers.LlamaConfig(**LLAMA), dict(r=4, lora_alpha=8, target_modules=ALL7, use_dora=True)
     yield "llama-dora-qv", transformers.LlamaConfig(**LLAMA), dict(
         r=8, lora_alpha=12, target_modules=["q_proj", "v_proj"], use_rslora=True, use_dora=True)
+    # DoRA beside embed_tokens and lm_head trained in full
+    yield "llama-dora-save", transformers.LlamaConfig(**LLAMA), dict(
+        r=4, lora_alpha=8, target_modules=["v_proj", "up_proj"], modules_to_save=["embed_tokens", "lm_head"],
+        use_dora=True)
     # adapters on some layers only (PEFT's layers_to_transform), with DoRA
     yield "llama-layer1", transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": 3}), dict(
         r=4, lora_alpha=8, target_modules=ALL7, layers_to_transform=[1], use_dora=True)
