@@ -199,6 +199,10 @@ mags = [k for k in head if k.endswith(".lora_magnitude_vector")]
 lay0 = [k for k in mags if ".layers.0." in k]
 sys.exit(0 if cfg.get("use_dora") is True and len(lay0) == 7 and all(len(head[k]["shape"]) == 1 for k in mags) else 1)
 PY
+# a DoRA adapter as the start of another run (lora_model_dir): that run is DoRA too (use_dora, the magnitudes saved)
+run dora_more --adapter lora --lora_model_dir "$W/dora" --max_steps 2 &&
+  grep -q '"use_dora": true' "$W/dora_more/adapter_config.json" && grep -q "lora_magnitude_vector" \
+  "$W/dora_more/adapter_model.safetensors" && ok || bad "dora_more: $(tail -1 "$W/dora_more.log")"
 if run dora_merged $dora --base_model "$W/base" --merge_lora true; then
   "$SNUG" generate "$W/base" --adapter "$W/dora_merged" --prompt "The" --max_new_tokens 8 --temperature 0 \
     > "$W/gen5.log" 2>&1 &&
