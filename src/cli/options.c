@@ -472,6 +472,10 @@ static const key_spec keys[] = {
              "optimizer state) beside the adapters, as PEFT's modules_to_save; not for tied embeddings"},
     {.name = "peft_use_rslora", .aliases = "use_rslora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_rslora),
      .def = "false", .help = "rank-stabilised LoRA: scale = lora_alpha / sqrt(lora_r)"},
+    {.name = "peft_layers_pattern", .aliases = "layers_pattern", .type = KT_NAMES, .group = G_MODEL,
+     AT_STR(lora_layers_pattern), .def = "", .items = "block list names",
+     .help = "the name of the model's block list that peft_layers_to_transform counts in (PEFT's layers_pattern): "
+             "layers (GPT-2: h), the only one snug's models have; empty: found by name"},
     {.name = "peft_layers_to_transform", .aliases = "lora_layers_to_transform layers_to_transform", .type = KT_NAMES,
      .group = G_MODEL, AT_STR(lora_layers), .def = "", .items = "layer indices (integers from 0)",
      .help = "adapters on these layers only (PEFT's layers_to_transform: indices from 0, a YAML list or \"0,5\"); "

@@ -84,6 +84,7 @@ typedef struct snug_run_config {
     double loraplus_lr_ratio; /* LoRA+: lora_B's learning rate over lora_A's; 0 = off */
     int dataset_exact_deduplication; /* one of each set of equal examples (tokens and targets) */
     char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all */
+    char lora_layers_pattern[64]; /* PEFT's layers_pattern: the block list's name (checked against the model) */
     char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */
     /* QLoRA (adapter: qlora): how the base's block matrices are stored, bitsandbytes' BitsAndBytesConfig */

@@ -323,6 +323,11 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     if (snug_lora_save_parse(c->lora_modules_to_save, &save, unknown, sizeof unknown))
         return snug_fail(e, SNUG_EINPUT, "%s: lora_modules_to_save names '%s'; snug trains embed_tokens and lm_head in "
                          "full, nothing else", c->config_path[0] ? c->config_path : "config", unknown);
+    const char *blocks = r->cfg.arch == SNUG_ARCH_GPT2 ? "h" : "layers";
+    if (c->lora_layers_pattern[0] && strcmp(c->lora_layers_pattern, blocks))
+        return snug_fail(e, SNUG_EINPUT, "%s: peft_layers_pattern is '%s', but this model's blocks are in '%s'; set it to "
+                         "%s or remove it", c->config_path[0] ? c->config_path : "config", c->lora_layers_pattern,
+                         blocks, blocks);
     uint64_t mask[4];
     if (parse_layers(c->lora_layers, r->cfg.n_layer, mask, unknown, sizeof unknown))
         return snug_fail(e, SNUG_EINPUT, "%s: lora_layers_to_transform names '%s'; list layer indices from 0 to %d "

@@ -218,7 +218,7 @@ run dora_drop $dora --lora_dropout 0.2 && planned dora_drop &&
   near dora_drop_tiled dora_drop lora_ga lora
 # adapters on some layers only: planned as allocated, the adapter holds those layers' tensors and names them in
 # layers_to_transform, and a run from it (lora_model_dir) takes its layers; a layer the model lacks is refused
-run layers13 --adapter lora --lora_layers_to_transform 1,3 && planned layers13 &&
+run layers13 --adapter lora --lora_layers_to_transform 1,3 --peft_layers_pattern layers && planned layers13 &&
   python3 - "$W/layers13" <<'PY' && ok || bad "layers13: the adapter's layers"
 import json, struct, sys
 d = sys.argv[1]
@@ -234,6 +234,9 @@ run layers13_more --adapter lora --lora_model_dir "$W/layers13" --max_steps 2 &&
 "$SNUG" train $common --adapter lora --lora_layers_to_transform 1,9 --output_dir "$W/l9" > "$W/l9.log" 2>&1
 [ $? -eq 2 ] && grep -q "lora_layers_to_transform names '9'" "$W/l9.log" && grep -q "0 to 3" "$W/l9.log" && ok ||
   bad "a layer the model lacks: $(tail -1 "$W/l9.log")"
+"$SNUG" train $common --adapter lora --peft_layers_pattern blocks --output_dir "$W/lp9" > "$W/lp9.log" 2>&1
+[ $? -eq 2 ] && grep -q "peft_layers_pattern is 'blocks', but this model's blocks are in 'layers'" "$W/lp9.log" && ok ||
+  bad "another layers_pattern: $(tail -1 "$W/lp9.log")"
 # LoRA+: the header says what steps faster and that no weight decay applies; refused without an adapter
 run loraplus $dora --loraplus_lr_ratio 16 --weight_decay 0.1 &&
   grep -q "LoRA+ *lora_B and the magnitudes at 16 x the learning rate; no weight decay" "$W/loraplus.log" && ok ||
