@@ -325,8 +325,8 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
                          "full, nothing else", c->config_path[0] ? c->config_path : "config", unknown);
     const char *blocks = r->cfg.arch == SNUG_ARCH_GPT2 ? "h" : "layers";
     if (c->lora_layers_pattern[0] && strcmp(c->lora_layers_pattern, blocks))
-        return snug_fail(e, SNUG_EINPUT, "%s: peft_layers_pattern is '%s', but this model's blocks are in '%s'; set it to "
-                         "%s or remove it", c->config_path[0] ? c->config_path : "config", c->lora_layers_pattern,
+        return snug_fail(e, SNUG_EINPUT, "%s: peft_layers_pattern is '%s', but this model's blocks are in '%s'; set it "
+                         "to %s or remove it", c->config_path[0] ? c->config_path : "config", c->lora_layers_pattern,
                          blocks, blocks);
     uint64_t mask[4];
     if (parse_layers(c->lora_layers, r->cfg.n_layer, mask, unknown, sizeof unknown))
