@@ -94,10 +94,20 @@ int snug_lora_saved_entry(const snug_model *m, unsigned bit) {
     return -1;
 }
 
+int snug_lora_layers_named(const snug_lora_cfg *lc) {
+    return (lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3]) != 0;
+}
+
 int snug_lora_layer_on(const snug_lora_cfg *lc, int l) {
-    if (!(lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3]))
-        return 1;
-    return l >= 0 && l < 256 && (lc->layers[l / 64] >> (l % 64) & 1);
+    return !snug_lora_layers_named(lc) || (l >= 0 && l < 256 && (lc->layers[l / 64] >> (l % 64) & 1));
+}
+
+void snug_lora_layers_list(const snug_lora_cfg *lc, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int l = 0; snug_lora_layers_named(lc) && l < 256 && len < n; l++)
+        if (snug_lora_layer_on(lc, l))
+            len += (size_t)snprintf(buf + len, n - len, "%s%d", len ? "," : "", l);
 }
 
 long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc) {
@@ -128,15 +138,11 @@ int snug_lora_build(snug_model *m, snug_error *e) {
     const module_def *defs = modules(c->arch, &nmod);
     if (lc->r <= 0 || !(lc->targets & snug_lora_all_linear(c->arch)))
         return snug_fail(e, SNUG_EINPUT, "LoRA needs lora_r >= 1 and at least one target module of the model");
-    int whole = m->pp > 1 ? m->pp_L : c->n_layer, any = 0; /* (a pipeline stage's config holds its own layers) */
-    for (int l = 0; l < 256; l++)
-        if (l >= whole && snug_lora_layer_on(lc, l) && (lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3]))
+    int whole = m->pp > 1 ? m->pp_L : c->n_layer; /* (a pipeline stage's config holds its own layers) */
+    for (int l = whole; snug_lora_layers_named(lc) && l < 256; l++)
+        if (snug_lora_layer_on(lc, l))
             return snug_fail(e, SNUG_EINPUT, "lora_layers_to_transform names layer %d; the model's layers are 0 to %d",
                              l, whole - 1);
-    for (int l = 0; l < whole; l++)
-        any |= snug_lora_layer_on(lc, l);
-    if (!any)
-        return snug_fail(e, SNUG_EINPUT, "lora_layers_to_transform names no layer of the model");
     lo->on = 1;
     lo->r = lc->r;
     lo->scale = lc->rslora ? lc->alpha / sqrtf((float)lc->r) : lc->alpha / (float)lc->r;
@@ -297,6 +303,27 @@ static void dora_scale(snug_model *m, int l, const snug_lora_module *md, float *
                       bias ? bias + md->row0 : NULL);
 }
 
+/* DoRA: rows [r0, r0 + nr) of module md's magnitude gradient, added once: (sum over tokens of dy (x W^T + s u B^T))
+ * / nrm, the products taken as row dots of W with dy^T x and of B with s dy^T u. g: dy's first column of the chunk
+ * (row stride width); u = x A^T (row stride ldu). Leaves the chunk's rows of W in dw. */
+static void dmag_rows(snug_model *m, int l, const snug_lora_module *md, int r0, int nr, const float *g, int width,
+                      const float *x, const float *u, int ldu, int N) {
+    snug_lora *lo = &m->lora;
+    snug_backend *be = m->be;
+    int r = lo->r, in = md->in;
+    size_t base = lo->table.layer_offset[l];
+    const float *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off + r0;
+    be->zero(be, lo->dmt, (size_t)nr * sizeof *lo->dmt);
+    be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, u, ldu, 0.0f, lo->dp, r);
+    be->row_dots(be, lo->dmt, lo->params + base + md->b_off + (size_t)r0 * r, (size_t)r, lo->dp, (size_t)r, nr, r, nrm);
+    snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, in, lo->dw);
+    be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, x, in, 0.0f, lo->dp, in);
+    be->row_dots(be, lo->dmt, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nrm);
+    /* once per micro-batch, as the GEMMs add dA and dB: data parallel's sum over ranks then has the bits of one
+     * process accumulating */
+    be->accumulate(be, lo->grads + base + md->m_off + r0, lo->dmt, (size_t)nr);
+}
+
 const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
                                 const float *y, const float *bias, int in_place) {
     snug_lora *lo = &m->lora;
@@ -315,27 +342,17 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
             be->gemm_strided(be, 0, 1, N, R, in, 1.0f, x, in, P + md->a_off, in, 0.0f, lo->u, R);
         for (int j = 0; j < n; j++) {
             const snug_lora_module *mj = md + j;
-            if (lo->grads && y) { /* from the output: x W^T + s u B^T = (y - bias) nrm / mag, so dmag = the sum over
-                                   * tokens of dy (y - bias) / mag, one pass over the columns */
-                be->zero(be, lo->dmt, (size_t)mj->rows * sizeof *lo->dmt);
-                be->col_dots(be, lo->dmt, dout + mj->row0, (size_t)width, y + mj->row0, (size_t)width, N, mj->rows,
-                             bias ? bias + mj->row0 : NULL, P + mj->m_off);
-                be->accumulate(be, lo->grads + base + mj->m_off, lo->dmt, (size_t)mj->rows);
-                continue;
-            }
-            /* dmag = (sum over tokens of dy * (x W^T + s u B^T)) / nrm, the products of x W^T and u B^T taken as
-             * row dots of W with dy^T x and of B with s dy^T u, a chunk of the module's rows at a time */
-            for (int r0 = 0; lo->grads && r0 < mj->rows; r0 += lo->dchunk) {
-                int nr = mj->rows - r0 < lo->dchunk ? mj->rows - r0 : lo->dchunk;
-                const float *g = dout + mj->row0 + r0, *nj = nrm + mj->n_off + r0;
+            for (int r0 = 0; lo->grads && r0 < mj->rows; r0 += lo->dchunk) { /* a chunk of rows at a time */
+                int nr = mj->rows - r0 < lo->dchunk ? mj->rows - r0 : lo->dchunk, c0 = mj->row0 + r0;
+                if (!y) {
+                    dmag_rows(m, l, mj, r0, nr, dout + c0, width, x, lo->u + j * r, R, N);
+                    continue;
+                }
+                /* from the output: x W^T + s u B^T = (y - bias) nrm / mag, so dmag = the sum over tokens of
+                 * dy (y - bias) / mag, one pass down the columns, added once as dmag_rows adds it */
                 be->zero(be, lo->dmt, (size_t)nr * sizeof *lo->dmt);
-                be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, lo->u + j * r, R, 0.0f, lo->dp, r);
-                be->row_dots(be, lo->dmt, P + mj->b_off + (size_t)r0 * r, (size_t)r, lo->dp, (size_t)r, nr, r, nj);
-                snug_model_site_rows(m, l, site, mj->row0 + r0, nr, in, lo->dw);
-                be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, x, in, 0.0f, lo->dp, in);
-                be->row_dots(be, lo->dmt, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nj);
-                /* added to the gradient once per micro-batch, as the GEMMs add dA and dB: data parallel's sum over
-                 * ranks then has the bits of one process accumulating */
+                be->col_dots(be, lo->dmt, dout + c0, (size_t)width, y + c0, (size_t)width, N, nr,
+                             bias ? bias + c0 : NULL, P + mj->m_off + r0);
                 be->accumulate(be, lo->grads + base + mj->m_off + r0, lo->dmt, (size_t)nr);
             }
         }
@@ -449,13 +466,7 @@ static void dora_drop_bwd(snug_model *m, int l, const snug_lora_module *md, floa
     for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
         int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
         const float *g = dout + md->row0 + r0, *B = P + md->b_off + (size_t)r0 * r;
-        be->zero(be, lo->dmt, (size_t)nr * sizeof *lo->dmt);
-        be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, lo->u, r, 0.0f, lo->dp, r);
-        be->row_dots(be, lo->dmt, B, (size_t)r, lo->dp, (size_t)r, nr, r, nrm + r0);
-        snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, in, lo->dw);
-        be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, xd, in, 0.0f, lo->dp, in);
-        be->row_dots(be, lo->dmt, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nrm + r0);
-        be->accumulate(be, G + md->m_off + r0, lo->dmt, (size_t)nr);
+        dmag_rows(m, l, md, r0, nr, g, width, xd, lo->u, r, N); /* (W's rows then in dw) */
         be->scale_cols(be, lo->dt, (size_t)nr, g, (size_t)width, N, nr, mag + r0, nrm + r0, NULL); /* gy */
         be->gemm_strided(be, 0, 0, N, r, nr, 1.0f, lo->dt, nr, B, r, 1.0f, lo->du, r);  /* du += gy B */
         be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, lo->dt, nr, lo->u, r, 1.0f, G + md->b_off + (size_t)r0 * r,
