@@ -471,12 +471,12 @@ static void print_text(const report *r, FILE *f) {
     if (pl_lv->lora.kind) {
         char t[256];
         snug_lora_targets_list(c->arch, pl_lv->lora.targets, t, sizeof t);
-        const uint64_t *lm = pl_lv->lora.layers;
-        for (int l = 0, k = 0; (lm[0] | lm[1] | lm[2] | lm[3]) && l < 256; l++) /* lora_layers_to_transform */
-            if (snug_lora_layer_on(&pl_lv->lora, l)) {
-                size_t n = strlen(t);
-                snprintf(t + n, sizeof t - n, "%s%d", k++ ? "," : " of layers ", l);
-            }
+        if (snug_lora_layers_named(&pl_lv->lora)) { /* lora_layers_to_transform */
+            size_t n = strlen(t);
+            n += (size_t)snprintf(t + n, sizeof t - n, " of layers ");
+            if (n < sizeof t)
+                snug_lora_layers_list(&pl_lv->lora, t + n, sizeof t - n);
+        }
         int q = pl_lv->lora.kind == SNUG_ADAPTER_QLORA;
         char base[64];
         snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",

@@ -1799,8 +1799,7 @@ void snug_model_site_rows(snug_model *m, int l, snug_site site, int row, int nr,
         }
         return;
     }
-    const float *f = site == SNUG_SITE_QKV ? w->qkv_w : site == SNUG_SITE_O ? w->o_w
-                   : site == SNUG_SITE_FC  ? w->fc_w  : w->proj_w;
+    const float *f = snug_site_weight(w, site);
     if (f)
         be->copy(be, dst, f + (size_t)row * in, (size_t)nr * in * sizeof *dst);
     else /* the 16-bit weight as stored */

@@ -144,6 +144,11 @@ typedef struct snug_levers {
  * the fused gate/up (or GPT-2's c_fc) and the MLP output. */
 typedef enum snug_site { SNUG_SITE_QKV = 0, SNUG_SITE_O, SNUG_SITE_FC, SNUG_SITE_PROJ, SNUG_NSITES } snug_site;
 
+/* The weight of a site among a layer's tensors: (width, in). */
+static inline float *snug_site_weight(const snug_layer_tensors *w, snug_site site) {
+    return site == SNUG_SITE_QKV ? w->qkv_w : site == SNUG_SITE_O ? w->o_w : site == SNUG_SITE_FC ? w->fc_w : w->proj_w;
+}
+
 /* One adapted module: its rows of a site's output and its input width. */
 typedef struct snug_lora_module {
     int index;            /* the architecture's module number (snug_lora_module_name) */
@@ -573,8 +578,11 @@ long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc)
 /* DoRA: the magnitudes set to the base's row norms, when snug_lora_init left them pending (the base sharded over
  * ranks, read through its gathers: every rank calls it, once they are set); nothing otherwise. */
 void snug_lora_dora_start(snug_model *m);
-/* Whether the whole model's layer l carries adapters under lc (lora_layers_to_transform; every layer by default). */
+/* Whether lc names its layers (lora_layers_to_transform), and whether the whole model's layer l then carries adapters
+ * (every layer when it names none); the named layers as "1,3" into buf ("" when none are named). */
+int snug_lora_layers_named(const snug_lora_cfg *lc);
 int snug_lora_layer_on(const snug_lora_cfg *lc, int l);
+void snug_lora_layers_list(const snug_lora_cfg *lc, char *buf, size_t n);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);
 /* The base table's entry that lora_modules_to_save's module `bit` (SNUG_SAVE_EMBED, SNUG_SAVE_HEAD) copies; -1: none. */

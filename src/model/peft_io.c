@@ -142,7 +142,7 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
         json_object_set_new(j, "use_rslora", json_true());
     if (j && lc->dora) /* (only then: older PEFT releases refuse the key, and read no DoRA adapter anyway) */
         json_object_set_new(j, "use_dora", json_true());
-    if (j && (lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3])) {
+    if (j && snug_lora_layers_named(lc)) {
         json_t *layers = json_array();
         for (int l = 0; l < 256; l++)
             if (snug_lora_layer_on(lc, l))

@@ -11,13 +11,6 @@
 #include "train/engine.h"
 #include "train/setup.h"
 
-/* The base weight of a site in layer l: (width, in) in the flat fp32 parameters. */
-static float *site_weight(snug_model *m, int l, snug_site site) {
-    snug_layer_tensors *w = &m->w.layers[l];
-    return site == SNUG_SITE_QKV ? w->qkv_w : site == SNUG_SITE_O ? w->o_w : site == SNUG_SITE_FC ? w->fc_w
-                                                                                                   : w->proj_w;
-}
-
 /* W (n fp32 values laid out [rows, cols]) replaced by its 4-bit round trip. */
 static int round_trip(float *W, int64_t rows, int64_t cols, const snug_lora_cfg *q, snug_error *e) {
     snug_q4_tensor t;
@@ -58,29 +51,23 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
                             p->transposed ? p->shape[0] : p->shape[1], q4, e);
     }
     /* W[row0:row0+rows, :] (rows, in) += s * B (rows, r) @ A (r, in), in fp32; DoRA: then each row scaled by its
-     * magnitude over its norm, W = (mag / |W + s B A|) (W + s B A) */
-    float *nrm = NULL;
-    if (!rc && m->lora.dora && !(nrm = malloc((size_t)m->lora.dn_per_layer * sizeof *nrm)))
-        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for DoRA's weight norms");
+     * magnitude over its norm (into the layout's lora.dn), W = (mag / |W + s B A|) (W + s B A) */
     for (int l = 0; !rc && l < cfg.n_layer; l++) {
         snug_lora *lo = &m->lora;
         for (int i = 0; lo->table.layer_numel[l] && i < lo->nmod; i++) {
             const snug_lora_module *md = &lo->mod[i];
             const float *P = lo->params + lo->table.layer_offset[l];
-            float *W = site_weight(m, l, md->site) + (size_t)md->row0 * md->in;
+            float *W = snug_site_weight(&m->w.layers[l], md->site) + (size_t)md->row0 * md->in;
+            float *nrm = lo->dora ? lo->dn + (size_t)l * lo->dn_per_layer + md->n_off : NULL;
             m->be->gemm_strided(m->be, 0, 0, md->rows, md->in, lo->r, lo->scale, P + md->b_off, lo->r,
                                 P + md->a_off, md->in, 1.0f, W, md->in);
             if (!nrm)
                 continue;
             m->be->row_norms(m->be, nrm, W, (size_t)md->in, md->rows, md->in);
-            for (int j = 0; j < md->rows; j++) {
-                float g = P[md->m_off + (size_t)j] / nrm[j];
-                for (int k = 0; k < md->in; k++)
-                    W[(size_t)j * md->in + k] *= g;
-            }
+            for (int j = 0; j < md->rows; j++)
+                m->be->scale(m->be, W + (size_t)j * md->in, P[md->m_off + (size_t)j] / nrm[j], (size_t)md->in);
         }
     }
-    free(nrm);
     /* lora_modules_to_save: the trained copies replace the base's tensors */
     for (int k = 0; !rc && k < 2; k++) {
         const snug_lora *lo = &m->lora;

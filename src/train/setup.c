@@ -337,12 +337,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
         return 0;
     snug_lora_cfg a;
     SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, &a, e));
-    c->lora_layers[0] = 0;
-    for (int l = 0; l < 256; l++) /* the adapter's layers, as the run's */
-        if ((a.layers[0] | a.layers[1] | a.layers[2] | a.layers[3]) && snug_lora_layer_on(&a, l)) {
-            size_t n = strlen(c->lora_layers);
-            snprintf(c->lora_layers + n, sizeof c->lora_layers - n, "%s%d", n ? "," : "", l);
-        }
+    snug_lora_layers_list(&a, c->lora_layers, sizeof c->lora_layers); /* the adapter's layers, as the run's */
     c->lora_r = a.r;
     c->lora_alpha = a.alpha;
     c->lora_rslora = a.rslora;

@@ -472,8 +472,8 @@ sed -e 's/  pad_token: "<|end_of_text|>"/  unk_token: "<|im_start|>"/' lora.yml 
 mkdir -p base_notok && cp base/config.json base/model.safetensors base_notok/ # a model folder without a tokenizer
 sed -e 's/^base_model: base$/base_model: base_notok/' lora.yml > notok.yml
 "$SNUG" train notok.yml --output_dir out_refused > refused.log 2>&1
-[ $? -eq 2 ] && grep -q "special_tokens.pad_token needs a tokenizer (tokenizer.json), and this run has none" refused.log &&
-  [ ! -e out_refused ] && ok || bad "special_tokens without a tokenizer" refused.log
+[ $? -eq 2 ] && grep -q "special_tokens.pad_token needs a tokenizer (tokenizer.json), and this run has none" \
+  refused.log && [ ! -e out_refused ] && ok || bad "special_tokens without a tokenizer" refused.log
 sed -e 's/^eval_table_size:$/eval_table_size: 5/' lora.yml > table.yml
 "$SNUG" train table.yml --output_dir out_refused > refused.log 2>&1
 [ $? -eq 2 ] && grep -q "table.yml line [0-9]*: eval_table_size is not supported yet" refused.log && ok ||
