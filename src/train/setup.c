@@ -337,6 +337,11 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
         return 0;
     snug_lora_cfg a;
     SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, &a, e));
+    for (int l = r->cfg.n_layer; snug_lora_layers_named(&a) && l < 256; l++)
+        if (snug_lora_layer_on(&a, l))
+            return snug_fail(e, SNUG_EINPUT, "%s/adapter_config.json: layers_to_transform names layer %d, and this "
+                             "model's layers are 0 to %d; the adapter is for another base", c->lora_model_dir, l,
+                             r->cfg.n_layer - 1);
     snug_lora_layers_list(&a, c->lora_layers, sizeof c->lora_layers); /* the adapter's layers, as the run's */
     c->lora_r = a.r;
     c->lora_alpha = a.alpha;

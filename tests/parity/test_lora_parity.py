@@ -369,7 +369,10 @@ def main():
     os.makedirs(bad)
     j = json.load(open(os.path.join(ad_dir, "adapter_config.json")))
     for k, v, word in (("target_modules", ["query_key_value"], "query_key_value"), ("lora_bias", True, "lora_bias"),
-                       ("peft_type", "IA3", "peft_type")):
+                       ("peft_type", "IA3", "peft_type"), ("layers_to_transform", ["x"], "layers_to_transform"),
+                       ("layers_to_transform", [0, 300], "layers_to_transform"),
+                       ("layers_to_transform", [0, 9], "layers_to_transform names layer 9"),
+                       ("layers_pattern", "blocks", "layers_pattern")):
         json.dump({**j, k: v}, open(os.path.join(bad, "adapter_config.json"), "w"))
         os.system(f"cp {ad_dir}/adapter_model.safetensors {bad}/")
         r = train(base_dir, bad)

@@ -1020,6 +1020,7 @@ static void test_axolotl_keys(void) {
         {"eval_strategy: 'no'\nval_set_size: 0.1\nearly_stopping_patience: 2\n", "eval_strategy no, and "
                                                                                   "early_stopping_patience compares"},
         {"cosine_min_lr_ratio: 2\n", "cosine_min_lr_ratio is 2; use a fraction"},
+        {"adapter: lora\nloraplus_lr_ratio: -1\n", "loraplus_lr_ratio is -1; use a ratio above 0"},
         {"neftune_noise_alpha: -1\n", "neftune_noise_alpha is -1; use 0 (off) or a positive scale"},
         {"early_stopping_patience: 2\n", "early_stopping_patience compares validation losses"},
         {"val_set_size: 0.1\nload_best_model_at_end: true\n", "set save_steps (or saves_per_epoch)"},
