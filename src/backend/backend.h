@@ -154,6 +154,10 @@ struct snug_backend {
     void (*dequantize_4bit)(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
                             const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
                             float nested_offset, const float *code, size_t n, int blocksize);
+    /* dst (rows x cols) = bitsandbytes' 8-bit weight widened: element (r, j) is
+     * (float)codes[r * cols + j] * snug_q8_row_scale(scb[r]) in fp32. */
+    void (*dequantize_int8)(snug_backend *be, float *dst, const int8_t *codes, const float *scb, size_t rows,
+                            size_t cols);
     /* dst (n, bf16) = src rounded stochastically: element i adds r_i = the low 16 bits of
      * snug_sr_bits(seed, i) to the fp32 bit pattern and truncates to the top 16 bits, so it rounds up with
      * probability equal to its distance from the lower neighbour. Non-finite values round to nearest. The same
@@ -324,6 +328,10 @@ static inline SNUG_HOST_DEVICE int snug_dropout_keep(uint64_t seed, uint64_t i, 
 static inline SNUG_HOST_DEVICE float snug_uniform_pm1(uint64_t seed, uint64_t i) {
     return (float)(((double)snug_sr_bits(seed, i) + 0.5) * (1.0 / 2147483648.0) - 1.0);
 }
+
+/* The factor of a row of bitsandbytes' 8-bit weight (LLM.int8's SCB, the row's max |w|): SCB * (float)(1/127), as
+ * its SCB.mul(1.0 / 127.0), one fp32 rounding. An element is then code * factor. */
+static inline SNUG_HOST_DEVICE float snug_q8_row_scale(float scb) { return scb * (float)(1.0 / 127.0); }
 
 /* The CPU backend: OpenMP threads (nthreads <= 0: all cores), OpenBLAS for GEMM and, under bf16 math on a CPU whose
  * bf16 units pay, oneDNN (backend/cpu/gemm_cpu.h). */

@@ -443,6 +443,9 @@ static const key_spec keys[] = {
              "on a base stored 4-bit (bitsandbytes' NF4); none: train every weight"},
     {.name = "load_in_4bit", .type = KT_BOOL, .group = G_MODEL, AT_INT(load_in_4bit), .def = "false",
      .help = "store the base's block matrices in 4 bits (with adapter: lora or qlora, the same as adapter: qlora)"},
+    {.name = "load_in_8bit", .type = KT_BOOL, .group = G_MODEL, AT_INT(load_in_8bit), .def = "false",
+     .help = "with adapter: lora, store the base's block matrices in 8 bits as bitsandbytes' LLM.int8 does (a code "
+             "per weight, a scale per row); the rest of the base in bf16 (fp16 with fp16: true)"},
     {.name = "bnb_4bit_quant_type", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(bnb_4bit_quant_type), .def = "nf4",
      .values = "nf4 fp4", ENUMS({"nf4", SNUG_Q4_NF4}, {"fp4", SNUG_Q4_FP4}),
      .help = "the 4-bit code of QLoRA's base: nf4 (NormalFloat, QLoRA's choice) or fp4"},
@@ -600,7 +603,6 @@ static const key_spec keys[] = {
 
     /* recognised, not supported yet */
     LATER_BOOL("tf32", "TF32 matrix multiplies; snug trains in fp32"),
-    LATER_BOOL("load_in_8bit", "quantised base models"),
     NOOP("eval_sample_packing", KT_BOOL, "evaluation batches as training does; the loss is the same either way"),
     NOOP("dataloader_num_workers", KT_INT, "snug's loader reads the memory-mapped tokens in the training thread"),
     NOOP("dataloader_pin_memory", KT_BOOL, "snug's loader reads the memory-mapped tokens in the training thread"),

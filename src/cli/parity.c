@@ -86,8 +86,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                 return snug_fail(e, SNUG_EINPUT, "snug parity: unknown option %s", k);
         }
     }
-    if (qlora && strcmp(qlora, "nf4") && strcmp(qlora, "fp4"))
-        return snug_fail(e, SNUG_EINPUT, "snug parity: --qlora '%s': use nf4 or fp4", qlora);
+    if (qlora && strcmp(qlora, "nf4") && strcmp(qlora, "fp4") && strcmp(qlora, "int8"))
+        return snug_fail(e, SNUG_EINPUT, "snug parity: --qlora '%s': use nf4, fp4 or int8", qlora);
     snug_model_config cfg;
     char p[4096];
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -113,9 +113,10 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         rc = snug_peft_read_config(adapter, cfg.arch, &spec.lv.lora, e);
     spec.lv.lora.q4_chunk = q4_chunk > 0 ? (size_t)q4_chunk : 0;
     spec.lv.lora.loraplus = loraplus; /* --loraplus RATIO: LoRA+'s learning rate of lora_B */
-    if (!rc && qlora) { /* --qlora nf4|fp4: the adapter on the base stored 4-bit (double-quantized), the rest bf16 */
+    if (!rc && qlora) { /* --qlora nf4|fp4: the adapter on the base stored 4-bit (double-quantized), the rest bf16;
+                         * int8: stored as LLM.int8's 8 bits (load_in_8bit) */
         spec.lv.lora.kind = SNUG_ADAPTER_QLORA;
-        spec.lv.lora.q4_type = !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
+        spec.lv.lora.q4_type = !strcmp(qlora, "int8") ? SNUG_Q4_INT8 : !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
         spec.lv.lora.q4_nested = 1;
         spec.lv.lora.q4_blocksize = 64;
         spec.lv.dt = SNUG_DT_BF16;

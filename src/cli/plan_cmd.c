@@ -142,8 +142,10 @@ static void wrap(FILE *f, const char *lead, int indent, const char *text, int wi
     fputc('\n', f);
 }
 
-/* QLoRA's 4-bit code as the report names it (snug_q4_type_name's, upper case) */
-static const char *q4_code(const snug_levers *lv) { return lv->lora.q4_type ? "FP4" : "NF4"; }
+/* The quantized base's code as the report names it (snug_q4_type_name's, upper case) */
+static const char *q4_code(const snug_levers *lv) {
+    return lv->lora.q4_type == SNUG_Q4_INT8 ? "INT8" : lv->lora.q4_type ? "FP4" : "NF4";
+}
 
 static void category_what(const report *r, int c, char *buf, size_t n) {
     const snug_plan_spec *s = &r->p->spec;
@@ -477,12 +479,12 @@ static void print_text(const report *r, FILE *f) {
             if (n < sizeof t)
                 snug_lora_layers_list(&pl_lv->lora, t + n, sizeof t - n);
         }
-        int q = pl_lv->lora.kind == SNUG_ADAPTER_QLORA;
+        int q = pl_lv->lora.kind == SNUG_ADAPTER_QLORA, q8 = q && pl_lv->lora.q4_type == SNUG_Q4_INT8;
         char base[64];
         snprintf(base, sizeof base, q ? "%s base (%s embeddings, norms, head)" : "%s base",
                  q ? q4_code(pl_lv) : snug_precision_name(pl_lv->dt), snug_precision_name(pl_lv->dt));
         fprintf(f, "  training     %s r=%d alpha %g on %s: the %s frozen, fp32 adapters, optimizer %s\n",
-                pl_lv->lora.dora ? (q ? "QDoRA" : "DoRA") : q ? "QLoRA" : "LoRA", pl_lv->lora.r,
+                pl_lv->lora.dora ? (q && !q8 ? "QDoRA" : "DoRA") : q && !q8 ? "QLoRA" : "LoRA", pl_lv->lora.r,
                 (double)pl_lv->lora.alpha, t, base,
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
     } else if (pl_lv->dt == SNUG_DT_F32)

@@ -823,7 +823,7 @@ static int q4_spans(snug_model *m, snug_error *e) {
         for (int i = 0; i < t->n; i++)
             if (t->e[i].layer == l && m->q4[i].n) {
                 m->q4_rel[i] = span;
-                span += (snug_q4_bytes(m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested) + 63) / 64 * 64;
+                span += (snug_q4_bytes(m->q4[i].type, m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested) + 63) / 64 * 64;
             }
         m->q4_piece[l] = (span + 64 * R - 1) / (64 * R) * 64;
         m->q4_soff[l] = m->q4_shard_n;
@@ -1056,7 +1056,7 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         for (int i = 0; m->q4 && !m->q4_sharded && i < m->table.n; i++)
             if (m->q4[i].n) { /* QLoRA: each block matrix in bitsandbytes' parts */
                 const snug_q4_tensor *q = &m->q4[i];
-                void *blk = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], snug_q4_bytes(q->n, q->blocksize, q->nested), e);
+                void *blk = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], snug_q4_bytes(q->type, q->n, q->blocksize, q->nested), e);
                 if (!blk)
                     return e ? e->code : SNUG_ENOMEM;
                 snug_q4_carve(&m->q4[i], blk);
@@ -1349,17 +1349,22 @@ int snug_model_init_rope(snug_model *m) {
 }
 
 
-/* Rows [r0, r0 + nr) of 4-bit matrix i into dst (nr x cols) as forward reads them: by the backend's op (where the
+/* Rows [r0, r0 + nr) of quantized matrix i into dst (nr x cols) as forward reads them: by the backend's op (where the
  * tensor lives) from the rows' slice of codes and scales (r0 is a multiple of its chunk_rows), then rounded to the
- * run's 16-bit type, as bitsandbytes' dequantize_4bit gives the weight's dtype. */
+ * run's 16-bit type, as bitsandbytes' dequantize_4bit gives the weight's dtype (and, 8-bit, as its MatMul8bitFp
+ * does: its codes cast to the dtype and multiplied by the fp32 factor). */
 static void dequant_rows(const snug_model *m, int i, size_t r0, size_t nr, float *dst) {
     snug_backend *be = m->be;
     const snug_q4_tensor *q = &m->q4[i];
     size_t cols = (size_t)q->shape[1], off = r0 * cols, n = nr * cols, bs = (size_t)q->blocksize;
     size_t b0 = off / bs, nb = q->nested ? (size_t)q->nested_blocksize : 1;
-    be->dequantize_4bit(be, dst, q->packed + off / 2, q->nested ? NULL : q->absmax + b0,
-                        q->nested ? q->absmax_q + b0 : NULL, q->nested ? q->nested_absmax + b0 / nb : NULL,
-                        q->nested_quant_map, q->nested_offset, snug_q4_code((snug_q4_type)q->type), n, q->blocksize);
+    if (q->type == SNUG_Q4_INT8)
+        be->dequantize_int8(be, dst, (const int8_t *)q->packed + off, q->absmax + r0, nr, cols);
+    else
+        be->dequantize_4bit(be, dst, q->packed + off / 2, q->nested ? NULL : q->absmax + b0,
+                            q->nested ? q->absmax_q + b0 : NULL, q->nested ? q->nested_absmax + b0 / nb : NULL,
+                            q->nested_quant_map, q->nested_offset, snug_q4_code((snug_q4_type)q->type), n,
+                            q->blocksize);
     be->to16(be, NULL, dst, n, m->lv.dt, 1);
 }
 
@@ -1465,7 +1470,7 @@ int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e)
     }
     /* quantized on the host (bitsandbytes' arithmetic), then copied to where the model keeps it */
     snug_q4_tensor q = m->q4[i];
-    size_t bytes = snug_q4_bytes(q.n, q.blocksize, q.nested);
+    size_t bytes = snug_q4_bytes(q.type, q.n, q.blocksize, q.nested);
     void *buf = m->be->host_resident && !m->q4_sharded ? m->q4_block[i] : malloc(bytes);
     if (!buf)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory quantizing %s", p->name);
@@ -1480,7 +1485,7 @@ int snug_model_put_entry(snug_model *m, int i, const float *host, snug_error *e)
 
 void snug_model_put_q4(snug_model *m, int i, const void *buf, float nested_offset) {
     const snug_q4_tensor *q = &m->q4[i];
-    size_t bytes = snug_q4_bytes(q->n, q->blocksize, q->nested);
+    size_t bytes = snug_q4_bytes(q->type, q->n, q->blocksize, q->nested);
     if (!m->q4_sharded) {
         if (buf != m->q4_block[i])
             m->be->to_device(m->be, m->q4_block[i], buf, bytes);

@@ -98,7 +98,7 @@ static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, 
                          "set bnb_4bit_quant_type and bnb_4bit_use_double_quant as the checkpoint has them", dir,
                          p->name, snug_q4_type_name(f.type), f.blocksize, f.nested ? ", double-quantized" : "",
                          snug_q4_type_name(q->type), q->blocksize, q->nested ? ", double-quantized" : "");
-    snug_q4_sizes z = snug_q4_sizes_of(q->n, q->blocksize, q->nested);
+    snug_q4_sizes z = snug_q4_sizes_of(q->type, q->n, q->blocksize, q->nested);
     snug_backend *be = m->be;
     snug_q4_tensor d = *q; /* where its parts go: the model's tensor, or (sharded) one host copy of it whole */
     void *whole = m->q4_sharded ? malloc(z.total) : NULL;

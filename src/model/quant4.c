@@ -30,7 +30,18 @@
  * Dequantization (CPU kernels dequantizeBlockwise8bitCpu, dequantizeBlockwise4bitCpu, or the torch fallback for an
  * odd last dimension, which computes the same): absmax = map[q] * nested_absmax then + offset (two fp32 roundings,
  * never fused); w = code * absmax in fp32. The two roundings are written as separate statements: ISO C (-std=c11)
- * makes GCC contract none, and clang contracts only within one expression. */
+ * makes GCC contract none, and clang contracts only within one expression.
+ *
+ * 8 bits (SNUG_Q4_INT8; Int8Params._quantize -> int8_vectorwise_quant with threshold 0, the default op):
+ *   - the weight is cast to fp16 first (to nearest even; a value past fp16's range would be infinite there and is
+ *     refused);
+ *   - SCB = max |w16| over the row, widened to fp32;
+ *   - y = w16 * ((1 / SCB) * 127) in fp32: torch computes 127.0 / SCB as SCB.reciprocal() * 127, two roundings;
+ *   - code = torch.round(y) (half to even) as int8. A row of zeros stores SCB 0 and codes 0 (bitsandbytes' 0 * inf
+ *     is NaN there, whose int8 cast torch leaves undefined; any code times SCB 0 dequantizes to 0 all the same).
+ * Dequantizing follows MatMul8bitFp, what bitsandbytes trains with on a CPU: CB.to(dtype) * (SCB * (1 / 127)), the
+ * factor a fp32 product with (float)(1/127); int8_vectorwise_dequant's (CB * SCB) * (1 / 127) rounds differently
+ * and is not what training reads. */
 #include "model/quant4.h"
 
 #include <jansson.h>
@@ -39,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "core/json_util.h"
 #include "optim/optim.h"
 
@@ -69,9 +81,13 @@ static const float fp4_native[16] = {
 /* torch.argsort(fp4 table): the codes in increasing value (+0 before -0) */
 static const uint8_t fp4_order[16] = {11, 10, 13, 12, 15, 14, 9, 0, 8, 1, 6, 7, 4, 5, 2, 3};
 
-const float *snug_q4_code(snug_q4_type type) { return type == SNUG_Q4_FP4 ? fp4_code : nf4_code; }
+const float *snug_q4_code(snug_q4_type type) {
+    return type == SNUG_Q4_INT8 ? NULL : type == SNUG_Q4_FP4 ? fp4_code : nf4_code;
+}
 
-const char *snug_q4_type_name(snug_q4_type type) { return type == SNUG_Q4_FP4 ? "fp4" : "nf4"; }
+const char *snug_q4_type_name(snug_q4_type type) {
+    return type == SNUG_Q4_INT8 ? "int8" : type == SNUG_Q4_FP4 ? "fp4" : "nf4";
+}
 
 const char *snug_q4_dtype_name(snug_dtype dtype) {
     switch (dtype) {
@@ -98,10 +114,11 @@ static int valid_blocksize(long bs) { return bs >= 32 && bs <= 4096 && (bs & (bs
 
 size_t snug_q4_nblocks(size_t n, int blocksize) { return blocksize > 0 ? (n + (size_t)blocksize - 1) / blocksize : 0; }
 
-snug_q4_sizes snug_q4_sizes_of(size_t n, int blocksize, int nested) {
+snug_q4_sizes snug_q4_sizes_of(snug_q4_type type, size_t n, int blocksize, int nested) {
     snug_q4_sizes z = {0};
     size_t nb = snug_q4_nblocks(n, blocksize);
-    z.packed = (n + 1) / 2;
+    nested = type == SNUG_Q4_INT8 ? 0 : nested;
+    z.packed = type == SNUG_Q4_INT8 ? n : (n + 1) / 2;
     z.absmax = nested ? nb : 4 * nb;
     if (nested) {
         z.nested_absmax = 4 * ((nb + SNUG_Q4_NESTED_BLOCKSIZE - 1) / SNUG_Q4_NESTED_BLOCKSIZE);
@@ -111,13 +128,20 @@ snug_q4_sizes snug_q4_sizes_of(size_t n, int blocksize, int nested) {
     return z;
 }
 
-size_t snug_q4_bytes(size_t n, int blocksize, int nested) { return snug_q4_sizes_of(n, blocksize, nested).total; }
+size_t snug_q4_bytes(snug_q4_type type, size_t n, int blocksize, int nested) {
+    return snug_q4_sizes_of(type, n, blocksize, nested).total;
+}
 
 int snug_q4_init(snug_q4_tensor *t, snug_q4_type type, int blocksize, int nested, int64_t rows, int64_t cols,
                  snug_dtype dtype, snug_error *e) {
-    if (type != SNUG_Q4_NF4 && type != SNUG_Q4_FP4)
-        return snug_fail(e, SNUG_EINPUT, "4-bit quant type %d is neither nf4 nor fp4", (int)type);
-    if (!valid_blocksize(blocksize))
+    if (type != SNUG_Q4_NF4 && type != SNUG_Q4_FP4 && type != SNUG_Q4_INT8)
+        return snug_fail(e, SNUG_EINPUT, "quant type %d is none of nf4, fp4 and int8", (int)type);
+    if (type == SNUG_Q4_INT8 && (cols <= 0 || cols > INT32_MAX))
+        return snug_fail(e, SNUG_EINPUT, "8-bit weight shape [%lld, %lld]: rows of 1 to 2^31 - 1 elements",
+                         (long long)rows, (long long)cols);
+    if (type == SNUG_Q4_INT8)
+        blocksize = (int)cols, nested = 0;
+    else if (!valid_blocksize(blocksize))
         return snug_fail(e, SNUG_EINPUT, "4-bit blocksize %d: bitsandbytes takes 32, 64, 128, 256, 512, 1024, 2048 or "
                          "4096 (64 is its default)", blocksize);
     if (rows <= 0 || cols <= 0 || rows > INT64_MAX / cols)
@@ -138,7 +162,7 @@ int snug_q4_init(snug_q4_tensor *t, snug_q4_type type, int blocksize, int nested
 }
 
 void snug_q4_carve(snug_q4_tensor *t, void *buf) {
-    snug_q4_sizes z = snug_q4_sizes_of(t->n, t->blocksize, t->nested);
+    snug_q4_sizes z = snug_q4_sizes_of(t->type, t->n, t->blocksize, t->nested);
     unsigned char *p = buf;
     t->absmax = NULL;
     t->absmax_q = NULL;
@@ -338,10 +362,42 @@ static void q8_blockwise(const float *d, size_t n, int bs, const uint8_t lut[655
     }
 }
 
+/* SNUG_Q4_INT8: bitsandbytes' int8_vectorwise_quant of the weight cast to fp16 (quant4.c's first comment) */
+static int q8_rows(snug_q4_tensor *t, const void *src, snug_dtype src_dtype, snug_error *e) {
+    const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+    int8_t *codes = (int8_t *)t->packed;
+    size_t bad = SIZE_MAX;
+#pragma omp parallel for schedule(static) reduction(min : bad)
+    for (size_t r = 0; r < rows; r++) {
+        float m = 0.0f;
+        for (size_t j = 0; j < cols; j++) {
+            float x = snug_f16_to_f32(snug_f32_to_f16(load_f32(src, src_dtype, r * cols + j)));
+            if (!isfinite(x) && r * cols + j < bad)
+                bad = r * cols + j;
+            m = fabsf(x) > m ? fabsf(x) : m;
+        }
+        t->absmax[r] = m;
+        float inv = 1.0f / m, scale = inv * 127.0f; /* torch's 127.0 / SCB: the reciprocal, then the product */
+        for (size_t j = 0; j < cols; j++) {
+            float x = snug_f16_to_f32(snug_f32_to_f16(load_f32(src, src_dtype, r * cols + j)));
+            codes[r * cols + j] = m > 0.0f && isfinite(x) ? (int8_t)nearbyintf(x * scale) : 0;
+        }
+    }
+    if (bad == SIZE_MAX)
+        return 0;
+    float v = load_f32(src, src_dtype, bad);
+    return snug_fail(e, SNUG_EINPUT, "8-bit quantizing a [%lld, %lld] weight: element %zu (row %zu, column %zu) is %s; "
+                     "bitsandbytes' 8 bits go through fp16 (largest 65504): the weights are corrupt or training "
+                     "diverged: quantize a finite checkpoint", (long long)t->shape[0], (long long)t->shape[1], bad,
+                     bad / cols, bad % cols, isnan(v) ? "NaN" : isinf(v) ? "infinite" : "past fp16's range");
+}
+
 int snug_q4_quantize(snug_q4_tensor *t, const void *src, snug_dtype src_dtype, snug_error *e) {
     if (src_dtype != SNUG_DT_F32 && src_dtype != SNUG_DT_BF16 && src_dtype != SNUG_DT_F16)
         return snug_fail(e, SNUG_EINTERNAL, "4-bit quantizing: source dtype %s is not F32, BF16 or F16",
                          snug_dtype_name(src_dtype));
+    if (t->type == SNUG_Q4_INT8)
+        return q8_rows(t, src, src_dtype, e);
     const size_t n = t->n, bs = (size_t)t->blocksize, nb = snug_q4_nblocks(n, t->blocksize);
     const size_t full = n / bs; /* blocks of bs elements; block `full` (if any) is the short last one */
     float bounds[15];
@@ -420,9 +476,27 @@ float snug_q4_block_absmax(const snug_q4_tensor *t, size_t b) {
     return a;
 }
 
+/* SNUG_Q4_INT8's elements [i0, i1): code * the row's factor */
+static void q8_dequantize(const snug_q4_tensor *t, size_t i0, size_t i1, void *dst, snug_dtype dst_dtype) {
+    const size_t cols = (size_t)t->shape[1];
+    const int8_t *codes = (const int8_t *)t->packed;
+#pragma omp parallel for schedule(static) if (i1 - i0 >= 65536)
+    for (size_t i = i0; i < i1; i++) {
+        float w = (float)codes[i] * snug_q8_row_scale(t->absmax[i / cols]);
+        if (dst_dtype == SNUG_DT_F32)
+            ((float *)dst)[i - i0] = w;
+        else
+            ((uint16_t *)dst)[i - i0] = dst_dtype == SNUG_DT_BF16 ? snug_f32_to_bf16(w) : snug_f32_to_f16(w);
+    }
+}
+
 void snug_q4_dequantize(const snug_q4_tensor *t, size_t i0, size_t i1, void *dst, snug_dtype dst_dtype) {
     if (i1 <= i0)
         return;
+    if (t->type == SNUG_Q4_INT8) {
+        q8_dequantize(t, i0, i1, dst, dst_dtype);
+        return;
+    }
     /* bitsandbytes' CPU dequantize_4bit runs its native kernel (FP4 code 8 is -0) unless the last dimension is odd,
      * where it falls back to torch with get_4bit_type's table (+0); every other value is the same either way */
     const float *code = t->type == SNUG_Q4_FP4 && t->shape[1] % 2 == 0 ? fp4_native : snug_q4_code(t->type);

@@ -16,7 +16,14 @@
  *   absmax_f32[b] = nested ? nested_quant_map[absmax_q[b]] * nested_absmax[b / 256] + nested_offset : absmax[b]
  *   w[i] = code[nibble i] * absmax_f32[i / blocksize]
  * Quantizing follows what the installed bitsandbytes (0.50) runs on a CPU, which is not what its CUDA kernels do
- * bit for bit; quant4.c lists every rule. tests/parity/test_quant4_parity.py checks all of it against bitsandbytes. */
+ * bit for bit; quant4.c lists every rule. tests/parity/test_quant4_parity.py checks all of it against bitsandbytes.
+ *
+ * LLM.int8's weight format (SNUG_Q4_INT8: bitsandbytes' Int8Params, what load_in_8bit stores) lives in the same
+ * struct, one block per row (blocksize = in, never nested):
+ *   packed  int8 [n]    the codes, row-major (bitsandbytes' CB)
+ *   absmax  fp32 [out]  each row's max |w| (bitsandbytes' SCB)
+ * Dequantizing is what bitsandbytes' training path on a CPU (MatMul8bitFp) computes: w = code * (SCB * (float)(1/127))
+ * in fp32, the row's factor rounded once. */
 #ifndef SNUG_QUANT4_H
 #define SNUG_QUANT4_H
 
@@ -27,7 +34,7 @@
 #include "core/error.h"
 #include "model/safetensors.h"
 
-typedef enum snug_q4_type { SNUG_Q4_NF4 = 0, SNUG_Q4_FP4 = 1 } snug_q4_type;
+typedef enum snug_q4_type { SNUG_Q4_NF4 = 0, SNUG_Q4_FP4 = 1, SNUG_Q4_INT8 = 2 } snug_q4_type;
 
 #define SNUG_Q4_BLOCKSIZE 64         /* bitsandbytes' default */
 #define SNUG_Q4_NESTED_BLOCKSIZE 256 /* what bitsandbytes' quantize_4bit uses for the absmax codes */
@@ -53,7 +60,7 @@ typedef struct snug_q4_tensor {
 
 /* Byte sizes of the parts of one quantized weight, for planning memory before anything is allocated. */
 typedef struct snug_q4_sizes {
-    size_t packed;            /* (n + 1) / 2 */
+    size_t packed;            /* (n + 1) / 2; n for SNUG_Q4_INT8 */
     size_t absmax;            /* 4 * nb, or nb when nested */
     size_t nested_absmax;     /* 4 * ceil(nb / 256) when nested, else 0 */
     size_t nested_quant_map;  /* 1024 when nested, else 0 */
@@ -62,27 +69,29 @@ typedef struct snug_q4_sizes {
 
 /* The 16 values of a code book, indexed by the 4-bit code: NF4 sorted from -1 to 1; FP4 sign in bit 3 and the
  * magnitudes {0, 1/192, 2/3, 1, 1/3, 1/2, 1/6, 1/4} in bits 0-2 (not monotonic; code 8 is +0, as in bitsandbytes).
- * Exactly bitsandbytes' get_4bit_type(), as float32: the quant_map a checkpoint stores. */
+ * Exactly bitsandbytes' get_4bit_type(), as float32: the quant_map a checkpoint stores. NULL for SNUG_Q4_INT8. */
 const float *snug_q4_code(snug_q4_type type);
-const char *snug_q4_type_name(snug_q4_type type); /* "nf4", "fp4" */
+const char *snug_q4_type_name(snug_q4_type type); /* "nf4", "fp4", "int8" */
 /* "bfloat16", "float16", "float32" (torch's names, as the quant_state JSON spells them); NULL for other dtypes */
 const char *snug_q4_dtype_name(snug_dtype dtype);
 
 size_t snug_q4_nblocks(size_t n, int blocksize);
-snug_q4_sizes snug_q4_sizes_of(size_t n, int blocksize, int nested);
-size_t snug_q4_bytes(size_t n, int blocksize, int nested); /* snug_q4_sizes_of(...).total */
+snug_q4_sizes snug_q4_sizes_of(snug_q4_type type, size_t n, int blocksize, int nested);
+size_t snug_q4_bytes(snug_q4_type type, size_t n, int blocksize, int nested); /* snug_q4_sizes_of(...).total */
 
-/* Fills t's description (no buffers): type, blocksize (32..4096, a power of two), nested, shape [rows, cols] and the
- * dtype dequantizing gives. Fails (SNUG_EINPUT) on a bad blocksize, shape or dtype. */
+/* Fills t's description (no buffers): type, blocksize (32..4096, a power of two; for SNUG_Q4_INT8 ignored: one block
+ * per row), nested (never for SNUG_Q4_INT8), shape [rows, cols] and the dtype dequantizing gives. Fails
+ * (SNUG_EINPUT) on a bad blocksize, shape or dtype. */
 int snug_q4_init(snug_q4_tensor *t, snug_q4_type type, int blocksize, int nested, int64_t rows, int64_t cols,
                  snug_dtype dtype, snug_error *e);
-/* Points t's buffers into buf (snug_q4_bytes(t->n, t->blocksize, t->nested) bytes, 4-byte aligned): the fp32 parts
+/* Points t's buffers into buf (snug_q4_bytes(t->type, t->n, ...) bytes, 4-byte aligned): the fp32 parts
  * first, then the byte parts. */
 void snug_q4_carve(snug_q4_tensor *t, void *buf);
 
 /* Quantizes src [out, in] row-major (F32, BF16 or F16; 16-bit values are widened to fp32 first, as bitsandbytes
  * does) into t's buffers, as bitsandbytes' quantize_4bit(A, blocksize, compress_statistics=t->nested, quant_type)
- * does on a CPU. Fails (SNUG_EINPUT) naming the flat index of the first NaN or infinite value. */
+ * does on a CPU, or for SNUG_Q4_INT8 as bitsandbytes' Int8Params does (int8_vectorwise_quant of the fp16 weight).
+ * Fails (SNUG_EINPUT) naming the flat index of the first NaN or infinite value (for 8 bits: or past fp16's range). */
 int snug_q4_quantize(snug_q4_tensor *t, const void *src, snug_dtype src_dtype, snug_error *e);
 
 /* The fp32 scale of block b (dequantizing the nested absmax when nested). */

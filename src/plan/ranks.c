@@ -31,9 +31,12 @@ double snug_rank_base_bytes(const snug_plan_spec *s, long long nparams) {
         return (double)nparams * 0.5; /* out of host memory: about 4 bits a parameter */
     double b = 0;
     int bs = s->lv.lora.q4_blocksize ? s->lv.lora.q4_blocksize : 64;
+    snug_q4_type ty = (snug_q4_type)s->lv.lora.q4_type;
     for (int i = 0; i < t.n; i++)
-        if (t.e[i].layer >= 0 && t.e[i].ndim == 2)
-            b += (double)snug_q4_bytes(t.e[i].numel, bs, s->lv.lora.q4_nested);
+        if (t.e[i].layer >= 0 && t.e[i].ndim == 2) {
+            int64_t cols = t.e[i].transposed ? t.e[i].shape[0] : t.e[i].shape[1]; /* 8 bits: a block per row */
+            b += (double)snug_q4_bytes(ty, t.e[i].numel, ty == SNUG_Q4_INT8 ? (int)cols : bs, s->lv.lora.q4_nested);
+        }
     snug_param_table_free(&t);
     return b;
 }

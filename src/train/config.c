@@ -189,6 +189,13 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: adapter %d is unknown; use none, lora or qlora", src, (int)o->adapter);
     REQUIRE(!o->load_in_4bit || o->adapter,
             "%s: load_in_4bit stores a frozen base in 4 bits, which only adapters can train; set adapter: qlora", src);
+    REQUIRE(!o->load_in_8bit || o->adapter,
+            "%s: load_in_8bit stores a frozen base in 8 bits, which only adapters can train; set adapter: lora", src);
+    REQUIRE(!o->load_in_8bit || !o->load_in_4bit,
+            "%s: load_in_8bit and load_in_4bit are both true; the base is stored one way: set one of them false", src);
+    REQUIRE(!o->load_in_8bit || o->adapter != SNUG_ADAPTER_QLORA,
+            "%s: load_in_8bit with adapter: qlora; QLoRA's base is 4-bit: set adapter: lora for an 8-bit base (or "
+            "load_in_8bit: false)", src);
     REQUIRE(o->lora_r >= 1 && o->lora_r <= 65536, "%s: lora_r is %d; it must be from 1 to 65536", src, o->lora_r);
     REQUIRE(o->lora_alpha >= 0, "%s: lora_alpha is %g; use a positive scale numerator (or 0 for lora_r)", src,
             o->lora_alpha);

@@ -89,6 +89,7 @@ typedef struct snug_run_config {
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */
     /* QLoRA (adapter: qlora): how the base's block matrices are stored, bitsandbytes' BitsAndBytesConfig */
     int load_in_4bit;         /* with adapter: lora, the same as adapter: qlora */
+    int load_in_8bit;         /* with adapter: lora, the block matrices in LLM.int8's 8 bits (adapter qlora inside) */
     int bnb_4bit_quant_type;  /* snug_q4_type */
     int bnb_4bit_use_double_quant;
     int bnb_4bit_blocksize;   /* 64; a pre-quantized checkpoint's own */

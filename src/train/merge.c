@@ -11,14 +11,14 @@
 #include "train/engine.h"
 #include "train/setup.h"
 
-/* W (n fp32 values laid out [rows, cols]) replaced by its 4-bit round trip. */
+/* W (n fp32 values laid out [rows, cols]) replaced by its round trip through the base's 4 or 8 bits. */
 static int round_trip(float *W, int64_t rows, int64_t cols, const snug_lora_cfg *q, snug_error *e) {
     snug_q4_tensor t;
     SNUG_TRY(snug_q4_init(&t, (snug_q4_type)q->q4_type, q->q4_blocksize ? q->q4_blocksize : 64, q->q4_nested, rows,
                           cols, SNUG_DT_F32, e));
-    void *buf = malloc(snug_q4_bytes(t.n, t.blocksize, t.nested));
+    void *buf = malloc(snug_q4_bytes(t.type, t.n, t.blocksize, t.nested));
     if (!buf)
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the 4-bit round trip");
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for the %s round trip", snug_q4_type_name(t.type));
     snug_q4_carve(&t, buf);
     int rc = snug_q4_quantize(&t, W, SNUG_DT_F32, e);
     if (!rc)

@@ -271,6 +271,8 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     snug_run_config *c = &r->c;
     if (c->load_in_4bit && c->adapter == SNUG_ADAPTER_LORA)
         c->adapter = SNUG_ADAPTER_QLORA;
+    if (c->load_in_8bit && c->adapter == SNUG_ADAPTER_LORA) /* LoRA on a quantized base, its codes 8-bit */
+        c->adapter = SNUG_ADAPTER_QLORA, c->bnb_4bit_quant_type = SNUG_Q4_INT8;
     /* a bitsandbytes 4-bit checkpoint says how it is stored */
     snug_q4_tensor q4;
     int prequant = 0;
@@ -293,6 +295,9 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
         if (prequant < 0)
             return e ? e->code : SNUG_EINPUT;
     }
+    if (prequant && c->load_in_8bit)
+        return snug_fail(e, SNUG_EINPUT, "%s holds 4-bit (bitsandbytes) weights, and load_in_8bit is true: set "
+                         "load_in_8bit: false and adapter: qlora", c->base_model);
     if (prequant && c->adapter != SNUG_ADAPTER_QLORA)
         return snug_fail(e, SNUG_EINPUT, "%s holds 4-bit (bitsandbytes) weights, which train as adapters: set adapter: "
                          "qlora (not lora)", c->base_model);

@@ -1079,10 +1079,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         size_t most = 0;
         for (int l = 0; l < qm->cfg.n_layer; l++)
             most = qm->q4_piece[l] > most ? qm->q4_piece[l] : most;
-        fprintf(out, "  ZeRO                 stage 3 under QLoRA: the 4-bit matrices sharded, %.1f MiB per rank (each "
+        fprintf(out, "  ZeRO                 stage 3 on a quantized base: the %s matrices sharded, %.1f MiB per rank (each "
                 "layer's cut in %d pieces of up to %.2f MiB), all-gathered layer by layer before each forward and "
                 "backward, the next layer prefetched; the 16-bit tensors, the adapters, their gradients (summed "
-                "after backward) and their optimizer state whole on every rank\n", qm->q4_shard_n / 1048576.0, W,
+                "after backward) and their optimizer state whole on every rank\n",
+                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0, W,
                 most / 1048576.0);
     }
     if (!rc && qm->param_sharded && qm->lv.offload_params)
@@ -1091,9 +1092,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 (double)qm->pshard_n * snug_dtype_size(qm->lv.dt) / 1048576.0, o->zero_stage >= 3 && W > 1
                 ? ", this rank's shard" : "");
     if (!rc && qm->q4_sharded && qm->lv.offload_params)
-        fprintf(out, "  offload_params       the 4-bit base in host memory (%.1f MiB%s), each layer's copied to the "
+        fprintf(out, "  offload_params       the %s base in host memory (%.1f MiB%s), each layer's copied to the "
                 "device just before it runs and the next layer's while it does, into two buffers of %.2f MiB\n",
-                qm->q4_shard_n / 1048576.0, qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
+                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0, qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
     if (!rc && o->zero_stage && W > 1 && qm->q4_parts <= 1) {
         if (!(shard = malloc((size_t)W * sizeof *shard)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
@@ -1610,12 +1611,14 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         char merged[4096];
         snug_path_join(merged, sizeof merged, o->output_dir, "merged");
         double tm = now_s();
-        /* a QLoRA adapter goes onto the 4-bit round trip of the base: the weights it was trained against */
+        /* an adapter of a quantized base goes onto the base's round trip: the weights it was trained against */
         const snug_lora_cfg *q = r.eng.model.lv.lora.kind == SNUG_ADAPTER_QLORA ? &r.eng.model.lv.lora : NULL;
         rc = snug_merge_lora(o->base_model, o->output_dir, merged, q, o->threads, e);
         if (!rc)
             fprintf(out, "merged the adapter into %s%s: %s in %.1f s\n", o->base_model,
-                    q ? " (its 4-bit round trip, as training saw it)" : "", merged, now_s() - tm);
+                    !q ? "" : q->q4_type == SNUG_Q4_INT8 ? " (its 8-bit round trip, as training saw it)"
+                                                          : " (its 4-bit round trip, as training saw it)",
+                    merged, now_s() - tm);
     }
     if (!rc && !stopped && lead) {
         fprintf(out, "saved %s (%s) in %.1f s\n", o->output_dir,

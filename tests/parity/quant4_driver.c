@@ -5,6 +5,9 @@
  *                                        Linear4bit saves for it (snug_q4_st_outs_fill), plus "snug/NAME.f32" (the
  *                                        dequantized weight, F32 [out, in]) and "snug/NAME.out" (the same rounded to
  *                                        the weight's dtype)
+ *                                        SPEC = NAME:int8:0:0 quantizes it as bitsandbytes' Int8Params and writes
+ *                                        "NAME.CB" (its int8 codes as U8 [out, in]) and "NAME.SCB" (F32 [out]) with
+ *                                        the same snug/ tensors
  *   quant4_driver export IN OUT SPEC...  the same without the snug/ tensors, and SPEC = NAME:copy copies tensor NAME
  *                                        as it is: a bnb-4bit checkpoint as snug writes one
  *   quant4_driver view IN OUT NAME...    reads the bnb-4bit weights NAME of IN in place (snug_q4_st_view) and writes
@@ -57,7 +60,7 @@ static int cmd_quant(int argc, char **argv, int extras) {
     if (snug_st_open_file(&in, argv[2], &e))
         die(&e);
     for (int a = 4; a < argc && a - 4 < MAXW; a++) {
-        char spec[600], *name = spec, *type, *bs, *nested;
+        char spec[512], *name = spec, *type, *bs, *nested;
         snprintf(spec, sizeof spec, "%s", argv[a]);
         const snug_st_tensor *x = NULL;
         if ((type = strchr(name, ':')) && strcmp(type, ":copy") == 0) {
@@ -77,13 +80,26 @@ static int cmd_quant(int argc, char **argv, int extras) {
         if (!x || x->ndim != 2)
             return fprintf(stderr, "quant4_driver: no 2-D tensor %s\n", name), 2;
         snug_q4_tensor t;
-        if (snug_q4_init(&t, strcmp(type, "fp4") == 0 ? SNUG_Q4_FP4 : SNUG_Q4_NF4, atoi(bs), atoi(nested),
-                         x->shape[0], x->shape[1], x->dtype, &e))
+        int q8 = strcmp(type, "int8") == 0;
+        if (snug_q4_init(&t, q8 ? SNUG_Q4_INT8 : strcmp(type, "fp4") == 0 ? SNUG_Q4_FP4 : SNUG_Q4_NF4, atoi(bs),
+                         atoi(nested), x->shape[0], x->shape[1], x->dtype, &e))
             die(&e);
-        void *buf = malloc(snug_q4_bytes(t.n, t.blocksize, t.nested));
+        void *buf = malloc(snug_q4_bytes(t.type, t.n, t.blocksize, t.nested));
         if (!buf)
             return 1;
         snug_q4_carve(&t, buf);
+        if (q8) {
+            if (snug_q4_quantize(&t, x->data, x->dtype, &e))
+                die(&e);
+            snprintf(names[nnames], sizeof names[0], "%s.CB", name);
+            outs[nouts++] = (snug_st_out){.name = names[nnames++], .dtype = SNUG_DT_U8, .ndim = 2,
+                                          .shape = {t.shape[0], t.shape[1]}, .raw = t.packed};
+            snprintf(names[nnames], sizeof names[0], "%s.SCB", name);
+            outs[nouts++] = (snug_st_out){.name = names[nnames++], .dtype = SNUG_DT_F32, .ndim = 1,
+                                          .shape = {t.shape[0]}, .raw = t.absmax};
+            add_dequant(name, &t);
+            continue;
+        }
         if (snug_q4_quantize(&t, x->data, x->dtype, &e) || snug_q4_st_outs_fill(&w[a - 4], name, &t, &e))
             die(&e);
         for (int k = 0; k < w[a - 4].n; k++)

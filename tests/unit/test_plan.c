@@ -437,7 +437,7 @@ static void test_ranks_adapters(void) {
             size_t span = 0;
             for (int i = 0; i < t.n; i++)
                 if (t.e[i].layer == l && t.e[i].ndim == 2) {
-                    size_t b = snug_q4_bytes(t.e[i].numel, 64, 1);
+                    size_t b = snug_q4_bytes(SNUG_Q4_NF4, t.e[i].numel, 64, 1);
                     span += (b + 63) / 64 * 64;
                     q4 += (double)b;
                 }

@@ -63,7 +63,7 @@ static int q4_make(q4 *q, snug_q4_type type, int bs, int nested, int64_t rows, i
     memset(q, 0, sizeof *q);
     if (snug_q4_init(&q->t, type, bs, nested, rows, cols, sdt, &e))
         return fprintf(stderr, "init: %s\n", e.msg), 1;
-    size_t total = snug_q4_bytes(q->t.n, bs, nested);
+    size_t total = snug_q4_bytes(q->t.type, q->t.n, bs, nested);
     q->buf = malloc(total + 64);
     memset(q->buf, 0xAB, total + 64);
     snug_q4_carve(&q->t, q->buf);
@@ -95,22 +95,22 @@ static void test_codes(void) {
 
 static void test_sizes(void) {
     /* Llama-3.1-8B q_proj: [4096, 4096], NF4 + double quantization */
-    snug_q4_sizes z = snug_q4_sizes_of(4096u * 4096u, 64, 1);
+    snug_q4_sizes z = snug_q4_sizes_of(SNUG_Q4_NF4, 4096u * 4096u, 64, 1);
     CHECK(z.packed == 8388608 && z.absmax == 262144 && z.nested_absmax == 4 * 1024 && z.nested_quant_map == 1024);
     CHECK(z.total == z.packed + z.absmax + z.nested_absmax + z.nested_quant_map);
-    z = snug_q4_sizes_of(91, 64, 0);
+    z = snug_q4_sizes_of(SNUG_Q4_NF4, 91, 64, 0);
     CHECK(z.packed == 46 && z.absmax == 8 && z.nested_absmax == 0 && z.nested_quant_map == 0 && z.total == 54);
-    CHECK(snug_q4_bytes(91, 64, 1) == 46 + 2 + 4 + 1024);
+    CHECK(snug_q4_bytes(SNUG_Q4_NF4, 91, 64, 1) == 46 + 2 + 4 + 1024);
     CHECK(snug_q4_nblocks(64, 64) == 1 && snug_q4_nblocks(65, 64) == 2 && snug_q4_nblocks(1, 4096) == 1);
     /* carve: the parts tile the buffer exactly */
     for (int nested = 0; nested < 2; nested++) {
         snug_q4_tensor t;
         snug_error e = {0};
         CHECK(snug_q4_init(&t, SNUG_Q4_NF4, 64, nested, 33, 1001, SNUG_DT_BF16, &e) == 0);
-        size_t total = snug_q4_bytes(t.n, 64, nested);
+        size_t total = snug_q4_bytes(t.type, t.n, 64, nested);
         unsigned char *buf = malloc(total);
         snug_q4_carve(&t, buf);
-        z = snug_q4_sizes_of(t.n, 64, nested);
+        z = snug_q4_sizes_of(t.type, t.n, 64, nested);
         CHECK(t.packed + z.packed == buf + total);
         if (nested) {
             CHECK((unsigned char *)t.nested_quant_map == buf && !t.absmax);
@@ -302,7 +302,7 @@ static void test_round_trips(void) {
             q4 x, y;
             if (q4_make(&x, SNUG_Q4_FP4, 64, 1, 256, 576, h, dt) == 0 &&
                 q4_make(&y, SNUG_Q4_FP4, 64, 1, 256, 576, wide, SNUG_DT_F32) == 0) {
-                CHECK(memcmp(x.buf, y.buf, snug_q4_bytes(n, 64, 1)) == 0);
+                CHECK(memcmp(x.buf, y.buf, snug_q4_bytes(SNUG_Q4_NF4, n, 64, 1)) == 0);
                 CHECK(x.t.dtype == dt && y.t.dtype == SNUG_DT_F32);
             }
             free(x.buf);
@@ -589,7 +589,7 @@ static void test_errors(void) {
     w[217] = NAN;
     w[250] = INFINITY;
     CHECK(snug_q4_init(&t, SNUG_Q4_NF4, 64, 1, 3, 100, SNUG_DT_F32, &e) == 0);
-    void *buf = malloc(snug_q4_bytes(t.n, 64, 1));
+    void *buf = malloc(snug_q4_bytes(t.type, t.n, 64, 1));
     snug_q4_carve(&t, buf);
     CHECK(snug_q4_quantize(&t, w, SNUG_DT_F32, &e) == SNUG_EINPUT && strstr(e.msg, "element 217 (row 2, column 17)")
           && strstr(e.msg, "NaN"));

@@ -263,7 +263,7 @@ static void check_span(fake4 *f, const char *dst, int l) {
     for (int i = 0; i < m->table.n; i++)
         if (m->table.e[i].layer == l && m->q4[i].n) {
             const snug_q4_tensor *q = &m->q4[i];
-            f->wrong += memcmp(dst + m->q4_rel[i], f->ref->q4_block[i], snug_q4_bytes(q->n, q->blocksize,
+            f->wrong += memcmp(dst + m->q4_rel[i], f->ref->q4_block[i], snug_q4_bytes(q->type, q->n, q->blocksize,
                                                                                       q->nested)) != 0;
         }
 }
@@ -322,7 +322,7 @@ static void run4(const snug_model_config *cfg, int ckpt, const snug_model *ref, 
         for (int i = 0; i < m->table.n; i++)
             if (m->table.e[i].layer == l && m->q4[i].n)
                 memcpy(span[l] + m->q4_rel[i], ref->q4_block[i],
-                       snug_q4_bytes(m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested));
+                       snug_q4_bytes(m->q4[i].type, m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested));
     }
     fake4 f = {.m = m, .span = span, .ref = ref, .deferred = deferred};
     m->gather_q4 = on_gather4, m->gather_q4_ud = &f;

@@ -132,6 +132,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     be->add_scaled_cols = snug_cpu_add_scaled_cols;
     be->col_dots = snug_cpu_col_dots;
     be->dequantize_4bit = snug_cpu_dequantize_4bit;
+    be->dequantize_int8 = snug_cpu_dequantize_int8;
     be->xent_fwd_bwd = snug_cpu_xent_fwd_bwd;
     be->xent_block = snug_cpu_xent_block;
     be->sumsq = snug_cpu_sumsq;

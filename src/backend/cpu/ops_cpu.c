@@ -383,6 +383,16 @@ void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packe
     }
 }
 
+void snug_cpu_dequantize_int8(snug_backend *be, float *dst, const int8_t *codes, const float *scb, size_t rows,
+                              size_t cols) {
+#pragma omp parallel for num_threads(NT(be)) if (rows * cols >= SNUG_CPU_PAR_MIN)
+    for (size_t r = 0; r < rows; r++) {
+        float s = snug_q8_row_scale(scb[r]);
+        for (size_t j = 0; j < cols; j++)
+            dst[r * cols + j] = (float)codes[r * cols + j] * s;
+    }
+}
+
 void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed) {
     float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for num_threads(NT(be)) if (n >= SNUG_CPU_PAR_MIN)

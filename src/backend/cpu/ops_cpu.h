@@ -98,6 +98,8 @@ int snug_cpu_set_math(snug_backend *be, snug_dtype math, int M, int N, int K, sn
 void snug_cpu_dequantize_4bit(snug_backend *be, float *dst, const uint8_t *packed, const float *absmax,
                               const uint8_t *absmax_q, const float *nested_absmax, const float *nested_map,
                               float nested_offset, const float *code, size_t n, int blocksize);
+void snug_cpu_dequantize_int8(snug_backend *be, float *dst, const int8_t *codes, const float *scb, size_t rows,
+                              size_t cols);
 void snug_cpu_dropout(snug_backend *be, float *out, const float *in, size_t n, float p, uint64_t seed);
 void snug_cpu_add_noise(snug_backend *be, float *x, size_t n, float mag, uint64_t seed);
 void snug_cpu_row_norms(snug_backend *be, float *out, const float *a, size_t lda, int rows, int cols);

@@ -406,6 +406,7 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     be->add_scaled_cols = snug_cuda_add_scaled_cols;
     be->col_dots = snug_cuda_col_dots;
     be->dequantize_4bit = snug_cuda_dequantize_4bit;
+    be->dequantize_int8 = snug_cuda_dequantize_int8;
     be->xent_fwd_bwd = snug_cuda_xent_fwd_bwd;
     be->sumsq = snug_cuda_sumsq;
     be->sumsq_acc = snug_cuda_sumsq_acc;

@@ -585,6 +585,19 @@ extern "C" void snug_cuda_dequantize_4bit(snug_backend *be, float *dst, const ui
     SNUG_CUDA_LAUNCHED();
 }
 
+__global__ void dequantize_int8_kernel(float *dst, const int8_t *codes, const float *scb, size_t n, size_t cols) {
+    FOR_EACH(i, n) dst[i] = __fmul_rn((float)codes[i], snug_q8_row_scale(scb[i / cols]));
+}
+
+extern "C" void snug_cuda_dequantize_int8(snug_backend *be, float *dst, const int8_t *codes, const float *scb,
+                                          size_t rows, size_t cols) {
+    if (!rows || !cols)
+        return;
+    dequantize_int8_kernel<<<snug_cuda_grid(rows * cols), SNUG_CUDA_THREADS, 0, snug_cuda_stream(be)>>>(
+        dst, codes, scb, rows * cols, cols);
+    SNUG_CUDA_LAUNCHED();
+}
+
 __global__ void dropout_kernel(float *out, const float *in, size_t n, float p, uint64_t seed) {
     float keep = 1.0f / (1.0f - p);
     FOR_EACH(i, n) out[i] = snug_dropout_keep(seed, i, p) ? in[i] * keep : 0.0f;
