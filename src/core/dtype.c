@@ -18,8 +18,8 @@ static const struct {
     {"I32", SNUG_DT_I32},
     {"U8", SNUG_DT_U8},
     {"BOOL", SNUG_DT_BOOL},
+    {"I8", SNUG_DT_I8},
     /* Valid safetensors dtypes that snug stores but cannot compute with. */
-    {"I8", SNUG_DT_UNSUPPORTED},
     {"I16", SNUG_DT_UNSUPPORTED},
     {"U16", SNUG_DT_UNSUPPORTED},
     {"U32", SNUG_DT_UNSUPPORTED},
@@ -47,6 +47,7 @@ size_t snug_dtype_size(snug_dtype t) {
     case SNUG_DT_BF16:
         return 2;
     case SNUG_DT_U8:
+    case SNUG_DT_I8:
     case SNUG_DT_BOOL:
         return 1;
     default:

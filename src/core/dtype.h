@@ -15,6 +15,7 @@ typedef enum snug_dtype {
     SNUG_DT_U8,
     SNUG_DT_BOOL,
     SNUG_DT_UNSUPPORTED, /* a valid safetensors dtype snug cannot compute with (F8_*, I16, ...) */
+    SNUG_DT_I8,          /* read only as bitsandbytes' 8-bit codes (model/quant4.h) */
 } snug_dtype;
 
 size_t snug_dtype_size(snug_dtype t);        /* bytes per element; 0 for SNUG_DT_UNSUPPORTED */

@@ -89,10 +89,17 @@ static int load_q4(snug_model *m, const snug_st_set *s, const char *dir, int i, 
     const snug_param_entry *p = &m->table.e[i];
     snug_q4_tensor f;
     SNUG_TRY(match_q4(s, dir, p, &f, e));
+    if (!snug_model_entry_q4(m, i) && f.type == SNUG_Q4_INT8)
+        return snug_fail(e, SNUG_EINPUT, "%s: '%s' is stored 8-bit (a bitsandbytes LLM.int8 checkpoint); train it "
+                         "with adapter: lora and load_in_8bit: true", dir, p->name);
     if (!snug_model_entry_q4(m, i))
         return snug_fail(e, SNUG_EINPUT, "%s: '%s' is stored 4-bit (a bitsandbytes checkpoint); train it with "
                          "adapter: qlora", dir, p->name);
     const snug_q4_tensor *q = &m->q4[i];
+    if ((f.type == SNUG_Q4_INT8) != (q->type == SNUG_Q4_INT8))
+        return snug_fail(e, SNUG_EINPUT, "%s: '%s' is stored %s, the run is set to %s; set %s", dir, p->name,
+                         f.type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", q->type == SNUG_Q4_INT8 ? "8 bits" : "4 bits",
+                         f.type == SNUG_Q4_INT8 ? "load_in_8bit: true and adapter: lora" : "adapter: qlora");
     if (f.type != q->type || f.blocksize != q->blocksize || f.nested != q->nested)
         return snug_fail(e, SNUG_EINPUT, "%s: '%s' is %s with blocks of %d%s, the run is set to %s with blocks of %d%s; "
                          "set bnb_4bit_quant_type and bnb_4bit_use_double_quant as the checkpoint has them", dir,

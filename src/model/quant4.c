@@ -681,11 +681,60 @@ static int join(char *buf, size_t cap, const char *name, const char *suffix) {
     return k > 0 && (size_t)k < cap;
 }
 
+/* bitsandbytes' 8-bit weight "<module>.weight" keeps its row scales in "<module>.SCB" (and may say its layout in
+ * "<module>.weight_format"): the name of that part into buf, 0 when name is no "*.weight" or it does not fit. */
+static int q8_part(char *buf, size_t cap, const char *name, const char *part) {
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") != 0)
+        return 0;
+    int k = snprintf(buf, cap, "%.*s.%s", (int)(n - 7), name, part);
+    return k > 0 && (size_t)k < cap;
+}
+
 int snug_q4_st_detect(const snug_st_set *s, const char *name) {
     char key[1024];
     for (int q = 0; q < 2; q++)
         if (join(key, sizeof key, name, qs_suffix[q]) && snug_st_find(s, key))
             return 1;
+    return q8_part(key, sizeof key, name, "SCB") && snug_st_find(s, key);
+}
+
+/* The 8-bit weight `name` with its row scales scb (transformers' save of a load_in_8bit model): I8 [out, in] codes,
+ * F32 [out] scales, finite and not negative, and a weight_format, when there is one, of 0 ("row", the only layout
+ * bitsandbytes reads). */
+static int q8_view(const snug_st_set *s, const char *name, const snug_st_tensor *scb, snug_q4_tensor *t,
+                   snug_error *e) {
+    char key[1024];
+    const snug_st_tensor *w = snug_st_find(s, name);
+    const char *path = s->paths[scb->file];
+    if (!w)
+        return snug_fail(e, SNUG_EINPUT, "%s: 8-bit weight \"%s\" is missing beside its scales; %s", path, name,
+                         QS_FIX);
+    if (w->dtype != SNUG_DT_I8 || w->ndim != 2)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is %s of rank %d, bitsandbytes stores an 8-bit weight as I8 "
+                         "[out, in]; %s", s->paths[w->file], name, snug_dtype_name(w->dtype), w->ndim, QS_FIX);
+    q8_part(key, sizeof key, name, "SCB");
+    if (scb->dtype != SNUG_DT_F32 || scb->ndim != 1 || scb->shape[0] != w->shape[0])
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" should hold F32 [%lld], a scale per row of \"%s\"; %s", path,
+                         key, (long long)w->shape[0], name, QS_FIX);
+    if (((uintptr_t)scb->data & 3) != 0)
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is not 4-byte aligned in the file; re-save the checkpoint "
+                         "with safetensors", path, key);
+    for (int64_t r = 0; r < scb->shape[0]; r++) {
+        float v;
+        memcpy(&v, (const char *)scb->data + 4 * r, 4);
+        if (!(v >= 0.0f && isfinite(v)))
+            return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\"[%lld] is %g, a row's largest |w| cannot be; %s", path,
+                             key, (long long)r, (double)v, QS_FIX);
+    }
+    q8_part(key, sizeof key, name, "weight_format");
+    const snug_st_tensor *f = snug_st_find(s, key);
+    if (f && (f->dtype != SNUG_DT_U8 || f->nbytes != 1 || *(const uint8_t *)f->data != 0))
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is not the row format (U8 0), the only one bitsandbytes "
+                         "reads; %s", s->paths[f->file], key, QS_FIX);
+    SNUG_TRY(snug_q4_init(t, SNUG_Q4_INT8, 0, 0, w->shape[0], w->shape[1], SNUG_DT_BF16, e));
+    t->packed = (uint8_t *)w->data;
+    t->absmax = (float *)scb->data;
     return 0;
 }
 
@@ -729,6 +778,8 @@ int snug_q4_st_view(const snug_st_set *s, const char *name, snug_q4_tensor *t, s
     char key[1024], where[1536];
     const snug_st_tensor *qs = NULL;
     int which = -1;
+    if (q8_part(key, sizeof key, name, "SCB") && (qs = snug_st_find(s, key)))
+        return q8_view(s, name, qs, t, e);
     for (int q = 0; q < 2; q++) {
         if (!join(key, sizeof key, name, qs_suffix[q]))
             return snug_fail(e, SNUG_EINPUT, "tensor name \"%s\" is too long for snug", name);

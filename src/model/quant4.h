@@ -122,14 +122,17 @@ int snug_q4_state_json(const snug_q4_tensor *t, char *buf, size_t cap, size_t *l
 int snug_q4_state_parse(const char *json, size_t len, const char *where, snug_q4_tensor *t, snug_error *e);
 
 /* Whether weight `name` (e.g. "model.layers.0.self_attn.q_proj.weight") is stored bnb-4bit in s: 1 when
- * "<name>.quant_state.bitsandbytes__nf4" or "__fp4" exists, else 0. */
+ * "<name>.quant_state.bitsandbytes__nf4" or "__fp4" exists, or bnb-8bit: "<module>.SCB" exists (transformers' save of a
+ * load_in_8bit model: "<module>.weight" I8 [out, in], "<module>.SCB" F32 [out], "<module>.weight_format" U8 0);
+ * else 0. */
 int snug_q4_st_detect(const snug_st_set *s, const char *name);
 /* Fills t with a read-only view of the bnb-4bit weight `name` inside s's memory maps, after checking every part:
  * the quant_state JSON (snug_q4_state_parse), the packed weight (any dtype: bnb_4bit_quant_storage only relabels the
  * bytes) of (n + 1) / 2 bytes, absmax (U8 when nested, else F32) of nb values, quant_map (F32 [16], bitsandbytes'
  * table for the quant_type: bitsandbytes dequantizes with its own table, so snug does too and refuses a file whose
  * table differs), nested_absmax and nested_quant_map (F32, used as given) exactly when the JSON says nested, fp32
- * parts 4-byte aligned, and no other "<name>.*" tensor. Errors name the file and the tensor. */
+ * parts 4-byte aligned, and no other "<name>.*" tensor. An 8-bit weight: I8 [out, in], SCB F32 [out] (finite, not
+ * negative, 4-byte aligned), weight_format 0 when present. Errors name the file and the tensor. */
 int snug_q4_st_view(const snug_st_set *s, const char *name, snug_q4_tensor *t, snug_error *e);
 
 /* The tensors bitsandbytes' Linear4bit saves for one weight, ready for snug_st_write: "<name>" (U8 [(n+1)/2, 1]),

@@ -28,7 +28,7 @@ static int dtype_bits(const char *s) {
         const char *name;
         int bits;
     } extra[] = {
-        {"I8", 8},      {"I16", 16},    {"U16", 16},     {"U32", 32},         {"U64", 64},
+        {"I16", 16},    {"U16", 16},    {"U32", 32},     {"U64", 64},
         {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8},  {"F8_E4M3FNUZ", 8},  {"F8_E5M2FNUZ", 8},
         {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},  {"C64", 64},
     };

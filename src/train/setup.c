@@ -284,6 +284,9 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
             for (int i = 0; i < s.ntensors && !prequant; i++) {
                 const char *n = s.tensors[i].name, *suffix = ".weight.quant_state.bitsandbytes__";
                 const char *at = strstr(n, suffix);
+                size_t nl = strlen(n);
+                if (!at && nl > 4 && !strcmp(n + nl - 4, ".SCB")) /* an 8-bit weight's row scales */
+                    at = n + nl - 4;
                 if (at) {
                     char base[512];
                     snprintf(base, sizeof base, "%.*s.weight", (int)(at - n), n);
@@ -295,13 +298,16 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
         if (prequant < 0)
             return e ? e->code : SNUG_EINPUT;
     }
-    if (prequant && c->load_in_8bit)
+    if (prequant && q4.type == SNUG_Q4_INT8 && !c->load_in_8bit)
+        return snug_fail(e, SNUG_EINPUT, "%s holds 8-bit (bitsandbytes LLM.int8) weights, which train as adapters on "
+                         "the 8-bit base: set load_in_8bit: true and adapter: lora", c->base_model);
+    if (prequant && q4.type != SNUG_Q4_INT8 && c->load_in_8bit)
         return snug_fail(e, SNUG_EINPUT, "%s holds 4-bit (bitsandbytes) weights, and load_in_8bit is true: set "
                          "load_in_8bit: false and adapter: qlora", c->base_model);
     if (prequant && c->adapter != SNUG_ADAPTER_QLORA)
         return snug_fail(e, SNUG_EINPUT, "%s holds 4-bit (bitsandbytes) weights, which train as adapters: set adapter: "
                          "qlora (not lora)", c->base_model);
-    if (prequant) {
+    if (prequant && q4.type != SNUG_Q4_INT8) {
         c->bnb_4bit_quant_type = q4.type;
         c->bnb_4bit_use_double_quant = q4.nested;
         c->bnb_4bit_blocksize = q4.blocksize;

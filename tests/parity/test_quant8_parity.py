@@ -16,8 +16,11 @@ r=8 on all seven projections (PEFT):
   the distance of PEFT's own bf16 run from that reference: the noise floor of bf16, measured here;
 - five AdamW steps: snug's loss curve as close to the reference's as PEFT's bf16 run is (times four);
 - DoRA on the 8-bit base, magnitudes included, within the same floor;
-- the memory levers: the 8-bit matrices dequantized 3 rows at a time, and offload_embedding, bit for bit the run
-  without them.
+- the memory levers: the 8-bit matrices dequantized 3 rows at a time (within the same floor), and
+  offload_embedding (bit for bit the run without it);
+- the folder transformers saves from its 8-bit model (I8 weights, SCB, weight_format) reads to bit for bit the loss
+  and gradients of snug quantizing the 16-bit folder at load, and is refused, with the fix named, in a full fine-tune
+  and with load_in_8bit false; a corrupt SCB and a column layout are refused naming the tensor.
 
 One batch's bf16 loss lands anywhere from 2e-7 to 3e-4 from the reference (PEFT's and snug's alike, measured over
 six batches), so one sample is no floor: the loss is checked on six batches, each within four times the largest
@@ -259,6 +262,41 @@ def main():
         diff = [k for k in got if k.startswith("grad.") and not same(r[k], got[k])]
         check(same(r["loss"], got["loss"]) and not diff, f"{tag} offload_embedding: not bit for bit ({diff[:3]})")
         print(f"  {tag}: offload_embedding bit for bit the run without it: {same(r['loss'], got['loss']) and not diff}")
+
+    # the folder transformers saves: the same bytes, read in place
+    pre = os.path.join(work, "prequant")
+    quantized(base_dir).save_pretrained(pre, safe_serialization=True)
+    a = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", "int8")
+    b = snug_parity(pre, ids, labels, "--adapter", ad_dir, "--qlora", "int8")
+    diff = [k for k in a if k.startswith("grad.") and not same(a[k], b[k])]
+    check(same(a["loss"], b["loss"]) and not diff, f"transformers' 8-bit folder: not bit for bit ({diff[:3]})")
+    print(f"  transformers' saved 8-bit folder: loss and gradients bit for bit those of the 16-bit folder: "
+          f"{same(a['loss'], b['loss']) and not diff}")
+    bad = {}
+    for what, change, expect in (("a negative SCB", lambda t: t.update({S: -t[S]}), "SCB"),
+                                 ("a column layout", lambda t: t.update({F: torch.tensor(1, dtype=torch.uint8)}),
+                                  "weight_format")):
+        S, F = "model.layers.1.mlp.up_proj.SCB", "model.layers.1.mlp.up_proj.weight_format"
+        t = load_file(os.path.join(pre, "model.safetensors"))
+        change(t)
+        d = os.path.join(work, "bad" + str(len(bad)))
+        os.makedirs(d)
+        save_file(t, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+        for f in ("config.json",):
+            with open(os.path.join(pre, f)) as src, open(os.path.join(d, f), "w") as dst:
+                dst.write(src.read())
+        try:
+            snug_parity(d, ids, labels, "--adapter", ad_dir, "--qlora", "int8")
+            bad[what] = "accepted"
+        except RuntimeError as err:
+            bad[what] = "" if expect in str(err) and "up_proj" in str(err) else str(err)[-200:]
+    check(not any(bad.values()), f"corrupt 8-bit folders: {bad}")
+    inp = os.path.join(work, "batch.safetensors")
+    save_file({"input_ids": ids.to(torch.int32).contiguous(), "labels": labels.to(torch.int32).contiguous()}, inp)
+    r = subprocess.run([os.environ.get("SNUG_BIN", "build/snug"), "parity", pre, inp, os.path.join(work, "o")],
+                       capture_output=True, text=True)
+    check(r.returncode == 2 and "load_in_8bit: true" in r.stderr, f"full fine-tune of the 8-bit folder: rc "
+          f"{r.returncode}: {r.stderr.strip()[-200:]}")
 
     # five AdamW steps
     steps, lr = 5, 5e-3
