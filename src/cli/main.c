@@ -36,7 +36,8 @@ static void usage(FILE *f) {
             "                        --top_k K --top_p P --seed S\n"
             "  merge BASE ADAPTER OUT  merge a PEFT LoRA adapter into its base and write a full model folder (fp32\n"
             "                        arithmetic, rounded once to the base's dtype); --base_as nf4: into the base's\n"
-            "                        4-bit round trip, the weights a QLoRA adapter was trained on\n"
+            "                        4-bit round trip, the weights a QLoRA adapter was trained on (int8: the 8-bit\n"
+            "                        one of load_in_8bit)\n"
             "  help                  this text; `snug train --help` lists every configuration key\n"
             "\n"
             "Every configuration key can be given in the YAML file or on the command line (--learning_rate 1e-4).\n");
@@ -189,19 +190,22 @@ int main(int argc, char **argv) {
     } else if (!strcmp(cmd, "generate")) {
         rc = snug_generate_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "merge")) {
-        /* --base_as nf4|fp4: merge into the base's 4-bit round trip (what a QLoRA adapter was trained on) */
+        /* --base_as nf4|fp4|int8: merge into the base's 4-bit round trip (what a QLoRA adapter was trained on), or
+         * its 8-bit one (load_in_8bit) */
         snug_lora_cfg q = {.q4_nested = 1, .q4_blocksize = 64};
         int quant = argc == 7 && !strcmp(argv[5], "--base_as") &&
-                    (!strcmp(argv[6], "nf4") || !strcmp(argv[6], "fp4"));
-        q.q4_type = quant && !strcmp(argv[6], "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
+                    (!strcmp(argv[6], "nf4") || !strcmp(argv[6], "fp4") || !strcmp(argv[6], "int8"));
+        q.q4_type = !quant ? SNUG_Q4_NF4 : !strcmp(argv[6], "fp4") ? SNUG_Q4_FP4
+                                         : !strcmp(argv[6], "int8") ? SNUG_Q4_INT8 : SNUG_Q4_NF4;
         if (argc < 5 || argv[2][0] == '-')
-            rc = snug_fail(&e, SNUG_EINPUT, "usage: snug merge BASE_DIR ADAPTER_DIR OUT_DIR [--base_as nf4|fp4]");
+            rc = snug_fail(&e, SNUG_EINPUT, "usage: snug merge BASE_DIR ADAPTER_DIR OUT_DIR [--base_as nf4|fp4|int8]");
         else if (argc > 5 && !quant)
             rc = snug_fail(&e, SNUG_EINPUT, "snug merge takes BASE_DIR ADAPTER_DIR OUT_DIR and optionally --base_as "
-                           "nf4 (or fp4); got '%s'", argv[5]);
+                           "nf4 (or fp4, or int8); got '%s'", argv[5]);
         else if (!(rc = snug_merge_lora(argv[2], argv[3], argv[4], quant ? &q : NULL, 0, &e)))
             printf("merged %s into %s%s: %s (fp32, rounded once to the base's dtype)\n", argv[3], argv[2],
-                   quant ? " (its 4-bit round trip)" : "", argv[4]);
+                   !quant ? "" : q.q4_type == SNUG_Q4_INT8 ? " (its 8-bit round trip)" : " (its 4-bit round trip)",
+                   argv[4]);
     } else if (!strcmp(cmd, "parity")) {
         rc = snug_parity_cmd(argc - 2, argv + 2, &e);
     } else {

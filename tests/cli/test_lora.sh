@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LoRA and QLoRA runs end to end, with the levers. Checkpointing (selective, full, every 2 layers, offloaded) gives
+# LoRA and QLoRA runs end to end (QLoRA's base 4-bit, or 8-bit with load_in_8bit), with the levers. Checkpointing (selective, full, every 2 layers, offloaded) gives
 # bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA, and so do a
 # tiled MLP in one shard and the optimizer step inside backward; gradient accumulation matches to fp32 rounding, and a
 # tiled MLP in several shards (with dropout too) to within four times that rounding floor; 8-bit and paged AdamW and
@@ -117,7 +117,23 @@ run lora_tiled --adapter lora --tiled_mlp true --tiled_mlp_num_shards 3 && near 
   planned lora_tiled
 run qlora_tiled --adapter qlora --gradient_checkpointing full --tiled_mlp true --tiled_mlp_num_shards 5 &&
   near qlora_tiled qlora qlora_ga qlora && planned qlora_tiled
+# load_in_8bit: LoRA on the base stored as LLM.int8's codes and row scales (in bf16 otherwise); the levers give the
+# bits of the run without them; the parameters arena holds 1 byte and a bit per block weight, between QLoRA's 4-bit
+# and bf16's 2 bytes
+q8="--adapter lora --load_in_8bit true"
+run q8 $q8 && planned q8
+run q8_full $q8 --gradient_checkpointing full && same q8_full q8
+run q8_off $q8 --offload_params true && same q8_off q8 && planned q8_off && offloaded q8_off q8
+grep -q "offload_params  *the 8-bit base in host memory" "$W/q8_off.log" && ok || bad "q8_off: no header line"
+run q8_tiled1 $q8 --tiled_mlp true --tiled_mlp_num_shards 1 && same q8_tiled1 q8
+python3 - "$W" <<'PY' && ok || bad "the parameters arena of the 8-bit base is not between QLoRA's and bf16's"
+import json, sys
+p = {k: json.load(open(f"{sys.argv[1]}/{k}/memory.json"))["plan"]["parameters"] for k in ("qlora", "q8", "lora_bf16")}
+print(f"  parameters arena: QLoRA {p['qlora']} B, 8-bit {p['q8']} B, bf16 {p['lora_bf16']} B")
+sys.exit(0 if p["qlora"] < p["q8"] < p["lora_bf16"] else 1)
+PY
 if [ "$quick" != 1 ]; then
+  run q8_dora $q8 --peft_use_dora true && planned q8_dora
   run lora_8bit --adapter lora --optimizer adamw_8bit --sample_packing true && planned lora_8bit
   run lora_paged --adapter lora --optimizer paged_adamw_32bit && same lora_paged lora
   run qlora_fp4 --adapter qlora --bnb_4bit_quant_type fp4 --bnb_4bit_use_double_quant false && planned qlora_fp4
@@ -134,6 +150,15 @@ grep -q "qlora\|QLoRA\|4-bit" "$W/qlora.log" && grep -q "PEFT adapter" "$W/qlora
 
 # a base folder to adapt, merge into and generate from
 "$SNUG" train $common --max_steps 2 --output_dir "$W/base" > "$W/base.log" 2>&1 || bad "base: $(tail -2 "$W/base.log")"
+# an 8-bit run merges into the base's 8-bit round trip: what `snug merge --base_as int8` writes, not the plain merge
+if run q8_merged $q8 --base_model "$W/base" --merge_lora true; then
+  grep -q "its 8-bit round trip" "$W/q8_merged.log" &&
+    "$SNUG" merge "$W/base" "$W/q8_merged" "$W/q8_by_hand" --base_as int8 > /dev/null 2>&1 &&
+    "$SNUG" merge "$W/base" "$W/q8_merged" "$W/q8_plain" > /dev/null 2>&1 &&
+    cmp -s "$W/q8_merged/merged/model.safetensors" "$W/q8_by_hand/model.safetensors" &&
+    ! cmp -s "$W/q8_merged/merged/model.safetensors" "$W/q8_plain/model.safetensors" && ok ||
+    bad "q8_merged: not merged into the 8-bit round trip"
+fi
 if run merged --adapter lora --base_model "$W/base" --merge_lora true; then
   [ -f "$W/merged/merged/config.json" ] && [ -f "$W/merged/merged/model.safetensors" ] && ok || bad "merge_lora wrote $(ls "$W/merged")"
   "$SNUG" generate "$W/merged" --prompt "The" --max_new_tokens 5 > "$W/gen.log" 2>&1 && ok || bad "generate ADAPTER: $(tail -2 "$W/gen.log")"
@@ -256,6 +281,12 @@ done
 [ $? -eq 2 ] && grep -q "query_key_value" "$W/x.log" && grep -q "q_proj" "$W/x.log" && ok || bad "unknown module: $(tail -1 "$W/x.log")"
 "$SNUG" train $common --load_in_4bit true --output_dir "$W/y" > "$W/y.log" 2>&1
 [ $? -eq 2 ] && grep -q "adapter" "$W/y.log" && ok || bad "load_in_4bit without adapter: $(tail -1 "$W/y.log")"
+# load_in_8bit without an adapter, beside load_in_4bit, with adapter: qlora
+for args in "--load_in_8bit true:set adapter: lora" "--adapter lora --load_in_8bit true --load_in_4bit true:one of them" \
+            "--adapter qlora --load_in_8bit true:set adapter: lora for an 8-bit base"; do
+  "$SNUG" train $common ${args%%:*} --output_dir "$W/y8" > "$W/y8.log" 2>&1
+  [ $? -eq 2 ] && grep -q "${args#*:}" "$W/y8.log" && ok || bad "${args%%:*}: $(tail -1 "$W/y8.log")"
+done
 # lora_modules_to_save: a module snug does not train in full, and a tied embedding (one table for two modules)
 "$SNUG" train $common --adapter lora --lora_modules_to_save norm --output_dir "$W/z" > "$W/z.log" 2>&1
 [ $? -eq 2 ] && grep -q "'norm'" "$W/z.log" && grep -q "embed_tokens and lm_head" "$W/z.log" && ok ||

@@ -257,7 +257,7 @@ static void test_command_line(void) {
         {1, {"--seed"}, "--seed needs a value", NULL},
         {2, {"a.yaml", "b.yaml"}, "unexpected argument 'b.yaml'", "one config"},
         {1, {"-x"}, "unknown option '-x'", "--key value"},
-        {1, {"--load_in_8bit"}, "load_in_8bit is not supported yet", "set it to false"},
+        {1, {"--torch_compile"}, "torch_compile is not supported yet", "set it to false"},
         {2, {"--optim", "sgd"}, "optim 'sgd' is not supported yet", NULL},
         {2, {"--lora_r", "0"}, "command line: lora_r is 0; it must be at least 1", NULL},
         {2, {"--bnb_4bit_compute_dtype", "float32"}, "bnb_4bit_compute_dtype 'float32' is not supported yet", "bfloat16"},
@@ -358,11 +358,13 @@ static void test_wrong_types(void) {
     CHECK(o.learning_rate == 3e-4 && o.weight_decay == 0.01 && o.adam_epsilon == 1e-8 && o.seed == -3);
     CHECK(o.max_steps == 1000);
     CHECKF(load("bf16: auto\n", &o, &e) == 0 && o.bf16 == 1, "%s", e.msg); /* Axolotl's spelling */
+    CHECKF(load("adapter: lora\nload_in_8bit: true\n", &o, &e) == 0 && o.load_in_8bit == 1 && !o.load_in_4bit,
+           "%s", e.msg);
 }
 
 static void test_not_supported(void) {
     static const char *const levers[] = {
-        "tf32", "load_in_8bit",
+        "tf32",
         "s2_attention", "torch_compile",
     };
     char yaml[256], want[128];
