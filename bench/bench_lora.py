@@ -6,10 +6,12 @@ same number of threads. PEFT trains the same base folder with get_peft_model (ba
 tokens/s and peak RSS of each and the ratios snug/PEFT. Targets (LoRA issue): tokens/s >= 1.5x at <= 0.6x peak RSS.
 With --qlora: snug's adapter: qlora (NF4, double quantization, bf16 for the rest) against PEFT on transformers'
 BitsAndBytesConfig model (the same quantization, compute dtype bf16) prepared with prepare_model_for_kbit_training,
-as the QLoRA recipes do; target: peak RSS <= 0.5x. With --dora: DoRA on the same modules in both (snug's
-peft_use_dora, PEFT's use_dora).
+as the QLoRA recipes do; target: peak RSS <= 0.5x. With --int8: LoRA on the 8-bit base (snug's load_in_8bit,
+transformers' BitsAndBytesConfig(load_in_8bit=True), the rest bf16, prepared alike). With --dora: DoRA on the same
+modules in both (snug's peft_use_dora, PEFT's use_dora).
 
-    python bench/bench_lora.py --snug build/snug [--threads 2] [--steps 8] [--batch 4] [--seq 256] [--qlora] [--dora]
+    python bench/bench_lora.py --snug build/snug [--threads 2] [--steps 8] [--batch 4] [--seq 256] [--qlora | --int8]
+                               [--dora]
 """
 import argparse
 import json
@@ -31,9 +33,10 @@ import json, resource, sys, time, torch, transformers, peft
 path, B, T, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-if sys.argv[6] == "1":  # QLoRA: bitsandbytes 4-bit base, the recipe's preparation
+if sys.argv[6] != "0":  # QLoRA (1) or the 8-bit base (2): bitsandbytes, the recipe's preparation
     bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=torch.bfloat16)
+                                          bnb_4bit_compute_dtype=torch.bfloat16) if sys.argv[6] == "1" else \
+        transformers.BitsAndBytesConfig(load_in_8bit=True)
     base = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.bfloat16,
                                                              quantization_config=bnb, device_map="cpu")
     base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
@@ -62,7 +65,7 @@ print(json.dumps({"tokens_per_s": B * T * len(warm) / sum(warm),
 def run_peft(path, B, T, steps, threads, qlora, dora):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = subprocess.run([sys.executable, "-c", PEFT_CHILD, path, str(B), str(T), str(steps), str(threads),
-                        "1" if qlora else "0", "1" if dora else "0"],
+                        {"nf4": "1", "int8": "2"}.get(qlora, "0"), "1" if dora else "0"],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(r.stderr)
@@ -74,7 +77,8 @@ def run_snug(snug, path, data, B, T, steps, threads, out, qlora, dora):
     cmd = [snug, "train", "--base_model", path, "--dataset", data, "--micro_batch_size", str(B), "--sequence_len",
            str(T), "--max_steps", str(steps), "--learning_rate", "1e-4", "--lr_scheduler", "constant",
            "--logging_steps", "1", "--output_dir", out, "--threads", str(threads), "--sample_tokens", "0",
-           "--adapter", "qlora" if qlora else "lora", "--lora_r", "16", "--lora_alpha", "16", "--lora_target_linear", "true",
+           "--adapter", "qlora" if qlora == "nf4" else "lora", "--load_in_8bit", "true" if qlora == "int8" else "false",
+           "--lora_r", "16", "--lora_alpha", "16", "--lora_target_linear", "true",
            "--overwrite_output_dir", "true", "--max_grad_norm", "1.0", "--weight_decay", "0",
            "--peft_use_dora", "true" if dora else "false"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -95,8 +99,10 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--work", default="")
     ap.add_argument("--qlora", action="store_true")
+    ap.add_argument("--int8", action="store_true")
     ap.add_argument("--dora", action="store_true")
     a = ap.parse_args()
+    quant = "nf4" if a.qlora else "int8" if a.int8 else ""
     import torch
     import transformers
     work = a.work or tempfile.mkdtemp()
@@ -107,15 +113,16 @@ def main():
         transformers.AutoModelForCausalLM.from_config(cfg).float().save_pretrained(path, safe_serialization=True)
     data = os.path.join(work, "data.jsonl")
     make_data(data, a.batch * a.seq * (a.steps + 2) * 2)
-    s = run_snug(a.snug, path, data, a.batch, a.seq, a.steps, a.threads, os.path.join(work, "out"), a.qlora, a.dora)
-    p = run_peft(path, a.batch, a.seq, a.steps, a.threads, a.qlora, a.dora)
-    what = "QLoRA (NF4, double quantization, bf16)" if a.qlora else "LoRA (fp32)"
+    s = run_snug(a.snug, path, data, a.batch, a.seq, a.steps, a.threads, os.path.join(work, "out"), quant, a.dora)
+    p = run_peft(path, a.batch, a.seq, a.steps, a.threads, quant, a.dora)
+    what = {"nf4": "QLoRA (NF4, double quantization, bf16)", "int8": "LoRA on the 8-bit base (LLM.int8, bf16)"}.get(
+        quant, "LoRA (fp32)")
     what = what.replace("LoRA", "DoRA") if a.dora else what
     print(f"{what} r=16 on all 7 projections, SmolLM-135M shape, B={a.batch} T={a.seq}, {a.threads} threads")
     print(f"  snug  {s['tokens_per_s']:8.1f} tokens/s  peak RSS {s['peak_rss'] / 2**20:8.1f} MiB")
     print(f"  PEFT  {p['tokens_per_s']:8.1f} tokens/s  peak RSS {p['peak_rss'] / 2**20:8.1f} MiB")
-    print(f"  snug/PEFT: tokens/s {s['tokens_per_s'] / p['tokens_per_s']:.2f}x{'' if a.qlora else ' (target >= 1.5x)'}, "
-          f"peak RSS {s['peak_rss'] / p['peak_rss']:.2f}x (target <= {'0.5' if a.qlora else '0.6'}x)")
+    print(f"  snug/PEFT: tokens/s {s['tokens_per_s'] / p['tokens_per_s']:.2f}x{'' if quant else ' (target >= 1.5x)'}, "
+          f"peak RSS {s['peak_rss'] / p['peak_rss']:.2f}x (target <= {'0.5' if quant else '0.6'}x)")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (!rc && qlora) { /* --qlora nf4|fp4: the adapter on the base stored 4-bit (double-quantized), the rest bf16;
                          * int8: stored as LLM.int8's 8 bits (load_in_8bit) */
         spec.lv.lora.kind = SNUG_ADAPTER_QLORA;
-        spec.lv.lora.q4_type = !strcmp(qlora, "int8") ? SNUG_Q4_INT8 : !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
+        spec.lv.lora.q4_type = !strcmp(qlora, "int8") ? SNUG_Q4_INT8
+                               : !strcmp(qlora, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
         spec.lv.lora.q4_nested = 1;
         spec.lv.lora.q4_blocksize = 64;
         spec.lv.dt = SNUG_DT_BF16;

@@ -1056,7 +1056,8 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         for (int i = 0; m->q4 && !m->q4_sharded && i < m->table.n; i++)
             if (m->q4[i].n) { /* QLoRA: each block matrix in bitsandbytes' parts */
                 const snug_q4_tensor *q = &m->q4[i];
-                void *blk = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], snug_q4_bytes(q->type, q->n, q->blocksize, q->nested), e);
+                void *blk = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS],
+                                             snug_q4_bytes(q->type, q->n, q->blocksize, q->nested), e);
                 if (!blk)
                     return e ? e->code : SNUG_ENOMEM;
                 snug_q4_carve(&m->q4[i], blk);

@@ -711,12 +711,12 @@ static int q8_view(const snug_st_set *s, const char *name, const snug_st_tensor 
         return snug_fail(e, SNUG_EINPUT, "%s: 8-bit weight \"%s\" is missing beside its scales; %s", path, name,
                          QS_FIX);
     if (w->dtype != SNUG_DT_I8 || w->ndim != 2)
-        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is %s of rank %d, bitsandbytes stores an 8-bit weight as I8 "
-                         "[out, in]; %s", s->paths[w->file], name, snug_dtype_name(w->dtype), w->ndim, QS_FIX);
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is %s of rank %d, bitsandbytes stores an 8-bit weight "
+                         "as I8 [out, in]; %s", s->paths[w->file], name, snug_dtype_name(w->dtype), w->ndim, QS_FIX);
     q8_part(key, sizeof key, name, "SCB");
     if (scb->dtype != SNUG_DT_F32 || scb->ndim != 1 || scb->shape[0] != w->shape[0])
-        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" should hold F32 [%lld], a scale per row of \"%s\"; %s", path,
-                         key, (long long)w->shape[0], name, QS_FIX);
+        return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" should hold F32 [%lld], a scale per row of \"%s\"; %s",
+                         path, key, (long long)w->shape[0], name, QS_FIX);
     if (((uintptr_t)scb->data & 3) != 0)
         return snug_fail(e, SNUG_EINPUT, "%s: tensor \"%s\" is not 4-byte aligned in the file; re-save the checkpoint "
                          "with safetensors", path, key);

@@ -1079,10 +1079,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         size_t most = 0;
         for (int l = 0; l < qm->cfg.n_layer; l++)
             most = qm->q4_piece[l] > most ? qm->q4_piece[l] : most;
-        fprintf(out, "  ZeRO                 stage 3 on a quantized base: the %s matrices sharded, %.1f MiB per rank (each "
+        fprintf(out, "  ZeRO                 stage 3 under %s: the %s matrices sharded, %.1f MiB per rank (each "
                 "layer's cut in %d pieces of up to %.2f MiB), all-gathered layer by layer before each forward and "
                 "backward, the next layer prefetched; the 16-bit tensors, the adapters, their gradients (summed "
                 "after backward) and their optimizer state whole on every rank\n",
+                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "LoRA on an 8-bit base" : "QLoRA",
                 qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0, W,
                 most / 1048576.0);
     }
@@ -1094,7 +1095,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc && qm->q4_sharded && qm->lv.offload_params)
         fprintf(out, "  offload_params       the %s base in host memory (%.1f MiB%s), each layer's copied to the "
                 "device just before it runs and the next layer's while it does, into two buffers of %.2f MiB\n",
-                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0, qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
+                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0,
+                qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
     if (!rc && o->zero_stage && W > 1 && qm->q4_parts <= 1) {
         if (!(shard = malloc((size_t)W * sizeof *shard)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");

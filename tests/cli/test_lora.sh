@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# LoRA and QLoRA runs end to end (QLoRA's base 4-bit, or 8-bit with load_in_8bit), with the levers. Checkpointing (selective, full, every 2 layers, offloaded) gives
-# bit for bit the losses and adapters of the run without it, for LoRA in fp32 and bf16 and for QLoRA, and so do a
-# tiled MLP in one shard and the optimizer step inside backward; gradient accumulation matches to fp32 rounding, and a
-# tiled MLP in several shards (with dropout too) to within four times that rounding floor; 8-bit and paged AdamW and
-# packing train; the plan
-# equals every arena's measured peak; the output folder is a PEFT adapter (no base weights), which `snug generate`
-# samples from and `merge_lora` merges into output_dir/merged; an unknown target module, a 4-bit base without an
-# adapter, and lora_modules_to_save naming another module or on tied embeddings are refused with exit 2.
+# LoRA and QLoRA runs end to end (QLoRA's base 4-bit, or 8-bit: load_in_8bit), with the levers. Checkpointing
+# (selective, full, every 2 layers, offloaded) gives bit for bit the losses and adapters of the run without it, for LoRA
+# in fp32 and bf16 and for QLoRA, and so do a tiled MLP in one shard and the optimizer step inside backward; gradient
+# accumulation matches to fp32 rounding, and a tiled MLP in several shards (with dropout too) to within four times that
+# rounding floor; 8-bit and paged AdamW and packing train; the plan equals every arena's measured peak; the output
+# folder is a PEFT adapter (no base weights), which `snug generate` samples from and `merge_lora` merges into
+# output_dir/merged; an unknown target module, a 4-bit base without an adapter, and lora_modules_to_save naming another
+# module or on tied embeddings are refused with exit 2.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -282,7 +282,8 @@ done
 "$SNUG" train $common --load_in_4bit true --output_dir "$W/y" > "$W/y.log" 2>&1
 [ $? -eq 2 ] && grep -q "adapter" "$W/y.log" && ok || bad "load_in_4bit without adapter: $(tail -1 "$W/y.log")"
 # load_in_8bit without an adapter, beside load_in_4bit, with adapter: qlora
-for args in "--load_in_8bit true:set adapter: lora" "--adapter lora --load_in_8bit true --load_in_4bit true:one of them" \
+for args in "--load_in_8bit true:set adapter: lora" \
+            "--adapter lora --load_in_8bit true --load_in_4bit true:one of them" \
             "--adapter qlora --load_in_8bit true:set adapter: lora for an 8-bit base"; do
   "$SNUG" train $common ${args%%:*} --output_dir "$W/y8" > "$W/y8.log" 2>&1
   [ $? -eq 2 ] && grep -q "${args#*:}" "$W/y8.log" && ok || bad "${args%%:*}: $(tail -1 "$W/y8.log")"

@@ -624,14 +624,16 @@ refuse "lora_modules_to_save at stage 3 without a base" "lora_modules_to_save wi
 # validation losses and the saved adapter, byte for byte; each rank's parameters arena is its plan, below DDP's;
 # checkpoints are rank 0's (the adapters), resumed on as many ranks or as one process
 # adapter3 KIND NAME NP BELOW ARGS...: DDP and stage 3 under KIND (lora: into lddp_NAME and lz3_NAME; qlora, bf16:
-# qddp_NAME and qz3_NAME) with ARGS give the same bits (losses, gradient norms, validation losses, the adapter);
+# qddp_NAME and qz3_NAME; int8, LoRA with load_in_8bit: iddp_NAME and iz3_NAME) with ARGS give the same bits (losses, gradient norms, validation losses, the adapter);
 # each rank's arenas are its plan, its adapters' state DDP's, and with BELOW=1 its parameters arena below DDP's
 adapter3() {
   local kind=$1 name=$2 np=$3 below=$4; shift 4
-  local d=lddp_$name z=lz3_$name what="LoRA: the frozen base sharded" extra=()
-  [ "$kind" = qlora ] && d=qddp_$name z=qz3_$name what="QLoRA: the 4-bit matrices sharded" extra=(--bf16 true)
-  run "$d" "$np" --adapter "$kind" "${extra[@]}" "$@" || { bad "$d did not train: $(tail -2 "$W/$d.log")"; return; }
-  run "$z" "$np" --adapter "$kind" "${extra[@]}" --zero_stage 3 --dist_debug true "$@" ||
+  local d=lddp_$name z=lz3_$name what="LoRA: the frozen base sharded" extra=(--adapter "$kind")
+  [ "$kind" = qlora ] && d=qddp_$name z=qz3_$name what="QLoRA: the 4-bit matrices sharded" extra+=(--bf16 true)
+  [ "$kind" = int8 ] && d=iddp_$name z=iz3_$name what="LoRA on an 8-bit base: the 8-bit matrices sharded" \
+    extra=(--adapter lora --load_in_8bit true)
+  run "$d" "$np" "${extra[@]}" "$@" || { bad "$d did not train: $(tail -2 "$W/$d.log")"; return; }
+  run "$z" "$np" "${extra[@]}" --zero_stage 3 --dist_debug true "$@" ||
     { bad "$z did not train: $(grep error "$W/$z.log" | head -2)"; return; }
   grep -q "stage 3 under $what" "$W/$z.log" && [ "$(worst "$z" "$d")" = 0.0 ] &&
     cmp -s "$W/$d/adapter_model.safetensors" "$W/$z/adapter_model.safetensors" &&
@@ -699,6 +701,9 @@ qlora3() { adapter3 qlora "$@"; }
 qlora3 30m_2 2 1 --model_preset llama-30m --max_steps 2
 qlora3 acc_3 3 1 --gradient_accumulation_steps 2 --gradient_checkpointing true
 qlora3 dora_2 2 0 --peft_use_dora true --lora_dropout 0.1
+# the 8-bit base (load_in_8bit) likewise: each layer's codes and row scales cut in byte pieces
+adapter3 int8 30m_2 2 1 --model_preset llama-30m --max_steps 2
+adapter3 int8 acc_3 3 0 --gradient_accumulation_steps 2 --gradient_checkpointing true --offload_params true
 # offload_params (the 4-bit base in host memory: each rank's pieces at stage 3, the whole base under DDP) keeps the
 # bits of the run without it
 qlora3 off_3 3 0 --gradient_accumulation_steps 2 --gradient_checkpointing true --offload_params true

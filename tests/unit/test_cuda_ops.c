@@ -582,14 +582,22 @@ static void test_elementwise(void) {
 }
 
 /* LoRA's and QLoRA's ops: the strided GEMM on a block of columns of a wider matrix (both transposes), dropout's mask,
- * the 4-bit dequantization (double-quantized scales) and NEFTune's noise, each against the CPU's. */
+ * the 4-bit dequantization (double-quantized scales), the 8-bit one (load_in_8bit's codes and row scales) and
+ * NEFTune's noise, each against the CPU's. */
 static void test_adapter_ops(void) {
     int M = 37, N = 19, K = 23, ld = 61; /* C is columns [5, 5 + N) of a (M, ld) matrix */
-    printf("adapter ops (strided GEMM %dx%dx%d in ld %d, dropout, 4-bit dequantization, noise)\n", M, N, K, ld);
+    printf("adapter ops (strided GEMM %dx%dx%d in ld %d, dropout, 4- and 8-bit dequantization, noise)\n", M, N, K,
+           ld);
     float *A = randf((size_t)M * K, -1, 1), *B = randf((size_t)K * N, -1, 1), *C = randf((size_t)M * ld, -1, 1);
     snug_backend *bes[2] = {cpu, gpu};
-    float *res[2][5];
+    float *res[2][6];
     size_t n = 100003;
+    size_t q8r = 131, q8c = 77; /* 8-bit: codes over the whole int8 range, scales with a zero row */
+    int8_t *codes = malloc(q8r * q8c);
+    float *scb = randf(q8r, 0.0f, 3.0f);
+    for (size_t i = 0; i < q8r * q8c; i++)
+        codes[i] = (int8_t)(irand(256) - 128);
+    scb[5] = 0.0f;
     float *x = randf(n, -2, 2);
     size_t nq = 64 * 300 + 17, nb = (nq + 63) / 64;
     uint8_t *packed = malloc((nq + 1) / 2), *aq = malloc(nb);
@@ -632,16 +640,23 @@ static void test_adapter_ops(void) {
         res[k][3] = malloc(nq * 4);
         down(be, res[k][3], dq, nq * 4);
         down(be, NULL, dp, 0), down(be, NULL, daq, 0), down(be, NULL, dna, 0), down(be, NULL, dnm, 0);
+        int8_t *dc = up(be, codes, q8r * q8c);
+        float *ds = up(be, scb, q8r * 4), *d8 = up(be, NULL, q8r * q8c * 4);
+        be->dequantize_int8(be, d8, dc, ds, q8r, q8c);
+        res[k][5] = malloc(q8r * q8c * 4);
+        down(be, res[k][5], d8, q8r * q8c * 4);
+        down(be, NULL, dc, 0), down(be, NULL, ds, 0);
     }
     expect("gemm_strided", rel(res[1][0], res[0][0], (size_t)M * ld), TOL_GEMM);
     expect("gemm_strided, both transposed", rel(res[1][1], res[0][1], (size_t)M * ld), TOL_GEMM);
     expect_same("dropout", res[1][2], res[0][2], n * 4);
     expect_same("dequantize_4bit", res[1][3], res[0][3], nq * 4);
     expect_same("add_noise", res[1][4], res[0][4], n * 4);
+    expect_same("dequantize_int8", res[1][5], res[0][5], q8r * q8c * 4);
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 6; i++)
             free(res[k][i]);
-    free(A), free(B), free(C), free(x), free(packed), free(aq), free(nabs), free(nmap);
+    free(A), free(B), free(C), free(x), free(packed), free(aq), free(nabs), free(nmap), free(codes), free(scb);
 }
 
 /* DoRA's row ops: the norms and dots summed in double in another order (one rounding of a double apart, at most a

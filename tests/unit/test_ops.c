@@ -890,6 +890,22 @@ static void test_rows(void) {
     free(a), free(b), free(div), free(n1), free(n3), free(d1), free(d3), free(d0);
     free(x), free(mag), free(nrm), free(bias), free(o1), free(o2), free(inplace);
     printf("  row_norms, row_dots, col_dots, scale_cols, add_scaled_cols: exact at 1 and 3 threads\n");
+    /* load_in_8bit's dequantization: code * (SCB * (float)(1/127)), each element one product of the row's factor */
+    int8_t *codes = malloc((size_t)rows * cols);
+    float *scb = randf((size_t)rows, 0.0f, 2.0f), *q1 = zerof((size_t)rows * cols), *q3 = zerof((size_t)rows * cols);
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        codes[i] = (int8_t)((i * 2654435761u >> 7) % 255 - 127);
+    scb[2] = 0.0f;
+    be1->dequantize_int8(be1, q1, codes, scb, (size_t)rows, (size_t)cols);
+    be3->dequantize_int8(be3, q3, codes, scb, (size_t)rows, (size_t)cols);
+    int ok_q = memcmp(q1, q3, (size_t)rows * cols * sizeof *q1) == 0;
+    for (int j = 0; j < rows; j++) {
+        float f = scb[j] * (float)(1.0 / 127.0);
+        for (int i = 0; i < cols; i++)
+            ok_q &= q1[(size_t)j * cols + i] == (float)codes[(size_t)j * cols + i] * f;
+    }
+    CHECKF(ok_q, "dequantize_int8: code * the row's factor, the same at 1 and 3 threads");
+    free(codes), free(scb), free(q1), free(q3);
 }
 
 /* ------------------------------------------------------------------------------------------------ loss */

@@ -13,7 +13,11 @@
  * - the quant_state JSON: known bytes, Python's float repr, write -> parse round trips, and one malformed JSON per
  *   rule (each an SNUG_EINPUT error naming the problem, never a crash);
  * - reading bnb-4bit tensors from a safetensors file snug wrote, and one broken file per check of snug_q4_st_view;
- * - bad parameters (blocksize, shape, dtype) and NaN / infinite weights are errors naming the place. */
+ * - bad parameters (blocksize, shape, dtype) and NaN / infinite weights are errors naming the place;
+ * - the 8-bit format (SNUG_Q4_INT8, load_in_8bit): sizes and carving, each row's scale its largest |w| in fp16, the
+ *   code of that element +-127, every element within half a step (SCB / 127) of its fp16 value, a zero row all
+ *   zero, bf16 input equal to its fp32 widening, a weight past fp16's range refused; a transformers-style 8-bit
+ *   file read in place, and one broken file per check. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,7 +67,7 @@ static int q4_make(q4 *q, snug_q4_type type, int bs, int nested, int64_t rows, i
     memset(q, 0, sizeof *q);
     if (snug_q4_init(&q->t, type, bs, nested, rows, cols, sdt, &e))
         return fprintf(stderr, "init: %s\n", e.msg), 1;
-    size_t total = snug_q4_bytes(q->t.type, q->t.n, bs, nested);
+    size_t total = snug_q4_bytes(q->t.type, q->t.n, q->t.blocksize, q->t.nested);
     q->buf = malloc(total + 64);
     memset(q->buf, 0xAB, total + 64);
     snug_q4_carve(&q->t, q->buf);
@@ -599,6 +603,111 @@ static void test_errors(void) {
     free(buf);
 }
 
+static void test_int8(void) {
+    const int64_t R = 37, C = 53;
+    size_t n = (size_t)(R * C);
+    float *w = malloc(n * sizeof *w), *d = malloc(n * sizeof *d);
+    uint16_t *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        w[i] = nrand() * (i / (size_t)C == 3 ? 1e-6f : 0.05f); /* row 3: fp16 subnormals */
+    for (int64_t j = 0; j < C; j++)
+        w[4 * C + j] = 0.0f; /* row 4: zeros */
+    w[7 * C + 11] = 9.0f;    /* row 7: an outlier */
+    snug_error e = {0};
+    q4 q;
+    CHECK(snug_q4_sizes_of(SNUG_Q4_INT8, n, (int)C, 1).total == n + 4 * (size_t)R);
+    if (q4_make(&q, SNUG_Q4_INT8, 0, 1, R, C, w, SNUG_DT_F32)) {
+        CHECK(0);
+        goto out;
+    }
+    CHECK(q.t.blocksize == C && !q.t.nested && (unsigned char *)q.t.absmax == q.buf && q.t.packed == q.buf + 4 * R);
+    snug_q4_dequantize(&q.t, 0, n, d, SNUG_DT_F32);
+    int bad_scale = 0, bad_peak = 0, bad_step = 0;
+    for (int64_t r = 0; r < R; r++) {
+        float m = 0.0f;
+        int64_t at = 0;
+        for (int64_t j = 0; j < C; j++) {
+            float x = fabsf(snug_f16_to_f32(snug_f32_to_f16(w[r * C + j])));
+            at = x > m ? j : at;
+            m = x > m ? x : m;
+        }
+        bad_scale += q.t.absmax[r] != m;
+        int8_t c = ((const int8_t *)q.t.packed)[r * C + at];
+        bad_peak += m > 0 ? (c != 127 && c != -127) : c != 0;
+        for (int64_t j = 0; j < C; j++) {
+            double x = snug_f16_to_f32(snug_f32_to_f16(w[r * C + j]));
+            bad_step += fabs(d[r * C + j] - x) > 0.5 * m / 127 * (1 + 1e-5) + 1e-30;
+        }
+    }
+    CHECKF(!bad_scale && !bad_peak && !bad_step, "8-bit: %d scales not the row's max |w16|, %d peaks not +-127, %d "
+           "elements further than half a step", bad_scale, bad_peak, bad_step);
+    int zero = 1;
+    for (int64_t j = 0; j < C; j++)
+        zero &= ((const int8_t *)q.t.packed)[4 * C + j] == 0 && d[4 * C + j] == 0.0f;
+    CHECK(zero && q.t.absmax[4] == 0.0f);
+    for (size_t i = 0; i < n; i++)
+        h[i] = snug_f32_to_bf16(w[i]);
+    float *wide = malloc(n * sizeof *wide);
+    for (size_t i = 0; i < n; i++)
+        wide[i] = snug_bf16_to_f32(h[i]);
+    q4 x, y;
+    if (q4_make(&x, SNUG_Q4_INT8, 0, 0, R, C, h, SNUG_DT_BF16) == 0 &&
+        q4_make(&y, SNUG_Q4_INT8, 0, 0, R, C, wide, SNUG_DT_F32) == 0) {
+        CHECK(memcmp(x.buf, y.buf, snug_q4_bytes(SNUG_Q4_INT8, n, (int)C, 0)) == 0);
+        free(x.buf), free(y.buf);
+    }
+    free(wide);
+    /* a transformers-style file: "<module>.weight" I8, "<module>.SCB", "<module>.weight_format" */
+    const char *W = "model.layers.0.mlp.up_proj.weight", *S = "model.layers.0.mlp.up_proj.SCB";
+    const char *F = "model.layers.0.mlp.up_proj.weight_format";
+    uint8_t row = 0, col = 1;
+    float neg[37];
+    memcpy(neg, q.t.absmax, sizeof neg);
+    neg[9] = -1.0f;
+    for (int k = 0; k < 5; k++) { /* 0 good; 1 weight_format 1; 2 negative scale; 3 scales of one row less; 4 U8 */
+        snug_st_out o[3] = {
+            {.name = W, .dtype = k == 4 ? SNUG_DT_U8 : SNUG_DT_I8, .ndim = 2, .shape = {R, C}, .raw = q.t.packed},
+            {.name = S, .dtype = SNUG_DT_F32, .ndim = 1, .shape = {k == 3 ? R - 1 : R},
+             .raw = k == 2 ? neg : q.t.absmax},
+            {.name = F, .dtype = SNUG_DT_U8, .ndim = 0, .raw = k == 1 ? &col : &row}};
+        const char *p = tpath("q8.safetensors");
+        write_set(p, o, 3, NULL);
+        snug_st_set s = {0};
+        snug_q4_tensor t;
+        e = (snug_error){0};
+        CHECK(snug_st_open_file(&s, p, &e) == 0);
+        CHECK(snug_q4_st_detect(&s, W) == 1 && snug_q4_st_detect(&s, "model.layers.0.mlp.down_proj.weight") == 0);
+        int rc = snug_q4_st_view(&s, W, &t, &e);
+        static const char *const want[] = {NULL, "weight_format", "SCB\"[9]", "SCB", "is U8"};
+        if (k == 0) {
+            CHECKF(rc == 0 && t.type == SNUG_Q4_INT8 && t.shape[0] == R && t.shape[1] == C, "%s", e.msg);
+            float *v = malloc(n * sizeof *v);
+            if (!rc)
+                snug_q4_dequantize(&t, 0, n, v, SNUG_DT_F32);
+            CHECK(!rc && memcmp(v, d, n * sizeof *v) == 0);
+            free(v);
+        } else {
+            CHECKF(rc == SNUG_EINPUT && strstr(e.msg, want[k]) && strstr(e.msg, "q8.safetensors"), "case %d: %s", k,
+                   e.msg);
+        }
+        snug_st_close(&s);
+        unlink(p);
+    }
+    free(q.buf);
+    /* past fp16's range, and NaN */
+    snug_q4_tensor t;
+    CHECK(snug_q4_init(&t, SNUG_Q4_INT8, 0, 0, 2, 3, SNUG_DT_F32, &e) == 0);
+    unsigned char buf[64];
+    snug_q4_carve(&t, buf);
+    float big[6] = {1, 2, 3, 4, 70000.0f, 6};
+    CHECK(snug_q4_quantize(&t, big, SNUG_DT_F32, &e) == SNUG_EINPUT && strstr(e.msg, "row 1, column 1") &&
+          strstr(e.msg, "past fp16's range"));
+    big[4] = NAN;
+    CHECK(snug_q4_quantize(&t, big, SNUG_DT_F32, &e) == SNUG_EINPUT && strstr(e.msg, "NaN"));
+out:
+    free(w), free(d), free(h);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/snug_test_q4_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -612,6 +721,7 @@ int main(void) {
     test_json();
     test_safetensors();
     test_errors();
+    test_int8();
     CHECKF(rmdir(tmpdir) == 0, "temporary folder %s not empty", tmpdir);
     return check_finish("test_quant4");
 }
