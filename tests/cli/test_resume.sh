@@ -126,6 +126,7 @@ resumed grouped --max_steps 10 --group_by_length true --gradient_accumulation_st
 resumed lora --max_steps 10 --adapter lora --lora_target_linear true --lora_dropout 0.1
 resumed lora_bf16 --max_steps 10 --adapter lora --lora_r 4 --bf16 true --optimizer adamw_8bit --gradient_checkpointing full
 resumed dora --max_steps 10 --adapter lora --lora_target_linear true --peft_use_dora true
+resumed int8 --max_steps 10 --adapter lora --load_in_8bit true --lora_target_linear true
 resumed fitted --max_steps 10 --bf16 true --micro_batch_size 8 --auto_fit true --memory_budget 30MB
 
 # SIGTERM and SIGINT: the step finishes, a checkpoint is written, exit 0; resuming completes the same run
