@@ -198,11 +198,12 @@ for dev in cpu cuda; do
   train dora_$dev --device $dev --micro_batch_size 4 --adapter lora --peft_use_dora true --lora_target_linear true \
     --lora_dropout 0.1
   train qdora_$dev --device $dev --micro_batch_size 4 --adapter qlora --peft_use_dora true --bf16 true
+  train int8_$dev --device $dev --micro_batch_size 4 --adapter lora --load_in_8bit true
 done
 for r in paged32 paged8 offload noclip in_backward paged32_in_backward dora; do
   compare ${r}_cuda ${r}_cpu "$tol32"
 done
-for r in bf16_offload fp16 qlora qlora_offload qdora; do compare ${r}_cuda ${r}_cpu "$tol16"; done
+for r in bf16_offload fp16 qlora qlora_offload qdora int8; do compare ${r}_cuda ${r}_cpu "$tol16"; done
 # what the CPU holds bit for bit holds on the GPU too (one device, one order): the offloaded layer inputs come back
 # as they left (the copies overlap compute, ordered by events), and stepping inside backward is the same step
 compare offload_cuda fp32_cuda 0
