@@ -5,7 +5,9 @@
  * auto then falls back to the CPU. */
 #include "backend/backend_select.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cpu/blas_cpu.h"
 
@@ -83,4 +85,25 @@ size_t snug_backend_device_free(snug_backend *be) {
     (void)be;
 #endif
     return 0;
+}
+
+size_t snug_backend_memory_available(snug_backend_choice device) {
+#ifdef SNUG_HAVE_CUDA
+    if (snug_backend_resolve(device) == SNUG_BACKEND_CUDA)
+        return snug_cuda_device_free(gpu_index);
+#else
+    (void)device;
+#endif
+    size_t kib = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (kib)
+        return kib * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
 }

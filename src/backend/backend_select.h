@@ -32,4 +32,9 @@ size_t snug_backend_device_used(snug_backend *be);
 /* Free memory on be's device right now (cudaMemGetInfo); 0 when the backend is not a GPU or cannot tell. */
 size_t snug_backend_device_free(snug_backend *be);
 
+/* The memory a run on `device` could take right now, before its backend exists: on a GPU (the one
+ * snug_backend_use_gpu chose) its free memory, on the CPU the host's available memory (MemAvailable of
+ * /proc/meminfo, else the free pages). 0 when it cannot tell. */
+size_t snug_backend_memory_available(snug_backend_choice device);
+
 #endif

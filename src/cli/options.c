@@ -521,6 +521,11 @@ static const key_spec keys[] = {
      .help = "choose micro_batch_size (keeping the batch through gradient_accumulation_steps), "
              "gradient_checkpointing, chunked_cross_entropy and the optimizer state to fit memory_budget at the least "
              "predicted cost"},
+    {.name = "auto_find_batch_size", .type = KT_BOOL, .group = G_MEMORY, AT_INT(auto_find_batch_size), .def = "false",
+     .help = "micro_batch_size is the most: the run takes it, or its half, quarter, ..., the first whose plan fits the "
+             "memory free on the GPU (on a CPU the host's available memory; memory_budget when smaller), as "
+             "transformers' Trainer halves it on out-of-memory; gradient_accumulation_steps stays as set; a resumed "
+             "run takes the checkpoint's"},
     {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(gradient_checkpointing),
      .def = "false",
      .values = "false=none none no=none off=none true=full full yes=full on=full selective offload unsloth=offload",
@@ -661,7 +666,6 @@ static const key_spec keys[] = {
     LATER("lr_div_factor", KT_FLOAT, "the one_cycle scheduler"),
     LATER_BOOL("bf16_full_eval", "evaluating in bf16 while training otherwise; evaluation uses the run's precision"),
     LATER("plugins", KT_LIST, "Axolotl's plugins"),
-    LATER_BOOL("auto_find_batch_size", "fitting the batch to memory automatically"),
     LATER_BOOL("torch_compile", "graph compilation"),
     LATER("local_rank", KT_INT, "multi-GPU training"),
     {.name = "eval_batch_size", .aliases = "per_device_eval_batch_size", .type = KT_INT,

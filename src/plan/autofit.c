@@ -299,12 +299,17 @@ void snug_fit_space_free(snug_fit_space *s) {
     memset(s, 0, sizeof *s);
 }
 
-double snug_fit_point_need(const snug_fit_space *s, const snug_fit_point *p) {
+/* A plan's memory on device kind: arenas plus runtime overhead (on the CPU backend a paged optimizer's host memory is
+ * the same memory) */
+static double plan_need(const snug_plan *p, snug_device_kind kind, size_t host_data_bytes) {
     snug_overhead ov;
-    snug_overhead_compute(&ov, s->kind, &p->plan, s->host_data_bytes);
-    /* on the CPU backend a paged optimizer's host memory is the same memory */
-    double host = s->kind == SNUG_DEVICE_CPU ? (double)p->plan.host_total : 0.0;
-    return (double)p->plan.total + host + (double)ov.total;
+    snug_overhead_compute(&ov, kind, p, host_data_bytes);
+    double host = kind == SNUG_DEVICE_CPU ? (double)p->host_total : 0.0;
+    return (double)p->total + host + (double)ov.total;
+}
+
+double snug_fit_point_need(const snug_fit_space *s, const snug_fit_point *p) {
+    return plan_need(&p->plan, s->kind, s->host_data_bytes);
 }
 
 /* a before b: cheaper, then fewer changes, then less memory */
@@ -473,6 +478,43 @@ int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, doub
                      "%s, %s, %s; %s; set auto_fit: true to let snug choose the levers for the budget, or run "
                      "`snug plan` with the same options to see what each lever saves",
                      need, arenas, ov, bud, over, big[0], big[1], big[2], lever);
+}
+
+int snug_fit_batch_halving(const snug_plan_spec *spec, double budget, const char *budget_what, snug_device_kind kind,
+                           size_t host_data_bytes, int *B, char *note, size_t note_size, snug_error *e) {
+    snug_plan_spec s = *spec;
+    char b[32], nb[32], tried[256] = "";
+    size_t tl = 0;
+    double need = 0;
+    fmt(b, sizeof b, budget);
+    for (s.B = spec->B; s.B >= 1; s.B /= 2) {
+        snug_plan p;
+        SNUG_TRY(snug_plan_run(&p, &s, e));
+        need = plan_need(&p, kind, host_data_bytes);
+        if (need <= budget)
+            break;
+        fmt(nb, sizeof nb, need);
+        if (tl < sizeof tried)
+            tl += (size_t)snprintf(tried + tl, sizeof tried - tl, "%s%d needs %s", tl ? ", " : "", s.B, nb);
+    }
+    if (s.B < 1) {
+        fmt(nb, sizeof nb, need);
+        return snug_fail(e, SNUG_EINPUT, "auto_find_batch_size: not even micro_batch_size 1 fits the %s %s (%s); "
+                         "shorten sequence_len, set gradient_checkpointing: full, or run `snug plan` to see what each "
+                         "lever saves", b, budget_what, tried);
+    }
+    fmt(nb, sizeof nb, need);
+    *B = s.B;
+    int GA = spec->GA > 0 ? spec->GA : 1;
+    if (s.B == spec->B)
+        snprintf(note, note_size, "auto_find_batch_size: kept micro_batch_size %d: it needs %s of the %s %s (%s "
+                 "backend)", s.B, nb, b, budget_what, snug_device_kind_name(kind));
+    else
+        snprintf(note, note_size, "auto_find_batch_size: micro_batch_size %d, halved from %d (%s) to the first that "
+                 "fits the %s %s (%s backend), needing %s; gradient_accumulation_steps stays %d, so a step is %d rows "
+                 "where %d were configured, as transformers' Trainer does", s.B, spec->B, tried, b, budget_what,
+                 snug_device_kind_name(kind), nb, GA, s.B * GA, spec->B * GA);
+    return 0;
 }
 
 int snug_autofit(const snug_plan_spec *spec, double budget, snug_device_kind kind, size_t host_data_bytes,

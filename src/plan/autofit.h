@@ -80,6 +80,12 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
 int snug_autofit(const snug_plan_spec *spec, double budget, snug_device_kind kind, size_t host_data_bytes,
                  snug_fit_point *chosen, char *note, size_t note_size, snug_error *e);
 
+/* auto_find_batch_size: the largest of spec->B, spec->B / 2, spec->B / 4, ..., 1 whose plan plus runtime overhead
+ * fits `budget` bytes (budget_what names it: "memory free on the GPU"), into *B, as transformers' Trainer halves the
+ * batch on out-of-memory; one line saying so into note. Fails (SNUG_EINPUT) when even 1 does not fit. */
+int snug_fit_batch_halving(const snug_plan_spec *spec, double budget, const char *budget_what, snug_device_kind kind,
+                           size_t host_data_bytes, int *B, char *note, size_t note_size, snug_error *e);
+
 /* The error for a plan over memory_budget: names the largest categories and the levers that shrink them. */
 int snug_fail_over_budget(snug_error *e, const snug_plan *p, double budget, double overhead);
 

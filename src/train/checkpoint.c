@@ -1009,16 +1009,23 @@ int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_erro
     return rc;
 }
 
-int snug_checkpoint_vocab_block(const char *dir, int *v) {
+int snug_checkpoint_fixed_int(const char *dir, const char *key, int *v) {
     char p[4400];
     snug_path_join(p, sizeof p, dir, STATE_JSON);
     json_error_t je;
     json_t *j = json_load_file(p, 0, &je);
-    json_t *w = json_object_get(json_object_get(j, "fixed"), "loss_vocab_block");
+    json_t *w = json_object_get(json_object_get(j, "fixed"), key);
     int found = json_is_integer(w) && json_integer_value(w) >= 0 && json_integer_value(w) <= INT_MAX;
     if (found)
-        *v = json_integer_value(w) ? (int)json_integer_value(w) : -1;
+        *v = (int)json_integer_value(w);
     json_decref(j);
+    return found;
+}
+
+int snug_checkpoint_vocab_block(const char *dir, int *v) {
+    int found = snug_checkpoint_fixed_int(dir, "loss_vocab_block", v);
+    if (found && *v == 0)
+        *v = -1;
     return found;
 }
 

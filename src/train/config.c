@@ -263,6 +263,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);
     REQUIRE(o->top_p > 0 && o->top_p <= 1, "%s: top_p is %g; it must be in (0, 1]", src, o->top_p);
     REQUIRE(o->memory_budget >= 0, "%s: memory_budget is negative; use a size such as 40GB, or 0 for no limit", src);
+    REQUIRE(!o->auto_fit || !o->auto_find_batch_size,
+            "%s: auto_fit and auto_find_batch_size are both true; auto_fit already chooses micro_batch_size (keeping "
+            "the batch through accumulation) with the other levers: set one of them", src);
     REQUIRE(!o->auto_fit || o->memory_budget > 0,
             "%s: auto_fit is true but memory_budget is not set; add memory_budget: 40GB, the memory to fit", src);
     return 0;

@@ -218,6 +218,7 @@ typedef struct snug_run_config {
     /* memory */
     double memory_budget;     /* bytes, 0 = none */
     int auto_fit;
+    int auto_find_batch_size; /* micro_batch_size the most, halved until its plan fits the device's free memory */
     snug_ckpt_choice gradient_checkpointing;
     int gradient_checkpointing_every_n_layers;
     int flash_attention;

@@ -12,6 +12,7 @@
 #include "core/json_util.h"
 #include "model/peft_io.h"
 #include "model/presets.h"
+#include "backend/backend_select.h"
 #include "plan/autofit.h"
 
 int snug_path_join(char *dst, size_t n, const char *dir, const char *file) {
@@ -481,6 +482,38 @@ static int zero_max(const snug_run_config *c, const snug_model_config *cfg, int 
     return c->zero_stage;
 }
 
+/* The plan spec of the configuration as it stands, for this rank (its slices, its stage) */
+static void derive_spec(snug_setup *r, snug_device_kind device) {
+    r->spec = snug_run_spec(&r->c, &r->cfg);
+    r->spec.ranks = r->ranks;
+    r->spec.rank = r->rank;
+    r->spec.tp_rank = r->tp_rank;
+    r->spec.pp_stage = r->pp_stage;
+    r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
+}
+
+/* auto_find_batch_size: micro_batch_size halved until the plan fits the memory free on the device (memory_budget
+ * when smaller), written into the configuration */
+static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e) {
+    if (r->ranks > 1 || r->c.tensor_parallel_size > 1 || r->c.pipeline_parallel_size > 1)
+        return snug_fail(e, SNUG_EINPUT, "auto_find_batch_size over several ranks is not supported yet (each rank "
+                         "could fit another micro-batch); set micro_batch_size, `snug plan` says what fits");
+    int gpu = device == SNUG_DEVICE_CUDA;
+    double budget = (double)snug_backend_memory_available(gpu ? SNUG_BACKEND_CUDA : SNUG_BACKEND_CPU);
+    const char *what = gpu ? "memory free on the GPU" : "memory available on the host";
+    if (r->c.memory_budget > 0 && (!(budget > 0) || r->c.memory_budget < budget))
+        budget = r->c.memory_budget, what = "memory_budget";
+    if (!(budget > 0))
+        return snug_fail(e, SNUG_EINPUT, "auto_find_batch_size: cannot tell how much memory the %s has free; set "
+                         "memory_budget (e.g. 40GB), the memory to fit", gpu ? "GPU" : "host");
+    int B;
+    SNUG_TRY(snug_fit_batch_halving(&r->spec, budget, what, device, r->data_host_est, &B, r->fit_note,
+                                    sizeof r->fit_note, e));
+    r->c.micro_batch_size = B;
+    derive_spec(r, device);
+    return 0;
+}
+
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {
     if (device == SNUG_DEVICE_CUDA && c->loss_vocab_block > 0)
         return snug_fail(e, SNUG_EINPUT, "%s: loss_vocab_block is %d, but the loss over blocks of the head's rows runs "
@@ -493,13 +526,10 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
                          "first and the last stage, which ZeRO shard differently; set zero_stage: 0",
                          c->pipeline_parallel_size, c->zero_stage);
     SNUG_TRY(resolve_adapter(r, e));
-    r->spec = snug_run_spec(&r->c, &r->cfg);
-    r->spec.ranks = r->ranks;
-    r->spec.rank = r->rank;
-    r->spec.tp_rank = r->tp_rank;
-    r->spec.pp_stage = r->pp_stage;
-    r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
+    derive_spec(r, device);
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
+    if (r->c.auto_find_batch_size)
+        SNUG_TRY(find_batch_size(r, device, e));
     if (r->c.auto_fit) {
         r->spec.zero_max = zero_max(&r->c, &r->cfg, r->ranks);
         snug_fit_point best;
@@ -512,12 +542,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
         if (snug_run_config_validate(&r->c, &ve))
             return snug_fail(e, SNUG_EINTERNAL, "auto_fit chose a setting that is not a valid configuration (%s); "
                              "turn auto_fit off and set the levers by hand", ve.msg);
-        r->spec = snug_run_spec(&r->c, &r->cfg);
-        r->spec.ranks = r->ranks;
-        r->spec.rank = r->rank;
-        r->spec.tp_rank = r->tp_rank; /* this rank's slices (stage), not the first's */
-        r->spec.pp_stage = r->pp_stage;
-        r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
+        derive_spec(r, device);
     }
     SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
     if (r->c.memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */

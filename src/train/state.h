@@ -106,6 +106,10 @@ int snug_checkpoint_per_rank(const snug_engine *eng);
  * 1 when its trainer_state.json says, 0 when it cannot be read or does not say (the load checks it fully). A run
  * that leaves loss_vocab_block to its auto value resumes with it, since the auto value follows the ZeRO stage. */
 int snug_checkpoint_vocab_block(const char *dir, int *v);
+/* The integer setting `key` of the configuration checkpoint dir was trained with (its trainer_state.json's "fixed"),
+ * into *v: 1 when it says, 0 when it cannot be read or does not say. auto_find_batch_size resumes with the
+ * micro_batch_size found when the run started, as transformers' Trainer does. */
+int snug_checkpoint_fixed_int(const char *dir, const char *key, int *v);
 
 /* The newest complete checkpoint-N in output_dir into path; 1 when there is none. */
 int snug_checkpoint_latest(const char *output_dir, char *path, size_t n);

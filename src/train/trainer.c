@@ -905,15 +905,28 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     } else if (!rc && config->auto_resume && snug_checkpoint_latest(config->output_dir, resume, sizeof resume)) {
         resume[0] = '\0'; /* auto_resume_from_checkpoints: the newest complete checkpoint when there is one */
     }
+    /* and auto_find_batch_size takes the micro_batch_size the run found when it started, as transformers' does */
     snug_run_config *adopted = NULL;
-    int vb;
-    if (!rc && resume[0] && config->loss_vocab_block == 0 && snug_checkpoint_vocab_block(resume, &vb) &&
-        (adopted = malloc(sizeof *adopted))) {
+    int vb, fb = 0;
+    int take_vb = !rc && resume[0] && config->loss_vocab_block == 0 && snug_checkpoint_vocab_block(resume, &vb);
+    int take_mb = !rc && resume[0] && config->auto_find_batch_size &&
+                  snug_checkpoint_fixed_int(resume, "micro_batch_size", &fb) && fb >= 1;
+    if (take_mb && fb > config->micro_batch_size)
+        rc = snug_fail(e, SNUG_EINPUT, "%s trained with micro_batch_size %d (auto_find_batch_size's), above "
+                       "micro_batch_size %d now, the most it may take; resume with micro_batch_size %d or more",
+                       resume, fb, config->micro_batch_size, fb);
+    if (!rc && (take_vb || take_mb) && (adopted = malloc(sizeof *adopted))) {
         *adopted = *config;
-        adopted->loss_vocab_block = vb;
+        if (take_vb)
+            adopted->loss_vocab_block = vb;
+        if (take_mb) /* found already: no search */
+            adopted->micro_batch_size = fb, adopted->auto_find_batch_size = 0;
     }
     if (!rc)
         rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
+    if (!rc && adopted && take_mb)
+        snprintf(r.s.fit_note, sizeof r.s.fit_note, "auto_find_batch_size: micro_batch_size %d, the checkpoint's (found "
+                 "when the run started)", fb);
     free(adopted);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
     if (!rc)

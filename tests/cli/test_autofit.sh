@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# auto_fit is the configuration it prints: a fitted run and the same settings written by hand train the same bits
-# and plan the same memory. The run of the report that found it: bf16, micro_batch_size 8, memory_budget 140MB on
-# the default job, where auto_fit chooses a smaller micro-batch with gradient accumulation (whose 16-bit layer
-# gradients must then be accumulated in fp32, as the hand-written run's are). Over two MPI ranks it also chooses the
-# ZeRO stage (skipped without mpirun or an MPI build).
+# auto_fit is the configuration it prints (and auto_find_batch_size, below, the first halving that fits): a fitted run
+# and the same settings written by hand train the same bits and plan the same memory. The run of the report that found
+# it: bf16, micro_batch_size 8, memory_budget 140MB on the default job, where auto_fit chooses a smaller micro-batch
+# with gradient accumulation (whose 16-bit layer gradients must then be accumulated in fp32, as the hand-written run's
+# are). Over two MPI ranks it also chooses the ZeRO stage (skipped without mpirun or an MPI build).
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -56,6 +56,45 @@ if [ -f "$W/oib/memory.json" ]; then
   python3 -c "import json,sys; m=json.load(open(sys.argv[1])); sys.exit(m['gradient_accumulation_steps'] != 1)" \
     "$W/oib/memory.json" && ok || bad "auto_fit gave optimizer_in_backward gradient accumulation"
 elif grep -q "nothing fits" "$W/oib.log"; then ok; else bad "optimizer_in_backward with auto_fit: $(tail -1 "$W/oib.log")"; fi
+
+# auto_find_batch_size: micro_batch_size is the most, and the run takes the first of it, its half, its quarter, ...
+# whose plan fits (memory_budget here, below the host's memory): `snug plan`'s total of the size taken fits 150MB,
+# that of twice it does not; the run is the hand-written run of that size, bit for bit, accumulation unchanged (as
+# transformers' Trainer). A resumed run takes the checkpoint's size even where a larger one fits now, and continues
+# the same run. Refused beside auto_fit, and where not even 1 fits.
+train afb --micro_batch_size 32 --gradient_accumulation_steps 2 --auto_find_batch_size true --memory_budget 150MB &&
+  python3 - "$W/afb/memory.json" "$SNUG" "$SRC/configs/default.yaml" <<'PY' && ok || bad "afb: not the first halving that fits"
+import json, subprocess, sys
+m = json.load(open(sys.argv[1]))
+B, GA = m["micro_batch_size"], m["gradient_accumulation_steps"]
+need = lambda b: json.loads(subprocess.run([sys.argv[2], "plan", sys.argv[3], "--micro_batch_size", str(b),
+                                            "--gradient_accumulation_steps", "2", "--json"], capture_output=True,
+                                           text=True).stdout)["memory"]["total"]
+budget = 150e6
+print(f"  auto_find_batch_size took {B} of 32 (x {GA} accumulation): {need(B) / 2**20:.1f} MiB fits "
+      f"{budget / 2**20:.1f} MiB, {2 * B} needs {need(2 * B) / 2**20:.1f} MiB")
+sys.exit(0 if GA == 2 and B < 32 and 32 % B == 0 and need(B) <= budget < need(2 * B) else 1)
+PY
+B=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["micro_batch_size"])' "$W/afb/memory.json" 2>/dev/null)
+train afb_by_hand --micro_batch_size "${B:-0}" --gradient_accumulation_steps 2 --memory_budget 150MB &&
+  compare afb_by_hand afb 0
+grep -q "auto_find_batch_size: micro_batch_size $B, halved from 32" "$W/afb.log" && ok || bad "afb: no header line"
+# (checkpoints take a snapshot arena, so this run fits a smaller micro-batch than afb)
+train afb_ck --micro_batch_size 32 --gradient_accumulation_steps 2 --auto_find_batch_size true --memory_budget 150MB \
+  --save_steps 6 && rm -rf "$W/afb_ck/checkpoint-12" &&
+  Bck=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["micro_batch_size"])' "$W/afb_ck/memory.json") &&
+  "$SNUG" train $common --output_dir "$W/afb_ck" --micro_batch_size 32 --gradient_accumulation_steps 2 \
+    --auto_find_batch_size true --memory_budget 4GB --save_steps 6 --resume_from_checkpoint "$W/afb_ck/checkpoint-6" \
+    > "$W/afb_ck.resume.log" 2>&1 && [ "$Bck" -lt 32 ] &&
+  grep -q "auto_find_batch_size: micro_batch_size $Bck, the checkpoint's" "$W/afb_ck.resume.log" &&
+  python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" \
+    "$W/afb_ck/metrics.jsonl" > "$W/afb_resumed.loss" && compare afb_resumed afb_ck 0 ||
+  bad "afb_ck: the resumed run did not take the checkpoint's micro_batch_size: $(grep -h 'auto_find\|error' "$W/afb_ck.resume.log")"
+for args in "--auto_fit true --memory_budget 150MB:auto_fit and auto_find_batch_size are both true" \
+            "--memory_budget 10MB:not even micro_batch_size 1 fits the 9.54 MiB memory_budget"; do
+  "$SNUG" train $common --auto_find_batch_size true ${args%%:*} --output_dir "$W/afb_bad" > "$W/afb_bad.log" 2>&1
+  [ $? -eq 2 ] && grep -q "${args#*:}" "$W/afb_bad.log" && ok || bad "${args%%:*}: $(tail -1 "$W/afb_bad.log")"
+done
 
 # over several ranks auto_fit also chooses the ZeRO stage: every rank searches the same space with the largest rank's
 # plan of each setting, so all choose alike; the fitted run is the hand-written one (losses bitwise, each rank's plan

@@ -263,6 +263,15 @@ extern "C" int snug_cuda_mem_info(snug_backend *be, size_t *free_bytes, size_t *
     return 0;
 }
 
+extern "C" size_t snug_cuda_device_free(int device) {
+    size_t f = 0, t = 0;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return f;
+}
+
 extern "C" const char *snug_cuda_device_name(snug_backend *be) { return be ? snug_cuda(be)->device_name : ""; }
 
 extern "C" void *snug_cuda_compute_stream(snug_backend *be) { return (void *)snug_cuda(be)->stream; }

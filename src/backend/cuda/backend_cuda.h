@@ -66,6 +66,9 @@ static inline size_t snug_cuda_scratch_bytes(size_t N, int NH, int width, int op
 
 /* Free and total memory of the backend's device in bytes (cudaMemGetInfo); 0 on success, -1 on failure. */
 int snug_cuda_mem_info(snug_backend *be, size_t *free_bytes, size_t *total_bytes);
+/* Free memory on GPU `device` before any backend exists there (cudaSetDevice, cudaMemGetInfo); 0 when it cannot
+ * tell. */
+size_t snug_cuda_device_free(int device);
 
 /* The device's name, e.g. "NVIDIA H200". */
 const char *snug_cuda_device_name(snug_backend *be);
