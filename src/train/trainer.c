@@ -925,8 +925,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc)
         rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
     if (!rc && adopted && take_mb)
-        snprintf(r.s.fit_note, sizeof r.s.fit_note, "auto_find_batch_size: micro_batch_size %d, the checkpoint's (found "
-                 "when the run started)", fb);
+        snprintf(r.s.fit_note, sizeof r.s.fit_note, "auto_find_batch_size: micro_batch_size %d, the checkpoint's "
+                 "(found when the run started)", fb);
     free(adopted);
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
     if (!rc)

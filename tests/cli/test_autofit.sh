@@ -63,7 +63,8 @@ elif grep -q "nothing fits" "$W/oib.log"; then ok; else bad "optimizer_in_backwa
 # transformers' Trainer). A resumed run takes the checkpoint's size even where a larger one fits now, and continues
 # the same run. Refused beside auto_fit, and where not even 1 fits.
 train afb --micro_batch_size 32 --gradient_accumulation_steps 2 --auto_find_batch_size true --memory_budget 150MB &&
-  python3 - "$W/afb/memory.json" "$SNUG" "$SRC/configs/default.yaml" <<'PY' && ok || bad "afb: not the first halving that fits"
+  python3 - "$W/afb/memory.json" "$SNUG" "$SRC/configs/default.yaml" <<'PY' && ok ||
+  bad "afb: not the first halving that fits"
 import json, subprocess, sys
 m = json.load(open(sys.argv[1]))
 B, GA = m["micro_batch_size"], m["gradient_accumulation_steps"]
@@ -75,21 +76,22 @@ print(f"  auto_find_batch_size took {B} of 32 (x {GA} accumulation): {need(B) / 
       f"{budget / 2**20:.1f} MiB, {2 * B} needs {need(2 * B) / 2**20:.1f} MiB")
 sys.exit(0 if GA == 2 and B < 32 and 32 % B == 0 and need(B) <= budget < need(2 * B) else 1)
 PY
-B=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["micro_batch_size"])' "$W/afb/memory.json" 2>/dev/null)
+mbs() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["micro_batch_size"])' "$1" 2>/dev/null; }
+B=$(mbs "$W/afb/memory.json")
 train afb_by_hand --micro_batch_size "${B:-0}" --gradient_accumulation_steps 2 --memory_budget 150MB &&
   compare afb_by_hand afb 0
 grep -q "auto_find_batch_size: micro_batch_size $B, halved from 32" "$W/afb.log" && ok || bad "afb: no header line"
 # (checkpoints take a snapshot arena, so this run fits a smaller micro-batch than afb)
 train afb_ck --micro_batch_size 32 --gradient_accumulation_steps 2 --auto_find_batch_size true --memory_budget 150MB \
   --save_steps 6 && rm -rf "$W/afb_ck/checkpoint-12" &&
-  Bck=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["micro_batch_size"])' "$W/afb_ck/memory.json") &&
+  Bck=$(mbs "$W/afb_ck/memory.json") &&
   "$SNUG" train $common --output_dir "$W/afb_ck" --micro_batch_size 32 --gradient_accumulation_steps 2 \
     --auto_find_batch_size true --memory_budget 4GB --save_steps 6 --resume_from_checkpoint "$W/afb_ck/checkpoint-6" \
     > "$W/afb_ck.resume.log" 2>&1 && [ "$Bck" -lt 32 ] &&
   grep -q "auto_find_batch_size: micro_batch_size $Bck, the checkpoint's" "$W/afb_ck.resume.log" &&
   python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" \
     "$W/afb_ck/metrics.jsonl" > "$W/afb_resumed.loss" && compare afb_resumed afb_ck 0 ||
-  bad "afb_ck: the resumed run did not take the checkpoint's micro_batch_size: $(grep -h 'auto_find\|error' "$W/afb_ck.resume.log")"
+  bad "afb_ck: the resumed run did not take the checkpoint's size: $(grep -h 'auto_find\|error' "$W/afb_ck.resume.log")"
 for args in "--auto_fit true --memory_budget 150MB:auto_fit and auto_find_batch_size are both true" \
             "--memory_budget 10MB:not even micro_batch_size 1 fits the 9.54 MiB memory_budget"; do
   "$SNUG" train $common --auto_find_batch_size true ${args%%:*} --output_dir "$W/afb_bad" > "$W/afb_bad.log" 2>&1
