@@ -20,6 +20,59 @@ def check(ok: bool, what: str) -> None:
         print("FAIL:", what, file=sys.stderr)
 
 
+# The small bf16 Llama the quantized-base tests (QLoRA, the 8-bit base) adapt, and every linear module of its blocks
+QUANT_LLAMA = dict(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
+ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference over the largest magnitude of the reference b (1e-30 when b is all zero)."""
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / (b.abs().max() + 1e-30)).item()
+
+
+def adamw_curve(model, ids: torch.Tensor, hf_labels: torch.Tensor, steps: int, lr: float) -> list:
+    """The losses of steps + 1 forwards with an AdamW step (no weight decay) after each but the last, over the
+    parameters that require gradients: the reference curve of `snug parity --steps`."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    hist = []
+    for _ in range(steps + 1):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=hf_labels).loss
+        hist.append(loss.item())
+        loss.backward()
+        opt.step()
+    return hist
+
+
+def curve_near(tag: str, mine: list, ref32: list, ref16: list) -> None:
+    """snug's loss curve learns (falls by 0.05) and stays as close to the fp32 reference's as the peer's 16-bit run
+    does, times four (at least 1e-3)."""
+    gap = lambda xs: max(abs(a - b) / abs(b) for a, b in zip(xs, ref32))  # noqa: E731
+    floor, dev = gap(ref16), gap(mine)
+    check(mine[-1] < mine[0] - 0.05 and dev <= max(4 * floor, 1e-3),
+          f"{tag}: snug {['%.4f' % x for x in mine]} fp32 reference {['%.4f' % x for x in ref32]} "
+          f"16-bit {['%.4f' % x for x in ref16]}")
+    print(f"  {tag}: loss {mine[0]:.4f} -> {mine[-1]:.4f} (fp32 reference {ref32[0]:.4f} -> {ref32[-1]:.4f}); "
+          f"largest gap to it {dev:.1e}, the 16-bit run's {floor:.1e}")
+
+
+def grads_near(tag: str, got: dict, ref32: dict, ref16: dict) -> tuple:
+    """Each gradient of ref32 (name -> tensor, the fp32 reference) has snug's ("grad." + name in got) within four
+    times the distance of ref16's (the peer's 16-bit run) from the reference (at least 1e-3), checked one by one.
+    Returns (worst snug distance, worst peer distance, how many were compared)."""
+    worst, worst_floor, n = 0.0, 0.0, 0
+    for name, g in ref32.items():
+        if "grad." + name not in got:
+            check(False, f"{tag}: snug has no gradient for {name}")
+            continue
+        floor, err = rel_max(ref16[name], g), rel_max(got["grad." + name], g)
+        worst, worst_floor, n = max(worst, err), max(worst_floor, floor), n + 1
+        check(err <= max(4 * floor, 1e-3), f"{tag}: grad {name} relerr {err:.2e}, the 16-bit run's {floor:.2e}")
+    return worst, worst_floor, n
+
+
 def relerr(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest absolute difference relative to the largest magnitude of the reference b."""
     a, b = a.double(), b.double()

@@ -28,7 +28,8 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import SNUG, aligned_labels, check, finish, snug_parity  # noqa: E402
+from common import ALL7, QUANT_LLAMA as LLAMA, SNUG, adamw_curve, aligned_labels, check, finish  # noqa: E402
+from common import curve_near, grads_near, rel_max as rel, snug_parity  # noqa: E402
 
 try:
     import bitsandbytes  # noqa: F401
@@ -38,14 +39,6 @@ except ImportError as err:
     sys.exit(1)
 
 torch.manual_seed(0)
-LLAMA = dict(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
-ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / (b.abs().max() + 1e-30)).item()
 
 
 def quantized(base_dir, quant_type, compute):
@@ -231,16 +224,7 @@ def main():
         e = abs(got["loss"].item() - outs["fp32"][0]) / abs(outs["fp32"][0])
         tol = max(4 * loss_floor, 1e-4)
         check(e <= tol, f"{qt}: loss relerr {e:.2e}, PEFT bf16's {loss_floor:.2e} (tolerance {tol:.1e})")
-        worst, worst_floor, n = 0.0, 0.0, 0
-        for name, g in outs["fp32"][1].items():
-            key = "grad." + name
-            if key not in got:
-                check(False, f"{qt}: snug has no gradient for {name}")
-                continue
-            floor = rel(outs["bf16"][1][name], g)
-            err = rel(got[key], g)
-            worst, worst_floor, n = max(worst, err), max(worst_floor, floor), n + 1
-            check(err <= max(4 * floor, 1e-3), f"{qt}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
+        worst, worst_floor, n = grads_near(qt, got, outs["fp32"][1], outs["bf16"][1])
         print(f"  {qt}: loss relerr {e:.1e} (PEFT bf16 {loss_floor:.1e}); {n} adapter gradients, worst relerr "
               f"{worst:.1e} (PEFT bf16 worst {worst_floor:.1e})")
         if qt == "nf4":
@@ -250,26 +234,11 @@ def main():
         steps, lr = 5, 5e-3
         curves = {}
         for tag, compute, fp32_rest in (("fp32", torch.float32, True), ("bf16", torch.bfloat16, False)):
-            m = with_adapter(quantized(base_dir, qt, compute), ad_dir, fp32_rest)
-            opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-            hist = []
-            for _ in range(steps + 1):
-                opt.zero_grad()
-                loss = m(input_ids=ids, labels=hf_labels).loss
-                hist.append(loss.item())
-                loss.backward()
-                opt.step()
-            curves[tag] = hist
+            curves[tag] = adamw_curve(with_adapter(quantized(base_dir, qt, compute), ad_dir, fp32_rest), ids,
+                                      hf_labels, steps, lr)
         got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", qt, "--steps", str(steps), "--lr",
                           str(lr))
-        mine, ref32, ref16 = got["loss_history"].tolist(), curves["fp32"], curves["bf16"]
-        gap = lambda xs: max(abs(a - b) / abs(b) for a, b in zip(xs, ref32))
-        floor, dev = gap(ref16), gap(mine)
-        check(mine[-1] < mine[0] - 0.05 and dev <= max(4 * floor, 1e-3),
-              f"{qt}: {steps} steps: snug {['%.4f' % x for x in mine]} fp32 reference {['%.4f' % x for x in ref32]} "
-              f"PEFT bf16 {['%.4f' % x for x in ref16]}")
-        print(f"  {qt}: {steps} AdamW steps, loss {mine[0]:.4f} -> {mine[-1]:.4f} (fp32 reference {ref32[0]:.4f} -> "
-              f"{ref32[-1]:.4f}); largest gap to it {dev:.1e}, PEFT bf16's {floor:.1e}")
+        curve_near(f"{qt}: {steps} AdamW steps", got["loss_history"].tolist(), curves["fp32"], curves["bf16"])
 
     qdora(work, base, base_dir, ids, hf_labels, labels)
 

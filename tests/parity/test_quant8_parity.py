@@ -38,8 +38,9 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import aligned_labels, check, finish, snug_parity  # noqa: E402
-from test_quant4_parity import build_driver  # noqa: E402
+from common import ALL7, QUANT_LLAMA as LLAMA, adamw_curve, aligned_labels, check, finish  # noqa: E402
+from common import curve_near, grads_near, snug_parity  # noqa: E402
+from test_quant4_parity import build_driver, same  # noqa: E402
 
 try:
     import bitsandbytes as bnb
@@ -47,25 +48,6 @@ try:
 except ImportError as err:
     print(f"test_quant8_parity: cannot import peft/bitsandbytes ({err}); run scripts/venv.sh", file=sys.stderr)
     sys.exit(1)
-
-LLAMA = dict(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
-ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / (b.abs().max() + 1e-30)).item()
-
-
-def bits(t):
-    t = t.contiguous()
-    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16) if t.element_size() == 2 else t
-
-
-def same(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-
 
 def bnb_int8(w):
     """bitsandbytes' Int8Params moved to the CPU, as transformers' loader does: (CB, SCB)."""
@@ -164,15 +146,7 @@ def loss_gap(outs):
 def compare(tag, got, outs, loss_floor):
     e = abs(got["loss"].item() - outs["fp32"][0]) / abs(outs["fp32"][0])
     check(e <= 4 * loss_floor, f"{tag}: loss relerr {e:.2e}, PEFT bf16's largest {loss_floor:.2e}")
-    worst, worst_floor, n = 0.0, 0.0, 0
-    for name, g in outs["fp32"][1].items():
-        key = "grad." + name
-        if key not in got:
-            check(False, f"{tag}: snug has no gradient for {name}")
-            continue
-        floor, err = rel(outs["bf16"][1][name], g), rel(got[key], g)
-        worst, worst_floor, n = max(worst, err), max(worst_floor, floor), n + 1
-        check(err <= max(4 * floor, 1e-3), f"{tag}: grad {name} relerr {err:.2e}, PEFT bf16's {floor:.2e}")
+    worst, worst_floor, n = grads_near(tag, got, outs["fp32"][1], outs["bf16"][1])
     check(n > 0, f"{tag}: no gradients compared")
     print(f"  {tag}: loss relerr {e:.1e} (PEFT bf16 up to {loss_floor:.1e}); {n} gradients, worst relerr "
           f"{worst:.1e} (PEFT bf16 worst {worst_floor:.1e})")
@@ -302,26 +276,10 @@ def main():
     steps, lr = 5, 5e-3
     curves = {}
     for tag, fp32_rest in (("fp32", True), ("bf16", False)):
-        m = with_adapter(quantized(base_dir), ad_dir, fp32_rest)
-        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-        hist = []
-        for _ in range(steps + 1):
-            opt.zero_grad()
-            loss = m(input_ids=ids, labels=hf_labels).loss
-            hist.append(loss.item())
-            loss.backward()
-            opt.step()
-        curves[tag] = hist
+        curves[tag] = adamw_curve(with_adapter(quantized(base_dir), ad_dir, fp32_rest), ids, hf_labels, steps, lr)
     got = snug_parity(base_dir, ids, labels, "--adapter", ad_dir, "--qlora", "int8", "--steps", str(steps), "--lr",
                       str(lr))
-    mine, ref32, ref16 = got["loss_history"].tolist(), curves["fp32"], curves["bf16"]
-    gap = lambda xs: max(abs(a - b) / abs(b) for a, b in zip(xs, ref32))  # noqa: E731
-    floor, dev = gap(ref16), gap(mine)
-    check(mine[-1] < mine[0] - 0.05 and dev <= max(4 * floor, 1e-3),
-          f"{steps} steps: snug {['%.4f' % x for x in mine]} fp32 reference {['%.4f' % x for x in ref32]} "
-          f"PEFT bf16 {['%.4f' % x for x in ref16]}")
-    print(f"  {steps} AdamW steps, loss {mine[0]:.4f} -> {mine[-1]:.4f} (fp32 reference {ref32[0]:.4f} -> "
-          f"{ref32[-1]:.4f}); largest gap to it {dev:.1e}, PEFT bf16's {floor:.1e}")
+    curve_near(f"{steps} AdamW steps", got["loss_history"].tolist(), curves["fp32"], curves["bf16"])
     finish("test_quant8_parity")
 
 
