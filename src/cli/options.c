@@ -311,14 +311,23 @@ static const key_spec keys[] = {
     {.name = "learning_rate", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(learning_rate), .def = "3e-4",
      .help = "peak learning rate, reached after warmup"},
     {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(lr_scheduler),
-     .def = "cosine", .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup=constant",
-     ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT}),
-     .later_values = "cosine_with_restarts polynomial inverse_sqrt reduce_lr_on_plateau warmup_stable_decay one_cycle "
-                     "rex",
-     .help = "after warmup: cosine or linear decay to 0, or constant"},
+     .def = "cosine",
+     .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup cosine_with_restarts polynomial "
+               "inverse_sqrt warmup_stable_decay",
+     ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT},
+           {"constant_with_warmup", SNUG_SCHED_CONSTANT_WARMUP}, {"cosine_with_restarts", SNUG_SCHED_COSINE_RESTARTS},
+           {"polynomial", SNUG_SCHED_POLYNOMIAL}, {"inverse_sqrt", SNUG_SCHED_INVERSE_SQRT},
+           {"warmup_stable_decay", SNUG_SCHED_WSD}),
+     .later_values = "cosine_warmup_with_min_lr reduce_lr_on_plateau one_cycle rex",
+     .help = "transformers' schedules, bit for bit: after warmup, cosine or linear decay to 0, constant (no warmup; "
+             "constant_with_warmup has one), cosine_with_restarts, polynomial, inverse_sqrt, warmup_stable_decay; "
+             "their settings in lr_scheduler_kwargs"},
     {.name = "lr_scheduler_kwargs", .type = KT_MAP, .group = G_BATCH, .map = KM_SCHED_KWARGS,
-     .help = "Hugging Face's, for cosine_with_min_lr: {min_lr_rate: r} (cosine_min_lr_ratio) or {min_lr: lr}; "
-             "num_cycles 0.5 (the half cosine) only"},
+     .help = "transformers' scheduler_specific_kwargs: cosine and cosine_with_min_lr {min_lr_rate: r} "
+             "(cosine_min_lr_ratio), {min_lr: lr}, num_cycles (0.5); cosine_with_restarts num_cycles (1); polynomial "
+             "power (1.0), lr_end (1e-7); inverse_sqrt timescale (the warmup steps); warmup_stable_decay "
+             "num_decay_steps (required), num_stable_steps (the rest), warmup_type and decay_type (linear, cosine, "
+             "1-sqrt), min_lr_ratio (0), num_cycles (0.5)"},
     {.name = "cosine_min_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(cosine_min_lr_ratio), .def = "0",
      .help = "Axolotl's: cosine decays to this fraction of learning_rate instead of 0 (0 to 1)"},
     {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
@@ -1069,6 +1078,7 @@ void snug_options_defaults(snug_run_config *o) {
     o->fsdp_config_stage = -2;
     o->fsdp_activation_checkpointing = -1;
     o->min_lr = -1;
+    snug_sched_params_default(&o->sched);
 }
 
 /* One list of dataset entries: datasets (training) or test_datasets (validation). */
@@ -1309,21 +1319,47 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
             break;
         }
         case KM_SCHED_KWARGS: {
+            static const char *const kw[] = {"min_lr_rate", "min_lr", "num_cycles", "power", "lr_end", "timescale",
+                                             "num_decay_steps", "num_stable_steps", "warmup_type", "decay_type",
+                                             "min_lr_ratio"};
+            int k = 0;
+            while (k < (int)(sizeof kw / sizeof kw[0]) && strcmp(name, kw[k]))
+                k++;
+            if (k == (int)(sizeof kw / sizeof kw[0]))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not a setting of transformers' schedules that snug "
+                                 "reads (min_lr_rate, min_lr, num_cycles, power, lr_end, timescale, num_decay_steps, "
+                                 "num_stable_steps, warmup_type, decay_type, min_lr_ratio)", loc, written, name);
+            o->sched_given |= 1u << k;
+            if (o->sched_given & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE) & (1u << k)) {
+                snug_wsd_shape *sh = k == 8 ? &o->sched.wsd_warmup : &o->sched.wsd_decay_type;
+                if (!strcmp(text, "linear") || !strcmp(text, "cosine") || !strcmp(text, "1-sqrt"))
+                    *sh = !strcmp(text, "linear") ? SNUG_WSD_LINEAR : !strcmp(text, "cosine") ? SNUG_WSD_COSINE
+                                                                                             : SNUG_WSD_1SQRT;
+                else
+                    return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be linear, cosine or 1-sqrt, got '%.40s'", loc,
+                                     written, name, text);
+                break;
+            }
             double d;
-            int known = !strcmp(name, "min_lr_rate") || !strcmp(name, "min_lr") || !strcmp(name, "num_cycles");
-            if (!known)
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads min_lr_rate, min_lr and "
-                                 "num_cycles (cosine_with_min_lr's)", loc, written, name);
-            if (!*text || parse_double(text, &d) || d < 0)
+            if (!*text || parse_double(text, &d) || !(d >= 0) || d > 1e9)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be a number of 0 or more, got '%.40s'", loc, written,
                                  name, text);
-            if (!strcmp(name, "num_cycles") && d != 0.5)
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.num_cycles is %g; snug's cosine is the half cosine (0.5)",
-                                 loc, written, d);
-            if (!strcmp(name, "min_lr_rate"))
-                o->cosine_min_lr_ratio = d;
-            else if (!strcmp(name, "min_lr"))
-                o->min_lr = d;
+            int steps = k == 5 || k == 6 || k == 7; /* timescale and the WSD step counts: whole steps */
+            if (steps && d != floor(d))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it counts steps: a whole number", loc, written,
+                                 name, d);
+            if ((k == 2 || k == 3) && !(d > 0))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be above 0, got %g", loc, written, name, d);
+            if (k == 10 && d > 1)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.min_lr_ratio is %g; it is a fraction of learning_rate, 0 to "
+                                 "1", loc, written, d);
+            double *dv[] = {&o->cosine_min_lr_ratio, &o->min_lr, &o->sched.num_cycles, &o->sched.power,
+                            &o->sched.lr_end, NULL, NULL, NULL, NULL, NULL, &o->sched.wsd_min_ratio};
+            int *iv[] = {NULL, NULL, NULL, NULL, NULL, &o->sched.timescale, &o->sched.wsd_decay, &o->sched.wsd_stable};
+            if (dv[k])
+                *dv[k] = d;
+            else
+                *iv[k] = (int)d;
             break;
         }
         case KM_MESSAGE_FIELDS:
@@ -2036,6 +2072,33 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
                              "must be at most the peak", src, o->min_lr, o->learning_rate);
         o->cosine_min_lr_ratio = o->min_lr / o->learning_rate;
     }
+    /* each lr_scheduler_kwargs key is one its schedule takes (transformers raises a TypeError for the others) */
+    static const struct {
+        snug_sched s;
+        unsigned keys;
+        const char *names;
+    } takes[] = {
+        {SNUG_SCHED_COSINE, SNUG_SCHED_KW_MIN_LR_RATE | SNUG_SCHED_KW_MIN_LR | SNUG_SCHED_KW_NUM_CYCLES,
+         "min_lr_rate, min_lr, num_cycles"},
+        {SNUG_SCHED_COSINE_RESTARTS, SNUG_SCHED_KW_NUM_CYCLES, "num_cycles"},
+        {SNUG_SCHED_POLYNOMIAL, SNUG_SCHED_KW_POWER | SNUG_SCHED_KW_LR_END, "power, lr_end"},
+        {SNUG_SCHED_INVERSE_SQRT, SNUG_SCHED_KW_TIMESCALE, "timescale"},
+        {SNUG_SCHED_WSD, SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS | SNUG_SCHED_KW_WARMUP_TYPE |
+                         SNUG_SCHED_KW_DECAY_TYPE | SNUG_SCHED_KW_MIN_LR_RATIO | SNUG_SCHED_KW_NUM_CYCLES,
+         "num_decay_steps, num_stable_steps, warmup_type, decay_type, min_lr_ratio, num_cycles"},
+        {SNUG_SCHED_LINEAR, 0, "none"}, {SNUG_SCHED_CONSTANT, 0, "none"}, {SNUG_SCHED_CONSTANT_WARMUP, 0, "none"},
+    };
+    for (size_t i = 0; i < sizeof takes / sizeof takes[0]; i++)
+        if (takes[i].s == o->lr_scheduler && (o->sched_given & ~takes[i].keys))
+            return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs has a setting lr_scheduler %s does not take; "
+                             "it takes %s", src, snug_sched_name(o->lr_scheduler), takes[i].names);
+    if (o->lr_scheduler == SNUG_SCHED_WSD && !(o->sched_given & SNUG_SCHED_KW_DECAY_STEPS))
+        return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler warmup_stable_decay needs its decay steps: "
+                         "lr_scheduler_kwargs: {num_decay_steps: 100}", src);
+    if (o->lr_scheduler == SNUG_SCHED_POLYNOMIAL && !(o->sched.lr_end < o->learning_rate))
+        return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs.lr_end is %g, not below learning_rate %g; the "
+                         "polynomial decays from learning_rate down to lr_end", src, o->sched.lr_end,
+                         o->learning_rate);
     if (o->sched_min_lr && o->cosine_min_lr_ratio == 0 && o->min_lr < 0)
         return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler cosine_with_min_lr needs its floor: lr_scheduler_kwargs: "
                          "{min_lr_rate: 0.1} (or min_lr, or cosine_min_lr_ratio)", src);

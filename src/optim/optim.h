@@ -105,10 +105,40 @@ const char *snug_optim_name(snug_optim_kind kind, int paged);
 /* The dynamic (tree) quantization map of bitsandbytes' create_dynamic_map(signed): 256 sorted codes (quant_map.c). */
 void snug_dynamic_map(float code[256], int is_signed);
 
-typedef enum snug_sched { SNUG_SCHED_CONSTANT, SNUG_SCHED_LINEAR, SNUG_SCHED_COSINE } snug_sched;
+/* transformers' scheduler types (get_scheduler) */
+typedef enum snug_sched {
+    SNUG_SCHED_CONSTANT,         /* constant: no warmup at all (get_constant_schedule) */
+    SNUG_SCHED_LINEAR,           /* linear: warmup, then to 0 at total */
+    SNUG_SCHED_COSINE,           /* cosine (and cosine_with_min_lr): warmup, then num_cycles waves down to min_ratio */
+    SNUG_SCHED_CONSTANT_WARMUP,  /* constant_with_warmup */
+    SNUG_SCHED_COSINE_RESTARTS,  /* cosine_with_restarts: num_cycles hard restarts of the half cosine */
+    SNUG_SCHED_POLYNOMIAL,       /* polynomial: (lr - lr_end) x remaining^power + lr_end */
+    SNUG_SCHED_INVERSE_SQRT,     /* inverse_sqrt: 1 / sqrt((step + timescale - warmup) / timescale) */
+    SNUG_SCHED_WSD,              /* warmup_stable_decay */
+} snug_sched;
 
-/* The learning rate of optimizer step `step` (0-based), as transformers' schedulers give it: linear warmup from 0
- * over `warmup` steps, then constant, linear decay to 0, or half-cosine decay to min_ratio x base_lr at `total`. */
-double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio);
+typedef enum snug_wsd_shape { SNUG_WSD_LINEAR, SNUG_WSD_COSINE, SNUG_WSD_1SQRT } snug_wsd_shape;
+
+/* The schedules' own settings (transformers' scheduler_specific_kwargs, lr_scheduler_kwargs), defaults from
+ * snug_sched_params_default. */
+typedef struct snug_sched_params {
+    double num_cycles;       /* cosine, WSD's cosine decay: waves (0.5: the half cosine); cosine_with_restarts: restarts;
+                              * < 0: the schedule's default (0.5, or 1 for cosine_with_restarts) */
+    double power, lr_end;    /* polynomial: 1.0 and 1e-7 */
+    int timescale;           /* inverse_sqrt: 0 = the warmup steps, or 10000 without warmup */
+    int wsd_decay;           /* warmup_stable_decay: its decay steps (num_decay_steps, required) */
+    int wsd_stable;          /* its stable steps; < 0: total - warmup - decay */
+    snug_wsd_shape wsd_warmup, wsd_decay_type; /* warmup_type (linear), decay_type (cosine) */
+    double wsd_min_ratio;    /* min_lr_ratio: where warmup starts and decay ends, as a fraction of the peak (0) */
+} snug_sched_params;
+
+void snug_sched_params_default(snug_sched_params *p);
+
+/* The learning rate of optimizer step `step` (0-based) of `total`, bit for bit as transformers' LambdaLR gives it:
+ * base_lr times the schedule's factor, computed in the same order in double precision. warmup: linear warmup steps
+ * (WSD: warmup_type's); min_ratio: cosine's floor as a fraction of base_lr (Axolotl's cosine_min_lr_ratio); p NULL:
+ * the defaults. */
+double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio,
+                  const snug_sched_params *p);
 
 #endif

@@ -1,21 +1,77 @@
-/* schedule.c: learning-rate schedules with warmup, matching transformers' get_*_schedule_with_warmup. */
+/* schedule.c: learning-rate schedules with warmup, the factors of transformers' schedulers (optimization.py,
+ * get_scheduler) computed in the same double-precision order, then times the base learning rate as LambdaLR does. */
 #include <math.h>
 #include <string.h>
 
 #include "optim/optim.h"
 
-double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio) {
-    if (step < warmup)
-        return base_lr * (double)step / (double)(warmup > 0 ? warmup : 1);
-    if (kind == SNUG_SCHED_CONSTANT)
-        return base_lr;
-    int span = total - warmup;
-    double progress = span > 0 ? (double)(step - warmup) / span : 1.0;
-    if (progress > 1.0)
-        progress = 1.0;
-    if (kind == SNUG_SCHED_LINEAR)
-        return base_lr * (1.0 - progress);
-    /* min_ratio: Axolotl's cosine_min_lr_ratio, (1 - r) * cosine + r (r = 0: transformers' cosine) */
-    return base_lr * ((1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * progress)) + min_ratio);
+void snug_sched_params_default(snug_sched_params *p) {
+    memset(p, 0, sizeof *p);
+    p->num_cycles = -1.0; /* each schedule's own default: 0.5 (cosine, WSD), 1 (cosine_with_restarts) */
+    p->power = 1.0;
+    p->lr_end = 1e-7;
+    p->wsd_decay = -1;
+    p->wsd_stable = -1;
+    p->wsd_warmup = SNUG_WSD_LINEAR;
+    p->wsd_decay_type = SNUG_WSD_COSINE;
 }
 
+static double imax1(int x) { return (double)(x > 1 ? x : 1); }
+
+/* WSD's warmup or decay shape at progress x in [0, 1): rising (warmup) or falling (decay), as _get_wsd_scheduler_lambda */
+static double wsd_shape(snug_wsd_shape s, double x, int rising, double num_cycles) {
+    if (rising)
+        return s == SNUG_WSD_COSINE ? 0.5 * (1.0 - cos(M_PI * x)) : s == SNUG_WSD_1SQRT ? 1.0 - sqrt(1.0 - x) : x;
+    return s == SNUG_WSD_COSINE ? 0.5 * (1.0 + cos(M_PI * num_cycles * 2.0 * x))
+           : s == SNUG_WSD_1SQRT ? 1.0 - sqrt(x) : 1.0 - x;
+}
+
+double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio,
+                  const snug_sched_params *p) {
+    snug_sched_params d;
+    if (!p) {
+        snug_sched_params_default(&d);
+        p = &d;
+    }
+    double nc = p->num_cycles >= 0 ? p->num_cycles : kind == SNUG_SCHED_COSINE_RESTARTS ? 1.0 : 0.5;
+    if (kind == SNUG_SCHED_CONSTANT) /* get_constant_schedule: no warmup */
+        return base_lr;
+    if (kind == SNUG_SCHED_WSD) {
+        int stable = p->wsd_stable >= 0 ? p->wsd_stable : total - warmup - p->wsd_decay;
+        double f, mr = p->wsd_min_ratio;
+        if (step < warmup)
+            f = wsd_shape(p->wsd_warmup, (double)step / imax1(warmup), 1, nc) * (1.0 - mr) + mr;
+        else if (step < warmup + stable)
+            return base_lr * 1.0;
+        else if (step < warmup + stable + p->wsd_decay)
+            f = wsd_shape(p->wsd_decay_type, (double)(step - warmup - stable) / imax1(p->wsd_decay), 0, nc) *
+                    (1.0 - mr) + mr;
+        else
+            return base_lr * mr;
+        return base_lr * (f > 0.0 ? f : 0.0);
+    }
+    if (step < warmup)
+        return base_lr * ((double)step / imax1(warmup));
+    double f = 1.0, progress = (double)(step - warmup) / imax1(total - warmup);
+    switch (kind) {
+    case SNUG_SCHED_LINEAR: f = (double)(total - step) / imax1(total - warmup); break;
+    case SNUG_SCHED_COSINE: /* min_ratio: Axolotl's cosine_min_lr_ratio, Hugging Face's min_lr_rate (0: to 0) */
+        f = 0.5 * (1.0 + cos(M_PI * nc * 2.0 * progress)) * (1.0 - min_ratio) + min_ratio;
+        break;
+    case SNUG_SCHED_COSINE_RESTARTS: f = progress >= 1.0 ? 0.0 : 0.5 * (1.0 + cos(M_PI * fmod(nc * progress, 1.0))); break;
+    case SNUG_SCHED_POLYNOMIAL:
+        if (step > total)
+            f = p->lr_end / base_lr;
+        else
+            f = ((base_lr - p->lr_end) * pow(1.0 - (double)(step - warmup) / imax1(total - warmup), p->power) +
+                 p->lr_end) / base_lr;
+        break;
+    case SNUG_SCHED_INVERSE_SQRT: {
+        int ts = p->timescale > 0 ? p->timescale : warmup > 0 ? warmup : 10000;
+        f = 1.0 / sqrt((double)(step + (ts - warmup)) / (double)ts);
+        break;
+    }
+    default: break; /* constant_with_warmup */
+    }
+    return base_lr * (f > 0.0 ? f : 0.0);
+}

@@ -149,9 +149,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->max_steps >= 1 || o->num_epochs >= 1,
             "%s: num_epochs is %d; it must be at least 1 (or set max_steps)", src, o->num_epochs);
     REQUIRE(o->learning_rate > 0, "%s: learning_rate is %g; it must be above 0 (e.g. 3e-4)", src, o->learning_rate);
-    REQUIRE(o->lr_scheduler == SNUG_SCHED_COSINE || o->lr_scheduler == SNUG_SCHED_LINEAR ||
-                o->lr_scheduler == SNUG_SCHED_CONSTANT,
-            "%s: lr_scheduler %d is unknown; use cosine, linear or constant", src, (int)o->lr_scheduler);
+    REQUIRE(o->lr_scheduler >= SNUG_SCHED_CONSTANT && o->lr_scheduler <= SNUG_SCHED_WSD,
+            "%s: lr_scheduler %d is unknown; use cosine, linear, constant or another of transformers' (snug train "
+            "--help lists them)", src, (int)o->lr_scheduler);
     REQUIRE(o->warmup_steps >= 0, "%s: warmup_steps is %d; it must be 0 or more", src, o->warmup_steps);
     REQUIRE(o->warmup_ratio >= 0 && o->warmup_ratio < 1, "%s: warmup_ratio is %g; it must be in [0, 1)", src,
             o->warmup_ratio);
@@ -311,7 +311,9 @@ snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged)
 }
 
 const char *snug_sched_name(snug_sched s) {
-    return s == SNUG_SCHED_COSINE ? "cosine" : s == SNUG_SCHED_LINEAR ? "linear" : "constant";
+    static const char *const names[] = {"constant", "linear", "cosine", "constant_with_warmup", "cosine_with_restarts",
+                                        "polynomial", "inverse_sqrt", "warmup_stable_decay"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
 }
 
 const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
@@ -335,5 +337,7 @@ int snug_load_best(const snug_run_config *c) {
 }
 
 int snug_warmup_steps(const snug_run_config *c, int total) {
+    if (c->lr_scheduler == SNUG_SCHED_CONSTANT) /* transformers' constant schedule has no warmup */
+        return 0;
     return c->warmup_steps ? c->warmup_steps : (int)ceil(c->warmup_ratio * total);
 }

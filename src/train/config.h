@@ -66,6 +66,14 @@ typedef struct snug_dataset_spec {
     char roles_system[256], roles_user[256], roles_assistant[256];
 } snug_dataset_spec;
 
+/* lr_scheduler_kwargs, each a bit of snug_run_config.sched_given */
+enum {
+    SNUG_SCHED_KW_MIN_LR_RATE = 1 << 0, SNUG_SCHED_KW_MIN_LR = 1 << 1, SNUG_SCHED_KW_NUM_CYCLES = 1 << 2,
+    SNUG_SCHED_KW_POWER = 1 << 3, SNUG_SCHED_KW_LR_END = 1 << 4, SNUG_SCHED_KW_TIMESCALE = 1 << 5,
+    SNUG_SCHED_KW_DECAY_STEPS = 1 << 6, SNUG_SCHED_KW_STABLE_STEPS = 1 << 7, SNUG_SCHED_KW_WARMUP_TYPE = 1 << 8,
+    SNUG_SCHED_KW_DECAY_TYPE = 1 << 9, SNUG_SCHED_KW_MIN_LR_RATIO = 1 << 10,
+};
+
 typedef struct snug_run_config {
     char config_path[1024];   /* the YAML file read, "" for none (errors name it) */
 
@@ -132,6 +140,9 @@ typedef struct snug_run_config {
     double min_lr;            /* lr_scheduler_kwargs.min_lr (Hugging Face's cosine_with_min_lr): the floor as a learning
                                * rate, cosine_min_lr_ratio = min_lr / learning_rate; -1 = unset */
     int sched_min_lr;         /* 1: lr_scheduler is written cosine_with_min_lr, which needs a floor */
+    snug_sched_params sched;  /* lr_scheduler_kwargs of the other schedules (num_cycles, power, lr_end, ...) */
+    unsigned sched_given;     /* which lr_scheduler_kwargs were written (SNUG_SCHED_KW_*), each checked against
+                               * the schedules that take it */
     double warmup_ratio;      /* used when warmup_steps is 0 */
     double weight_decay;
     double neftune_noise_alpha; /* NEFTune's noise on the training embeddings; 0 = off */

@@ -1294,7 +1294,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         int k0 = dp->rank * GAr < nmb ? dp->rank * GAr : nmb, k1 = k0 + GAr < nmb ? k0 + GAr : nmb;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
-        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total, o->cosine_min_lr_ratio);
+        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total, o->cosine_min_lr_ratio, &o->sched);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
             r.eng.opt.step++;
             in_bwd.lr = lr;

@@ -297,7 +297,7 @@ save_steps: 1
 save_total_limit: 1
 early_stopping_patience: 2
 learning_rate: 1.0
-lr_scheduler: constant
+lr_scheduler: constant_with_warmup
 warmup_steps: 1
 max_grad_norm: 0
 sample_tokens: 0

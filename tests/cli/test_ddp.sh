@@ -73,7 +73,7 @@ PY
 # early stopping with load_best_model_at_end: a learning rate of 1 wrecks the model after the warmup step, the
 # ranks stop together where one process does, and save the same best checkpoint's weights
 es=(--val_set_size 7 --eval_steps 1 --save_steps 1 --early_stopping_patience 2 --learning_rate 1.0
-    --lr_scheduler constant --warmup_steps 1 --max_grad_norm 0 --max_steps 8)
+    --lr_scheduler constant_with_warmup --warmup_steps 1 --max_grad_norm 0 --max_steps 8)
 run one2_es 0 --gradient_accumulation_steps 2 "${es[@]}" || bad "one2_es did not train: $(tail -2 "$W/one2_es.log")"
 run ddp2_es 2 --ddp_deterministic true "${es[@]}" || bad "ddp2_es did not train: $(tail -2 "$W/ddp2_es.log")"
 same ddp2_es one2_es 0

@@ -25,12 +25,13 @@ base="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 4
 
 # 90 training examples in 23 micro-batches per epoch, 3 per step: 8 steps per epoch, the 8th with 2 micro-batches
 "$SNUG" train $base --val_set_size 4 --gradient_accumulation_steps 3 --num_epochs 2 --eval_steps 0 \
-  --warmup_ratio 0.1 --output_dir "$W/epochs" > "$W/epochs.log" 2>&1 || { bad "epochs run failed"; tail -3 "$W/epochs.log"; }
+  --lr_scheduler constant_with_warmup --warmup_ratio 0.1 --output_dir "$W/epochs" > "$W/epochs.log" 2>&1 || { bad "epochs run failed"; tail -3 "$W/epochs.log"; }
 if python3 - "$W/epochs.log" "$W/epochs/metrics.jsonl" <<'PY'
 import json, math, re, sys
 log = open(sys.argv[1]).read()
 rows = [json.loads(l) for l in open(sys.argv[2])]
-m = re.search(r"schedule +(\d+) steps \((\d+) micro-batches per epoch\), lr (\S+) constant, warmup (\d+)", log)
+m = re.search(r"schedule +(\d+) steps \((\d+) micro-batches per epoch\), lr (\S+) constant_with_warmup, warmup (\d+)",
+              log)
 steps, per_epoch, lr, warmup = int(m[1]), int(m[2]), float(m[3]), int(m[4])
 per_step_epoch = math.ceil(per_epoch / 3)
 want_steps = 2 * per_step_epoch

@@ -203,7 +203,7 @@ static void test_hf_aliases(void) {
                   &o, &e);
     CHECKF(rc == 0, "%s", e.msg);
     CHECK(!strcmp(o.base_model, "m") && o.micro_batch_size == 16 && o.num_epochs == 2);
-    CHECK(o.lr_scheduler == SNUG_SCHED_CONSTANT && o.optimizer == SNUG_OPTIMIZER_ADAMW);
+    CHECK(o.lr_scheduler == SNUG_SCHED_CONSTANT_WARMUP && o.optimizer == SNUG_OPTIMIZER_ADAMW);
     CHECK(o.warmup_ratio == 0.1 && o.sequence_len == 512 && o.ndatasets == 1);
     CHECKF(snug_run_config_validate(&o, &e) == 0, "%s", e.msg);
     /* The same key under two spellings is a duplicate. */
@@ -332,7 +332,7 @@ static void test_wrong_types(void) {
     EXPECT_YAML_ERROR("learning_rate: [1, 2]\n", "learning_rate must be a number, got a list");
     EXPECT_YAML_ERROR("base_model: {a: 1}\n", "base_model must be a string, got a mapping");
     EXPECT_YAML_ERROR("lr_scheduler: cosin\n", "lr_scheduler must be one of cosine, linear, constant", "'cosin'");
-    EXPECT_YAML_ERROR("lr_scheduler: polynomial\n", "lr_scheduler 'polynomial' is not supported yet");
+    EXPECT_YAML_ERROR("lr_scheduler: one_cycle\n", "lr_scheduler 'one_cycle' is not supported yet");
     EXPECT_YAML_ERROR("bf16: maybe\n", "bf16 must be true or false");
     EXPECT_YAML_ERROR("fp16: auto\n", "fp16 must be true or false"); /* only bf16 has an auto */
     {
@@ -852,7 +852,8 @@ static void test_help(void) {
     fclose(f);
     static const char *const want[] = {
         "model:", "data:", "batch & schedule:", "optimizer:", "output & logging:", "generation:", "memory:",
-        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|cosine_with_min_lr|linear|constant|constant_with_warmup = cosine",
+        "micro_batch_size: int = 4", "per_device_train_batch_size", "lr_scheduler: cosine|cosine_with_min_lr|linear|constant|constant_with_warmup|cosine_with_restarts|polynomial|"
+        "inverse_sqrt|warmup_stable_decay = cosine",
         "optimizer: adamw|",
         "lr_scheduler_type", "learning_rate: float = 3e-4", "memory_budget: size", "output_dir: string = \"out\"",
         "num_train_epochs", "optim", "path: string (required)", "field: string = \"text\"", "--dataset",
@@ -996,8 +997,14 @@ static void test_axolotl_keys(void) {
          "datasets[0] is type chat_template and names no chat_template"},
         {"test_datasets:\n  - path: a.jsonl\n    type: chat_template\n", "test_datasets[0] is type chat_template"},
         {"lr_scheduler_type: cosine_with_min_lr\n", "cosine_with_min_lr needs its floor"},
-        {"lr_scheduler_kwargs: {num_cycles: 1}\n", "num_cycles is 1; snug's cosine is the half cosine"},
-        {"lr_scheduler_kwargs: {power: 2}\n", "lr_scheduler_kwargs.power is not supported"},
+        {"lr_scheduler_kwargs: {num_cycles: 0}\n", "lr_scheduler_kwargs.num_cycles must be above 0"},
+        {"lr_scheduler_kwargs: {power: 2}\n", "lr_scheduler cosine does not take; it takes min_lr_rate"},
+        {"lr_scheduler_kwargs: {gamma: 2}\n", "lr_scheduler_kwargs.gamma is not a setting"},
+        {"lr_scheduler: warmup_stable_decay\nlr_scheduler_kwargs: {num_decay_steps: 2.5}\n", "a whole number"},
+        {"lr_scheduler: warmup_stable_decay\nlr_scheduler_kwargs: {num_decay_steps: 5, decay_type: exp}\n",
+         "decay_type must be linear, cosine or 1-sqrt, got 'exp'"},
+        {"lr_scheduler: warmup_stable_decay\n", "needs its decay steps"},
+        {"lr_scheduler: linear\nlr_scheduler_kwargs: {num_cycles: 2}\n", "lr_scheduler linear does not take"},
         {"learning_rate: 1e-4\nlr_scheduler_kwargs: {min_lr: 1e-3}\n", "min_lr is 0.001, above learning_rate"},
         {"metric_for_best_model: accuracy\n", "metric_for_best_model 'accuracy' is not supported yet; use eval_loss"},
         {"greater_is_better: true\n", "greater_is_better is not supported yet"},
