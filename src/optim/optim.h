@@ -122,8 +122,8 @@ typedef enum snug_wsd_shape { SNUG_WSD_LINEAR, SNUG_WSD_COSINE, SNUG_WSD_1SQRT }
 /* The schedules' own settings (transformers' scheduler_specific_kwargs, lr_scheduler_kwargs), defaults from
  * snug_sched_params_default. */
 typedef struct snug_sched_params {
-    double num_cycles;       /* cosine, WSD's cosine decay: waves (0.5: the half cosine); cosine_with_restarts: restarts;
-                              * < 0: the schedule's default (0.5, or 1 for cosine_with_restarts) */
+    double num_cycles;       /* cosine, WSD's cosine decay: waves (0.5: the half cosine); cosine_with_restarts:
+                              * restarts; < 0: the schedule's default (0.5, or 1 for cosine_with_restarts) */
     double power, lr_end;    /* polynomial: 1.0 and 1e-7 */
     int timescale;           /* inverse_sqrt: 0 = the warmup steps, or 10000 without warmup */
     int wsd_decay;           /* warmup_stable_decay: its decay steps (num_decay_steps, required) */

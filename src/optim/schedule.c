@@ -18,7 +18,8 @@ void snug_sched_params_default(snug_sched_params *p) {
 
 static double imax1(int x) { return (double)(x > 1 ? x : 1); }
 
-/* WSD's warmup or decay shape at progress x in [0, 1): rising (warmup) or falling (decay), as _get_wsd_scheduler_lambda */
+/* WSD's warmup or decay shape at progress x in [0, 1): rising (warmup) or falling (decay), as transformers'
+ * _get_wsd_scheduler_lambda */
 static double wsd_shape(snug_wsd_shape s, double x, int rising, double num_cycles) {
     if (rising)
         return s == SNUG_WSD_COSINE ? 0.5 * (1.0 - cos(M_PI * x)) : s == SNUG_WSD_1SQRT ? 1.0 - sqrt(1.0 - x) : x;
@@ -58,7 +59,9 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
     case SNUG_SCHED_COSINE: /* min_ratio: Axolotl's cosine_min_lr_ratio, Hugging Face's min_lr_rate (0: to 0) */
         f = 0.5 * (1.0 + cos(M_PI * nc * 2.0 * progress)) * (1.0 - min_ratio) + min_ratio;
         break;
-    case SNUG_SCHED_COSINE_RESTARTS: f = progress >= 1.0 ? 0.0 : 0.5 * (1.0 + cos(M_PI * fmod(nc * progress, 1.0))); break;
+    case SNUG_SCHED_COSINE_RESTARTS:
+        f = progress >= 1.0 ? 0.0 : 0.5 * (1.0 + cos(M_PI * fmod(nc * progress, 1.0)));
+        break;
     case SNUG_SCHED_POLYNOMIAL:
         if (step > total)
             f = p->lr_end / base_lr;

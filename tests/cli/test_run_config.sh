@@ -25,7 +25,8 @@ base="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 4
 
 # 90 training examples in 23 micro-batches per epoch, 3 per step: 8 steps per epoch, the 8th with 2 micro-batches
 "$SNUG" train $base --val_set_size 4 --gradient_accumulation_steps 3 --num_epochs 2 --eval_steps 0 \
-  --lr_scheduler constant_with_warmup --warmup_ratio 0.1 --output_dir "$W/epochs" > "$W/epochs.log" 2>&1 || { bad "epochs run failed"; tail -3 "$W/epochs.log"; }
+  --lr_scheduler constant_with_warmup --warmup_ratio 0.1 --output_dir "$W/epochs" > "$W/epochs.log" 2>&1 ||
+  { bad "epochs run failed"; tail -3 "$W/epochs.log"; }
 if python3 - "$W/epochs.log" "$W/epochs/metrics.jsonl" <<'PY'
 import json, math, re, sys
 log = open(sys.argv[1]).read()
