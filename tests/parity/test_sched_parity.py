@@ -97,8 +97,8 @@ def train_lrs(work, name, yaml_text):
                 f.write(json.dumps({"text": f"example {i} " + "words and more words " * (i % 5 + 1)}) + "\n")
     cfg = os.path.join(d, "run.yaml")
     with open(cfg, "w") as f:
-        f.write(f"datasets:\n  - path: {data}\n    type: completion\ntokenizer: {os.path.join(ROOT, 'assets/tokenizer')}\n"
-                f"sequence_len: 32\nmicro_batch_size: 2\nmax_steps: 12\nlogging_steps: 1\nval_set_size: 0\n"
+        f.write(f"datasets:\n  - path: {data}\n    type: completion\n"
+                f"tokenizer: {os.path.join(ROOT, 'assets/tokenizer')}\nsequence_len: 32\nmicro_batch_size: 2\nmax_steps: 12\nlogging_steps: 1\nval_set_size: 0\n"
                 f"sample_tokens: 0\noutput_dir: {os.path.join(d, 'out')}\ndataset_prepared_path: "
                 f"{os.path.join(work, 'prep')}\n" + yaml_text)
     r = subprocess.run([SNUG, "train", cfg], capture_output=True, text=True)
