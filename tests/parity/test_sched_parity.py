@@ -98,9 +98,10 @@ def train_lrs(work, name, yaml_text):
     cfg = os.path.join(d, "run.yaml")
     with open(cfg, "w") as f:
         f.write(f"datasets:\n  - path: {data}\n    type: completion\n"
-                f"tokenizer: {os.path.join(ROOT, 'assets/tokenizer')}\nsequence_len: 32\nmicro_batch_size: 2\nmax_steps: 12\nlogging_steps: 1\nval_set_size: 0\n"
-                f"sample_tokens: 0\noutput_dir: {os.path.join(d, 'out')}\ndataset_prepared_path: "
-                f"{os.path.join(work, 'prep')}\n" + yaml_text)
+                f"tokenizer: {os.path.join(ROOT, 'assets/tokenizer')}\n"
+                "sequence_len: 32\nmicro_batch_size: 2\nmax_steps: 12\nlogging_steps: 1\nval_set_size: 0\n"
+                f"sample_tokens: 0\noutput_dir: {os.path.join(d, 'out')}\n"
+                f"dataset_prepared_path: {os.path.join(work, 'prep')}\n" + yaml_text)
     r = subprocess.run([SNUG, "train", cfg], capture_output=True, text=True)
     if r.returncode:
         return r.returncode, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
