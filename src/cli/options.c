@@ -432,6 +432,9 @@ static const key_spec keys[] = {
     {.name = "metric_for_best_model", .type = KT_ENUM, .group = G_OUTPUT, AT_ENUM(metric_for_best_model),
      .def = "eval_loss", .values = "eval_loss loss=eval_loss", ENUMS({"eval_loss", 0}), .later_values = "*",
      .help = "what early stopping and load_best_model_at_end compare: the validation loss (lower is better)"},
+    {.name = "save_only_model", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(save_only_model), .def = "false",
+     .help = "checkpoints hold the model files alone (model.safetensors, or the adapter), no optimizer state: a "
+             "third or less of the bytes, and a run cannot resume from them (as transformers')"},
     {.name = "save_total_limit", .type = KT_INT, .group = G_OUTPUT, AT_INT(save_total_limit), .def = "0", MIN(0),
      .help = "keep only the K newest complete checkpoints; 0 = keep them all"},
     {.name = "async_checkpoint", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(async_checkpoint), .def = "true",
@@ -663,7 +666,6 @@ static const key_spec keys[] = {
      .later = "loading the weights in another dtype; use bf16 or fp16"},
     LATER_BOOL("push_to_hub", "pushing to the Hugging Face Hub; snug writes output_dir"),
     LATER("hub_model_id", KT_STRING, "pushing to the Hugging Face Hub; snug writes output_dir"),
-    LATER_BOOL("save_only_model", "checkpoints without the optimizer state (not resumable)"),
     LATER("unfrozen_parameters", KT_LIST, "training only some tensors of a full fine-tune"),
     LATER_BOOL("embeddings_skip_upcast", "keeping LoRA's embeddings in 16 bits"),
     LATER("chat_template_jinja", KT_STRING, "a chat template in Jinja; set chat_template: chatml or llama3"),

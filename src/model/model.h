@@ -107,6 +107,8 @@ typedef struct snug_lora_cfg {
 typedef struct snug_levers {
     snug_ckpt ckpt;
     int ckpt_every;       /* with SNUG_CKPT_FULL: layers l with l % ckpt_every == 0 are checkpointed (1 = all) */
+    int ckpt_model_only;  /* save_only_model: checkpoints hold the model files alone, no optimizer state (not
+                           * resumable); the snapshot holds no optimizer state either */
     int ckpt_offload;     /* with SNUG_CKPT_FULL: the residual stream (every layer's input) lives in host memory
                            * (SNUG_MEM_OFFLOAD), copied out after each layer's forward and back before its backward */
     int naive_attention;  /* flash_attention: false: the reference path that stores (B, NH, T, T) probabilities */

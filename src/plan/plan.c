@@ -134,8 +134,8 @@ int snug_plan_shard_grads(snug_model *m, snug_arenas *A, const snug_plan_spec *s
 }
 
 int snug_plan_kept(const snug_levers *lv, snug_category c) {
-    return (c == SNUG_MEM_PARAMS && !lv->lora.kind) || c == SNUG_MEM_MASTER || c == SNUG_MEM_OPTIM ||
-           c == SNUG_MEM_ADAPTER;
+    return (c == SNUG_MEM_PARAMS && !lv->lora.kind) || c == SNUG_MEM_MASTER ||
+           (c == SNUG_MEM_OPTIM && !lv->ckpt_model_only) || c == SNUG_MEM_ADAPTER;
 }
 
 size_t snug_plan_kept_bytes(const snug_model *m, snug_category c, size_t whole) {

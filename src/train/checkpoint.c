@@ -524,6 +524,8 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
         int mine = kept_per_rank(eng, i); /* a shard file, written even when the shard is empty */
         if (i == wa || (!mine && (j->rank != 0 || !kept_bytes(eng, i))) || (mine && j->frank < 0))
             continue;
+        if (eng->model.lv.ckpt_model_only) /* save_only_model: the model files alone (their arenas kept for them) */
+            continue;
         kept_file(eng, i, mine ? j->frank : j->rank, name, sizeof name);
         snug_path_join(p, sizeof p, part, name);
         snug_hash_init(&h, CKPT_SEED);
@@ -580,6 +582,8 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
                                                              st->best_step));
     if (js && wa >= 0) /* resume reads this arena from model.safetensors */
         json_object_set_new(js, "weights_arena", json_string(kept[wa].file));
+    if (js && j->eng->model.lv.ckpt_model_only) /* save_only_model: nothing to resume from */
+        json_object_set_new(js, "model_only", json_true());
     char *text = js ? json_dumps(js, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(js);
     if (!text)
@@ -768,7 +772,7 @@ static int commit(struct snug_ckpt_job *j, snug_comm *c, snug_error *e) {
             for (int i = 0; i < NKEPT; i++) {
                 const int64_t *q = all + (size_t)r * per;
                 int fr = (int)q[1]; /* -1: rank r wrote none (the same bytes as another rank's) */
-                if (kept_per_rank(j->eng, i) && fr >= 0) {
+                if (kept_per_rank(j->eng, i) && fr >= 0 && !j->eng->model.lv.ckpt_model_only) {
                     kept_file(j->eng, i, fr, name, sizeof name);
                     list_entry(j->files, name, (uint64_t)q[2 + 2 * i], (uint64_t)q[3 + 2 * i], fr);
                 }
@@ -1040,6 +1044,10 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
                  "that wrote it", (long long)format, SNUG_VERSION, STATE_FORMAT);
         rc = refuse(e, p, why);
     }
+    if (!rc && json_is_true(json_object_get(j, "model_only")))
+        rc = snug_fail(e, SNUG_EINPUT, "%s was saved with save_only_model: true: it holds the model's weights alone, "
+                       "without the optimizer state a resumed run needs; resume from a checkpoint of a run without "
+                       "save_only_model, or start a new run from these weights (base_model: %s)", dir, dir);
     if (!rc && format < 3 && eng->model.lora.on) {
         snprintf(why, sizeof why, "format %lld keeps the adapters in the order of an earlier snug's memory, which this "
                  "snug (%s) lays out otherwise; resume with the snug that wrote it", (long long)format, SNUG_VERSION);

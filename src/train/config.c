@@ -263,6 +263,12 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->top_k >= 0, "%s: top_k is %d; use 0 (all tokens) or a positive count", src, o->top_k);
     REQUIRE(o->top_p > 0 && o->top_p <= 1, "%s: top_p is %g; it must be in (0, 1]", src, o->top_p);
     REQUIRE(o->memory_budget >= 0, "%s: memory_budget is negative; use a size such as 40GB, or 0 for no limit", src);
+    REQUIRE(!o->save_only_model || (o->tensor_parallel_size <= 1 && o->pipeline_parallel_size <= 1 &&
+                                     (o->zero_stage < 3 || o->adapter)),
+            "%s: save_only_model with %s: each rank holds only its part of the weights, which only a full checkpoint "
+            "keeps; set save_only_model: false", src, o->tensor_parallel_size > 1 ? "tensor_parallel_size"
+                                                      : o->pipeline_parallel_size > 1 ? "pipeline_parallel_size"
+                                                                                      : "zero_stage 3");
     REQUIRE(!o->auto_fit || !o->auto_find_batch_size,
             "%s: auto_fit and auto_find_batch_size are both true; auto_fit already chooses micro_batch_size (keeping "
             "the batch through accumulation) with the other levers: set one of them", src);
@@ -288,7 +294,7 @@ snug_levers snug_run_levers(const snug_run_config *c) {
                       .mlp_shards = !c->tiled_mlp ? 0 : c->tiled_mlp_num_shards > 0 ? c->tiled_mlp_num_shards : -1,
                       .optimizer_in_backward = c->optimizer_in_backward,
                       .dt = c->bf16 ? SNUG_DT_BF16 : c->fp16 ? SNUG_DT_F16 : SNUG_DT_F32,
-                      .master_weights = c->master_weights};
+                      .master_weights = c->master_weights, .ckpt_model_only = c->save_only_model};
     switch (c->gradient_checkpointing) {
     case SNUG_CKPT_CHOICE_SELECTIVE: lv.ckpt = SNUG_CKPT_SELECTIVE; break;
     case SNUG_CKPT_CHOICE_FULL: lv.ckpt = SNUG_CKPT_FULL; break;

@@ -213,6 +213,7 @@ typedef struct snug_run_config {
     int metric_for_best_model; /* 0: eval_loss, the only one */
     int eval_max_new_tokens;  /* Axolotl's tokens per row of eval_table_size's table (no table: it changes nothing) */
     int save_total_limit;     /* 0 = keep every checkpoint; K = the K newest complete ones */
+    int save_only_model;      /* checkpoints hold the model files alone (no optimizer state): not resumable */
     int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
     char resume_from_checkpoint[1024]; /* "" = a new run; a checkpoint folder; "latest": the newest complete one in
                                         * output_dir */

@@ -1569,8 +1569,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             if (!rc && stop) {
                 if (tty)
                     fputc('\n', out);
-                fprintf(out, "stopped by a signal after step %d of %d; saved %s; continue with the same command and "
-                        "--resume_from_checkpoint latest\n", step + 1, total, ck);
+                if (o->save_only_model)
+                    fprintf(out, "stopped by a signal after step %d of %d; saved %s, the model alone (save_only_model: "
+                            "true), which a run cannot resume from\n", step + 1, total, ck);
+                else
+                    fprintf(out, "stopped by a signal after step %d of %d; saved %s; continue with the same command "
+                            "and --resume_from_checkpoint latest\n", step + 1, total, ck);
                 stopped = 1;
                 break;
             }

@@ -129,6 +129,37 @@ resumed dora --max_steps 10 --adapter lora --lora_target_linear true --peft_use_
 resumed int8 --max_steps 10 --adapter lora --load_in_8bit true --lora_target_linear true
 resumed fitted --max_steps 10 --bf16 true --micro_batch_size 8 --auto_fit true --memory_budget 30MB
 
+# save_only_model: a checkpoint holds the model files alone (no state-*.bin), their weights byte for byte those of the
+# full checkpoint of the same step; the snapshot arena is planned without the optimizer state (as measured, below the
+# full run's); a resume from it is refused with exit 2, naming the fix
+for kind in "full:--bf16 true" "lora:--adapter lora --lora_target_linear true"; do
+  name=${kind%%:*} args=${kind#*:}
+  if ! "$SNUG" train $fast $args --max_steps 8 --save_steps 4 --output_dir "$W/ck_$name" > "$W/ck_$name.log" 2>&1 ||
+     ! "$SNUG" train $fast $args --max_steps 8 --save_steps 4 --save_only_model true --output_dir "$W/mo_$name" \
+       > "$W/mo_$name.log" 2>&1; then
+    bad "save_only_model $name: $(tail -1 "$W/ck_$name.log" "$W/mo_$name.log")"
+    continue
+  fi
+  python3 - "$W/mo_$name" "$W/ck_$name" <<'PY' && ok || bad "save_only_model $name: the checkpoint or the plan"
+import json, os, sys
+mo, ck = sys.argv[1], sys.argv[2]
+files = sorted(os.listdir(mo + "/checkpoint-4"))
+weights = "adapter_model.safetensors" if "adapter_config.json" in files else "model.safetensors"
+state = json.load(open(mo + "/checkpoint-4/trainer_state.json"))
+same = open(f"{mo}/checkpoint-4/{weights}", "rb").read() == open(f"{ck}/checkpoint-4/{weights}", "rb").read()
+m, f = (json.load(open(d + "/memory.json")) for d in (mo, ck))
+snap = (m["plan"]["checkpoint snapshot"], f["plan"]["checkpoint snapshot"])
+print(f"  save_only_model {os.path.basename(mo)}: {len(files)} files, {weights} {'the same' if same else 'DIFFERENT'}, "
+      f"snapshot {snap[0]} B against {snap[1]} B")
+sys.exit(0 if not [x for x in files if x.startswith("state-")] and state.get("model_only") is True and same and
+         m["plan"] == m["measured"] and snap[0] < snap[1] else 1)
+PY
+  "$SNUG" train $fast $args --max_steps 8 --save_steps 4 --save_only_model true --output_dir "$W/mo_$name" \
+    --resume_from_checkpoint "$W/mo_$name/checkpoint-4" > "$W/mo_$name.resume.log" 2>&1
+  [ $? -eq 2 ] && grep -q "was saved with save_only_model: true" "$W/mo_$name.resume.log" && ok ||
+    bad "save_only_model $name: resume not refused: $(tail -1 "$W/mo_$name.resume.log")"
+done
+
 # SIGTERM and SIGINT: the step finishes, a checkpoint is written, exit 0; resuming completes the same run
 sigs="TERM INT"
 [ "$quick" = 1 ] && sigs=TERM
