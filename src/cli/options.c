@@ -58,6 +58,7 @@ typedef enum map_kind {
     KM_NONE,           /* a key not supported yet */
     KM_SPECIAL_TOKENS, /* special_tokens: pad_token, eos_token, bos_token, unk_token */
     KM_CKPT_KWARGS,    /* gradient_checkpointing_kwargs: use_reentrant */
+    KM_BNB_KWARGS,     /* bnb_config_kwargs: BitsAndBytesConfig's arguments */
     KM_MESSAGE_FIELDS, /* message_property_mappings: role, content */
     KM_ROLES,          /* roles: system, user, assistant, each a list of the values that mean it */
     KM_ROLES_TO_TRAIN, /* roles_to_train: [assistant] */
@@ -455,6 +456,12 @@ static const key_spec keys[] = {
              "on a base stored 4-bit (bitsandbytes' NF4); none: train every weight"},
     {.name = "load_in_4bit", .type = KT_BOOL, .group = G_MODEL, AT_INT(load_in_4bit), .def = "false",
      .help = "store the base's block matrices in 4 bits (with adapter: lora or qlora, the same as adapter: qlora)"},
+    {.name = "bnb_config_kwargs", .type = KT_MAP, .group = G_MODEL, .map = KM_BNB_KWARGS,
+     .help = "Axolotl's: BitsAndBytesConfig's arguments: load_in_4bit, load_in_8bit, bnb_4bit_quant_type, "
+             "bnb_4bit_use_double_quant, bnb_4bit_compute_dtype as the keys of those names; bnb_4bit_quant_storage "
+             "and llm_int8_threshold accepted (the storage only relabels the bytes; snug quantizes no activation); "
+             "llm_int8_has_fp16_weight and llm_int8_enable_fp32_cpu_offload false; llm_int8_skip_modules naming "
+             "lm_head or embed_tokens (never quantized)"},
     {.name = "load_in_8bit", .type = KT_BOOL, .group = G_MODEL, AT_INT(load_in_8bit), .def = "false",
      .help = "with adapter: lora, store the base's block matrices in 8 bits as bitsandbytes' LLM.int8 does (a code "
              "per weight, a scale per row); the rest of the base in bf16 (fp16 with fp16: true)"},
@@ -1255,6 +1262,81 @@ static int load_roles(snug_dataset_spec *d, const char *written, const yaml_src 
     return 0;
 }
 
+/* bnb_config_kwargs.llm_int8_skip_modules: the modules transformers leaves unquantized; snug quantizes every linear
+ * module of the blocks and never the embedding or the head, so only those two may be named */
+static int bnb_skip_modules(const char *written, const yaml_src *y, const yaml_node_t *vn, const char *loc,
+                            snug_error *e) {
+    if (node_is_null(vn))
+        return 0;
+    if (vn->type != YAML_SEQUENCE_NODE)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.llm_int8_skip_modules must be a list of module names, got %s", loc,
+                         written, node_kind(vn));
+    for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
+        const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+        const char *s = item && item->type == YAML_SCALAR_NODE ? (const char *)item->data.scalar.value : "";
+        if (strcmp(s, "lm_head") && strcmp(s, "embed_tokens"))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.llm_int8_skip_modules names '%.40s'; snug quantizes every linear "
+                             "module of the blocks (and never lm_head or embed_tokens): keeping some of them in 16 "
+                             "bits is not supported yet; remove it", loc, written, s);
+    }
+    return 0;
+}
+
+/* One bnb_config_kwargs entry (BitsAndBytesConfig's argument `name` = text) into o */
+static int bnb_kwarg(snug_run_config *o, const char *written, const char *name, const char *text, const char *loc,
+                     snug_error *e) {
+    int b;
+    if (!strcmp(name, "load_in_4bit") || !strcmp(name, "load_in_8bit") || !strcmp(name, "bnb_4bit_use_double_quant") ||
+        !strcmp(name, "llm_int8_has_fp16_weight") || !strcmp(name, "llm_int8_enable_fp32_cpu_offload")) {
+        if (parse_bool(text, &b))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be true or false, got '%.40s'", loc, written, name, text);
+        if (b && name[0] == 'l' && name[1] == 'l')
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.%s: true is not supported yet (%s); set it to false", loc,
+                             written, name, !strcmp(name, "llm_int8_has_fp16_weight")
+                                                ? "16-bit weights kept beside the 8-bit ones"
+                                                : "use offload_params: true to keep the base in host memory");
+        int *f = !strcmp(name, "load_in_4bit") ? &o->load_in_4bit : !strcmp(name, "load_in_8bit") ? &o->load_in_8bit
+                 : !strcmp(name, "bnb_4bit_use_double_quant") ? &o->bnb_4bit_use_double_quant : NULL;
+        if (f)
+            *f = b;
+        return 0;
+    }
+    if (!strcmp(name, "bnb_4bit_quant_type")) {
+        if (strcmp(text, "nf4") && strcmp(text, "fp4"))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.bnb_4bit_quant_type must be nf4 or fp4, got '%.40s'", loc,
+                             written, text);
+        o->bnb_4bit_quant_type = !strcmp(text, "fp4") ? SNUG_Q4_FP4 : SNUG_Q4_NF4;
+        return 0;
+    }
+    if (!strcmp(name, "bnb_4bit_compute_dtype")) {
+        const char *t = !strncmp(text, "torch.", 6) ? text + 6 : text;
+        if (strcmp(t, "bfloat16") && strcmp(t, "bf16") && strcmp(t, "float16") && strcmp(t, "fp16"))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.bnb_4bit_compute_dtype must be bfloat16 or float16, got "
+                             "'%.40s'", loc, written, text);
+        o->bnb_4bit_compute_fp16 = !strcmp(t, "float16") || !strcmp(t, "fp16");
+        return 0;
+    }
+    if (!strcmp(name, "bnb_4bit_quant_storage")) {
+        const char *t = !strncmp(text, "torch.", 6) ? text + 6 : text;
+        if (strcmp(t, "uint8") && strcmp(t, "int8") && strcmp(t, "bfloat16") && strcmp(t, "float16") &&
+            strcmp(t, "float32"))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.bnb_4bit_quant_storage must be a torch dtype (uint8, bfloat16, "
+                             "...), got '%.40s'", loc, written, text);
+        return 0;
+    }
+    if (!strcmp(name, "llm_int8_threshold")) {
+        double d;
+        if (parse_double(text, &d) || !(d >= 0))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.llm_int8_threshold must be a number of 0 or more, got '%.40s'",
+                             loc, written, text);
+        return 0;
+    }
+    return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not an argument of BitsAndBytesConfig that snug reads "
+                     "(load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, "
+                     "bnb_4bit_compute_dtype, bnb_4bit_quant_storage, llm_int8_threshold, llm_int8_has_fp16_weight, "
+                     "llm_int8_enable_fp32_cpu_offload, llm_int8_skip_modules)", loc, written, name);
+}
+
 /* A KT_MAP or KT_LIST key of a kind snug reads (k->map): its entries into base. */
 static int load_map_key(void *base, const key_spec *k, const char *written, const yaml_src *y, const yaml_node_t *v,
                         const char *loc, snug_error *e) {
@@ -1293,6 +1375,10 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
         const yaml_node_t *kn = yaml_document_get_node(y->doc, pr->key);
         const yaml_node_t *vn = yaml_document_get_node(y->doc, pr->value);
         const char *name = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
+        if (k->map == KM_BNB_KWARGS && !strcmp(name, "llm_int8_skip_modules")) { /* a list of module names */
+            SNUG_TRY(bnb_skip_modules(written, y, vn, loc, e));
+            continue;
+        }
         const char *text = entry_text(vn, written, name, loc, e);
         if (!text)
             return e ? e->code : SNUG_EINPUT;
@@ -1320,6 +1406,9 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                                  written, text);
             break;
         }
+        case KM_BNB_KWARGS:
+            SNUG_TRY(bnb_kwarg(o, written, name, text, loc, e));
+            break;
         case KM_SCHED_KWARGS: {
             static const char *const kw[] = {"min_lr_rate", "min_lr", "num_cycles", "power", "lr_end", "timescale",
                                              "num_decay_steps", "num_stable_steps", "warmup_type", "decay_type",

@@ -177,6 +177,19 @@ PY
 then ok; else bad "evals_per_epoch / saves_per_epoch / special_tokens in the saved run"; fi
 grep -q "data files .*sharegpt.jsonl (chat, llama3)" lora.log && ok || bad "the config-wide chat_template was not used" lora.log
 
+# Axolotl's 8-bit LoRA (its llama-2 lora example's load_in_8bit: true) and a QLoRA written through bnb_config_kwargs
+# (its FSDP QLoRA examples' block): each trains, and `snug plan` names the base it stored
+sed -e 's/^load_in_8bit: false/load_in_8bit: true/' -e 's#output_dir: ./out#output_dir: ./out8#' \
+  -e 's/^saves_per_epoch: 2/saves_per_epoch: 0/' lora.yml > lora8.yml
+sed -e 's/^adapter: lora/adapter: qlora/' -e 's#output_dir: ./out#output_dir: ./outq#' \
+  -e 's/^saves_per_epoch: 2/saves_per_epoch: 0/' lora.yml > qlora.yml
+printf 'bnb_config_kwargs:\n  llm_int8_has_fp16_weight: false\n  bnb_4bit_quant_type: fp4\n  bnb_4bit_use_double_quant: true\n' \
+  >> qlora.yml
+for c in "lora8:INT8 base" "qlora:FP4 base"; do
+  "$SNUG" train "${c%%:*}.yml" --max_steps 2 > "${c%%:*}.log" 2>&1 && "$SNUG" plan "${c%%:*}.yml" 2>&1 |
+    grep -q "${c#*:}" && ok || bad "${c%%:*}.yml did not train as a LoRA on its ${c#*:}" "${c%%:*}.log"
+done
+
 # the pad token is never attended to nor a target: the same run padding with the EOS has the same losses, bit for
 # bit (the run pads: packed rows of 64 tokens hold one example each)
 grep -q "padding" lora.log && sed -e '/^special_tokens:/,/pad_token/d' -e 's#output_dir: ./out#output_dir: ./out_eos#' \

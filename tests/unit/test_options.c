@@ -963,6 +963,13 @@ static void test_axolotl_keys(void) {
     CHECKF(parse_config("report_to: none\nuse_tensorboard: true\n", &o, &e) == 0 && o.use_tensorboard, "%s", e.msg);
     CHECKF(parse_config("report_to: none\n", &o, &e) == 0 && !o.use_tensorboard, "%s", e.msg);
     /* Hugging Face's cosine_with_min_lr: the floor as a rate or as a learning rate */
+    /* Axolotl's bnb_config_kwargs: BitsAndBytesConfig's arguments */
+    CHECKF(parse_config("adapter: lora\nbnb_config_kwargs:\n  load_in_4bit: true\n  llm_int8_has_fp16_weight: false\n"
+                        "  bnb_4bit_quant_type: fp4\n  bnb_4bit_use_double_quant: false\n"
+                        "  bnb_4bit_compute_dtype: torch.float16\n  bnb_4bit_quant_storage: bfloat16\n"
+                        "  llm_int8_threshold: 6.0\n  llm_int8_skip_modules: [lm_head]\n", &o, &e) == 0 &&
+           o.load_in_4bit && o.bnb_4bit_quant_type == SNUG_Q4_FP4 && !o.bnb_4bit_use_double_quant &&
+           o.bnb_4bit_compute_fp16, "%s", e.msg);
     CHECKF(parse_config("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n", &o,
                         &e) == 0 && o.lr_scheduler == SNUG_SCHED_COSINE && o.cosine_min_lr_ratio == 0.1, "%s", e.msg);
     CHECKF(parse_config("learning_rate: 2e-4\nlr_scheduler_kwargs:\n  min_lr: 5e-5\n  num_cycles: 0.5\n"
@@ -1006,6 +1013,11 @@ static void test_axolotl_keys(void) {
          "decay_type must be linear, cosine or 1-sqrt, got 'exp'"},
         {"lr_scheduler: warmup_stable_decay\n", "needs its decay steps"},
         {"lr_scheduler: linear\nlr_scheduler_kwargs: {num_cycles: 2}\n", "lr_scheduler linear does not take"},
+        {"bnb_config_kwargs: {llm_int8_has_fp16_weight: true}\n", "llm_int8_has_fp16_weight: true is not supported"},
+        {"bnb_config_kwargs: {llm_int8_skip_modules: [lm_head, q_proj]}\n", "llm_int8_skip_modules names 'q_proj'"},
+        {"bnb_config_kwargs: {bnb_4bit_quant_type: int4}\n", "bnb_4bit_quant_type must be nf4 or fp4, got 'int4'"},
+        {"bnb_config_kwargs: {bnb_4bit_compute_dtype: float32}\n", "must be bfloat16 or float16"},
+        {"bnb_config_kwargs: {quant_method: gptq}\n", "quant_method is not an argument of BitsAndBytesConfig"},
         {"learning_rate: 1e-4\nlr_scheduler_kwargs: {min_lr: 1e-3}\n", "min_lr is 0.001, above learning_rate"},
         {"metric_for_best_model: accuracy\n", "metric_for_best_model 'accuracy' is not supported yet; use eval_loss"},
         {"greater_is_better: true\n", "greater_is_better is not supported yet"},
