@@ -183,8 +183,12 @@ sed -e 's/^load_in_8bit: false/load_in_8bit: true/' -e 's#output_dir: ./out#outp
   -e 's/^saves_per_epoch: 2/saves_per_epoch: 0/' lora.yml > lora8.yml
 sed -e 's/^adapter: lora/adapter: qlora/' -e 's#output_dir: ./out#output_dir: ./outq#' \
   -e 's/^saves_per_epoch: 2/saves_per_epoch: 0/' lora.yml > qlora.yml
-printf 'bnb_config_kwargs:\n  llm_int8_has_fp16_weight: false\n  bnb_4bit_quant_type: fp4\n  bnb_4bit_use_double_quant: true\n' \
-  >> qlora.yml
+cat >> qlora.yml <<'EOF'
+bnb_config_kwargs:
+  llm_int8_has_fp16_weight: false
+  bnb_4bit_quant_type: fp4
+  bnb_4bit_use_double_quant: true
+EOF
 for c in "lora8:INT8 base" "qlora:FP4 base"; do
   "$SNUG" train "${c%%:*}.yml" --max_steps 2 > "${c%%:*}.log" 2>&1 && "$SNUG" plan "${c%%:*}.yml" 2>&1 |
     grep -q "${c#*:}" && ok || bad "${c%%:*}.yml did not train as a LoRA on its ${c#*:}" "${c%%:*}.log"
