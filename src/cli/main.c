@@ -203,8 +203,8 @@ int main(int argc, char **argv) {
             rc = snug_fail(&e, SNUG_EINPUT, "snug merge takes BASE_DIR ADAPTER_DIR OUT_DIR and optionally --base_as "
                            "nf4 (or fp4, or int8); got '%s'", argv[5]);
         else if (!(rc = snug_merge_lora(argv[2], argv[3], argv[4], quant ? &q : NULL, 0, &e)))
-            printf("merged %s into %s%s: %s (fp32, rounded once to the base's dtype)\n", argv[3], argv[2],
-                   !quant ? "" : q.q4_type == SNUG_Q4_INT8 ? " (its 8-bit round trip)" : " (its 4-bit round trip)",
+            printf("merged %s into %s%s%s%s: %s (fp32, rounded once to the base's dtype)\n", argv[3], argv[2],
+                   quant ? " (its " : "", quant ? snug_q4_width(q.q4_type) : "", quant ? " round trip)" : "",
                    argv[4]);
     } else if (!strcmp(cmd, "parity")) {
         rc = snug_parity_cmd(argc - 2, argv + 2, &e);

@@ -1290,7 +1290,7 @@ static int bnb_kwarg(snug_run_config *o, const char *written, const char *name, 
         !strcmp(name, "llm_int8_has_fp16_weight") || !strcmp(name, "llm_int8_enable_fp32_cpu_offload")) {
         if (parse_bool(text, &b))
             return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be true or false, got '%.40s'", loc, written, name, text);
-        if (b && name[0] == 'l' && name[1] == 'l')
+        if (b && !strncmp(name, "llm_int8_", 9))
             return snug_fail(e, SNUG_EINPUT, "%s: %s.%s: true is not supported yet (%s); set it to false", loc,
                              written, name, !strcmp(name, "llm_int8_has_fp16_weight")
                                                 ? "16-bit weights kept beside the 8-bit ones"
@@ -1420,9 +1420,11 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not a setting of transformers' schedules that snug "
                                  "reads (min_lr_rate, min_lr, num_cycles, power, lr_end, timescale, num_decay_steps, "
                                  "num_stable_steps, warmup_type, decay_type, min_lr_ratio)", loc, written, name);
-            o->sched_given |= 1u << k;
-            if (o->sched_given & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE) & (1u << k)) {
-                snug_wsd_shape *sh = k == 8 ? &o->sched.wsd_warmup : &o->sched.wsd_decay_type;
+            unsigned bit = 1u << k; /* kw[k] is SNUG_SCHED_KW_*'s bit k */
+            o->sched_given |= bit;
+            if (bit & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE)) {
+                snug_wsd_shape *sh = bit == SNUG_SCHED_KW_WARMUP_TYPE ? &o->sched.wsd_warmup
+                                                                      : &o->sched.wsd_decay_type;
                 if (!strcmp(text, "linear") || !strcmp(text, "cosine") || !strcmp(text, "1-sqrt"))
                     *sh = !strcmp(text, "linear") ? SNUG_WSD_LINEAR : !strcmp(text, "cosine") ? SNUG_WSD_COSINE
                                                                                              : SNUG_WSD_1SQRT;
@@ -1435,13 +1437,13 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
             if (!*text || parse_double(text, &d) || !(d >= 0) || d > 1e9)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be a number of 0 or more, got '%.40s'", loc, written,
                                  name, text);
-            int steps = k == 5 || k == 6 || k == 7; /* timescale and the WSD step counts: whole steps */
-            if (steps && d != floor(d))
+            if ((bit & (SNUG_SCHED_KW_TIMESCALE | SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS)) &&
+                d != floor(d)) /* whole steps */
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it counts steps: a whole number", loc, written,
                                  name, d);
-            if ((k == 2 || k == 3) && !(d > 0))
+            if ((bit & (SNUG_SCHED_KW_NUM_CYCLES | SNUG_SCHED_KW_POWER)) && !(d > 0))
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be above 0, got %g", loc, written, name, d);
-            if (k == 10 && d > 1)
+            if (bit == SNUG_SCHED_KW_MIN_LR_RATIO && d > 1)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.min_lr_ratio is %g; it is a fraction of learning_rate, 0 to "
                                  "1", loc, written, d);
             double *dv[] = {&o->cosine_min_lr_ratio, &o->min_lr, &o->sched.num_cycles, &o->sched.power,

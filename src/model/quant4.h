@@ -72,6 +72,8 @@ typedef struct snug_q4_sizes {
  * Exactly bitsandbytes' get_4bit_type(), as float32: the quant_map a checkpoint stores. NULL for SNUG_Q4_INT8. */
 const float *snug_q4_code(snug_q4_type type);
 const char *snug_q4_type_name(snug_q4_type type); /* "nf4", "fp4", "int8" */
+/* "8-bit" for SNUG_Q4_INT8, else "4-bit": how messages name a quantized base */
+static inline const char *snug_q4_width(snug_q4_type type) { return type == SNUG_Q4_INT8 ? "8-bit" : "4-bit"; }
 /* "bfloat16", "float16", "float32" (torch's names, as the quant_state JSON spells them); NULL for other dtypes */
 const char *snug_q4_dtype_name(snug_dtype dtype);
 

@@ -43,7 +43,7 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
         if (step < warmup)
             f = wsd_shape(p->wsd_warmup, (double)step / imax1(warmup), 1, nc) * (1.0 - mr) + mr;
         else if (step < warmup + stable)
-            return base_lr * 1.0;
+            return base_lr;
         else if (step < warmup + stable + p->wsd_decay)
             f = wsd_shape(p->wsd_decay_type, (double)(step - warmup - stable) / imax1(p->wsd_decay), 0, nc) *
                     (1.0 - mr) + mr;

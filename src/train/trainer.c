@@ -1097,7 +1097,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 "backward, the next layer prefetched; the 16-bit tensors, the adapters, their gradients (summed "
                 "after backward) and their optimizer state whole on every rank\n",
                 qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "LoRA on an 8-bit base" : "QLoRA",
-                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0, W,
+                snug_q4_width((snug_q4_type)qm->lv.lora.q4_type), qm->q4_shard_n / 1048576.0, W,
                 most / 1048576.0);
     }
     if (!rc && qm->param_sharded && qm->lv.offload_params)
@@ -1108,7 +1108,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc && qm->q4_sharded && qm->lv.offload_params)
         fprintf(out, "  offload_params       the %s base in host memory (%.1f MiB%s), each layer's copied to the "
                 "device just before it runs and the next layer's while it does, into two buffers of %.2f MiB\n",
-                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "8-bit" : "4-bit", qm->q4_shard_n / 1048576.0,
+                snug_q4_width((snug_q4_type)qm->lv.lora.q4_type), qm->q4_shard_n / 1048576.0,
                 qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
     if (!rc && o->zero_stage && W > 1 && qm->q4_parts <= 1) {
         if (!(shard = malloc((size_t)W * sizeof *shard)))
@@ -1634,9 +1634,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         const snug_lora_cfg *q = r.eng.model.lv.lora.kind == SNUG_ADAPTER_QLORA ? &r.eng.model.lv.lora : NULL;
         rc = snug_merge_lora(o->base_model, o->output_dir, merged, q, o->threads, e);
         if (!rc)
-            fprintf(out, "merged the adapter into %s%s: %s in %.1f s\n", o->base_model,
-                    !q ? "" : q->q4_type == SNUG_Q4_INT8 ? " (its 8-bit round trip, as training saw it)"
-                                                          : " (its 4-bit round trip, as training saw it)",
+            fprintf(out, "merged the adapter into %s%s%s%s: %s in %.1f s\n", o->base_model, q ? " (its " : "",
+                    q ? snug_q4_width((snug_q4_type)q->q4_type) : "", q ? " round trip, as training saw it)" : "",
                     merged, now_s() - tm);
     }
     if (!rc && !stopped && lead) {
