@@ -151,6 +151,13 @@ PY
   if ranks zkeep --auto_fit true --memory_budget 10GB; then
     grep -q "auto_fit: kept the configuration" "$W/zkeep.log" && ok || bad "zkeep: $(grep auto_fit "$W/zkeep.log")"
   fi
+  # auto_find_batch_size is one process's for now: each rank could fit another size
+  OMP_NUM_THREADS=1 "${mpi[@]}" "$SNUG" train "$W/ids.yaml" --tokenizer "$SRC/assets/tokenizer" --sequence_len 32 \
+    --sample_tokens 0 --threads 1 --max_steps 1 --auto_find_batch_size true --output_dir "$W/afb_ranks" \
+    > "$W/afb_ranks.log" 2>&1
+  grep -q "built without MPI" "$W/afb_ranks.log" ||
+    { grep -q "auto_find_batch_size over several ranks is not supported yet" "$W/afb_ranks.log" && ok ||
+      bad "auto_find_batch_size over 2 ranks: $(grep error "$W/afb_ranks.log" | head -1)"; }
 fi
 
 echo "test_autofit: $pass passed, $fail failed"

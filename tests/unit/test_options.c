@@ -551,6 +551,12 @@ static void test_validate(void) {
         {"concatenate: true\nsample_packing: true\n", "concatenate is true with sample_packing"},
         {"concatenate: true\ngroup_by_length: true\n", "concatenate is true with group_by_length"},
         {"sample_packing: true\ngroup_by_length: true\n", "sample_packing and group_by_length are both true"},
+        {"save_only_model: true\nzero_stage: 3\n", "save_only_model with zero_stage 3"},
+        {"save_only_model: true\ntensor_parallel_size: 2\n", "save_only_model with tensor_parallel_size"},
+        {"load_in_8bit: true\n", "load_in_8bit stores a frozen base in 8 bits"},
+        {"adapter: qlora\nload_in_8bit: true\n", "set adapter: lora for an 8-bit base"},
+        {"auto_fit: true\nmemory_budget: 1GB\nauto_find_batch_size: true\n",
+         "auto_fit and auto_find_batch_size are both true"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snug_run_config o;
