@@ -44,10 +44,11 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
         return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --tiled_mlp SHARDS "
-                         "--offload_embedding 1 --q4_chunk ELEMENTS --loraplus RATIO --device cpu|cuda]");
+                         "--offload_embedding 1 --q4_chunk ELEMENTS --loraplus RATIO --unfrozen PATTERN --device cpu|cuda]");
     const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL, *qlora = NULL;
     snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0, mlp_shards = 0, offload_emb = 0, q4_chunk = 0;
+    char unfrozen[4096] = ""; /* --unfrozen PATTERN, repeated: unfrozen_parameters, one pattern per line */
     double lr = 1e-3, wd = 0.0, clip = 0.0, eps = 1e-8, loraplus = 0.0;
     if ((argc - 3) % 2)
         return snug_fail(e, SNUG_EINPUT, "snug parity: %s has no value", argv[argc - 1]);
@@ -56,6 +57,12 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         if (!strcmp(k, "--save")) save = v;
         else if (!strcmp(k, "--adapter")) adapter = v;
         else if (!strcmp(k, "--qlora")) qlora = v;
+        else if (!strcmp(k, "--unfrozen")) {
+            size_t n = strlen(unfrozen);
+            if (n + strlen(v) + 2 > sizeof unfrozen)
+                return snug_fail(e, SNUG_EINPUT, "snug parity: the --unfrozen patterns are too long");
+            snprintf(unfrozen + n, sizeof unfrozen - n, "%s%s", n ? "\n" : "", v);
+        }
         else if (!strcmp(k, "--device") && !strcmp(v, "cuda")) device = SNUG_BACKEND_CUDA;
         else if (!strcmp(k, "--device") && !strcmp(v, "cpu")) device = SNUG_BACKEND_CPU;
         else {
@@ -106,7 +113,7 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         rc = snug_fail(e, SNUG_EINPUT, "%s: input_ids and labels differ in shape", in);
 
     snug_engine g = {0};
-    snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .with_grads = 1,
+    snug_plan_spec spec = {.cfg = cfg, .B = B, .T = T, .with_grads = 1, .unfrozen = unfrozen,
                            .lv = {.ckpt_every = 1, .mlp_shards = mlp_shards, .offload_embedding = offload_emb}};
     /* --adapter: a PEFT LoRA adapter on the base; its A and B are what trains and what is dumped */
     if (!rc && adapter)

@@ -60,6 +60,58 @@ static void make_views(const snug_model *m, float *base, const size_t *off, int 
         v->lm_head = v->wte;
 }
 
+/* unfrozen_parameters: the gradient views of layer l (l >= 0, into g) or of the global tensors (l < 0, into v) whose
+ * tensors are all frozen, NULL, so backward computes no gradient for them. A fused view (q/k/v, gate/up) stays while
+ * one of its tensors trains: the entries without a view of their own follow the one that has it. */
+static void drop_frozen(const snug_model *m, int l, snug_layer_tensors *g, snug_tensors *v) {
+    enum { NSLOT = 16 };
+    snug_tensors unused;
+    float **slot[NSLOT];
+    int live[NSLOT], n = 0;
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        if (l >= 0 ? p->layer != l : p->layer >= 0)
+            continue;
+        float **s = slot_of(p->name, l >= 0 ? &unused : v, l >= 0 ? g : NULL);
+        if (s && n < NSLOT)
+            slot[n] = s, live[n++] = 0;
+        if (n && !p->frozen)
+            live[n - 1] = 1;
+    }
+    for (int k = 0; k < n; k++)
+        if (!live[k])
+            *slot[k] = NULL;
+    if (l < 0 && m->cfg.tie_embeddings)
+        v->lm_head = v->wte;
+}
+
+/* unfrozen_parameters: the gradient of each frozen tensor of announcement `group` (snug_model_ready_group) zeroed,
+ * and of a tensor trained in ranges the rows outside them, before the gradients are announced or read. */
+static void mask_frozen(snug_model *m, int group) {
+    if (!m->frozen_any || !m->grad_off || !(m->grads || m->grads16))
+        return;
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        if ((!p->frozen && !p->nkeep) || snug_model_ready_group(m, i) != group)
+            continue;
+        snug_dtype dt;
+        unsigned char *g = snug_model_grad(m, i, &dt);
+        size_t es = snug_dtype_size(dt), row = p->numel / (size_t)p->shape[0] * es;
+        if (p->frozen) {
+            m->be->zero(m->be, g, p->numel * es);
+            continue;
+        }
+        int64_t r = 0; /* the rows before each kept range, then those after the last */
+        for (int k = 0; k <= p->nkeep; k++) {
+            int64_t end = k < p->nkeep ? p->keep[k][0] : p->shape[0];
+            if (end > r)
+                m->be->zero(m->be, g + (size_t)r * row, (size_t)(end - r) * row);
+            if (k < p->nkeep)
+                r = p->keep[k][1];
+        }
+    }
+}
+
 /* Views of one layer's tensors in a buffer holding just that layer (every layer has layer 0's layout). */
 static void layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
     snug_tensors unused;
@@ -162,8 +214,10 @@ static void globals_span(const snug_model *m, int group, size_t *offset, size_t 
         *numel += r[k].numel;
 }
 
-/* on_grads_ready for the global tensors of `group` (-1, or SNUG_READY_POST), when a callback is set. */
+/* on_grads_ready for the global tensors of `group` (-1, or SNUG_READY_POST), when a callback is set; their gradients
+ * final (frozen ones zeroed) either way. */
 static void announce_globals(snug_model *m, int group) {
+    mask_frozen(m, group);
     if (!m->on_grads_ready)
         return;
     size_t off, n;
@@ -1278,6 +1332,11 @@ int snug_model_layout(snug_model *m, snug_arenas *A, int B, int T, int with_grad
         }
         if (m->grads)
             make_views(m, m->grads, m->grad_off, m->grads16 != NULL, &m->g);
+        m->frozen_any = 0;
+        for (int i = 0; i < m->table.n; i++)
+            m->frozen_any |= m->table.e[i].frozen || m->table.e[i].nkeep;
+        if (m->grads && m->frozen_any)
+            drop_frozen(m, -1, NULL, &m->g);
         if (m->wl && m->q4)
             dense_layer_views(m, m->wl, &m->wl_t);
         else if (m->wl)
@@ -1978,6 +2037,12 @@ static void layer_bwd(snug_model *m, int l) {
         be->zero(be, m->gl, m->table.layer_numel[l] * sizeof(float));
         g = &m->gl_t;
     }
+    snug_layer_tensors live; /* unfrozen_parameters: no gradient computed for a frozen tensor */
+    if (m->frozen_any) {
+        live = *g;
+        drop_frozen(m, l, &live, NULL);
+        g = &live;
+    }
     if (selective && !m->mlp_rows) {
         if (c->arch == SNUG_ARCH_GPT2)
             be->gelu_fwd(be, a->act, a->fc, Nn * I);
@@ -2169,6 +2234,7 @@ static double stage_bwd(snug_model *m, const int32_t *ids, double loss) {
     m->gdir = -1;
     for (int l = L - 1; l >= 0; l--) {
         layer_bwd(m, l);
+        mask_frozen(m, l);
         if (m->on_grads_ready)
             m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }

@@ -36,6 +36,8 @@ typedef struct snug_tensors {
     snug_layer_tensors *layers; /* (L) */
 } snug_tensors;
 
+#define SNUG_KEEP_MAX 8 /* row ranges of one tensor that unfrozen_parameters may train (merged) */
+
 /* One tensor as Hugging Face names and stores it, and where it lives in the flat buffer. */
 typedef struct snug_param_entry {
     char name[96];          /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
@@ -49,6 +51,10 @@ typedef struct snug_param_entry {
     int transposed;         /* stored transposed in the file (GPT-2 Conv1D) */
     int segs;               /* its rows are that many equal parts side by side (GPT-2's fused c_attn: q, k, v), each
                              * split alone under tensor parallelism; 1 otherwise */
+    int frozen;             /* unfrozen_parameters names it not: no update, no optimizer state, a zero gradient */
+    int nkeep;              /* unfrozen_parameters' ranges: only rows [keep[k][0], keep[k][1]) of its first dimension
+                             * (as the file holds it) take a gradient, the others' is zeroed; 0 = every row */
+    int64_t keep[SNUG_KEEP_MAX][2];
 } snug_param_entry;
 
 typedef struct snug_param_table {
@@ -353,7 +359,9 @@ typedef struct snug_model {
     snug_layer_tensors gbuf_t[2]; /* fp32: views into gbuf[k] */
     snug_gather_fn gather_params;
     void *gather_params_ud;
-    snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16) */
+    snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16); a
+                            * global view whose tensors are all frozen is NULL (unfrozen_parameters) */
+    int frozen_any;        /* a table entry is frozen or trained in ranges: backward skips and zeroes their gradients */
     size_t gwte, gwpe, glnf_w, glnf_b, ghead; /* where the global tensors start in the table ((size_t)-1: none) */
 
     /* 16-bit dt: fp32 copies of the layer being run, carved in the workspace */
@@ -630,6 +638,16 @@ void snug_model_free_host(snug_model *m);
 int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, snug_error *e);
 /* The index of the entry named name in t, or -1. */
 int snug_param_table_find(const snug_param_table *t, const char *name);
+/* unfrozen_parameters (Axolotl's freeze_layers_except): every tensor of t frozen but those a pattern matches. patterns:
+ * one per line, "" = every tensor trains. A pattern is a regular expression matched at the start of a tensor's name
+ * (Python's re.match), each '.' a literal dot; an optional "[a:b]" at its end ("[a]", "[a:]", "[:b]") trains only
+ * those rows of the tensor's first dimension, their gradient kept and the other rows' zeroed (the tensor stays in
+ * the optimizer, so weight decay still reaches every row, as in Axolotl). *unmatched (when not NULL): the line number
+ * (1-based) of the first pattern that matches no tensor of t, 0 when each matches one. A broken pattern or a range
+ * outside the tensor is SNUG_EINPUT naming it. */
+int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unmatched, snug_error *e);
+/* The floats of t that train (not frozen). */
+size_t snug_param_table_trained(const snug_param_table *t);
 /* The global tensors a table holds (pipeline parallelism: a stage's share of the model) */
 enum {
     SNUG_PARTS_EMBED = 1, /* the token embedding and GPT-2's positions (the first stage) */

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "model/model.h"
 
 typedef struct builder {
@@ -159,6 +162,170 @@ void snug_param_table_free(snug_param_table *t) {
     free(t->layer_offset);
     free(t->layer_numel);
     memset(t, 0, sizeof *t);
+}
+
+/* ---- unfrozen_parameters ---- */
+
+/* One pattern of unfrozen_parameters: its name part as a regular expression (each '.' escaped, as Axolotl does) and
+ * its optional row range [lo, hi) (hi -1: to the end). */
+typedef struct unfreeze_pattern {
+    pcre2_code *re;
+    int ranged;
+    int64_t lo, hi;
+} unfreeze_pattern;
+
+/* Axolotl's range suffix: "[a]", "[a:b]", "[a:]", "[:b]" or "[:]" ending the pattern (digits only), after a
+ * non-empty name part of `*len` characters. Returns 0 and shortens *len when there is one; 1 when there is none;
+ * -1 when its end does not come after its start. */
+static int parse_range(const char *s, size_t *len, unfreeze_pattern *u) {
+    size_t n = *len;
+    if (n < 3 || s[n - 1] != ']')
+        return 1;
+    size_t open = n - 1;
+    while (open > 0 && s[open - 1] != '[')
+        open--;
+    if (open < 2) /* no '[' after a name part of at least one character */
+        return 1;
+    const char *a = s + open, *colon = memchr(a, ':', n - 1 - open);
+    for (const char *c = a; c < s + n - 1; c++)
+        if (!(*c >= '0' && *c <= '9') && c != colon)
+            return 1;
+    const char *aend = colon ? colon : s + n - 1;
+    u->lo = aend > a ? strtoll(a, NULL, 10) : 0;
+    u->hi = !colon ? (aend > a ? u->lo + 1 : -1) : colon + 1 < s + n - 1 ? strtoll(colon + 1, NULL, 10) : -1;
+    u->ranged = 1;
+    *len = open - 1;
+    return u->hi >= 0 && u->lo >= u->hi ? -1 : 0;
+}
+
+/* Compiles pattern p (len characters) into u. */
+static int compile_pattern(const char *p, size_t len, int line, unfreeze_pattern *u, snug_error *e) {
+    memset(u, 0, sizeof *u);
+    int r = parse_range(p, &len, u);
+    if (r < 0)
+        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters line %d ('%.*s'): the range's end must come after its "
+                         "start; write [start:end] with start < end", line, (int)len, p);
+    char *rx = malloc(2 * len + 1), *o = rx;
+    if (!rx)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for unfrozen_parameters");
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] == '.')
+            *o++ = '\\';
+        *o++ = p[i];
+    }
+    int err;
+    PCRE2_SIZE at;
+    u->re = pcre2_compile((PCRE2_SPTR)rx, (PCRE2_SIZE)(o - rx), 0, &err, &at, NULL);
+    free(rx);
+    if (!u->re) {
+        PCRE2_UCHAR why[256];
+        pcre2_get_error_message(err, why, sizeof why);
+        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters line %d ('%.*s') is not a regular expression: %s; "
+                         "write a pattern of tensor names such as model.layers.1[0-5].mlp", line, (int)len, p,
+                         (const char *)why);
+    }
+    return 0;
+}
+
+/* Whether u matches name from its start (re.match). */
+static int pattern_matches(const unfreeze_pattern *u, const char *name) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(u->re, NULL);
+    int r = md ? pcre2_match(u->re, (PCRE2_SPTR)name, strlen(name), 0, PCRE2_ANCHORED, md, NULL) : -1;
+    pcre2_match_data_free(md);
+    return r >= 0;
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const int64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+/* Entry p's ranges from the patterns that match it (n of them in r), merged as Axolotl merges them. */
+static int keep_ranges(snug_param_entry *p, int64_t (*r)[2], int n, snug_error *e) {
+    int64_t rows = p->shape[0];
+    for (int k = 0; k < n; k++) {
+        if (r[k][1] < 0)
+            r[k][1] = rows;
+        if (r[k][1] > rows || r[k][0] >= r[k][1])
+            return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters: the range [%lld:%lld] of %s is outside its %lld "
+                             "rows; give rows within [0:%lld]", (long long)r[k][0], (long long)r[k][1], p->name,
+                             (long long)rows, (long long)rows);
+    }
+    if (p->ndim == 2 && p->transposed)
+        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters: %s is a Conv1D weight, whose first dimension is its "
+                         "input (columns in snug's layout); a range of it is not supported; name it without a range",
+                         p->name);
+    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    p->nkeep = 0;
+    for (int k = 0; k < n; k++) {
+        if (p->nkeep && r[k][0] <= p->keep[p->nkeep - 1][1]) {
+            if (r[k][1] > p->keep[p->nkeep - 1][1])
+                p->keep[p->nkeep - 1][1] = r[k][1];
+            continue;
+        }
+        if (p->nkeep == SNUG_KEEP_MAX)
+            return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters: %s takes more than %d separate ranges; join some",
+                             p->name, SNUG_KEEP_MAX);
+        p->keep[p->nkeep][0] = r[k][0];
+        p->keep[p->nkeep][1] = r[k][1];
+        p->nkeep++;
+    }
+    if (p->nkeep == 1 && p->keep[0][0] == 0 && p->keep[0][1] == rows)
+        p->nkeep = 0; /* every row */
+    return 0;
+}
+
+int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unmatched, snug_error *e) {
+    if (unmatched)
+        *unmatched = 0;
+    for (int i = 0; i < t->n; i++)
+        t->e[i].frozen = 0, t->e[i].nkeep = 0;
+    if (!patterns || !*patterns)
+        return 0;
+    int np = 1;
+    for (const char *c = patterns; *c; c++)
+        np += *c == '\n';
+    unfreeze_pattern *u = calloc((size_t)np, sizeof *u);
+    int64_t (*r)[2] = calloc((size_t)np, sizeof *r);
+    int *hits = calloc((size_t)np, sizeof *hits), rc = u && r && hits ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host "
+                                                                                       "memory for unfrozen_parameters");
+    const char *c = patterns;
+    for (int k = 0; k < np && !rc; k++) {
+        const char *nl = strchr(c, '\n');
+        size_t len = nl ? (size_t)(nl - c) : strlen(c);
+        rc = compile_pattern(c, len, k + 1, &u[k], e);
+        c = nl ? nl + 1 : c + len;
+    }
+    for (int i = 0; i < t->n && !rc; i++) {
+        snug_param_entry *p = &t->e[i];
+        int any = 0, n = 0;
+        for (int k = 0; k < np; k++) {
+            if (!pattern_matches(&u[k], p->name))
+                continue;
+            any = 1, hits[k]++;
+            if (u[k].ranged)
+                r[n][0] = u[k].lo, r[n][1] = u[k].hi, n++;
+        }
+        p->frozen = !any;
+        if (n)
+            rc = keep_ranges(p, r, n, e);
+    }
+    for (int k = 0; k < np && !rc && unmatched && !*unmatched; k++)
+        if (!hits[k])
+            *unmatched = k + 1;
+    for (int k = 0; u && k < np; k++)
+        pcre2_code_free(u[k].re);
+    free(u);
+    free(r);
+    free(hits);
+    return rc;
+}
+
+size_t snug_param_table_trained(const snug_param_table *t) {
+    size_t n = 0;
+    for (int i = 0; i < t->n; i++)
+        n += t->e[i].frozen ? 0 : t->e[i].numel;
+    return n;
 }
 
 /* ---- tensor parallelism ---- */

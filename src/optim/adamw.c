@@ -55,6 +55,8 @@ int snug_adamw_entry_8bit(const snug_adamw *opt, const snug_param_entry *p) {
 
 void snug_adamw_part(const snug_param_entry *p, size_t lo, size_t hi, size_t *a0, size_t *a1) {
     size_t b = p->offset, e = p->offset + p->numel;
+    if (p->frozen) /* unfrozen_parameters: a frozen tensor has no state and takes no step */
+        lo = hi = b;
     lo = lo < b ? b : lo > e ? e : lo;
     hi = hi < lo ? lo : hi > e ? e : hi;
     *a0 = lo - b;

@@ -23,7 +23,11 @@
  * A shard's edges lie on a tensor's quantization blocks (dist/zero.h), so each rank's 8-bit state is exactly the
  * blocks the unsharded state has there, and a sharded step computes the same bits for them.
  *
- * Weight decay applies to matrices only (the table's decay flag): never to norms, biases or other 1-D tensors. */
+ * Weight decay applies to matrices only (the table's decay flag): never to norms, biases or other 1-D tensors.
+ *
+ * Frozen tensors (unfrozen_parameters, the table's frozen flag) have no state and take no step, as tensors without
+ * requires_grad are left out of torch's optimizer; their gradient is zero (the model zeroes it), so the gradient
+ * norm is the trained tensors'. */
 #ifndef SNUG_OPTIM_H
 #define SNUG_OPTIM_H
 
@@ -70,7 +74,8 @@ typedef struct snug_adamw {
 int snug_adamw_layout(snug_adamw *opt, snug_arenas *A, const snug_param_table *t, snug_backend *be, snug_error *e);
 
 /* Tensor p's elements in the range [lo, hi) of the flat layout, as offsets into the tensor: [*a0, *a1) (empty when
- * a0 == a1). A shard's state holds each tensor's part of its range, in table order. */
+ * a0 == a1, always for a frozen tensor: unfrozen_parameters). A shard's state holds each tensor's part of its range,
+ * in table order; every walk over the state (layout, step, paging, resharding) takes its parts from here. */
 void snug_adamw_part(const snug_param_entry *p, size_t lo, size_t hi, size_t *a0, size_t *a1);
 
 /* 1 when entry p keeps 8-bit state under opt's kind. */

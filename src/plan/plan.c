@@ -202,7 +202,9 @@ int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) 
         m->pp_keep = s->pp_recompute || snug_pp_last(m) ? 1 : m->pp_slots; /* their activations, or inputs alone */
     }
     int parts = (snug_pp_first(m) ? SNUG_PARTS_EMBED : 0) | (snug_pp_last(m) ? SNUG_PARTS_HEAD : 0);
-    return snug_param_table_build_part(&m->table, &m->cfg, m->pp_l0, parts, e);
+    SNUG_TRY(snug_param_table_build_part(&m->table, &m->cfg, m->pp_l0, parts, e));
+    /* unfrozen_parameters: the plan and the run freeze the same tensors (a stage's patterns may match none of its) */
+    return snug_param_table_freeze(&m->table, s->unfrozen, NULL, e);
 }
 
 int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
@@ -236,7 +238,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e) {
             *(p->host[c] ? &p->host_total : &p->total) += A.a[c].peak;
         }
         p->nparams = (long long)m.table.total;
-        p->ntrain = (long long)snug_model_trainable(&m)->total;
+        p->ntrain = (long long)snug_param_table_trained(snug_model_trainable(&m));
         for (int i = 0; i < m.table.n; i++)
             if (m.table.e[i].numel > p->largest_tensor)
                 p->largest_tensor = m.table.e[i].numel;
