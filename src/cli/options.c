@@ -62,6 +62,7 @@ typedef enum map_kind {
     KM_MESSAGE_FIELDS, /* message_property_mappings: role, content */
     KM_ROLES,          /* roles: system, user, assistant, each a list of the values that mean it */
     KM_ROLES_TO_TRAIN, /* roles_to_train: [assistant] */
+    KM_UNFROZEN,       /* unfrozen_parameters: a list of patterns, stored one per line */
     KM_SCHED_KWARGS,   /* lr_scheduler_kwargs: min_lr_rate, min_lr (cosine_with_min_lr's floor), num_cycles 0.5 */
 } map_kind;
 
@@ -492,6 +493,12 @@ static const key_spec keys[] = {
     {.name = "lora_modules_to_save", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_modules_to_save), .def = "",
      .help = "embed_tokens and/or lm_head: trained in full (an fp32 copy of the base's tensor, with its gradient and "
              "optimizer state) beside the adapters, as PEFT's modules_to_save; not for tied embeddings"},
+    {.name = "unfrozen_parameters", .type = KT_LIST, .group = G_MODEL, .map = KM_UNFROZEN,
+     AT_STR(unfrozen_parameters),
+     .help = "a full fine-tune trains only the tensors these patterns match (Axolotl's: a regular expression matched "
+             "at the start of a Hugging Face tensor name, each '.' literal, e.g. ^lm_head.weight$ or "
+             "model.layers.2[0-9]+.mlp; a trailing [a:b] trains only those rows); the others take no gradient, no "
+             "optimizer state and no update"},
     {.name = "peft_use_rslora", .aliases = "use_rslora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_rslora),
      .def = "false", .help = "rank-stabilised LoRA: scale = lora_alpha / sqrt(lora_r)"},
     {.name = "peft_layers_pattern", .aliases = "layers_pattern", .type = KT_NAMES, .group = G_MODEL,
@@ -673,7 +680,6 @@ static const key_spec keys[] = {
      .later = "loading the weights in another dtype; use bf16 or fp16"},
     LATER_BOOL("push_to_hub", "pushing to the Hugging Face Hub; snug writes output_dir"),
     LATER("hub_model_id", KT_STRING, "pushing to the Hugging Face Hub; snug writes output_dir"),
-    LATER("unfrozen_parameters", KT_LIST, "training only some tensors of a full fine-tune"),
     LATER_BOOL("embeddings_skip_upcast", "keeping LoRA's embeddings in 16 bits"),
     LATER("chat_template_jinja", KT_STRING, "a chat template in Jinja; set chat_template: chatml or llama3"),
     LATER("default_system_message", KT_STRING, "adding a system message to chats without one"),
@@ -1363,6 +1369,30 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                                  "it or set it to [assistant]", loc, written);
         }
         return 0;
+    case KM_UNFROZEN: { /* each item a pattern, joined by newlines */
+        char *dst = (char *)base + k->offset;
+        size_t at = 0;
+        dst[0] = '\0';
+        for (yaml_node_item_t *it = v ? v->data.sequence.items.start : NULL; v && it < v->data.sequence.items.top;
+             it++) {
+            const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+            int idx = (int)(it - v->data.sequence.items.start);
+            char name[16];
+            snprintf(name, sizeof name, "[%d]", idx);
+            const char *text = item ? entry_text(item, written, name, loc, e) : NULL;
+            if (!text)
+                return e ? e->code : SNUG_EINPUT;
+            if (!*text || strchr(text, '\n'))
+                return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is %s; write one pattern of tensor names per item (an "
+                                 "empty one would match every tensor: remove %s to train them all)", loc, written,
+                                 idx, *text ? "more than one line" : "empty", written);
+            if (at + strlen(text) + 2 > k->size)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (at most %zu characters in all); join patterns "
+                                 "with |", loc, written, k->size - 2);
+            at += (size_t)snprintf(dst + at, k->size - at, "%s%s", at ? "\n" : "", text);
+        }
+        return 0;
+    }
     default:
         break;
     }

@@ -494,6 +494,13 @@ static void print_text(const report *r, FILE *f) {
         fprintf(f, "  training     %s mixed precision (%s), compute in fp32, optimizer %s\n",
                 snug_precision_name(pl_lv->dt), pl_lv->master_weights ? "fp32 master weights" : "no master weights",
                 snug_optim_name(p->spec.optim, p->spec.optim_paged));
+    if (!pl_lv->lora.kind && pl->ntrain < pl->nparams) { /* unfrozen_parameters */
+        char n1[32], n2[32];
+        count_text(n1, sizeof n1, (double)pl->ntrain);
+        count_text(n2, sizeof n2, (double)pl->nparams);
+        fprintf(f, "  unfrozen     %s of the %s parameters train (unfrozen_parameters); the others have no optimizer "
+                "state and no update\n", n1, n2);
+    }
     fprintf(f, "  levers       %s\n", lv);
     if (p->spec.tp > 1) { /* the plan below is one rank's */
         int nar = 0;

@@ -1008,7 +1008,8 @@ static void vocab_blocks(snug_model *m, int B, int T, int with_grads) {
     if (m->tp_vocab) /* the rank's rows of the head: one block, or blocks of loss_vocab_block's rows */
         m->vb = m->lv.vocab_block > 0 && m->lv.vocab_block < V ? m->lv.vocab_block : V;
     m->vtied = m->vb && with_grads && c->tie_embeddings && m->lv.zero_grads && !m->lv.optimizer_in_backward &&
-               m->tp <= 1 && m->pp <= 1 && !m->packed && m->gwte == 0 && wte_entry(m) >= 0;
+               m->tp <= 1 && m->pp <= 1 && !m->packed && m->gwte == 0 && wte_entry(m) >= 0 &&
+               !m->table.e[wte_entry(m)].frozen && !m->table.e[wte_entry(m)].nkeep; /* (its rows all reduced) */
     size_t n = (size_t)(m->nranks > 1 ? m->nranks : 1) * (size_t)B * (size_t)T;
     m->umax = m->vtied ? (int)(n < (size_t)V ? n : (size_t)V) : 0;
     m->nU = 0;

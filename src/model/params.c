@@ -198,12 +198,12 @@ static int parse_range(const char *s, size_t *len, unfreeze_pattern *u) {
     return u->hi >= 0 && u->lo >= u->hi ? -1 : 0;
 }
 
-/* Compiles pattern p (len characters) into u. */
+/* Compiles pattern p (len characters), the list's item `line` (0-based), into u. */
 static int compile_pattern(const char *p, size_t len, int line, unfreeze_pattern *u, snug_error *e) {
     memset(u, 0, sizeof *u);
     int r = parse_range(p, &len, u);
     if (r < 0)
-        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters line %d ('%.*s'): the range's end must come after its "
+        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters[%d] '%.*s': the range's end must come after its "
                          "start; write [start:end] with start < end", line, (int)len, p);
     char *rx = malloc(2 * len + 1), *o = rx;
     if (!rx)
@@ -220,7 +220,7 @@ static int compile_pattern(const char *p, size_t len, int line, unfreeze_pattern
     if (!u->re) {
         PCRE2_UCHAR why[256];
         pcre2_get_error_message(err, why, sizeof why);
-        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters line %d ('%.*s') is not a regular expression: %s; "
+        return snug_fail(e, SNUG_EINPUT, "unfrozen_parameters[%d] '%.*s' is not a regular expression: %s; "
                          "write a pattern of tensor names such as model.layers.1[0-5].mlp", line, (int)len, p,
                          (const char *)why);
     }
@@ -293,7 +293,7 @@ int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unma
     for (int k = 0; k < np && !rc; k++) {
         const char *nl = strchr(c, '\n');
         size_t len = nl ? (size_t)(nl - c) : strlen(c);
-        rc = compile_pattern(c, len, k + 1, &u[k], e);
+        rc = compile_pattern(c, len, k, &u[k], e);
         c = nl ? nl + 1 : c + len;
     }
     for (int i = 0; i < t->n && !rc; i++) {

@@ -146,7 +146,7 @@ static const struct {
     I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
     I(tiled_mlp_num_shards), I(adapter), I(lora_r),
     D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), S(lora_modules_to_save), I(lora_rslora),
-    I(lora_dora), S(lora_layers), D(loraplus_lr_ratio),
+    I(lora_dora), S(lora_layers), D(loraplus_lr_ratio), S(unfrozen_parameters),
     I(bnb_4bit_quant_type), I(bnb_4bit_use_double_quant), I(bnb_4bit_blocksize),
 #undef I
 #undef D
@@ -1081,8 +1081,8 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
             w = one = json_integer(0);
         if (!w && (!strcmp(name, "tensor_parallel_size") || !strcmp(name, "pipeline_parallel_size")))
             w = one = json_integer(1); /* written before tensor (pipeline) parallelism: none */
-        if (!w && !strcmp(name, "pipeline_layers"))
-            w = one = json_string("");
+        if (!w && (!strcmp(name, "pipeline_layers") || !strcmp(name, "unfrozen_parameters")))
+            w = one = json_string(""); /* written before them: none (every tensor trained) */
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[160] = "";
             /* the loss's blocks are resolved by the stage (auto): another stage needs the checkpoint's value set */

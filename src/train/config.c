@@ -120,6 +120,15 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
                 "backward once per micro-batch, and the step waits for every stage's gradient norm; set "
                 "optimizer_in_backward: false", src, pp);
     }
+    /* unfrozen_parameters: some tensors of a full fine-tune */
+    REQUIRE(!o->unfrozen_parameters[0] || o->adapter == SNUG_ADAPTER_NONE,
+            "%s: unfrozen_parameters picks the tensors a full fine-tune trains; with adapter %s the base is frozen "
+            "and only the adapters train (lora_modules_to_save trains embed_tokens or lm_head beside them); remove "
+            "unfrozen_parameters or the adapter", src, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
+    REQUIRE(!o->unfrozen_parameters[0] || o->tensor_parallel_size == 1,
+            "%s: unfrozen_parameters with tensor_parallel_size %d is not supported yet (a rank holds slices of the "
+            "tensors the patterns name); set tensor_parallel_size: 1 (data and pipeline parallelism go beside it)",
+            src, o->tensor_parallel_size);
     /* QLoRA's stage 3 shards the 4-bit matrices only: the dense tensors a trained copy starts from stay whole */
     REQUIRE(!o->lora_modules_to_save[0] || (o->zero_stage < 3 && !o->offload_params) ||
                 o->adapter != SNUG_ADAPTER_LORA || o->base_model[0],

@@ -90,6 +90,8 @@ typedef struct snug_run_config {
     int lora_rslora;          /* scale alpha / sqrt(r) */
     int lora_dora;            /* DoRA: magnitude and direction (PEFT's use_dora) */
     double loraplus_lr_ratio; /* LoRA+: lora_B's learning rate over lora_A's; 0 = off */
+    char unfrozen_parameters[4096]; /* the tensors a full fine-tune trains: Axolotl's patterns, one per line
+                                     * (snug_param_table_freeze); "" = every tensor */
     int dataset_exact_deduplication; /* one of each set of equal examples (tokens and targets) */
     char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all */
     char lora_layers_pattern[64]; /* PEFT's layers_pattern: the block list's name (checked against the model) */

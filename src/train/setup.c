@@ -432,7 +432,7 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
                         .ckpt_snapshot = snug_run_saves(c) && c->async_checkpoint,
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
                         .pp = c->pipeline_parallel_size, .pp_recompute = c->pipeline_recompute,
-                        .pp_split = c->pipeline_layers,
+                        .pp_split = c->pipeline_layers, .unfrozen = c->unfrozen_parameters,
                         .loss_vocab_block = c->loss_vocab_block,
                         .ddp_bucket_cap_mb = c->ddp_bucket_cap_mb, .comm_deterministic = c->ddp_deterministic,
                         .overlap_comm = c->zero_overlap_comm == SNUG_OVERLAP_ON    ? 1
@@ -514,6 +514,34 @@ static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e
     return 0;
 }
 
+/* unfrozen_parameters against the whole model's tensors: each pattern well formed and matching one of them (a
+ * misspelt pattern would freeze what it meant to train) */
+static int check_unfrozen(const snug_setup *r, snug_error *e) {
+    const char *src = r->c.config_path[0] ? r->c.config_path : "config";
+    if (!r->c.unfrozen_parameters[0])
+        return 0;
+    snug_param_table t;
+    SNUG_TRY(snug_param_table_build(&t, &r->cfg, e));
+    int unmatched = 0, rc = snug_param_table_freeze(&t, r->c.unfrozen_parameters, &unmatched, e);
+    char example[96] = "";
+    for (int i = 0; i < t.n && !example[0]; i++) /* a block's matrix, as the names go */
+        if (t.e[i].layer == 0 && t.e[i].ndim == 2)
+            snprintf(example, sizeof example, "%s", t.e[i].name);
+    snug_param_table_free(&t);
+    if (rc)
+        return snug_error_wrap(e, "%s: ", src);
+    if (!unmatched)
+        return 0;
+    const char *p = r->c.unfrozen_parameters;
+    for (int k = 1; k < unmatched; k++)
+        p = strchr(p, '\n') + 1;
+    const char *nl = strchr(p, '\n');
+    int len = nl ? (int)(nl - p) : (int)strlen(p);
+    return snug_fail(e, SNUG_EINPUT, "%s: unfrozen_parameters[%d] '%.*s' matches no tensor of the model; a pattern is "
+                     "matched at the start of a tensor's name (such as %s), each '.' literal; fix it or remove it",
+                     src, unmatched - 1, len, p, example);
+}
+
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {
     if (device == SNUG_DEVICE_CUDA && c->loss_vocab_block > 0)
         return snug_fail(e, SNUG_EINPUT, "%s: loss_vocab_block is %d, but the loss over blocks of the head's rows runs "
@@ -526,6 +554,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
                          "first and the last stage, which ZeRO shard differently; set zero_stage: 0",
                          c->pipeline_parallel_size, c->zero_stage);
     SNUG_TRY(resolve_adapter(r, e));
+    SNUG_TRY(check_unfrozen(r, e));
     derive_spec(r, device);
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
     if (r->c.auto_find_batch_size)

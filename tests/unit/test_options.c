@@ -376,13 +376,25 @@ static void test_not_supported(void) {
         EXPECT_YAML_OK(yaml);
     }
     static const char *const valued[] = {
-        "wandb_project: proj", "eval_table_size: 5", "unfrozen_parameters: [a]",
+        "wandb_project: proj", "eval_table_size: 5", "plugins: [a]",
         "tokenizer_type: GemmaTokenizer",
     };
     for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
         snprintf(yaml, sizeof yaml, "%s\n", valued[i]);
         snprintf(want, sizeof want, "%.*s is not supported yet", (int)strcspn(valued[i], ":"), valued[i]);
         EXPECT_YAML_ERROR(yaml, "cfg.yaml line 1: ", want, "remove it");
+    }
+    /* unfrozen_parameters: the patterns kept one per line, as written (matched against the model in setup) */
+    {
+        snug_run_config o;
+        snug_error e;
+        int rc = load("unfrozen_parameters:\n  - model.layers.1[0-5].mlp\n  - \"^model.embed_tokens.weight$[:32]\"\n",
+                      &o, &e);
+        CHECKF(rc == 0, "unfrozen_parameters: %s", e.msg);
+        CHECK(!strcmp(o.unfrozen_parameters, "model.layers.1[0-5].mlp\n^model.embed_tokens.weight$[:32]"));
+        rc = load("unfrozen_parameters:\n", &o, &e);
+        CHECK(rc == 0 && !o.unfrozen_parameters[0]);
+        EXPECT_YAML_ERROR("unfrozen_parameters: [[a]]\n", "cfg.yaml line 1: ", "must be a single value");
     }
     /* LoRA's keys (Axolotl's spellings) become typed fields; a list of modules is kept joined by commas */
     {

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# unfrozen_parameters (Axolotl's freeze_layers_except) through `snug train`, on tiny-llama with an untied head:
+# - the tensors no pattern matches come out bitwise the base's; those matched change; of the embedding trained in
+#   rows [100:900] (no weight decay) only those rows change;
+# - the optimizer state is the trained tensors' alone (8 bytes per trained float with AdamW), the measured arenas equal
+#   the plan, and the header and `snug plan` count the trained parameters;
+# - the step inside backward (per-layer gradient buffers) and bf16 storage give the same bits as the step after
+#   backward; a run stopped at a checkpoint and resumed is the run that never stopped, and resuming with other
+#   patterns is refused naming the setting;
+# - over 2 MPI ranks, ZeRO-1, 2 and 3 give DDP's bits, and a 2-stage pipeline one process's (skipped without mpirun);
+# - a broken pattern, one that matches nothing, a range outside the tensor, an empty item, a non-list, an adapter and
+#   tensor parallelism are refused (exit 2) naming the key, before anything is written.
+set -u
+SNUG=${SNUG_BIN:-build/snug}
+SRC=${SNUG_SOURCE_DIR:-.}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+export OMP_NUM_THREADS=1
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+
+. "$SRC/tests/cli/ids_data.sh"
+tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
+. "$SRC/tests/cli/untied_base.sh"
+common="$tok --base_model $W/base --max_steps 4 --logging_steps 1 --learning_rate 3e-3 --micro_batch_size 2
+        --weight_decay 0"
+
+# config NAME PATTERN...: ids.yaml with unfrozen_parameters listing the patterns, as $W/NAME.yaml
+config() {
+  local name=$1; shift
+  { cat "$W/ids.yaml"; echo "unfrozen_parameters:"; for p in "$@"; do printf '  - "%s"\n' "$p"; done; } > "$W/$name.yaml"
+}
+PATTERNS=("model.layers.[13].mlp" "model.layers.2.self_attn.q_proj" '^model.embed_tokens.weight$[100:900]' "model.norm")
+config unf "${PATTERNS[@]}"
+
+# run NAME NP ARGS...: `snug train` as NP ranks (0: one process) into $W/NAME, its output in $W/NAME.log
+run() {
+  local name=$1 np=$2; shift 2
+  local pre=()
+  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
+  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
+  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
+}
+
+# same A B: the two runs' logged losses and final weights are the same bits
+same() {
+  cmp -s <(grep -o '"loss": *[^,]*' "$W/$1/metrics.jsonl") <(grep -o '"loss": *[^,]*' "$W/$2/metrics.jsonl") &&
+    cmp -s "$W/$1/model.safetensors" "$W/$2/model.safetensors" && ok || bad "$1 differs from $2"
+}
+
+# --- one process: what trains, what stays, the memory ---
+run unf 0 "$W/unf.yaml" || bad "unf did not train: $(tail -2 "$W/unf.log")"
+run whole 0 "$W/ids.yaml" || bad "whole did not train: $(tail -2 "$W/whole.log")"
+python3 - "$W" "${PATTERNS[@]}" <<'PY' && ok || bad "unf: the weights or the memory"
+import json, re, struct, sys
+w, patterns = sys.argv[1], sys.argv[2:]
+
+def load(path):  # safetensors without numpy: name -> (shape, raw fp32 bytes)
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: (v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in head.items() if k != "__metadata__"}
+
+base, got = load(f"{w}/base/model.safetensors"), load(f"{w}/unf/model.safetensors")
+regex = []
+for p in patterns:  # Axolotl's reading: a trailing [a:b] is a row range, each '.' literal, matched at the start
+    m = re.match(r"^(.+)\[([0-9]*)(?::([0-9]*))?\]$", p)
+    regex.append((re.compile((m.group(1) if m else p).replace(".", "\\.")), (int(m.group(2)), int(m.group(3)))
+                  if m else None))
+err, trained = [], 0
+for name, (shape, b) in base.items():
+    hits = [r for rx, r in regex if rx.match(name)]
+    g = got[name][1]
+    if not hits:
+        if g != b:
+            err.append(f"frozen {name} changed")
+        continue
+    numel = len(b) // 4
+    trained += numel
+    ranges = [r for r in hits if r]
+    if not ranges:
+        if g == b:
+            err.append(f"{name} did not train")
+        continue
+    row = numel // shape[0] * 4
+    for r in range(shape[0]):
+        inside = any(a <= r < z for a, z in ranges)
+        same = g[r * row:(r + 1) * row] == b[r * row:(r + 1) * row]
+        if not inside and not same:
+            err.append(f"{name}: row {r} outside its ranges changed")
+    if all(g[r * row:(r + 1) * row] == b[r * row:(r + 1) * row] for a, z in ranges for r in range(a, z)):
+        err.append(f"{name}: no row of its ranges changed")
+mem, whole = json.load(open(f"{w}/unf/memory.json")), json.load(open(f"{w}/whole/memory.json"))
+if mem["plan"] != mem["measured"]:
+    err.append(f"measured {mem['measured']} against the plan {mem['plan']}")
+opt = mem["plan"]["optimizer state"]
+if not 0 <= opt - 8 * trained <= 2 * 64:  # m and v, fp32, of the trained floats; each buffer 64-byte aligned
+    err.append(f"optimizer state {opt} bytes for {trained} trained floats")
+if whole["plan"]["optimizer state"] <= opt:
+    err.append("no optimizer state saved")
+print(f"  unf: {trained} of {sum(len(b) // 4 for _, b in base.values())} floats train; optimizer state {opt} bytes "
+      f"(every tensor: {whole['plan']['optimizer state']}); the frozen tensors are the base's bytes")
+for e in err:
+    print("  " + e)
+sys.exit(1 if err else 0)
+PY
+trained=$(python3 -c "import sys, re; print(re.search(r'unfrozen +(\d+)', open(sys.argv[1]).read()).group(1))" "$W/unf.log")
+python3 -c "import sys; sys.exit(0 if int(sys.argv[1]) * 8 <= $(python3 -c "import json; print(json.load(open('$W/unf/memory.json'))['plan']['optimizer state'])") else 1)" "$trained" \
+  && ok || bad "the header's trained count: $trained"
+"$SNUG" plan "$W/unf.yaml" $common > "$W/plan.txt" 2>&1 && grep -q "unfrozen .* of the .* parameters train" "$W/plan.txt" \
+  && ok || bad "snug plan: $(grep -a -i 'error\|unfrozen' "$W/plan.txt" | head -2)"
+
+# --- the step inside backward, bf16 storage: the same bits ---
+run oib 0 "$W/unf.yaml" --optimizer_in_backward true --max_grad_norm 0 || bad "oib did not train: $(tail -2 "$W/oib.log")"
+run after 0 "$W/unf.yaml" --max_grad_norm 0 || bad "after did not train: $(tail -2 "$W/after.log")"
+same oib after
+run bf16_oib 0 "$W/unf.yaml" --bf16 true --optimizer_in_backward true --max_grad_norm 0 ||
+  bad "bf16_oib did not train: $(tail -2 "$W/bf16_oib.log")"
+run bf16 0 "$W/unf.yaml" --bf16 true --max_grad_norm 0 || bad "bf16 did not train: $(tail -2 "$W/bf16.log")"
+same bf16_oib bf16
+
+# --- resume ---
+run cont 0 "$W/unf.yaml" --max_steps 6 || bad "cont did not train"
+run stop 0 "$W/unf.yaml" --max_steps 6 --save_steps 3 || bad "stop did not train"
+rm -rf "$W/stop/checkpoint-6" "$W/stop/model.safetensors"
+"$SNUG" train $common "$W/unf.yaml" --max_steps 6 --save_steps 3 --output_dir "$W/stop" \
+  --resume_from_checkpoint latest > "$W/stop.resume.log" 2>&1 && grep -q "resumed from .*checkpoint-3" "$W/stop.resume.log" &&
+  same stop cont || bad "stop did not resume: $(grep -a error "$W/stop.resume.log")"
+config other "model.layers.[13].mlp"
+rm -rf "$W/stop/checkpoint-6" "$W/stop/model.safetensors"
+"$SNUG" train $common "$W/other.yaml" --max_steps 6 --save_steps 3 --output_dir "$W/stop" \
+  --resume_from_checkpoint latest > "$W/other.log" 2>&1
+[ $? -eq 2 ] && grep -q "trained with unfrozen_parameters" "$W/other.log" && ok ||
+  bad "resuming with other patterns: $(grep -a error "$W/other.log")"
+
+# --- several ranks ---
+if command -v mpirun > /dev/null && run probe 2 "$W/unf.yaml" --max_steps 1 ; then
+  run ddp 2 "$W/unf.yaml" --ddp_deterministic true || bad "ddp did not train: $(tail -2 "$W/ddp.log")"
+  for z in 1 2 3; do
+    run zero$z 2 "$W/unf.yaml" --ddp_deterministic true --zero_stage $z || bad "zero$z did not train: $(tail -2 "$W/zero$z.log")"
+    same zero$z ddp
+  done
+  run ga 0 "$W/unf.yaml" --gradient_accumulation_steps 2 --max_grad_norm 0 || bad "ga did not train"
+  run pp 2 "$W/unf.yaml" --gradient_accumulation_steps 2 --max_grad_norm 0 --pipeline_parallel_size 2 ||
+    bad "pp did not train: $(tail -2 "$W/pp.log")"
+  same pp ga
+  echo "  ZeRO-1/2/3 at 2 ranks are DDP's bits, a 2-stage pipeline one process's"
+elif grep -q "built without MPI" "$W/probe.log" 2> /dev/null || ! command -v mpirun > /dev/null; then
+  echo "  (no mpirun or an MPI build: the several-rank checks skipped)"
+else
+  bad "the 2-rank probe: $(tail -2 "$W/probe.log")"
+fi
+
+# --- refused, before anything is written ---
+# refused NAME PATTERN ARGS...: exit 2, the error matching PATTERN, no output folder
+refused() {
+  local name=$1 pat=$2; shift 2
+  run "$name" 0 "$@"
+  local st=$?
+  [ $st -eq 2 ] && grep -q "$pat" "$W/$name.log" && [ ! -e "$W/$name" ] && ok ||
+    bad "$name: exit $st, $(grep -a error "$W/$name.log" | head -1)"
+}
+config broken "model.layers.(" && refused broken "unfrozen_parameters\[0\] .* is not a regular expression" "$W/broken.yaml"
+config nothing "model.norm" "model.layer.0" && refused nothing "unfrozen_parameters\[1\] 'model.layer.0' matches no tensor" "$W/nothing.yaml"
+config outside "model.norm.weight[0:100000]" && refused outside "outside its 256 rows" "$W/outside.yaml"
+config backwards "model.norm.weight[9:3]" && refused backwards "end must come after its start" "$W/backwards.yaml"
+config empty "model.norm" "" && refused empty "unfrozen_parameters\[1\] is empty" "$W/empty.yaml"
+{ cat "$W/ids.yaml"; echo "unfrozen_parameters: model.norm"; } > "$W/scalar.yaml"
+refused scalar "unfrozen_parameters must be a list" "$W/scalar.yaml"
+refused lora "unfrozen_parameters picks the tensors a full fine-tune trains" "$W/unf.yaml" --adapter lora
+refused tp "unfrozen_parameters with tensor_parallel_size 2 is not supported" "$W/unf.yaml" --tensor_parallel_size 2
+
+echo "test_unfrozen: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
