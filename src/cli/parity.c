@@ -162,8 +162,9 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
         for (size_t i = 0; i < N; i++)
             nsup += labels[i] >= 0;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
+        size_t gn = m->lora.on ? P : m->grads_numel; /* (frozen tensors may have no gradient storage) */
         for (int s = 0; s <= steps; s++) {
-            m->be->zero(m->be, tgrads, P * sizeof(float));
+            m->be->zero(m->be, tgrads, gn * sizeof(float));
             double loss = snug_model_step(m, scale) * scale;
             hist[s] = (float)loss;
             if (s == 0) {
@@ -174,13 +175,21 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                     m->be->matmul_fwd(m->be, m->logits, m->lnf, m->w.lm_head, NULL, (int)N, C, V);
                     m->be->to_host(m->be, logits, m->logits, N * (size_t)V * sizeof *logits);
                 }
-                m->be->to_host(m->be, grads0, tgrads, P * sizeof(float));
+                for (int i = 0; i < tt->n; i++) { /* at the table's offsets; zero where none is stored */
+                    snug_dtype gdt;
+                    const void *gi = m->lora.on ? (const void *)(tgrads + tt->e[i].offset) : snug_model_grad(m, i, &gdt);
+                    float *dst = grads0 + tt->e[i].offset;
+                    if (gi)
+                        m->be->to_host(m->be, dst, gi, tt->e[i].numel * sizeof(float));
+                    else
+                        memset(dst, 0, tt->e[i].numel * sizeof(float));
+                }
             }
             if (s == steps)
                 break;
-            double norm = snug_grad_norm(m->be, tgrads, P, 1.0f);
+            double norm = snug_grad_norm_model(m, 1.0f);
             float c = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
-            snug_adamw_step(&g.opt, m->be, tt, tparams, tgrads, lr, c);
+            snug_adamw_step_model(&g.opt, m, lr, c);
         }
         m->be->to_host(m->be, params_after, tparams, P * sizeof(float));
     }

@@ -17,6 +17,8 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 /* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. */
+#define NO_GRAD ((size_t)-1) /* grad_off of a frozen tensor without gradient storage (lv.pack_grads) */
+
 static float **slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
     if (!L) {
         if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight")) return &v->wte;
@@ -53,7 +55,7 @@ static void make_views(const snug_model *m, float *base, const size_t *off, int 
         if (p->layer >= 0 && globals_only)
             continue;
         float **s = slot_of(p->name, v, p->layer < 0 ? NULL : &layers[p->layer]);
-        if (s)
+        if (s && !(off && off[i] == NO_GRAD))
             *s = base + (off ? off[i] : p->offset);
     }
     if (m->cfg.tie_embeddings)
@@ -96,6 +98,8 @@ static void mask_frozen(snug_model *m, int group) {
             continue;
         snug_dtype dt;
         unsigned char *g = snug_model_grad(m, i, &dt);
+        if (!g) /* no gradient stored (lv.pack_grads) */
+            continue;
         size_t es = snug_dtype_size(dt), row = p->numel / (size_t)p->shape[0] * es;
         if (p->frozen) {
             m->be->zero(m->be, g, p->numel * es);
@@ -151,6 +155,27 @@ static int wte_entry(const snug_model *m) {
 
 static int is16(const snug_model *m) { return m->lv.dt == SNUG_DT_BF16 || m->lv.dt == SNUG_DT_F16; }
 
+/* Whether table entry j has a gradient view of its own (not one of the tensors after q_proj or gate_proj, which
+ * share the fused view of the first). */
+static int has_view(const snug_model *m, int j) {
+    snug_tensors v;
+    snug_layer_tensors L;
+    return slot_of(m->table.e[j].name, &v, m->table.e[j].layer < 0 ? NULL : &L) != NULL;
+}
+
+/* Whether tensor i needs gradient storage: it trains, or one of the tensors it shares a fused gradient view with does
+ * (q/k/v, gate/up: one GEMM writes their gradients together). */
+static int grad_kept(const snug_model *m, int i) {
+    const snug_param_entry *e = m->table.e;
+    int h = i; /* the first tensor of i's view */
+    while (h > 0 && e[h - 1].layer == e[i].layer && !has_view(m, h))
+        h--;
+    for (int j = h; j < m->table.n && e[j].layer == e[i].layer && (j == h || !has_view(m, j)); j++)
+        if (!e[j].frozen)
+            return 1;
+    return 0;
+}
+
 int snug_model_grad16(const snug_model *m, int i) {
     return is16(m) && !m->lv.grads_fp32 && m->table.e[i].layer >= 0;
 }
@@ -158,6 +183,8 @@ int snug_model_grad16(const snug_model *m, int i) {
 void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt) {
     int g16 = snug_model_grad16(m, i);
     *dt = g16 ? m->lv.dt : SNUG_DT_F32;
+    if (m->grad_off[i] == NO_GRAD)
+        return NULL;
     return g16 ? (void *)(m->grads16 + m->grad_off[i]) : (void *)(m->grads + m->grad_off[i]);
 }
 
@@ -182,6 +209,8 @@ int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out
     snug_grad_range cur = {0};
     for (int i = 0; i <= t->n; i++) { /* i == t->n closes the last range */
         const snug_param_entry *p = i < t->n && snug_model_ready_group(m, i) == layer ? &t->e[i] : NULL;
+        if (p && have && m->grad_off[i] == NO_GRAD) /* a frozen tensor without a gradient */
+            p = NULL;
         snug_dtype dt = SNUG_DT_F32;
         void *g = p && have ? snug_model_grad(m, i, &dt) : NULL;
         size_t at = p ? (have ? m->grad_off[i] : p->offset) : 0;
@@ -768,10 +797,17 @@ static int grad_offsets(snug_model *m, snug_error *e) {
     if (!m->grad_off)
         return snug_fail(e, SNUG_ENOMEM, "out of host memory for the gradient layout");
     m->grads16_numel = 0;
+    int pack = 0; /* frozen tensors without storage: the kept ones packed in table order */
+    for (int i = 0; i < t->n && m->lv.pack_grads && !oib; i++)
+        pack |= t->e[i].frozen;
     if (!oib && !g16) {
-        for (int i = 0; i < t->n; i++)
-            m->grad_off[i] = t->e[i].offset;
-        m->grads_numel = t->total;
+        size_t at = 0;
+        for (int i = 0; i < t->n; i++) {
+            int kept = !pack || grad_kept(m, i);
+            m->grad_off[i] = !kept ? NO_GRAD : pack ? at : t->e[i].offset;
+            at += kept ? t->e[i].numel : 0;
+        }
+        m->grads_numel = pack ? at : t->total;
         return 0;
     }
     /* The global tensors first, in table order (pre = those before the layers, post = after), then one layer's
@@ -782,7 +818,9 @@ static int grad_offsets(snug_model *m, snug_error *e) {
     int apart = m->lv.zero_grads, tied = m->cfg.tie_embeddings, wte = m->vtied ? wte_entry(m) : -1;
     size_t pre = 0, post = 0, layers = 0, lmax = largest_layer(m);
     for (int i = 0; i < t->n; i++)
-        if (t->e[i].layer < 0 && !post_global(m, i) && i != wte)
+        if (t->e[i].layer < 0 && pack && !grad_kept(m, i))
+            m->grad_off[i] = NO_GRAD;
+        else if (t->e[i].layer < 0 && !post_global(m, i) && i != wte)
             m->grad_off[i] = pre, pre += t->e[i].numel;
     /* where the post-layer globals start; split by rows (vtied), the embedding's gradient is one block of the head's
      * rows at a time in the layers' buffer during the loss (and its looked-up rows in ubuf) */
@@ -792,7 +830,7 @@ static int grad_offsets(snug_model *m, snug_error *e) {
         lmax = lmax > (size_t)m->vb * m->cfg.hidden_size ? lmax : (size_t)m->vb * m->cfg.hidden_size;
     }
     for (int i = 0; i < t->n; i++)
-        if (t->e[i].layer < 0 && post_global(m, i))
+        if (t->e[i].layer < 0 && post_global(m, i) && (!pack || grad_kept(m, i)))
             m->grad_off[i] = base + post, post += t->e[i].numel;
     size_t lbase = apart ? base : pre + post; /* where the fp32 layer buffer starts */
     /* zero_overlap: the odd layers in a second buffer after the first, which the head's blocks may have widened.
@@ -800,13 +838,18 @@ static int grad_offsets(snug_model *m, snug_error *e) {
      * backward writes them (rank_hooks.c) */
     int two = m->lv.zero_overlap && apart && !g16;
     size_t second = two ? largest_layer(m) : 0;
-    for (int l = 0; l < m->cfg.n_layer; l++)
+    for (int l = 0; l < m->cfg.n_layer && !pack; l++)
         layers += t->layer_numel[l];
     for (int i = 0; i < t->n; i++) {
         const snug_param_entry *p = &t->e[i];
         if (p->layer < 0)
             continue;
-        size_t in_layers = oib ? p->offset - t->layer_offset[p->layer] : p->offset - t->layer_offset[0];
+        if (pack && !grad_kept(m, i)) {
+            m->grad_off[i] = NO_GRAD;
+            continue;
+        }
+        size_t in_layers = pack ? layers : oib ? p->offset - t->layer_offset[p->layer] : p->offset - t->layer_offset[0];
+        layers += pack ? p->numel : 0;
         m->grad_off[i] = g16 ? in_layers : lbase + in_layers + (two && p->layer % 2 ? lmax : 0);
     }
     size_t end = base + post;
@@ -2116,7 +2159,12 @@ static void layer_bwd(snug_model *m, int l) {
         tp_sum(m, m->d_ln, Nn * C);
         norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);
     }
-    if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
+    if (m->grads16 && m->frozen_any) { /* tensor by tensor where grad_offsets put them (none for a frozen one) */
+        for (int i = 0; i < m->table.n; i++)
+            if (m->table.e[i].layer == l && m->grad_off[i] != NO_GRAD)
+                be->to16(be, m->grads16 + m->grad_off[i], m->gl + (m->table.e[i].offset - m->table.layer_offset[l]),
+                         m->table.e[i].numel, m->lv.dt, 0);
+    } else if (m->grads16) { /* where grad_offsets put layer l: its place among the layers, or the one shared buffer */
         size_t o16 = m->lv.optimizer_in_backward || m->lv.zero_grads ? 0
                                                                       : m->table.layer_offset[l] - m->table.layer_offset[0];
         be->to16(be, m->grads16 + o16, m->gl, m->table.layer_numel[l], m->lv.dt, 0);

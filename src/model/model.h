@@ -128,6 +128,11 @@ typedef struct snug_levers {
     int mlp_shards;       /* tiled_mlp: 0 off; k >= 1: every block's MLP runs over k shards of the micro-batch's
                            * tokens, its activations never saved but recomputed shard by shard in backward;
                            * -1: k = ceil(tokens / hidden size) */
+    int pack_grads;       /* frozen tensors (unfrozen_parameters) get no gradient storage: the gradient buffers hold
+                           * only the tensors that train (and the frozen ones fused with them, q/k/v and gate/up,
+                           * which one GEMM writes together); snug_model_grad gives NULL for the others. Set where the
+                           * gradients are summed and stepped tensor by tensor at their grad_off (not under ZeRO, whose
+                           * shards are ranges of the table, nor with the step inside backward) */
     int optimizer_in_backward; /* gradients exist one layer at a time (plus the global tensors): each layer is
                                 * stepped from on_grads_ready and its buffer reused by the next */
     /* precision (bf16: true / fp16: true): parameters, saved activations and layer gradients stored as dt, every op
@@ -527,7 +532,8 @@ static inline int snug_pp_in_slots(const snug_model *m) {
 
 /* 1 when tensor i's gradient is stored 16-bit in grads16 (a layer tensor under a 16-bit dt without grads_fp32). */
 int snug_model_grad16(const snug_model *m, int i);
-/* Where tensor i's gradient starts (in grads16 or grads) and, in dt, how it is stored. */
+/* Where tensor i's gradient starts (in grads16 or grads) and, in dt, how it is stored; NULL for a frozen tensor without
+ * gradient storage (lv.pack_grads). */
 void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt);
 /* Where layer's gradients are (layer -1: the global tensors'), one range per contiguous piece of the table, in table
  * order, each contiguous in its gradient buffer too. Writes at most max ranges to out and returns how many there are

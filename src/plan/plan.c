@@ -26,6 +26,10 @@ snug_levers snug_plan_levers(const snug_plan_spec *s) {
     lv.vocab_block = s->loss_vocab_block > 0 ? s->loss_vocab_block
                      : s->loss_vocab_block < 0 || s->device_cuda ? 0
                      : lv.zero_grads && s->cfg.tie_embeddings && !lv.lora.kind && !lv.optimizer_in_backward ? -1 : 0;
+    /* unfrozen_parameters: gradients for the trained tensors alone, where they are summed and stepped tensor by tensor
+     * (ZeRO's shards and the step inside backward take the table's ranges whole) */
+    lv.pack_grads = s->with_grads && !lv.lora.kind && !lv.optimizer_in_backward &&
+                    (s->zero_stage == 0 || s->ranks <= 1);
     if (lv.lora.kind) { /* a frozen base takes no update: no master copy, no gradients to accumulate */
         lv.master_weights = 0;
         lv.grads_fp32 = 0;

@@ -113,7 +113,9 @@ int snug_pipe_tied_sum(snug_pipe *p, snug_model *m, snug_error *e) {
     if (i < 0 || !p->ends)
         return 0;
     snug_dtype dt;
-    void *g = snug_model_grad(m, i, &dt); /* a global tensor's gradient: fp32 */
+    void *g = snug_model_grad(m, i, &dt); /* a global tensor's gradient: fp32 (none when frozen) */
+    if (!g)
+        return 0;
     return p->ends->allreduce_sum(p->ends, g, m->table.e[i].numel, SNUG_COMM_F32, e);
 }
 
@@ -125,7 +127,8 @@ int snug_pipe_grad_norm(snug_pipe *p, const snug_model *m, float grad_scale, dou
             continue;
         snug_dtype dt;
         const void *g = snug_model_grad(m, i, &dt);
-        ss += m->be->sumsq(m->be, g, dt, m->table.e[i].numel);
+        if (g) /* (a frozen tensor has none: unfrozen_parameters) */
+            ss += m->be->sumsq(m->be, g, dt, m->table.e[i].numel);
     }
     SNUG_TRY(p->c->allreduce_sum(p->c, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e));
     *norm = sqrt(ss) * fabs((double)grad_scale);

@@ -2,10 +2,11 @@
 # unfrozen_parameters (Axolotl's freeze_layers_except) through `snug train`, on tiny-llama with an untied head:
 # - the tensors no pattern matches come out bitwise the base's; those matched change; of the embedding trained in
 #   rows [100:900] (no weight decay) only those rows change;
-# - the optimizer state is the trained tensors' alone (8 bytes per trained float with AdamW), the measured arenas equal
-#   the plan, and the header and `snug plan` count the trained parameters;
-# - the step inside backward (per-layer gradient buffers) and bf16 storage give the same bits as the step after
-#   backward; a run stopped at a checkpoint and resumed is the run that never stopped, and resuming with other
+# - the optimizer state is the trained tensors' alone (8 bytes per trained float with AdamW), the gradients theirs and
+#   their fused partners' (q/k/v, gate/up: one GEMM writes them), in fp32 and bf16; the measured arenas equal the
+#   plan, and the header and `snug plan` count the trained parameters;
+# - the step inside backward (per-layer buffers of every tensor's gradients) gives the bits of the step after
+#   backward over packed gradients, in fp32 and bf16; ZeRO-1 (unpacked) DDP's (packed); a run stopped at a checkpoint and resumed is the run that never stopped, and resuming with other
 #   patterns is refused naming the setting;
 # - over 2 MPI ranks, ZeRO-1, 2 and 3 give DDP's bits, and a 2-stage pipeline one process's (skipped without mpirun);
 # - a broken pattern, one that matches nothing, a range outside the tensor, an empty item, a non-list, an adapter and
@@ -71,8 +72,11 @@ for p in patterns:  # Axolotl's reading: a trailing [a:b] is a row range, each '
     m = re.match(r"^(.+)\[([0-9]*)(?::([0-9]*))?\]$", p)
     regex.append((re.compile((m.group(1) if m else p).replace(".", "\\.")), (int(m.group(2)), int(m.group(3)))
                   if m else None))
-err, trained = [], 0
+err, trained, kept = [], 0, 0
+fused = lambda n: re.sub(r"\.(q|k|v)_proj\.", ".qkv.", re.sub(r"\.(gate|up)_proj\.", ".gate_up.", n))
+live = {fused(n) for n in base if any(rx.match(n) for rx, _ in regex)}
 for name, (shape, b) in base.items():
+    kept += len(b) // 4 if fused(name) in live else 0  # one GEMM writes q/k/v's (gate/up's) gradients together
     hits = [r for rx, r in regex if rx.match(name)]
     g = got[name][1]
     if not hits:
@@ -102,8 +106,12 @@ if not 0 <= opt - 8 * trained <= 2 * 64:  # m and v, fp32, of the trained floats
     err.append(f"optimizer state {opt} bytes for {trained} trained floats")
 if whole["plan"]["optimizer state"] <= opt:
     err.append("no optimizer state saved")
-print(f"  unf: {trained} of {sum(len(b) // 4 for _, b in base.values())} floats train; optimizer state {opt} bytes "
-      f"(every tensor: {whole['plan']['optimizer state']}); the frozen tensors are the base's bytes")
+grads = mem["plan"]["gradients"]
+if not 0 <= grads - 4 * kept <= 64:  # fp32 gradients of the trained tensors and their fused partners alone
+    err.append(f"gradients {grads} bytes for {kept} floats kept")
+print(f"  unf: {trained} of {sum(len(b) // 4 for _, b in base.values())} floats train; optimizer state {opt} bytes, "
+      f"gradients {grads} (every tensor: {whole['plan']['optimizer state']}, {whole['plan']['gradients']}); the "
+      f"frozen tensors are the base's bytes")
 for e in err:
     print("  " + e)
 sys.exit(1 if err else 0)
@@ -121,7 +129,13 @@ same oib after
 run bf16_oib 0 "$W/unf.yaml" --bf16 true --optimizer_in_backward true --max_grad_norm 0 ||
   bad "bf16_oib did not train: $(tail -2 "$W/bf16_oib.log")"
 run bf16 0 "$W/unf.yaml" --bf16 true --max_grad_norm 0 || bad "bf16 did not train: $(tail -2 "$W/bf16.log")"
-same bf16_oib bf16
+same bf16_oib bf16  # (the step inside backward keeps one layer's gradients, of every tensor; the other run packs them)
+run bf16_whole 0 "$W/ids.yaml" --bf16 true --max_grad_norm 0 || bad "bf16_whole did not train"
+python3 - "$W" <<'PY' && ok || bad "bf16: the gradients' memory"
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/{n}/memory.json")) for n in ("bf16", "bf16_whole"))
+sys.exit(0 if a["plan"] == a["measured"] and a["plan"]["gradients"] < b["plan"]["gradients"] else 1)
+PY
 
 # --- resume ---
 run cont 0 "$W/unf.yaml" --max_steps 6 || bad "cont did not train"
