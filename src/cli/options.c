@@ -315,21 +315,25 @@ static const key_spec keys[] = {
     {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(lr_scheduler),
      .def = "cosine",
      .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup cosine_with_restarts polynomial "
-               "inverse_sqrt warmup_stable_decay",
+               "inverse_sqrt warmup_stable_decay reduce_lr_on_plateau cosine_warmup_with_min_lr",
      ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT},
            {"constant_with_warmup", SNUG_SCHED_CONSTANT_WARMUP}, {"cosine_with_restarts", SNUG_SCHED_COSINE_RESTARTS},
            {"polynomial", SNUG_SCHED_POLYNOMIAL}, {"inverse_sqrt", SNUG_SCHED_INVERSE_SQRT},
-           {"warmup_stable_decay", SNUG_SCHED_WSD}),
-     .later_values = "cosine_warmup_with_min_lr reduce_lr_on_plateau one_cycle rex",
+           {"warmup_stable_decay", SNUG_SCHED_WSD}, {"reduce_lr_on_plateau", SNUG_SCHED_PLATEAU},
+           {"cosine_warmup_with_min_lr", SNUG_SCHED_COSINE_WARMUP_MIN}),
+     .later_values = "one_cycle rex",
      .help = "transformers' schedules, bit for bit: after warmup, cosine or linear decay to 0, constant (no warmup; "
-             "constant_with_warmup has one), cosine_with_restarts, polynomial, inverse_sqrt, warmup_stable_decay; "
-             "their settings in lr_scheduler_kwargs"},
+             "constant_with_warmup has one), cosine_with_restarts, polynomial, inverse_sqrt, warmup_stable_decay, "
+             "reduce_lr_on_plateau (no warmup; times factor when the validation loss stops improving), "
+             "cosine_warmup_with_min_lr; their settings in lr_scheduler_kwargs"},
     {.name = "lr_scheduler_kwargs", .type = KT_MAP, .group = G_BATCH, .map = KM_SCHED_KWARGS,
      .help = "transformers' scheduler_specific_kwargs: cosine and cosine_with_min_lr {min_lr_rate: r} "
              "(cosine_min_lr_ratio), {min_lr: lr}, num_cycles (0.5); cosine_with_restarts num_cycles (1); polynomial "
              "power (1.0), lr_end (1e-7); inverse_sqrt timescale (the warmup steps); warmup_stable_decay "
              "num_decay_steps (required), num_stable_steps (the rest), warmup_type and decay_type (linear, cosine, "
-             "1-sqrt), min_lr_ratio (0), num_cycles (0.5)"},
+             "1-sqrt), min_lr_ratio (0), num_cycles (0.5); reduce_lr_on_plateau mode (min), factor (0.1), patience "
+             "(10), threshold (1e-4), threshold_mode (rel), cooldown (0), min_lr (0), eps (1e-8); "
+             "cosine_warmup_with_min_lr min_lr_rate or min_lr (one required), num_cycles (0.5), warmup_lr_rate"},
     {.name = "cosine_min_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(cosine_min_lr_ratio), .def = "0",
      .help = "Axolotl's: cosine decays to this fraction of learning_rate instead of 0 (0 to 1)"},
     {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
@@ -1442,14 +1446,17 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
         case KM_SCHED_KWARGS: {
             static const char *const kw[] = {"min_lr_rate", "min_lr", "num_cycles", "power", "lr_end", "timescale",
                                              "num_decay_steps", "num_stable_steps", "warmup_type", "decay_type",
-                                             "min_lr_ratio"};
+                                             "min_lr_ratio", "mode", "factor", "patience", "threshold",
+                                             "threshold_mode", "cooldown", "eps", "warmup_lr_rate"};
             int k = 0;
             while (k < (int)(sizeof kw / sizeof kw[0]) && strcmp(name, kw[k]))
                 k++;
             if (k == (int)(sizeof kw / sizeof kw[0]))
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not a setting of transformers' schedules that snug "
                                  "reads (min_lr_rate, min_lr, num_cycles, power, lr_end, timescale, num_decay_steps, "
-                                 "num_stable_steps, warmup_type, decay_type, min_lr_ratio)", loc, written, name);
+                                 "num_stable_steps, warmup_type, decay_type, min_lr_ratio, warmup_lr_rate; "
+                                 "reduce_lr_on_plateau's mode, factor, patience, threshold, threshold_mode, cooldown, "
+                                 "eps)", loc, written, name);
             unsigned bit = 1u << k; /* kw[k] is SNUG_SCHED_KW_*'s bit k */
             o->sched_given |= bit;
             if (bit & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE)) {
@@ -1463,22 +1470,39 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                                      written, name, text);
                 break;
             }
+            if (bit & (SNUG_SCHED_KW_MODE | SNUG_SCHED_KW_THRESHOLD_MODE)) { /* ReduceLROnPlateau's two words */
+                int mode = bit == SNUG_SCHED_KW_MODE;
+                const char *a = mode ? "min" : "rel", *b = mode ? "max" : "abs";
+                if (strcmp(text, a) && strcmp(text, b))
+                    return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be %s or %s, got '%.40s'", loc, written, name, a,
+                                     b, text);
+                *(mode ? &o->sched.plat_max : &o->sched.plat_abs) = !strcmp(text, b);
+                break;
+            }
             double d;
             if (!*text || parse_double(text, &d) || !(d >= 0) || d > 1e9)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be a number of 0 or more, got '%.40s'", loc, written,
                                  name, text);
-            if ((bit & (SNUG_SCHED_KW_TIMESCALE | SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS)) &&
-                d != floor(d)) /* whole steps */
+            if ((bit & (SNUG_SCHED_KW_TIMESCALE | SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS |
+                        SNUG_SCHED_KW_PATIENCE | SNUG_SCHED_KW_COOLDOWN)) &&
+                d != floor(d)) /* whole steps (evaluations) */
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it counts steps: a whole number", loc, written,
                                  name, d);
             if ((bit & (SNUG_SCHED_KW_NUM_CYCLES | SNUG_SCHED_KW_POWER)) && !(d > 0))
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be above 0, got %g", loc, written, name, d);
-            if (bit == SNUG_SCHED_KW_MIN_LR_RATIO && d > 1)
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.min_lr_ratio is %g; it is a fraction of learning_rate, 0 to "
-                                 "1", loc, written, d);
+            if (bit == SNUG_SCHED_KW_FACTOR && !(d < 1)) /* (torch raises too) */
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.factor is %g; reduce_lr_on_plateau multiplies the learning "
+                                 "rate by it: below 1", loc, written, d);
+            if ((bit == SNUG_SCHED_KW_MIN_LR_RATIO || bit == SNUG_SCHED_KW_WARMUP_LR_RATE) && d > 1)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it is a fraction of learning_rate, 0 to 1", loc,
+                                 written, name, d);
             double *dv[] = {&o->cosine_min_lr_ratio, &o->min_lr, &o->sched.num_cycles, &o->sched.power,
-                            &o->sched.lr_end, NULL, NULL, NULL, NULL, NULL, &o->sched.wsd_min_ratio};
-            int *iv[] = {NULL, NULL, NULL, NULL, NULL, &o->sched.timescale, &o->sched.wsd_decay, &o->sched.wsd_stable};
+                            &o->sched.lr_end, NULL, NULL, NULL, NULL, NULL, &o->sched.wsd_min_ratio, NULL,
+                            &o->sched.plat_factor, NULL, &o->sched.plat_threshold, NULL, NULL, &o->sched.plat_eps,
+                            &o->sched.warmup_lr_rate};
+            int *iv[] = {NULL, NULL, NULL, NULL, NULL, &o->sched.timescale, &o->sched.wsd_decay, &o->sched.wsd_stable,
+                         NULL, NULL, NULL, NULL, NULL, &o->sched.plat_patience, NULL, NULL, &o->sched.plat_cooldown,
+                         NULL, NULL};
             if (dv[k])
                 *dv[k] = d;
             else
@@ -1876,8 +1900,9 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
         if (!dataset_scope && !strcmp(k->name, "chat_template"))
             ((snug_run_config *)base)->chat_template_set = 1;
         if (!dataset_scope && !strcmp(k->name, "lr_scheduler") && v->type == YAML_SCALAR_NODE)
-            ((snug_run_config *)base)->sched_min_lr = !strcmp((const char *)v->data.scalar.value,
-                                                              "cosine_with_min_lr");
+            ((snug_run_config *)base)->sched_min_lr =
+                !strcmp((const char *)v->data.scalar.value, "cosine_with_min_lr") ||
+                !strcmp((const char *)v->data.scalar.value, "cosine_warmup_with_min_lr");
     }
     return 0;
 }
@@ -1996,7 +2021,7 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
     if (!strcmp(k->name, "chat_template"))
         o->chat_template_set = 1;
     if (!strcmp(k->name, "lr_scheduler"))
-        o->sched_min_lr = !strcmp(value, "cosine_with_min_lr");
+        o->sched_min_lr = !strcmp(value, "cosine_with_min_lr") || !strcmp(value, "cosine_warmup_with_min_lr");
     return set_text(o, k, key, value, where, e);
 }
 
@@ -2189,7 +2214,9 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
         p += n;
         p += strspn(p, ", ");
     }
-    if (o->min_lr >= 0) { /* cosine_with_min_lr's floor as a learning rate */
+    if (o->min_lr >= 0 && o->lr_scheduler == SNUG_SCHED_PLATEAU) { /* ReduceLROnPlateau's floor */
+        o->sched.plat_min_lr = o->min_lr;
+    } else if (o->min_lr >= 0) { /* cosine_with_min_lr's floor as a learning rate */
         if (o->learning_rate <= 0 || o->min_lr > o->learning_rate)
             return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs.min_lr is %g, above learning_rate %g; the floor "
                              "must be at most the peak", src, o->min_lr, o->learning_rate);
@@ -2209,6 +2236,12 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
         {SNUG_SCHED_WSD, SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS | SNUG_SCHED_KW_WARMUP_TYPE |
                          SNUG_SCHED_KW_DECAY_TYPE | SNUG_SCHED_KW_MIN_LR_RATIO | SNUG_SCHED_KW_NUM_CYCLES,
          "num_decay_steps, num_stable_steps, warmup_type, decay_type, min_lr_ratio, num_cycles"},
+        {SNUG_SCHED_PLATEAU, SNUG_SCHED_KW_MODE | SNUG_SCHED_KW_FACTOR | SNUG_SCHED_KW_PATIENCE |
+                             SNUG_SCHED_KW_THRESHOLD | SNUG_SCHED_KW_THRESHOLD_MODE | SNUG_SCHED_KW_COOLDOWN |
+                             SNUG_SCHED_KW_MIN_LR | SNUG_SCHED_KW_EPS,
+         "mode, factor, patience, threshold, threshold_mode, cooldown, min_lr, eps"},
+        {SNUG_SCHED_COSINE_WARMUP_MIN, SNUG_SCHED_KW_MIN_LR_RATE | SNUG_SCHED_KW_MIN_LR | SNUG_SCHED_KW_NUM_CYCLES |
+                                       SNUG_SCHED_KW_WARMUP_LR_RATE, "min_lr_rate, min_lr, num_cycles, warmup_lr_rate"},
         {SNUG_SCHED_LINEAR, 0, "none"}, {SNUG_SCHED_CONSTANT, 0, "none"}, {SNUG_SCHED_CONSTANT_WARMUP, 0, "none"},
     };
     for (size_t i = 0; i < sizeof takes / sizeof takes[0]; i++)
@@ -2222,9 +2255,12 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs.lr_end is %g, not below learning_rate %g; the "
                          "polynomial decays from learning_rate down to lr_end", src, o->sched.lr_end,
                          o->learning_rate);
-    if (o->sched_min_lr && o->cosine_min_lr_ratio == 0 && o->min_lr < 0)
-        return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler cosine_with_min_lr needs its floor: lr_scheduler_kwargs: "
-                         "{min_lr_rate: 0.1} (or min_lr, or cosine_min_lr_ratio)", src);
+    if (o->sched_min_lr && o->cosine_min_lr_ratio == 0 &&
+        !(o->sched_given & (SNUG_SCHED_KW_MIN_LR_RATE | SNUG_SCHED_KW_MIN_LR)))
+        return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler %s needs its floor: lr_scheduler_kwargs: {min_lr_rate: 0.1} "
+                         "(or min_lr, or cosine_min_lr_ratio)", src,
+                         o->lr_scheduler == SNUG_SCHED_COSINE_WARMUP_MIN ? "cosine_warmup_with_min_lr"
+                                                                         : "cosine_with_min_lr");
     if (o->use_cpu)
         o->device = SNUG_BACKEND_CPU;
     if (o->full_determinism)

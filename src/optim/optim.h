@@ -120,6 +120,11 @@ typedef enum snug_sched {
     SNUG_SCHED_POLYNOMIAL,       /* polynomial: (lr - lr_end) x remaining^power + lr_end */
     SNUG_SCHED_INVERSE_SQRT,     /* inverse_sqrt: 1 / sqrt((step + timescale - warmup) / timescale) */
     SNUG_SCHED_WSD,              /* warmup_stable_decay */
+    SNUG_SCHED_PLATEAU,          /* reduce_lr_on_plateau: learning_rate until the validation loss stops improving, then
+                                  * times factor (torch's ReduceLROnPlateau, stepped by each evaluation; snug_plateau);
+                                  * no warmup, as transformers builds it */
+    SNUG_SCHED_COSINE_WARMUP_MIN, /* cosine_warmup_with_min_lr: warmup to the peak at its last step (from
+                                  * warmup_lr_rate when set), then cosine from one step in, down to min_ratio */
 } snug_sched;
 
 typedef enum snug_wsd_shape { SNUG_WSD_LINEAR, SNUG_WSD_COSINE, SNUG_WSD_1SQRT } snug_wsd_shape;
@@ -135,7 +140,29 @@ typedef struct snug_sched_params {
     int wsd_stable;          /* its stable steps; < 0: total - warmup - decay */
     snug_wsd_shape wsd_warmup, wsd_decay_type; /* warmup_type (linear), decay_type (cosine) */
     double wsd_min_ratio;    /* min_lr_ratio: where warmup starts and decay ends, as a fraction of the peak (0) */
+    double warmup_lr_rate;   /* cosine_warmup_with_min_lr: warmup's first factor; < 0: none (warmup (step + 1) / w) */
+    /* reduce_lr_on_plateau: ReduceLROnPlateau's arguments (its defaults: mode min, factor 0.1, patience 10,
+     * threshold 1e-4, threshold_mode rel, cooldown 0, min_lr 0, eps 1e-8) */
+    int plat_max, plat_abs;  /* mode max (higher is better), threshold_mode abs */
+    double plat_factor, plat_threshold, plat_min_lr, plat_eps;
+    int plat_patience, plat_cooldown;
 } snug_sched_params;
+
+/* reduce_lr_on_plateau's state between evaluations (part of a checkpoint) */
+typedef struct snug_plateau {
+    double lr;               /* the learning rate now */
+    double best;             /* the best metric so far (+inf, or -inf in mode max, before the first) */
+    int bad;                 /* evaluations since it, not counting those in cooldown (num_bad_epochs) */
+    int cooldown;            /* evaluations of cooldown left */
+} snug_plateau;
+
+/* The state before any evaluation: lr at base_lr. */
+void snug_plateau_init(snug_plateau *s, double base_lr, const snug_sched_params *p);
+/* One evaluation's metric (the validation loss), as ReduceLROnPlateau.step takes it: a better one (below best x
+ * (1 - threshold), or best - threshold in abs mode; above, in mode max) resets the count, else it grows; cooldown
+ * evaluations do not count; past `patience` the learning rate becomes max(lr x factor, min_lr) (unless that changes
+ * it by eps or less) and cooldown starts. */
+void snug_plateau_step(snug_plateau *s, double metric, const snug_sched_params *p);
 
 void snug_sched_params_default(snug_sched_params *p);
 

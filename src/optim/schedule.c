@@ -14,6 +14,45 @@ void snug_sched_params_default(snug_sched_params *p) {
     p->wsd_stable = -1;
     p->wsd_warmup = SNUG_WSD_LINEAR;
     p->wsd_decay_type = SNUG_WSD_COSINE;
+    p->warmup_lr_rate = -1.0;
+    p->plat_factor = 0.1;
+    p->plat_patience = 10;
+    p->plat_threshold = 1e-4;
+    p->plat_eps = 1e-8;
+}
+
+void snug_plateau_init(snug_plateau *s, double base_lr, const snug_sched_params *p) {
+    memset(s, 0, sizeof *s);
+    s->lr = base_lr;
+    s->best = p->plat_max ? -INFINITY : INFINITY;
+}
+
+/* ReduceLROnPlateau.is_better, in its order of operations */
+static int plateau_better(const snug_sched_params *p, double a, double best) {
+    if (!p->plat_max)
+        return p->plat_abs ? a < best - p->plat_threshold : a < best * (1.0 - p->plat_threshold);
+    return p->plat_abs ? a > best + p->plat_threshold : a > best * (p->plat_threshold + 1.0);
+}
+
+void snug_plateau_step(snug_plateau *s, double metric, const snug_sched_params *p) {
+    if (plateau_better(p, metric, s->best)) {
+        s->best = metric;
+        s->bad = 0;
+    } else {
+        s->bad++;
+    }
+    if (s->cooldown > 0) { /* bad evaluations in cooldown do not count */
+        s->cooldown--;
+        s->bad = 0;
+    }
+    if (s->bad > p->plat_patience) {
+        double lr = s->lr * p->plat_factor;
+        lr = lr > p->plat_min_lr ? lr : p->plat_min_lr; /* max(old * factor, min_lr) */
+        if (s->lr - lr > p->plat_eps)
+            s->lr = lr;
+        s->cooldown = p->plat_cooldown;
+        s->bad = 0;
+    }
 }
 
 static double imax1(int x) { return (double)(x > 1 ? x : 1); }
@@ -35,7 +74,7 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
         p = &d;
     }
     double nc = p->num_cycles >= 0 ? p->num_cycles : kind == SNUG_SCHED_COSINE_RESTARTS ? 1.0 : 0.5;
-    if (kind == SNUG_SCHED_CONSTANT) /* get_constant_schedule: no warmup */
+    if (kind == SNUG_SCHED_CONSTANT || kind == SNUG_SCHED_PLATEAU) /* no warmup; a plateau's lr is snug_plateau's */
         return base_lr;
     if (kind == SNUG_SCHED_WSD) {
         int stable = p->wsd_stable >= 0 ? p->wsd_stable : total - warmup - p->wsd_decay;
@@ -49,6 +88,15 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
                     (1.0 - mr) + mr;
         else
             return base_lr * mr;
+        return base_lr * (f > 0.0 ? f : 0.0);
+    }
+    if (kind == SNUG_SCHED_COSINE_WARMUP_MIN) { /* _get_cosine_with_min_lr_schedule_with_warmup_lr_rate_lambda */
+        double r = p->warmup_lr_rate, f;
+        if (step < warmup)
+            f = r < 0 ? ((double)step + 1.0) / imax1(warmup) : r + (1.0 - r) * (double)step / imax1(warmup - 1);
+        else
+            f = 0.5 * (1.0 + cos(M_PI * nc * 2.0 * (((double)step - (double)warmup + 1.0) / imax1(total - warmup)))) *
+                    (1.0 - min_ratio) + min_ratio;
         return base_lr * (f > 0.0 ? f : 0.0);
     }
     if (step < warmup)

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -577,6 +578,10 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
     if (js && st->es_step) /* early stopping and load_best_model_at_end (absent: none yet) */
         json_object_set_new(js, "early_stopping", json_pack("{s:f, s:i, s:i}", "best", st->es_best, "step",
                                                             st->es_step, "count", st->es_count));
+    if (js && st->plateau.best == st->plateau.best && fabs(st->plateau.best) != INFINITY) /* after an evaluation */
+        json_object_set_new(js, "plateau", json_pack("{s:f, s:f, s:i, s:i}", "lr", st->plateau.lr, "best",
+                                                     st->plateau.best, "bad", st->plateau.bad, "cooldown",
+                                                     st->plateau.cooldown));
     if (js && st->best_step)
         json_object_set_new(js, "best_checkpoint", json_pack("{s:f, s:i}", "val_loss", st->best_val, "step",
                                                              st->best_step));
@@ -1134,6 +1139,14 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         st->es_count = (int)json_integer_value(json_object_get(es, "count"));
         st->best_val = json_number_value(json_object_get(best, "val_loss"));
         st->best_step = (int)json_integer_value(json_object_get(best, "step"));
+        json_t *pl = json_object_get(j, "plateau"); /* reduce_lr_on_plateau (absent: no evaluation yet) */
+        snug_plateau_init(&st->plateau, s->c.learning_rate, &s->c.sched);
+        if (pl) {
+            st->plateau.lr = json_number_value(json_object_get(pl, "lr"));
+            st->plateau.best = json_number_value(json_object_get(pl, "best"));
+            st->plateau.bad = (int)json_integer_value(json_object_get(pl, "bad"));
+            st->plateau.cooldown = (int)json_integer_value(json_object_get(pl, "cooldown"));
+        }
         /* the fp32 weights' arena kept as model.safetensors alone: read first, as loading the weights also sets a
          * 16-bit copy, which its own file then restores bit for bit */
         const char *in_weights = json_string_value(json_object_get(j, "weights_arena"));

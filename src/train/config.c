@@ -158,7 +158,7 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->max_steps >= 1 || o->num_epochs >= 1,
             "%s: num_epochs is %d; it must be at least 1 (or set max_steps)", src, o->num_epochs);
     REQUIRE(o->learning_rate > 0, "%s: learning_rate is %g; it must be above 0 (e.g. 3e-4)", src, o->learning_rate);
-    REQUIRE(o->lr_scheduler >= SNUG_SCHED_CONSTANT && o->lr_scheduler <= SNUG_SCHED_WSD,
+    REQUIRE(o->lr_scheduler >= SNUG_SCHED_CONSTANT && o->lr_scheduler <= SNUG_SCHED_COSINE_WARMUP_MIN,
             "%s: lr_scheduler %d is unknown; use cosine, linear, constant or another of transformers' (snug train "
             "--help lists them)", src, (int)o->lr_scheduler);
     REQUIRE(o->warmup_steps >= 0, "%s: warmup_steps is %d; it must be 0 or more", src, o->warmup_steps);
@@ -229,6 +229,13 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->eval_strategy < 0 || o->eval_strategy == 1 || (!o->eval_steps && !o->evals_per_epoch),
             "%s: eval_strategy %s and %s both say when to evaluate; keep one", src,
             strategy[o->eval_strategy < 0 ? 0 : o->eval_strategy], o->eval_steps ? "eval_steps" : "evals_per_epoch");
+    /* reduce_lr_on_plateau is stepped by the evaluations (transformers requires an eval strategy for it) */
+    REQUIRE(o->lr_scheduler != SNUG_SCHED_PLATEAU || (o->eval_strategy != 0 && (o->val_set_size > 0 ||
+                                                                                 o->ntest_datasets > 0)),
+            "%s: lr_scheduler reduce_lr_on_plateau lowers the learning rate when the validation loss stops improving, "
+            "and the run %s; %s", src, o->eval_strategy == 0 ? "does not evaluate (eval_strategy: no)"
+                                                              : "has no validation set",
+            o->eval_strategy == 0 ? "remove eval_strategy: no" : "set val_set_size (e.g. 0.05) or test_datasets");
     REQUIRE(o->eval_strategy != 0 || (!o->early_stopping_patience && o->load_best_model_at_end != 1),
             "%s: eval_strategy no, and %s compares the validation losses of evaluations; remove one", src,
             o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
@@ -327,7 +334,8 @@ snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged)
 
 const char *snug_sched_name(snug_sched s) {
     static const char *const names[] = {"constant", "linear", "cosine", "constant_with_warmup", "cosine_with_restarts",
-                                        "polynomial", "inverse_sqrt", "warmup_stable_decay"};
+                                        "polynomial", "inverse_sqrt", "warmup_stable_decay", "reduce_lr_on_plateau",
+                                        "cosine_warmup_with_min_lr"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
 }
 
@@ -352,7 +360,8 @@ int snug_load_best(const snug_run_config *c) {
 }
 
 int snug_warmup_steps(const snug_run_config *c, int total) {
-    if (c->lr_scheduler == SNUG_SCHED_CONSTANT) /* transformers' constant schedule has no warmup */
+    if (c->lr_scheduler == SNUG_SCHED_CONSTANT || c->lr_scheduler == SNUG_SCHED_PLATEAU) /* as transformers builds
+                                                                                            * them: no warmup */
         return 0;
     return c->warmup_steps ? c->warmup_steps : (int)ceil(c->warmup_ratio * total);
 }

@@ -49,6 +49,7 @@ typedef struct snug_train_state {
     /* load_best_model_at_end: the lowest validation loss of a checkpointed step (when best_step > 0), that step */
     double best_val;
     int best_step;
+    snug_plateau plateau;  /* reduce_lr_on_plateau: the learning rate and its count of evaluations */
 } snug_train_state;
 
 /* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,

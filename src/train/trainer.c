@@ -1274,6 +1274,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             fprintf(out, "resumed from %s at step %d of %d (state read and data replayed in %.2f s)\n", resume,
                     st.step, total, now_s() - t_load);
     }
+    if (!resume[0]) /* (a checkpoint holds its own) */
+        snug_plateau_init(&st.plateau, o->learning_rate, &o->sched);
     snug_loss_scaler ls = st.ls;
     double loss_mean = st.loss_mean;
     if (o->optimizer_in_backward && z2.counts) { /* ZeRO-3: each layer reduce-scattered, the rank's part stepped */
@@ -1297,7 +1299,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         int k0 = dp->rank * GAr < nmb ? dp->rank * GAr : nmb, k1 = k0 + GAr < nmb ? k0 + GAr : nmb;
         float scale = nsup ? 1.0f / (float)nsup : 0.0f;
-        double lr = snug_lr_at(sched, o->learning_rate, step, warmup, total, o->cosine_min_lr_ratio, &o->sched);
+        double lr = sched == SNUG_SCHED_PLATEAU ? st.plateau.lr /* what the evaluations so far made of it */
+                    : snug_lr_at(sched, o->learning_rate, step, warmup, total, o->cosine_min_lr_ratio, &o->sched);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
             r.eng.opt.step++;
             in_bwd.lr = lr;
@@ -1472,6 +1475,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         if (!isnan(val) && (!st.es_step || val < st.es_best))
             st.es_best = val, st.es_step = step + 1;
+        if (!isnan(val) && sched == SNUG_SCHED_PLATEAU) /* the next steps' learning rate (transformers steps it with
+                                                          * the evaluation's metric, eval_loss) */
+            snug_plateau_step(&st.plateau, val, &o->sched);
         /* load_best_model_at_end: the lowest validation loss among the steps that keep a checkpoint (and the last) */
         if (!isnan(val) && load_best && (!st.best_step || val < st.best_val) && (save_now || step + 1 == total))
             st.best_val = val, st.best_step = step + 1;

@@ -2,11 +2,11 @@
 # Exact resume and safe stops. A run stopped at a checkpoint and resumed logs the same losses, learning rates, gradient
 # norms and epochs, and ends with the same weights, bit for bit, as the run that never stopped: for fp32, GPT-2
 # (transposed weights), bf16 with and without master weights, fp16's loss scaling, 8-bit and paged AdamW, accumulation
-# across epoch ends, checkpointing, packing, grouping, auto_fit and LoRA (fp32 with dropout; bf16 with 8-bit AdamW and
-# checkpointing). SIGTERM and SIGINT finish the step, write a checkpoint and exit 0; SIGKILL at random moments (also
-# during a checkpoint write) loses only the work since the last checkpoint and never leaves one that loads; a damaged
-# checkpoint is refused naming the file; a changed configuration is refused naming the setting; an output_dir that holds
-# a run is refused unless resumed or overwritten.
+# across epoch ends, checkpointing, packing, grouping, auto_fit, reduce_lr_on_plateau's state and LoRA (fp32 with
+# dropout; bf16 with 8-bit AdamW and checkpointing). SIGTERM and SIGINT finish the step, write a checkpoint and exit
+# 0; SIGKILL at random moments (also during a checkpoint write) loses only the work since the last checkpoint and never
+# leaves one that loads; a damaged checkpoint is refused naming the file; a changed configuration is refused naming the
+# setting; an output_dir that holds a run is refused unless resumed or overwritten.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -128,6 +128,13 @@ resumed lora_bf16 --max_steps 10 --adapter lora --lora_r 4 --bf16 true --optimiz
 resumed dora --max_steps 10 --adapter lora --lora_target_linear true --peft_use_dora true
 resumed int8 --max_steps 10 --adapter lora --load_in_8bit true --lora_target_linear true
 resumed fitted --max_steps 10 --bf16 true --micro_batch_size 8 --auto_fit true --memory_budget 30MB
+# reduce_lr_on_plateau: the learning rate the evaluations before the checkpoint made (halved at every evaluation that
+# does not improve), and its count, are part of it
+printf 'lr_scheduler: reduce_lr_on_plateau\nlr_scheduler_kwargs: {patience: 0, factor: 0.5, threshold: 0.05}\n' \
+  > "$W/plateau.yaml"
+resumed plateau "$W/plateau.yaml" --max_steps 12 --eval_steps 2 --learning_rate 2e-2
+python3 -c "import json, sys; sys.exit(0 if len({json.loads(l)['lr'] for l in open(sys.argv[1])}) > 1 else 1)" \
+  "$W/plateau.full/metrics.jsonl" && ok || bad "plateau: the learning rate never dropped" 
 
 # save_only_model: a checkpoint holds the model files alone (no state-*.bin), their weights byte for byte those of the
 # full checkpoint of the same step; the snapshot arena is planned without the optimizer state (as measured, below the

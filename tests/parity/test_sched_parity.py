@@ -6,12 +6,15 @@ lr_scheduler_type, warmup, total and scheduler_specific_kwargs (what Trainer pas
 schedule snug takes: linear, cosine (num_cycles), cosine_with_min_lr (min_lr_rate, min_lr), constant (no warmup,
 whatever warmup_steps says), constant_with_warmup, cosine_with_restarts, polynomial (power, lr_end), inverse_sqrt
 (timescale, and its defaults with and without warmup), warmup_stable_decay (each warmup and decay shape, a floor,
-stable steps given or derived, steps past the decay). Each learning rate must be the same double.
+stable steps given or derived, steps past the decay), cosine_warmup_with_min_lr (min_lr_rate, min_lr, num_cycles,
+warmup_lr_rate; one warmup step, none). Each learning rate must be the same double (reduce_lr_on_plateau, stepped by
+evaluations, has test_plateau_parity.py).
 
 End to end, `snug train` runs of a tiny model log the learning rate of each step (6 significant digits in
-metrics.jsonl): polynomial, warmup_stable_decay and constant with warmup_steps set (ignored, as transformers
-ignores it) match transformers' to that precision, and a setting the schedule does not take, or warmup_stable_decay
-without its decay steps, is refused with exit 2."""
+metrics.jsonl): polynomial, warmup_stable_decay, cosine_warmup_with_min_lr and constant with warmup_steps set
+(ignored, as transformers ignores it) match transformers' to that precision, and a setting the schedule does not
+take, warmup_stable_decay without its decay steps, or cosine_warmup_with_min_lr without its floor, is refused with
+exit 2."""
 import json
 import os
 import subprocess
@@ -26,7 +29,8 @@ from common import SNUG, check, finish  # noqa: E402
 
 ROOT = os.environ.get("SNUG_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 KIND = {"constant": 0, "linear": 1, "cosine": 2, "cosine_with_min_lr": 2, "constant_with_warmup": 3,
-        "cosine_with_restarts": 4, "polynomial": 5, "inverse_sqrt": 6, "warmup_stable_decay": 7}
+        "cosine_with_restarts": 4, "polynomial": 5, "inverse_sqrt": 6, "warmup_stable_decay": 7,
+        "cosine_warmup_with_min_lr": 9}
 SHAPE = {"linear": 0, "cosine": 1, "1-sqrt": 2}
 
 CASES = [  # (type, base lr, warmup, total, kwargs)
@@ -53,6 +57,10 @@ CASES = [  # (type, base lr, warmup, total, kwargs)
     ("warmup_stable_decay", 1e-3, 4, 24, {"num_decay_steps": 8, "warmup_type": "1-sqrt", "decay_type": "linear",
                                           "min_lr_ratio": 0.05}),
     ("warmup_stable_decay", 1e-3, 4, 24, {"num_decay_steps": 8, "decay_type": "cosine", "num_cycles": 0.25}),
+    ("cosine_warmup_with_min_lr", 2e-4, 4, 20, {"min_lr_rate": 0.1}),
+    ("cosine_warmup_with_min_lr", 3e-4, 5, 18, {"min_lr": 3e-5, "warmup_lr_rate": 0.2, "num_cycles": 0.75}),
+    ("cosine_warmup_with_min_lr", 1e-3, 1, 10, {"min_lr_rate": 0.0, "warmup_lr_rate": 0.5}),
+    ("cosine_warmup_with_min_lr", 1e-3, 0, 10, {"min_lr_rate": 0.05}),
 ]
 
 
@@ -79,7 +87,7 @@ def driver_args(kind, base, warmup, total, kw):
             repr(kw.get("power", 1.0)), repr(kw.get("lr_end", 1e-7)), str(kw.get("timescale", 0)),
             str(kw.get("num_decay_steps", -1)), str(kw.get("num_stable_steps", -1)),
             str(SHAPE[kw.get("warmup_type", "linear")]), str(SHAPE[kw.get("decay_type", "cosine")]),
-            repr(kw.get("min_lr_ratio", 0.0))]
+            repr(kw.get("min_lr_ratio", 0.0)), repr(kw.get("warmup_lr_rate", -1.0))]
 
 
 def bits(x):
@@ -129,7 +137,10 @@ def main():
                 ("warmup_stable_decay", 1e-3, "lr_scheduler: warmup_stable_decay\nwarmup_steps: 2\n"
                  "lr_scheduler_kwargs: {num_decay_steps: 4, decay_type: linear, min_lr_ratio: 0.1}\n",
                  {"num_decay_steps": 4, "decay_type": "linear", "min_lr_ratio": 0.1}, 2),
-                ("constant", 1e-3, "lr_scheduler: constant\nwarmup_steps: 3\n", {}, 3)]
+                ("constant", 1e-3, "lr_scheduler: constant\nwarmup_steps: 3\n", {}, 3),
+                ("cosine_warmup_with_min_lr", 1e-3, "lr_scheduler: cosine_warmup_with_min_lr\nwarmup_steps: 3\n"
+                 "lr_scheduler_kwargs: {min_lr_rate: 0.1, warmup_lr_rate: 0.1}\n",
+                 {"min_lr_rate": 0.1, "warmup_lr_rate": 0.1}, 3)]
         for kind, base, text, kw, warmup in ends:
             rc, lrs = train_lrs(tmp, kind, f"learning_rate: {base}\n" + text)
             ref = reference(kind, base, 0 if kind == "constant" else warmup, 12, kw)[:12]
@@ -140,12 +151,14 @@ def main():
                 ("a setting the schedule does not take", "lr_scheduler: cosine\nlr_scheduler_kwargs: {power: 2}\n",
                  "lr_scheduler cosine does not take"),
                 ("WSD without its decay steps", "lr_scheduler: warmup_stable_decay\n", "needs its decay steps"),
+                ("cosine_warmup_with_min_lr without its floor", "lr_scheduler: cosine_warmup_with_min_lr\n",
+                 "cosine_warmup_with_min_lr needs its floor"),
                 ("lr_end above learning_rate", "learning_rate: 1e-4\nlr_scheduler: polynomial\n"
                  "lr_scheduler_kwargs: {lr_end: 1e-3}\n", "not below learning_rate")):
             rc, msg = train_lrs(tmp, "bad", text)
             check(rc == 2 and want in msg, f"{what}: rc {rc}: {msg}")
-        print("  refused with exit 2: a setting the schedule does not take, WSD without num_decay_steps, lr_end "
-              "above learning_rate")
+        print("  refused with exit 2: a setting the schedule does not take, WSD without num_decay_steps, "
+              "cosine_warmup_with_min_lr without its floor, lr_end above learning_rate")
     finish("test_sched_parity")
 
 
