@@ -315,17 +315,17 @@ static const key_spec keys[] = {
     {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(lr_scheduler),
      .def = "cosine",
      .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup cosine_with_restarts polynomial "
-               "inverse_sqrt warmup_stable_decay reduce_lr_on_plateau cosine_warmup_with_min_lr",
+               "inverse_sqrt warmup_stable_decay reduce_lr_on_plateau cosine_warmup_with_min_lr rex",
      ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT},
            {"constant_with_warmup", SNUG_SCHED_CONSTANT_WARMUP}, {"cosine_with_restarts", SNUG_SCHED_COSINE_RESTARTS},
            {"polynomial", SNUG_SCHED_POLYNOMIAL}, {"inverse_sqrt", SNUG_SCHED_INVERSE_SQRT},
            {"warmup_stable_decay", SNUG_SCHED_WSD}, {"reduce_lr_on_plateau", SNUG_SCHED_PLATEAU},
-           {"cosine_warmup_with_min_lr", SNUG_SCHED_COSINE_WARMUP_MIN}),
-     .later_values = "one_cycle rex",
+           {"cosine_warmup_with_min_lr", SNUG_SCHED_COSINE_WARMUP_MIN}, {"rex", SNUG_SCHED_REX}),
+     .later_values = "one_cycle",
      .help = "transformers' schedules, bit for bit: after warmup, cosine or linear decay to 0, constant (no warmup; "
              "constant_with_warmup has one), cosine_with_restarts, polynomial, inverse_sqrt, warmup_stable_decay, "
              "reduce_lr_on_plateau (no warmup; times factor when the validation loss stops improving), "
-             "cosine_warmup_with_min_lr; their settings in lr_scheduler_kwargs"},
+             "cosine_warmup_with_min_lr; Axolotl's rex (to cosine_min_lr_ratio); their settings in lr_scheduler_kwargs"},
     {.name = "lr_scheduler_kwargs", .type = KT_MAP, .group = G_BATCH, .map = KM_SCHED_KWARGS,
      .help = "transformers' scheduler_specific_kwargs: cosine and cosine_with_min_lr {min_lr_rate: r} "
              "(cosine_min_lr_ratio), {min_lr: lr}, num_cycles (0.5); cosine_with_restarts num_cycles (1); polynomial "
@@ -334,6 +334,11 @@ static const key_spec keys[] = {
              "1-sqrt), min_lr_ratio (0), num_cycles (0.5); reduce_lr_on_plateau mode (min), factor (0.1), patience "
              "(10), threshold (1e-4), threshold_mode (rel), cooldown (0), min_lr (0), eps (1e-8); "
              "cosine_warmup_with_min_lr min_lr_rate or min_lr (one required), num_cycles (0.5), warmup_lr_rate"},
+    {.name = "lr_quadratic_warmup", .type = KT_BOOL, .group = G_BATCH, AT_INT(sched.quadratic_warmup), .def = "false",
+     .help = "Axolotl's: cosine's warmup rises as (step / warmup)^2, then the cosine decays to 0 (no floor)"},
+    {.name = "cosine_constant_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(sched.constant_ratio), .def = "0",
+     .help = "Axolotl's, with cosine_min_lr_ratio: the cosine reaches its floor at this fraction of the steps and "
+             "stays there (0 to 1; 0 = off)"},
     {.name = "cosine_min_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(cosine_min_lr_ratio), .def = "0",
      .help = "Axolotl's: cosine decays to this fraction of learning_rate instead of 0 (0 to 1)"},
     {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
@@ -2243,6 +2248,7 @@ static int apply_aliases(snug_run_config *o, snug_error *e) {
         {SNUG_SCHED_COSINE_WARMUP_MIN, SNUG_SCHED_KW_MIN_LR_RATE | SNUG_SCHED_KW_MIN_LR | SNUG_SCHED_KW_NUM_CYCLES |
                                        SNUG_SCHED_KW_WARMUP_LR_RATE, "min_lr_rate, min_lr, num_cycles, warmup_lr_rate"},
         {SNUG_SCHED_LINEAR, 0, "none"}, {SNUG_SCHED_CONSTANT, 0, "none"}, {SNUG_SCHED_CONSTANT_WARMUP, 0, "none"},
+        {SNUG_SCHED_REX, 0, "none"},
     };
     for (size_t i = 0; i < sizeof takes / sizeof takes[0]; i++)
         if (takes[i].s == o->lr_scheduler && (o->sched_given & ~takes[i].keys))

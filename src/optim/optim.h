@@ -125,6 +125,8 @@ typedef enum snug_sched {
                                   * no warmup, as transformers builds it */
     SNUG_SCHED_COSINE_WARMUP_MIN, /* cosine_warmup_with_min_lr: warmup to the peak at its last step (from
                                   * warmup_lr_rate when set), then cosine from one step in, down to min_ratio */
+    SNUG_SCHED_REX,              /* Axolotl's rex (RexLR, arXiv 2107.04197): warmup, then min + (1 - min) z / (0.1 +
+                                  * 0.9 z) with z the share of the steps left, min = min_ratio (cosine_min_lr_ratio) */
 } snug_sched;
 
 typedef enum snug_wsd_shape { SNUG_WSD_LINEAR, SNUG_WSD_COSINE, SNUG_WSD_1SQRT } snug_wsd_shape;
@@ -141,6 +143,10 @@ typedef struct snug_sched_params {
     snug_wsd_shape wsd_warmup, wsd_decay_type; /* warmup_type (linear), decay_type (cosine) */
     double wsd_min_ratio;    /* min_lr_ratio: where warmup starts and decay ends, as a fraction of the peak (0) */
     double warmup_lr_rate;   /* cosine_warmup_with_min_lr: warmup's first factor; < 0: none (warmup (step + 1) / w) */
+    /* Axolotl's variants of cosine: lr_quadratic_warmup (warmup (step / w)^2, then down to 0), and
+     * cosine_constant_lr_ratio c with a floor (the cosine reaches it at int(total x c) and stays) */
+    int quadratic_warmup;
+    double constant_ratio;
     /* reduce_lr_on_plateau: ReduceLROnPlateau's arguments (its defaults: mode min, factor 0.1, patience 10,
      * threshold 1e-4, threshold_mode rel, cooldown 0, min_lr 0, eps 1e-8) */
     int plat_max, plat_abs;  /* mode max (higher is better), threshold_mode abs */

@@ -66,6 +66,21 @@ static double wsd_shape(snug_wsd_shape s, double x, int rising, double num_cycle
            : s == SNUG_WSD_1SQRT ? 1.0 - sqrt(x) : 1.0 - x;
 }
 
+/* Axolotl's RexLR (max_lr = base_lr, min_lr = base_lr x min_ratio) at last_step = step: before the first warmup step
+ * and at the end the floor, and a negative step_after taken modulo the rest as Python takes it (a warmup of 2 or more
+ * gives step 0 the factor of step (total - warmup) - warmup, as Axolotl does). */
+static double rex_lr(double base_lr, int step, int warmup, int total, double min_ratio) {
+    double min_lr = base_lr * min_ratio;
+    if (step >= 1 && step <= warmup)
+        return base_lr * (double)step / (double)warmup;
+    long after = (long)step - warmup, rest = (long)total - warmup;
+    if (after >= rest || after == -1 || rest <= 0)
+        return min_lr;
+    long mod = ((after % rest) + rest) % rest; /* Python's %: the sign of the divisor */
+    double z = (double)(rest - mod) / (double)rest, r = min_lr / base_lr;
+    return base_lr * (r + (1.0 - r) * (z / (0.1 + 0.9 * z)));
+}
+
 double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int total, double min_ratio,
                   const snug_sched_params *p) {
     snug_sched_params d;
@@ -98,6 +113,20 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
             f = 0.5 * (1.0 + cos(M_PI * nc * 2.0 * (((double)step - (double)warmup + 1.0) / imax1(total - warmup)))) *
                     (1.0 - min_ratio) + min_ratio;
         return base_lr * (f > 0.0 ? f : 0.0);
+    }
+    if (kind == SNUG_SCHED_REX) /* Axolotl's RexLR.get_lr at last_step = step */
+        return rex_lr(base_lr, step, warmup, total, min_ratio);
+    if (kind == SNUG_SCHED_COSINE && p->quadratic_warmup) { /* Axolotl's quadratic warmup (it takes no floor) */
+        if (step < warmup) /* (x ** 2 in Python: the same pow) */
+            return base_lr * pow((double)step / imax1(warmup), 2.0);
+        double f = 0.5 * (1.0 + cos(M_PI * nc * 2.0 * ((double)(step - warmup) / imax1(total - warmup))));
+        return base_lr * (f > 0.0 ? f : 0.0);
+    }
+    if (kind == SNUG_SCHED_COSINE && p->constant_ratio > 0 && min_ratio > 0 && step >= warmup) {
+        int ncs = (int)((double)total * p->constant_ratio); /* Python's int(): toward zero */
+        int s = step < ncs ? step : ncs;
+        double f = (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * nc * 2.0 * ((double)(s - warmup) / imax1(ncs - warmup))));
+        return base_lr * ((f > 0.0 ? f : 0.0) + min_ratio);
     }
     if (step < warmup)
         return base_lr * ((double)step / imax1(warmup));

@@ -158,7 +158,7 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->max_steps >= 1 || o->num_epochs >= 1,
             "%s: num_epochs is %d; it must be at least 1 (or set max_steps)", src, o->num_epochs);
     REQUIRE(o->learning_rate > 0, "%s: learning_rate is %g; it must be above 0 (e.g. 3e-4)", src, o->learning_rate);
-    REQUIRE(o->lr_scheduler >= SNUG_SCHED_CONSTANT && o->lr_scheduler <= SNUG_SCHED_COSINE_WARMUP_MIN,
+    REQUIRE(o->lr_scheduler >= SNUG_SCHED_CONSTANT && o->lr_scheduler <= SNUG_SCHED_REX,
             "%s: lr_scheduler %d is unknown; use cosine, linear, constant or another of transformers' (snug train "
             "--help lists them)", src, (int)o->lr_scheduler);
     REQUIRE(o->warmup_steps >= 0, "%s: warmup_steps is %d; it must be 0 or more", src, o->warmup_steps);
@@ -241,6 +241,17 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             o->early_stopping_patience ? "early_stopping_patience" : "load_best_model_at_end");
     REQUIRE(o->neftune_noise_alpha >= 0 && o->neftune_noise_alpha <= 1e6,
             "%s: neftune_noise_alpha is %g; use 0 (off) or a positive scale such as 5", src, o->neftune_noise_alpha);
+    /* Axolotl's variants of cosine take effect with it alone (Axolotl ignores them otherwise: here they are refused) */
+    REQUIRE(!o->sched.quadratic_warmup || (o->lr_scheduler == SNUG_SCHED_COSINE && !o->sched_min_lr &&
+                                           o->cosine_min_lr_ratio == 0),
+            "%s: lr_quadratic_warmup shapes lr_scheduler cosine's warmup, then decays to 0 (Axolotl ignores a floor "
+            "beside it); set lr_scheduler: cosine without cosine_min_lr_ratio, or remove it", src);
+    REQUIRE(o->sched.constant_ratio >= 0 && o->sched.constant_ratio <= 1,
+            "%s: cosine_constant_lr_ratio is %g; use a fraction of the steps from 0 to 1", src, o->sched.constant_ratio);
+    REQUIRE(!o->sched.constant_ratio || (o->lr_scheduler == SNUG_SCHED_COSINE && o->cosine_min_lr_ratio > 0 &&
+                                         !o->sched.quadratic_warmup),
+            "%s: cosine_constant_lr_ratio holds lr_scheduler cosine at its floor (cosine_min_lr_ratio) from that share "
+            "of the steps on; set lr_scheduler: cosine and cosine_min_lr_ratio, without lr_quadratic_warmup", src);
     REQUIRE(o->cosine_min_lr_ratio >= 0 && o->cosine_min_lr_ratio <= 1,
             "%s: cosine_min_lr_ratio is %g; use a fraction of learning_rate from 0 to 1", src, o->cosine_min_lr_ratio);
     REQUIRE(o->evals_per_epoch >= 0 && !(o->evals_per_epoch && o->eval_steps),
@@ -335,7 +346,7 @@ snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged)
 const char *snug_sched_name(snug_sched s) {
     static const char *const names[] = {"constant", "linear", "cosine", "constant_with_warmup", "cosine_with_restarts",
                                         "polynomial", "inverse_sqrt", "warmup_stable_decay", "reduce_lr_on_plateau",
-                                        "cosine_warmup_with_min_lr"};
+                                        "cosine_warmup_with_min_lr", "rex"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
 }
 

@@ -1,7 +1,7 @@
 /* sched_driver.c: snug's learning-rate schedules (src/optim/schedule.c) for test_sched_parity.py.
  *
  *   sched_driver KIND BASE_LR WARMUP TOTAL MIN_RATIO NUM_CYCLES POWER LR_END TIMESCALE DECAY STABLE WARMUP_TYPE
- *                DECAY_TYPE WSD_MIN_RATIO WARMUP_LR_RATE
+ *                DECAY_TYPE WSD_MIN_RATIO WARMUP_LR_RATE QUADRATIC CONSTANT_RATIO
  * prints snug_lr_at for steps 0 .. TOTAL + 1, one per line, as the 16 hex digits of the double's bits. KIND is the
  * snug_sched value; NUM_CYCLES < 0, STABLE < 0 and TIMESCALE 0 mean the defaults; the WSD shapes 0 linear, 1 cosine,
  * 2 1-sqrt; WARMUP_LR_RATE < 0: none. */
@@ -13,8 +13,8 @@
 #include "optim/optim.h"
 
 int main(int argc, char **argv) {
-    if (argc != 16) {
-        fprintf(stderr, "sched_driver: 15 arguments, got %d\n", argc - 1);
+    if (argc != 18) {
+        fprintf(stderr, "sched_driver: 17 arguments, got %d\n", argc - 1);
         return 2;
     }
     snug_sched_params p;
@@ -31,6 +31,8 @@ int main(int argc, char **argv) {
     p.wsd_decay_type = (snug_wsd_shape)atoi(argv[13]);
     p.wsd_min_ratio = strtod(argv[14], NULL);
     p.warmup_lr_rate = strtod(argv[15], NULL);
+    p.quadratic_warmup = atoi(argv[16]);
+    p.constant_ratio = strtod(argv[17], NULL);
     for (int s = 0; s <= total + 1; s++) {
         double lr = snug_lr_at((snug_sched)kind, base, s, warmup, total, min_ratio, &p);
         uint64_t u;

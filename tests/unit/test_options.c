@@ -872,7 +872,7 @@ static void test_help(void) {
         "model:", "data:", "batch & schedule:", "optimizer:", "output & logging:", "generation:", "memory:",
         "micro_batch_size: int = 4", "per_device_train_batch_size",
         "lr_scheduler: cosine|cosine_with_min_lr|linear|constant|constant_with_warmup|cosine_with_restarts|polynomial|"
-        "inverse_sqrt|warmup_stable_decay|reduce_lr_on_plateau|cosine_warmup_with_min_lr = cosine",
+        "inverse_sqrt|warmup_stable_decay|reduce_lr_on_plateau|cosine_warmup_with_min_lr|rex = cosine",
         "optimizer: adamw|",
         "lr_scheduler_type", "learning_rate: float = 3e-4", "memory_budget: size", "output_dir: string = \"out\"",
         "num_train_epochs", "optim", "path: string (required)", "field: string = \"text\"", "--dataset",
