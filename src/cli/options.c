@@ -325,7 +325,8 @@ static const key_spec keys[] = {
      .help = "transformers' schedules, bit for bit: after warmup, cosine or linear decay to 0, constant (no warmup; "
              "constant_with_warmup has one), cosine_with_restarts, polynomial, inverse_sqrt, warmup_stable_decay, "
              "reduce_lr_on_plateau (no warmup; times factor when the validation loss stops improving), "
-             "cosine_warmup_with_min_lr; Axolotl's rex (to cosine_min_lr_ratio); their settings in lr_scheduler_kwargs"},
+             "cosine_warmup_with_min_lr; Axolotl's rex (to cosine_min_lr_ratio); their settings in "
+             "lr_scheduler_kwargs"},
     {.name = "lr_scheduler_kwargs", .type = KT_MAP, .group = G_BATCH, .map = KM_SCHED_KWARGS,
      .help = "transformers' scheduler_specific_kwargs: cosine and cosine_with_min_lr {min_lr_rate: r} "
              "(cosine_min_lr_ratio), {min_lr: lr}, num_cycles (0.5); cosine_with_restarts num_cycles (1); polynomial "

@@ -43,8 +43,9 @@ static int read_ints(const snug_st_set *s, const char *name, int32_t **out, int 
 
 int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     if (argc < 3)
-        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... --tiled_mlp SHARDS "
-                         "--offload_embedding 1 --q4_chunk ELEMENTS --loraplus RATIO --unfrozen PATTERN --device cpu|cuda]");
+        return snug_fail(e, SNUG_EINPUT, "usage: snug parity MODEL_DIR IN.safetensors OUT.safetensors [--steps K ... "
+                         "--tiled_mlp SHARDS --offload_embedding 1 --q4_chunk ELEMENTS --loraplus RATIO --unfrozen "
+                         "PATTERN --device cpu|cuda]");
     const char *dir = argv[0], *in = argv[1], *outp = argv[2], *save = NULL, *adapter = NULL, *qlora = NULL;
     snug_backend_choice device = SNUG_BACKEND_CPU;
     int steps = 0, threads = 0, mlp_shards = 0, offload_emb = 0, q4_chunk = 0;
@@ -177,7 +178,8 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
                 }
                 for (int i = 0; i < tt->n; i++) { /* at the table's offsets; zero where none is stored */
                     snug_dtype gdt;
-                    const void *gi = m->lora.on ? (const void *)(tgrads + tt->e[i].offset) : snug_model_grad(m, i, &gdt);
+                    const void *gi = m->lora.on ? (const void *)(tgrads + tt->e[i].offset)
+                                                : snug_model_grad(m, i, &gdt);
                     float *dst = grads0 + tt->e[i].offset;
                     if (gi)
                         m->be->to_host(m->be, dst, gi, tt->e[i].numel * sizeof(float));

@@ -287,8 +287,8 @@ int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unma
         np += *c == '\n';
     unfreeze_pattern *u = calloc((size_t)np, sizeof *u);
     int64_t (*r)[2] = calloc((size_t)np, sizeof *r);
-    int *hits = calloc((size_t)np, sizeof *hits), rc = u && r && hits ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host "
-                                                                                       "memory for unfrozen_parameters");
+    int *hits = calloc((size_t)np, sizeof *hits);
+    int rc = u && r && hits ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory for unfrozen_parameters");
     const char *c = patterns;
     for (int k = 0; k < np && !rc; k++) {
         const char *nl = strchr(c, '\n');

@@ -125,7 +125,8 @@ double snug_lr_at(snug_sched kind, double base_lr, int step, int warmup, int tot
     if (kind == SNUG_SCHED_COSINE && p->constant_ratio > 0 && min_ratio > 0 && step >= warmup) {
         int ncs = (int)((double)total * p->constant_ratio); /* Python's int(): toward zero */
         int s = step < ncs ? step : ncs;
-        double f = (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * nc * 2.0 * ((double)(s - warmup) / imax1(ncs - warmup))));
+        double progress = (double)(s - warmup) / imax1(ncs - warmup);
+        double f = (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * nc * 2.0 * progress));
         return base_lr * ((f > 0.0 ? f : 0.0) + min_ratio);
     }
     if (step < warmup)

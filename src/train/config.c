@@ -247,7 +247,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: lr_quadratic_warmup shapes lr_scheduler cosine's warmup, then decays to 0 (Axolotl ignores a floor "
             "beside it); set lr_scheduler: cosine without cosine_min_lr_ratio, or remove it", src);
     REQUIRE(o->sched.constant_ratio >= 0 && o->sched.constant_ratio <= 1,
-            "%s: cosine_constant_lr_ratio is %g; use a fraction of the steps from 0 to 1", src, o->sched.constant_ratio);
+            "%s: cosine_constant_lr_ratio is %g; use a fraction of the steps from 0 to 1", src,
+            o->sched.constant_ratio);
     REQUIRE(!o->sched.constant_ratio || (o->lr_scheduler == SNUG_SCHED_COSINE && o->cosine_min_lr_ratio > 0 &&
                                          !o->sched.quadratic_warmup),
             "%s: cosine_constant_lr_ratio holds lr_scheduler cosine at its floor (cosine_min_lr_ratio) from that share "
