@@ -1,4 +1,5 @@
 """Shared helpers of the parity tests: the snug binary, small random Hugging Face models, comparisons."""
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +101,34 @@ def aligned_labels(hf_labels: torch.Tensor) -> torch.Tensor:
     out = torch.full_like(hf_labels, -100)
     out[:, :-1] = hf_labels[:, 1:]
     return out
+
+
+def bits(x: float) -> int:
+    """A double's 64 bits, as an unsigned integer."""
+    return torch.tensor([x], dtype=torch.float64).view(torch.int64).item() & 0xFFFFFFFFFFFFFFFF
+
+
+def tiny_train(work: str, name: str, yaml_text: str, root: str) -> tuple:
+    """A tiny `snug train` run in work/name: the built-in model on 96 short completion examples, 2 rows of 32 tokens
+    per step, every step logged, with yaml_text (max_steps, the schedule, ...) added to its config. (0, the rows of
+    its metrics.jsonl), or (its exit status, its stderr)."""
+    d = os.path.join(work, name)
+    os.makedirs(d, exist_ok=True)
+    data = os.path.join(work, "data.jsonl")
+    if not os.path.exists(data):
+        with open(data, "w") as f:
+            for i in range(96):
+                f.write(json.dumps({"text": f"example {i} " + "words and more words " * (i % 5 + 1)}) + "\n")
+    cfg = os.path.join(d, "run.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"datasets:\n  - path: {data}\n    type: completion\n"
+                f"tokenizer: {os.path.join(root, 'assets/tokenizer')}\n"
+                "sequence_len: 32\nmicro_batch_size: 2\nlogging_steps: 1\nsample_tokens: 0\n"
+                f"output_dir: {os.path.join(d, 'out')}\ndataset_prepared_path: {os.path.join(work, 'prep')}\n" + yaml_text)
+    r = run_snug("train", cfg)
+    if r.returncode:
+        return r.returncode, r.stderr
+    return 0, [json.loads(line) for line in open(os.path.join(d, "out", "metrics.jsonl"))]
 
 
 def finish(name: str) -> None:

@@ -11,7 +11,6 @@ threshold: 0.02} logs the learning rates torch's scheduler gives when stepped wi
 the 6 digits metrics.jsonl keeps), changing only after evaluations that do not improve; a resumed run is covered by
 tests/cli/test_resume.sh. Without a validation set, or with eval_strategy: no, it is refused (exit 2), as transformers
 refuses it."""
-import json
 import os
 import subprocess
 import sys
@@ -20,15 +19,11 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SNUG, check, finish  # noqa: E402
+from common import bits, check, finish, tiny_train  # noqa: E402
 
 ROOT = os.environ.get("SNUG_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEFAULTS = dict(mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel", cooldown=0, min_lr=0.0,
                 eps=1e-8)
-
-
-def bits(x):
-    return torch.tensor([x], dtype=torch.float64).view(torch.int64).item() & 0xFFFFFFFFFFFFFFFF
 
 
 def reference(base, kw, metrics):
@@ -67,23 +62,7 @@ def driver(tmp):
 
 
 def train(work, name, text):
-    d = os.path.join(work, name)
-    os.makedirs(d, exist_ok=True)
-    data = os.path.join(work, "data.jsonl")
-    if not os.path.exists(data):
-        with open(data, "w") as f:
-            for i in range(96):
-                f.write(json.dumps({"text": f"example {i} " + "words and more words " * (i % 5 + 1)}) + "\n")
-    cfg = os.path.join(d, "run.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"datasets:\n  - path: {data}\n    type: completion\n"
-                f"tokenizer: {os.path.join(ROOT, 'assets/tokenizer')}\n"
-                "sequence_len: 32\nmicro_batch_size: 2\nmax_steps: 16\nlogging_steps: 1\nsample_tokens: 0\n"
-                f"output_dir: {os.path.join(d, 'out')}\ndataset_prepared_path: {os.path.join(work, 'prep')}\n" + text)
-    r = subprocess.run([SNUG, "train", cfg], capture_output=True, text=True)
-    if r.returncode:
-        return r.returncode, r.stderr
-    return 0, [json.loads(line) for line in open(os.path.join(d, "out", "metrics.jsonl"))]
+    return tiny_train(work, name, "max_steps: 16\n" + text, ROOT)
 
 
 def main():

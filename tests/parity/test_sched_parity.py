@@ -17,7 +17,6 @@ metrics.jsonl): polynomial, warmup_stable_decay, cosine_warmup_with_min_lr and c
 (ignored, as transformers ignores it) match transformers' to that precision, and a setting the schedule does not
 take, warmup_stable_decay without its decay steps, or cosine_warmup_with_min_lr without its floor, is refused with
 exit 2."""
-import json
 import math
 import os
 import subprocess
@@ -28,7 +27,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SNUG, check, finish  # noqa: E402
+from common import bits, check, finish, tiny_train  # noqa: E402
 
 ROOT = os.environ.get("SNUG_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 KIND = {"constant": 0, "linear": 1, "cosine": 2, "cosine_with_min_lr": 2, "constant_with_warmup": 3,
@@ -135,30 +134,12 @@ def driver_args(kind, base, warmup, total, kw):
             str(int(kind == "axolotl_quadratic")), repr(kw.get("cosine_constant_lr_ratio", 0.0))]
 
 
-def bits(x):
-    return torch.tensor([x], dtype=torch.float64).view(torch.int64).item() & 0xFFFFFFFFFFFFFFFF
-
-
 def train_lrs(work, name, yaml_text):
-    """The learning rates a tiny `snug train` run logs, one per step."""
-    d = os.path.join(work, name)
-    os.makedirs(d, exist_ok=True)
-    data = os.path.join(work, "data.jsonl")
-    if not os.path.exists(data):
-        with open(data, "w") as f:
-            for i in range(64):
-                f.write(json.dumps({"text": f"example {i} " + "words and more words " * (i % 5 + 1)}) + "\n")
-    cfg = os.path.join(d, "run.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"datasets:\n  - path: {data}\n    type: completion\n"
-                f"tokenizer: {os.path.join(ROOT, 'assets/tokenizer')}\n"
-                "sequence_len: 32\nmicro_batch_size: 2\nmax_steps: 12\nlogging_steps: 1\nval_set_size: 0\n"
-                f"sample_tokens: 0\noutput_dir: {os.path.join(d, 'out')}\n"
-                f"dataset_prepared_path: {os.path.join(work, 'prep')}\n" + yaml_text)
-    r = subprocess.run([SNUG, "train", cfg], capture_output=True, text=True)
-    if r.returncode:
-        return r.returncode, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
-    return 0, [json.loads(line)["lr"] for line in open(os.path.join(d, "out", "metrics.jsonl"))]
+    """The learning rates a tiny 12-step `snug train` run logs, one per step (or its exit status and error)."""
+    rc, out = tiny_train(work, name, "max_steps: 12\nval_set_size: 0\n" + yaml_text, ROOT)
+    if rc:
+        return rc, out.strip().splitlines()[-1] if out.strip() else ""
+    return 0, [row["lr"] for row in out]
 
 
 def main():
