@@ -206,7 +206,9 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
 
 int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
     int ranks = r->ranks, rank = r->rank, tp_rank = r->tp_rank, pp_stage = r->pp_stage; /* the fields set before */
+    snug_comm *agree = r->agree;
     memset(r, 0, sizeof *r);
+    r->agree = agree;
     r->ranks = ranks;
     r->rank = rank;
     r->tp_rank = tp_rank;
@@ -492,12 +494,8 @@ static void derive_spec(snug_setup *r, snug_device_kind device) {
     r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
 }
 
-/* auto_find_batch_size: micro_batch_size halved until the plan fits the memory free on the device (memory_budget
- * when smaller), written into the configuration */
-static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e) {
-    if (r->ranks > 1 || r->c.tensor_parallel_size > 1 || r->c.pipeline_parallel_size > 1)
-        return snug_fail(e, SNUG_EINPUT, "auto_find_batch_size over several ranks is not supported yet (each rank "
-                         "could fit another micro-batch); set micro_batch_size, `snug plan` says what fits");
+/* find_batch_size on this rank alone: its plan against its own memory */
+static int find_batch_size_here(snug_setup *r, snug_device_kind device, int *found, snug_error *e) {
     int gpu = device == SNUG_DEVICE_CUDA;
     double budget = (double)snug_backend_memory_available(gpu ? SNUG_BACKEND_CUDA : SNUG_BACKEND_CPU);
     const char *what = gpu ? "memory free on the GPU" : "memory available on the host";
@@ -511,6 +509,47 @@ static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e
                                     sizeof r->fit_note, e));
     r->c.micro_batch_size = B;
     derive_spec(r, device);
+    *found = B;
+    return 0;
+}
+
+/* auto_find_batch_size: micro_batch_size halved until the plan fits the memory free on the device (memory_budget
+ * when smaller), written into the configuration; over several ranks (each planning its own share: a ZeRO shard, a
+ * pipeline stage) the smallest of their sizes, so that they run the same micro-batches */
+static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e) {
+    int B = 0, rc = find_batch_size_here(r, device, &B, e);
+    snug_comm *c = r->agree;
+    if (!c || c->size <= 1)
+        return rc;
+    /* every rank reaches the exchange (0: none fits here), then all take the smallest size */
+    double *sizes = calloc((size_t)c->size, sizeof *sizes);
+    if (!sizes)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory");
+    sizes[c->rank] = rc ? 0 : B;
+    snug_error ce = {0};
+    int crc = c->allreduce_sum(c, sizes, (size_t)c->size, SNUG_COMM_F64 | SNUG_COMM_HOST, &ce);
+    int least = B, at = c->rank;
+    for (int k = 0; !crc && k < c->size; k++)
+        if (sizes[k] < least)
+            least = (int)sizes[k], at = k;
+    free(sizes);
+    if (crc)
+        return e ? (*e = ce, ce.code) : crc;
+    if (rc)
+        return rc;
+    if (least < 1)
+        return snug_fail(e, SNUG_EINPUT, "auto_find_batch_size: not even micro_batch_size 1 fits rank %d's plan in "
+                         "its memory (its error says by how much); shorten sequence_len, set gradient_checkpointing: "
+                         "full, or run `snug plan` to see what each lever saves", at);
+    if (least < B) {
+        r->c.micro_batch_size = least;
+        derive_spec(r, device);
+        snprintf(r->fit_note, sizeof r->fit_note, "auto_find_batch_size: micro_batch_size %d, the largest every "
+                 "rank fits (rank %d's; this rank fits %d)", least, at, B);
+    } else {
+        size_t n = strlen(r->fit_note);
+        snprintf(r->fit_note + n, sizeof r->fit_note - n, "; every one of the %d ranks fits it", c->size);
+    }
     return 0;
 }
 

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "dist/comm.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
 #include "plan/gpus.h"
@@ -29,6 +30,9 @@ typedef struct snug_setup {
                                * snug_setup_resolve (which keeps them; the rest is zeroed there) */
     int tp_rank;              /* under tensor parallelism: this rank's place among its ranks (set likewise) */
     int pp_stage;             /* under pipeline parallelism: this rank's stage (set likewise) */
+    snug_comm *agree;         /* every rank of the run, where they must agree on what each rank alone would find
+                               * (auto_find_batch_size: the smallest size each rank's plan fits); NULL: one process
+                               * (set likewise) */
     snug_plan_spec spec;      /* snug_run_spec(&c, &cfg), with ranks */
     snug_plan plan;           /* of spec, before anything is allocated */
     char fit_note[1024];      /* what auto_fit chose and why; "" when auto_fit is off */

@@ -894,6 +894,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     r.s.rank = dp->rank;  /* and under ZeRO each plans its own shard */
     r.s.tp_rank = tpn > 1 ? tp->rank : 0;
     r.s.pp_stage = ppn > 1 ? tp->rank : 0;
+    r.s.agree = comm.size > 1 ? &comm : NULL; /* (auto_find_batch_size: the size every rank fits) */
     /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
      * stage) takes the checkpoint's, so that it continues the same loss on another stage */
     char resume[4096] = "";

@@ -3,7 +3,8 @@
 # and the same settings written by hand train the same bits and plan the same memory. The run of the report that found
 # it: bf16, micro_batch_size 8, memory_budget 140MB on the default job, where auto_fit chooses a smaller micro-batch
 # with gradient accumulation (whose 16-bit layer gradients must then be accumulated in fp32, as the hand-written run's
-# are). Over two MPI ranks it also chooses the ZeRO stage (skipped without mpirun or an MPI build).
+# are). Over two MPI ranks it also chooses the ZeRO stage, and auto_find_batch_size the size every rank fits (skipped
+# without mpirun or an MPI build).
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -61,7 +62,7 @@ elif grep -q "nothing fits" "$W/oib.log"; then ok; else bad "optimizer_in_backwa
 # whose plan fits (memory_budget here, below the host's memory): `snug plan`'s total of the size taken fits 150MB,
 # that of twice it does not; the run is the hand-written run of that size, bit for bit, accumulation unchanged (as
 # transformers' Trainer). A resumed run takes the checkpoint's size even where a larger one fits now, and continues
-# the same run. Refused beside auto_fit, and where not even 1 fits.
+# the same run. Refused beside auto_fit, and where not even 1 fits. Over several ranks, below.
 train afb --micro_batch_size 32 --gradient_accumulation_steps 2 --auto_find_batch_size true --memory_budget 150MB &&
   python3 - "$W/afb/memory.json" "$SNUG" "$SRC/configs/default.yaml" <<'PY' && ok ||
   bad "afb: not the first halving that fits"
@@ -151,13 +152,39 @@ PY
   if ranks zkeep --auto_fit true --memory_budget 10GB; then
     grep -q "auto_fit: kept the configuration" "$W/zkeep.log" && ok || bad "zkeep: $(grep auto_fit "$W/zkeep.log")"
   fi
-  # auto_find_batch_size is one process's for now: each rank could fit another size
-  OMP_NUM_THREADS=1 "${mpi[@]}" "$SNUG" train "$W/ids.yaml" --tokenizer "$SRC/assets/tokenizer" --sequence_len 32 \
-    --sample_tokens 0 --threads 1 --max_steps 1 --auto_find_batch_size true --output_dir "$W/afb_ranks" \
-    > "$W/afb_ranks.log" 2>&1
-  grep -q "built without MPI" "$W/afb_ranks.log" ||
-    { grep -q "auto_find_batch_size over several ranks is not supported yet" "$W/afb_ranks.log" && ok ||
-      bad "auto_find_batch_size over 2 ranks: $(grep error "$W/afb_ranks.log" | head -1)"; }
+  # auto_find_batch_size over several ranks: each rank halves against its own plan (its stage, its shard), and all
+  # take the smallest size found; data parallel ranks find the same one. A pipeline whose second stage holds 3 of the
+  # 4 layers fits less there than on the first: rank 0 takes rank 1's size, smaller than its own.
+  afb_ranks() { # afb_ranks NAME BUDGET ARGS...
+    local name=$1 budget=$2; shift 2
+    OMP_NUM_THREADS=1 "${mpi[@]}" "$SNUG" train "$W/ids.yaml" --tokenizer "$SRC/assets/tokenizer" --sequence_len 32 \
+      --sample_tokens 0 --threads 1 --max_steps 2 --micro_batch_size 32 --gradient_accumulation_steps 2 \
+      --auto_find_batch_size true --memory_budget "$budget" --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
+  }
+  same_size() { # same_size NAME: both ranks run the same size below 32, each within its plan (data parallel ranks,
+    # whose plans are one, write rank 0's alone)
+    python3 - "$W/$1" <<'PY'
+import json, os, sys
+one = f"{sys.argv[1]}/memory.rank1.json"
+a, b = (json.load(open(f)) for f in (f"{sys.argv[1]}/memory.json", one if os.path.exists(one) else
+                                     f"{sys.argv[1]}/memory.json"))
+print(f"  {sys.argv[1].split('/')[-1]}: micro_batch_size {a['micro_batch_size']} on rank 0, {b['micro_batch_size']} on 1")
+sys.exit(0 if a["micro_batch_size"] == b["micro_batch_size"] < 32 and a["plan"] == a["measured"] and
+         b["plan"] == b["measured"] else 1)
+PY
+  }
+  if afb_ranks afb_ddp 150MB; then
+    same_size afb_ddp && grep -q "every one of the 2 ranks fits it" "$W/afb_ddp.log" && ok ||
+      bad "afb_ddp: $(grep auto_find "$W/afb_ddp.log")"
+  elif ! grep -q "built without MPI" "$W/afb_ddp.log"; then
+    bad "afb_ddp did not train: $(grep error "$W/afb_ddp.log" | head -1)"
+  fi
+  if afb_ranks afb_pp 80MB --pipeline_parallel_size 2 --pipeline_layers 1,3; then
+    same_size afb_pp && grep -q "the largest every rank fits (rank 1's; this rank fits" "$W/afb_pp.log" && ok ||
+      bad "afb_pp: $(grep auto_find "$W/afb_pp.log")"
+  elif ! grep -q "built without MPI" "$W/afb_pp.log"; then
+    bad "afb_pp did not train: $(grep error "$W/afb_pp.log" | head -1)"
+  fi
 fi
 
 echo "test_autofit: $pass passed, $fail failed"
