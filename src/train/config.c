@@ -272,13 +272,17 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->load_best_model_at_end != 1 || snug_run_saves(o),
             "%s: load_best_model_at_end keeps the checkpoint with the lowest validation loss, and the run saves none "
             "before its end; set save_steps (or saves_per_epoch)", src);
-    REQUIRE(!snug_load_best(o) || (o->zero_stage == 0 && o->tensor_parallel_size == 1 &&
+    /* load_best_model_at_end takes the best checkpoint's model files: there must be some, as the end would save them
+     * (ZeRO-1/2 checkpoints hold the whole model, but under 16-bit storage with the master copy sharded only the
+     * 16-bit copy, where the end saves the fp32 master) */
+    int sharded16 = o->zero_stage && (o->bf16 || o->fp16) && o->master_weights;
+    REQUIRE(!snug_load_best(o) || (o->zero_stage < 3 && !sharded16 && o->tensor_parallel_size == 1 &&
                                    o->pipeline_parallel_size == 1),
-            "%s: load_best_model_at_end with %s is not supported yet (those checkpoints keep each rank's part, not the "
-            "model); set load_best_model_at_end: false", src,
-            o->zero_stage                     ? "zero_stage"
-            : o->tensor_parallel_size > 1     ? "tensor_parallel_size"
-                                              : "pipeline_parallel_size");
+            "%s: load_best_model_at_end with %s is not supported yet (%s); set load_best_model_at_end: false", src,
+            o->zero_stage >= 3 ? "zero_stage 3" : sharded16 ? "ZeRO and a 16-bit run's master copy"
+            : o->tensor_parallel_size > 1 ? "tensor_parallel_size" : "pipeline_parallel_size",
+            sharded16 ? "the checkpoints keep the 16-bit copy of the model, and each rank its part of the fp32 master "
+                        "copy the end saves" : "those checkpoints keep each rank's part, not the model");
     REQUIRE(o->loss_watchdog_threshold >= 0 && o->loss_watchdog_patience >= 1,
             "%s: loss_watchdog_threshold is %g and loss_watchdog_patience %d; use a threshold above 0 (0 = off) and "
             "a patience of at least 1 step", src, o->loss_watchdog_threshold, o->loss_watchdog_patience);

@@ -2,8 +2,9 @@
 # Data parallel over MPI ranks on the CPU: N ranks x micro_batch_size B against one process accumulating N
 # micro-batches of B. With ddp_deterministic (the ranks' gradients summed in rank order) the logged losses, gradient
 # norms and final weights are the same bits at 2 and 3 ranks, on a model and data where every gradient element
-# receives one addition per micro-batch (see below), and under LoRA; elsewhere within a bound. Skipped (77) without
-# mpirun or an MPI build.
+# receives one addition per micro-batch (see below), and under LoRA; elsewhere within a bound. Early stopping with
+# load_best_model_at_end stops where one process stops and saves the same best checkpoint's weights, under ZeRO-1 and
+# 2 too. Skipped (77) without mpirun or an MPI build.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
 SRC=${SNUG_SOURCE_DIR:-.}
@@ -80,6 +81,13 @@ same ddp2_es one2_es 0
 stop=$(grep -o "^step [0-9]*: no validation loss lower" "$W/one2_es.log")
 [ -n "$stop" ] && grep -q "^$stop" "$W/ddp2_es.log" && grep -q "the model saved is checkpoint-1's" "$W/ddp2_es.log" &&
   ok || bad "ddp2_es: not stopped where one process stops ($stop), or not saved from checkpoint-1"
+# ZeRO-1 and 2 (without accumulation DDP's bits; their checkpoints hold the whole model): the same best weights
+for z in 1 2; do
+  run zero${z}_es 2 --ddp_deterministic true --zero_stage $z "${es[@]}" ||
+    bad "zero${z}_es did not train: $(tail -2 "$W/zero${z}_es.log")"
+  same zero${z}_es ddp2_es 0
+  grep -q "the model saved is checkpoint-1's" "$W/zero${z}_es.log" && ok || bad "zero${z}_es: not saved from checkpoint-1"
+done
 # bf16 storage: the ranks keep fp32 layer gradients, as accumulation does, so the bits stay those of one process
 run one2_bf16 0 --bf16 true --gradient_accumulation_steps 2 || bad "one2_bf16 did not train: $(tail -2 "$W/one2_bf16.log")"
 run ddp2_bf16 2 --bf16 true --ddp_deterministic true || bad "ddp2_bf16 did not train: $(tail -2 "$W/ddp2_bf16.log")"

@@ -1064,8 +1064,10 @@ static void test_axolotl_keys(void) {
         {"neftune_noise_alpha: -1\n", "neftune_noise_alpha is -1; use 0 (off) or a positive scale"},
         {"early_stopping_patience: 2\n", "early_stopping_patience compares validation losses"},
         {"val_set_size: 0.1\nload_best_model_at_end: true\n", "set save_steps (or saves_per_epoch)"},
-        {"val_set_size: 0.1\nearly_stopping_patience: 2\nsave_steps: 5\nzero_stage: 2\n",
-         "load_best_model_at_end with zero_stage is not supported yet"},
+        {"val_set_size: 0.1\nearly_stopping_patience: 2\nsave_steps: 5\nzero_stage: 3\n",
+         "load_best_model_at_end with zero_stage 3 is not supported yet"},
+        {"val_set_size: 0.1\nearly_stopping_patience: 2\nsave_steps: 5\nzero_stage: 2\nbf16: true\n",
+         "load_best_model_at_end with ZeRO and a 16-bit run's master copy is not supported yet"},
     };
     for (size_t i = 0; i < sizeof invalid / sizeof *invalid; i++) {
         CHECKF(parse_config(invalid[i][0], &o, &e) == 0, "%s", e.msg);
