@@ -16,9 +16,9 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. */
 #define NO_GRAD ((size_t)-1) /* grad_off of a frozen tensor without gradient storage (lv.pack_grads) */
 
+/* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. */
 static float **slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
     if (!L) {
         if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight")) return &v->wte;
@@ -62,27 +62,39 @@ static void make_views(const snug_model *m, float *base, const size_t *off, int 
         v->lm_head = v->wte;
 }
 
+/* Whether table entry j has a gradient view of its own (not one of the tensors after q_proj or gate_proj, which
+ * share the fused view of the first). */
+static int has_view(const snug_model *m, int j) {
+    snug_tensors v;
+    snug_layer_tensors L;
+    return slot_of(m->table.e[j].name, &v, m->table.e[j].layer < 0 ? NULL : &L) != NULL;
+}
+
+/* Whether tensor i needs gradient storage: it trains, or one of the tensors it shares a fused gradient view with does
+ * (q/k/v, gate/up: one GEMM writes their gradients together). */
+static int grad_kept(const snug_model *m, int i) {
+    const snug_param_entry *e = m->table.e;
+    int h = i; /* the first tensor of i's view */
+    while (h > 0 && e[h - 1].layer == e[i].layer && !has_view(m, h))
+        h--;
+    for (int j = h; j < m->table.n && e[j].layer == e[i].layer && (j == h || !has_view(m, j)); j++)
+        if (!e[j].frozen)
+            return 1;
+    return 0;
+}
+
 /* unfrozen_parameters: the gradient views of layer l (l >= 0, into g) or of the global tensors (l < 0, into v) whose
- * tensors are all frozen, NULL, so backward computes no gradient for them. A fused view (q/k/v, gate/up) stays while
- * one of its tensors trains: the entries without a view of their own follow the one that has it. */
+ * tensors are all frozen, NULL, so backward computes no gradient for them (a fused view stays while one of its
+ * tensors trains). */
 static void drop_frozen(const snug_model *m, int l, snug_layer_tensors *g, snug_tensors *v) {
-    enum { NSLOT = 16 };
     snug_tensors unused;
-    float **slot[NSLOT];
-    int live[NSLOT], n = 0;
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        if (l >= 0 ? p->layer != l : p->layer >= 0)
-            continue;
-        float **s = slot_of(p->name, l >= 0 ? &unused : v, l >= 0 ? g : NULL);
-        if (s && n < NSLOT)
-            slot[n] = s, live[n++] = 0;
-        if (n && !p->frozen)
-            live[n - 1] = 1;
+        float **s = (l >= 0 ? p->layer == l : p->layer < 0) ? slot_of(p->name, l >= 0 ? &unused : v, l >= 0 ? g : NULL)
+                                                             : NULL;
+        if (s && !grad_kept(m, i))
+            *s = NULL;
     }
-    for (int k = 0; k < n; k++)
-        if (!live[k])
-            *slot[k] = NULL;
     if (l < 0 && m->cfg.tie_embeddings)
         v->lm_head = v->wte;
 }
@@ -154,27 +166,6 @@ static int wte_entry(const snug_model *m) {
 }
 
 static int is16(const snug_model *m) { return m->lv.dt == SNUG_DT_BF16 || m->lv.dt == SNUG_DT_F16; }
-
-/* Whether table entry j has a gradient view of its own (not one of the tensors after q_proj or gate_proj, which
- * share the fused view of the first). */
-static int has_view(const snug_model *m, int j) {
-    snug_tensors v;
-    snug_layer_tensors L;
-    return slot_of(m->table.e[j].name, &v, m->table.e[j].layer < 0 ? NULL : &L) != NULL;
-}
-
-/* Whether tensor i needs gradient storage: it trains, or one of the tensors it shares a fused gradient view with does
- * (q/k/v, gate/up: one GEMM writes their gradients together). */
-static int grad_kept(const snug_model *m, int i) {
-    const snug_param_entry *e = m->table.e;
-    int h = i; /* the first tensor of i's view */
-    while (h > 0 && e[h - 1].layer == e[i].layer && !has_view(m, h))
-        h--;
-    for (int j = h; j < m->table.n && e[j].layer == e[i].layer && (j == h || !has_view(m, j)); j++)
-        if (!e[j].frozen)
-            return 1;
-    return 0;
-}
 
 int snug_model_grad16(const snug_model *m, int i) {
     return is16(m) && !m->lv.grads_fp32 && m->table.e[i].layer >= 0;

@@ -990,6 +990,16 @@ static void test_axolotl_keys(void) {
            o.bnb_4bit_compute_fp16, "%s", e.msg);
     CHECKF(parse_config("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n", &o,
                         &e) == 0 && o.lr_scheduler == SNUG_SCHED_COSINE && o.cosine_min_lr_ratio == 0.1, "%s", e.msg);
+    /* a floor of 0 written is a floor (transformers takes min_lr_rate: 0) */
+    CHECKF(parse_config("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0}\n", &o,
+                        &e) == 0 && o.cosine_min_lr_ratio == 0, "%s", e.msg);
+    /* reduce_lr_on_plateau's arguments, min_lr its own floor (not cosine's) */
+    CHECKF(parse_config("lr_scheduler: reduce_lr_on_plateau\nval_set_size: 0.1\nlr_scheduler_kwargs: {mode: max, "
+                        "threshold_mode: abs, factor: 0.5, patience: 3, threshold: 0.01, cooldown: 2, min_lr: 1e-6, "
+                        "eps: 1e-9}\n", &o, &e) == 0 && o.lr_scheduler == SNUG_SCHED_PLATEAU && o.sched.plat_max &&
+           o.sched.plat_abs && o.sched.plat_factor == 0.5 && o.sched.plat_patience == 3 &&
+           o.sched.plat_threshold == 0.01 && o.sched.plat_cooldown == 2 && o.sched.plat_min_lr == 1e-6 &&
+           o.sched.plat_eps == 1e-9 && o.cosine_min_lr_ratio == 0, "%s", e.msg);
     CHECKF(parse_config("learning_rate: 2e-4\nlr_scheduler_kwargs:\n  min_lr: 5e-5\n  num_cycles: 0.5\n"
                         "lr_scheduler: cosine_with_min_lr\n", &o, &e) == 0 && fabs(o.cosine_min_lr_ratio - 0.25) < 1e-12,
            "%s", e.msg);
