@@ -3,9 +3,10 @@
  * The run's state is this struct plus three of the engine's arenas, kept byte for byte: the parameters (fp32, or the
  * 16-bit copy forward and backward read), the fp32 master weights, and the optimizer state (fp32 moments, 8-bit
  * codes and absmax, the fp32 state of small tensors; in pinned host memory when paged). Everything else is derived
- * again from the configuration: the learning rate from the step, the stochastic-rounding seed from the optimizer's
- * step, the data order from the seed and the number of micro-batches consumed (the loader replays them). A new piece
- * of state is a field here, which the checkpoint writes and reads whole.
+ * again from the configuration: the learning rate from the step (reduce_lr_on_plateau's from the evaluations so far:
+ * its state is a field here), the stochastic-rounding seed from the optimizer's step, the data order from the seed and
+ * the number of micro-batches consumed (the loader replays them). A new piece of state is a field here, which the
+ * checkpoint writes and reads whole.
  *
  * A checkpoint is a folder: the Hugging Face model files (loadable by transformers as they are), state-*.bin (the
  * arenas; the fp32 weights' arena, which model.safetensors holds bit for bit, is not written twice), trainer_state.json
