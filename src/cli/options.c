@@ -739,6 +739,11 @@ static const key_spec keys[] = {
 /* ---- small helpers ---- */
 
 /* Whether the first wlen bytes of w are one of the space-separated words of list. */
+/* Whether lr_scheduler written as s needs its floor given (transformers raises without one) */
+static int sched_needs_floor(const char *s) {
+    return !strcmp(s, "cosine_with_min_lr") || !strcmp(s, "cosine_warmup_with_min_lr");
+}
+
 static int word_matches(const char *list, const char *w, size_t wlen) {
     for (const char *p = list; p && *p;) {
         while (*p == ' ')
@@ -1450,12 +1455,27 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
             SNUG_TRY(bnb_kwarg(o, written, name, text, loc, e));
             break;
         case KM_SCHED_KWARGS: {
-            static const char *const kw[] = {"min_lr_rate", "min_lr", "num_cycles", "power", "lr_end", "timescale",
-                                             "num_decay_steps", "num_stable_steps", "warmup_type", "decay_type",
-                                             "min_lr_ratio", "mode", "factor", "patience", "threshold",
-                                             "threshold_mode", "cooldown", "eps", "warmup_lr_rate"};
+            /* entry k is SNUG_SCHED_KW_*'s bit k, and where its number goes (words: none) */
+            const struct {
+                const char *name;
+                double *d;
+                int *i;
+            } kw[] = {
+                {"min_lr_rate", &o->cosine_min_lr_ratio, NULL}, {"min_lr", &o->min_lr, NULL},
+                {"num_cycles", &o->sched.num_cycles, NULL}, {"power", &o->sched.power, NULL},
+                {"lr_end", &o->sched.lr_end, NULL}, {"timescale", NULL, &o->sched.timescale},
+                {"num_decay_steps", NULL, &o->sched.wsd_decay}, {"num_stable_steps", NULL, &o->sched.wsd_stable},
+                {"warmup_type", NULL, NULL}, {"decay_type", NULL, NULL},
+                {"min_lr_ratio", &o->sched.wsd_min_ratio, NULL}, {"mode", NULL, NULL},
+                {"factor", &o->sched.plat_factor, NULL}, {"patience", NULL, &o->sched.plat_patience},
+                {"threshold", &o->sched.plat_threshold, NULL}, {"threshold_mode", NULL, NULL},
+                {"cooldown", NULL, &o->sched.plat_cooldown}, {"eps", &o->sched.plat_eps, NULL},
+                {"warmup_lr_rate", &o->sched.warmup_lr_rate, NULL},
+            };
+            _Static_assert(1u << (sizeof kw / sizeof kw[0] - 1) == SNUG_SCHED_KW_WARMUP_LR_RATE,
+                           "one entry per SNUG_SCHED_KW_* bit, in bit order");
             int k = 0;
-            while (k < (int)(sizeof kw / sizeof kw[0]) && strcmp(name, kw[k]))
+            while (k < (int)(sizeof kw / sizeof kw[0]) && strcmp(name, kw[k].name))
                 k++;
             if (k == (int)(sizeof kw / sizeof kw[0]))
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not a setting of transformers' schedules that snug "
@@ -1463,7 +1483,7 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                                  "num_stable_steps, warmup_type, decay_type, min_lr_ratio, warmup_lr_rate; "
                                  "reduce_lr_on_plateau's mode, factor, patience, threshold, threshold_mode, cooldown, "
                                  "eps)", loc, written, name);
-            unsigned bit = 1u << k; /* kw[k] is SNUG_SCHED_KW_*'s bit k */
+            unsigned bit = 1u << k;
             o->sched_given |= bit;
             if (bit & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE)) {
                 snug_wsd_shape *sh = bit == SNUG_SCHED_KW_WARMUP_TYPE ? &o->sched.wsd_warmup
@@ -1502,17 +1522,10 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
             if ((bit == SNUG_SCHED_KW_MIN_LR_RATIO || bit == SNUG_SCHED_KW_WARMUP_LR_RATE) && d > 1)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it is a fraction of learning_rate, 0 to 1", loc,
                                  written, name, d);
-            double *dv[] = {&o->cosine_min_lr_ratio, &o->min_lr, &o->sched.num_cycles, &o->sched.power,
-                            &o->sched.lr_end, NULL, NULL, NULL, NULL, NULL, &o->sched.wsd_min_ratio, NULL,
-                            &o->sched.plat_factor, NULL, &o->sched.plat_threshold, NULL, NULL, &o->sched.plat_eps,
-                            &o->sched.warmup_lr_rate};
-            int *iv[] = {NULL, NULL, NULL, NULL, NULL, &o->sched.timescale, &o->sched.wsd_decay, &o->sched.wsd_stable,
-                         NULL, NULL, NULL, NULL, NULL, &o->sched.plat_patience, NULL, NULL, &o->sched.plat_cooldown,
-                         NULL, NULL};
-            if (dv[k])
-                *dv[k] = d;
+            if (kw[k].d)
+                *kw[k].d = d;
             else
-                *iv[k] = (int)d;
+                *kw[k].i = (int)d;
             break;
         }
         case KM_MESSAGE_FIELDS:
@@ -1906,9 +1919,7 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
         if (!dataset_scope && !strcmp(k->name, "chat_template"))
             ((snug_run_config *)base)->chat_template_set = 1;
         if (!dataset_scope && !strcmp(k->name, "lr_scheduler") && v->type == YAML_SCALAR_NODE)
-            ((snug_run_config *)base)->sched_min_lr =
-                !strcmp((const char *)v->data.scalar.value, "cosine_with_min_lr") ||
-                !strcmp((const char *)v->data.scalar.value, "cosine_warmup_with_min_lr");
+            ((snug_run_config *)base)->sched_min_lr = sched_needs_floor((const char *)v->data.scalar.value);
     }
     return 0;
 }
@@ -2027,7 +2038,7 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
     if (!strcmp(k->name, "chat_template"))
         o->chat_template_set = 1;
     if (!strcmp(k->name, "lr_scheduler"))
-        o->sched_min_lr = !strcmp(value, "cosine_with_min_lr") || !strcmp(value, "cosine_warmup_with_min_lr");
+        o->sched_min_lr = sched_needs_floor(value);
     return set_text(o, k, key, value, where, e);
 }
 

@@ -170,6 +170,7 @@ void snug_param_table_free(snug_param_table *t) {
  * its optional row range [lo, hi) (hi -1: to the end). */
 typedef struct unfreeze_pattern {
     pcre2_code *re;
+    pcre2_match_data *md;
     int ranged;
     int64_t lo, hi;
 } unfreeze_pattern;
@@ -224,15 +225,14 @@ static int compile_pattern(const char *p, size_t len, int line, unfreeze_pattern
                          "write a pattern of tensor names such as model.layers.1[0-5].mlp", line, (int)len, p,
                          (const char *)why);
     }
+    if (!(u->md = pcre2_match_data_create_from_pattern(u->re, NULL)))
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory for unfrozen_parameters");
     return 0;
 }
 
 /* Whether u matches name from its start (re.match). */
 static int pattern_matches(const unfreeze_pattern *u, const char *name) {
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(u->re, NULL);
-    int r = md ? pcre2_match(u->re, (PCRE2_SPTR)name, strlen(name), 0, PCRE2_ANCHORED, md, NULL) : -1;
-    pcre2_match_data_free(md);
-    return r >= 0;
+    return pcre2_match(u->re, (PCRE2_SPTR)name, strlen(name), 0, PCRE2_ANCHORED, u->md, NULL) >= 0;
 }
 
 static int cmp_range(const void *a, const void *b) {
@@ -314,7 +314,7 @@ int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unma
         if (!hits[k])
             *unmatched = k + 1;
     for (int k = 0; u && k < np; k++)
-        pcre2_code_free(u[k].re);
+        pcre2_match_data_free(u[k].md), pcre2_code_free(u[k].re);
     free(u);
     free(r);
     free(hits);

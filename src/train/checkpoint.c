@@ -578,7 +578,7 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
     if (js && st->es_step) /* early stopping and load_best_model_at_end (absent: none yet) */
         json_object_set_new(js, "early_stopping", json_pack("{s:f, s:i, s:i}", "best", st->es_best, "step",
                                                             st->es_step, "count", st->es_count));
-    if (js && st->plateau.best == st->plateau.best && fabs(st->plateau.best) != INFINITY) /* after an evaluation */
+    if (js && isfinite(st->plateau.best)) /* reduce_lr_on_plateau, after an evaluation */
         json_object_set_new(js, "plateau", json_pack("{s:f, s:f, s:i, s:i}", "lr", st->plateau.lr, "best",
                                                      st->plateau.best, "bad", st->plateau.bad, "cooldown",
                                                      st->plateau.cooldown));
