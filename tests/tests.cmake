@@ -81,3 +81,11 @@ if(TARGET MPI::MPI_C)
   target_link_libraries(test_comm_mpi PRIVATE snug_lib)
   set_property(TEST cli_test_ddp APPEND PROPERTY ENVIRONMENT "SNUG_COMM_TEST=$<TARGET_FILE:test_comm_mpi>")
 endif()
+# The CUDA kernels' registers, stack frames, spills and shared memory against tests/cuda_emu/kernel_resources.tsv
+# (tests/cli/test_cuda_resources.sh), read from libsnug.a with no GPU: skipped (exit 77) in a build without the CUDA
+# backend (the sanitizer build) or without cuobjdump (pip install nvidia-cuda-cuobjdump).
+set_tests_properties(cli_test_cuda_resources PROPERTIES SKIP_RETURN_CODE 77)
+# The CUDA tests on the emulated CUDA runtime, in the build that has it (SNUG_CUDA_EMU: the sanitizer build).
+if(SNUG_CUDA_EMU)
+  include(${CMAKE_SOURCE_DIR}/tests/cuda_emu/emu_tests.cmake)
+endif()
