@@ -10,4 +10,11 @@ if ! "$venv/bin/python" -c "import torch, transformers, safetensors, tokenizers,
   "$venv/bin/pip" install -q --upgrade pip >&2
   "$venv/bin/pip" install -q torch transformers safetensors tokenizers numpy bitsandbytes peft tensorboard >&2
 fi
+# cuobjdump, which the CUDA toolkit's pip packages leave out: the check of the kernels' registers and spills
+# (tests/cli/test_cuda_resources.sh) reads the built library with it
+if ! compgen -G "$venv/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump" >/dev/null; then
+  echo "venv: installing nvidia-cuda-cuobjdump into $venv" >&2
+  "$venv/bin/pip" install -q nvidia-cuda-cuobjdump >&2 ||
+    echo "venv: nvidia-cuda-cuobjdump did not install: the kernel resource check will be skipped" >&2
+fi
 echo "$venv"

@@ -83,8 +83,9 @@ if(TARGET MPI::MPI_C)
 endif()
 # The CUDA kernels' registers, stack frames, spills and shared memory against tests/cuda_emu/kernel_resources.tsv
 # (tests/cli/test_cuda_resources.sh), read from libsnug.a with no GPU: skipped (exit 77) in a build without the CUDA
-# backend (the sanitizer build) or without cuobjdump (pip install nvidia-cuda-cuobjdump).
+# backend (the sanitizer build) or without cuobjdump (scripts/venv.sh installs nvidia-cuda-cuobjdump).
 set_tests_properties(cli_test_cuda_resources PROPERTIES SKIP_RETURN_CODE 77)
+set_property(TEST cli_test_cuda_resources APPEND PROPERTY ENVIRONMENT "SNUG_VENV=${SNUG_VENV}")
 # The CUDA tests on the emulated CUDA runtime, in the build that has it (SNUG_CUDA_EMU: the sanitizer build).
 if(SNUG_CUDA_EMU)
   include(${CMAKE_SOURCE_DIR}/tests/cuda_emu/emu_tests.cmake)

@@ -1,7 +1,8 @@
 # The CUDA backend on the emulated CUDA runtime (tests/cuda_emu/README.md): each src/**/*.cu file is translated by
 # cu2cpp (kernel launches and __shared__ declarations only; line numbers kept) and compiled as host C++ against the
 # emulator's headers, which stand where the toolkit's would; libsnug_cuda_emu.so is the runtime, libcublasLt.so.0 the
-# stand-in cuBLASLt the backend opens from this build's folder, libnccl_emu.so the stand-in NCCL. Needs no CUDA
+# stand-in cuBLASLt the backend opens from this build's folder, libsnug_nccl_emu.so the stand-in NCCL (the
+# tests name it in SNUG_NCCL: a real libnccl.so.2 on the loader's path would otherwise come first). Needs no CUDA
 # toolkit. Included by CMakeLists.txt when SNUG_CUDA_EMU is on (by default in the sanitizer build).
 enable_language(CXX)
 set(CMAKE_CXX_STANDARD 17)
@@ -23,6 +24,9 @@ target_link_libraries(snug_cuda_emu PRIVATE Threads::Threads)
 add_library(snug_cublaslt_emu SHARED ${SNUG_EMU_DIR}/cublaslt_emu.c)
 set_target_properties(snug_cublaslt_emu PROPERTIES OUTPUT_NAME cublasLt SUFFIX ".so.0" NO_SONAME ON)
 target_link_libraries(snug_cublaslt_emu PRIVATE snug_cuda_emu ${MATH_LIB})
+# The stand-in checks every operand's extent itself; its loops run uninstrumented and optimised (they are most of an
+# emulated training step's time), their sums in the same fixed order.
+target_compile_options(snug_cublaslt_emu PRIVATE -O3 -fno-sanitize=address)
 
 file(GLOB SNUG_EMU_CU CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu ${CMAKE_SOURCE_DIR}/src/dist/*.cu)
 set(SNUG_EMU_CPP)
@@ -43,11 +47,9 @@ set_source_files_properties(${CMAKE_BINARY_DIR}/cuda_emu/backend_cuda.cpp PROPER
 add_dependencies(snug_lib snug_cublaslt_emu)
 target_link_libraries(snug_lib PUBLIC snug_cuda_emu ${CMAKE_DL_LIBS})
 
-if(EXISTS ${SNUG_EMU_DIR}/nccl_emu.c)
-  add_library(snug_nccl_emu SHARED ${SNUG_EMU_DIR}/nccl_emu.c)
-  target_link_libraries(snug_nccl_emu PRIVATE snug_cuda_emu Threads::Threads)
-  set_source_files_properties(${CMAKE_SOURCE_DIR}/src/dist/comm_nccl.c PROPERTIES
-    COMPILE_DEFINITIONS "SNUG_NCCL_PATH=\"$<TARGET_FILE:snug_nccl_emu>\"")
-  add_dependencies(snug_lib snug_nccl_emu)
-endif()
+add_library(snug_nccl_emu SHARED ${SNUG_EMU_DIR}/nccl_emu.c)
+target_link_libraries(snug_nccl_emu PRIVATE snug_cuda_emu Threads::Threads rt)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/src/dist/comm_nccl.c PROPERTIES
+  COMPILE_DEFINITIONS "SNUG_NCCL_PATH=\"$<TARGET_FILE:snug_nccl_emu>\"")
+add_dependencies(snug_lib snug_nccl_emu)
 message(STATUS "CUDA backend: on the emulated runtime (tests/cuda_emu; no GPU code is compiled)")

@@ -50,7 +50,7 @@
 #endif
 
 namespace snug_emu {
-thread_local thread_ctx *cur;
+thread_ctx *cur; /* device work runs under the runtime's lock, on one host thread at a time: no thread_local needed */
 }
 using namespace snug_emu;
 
@@ -437,11 +437,11 @@ struct block_run {
     void *dyn;
 };
 
-static thread_local block_run *blk;
-static thread_local fiber *me;
-static thread_local void *sched_sp;
-static thread_local const void *sched_bottom;
-static thread_local size_t sched_size;
+static block_run *blk;
+static fiber *me;
+static void *sched_sp;
+static const void *sched_bottom;
+static size_t sched_size;
 static char *stacks;
 static size_t stack_bytes, stacks_n;
 
@@ -453,7 +453,7 @@ static void fiber_finish_switch(fiber *f) {
 #endif
 }
 
-static thread_local void *dead_sp;
+static void *dead_sp;
 
 static void fiber_entry(void) {
     fiber *f = me;
@@ -463,7 +463,7 @@ static void fiber_entry(void) {
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(NULL, sched_bottom, sched_size);
 #endif
-    snug_emu_switch(&dead_sp, sched_sp); /* a thread_local, not a local: this frame keeps no poisoned redzone */
+    snug_emu_switch(&dead_sp, sched_sp); /* a global, not a local: this frame keeps no poisoned redzone */
     __builtin_unreachable();
 }
 
@@ -582,8 +582,8 @@ void snug_emu::shfl_complete(void *reqs[32], unsigned mask) {
 
 void *snug_emu::shared_alloc(size_t bytes, size_t align, const char *name, int line) {
     in_kernel("__shared__");
-    for (auto &s : blk->shared)
-        if (s.line == line && !strcmp(s.name, name))
+    for (auto &s : blk->shared) /* the same literal: usually the same pointer */
+        if (s.line == line && (s.name == name || !strcmp(s.name, name)))
             return s.p;
     blk->shared_bytes += bytes;
     if (blk->shared_bytes > 48 * 1024)
@@ -618,6 +618,9 @@ static std::string lanes_str(unsigned m) {
     return s;
 }
 
+/* Two names of call sites: usually the same literal, so the same pointer. */
+static inline int same_str(const char *a, const char *b) { return a == b || !strcmp(a, b); }
+
 /* After every fiber has parked or finished: completes one warp operation or the block barrier. 0 when none can. */
 static int resolve(block_run *b) {
     int nwarps = (b->n + 31) / 32, progress = 0;
@@ -640,7 +643,7 @@ static int resolve(block_run *b) {
                 if (g->state == F_DONE)
                     snug_emu_fatal("%s:%d: %s waits for lane %d of warp %d, which has returned (mask %#x)", f0->file,
                                    f0->line, f0->what, k, w, mask);
-                if (g->state == F_WARP && (g->line != f0->line || strcmp(g->file, f0->file) || g->mask != mask))
+                if (g->state == F_WARP && (g->line != f0->line || !same_str(g->file, f0->file) || g->mask != mask))
                     snug_emu_fatal("lanes of warp %d wait at different warp operations: %s at %s:%d (mask %#x) and %s "
                                    "at %s:%d (mask %#x)", w, f0->what, f0->file, f0->line, mask, g->what, g->file,
                                    g->line, g->mask);
@@ -676,7 +679,7 @@ static int resolve(block_run *b) {
         waiting++;
         if (!first)
             first = &f;
-        else if (f.line != first->line || strcmp(f.file, first->file) || strcmp(f.what, first->what))
+        else if (f.line != first->line || !same_str(f.file, first->file) || !same_str(f.what, first->what))
             snug_emu_fatal("threads of one block wait at different barriers: %s at %s:%d and %s at %s:%d", first->what,
                            first->file, first->line, f.what, f.file, f.line);
         any |= f.pred;

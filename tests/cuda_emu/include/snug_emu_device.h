@@ -54,7 +54,7 @@ struct thread_ctx {
     dim3 bdim, gdim;
     int lane, warp;
 };
-extern thread_local thread_ctx *cur;
+extern thread_ctx *cur;
 
 void syncthreads(const char *file, int line);
 int syncthreads_or(int pred, const char *file, int line);
