@@ -288,7 +288,14 @@ static void test_launch_checks(void) {
     int x = 0;
     CHECK(cudaMemcpy(d, &x, 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidMemcpyDirection,
           "a copy of the wrong kind was taken");
-    printf("  %-44s %s\n", "launch checks (block, grid, shared memory, copy kind)", failed ? "WRONG" : "as on a GPU");
+    /* the table main wrote gives write_kernel 255 registers: 8 warps of 8192 fill the 65536, 16 do not */
+    (void)cudaGetLastError(); /* the copy's error, which CUDA also keeps as the last one */
+    write_kernel<<<1, 256>>>((float *)d, 0.0f, 1);
+    CHECK(cudaGetLastError() == cudaSuccess, "255 registers x 256 threads were refused");
+    write_kernel<<<1, 512>>>((float *)d, 0.0f, 1);
+    CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources, "255 registers x 512 threads were launched");
+    printf("  %-44s %s\n", "launch checks (block, grid, shared memory, registers, copy kind)",
+           failed ? "WRONG" : "as on a GPU");
     cudaFree(d);
 }
 
@@ -340,6 +347,15 @@ static void stop_host_read(void) {
 int main(void) {
     if (!getenv("SNUG_CUDA_EMU_DEVICES"))
         setenv("SNUG_CUDA_EMU_DEVICES", "1", 1);
+    /* a kernel table of this file's own (the real build's is tests/cuda_emu/kernel_resources.tsv) */
+    char table[] = "/tmp/test_emu_resources.XXXXXX";
+    int fd = mkstemp(table);
+    const char *rows = "arch\tkernel\tregs\tstack\tlocal\tsmem\tmangled\nsm_90\twrite_kernel\t255\t0\t0\t0\t-\n";
+    if (fd < 0 || write(fd, rows, strlen(rows)) != (ssize_t)strlen(rows) || close(fd)) {
+        fprintf(stderr, "test_emu: cannot write %s\n", table);
+        return 1;
+    }
+    setenv("SNUG_CUDA_EMU_RESOURCES", table, 1);
     printf("the emulated CUDA runtime\n");
     test_shuffles();
     test_block();
@@ -358,6 +374,7 @@ int main(void) {
 #else
     printf("  (no AddressSanitizer in this build: the three out-of-bounds cases are not run)\n");
 #endif
+    unlink(table);
     printf("test_emu: %d passed, %d failed\n", pass, failed);
     return failed ? 1 : 0;
 }
