@@ -65,7 +65,8 @@ set_tests_properties(cli_test_cuda_train PROPERTIES SKIP_RETURN_CODE 77 LABELS "
 add_test(NAME cli_test_cuda_train_nccl COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/test_cuda_train.sh nccl
   WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 set_tests_properties(cli_test_cuda_train_nccl PROPERTIES ENVIRONMENT
-  "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};${SNUG_OMP_TEST_ENV}" SKIP_RETURN_CODE 77
+  "SNUG_BIN=$<TARGET_FILE:snug>;SNUG_SOURCE_DIR=${CMAKE_SOURCE_DIR};SNUG_SANITIZED=$<BOOL:${SNUG_SANITIZE}>;${SNUG_NO_DNNL_ENV};${SNUG_OMP_TEST_ENV}"
+  SKIP_RETURN_CODE 77
   LABELS "cli;cuda;nccl")
 # Data parallel over MPI ranks (tests/cli/test_ddp.sh): skipped (exit 77) without mpirun or an MPI build.
 set_tests_properties(cli_test_ddp PROPERTIES SKIP_RETURN_CODE 77)

@@ -11,7 +11,7 @@ target_link_libraries(test_emu PRIVATE snug_cuda_emu)
 add_test(NAME test_emu COMMAND test_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 
 set(SNUG_EMU_COVERAGE ${CMAKE_BINARY_DIR}/cuda_emu_coverage.txt)
-set(SNUG_EMU_ENV "SNUG_CUDA_EMU_DEVICES=1;SNUG_CUDA_EMU_COVERAGE=${SNUG_EMU_COVERAGE}")
+set(SNUG_EMU_ENV "SNUG_CUDA_EMU_COVERAGE=${SNUG_EMU_COVERAGE}")
 # the GEMMs again with the stand-in cuBLASLt refusing the bias epilogue and the fast 16-bit compute types: the
 # backend's fallbacks (the bias written first, exact fp32) against the same references
 add_test(NAME test_cuda_ops_lt_fallback COMMAND test_cuda_ops gemm WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
@@ -20,15 +20,22 @@ set_tests_properties(test_cuda_ops_lt_fallback PROPERTIES ENVIRONMENT "${SNUG_TE
 set(SNUG_EMU_TESTS test_emu test_cuda_ops test_cuda_ops_lt_fallback test_comm_nccl test_nccl_join cli_test_cuda_train
   cli_test_cuda_train_nccl)
 foreach(t ${SNUG_EMU_TESTS})
-  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${SNUG_EMU_ENV} "SNUG_NCCL=$<TARGET_FILE:snug_nccl_emu>")
+  set(devices 1)
+  if(t STREQUAL cli_test_cuda_train_nccl)
+    set(devices 2) # NCCL's part: its ranks under mpirun (DDP, ZeRO, tensor parallelism), one device each
+  endif()
+  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${SNUG_EMU_ENV} "SNUG_CUDA_EMU_DEVICES=${devices}"
+    "SNUG_NCCL=$<TARGET_FILE:snug_nccl_emu>")
   set_property(TEST ${t} APPEND PROPERTY FIXTURES_REQUIRED cuda_emu)
 endforeach()
 set_property(TEST test_emu PROPERTY LABELS "unit;cuda")
-# two emulated devices for NCCL's part: its ranks under mpirun (DDP, ZeRO, tensor parallelism), one device each
-set_property(TEST cli_test_cuda_train_nccl APPEND PROPERTY ENVIRONMENT SNUG_CUDA_EMU_DEVICES=2)
 add_test(NAME cuda_emu_coverage_reset COMMAND ${CMAKE_COMMAND} -E rm -f ${SNUG_EMU_COVERAGE})
 add_test(NAME cuda_emu_coverage COMMAND bash ${SNUG_EMU_DIR}/coverage.sh ${SNUG_EMU_DIR}/kernel_resources.tsv
   ${SNUG_EMU_COVERAGE})
 set_tests_properties(cuda_emu_coverage_reset PROPERTIES FIXTURES_SETUP cuda_emu LABELS "unit;cuda")
 # after the tests that launch kernels (when they run in the same ctest; alone, it reads what the last ones left)
 set_tests_properties(cuda_emu_coverage PROPERTIES DEPENDS "${SNUG_EMU_TESTS}" LABELS "unit;cuda")
+# the longest first, so with two at a time they do not finish last (about 260, 100 and 95 s on 2 cores)
+set_tests_properties(cli_test_cuda_train PROPERTIES COST 1000)
+set_tests_properties(test_cuda_ops PROPERTIES COST 900)
+set_tests_properties(cli_test_cuda_train_nccl PROPERTIES COST 800)
