@@ -164,6 +164,26 @@ if [ "$PART" = nccl ]; then
     else
       bad "2 GPU ranks through NCCL did not train: $(grep error "$W/ddp2.log" | head -2)"
     fi
+    # 3 ranks, where the order of a sum matters ((a + b) + c): the deterministic collectives' rank-order sums give
+    # deterministic ZeRO-2 and ZeRO-3 the bits of deterministic DDP
+    if [ "$ngpu" -ge 3 ]; then
+      MPI3=() prev=
+      for a in "${MPI[@]}"; do [ "$prev" = -np ] && a=3; MPI3+=("$a"); prev=$a; done
+      printf '#!/bin/sh\nexec %s %q "$@"\n' "${MPI3[*]}" "$real_snug" > "$W/snug3"
+      chmod +x "$W/snug3"
+      SNUG=$W/snug3
+      if train ddp3_det --ddp_deterministic true && grep -q "data parallel        3 ranks (nccl," "$W/ddp3_det.log"; then
+        ok
+        for z in 2 3; do
+          train zero${z}_det3 --ddp_deterministic true --zero_stage $z
+          compare zero${z}_det3 ddp3_det 0
+          if cmp -s "$W/zero${z}_det3/model.safetensors" "$W/ddp3_det/model.safetensors"; then ok; else
+            bad "zero${z}_det3: weights differ from ddp3_det's"; fi
+        done
+      else
+        bad "3 GPU ranks through NCCL did not train: $(grep error "$W/ddp3_det.log" | head -2)"
+      fi
+    fi
     SNUG=$real_snug
   else
     echo "  2 GPU ranks: not run ($ngpu GPU(s) visible$(command -v mpirun > /dev/null || echo ', no mpirun'))"

@@ -22,7 +22,7 @@ set(SNUG_EMU_TESTS test_emu test_cuda_ops test_cuda_ops_lt_fallback test_comm_nc
 foreach(t ${SNUG_EMU_TESTS})
   set(devices 1)
   if(t STREQUAL cli_test_cuda_train_nccl)
-    set(devices 2) # NCCL's part: its ranks under mpirun (DDP, ZeRO, tensor parallelism), one device each
+    set(devices 3) # NCCL's part: its ranks under mpirun (DDP, ZeRO, tensor parallelism at 2; ZeRO at 3)
   endif()
   set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${SNUG_EMU_ENV} "SNUG_CUDA_EMU_DEVICES=${devices}"
     "SNUG_NCCL=$<TARGET_FILE:snug_nccl_emu>")
