@@ -8,8 +8,9 @@
  * Launches are checked as the GPU checks them (block and grid dimensions, dynamic shared memory against the
  * kernel's attribute and 227 KiB, registers x threads against the 64K register file from the real build's
  * table), and every pointer argument must be device memory or pinned host memory.
- * Memory: device memory is host heap, filled with 0xff bytes (a NaN in every float) until written, and, under
- * AddressSanitizer, poisoned while the host runs, so a host read of device memory is reported where it happens.
+ * Memory: device memory is a region of its own, its pages closed until first written (a kernel reading memory
+ * nothing wrote stops the run), then filled with 0xff bytes (a NaN in every float), and, under AddressSanitizer,
+ * poisoned while the host runs, so a host read of device memory is reported where it happens.
  * Streams: queues. Nothing runs when queued; a synchronize (of a stream, an event, the device, a copy to pageable
  * memory, a free) runs everything queued, always taking next the queued item submitted LAST among the streams whose
  * next item may run (its stream's earlier items are done, the events it waits for are reached). Work on one stream
@@ -26,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <deque>
@@ -199,14 +202,79 @@ static int in_device_region(const void *p) {
     return dev_base && (const char *)p >= dev_base && (const char *)p < dev_base + dev_reserved;
 }
 
+/* Never-written device memory (x86-64 Linux, where a fault tells a read from a write): its pages stay without access
+ * until something writes them. The first write to a page fills it with the 0xff poison and opens it; a read of a
+ * page nothing has written stops the run, naming the kernel that reads (or the library call), the address and the
+ * allocation. The runtime's own copies may read such pages (a copy of a partly written buffer is no error on a GPU):
+ * they copy the poison. Elsewhere the pages are simply filled with the poison when allocated. Granularity: a page,
+ * so a read of the unwritten part of a page written elsewhere reads the poison rather than stopping. */
+#if defined(__x86_64__) && defined(__linux__)
+#define EMU_UNWRITTEN 1
+#else
+#define EMU_UNWRITTEN 0
+#endif
+static int copying; /* the runtime's own copy runs: it may read never-written pages */
+static const alloc *find(const void *p, uintptr_t *base);
+static const char *freed_what(const void *p);
+
+#if EMU_UNWRITTEN
+static struct sigaction old_segv;
+
+/* The poison into a page just opened, past AddressSanitizer's checks (the page holds the gap after an allocation,
+ * which stays poisoned for it); volatile so that no memset call replaces the loop. */
+__attribute__((no_sanitize("address"))) static void fill_page(char *page) {
+    volatile uint64_t *w = (volatile uint64_t *)page;
+    for (int i = 0; i < 4096 / 8; i++)
+        w[i] = ~(uint64_t)0;
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uc) {
+    char *a = (char *)si->si_addr;
+    if (dev_base && a >= dev_base && a < dev_base + dev_reserved) {
+        char *page = (char *)((uintptr_t)a & ~(uintptr_t)4095);
+        int write = (((ucontext_t *)uc)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+        uintptr_t base = 0;
+        const alloc *al = find(a, &base);
+        if (al && (uintptr_t)a < base + al->size) {
+            if (write || copying) {
+                mprotect(page, 4096, PROT_READ | PROT_WRITE);
+                fill_page(page);
+                return;
+            }
+            snug_emu_fatal("a read of device memory nothing has written: %p, %zu bytes into the %zu-byte allocation "
+                           "at %p (on a GPU: whatever the memory held)", (void *)a, (size_t)((uintptr_t)a - base),
+                           al->size, (void *)base);
+        }
+        const char *fw = freed_what(a);
+        snug_emu_fatal("an access to device address %p: %s", (void *)a, fw ? fw : "no allocation holds it");
+    }
+    /* not device memory: the handler before ours (AddressSanitizer's, or the default) */
+    if (old_segv.sa_flags & SA_SIGINFO) {
+        old_segv.sa_sigaction(sig, si, uc);
+    } else if (old_segv.sa_handler == SIG_DFL || old_segv.sa_handler == SIG_IGN) {
+        signal(SIGSEGV, SIG_DFL); /* the access happens again and ends the process as it would have */
+    } else {
+        old_segv.sa_handler(sig);
+    }
+}
+#endif
+
 static void *dev_carve(size_t bytes) {
     if (!dev_base) {
         dev_reserved = (size_t)1 << 40; /* address space only (1 TiB); pages are taken as they are written */
-        void *m = mmap(NULL, dev_reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-                       0);
+        void *m = mmap(NULL, dev_reserved, EMU_UNWRITTEN ? PROT_NONE : PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED)
             snug_emu_fatal("cannot reserve the device memory region: %s", strerror(errno));
         dev_base = (char *)m;
+#if EMU_UNWRITTEN
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, &old_segv);
+#endif
         dev_top = DEV_GAP;
 #if EMU_ASAN
         ASAN_POISON_MEMORY_REGION(dev_base, DEV_GAP);
@@ -228,8 +296,11 @@ static void dev_release(void *p, size_t bytes) {
     ASAN_POISON_MEMORY_REGION(p, bytes);
 #endif
     uintptr_t a = ((uintptr_t)p + 4095) / 4096 * 4096, e = ((uintptr_t)p + bytes) / 4096 * 4096;
-    if (e > a)
+    if (e > a) {
         madvise((void *)a, e - a, MADV_DONTNEED);
+        if (EMU_UNWRITTEN)
+            mprotect((void *)a, e - a, PROT_NONE);
+    }
 }
 
 static const char *freed_what(const void *p) {
@@ -1138,7 +1209,8 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     void *q = dev_carve(bytes);
     if (!q)
         return fail(cudaErrorMemoryAllocation);
-    memset(q, POISON, bytes);
+    if (!EMU_UNWRITTEN) /* else each page is filled on its first write */
+        memset(q, POISON, bytes);
     live[(uintptr_t)q] = alloc{bytes, MEM_DEVICE, cur_device};
     device_bytes += bytes;
 #if EMU_ASAN
@@ -1219,10 +1291,12 @@ struct copy_item {
 };
 static void run_copy(void *p) {
     copy_item *c = (copy_item *)p;
+    copying = 1;
     if (c->is_set)
         memset(c->dst, c->value, c->bytes);
     else
         memmove(c->dst, c->staged ? c->staged : c->src, c->bytes);
+    copying = 0;
     free(c->staged);
     delete c;
 }

@@ -330,6 +330,13 @@ static void stop_overflow(void) {
     overflow_kernel<<<1, 32>>>(o, x, 10);
     cudaDeviceSynchronize();
 }
+static void stop_unwritten(void) {
+    float *x, *o;
+    cudaMalloc(&x, 10 * 4), cudaMalloc(&o, 4);
+    cudaMemset(o, 0, 4);
+    overflow_kernel<<<1, 32>>>(o, x, 3); /* x[3]: nothing wrote it */
+    cudaDeviceSynchronize();
+}
 static void stop_shared_overflow(void) {
     int *d = dev_ints(1);
     shared_overflow_kernel<<<1, 32>>>(d, 0);
@@ -367,6 +374,9 @@ int main(void) {
     expect_stop("a shuffle a returned lane never reaches", stop_lane_gone, "which has returned");
     expect_stop("a host pointer given to a kernel", stop_host_pointer, "host memory the device cannot reach");
     expect_stop("a freed pointer given to a kernel", stop_freed_pointer, "already freed");
+#if defined(__x86_64__)
+    expect_stop("a kernel reading memory nothing wrote", stop_unwritten, "nothing has written");
+#endif
 #if defined(__SANITIZE_ADDRESS__)
     expect_stop("a kernel reading past its buffer", stop_overflow, "overflow_kernel");
     expect_stop("a kernel reading past its shared array", stop_shared_overflow, "shared_overflow_kernel");
