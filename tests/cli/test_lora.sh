@@ -9,6 +9,11 @@
 # module or on tied embeddings are refused with exit 2.
 set -u
 SNUG=${SNUG_BIN:-build/snug}
+# One GEMM path for every run: where the CPU has AVX512-BF16 and oneDNN is installed, bf16 GEMMs choose oneDNN or
+# OpenBLAS by timing each shape, so a tiled MLP's shorter GEMMs could take the other path than the run it is compared
+# with, and near()'s premise (the same sums in another order) would not hold (seen: qlora_tiled 4.2e-05 from qlora
+# against a floor of 3.9e-06 on a Zen 4 with oneDNN; within it with the path fixed). test_cpu_gemm tests the choice.
+export SNUG_CPU_GEMM=${SNUG_CPU_GEMM:-openblas}
 SRC=${SNUG_SOURCE_DIR:-.}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

@@ -24,8 +24,11 @@ foreach(t ${SNUG_EMU_TESTS})
   if(t STREQUAL cli_test_cuda_train_nccl)
     set(devices 3) # NCCL's part: its ranks under mpirun (DDP, ZeRO, tensor parallelism at 2; ZeRO at 3)
   endif()
-  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${SNUG_EMU_ENV} "SNUG_CUDA_EMU_DEVICES=${devices}"
+  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "SNUG_CUDA_EMU_DEVICES=${devices}"
     "SNUG_NCCL=$<TARGET_FILE:snug_nccl_emu>")
+  if(NOT t STREQUAL test_emu) # its kernels are its own, not the build's
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${SNUG_EMU_ENV})
+  endif()
   set_property(TEST ${t} APPEND PROPERTY FIXTURES_REQUIRED cuda_emu)
 endforeach()
 set_property(TEST test_emu PROPERTY LABELS "unit;cuda")
