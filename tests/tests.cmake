@@ -87,6 +87,13 @@ endif()
 # backend (the sanitizer build) or without cuobjdump (scripts/venv.sh installs nvidia-cuda-cuobjdump).
 set_tests_properties(cli_test_cuda_resources PROPERTIES SKIP_RETURN_CODE 77)
 set_property(TEST cli_test_cuda_resources APPEND PROPERTY ENVIRONMENT "SNUG_VENV=${SNUG_VENV}")
+# The longest tests first (ctest runs the highest COST first when it has no timings of its own, as in a fresh
+# clone), so that none of them runs alone at the end while the other core idles: about 300-600 s each under the
+# sanitizers on 2 cores. The emulated CUDA suite's are set in tests/cuda_emu/emu_tests.cmake.
+set_tests_properties(cli_test_zero PROPERTIES COST 950)
+set_tests_properties(cli_test_resume PROPERTIES COST 850)
+set_tests_properties(cli_test_pp PROPERTIES COST 700)
+set_tests_properties(cli_test_tp PROPERTIES COST 600)
 # The CUDA tests on the emulated CUDA runtime, in the build that has it (SNUG_CUDA_EMU: the sanitizer build).
 if(SNUG_CUDA_EMU)
   include(${CMAKE_SOURCE_DIR}/tests/cuda_emu/emu_tests.cmake)
