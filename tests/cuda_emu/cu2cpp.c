@@ -257,12 +257,14 @@ int main(int argc, char **argv) {
             launches++;
             continue;
         }
-        if (!strncmp(p, "__shared__", 10) && (p == src || !ident((unsigned char)p[-1])) && !ident((unsigned char)p[10])) {
+        if (!strncmp(p, "__shared__", 10) && (p == src || !ident((unsigned char)p[-1])) &&
+            !ident((unsigned char)p[10])) {
             /* `extern` just before it: take it back from the output */
             size_t i = out.n;
             while (i > 0 && isspace((unsigned char)out.s[i - 1]))
                 i--;
-            int is_extern = i >= 6 && !strncmp(out.s + i - 6, "extern", 6) && (i == 6 || !ident((unsigned char)out.s[i - 7]));
+            int is_extern = i >= 6 && !strncmp(out.s + i - 6, "extern", 6) &&
+                            (i == 6 || !ident((unsigned char)out.s[i - 7]));
             if (is_extern)
                 out.n = i - 6;
             p = shared_decl(&out, src, p + 10, is_extern);

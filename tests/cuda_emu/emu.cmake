@@ -38,7 +38,8 @@ foreach(cu ${SNUG_EMU_CU})
   list(APPEND SNUG_EMU_CPP ${cpp})
 endforeach()
 # The kernels' arithmetic as written: no product fused into a sum unless the source asks (as the C code does).
-set_source_files_properties(${SNUG_EMU_CPP} PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-Wno-unused-function;-Wno-unknown-pragmas;-Wno-sign-compare")
+set_source_files_properties(${SNUG_EMU_CPP} PROPERTIES COMPILE_OPTIONS
+  "-ffp-contract=off;-Wno-unused-function;-Wno-unknown-pragmas;-Wno-sign-compare")
 target_sources(snug_lib PRIVATE ${SNUG_EMU_CPP} ${CMAKE_SOURCE_DIR}/src/dist/comm_nccl.c)
 target_include_directories(snug_lib BEFORE PUBLIC ${SNUG_EMU_DIR}/include)
 target_compile_definitions(snug_lib PUBLIC SNUG_HAVE_CUDA SNUG_CUDA_EMU)

@@ -15,8 +15,8 @@ set(SNUG_EMU_ENV "SNUG_CUDA_EMU_COVERAGE=${SNUG_EMU_COVERAGE}")
 # the GEMMs again with the stand-in cuBLASLt refusing the bias epilogue and the fast 16-bit compute types: the
 # backend's fallbacks (the bias written first, exact fp32) against the same references
 add_test(NAME test_cuda_ops_lt_fallback COMMAND test_cuda_ops gemm WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-set_tests_properties(test_cuda_ops_lt_fallback PROPERTIES ENVIRONMENT "${SNUG_TEST_ENV};${SNUG_NO_DNNL_ENV};SNUG_CUDA_EMU_LT=bias,fast16"
-  LABELS "unit;cuda")
+set_tests_properties(test_cuda_ops_lt_fallback PROPERTIES
+  ENVIRONMENT "${SNUG_TEST_ENV};${SNUG_NO_DNNL_ENV};SNUG_CUDA_EMU_LT=bias,fast16" LABELS "unit;cuda")
 set(SNUG_EMU_TESTS test_emu test_cuda_ops test_cuda_ops_lt_fallback test_comm_nccl test_nccl_join cli_test_cuda_train
   cli_test_cuda_train_nccl)
 foreach(t ${SNUG_EMU_TESTS})

@@ -1038,7 +1038,8 @@ void snug_emu::wmma_impl::complete(void *reqs[32], unsigned mask) {
     req *r0 = (req *)reqs[0];
     for (int l = 1; l < 32; l++) {
         req *r = (req *)reqs[l];
-        if (r->op != r0->op || (r->op != 2 && (r->ptr != r0->ptr || r->ldm != r0->ldm || r->col_major != r0->col_major)))
+        if (r->op != r0->op ||
+            (r->op != 2 && (r->ptr != r0->ptr || r->ldm != r0->ldm || r->col_major != r0->col_major)))
             snug_emu_fatal("the lanes of a warp call WMMA with different pointers or strides (lane 0: %p ld %u, lane "
                            "%d: %p ld %u)", r0->ptr, r0->ldm, l, r->ptr, r->ldm);
     }

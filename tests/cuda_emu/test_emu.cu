@@ -230,7 +230,8 @@ static void test_wmma(void) {
     wmma_kernel<<<1, 32>>>(dd, da, db);
     cudaMemcpy(got, dd, sizeof got, cudaMemcpyDeviceToHost);
     CHECK(!memcmp(got, ref, sizeof ref), "WMMA's product differs from the reference");
-    printf("  %-44s %s\n", "WMMA 16x16x16 bf16 -> fp32", memcmp(got, ref, sizeof ref) ? "WRONG" : "the reference's bits");
+    printf("  %-44s %s\n", "WMMA 16x16x16 bf16 -> fp32",
+           memcmp(got, ref, sizeof ref) ? "WRONG" : "the reference's bits");
     cudaFree(dd), cudaFree(da), cudaFree(db);
 }
 

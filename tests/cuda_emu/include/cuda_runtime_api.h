@@ -129,7 +129,9 @@ cudaError_t snug_emu_func_set_attribute(const void *func, enum cudaFuncAttribute
 
 #ifdef __cplusplus
 }
-template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t bytes) { return cudaMalloc((void **)p, bytes); }
+template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t bytes) {
+    return cudaMalloc((void **)p, bytes);
+}
 template <typename T> static inline cudaError_t cudaHostAlloc(T **p, size_t bytes, unsigned int flags) {
     return cudaHostAlloc((void **)p, bytes, flags);
 }

@@ -106,8 +106,9 @@ static inline void load_matrix_sync_at(const char *file, int line, fragment<accu
     load_at(file, line, f, p, ldm, layout == mem_col_major);
 }
 template <typename T>
-static inline void store_matrix_sync_at(const char *file, int line, T *p, const fragment<accumulator, 16, 16, 16, T, void> &f,
-                                        unsigned ldm, layout_t layout) {
+static inline void store_matrix_sync_at(const char *file, int line, T *p,
+                                        const fragment<accumulator, 16, 16, 16, T, void> &f, unsigned ldm,
+                                        layout_t layout) {
     snug_emu::wmma_impl::check_ptr("wmma::store_matrix_sync", p, ldm, sizeof(T), file, line);
     snug_emu::wmma_impl::req r = {};
     r.op = 1;

@@ -176,7 +176,8 @@ static constexpr int warpSize = 32;
 #define __shfl_up_sync(...) ::snug_emu::shfl_at(::snug_emu::SHFL_UP, "__shfl_up_sync", __FILE__, __LINE__, __VA_ARGS__)
 #define __shfl_down_sync(...)                                                                                         \
     ::snug_emu::shfl_at(::snug_emu::SHFL_DOWN, "__shfl_down_sync", __FILE__, __LINE__, __VA_ARGS__)
-#define __shfl_xor_sync(...) ::snug_emu::shfl_at(::snug_emu::SHFL_XOR, "__shfl_xor_sync", __FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_xor_sync(...)                                                                                          \
+    ::snug_emu::shfl_at(::snug_emu::SHFL_XOR, "__shfl_xor_sync", __FILE__, __LINE__, __VA_ARGS__)
 namespace snug_emu {
 struct syncwarp_at {
     const char *file;
