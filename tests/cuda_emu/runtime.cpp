@@ -596,26 +596,23 @@ static void in_kernel(const char *what) {
         snug_emu_fatal("%s called outside a kernel", what);
 }
 
-void snug_emu::syncthreads(const char *file, int line) {
-    in_kernel("__syncthreads");
+/* Parks the running thread at a block barrier; the block's OR of pred once every thread has arrived. */
+static int block_barrier(const char *what, int pred, const char *file, int line) {
+    in_kernel(what);
     fiber *f = me;
     f->state = F_BLOCK;
-    f->what = "__syncthreads";
-    f->file = file;
-    f->line = line;
-    park();
-}
-
-int snug_emu::syncthreads_or(int pred, const char *file, int line) {
-    in_kernel("__syncthreads_or");
-    fiber *f = me;
-    f->state = F_BLOCK;
-    f->what = "__syncthreads_or";
+    f->what = what;
     f->file = file;
     f->line = line;
     f->pred = pred != 0;
     park();
     return f->result;
+}
+
+void snug_emu::syncthreads(const char *file, int line) { block_barrier("__syncthreads", 0, file, line); }
+
+int snug_emu::syncthreads_or(int pred, const char *file, int line) {
+    return block_barrier("__syncthreads_or", pred, file, line);
 }
 
 void snug_emu::warp_collective(unsigned mask, const char *what, const char *file, int line, void *req,
