@@ -52,7 +52,7 @@
 
 #include "backend/backend.h"
 #include "core/json_util.h"
-#include "optim/optim.h"
+#include "core/quant_map.h"
 
 /* ---------------------------------------------------------------------------------------------------------------- */
 /* Code books */

@@ -10,7 +10,7 @@
  *   nested (bitsandbytes' compress_statistics=True, "double quantization"):
  *     absmax_q          uint8 [nb]           8-bit codes of absmax - nested_offset
  *     nested_absmax     fp32 [ceil(nb/256)]  per 256 blocks, max |absmax - nested_offset|
- *     nested_quant_map  fp32 [256]           bitsandbytes' signed dynamic map (optim.h: snug_dynamic_map)
+ *     nested_quant_map  fp32 [256]           bitsandbytes' signed dynamic map (core/quant_map.h)
  *     nested_offset     fp32                 the mean of absmax
  * Dequantizing (fp32 math, in this order, as bitsandbytes does):
  *   absmax_f32[b] = nested ? nested_quant_map[absmax_q[b]] * nested_absmax[b / 256] + nested_offset : absmax[b]

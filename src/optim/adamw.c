@@ -9,6 +9,7 @@
 
 #include "optim/optim.h"
 
+#include "core/quant_map.h"
 #include "core/rng.h"
 
 #define ALIGN64(n) (((n) + 63) / 64 * 64)

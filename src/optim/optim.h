@@ -107,9 +107,6 @@ void snug_adamw_step_layer(snug_adamw *opt, const snug_model *m, int layer, doub
 /* "adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit" */
 const char *snug_optim_name(snug_optim_kind kind, int paged);
 
-/* The dynamic (tree) quantization map of bitsandbytes' create_dynamic_map(signed): 256 sorted codes (quant_map.c). */
-void snug_dynamic_map(float code[256], int is_signed);
-
 /* transformers' scheduler types (get_scheduler) */
 typedef enum snug_sched {
     SNUG_SCHED_CONSTANT,         /* constant: no warmup at all (get_constant_schedule) */

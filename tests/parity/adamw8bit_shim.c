@@ -1,5 +1,5 @@
 /* adamw8bit_shim.c: snug's 8-bit AdamW step as a plain C function for test_adamw8bit_parity.py (loaded with ctypes
- * from a shared library built there from this file, src/backend/cpu/adamw8bit_cpu.c and src/optim/quant_map.c).
+ * from a shared library built there from this file, src/backend/cpu/adamw8bit_cpu.c and src/core/quant_map.c).
  *
  * The op takes a backend only for its thread count. Hyperparameters are doubles, as the backend slot takes them. */
 #include "backend/backend.h"

@@ -1,4 +1,4 @@
-/* quant_map_driver.c: writes the two dynamic quantization maps snug builds (src/optim/quant_map.c) for
+/* quant_map_driver.c: writes the two dynamic quantization maps snug builds (src/core/quant_map.c) for
  * test_quant_maps.py.
  *
  *   quant_map_driver OUT
@@ -6,6 +6,7 @@
  * OUT gets 512 little-endian float32: the signed map (first moment), then the unsigned map (second moment). */
 #include <stdio.h>
 
+#include "core/quant_map.h"
 #include "optim/optim.h"
 
 int main(int argc, char **argv) {

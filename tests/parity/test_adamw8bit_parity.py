@@ -34,7 +34,7 @@ def build_lib(tmp):
     cmd = [os.environ.get("CC", "gcc"), "-std=c11", "-O2", "-D_GNU_SOURCE", "-fPIC", "-shared", "-fopenmp", "-Wall",
            "-Wno-unused-parameter", "-I" + os.path.join(ROOT, "src"),
            os.path.join(ROOT, "tests/parity/adamw8bit_shim.c"), os.path.join(ROOT, "src/backend/cpu/adamw8bit_cpu.c"),
-           os.path.join(ROOT, "src/optim/quant_map.c"), "-lm", "-o", so]
+           os.path.join(ROOT, "src/core/quant_map.c"), "-lm", "-o", so]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(so)
     f = lib.shim_adamw8bit

@@ -1,6 +1,6 @@
 """The dynamic quantization maps of snug's 8-bit AdamW equal bitsandbytes' create_dynamic_map, element by element.
 
-snug builds the signed map (first moment) and the unsigned map (second moment) on the host (src/optim/quant_map.c);
+snug builds the signed map (first moment) and the unsigned map (second moment) on the host (src/core/quant_map.c);
 tests/parity/quant_map_driver.c, compiled here with gcc, writes them out. The reference is
 bitsandbytes.functional.create_dynamic_map(signed=True/False) from the installed bitsandbytes (pure Python + torch,
 importable on a CPU-only machine). Also checks the properties the optimizer relies on: 256 sorted codes, 0 and 1
@@ -22,7 +22,7 @@ def build_driver(tmp):
     exe = os.path.join(tmp, "quant_map_driver")
     cmd = [os.environ.get("CC", "gcc"), "-std=c11", "-O2", "-D_GNU_SOURCE", "-Wall", "-Wextra",
            "-Wno-unused-parameter", "-I" + os.path.join(ROOT, "include"), "-I" + os.path.join(ROOT, "src"),
-           os.path.join(ROOT, "src/optim/quant_map.c"), os.path.join(ROOT, "tests/parity/quant_map_driver.c"),
+           os.path.join(ROOT, "src/core/quant_map.c"), os.path.join(ROOT, "tests/parity/quant_map_driver.c"),
            "-lm", "-o", exe]
     subprocess.run(cmd, check=True)
     return exe

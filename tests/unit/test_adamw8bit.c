@@ -22,6 +22,7 @@
 #include "check.h"
 #include "core/rng.h"
 #include "model/presets.h"
+#include "core/quant_map.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
 #include "train/engine.h"

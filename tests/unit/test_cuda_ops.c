@@ -25,6 +25,7 @@
 #include "check.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/quant_map.h"
 #include "optim/optim.h"
 #include "plan/gpus.h"
 

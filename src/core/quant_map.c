@@ -1,4 +1,5 @@
-/* quant_map.c: the dynamic (tree) quantization maps of 8-bit optimizer state, built on the host.
+/* quant_map.c: the dynamic (tree) quantization maps of bitsandbytes, built on the host: 8-bit optimizer state
+ * (optim/) and the nested quantization of a 4-bit weight's absmax (model/quant4.c) both use them.
  *
  * bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8) (Dettmers et al., "8-bit Optimizers
  * via Block-wise Quantization", after Dettmers 2015, "8-Bit Approximations for Parallelism in Deep Learning"): for
@@ -13,7 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "optim/optim.h"
+#include "core/quant_map.h"
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
