@@ -23,8 +23,16 @@
 
 typedef struct snug_backend snug_backend;
 
+/* What a backend can do (be->caps), which callers ask instead of testing its name: the name is for people. */
+enum {
+    SNUG_CAP_HOST_THREADS = 1u << 0, /* its ops run on be->nthreads of the host's cores (the CPU backend) */
+    SNUG_CAP_CUDA_MEMORY = 1u << 1,  /* its device memory and streams are CUDA's, on the GPU its ops run on: a CUDA
+                                      * library (NCCL) may work on its buffers */
+};
+
 struct snug_backend {
-    const char *name; /* "cpu", "cuda" */
+    const char *name; /* "cpu", "cuda": for messages and reports only; callers ask caps */
+    unsigned caps;    /* SNUG_CAP_* */
     const char *gemm; /* the GEMM library and kernels in use, for the training header */
     void *ctx;
     int nthreads;
@@ -36,6 +44,9 @@ struct snug_backend {
                          * computes exactly in fp32 otherwise; be->gemm says which. */
 
     void (*destroy)(snug_backend *be);
+    /* Free and total bytes of the memory of the backend's own device right now; 0 on success, -1 when it cannot
+     * tell. NULL for a backend whose device memory is the host's (host_resident). */
+    int (*mem_info)(snug_backend *be, size_t *free_bytes, size_t *total_bytes);
 
     /* Sets be->math and lets the backend choose its GEMM kernels for it, updating be->gemm. M, N, K: the run's
      * typical GEMM (tokens per micro-batch, the MLP's width, the model's width), on which a backend may time its

@@ -66,25 +66,13 @@ snug_backend_choice snug_backend_resolve(snug_backend_choice device) {
 }
 
 size_t snug_backend_device_used(snug_backend *be) {
-#ifdef SNUG_HAVE_CUDA
     size_t free_b = 0, total_b = 0;
-    if (!strcmp(be->name, "cuda") && snug_cuda_mem_info(be, &free_b, &total_b) == 0)
-        return total_b - free_b;
-#else
-    (void)be;
-#endif
-    return 0;
+    return be->mem_info && be->mem_info(be, &free_b, &total_b) == 0 ? total_b - free_b : 0;
 }
 
 size_t snug_backend_device_free(snug_backend *be) {
-#ifdef SNUG_HAVE_CUDA
     size_t free_b = 0, total_b = 0;
-    if (!strcmp(be->name, "cuda") && snug_cuda_mem_info(be, &free_b, &total_b) == 0)
-        return free_b;
-#else
-    (void)be;
-#endif
-    return 0;
+    return be->mem_info && be->mem_info(be, &free_b, &total_b) == 0 ? free_b : 0;
 }
 
 size_t snug_backend_memory_available(snug_backend_choice device) {

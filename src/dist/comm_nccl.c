@@ -802,7 +802,7 @@ static int join_timed(int device, int nranks, nccl_id id, int rank, double timeo
 }
 
 int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
-    if (strcmp(be->name, "cuda"))
+    if (!(be->caps & SNUG_CAP_CUDA_MEMORY))
         return snug_fail(e, SNUG_EINTERNAL, "the NCCL communicator needs the CUDA backend, not %s", be->name);
     snug_error le = {0};
     int rc = load_nccl(&le);

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cuda/backend_cuda.h"
+#include "backend/device.h"
 #include "dist/comm.h"
 #include "dist/zero.h"
 #include "model/model.h"

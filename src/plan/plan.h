@@ -71,7 +71,7 @@ int snug_plan_run(snug_plan *p, const snug_plan_spec *s, snug_error *e);
  * model; free with snug_model_free_host. */
 int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e);
 
-/* Bytes of the CUDA backend's scratch for the spec's shape (backend/cuda/backend_cuda.h's snug_cuda_scratch_bytes
+/* Bytes of the CUDA backend's scratch for the spec's shape (backend/device.h's snug_cuda_scratch_bytes
  * of B*T tokens, the query heads and the widest column sum): the size the engine creates the backend with and the
  * plan's overhead counts, so that no op allocates device memory mid-run (one that asks for more records an error). */
 size_t snug_plan_device_scratch(const snug_plan_spec *s);

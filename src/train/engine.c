@@ -23,13 +23,13 @@ int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_
     /* memory_budget: a plan over it is refused before anything is allocated; the arenas share out what is left */
     double slack = 0;
     if (spec->memory_budget > 0) {
-        double host = strcmp(g->be->name, "cpu") ? 0.0 : (double)g->plan.host_total; /* the CPU's host is its device */
+        double host = g->be->host_resident ? (double)g->plan.host_total : 0.0; /* the CPU's host is its device */
         slack = spec->memory_budget - (double)g->plan.total - host - spec->budget_overhead;
         if (slack < 0)
             return snug_fail_over_budget(e, &g->plan, spec->memory_budget, spec->budget_overhead);
     }
     /* a plan larger than the machine is refused with the numbers, not left to fail (or to swap) mid-allocation */
-    int on_cpu = !strcmp(g->be->name, "cpu");
+    int on_cpu = g->be->host_resident;
     double ram = snug_host_memory_bytes(), host_need = (double)(g->plan.host_total + (on_cpu ? g->plan.total : 0));
     double dev_free = on_cpu ? 0 : (double)snug_backend_device_free(g->be);
     if ((ram > 0 && host_need > ram) || (dev_free > 0 && (double)g->plan.total > dev_free)) {

@@ -73,7 +73,7 @@ int main(void) {
      * exist) the wrap fails with one error naming the library and the fix, before it touches the backend, and leaves
      * the host communicator as it was; a build without CUDA says so */
     snug_comm_self_init(&c);
-    snug_backend fake = {.name = "cuda"};
+    snug_backend fake = {.name = "cuda", .caps = SNUG_CAP_CUDA_MEMORY};
     setenv("SNUG_NCCL", "/nonexistent/libnccl.so.2", 1);
     int wrc = snug_comm_nccl_wrap(&c, &fake, &e);
     if (snug_comm_nccl_available())
@@ -83,7 +83,7 @@ int main(void) {
         CHECKF(wrc == SNUG_EINPUT && strstr(e.msg, "without CUDA"), "%d %s", wrc, e.msg);
     CHECK(!strcmp(c.name, "self") && c.size == 1 && c.allreduce_sum(&c, x, 3, SNUG_COMM_F32, &e) == 0);
     unsetenv("SNUG_NCCL");
-    snug_backend cpu_be = {.name = "cpu"};
+    snug_backend cpu_be = {.name = "cpu", .caps = SNUG_CAP_HOST_THREADS};
     CHECK(!snug_comm_nccl_available() || snug_comm_nccl_wrap(&c, &cpu_be, &e) == SNUG_EINTERNAL);
     snug_comm_close(&c);
     /* the host flag is not a type: sizes and the rank-order sum ignore it */

@@ -85,6 +85,7 @@ snug_backend *snug_backend_cpu_create(int nthreads) {
     if (nthreads <= 0)
         nthreads = 1;
     be->name = "cpu";
+    be->caps = SNUG_CAP_HOST_THREADS;
     snprintf(cx->gemm, sizeof cx->gemm, "%s", snug_cpu_blas_describe());
     be->gemm = cx->gemm;
     be->ctx = cx;

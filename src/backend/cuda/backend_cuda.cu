@@ -368,10 +368,12 @@ extern "C" snug_backend *snug_backend_cuda_create_sized(int device, size_t scrat
     }
 
     be->name = "cuda";
+    be->caps = SNUG_CAP_CUDA_MEMORY;
     be->gemm = "cuBLASLt";
     be->nthreads = 1; /* host threads used by the ops: none beyond the caller's */
     be->host_resident = 0;
     be->destroy = cuda_destroy;
+    be->mem_info = snug_cuda_mem_info;
 
     be->alloc = cuda_alloc;
     be->free = cuda_free;
