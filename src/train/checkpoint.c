@@ -24,7 +24,7 @@
 #include "dist/comm.h"
 #include "model/model.h"
 #include "model/peft_io.h"
-#include "snug.h"
+#include "core/version.h"
 #include "train/reshard.h"
 
 #define STATE_JSON "trainer_state.json"

@@ -11,10 +11,8 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/dnnl_cpu.h"
+#include "backend/cpu/gemm_cpu.h"
 #include "backend/cpu/ops_cpu.h"
-
-/* OpenBLAS keeps one global thread count (cheap to set), so each GEMM-calling op sets it to its backend's. */
-void snug_cpu_blas_threads(snug_backend *be) { snug_cpu_blas_set_threads(be->nthreads); }
 
 static void cpu_destroy(snug_backend *be) {
     snug_cpu_ctx *cx = be->ctx;

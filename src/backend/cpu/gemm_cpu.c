@@ -25,6 +25,8 @@
 #include "core/fileio.h"
 #include "core/hash.h"
 
+void snug_cpu_blas_threads(snug_backend *be) { snug_cpu_blas_set_threads(be->nthreads); }
+
 int snug_cpu_gemm_plan(snug_dtype math, const snug_cpu_features *f, const char *force, snug_cpu_gemm_kind *kind,
                        int *forced, char *why, size_t n, snug_error *e) {
     *kind = SNUG_CPU_GEMM_OPENBLAS, *forced = 0;

@@ -41,4 +41,9 @@ int snug_cpu_gemm_plan(snug_dtype math, const snug_cpu_features *f, const char *
  * higher, else 0 (a tie keeps fp32, which is exact). */
 int snug_cpu_bf16_measured_faster(double bf16_gflops, double fp32_gflops);
 
+struct snug_backend;
+/* Points OpenBLAS at be->nthreads before a GEMM: OpenBLAS keeps one global thread count (cheap to set), so each
+ * GEMM-calling op sets it to its backend's. */
+void snug_cpu_blas_threads(struct snug_backend *be);
+
 #endif

@@ -21,9 +21,6 @@
 /* Below this many elements a loop is not worth waking the thread team for. */
 #define SNUG_CPU_PAR_MIN 16384
 
-/* Points OpenBLAS at be->nthreads before a GEMM (a global setting in OpenBLAS). */
-void snug_cpu_blas_threads(snug_backend *be);
-
 struct snug_dnnl;
 /* be->ctx of a CPU backend */
 typedef struct {
