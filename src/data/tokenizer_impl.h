@@ -1,6 +1,7 @@
 /* tokenizer_impl.h: the insides of snug_tokenizer, shared by its files:
  *   tokenizer.c       loading tokenizer.json, added tokens, the post-processor, the encode pipeline, the public API;
- *   tokenizer_text.c  buffers, UTF-8, regexes (Oniguruma's meaning on PCRE2), splitting at matches;
+ *   tokenizer_impl.c  the base the others stand on: errors, JSON helpers, the encode scratch, buffers, UTF-8,
+ *                     regexes (Oniguruma's meaning on PCRE2), splitting at matches;
  *   tokenizer_pre.c   normalizers and pre-tokenizers (text -> pieces);
  *   tokenizer_bpe.c   the BPE model (vocabulary, merges, pieces -> ids) and the decoders (ids -> text).
  *

@@ -1,12 +1,118 @@
-/* tokenizer_text.c: the string machinery under the normalizers and pre-tokenizers: growable buffers, UTF-8
- * (decoding, and repairing invalid input the way Python's errors="replace" does), regexes with Oniguruma's meaning
- * on top of PCRE2, and splitting a string at matches the way `tokenizers` does (pattern.rs find_matches and
- * normalizer.rs NormalizedString::split). */
+/* tokenizer_impl.c: the machinery under every other tokenizer file (tokenizer_impl.h): errors and the JSON
+ * helpers of the loaders, the encode call's scratch (tok_ctx), growable buffers, UTF-8 (decoding, and repairing
+ * invalid input the way Python's errors="replace" does), regexes with Oniguruma's meaning on top of PCRE2, and
+ * splitting a string at matches the way `tokenizers` does (pattern.rs find_matches and normalizer.rs
+ * NormalizedString::split). It calls no other tokenizer file: tokenizer.c, tokenizer_pre.c and tokenizer_bpe.c
+ * stand on it. */
 #include "data/tokenizer_impl.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- helpers shared by the tokenizer files ---- */
+
+char *tok_strndup(const char *s, size_t n) {
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
+int tok_oom(snug_error *e) {
+    return snug_fail(e, SNUG_ENOMEM, "tokenizer: out of memory");
+}
+
+int tok_bad(snug_tokenizer *t, snug_error *e, const char *path, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (path && *path)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s: %s", t->name, path, msg);
+    return snug_fail(e, SNUG_EINPUT, "%s: %s", t->name, msg);
+}
+
+const char *tok_json_type(json_t *j) {
+    json_t *v = json_object_get(j, "type");
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+int tok_json_bool(json_t *obj, const char *key, int dflt) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+int tok_parse_pattern(snug_tokenizer *t, json_t *j, const char *path, tok_regex *re, snug_error *e) {
+    json_t *s = json_object_get(j, "String"), *r = json_object_get(j, "Regex");
+    json_t *v = s ? s : r;
+    if (!json_is_object(j) || !json_is_string(v))
+        return tok_bad(t, e, path, "must be {\"String\": ...} or {\"Regex\": ...}");
+    size_t n = json_string_length(v);
+    char why[400];
+    if (s && n == 0) { /* an empty String pattern matches nothing, as upstream */
+        re->code = NULL;
+        return 0;
+    }
+    if (tok_regex_compile(re, json_string_value(v), n, s != NULL, why, sizeof why))
+        return tok_bad(t, e, path, "invalid %s \"%.100s\": %s", s ? "pattern" : "regex", json_string_value(v), why);
+    return 0;
+}
+
+int tok_parse_char(snug_tokenizer *t, json_t *obj, const char *key, const char *path, char ch[4], int *len,
+                   snug_error *e) {
+    json_t *v = json_object_get(obj, key);
+    const char *s = json_is_string(v) ? json_string_value(v) : "";
+    size_t n = json_is_string(v) ? json_string_length(v) : 0;
+    if (n == 0 || n > 4 || (size_t)tok_utf8_len((unsigned char)s[0]) != n)
+        return tok_bad(t, e, path, "\"%s\" must be a single character", key);
+    memcpy(ch, s, n);
+    *len = (int)n;
+    return 0;
+}
+
+/* ---- per-call scratch ---- */
+
+int tok_ctx_init(tok_ctx *c, snug_error *e) {
+    memset(c, 0, sizeof *c);
+    c->e = e;
+    c->md = pcre2_match_data_create(1, NULL);
+    return c->md ? 0 : tok_oom(e);
+}
+
+void tok_ctx_free(tok_ctx *c) {
+    if (c->md)
+        pcre2_match_data_free(c->md);
+    free(c->ev);
+    free(c->clean.p);
+    free(c->na.p);
+    free(c->nb.p);
+    free(c->tmp.p);
+    free(c->pa.v);
+    free(c->pa.text.p);
+    free(c->pb.v);
+    free(c->pb.text.p);
+    free(c->sym);
+    free(c->heap);
+    free(c->word.p);
+}
+
+int tok_emit(tok_ctx *c, int32_t id) {
+    if (*c->n == *c->cap) {
+        size_t cap = *c->cap ? 2 * *c->cap : 1024;
+        int32_t *p = realloc(*c->ids, cap * sizeof *p);
+        if (!p)
+            return tok_oom(c->e), -1;
+        *c->ids = p;
+        *c->cap = cap;
+    }
+    (*c->ids)[(*c->n)++] = id;
+    return 0;
+}
 
 /* ---- buffers ---- */
 
