@@ -1,5 +1,5 @@
 /* tokenizer.c: loading a tokenizer.json, the added tokens, the post-processor's BOS/EOS, and the encode pipeline
- * that ties normalizers, pre-tokenizers and the BPE model together (see tokenizer_impl.h for the steps).
+ * that ties normalizers, pre-tokenizers and the BPE model together (see tokenizer_base.h for the steps).
  *
  * Added tokens follow `tokenizers` added_vocabulary.rs: their ids are assigned the way AddedVocabulary::add_tokens
  * assigns them (the "id" written in the file is not what counts: `tokenizers` ignores it too), the non-normalized
@@ -8,7 +8,7 @@
 #include "data/tokenizer.h"
 
 #include "core/json_util.h"
-#include "data/tokenizer_impl.h"
+#include "data/tokenizer_base.h"
 
 #include <errno.h>
 #include <limits.h>

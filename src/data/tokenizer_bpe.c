@@ -3,7 +3,7 @@
  * Merging follows `tokenizers` models/bpe/word.rs merge_all exactly, expired heap entries included: a min-heap of
  * (rank, position) holds every mergeable adjacent pair; the best one is merged, and the pairs it forms with its
  * neighbours are pushed. That is also what makes it O(n log n) on long pieces (a run of 10 000 spaces). */
-#include "data/tokenizer_impl.h"
+#include "data/tokenizer_base.h"
 
 #include <stdio.h>
 #include <stdlib.h>

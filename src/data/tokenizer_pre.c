@@ -3,8 +3,8 @@
  * Each normalizer maps a whole string to a new string; each pre-tokenizer maps a list of pieces to a new list. The
  * rules (which piece gets a prefix, how a split treats its delimiters, which empty pieces vanish) are those of
  * `tokenizers` (normalizer.rs split(), pre_tokenizers/{byte_level,split,metaspace}.rs), checked against it by
- * tests/parity/test_tokenizer_parity.py. See tokenizer_impl.h for the whole pipeline. */
-#include "data/tokenizer_impl.h"
+ * tests/parity/test_tokenizer_parity.py. See tokenizer_base.h for the whole pipeline. */
+#include "data/tokenizer_base.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,10 +1,10 @@
-/* tokenizer_impl.c: the machinery under every other tokenizer file (tokenizer_impl.h): errors and the JSON
+/* tokenizer_base.c: the machinery under every other tokenizer file (tokenizer_base.h): errors and the JSON
  * helpers of the loaders, the encode call's scratch (tok_ctx), growable buffers, UTF-8 (decoding, and repairing
  * invalid input the way Python's errors="replace" does), regexes with Oniguruma's meaning on top of PCRE2, and
  * splitting a string at matches the way `tokenizers` does (pattern.rs find_matches and normalizer.rs
  * NormalizedString::split). It calls no other tokenizer file: tokenizer.c, tokenizer_pre.c and tokenizer_bpe.c
  * stand on it. */
-#include "data/tokenizer_impl.h"
+#include "data/tokenizer_base.h"
 
 #include <stdarg.h>
 #include <stdio.h>

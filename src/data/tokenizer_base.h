@@ -1,6 +1,6 @@
-/* tokenizer_impl.h: the insides of snug_tokenizer, shared by its files:
+/* tokenizer_base.h: the insides of snug_tokenizer, shared by its files:
  *   tokenizer.c       loading tokenizer.json, added tokens, the post-processor, the encode pipeline, the public API;
- *   tokenizer_impl.c  the base the others stand on: errors, JSON helpers, the encode scratch, buffers, UTF-8,
+ *   tokenizer_base.c  the base the others stand on: errors, JSON helpers, the encode scratch, buffers, UTF-8,
  *                     regexes (Oniguruma's meaning on PCRE2), splitting at matches;
  *   tokenizer_pre.c   normalizers and pre-tokenizers (text -> pieces);
  *   tokenizer_bpe.c   the BPE model (vocabulary, merges, pieces -> ids) and the decoders (ids -> text).
@@ -9,8 +9,8 @@
  *   text -> valid UTF-8 -> split out non-normalized added tokens -> normalize each remaining segment -> split out
  *   normalized added tokens -> pre-tokenize each remaining segment into pieces -> BPE each piece -> ids.
  * Every scratch buffer lives in a tok_ctx owned by one encode call, so a loaded tokenizer is never written to. */
-#ifndef SNUG_TOKENIZER_IMPL_H
-#define SNUG_TOKENIZER_IMPL_H
+#ifndef SNUG_TOKENIZER_BASE_H
+#define SNUG_TOKENIZER_BASE_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
