@@ -4,7 +4,7 @@
  * Ops run in order on one compute stream. Copies of paged optimizer state run on a side stream, each first waiting
  * (by an event) for the ops already queued on the compute stream, so a chunk copied out right after its update is
  * copied updated; the caller's sync waits for both streams. The ops live in ops_cuda.cu, matmul_cuda.cu,
- * xent_cuda.cu, adamw_cuda.cu and attention_cuda.cu. */
+ * xent_cuda.cu, adamw_cuda.cu and attention*_cuda.cu. */
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <string.h>

@@ -298,6 +298,7 @@ void snug_cuda_attention_fwd(snug_backend *be, float *out, float *lse, const flo
 void snug_cuda_attention_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv, const float *out,
                              const float *lse, const int32_t *seg_start, int B, int T, int NH, int NKV, int HD,
                              float scale);
+/* attention_warp_cuda.cu */
 void snug_cuda_attention_naive_fwd(snug_backend *be, float *out, float *probs, const float *qkv,
                                    const int32_t *seg_start, int B, int T, int NH, int NKV, int HD, float scale);
 void snug_cuda_attention_naive_bwd(snug_backend *be, float *dqkv, const float *dout, const float *qkv,

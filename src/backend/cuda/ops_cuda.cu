@@ -6,7 +6,7 @@
  * over rows (dw, db, dbias) are column sums over a fixed number of row slices, each slice in row order, the slices
  * then added in order; dtable adds each id's tokens in token order, as the CPU does (its tokens sorted by id first). So
  * every op gives the same bits on every run. Linear layers are in matmul_cuda.cu, the loss in xent_cuda.cu, the
- * optimizer in adamw_cuda.cu, attention in attention_cuda.cu. */
+ * optimizer in adamw_cuda.cu, attention in attention*_cuda.cu. */
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
