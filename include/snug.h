@@ -13,7 +13,7 @@
 #ifndef SNUG_H
 #define SNUG_H
 
-#define SNUG_VERSION "0.1.0"
+#include "core/version.h"
 
 #include "core/error.h"
 #include "core/arena.h"

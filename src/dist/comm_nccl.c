@@ -1,10 +1,7 @@
 /* comm_nccl.c: the NCCL communicator (device buffers on CUDA ranks; see comm.h), compiled with the CUDA backend.
  *
- * NCCL is opened at run time (dlopen of libnccl.so.2, or the file SNUG_NCCL names; its entry points looked up once),
- * so a CUDA build of snug starts, and trains on the CPU or on one GPU, where NCCL is not installed; only a run that
- * needs it fails, naming the library and the fix. The part of NCCL's ABI called here is declared below, so building
- * needs no NCCL header (where nccl.h is found, CMake defines SNUG_HAVE_NCCL_H and the declarations are checked
- * against it).
+ * NCCL is opened at run time and a rank joins within dist_timeout: comm_nccl_lib.c, which declares the part of NCCL's
+ * ABI used here.
  *
  * Bootstrap: the communicator wraps a host communicator already open (self for one rank, MPI for several). Every rank
  * opens NCCL and the ranks agree that all could; rank 0 makes the unique id and broadcasts it through the host
@@ -39,7 +36,6 @@
  * size x SNUG_NCCL_PIECE x 8 bytes (allocated when the communicator is made in deterministic mode, else at the first
  * deterministic collective) and a small kernel (comm_nccl_sum.cu) adds the ranks in order; the reduce-scatter sends
  * each piece of segment r to its owner (ncclSend / ncclRecv in one group) and the owner adds them in rank order. */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,107 +48,10 @@
 #include "backend/backend.h"
 #include "backend/cuda/backend_cuda_stream.h"
 #include "dist/comm.h"
-
-/* ------------------------------------------------------------------------------------------------ NCCL's ABI */
-
-typedef struct nccl_comm_s *nccl_comm_t;              /* ncclComm_t */
-typedef struct nccl_id { char internal[128]; } nccl_id; /* ncclUniqueId */
-typedef int nccl_result;                              /* ncclResult_t */
-enum { NCCL_OK = 0, NCCL_IN_PROGRESS = 7 };
-enum { NCCL_UINT8 = 1, NCCL_INT64 = 4, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8 }; /* ncclDataType_t */
-enum { NCCL_SUM = 0 };                                                      /* ncclRedOp_t */
-
-#ifdef SNUG_HAVE_NCCL_H
-#include <nccl.h>
-_Static_assert(sizeof(ncclUniqueId) == sizeof(nccl_id), "ncclUniqueId's size");
-_Static_assert((int)ncclSuccess == NCCL_OK && (int)ncclInProgress == NCCL_IN_PROGRESS, "ncclResult_t's values");
-_Static_assert((int)ncclUint8 == NCCL_UINT8 && (int)ncclInt64 == NCCL_INT64 && (int)ncclFloat32 == NCCL_FLOAT32 &&
-                   (int)ncclFloat64 == NCCL_FLOAT64 && (int)ncclSum == NCCL_SUM,
-               "ncclDataType_t's and ncclRedOp_t's values");
-#endif
-
-typedef struct nccl_api {
-    nccl_result (*GetVersion)(int *version);
-    nccl_result (*GetUniqueId)(nccl_id *id);
-    nccl_result (*CommInitRank)(nccl_comm_t *comm, int nranks, nccl_id id, int rank);
-    nccl_result (*CommDestroy)(nccl_comm_t comm);
-    nccl_result (*CommAbort)(nccl_comm_t comm);
-    nccl_result (*CommGetAsyncError)(nccl_comm_t comm, nccl_result *err);
-    const char *(*GetErrorString)(nccl_result r);
-    const char *(*GetLastError)(nccl_comm_t comm);
-    nccl_result (*AllReduce)(const void *s, void *r, size_t n, int dt, int op, nccl_comm_t c, cudaStream_t st);
-    nccl_result (*Broadcast)(const void *s, void *r, size_t n, int dt, int root, nccl_comm_t c, cudaStream_t st);
-    nccl_result (*Reduce)(const void *s, void *r, size_t n, int dt, int op, int root, nccl_comm_t c, cudaStream_t st);
-    nccl_result (*AllGather)(const void *s, void *r, size_t n, int dt, nccl_comm_t c, cudaStream_t st);
-    nccl_result (*Send)(const void *s, size_t n, int dt, int peer, nccl_comm_t c, cudaStream_t st);
-    nccl_result (*Recv)(void *r, size_t n, int dt, int peer, nccl_comm_t c, cudaStream_t st);
-    nccl_result (*GroupStart)(void);
-    nccl_result (*GroupEnd)(void);
-} nccl_api;
-
-static nccl_api nccl;      /* filled once by load_nccl; never unloaded */
-static int nccl_loaded;    /* 1: loaded (a failure is not kept: the next communicator tries again) */
-static char nccl_why[1024];
-static char nccl_path[512];
-static int nccl_version;
+#include "dist/comm_nccl_lib.h"
 
 /* comm_nccl_sum.cu */
 int snug_nccl_sum_in_order(void *out, const void *all, int size, size_t n, int dt, void *stream);
-
-/* Opens NCCL: SNUG_NCCL's file, or libnccl.so.2 on the loader's path, then in the CUDA toolkit found at build time. */
-static int load_nccl(snug_error *e) {
-    if (nccl_loaded)
-        return 0;
-    const char *env = getenv("SNUG_NCCL");
-    const char *names[3] = {env && *env ? env : "libnccl.so.2", NULL, NULL};
-#ifdef SNUG_NCCL_PATH
-    if (!(env && *env))
-        names[1] = SNUG_NCCL_PATH;
-#endif
-    void *h = NULL;
-    char tried[768] = "";
-    for (int i = 0; i < 3 && names[i] && !h; i++) {
-        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (h)
-            snprintf(nccl_path, sizeof nccl_path, "%s", names[i]);
-        else if (!tried[0])
-            snprintf(tried, sizeof tried, "%s", dlerror());
-    }
-    if (!h) {
-        snprintf(nccl_why, sizeof nccl_why, "CUDA ranks talk through NCCL, but %s cannot be opened (%s); install "
-                 "NCCL 2.7 or newer (Debian/Ubuntu: libnccl2; pip: nvidia-nccl-cu12) where the loader finds it "
-                 "(LD_LIBRARY_PATH), or name the file with SNUG_NCCL=/path/libnccl.so.2", names[0], tried);
-        return snug_fail(e, SNUG_EINPUT, "%s", nccl_why);
-    }
-    struct { void **slot; const char *name; } syms[] = {
-        {(void **)&nccl.GetVersion, "ncclGetVersion"},
-        {(void **)&nccl.GetUniqueId, "ncclGetUniqueId"},
-        {(void **)&nccl.CommInitRank, "ncclCommInitRank"},
-        {(void **)&nccl.CommDestroy, "ncclCommDestroy"},
-        {(void **)&nccl.CommAbort, "ncclCommAbort"},
-        {(void **)&nccl.CommGetAsyncError, "ncclCommGetAsyncError"},
-        {(void **)&nccl.GetErrorString, "ncclGetErrorString"},
-        {(void **)&nccl.GetLastError, "ncclGetLastError"},
-        {(void **)&nccl.AllReduce, "ncclAllReduce"},
-        {(void **)&nccl.Broadcast, "ncclBroadcast"},
-        {(void **)&nccl.Reduce, "ncclReduce"},
-        {(void **)&nccl.AllGather, "ncclAllGather"},
-        {(void **)&nccl.Send, "ncclSend"},
-        {(void **)&nccl.Recv, "ncclRecv"},
-        {(void **)&nccl.GroupStart, "ncclGroupStart"},
-        {(void **)&nccl.GroupEnd, "ncclGroupEnd"},
-    };
-    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++)
-        if (!(*syms[i].slot = dlsym(h, syms[i].name))) {
-            snprintf(nccl_why, sizeof nccl_why, "%s has no %s: snug needs NCCL 2.7 or newer (ncclGetLastError: "
-                     "2.13); install a newer one, or name it with SNUG_NCCL=/path/libnccl.so.2", nccl_path,
-                     syms[i].name);
-            return snug_fail(e, SNUG_EINPUT, "%s", nccl_why);
-        }
-    nccl.GetVersion(&nccl_version);
-    nccl_loaded = 1;
-    return 0;
-}
 
 /* ------------------------------------------------------------------------------------------------ the context */
 
@@ -208,7 +107,7 @@ static void fail_locked(nccl_ctx *x, const char *fmt, const char *what, const ch
     x->failed = 1;
     snprintf(x->why, sizeof x->why, fmt, what, detail);
     if (x->comm) {
-        nccl.CommAbort(x->comm);
+        snug_nccl.CommAbort(x->comm);
         x->comm = NULL;
     }
 }
@@ -237,10 +136,10 @@ static void poll_locked(nccl_ctx *x, double timeout_s) {
         }
     }
     nccl_result ar = NCCL_OK;
-    if (!x->failed && x->comm && nccl.CommGetAsyncError(x->comm, &ar) == NCCL_OK && ar != NCCL_OK &&
+    if (!x->failed && x->comm && snug_nccl.CommGetAsyncError(x->comm, &ar) == NCCL_OK && ar != NCCL_OK &&
         ar != NCCL_IN_PROGRESS) {
         char d[320];
-        snprintf(d, sizeof d, "%s (%s)", nccl.GetErrorString(ar), nccl.GetLastError(x->comm));
+        snprintf(d, sizeof d, "%s (%s)", snug_nccl.GetErrorString(ar), snug_nccl.GetLastError(x->comm));
         fail_locked(x, "NCCL reported an error %s: %s", "after a collective", d);
     }
 }
@@ -392,7 +291,7 @@ static int issue_end(snug_comm *c, pending *p, const char *what, nccl_result nrc
     nccl_ctx *x = c->ctx;
     if (nrc != NCCL_OK && nrc != NCCL_IN_PROGRESS) {
         char d[320];
-        snprintf(d, sizeof d, "%s (%s)", nccl.GetErrorString(nrc), x->comm ? nccl.GetLastError(x->comm) : "");
+        snprintf(d, sizeof d, "%s (%s)", snug_nccl.GetErrorString(nrc), x->comm ? snug_nccl.GetLastError(x->comm) : "");
         fail_locked(x, "NCCL %s failed: %s", what, d);
     } else if (cerr == cudaSuccess) {
         cerr = cudaEventRecord(p->done, x->stream);
@@ -469,11 +368,11 @@ static int nccl_allreduce(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt,
     nccl_result nrc = NCCL_OK;
     cudaError_t cerr = cudaSuccess;
     if (!c->deterministic) {
-        nrc = nccl.AllReduce(b, b, n, nccl_type(dt), NCCL_SUM, x->comm, x->stream);
+        nrc = snug_nccl.AllReduce(b, b, n, nccl_type(dt), NCCL_SUM, x->comm, x->stream);
     } else { /* every rank's piece side by side, then added in rank order */
         for (size_t i = 0; i < n && nrc == NCCL_OK && cerr == cudaSuccess; i += SNUG_NCCL_PIECE) {
             size_t k = n - i < SNUG_NCCL_PIECE ? n - i : SNUG_NCCL_PIECE;
-            nrc = nccl.AllGather(b + i * es, x->scratch, k, nccl_type(dt), x->comm, x->stream);
+            nrc = snug_nccl.AllGather(b + i * es, x->scratch, k, nccl_type(dt), x->comm, x->stream);
             if (nrc == NCCL_OK)
                 cerr = (cudaError_t)snug_nccl_sum_in_order(b + i * es, x->scratch, c->size, k, snug_comm_type(dt),
                                                            x->stream);
@@ -501,7 +400,7 @@ static int nccl_broadcast(snug_comm *c, void *buf, size_t n, snug_comm_dtype dt,
     SNUG_TRY(device_buffer(buf, what, e));
     pending *p;
     SNUG_TRY(issue_begin(c, what, &p, e));
-    nccl_result nrc = nccl.Broadcast(buf, buf, n * snug_comm_dtype_size(dt), NCCL_UINT8, root, x->comm, x->stream);
+    nccl_result nrc = snug_nccl.Broadcast(buf, buf, n * snug_comm_dtype_size(dt), NCCL_UINT8, root, x->comm, x->stream);
     return issue_end(c, p, what, nrc, cudaSuccess, dt, e);
 }
 
@@ -557,11 +456,11 @@ static int nccl_reduce_scatter(snug_comm *c, void *buf, const size_t *counts, sn
     nccl_result nrc = NCCL_OK;
     cudaError_t cerr = cudaSuccess;
     if (!c->deterministic) { /* one reduce per owner segment, in place, in one group */
-        nrc = nccl.GroupStart();
+        nrc = snug_nccl.GroupStart();
         for (int r = 0; r < c->size && nrc == NCCL_OK; d += counts[r], r++)
             if (counts[r])
-                nrc = nccl.Reduce(b + d * es, b + d * es, counts[r], t, NCCL_SUM, r, x->comm, x->stream);
-        nccl_result g = nccl.GroupEnd();
+                nrc = snug_nccl.Reduce(b + d * es, b + d * es, counts[r], t, NCCL_SUM, r, x->comm, x->stream);
+        nccl_result g = snug_nccl.GroupEnd();
         nrc = nrc != NCCL_OK ? nrc : g;
     } else { /* each piece of segment r from every rank to its owner, added there in rank order */
         for (int r = 0; r < c->size && nrc == NCCL_OK && cerr == cudaSuccess; d += counts[r], r++)
@@ -572,13 +471,13 @@ static int nccl_reduce_scatter(snug_comm *c, void *buf, const size_t *counts, sn
                     cerr = cudaMemcpyAsync(mine, seg, k * es, cudaMemcpyDeviceToDevice, x->stream);
                 if (cerr != cudaSuccess)
                     break;
-                nrc = nccl.GroupStart();
+                nrc = snug_nccl.GroupStart();
                 for (int q = 0; r == c->rank && q < c->size && nrc == NCCL_OK; q++)
                     if (q != r)
-                        nrc = nccl.Recv((char *)x->scratch + (size_t)q * k * es, k, t, q, x->comm, x->stream);
+                        nrc = snug_nccl.Recv((char *)x->scratch + (size_t)q * k * es, k, t, q, x->comm, x->stream);
                 if (r != c->rank && nrc == NCCL_OK)
-                    nrc = nccl.Send(seg, k, t, r, x->comm, x->stream);
-                nccl_result g = nccl.GroupEnd();
+                    nrc = snug_nccl.Send(seg, k, t, r, x->comm, x->stream);
+                nccl_result g = snug_nccl.GroupEnd();
                 nrc = nrc != NCCL_OK ? nrc : g;
                 if (nrc == NCCL_OK && r == c->rank)
                     cerr = (cudaError_t)snug_nccl_sum_in_order(seg, x->scratch, c->size, k, snug_comm_type(dt),
@@ -607,11 +506,11 @@ static int nccl_allgather(snug_comm *c, void *buf, const size_t *counts, snug_co
     pending *p;
     SNUG_TRY(issue_begin(c, what, &p, e));
     char *b = buf;
-    nccl_result nrc = nccl.GroupStart(); /* one broadcast per owner segment, in place, in one group */
+    nccl_result nrc = snug_nccl.GroupStart(); /* one broadcast per owner segment, in place, in one group */
     for (int r = 0; r < c->size && nrc == NCCL_OK; d += counts[r], r++)
         if (counts[r])
-            nrc = nccl.Broadcast(b + d * es, b + d * es, counts[r] * es, NCCL_UINT8, r, x->comm, x->stream);
-    nccl_result g = nccl.GroupEnd();
+            nrc = snug_nccl.Broadcast(b + d * es, b + d * es, counts[r] * es, NCCL_UINT8, r, x->comm, x->stream);
+    nccl_result g = snug_nccl.GroupEnd();
     return issue_end(c, p, what, nrc != NCCL_OK ? nrc : g, cudaSuccess, dt, e);
 }
 
@@ -642,7 +541,7 @@ static void nccl_abort(snug_comm *c, int code) {
         return;
     pthread_mutex_lock(&x->mu);
     if (x->comm) {
-        nccl.CommAbort(x->comm);
+        snug_nccl.CommAbort(x->comm);
         x->comm = NULL;
     }
     pthread_mutex_unlock(&x->mu);
@@ -661,9 +560,9 @@ static void release(nccl_ctx *x) {
     }
     if (x->comm) { /* destroyed when all went well; aborted otherwise (no wait for ranks that may be gone) */
         if (!x->failed && cudaStreamSynchronize(x->stream) == cudaSuccess)
-            nccl.CommDestroy(x->comm);
+            snug_nccl.CommDestroy(x->comm);
         else
-            nccl.CommAbort(x->comm);
+            snug_nccl.CommAbort(x->comm);
         x->comm = NULL;
     }
     for (int i = 0; i < SNUG_NCCL_PENDING; i++)
@@ -707,105 +606,11 @@ static int agree(snug_comm *h, int rc, const char *what, snug_error *e) {
 
 int snug_comm_nccl_available(void) { return 1; }
 
-/* ncclCommInitRank waits for every rank to join, so a rank that died after the unique id's broadcast, or one that
- * cannot reach the others, would hold the rest there forever. The join runs on a thread of its own (on the rank's
- * GPU: the current device is per thread) while the caller waits at most dist_timeout for it. A join that does not
- * return in time is left behind, its state owned by the thread (it frees it if NCCL ever returns), and the rank fails
- * naming the timeout: nothing can abort a communicator NCCL has not handed back yet. */
-typedef struct nccl_join {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, abandoned; /* under mu */
-    int device, nranks, rank;
-    nccl_id id;
-    nccl_comm_t comm;
-    nccl_result r;
-    cudaError_t cerr;
-} nccl_join;
-
-static void join_free(nccl_join *j) {
-    pthread_cond_destroy(&j->cv);
-    pthread_mutex_destroy(&j->mu);
-    free(j);
-}
-
-static void *join_thread(void *arg) {
-    nccl_join *j = arg;
-    nccl_comm_t comm = NULL;
-    nccl_result r = NCCL_OK;
-    cudaError_t cerr = cudaSetDevice(j->device);
-    if (cerr == cudaSuccess)
-        r = nccl.CommInitRank(&comm, j->nranks, j->id, j->rank);
-    pthread_mutex_lock(&j->mu);
-    int abandoned = j->abandoned;
-    j->comm = comm, j->r = r, j->cerr = cerr, j->done = 1;
-    pthread_cond_signal(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-    if (abandoned) { /* the caller gave up: the communicator is nobody's */
-        if (comm && r == NCCL_OK)
-            nccl.CommAbort(comm);
-        join_free(j);
-    }
-    return NULL;
-}
-
-/* The rank's NCCL communicator in *comm (0), or why not in why: 1 failed, 2 timed out (timeout_s <= 0: wait as long
- * as NCCL does). */
-static int join_timed(int device, int nranks, nccl_id id, int rank, double timeout_s, nccl_comm_t *comm, char *why,
-                       size_t whylen) {
-    *comm = NULL;
-    nccl_join *j = calloc(1, sizeof *j);
-    if (!j) {
-        snprintf(why, whylen, "out of host memory to join the NCCL communicator");
-        return 1;
-    }
-    pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
-    j->device = device, j->nranks = nranks, j->rank = rank, j->id = id;
-    pthread_t t;
-    if (pthread_create(&t, NULL, join_thread, j)) {
-        snprintf(why, whylen, "cannot start a thread to join the NCCL communicator");
-        join_free(j);
-        return 1;
-    }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    double end = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + timeout_s;
-    until.tv_sec = (time_t)end;
-    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
-    pthread_mutex_lock(&j->mu);
-    int late = 0;
-    while (!j->done && !late)
-        late = timeout_s > 0 ? pthread_cond_timedwait(&j->cv, &j->mu, &until) != 0 && !j->done
-                             : (pthread_cond_wait(&j->cv, &j->mu), 0);
-    if (late) {
-        j->abandoned = 1;
-        pthread_mutex_unlock(&j->mu);
-        pthread_detach(t);
-        snprintf(why, whylen, "ncclCommInitRank (rank %d of %d, GPU %d) did not complete in %.0f s (dist_timeout): "
-                 "a rank died before joining, or the ranks cannot reach each other (NCCL_DEBUG=WARN says more; "
-                 "NCCL_SOCKET_IFNAME picks the network interface)", rank, nranks, device, timeout_s);
-        return 2;
-    }
-    pthread_mutex_unlock(&j->mu);
-    pthread_join(t, NULL);
-    if (j->cerr != cudaSuccess)
-        snprintf(why, whylen, "GPU %d: cannot make it current to join the NCCL communicator: %s", device,
-                 cudaGetErrorString(j->cerr));
-    else if (j->r != NCCL_OK)
-        snprintf(why, whylen, "ncclCommInitRank (rank %d of %d, GPU %d) failed: %s; NCCL_DEBUG=WARN says more", rank,
-                 nranks, device, nccl.GetErrorString(j->r));
-    else
-        *comm = j->comm;
-    join_free(j);
-    return *comm ? 0 : 1;
-}
-
 int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
     if (!(be->caps & SNUG_CAP_CUDA_MEMORY))
         return snug_fail(e, SNUG_EINTERNAL, "the NCCL communicator needs the CUDA backend, not %s", be->name);
     snug_error le = {0};
-    int rc = load_nccl(&le);
+    int rc = snug_nccl_load(&le);
     if ((rc = agree(c, rc, "open NCCL", e)) && le.code)
         *e = le;
     if (rc)
@@ -814,12 +619,12 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
     int64_t msg[1 + sizeof(nccl_id) / 8] = {0};
     nccl_id id;
     if (c->rank == 0) {
-        msg[0] = nccl.GetUniqueId(&id);
+        msg[0] = snug_nccl.GetUniqueId(&id);
         memcpy(msg + 1, &id, sizeof id);
     }
     SNUG_TRY(c->broadcast(c, msg, sizeof msg / sizeof *msg, SNUG_COMM_I64 | SNUG_COMM_HOST, 0, e));
     if (msg[0] != NCCL_OK)
-        return snug_fail(e, SNUG_EIO, "ncclGetUniqueId failed on rank 0: %s", nccl.GetErrorString((int)msg[0]));
+        return snug_fail(e, SNUG_EIO, "ncclGetUniqueId failed on rank 0: %s", snug_nccl.GetErrorString((int)msg[0]));
     memcpy(&id, msg + 1, sizeof id);
 
     nccl_ctx *x = calloc(1, sizeof *x);
@@ -846,7 +651,7 @@ int snug_comm_nccl_wrap(snug_comm *c, snug_backend *be, snug_error *e) {
     /* every rank ready before any joins: one that cannot must not leave the others waiting in ncclCommInitRank */
     rc = why[0] ? snug_fail(e, SNUG_EIO, "%s", why) : 0;
     if (!(rc = agree(c, rc, "prepare the NCCL communicator", e))) {
-        int late = join_timed(x->device, c->size, id, c->rank, c->timeout_s, &x->comm, why, sizeof why) == 2;
+        int late = snug_nccl_join_timed(x->device, c->size, id, c->rank, c->timeout_s, &x->comm, why, sizeof why) == 2;
         if (!why[0] && c->deterministic && need_scratch(&(snug_comm){.size = c->size, .ctx = x}, &le))
             snprintf(why, sizeof why, "%.400s", le.msg);
         rc = why[0] ? snug_fail(e, SNUG_EIO, "%s", why) : 0;

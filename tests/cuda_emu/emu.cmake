@@ -40,7 +40,8 @@ endforeach()
 # The kernels' arithmetic as written: no product fused into a sum unless the source asks (as the C code does).
 set_source_files_properties(${SNUG_EMU_CPP} PROPERTIES COMPILE_OPTIONS
   "-ffp-contract=off;-Wno-unused-function;-Wno-unknown-pragmas;-Wno-sign-compare")
-target_sources(snug_lib PRIVATE ${SNUG_EMU_CPP} ${CMAKE_SOURCE_DIR}/src/dist/comm_nccl.c)
+set(SNUG_NCCL_SOURCES ${CMAKE_SOURCE_DIR}/src/dist/comm_nccl.c ${CMAKE_SOURCE_DIR}/src/dist/comm_nccl_lib.c)
+target_sources(snug_lib PRIVATE ${SNUG_EMU_CPP} ${SNUG_NCCL_SOURCES})
 target_include_directories(snug_lib BEFORE PUBLIC ${SNUG_EMU_DIR}/include)
 target_compile_definitions(snug_lib PUBLIC SNUG_HAVE_CUDA SNUG_CUDA_EMU)
 set_source_files_properties(${CMAKE_BINARY_DIR}/cuda_emu/backend_cuda.cpp PROPERTIES
@@ -50,7 +51,7 @@ target_link_libraries(snug_lib PUBLIC snug_cuda_emu ${CMAKE_DL_LIBS})
 
 add_library(snug_nccl_emu SHARED ${SNUG_EMU_DIR}/nccl_emu.c)
 target_link_libraries(snug_nccl_emu PRIVATE snug_cuda_emu Threads::Threads rt)
-set_source_files_properties(${CMAKE_SOURCE_DIR}/src/dist/comm_nccl.c PROPERTIES
+set_source_files_properties(${SNUG_NCCL_SOURCES} PROPERTIES
   COMPILE_DEFINITIONS "SNUG_NCCL_PATH=\"$<TARGET_FILE:snug_nccl_emu>\"")
 add_dependencies(snug_lib snug_nccl_emu)
 message(STATUS "CUDA backend: on the emulated runtime (tests/cuda_emu; no GPU code is compiled)")
