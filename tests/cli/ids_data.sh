@@ -1,4 +1,4 @@
-# ids_data.sh: shared by the multi-rank CLI tests (sourced, not a test itself). Needs W set by the sourcing script.
+# ids_data.sh: shared by the multi-rank CLI tests (sourced, not a test itself). Needs W (lib.sh).
 # Writes $W/ids.jsonl and $W/ids.yaml: pretokenized examples that use each id 1..2047 once in the whole set (prompt
 # tokens unsupervised), so every gradient element of an untied model gets one addition per micro-batch and data
 # parallel can be the bits of one process (see test_ddp.sh).

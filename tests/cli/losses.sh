@@ -1,7 +1,5 @@
 # losses.sh: shared by the CLI tests that compare runs by their logged losses (sourced, not a test itself).
-# Needs SNUG, W and `common` (the options every run shares) set by the sourcing script; counts into pass/fail.
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# Needs lib.sh (SNUG, W, ok, bad) and `common` (the options every run shares) set by the sourcing script.
 
 # train NAME ARGS...: one run into $W/NAME; its losses, one per step, into $W/NAME.loss
 train() {

@@ -1,5 +1,5 @@
 # noise_floor.sh: shared by the multi-rank CLI tests that compare a split model with one process (sourced, not a
-# test itself). Needs W and ok/bad (ranks.sh). The noise floor: one process started from the base with every weight
+# test itself). Needs lib.sh (W, ok, bad). The noise floor: one process started from the base with every weight
 # moved by one unit in the last place; a run whose arithmetic is the one process's up to rounding must stay within
 # 10 times that floor's distance (near).
 

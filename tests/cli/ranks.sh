@@ -1,16 +1,10 @@
-# ranks.sh: shared by the multi-rank CLI tests (sourced, not a test itself). Needs SNUG and NAME (the test's name)
-# set by the sourcing script, and `common` (the options every run shares) before the first run. Skips (77) without
-# mpirun; sets W (a temporary folder, removed at exit), pass/fail with ok/bad, MPI (mpirun with what it needs here),
-# one OpenMP thread per rank (3 ranks share 2 cores), and run.
-command -v mpirun >/dev/null || { echo "$NAME: skipped: no mpirun (scripts/setup.sh installs openmpi-bin)"; exit 77; }
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+# ranks.sh: shared by the multi-rank CLI tests (sourced after lib.sh, not a test itself). Needs `common` (the options
+# every run shares) set by the sourcing script before the first run. Skips (77) without mpirun; sets MPI (mpirun with
+# what it needs here), one OpenMP thread per rank (3 ranks share 2 cores), and run.
+command -v mpirun >/dev/null || skip "no mpirun (scripts/setup.sh installs openmpi-bin)"
 MPI=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME, its output in
 # $W/NAME.log
@@ -26,7 +20,7 @@ run() {
 # skip_without_mpi ARGS...: a 2-rank probe run with ARGS; skips (77) when this snug was built without MPI
 skip_without_mpi() {
   if ! run probe 2 "$@" && grep -q "built without MPI" "$W/probe.log"; then
-    echo "$NAME: skipped: this snug was built without MPI"; exit 77
+    skip "this snug was built without MPI"
   fi
 }
 

@@ -6,14 +6,7 @@
 # ones. `snug plan` shows 8 bytes of optimizer state per parameter for AdamW and about 2.04 for 8-bit AdamW, the
 # paged state as host memory, and the trained run's measured optimizer-state peak equals the plan. Under a sanitizer
 # build the runs are 10 steps (the comparison needs the full run; the sanitizers need the code paths).
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 
 STEPS=200
 if ldd "$SNUG" 2>/dev/null | grep -q libasan; then STEPS=10; fi
@@ -23,8 +16,7 @@ if [ ! -s "$DATA" ] && [ -d /usr/share/games/fortunes ]; then
   python3 "$SRC/scripts/fortunes_to_jsonl.py" /usr/share/games/fortunes "$DATA" > /dev/null
 fi
 if [ ! -s "$DATA" ]; then
-  echo "FAIL: no data/fortunes.jsonl and no fortunes package to make it from; run scripts/setup.sh"
-  exit 1
+  fatal "no data/fortunes.jsonl and no fortunes package to make it from; run scripts/setup.sh"
 fi
 common="--model_preset tiny-llama --dataset $DATA --tokenizer $SRC/assets/tokenizer --sequence_len 64
         --micro_batch_size 8 --val_set_size 0 --sample_tokens 0 --logging_steps 1 --seed 42
@@ -46,7 +38,7 @@ train paged8 "$PAGED" 1 paged_adamw_8bit & p1=$!
 train paged32 "$PAGED" 1 paged_adamw_32bit & p2=$!
 wait $p1; wait $p2
 
-python3 - "$W" "$STEPS" "$PAGED" <<'PY' || fail=$((fail + 1))
+python3 - "$W" "$STEPS" "$PAGED" <<'PY' && ok || bad "8-bit AdamW against AdamW, paged against unpaged"
 import json, sys
 w, steps, paged = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def losses(name):
@@ -71,14 +63,13 @@ if not (same8 and same32):
     print("FAIL: a paged optimizer changed the losses")
 sys.exit(0 if ok and same8 and same32 else 1)
 PY
-[ $fail -eq 0 ] && ok
 
 # bytes per parameter, planned (`snug plan --json`) and measured (the run's memory.json)
 for opt in adamw adamw_8bit paged_adamw_8bit; do
   "$SNUG" plan $common --optimizer $opt --json > "$W/plan_$opt.json" 2> "$W/plan_$opt.err" ||
     bad "snug plan --optimizer $opt failed: $(head -c 300 "$W/plan_$opt.err")"
 done
-python3 - "$W" <<'PY' && ok || fail=$((fail + 1))
+python3 - "$W" <<'PY' && ok || bad "optimizer state bytes per parameter, planned and measured"
 import json, sys
 w = sys.argv[1]
 def state(opt):
@@ -102,5 +93,4 @@ PY
 [ $? -eq 2 ] && grep -q "optimizer 'adafactor' is not supported yet" "$W/err" && ok ||
   bad "adafactor not refused: $(head -c 300 "$W/err")"
 
-echo "test_adamw8bit: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -5,12 +5,7 @@
 # with gradient accumulation (whose 16-bit layer gradients must then be accumulated in fp32, as the hand-written run's
 # are). Over two MPI ranks it also chooses the ZeRO stage, and auto_find_batch_size the size every rank fits (skipped
 # without mpirun or an MPI build).
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/lib.sh"
 common="$SRC/configs/default.yaml --max_steps 12 --sample_tokens 0 --eval_steps 0 --val_set_size 0
         --dataset_prepared_path $W/prepared"
 . "$(dirname "$0")/losses.sh"
@@ -187,5 +182,4 @@ PY
   fi
 fi
 
-echo "test_autofit: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -7,17 +7,8 @@
 # and is saved with the tokenizer, an eos_token ends every example, ShareGPT fields and roles give the tokens of the
 # same conversation written as messages, the watchdog ends a run as at its end (and its count survives a resume),
 # debug prints the examples. Keys asking for what snug does not do are refused: exit 2, one error naming the key.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-SNUG=$(cd "$(dirname "$SNUG")" && pwd)/$(basename "$SNUG") # absolute: the test runs in its own folder
-SRC=$(cd "$SRC" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $1"; [ -n "${2:-}" ] && tail -3 "$2"; }
-cd "$W" || exit 1
+. "$(dirname "$0")/lib.sh"
+cd "$W" || exit 1 # the test runs in its own folder (SNUG and SRC are absolute)
 
 # a tokenizer with Llama 3's and ChatML's special tokens (the built-in one plus added tokens)
 mkdir -p tok
@@ -58,7 +49,7 @@ sample_tokens: 0
 dataset_prepared_path: prep
 output_dir: base
 EOF
-"$SNUG" train base.yml > base.log 2>&1 || { bad "the base did not train" base.log; echo "test_axolotl: $pass passed, $fail failed"; exit 1; }
+"$SNUG" train base.yml > base.log 2>&1 || fatal "the base did not train" base.log
 
 # Axolotl's llama-3 instruct LoRA example, keys and empty keys as written there, the paths local
 cat > lora.yml <<'EOF'
@@ -500,5 +491,4 @@ sed -e 's/^evals_per_epoch: 4$/evals_per_epoch: 4\neval_steps: 3/' lora.yml > bo
 [ $? -eq 2 ] && grep -q "evals_per_epoch 4 and eval_steps 3 both say when to evaluate" refused.log && ok ||
   bad "evals_per_epoch beside eval_steps" refused.log
 
-echo "test_axolotl: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

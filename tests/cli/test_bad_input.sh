@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
 # Bad input gets one clear error line naming the file and the place, exit status 2, and nothing in output_dir.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/lib.sh"
 
 # expect_error NAME PATTERN CMD...: exit status 2, one "snug: error:" line on stderr matching PATTERN, no crash
 expect_error() {
@@ -15,11 +10,9 @@ expect_error() {
   local rc=$? lines
   lines=$(grep -c "snug: error:" "$W/stderr")
   if [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && grep -Eq -- "$pattern" "$W/stderr" && [ ! -e "$W/out" ]; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL $name: rc=$rc, error lines=$lines, out exists: $([ -e "$W/out" ] && echo yes || echo no)"
-    echo "  stderr: $(head -c 400 "$W/stderr")"
+    bad "$name: rc=$rc, error lines=$lines, out exists: $([ -e "$W/out" ] && echo yes || echo no)" "$W/stderr"
   fi
 }
 
@@ -27,7 +20,7 @@ printf '{"text": "hello world, this is a small dataset line that repeats."}\n%.0
 T="--tokenizer $SRC/assets/tokenizer --sequence_len 16 --micro_batch_size 2 --sample_tokens 0 --output_dir $W/out"
 
 # a valid model folder to corrupt
-"$SNUG" train --dataset "$W/data.jsonl" $T --max_steps 1 --output_dir "$W/model" >/dev/null 2>&1 || { echo "FAIL: cannot make a model"; exit 1; }
+"$SNUG" train --dataset "$W/data.jsonl" $T --max_steps 1 --output_dir "$W/model" >/dev/null 2>&1 || fatal "cannot make a model"
 
 # configuration
 expect_error missing-config "nope.yaml" "$SNUG" train "$W/nope.yaml"
@@ -167,18 +160,17 @@ printf '{"text": "fine line"}\n{"text": "   "}\n' > "$W/blank.jsonl"
 rm -rf "$W/out"
 "$SNUG" train --dataset "$W/blank.jsonl" $T --tokenizer "$W/tk_strip" --max_steps 1 > "$W/stdout" 2> "$W/stderr"
 rc=$?
-if [ $rc -eq 0 ] || { [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/stderr")" -eq 1 ]; }; then pass=$((pass + 1)); else
-  fail=$((fail + 1)); echo "FAIL: a line of no tokens: exit $rc: $(tail -3 "$W/stderr")"; fi
+if [ $rc -eq 0 ] || { [ $rc -eq 2 ] && [ "$(grep -c 'snug: error:' "$W/stderr")" -eq 1 ]; }; then ok; else
+  bad "a line of no tokens: exit $rc" "$W/stderr"; fi
 # a loss that is no number (a learning rate that blows the weights up) stops the run naming the fix, with no NaN model
 rm -rf "$W/out"
 "$SNUG" train --dataset "$W/data.jsonl" $T --max_steps 20 --learning_rate 1e30 > "$W/stdout" 2> "$W/stderr"
 if [ $? -eq 2 ] && grep -Eq "step [0-9]+: the loss is -?nan: training diverged.*lower learning_rate" "$W/stderr" &&
-   [ ! -e "$W/out/model.safetensors" ]; then pass=$((pass + 1)); else
-  fail=$((fail + 1)); echo "FAIL: diverged: $(tail -1 "$W/stderr")"; fi
+   [ ! -e "$W/out/model.safetensors" ]; then ok; else
+  bad "diverged: $(tail -1 "$W/stderr")"; fi
 # a dataset read from a pipe (its size unknown until read): trained, not taken for an empty file
 rm -rf "$W/out"
 if "$SNUG" train --dataset <(cat "$W/data.jsonl") $T --max_steps 1 > "$W/stdout" 2>&1 && [ -f "$W/out/model.safetensors" ]
-then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: pipe: $(tail -1 "$W/stdout")"; fi
+then ok; else bad "pipe: $(tail -1 "$W/stdout")"; fi
 
-echo "test_bad_input: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -4,15 +4,9 @@
 # under bf16 where the GEMMs run and why; a BLAS that cannot be opened, or a SNUG_CPU_GEMM not understood, is one
 # clear error; and the log is written line by line when stdout is a file, so a run
 # killed mid-way keeps every line it printed.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'kill -9 $pid 2>/dev/null; rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 pid=
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+on_exit 'kill -9 $pid 2>/dev/null'
 
 printf '{"text": "a small line of training text that repeats, with a few more words."}\n%.0s' $(seq 300) > "$W/data.jsonl"
 T="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --model_preset tiny-llama --sequence_len 32
@@ -86,5 +80,4 @@ if [ -s "$W/e.log" ] && [ "$(tail -c 1 "$W/e.log" | od -An -c | tr -d ' ')" = '\
    tail -1 "$W/e.log" | grep -Eq '^step +[0-9]+/'; then ok
 else bad "killed run's log does not end with a whole step line: $(tail -c 200 "$W/e.log")"; fi
 
-echo "test_cpu_runtime: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

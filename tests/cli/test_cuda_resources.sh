@@ -9,18 +9,11 @@
 # that writes the new baseline, so that a change is a reviewed one. Before that it runs the same checks on a doctored
 # table that each must catch. Skipped (exit 77) in a build without the CUDA backend (the sanitizer build) and where
 # there is no cuobjdump (pip install nvidia-cuda-cuobjdump; tests/cuda_emu/RESOURCES.md).
-set -u
-SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
-BUILD=$(cd "$(dirname "${SNUG_BIN:-build/snug}")" 2> /dev/null && pwd) || BUILD=/nonexistent
+. "$(dirname "$0")/lib.sh"
+BUILD=$(dirname "$SNUG")
 LIB=$BUILD/libsnug.a
 GEN=$SRC/tests/cuda_emu/kernel_resources.sh
 BASE=$SRC/tests/cuda_emu/kernel_resources.tsv
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-skip() { echo "test_cuda_resources: skipped: $*"; exit 77; }
 
 [ -f "$LIB" ] || skip "no $LIB"
 ar t "$LIB" | grep -q '\.cu\.o$' || skip "no CUDA objects in $LIB (a build without the CUDA backend)"
@@ -31,7 +24,7 @@ nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2> /de
 if [ -n "$nvcc" ] && [ -x "$(dirname "$nvcc")/ptxas" ]; then export PTXAS; PTXAS=$(dirname "$nvcc")/ptxas; fi
 
 if ! "$GEN" "$LIB" > "$W/now.tsv" 2> "$W/gen.err"; then
-  cat "$W/gen.err"; echo "FAIL kernel_resources.sh $LIB"; exit 1
+  cat "$W/gen.err"; fatal "kernel_resources.sh $LIB"
 fi
 sed 's/^/  /' "$W/gen.err" # warnings: a ptxas that disagrees with the cubin, an arch without PTX
 
@@ -49,8 +42,8 @@ grep -rh -A1 --include='*.cu' --include='*.cuh' '__launch_bounds__' "$SRC/src" |
   grep -oE '__launch_bounds__\(([^()]|\([^()]*\))*\)[[:space:]]*[A-Za-z_][A-Za-z0-9_]*' |
   sed -E 's/.*[^A-Za-z0-9_]//' | sort -u > "$W/declared.txt"
 
-# check NOW BASE: one line per kernel and arch over a limit or grown past BASE, for the archs BASE has
-check() {
+# problems NOW BASE: one line per kernel and arch over a limit or grown past BASE, for the archs BASE has
+problems() {
   awk -F'\t' '
     function alloc(r) { return int((r * 32 + 255) / 256) * 256 } # registers a warp is given
     FILENAME == ARGV[1] { bound[$1 SUBSEP $2] = $3; next }
@@ -90,7 +83,7 @@ if [ "$rows" -lt 5 ]; then bad "only $rows kernels in $LIB"; else
     { print } END { print "sm_00", "selfcheck_kernel<1>", 32, 16, 0, 0, "_Z16selfcheck_kernelILi1EEvv" }' \
     "$W/now.tsv" > "$W/doctored.tsv"
   { cat "$W/now.tsv"; printf 'sm_00\tnone\t0\t0\t0\t0\tnone\n'; } > "$W/self.base" # the invented arch is known
-  check "$W/doctored.tsv" "$W/self.base" > "$W/self.out"
+  problems "$W/doctored.tsv" "$W/self.base" > "$W/self.out"
   missed=0
   for want in "2:stack frame" "3:spills" "4:static shared memory" "5:a 256-thread block" \
                "${big:+${big% *}:__launch_bounds__}"; do
@@ -115,7 +108,7 @@ awk -F'\t' -v counts="$counts" '
 if [ ! -f "$BASE" ]; then
   bad "no baseline $BASE"
 else
-  check "$W/now.tsv" "$BASE" > "$W/problems"
+  problems "$W/now.tsv" "$BASE" > "$W/problems"
   if [ -s "$W/problems" ]; then
     while IFS= read -r line; do bad "$line"; done < "$W/problems"
   else ok; fi
@@ -133,5 +126,4 @@ else
   fi
 fi
 
-echo "test_cuda_resources: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -12,21 +12,16 @@
 # without it, bit for bit: fp32, deterministic with the signature check and a timeout, bf16, and accumulation with
 # evaluation; and the header must say the ranks talk through nccl. With two GPUs or more and mpirun it also trains 2
 # ranks through NCCL (DDP, deterministic DDP, ZeRO-1 and ZeRO-2: the same bits at 2 ranks; never run yet).
-set -u
+. "$(dirname "$0")/lib.sh"
 PART=${1:-all}
-SNUG=$(realpath "${SNUG_BIN:-build/snug}")
-SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-. "$(dirname "$0")/losses.sh" # train, compare and worst (losses), ok, bad
+. "$(dirname "$0")/losses.sh" # train, compare and worst (losses)
 # SNUG_CUDA_EMU_DEVICES: a snug built on the emulated CUDA runtime (tests/cuda_emu), which shows that many devices
 # and runs the kernels on the CPU: the same checks at the small models only, and no speed measurement
 EMU=0
 if [ -n "${SNUG_CUDA_EMU_DEVICES:-}" ]; then
   EMU=1
 elif ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
-  echo "test_cuda_train: skipped: no NVIDIA GPU visible"; exit 77
+  skip "no NVIDIA GPU visible"
 fi
 python3 - "$W/data.jsonl" "$W/batch.safetensors" <<'PY'
 import json, random, struct, sys
@@ -85,10 +80,10 @@ PY
   MODEL="--base_model $W/micro" STEPS=6 NCCL_STEPS=6 SEQ=32 MB=2
 fi
 if ! "$SNUG" train $common $MODEL --max_steps 1 --device cuda --output_dir "$W/probe" > "$W/probe.log" 2>&1; then
-  if grep -q "built without CUDA" "$W/probe.log"; then echo "test_cuda_train: skipped: snug built without CUDA"; exit 77; fi
+  if grep -q "built without CUDA" "$W/probe.log"; then skip "snug built without CUDA"; fi
   if grep -q "no CUDA GPU" "$W/probe.log"; then # e.g. CUDA_VISIBLE_DEVICES= hides the GPUs nvidia-smi lists
-    echo "test_cuda_train: skipped: $(grep -o 'no CUDA GPU[^(;]*' "$W/probe.log" | head -1)"; exit 77; fi
-  echo "FAIL: training on the GPU failed:"; tail -5 "$W/probe.log"; exit 1
+    skip "$(grep -o 'no CUDA GPU[^(;]*' "$W/probe.log" | head -1)"; fi
+  fatal "training on the GPU failed" "$W/probe.log"
 fi
 
 if [ "$PART" = nccl ]; then
@@ -188,9 +183,8 @@ if [ "$PART" = nccl ]; then
   else
     echo "  2 GPU ranks: not run ($ngpu GPU(s) visible$(command -v mpirun > /dev/null || echo ', no mpirun'))"
   fi
-  echo "test_cuda_train nccl: $pass passed, $fail failed"
-  [ $fail -eq 0 ]
-  exit
+  TEST="test_cuda_train nccl"
+  finish
 fi
 
 compare_tensors() { # A.safetensors B.safetensors TOL NAME: every tensor of A within TOL (max |a-b| / max |b|) of B's
@@ -217,11 +211,11 @@ presets="tiny-llama llama-30m gpt2-124m"
 [ $EMU = 1 ] && presets="micro" # $W/micro, written above
 for preset in $presets; do
   [ "$preset" = micro ] || "$SNUG" train $common --model_preset $preset --max_steps 1 --device cpu \
-    --output_dir "$W/$preset" > /dev/null 2>&1 || { fail=$((fail + 1)); echo "FAIL: $preset model"; continue; }
+    --output_dir "$W/$preset" > /dev/null 2>&1 || { bad "$preset model"; continue; }
   for dev in cpu cuda; do
     "$SNUG" parity "$W/$preset" "$W/batch.safetensors" "$W/$preset.$dev.safetensors" --steps 3 --lr 1e-3 \
       --max_grad_norm 1.0 --adam_epsilon 1e-6 --device $dev > "$W/$preset.$dev.log" 2>&1 \
-      || { fail=$((fail + 1)); echo "FAIL: parity on $dev for $preset"; tail -3 "$W/$preset.$dev.log"; }
+      || bad "parity on $dev for $preset" "$W/$preset.$dev.log"
   done
   compare_tensors "$W/$preset.cuda.safetensors" "$W/$preset.cpu.safetensors" 1e-4 "parity $preset"
 done
@@ -279,7 +273,7 @@ compare in_backward_cuda noclip_cuda 0
 compare qlora_offload_cuda qlora_cuda 0
 
 # GPT-2 124M on the GPU: tokens/s of its steps after the first, printed (a measurement, not a test)
-[ $EMU = 1 ] && { echo "test_cuda_train: $pass passed, $fail failed (emulated CUDA: no speed measured)"; [ $fail -eq 0 ]; exit; }
+[ $EMU = 1 ] && finish "emulated CUDA: no speed measured"
 "$SNUG" train --dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sample_tokens 0 --val_set_size 0 \
   --model_preset gpt2-124m --device cuda --bf16 true --sequence_len 1024 --micro_batch_size $MB --max_steps 6 \
   --logging_steps 1 --sample_packing true --output_dir "$W/gpt2_speed" > "$W/gpt2_speed.log" 2>&1 &&
@@ -288,5 +282,4 @@ import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])][1:]
 print(f'  GPT-2 124M, bf16, 4 x 1024 tokens: {sum(x[\"tokens_per_s\"] for x in r) / len(r):.0f} tokens/s (steps 2-{len(r) + 1})')
 " "$W/gpt2_speed/metrics.jsonl" || echo "  GPT-2 124M speed: the run failed: $(tail -1 "$W/gpt2_speed.log")"
-echo "test_cuda_train: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

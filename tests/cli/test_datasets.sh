@@ -3,15 +3,7 @@
 # long-example and bad-line reports, training on alpaca / chat / pretokenized data, dataset_exact_deduplication, and
 # bad data: exit status 2, one "snug: error:" line naming the file and the line, nothing in output_dir or the cache
 # folder.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && echo "  $(head -c 600 "$2")"; }
+. "$(dirname "$0")/lib.sh"
 
 # expect_error NAME PATTERN CMD...: exit status 2, one "snug: error:" line matching PATTERN, no output_dir, no cache
 expect_error() {
@@ -217,5 +209,4 @@ rm -rf "$W/out"
   "$W/dup2.log" &&
   ok || bad dedup-empty "$W/dup2.log"
 
-echo "test_datasets: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -5,10 +5,7 @@
 # receives one addition per micro-batch (see below), and under LoRA; elsewhere within a bound. Early stopping with
 # load_best_model_at_end stops where one process stops and saves the same best checkpoint's weights, under ZeRO-1 and
 # 2 too. Skipped (77) without mpirun or an MPI build.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-NAME=test_ddp
+. "$(dirname "$0")/lib.sh"
 . "$SRC/tests/cli/ranks.sh"
 
 # Bitwise equality needs each micro-batch to add once to every gradient element, so that accumulating micro-batches
@@ -258,5 +255,4 @@ if [ -n "${SNUG_COMM_TEST:-}" ]; then
 else
   echo "test_ddp: no SNUG_COMM_TEST (tests/dist/test_comm_mpi): the communicator's own checks not run"
 fi
-echo "test_ddp: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

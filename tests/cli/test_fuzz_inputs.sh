@@ -2,18 +2,14 @@
 # Corrupted inputs never crash snug: seeded random mutations of a valid config.json, model.safetensors header,
 # tokenizer.json, YAML config and JSONL dataset. Every run must end with status 0 (the mutation was harmless) or 2
 # (a clear error), never a signal, an internal error or a sanitizer report. Bounded: a fixed number of mutations.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 N=${SNUG_FUZZ_RUNS:-25}
-pass=0 fail=0 errors=0
+errors=0
 
 printf '{"text": "a small line of text for the fuzzing runs, repeated."}\n%.0s' $(seq 60) > "$W/data.jsonl"
 T="--sequence_len 16 --micro_batch_size 2 --max_steps 1 --sample_tokens 0"
 "$SNUG" train --dataset "$W/data.jsonl" --tokenizer "$SRC/assets/tokenizer" $T --output_dir "$W/model" >/dev/null 2>&1 \
-  || { echo "FAIL: cannot make a model"; exit 1; }
+  || fatal "cannot make a model"
 cp "$SRC/assets/tokenizer/tokenizer.json" "$W/model/tokenizer.json"
 printf 'datasets:\n  - path: data.jsonl\n    type: completion\nsequence_len: 16\nmicro_batch_size: 2\nmax_steps: 1\nsample_tokens: 0\nlearning_rate: 1.0e-3\n' > "$W/cfg.yaml"
 
@@ -42,39 +38,37 @@ open(dst, "wb").write(b)
 PY
 }
 
-check() { # NAME CMD...: exit 0 or 2, no sanitizer report, at most one error line
+survives() { # NAME CMD...: exit 0 or 2, no sanitizer report
   local name=$1; shift
   "$@" >"$W/out" 2>"$W/err"
   local rc=$?
   if { [ $rc -eq 0 ] || [ $rc -eq 2 ]; } && ! grep -q "Sanitizer\|runtime error" "$W/err"; then
-    pass=$((pass + 1))
+    ok
     [ $rc -eq 2 ] && errors=$((errors + 1))
   else
-    fail=$((fail + 1))
-    echo "FAIL $name: rc=$rc"; head -c 600 "$W/err"; echo
+    bad "$name: rc=$rc" "$W/err"
   fi
 }
 
 for i in $(seq 1 "$N"); do
   rm -rf "$W/m"; cp -r "$W/model" "$W/m"
   mutate "$W/model/config.json" "$W/m/config.json" "$i" all
-  check "config.json #$i" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/m" $T --output_dir "$W/o"
+  survives "config.json #$i" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/m" $T --output_dir "$W/o"
 
   rm -rf "$W/m"; cp -r "$W/model" "$W/m"
   mutate "$W/model/model.safetensors" "$W/m/model.safetensors" "$i" header
-  check "model.safetensors #$i" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/m" $T --output_dir "$W/o"
+  survives "model.safetensors #$i" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/m" $T --output_dir "$W/o"
 
   rm -rf "$W/m"; cp -r "$W/model" "$W/m"
   mutate "$W/model/tokenizer.json" "$W/m/tokenizer.json" "$i" all
-  check "tokenizer.json #$i" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/m" $T --output_dir "$W/o"
+  survives "tokenizer.json #$i" "$SNUG" train --dataset "$W/data.jsonl" --base_model "$W/m" $T --output_dir "$W/o"
 
   mutate "$W/cfg.yaml" "$W/c.yaml" "$i" all
-  check "config yaml #$i" "$SNUG" train "$W/c.yaml" --tokenizer "$SRC/assets/tokenizer" --output_dir "$W/o"
+  survives "config yaml #$i" "$SNUG" train "$W/c.yaml" --tokenizer "$SRC/assets/tokenizer" --output_dir "$W/o"
 
   mutate "$W/data.jsonl" "$W/d.jsonl" "$i" all
-  check "jsonl #$i" "$SNUG" train --dataset "$W/d.jsonl" --tokenizer "$SRC/assets/tokenizer" $T --output_dir "$W/o" \
+  survives "jsonl #$i" "$SNUG" train --dataset "$W/d.jsonl" --tokenizer "$SRC/assets/tokenizer" $T --output_dir "$W/o" \
     --dataset_prepared_path "$W/prep"
 done
 echo "  $errors of $((pass + fail)) corrupted inputs were refused with a clear error (exit 2), the rest were harmless"
-echo "test_fuzz_inputs: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -3,12 +3,7 @@
 # checkpointing, to fp32 rounding for the attention path, the chunked loss and the loss over blocks of the head's
 # rows), and gradient accumulation over
 # N micro-batches logs the loss of the whole batch.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/lib.sh"
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(1)
@@ -99,5 +94,4 @@ print(f"  gradients: {a} B without, {b} B with optimizer_in_backward ({a / b:.1f
 sys.exit(0 if b * 2 < a else 1)
 PY
 then ok; else bad "optimizer_in_backward did not shrink the gradients"; fi
-echo "test_levers: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -7,19 +7,12 @@
 # folder is a PEFT adapter (no base weights), which `snug generate` samples from and `merge_lora` merges into
 # output_dir/merged; an unknown target module, a 4-bit base without an adapter, and lora_modules_to_save naming another
 # module or on tied embeddings are refused with exit 2.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
+. "$(dirname "$0")/lib.sh"
 # One GEMM path for every run: where the CPU has AVX512-BF16 and oneDNN is installed, bf16 GEMMs choose oneDNN or
 # OpenBLAS by timing each shape, so a tiled MLP's shorter GEMMs could take the other path than the run it is compared
 # with, and near()'s premise (the same sums in another order) would not hold (seen: qlora_tiled 4.2e-05 from qlora
 # against a floor of 3.9e-06 on a Zen 4 with oneDNN; within it with the path fixed). test_cpu_gemm tests the choice.
 export SNUG_CPU_GEMM=${SNUG_CPU_GEMM:-openblas}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 quick=${SNUG_SANITIZED:-0}
 head -n 2000 "$SRC/data/fortunes.jsonl" > "$W/data.jsonl"
 common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --micro_batch_size 4
@@ -301,5 +294,4 @@ done
 [ $? -eq 2 ] && grep -q "ties embed_tokens to lm_head" "$W/z2.log" && ok ||
   bad "lora_modules_to_save on a tied model: $(tail -1 "$W/z2.log")"
 
-echo "test_lora: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

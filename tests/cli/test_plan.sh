@@ -2,16 +2,8 @@
 # `snug plan`: plans of models this machine cannot hold from their config.json alone (Llama 2 7B/13B/70B, Llama 3.1
 # 8B: no weights, no tokenizer), the JSON report, the chart, auto_fit in the plan, and bad input (a broken or
 # inconsistent config.json, an unknown GPU, a malformed budget or flag) as one clear error line with exit status 2.
-set -u
-SNUG=$(realpath "${SNUG_BIN:-build/snug}")
-SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
+. "$(dirname "$0")/lib.sh"
 CFG=$SRC/tests/data/configs
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 # expect_error NAME PATTERN CMD...: exit status 2 and one "snug: error:" line on stderr matching PATTERN
 expect_error() {
@@ -291,5 +283,4 @@ if [ $rc -eq 2 ] && [ ! -e "$W/over" ] &&
    grep -Eq "snug: error: the memory plan needs .* over memory_budget 200\.00 MiB .*largest: .*auto_fit: true" "$W/stderr"
 then ok; else bad "over-budget: rc=$rc: $(head -c 300 "$W/stderr")"; fi
 
-echo "test_plan: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

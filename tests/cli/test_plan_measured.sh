@@ -5,12 +5,7 @@
 # output_dir holds the plan and each arena's measured high-water mark: every category must be within 3% of its plan.
 # The process peak RSS is compared with the plan plus the CPU runtime overhead (docs/MEMORY.md) and reported; it must
 # stay within 10% + 32 MiB of the prediction (skipped under AddressSanitizer, whose shadow memory is in the RSS).
-set -u
-SNUG=$(realpath "${SNUG_BIN:-build/snug}")
-SRC=$(realpath "${SNUG_SOURCE_DIR:-.}")
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/lib.sh"
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(3)
@@ -27,7 +22,7 @@ common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --max_steps 2 
 run() { # NAME ARGS...
   local name=$1; shift
   if ! (cd "$W" && "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1); then
-    echo "FAIL $name: training failed"; tail -3 "$W/$name.log"; fail=$((fail + 1)); return
+    bad "$name: training failed" "$W/$name.log"; return
   fi
   if python3 - "$W/$name/memory.json" "$name" "$asan" <<'PY'
 import json, sys
@@ -46,7 +41,7 @@ print(f"  {name:<34} arenas {m['plan_total'] / 2**20:8.1f} MiB, worst category {
       + (" [RSS not checked under ASan]" if asan else ""))
 sys.exit(0 if worst <= 0.03 and rss_ok else 1)
 PY
-  then pass=$((pass + 1)); else echo "FAIL $name: measured memory is not what was planned"; fail=$((fail + 1)); fi
+  then ok; else bad "$name: measured memory is not what was planned"; fi
 }
 
 run tiny_b4_t64 --model_preset tiny-llama --micro_batch_size 4 --sequence_len 64
@@ -83,5 +78,4 @@ run bf16_paged8_in_backward_offload --model_preset llama-30m --micro_batch_size 
 run bf16_paged_32bit --model_preset tiny-llama --micro_batch_size 2 --sequence_len 64 --bf16 true \
     --optimizer paged_adamw_32bit
 
-echo "test_plan_measured: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

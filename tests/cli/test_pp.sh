@@ -13,10 +13,7 @@
 # - Each rank's arenas equal its plan and `snug plan`'s stage; the settings it cannot take are refused before
 #   anything is written.
 # Skipped (77) without mpirun or an MPI build.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-NAME=test_pp
+. "$(dirname "$0")/lib.sh"
 . "$SRC/tests/cli/ranks.sh"
 . "$SRC/tests/cli/noise_floor.sh"
 
@@ -144,7 +141,7 @@ run pp3_t 3 --base_model "$W/tied" --pipeline_parallel_size 3 || bad "pp3_t did 
 near pp3_t one_t one_t_nudged
 grep -q "stage 2: layer 3, the final norm, the tied head (the embedding again" "$W/pp3_t.log" && ok ||
   bad "pp3_t: the last stage does not say it holds the tied head"
-tiny_gpt2 "$W/gpt2" || { echo "FAIL: the GPT-2 base"; exit 1; }
+tiny_gpt2 "$W/gpt2" || fatal "the GPT-2 base"
 nudge "$W/gpt2" "$W/gpt2_f32" 0 || bad "the nudged GPT-2 base"
 run one_g 0 --base_model "$W/gpt2" || bad "one_g did not train: $(tail -2 "$W/one_g.log")"
 run one_g_nudged 0 --base_model "$W/gpt2_f32" || bad "one_g_nudged did not train"
@@ -272,5 +269,4 @@ refused oib 2 "pipeline_parallel_size 2 with optimizer_in_backward is not suppor
 [ $? -eq 2 ] && grep -q "pipeline parallelism runs on CPU ranks only for now" "$W/plan_gpu.log" && ok ||
   bad "snug plan of a pipeline on a GPU: $(tail -1 "$W/plan_gpu.log")"
 
-echo "test_pp: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

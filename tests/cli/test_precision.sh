@@ -11,12 +11,7 @@
 # Their measured memory must show the 16-bit storage: parameters and saved activations half of fp32's, gradients
 # smaller. Under AddressSanitizer (a Debug build, many times slower) the runs are 40 steps and only the memory is
 # compared.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/lib.sh"
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(11)
@@ -91,5 +86,4 @@ for r in ("bf16", "bf16_nomaster", "fp16"):
 sys.exit(0 if ok else 1)
 PY
 then ok; else bad "16-bit storage does not show in the measured memory"; fi
-echo "test_precision: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

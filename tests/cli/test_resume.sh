@@ -7,14 +7,7 @@
 # 0; SIGKILL at random moments (also during a checkpoint write) loses only the work since the last checkpoint and never
 # leaves one that loads; a damaged checkpoint is refused naming the file; a changed configuration is refused naming the
 # setting; an output_dir that holds a run is refused unless resumed or overwritten.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 head -n 3000 "$SRC/data/fortunes.jsonl" > "$W/data.jsonl"
 common="--dataset $W/data.jsonl --tokenizer $SRC/assets/tokenizer --sequence_len 48 --micro_batch_size 4
         --sample_tokens 0 --learning_rate 2e-3 --logging_steps 1 --val_set_size 8 --eval_steps 4
@@ -319,5 +312,4 @@ then ok; else bad "a failed save: rc=$rc, left $(ls "$W/full_disk" 2>/dev/null |
 expect_error partial-latest "holds no complete checkpoint" \
   "$SNUG" train $common --max_steps 4 --output_dir "$W/full_disk" --resume_from_checkpoint latest
 
-echo "test_resume: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

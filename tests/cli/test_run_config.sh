@@ -4,14 +4,7 @@
 # accumulation), the warmup printed is the warmup used, `snug generate` takes its flags through the key table
 # (out-of-range numbers and over-long prompts get one clear error, exit 2), and a pretokenized dataset for a model
 # folder without a tokenizer is checked against the model's vocabulary.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(3)
@@ -95,5 +88,4 @@ expect_error outside-vocab "input_ids\[1\] is $vocab, outside the vocabulary 0\.
   "$SNUG" train "$W/outside.yaml" --max_steps 1 --sample_tokens 0 --dataset_prepared_path "$W/prepared" \
   --output_dir "$W/outside"
 
-echo "test_run_config: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -4,12 +4,7 @@
 # to sequence_len and to a multiple of 16 log the same losses as each other (padding changes nothing), also with
 # accumulation; length grouping and concatenation train; the header reports every way's padding and efficiency; and
 # contradictory keys are refused.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
+. "$(dirname "$0")/lib.sh"
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(2)
@@ -65,5 +60,4 @@ refuse "sample_packing and group_by_length are both true" --sample_packing true 
 refuse "concatenate is true with sample_packing" --sample_packing true --concatenate true
 refuse "pad_to_multiple_of is -1" --pad_to_multiple_of -1
 
-echo "test_sequence: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

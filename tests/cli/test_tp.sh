@@ -13,10 +13,7 @@
 # - Each rank's arenas equal its plan, and its parameters, gradients and optimizer state are smaller than one
 #   process's; the settings it cannot take are refused before anything is written.
 # Skipped (77) without mpirun or an MPI build.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-NAME=test_tp
+. "$(dirname "$0")/lib.sh"
 . "$SRC/tests/cli/ranks.sh"
 . "$SRC/tests/cli/noise_floor.sh"
 
@@ -31,7 +28,7 @@ skip_without_mpi --tensor_parallel_size 2
 
 # $W/biased: the untied base with attention_bias and mlp_bias: a random bias on every linear layer (q/k/v and
 # gate/up biases are sliced with their rows; o_proj's and down_proj's stay whole, added once)
-python3 - "$W/base" "$W/biased" <<'PY' || { echo "FAIL: the biased base"; exit 1; }
+python3 - "$W/base" "$W/biased" <<'PY' || fatal "the biased base"
 import array, json, os, random, shutil, struct, sys
 src, dst = sys.argv[1:3]
 shutil.copytree(src, dst)
@@ -56,7 +53,7 @@ open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
 PY
 # $W/v2050: the untied base with 2 more rows of vocabulary (as a padded vocabulary has): 2050 divides by 2, not by 4,
 # so at 4 ranks the embedding and head stay whole on every rank
-python3 - "$W/base" "$W/v2050" <<'PY' || { echo "FAIL: the padded base"; exit 1; }
+python3 - "$W/base" "$W/v2050" <<'PY' || fatal "the padded base"
 import array, json, os, random, shutil, struct, sys
 src, dst = sys.argv[1:3]
 shutil.copytree(src, dst)
@@ -83,10 +80,10 @@ h = json.dumps(new).encode()
 h += b" " * (-len(h) % 8)
 open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(out))
 PY
-nudge "$W/base" "$W/base_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
-nudge "$W/v2050" "$W/v2050_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
-nudge "$W/biased" "$W/biased_f32" 0 || { echo "FAIL: the nudged base"; exit 1; }
-nudge "$W/base" "$W/base_bf16" 16 || { echo "FAIL: the nudged base"; exit 1; }
+nudge "$W/base" "$W/base_f32" 0 || fatal "the nudged base"
+nudge "$W/v2050" "$W/v2050_f32" 0 || fatal "the nudged base"
+nudge "$W/biased" "$W/biased_f32" 0 || fatal "the nudged base"
+nudge "$W/base" "$W/base_bf16" 16 || fatal "the nudged base"
 
 
 common="$W/ids.yaml $tok --max_steps 6 --logging_steps 1 --learning_rate 3e-3 --lr_scheduler cosine
@@ -121,7 +118,7 @@ grep -q "vocabulary whole on every rank (its size does not divide" "$W/tp4_v.log
   bad "tp4_v: not the whole vocabulary: $(grep -a vocabulary "$W/tp4_v.log")"
 # GPT-2 (a tiny random one): its fused c_attn (file [in, out], transposed) split into the rank's q, k and v rows,
 # c_fc by rows, both c_proj by columns, the position embedding and the LayerNorms whole
-tiny_gpt2 "$W/gpt2" || { echo "FAIL: the GPT-2 base"; exit 1; }
+tiny_gpt2 "$W/gpt2" || fatal "the GPT-2 base"
 nudge "$W/gpt2" "$W/gpt2_f32" 0 || bad "the nudged GPT-2 base"
 run one_g 0 --base_model "$W/gpt2" || bad "one_g did not train: $(tail -2 "$W/one_g.log")"
 run one_g_nudged 0 --base_model "$W/gpt2_f32" || bad "one_g_nudged did not train"
@@ -298,5 +295,4 @@ refused lora 2 "tensor_parallel_size 2 with adapter lora is not supported" --bas
 refused zero 4 "tensor_parallel_size 2 with zero_stage 3 and optimizer_in_backward is not supported yet" \
   --model_preset tiny-llama --tensor_parallel_size 2 --zero_stage 3 --optimizer_in_backward true --max_grad_norm 0
 
-echo "test_tp: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

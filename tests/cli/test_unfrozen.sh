@@ -12,14 +12,7 @@
 #   pipeline one process's (skipped without mpirun);
 # - a broken pattern, one that matches nothing, a range outside the tensor, an empty item, a non-list, an adapter and
 #   tensor parallelism are refused (exit 2) naming the key, before anything is written.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
 MPI=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
@@ -200,5 +193,4 @@ refused scalar "unfrozen_parameters must be a list" "$W/scalar.yaml"
 refused lora "unfrozen_parameters picks the tensors a full fine-tune trains" "$W/unf.yaml" --adapter lora
 refused tp "unfrozen_parameters with tensor_parallel_size 2 is not supported" "$W/unf.yaml" --tensor_parallel_size 2
 
-echo "test_unfrozen: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -29,10 +29,7 @@
 # matrices, sharded) give DDP's bits and resume. The settings not built are refused (exit 2) naming the
 # key. Skipped (77) without mpirun or an MPI
 # build.
-set -u
-SNUG=${SNUG_BIN:-build/snug}
-SRC=${SNUG_SOURCE_DIR:-.}
-NAME=test_zero
+. "$(dirname "$0")/lib.sh"
 . "$SRC/tests/cli/ranks.sh"
 
 # the data of test_ddp.sh: every id once, so DDP itself is the bits of one process (see there); here the reference
@@ -54,9 +51,9 @@ print(max(abs(x - y) / abs(y) for p, q in zip(a, b) for x, y in zip(p, q)))
 PY
 }
 
-# check STAGE NAME NP ARGS...: DDP and ZeRO-STAGE at NP ranks with ARGS give the same bits (or, with TOL set, losses
+# same_as_ddp STAGE NAME NP ARGS...: DDP and ZeRO-STAGE at NP ranks with ARGS give the same bits (or, with TOL set, losses
 # and gradient norms within TOL); each ZeRO rank's arenas are its plan, its optimizer arena DDP's split NP ways
-check() {
+same_as_ddp() {
   local stage=$1 name=$2 np=$3; shift 3
   [ -f "$W/ddp_$name.log" ] || run "ddp_$name" "$np" "$@" ||
     { bad "ddp_$name did not train: $(tail -2 "$W/ddp_$name.log")"; return; }
@@ -125,53 +122,53 @@ sys.exit("\n".join(err) if err else 0)
 PY
 }
 
-check 1 adamw2 2
-check 1 adamw3 3
-check 1 q8_2 2 --optimizer adamw_8bit
-check 1 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
-check 1 bf16_2 2 --bf16 true --master_weights false
-check 1 bf16m_3 3 --bf16 true
-check 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
+same_as_ddp 1 adamw2 2
+same_as_ddp 1 adamw3 3
+same_as_ddp 1 q8_2 2 --optimizer adamw_8bit
+same_as_ddp 1 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+same_as_ddp 1 bf16_2 2 --bf16 true --master_weights false
+same_as_ddp 1 bf16m_3 3 --bf16 true
+same_as_ddp 1 accum_q8_3 3 --optimizer adamw_8bit --gradient_accumulation_steps 2
 # the gradients reduce-scattered in buckets during backward: ranks 2 and 3, idle in the epoch's last step, join the
 # same buckets with zeros
-check 1 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
-check 1 b1_3 3 --ddp_bucket_cap_mb 1
-check 2 adamw2 2
-check 2 adamw3 3
-check 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
-check 2 bf16m_2 2 --bf16 true
-check 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
+same_as_ddp 1 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+same_as_ddp 1 b1_3 3 --ddp_bucket_cap_mb 1
+same_as_ddp 2 adamw2 2
+same_as_ddp 2 adamw3 3
+same_as_ddp 2 paged8_bf16_3 3 --optimizer paged_adamw_8bit --bf16 true --master_weights false
+same_as_ddp 2 bf16m_2 2 --bf16 true
+same_as_ddp 2 fp16_2 2 --fp16 true --optimizer adamw_8bit
 # a whole epoch of 66 micro-batches on 4 ranks: the last step has 2, so ranks 2 and 3 join its reduce-scatters with
 # zeros
-check 2 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+same_as_ddp 2 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
 # stage 3: the parameters sharded too; every rank gathers each layer before its forward and its backward
-check 3 adamw2 2
-check 3 adamw3 3
-check 3 bf16m_2 2 --bf16 true
-check 3 bf16m_3 3 --bf16 true
+same_as_ddp 3 adamw2 2
+same_as_ddp 3 adamw3 3
+same_as_ddp 3 bf16m_2 2 --bf16 true
+same_as_ddp 3 bf16m_3 3 --bf16 true
 # 16-bit without master weights: the 16-bit shards stepped with stochastic rounding, saved as stored (BF16, DDP's
 # bytes): each tensor's 16-bit pieces gathered and widened for the stream, which writes them back to 16 bits exactly
-check 3 bf16_2 2 --bf16 true --master_weights false
+same_as_ddp 3 bf16_2 2 --bf16 true --master_weights false
 grep -q '"torch_dtype": "bfloat16"' "$W/zero3_bf16_2/config.json" && ok || bad "zero3_bf16_2: config.json's torch_dtype"
-check 3 gc_2 2 --gradient_checkpointing true
-check 3 gcbf16_3 3 --bf16 true --gradient_checkpointing true
+same_as_ddp 3 gc_2 2 --gradient_checkpointing true
+same_as_ddp 3 gcbf16_3 3 --bf16 true --gradient_checkpointing true
 # evaluation: a rank runs its share of the validation micro-batches and joins the others' gathers
-check 3 val_3 3 --val_set_size 0.1 --eval_steps 2
+same_as_ddp 3 val_3 3 --val_set_size 0.1 --eval_steps 2
 [ -n "$(grep val_loss "$W/zero3_val_3/metrics.jsonl")" ] &&
   [ "$(grep -o '"val_loss": [^,}]*' "$W/zero3_val_3/metrics.jsonl")" = "$(grep -o '"val_loss": [^,}]*' "$W/ddp_val_3/metrics.jsonl")" ] &&
   ok || bad "zero3_val_3: the validation losses differ from DDP's"
-check 3 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
+same_as_ddp 3 epoch4 4 --num_epochs 1 --max_steps -1 --max_grad_norm 0
 # loading a Hugging Face folder: each rank keeps its shard of every tensor (staged in the gather region)
-check 3 load_3 3 --base_model "$W/ddp_adamw3" --max_steps 2
+same_as_ddp 3 load_3 3 --base_model "$W/ddp_adamw3" --max_steps 2
 # an untied head: its gradient and the final norm's are reduce-scattered right after the loss, so one buffer of
 # max(embedding, final norm + head, a layer) serves them, the layers and the embedding in turn (stages 2 and 3), and
 # stage 3 gathers the embedding and the head one at a time into a region of max(embedding, head, two layers)
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
 . "$SRC/tests/cli/untied_base.sh"
-check 2 untied_2 2 --base_model "$W/base"
-check 3 untied_3 3 --base_model "$W/base"
-check 3 untiedbf16_2 2 --base_model "$W/base" --bf16 true
-check 3 untiedval_2 2 --base_model "$W/base" --val_set_size 0.1 --eval_steps 2
+same_as_ddp 2 untied_2 2 --base_model "$W/base"
+same_as_ddp 3 untied_3 3 --base_model "$W/base"
+same_as_ddp 3 untiedbf16_2 2 --base_model "$W/base" --bf16 true
+same_as_ddp 3 untiedval_2 2 --base_model "$W/base" --val_set_size 0.1 --eval_steps 2
 for z in zero2_untied_2 zero3_untied_3 zero3_untiedbf16_2; do
   python3 - "$W" "$z" "$W/base/config.json" <<'PY' && ok || bad "$z: the gradient buffer or the gather region"
 import json, re, sys
@@ -202,11 +199,11 @@ done
 # it is issued, so on CPU ranks this checks the layout and the order of the adds (DDP's bits, tied and untied, at
 # stages 2 and 3) and the plan: each rank's gradients arena is the one-buffer run's plus one layer of fp32, to the
 # arena's alignment. test_zero2_overlap runs the hooks against a communicator that delivers only at the wait.
-check 2 ov_3 3 --zero_overlap_comm true
-check 3 ovgc_2 2 --zero_overlap_comm true --gradient_checkpointing true
-check 2 ovuntied_2 2 --base_model "$W/base" --zero_overlap_comm true
-check 3 ovuntiedbf16_2 2 --base_model "$W/base" --zero_overlap_comm true --bf16 true
-check 2 ovepoch4 4 --zero_overlap_comm true --num_epochs 1 --max_steps -1 --max_grad_norm 0
+same_as_ddp 2 ov_3 3 --zero_overlap_comm true
+same_as_ddp 3 ovgc_2 2 --zero_overlap_comm true --gradient_checkpointing true
+same_as_ddp 2 ovuntied_2 2 --base_model "$W/base" --zero_overlap_comm true
+same_as_ddp 3 ovuntiedbf16_2 2 --base_model "$W/base" --zero_overlap_comm true --bf16 true
+same_as_ddp 2 ovepoch4 4 --zero_overlap_comm true --num_epochs 1 --max_steps -1 --max_grad_norm 0
 for pair in zero2_ov_3:zero2_adamw3 zero3_ovgc_2:zero3_gc_2 zero2_ovuntied_2:zero2_untied_2 \
             zero3_ovuntiedbf16_2:zero3_untiedbf16_2 zero2_ovepoch4:zero2_epoch4; do
   ov=${pair%%:*} one=${pair##*:}
@@ -249,10 +246,10 @@ print(max(float(sys.argv[2]), float(sys.argv[3]), digit))
 PY
 )
 echo "  floor: other orders of the same sums move the losses and gradient norms by $floor (relative)"
-TOL=$(python3 -c "print(4 * $floor)") check 2 accum3 3 --gradient_accumulation_steps 2
-TOL=$(python3 -c "print(4 * $floor)") check 2 accum2 2 --gradient_accumulation_steps 3
+TOL=$(python3 -c "print(4 * $floor)") same_as_ddp 2 accum3 3 --gradient_accumulation_steps 2
+TOL=$(python3 -c "print(4 * $floor)") same_as_ddp 2 accum2 2 --gradient_accumulation_steps 3
 # the untied head's shared gradient buffer, reused by every micro-batch
-TOL=$(python3 -c "print(4 * $floor)") check 2 untiedacc_3 3 --base_model "$W/base" --gradient_accumulation_steps 2
+TOL=$(python3 -c "print(4 * $floor)") same_as_ddp 2 untiedacc_3 3 --base_model "$W/base" --gradient_accumulation_steps 2
 # stage 3 with accumulation reduce-scatters every micro-batch as stage 2 does: stage 2's bits
 for a in "accum3 3 2" "accum2 2 3"; do
   set -- $a
@@ -284,14 +281,14 @@ printf 'datasets:\n  - path: %s\n    type: pretokenized\n' "$W/rep.jsonl" > "$W/
 common_ids=$common
 common=${common/ids.yaml/rep.yaml}
 vb="--loss_vocab_block 300"
-check 2 vb_2 2 $vb
-check 2 vb_3 3 $vb
-check 3 vb_2 2 $vb
-check 3 vb_3 3 $vb
-check 3 vbbf16_3 3 $vb --bf16 true
-check 3 vbval_2 2 $vb --val_set_size 0.1 --eval_steps 2
-check 2 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_batch_size 3
-check 3 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_batch_size 3
+same_as_ddp 2 vb_2 2 $vb
+same_as_ddp 2 vb_3 3 $vb
+same_as_ddp 3 vb_2 2 $vb
+same_as_ddp 3 vb_3 3 $vb
+same_as_ddp 3 vbbf16_3 3 $vb --bf16 true
+same_as_ddp 3 vbval_2 2 $vb --val_set_size 0.1 --eval_steps 2
+same_as_ddp 2 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_batch_size 3
+same_as_ddp 3 vbepoch_3 3 $vb --num_epochs 1 --max_steps -1 --max_grad_norm 0 --micro_batch_size 3
 # accumulation: the floor measured again on these data, whose rows sum many more terms
 "$SNUG" train $common $vb --gradient_accumulation_steps 6 --output_dir "$W/vbone6" > "$W/vbone6.log" 2>&1 ||
   bad "vbone6 did not train: $(tail -2 "$W/vbone6.log")"
@@ -304,7 +301,7 @@ print(max(float(sys.argv[2]), float(sys.argv[3]), digit))
 PY
 )
 echo "  floor on the repeated ids: $vbfloor (relative)"
-TOL=$(python3 -c "print(4 * $vbfloor)") check 2 vbacc_3 3 $vb --gradient_accumulation_steps 2
+TOL=$(python3 -c "print(4 * $vbfloor)") same_as_ddp 2 vbacc_3 3 $vb --gradient_accumulation_steps 2
 run zero3_vbacc_3 3 --zero_stage 3 --dist_debug true $vb --gradient_accumulation_steps 2 ||
   bad "zero3_vbacc_3 did not train: $(tail -2 "$W/zero3_vbacc_3.log")"
 [ "$(worst zero3_vbacc_3 zero2_vbacc_3)" = 0.0 ] && cmp -s "$W/zero2_vbacc_3/model.safetensors" "$W/zero3_vbacc_3/model.safetensors" &&
@@ -377,7 +374,7 @@ cmp -s "$W/fsdpjson2_adamw2/model.safetensors" "$W/zero2_adamw2/model.safetensor
 # checkpoints: each rank writes its shard of the optimizer state (and of the fp32 master copy; at stage 3 of the
 # parameters as stored, without the gather region) as its own state-*.rank<R>.bin, rank 0 the rest; a run saved at
 # step 2 (of 3) and resumed on as many ranks and the same stage logs the same losses and gradient norms and ends with
-# the same weights as the run that never stopped (check's, above). A stage-3 checkpoint holds no model files (no rank
+# the same weights as the run that never stopped (same_as_ddp's, above). A stage-3 checkpoint holds no model files (no rank
 # holds the model): its shard files, trainer_state.json and its hash.
 ck() {
   local stage=$1 name=$2 np=$3; shift 3
@@ -766,7 +763,7 @@ for r, j in enumerate(ranks):
     # norm's apart: stage 3 steps it before the last layer's backward reuses its place)
     g = j["plan"]["gradients"]
     assert g == d["gradients"] if stage == 1 else d["gradients"] - 4096 <= g <= d["gradients"], (r, g, d["gradients"])
-# as check() weighs them: the shards sum to DDP's state (8-bit: each rank's own maps unless paged; each of six
+# as same_as_ddp() weighs them: the shards sum to DDP's state (8-bit: each rank's own maps unless paged; each of six
 # buffers rounded to 64 bytes), fp32 state and the master copy 1/N each give or take a block of 256
 opt, whole = [j["plan"]["optimizer state"] for j in ranks], d["optimizer state"]
 eight, paged = "8bit" in ddp["optimizer"], ddp["optimizer"].startswith("paged")
@@ -816,5 +813,4 @@ for z in 1 3; do
   resplit ob_ck_r$z ob_ck$z 3 "${ob[@]}"
   resplit_same "ZeRO-$z with optimizer_in_backward resumed" ob_ck_r$z ob_full$z
 done
-echo "test_zero: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

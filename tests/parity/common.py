@@ -132,7 +132,11 @@ def tiny_train(work: str, name: str, yaml_text: str, root: str) -> tuple:
 
 
 def finish(name: str) -> None:
+    """The summary line and the exit status: 1 when a check failed or when none was made."""
     print(f"{name}: {passes[0]} passed, {len(failures)} failed")
+    if not passes[0] and not failures:
+        print(f"FAIL: {name} made no checks", file=sys.stderr)
+        sys.exit(1)
     sys.exit(1 if failures else 0)
 
 

@@ -38,6 +38,11 @@ double check_max_rel_f(const float *a, const float *ref, size_t n) {
 
 int check_finish(const char *name) {
     printf("%s: %d passed, %d failed\n", name, check_passed, check_failed);
+    if (check_passed + check_failed == 0) {
+        /* a test that checked nothing has shown nothing: a path that cannot run here exits 77 (skipped) instead */
+        fprintf(stderr, "%s: no checks were made\n", name);
+        return 1;
+    }
     return check_failed ? 1 : 0;
 }
 

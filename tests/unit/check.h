@@ -1,5 +1,6 @@
 /* check.h: the tiny assertion kit every unit test uses. A failed CHECK prints file:line and the expression and counts
- * a failure; check_finish() prints "N passed, N failed" and returns the exit status. */
+ * a failure; check_finish() prints "N passed, N failed" and returns the exit status: 1 when a check failed or when
+ * none was made (a test that cannot run here returns 77, which ctest reports as skipped, before it). */
 #ifndef SNUG_CHECK_H
 #define SNUG_CHECK_H
 
@@ -36,6 +37,7 @@ double check_relerr(double a, double b, double floor);
 double check_max_relerr(const float *a, const double *ref, size_t n);
 /* The same for two fp32 arrays: largest |a-b| over the largest |ref|. */
 double check_max_rel_f(const float *a, const float *ref, size_t n);
+/* The summary line and the exit status: 0 when every check passed and there was at least one, else 1. */
 int check_finish(const char *name);
 
 #include "model/config.h"
