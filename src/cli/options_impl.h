@@ -63,6 +63,8 @@ typedef struct key_spec {
     const char *def;          /* default, written as a user would write it; NULL = none */
     const char *values;       /* KT_ENUM: accepted values, "name" or "spelling=name", space-separated */
     const enum_name *enums;   /* KT_ENUM: each name's value in the field, ending with {NULL} */
+    const char *const *names; /* KT_ENUM instead of enums: the enum's own list of names (next to its definition,
+                               * ending with NULL), each name's value its index, so reports print the same names */
     int has_min;              /* KT_INT: values below min are refused where they are written */
     int min;
     int positive;             /* KT_FLOAT: only values above 0 */

@@ -9,6 +9,7 @@
 #include "cli/options_impl.h"
 
 #include "cli/plan_cmd.h"
+#include "plan/plan_json.h"
 
 #include <stddef.h>
 
@@ -21,6 +22,7 @@
 #define AT_ENUM(f) .offset = offsetof(snug_run_config, f), .size = ENUM_SIZE_CHECK(snug_run_config, f)
 #define DS_ENUM(f) .offset = offsetof(snug_dataset_spec, f), .size = ENUM_SIZE_CHECK(snug_dataset_spec, f)
 #define ENUMS(...) .enums = (const enum_name[]){__VA_ARGS__, {NULL, 0}}
+#define NAMES(list) .names = (list)
 #define MIN(v) .has_min = 1, .min = (v)
 #define PL_AT(T, f) .offset = offsetof(snug_plan_args, f), .size = sizeof(((snug_plan_args *)0)->f)
 #define DS_STR(f)                                                                  \
@@ -238,11 +240,7 @@ const key_spec opt_keys[] = {
      .def = "cosine",
      .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup cosine_with_restarts polynomial "
                "inverse_sqrt warmup_stable_decay reduce_lr_on_plateau cosine_warmup_with_min_lr rex",
-     ENUMS({"cosine", SNUG_SCHED_COSINE}, {"linear", SNUG_SCHED_LINEAR}, {"constant", SNUG_SCHED_CONSTANT},
-           {"constant_with_warmup", SNUG_SCHED_CONSTANT_WARMUP}, {"cosine_with_restarts", SNUG_SCHED_COSINE_RESTARTS},
-           {"polynomial", SNUG_SCHED_POLYNOMIAL}, {"inverse_sqrt", SNUG_SCHED_INVERSE_SQRT},
-           {"warmup_stable_decay", SNUG_SCHED_WSD}, {"reduce_lr_on_plateau", SNUG_SCHED_PLATEAU},
-           {"cosine_warmup_with_min_lr", SNUG_SCHED_COSINE_WARMUP_MIN}, {"rex", SNUG_SCHED_REX}),
+     NAMES(snug_sched_names),
      .later_values = "one_cycle",
      .help = "transformers' schedules, bit for bit: after warmup, cosine or linear decay to 0, constant (no warmup; "
              "constant_with_warmup has one), cosine_with_restarts, polynomial, inverse_sqrt, warmup_stable_decay, "
@@ -487,8 +485,7 @@ const key_spec opt_keys[] = {
     {.name = "gradient_checkpointing", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(gradient_checkpointing),
      .def = "false",
      .values = "false=none none no=none off=none true=full full yes=full on=full selective offload unsloth=offload",
-     ENUMS({"none", SNUG_CKPT_CHOICE_NONE}, {"selective", SNUG_CKPT_CHOICE_SELECTIVE}, {"full", SNUG_CKPT_CHOICE_FULL},
-           {"offload", SNUG_CKPT_CHOICE_OFFLOAD}),
+     NAMES(snug_ckpt_names),
      .help = "recompute activations in backward: false, selective (norm outputs and the MLP activation), "
              "full (whole layers from their input; true means full), offload (full, with the layer inputs kept in "
              "pinned host memory and copied to the device for the backward)"},

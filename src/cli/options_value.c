@@ -310,10 +310,16 @@ int opt_set_text(void *base, const key_spec *k, const char *written, const char 
     }
     case KT_ENUM: {
         char canon[64];
-        if (opt_enum_value(k->values, text, canon, sizeof canon) == 0)
-            for (const enum_name *n = k->enums; n && n->name; n++)
-                if (!strcmp(n->name, canon)) {
-                    memcpy(field, &n->value, sizeof n->value);
+        int spelled = opt_enum_value(k->values, text, canon, sizeof canon) == 0; /* canon: the spelling's name */
+        for (const enum_name *n = k->enums; spelled && n && n->name; n++)
+            if (!strcmp(n->name, canon)) {
+                memcpy(field, &n->value, sizeof n->value);
+                return 0;
+            }
+        if (spelled && k->names)
+            for (int i = 0; k->names[i]; i++)
+                if (!strcmp(k->names[i], canon)) {
+                    memcpy(field, &i, sizeof i);
                     return 0;
                 }
         char choices[256];

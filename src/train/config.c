@@ -1,6 +1,8 @@
 /* config.c: validating a run configuration and deriving its levers (see config.h). */
 #include "train/config.h"
 
+#include "plan/plan_json.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -348,17 +350,17 @@ snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged)
     return paged ? SNUG_OPTIMIZER_PAGED_ADAMW_32BIT : SNUG_OPTIMIZER_ADAMW;
 }
 
-const char *snug_sched_name(snug_sched s) {
-    static const char *const names[] = {"constant", "linear", "cosine", "constant_with_warmup", "cosine_with_restarts",
-                                        "polynomial", "inverse_sqrt", "warmup_stable_decay", "reduce_lr_on_plateau",
-                                        "cosine_warmup_with_min_lr", "rex"};
-    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
-}
+const char *const snug_sched_names[] = {"constant", "linear", "cosine", "constant_with_warmup",
+                                        "cosine_with_restarts", "polynomial", "inverse_sqrt", "warmup_stable_decay",
+                                        "reduce_lr_on_plateau", "cosine_warmup_with_min_lr", "rex", NULL};
+_Static_assert(sizeof snug_sched_names / sizeof *snug_sched_names == SNUG_SCHED_REX + 2, "a name per snug_sched");
 
-const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
-    static const char *const names[] = {"none", "selective", "full", "offload"};
-    return (unsigned)c < 4 ? names[c] : "?";
-}
+const char *snug_sched_name(snug_sched s) { return (unsigned)s <= SNUG_SCHED_REX ? snug_sched_names[s] : "?"; }
+
+_Static_assert(SNUG_CKPT_CHOICE_NONE == 0 && SNUG_CKPT_CHOICE_SELECTIVE == 1 && SNUG_CKPT_CHOICE_FULL == 2 &&
+                   SNUG_CKPT_CHOICE_OFFLOAD == 3, "snug_ckpt_names (plan_json.h) is indexed by snug_ckpt_choice");
+
+const char *snug_ckpt_choice_name(snug_ckpt_choice c) { return (unsigned)c < 4 ? snug_ckpt_names[c] : "?"; }
 
 const snug_dataset_spec *snug_run_dataset(const snug_run_config *c, int i, const char **key) {
     if (key)

@@ -283,7 +283,10 @@ int snug_load_best(const snug_run_config *c);
 /* Warmup steps of a run of `total` steps: warmup_steps, else ceil(warmup_ratio x total). */
 int snug_warmup_steps(const snug_run_config *c, int total);
 
-/* Names as the configuration writes them, for reports: "cosine"; "selective". */
+/* Names as the configuration writes them: the key table parses these and reports print them. snug_sched_names:
+ * lr_scheduler's, indexed by snug_sched, ending with NULL; gradient_checkpointing's are snug_ckpt_names
+ * (plan/plan_json.h), which the plan's reports print too. */
+extern const char *const snug_sched_names[];
 const char *snug_sched_name(snug_sched s);
 const char *snug_ckpt_choice_name(snug_ckpt_choice c);
 
