@@ -75,6 +75,9 @@ typedef struct key_spec {
     const char *noop;         /* non-NULL: any value is accepted (checked for its type) and changes nothing in snug,
                                * for the reason this says (another trainer's knob for what snug does its own way) */
     const char *items;        /* KT_NAMES: what the list holds, in its error (NULL: module names) */
+    int (*typed)(snug_run_config *o, const char *text, const char *written, const char *loc, snug_error *e);
+                              /* KT_NAMES: reads the value again into its typed field of o (the string stays as
+                               * written, for the checkpoint's record); writes nothing on failure */
     map_kind map;             /* KT_MAP, KT_LIST: what it holds */
     const char *help;
 } key_spec;

@@ -12,6 +12,11 @@
 #include "plan/plan_json.h"
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/peft_io.h"
 
 /* Field placement with a compile-time type check: a row whose type disagrees with its field does not compile. */
 #define AT_INT(f) .offset = _Generic(((snug_run_config *)0)->f, int: offsetof(snug_run_config, f)), .size = sizeof(int)
@@ -28,6 +33,72 @@
 #define DS_STR(f)                                                                  \
     .offset = _Generic(((snug_dataset_spec *)0)->f, char *: offsetof(snug_dataset_spec, f)), \
     .size = sizeof(((snug_dataset_spec *)0)->f)
+
+/* ---- the typed readers of list keys (key_spec.typed) ---- */
+
+/* peft_layers_to_transform ("1,3"; "" = every layer) into lora_layer_mask; the model's own count is checked where it
+ * is known (snug_setup_resolve). */
+static int read_layers(snug_run_config *o, const char *text, const char *written, const char *loc, snug_error *e) {
+    uint64_t mask[4] = {0};
+    for (const char *p = text; *p;) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        if (!*p)
+            break;
+        size_t len = strcspn(p, ", ");
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end != p + len || v < 0 || v >= 256)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s names '%.*s'; list layer indices from 0 (at most 255, and below "
+                             "the model's layers)", loc, written, (int)(len < 60 ? len : 60), p);
+        mask[v / 64] |= 1ull << (v % 64);
+        p += len;
+    }
+    memcpy(o->lora_layer_mask, mask, sizeof mask);
+    return 0;
+}
+
+/* pipeline_layers ("3,1"; "" = an even split) into pipeline_stage_layers: counts of at least 1; how many there are
+ * is checked against pipeline_parallel_size with the rest of the configuration (snug_run_config_validate). */
+static int read_stage_layers(snug_run_config *o, const char *text, const char *written, const char *loc,
+                             snug_error *e) {
+    int counts[SNUG_MAX_PP_LIST], n = 0;
+    for (const char *p = text; *p;) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        if (!*p)
+            break;
+        size_t len = strcspn(p, ", ");
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end != p + len || v < 1 || v > 1000000)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s lists '%.*s'; list each stage's count of layers, each at least "
+                             "1, e.g. [2, 3, 3, 2] for 10 layers over 4 stages", loc, written,
+                             (int)(len < 60 ? len : 60), p);
+        if (n == SNUG_MAX_PP_LIST)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s lists more than %d stages", loc, written, SNUG_MAX_PP_LIST);
+        counts[n++] = (int)v;
+        p += len;
+    }
+    if (!n && *text)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s lists no count; list each stage's count of layers, or remove it for "
+                         "an even split", loc, written);
+    memcpy(o->pipeline_stage_layers, counts, (size_t)n * sizeof *counts);
+    o->pipeline_nstage_layers = n;
+    return 0;
+}
+
+/* lora_modules_to_save ("embed_tokens, lm_head") into lora_save_modules. */
+static int read_save_modules(snug_run_config *o, const char *text, const char *written, const char *loc,
+                             snug_error *e) {
+    unsigned save;
+    char unknown[64];
+    if (snug_lora_save_parse(text, &save, unknown, sizeof unknown))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s names '%s'; snug trains embed_tokens and lm_head in full, nothing "
+                         "else", loc, written, unknown);
+    o->lora_save_modules = save;
+    return 0;
+}
 
 #define LATER_BOOL(n, why) {.name = n, .type = KT_BOOL, .later = why}
 #define NOOP(n, t, why) {.name = n, .type = t, .noop = why}
@@ -218,7 +289,7 @@ const key_spec opt_keys[] = {
              "sharding each stage's state over them with an untied head); checkpoints keep "
              "each stage's state, the final model (or adapter) is written whole"},
     {.name = "pipeline_layers", .type = KT_NAMES, .group = G_BATCH, AT_STR(pipeline_layers), .def = "",
-     .items = "numbers",
+     .items = "numbers", .typed = read_stage_layers,
      .help = "under pipeline_parallel_size N: how many layers each stage takes, N counts (a YAML list, or "
              "separated by commas) that sum to the model's layers, e.g. [7, 9, 9, 7] to give the stages that also "
              "hold the embedding and the head fewer; empty = an even split (the remainder one more each on the "
@@ -421,6 +492,7 @@ const key_spec opt_keys[] = {
     {.name = "lora_target_linear", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_target_linear), .def = "false",
      .help = "adapt every linear module of each block (q, k, v, o, gate, up, down), as well as lora_target_modules"},
     {.name = "lora_modules_to_save", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_modules_to_save), .def = "",
+     .typed = read_save_modules,
      .help = "embed_tokens and/or lm_head: trained in full (an fp32 copy of the base's tensor, with its gradient and "
              "optimizer state) beside the adapters, as PEFT's modules_to_save; not for tied embeddings"},
     {.name = "unfrozen_parameters", .type = KT_LIST, .group = G_MODEL, .map = KM_UNFROZEN,
@@ -436,7 +508,7 @@ const key_spec opt_keys[] = {
      .help = "the name of the model's block list that peft_layers_to_transform counts in (PEFT's layers_pattern): "
              "layers (GPT-2: h), the only one snug's models have; empty: found by name"},
     {.name = "peft_layers_to_transform", .aliases = "lora_layers_to_transform layers_to_transform", .type = KT_NAMES,
-     .group = G_MODEL, AT_STR(lora_layers), .def = "", .items = "layer indices (integers from 0)",
+     .group = G_MODEL, AT_STR(lora_layers), .def = "", .items = "layer indices (integers from 0)", .typed = read_layers,
      .help = "adapters on these layers only (PEFT's layers_to_transform: indices from 0, a YAML list or \"0,5\"); "
              "empty: every layer"},
     {.name = "loraplus_lr_ratio", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(loraplus_lr_ratio), .def = "0",

@@ -305,6 +305,8 @@ int opt_set_text(void *base, const key_spec *k, const char *written, const char 
         if (strlen(text) >= k->size)
             return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (%zu characters; at most %zu)", loc, written,
                              strlen(text), k->size - 1);
+        if (k->typed)
+            SNUG_TRY(k->typed(base, text, written, loc, e));
         memcpy(field, text, strlen(text) + 1);
         return 0;
     }

@@ -103,17 +103,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
                 "%s: pipeline_parallel_size %d with zero_stage 3 is not supported yet (stages 1 and 2 shard each "
                 "stage's optimizer state and gradients over its data-parallel group); set zero_stage: 2 or lower",
                 src, pp);
-        int counts = 0, fine = 1; /* pipeline_layers: N positive counts (their sum is checked against the model) */
-        for (const char *c = o->pipeline_layers; *c;) {
-            char *end;
-            long v = strtol(c, &end, 10);
-            fine &= end != c && v >= 1;
-            counts++;
-            c = end == c ? c + 1 : end;
-            while (*c == ',' || *c == ' ')
-                c++;
-        }
-        REQUIRE(!o->pipeline_layers[0] || (fine && counts == pp),
+        /* pipeline_layers: N counts, each at least 1 (the command line's reading; their sum is checked against the
+         * model) */
+        REQUIRE(!o->pipeline_nstage_layers || o->pipeline_nstage_layers == pp,
                 "%s: pipeline_layers is '%s'; list %d counts of layers, each at least 1 (one per stage of "
                 "pipeline_parallel_size %d), e.g. [2, 3, 3, 2] for 10 layers over 4", src, o->pipeline_layers, pp,
                 pp);
