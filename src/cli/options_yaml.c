@@ -217,6 +217,83 @@ static int bnb_kwarg(snug_run_config *o, const char *written, const char *name, 
                      "llm_int8_enable_fp32_cpu_offload, llm_int8_skip_modules)", loc, written, name);
 }
 
+/* One lr_scheduler_kwargs entry (transformers' scheduler_specific_kwargs `name` = text) into o. */
+static int sched_kwarg(snug_run_config *o, const char *written, const char *name, const char *text, const char *loc,
+                       snug_error *e) {
+    /* entry k is SNUG_SCHED_KW_*'s bit k, and where its number goes (words: none) */
+    const struct {
+        const char *name;
+        double *d;
+        int *i;
+    } kw[] = {
+        {"min_lr_rate", &o->cosine_min_lr_ratio, NULL}, {"min_lr", &o->min_lr, NULL},
+        {"num_cycles", &o->sched.num_cycles, NULL}, {"power", &o->sched.power, NULL},
+        {"lr_end", &o->sched.lr_end, NULL}, {"timescale", NULL, &o->sched.timescale},
+        {"num_decay_steps", NULL, &o->sched.wsd_decay}, {"num_stable_steps", NULL, &o->sched.wsd_stable},
+        {"warmup_type", NULL, NULL}, {"decay_type", NULL, NULL},
+        {"min_lr_ratio", &o->sched.wsd_min_ratio, NULL}, {"mode", NULL, NULL},
+        {"factor", &o->sched.plat_factor, NULL}, {"patience", NULL, &o->sched.plat_patience},
+        {"threshold", &o->sched.plat_threshold, NULL}, {"threshold_mode", NULL, NULL},
+        {"cooldown", NULL, &o->sched.plat_cooldown}, {"eps", &o->sched.plat_eps, NULL},
+        {"warmup_lr_rate", &o->sched.warmup_lr_rate, NULL},
+    };
+    _Static_assert(1u << (sizeof kw / sizeof kw[0] - 1) == SNUG_SCHED_KW_WARMUP_LR_RATE,
+                   "one entry per SNUG_SCHED_KW_* bit, in bit order");
+    int k = 0;
+    while (k < (int)(sizeof kw / sizeof kw[0]) && strcmp(name, kw[k].name))
+        k++;
+    if (k == (int)(sizeof kw / sizeof kw[0]))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not a setting of transformers' schedules that snug "
+                         "reads (min_lr_rate, min_lr, num_cycles, power, lr_end, timescale, num_decay_steps, "
+                         "num_stable_steps, warmup_type, decay_type, min_lr_ratio, warmup_lr_rate; "
+                         "reduce_lr_on_plateau's mode, factor, patience, threshold, threshold_mode, cooldown, "
+                         "eps)", loc, written, name);
+    unsigned bit = 1u << k;
+    o->sched_given |= bit;
+    if (bit & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE)) {
+        snug_wsd_shape *sh = bit == SNUG_SCHED_KW_WARMUP_TYPE ? &o->sched.wsd_warmup
+                                                              : &o->sched.wsd_decay_type;
+        if (!strcmp(text, "linear") || !strcmp(text, "cosine") || !strcmp(text, "1-sqrt"))
+            *sh = !strcmp(text, "linear") ? SNUG_WSD_LINEAR : !strcmp(text, "cosine") ? SNUG_WSD_COSINE
+                                                                                     : SNUG_WSD_1SQRT;
+        else
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be linear, cosine or 1-sqrt, got '%.40s'", loc,
+                             written, name, text);
+        return 0;
+    }
+    if (bit & (SNUG_SCHED_KW_MODE | SNUG_SCHED_KW_THRESHOLD_MODE)) { /* ReduceLROnPlateau's two words */
+        int mode = bit == SNUG_SCHED_KW_MODE;
+        const char *a = mode ? "min" : "rel", *b = mode ? "max" : "abs";
+        if (strcmp(text, a) && strcmp(text, b))
+            return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be %s or %s, got '%.40s'", loc, written, name, a,
+                             b, text);
+        *(mode ? &o->sched.plat_max : &o->sched.plat_abs) = !strcmp(text, b);
+        return 0;
+    }
+    double d;
+    if (!*text || opt_parse_double(text, &d) || !(d >= 0) || d > 1e9)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be a number of 0 or more, got '%.40s'", loc, written,
+                         name, text);
+    if ((bit & (SNUG_SCHED_KW_TIMESCALE | SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS |
+                SNUG_SCHED_KW_PATIENCE | SNUG_SCHED_KW_COOLDOWN)) &&
+        d != floor(d)) /* whole steps (evaluations) */
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it counts steps: a whole number", loc, written,
+                         name, d);
+    if ((bit & (SNUG_SCHED_KW_NUM_CYCLES | SNUG_SCHED_KW_POWER)) && !(d > 0))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be above 0, got %g", loc, written, name, d);
+    if (bit == SNUG_SCHED_KW_FACTOR && !(d < 1)) /* (torch raises too) */
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.factor is %g; reduce_lr_on_plateau multiplies the learning "
+                         "rate by it: below 1", loc, written, d);
+    if ((bit == SNUG_SCHED_KW_MIN_LR_RATIO || bit == SNUG_SCHED_KW_WARMUP_LR_RATE) && d > 1)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it is a fraction of learning_rate, 0 to 1", loc,
+                         written, name, d);
+    if (kw[k].d)
+        *kw[k].d = d;
+    else
+        *kw[k].i = (int)d;
+    return 0;
+}
+
 /* A KT_MAP or KT_LIST key of a kind snug reads (k->map): its entries into base. */
 static int load_map_key(void *base, const key_spec *k, const char *written, const yaml_src *y, const yaml_node_t *v,
                         const char *loc, snug_error *e) {
@@ -313,80 +390,9 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
         case KM_BNB_KWARGS:
             SNUG_TRY(bnb_kwarg(o, written, name, text, loc, e));
             break;
-        case KM_SCHED_KWARGS: {
-            /* entry k is SNUG_SCHED_KW_*'s bit k, and where its number goes (words: none) */
-            const struct {
-                const char *name;
-                double *d;
-                int *i;
-            } kw[] = {
-                {"min_lr_rate", &o->cosine_min_lr_ratio, NULL}, {"min_lr", &o->min_lr, NULL},
-                {"num_cycles", &o->sched.num_cycles, NULL}, {"power", &o->sched.power, NULL},
-                {"lr_end", &o->sched.lr_end, NULL}, {"timescale", NULL, &o->sched.timescale},
-                {"num_decay_steps", NULL, &o->sched.wsd_decay}, {"num_stable_steps", NULL, &o->sched.wsd_stable},
-                {"warmup_type", NULL, NULL}, {"decay_type", NULL, NULL},
-                {"min_lr_ratio", &o->sched.wsd_min_ratio, NULL}, {"mode", NULL, NULL},
-                {"factor", &o->sched.plat_factor, NULL}, {"patience", NULL, &o->sched.plat_patience},
-                {"threshold", &o->sched.plat_threshold, NULL}, {"threshold_mode", NULL, NULL},
-                {"cooldown", NULL, &o->sched.plat_cooldown}, {"eps", &o->sched.plat_eps, NULL},
-                {"warmup_lr_rate", &o->sched.warmup_lr_rate, NULL},
-            };
-            _Static_assert(1u << (sizeof kw / sizeof kw[0] - 1) == SNUG_SCHED_KW_WARMUP_LR_RATE,
-                           "one entry per SNUG_SCHED_KW_* bit, in bit order");
-            int k = 0;
-            while (k < (int)(sizeof kw / sizeof kw[0]) && strcmp(name, kw[k].name))
-                k++;
-            if (k == (int)(sizeof kw / sizeof kw[0]))
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not a setting of transformers' schedules that snug "
-                                 "reads (min_lr_rate, min_lr, num_cycles, power, lr_end, timescale, num_decay_steps, "
-                                 "num_stable_steps, warmup_type, decay_type, min_lr_ratio, warmup_lr_rate; "
-                                 "reduce_lr_on_plateau's mode, factor, patience, threshold, threshold_mode, cooldown, "
-                                 "eps)", loc, written, name);
-            unsigned bit = 1u << k;
-            o->sched_given |= bit;
-            if (bit & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE)) {
-                snug_wsd_shape *sh = bit == SNUG_SCHED_KW_WARMUP_TYPE ? &o->sched.wsd_warmup
-                                                                      : &o->sched.wsd_decay_type;
-                if (!strcmp(text, "linear") || !strcmp(text, "cosine") || !strcmp(text, "1-sqrt"))
-                    *sh = !strcmp(text, "linear") ? SNUG_WSD_LINEAR : !strcmp(text, "cosine") ? SNUG_WSD_COSINE
-                                                                                             : SNUG_WSD_1SQRT;
-                else
-                    return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be linear, cosine or 1-sqrt, got '%.40s'", loc,
-                                     written, name, text);
-                break;
-            }
-            if (bit & (SNUG_SCHED_KW_MODE | SNUG_SCHED_KW_THRESHOLD_MODE)) { /* ReduceLROnPlateau's two words */
-                int mode = bit == SNUG_SCHED_KW_MODE;
-                const char *a = mode ? "min" : "rel", *b = mode ? "max" : "abs";
-                if (strcmp(text, a) && strcmp(text, b))
-                    return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be %s or %s, got '%.40s'", loc, written, name, a,
-                                     b, text);
-                *(mode ? &o->sched.plat_max : &o->sched.plat_abs) = !strcmp(text, b);
-                break;
-            }
-            double d;
-            if (!*text || opt_parse_double(text, &d) || !(d >= 0) || d > 1e9)
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be a number of 0 or more, got '%.40s'", loc, written,
-                                 name, text);
-            if ((bit & (SNUG_SCHED_KW_TIMESCALE | SNUG_SCHED_KW_DECAY_STEPS | SNUG_SCHED_KW_STABLE_STEPS |
-                        SNUG_SCHED_KW_PATIENCE | SNUG_SCHED_KW_COOLDOWN)) &&
-                d != floor(d)) /* whole steps (evaluations) */
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it counts steps: a whole number", loc, written,
-                                 name, d);
-            if ((bit & (SNUG_SCHED_KW_NUM_CYCLES | SNUG_SCHED_KW_POWER)) && !(d > 0))
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s must be above 0, got %g", loc, written, name, d);
-            if (bit == SNUG_SCHED_KW_FACTOR && !(d < 1)) /* (torch raises too) */
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.factor is %g; reduce_lr_on_plateau multiplies the learning "
-                                 "rate by it: below 1", loc, written, d);
-            if ((bit == SNUG_SCHED_KW_MIN_LR_RATIO || bit == SNUG_SCHED_KW_WARMUP_LR_RATE) && d > 1)
-                return snug_fail(e, SNUG_EINPUT, "%s: %s.%s is %g; it is a fraction of learning_rate, 0 to 1", loc,
-                                 written, name, d);
-            if (kw[k].d)
-                *kw[k].d = d;
-            else
-                *kw[k].i = (int)d;
+        case KM_SCHED_KWARGS:
+            SNUG_TRY(sched_kwarg(o, written, name, text, loc, e));
             break;
-        }
         case KM_MESSAGE_FIELDS:
             if (!strcmp(name, "role"))
                 SNUG_TRY(entry_copy(d->field_role, sizeof d->field_role, *text ? text : "role", written, name, loc, e));
