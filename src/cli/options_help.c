@@ -32,6 +32,28 @@ void opt_print_key(FILE *f, const key_spec *k) {
     fprintf(f, "\n      %s\n", k->help);
 }
 
+/* The environment variables that choose a kernel or a library. They are switches for debugging and for comparing
+ * paths, not configuration: a run's results never depend on them beyond the rounding each path documents, the
+ * checkpoint does not record them, and nothing new should read the environment (a choice a user makes is a key). */
+static const struct {
+    const char *name, *what;
+} environment[] = {
+    {"SNUG_CUDA_ATTN", "plain, tiled, tiled32, tiled16 or tc: forces the CUDA attention kernel's rung or caps its "
+                       "tile (the tests run the small tiles on a large GPU so)"},
+    {"SNUG_CPU_GEMM", "auto, openblas, bf16 or f32: forces the CPU GEMM path that the `gemm` line reports"},
+    {"SNUG_BLAS", "a file: the OpenBLAS library to open instead of the one found when building"},
+    {"SNUG_DNNL", "a file: the oneDNN library to open instead of the one found when building"},
+    {"SNUG_NCCL", "a file: the NCCL library to open instead of libnccl.so.2"},
+    {"SNUG_MPI_SHM", "0: MPI's own collectives between the ranks of one host instead of snug's shared-memory ones"},
+};
+
+static void print_environment(FILE *f) {
+    fprintf(f, "\nenvironment variables, switches for debugging and for comparing kernels only (not configuration; "
+               "results do not depend on them beyond each path's rounding):\n");
+    for (size_t i = 0; i < sizeof environment / sizeof environment[0]; i++)
+        fprintf(f, "  %s: %s\n", environment[i].name, environment[i].what);
+}
+
 void snug_options_print_help(FILE *f) {
     fprintf(f, "Keys of the YAML config; on the command line --key value or --key=value, which win over the "
                "config:\n");
@@ -63,6 +85,7 @@ void snug_options_print_help(FILE *f) {
     fprintf(f, "  lr_scheduler values other than cosine, linear, constant, constant_with_warmup\n");
     fprintf(f, "  datasets[].type values other than completion, alpaca, chat (chat_template), pretokenized, "
                "input_output (sharegpt, ...)\n");
+    print_environment(f);
 }
 
 void snug_plan_flags_help(FILE *f) {
