@@ -2,9 +2,10 @@
  * TrainingArguments names as aliases) and overrides on the command line (`--learning_rate 1e-4`), turned into the
  * typed run configuration (src/train/config.h). The only place that knows how options are spelled.
  *
- * One table of keys (options.c) drives parsing, type checking, the "did you mean" suggestion for unknown keys, the
+ * One table of keys (options_keys.c) drives parsing, type checking, the "did you mean" suggestion for unknown keys, the
  * "not supported yet" refusal for features not built, and the `snug train --help` listing, so help text and parser
- * cannot disagree. */
+ * cannot disagree. The environment variables that choose kernels (SNUG_CUDA_ATTN, SNUG_CPU_GEMM, SNUG_BLAS, SNUG_DNNL,
+ * SNUG_NCCL, SNUG_MPI_SHM) are debugging switches, listed at the end of the help, and are no configuration. */
 #ifndef SNUG_OPTIONS_H
 #define SNUG_OPTIONS_H
 
@@ -13,7 +14,7 @@
 #include "core/error.h"
 #include "train/config.h"
 
-/* Fills every field with its default (the defaults live in options.c's key table). */
+/* Fills every field with its default (the defaults live in the key table, options_keys.c). */
 void snug_options_defaults(snug_run_config *o);
 
 /* Reads a YAML file into o (over the defaults). Errors: YAML syntax (with line and column), unknown key (with the

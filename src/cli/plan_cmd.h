@@ -15,7 +15,7 @@
 #include "plan/gpus.h"
 #include "plan/plan.h"
 
-/* The flags of `snug plan` that are not configuration keys (parsed by the key table: src/cli/options.c). */
+/* The flags of `snug plan` that are not configuration keys (parsed by the key table: src/cli/options_keys.c). */
 typedef struct snug_plan_args {
     char gpu[64];            /* --gpu NAME ("" = none) */
     const snug_gpu *g;       /* that GPU, found by snug_plan_args_take */

@@ -28,6 +28,7 @@
  *    computes and reduces). */
 #include "plan/autofit.h"
 
+#include "plan/plan_json.h"
 #include "plan/ranks.h"
 
 #include <math.h>
@@ -99,17 +100,12 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
     return f;
 }
 
-static const char *ckpt_name(snug_ckpt c) {
-    return c == SNUG_CKPT_FULL ? "full" : c == SNUG_CKPT_SELECTIVE ? "selective" : "none";
-}
-
 void snug_levers_describe(const snug_levers *lv, int B, int T, char *buf, size_t n) {
     char ck[64];
-    const char *full = lv->ckpt_offload ? "offload" : "full";
     if (lv->ckpt == SNUG_CKPT_FULL && lv->ckpt_every > 1)
-        snprintf(ck, sizeof ck, "%s (every %d layers)", full, lv->ckpt_every);
+        snprintf(ck, sizeof ck, "%s (every %d layers)", snug_ckpt_lever_name(lv), lv->ckpt_every);
     else
-        snprintf(ck, sizeof ck, "%s", lv->ckpt == SNUG_CKPT_FULL ? full : ckpt_name(lv->ckpt));
+        snprintf(ck, sizeof ck, "%s", snug_ckpt_lever_name(lv));
     size_t N = (size_t)B * T;
     if (lv->xent_chunk > 0 && (size_t)lv->xent_chunk < N)
         snprintf(buf, n, "gradient_checkpointing %s, %s attention, cross-entropy in chunks of %d tokens", ck,
@@ -141,7 +137,7 @@ static void describe(snug_fit_point *p, const snug_plan_spec *base, int baseGA) 
         if (a->ckpt == SNUG_CKPT_FULL && a->ckpt_every > 1)
             PART("gradient_checkpointing: full, every %d layers", a->ckpt_every);
         else
-            PART("gradient_checkpointing: %s", ckpt_name(a->ckpt));
+            PART("gradient_checkpointing: %s", snug_ckpt_names[a->ckpt]);
     }
     if (p->spec.optim != base->optim || p->spec.optim_paged != base->optim_paged)
         PART("optimizer: %s", snug_optim_name(p->spec.optim, p->spec.optim_paged));

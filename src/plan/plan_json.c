@@ -11,10 +11,14 @@ const char *snug_precision_name(snug_dtype dt) {
     return dt == SNUG_DT_BF16 ? "bf16" : dt == SNUG_DT_F16 ? "fp16" : "fp32";
 }
 
+const char *const snug_ckpt_names[] = {"none", "selective", "full", "offload", NULL};
+_Static_assert(SNUG_CKPT_NONE == 0 && SNUG_CKPT_SELECTIVE == 1 && SNUG_CKPT_FULL == 2,
+               "snug_ckpt_names is indexed by snug_ckpt");
+
 const char *snug_ckpt_lever_name(const snug_levers *lv) {
-    if (lv->ckpt == SNUG_CKPT_FULL)
-        return lv->ckpt_offload ? "offload" : "full";
-    return lv->ckpt == SNUG_CKPT_SELECTIVE ? "selective" : "none";
+    if (lv->ckpt == SNUG_CKPT_FULL && lv->ckpt_offload)
+        return snug_ckpt_names[3];
+    return (unsigned)lv->ckpt < 3 ? snug_ckpt_names[lv->ckpt] : "?";
 }
 
 json_t *snug_categories_json(const snug_plan *p, const size_t *measured) {

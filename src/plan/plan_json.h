@@ -11,7 +11,12 @@
 
 /* "fp32", "bf16", "fp16" */
 const char *snug_precision_name(snug_dtype dt);
-/* gradient_checkpointing as the configuration writes it: "none", "selective", "full", "offload" */
+/* gradient_checkpointing's values as the configuration writes them, the one list of them: "none", "selective",
+ * "full", "offload", then NULL. Index i is snug_ckpt i for the first three (offload is full with the layer inputs in
+ * host memory) and snug_ckpt_choice i (train/config.h); the key table parses these names and every report prints
+ * them. */
+extern const char *const snug_ckpt_names[];
+/* The name of a plan's checkpointing (its snug_ckpt and ckpt_offload), from snug_ckpt_names. */
 const char *snug_ckpt_lever_name(const snug_levers *lv);
 
 /* {category: bytes}: the plan's, or the measured peaks when measured is not NULL. */

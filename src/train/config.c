@@ -1,6 +1,8 @@
 /* config.c: validating a run configuration and deriving its levers (see config.h). */
 #include "train/config.h"
 
+#include "plan/plan_json.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -101,17 +103,9 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
                 "%s: pipeline_parallel_size %d with zero_stage 3 is not supported yet (stages 1 and 2 shard each "
                 "stage's optimizer state and gradients over its data-parallel group); set zero_stage: 2 or lower",
                 src, pp);
-        int counts = 0, fine = 1; /* pipeline_layers: N positive counts (their sum is checked against the model) */
-        for (const char *c = o->pipeline_layers; *c;) {
-            char *end;
-            long v = strtol(c, &end, 10);
-            fine &= end != c && v >= 1;
-            counts++;
-            c = end == c ? c + 1 : end;
-            while (*c == ',' || *c == ' ')
-                c++;
-        }
-        REQUIRE(!o->pipeline_layers[0] || (fine && counts == pp),
+        /* pipeline_layers: N counts, each at least 1 (the command line's reading; their sum is checked against the
+         * model) */
+        REQUIRE(!o->pipeline_nstage_layers || o->pipeline_nstage_layers == pp,
                 "%s: pipeline_layers is '%s'; list %d counts of layers, each at least 1 (one per stage of "
                 "pipeline_parallel_size %d), e.g. [2, 3, 3, 2] for 10 layers over 4", src, o->pipeline_layers, pp,
                 pp);
@@ -348,17 +342,17 @@ snug_optimizer_choice snug_run_optimizer_choice(snug_optim_kind kind, int paged)
     return paged ? SNUG_OPTIMIZER_PAGED_ADAMW_32BIT : SNUG_OPTIMIZER_ADAMW;
 }
 
-const char *snug_sched_name(snug_sched s) {
-    static const char *const names[] = {"constant", "linear", "cosine", "constant_with_warmup", "cosine_with_restarts",
-                                        "polynomial", "inverse_sqrt", "warmup_stable_decay", "reduce_lr_on_plateau",
-                                        "cosine_warmup_with_min_lr", "rex"};
-    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
-}
+const char *const snug_sched_names[] = {"constant", "linear", "cosine", "constant_with_warmup",
+                                        "cosine_with_restarts", "polynomial", "inverse_sqrt", "warmup_stable_decay",
+                                        "reduce_lr_on_plateau", "cosine_warmup_with_min_lr", "rex", NULL};
+_Static_assert(sizeof snug_sched_names / sizeof *snug_sched_names == SNUG_SCHED_REX + 2, "a name per snug_sched");
 
-const char *snug_ckpt_choice_name(snug_ckpt_choice c) {
-    static const char *const names[] = {"none", "selective", "full", "offload"};
-    return (unsigned)c < 4 ? names[c] : "?";
-}
+const char *snug_sched_name(snug_sched s) { return (unsigned)s <= SNUG_SCHED_REX ? snug_sched_names[s] : "?"; }
+
+_Static_assert(SNUG_CKPT_CHOICE_NONE == 0 && SNUG_CKPT_CHOICE_SELECTIVE == 1 && SNUG_CKPT_CHOICE_FULL == 2 &&
+                   SNUG_CKPT_CHOICE_OFFLOAD == 3, "snug_ckpt_names (plan_json.h) is indexed by snug_ckpt_choice");
+
+const char *snug_ckpt_choice_name(snug_ckpt_choice c) { return (unsigned)c < 4 ? snug_ckpt_names[c] : "?"; }
 
 const snug_dataset_spec *snug_run_dataset(const snug_run_config *c, int i, const char **key) {
     if (key)

@@ -1,6 +1,6 @@
 /* config.h: the typed run configuration: what a training run (and `snug plan`, `snug preprocess`) is asked to do.
  *
- * The command line (src/cli/options.c) turns YAML and flags into this struct and is the only place that knows how
+ * The command line (src/cli/options_*.c) turns YAML and flags into this struct and is the only place that knows how
  * options are spelled; everything below it reads enums, numbers and paths. snug_run_config_validate checks it,
  * and snug_run_levers derives the memory levers from it (the one place a lever depends on other settings, e.g.
  * fp32 layer gradients under gradient accumulation), so a configuration changed after parsing (by auto_fit) is
@@ -15,6 +15,7 @@
 #include "optim/optim.h"
 
 #define SNUG_MAX_DATASETS 16
+#define SNUG_MAX_PP_LIST 128 /* counts pipeline_layers may list (its 256 characters hold no more) */
 
 typedef enum snug_long_policy { SNUG_LONG_TRUNCATE, SNUG_LONG_DROP } snug_long_policy;
 
@@ -89,14 +90,22 @@ typedef struct snug_run_config {
     double lora_dropout;
     char lora_target_modules[512]; /* module names joined by commas (PEFT's matching); "" = PEFT's default */
     int lora_target_linear;   /* every linear module of a block, besides lora_target_modules */
-    char lora_modules_to_save[128]; /* embed_tokens, lm_head: trained in full beside the adapters; "" = none */
+    char lora_modules_to_save[128]; /* embed_tokens, lm_head: trained in full beside the adapters; "" = none (as
+                                     * written, for the checkpoint's record; the code reads lora_save_modules) */
+    unsigned lora_save_modules; /* lora_modules_to_save read by the command line: SNUG_SAVE_EMBED, SNUG_SAVE_HEAD */
+    unsigned lora_targets;    /* the adapted modules as bits of the architecture's linear modules (PEFT's matching of
+                               * lora_target_modules, its default, lora_target_linear): resolved against the model by
+                               * snug_setup_resolve, since the names are the architecture's */
     int lora_rslora;          /* scale alpha / sqrt(r) */
     int lora_dora;            /* DoRA: magnitude and direction (PEFT's use_dora) */
     double loraplus_lr_ratio; /* LoRA+: lora_B's learning rate over lora_A's; 0 = off */
     char unfrozen_parameters[4096]; /* the tensors a full fine-tune trains: Axolotl's patterns, one per line
                                      * (snug_param_table_freeze); "" = every tensor */
     int dataset_exact_deduplication; /* one of each set of equal examples (tokens and targets) */
-    char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all */
+    char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all
+                               * (as written, for the checkpoint's record; the code reads lora_layer_mask) */
+    uint64_t lora_layer_mask[4]; /* lora_layers read by the command line: bit l = layer l adapted; all zero = every
+                                  * layer (snug_lora_cfg's layers) */
     char lora_layers_pattern[64]; /* PEFT's layers_pattern: the block list's name (checked against the model) */
     char lora_model_dir[1024]; /* a PEFT adapter to start from; "" = fresh adapters */
     int merge_lora;           /* at the end: output_dir/merged = the base with the trained adapter merged */
@@ -171,7 +180,10 @@ typedef struct snug_run_config {
     int pipeline_parallel_size; /* pipeline parallelism: the layers in that many stages, one per rank of a group
                                  * (1: none); the world is a multiple of it, data parallel across the groups */
     int pipeline_recompute;     /* a stage before the last keeps only its inputs and runs its forward again */
-    char pipeline_layers[256];  /* the layers of each stage, counts joined by commas ("" = an even split) */
+    char pipeline_layers[256];  /* the layers of each stage, counts joined by commas ("" = an even split), as written
+                                 * (the checkpoint's record; the plan's and the model's split still read it) */
+    int pipeline_stage_layers[SNUG_MAX_PP_LIST]; /* pipeline_layers read by the command line: each stage's layers */
+    int pipeline_nstage_layers; /* how many counts it lists (0 = an even split) */
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
                                * the gradients; 3 = and the parameters */
     char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */
@@ -283,7 +295,10 @@ int snug_load_best(const snug_run_config *c);
 /* Warmup steps of a run of `total` steps: warmup_steps, else ceil(warmup_ratio x total). */
 int snug_warmup_steps(const snug_run_config *c, int total);
 
-/* Names as the configuration writes them, for reports: "cosine"; "selective". */
+/* Names as the configuration writes them: the key table parses these and reports print them. snug_sched_names:
+ * lr_scheduler's, indexed by snug_sched, ending with NULL; gradient_checkpointing's are snug_ckpt_names
+ * (plan/plan_json.h), which the plan's reports print too. */
+extern const char *const snug_sched_names[];
 const char *snug_sched_name(snug_sched s);
 const char *snug_ckpt_choice_name(snug_ckpt_choice c);
 

@@ -219,30 +219,8 @@ int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
     return resolve_model(r, e);
 }
 
-/* lora_layers_to_transform ("3,5", "" for every layer) into the layer mask; -1 at an item that is no index from 0 to
- * n_layer - 1, copied into bad. */
-static int parse_layers(const char *s, int n_layer, uint64_t mask[4], char *bad, size_t nbad) {
-    memset(mask, 0, 4 * sizeof *mask);
-    for (const char *p = s; *p;) {
-        while (*p == ',' || *p == ' ')
-            p++;
-        if (!*p)
-            break;
-        size_t len = strcspn(p, ", ");
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end != p + len || v < 0 || v >= n_layer || v >= 256) {
-            snprintf(bad, nbad, "%.*s", (int)len, p);
-            return -1;
-        }
-        mask[v / 64] |= 1ull << (v % 64);
-        p += len;
-    }
-    return 0;
-}
-
-/* The adapters of c for an architecture: the targets resolved by PEFT's name matching (checked by
- * snug_setup_resolve, so an unknown name never reaches here). */
+/* The adapters of c: its typed fields (the targets resolved against the model by resolve_adapter, the layers and
+ * the modules trained in full read by the command line). */
 static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
     snug_lora_cfg l = {.kind = c->adapter, .r = c->lora_r, .dropout = (float)c->lora_dropout,
                        .rslora = c->lora_rslora, .dora = c->lora_dora, .loraplus = c->loraplus_lr_ratio};
@@ -254,17 +232,9 @@ static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
         l.q4_nested = c->bnb_4bit_use_double_quant;
         l.q4_blocksize = c->bnb_4bit_blocksize > 0 ? c->bnb_4bit_blocksize : 64;
     }
-    char unknown[64];
-    if (!c->lora_target_modules[0] || snug_lora_targets_parse(arch, c->lora_target_modules, &l.targets, unknown,
-                                                              sizeof unknown))
-        l.targets = c->lora_target_linear ? 0 : snug_lora_default_targets(arch);
-    if (c->lora_target_linear)
-        l.targets |= snug_lora_all_linear(arch);
-    if (snug_lora_save_parse(c->lora_modules_to_save, &l.save_modules, NULL, 0))
-        l.save_modules = 0; /* checked by snug_setup_resolve */
-    char bad[64];
-    if (parse_layers(c->lora_layers, 256, l.layers, bad, sizeof bad))
-        memset(l.layers, 0, sizeof l.layers); /* (likewise) */
+    l.targets = c->lora_targets;
+    l.save_modules = c->lora_save_modules;
+    memcpy(l.layers, c->lora_layer_mask, sizeof l.layers);
     return l;
 }
 
@@ -324,7 +294,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     if (!c->adapter)
         return 0;
     char unknown[64];
-    unsigned t;
+    unsigned t = 0; /* the targets: the names matched against this architecture's modules (PEFT's matching) */
     if (c->lora_target_modules[0] &&
         snug_lora_targets_parse(r->cfg.arch, c->lora_target_modules, &t, unknown, sizeof unknown)) {
         char all[256];
@@ -333,20 +303,19 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
                          "model; its modules are %s (or all-linear)", c->config_path[0] ? c->config_path : "config",
                          unknown, all);
     }
-    unsigned save;
-    if (snug_lora_save_parse(c->lora_modules_to_save, &save, unknown, sizeof unknown))
-        return snug_fail(e, SNUG_EINPUT, "%s: lora_modules_to_save names '%s'; snug trains embed_tokens and lm_head in "
-                         "full, nothing else", c->config_path[0] ? c->config_path : "config", unknown);
+    if (!c->lora_target_modules[0])
+        t = c->lora_target_linear ? 0 : snug_lora_default_targets(r->cfg.arch);
+    c->lora_targets = t | (c->lora_target_linear ? snug_lora_all_linear(r->cfg.arch) : 0);
     const char *blocks = r->cfg.arch == SNUG_ARCH_GPT2 ? "h" : "layers";
     if (c->lora_layers_pattern[0] && strcmp(c->lora_layers_pattern, blocks))
         return snug_fail(e, SNUG_EINPUT, "%s: peft_layers_pattern is '%s', but this model's blocks are in '%s'; set it "
                          "to %s or remove it", c->config_path[0] ? c->config_path : "config", c->lora_layers_pattern,
                          blocks, blocks);
-    uint64_t mask[4];
-    if (parse_layers(c->lora_layers, r->cfg.n_layer, mask, unknown, sizeof unknown))
-        return snug_fail(e, SNUG_EINPUT, "%s: lora_layers_to_transform names '%s'; list layer indices from 0 to %d "
-                         "(this model's layers)", c->config_path[0] ? c->config_path : "config", unknown,
-                         r->cfg.n_layer - 1);
+    for (int l = r->cfg.n_layer; l < 256; l++) /* (the command line took indices from 0 to 255) */
+        if (c->lora_layer_mask[l / 64] >> (l % 64) & 1)
+            return snug_fail(e, SNUG_EINPUT, "%s: lora_layers_to_transform names '%d'; list layer indices from 0 to %d "
+                             "(this model's layers)", c->config_path[0] ? c->config_path : "config", l,
+                             r->cfg.n_layer - 1);
     if (!c->lora_model_dir[0])
         return 0;
     snug_lora_cfg a;
@@ -357,13 +326,16 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
                              "model's layers are 0 to %d; the adapter is for another base", c->lora_model_dir, l,
                              r->cfg.n_layer - 1);
     snug_lora_layers_list(&a, c->lora_layers, sizeof c->lora_layers); /* the adapter's layers, as the run's */
+    memcpy(c->lora_layer_mask, a.layers, sizeof c->lora_layer_mask);
     c->lora_r = a.r;
     c->lora_alpha = a.alpha;
     c->lora_rslora = a.rslora;
     c->lora_dora = a.dora;
     c->lora_target_linear = 0;
     snug_lora_targets_list(r->cfg.arch, a.targets, c->lora_target_modules, sizeof c->lora_target_modules);
+    c->lora_targets = a.targets ? a.targets : snug_lora_default_targets(r->cfg.arch); /* (an empty list: the default) */
     snug_lora_save_list(a.save_modules, c->lora_modules_to_save, sizeof c->lora_modules_to_save);
+    c->lora_save_modules = a.save_modules;
     return 0;
 }
 

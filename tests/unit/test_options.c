@@ -412,6 +412,25 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("lora_target_modules: [q_proj, {a: b}]\n", "lora_target_modules must list names");
     EXPECT_YAML_ERROR("lora_target_modules: \"q_proj; rm -rf\"\n", "must list module names");
     EXPECT_YAML_ERROR("pipeline_layers: \"4;4\"\n", "pipeline_layers must list numbers, separated by commas");
+    /* the lists the code reads are read once, here, into typed fields; the strings stay as written */
+    {
+        snug_run_config o;
+        snug_error e;
+        int rc = load("lora_layers_to_transform: [1, 3, 200]\nlora_modules_to_save: [lm_head]\n"
+                      "pipeline_layers: [3, 1, 2]\n", &o, &e);
+        CHECKF(rc == 0, "typed lists: %s", e.msg);
+        CHECK(o.lora_layer_mask[0] == 0xa && o.lora_layer_mask[1] == 0 && o.lora_layer_mask[3] == 1ull << 8 &&
+              !strcmp(o.lora_layers, "1,3,200"));
+        CHECK(o.lora_save_modules == SNUG_SAVE_HEAD && !strcmp(o.lora_modules_to_save, "lm_head"));
+        CHECK(o.pipeline_nstage_layers == 3 && o.pipeline_stage_layers[0] == 3 && o.pipeline_stage_layers[1] == 1 &&
+              o.pipeline_stage_layers[2] == 2 && !strcmp(o.pipeline_layers, "3,1,2"));
+        snug_options_defaults(&o);
+        CHECK(!o.lora_layer_mask[0] && !o.lora_save_modules && !o.pipeline_nstage_layers);
+    }
+    EXPECT_YAML_ERROR("lora_layers_to_transform: [1, x]\n", "lora_layers_to_transform names 'x'");
+    EXPECT_YAML_ERROR("layers_to_transform: 256\n", "layers_to_transform names '256'");
+    EXPECT_YAML_ERROR("lora_modules_to_save: [norm]\n", "lora_modules_to_save names 'norm'", "embed_tokens and lm_head");
+    EXPECT_YAML_ERROR("pipeline_layers: [2, 0]\n", "pipeline_layers lists '0'", "at least 1");
     EXPECT_YAML_ERROR("fsdp: \"full_shard; auto_wrap\"\n", "fsdp must list FSDP options");
     EXPECT_YAML_OK("model_type: LlamaForCausalLM\neval_table_size: 0\ntokenizer_type: PreTrainedTokenizerFast\n");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
