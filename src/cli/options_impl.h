@@ -145,6 +145,8 @@ typedef struct yaml_src {
     yaml_document_t *doc;
 } yaml_src;
 
+
+/* YAML nodes (options_value.c) */
 int opt_node_is_null(const yaml_node_t *n);
 int opt_node_is_empty(const yaml_node_t *n);
 /* "a list", "a mapping" or "a value", for errors. */

@@ -1,6 +1,7 @@
 /* options_value.c: one key's value from text (see options_impl.h): finding a key by any of its spellings (with the
  * "did you mean" suggestion), strict numbers, booleans, sizes and enum spellings, storing a value in its field, the
- * refusal of keys not supported yet, and the defaults. The YAML reader and the command line both come through here. */
+ * refusal of keys not supported yet, and the defaults; a YAML node's kind and text. The YAML reader and the command
+ * line both come through here. */
 #include "cli/options_impl.h"
 
 #include "cli/plan_cmd.h"
@@ -12,6 +13,38 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+/* ---- YAML nodes: what a value is, and its text (the YAML reader and fsdp_config's both read them) ---- */
+
+int opt_node_is_null(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    const char *s = (const char *)n->data.scalar.value;
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
+}
+
+int opt_node_is_empty(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_SCALAR_NODE: return n->data.scalar.length == 0 || opt_node_is_null(n);
+    case YAML_SEQUENCE_NODE: return n->data.sequence.items.top == n->data.sequence.items.start;
+    case YAML_MAPPING_NODE: return n->data.mapping.pairs.top == n->data.mapping.pairs.start;
+    default: return 1;
+    }
+}
+
+const char *opt_node_kind(const yaml_node_t *n) {
+    return n->type == YAML_SEQUENCE_NODE ? "a list" : n->type == YAML_MAPPING_NODE ? "a mapping" : "a value";
+}
+
+/* The text of a scalar node, or NULL (with e filled) when it holds a NUL byte that C strings would cut short. */
+const char *opt_node_text(const yaml_node_t *n, const char *written, const char *loc, snug_error *e) {
+    const char *s = (const char *)n->data.scalar.value;
+    if (strlen(s) != n->data.scalar.length) {
+        snug_fail(e, SNUG_EINPUT, "%s: %s contains a NUL character; remove it", loc, written);
+        return NULL;
+    }
+    return s;
+}
 
 /* ---- small helpers ---- */
 
