@@ -12,8 +12,8 @@
             return snug_fail(e, SNUG_EINPUT, __VA_ARGS__);   \
     } while (0)
 
-int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
-    const char *src = o->config_path[0] ? o->config_path : "options";
+/* The model, the data, the batch and the activation levers. */
+static int validate_model_data(const snug_run_config *o, const char *src, snug_error *e) {
     REQUIRE(o->base_model[0] || o->model_preset[0], "%s: model_preset is empty and so is base_model; set one", src);
     REQUIRE(o->sequence_len >= 2, "%s: sequence_len is %d; it must be at least 2", src, o->sequence_len);
     REQUIRE(o->long_examples == SNUG_LONG_TRUNCATE || o->long_examples == SNUG_LONG_DROP,
@@ -63,6 +63,12 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             o->tiled_mlp_num_shards);
     REQUIRE(o->cross_entropy_chunk_tokens >= 1, "%s: cross_entropy_chunk_tokens is %d; it must be at least 1", src,
             o->cross_entropy_chunk_tokens);
+    return 0;
+}
+
+/* What trains and how the model is split: the step inside backward, precision, ZeRO, tensor and pipeline
+ * parallelism, unfrozen_parameters, offloading. */
+static int validate_splits(const snug_run_config *o, const char *src, snug_error *e) {
     /* the step inside backward updates the last layers before the first layers' gradients exist, and frees each
      * layer's gradients once used: no global norm to clip by, nothing kept to accumulate into */
     REQUIRE(!o->optimizer_in_backward || o->max_grad_norm == 0,
@@ -138,6 +144,11 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(!o->offload_embedding || o->zero_stage < 3 || o->adapter == SNUG_ADAPTER_QLORA,
             "%s: offload_embedding with zero_stage 3 is not supported under LoRA: the embedding is sharded with the "
             "rest of the base (QLoRA's stage 3 keeps it whole); set offload_embedding: false", src);
+    return 0;
+}
+
+/* Precision, the length of the run, the schedule, the optimizer, the device and the ranks' backend. */
+static int validate_optim(const snug_run_config *o, const char *src, snug_error *e) {
     REQUIRE(!o->fp16 || o->master_weights,
             "%s: fp16 without master_weights is not supported (fp16's 10-bit mantissa loses most updates); use bf16 "
             "with master_weights: false, or keep master_weights: true", src);
@@ -184,6 +195,11 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
     REQUIRE(o->adam_epsilon > 0, "%s: adam_epsilon is %g; it must be above 0, e.g. 1e-8", src, o->adam_epsilon);
     REQUIRE(o->max_grad_norm >= 0, "%s: max_grad_norm is %g; use 0 (no clipping) or a positive norm", src,
             o->max_grad_norm);
+    return 0;
+}
+
+/* Output and logging, and the adapter. */
+static int validate_output_adapter(const snug_run_config *o, const char *src, snug_error *e) {
     REQUIRE(o->output_dir[0], "%s: output_dir is empty; name a folder", src);
     REQUIRE(o->logging_steps >= 1, "%s: logging_steps is %d; it must be at least 1", src, o->logging_steps);
     REQUIRE(o->eval_steps >= 0, "%s: eval_steps is %d; use 0 (end of each epoch) or a positive step count", src,
@@ -214,6 +230,12 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "%s: lora_model_dir is set but adapter is none; add adapter: lora to train the adapter", src);
     REQUIRE(!o->merge_lora || (o->adapter && o->base_model[0]),
             "%s: merge_lora needs adapter: lora and a base_model folder to merge into", src);
+    return 0;
+}
+
+/* When to save and evaluate, and what evaluations drive: the plateau schedule, early stopping, the best
+ * model; the variants of cosine. */
+static int validate_save_eval(const snug_run_config *o, const char *src, snug_error *e) {
     REQUIRE(o->save_steps >= 0, "%s: save_steps is %d; use 0 (only at the end) or a positive step count", src,
             o->save_steps);
     static const char *const strategy[] = {"no", "steps", "epoch"};
@@ -277,6 +299,11 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             : o->tensor_parallel_size > 1 ? "tensor_parallel_size" : "pipeline_parallel_size",
             sharded16 ? "the checkpoints keep the 16-bit copy of the model, and each rank its part of the fp32 master "
                         "copy the end saves" : "those checkpoints keep each rank's part, not the model");
+    return 0;
+}
+
+/* The watchdog, threads, seeds, the sample, the memory budget, save_only_model and auto_fit. */
+static int validate_run(const snug_run_config *o, const char *src, snug_error *e) {
     REQUIRE(o->loss_watchdog_threshold >= 0 && o->loss_watchdog_patience >= 1,
             "%s: loss_watchdog_threshold is %g and loss_watchdog_patience %d; use a threshold above 0 (0 = off) and "
             "a patience of at least 1 step", src, o->loss_watchdog_threshold, o->loss_watchdog_patience);
@@ -300,6 +327,17 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
             "the batch through accumulation) with the other levers: set one of them", src);
     REQUIRE(!o->auto_fit || o->memory_budget > 0,
             "%s: auto_fit is true but memory_budget is not set; add memory_budget: 40GB, the memory to fit", src);
+    return 0;
+}
+
+int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
+    const char *src = o->config_path[0] ? o->config_path : "options";
+    SNUG_TRY(validate_model_data(o, src, e));
+    SNUG_TRY(validate_splits(o, src, e));
+    SNUG_TRY(validate_optim(o, src, e));
+    SNUG_TRY(validate_output_adapter(o, src, e));
+    SNUG_TRY(validate_save_eval(o, src, e));
+    SNUG_TRY(validate_run(o, src, e));
     return 0;
 }
 
