@@ -41,79 +41,6 @@
 #include "train/state.h"
 #include "train/tboard.h"
 
-static void run_free(snug_run *r) {
-    snug_engine_free(&r->eng);
-    snug_setup_free(&r->s);
-}
-
-/* Several ranks (data or tensor parallel): the settings they cannot take yet, refused before anything is read or
- * written. */
-static int ddp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
-    if (o->ddp_backend == SNUG_DDP_BACKEND_NCCL && !on_gpu)
-        return snug_fail(e, SNUG_EINPUT, "ddp_backend is nccl but this run trains on the CPU (device: %s): NCCL moves "
-                         "GPU buffers; use ddp_backend: mpi (or leave it unset) for CPU ranks, or device: cuda on a "
-                         "machine with a GPU", o->device == SNUG_BACKEND_AUTO ? "auto, and no GPU is visible" : "cpu");
-    if (c->size == 1)
-        return 0;
-    const char *why = !o->ddp && o->tensor_parallel_size <= 1 && o->pipeline_parallel_size <= 1
-                          ? "ddp is false and tensor_parallel_size and pipeline_parallel_size are 1, and snug runs as "
-                            "several ranks only as data, tensor or pipeline parallelism"
-                      : on_gpu && o->ddp_backend == SNUG_DDP_BACKEND_MPI
-                          ? "ddp_backend is mpi on CUDA ranks, which would stage every gradient through host memory "
-                            "(not built); use ddp_backend: nccl (the default on GPUs)"
-                      : NULL;
-    if (!why)
-        return 0;
-    return snug_fail(e, SNUG_EINPUT, "%d ranks: %s; run one process, or change the setting", c->size, why);
-}
-
-/* Tensor parallelism: the world is groups of tensor_parallel_size ranks (data parallel across the groups, on CPU
- * ranks for now). */
-static int tp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
-    int t = o->tensor_parallel_size;
-    if (c->size % t)
-        return snug_fail(e, SNUG_EINPUT, "tensor_parallel_size is %d but %d rank%s: launch a multiple of it (mpirun "
-                         "-np %d snug train ... for tensor parallelism alone, -np %d for 2 data-parallel groups of %d)",
-                         t, c->size, c->size == 1 ? " runs" : "s run", t, 2 * t, t);
-    if (!o->ddp && c->size > t)
-        return snug_fail(e, SNUG_EINPUT, "%d ranks with tensor_parallel_size %d form %d data-parallel groups, but ddp "
-                         "is false; launch %d ranks, or set ddp: true", c->size, t, c->size / t, t);
-    if (on_gpu && c->size > t)
-        return snug_fail(e, SNUG_EINPUT, "%d GPU ranks with tensor_parallel_size %d: data parallelism beside tensor "
-                         "parallelism runs on CPU ranks only for now; launch %d GPU ranks, or set "
-                         "tensor_parallel_size: 1", c->size, t, t);
-    return 0;
-}
-
-/* Pipeline parallelism: the world is groups of pipeline_parallel_size ranks (data parallel across the groups), on
- * CPU ranks (the NCCL communicator has no point-to-point messages yet). */
-static int pp_refuse(const snug_run_config *o, const snug_comm *c, int on_gpu, snug_error *e) {
-    int p = o->pipeline_parallel_size;
-    if (c->size % p)
-        return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size is %d but %d rank%s: launch a multiple of it (mpirun "
-                         "-np %d snug train ... for one pipeline, -np %d for 2 data-parallel groups of %d)", p, c->size,
-                         c->size == 1 ? " runs" : "s run", p, 2 * p, p);
-    if (!o->ddp && c->size > p)
-        return snug_fail(e, SNUG_EINPUT, "%d ranks with pipeline_parallel_size %d form %d data-parallel groups, but "
-                         "ddp is false; launch %d ranks, or set ddp: true", c->size, p, c->size / p, p);
-    if (on_gpu)
-        return snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d on GPU ranks: pipeline parallelism runs on CPU "
-                         "ranks only for now (the stages' messages are not built on NCCL); set device: cpu, or "
-                         "pipeline_parallel_size: 1 (zero_stage: 3 shards a model too large for one GPU)", p);
-    return 0;
-}
-
-/* The batching the options ask for (src/data/batching.h); shuffle 0 keeps the dataset's order. */
-static snug_batching_opts batching_opts(const snug_run *r, int shuffle) {
-    const snug_run_config *o = &r->s.c;
-    snug_batching how = o->concatenate ? SNUG_BATCHING_CONCAT : o->sample_packing ? SNUG_BATCHING_PACK
-                        : o->group_by_length ? SNUG_BATCHING_GROUP : SNUG_BATCHING_PAD;
-    return (snug_batching_opts){.how = how, .B = o->micro_batch_size, .T = o->sequence_len,
-                                .pad_to_sequence_len = o->pad_to_sequence_len,
-                                .pad_to_multiple_of = o->pad_to_multiple_of, .shuffle = shuffle,
-                                .seed = snug_data_seed(o), .pad_id = r->s.pad_id};
-}
-
 /* Every how many of total steps `count` per epoch over `epochs` epochs fall: ceil(total / (count x epochs)). */
 static int per_epoch_every(int total, int count, int epochs) {
     long long d = (long long)count * (epochs > 0 ? epochs : 1);
@@ -127,7 +54,7 @@ static int per_epoch_every(int total, int count, int epochs) {
 static int evaluate(snug_run *r, snug_micro_batch mb, snug_comm *c, snug_pipe *pipe, double *val, snug_error *e) {
     snug_loader vl;
     snug_error le = {0};
-    snug_batching_opts bo = batching_opts(r, 0);
+    snug_batching_opts bo = snug_run_batching(r, 0);
     *val = NAN;
     if (snug_loader_init(&vl, &r->s.val, &bo, &le))
         return 0;
@@ -196,150 +123,20 @@ static int gather(snug_loader *l, snug_train_state *st, snug_micro_batch *mb, in
 
 int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     snug_run r;
-    memset(&r, 0, sizeof r);
-    int on_gpu = snug_backend_resolve(config->device) == SNUG_BACKEND_CUDA;
-    /* the ranks: every rank runs this whole function on the same data; rank 0 alone prints and writes files */
-    snug_launch launch;
-    snug_comm comm;
-    int broken = 0; /* a collective failed: the ranks no longer agree, so MPI is left for mpirun to end */
-    SNUG_TRY(snug_launch_detect(&launch, e));
-    SNUG_TRY(snug_comm_open(&comm, &launch, e));
-    comm.deterministic = config->ddp_deterministic;
-    comm.check = config->dist_debug;
-    comm.timeout_s = config->dist_timeout;
-    int lead = comm.rank == 0;
-    FILE *quiet = lead ? NULL : fopen("/dev/null", "w");
-    if (!lead)
-        out = quiet ? quiet : out;
-    /* tensor parallelism: groups of tpn consecutive ranks (tp, ranked by rank % tpn) split every block and run the
-     * same micro-batches; the data-parallel groups (dp) are the ranks of one place in every group (ranked by
-     * rank / tpn), or this rank alone when there is one group. So the world's rank is dp rank x tpn + tp rank. */
-    /* Pipeline parallelism groups its stages the same way (ppn consecutive ranks, the stage its rank in tp, the
-     * pipeline's communicator; the configuration refuses both splits at once). */
-    int tpn = config->tensor_parallel_size > 1 ? config->tensor_parallel_size : 1;
-    int ppn = config->pipeline_parallel_size > 1 ? config->pipeline_parallel_size : 1, gn = tpn > 1 ? tpn : ppn;
-    snug_comm self, tpc = {0}, dpc = {0}, endc = {0}, *dp = &comm, *tp = &comm;
-    snug_comm_self_init(&self);
-    int rc = tpn > 1 ? tp_refuse(config, &comm, on_gpu, e) : ppn > 1 ? pp_refuse(config, &comm, on_gpu, e) : 0;
-    if (!rc) /* the backend's choice holds for tensor parallelism's sums too */
-        rc = ddp_refuse(config, &comm, on_gpu, e);
-    if (!rc && gn > 1 && comm.size == gn) {
-        dp = &self;
-    } else if (!rc && gn > 1) {
-        rc = comm.split(&comm, comm.rank / gn, comm.rank % gn, &tpc, e);
-        if (!rc)
-            rc = comm.split(&comm, comm.rank % gn, comm.rank / gn, &dpc, e);
-        tp = &tpc;
-        dp = &dpc;
-    }
-    /* CUDA ranks talk through NCCL (ddp_backend: nccl, or unset with several ranks), each on its local rank's GPU */
-    int use_nccl = on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
-                              (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && comm.size > 1));
-    if (on_gpu)
-        snug_backend_use_gpu(comm.local_rank);
-    r.s.ranks = dp->size; /* ranks that sum gradients keep them fp32, as accumulation does */
-    r.s.rank = dp->rank;  /* and under ZeRO each plans its own shard */
-    r.s.tp_rank = tpn > 1 ? tp->rank : 0;
-    r.s.pp_stage = ppn > 1 ? tp->rank : 0;
-    r.s.agree = comm.size > 1 ? &comm : NULL; /* (auto_find_batch_size: the size every rank fits) */
-    /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
-     * stage) takes the checkpoint's, so that it continues the same loss on another stage */
-    char resume[4096] = "";
-    if (!rc && config->resume_from_checkpoint[0]) {
-        if (!strcmp(config->resume_from_checkpoint, "latest")) {
-            if (snug_checkpoint_latest(config->output_dir, resume, sizeof resume))
-                rc = snug_fail(e, SNUG_EINPUT, "%s: resume_from_checkpoint is latest but the folder holds no complete "
-                               "checkpoint; start the run without it", config->output_dir);
-        } else {
-            snprintf(resume, sizeof resume, "%s", config->resume_from_checkpoint);
-        }
-    } else if (!rc && config->auto_resume && snug_checkpoint_latest(config->output_dir, resume, sizeof resume)) {
-        resume[0] = '\0'; /* auto_resume_from_checkpoints: the newest complete checkpoint when there is one */
-    }
-    /* and auto_find_batch_size takes the micro_batch_size the run found when it started, as transformers' does */
-    snug_run_config *adopted = NULL;
-    int vb, fb = 0;
-    int take_vb = !rc && resume[0] && config->loss_vocab_block == 0 && snug_checkpoint_vocab_block(resume, &vb);
-    int take_mb = !rc && resume[0] && config->auto_find_batch_size &&
-                  snug_checkpoint_fixed_int(resume, "micro_batch_size", &fb) && fb >= 1;
-    if (take_mb && fb > config->micro_batch_size)
-        rc = snug_fail(e, SNUG_EINPUT, "%s trained with micro_batch_size %d (auto_find_batch_size's), above "
-                       "micro_batch_size %d now, the most it may take; resume with micro_batch_size %d or more",
-                       resume, fb, config->micro_batch_size, fb);
-    if (!rc && (take_vb || take_mb) && (adopted = malloc(sizeof *adopted))) {
-        *adopted = *config;
-        if (take_vb)
-            adopted->loss_vocab_block = vb;
-        if (take_mb) /* found already: no search */
-            adopted->micro_batch_size = fb, adopted->auto_find_batch_size = 0;
-    }
-    if (!rc)
-        rc = snug_setup_resolve(&r.s, adopted ? adopted : config, on_gpu ? SNUG_DEVICE_CUDA : SNUG_DEVICE_CPU, e);
-    if (!rc && adopted && take_mb)
-        snprintf(r.s.fit_note, sizeof r.s.fit_note, "auto_find_batch_size: micro_batch_size %d, the checkpoint's "
-                 "(found when the run started)", fb);
-    free(adopted);
+    SNUG_TRY(snug_run_open(&r, config, out, e));
+    out = r.out;
+    snug_comm *dp = r.dp, *tp = r.tp;
+    int lead = r.lead, rc = 0;
     const snug_run_config *o = &r.s.c; /* as it runs: after auto_fit */
-    if (!rc)
-        rc = snug_setup_load_data(&r.s, e);
-    if (!rc && o->debug && lead) /* Axolotl's debug: the first examples as the model will see them */
-        snug_setup_print_examples(out, &r.s, 3);
-    snug_loader loader = {0};
-    snug_batching_opts bopts = batching_opts(&r, 1);
-    if (!rc)
-        rc = snug_loader_init(&loader, &r.s.train, &bopts, e);
-    if (!rc)
-        rc = snug_batching_report_compute(&r.brep, &r.s.train, &bopts, e);
-    if (!rc && o->base_model[0]) { /* the weights must match config.json before memory is sized by it */
-        snug_param_table t;
-        rc = snug_param_table_build(&t, &r.s.cfg, e);
-        if (!rc) {
-            rc = snug_model_check_weights(&t, o->base_model, e);
-            snug_param_table_free(&t);
-        }
-    }
-    /* a folder that holds a run is continued (resume, above) or overwritten, never mixed into */
-    if (!rc && !resume[0] && lead && snug_output_dir_has_run(o->output_dir)) {
-        if (o->overwrite_output_dir)
-            rc = snug_checkpoint_prune(o->output_dir, -1, 0, e);
-        else
-            rc = snug_fail(e, SNUG_EINPUT, "%s already holds a run (metrics.jsonl or checkpoints); continue it with "
-                           "resume_from_checkpoint: latest, replace it with overwrite_output_dir: true, or choose "
-                           "another output_dir", o->output_dir);
-    }
-    if (!rc)
-        rc = snug_engine_create(&r.eng, &r.s.spec, o->device, o->threads, e);
-    snug_train_state st = {0}, saved = {0};
-    snug_checkpointer ckw = {.comm = comm.size > 1 ? &comm : NULL};
+    snug_train_state st = {0};
+    snug_checkpointer ckw = {.comm = r.comm.size > 1 ? &r.comm : NULL};
     double ck_wait = 0;
-    double t_load = snug_now_s();
-    /* the weights: a checkpoint's, or the base model's (or a random init); under LoRA the frozen base always comes
-     * from base_model (or the same seed), and the adapters from the checkpoint or PEFT's initialisation */
-    int lora = r.eng.model.lora.on;
-    if (!rc && (!resume[0] || lora)) {
-        if (o->base_model[0])
-            rc = snug_model_load_weights(&r.eng.model, o->base_model, e);
-        else if (snug_model_init_random(&r.eng.model, (uint64_t)o->seed))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the weights");
-    }
-    if (!rc && lora && !resume[0])
-        rc = snug_setup_load_adapter(&r.s, &r.eng.model, e);
-    if (!rc && resume[0])
-        rc = snug_checkpoint_load(resume, &saved, &r.s, &r.eng, e);
-    rc = snug_ddp_agree(&comm, rc, &broken, e);
-    if (!rc && use_nccl) /* every rank or none: it agrees through the host communicator itself */
-        rc = snug_comm_nccl_wrap(&comm, r.eng.be, e);
-    if (rc) {
-        snug_loader_free(&loader);
-        run_free(&r);
-        goto done;
-    }
 
     /* GA is each rank's accumulation; a step takes W x GA micro-batches of the data's order, rank r the r-th GA of
      * them, so W ranks step as one process accumulating W x GA micro-batches does */
     int W = dp->size, GA = o->gradient_accumulation_steps * W, GAr = o->gradient_accumulation_steps;
     int B = o->micro_batch_size, T = o->sequence_len;
-    size_t per_epoch = snug_loader_batches_per_epoch(&loader);
+    size_t per_epoch = snug_loader_batches_per_epoch(&r.loader);
     /* an epoch is ceil(per_epoch / GA) steps, its last step accumulating only the micro-batches left in it (as
      * Hugging Face's Trainer does), so num_epochs never runs into an extra epoch */
     int total = o->max_steps > 0 ? o->max_steps : (int)((per_epoch + GA - 1) / GA) * o->num_epochs;
@@ -365,15 +162,15 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                 "optimizer)\n", o->lora_dora ? " and the magnitudes" : "", o->loraplus_lr_ratio);
     if (snug_ddp_collectives(dp))
         fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
-                W == 1 ? "" : "s", comm.name, launch.launcher, comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
+                W == 1 ? "" : "s", r.comm.name, r.launch.launcher, r.comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
     snug_tp_hook tph = {.comm = tp};
     snug_param_table tp_whole = {0};
-    if (tpn > 1) {
+    if (r.tpn > 1) {
         const snug_model_config *lc = &r.eng.model.cfg;
         fprintf(out, "  tensor parallel      %d ranks (%s, launched by %s%s): each holds %d of %d query heads, "
                 "%d of %d key/value heads and %d of %d MLP rows of every block, and %s; 4 all-reduces of %d x %d per block "
-                "and micro-batch\n", tpn, comm.name, launch.launcher,
-                comm.deterministic ? ", summed in rank order" : "",
+                "and micro-batch\n", r.tpn, r.comm.name, r.launch.launcher,
+                r.comm.deterministic ? ", summed in rank order" : "",
                 lc->n_head, r.s.cfg.n_head, lc->n_kv_head, r.s.cfg.n_kv_head, lc->intermediate_size,
                 r.s.cfg.intermediate_size, r.eng.model.tp_vocab ? "its rows of the vocabulary (embedding, head)"
                                                                 : "the whole vocabulary", B * T, lc->hidden_size);
@@ -383,7 +180,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     r.s.cfg.vocab_size);
         else
             fprintf(out, "                       vocabulary whole on every rank (%s)\n",
-                    on_gpu ? "the loss over blocks of the head's rows is not built for GPUs yet"
+                    r.on_gpu ? "the loss over blocks of the head's rows is not built for GPUs yet"
                            : "its size does not divide by tensor_parallel_size");
         r.eng.model.tp_reduce = snug_tp_reduce;
         r.eng.model.tp_reduce_ud = &tph;
@@ -394,34 +191,34 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for tensor parallelism");
     }
     snug_pipe pipe = {.c = tp};
-    if (ppn > 1) {
+    if (r.ppn > 1) {
         fprintf(out, "  pipeline parallel    %d stages (%s, launched by %s), 1F1B over each step's %d micro-batch%s "
                 "(the bubble: %d of every %d stage-slots idle); per micro-batch %d x %d floats to the next stage and "
-                "their gradient back; %s\n", ppn, comm.name, launch.launcher, GAr, GAr == 1 ? "" : "es", ppn - 1,
-                GAr + ppn - 1, B * T, r.s.cfg.hidden_size,
+                "their gradient back; %s\n", r.ppn, r.comm.name, r.launch.launcher, GAr, GAr == 1 ? "" : "es", r.ppn - 1,
+                GAr + r.ppn - 1, B * T, r.s.cfg.hidden_size,
                 o->pipeline_recompute ? "a stage before the last keeps each micro-batch's input and runs its forward "
                                         "again before its backward (pipeline_recompute)"
                                       : "stage s keeps the activations of the N - s micro-batches it has in flight");
-        for (int q = 0; q < ppn; q++) {
+        for (int q = 0; q < r.ppn; q++) {
             int l0, nl;
-            snug_pp_layers(r.s.cfg.n_layer, ppn, o->pipeline_layers, q, &l0, &nl);
+            snug_pp_layers(r.s.cfg.n_layer, r.ppn, o->pipeline_layers, q, &l0, &nl);
             char span[32];
             snprintf(span, sizeof span, nl == 1 ? "layer %d" : "layers %d-%d", l0, l0 + nl - 1);
             fprintf(out, "                       stage %d: %s%s%s\n", q, span,
                     q == 0 ? ", the embedding" : "",
-                    q < ppn - 1 ? ""
+                    q < r.ppn - 1 ? ""
                     : r.s.cfg.tie_embeddings ? ", the final norm, the tied head (the embedding again, its gradient "
                                                "summed with stage 0's)"
                                              : ", the final norm, the head");
         }
-        if (GAr < ppn)
+        if (GAr < r.ppn)
             fprintf(out, "                       (gradient_accumulation_steps %d < %d stages: some stage is always "
-                    "idle; raise it to keep the pipeline full)\n", GAr, ppn);
+                    "idle; raise it to keep the pipeline full)\n", GAr, r.ppn);
         /* a tied head: the first and last stages sum its gradient (the pipeline itself when there are two) */
-        if (!rc && r.s.cfg.tie_embeddings && ppn > 2) {
-            int end = tp->rank == 0 || tp->rank == ppn - 1;
-            rc = tp->split(tp, end ? 0 : 1, tp->rank, &endc, e);
-            pipe.ends = end ? &endc : NULL;
+        if (!rc && r.s.cfg.tie_embeddings && r.ppn > 2) {
+            int end = tp->rank == 0 || tp->rank == r.ppn - 1;
+            rc = tp->split(tp, end ? 0 : 1, tp->rank, &r.endc, e);
+            pipe.ends = end ? &r.endc : NULL;
         } else if (r.s.cfg.tie_embeddings) {
             pipe.ends = tp;
         }
@@ -587,12 +384,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (!rc && lead) {
         rc = snug_mkdirs(o->output_dir, e);
         snug_path_join(metrics_path, sizeof metrics_path, o->output_dir, "metrics.jsonl");
-        if (!rc && resume[0])
-            rc = (metrics = snug_reopen_metrics(metrics_path, saved.step, e)) ? 0 : SNUG_EIO;
+        if (!rc && r.resume[0])
+            rc = (metrics = snug_reopen_metrics(metrics_path, r.saved.step, e)) ? 0 : SNUG_EIO;
         else if (!rc && !(metrics = fopen(metrics_path, "w")))
             rc = snug_fail(e, SNUG_EIO, "%s: cannot write the metrics log; check output_dir", metrics_path);
     }
-    rc = snug_ddp_agree(&comm, rc, &broken, e);
+    rc = snug_ddp_agree(&r.comm, rc, &r.broken, e);
     int tty = isatty(fileno(out)) && !o->no_progress_bar;
     double t0 = snug_now_s(), tlog = t0;
     size_t tokens_since = 0;
@@ -600,29 +397,29 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     snug_step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = dp,
                                    .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard
                                                                                                             : NULL,
-                                   .whole = tpn > 1 ? &tp_whole : NULL, .tp_rank = tpn > 1 ? tp->rank : 0};
+                                   .whole = r.tpn > 1 ? &tp_whole : NULL, .tp_rank = r.tpn > 1 ? tp->rank : 0};
     if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     st.per_epoch = per_epoch;
     snug_loss_scaler_init(&st.ls, r.eng.model.lv.dt == SNUG_DT_F16);
-    if (!rc && resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
+    if (!rc && r.resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
         int end;
-        while (st.step < saved.step) {
-            gather(&loader, &st, mb, GA, &end);
+        while (st.step < r.saved.step) {
+            gather(&r.loader, &st, mb, GA, &end);
             st.step++;
         }
-        if (st.epochs_done != saved.epochs_done || st.in_epoch != saved.in_epoch || st.per_epoch != saved.per_epoch)
+        if (st.epochs_done != r.saved.epochs_done || st.in_epoch != r.saved.in_epoch || st.per_epoch != r.saved.per_epoch)
             rc = snug_fail(e, SNUG_EINPUT, "%s: the data does not replay to the checkpoint's position (epoch %d, "
                            "micro-batch %zu of %zu; replayed: epoch %d, %zu of %zu); resume with the same datasets",
-                           resume, saved.epochs_done, saved.in_epoch, saved.per_epoch, st.epochs_done, st.in_epoch,
+                           r.resume, r.saved.epochs_done, r.saved.in_epoch, r.saved.per_epoch, st.epochs_done, st.in_epoch,
                            st.per_epoch);
-        st = saved;
+        st = r.saved;
         r.eng.opt.step = st.opt_step;
         if (!rc)
-            fprintf(out, "resumed from %s at step %d of %d (state read and data replayed in %.2f s)\n", resume,
-                    st.step, total, snug_now_s() - t_load);
+            fprintf(out, "resumed from %s at step %d of %d (state read and data replayed in %.2f s)\n", r.resume,
+                    st.step, total, snug_now_s() - r.t_load);
     }
-    if (!resume[0]) /* (a checkpoint holds its own) */
+    if (!r.resume[0]) /* (a checkpoint holds its own) */
         snug_plateau_init(&st.plateau, o->learning_rate, &o->sched);
     snug_loss_scaler ls = st.ls;
     double loss_mean = st.loss_mean;
@@ -638,7 +435,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     for (int step = st.step; step < total && !rc; step++) {
         /* gather the step's micro-batches first: the loss is normalised by all their supervised tokens */
         int epoch_end;
-        int nmb = gather(&loader, &st, mb, GA, &epoch_end);
+        int nmb = gather(&r.loader, &st, mb, GA, &epoch_end);
         /* every rank holds the whole global batch's labels, so each counts the same supervised tokens */
         size_t nsup = 0;
         for (int k = 0; k < nmb; k++) {
@@ -663,13 +460,13 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         }
         /* pipeline parallelism: the rank's micro-batches through the stages (1F1B), the last stage's loss summed
          * over the pipeline */
-        if (ppn > 1 && ((rc = snug_pipe_step(&pipe, &r.eng.model, mb + k0, seeds, k1 - k0, scale * ls.scale,
+        if (r.ppn > 1 && ((rc = snug_pipe_step(&pipe, &r.eng.model, mb + k0, seeds, k1 - k0, scale * ls.scale,
                                              bucketed ? snug_ddp_bucket_ready : NULL, &buckets, &loss_sum, e)) ||
                         (rc = tp->allreduce_sum(tp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
-            broken = 1;
+            r.broken = 1;
             break;
         }
-        for (int k = k0; k < k1 && ppn <= 1; k++) {
+        for (int k = k0; k < k1 && r.ppn <= 1; k++) {
             if (bucketed) {
                 r.eng.model.on_grads_ready = k == k1 - 1 ? snug_ddp_bucket_ready : NULL;
                 r.eng.model.on_grads_ready_ud = &buckets;
@@ -702,32 +499,32 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             rc = z2.rc ? z2.rc : z3.rc;
             if (e)
                 *e = z2.rc ? z2.e : z3.e;
-            broken = 1;
+            r.broken = 1;
             break;
         }
         if (in_bwd.rc || buckets.rc) {
             rc = in_bwd.rc ? in_bwd.rc : buckets.rc;
             if (e)
                 *e = in_bwd.rc ? in_bwd.e : buckets.e;
-            broken = 1;
+            r.broken = 1;
             break;
         }
         if (tph.rc) {
             rc = tph.rc;
             if (e)
                 *e = tph.e;
-            broken = 1;
+            r.broken = 1;
             break;
         }
         if (snug_ddp_collectives(dp) && ((rc = dp->allreduce_sum(dp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
                       (bucketed && (rc = dp->wait(dp, e))) ||
                       (!bucketed && !o->optimizer_in_backward && !z2.counts &&
                        (rc = snug_ddp_reduce_grads(dp, &r.eng.model, e))))) {
-            broken = 1;
+            r.broken = 1;
             break;
         }
-        if (ppn > 1 && (rc = snug_pipe_tied_sum(&pipe, &r.eng.model, e))) { /* a tied head's two parts */
-            broken = 1;
+        if (r.ppn > 1 && (rc = snug_pipe_tied_sum(&pipe, &r.eng.model, e))) { /* a tied head's two parts */
+            r.broken = 1;
             break;
         }
         double loss = nsup ? loss_sum / (double)nsup : 0;
@@ -746,32 +543,32 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums; tensor parallelism:
              * of its slices (and rank 0 of the whole tensors) */
             if ((z2.step && (rc = dp->allreduce_sum(dp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) ||
-                (tpn > 1 && (rc = tp->allreduce_sum(tp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
-                broken = 1;
+                (r.tpn > 1 && (rc = tp->allreduce_sum(tp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
+                r.broken = 1;
                 break;
             }
             norm = sqrt(ss);
         } else {
-            if (tpn > 1 && shard && !r.eng.model.lora.on) {
+            if (r.tpn > 1 && shard && !r.eng.model.lora.on) {
                 if ((rc = snug_zero_tp_grad_norm(dp, tp, &tp_whole, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
-                    broken = 1;
+                    r.broken = 1;
                     break;
                 }
-            } else if (tpn > 1) {
+            } else if (r.tpn > 1) {
                 if ((rc = snug_tp_grad_norm(tp, &r.eng.model, &tp_whole, 1.0f / ls.scale, &norm, e))) {
-                    broken = 1;
+                    r.broken = 1;
                     break;
                 }
-            } else if (ppn > 1 && (!shard || r.eng.model.lora.on)) {
+            } else if (r.ppn > 1 && (!shard || r.eng.model.lora.on)) {
                 if ((rc = snug_pipe_grad_norm(&pipe, &r.eng.model, 1.0f / ls.scale, &norm, e))) {
-                    broken = 1;
+                    r.broken = 1;
                     break;
                 }
             } else if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
                 norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
-            } else if ((rc = snug_zero_grad_norm(dp, ppn > 1 ? tp : NULL, &r.eng.model, shard, 1.0f / ls.scale, &norm,
+            } else if ((rc = snug_zero_grad_norm(dp, r.ppn > 1 ? tp : NULL, &r.eng.model, shard, 1.0f / ls.scale, &norm,
                                             e))) {
-                broken = 1;
+                r.broken = 1;
                 break;
             }
             float clip = 1.0f;
@@ -785,7 +582,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                         "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
             /* ZeRO-3 gathers nothing here: the next forward gathers each layer as it needs it */
             if (shard && !r.eng.model.param_sharded && (rc = snug_zero_gather_params(dp, &r.eng.model, shard, e))) {
-                broken = 1;
+                r.broken = 1;
                 break;
             }
         }
@@ -805,10 +602,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double val = NAN;
         if (r.s.val.nexamples && !eval_off && ((eval_every > 0 && (step + 1) % eval_every == 0) ||
                                   (eval_every == 0 && epoch_end) || step + 1 == total) &&
-            ((rc = evaluate(&r, mb[0], dp, ppn > 1 ? &pipe : NULL, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
+            ((rc = evaluate(&r, mb[0], dp, r.ppn > 1 ? &pipe : NULL, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
             if ((z3.rc || tph.rc) && e)
                 *e = z3.rc ? z3.e : tph.e;
-            broken = 1;
+            r.broken = 1;
             break;
         }
         /* early stopping: the evaluations in a row without a validation loss lower than the best before it (by more
@@ -849,7 +646,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                                                "eval/loss"};
             double vals[] = {loss, lr, norm, epoch, val};
             if (!rc && (rc = snug_tboard_scalars(&tb, step + 1, tags, vals, isnan(val) ? 4 : 5, e))) {
-                broken = comm.size > 1;
+                r.broken = r.comm.size > 1;
                 break;
             }
             if (tty) {
@@ -870,10 +667,10 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         st.ls = ls;
         st.loss_mean = loss_mean;
         int stop = stop_requested && step + 1 < total;
-        if (snug_ddp_collectives(&comm)) { /* a signal may reach the ranks at different steps: they stop together */
+        if (snug_ddp_collectives(&r.comm)) { /* a signal may reach the ranks at different steps: they stop together */
             int64_t any = stop;
-            if ((rc = comm.allreduce_sum(&comm, &any, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, e))) {
-                broken = 1;
+            if ((rc = r.comm.allreduce_sum(&r.comm, &any, 1, SNUG_COMM_I64 | SNUG_COMM_HOST, e))) {
+                r.broken = 1;
                 break;
             }
             stop = any > 0;
@@ -939,12 +736,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     }
     /* a failure inside the loop is this rank's alone while the others wait in the step's collectives: this rank
      * ends without MPI_Finalize, and mpirun ends the others */
-    if (rc && comm.size > 1)
-        broken = 1;
+    if (rc && r.comm.size > 1)
+        r.broken = 1;
     { /* the last checkpoint is complete before the run ends, however it ends (under ZeRO only when the ranks still
        * agree: a folder they could not complete together stays .partial) */
         snug_error fe = {0};
-        if (broken)
+        if (r.broken)
             ckw.comm = NULL;
         int frc = snug_checkpoint_finish(&ckw, 1, &fe);
         if (!rc && frc) {
@@ -961,16 +758,16 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (metrics)
         fclose(metrics);
     snug_tboard_close(&tb);
-    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded || gn > 1) &&
+    if (!rc && !stopped && (r.eng.model.master_sharded || r.eng.model.param_sharded || r.gn > 1) &&
         !r.eng.model.lora.on) {
         /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
          * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
-        rc = snug_stream_save(&r, &comm, dp, gn > 1 ? tp : NULL, shard, &broken, e);
-    } else if (!rc && !stopped && ppn > 1 && r.eng.model.lora.on) { /* every stage's adapters */
-        rc = snug_pp_save_adapter(&r, &comm, tp, &broken, e);
+        rc = snug_stream_save(&r, &r.comm, dp, r.gn > 1 ? tp : NULL, shard, &r.broken, e);
+    } else if (!rc && !stopped && r.ppn > 1 && r.eng.model.lora.on) { /* every stage's adapters */
+        rc = snug_pp_save_adapter(&r, &r.comm, tp, &r.broken, e);
     } else if (!rc && !stopped && lead) {
         rc = snug_save_hf_folder(o->output_dir, &r.s, &r.eng, e);
     }
@@ -1023,12 +820,12 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         snug_run_sample(&r, out);
     }
     /* under ZeRO (and tensor parallelism) each rank plans its own shard (slices): each writes its memory */
-    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || gn > 1)) {
+    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || r.gn > 1)) {
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             measured[c] = r.eng.arenas.a[c].peak;
         char name[64];
-        snprintf(name, sizeof name, "memory.rank%d.json", comm.rank);
+        snprintf(name, sizeof name, "memory.rank%d.json", r.comm.rank);
         rc = snug_rank_memory_json(&r, name, measured, e);
     }
     free(ids);
@@ -1045,21 +842,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(in_bwd.counts);
     snug_param_table_free(&tp_whole);
     free(tph.counts);
-    snug_loader_free(&loader);
-    run_free(&r);
-    if (!broken)
-        rc = snug_ddp_agree(&comm, rc, &broken, e);
-done:
-    if (rc && comm.size > 1 && e)
-        snug_error_wrap(e, "rank %d of %d: ", comm.rank, comm.size);
-    if (!broken) { /* MPI_Finalize only when every rank reaches it */
-        snug_comm_close(&endc);
-        snug_comm_close(&tpc);
-        snug_comm_close(&dpc);
-        snug_comm_close(&comm);
-    }
-    if (quiet)
-        fclose(quiet);
-    return rc;
+    return snug_run_close(&r, rc, e);
 }
 
