@@ -1,15 +1,22 @@
-/* parallel.h: the machinery of a run over several ranks (data, tensor and pipeline parallelism, ZeRO): the step
- * inside backward, tensor parallelism's hooks, the ranks' agreement, the gradient sums and norms over the ranks, and
- * ZeRO's gather of the stepped shards. The model's hooks that run inside a step live in rank_hooks.h. */
+/* parallel.h: everything a run over several ranks adds to a step (data, tensor and pipeline parallelism, ZeRO),
+ * behind one object, snug_parallel: it owns the shards, the buckets, the gathers, the pipeline and the step inside
+ * backward, and answers the loop's questions (backward, skip, reduce, grad-norm, after-step). Below it, the pieces
+ * it is made of: the step inside backward, tensor parallelism's hooks, the ranks' agreement, the gradient norms over
+ * the ranks and ZeRO's gather of the stepped shards. The model's hooks that run inside a step live in rank_hooks.h. */
 #ifndef SNUG_TRAIN_PARALLEL_H
 #define SNUG_TRAIN_PARALLEL_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "core/error.h"
 #include "dist/comm.h"
 #include "model/model.h"
 #include "train/engine.h"
+#include "train/pipeline.h"
+#include "train/rank_hooks.h"
+#include "train/run.h"
 
 /* The optimizer step inside backward (optimizer_in_backward): as soon as backward announces that a layer's
  * gradients are complete, sum them over the ranks (one all-reduce per tensor; each rank's backward announces the
@@ -77,5 +84,53 @@ int snug_zero_tp_grad_norm(snug_comm *dpc, snug_comm *tpc, const snug_param_tabl
 
 /* ZeRO: every rank's updated shard of the parameters to every rank. */
 int snug_zero_gather_params(snug_comm *c, const snug_model *m, const size_t *shard, snug_error *e);
+
+/* The parallel object: everything a run over several ranks adds to a step, in one place. It owns ZeRO's shards,
+ * the model's hooks (DDP's buckets, ZeRO-2/3's reduce-scatters and gathers, a tied embedding's rows, tensor
+ * parallelism's sums, the step inside backward) and the pipeline, and answers the step's questions in the step's
+ * order: backward over the rank's micro-batches, the joins of a rank with fewer of them (skip), the sums after
+ * backward (reduce), the global gradient norm, and what follows the optimizer step (after_step). One process is the
+ * case of one rank: each answer is then the plain one. */
+typedef struct snug_parallel {
+    snug_run *r;
+    snug_comm *dp, *tp;           /* r's data-parallel ranks, and its tensor-parallel ranks or pipeline stages */
+    size_t *shard;                /* ZeRO: each rank's elements of the flat parameters; NULL: every rank holds all */
+    snug_tp_hook tph;             /* tensor parallelism's sums and gathers (the model's tp_reduce, tp_gather) */
+    snug_param_table tp_whole;    /* tensor parallelism: the whole model's table (which tensors are sliced) */
+    snug_pipe pipe;               /* pipeline parallelism: the stages (r->ppn > 1) */
+    snug_zero2_hook z2;           /* ZeRO-2/3: each layer's gradients reduce-scattered (z2.counts set) */
+    snug_zero3_hook z3;           /* ZeRO-3: the parameters gathered layer by layer (z3.counts set) */
+    snug_rows_hook zr;            /* a tied embedding's rows under ZeRO */
+    snug_ddp_buckets buckets;     /* DDP and ZeRO-1: the gradients summed in buckets in the last backward */
+    int bucketed;
+    snug_step_in_backward_ctx in_bwd; /* optimizer_in_backward */
+} snug_parallel;
+
+/* Sets up the run's parallelism and prints the header's lines on it to out; the model's hooks point into p, which
+ * must stay where it is until snug_parallel_free. */
+int snug_parallel_open(snug_parallel *p, snug_run *r, FILE *out, snug_error *e);
+
+/* Forward and backward of the rank's micro-batches mb[k0..k1) of the step (seeds: their dropout seeds, from
+ * seeds[0]), through the pipeline's stages or one by one (DDP's buckets armed for the last); adds their losses
+ * (with gradient scale `scale`) to *loss_sum. */
+int snug_parallel_backward(snug_parallel *p, const snug_micro_batch *mb, const uint64_t *seeds, int k0, int k1,
+                           float scale, double *loss_sum, snug_error *e);
+
+/* A rank with fewer micro-batches than the others (the end of an epoch) still joins each one's collectives. */
+void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb);
+
+/* After backward: the hooks' first errors, then the loss and the gradients summed over the ranks (and a tied
+ * head's two parts over the pipeline's ends). */
+int snug_parallel_reduce(snug_parallel *p, double *loss_sum, snug_error *e);
+
+/* The step's global gradient norm, summed over whatever each rank holds (its shard, its slices, its stage): under
+ * optimizer_in_backward from the squares the step inside backward accumulated, else from the gradients times
+ * 1 / ls_scale (fp16's loss scale undone). The one place that tells the ways of holding the gradients apart. */
+int snug_parallel_grad_norm(snug_parallel *p, float ls_scale, double *norm, snug_error *e);
+
+/* After the optimizer step: ZeRO-1/2's updated shards gathered (ZeRO-3 gathers at the next forward). */
+int snug_parallel_after_step(snug_parallel *p, snug_error *e);
+
+void snug_parallel_free(snug_parallel *p);
 
 #endif

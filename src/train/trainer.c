@@ -160,69 +160,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     if (o->loraplus_lr_ratio > 0)
         fprintf(out, "  LoRA+                lora_B%s at %g x the learning rate; no weight decay (PEFT's LoRA+ "
                 "optimizer)\n", o->lora_dora ? " and the magnitudes" : "", o->loraplus_lr_ratio);
-    if (snug_ddp_collectives(dp))
-        fprintf(out, "  data parallel        %d rank%s (%s, launched by %s%s), %d micro-batches of %d rows per step\n", W,
-                W == 1 ? "" : "s", r.comm.name, r.launch.launcher, r.comm.deterministic ? ", gradients summed in rank order" : "", GA, B);
-    snug_tp_hook tph = {.comm = tp};
-    snug_param_table tp_whole = {0};
-    if (r.tpn > 1) {
-        const snug_model_config *lc = &r.eng.model.cfg;
-        fprintf(out, "  tensor parallel      %d ranks (%s, launched by %s%s): each holds %d of %d query heads, "
-                "%d of %d key/value heads and %d of %d MLP rows of every block, and %s; 4 all-reduces of %d x %d per block "
-                "and micro-batch\n", r.tpn, r.comm.name, r.launch.launcher,
-                r.comm.deterministic ? ", summed in rank order" : "",
-                lc->n_head, r.s.cfg.n_head, lc->n_kv_head, r.s.cfg.n_kv_head, lc->intermediate_size,
-                r.s.cfg.intermediate_size, r.eng.model.tp_vocab ? "its rows of the vocabulary (embedding, head)"
-                                                                : "the whole vocabulary", B * T, lc->hidden_size);
-        if (r.eng.model.tp_vocab)
-            fprintf(out, "                       vocabulary split: %d of %d rows per rank; the lookup and the final "
-                    "norm's gradient summed over the ranks, each token's loss statistics gathered\n", lc->vocab_size,
-                    r.s.cfg.vocab_size);
-        else
-            fprintf(out, "                       vocabulary whole on every rank (%s)\n",
-                    r.on_gpu ? "the loss over blocks of the head's rows is not built for GPUs yet"
-                           : "its size does not divide by tensor_parallel_size");
-        r.eng.model.tp_reduce = snug_tp_reduce;
-        r.eng.model.tp_reduce_ud = &tph;
-        r.eng.model.tp_gather = snug_tp_gather;
-        r.eng.model.tp_gather_ud = &tph;
-        rc = snug_param_table_build(&tp_whole, &r.s.cfg, e);
-        if (!rc && !(tph.counts = calloc((size_t)tp->size, sizeof *tph.counts)))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for tensor parallelism");
-    }
-    snug_pipe pipe = {.c = tp};
-    if (r.ppn > 1) {
-        fprintf(out, "  pipeline parallel    %d stages (%s, launched by %s), 1F1B over each step's %d micro-batch%s "
-                "(the bubble: %d of every %d stage-slots idle); per micro-batch %d x %d floats to the next stage and "
-                "their gradient back; %s\n", r.ppn, r.comm.name, r.launch.launcher, GAr, GAr == 1 ? "" : "es", r.ppn - 1,
-                GAr + r.ppn - 1, B * T, r.s.cfg.hidden_size,
-                o->pipeline_recompute ? "a stage before the last keeps each micro-batch's input and runs its forward "
-                                        "again before its backward (pipeline_recompute)"
-                                      : "stage s keeps the activations of the N - s micro-batches it has in flight");
-        for (int q = 0; q < r.ppn; q++) {
-            int l0, nl;
-            snug_pp_layers(r.s.cfg.n_layer, r.ppn, o->pipeline_layers, q, &l0, &nl);
-            char span[32];
-            snprintf(span, sizeof span, nl == 1 ? "layer %d" : "layers %d-%d", l0, l0 + nl - 1);
-            fprintf(out, "                       stage %d: %s%s%s\n", q, span,
-                    q == 0 ? ", the embedding" : "",
-                    q < r.ppn - 1 ? ""
-                    : r.s.cfg.tie_embeddings ? ", the final norm, the tied head (the embedding again, its gradient "
-                                               "summed with stage 0's)"
-                                             : ", the final norm, the head");
-        }
-        if (GAr < r.ppn)
-            fprintf(out, "                       (gradient_accumulation_steps %d < %d stages: some stage is always "
-                    "idle; raise it to keep the pipeline full)\n", GAr, r.ppn);
-        /* a tied head: the first and last stages sum its gradient (the pipeline itself when there are two) */
-        if (!rc && r.s.cfg.tie_embeddings && r.ppn > 2) {
-            int end = tp->rank == 0 || tp->rank == r.ppn - 1;
-            rc = tp->split(tp, end ? 0 : 1, tp->rank, &r.endc, e);
-            pipe.ends = end ? &r.endc : NULL;
-        } else if (r.s.cfg.tie_embeddings) {
-            pipe.ends = tp;
-        }
-    }
+    snug_parallel par;
+    rc = snug_parallel_open(&par, &r, out, e);
 
     size_t BT = (size_t)B * T;
     int32_t *ids = malloc((size_t)GA * BT * sizeof *ids), *labels = malloc((size_t)GA * BT * sizeof *labels);
@@ -234,141 +173,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     for (int k = 0; !rc && k < GA; k++)
         mb[k] = (snug_micro_batch){.ids = ids + k * BT, .labels = labels + k * BT, .pos = pos + k * BT,
                                    .seg = seg + k * BT};
-    size_t *shard = NULL; /* ZeRO: each rank's elements of the flat parameters; NULL: every rank holds everything */
-    const snug_model *qm = &r.eng.model;
-    if (!rc && qm->q4_parts > 1) {
-        size_t most = 0;
-        for (int l = 0; l < qm->cfg.n_layer; l++)
-            most = qm->q4_piece[l] > most ? qm->q4_piece[l] : most;
-        fprintf(out, "  ZeRO                 stage 3 under %s: the %s matrices sharded, %.1f MiB per rank (each "
-                "layer's cut in %d pieces of up to %.2f MiB), all-gathered layer by layer before each forward and "
-                "backward, the next layer prefetched; the 16-bit tensors, the adapters, their gradients (summed "
-                "after backward) and their optimizer state whole on every rank\n",
-                qm->lv.lora.q4_type == SNUG_Q4_INT8 ? "LoRA on an 8-bit base" : "QLoRA",
-                snug_q4_width((snug_q4_type)qm->lv.lora.q4_type), qm->q4_shard_n / 1048576.0, W,
-                most / 1048576.0);
-    }
-    if (!rc && qm->param_sharded && qm->lv.offload_params)
-        fprintf(out, "  offload_params       the frozen base in host memory (%.1f MiB%s), each layer's copied to the "
-                "device just before it runs and the next layer's while it does, into the gather region\n",
-                (double)qm->pshard_n * snug_dtype_size(qm->lv.dt) / 1048576.0, o->zero_stage >= 3 && W > 1
-                ? ", this rank's shard" : "");
-    if (!rc && qm->q4_sharded && qm->lv.offload_params)
-        fprintf(out, "  offload_params       the %s base in host memory (%.1f MiB%s), each layer's copied to the "
-                "device just before it runs and the next layer's while it does, into two buffers of %.2f MiB\n",
-                snug_q4_width((snug_q4_type)qm->lv.lora.q4_type), qm->q4_shard_n / 1048576.0,
-                qm->q4_parts > 1 ? ", this rank's pieces" : "", qm->q4_gbuf_n / 1048576.0);
-    if (!rc && o->zero_stage && W > 1 && qm->q4_parts <= 1) {
-        if (!(shard = malloc((size_t)W * sizeof *shard)))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        else
-            snug_plan_zero_counts(&r.s.spec, &r.eng.model.table, shard);
-        if (shard) {
-            size_t most = 0, least = (size_t)-1;
-            for (int q = 0; q < W; q++) {
-                most = shard[q] > most ? shard[q] : most;
-                least = shard[q] < least ? shard[q] : least;
-            }
-            const snug_model *zm = &r.eng.model;
-            if (o->optimizer_in_backward && !zm->lora.on && zm->param_sharded) {
-                fprintf(out, "  ZeRO                 stage 3 with the step inside backward: parameters, optimizer "
-                        "state%s sharded, %zu to %zu parameters per rank (edges on %d-element blocks); each layer's "
-                        "gradients reduce-scattered as backward completes them%s and the rank's part stepped once "
-                        "summed (no shard of gradients kept), parameters all-gathered layer by layer before each "
-                        "forward and backward\n",
-                        zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK,
-                        zm->lv.zero_overlap ? " beside the next layer's backward (zero_overlap_comm: two layer buffers)"
-                                            : "");
-            } else if (o->optimizer_in_backward && !zm->lora.on) {
-                fprintf(out, "  ZeRO                 stage %d with the step inside backward: optimizer state%s sharded, %zu "
-                        "to %zu parameters per rank (edges on %d-element blocks); each layer's gradients summed as "
-                        "backward completes them, its shard stepped and its parameters all-gathered\n", o->zero_stage,
-                        zm->master_sharded ? " and the master copy" : "", least, most, SNUG_Q8_BLOCK);
-            } else if (zm->lora.on) {
-                fprintf(out, "  ZeRO                 stage 3 under LoRA: the frozen base sharded, %zu to %zu parameters "
-                        "per rank (edges on %d-element blocks), all-gathered layer by layer before each forward and "
-                        "backward, the next layer prefetched; the adapters, their gradients (summed after backward) "
-                        "and their optimizer state whole on every rank\n", least, most, SNUG_Q8_BLOCK);
-            } else {
-                fprintf(out, "  ZeRO                 stage %d: %s sharded, %zu to %zu parameters per rank (edges on "
-                        "%d-element blocks); gradients reduce-scattered%s, parameters all-gathered%s\n", o->zero_stage,
-                        o->zero_stage >= 3   ? "parameters, optimizer state and gradients"
-                        : o->zero_stage >= 2 ? "optimizer state and gradients"
-                                             : "optimizer state",
-                        least, most, SNUG_Q8_BLOCK,
-                        o->zero_stage < 2 ? " in buckets during the last micro-batch's backward"
-                        : zm->lv.zero_overlap ? " layer by layer in every micro-batch's backward, each beside the next "
-                                                "layer's (zero_overlap_comm: two layer buffers)"
-                                              : " layer by layer in every micro-batch's backward",
-                        zm->param_sharded ? " layer by layer before each forward and backward, the next layer prefetched"
-                                          : " after the step");
-            }
-            if (zm->param_sharded)
-                fprintf(out, "  ZeRO-3 gathers       into one region of %zu elements: two layer buffers of %zu, or the "
-                        "%zu global parameters%s\n", zm->gregion_n, zm->gbuf_n, zm->gglob_n,
-                        zm->gsplit  ? " before or after the layers (an untied head: one set at a time)"
-                        : zm->vtied ? " beside a block of the head's rows or the rows the micro-batch looks up"
-                                    : "");
-        }
-    }
-    if (r.eng.model.vb)
-        fprintf(out, "  loss                 over blocks of %d of the head's %d rows (loss_vocab_block)%s\n",
-                r.eng.model.vb, r.eng.model.cfg.vocab_size,
-                !r.eng.model.vtied ? ""
-                : r.eng.model.param_sharded ? "; the tied embedding gathered a block (and the looked-up rows) at a time, "
-                                              "its gradient reduced block by block"
-                                            : "; the tied embedding's gradient reduced block by block");
-    snug_zero2_hook z2 = {.m = &r.eng.model, .comm = dp, .shard = shard};
-    if (!rc && shard && r.eng.model.lv.zero_grads) {
-        if (!(z2.counts = malloc((size_t)W * sizeof *z2.counts)))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.on_grads_ready = snug_zero2_ready;
-        r.eng.model.on_grads_ready_ud = &z2;
-    }
-    snug_zero3_hook z3 = {.comm = dp, .shard = shard,
-                    .dt = r.eng.model.lv.dt == SNUG_DT_F32 ? SNUG_COMM_F32 : SNUG_COMM_U16};
-    if (!rc && shard && r.eng.model.param_sharded) {
-        if (!(z3.counts = malloc((size_t)W * sizeof *z3.counts)))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.gather_params = snug_zero3_gather;
-        r.eng.model.gather_params_ud = &z3;
-    }
-    if (!rc && r.eng.model.q4_parts > 1) { /* equal byte pieces: no counts from the table */
-        if (!(z3.counts = malloc((size_t)W * sizeof *z3.counts)))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.gather_q4 = snug_zero3_gather_q4;
-        r.eng.model.gather_q4_ud = &z3;
-    }
-    if (!rc && r.eng.model.lora.dora_pending) /* (every rank: the base's layers gathered in turn) */
-        snug_lora_dora_start(&r.eng.model);
-    snug_rows_hook zr = {.z2 = &z2, .z3 = r.eng.model.param_sharded ? &z3 : NULL};
-    if (!rc && shard && r.eng.model.vtied) {
-        if (!(zr.counts = malloc((size_t)W * sizeof *zr.counts)))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r.eng.model.rows_fn = snug_rows_op;
-        r.eng.model.rows_ud = &zr;
-    }
-    /* DDP and ZeRO-1 sum the gradients in buckets during the last micro-batch's backward (the adapters' stay one
-     * sum; ZeRO-2/3 reduce every micro-batch's, snug_zero2_ready) */
-    snug_ddp_buckets buckets = {.m = &r.eng.model, .comm = dp, .shard = shard,
-                              .cap = (size_t)o->ddp_bucket_cap_mb << 20, .count_only = 1};
-    int bucketed = snug_ddp_collectives(dp) && !(shard && r.eng.model.lv.zero_grads) && !o->optimizer_in_backward &&
-                   !r.eng.model.lora.on && !(dp->size == 1 && r.eng.model.grads16);
-    if (!rc && bucketed && shard && !(buckets.counts = malloc((size_t)W * sizeof *buckets.counts)))
-        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-    for (int l = r.eng.model.cfg.n_layer - 1; !rc && bucketed && l >= -1; l--) /* the buckets a backward forms */
-        snug_ddp_bucket_ready(&buckets, l, 0, 0);
-    if (bucketed) {
-        fprintf(out, "  gradient buckets     %d of up to %d MiB, summed during the last micro-batch's backward\n",
-                buckets.nbuckets, o->ddp_bucket_cap_mb);
-        buckets.count_only = 0;
-    }
-    if (!rc && buckets.rc) {
-        rc = buckets.rc;
-        if (e)
-            *e = buckets.e;
-    }
-
     snug_tboard tb = {0}; /* report_to: tensorboard (a resumed run starts another event file),
                           * first: a logging_dir that cannot be made leaves output_dir as it was */
     if (!rc && lead && o->use_tensorboard) {
@@ -394,12 +198,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     double t0 = snug_now_s(), tlog = t0;
     size_t tokens_since = 0;
     /* (ZeRO-3 steps through the reduce-scatter hook, z2.step below) */
-    snug_step_in_backward_ctx in_bwd = {.eng = &r.eng, .comm = dp,
-                                   .shard = o->optimizer_in_backward && !r.eng.model.lora.on && !z2.counts ? shard
-                                                                                                            : NULL,
-                                   .whole = r.tpn > 1 ? &tp_whole : NULL, .tp_rank = r.tpn > 1 ? tp->rank : 0};
-    if (!rc && in_bwd.shard && !(in_bwd.counts = malloc((size_t)W * sizeof *in_bwd.counts)))
-        rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     st.per_epoch = per_epoch;
     snug_loss_scaler_init(&st.ls, r.eng.model.lv.dt == SNUG_DT_F16);
     if (!rc && r.resume[0]) { /* the data position: the loader hands out again what the checkpointed steps consumed */
@@ -423,13 +221,6 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         snug_plateau_init(&st.plateau, o->learning_rate, &o->sched);
     snug_loss_scaler ls = st.ls;
     double loss_mean = st.loss_mean;
-    if (o->optimizer_in_backward && z2.counts) { /* ZeRO-3: each layer reduce-scattered, the rank's part stepped */
-        z2.step = snug_step_group;
-        z2.step_ud = &in_bwd;
-    } else if (o->optimizer_in_backward) {
-        r.eng.model.on_grads_ready = snug_step_in_backward;
-        r.eng.model.on_grads_ready_ud = &in_bwd;
-    }
     int stopped = 0;
     r.eng.model.neftune_alpha = (float)o->neftune_noise_alpha;
     for (int step = st.step; step < total && !rc; step++) {
@@ -448,7 +239,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
                     : snug_lr_at(sched, o->learning_rate, step, warmup, total, o->cosine_min_lr_ratio, &o->sched);
         if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
             r.eng.opt.step++;
-            in_bwd.lr = lr;
+            par.in_bwd.lr = lr;
         } else {
             snug_zero_grads(&r.eng.model);
         }
@@ -458,75 +249,11 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             uint64_t ds = (uint64_t)o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 0x100000001B3ull + (uint64_t)k;
             seeds[k - k0] = snug_splitmix64(&ds);
         }
-        /* pipeline parallelism: the rank's micro-batches through the stages (1F1B), the last stage's loss summed
-         * over the pipeline */
-        if (r.ppn > 1 && ((rc = snug_pipe_step(&pipe, &r.eng.model, mb + k0, seeds, k1 - k0, scale * ls.scale,
-                                             bucketed ? snug_ddp_bucket_ready : NULL, &buckets, &loss_sum, e)) ||
-                        (rc = tp->allreduce_sum(tp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
-            r.broken = 1;
+        if ((rc = snug_parallel_backward(&par, mb, seeds, k0, k1, scale * ls.scale, &loss_sum, e)))
             break;
-        }
-        for (int k = k0; k < k1 && r.ppn <= 1; k++) {
-            if (bucketed) {
-                r.eng.model.on_grads_ready = k == k1 - 1 ? snug_ddp_bucket_ready : NULL;
-                r.eng.model.on_grads_ready_ud = &buckets;
-            }
-            snug_model_set_batch(&r.eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
-            r.eng.model.lora.seed = seeds[k - k0];
-            loss_sum += snug_model_step(&r.eng.model, scale * ls.scale);
-        }
-        if (bucketed) {
-            r.eng.model.on_grads_ready = NULL;
-            /* no micro-batch for this rank (an epoch's end): its zero gradients join the same buckets */
-            for (int l = r.eng.model.cfg.n_layer - 1; k0 == k1 && l >= -1; l--)
-                snug_ddp_bucket_ready(&buckets, l, 0, 0);
-        }
-        /* a base laid out to be gathered (stage 3, or LoRA's offload_params): skip_step repeats the step's gathers
-         * and its announcements */
-        int gathers = r.eng.model.param_sharded || r.eng.model.q4_parts > 1;
-        if (o->optimizer_in_backward && k0 == k1 && W > 1 && !gathers) {
-            /* no micro-batch left for this rank at the end of an epoch: its zero gradients still join every
-             * layer's sum, announced in backward's order (the last layer first, the global tensors last); with a
-             * gathered base skip_step below announces them between the layers' gathers, as a step does */
-            for (int l = r.eng.model.cfg.n_layer - 1; l >= -1; l--)
-                snug_step_in_backward(&in_bwd, l, 0, 0);
-        }
-        /* ZeRO-2/3: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
-         * collectives (ZeRO-3's gathers; the reduce-scatters, with zero gradients), in the step's order */
-        for (int k = k1 - k0; (z2.counts || gathers) && k < (nmb < GAr ? nmb : GAr); k++)
-            snug_model_skip_step(&r.eng.model, 1);
-        if (z2.rc || z3.rc) {
-            rc = z2.rc ? z2.rc : z3.rc;
-            if (e)
-                *e = z2.rc ? z2.e : z3.e;
-            r.broken = 1;
+        snug_parallel_skip(&par, k0, k1, nmb);
+        if ((rc = snug_parallel_reduce(&par, &loss_sum, e)))
             break;
-        }
-        if (in_bwd.rc || buckets.rc) {
-            rc = in_bwd.rc ? in_bwd.rc : buckets.rc;
-            if (e)
-                *e = in_bwd.rc ? in_bwd.e : buckets.e;
-            r.broken = 1;
-            break;
-        }
-        if (tph.rc) {
-            rc = tph.rc;
-            if (e)
-                *e = tph.e;
-            r.broken = 1;
-            break;
-        }
-        if (snug_ddp_collectives(dp) && ((rc = dp->allreduce_sum(dp, &loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)) ||
-                      (bucketed && (rc = dp->wait(dp, e))) ||
-                      (!bucketed && !o->optimizer_in_backward && !z2.counts &&
-                       (rc = snug_ddp_reduce_grads(dp, &r.eng.model, e))))) {
-            r.broken = 1;
-            break;
-        }
-        if (r.ppn > 1 && (rc = snug_pipe_tied_sum(&pipe, &r.eng.model, e))) { /* a tied head's two parts */
-            r.broken = 1;
-            break;
-        }
         double loss = nsup ? loss_sum / (double)nsup : 0;
         /* a loss that is no number: what a step would write (and the model saved at the end) would be NaN; stop
          * with the checkpoints as they are (fp16's loss scaler handles overflow itself). Every rank has the sum. */
@@ -538,39 +265,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             break;
         }
         double norm;
-        if (o->optimizer_in_backward) {
-            double ss = r.eng.be->sumsq_take(r.eng.be);
-            /* ZeRO-3 (a full fine-tune): each rank summed the squares of its parts of the sums; tensor parallelism:
-             * of its slices (and rank 0 of the whole tensors) */
-            if ((z2.step && (rc = dp->allreduce_sum(dp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e))) ||
-                (r.tpn > 1 && (rc = tp->allreduce_sum(tp, &ss, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
-                r.broken = 1;
-                break;
-            }
-            norm = sqrt(ss);
-        } else {
-            if (r.tpn > 1 && shard && !r.eng.model.lora.on) {
-                if ((rc = snug_zero_tp_grad_norm(dp, tp, &tp_whole, &r.eng.model, shard, 1.0f / ls.scale, &norm, e))) {
-                    r.broken = 1;
-                    break;
-                }
-            } else if (r.tpn > 1) {
-                if ((rc = snug_tp_grad_norm(tp, &r.eng.model, &tp_whole, 1.0f / ls.scale, &norm, e))) {
-                    r.broken = 1;
-                    break;
-                }
-            } else if (r.ppn > 1 && (!shard || r.eng.model.lora.on)) {
-                if ((rc = snug_pipe_grad_norm(&pipe, &r.eng.model, 1.0f / ls.scale, &norm, e))) {
-                    r.broken = 1;
-                    break;
-                }
-            } else if (!shard || r.eng.model.lora.on) { /* every rank holds every (adapter) gradient */
-                norm = snug_grad_norm_model(&r.eng.model, 1.0f / ls.scale);
-            } else if ((rc = snug_zero_grad_norm(dp, r.ppn > 1 ? tp : NULL, &r.eng.model, shard, 1.0f / ls.scale, &norm,
-                                            e))) {
-                r.broken = 1;
-                break;
-            }
+        if ((rc = snug_parallel_grad_norm(&par, ls.scale, &norm, e)))
+            break;
+        if (!o->optimizer_in_backward) {
             float clip = 1.0f;
             if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
                 clip = (float)(o->max_grad_norm / (norm + 1e-6));
@@ -580,11 +277,8 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
             else /* fp16 overflow: the step is skipped */
                 fprintf(out, "step %d: fp16 gradients overflowed at loss scale %.0f; step skipped, scale now %.0f (%d "
                         "skipped so far)\n", step + 1, used, ls.scale, ls.skipped);
-            /* ZeRO-3 gathers nothing here: the next forward gathers each layer as it needs it */
-            if (shard && !r.eng.model.param_sharded && (rc = snug_zero_gather_params(dp, &r.eng.model, shard, e))) {
-                r.broken = 1;
+            if ((rc = snug_parallel_after_step(&par, e)))
                 break;
-            }
         }
         loss_mean = step ? 0.9 * loss_mean + 0.1 * loss : loss;
         if ((rc = snug_backend_check(r.eng.be, e))) /* a device op that failed during the step (CUDA) */
@@ -602,9 +296,9 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         double val = NAN;
         if (r.s.val.nexamples && !eval_off && ((eval_every > 0 && (step + 1) % eval_every == 0) ||
                                   (eval_every == 0 && epoch_end) || step + 1 == total) &&
-            ((rc = evaluate(&r, mb[0], dp, r.ppn > 1 ? &pipe : NULL, &val, e)) || (rc = z3.rc) || (rc = tph.rc))) {
-            if ((z3.rc || tph.rc) && e)
-                *e = z3.rc ? z3.e : tph.e;
+            ((rc = evaluate(&r, mb[0], dp, r.ppn > 1 ? &par.pipe : NULL, &val, e)) || (rc = par.z3.rc) || (rc = par.tph.rc))) {
+            if ((par.z3.rc || par.tph.rc) && e)
+                *e = par.z3.rc ? par.z3.e : par.tph.e;
             r.broken = 1;
             break;
         }
@@ -765,7 +459,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         for (int c = SNUG_MEM_GRADS; r.eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
             snug_engine_release(&r.eng, (snug_category)c);
         /* a failure on one rank mid-stream ends the save on every rank, each with its error */
-        rc = snug_stream_save(&r, &r.comm, dp, r.gn > 1 ? tp : NULL, shard, &r.broken, e);
+        rc = snug_stream_save(&r, &r.comm, dp, r.gn > 1 ? tp : NULL, par.shard, &r.broken, e);
     } else if (!rc && !stopped && r.ppn > 1 && r.eng.model.lora.on) { /* every stage's adapters */
         rc = snug_pp_save_adapter(&r, &r.comm, tp, &r.broken, e);
     } else if (!rc && !stopped && lead) {
@@ -820,7 +514,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
         snug_run_sample(&r, out);
     }
     /* under ZeRO (and tensor parallelism) each rank plans its own shard (slices): each writes its memory */
-    if (!rc && !stopped && !lead && (shard || r.eng.model.q4_parts > 1 || r.gn > 1)) {
+    if (!rc && !stopped && !lead && (par.shard || r.eng.model.q4_parts > 1 || r.gn > 1)) {
         size_t measured[SNUG_MEM_NCAT];
         for (int c = 0; c < SNUG_MEM_NCAT; c++)
             measured[c] = r.eng.arenas.a[c].peak;
@@ -834,14 +528,7 @@ int snug_train(const snug_run_config *config, FILE *out, snug_error *e) {
     free(seg);
     free(mb);
     free(seeds);
-    free(shard);
-    free(z2.counts);
-    free(z3.counts);
-    free(zr.counts);
-    free(buckets.counts);
-    free(in_bwd.counts);
-    snug_param_table_free(&tp_whole);
-    free(tph.counts);
+    snug_parallel_free(&par);
     return snug_run_close(&r, rc, e);
 }
 
