@@ -11,6 +11,7 @@
 #include "optim/optim.h"
 #include "plan/plan.h"
 #include "plan/plan_json.h"
+#include "train/sample.h"
 
 double snug_now_s(void) {
     struct timespec ts;
@@ -135,4 +136,48 @@ FILE *snug_reopen_metrics(const char *path, int upto, snug_error *e) {
     if (!f)
         snug_fail(e, SNUG_EIO, "%s: cannot append to the metrics log", path);
     return f;
+}
+
+int snug_report_end(snug_loop *l, int rc, snug_error *e) {
+    snug_run *r = l->r;
+    const snug_run_config *o = &r->s.c;
+    FILE *out = r->out;
+    int lead = r->lead;
+    if (!rc && !l->stopped && lead) {
+        fprintf(out, "saved %s (%s) in %.1f s\n", o->output_dir,
+                r->eng.model.lora.on ? "PEFT adapter" : "Hugging Face format", snug_now_s() - l->t0);
+        if (l->ls.on)
+            fprintf(out, "fp16 loss scaling: %d of %d steps skipped for overflow; final scale %.0f\n", l->ls.skipped,
+                    l->total, l->ls.scale);
+        size_t measured[SNUG_MEM_NCAT];
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            measured[c] = r->eng.arenas.a[c].peak;
+        fprintf(out, "memory (arena high-water marks beside the plan):\n");
+        snug_plan_print(out, &r->s.plan, measured);
+        char b[32];
+        snug_format_bytes(b, sizeof b, snug_peak_rss_bytes());
+        fprintf(out, "  %-20s %12s  %16s\n", "process peak RSS", "", b);
+        size_t dev = snug_backend_device_used(r->eng.be); /* arenas are allocated once, so in use now = the peak */
+        if (dev) {
+            snug_format_bytes(b, sizeof b, (double)dev);
+            fprintf(out, "  %-20s %12s  %16s  (cudaMemGetInfo: arenas, CUDA context, cuBLASLt workspace)\n",
+                    "device memory in use", "", b);
+        }
+        snug_overhead ov;
+        snug_rank_overhead(r, &ov);
+        snug_format_bytes(b, sizeof b, (double)(r->s.plan.total + r->s.plan.host_total + ov.total));
+        fprintf(out, "  %-20s %12s  (the arenas + %s runtime overhead)\n", "predicted RSS", b, "CPU");
+        rc = snug_rank_memory_json(r, "memory.json", measured, e);
+        snug_run_sample(r, out);
+    }
+    /* under ZeRO (and tensor parallelism) each rank plans its own shard (slices): each writes its memory */
+    if (!rc && !l->stopped && !lead && (l->par.shard || r->eng.model.q4_parts > 1 || r->gn > 1)) {
+        size_t measured[SNUG_MEM_NCAT];
+        for (int c = 0; c < SNUG_MEM_NCAT; c++)
+            measured[c] = r->eng.arenas.a[c].peak;
+        char name[64];
+        snprintf(name, sizeof name, "memory.rank%d.json", r->comm.rank);
+        rc = snug_rank_memory_json(r, name, measured, e);
+    }
+    return rc;
 }

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "plan/gpus.h"
+#include "train/loop.h"
 #include "train/run.h"
 
 /* Seconds on the monotonic clock. */
@@ -31,5 +32,9 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
 
 /* metrics.jsonl of a resumed run: the lines of the steps up to `upto` kept, the file then opened to append. */
 FILE *snug_reopen_metrics(const char *path, int upto, snug_error *e);
+
+/* The end of a run that was not stopped (rc 0): on rank 0 the time taken, the memory measured beside the plan
+ * (and memory.json) and the sample; on the other ranks that hold a part of the model, memory.rankR.json. */
+int snug_report_end(snug_loop *l, int rc, snug_error *e);
 
 #endif

@@ -5,7 +5,7 @@
  * the tensor/pipeline and data-parallel groups), the settings several ranks cannot take, the checkpoint to resume
  * from (and the settings it fixes), the resolved configuration, the data, the engine, the weights (a checkpoint's,
  * the base model's or a random init, and the adapters), and the ranks' agreement that each got this far. The loop
- * (trainer.c) runs over it; snug_run_close releases it whatever state it reached. */
+ * (loop.c) runs over it; snug_run_close releases it whatever state it reached. */
 #ifndef SNUG_TRAIN_RUN_H
 #define SNUG_TRAIN_RUN_H
 

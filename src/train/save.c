@@ -7,8 +7,10 @@
 #include "core/dtype.h"
 #include "model/model.h"
 #include "plan/plan.h"
+#include "train/merge.h"
 #include "train/parallel.h"
 #include "train/pipeline.h"
+#include "train/report.h"
 #include "train/state.h"
 
 /* ZeRO with a sharded master copy: the F32 weights DDP saves, streamed tensor by tensor. Each tensor's pieces (its
@@ -216,5 +218,48 @@ int snug_stream_save(snug_run *r, snug_comm *c, snug_comm *dpc, snug_comm *tpc, 
     snug_param_table_free(&ms.whole);
     free(order);
     free(buf);
+    return rc;
+}
+
+int snug_save_final(snug_loop *l, int rc, snug_error *e) {
+    snug_run *r = l->r;
+    const snug_run_config *o = &r->s.c;
+    FILE *out = r->out;
+    snug_comm *dp = r->dp, *tp = r->tp;
+    int lead = r->lead;
+    if (!rc && !l->stopped && (r->eng.model.master_sharded || r->eng.model.param_sharded || r->gn > 1) &&
+        !r->eng.model.lora.on) {
+        /* ZeRO-3: training is over, so the gradients and the optimizer state go before the save's tensor-sized
+         * buffers are touched, and the save never raises the peak (the arenas' high-water marks stay recorded) */
+        for (int c = SNUG_MEM_GRADS; r->eng.model.param_sharded && c <= SNUG_MEM_OPTIM; c++)
+            snug_engine_release(&r->eng, (snug_category)c);
+        /* a failure on one rank mid-stream ends the save on every rank, each with its error */
+        rc = snug_stream_save(r, &r->comm, dp, r->gn > 1 ? tp : NULL, l->par.shard, &r->broken, e);
+    } else if (!rc && !l->stopped && r->ppn > 1 && r->eng.model.lora.on) { /* every stage's adapters */
+        rc = snug_pp_save_adapter(r, &r->comm, tp, &r->broken, e);
+    } else if (!rc && !l->stopped && lead) {
+        rc = snug_save_hf_folder(o->output_dir, &r->s, &r->eng, e);
+    }
+    /* load_best_model_at_end: the weights saved are those of the checkpoint with the lowest validation loss */
+    if (!rc && !l->stopped && lead && l->load_best && l->st.best_step && l->st.best_step != l->st.step) {
+        char ck[4096];
+        snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, l->st.best_step);
+        rc = snug_checkpoint_take_weights(ck, o->output_dir, e);
+        if (!rc)
+            fprintf(out, "load_best_model_at_end: the model saved is checkpoint-%d's (validation loss %.6g, the "
+                    "lowest), not step %d's\n", l->st.best_step, l->st.best_val, l->st.step);
+    }
+    if (!rc && !l->stopped && lead && o->merge_lora) {
+        char merged[4096];
+        snug_path_join(merged, sizeof merged, o->output_dir, "merged");
+        double tm = snug_now_s();
+        /* an adapter of a quantized base goes onto the base's round trip: the weights it was trained against */
+        const snug_lora_cfg *q = r->eng.model.lv.lora.kind == SNUG_ADAPTER_QLORA ? &r->eng.model.lv.lora : NULL;
+        rc = snug_merge_lora(o->base_model, o->output_dir, merged, q, o->threads, e);
+        if (!rc)
+            fprintf(out, "merged the adapter into %s%s%s%s: %s in %.1f s\n", o->base_model, q ? " (its " : "",
+                    q ? snug_q4_width((snug_q4_type)q->q4_type) : "", q ? " round trip, as training saw it)" : "",
+                    merged, snug_now_s() - tm);
+    }
     return rc;
 }
