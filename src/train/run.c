@@ -97,20 +97,9 @@ static void run_end(snug_run *r, int rc, snug_error *e) {
         fclose(r->quiet);
 }
 
-int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_error *e) {
-    memset(r, 0, sizeof *r);
-    r->out = out;
-    r->on_gpu = snug_backend_resolve(config->device) == SNUG_BACKEND_CUDA;
-    /* the ranks: every rank runs this whole function on the same data; rank 0 alone prints and writes files */
-    SNUG_TRY(snug_launch_detect(&r->launch, e));
-    SNUG_TRY(snug_comm_open(&r->comm, &r->launch, e));
-    r->comm.deterministic = config->ddp_deterministic;
-    r->comm.check = config->dist_debug;
-    r->comm.timeout_s = config->dist_timeout;
-    r->lead = r->comm.rank == 0;
-    r->quiet = r->lead ? NULL : fopen("/dev/null", "w");
-    if (!r->lead)
-        r->out = r->quiet ? r->quiet : r->out;
+/* The ranks' groups: tensor parallelism's (or the pipeline's) and the data-parallel ones, after the settings several
+ * ranks cannot take are refused; the setup learns this rank's place. */
+static int open_groups(snug_run *r, const snug_run_config *config, snug_error *e) {
     /* tensor parallelism: groups of tpn consecutive ranks (tp, ranked by rank % tpn) split every block and run the
      * same micro-batches; the data-parallel groups (dp) are the ranks of one place in every group (ranked by
      * rank / tpn), or this rank alone when there is one group. So the world's rank is dp rank x tpn + tp rank. */
@@ -137,8 +126,8 @@ int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_er
         r->dp = &r->dpc;
     }
     /* CUDA ranks talk through NCCL (ddp_backend: nccl, or unset with several ranks), each on its local rank's GPU */
-    int use_nccl = r->on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
-                                 (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && r->comm.size > 1));
+    r->use_nccl = r->on_gpu && (config->ddp_backend == SNUG_DDP_BACKEND_NCCL ||
+                                (config->ddp_backend == SNUG_DDP_BACKEND_AUTO && r->comm.size > 1));
     if (r->on_gpu)
         snug_backend_use_gpu(r->comm.local_rank);
     r->s.ranks = r->dp->size; /* ranks that sum gradients keep them fp32, as accumulation does */
@@ -146,6 +135,12 @@ int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_er
     r->s.tp_rank = r->tpn > 1 ? r->tp->rank : 0;
     r->s.pp_stage = r->ppn > 1 ? r->tp->rank : 0;
     r->s.agree = r->comm.size > 1 ? &r->comm : NULL; /* (auto_find_batch_size: the size every rank fits) */
+    return rc;
+}
+
+/* The checkpoint to resume from, the settings it fixes, and the configuration resolved (setup.h). */
+static int open_resolve(snug_run *r, const snug_run_config *config, snug_error *e) {
+    int rc = 0;
     /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
      * stage) takes the checkpoint's, so that it continues the same loss on another stage */
     if (!rc && config->resume_from_checkpoint[0]) {
@@ -182,9 +177,13 @@ int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_er
         snprintf(r->s.fit_note, sizeof r->s.fit_note, "auto_find_batch_size: micro_batch_size %d, the checkpoint's "
                  "(found when the run started)", fb);
     free(adopted);
+    return rc;
+}
+
+/* The data and its loader, the checks before anything is written, the engine and the weights. */
+static int open_load(snug_run *r, snug_error *e) {
     const snug_run_config *o = &r->s.c; /* as it runs: after auto_fit */
-    if (!rc)
-        rc = snug_setup_load_data(&r->s, e);
+    int rc = snug_setup_load_data(&r->s, e);
     if (!rc && o->debug && r->lead) /* Axolotl's debug: the first examples as the model will see them */
         snug_setup_print_examples(r->out, &r->s, 3);
     snug_batching_opts bopts = snug_run_batching(r, 1);
@@ -210,7 +209,7 @@ int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_er
                            "another output_dir", o->output_dir);
     }
     if (!rc)
-        rc = snug_engine_create(&r->eng, &r->s.spec, o->device, o->threads, e);
+        rc = snug_engine_create_planned(&r->eng, &r->s.spec, &r->s.plan, o->device, o->threads, e);
     r->t_load = snug_now_s();
     /* the weights: a checkpoint's, or the base model's (or a random init); under LoRA the frozen base always comes
      * from base_model (or the same seed), and the adapters from the checkpoint or PEFT's initialisation */
@@ -225,8 +224,30 @@ int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_er
         rc = snug_setup_load_adapter(&r->s, &r->eng.model, e);
     if (!rc && r->resume[0])
         rc = snug_checkpoint_load(r->resume, &r->saved, &r->s, &r->eng, e);
+    return rc;
+}
+
+int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_error *e) {
+    memset(r, 0, sizeof *r);
+    r->out = out;
+    r->on_gpu = snug_backend_resolve(config->device) == SNUG_BACKEND_CUDA;
+    /* the ranks: every rank runs this whole function on the same data; rank 0 alone prints and writes files */
+    SNUG_TRY(snug_launch_detect(&r->launch, e));
+    SNUG_TRY(snug_comm_open(&r->comm, &r->launch, e));
+    r->comm.deterministic = config->ddp_deterministic;
+    r->comm.check = config->dist_debug;
+    r->comm.timeout_s = config->dist_timeout;
+    r->lead = r->comm.rank == 0;
+    r->quiet = r->lead ? NULL : fopen("/dev/null", "w");
+    if (!r->lead)
+        r->out = r->quiet ? r->quiet : r->out;
+    int rc = open_groups(r, config, e);
+    if (!rc)
+        rc = open_resolve(r, config, e);
+    if (!rc)
+        rc = open_load(r, e);
     rc = snug_ddp_agree(&r->comm, rc, &r->broken, e);
-    if (!rc && use_nccl) /* every rank or none: it agrees through the host communicator itself */
+    if (!rc && r->use_nccl) /* every rank or none: it agrees through the host communicator itself */
         rc = snug_comm_nccl_wrap(&r->comm, r->eng.be, e);
     if (rc) { /* the others learnt it in the agreement */
         snug_loader_free(&r->loader);
@@ -234,7 +255,6 @@ int snug_run_open(snug_run *r, const snug_run_config *config, FILE *out, snug_er
         run_end(r, rc, e);
     }
     return rc;
-
 }
 
 int snug_run_close(snug_run *r, int rc, snug_error *e) {

@@ -34,6 +34,7 @@ typedef struct snug_run {
     snug_comm *dp, *tp;        /* the data-parallel ranks; the tensor-parallel ranks (or the pipeline's stages) */
     int tpn, ppn, gn;          /* tensor_parallel_size, pipeline_parallel_size (1 without), the group's size */
     int on_gpu, lead;
+    int use_nccl;              /* the ranks talk through NCCL (CUDA ranks) */
     int broken;                /* a collective failed: the ranks no longer agree, so MPI is left for mpirun to end */
     FILE *out, *quiet;         /* where the run reports (/dev/null on the ranks but rank 0: quiet) */
     char resume[4096];         /* the checkpoint resumed from ("" when the run starts afresh) */
