@@ -10,8 +10,16 @@
 
 int snug_engine_create(snug_engine *g, const snug_plan_spec *spec, snug_backend_choice device, int threads,
                        snug_error *e) {
+    snug_plan plan;
     memset(g, 0, sizeof *g);
-    SNUG_TRY(snug_plan_run(&g->plan, spec, e));
+    SNUG_TRY(snug_plan_run(&plan, spec, e));
+    return snug_engine_create_planned(g, spec, &plan, device, threads, e);
+}
+
+int snug_engine_create_planned(snug_engine *g, const snug_plan_spec *spec, const snug_plan *plan,
+                               snug_backend_choice device, int threads, snug_error *e) {
+    memset(g, 0, sizeof *g);
+    g->plan = *plan;
     const snug_model_config *c = &spec->cfg;
     int fc = c->arch == SNUG_ARCH_GPT2 ? c->intermediate_size : 2 * c->intermediate_size;
     /* a GPU's scratch: the plan's size, which its overhead counts */
