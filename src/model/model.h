@@ -4,7 +4,12 @@
  * Parameters live in one flat fp32 buffer laid out layer by layer (globals first, then layer 0..L-1, then the final
  * norm and an untied head), so a layer's parameters, gradients and optimizer state are one contiguous range: the unit
  * that later gets sharded across ranks or updated as soon as backward finishes it. Inside a layer, q/k/v weights are
- * adjacent (one GEMM), as are gate/up. A table maps every range to its Hugging Face tensor name and file layout. */
+ * adjacent (one GEMM), as are gate/up. A table maps every range to its Hugging Face tensor name and file layout.
+ *
+ * The implementation is carved by job (each file opens with what it holds; model_impl.h is what they share):
+ * layout.c, acts.c, storage.c, views.c (memory and views), grads.c (gradients, freezing, announcements), gather.c
+ * (ZeRO-3 and 4-bit gathers), init.c and weights.c (values in and out), linear.c (a weight made readable for a
+ * GEMM), forward.c, backward.c, loss.c and step.c (the passes). */
 #ifndef SNUG_MODEL_H
 #define SNUG_MODEL_H
 
@@ -66,8 +71,8 @@ typedef struct snug_param_table {
 } snug_param_table;
 
 /* The memory levers that change what a training step keeps and recomputes. Each is one switch, read in one place
- * (model.c); none changes the result: checkpointing gives bitwise the same gradients, the attention paths and the
- * loss chunking agree to fp32 rounding. */
+ * (the model's layout and passes); none changes the result: checkpointing gives bitwise the same gradients, the
+ * attention paths and the loss chunking agree to fp32 rounding. */
 typedef enum snug_ckpt {
     SNUG_CKPT_NONE = 0,   /* keep every activation backward needs */
     SNUG_CKPT_SELECTIVE,  /* drop the norm outputs and the MLP activation (cheap to recompute, C+C+I per token) */
