@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "model/model_impl.h"
 
 
 /* Runs position p (token already in ids[p]) through the model; leaves its logits in m->logits row 0. */
@@ -22,6 +23,7 @@ static void forward_row(snug_model *m, int p) {
     size_t NC = (size_t)m->T * C;
     float *x = m->res + (size_t)p * C;
     const snug_lora *lo = &m->lora; /* lora_modules_to_save: the adapter's trained copies */
+    const snug_lora_ctx lx = model_lora_ctx(m); /* the adapters, beside each base linear */
     const float *wte = lo->on && lo->emb_off != (size_t)-1 ? lo->params + lo->emb_off : m->w.wte;
     const float *head = lo->on && lo->head_off != (size_t)-1 ? lo->params + lo->head_off : m->w.lm_head;
     be->embed_fwd(be, x, m->ids + p, wte, SNUG_DT_F32, 1, C, 0);
@@ -39,25 +41,25 @@ static void forward_row(snug_model *m, int p) {
         else
             be->rmsnorm_fwd(be, ln1, a->ln1_rstd + p, in, w->ln1_w, 1, C, c->norm_eps);
         be->matmul_fwd(be, qkv, ln1, w->qkv_w, w->qkv_b, 1, C, m->QKV);
-        snug_lora_fwd(m, l, SNUG_SITE_QKV, qkv, m->QKV, ln1, 1, 0, w->qkv_b);
+        snug_lora_fwd(&lx, l, SNUG_SITE_QKV, qkv, m->QKV, ln1, 1, 0, w->qkv_b);
         if (!gpt2)
             be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
         be->attention_decode(be, att, a->qkv, p, NH, NKV, HD, 1.0f / sqrtf((float)HD));
         be->matmul_fwd(be, mid, att, w->o_w, w->o_b, 1, NH * HD, C);
-        snug_lora_fwd(m, l, SNUG_SITE_O, mid, C, att, 1, 0, w->o_b);
+        snug_lora_fwd(&lx, l, SNUG_SITE_O, mid, C, att, 1, 0, w->o_b);
         be->accumulate(be, mid, in, (size_t)C);
         if (gpt2)
             be->layernorm_fwd(be, ln2, a->ln2_mean + p, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1, C, c->norm_eps);
         else
             be->rmsnorm_fwd(be, ln2, a->ln2_rstd + p, mid, w->ln2_w, 1, C, c->norm_eps);
         be->matmul_fwd(be, fc, ln2, w->fc_w, w->fc_b, 1, C, m->FC);
-        snug_lora_fwd(m, l, SNUG_SITE_FC, fc, m->FC, ln2, 1, 0, w->fc_b);
+        snug_lora_fwd(&lx, l, SNUG_SITE_FC, fc, m->FC, ln2, 1, 0, w->fc_b);
         if (gpt2)
             be->gelu_fwd(be, act, fc, (size_t)I);
         else
             be->swiglu_fwd(be, act, fc, 1, I);
         be->matmul_fwd(be, out, act, w->proj_w, w->proj_b, 1, I, C);
-        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, act, 1, 0, w->proj_b);
+        snug_lora_fwd(&lx, l, SNUG_SITE_PROJ, out, C, act, 1, 0, w->proj_b);
         be->accumulate(be, out, mid, (size_t)C);
     }
     float *final = m->res + (size_t)c->n_layer * NC + (size_t)p * C, *lnf = m->lnf + (size_t)p * C;
@@ -175,10 +177,11 @@ int snug_generate_checked(snug_model *m, const int32_t *prompt, int n_prompt, in
         s = &greedy;
     uint64_t rng = s->seed;
     int n = n_prompt;
+    const snug_lora_ctx lx = model_lora_ctx(m);
     /* DoRA: the weight norms once; the adapters do not change while generating */
     for (int l = 0; m->lora.dora && l < m->cfg.n_layer; l++)
         for (int k = 0; k < SNUG_NSITES; k++)
-            snug_lora_dora_norms(m, l, (snug_site)k);
+            snug_lora_dora_norms(&lx, l, (snug_site)k);
     m->lora.dora_fixed = m->lora.dora;
     for (int p = 0; p < n_prompt - 1; p++)
         forward_row(m, p);

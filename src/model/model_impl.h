@@ -41,6 +41,14 @@ static inline const float *model_tp_bias(const snug_model *m, const float *b) {
     return m->tp > 1 && m->tp_rank ? NULL : b;
 }
 
+/* adapter.c: the base weight's rows for DoRA (snug_model_site_rows), as a snug_lora_rows_fn */
+void model_lora_rows(void *ud, int l, snug_site site, int row, int nr, int in, float *dst);
+
+/* What the adapters read of model m (see snug_lora_ctx). */
+static inline snug_lora_ctx model_lora_ctx(snug_model *m) {
+    return (snug_lora_ctx){.lora = &m->lora, .be = m->be, .base_rows = model_lora_rows, .ud = m};
+}
+
 /* views.c */
 float **model_slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L);
 void model_make_views(const snug_model *m, float *base, const size_t *off, int globals_only, snug_tensors *v);
