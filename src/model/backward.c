@@ -14,7 +14,6 @@ void model_norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, cons
 /* One transformer block backward. On entry m->d_res holds dL/d res[l+1]; on exit dL/d res[l]. */
 void model_layer_bwd(snug_model *m, int l) {
     snug_backend *be = m->be;
-    const snug_lora_ctx lx = model_lora_ctx(m); /* the adapters, beside each base linear */
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
@@ -75,26 +74,23 @@ void model_layer_bwd(snug_model *m, int l) {
         if (m->mlp_rows)
             model_mlp_in(m, l, w, a, NULL, n0, ns);
         be->zero(be, m->d_act, nsI * sizeof(float));
-        const float *dp = snug_lora_dora_bwd(&lx, l, SNUG_SITE_PROJ, m->d_res + o, C, a->act, ns, NULL, NULL, 0);
-        model_lin_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, dp, a->act, w->proj_w, ns, I, C);
-        snug_lora_bwd(&lx, l, SNUG_SITE_PROJ, m->d_act, dp, C, a->act, ns, n0);
+        model_linear_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, m->d_res + o, a->act, w->proj_w, ns, n0,
+                         I, C, NULL, NULL);
         be->zero(be, m->d_fc, (size_t)ns * m->FC * sizeof(float));
         if (c->arch == SNUG_ARCH_GPT2)
             be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, nsI);
         else
             be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, ns, I);
-        snug_lora_dora_bwd(&lx, l, SNUG_SITE_FC, m->d_fc, m->FC, a->ln2 + o, ns, a->fc, w->fc_b, 1);
-        model_lin_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, g->fc_w, g->fc_b, m->d_fc, a->ln2 + o, w->fc_w, ns, C, m->FC);
-        snug_lora_bwd(&lx, l, SNUG_SITE_FC, m->d_ln + o, m->d_fc, m->FC, a->ln2 + o, ns, n0);
+        model_linear_bwd(m, l, SNUG_SITE_FC, m->d_ln + o, g->fc_w, g->fc_b, m->d_fc, a->ln2 + o, w->fc_w, ns, n0, C,
+                         m->FC, a->fc, w->fc_b);
     }
     model_tp_sum(m, m->d_ln, Nn * C);
     model_norm_bwd(m, m->d_res, g->ln2_w, g->ln2_b, m->d_ln, a->res_mid, w->ln2_w, a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: res_mid = res[l] + o(attn(rope(qkv(norm1(res[l]))))) */
     be->zero(be, m->d_att, Nn * NH * HD * sizeof(float));
-    const float *d_o = snug_lora_dora_bwd(&lx, l, SNUG_SITE_O, m->d_res, C, a->att, N, NULL, NULL, 0);
-    model_lin_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, d_o, a->att, w->o_w, N, NH * HD, C);
-    snug_lora_bwd(&lx, l, SNUG_SITE_O, m->d_att, d_o, C, a->att, N, 0);
+    model_linear_bwd(m, l, SNUG_SITE_O, m->d_att, g->o_w, g->o_b, m->d_res, a->att, w->o_w, N, 0, NH * HD, C, NULL,
+                     NULL);
     be->zero(be, m->d_qkv, Nn * m->QKV * sizeof(float));
     if (m->lv.naive_attention)
         be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
@@ -117,10 +113,8 @@ void model_layer_bwd(snug_model *m, int l) {
      * reader of the rotated values, is done) */
     if (m->lora.dora && m->lora.table.layer_numel[l] && c->arch != SNUG_ARCH_GPT2)
         be->rope_bwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
-    snug_lora_dora_bwd(&lx, l, SNUG_SITE_QKV, m->d_qkv, m->QKV, a->ln1, N, a->qkv, w->qkv_b, 1);
-    model_lin_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N, C,
-                  m->QKV);
-    snug_lora_bwd(&lx, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, m->d_qkv, m->QKV, a->ln1, N, 0);
+    model_linear_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N,
+                     0, C, m->QKV, a->qkv, w->qkv_b);
     if (need_dx) {
         model_tp_sum(m, m->d_ln, Nn * C);
         model_norm_bwd(m, m->d_res, g->ln1_w, g->ln1_b, m->d_ln, x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N);

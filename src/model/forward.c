@@ -77,11 +77,9 @@ void model_load_res(snug_model *m, int l, float *x, size_t n) {
 void model_mlp_in(snug_model *m, int l, const snug_layer_tensors *w, const snug_layer_acts *a,
                   const snug_layer_acts16 *s, int n0, int ns) {
     snug_backend *be = m->be;
-    const snug_lora_ctx lx = model_lora_ctx(m); /* the adapters, beside each base linear */
     int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     const float *x = a->ln2 + (size_t)n0 * C;
-    model_lin_fwd(m, l, SNUG_SITE_FC, a->fc, x, w->fc_w, w->fc_b, ns, C, m->FC);
-    snug_lora_fwd(&lx, l, SNUG_SITE_FC, a->fc, m->FC, x, ns, n0, w->fc_b);
+    model_linear_fwd(m, l, SNUG_SITE_FC, a->fc, x, w->fc_w, w->fc_b, ns, n0, C, m->FC);
     model_keep(m, s ? s->fc : NULL, a->fc, (size_t)ns * m->FC);
     if (m->cfg.arch == SNUG_ARCH_GPT2)
         be->gelu_fwd(be, a->act, a->fc, (size_t)ns * I);
@@ -95,7 +93,6 @@ void model_mlp_in(snug_model *m, int l, const snug_layer_tensors *w, const snug_
  * MLP's backward recomputes its shards itself, and nothing reads res[l+1] again. */
 void model_layer_fwd(snug_model *m, int l, int recompute) {
     snug_backend *be = m->be;
-    const snug_lora_ctx lx = model_lora_ctx(m); /* the adapters, beside each base linear */
     const snug_model_config *c = &m->cfg;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
@@ -108,8 +105,7 @@ void model_layer_fwd(snug_model *m, int l, int recompute) {
 
     model_norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     model_keep(m, s->ln1, a->ln1, Nn * C);
-    model_lin_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, m->QKV);
-    snug_lora_fwd(&lx, l, SNUG_SITE_QKV, a->qkv, m->QKV, a->ln1, N, 0, w->qkv_b);
+    model_linear_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, 0, C, m->QKV);
     if (c->arch != SNUG_ARCH_GPT2)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     model_keep(m, s->qkv, a->qkv, Nn * m->QKV);
@@ -120,8 +116,7 @@ void model_layer_fwd(snug_model *m, int l, int recompute) {
         be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
                           1.0f / sqrtf((float)HD));
     model_keep(m, s->att, a->att, Nn * NH * HD);
-    model_lin_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, model_tp_bias(m, w->o_b), N, NH * HD, C);
-    snug_lora_fwd(&lx, l, SNUG_SITE_O, a->res_mid, C, a->att, N, 0, model_tp_bias(m, w->o_b));
+    model_linear_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, w->o_b, N, 0, NH * HD, C);
     model_tp_sum(m, a->res_mid, Nn * C);
     be->accumulate(be, a->res_mid, x, Nn * C);
     model_keep(m, s->res_mid, a->res_mid, Nn * C);
@@ -134,9 +129,7 @@ void model_layer_fwd(snug_model *m, int l, int recompute) {
     for (int n0 = 0; n0 < N; n0 += rows) {
         int ns = N - n0 < rows ? N - n0 : rows;
         model_mlp_in(m, l, w, a, s, n0, ns);
-        model_lin_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, a->act, w->proj_w, model_tp_bias(m, w->proj_b), ns, I,
-                      C);
-        snug_lora_fwd(&lx, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, C, a->act, ns, n0, model_tp_bias(m, w->proj_b));
+        model_linear_fwd(m, l, SNUG_SITE_PROJ, out + (size_t)n0 * C, a->act, w->proj_w, w->proj_b, ns, n0, I, C);
     }
     model_tp_sum(m, out, Nn * C);
     be->accumulate(be, out, a->res_mid, Nn * C);

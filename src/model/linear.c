@@ -1,6 +1,8 @@
-/* linear.c: a layer's weights made readable for its GEMMs (fp32 views, 16-bit widened or read as stored, a
- * ZeRO-3 gathered layer, QLoRA's 4-bit matrices dequantized a chunk of rows at a time) and the linear layers'
- * forward and backward over them; tensor parallelism's bias and sum. */
+/* linear.c: the block's linear layers, the one place a weight is made readable for a GEMM: fp32 views, 16-bit
+ * widened into wl or read as stored (matmul_w16), a ZeRO-3 gathered layer, QLoRA's 4-bit matrices dequantized a
+ * chunk of rows at a time (model_layer_weights, lin_fwd, lin_bwd); model_linear_fwd and model_linear_bwd run a site
+ * with its adapters (lora.h) and tensor parallelism's row-parallel bias, so the layer code has no branch on how a
+ * weight is stored or adapted. */
 #include "model/model_impl.h"
 
 /* Rows [r0, r0 + nr) of quantized matrix i into dst (nr x cols) as forward reads them: by the backend's op (where the
@@ -24,7 +26,7 @@ void model_dequant_rows(const snug_model *m, int i, size_t r0, size_t nr, float 
 
 /* Layer l's weights as fp32 views: the parameters themselves, or under 16-bit the layer widened into wl. Where the
  * backend's GEMMs read 16-bit weights as stored (matmul_w16), only the norms and biases are widened and
- * model_lin_fwd and model_lin_bwd take the matrices from params16 (wl16): the views of the four are NULL. */
+ * lin_fwd and lin_bwd take the matrices from params16 (wl16): the views of the four are NULL. */
 const snug_layer_tensors *model_layer_weights(snug_model *m, int l) {
     if (m->q4_sharded)
         model_q4_layer(m, l);
@@ -91,8 +93,8 @@ void snug_model_site_rows(snug_model *m, int l, snug_site site, int row, int nr,
 /* out (N, OC) = inp (N, Cin) @ W^T + b, W the site's weight (OC, Cin): w, or with w NULL its 16-bit copy as stored
  * (wl16). Under QLoRA W is the site's 4-bit matrices, each dequantized a chunk of rows at a time into wq, and each
  * chunk's GEMM writes its columns of out. */
-void model_lin_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
-                   const float *b, int N, int Cin, int OC) {
+static void lin_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
+                    const float *b, int N, int Cin, int OC) {
     snug_backend *be = m->be;
     if (!m->q4 && !w) { /* the 16-bit weight as stored (model_layer_weights) */
         be->matmul_w16_fwd(be, out, inp, m->wl16[site], m->lv.dt, b, N, Cin, OC);
@@ -116,10 +118,10 @@ void model_lin_fwd(snug_model *m, int l, snug_site site, float *out, const float
         be->gemm_strided(be, 0, 0, N, OC, 1, 1.0f, m->ones, 1, b, OC, 1.0f, out, OC);
 }
 
-/* The backward of model_lin_fwd: dinp += dout @ W, dw += dout^T @ inp, db += column sums of dout (each skipped when
+/* The backward of lin_fwd: dinp += dout @ W, dw += dout^T @ inp, db += column sums of dout (each skipped when
  * NULL). Under QLoRA the base is frozen (no dw, no db) and dinp takes the chunks' products in turn. */
-void model_lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, const float *dout,
-                   const float *inp, const float *w, int N, int Cin, int OC) {
+static void lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, const float *dout,
+                    const float *inp, const float *w, int N, int Cin, int OC) {
     snug_backend *be = m->be;
     if (!m->q4 && !w) {
         be->matmul_w16_bwd(be, dinp, dw, db, dout, inp, m->wl16[site], m->lv.dt, N, Cin, OC);
@@ -139,6 +141,32 @@ void model_lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw,
             be->gemm_strided(be, 0, 0, N, Cin, nr, 1.0f, dout + row0 + r, OC, m->wq, Cin, 1.0f, dinp, Cin);
         }
     }
+}
+
+/* Tensor parallelism: a row-parallel site's bias, added by rank 0 alone (the ranks' partial outputs are summed) */
+static const float *tp_bias(const snug_model *m, const float *b) { return m->tp > 1 && m->tp_rank ? NULL : b; }
+
+/* The linear layer at `site` of layer l, with its adapters, as the block's forward runs it: out (N, OC) = inp (N, Cin)
+ * @ W^T + b from wherever W is stored (lin_fwd), then the adapters' share (inp: rows n0.. of the micro-batch). The
+ * bias of a row-parallel site (o, down) is tensor parallelism's rank 0's alone; the caller sums the ranks' out. */
+void model_linear_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
+                      const float *b, int N, int n0, int Cin, int OC) {
+    const snug_lora_ctx lx = model_lora_ctx(m);
+    const float *bias = site == SNUG_SITE_O || site == SNUG_SITE_PROJ ? tp_bias(m, b) : b;
+    lin_fwd(m, l, site, out, inp, w, bias, N, Cin, OC);
+    snug_lora_fwd(&lx, l, site, out, OC, inp, N, n0, bias);
+}
+
+/* Its backward: DoRA's magnitudes and its scaled output gradient first (y: the site's output as forward left it and
+ * yb its bias, at q/k/v and gate/up, whose dout is then scaled in place; NULL at o and down, whose dout is the
+ * residual stream's gradient and is read again), then the base's dinp, dw, db (lin_bwd) and the adapters'. */
+void model_linear_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, float *dout,
+                      const float *inp, const float *w, int N, int n0, int Cin, int OC, const float *y,
+                      const float *yb) {
+    const snug_lora_ctx lx = model_lora_ctx(m);
+    const float *d = snug_lora_dora_bwd(&lx, l, site, dout, OC, inp, N, y, yb, y != NULL);
+    lin_bwd(m, l, site, dinp, dw, db, d, inp, w, N, Cin, OC);
+    snug_lora_bwd(&lx, l, site, dinp, d, OC, inp, N, n0);
 }
 
 /* Tensor parallelism: n floats summed over the ranks in place (nothing on one rank) */

@@ -36,11 +36,6 @@ enum { GLOB_PRE = 1, GLOB_POST = 2 };
  * region, after the globals (32-aligned). */
 static inline size_t model_head_block_at(const snug_model *m) { return (m->gglob_n + 31) / 32 * 32; }
 
-/* Tensor parallelism: a row-parallel site's bias, added by rank 0 alone (the ranks' partial outputs are summed) */
-static inline const float *model_tp_bias(const snug_model *m, const float *b) {
-    return m->tp > 1 && m->tp_rank ? NULL : b;
-}
-
 /* adapter.c: the base weight's rows for DoRA (snug_model_site_rows), as a snug_lora_rows_fn */
 void model_lora_rows(void *ud, int l, snug_site site, int row, int nr, int in, float *dst);
 
@@ -98,10 +93,11 @@ uint16_t *model_stored16(const snug_model *m, int i);
 /* linear.c */
 void model_dequant_rows(const snug_model *m, int i, size_t r0, size_t nr, float *dst);
 const snug_layer_tensors *model_layer_weights(snug_model *m, int l);
-void model_lin_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
-                    const float *b, int N, int Cin, int OC);
-void model_lin_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, const float *dout,
-                    const float *inp, const float *w, int N, int Cin, int OC);
+void model_linear_fwd(snug_model *m, int l, snug_site site, float *out, const float *inp, const float *w,
+                      const float *b, int N, int n0, int Cin, int OC);
+void model_linear_bwd(snug_model *m, int l, snug_site site, float *dinp, float *dw, float *db, float *dout,
+                      const float *inp, const float *w, int N, int n0, int Cin, int OC, const float *y,
+                      const float *yb);
 void model_tp_sum(snug_model *m, float *x, size_t n);
 
 /* forward.c */
