@@ -10,16 +10,16 @@ int snug_model_layer_full_ckpt(const snug_model *m, int l) {
 /* The per-row statistics one layer saves, always fp32: the norms' mean (LayerNorm) and rstd, and the attention's
  * log-sum-exp (or, on the naive path, its probabilities). */
 static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
-                            snug_error *e) {
-    int gpt2 = m->cfg.arch == SNUG_ARCH_GPT2, NH = m->cfg.n_head;
-    if (gpt2)
+                             snug_error *e) {
+    int ln = snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER, NH = m->cfg.n_head; /* LayerNorm saves its mean too */
+    if (ln)
         CARVE(a->ln1_mean, cat, N);
     CARVE(a->ln1_rstd, cat, N);
     if (m->lv.naive_attention)
         CARVE(a->probs, cat, (size_t)m->B * NH * m->T * m->T);
     else
         CARVE(a->lse, cat, N * NH);
-    if (gpt2)
+    if (ln)
         CARVE(a->ln2_mean, cat, N);
     CARVE(a->ln2_rstd, cat, N);
     return 0;
@@ -45,7 +45,7 @@ static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, s
     } while (0)
 
 static int carve_layer_big(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
-                          int with_cheap, snug_error *e) {
+                           int with_cheap, snug_error *e) {
     CARVE_LAYER_BIG(a, cat, N, with_cheap);
     return 0;
 }

@@ -5,7 +5,7 @@
 void model_norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                     const float *w, const float *mean, const float *rstd, int N) {
     snug_backend *be = m->be;
-    if (m->cfg.arch == SNUG_ARCH_GPT2)
+    if (snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER)
         be->layernorm_bwd(be, dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.hidden_size);
     else
         be->rmsnorm_bwd(be, dinp, dw, dout, inp, w, rstd, N, m->cfg.hidden_size);
@@ -15,6 +15,7 @@ void model_norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, cons
 void model_layer_bwd(snug_model *m, int l) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
+    const snug_block blk = snug_block_of(c);
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
     size_t Nn = (size_t)N;
@@ -53,10 +54,7 @@ void model_layer_bwd(snug_model *m, int l) {
         g = &live;
     }
     if (selective && !m->mlp_rows) {
-        if (c->arch == SNUG_ARCH_GPT2)
-            be->gelu_fwd(be, a->act, a->fc, Nn * I);
-        else
-            be->swiglu_fwd(be, a->act, a->fc, N, I);
+        model_mlp_act(m, a->act, a->fc, N);
         model_keep(m, NULL, a->act, Nn * I);
     }
     if (selective) {
@@ -77,7 +75,7 @@ void model_layer_bwd(snug_model *m, int l) {
         model_linear_bwd(m, l, SNUG_SITE_PROJ, m->d_act, g->proj_w, g->proj_b, m->d_res + o, a->act, w->proj_w, ns, n0,
                          I, C, NULL, NULL);
         be->zero(be, m->d_fc, (size_t)ns * m->FC * sizeof(float));
-        if (c->arch == SNUG_ARCH_GPT2)
+        if (blk.mlp == SNUG_MLP_GELU)
             be->gelu_bwd(be, m->d_fc, m->d_act, a->fc, nsI);
         else
             be->swiglu_bwd(be, m->d_fc, m->d_act, a->fc, ns, I);
@@ -98,7 +96,7 @@ void model_layer_bwd(snug_model *m, int l) {
     else
         be->attention_bwd(be, m->d_qkv, m->d_att, a->qkv, a->att, a->lse, m->seg_used ? m->seg : NULL, Bc, Tc, NH,
                           NKV, HD, 1.0f / sqrtf((float)HD));
-    if (c->arch != SNUG_ARCH_GPT2)
+    if (blk.pos == SNUG_POS_ROPE)
         be->rope_bwd(be, m->d_qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     if (selective) {
         model_norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
@@ -111,7 +109,7 @@ void model_layer_bwd(snug_model *m, int l) {
         be->zero(be, m->d_ln, Nn * C * sizeof(float));
     /* DoRA reads q/k/v's output as its GEMM left it: the rotation undone in place (attention's backward, the last
      * reader of the rotated values, is done) */
-    if (m->lora.dora && m->lora.table.layer_numel[l] && c->arch != SNUG_ARCH_GPT2)
+    if (m->lora.dora && m->lora.table.layer_numel[l] && blk.pos == SNUG_POS_ROPE)
         be->rope_bwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     model_linear_bwd(m, l, SNUG_SITE_QKV, need_dx ? m->d_ln : NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->ln1, w->qkv_w, N,
                      0, C, m->QKV, a->qkv, w->qkv_b);

@@ -5,10 +5,20 @@
 void model_norm_fwd(const snug_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
                     const float *b, int N) {
     snug_backend *be = m->be;
-    if (m->cfg.arch == SNUG_ARCH_GPT2)
+    if (snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER)
         be->layernorm_fwd(be, out, mean, rstd, inp, w, b, N, m->cfg.hidden_size, m->cfg.norm_eps);
     else
         be->rmsnorm_fwd(be, out, rstd, inp, w, N, m->cfg.hidden_size, m->cfg.norm_eps);
+}
+
+/* The MLP's activation: act (N, I) from fc (N, FC), GELU's or SwiGLU's (the block's mlp). */
+void model_mlp_act(const snug_model *m, float *act, const float *fc, int N) {
+    snug_backend *be = m->be;
+    int I = m->cfg.intermediate_size;
+    if (snug_block_of(&m->cfg).mlp == SNUG_MLP_GELU)
+        be->gelu_fwd(be, act, fc, (size_t)N * I);
+    else
+        be->swiglu_fwd(be, act, fc, N, I);
 }
 
 /* 16-bit storage around fp32 compute. keep: round the fp32 result in place to dt and save it (dst may be NULL:
@@ -76,15 +86,11 @@ void model_load_res(snug_model *m, int l, float *x, size_t n) {
  * place for it (never for a tiled MLP). */
 void model_mlp_in(snug_model *m, int l, const snug_layer_tensors *w, const snug_layer_acts *a,
                   const snug_layer_acts16 *s, int n0, int ns) {
-    snug_backend *be = m->be;
     int C = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     const float *x = a->ln2 + (size_t)n0 * C;
     model_linear_fwd(m, l, SNUG_SITE_FC, a->fc, x, w->fc_w, w->fc_b, ns, n0, C, m->FC);
     model_keep(m, s ? s->fc : NULL, a->fc, (size_t)ns * m->FC);
-    if (m->cfg.arch == SNUG_ARCH_GPT2)
-        be->gelu_fwd(be, a->act, a->fc, (size_t)ns * I);
-    else
-        be->swiglu_fwd(be, a->act, a->fc, ns, I);
+    model_mlp_act(m, a->act, a->fc, ns);
     model_keep(m, s ? s->act : NULL, a->act, (size_t)ns * I);
 }
 
@@ -106,7 +112,7 @@ void model_layer_fwd(snug_model *m, int l, int recompute) {
     model_norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     model_keep(m, s->ln1, a->ln1, Nn * C);
     model_linear_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, 0, C, m->QKV);
-    if (c->arch != SNUG_ARCH_GPT2)
+    if (snug_block_of(c).pos == SNUG_POS_ROPE)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     model_keep(m, s->qkv, a->qkv, Nn * m->QKV);
     if (m->lv.naive_attention)

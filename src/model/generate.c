@@ -21,14 +21,15 @@ static void forward_row(snug_model *m, int p) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim, I = c->intermediate_size;
-    int gpt2 = c->arch == SNUG_ARCH_GPT2;
+    const snug_block blk = snug_block_of(c);
+    int ln = blk.norm == SNUG_NORM_LAYER; /* LayerNorm: its mean kept too */
     size_t NC = (size_t)m->T * C;
     float *x = m->res + (size_t)p * C;
     const snug_lora *lo = &m->lora; /* lora_modules_to_save: the adapter's trained copies */
     const float *wte = lo->on && lo->emb_off != (size_t)-1 ? lo->params + lo->emb_off : m->w.wte;
     const float *head = lo->on && lo->head_off != (size_t)-1 ? lo->params + lo->head_off : m->w.lm_head;
     be->embed_fwd(be, x, m->ids + p, wte, SNUG_DT_F32, 1, C, 0);
-    if (gpt2)
+    if (blk.pos == SNUG_POS_LEARNED)
         be->embed_fwd(be, x, m->pos + p, m->w.wpe, SNUG_DT_F32, 1, C, 1);
     for (int l = 0; l < c->n_layer; l++) {
         const snug_layer_tensors *w = &m->w.layers[l];
@@ -37,24 +38,21 @@ static void forward_row(snug_model *m, int p) {
         float *ln1 = a->ln1 + (size_t)p * C, *qkv = a->qkv + (size_t)p * m->QKV, *att = a->att + (size_t)p * NH * HD;
         float *mid = a->res_mid + (size_t)p * C, *ln2 = a->ln2 + (size_t)p * C;
         float *fc = a->fc + (size_t)p * m->FC, *act = a->act + (size_t)p * I;
-        model_norm_fwd(m, ln1, gpt2 ? a->ln1_mean + p : NULL, a->ln1_rstd + p, in, w->ln1_w, w->ln1_b, 1);
+        model_norm_fwd(m, ln1, ln ? a->ln1_mean + p : NULL, a->ln1_rstd + p, in, w->ln1_w, w->ln1_b, 1);
         model_linear_fwd(m, l, SNUG_SITE_QKV, qkv, ln1, w->qkv_w, w->qkv_b, 1, 0, C, m->QKV);
-        if (!gpt2)
+        if (blk.pos == SNUG_POS_ROPE)
             be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
         be->attention_decode(be, att, a->qkv, p, NH, NKV, HD, 1.0f / sqrtf((float)HD));
         model_linear_fwd(m, l, SNUG_SITE_O, mid, att, w->o_w, w->o_b, 1, 0, NH * HD, C);
         be->accumulate(be, mid, in, (size_t)C);
-        model_norm_fwd(m, ln2, gpt2 ? a->ln2_mean + p : NULL, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1);
+        model_norm_fwd(m, ln2, ln ? a->ln2_mean + p : NULL, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1);
         model_linear_fwd(m, l, SNUG_SITE_FC, fc, ln2, w->fc_w, w->fc_b, 1, 0, C, m->FC);
-        if (gpt2)
-            be->gelu_fwd(be, act, fc, (size_t)I);
-        else
-            be->swiglu_fwd(be, act, fc, 1, I);
+        model_mlp_act(m, act, fc, 1);
         model_linear_fwd(m, l, SNUG_SITE_PROJ, out, act, w->proj_w, w->proj_b, 1, 0, I, C);
         be->accumulate(be, out, mid, (size_t)C);
     }
     float *final = m->res + (size_t)c->n_layer * NC + (size_t)p * C, *lnf = m->lnf + (size_t)p * C;
-    model_norm_fwd(m, lnf, gpt2 ? m->lnf_mean + p : NULL, m->lnf_rstd + p, final, m->w.lnf_w, m->w.lnf_b, 1);
+    model_norm_fwd(m, lnf, ln ? m->lnf_mean + p : NULL, m->lnf_rstd + p, final, m->w.lnf_w, m->w.lnf_b, 1);
     be->matmul_fwd(be, m->logits, lnf, head, NULL, 1, C, c->vocab_size);
 }
 

@@ -32,14 +32,14 @@ static void layout_dims(snug_model *m, int B, int T) {
     int xent_chunk = m->lv.xent_chunk;
     const snug_model_config *c = &m->cfg;
     int C = c->hidden_size, NH = c->n_head, HD = c->head_dim;
-    int I = c->intermediate_size, gpt2 = c->arch == SNUG_ARCH_GPT2;
+    int I = c->intermediate_size, gelu = snug_block_of(c).mlp == SNUG_MLP_GELU;
     size_t N = (size_t)B * T;
     m->B = B;
     m->T = T;
     m->cur_B = B;
     m->cur_T = T;
     m->QKV = (NH + 2 * c->n_kv_head) * HD;
-    m->FC = gpt2 ? I : 2 * I;
+    m->FC = gelu ? I : 2 * I;
     m->xent_chunk = xent_chunk > 0 && (size_t)xent_chunk < N ? xent_chunk : (int)N;
     m->mlp_rows = 0;
     if (m->lv.mlp_shards) { /* tiled_mlp: shards of ceil(N / k) tokens */
@@ -228,13 +228,13 @@ static int layout_widen(snug_model *m, snug_arenas *A, size_t N, snug_error *e) 
 /* The last pipeline stage's final norm and loss: the norm's output and statistics, the logits chunk, and
  * loss_vocab_block's running statistics. */
 static int layout_loss(snug_model *m, snug_arenas *A, size_t N, snug_error *e) {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, gpt2 = m->cfg.arch == SNUG_ARCH_GPT2;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, ln = snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER;
     m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = NULL;
     m->st_max = m->st_zy = NULL;
     m->st_sum = NULL;
     if (snug_pp_last(m)) { /* the final norm and the loss: the last pipeline stage's */
         CARVE(m->lnf, SNUG_MEM_ACTS, N * C);
-        if (gpt2)
+        if (ln)
             CARVE(m->lnf_mean, SNUG_MEM_ACTS, N);
         CARVE(m->lnf_rstd, SNUG_MEM_ACTS, N);
         /* workspace: the logits chunk always; activation gradients only for training */
@@ -281,7 +281,7 @@ static int layout_backward(snug_model *m, snug_arenas *A, size_t N, int with_gra
 
 /* The micro-batch's data: ids, labels, positions, segments; tensor parallelism's and vtied's ids; the RoPE tables. */
 static int layout_data(snug_model *m, snug_arenas *A, size_t N, int T, snug_error *e) {
-    int C = m->cfg.hidden_size, HD = m->cfg.head_dim, gpt2 = m->cfg.arch == SNUG_ARCH_GPT2;
+    int C = m->cfg.hidden_size, HD = m->cfg.head_dim, rope = snug_block_of(&m->cfg).pos == SNUG_POS_ROPE;
     CARVE(m->ids, SNUG_MEM_DATA, N);
     CARVE(m->labels, SNUG_MEM_DATA, N);
     CARVE(m->pos, SNUG_MEM_DATA, N);
@@ -304,7 +304,7 @@ static int layout_data(snug_model *m, snug_arenas *A, size_t N, int T, snug_erro
         CARVE(m->ubuf, SNUG_MEM_GRADS, (size_t)m->umax * C);
     }
     m->rope_cos = m->rope_sin = NULL;
-    if (!gpt2) {
+    if (rope) {
         CARVE(m->rope_cos, SNUG_MEM_DATA, (size_t)T * HD / 2);
         CARVE(m->rope_sin, SNUG_MEM_DATA, (size_t)T * HD / 2);
     }

@@ -152,7 +152,7 @@ static void dora_scale(const snug_lora_ctx *cx, int l, const snug_lora_module *m
     const float *mag = lo->params + lo->table.layer_offset[l] + md->m_off;
     const float *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
     cx->be->scale_cols(cx->be, out + md->row0, (size_t)width, out + md->row0, (size_t)width, N, md->rows, mag, nrm,
-                      bias ? bias + md->row0 : NULL);
+                       bias ? bias + md->row0 : NULL);
 }
 
 /* DoRA: rows [r0, r0 + nr) of module md's magnitude gradient, added once: (sum over tokens of dy (x W^T + s u B^T))

@@ -72,7 +72,7 @@ void model_q4_local(const snug_model *m, int l);
 void model_lookup_rows(snug_model *m, int n);
 void model_gather_lookup_rows(snug_model *m);
 double model_loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float *dhead, int N, float grad_scale,
-                          int train, int skip);
+                         int train, int skip);
 void model_reduce_lookup_rows(snug_model *m, int N, int skip);
 void model_vocab_blocks(snug_model *m, int B, int T, int with_grads);
 
@@ -102,19 +102,20 @@ void model_tp_sum(snug_model *m, float *x, size_t n);
 
 /* forward.c */
 void model_norm_fwd(const snug_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
-                     const float *b, int N);
+                    const float *b, int N);
+void model_mlp_act(const snug_model *m, float *act, const float *fc, int N);
 void model_keep(const snug_model *m, uint16_t *dst, float *src, size_t n);
 void model_fetch(const snug_model *m, float *dst, const uint16_t *src, size_t n);
 float *model_res_at(const snug_model *m, int l);
 void model_save_res(snug_model *m, int l, float *x, size_t n);
 void model_load_res(snug_model *m, int l, float *x, size_t n);
 void model_mlp_in(snug_model *m, int l, const snug_layer_tensors *w, const snug_layer_acts *a,
-                   const snug_layer_acts16 *s, int n0, int ns);
+                  const snug_layer_acts16 *s, int n0, int ns);
 void model_layer_fwd(snug_model *m, int l, int recompute);
 
 /* backward.c */
 void model_norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                     const float *w, const float *mean, const float *rstd, int N);
+                    const float *w, const float *mean, const float *rstd, int N);
 void model_layer_bwd(snug_model *m, int l);
 
 #endif
