@@ -18,6 +18,26 @@ typedef enum snug_arch { SNUG_ARCH_LLAMA = 0, SNUG_ARCH_GPT2 = 1 } snug_arch;
 
 typedef enum snug_rope_type { SNUG_ROPE_DEFAULT = 0, SNUG_ROPE_LLAMA3, SNUG_ROPE_LINEAR } snug_rope_type;
 
+/* A block described as data: what the layer code reads instead of the architecture's name. The biases (qkv_bias,
+ * o_bias, mlp_bias), grouped-query attention (n_kv_head) and the RoPE scaling are the config's own fields. */
+typedef enum snug_norm_kind {
+    SNUG_NORM_RMS = 0,        /* RMSNorm: a weight, the rstd saved */
+    SNUG_NORM_LAYER,          /* LayerNorm: a weight and a bias, the mean and rstd saved */
+} snug_norm_kind;
+typedef enum snug_mlp_kind {
+    SNUG_MLP_SWIGLU = 0,      /* silu(gate) * up from one fused (2I, C) gate/up projection */
+    SNUG_MLP_GELU,            /* tanh-GELU after one (I, C) projection */
+} snug_mlp_kind;
+typedef enum snug_pos_kind {
+    SNUG_POS_ROPE = 0,        /* rotary embeddings on q and k (the tables from rope_theta and rope_type) */
+    SNUG_POS_LEARNED,         /* a learned position embedding added to the token embedding */
+} snug_pos_kind;
+typedef struct snug_block {
+    snug_norm_kind norm;
+    snug_mlp_kind mlp;
+    snug_pos_kind pos;
+} snug_block;
+
 typedef struct snug_model_config {
     snug_arch arch;
     char model_type[32];      /* "llama", "mistral", "qwen2", "gpt2" */
@@ -56,6 +76,13 @@ int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_
 int snug_generation_config_save(const snug_model_config *cfg, const char *path, snug_error *e);
 /* Checks a config built in code (the built-in presets) the same way a loaded one is checked. */
 int snug_model_config_validate(const snug_model_config *cfg, const char *path, snug_error *e);
+
+/* The block of an architecture: a new architecture whose block is made of these parts is one more case here. */
+static inline snug_block snug_block_of(const snug_model_config *c) {
+    if (c->arch == SNUG_ARCH_GPT2)
+        return (snug_block){.norm = SNUG_NORM_LAYER, .mlp = SNUG_MLP_GELU, .pos = SNUG_POS_LEARNED};
+    return (snug_block){.norm = SNUG_NORM_RMS, .mlp = SNUG_MLP_SWIGLU, .pos = SNUG_POS_ROPE};
+}
 
 /* Number of trainable parameters (tied embedding counted once). */
 long long snug_model_config_nparams(const snug_model_config *cfg);

@@ -1,8 +1,8 @@
 /* generate.c: token-by-token decoding with a KV cache (see generate.h).
  *
- * Position p of the prompt or of the generated text runs through every layer as a single row: the projections,
- * norms and MLP use the backend ops with N = 1, and the row's attention (the attention_decode op) reads the roped
- * keys and values that earlier positions left in the layer's saved qkv buffer. */
+ * Position p of the prompt or of the generated text runs through every layer as a single row: the norms and the
+ * linear layers (with their adapters) are the training forward's with N = 1, and the row's attention (the
+ * attention_decode op) reads the roped keys and values that earlier positions left in the layer's saved qkv buffer. */
 #include "model/generate.h"
 
 #include <math.h>
@@ -11,21 +11,25 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "model/model_impl.h"
 
 
-/* Runs position p (token already in ids[p]) through the model; leaves its logits in m->logits row 0. */
+/* Runs position p (token already in ids[p]) through the model; leaves its logits in m->logits row 0. The norms and
+ * the linear layers with their adapters are the training forward's (model_norm_fwd, model_linear_fwd); attention
+ * reads the cached keys and values of the positions before (attention_decode), one row at a time. */
 static void forward_row(snug_model *m, int p) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
     int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim, I = c->intermediate_size;
-    int gpt2 = c->arch == SNUG_ARCH_GPT2;
+    const snug_block blk = snug_block_of(c);
+    int ln = blk.norm == SNUG_NORM_LAYER; /* LayerNorm: its mean kept too */
     size_t NC = (size_t)m->T * C;
     float *x = m->res + (size_t)p * C;
     const snug_lora *lo = &m->lora; /* lora_modules_to_save: the adapter's trained copies */
     const float *wte = lo->on && lo->emb_off != (size_t)-1 ? lo->params + lo->emb_off : m->w.wte;
     const float *head = lo->on && lo->head_off != (size_t)-1 ? lo->params + lo->head_off : m->w.lm_head;
     be->embed_fwd(be, x, m->ids + p, wte, SNUG_DT_F32, 1, C, 0);
-    if (gpt2)
+    if (blk.pos == SNUG_POS_LEARNED)
         be->embed_fwd(be, x, m->pos + p, m->w.wpe, SNUG_DT_F32, 1, C, 1);
     for (int l = 0; l < c->n_layer; l++) {
         const snug_layer_tensors *w = &m->w.layers[l];
@@ -34,37 +38,21 @@ static void forward_row(snug_model *m, int p) {
         float *ln1 = a->ln1 + (size_t)p * C, *qkv = a->qkv + (size_t)p * m->QKV, *att = a->att + (size_t)p * NH * HD;
         float *mid = a->res_mid + (size_t)p * C, *ln2 = a->ln2 + (size_t)p * C;
         float *fc = a->fc + (size_t)p * m->FC, *act = a->act + (size_t)p * I;
-        if (gpt2)
-            be->layernorm_fwd(be, ln1, a->ln1_mean + p, a->ln1_rstd + p, in, w->ln1_w, w->ln1_b, 1, C, c->norm_eps);
-        else
-            be->rmsnorm_fwd(be, ln1, a->ln1_rstd + p, in, w->ln1_w, 1, C, c->norm_eps);
-        be->matmul_fwd(be, qkv, ln1, w->qkv_w, w->qkv_b, 1, C, m->QKV);
-        snug_lora_fwd(m, l, SNUG_SITE_QKV, qkv, m->QKV, ln1, 1, 0, w->qkv_b);
-        if (!gpt2)
+        model_norm_fwd(m, ln1, ln ? a->ln1_mean + p : NULL, a->ln1_rstd + p, in, w->ln1_w, w->ln1_b, 1);
+        model_linear_fwd(m, l, SNUG_SITE_QKV, qkv, ln1, w->qkv_w, w->qkv_b, 1, 0, C, m->QKV);
+        if (blk.pos == SNUG_POS_ROPE)
             be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
         be->attention_decode(be, att, a->qkv, p, NH, NKV, HD, 1.0f / sqrtf((float)HD));
-        be->matmul_fwd(be, mid, att, w->o_w, w->o_b, 1, NH * HD, C);
-        snug_lora_fwd(m, l, SNUG_SITE_O, mid, C, att, 1, 0, w->o_b);
+        model_linear_fwd(m, l, SNUG_SITE_O, mid, att, w->o_w, w->o_b, 1, 0, NH * HD, C);
         be->accumulate(be, mid, in, (size_t)C);
-        if (gpt2)
-            be->layernorm_fwd(be, ln2, a->ln2_mean + p, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1, C, c->norm_eps);
-        else
-            be->rmsnorm_fwd(be, ln2, a->ln2_rstd + p, mid, w->ln2_w, 1, C, c->norm_eps);
-        be->matmul_fwd(be, fc, ln2, w->fc_w, w->fc_b, 1, C, m->FC);
-        snug_lora_fwd(m, l, SNUG_SITE_FC, fc, m->FC, ln2, 1, 0, w->fc_b);
-        if (gpt2)
-            be->gelu_fwd(be, act, fc, (size_t)I);
-        else
-            be->swiglu_fwd(be, act, fc, 1, I);
-        be->matmul_fwd(be, out, act, w->proj_w, w->proj_b, 1, I, C);
-        snug_lora_fwd(m, l, SNUG_SITE_PROJ, out, C, act, 1, 0, w->proj_b);
+        model_norm_fwd(m, ln2, ln ? a->ln2_mean + p : NULL, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1);
+        model_linear_fwd(m, l, SNUG_SITE_FC, fc, ln2, w->fc_w, w->fc_b, 1, 0, C, m->FC);
+        model_mlp_act(m, act, fc, 1);
+        model_linear_fwd(m, l, SNUG_SITE_PROJ, out, act, w->proj_w, w->proj_b, 1, 0, I, C);
         be->accumulate(be, out, mid, (size_t)C);
     }
     float *final = m->res + (size_t)c->n_layer * NC + (size_t)p * C, *lnf = m->lnf + (size_t)p * C;
-    if (gpt2)
-        be->layernorm_fwd(be, lnf, m->lnf_mean + p, m->lnf_rstd + p, final, m->w.lnf_w, m->w.lnf_b, 1, C, c->norm_eps);
-    else
-        be->rmsnorm_fwd(be, lnf, m->lnf_rstd + p, final, m->w.lnf_w, 1, C, c->norm_eps);
+    model_norm_fwd(m, lnf, ln ? m->lnf_mean + p : NULL, m->lnf_rstd + p, final, m->w.lnf_w, m->w.lnf_b, 1);
     be->matmul_fwd(be, m->logits, lnf, head, NULL, 1, C, c->vocab_size);
 }
 
@@ -175,10 +163,11 @@ int snug_generate_checked(snug_model *m, const int32_t *prompt, int n_prompt, in
         s = &greedy;
     uint64_t rng = s->seed;
     int n = n_prompt;
+    const snug_lora_ctx lx = model_lora_ctx(m);
     /* DoRA: the weight norms once; the adapters do not change while generating */
     for (int l = 0; m->lora.dora && l < m->cfg.n_layer; l++)
         for (int k = 0; k < SNUG_NSITES; k++)
-            snug_lora_dora_norms(m, l, (snug_site)k);
+            snug_lora_dora_norms(&lx, l, (snug_site)k);
     m->lora.dora_fixed = m->lora.dora;
     for (int p = 0; p < n_prompt - 1; p++)
         forward_row(m, p);

@@ -1,4 +1,5 @@
-/* lora.c: LoRA adapters on the block's linear layers (see model.h, snug_lora).
+/* lora.c: LoRA adapters on the block's linear layers (see lora.h, snug_lora): a leaf the layer code calls beside each
+ * base linear, handed what it reads of the model in a snug_lora_ctx; adapter.c fits them to a model.
  *
  * Each adapted module k of layer l has A (r, in) and B (rows, r) in fp32, and adds to its site's output columns
  * [row0, row0 + rows):  out += s * (drop(x) A^T) B^T,  s = alpha / r (alpha / sqrt(r) with rsLoRA), the base weight
@@ -18,8 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/rng.h"
-#include "model/model.h"
+#include "model/lora.h"
 
 /* The adaptable modules of a block, in the order of the architecture's modules. */
 typedef struct module_def {
@@ -81,19 +81,6 @@ void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *r
     *row0 = r0[k], *rows = rs[k], *in = ins[k];
 }
 
-/* The base's table entry of a module lora_modules_to_save can train (SNUG_SAVE_EMBED or SNUG_SAVE_HEAD), -1 none. */
-int snug_lora_saved_entry(const snug_model *m, unsigned bit) {
-    for (int i = 0; i < m->table.n; i++) {
-        const char *n = m->table.e[i].name;
-        size_t len = strlen(n);
-        const char *want = bit == SNUG_SAVE_HEAD ? "lm_head.weight" : "embed_tokens.weight";
-        size_t k = strlen(want);
-        if (m->table.e[i].layer < 0 && len >= k && !strcmp(n + len - k, want))
-            return i;
-    }
-    return -1;
-}
-
 int snug_lora_layers_named(const snug_lora_cfg *lc) {
     return (lc->layers[0] | lc->layers[1] | lc->layers[2] | lc->layers[3]) != 0;
 }
@@ -127,141 +114,6 @@ long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc)
     return per_layer * layers + (long long)saved * c->vocab_size * c->hidden_size;
 }
 
-int snug_lora_build(snug_model *m, snug_error *e) {
-    snug_lora *lo = &m->lora;
-    snug_lora_free(lo);
-    const snug_lora_cfg *lc = &m->lv.lora;
-    if (lc->kind == SNUG_ADAPTER_NONE)
-        return 0;
-    const snug_model_config *c = &m->cfg;
-    int nmod;
-    const module_def *defs = modules(c->arch, &nmod);
-    if (lc->r <= 0 || !(lc->targets & snug_lora_all_linear(c->arch)))
-        return snug_fail(e, SNUG_EINPUT, "LoRA needs lora_r >= 1 and at least one target module of the model");
-    int whole = m->pp > 1 ? m->pp_L : c->n_layer; /* (a pipeline stage's config holds its own layers) */
-    for (int l = whole; snug_lora_layers_named(lc) && l < 256; l++)
-        if (snug_lora_layer_on(lc, l))
-            return snug_fail(e, SNUG_EINPUT, "lora_layers_to_transform names layer %d; the model's layers are 0 to %d",
-                             l, whole - 1);
-    lo->on = 1;
-    lo->r = lc->r;
-    lo->scale = lc->rslora ? lc->alpha / sqrtf((float)lc->r) : lc->alpha / (float)lc->r;
-    lo->dropout = lc->dropout;
-    lo->dora = lc->dora;
-    for (int k = 0; k < nmod; k++) {
-        if (!(lc->targets & (1u << k)))
-            continue;
-        snug_lora_module *md = &lo->mod[lo->nmod++];
-        md->index = k;
-        md->site = defs[k].site;
-        snug_lora_module_shape(c, k, &md->row0, &md->rows, &md->in);
-        lo->max_in = md->in > lo->max_in ? md->in : lo->max_in;
-    }
-    /* a layer's adapters, site by site: the A's of the site's modules (adjacent in mod[], one input width), then
-     * their B's */
-    size_t off = 0;
-    for (int i = 0, n; i < lo->nmod; i += n) {
-        snug_lora_module *md = &lo->mod[i];
-        for (n = 1; i + n < lo->nmod && md[n].site == md->site;)
-            n++;
-        md->group = n;
-        lo->max_group = n > lo->max_group ? n : lo->max_group;
-        for (int j = 0; j < n; j++) {
-            md[j].a_off = off;
-            off += (size_t)lo->r * md[j].in;
-        }
-        for (int j = 0; j < n; j++) {
-            md[j].b_off = off;
-            off += (size_t)md[j].rows * lo->r;
-        }
-        for (int j = 0; j < n && lo->dora; j++) { /* DoRA: then their magnitudes */
-            md[j].m_off = off;
-            off += (size_t)md[j].rows;
-            md[j].n_off = lo->dn_per_layer;
-            lo->dn_per_layer += (size_t)md[j].rows;
-        }
-    }
-    lo->per_layer = off;
-    lo->l0 = m->pp > 1 ? m->pp_l0 : 0;
-    /* the table, named as PEFT saves the adapters: base_model.model.<module>.lora_A.weight */
-    int L = c->n_layer, cap = 0;
-    snug_param_table *t = &lo->table;
-    t->layer_offset = calloc((size_t)L + 1, sizeof *t->layer_offset);
-    t->layer_numel = calloc((size_t)L + 1, sizeof *t->layer_numel);
-    int rc = !t->layer_offset || !t->layer_numel;
-    size_t at = 0;
-    for (int l = 0; l < L && !rc; at += t->layer_numel[l], l++) {
-        t->layer_offset[l] = at; /* a layer lora_layers_to_transform leaves out: no adapters, nothing in the table */
-        t->layer_numel[l] = snug_lora_layer_on(lc, lo->l0 + l) ? lo->per_layer : 0;
-        /* in PEFT's order (A then B, module by module), at the layout's offsets */
-        for (int i = 0; i < lo->nmod && !rc && t->layer_numel[l]; i++) {
-            const snug_lora_module *md = &lo->mod[i];
-            char name[96];
-            const char *pre = c->arch == SNUG_ARCH_GPT2 ? "transformer.h" : "model.layers";
-            size_t a = at + md->a_off, b = at + md->b_off;
-            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_A.weight", pre, lo->l0 + l,
-                     defs[md->index].name);
-            rc |= snug_param_table_add(t, &cap, &a, name, 2, lo->r, md->in, l, 0);
-            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_B.weight", pre, lo->l0 + l,
-                     defs[md->index].name);
-            rc |= snug_param_table_add(t, &cap, &b, name, 2, md->rows, lo->r, l, 0);
-            if (!rc && lc->loraplus > 0) /* LoRA+: B faster than A */
-                t->e[t->n - 1].lr_scale = lc->loraplus;
-            if (!lo->dora)
-                continue;
-            size_t mo = at + md->m_off;
-            snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_magnitude_vector", pre, lo->l0 + l,
-                     defs[md->index].name);
-            rc |= snug_param_table_add(t, &cap, &mo, name, 1, md->rows, 0, l, 0);
-            if (!rc) /* decayed as Trainer decays it: a module's "weight", neither a bias nor a norm */
-                t->e[t->n - 1].decay = 1;
-            if (!rc && lc->loraplus > 0) /* (PEFT's LoRA+ puts 1-D tensors with the B's) */
-                t->e[t->n - 1].lr_scale = lc->loraplus;
-        }
-    }
-    /* lora_modules_to_save: each a full copy of the base's tensor, named as PEFT saves it */
-    lo->emb_off = lo->head_off = (size_t)-1;
-    for (int k = 0; k < 2 && !rc; k++) {
-        unsigned bit = k ? SNUG_SAVE_HEAD : SNUG_SAVE_EMBED;
-        if (!(lc->save_modules & bit) || (k ? !snug_pp_last(m) : !snug_pp_first(m))) /* (a pipeline stage's) */
-            continue;
-        if (c->tie_embeddings) {
-            snug_lora_free(lo);
-            return snug_fail(e, SNUG_EINPUT, "lora_modules_to_save: this model ties embed_tokens to lm_head (one "
-                             "table for both), which snug does not train beside adapters; remove lora_modules_to_save");
-        }
-        int base = snug_lora_saved_entry(m, bit);
-        if (base < 0) {
-            snug_lora_free(lo);
-            return snug_fail(e, SNUG_EINPUT, "lora_modules_to_save: the model has no %s",
-                             k ? "lm_head" : "embed_tokens");
-        }
-        const snug_param_entry *p = &m->table.e[base];
-        char name[128];
-        snprintf(name, sizeof name, "base_model.model.%s", p->name);
-        *(k ? &lo->head_off : &lo->emb_off) = at;
-        rc |= snug_param_table_add(t, &cap, &at, name, 2, p->shape[0], p->shape[1], -1, 0);
-    }
-    t->total = at;
-    if (rc) {
-        snug_lora_free(lo);
-        return snug_fail(e, SNUG_ENOMEM, "out of host memory building the adapter table");
-    }
-    return 0;
-}
-
-void snug_lora_copy(snug_model *dst, const snug_model *src) {
-    size_t n = src->lora.table.total * sizeof(float);
-    float *host = src->be->host_resident ? src->lora.params : malloc(n ? n : 1);
-    if (!host || !dst->lora.on)
-        return;
-    if (host != src->lora.params)
-        src->be->to_host(src->be, host, src->lora.params, n);
-    dst->be->to_device(dst->be, dst->lora.params, host, n);
-    if (host != src->lora.params)
-        free(host);
-}
-
 void snug_lora_free(snug_lora *lo) {
     snug_param_table_free(&lo->table);
     memset(lo, 0, sizeof *lo);
@@ -270,13 +122,13 @@ void snug_lora_free(snug_lora *lo) {
 static int dropping(const snug_lora *lo);
 
 /* DoRA: nrm (rows) = the row norms of module md's W + s B A in layer l, dchunk rows at a time in dw */
-static void dora_norms(snug_model *m, int l, const snug_lora_module *md, float *nrm) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+static void dora_norms(const snug_lora_ctx *cx, int l, const snug_lora_module *md, float *nrm) {
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     const float *P = lo->params + lo->table.layer_offset[l];
     for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
         int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
-        snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, md->in, lo->dw);
+        cx->base_rows(cx->ud, l, md->site, md->row0 + r0, nr, md->in, lo->dw);
         be->gemm_strided(be, 0, 0, nr, md->in, lo->r, lo->scale, P + md->b_off + (size_t)r0 * lo->r, lo->r,
                          P + md->a_off, md->in, 1.0f, lo->dw, md->in); /* += s B A */
         be->row_norms(be, nrm + r0, lo->dw, (size_t)md->in, nr, md->in);
@@ -286,37 +138,37 @@ static void dora_norms(snug_model *m, int l, const snug_lora_module *md, float *
 /* Layer l has adapters (lora_layers_to_transform may leave it out). */
 static int adapted(const snug_lora *lo, int l) { return lo->on && lo->table.layer_numel[l]; }
 
-void snug_lora_dora_norms(snug_model *m, int l, snug_site site) {
-    snug_lora *lo = &m->lora;
+void snug_lora_dora_norms(const snug_lora_ctx *cx, int l, snug_site site) {
+    snug_lora *lo = cx->lora;
     for (int i = 0; adapted(lo, l) && lo->dora && !lo->dora_fixed && i < lo->nmod; i++)
         if (lo->mod[i].site == site)
-            dora_norms(m, l, &lo->mod[i], lo->dn + (size_t)l * lo->dn_per_layer + lo->mod[i].n_off);
+            dora_norms(cx, l, &lo->mod[i], lo->dn + (size_t)l * lo->dn_per_layer + lo->mod[i].n_off);
 }
 
 /* DoRA's scale of module md's output columns: out = bias + (mag / nrm) (out - bias) */
-static void dora_scale(snug_model *m, int l, const snug_lora_module *md, float *out, int width, int N,
+static void dora_scale(const snug_lora_ctx *cx, int l, const snug_lora_module *md, float *out, int width, int N,
                        const float *bias) {
-    snug_lora *lo = &m->lora;
+    snug_lora *lo = cx->lora;
     const float *mag = lo->params + lo->table.layer_offset[l] + md->m_off;
     const float *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
-    m->be->scale_cols(m->be, out + md->row0, (size_t)width, out + md->row0, (size_t)width, N, md->rows, mag, nrm,
-                      bias ? bias + md->row0 : NULL);
+    cx->be->scale_cols(cx->be, out + md->row0, (size_t)width, out + md->row0, (size_t)width, N, md->rows, mag, nrm,
+                       bias ? bias + md->row0 : NULL);
 }
 
 /* DoRA: rows [r0, r0 + nr) of module md's magnitude gradient, added once: (sum over tokens of dy (x W^T + s u B^T))
  * / nrm, the products taken as row dots of W with dy^T x and of B with s dy^T u. g: dy's first column of the chunk
  * (row stride width); u = x A^T (row stride ldu). Leaves the chunk's rows of W in dw. */
-static void dmag_rows(snug_model *m, int l, const snug_lora_module *md, int r0, int nr, const float *g, int width,
-                      const float *x, const float *u, int ldu, int N) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+static void dmag_rows(const snug_lora_ctx *cx, int l, const snug_lora_module *md, int r0, int nr, const float *g,
+                      int width, const float *x, const float *u, int ldu, int N) {
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     int r = lo->r, in = md->in;
     size_t base = lo->table.layer_offset[l];
     const float *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off + r0;
     be->zero(be, lo->dmt, (size_t)nr * sizeof *lo->dmt);
     be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, g, width, u, ldu, 0.0f, lo->dp, r);
     be->row_dots(be, lo->dmt, lo->params + base + md->b_off + (size_t)r0 * r, (size_t)r, lo->dp, (size_t)r, nr, r, nrm);
-    snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, in, lo->dw);
+    cx->base_rows(cx->ud, l, md->site, md->row0 + r0, nr, in, lo->dw);
     be->gemm_strided(be, 1, 0, nr, in, N, 1.0f, g, width, x, in, 0.0f, lo->dp, in);
     be->row_dots(be, lo->dmt, lo->dw, (size_t)in, lo->dp, (size_t)in, nr, in, nrm);
     /* once per micro-batch, as the GEMMs add dA and dB: data parallel's sum over ranks then has the bits of one
@@ -324,10 +176,10 @@ static void dmag_rows(snug_model *m, int l, const snug_lora_module *md, int r0, 
     be->accumulate(be, lo->grads + base + md->m_off + r0, lo->dmt, (size_t)nr);
 }
 
-const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
-                                const float *y, const float *bias, int in_place) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+const float *snug_lora_dora_bwd(const snug_lora_ctx *cx, int l, snug_site site, float *dout, int width,
+                                const float *x, int N, const float *y, const float *bias, int in_place) {
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     if (!adapted(lo, l) || !lo->dora || dropping(lo)) /* (with dropout snug_lora_bwd takes all of DoRA's part) */
         return dout;
     float *dst = dout;
@@ -345,7 +197,7 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
             for (int r0 = 0; lo->grads && r0 < mj->rows; r0 += lo->dchunk) { /* a chunk of rows at a time */
                 int nr = mj->rows - r0 < lo->dchunk ? mj->rows - r0 : lo->dchunk, c0 = mj->row0 + r0;
                 if (!y) {
-                    dmag_rows(m, l, mj, r0, nr, dout + c0, width, x, lo->u + j * r, R, N);
+                    dmag_rows(cx, l, mj, r0, nr, dout + c0, width, x, lo->u + j * r, R, N);
                     continue;
                 }
                 /* from the output: x W^T + s u B^T = (y - bias) nrm / mag, so dmag = the sum over tokens of
@@ -367,52 +219,12 @@ const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dou
     return dst;
 }
 
-void snug_lora_dora_start(snug_model *m) {
-    snug_lora *lo = &m->lora;
-    for (int l = 0; lo->dora_pending && l < m->cfg.n_layer; l++)
+void snug_lora_dora_magnitudes(const snug_lora_ctx *cx, int n_layer) {
+    snug_lora *lo = cx->lora;
+    for (int l = 0; lo->dora_pending && l < n_layer; l++)
         for (int i = 0; adapted(lo, l) && i < lo->nmod; i++)
-            dora_norms(m, l, &lo->mod[i], lo->params + lo->table.layer_offset[l] + lo->mod[i].m_off);
+            dora_norms(cx, l, &lo->mod[i], lo->params + lo->table.layer_offset[l] + lo->mod[i].m_off);
     lo->dora_pending = 0;
-}
-
-int snug_lora_init(snug_model *m, uint64_t seed) {
-    snug_lora *lo = &m->lora;
-    if (!lo->on)
-        return 0;
-    float *host = calloc(lo->table.total ? lo->table.total : 1, sizeof *host);
-    if (!host)
-        return SNUG_ENOMEM;
-    for (int i = 0; i < lo->table.n; i++) {
-        const snug_param_entry *p = &lo->table.e[i];
-        if (!strstr(p->name, ".lora_A."))
-            continue; /* B stays zero: the adapted model starts as the base */
-        /* torch's kaiming_uniform_(a = sqrt(5)) on (r, in): U(-1/sqrt(in), 1/sqrt(in)) */
-        float bound = 1.0f / sqrtf((float)p->shape[1]);
-        /* (a pipeline stage's entries: their index in the whole model's table, 2 per module and layer before, 3
-         * with DoRA) */
-        uint64_t s = seed * 0x100000001B3ull +
-                     (uint64_t)(i + (2 + lo->dora) * lo->nmod * lo->l0) * 0x9E3779B97F4A7C15ull;
-        for (size_t k = 0; k < p->numel; k++) {
-            double u = ((snug_splitmix64(&s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-            host[p->offset + k] = (float)((2.0 * u - 1.0) * bound);
-        }
-    }
-    m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
-    free(host);
-    /* DoRA's magnitudes start as the base's row norms (B = 0: |W + s B A| = |W|), so the model starts as the base; a
-     * base sharded over ranks is read through its gathers, which exist once the ranks are joined: later */
-    lo->dora_pending = lo->dora;
-    if (!(m->nranks > 1 && (m->param_sharded || m->q4_sharded)))
-        snug_lora_dora_start(m);
-    /* a module trained in full starts as the base's tensor (PEFT copies the original module); a sharded base (ZeRO-3)
-     * is not whole on any rank: the copies are then read from the base's file (snug_lora_saved_from_file) */
-    if (m->param_sharded)
-        return 0;
-    if (lo->emb_off != (size_t)-1)
-        snug_model_entry_f32(m, snug_lora_saved_entry(m, SNUG_SAVE_EMBED), lo->params + lo->emb_off);
-    if (lo->head_off != (size_t)-1)
-        snug_model_entry_f32(m, snug_lora_saved_entry(m, SNUG_SAVE_HEAD), lo->params + lo->head_off);
-    return 0;
 }
 
 /* The dropout stream of module md in layer l for this micro-batch, from row n0 on: element i of the stream is drawn
@@ -427,10 +239,10 @@ static int dropping(const snug_lora *lo) { return lo->dropout > 0.0f && lo->xd &
 
 /* DoRA on module md's dropped-out input xd, as PEFT computes it in training: out += (g - 1) (xd W^T) + g s (xd A^T)
  * B^T on the module's columns, g = mag / nrm; a chunk of rows at a time through dt. */
-static void dora_drop_fwd(snug_model *m, int l, const snug_lora_module *md, float *out, int width, const float *xd,
-                          int N) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+static void dora_drop_fwd(const snug_lora_ctx *cx, int l, const snug_lora_module *md, float *out, int width,
+                          const float *xd, int N) {
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     int r = lo->r, in = md->in;
     const float *P = lo->params + lo->table.layer_offset[l];
     const float *mag = P + md->m_off, *nrm = lo->dn + (size_t)l * lo->dn_per_layer + md->n_off;
@@ -438,7 +250,7 @@ static void dora_drop_fwd(snug_model *m, int l, const snug_lora_module *md, floa
     for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
         int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
         float *o = out + md->row0 + r0;
-        snug_model_site_rows(m, l, md->site, md->row0 + r0, nr, in, lo->dw);
+        cx->base_rows(cx->ud, l, md->site, md->row0 + r0, nr, in, lo->dw);
         be->gemm_strided(be, 0, 1, N, nr, in, 1.0f, xd, in, lo->dw, in, 0.0f, lo->dt, nr); /* xd W^T */
         be->add_scaled_cols(be, o, (size_t)width, lo->dt, (size_t)nr, N, nr, mag + r0, nrm + r0, 1.0f);
         be->gemm_strided(be, 0, 1, N, nr, r, lo->scale, lo->u, r, P + md->b_off + (size_t)r0 * r, r, 0.0f, lo->dt,
@@ -450,10 +262,10 @@ static void dora_drop_fwd(snug_model *m, int l, const snug_lora_module *md, floa
 /* The backward of dora_drop_fwd, with dy = dout's columns of the module: dmag += (sum over tokens of dy (xd W^T +
  * s u B^T)) / nrm; the adapter's share through gy = g dy (dB += s gy^T u, du = gy B, dA += s du^T xd); and dx +=
  * drop(((g - 1) dy) W + s du A), each chunk's rows adding to du and the masked sum vx. */
-static void dora_drop_bwd(snug_model *m, int l, const snug_lora_module *md, float *dx, const float *dout, int width,
-                          const float *xd, int N, int n0) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+static void dora_drop_bwd(const snug_lora_ctx *cx, int l, const snug_lora_module *md, float *dx, const float *dout,
+                          int width, const float *xd, int N, int n0) {
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     int r = lo->r, in = md->in;
     size_t base = lo->table.layer_offset[l];
     const float *P = lo->params + base, *A = P + md->a_off;
@@ -466,7 +278,7 @@ static void dora_drop_bwd(snug_model *m, int l, const snug_lora_module *md, floa
     for (int r0 = 0; r0 < md->rows; r0 += lo->dchunk) {
         int nr = md->rows - r0 < lo->dchunk ? md->rows - r0 : lo->dchunk;
         const float *g = dout + md->row0 + r0, *B = P + md->b_off + (size_t)r0 * r;
-        dmag_rows(m, l, md, r0, nr, g, width, xd, lo->u, r, N); /* (W's rows then in dw) */
+        dmag_rows(cx, l, md, r0, nr, g, width, xd, lo->u, r, N); /* (W's rows then in dw) */
         be->scale_cols(be, lo->dt, (size_t)nr, g, (size_t)width, N, nr, mag + r0, nrm + r0, NULL); /* gy */
         be->gemm_strided(be, 0, 0, N, r, nr, 1.0f, lo->dt, nr, B, r, 1.0f, lo->du, r);  /* du += gy B */
         be->gemm_strided(be, 1, 0, nr, r, N, lo->scale, lo->dt, nr, lo->u, r, 1.0f, G + md->b_off + (size_t)r0 * r,
@@ -486,20 +298,21 @@ static void dora_drop_bwd(snug_model *m, int l, const snug_lora_module *md, floa
 }
 
 /* The input the adapter of module md reads: x itself, or x dropped out into the workspace. */
-static const float *adapter_input(snug_model *m, int l, const snug_lora_module *md, const float *x, int N, int n0) {
-    snug_lora *lo = &m->lora;
+static const float *adapter_input(const snug_lora_ctx *cx, int l, const snug_lora_module *md, const float *x, int N,
+                                  int n0) {
+    snug_lora *lo = cx->lora;
     if (!dropping(lo))
         return x;
-    m->be->dropout(m->be, lo->xd, x, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md, n0));
+    cx->be->dropout(cx->be, lo->xd, x, (size_t)N * md->in, lo->dropout, mask_seed(lo, l, md, n0));
     return lo->xd;
 }
 
 /* The n modules md[0 .. n-1] (of one site, their A's side by side) on their common input xin (N, in):
  * out[:, row0_j:row0_j+rows_j] += s u_j B_j^T, u (N, n r) = xin [A_0; ...; A_{n-1}]^T. */
-static void group_fwd(snug_model *m, int l, const snug_lora_module *md, int n, float *out, int width,
+static void group_fwd(const snug_lora_ctx *cx, int l, const snug_lora_module *md, int n, float *out, int width,
                       const float *xin, int N) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     int r = lo->r, R = n * r, in = md->in;
     const float *P = lo->params + lo->table.layer_offset[l];
     be->gemm_strided(be, 0, 1, N, R, in, 1.0f, xin, in, P + md->a_off, in, 0.0f, lo->u, R); /* u = xin A^T */
@@ -508,39 +321,39 @@ static void group_fwd(snug_model *m, int l, const snug_lora_module *md, int n, f
                          out + md[j].row0, width);
 }
 
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0,
+void snug_lora_fwd(const snug_lora_ctx *cx, int l, snug_site site, float *out, int width, const float *x, int N, int n0,
                    const float *bias) {
-    snug_lora *lo = &m->lora;
+    snug_lora *lo = cx->lora;
     if (!adapted(lo, l))
         return;
     if (lo->dora && n0 == 0) /* (a tiled MLP's later shards reuse the first's) */
-        snug_lora_dora_norms(m, l, site);
+        snug_lora_dora_norms(cx, l, site);
     for (int i = 0; i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;
         if (!dropping(lo)) {
-            group_fwd(m, l, md, md->group, out, width, x, N);
+            group_fwd(cx, l, md, md->group, out, width, x, N);
             for (int j = 0; lo->dora && j < md->group; j++)
-                dora_scale(m, l, md + j, out, width, N, bias);
+                dora_scale(cx, l, md + j, out, width, N, bias);
             continue;
         }
         for (int j = 0; j < md->group; j++) { /* each module through its own mask */
-            const float *xd = adapter_input(m, l, md + j, x, N, n0);
+            const float *xd = adapter_input(cx, l, md + j, x, N, n0);
             if (lo->dora)
-                dora_drop_fwd(m, l, md + j, out, width, xd, N);
+                dora_drop_fwd(cx, l, md + j, out, width, xd, N);
             else
-                group_fwd(m, l, md + j, 1, out, width, xd, N);
+                group_fwd(cx, l, md + j, 1, out, width, xd, N);
         }
     }
 }
 
 /* The backward of group_fwd: u recomputed, du (N, n r) = [g_0 B_0, ..., g_{n-1} B_{n-1}], dB_j += s g_j^T u_j,
  * dA (n r, in) += s du^T xin, and dx += s du A, through module md's mask when xin is its dropped-out input. */
-static void group_bwd(snug_model *m, int l, const snug_lora_module *md, int n, float *dx, const float *dout,
+static void group_bwd(const snug_lora_ctx *cx, int l, const snug_lora_module *md, int n, float *dx, const float *dout,
                       int width, const float *xin, const float *x, int N, int n0) {
-    snug_lora *lo = &m->lora;
-    snug_backend *be = m->be;
+    snug_lora *lo = cx->lora;
+    snug_backend *be = cx->be;
     int r = lo->r, R = n * r, in = md->in;
     size_t base = lo->table.layer_offset[l];
     const float *P = lo->params + base, *A = P + md->a_off;
@@ -565,23 +378,23 @@ static void group_bwd(snug_model *m, int l, const snug_lora_module *md, int n, f
     }
 }
 
-void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
-                   int N, int n0) {
-    snug_lora *lo = &m->lora;
+void snug_lora_bwd(const snug_lora_ctx *cx, int l, snug_site site, float *dx, const float *dout, int width,
+                   const float *x, int N, int n0) {
+    snug_lora *lo = cx->lora;
     for (int i = 0; adapted(lo, l) && lo->grads && i < lo->nmod; i += lo->mod[i].group) {
         const snug_lora_module *md = &lo->mod[i];
         if (md->site != site)
             continue;
         if (!dropping(lo)) {
-            group_bwd(m, l, md, md->group, dx, dout, width, x, x, N, n0);
+            group_bwd(cx, l, md, md->group, dx, dout, width, x, x, N, n0);
             continue;
         }
         for (int j = 0; j < md->group; j++) {
-            const float *xd = adapter_input(m, l, md + j, x, N, n0);
+            const float *xd = adapter_input(cx, l, md + j, x, N, n0);
             if (lo->dora)
-                dora_drop_bwd(m, l, md + j, dx, dout, width, xd, N, n0);
+                dora_drop_bwd(cx, l, md + j, dx, dout, width, xd, N, n0);
             else
-                group_bwd(m, l, md + j, 1, dx, dout, width, xd, x, N, n0);
+                group_bwd(cx, l, md + j, 1, dx, dout, width, xd, x, N, n0);
         }
     }
 }

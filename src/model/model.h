@@ -4,7 +4,12 @@
  * Parameters live in one flat fp32 buffer laid out layer by layer (globals first, then layer 0..L-1, then the final
  * norm and an untied head), so a layer's parameters, gradients and optimizer state are one contiguous range: the unit
  * that later gets sharded across ranks or updated as soon as backward finishes it. Inside a layer, q/k/v weights are
- * adjacent (one GEMM), as are gate/up. A table maps every range to its Hugging Face tensor name and file layout. */
+ * adjacent (one GEMM), as are gate/up. A table maps every range to its Hugging Face tensor name and file layout.
+ *
+ * The implementation is carved by job (each file opens with what it holds; model_impl.h is what they share):
+ * layout.c, acts.c, storage.c, views.c (memory and views), grads.c (gradients, freezing, announcements), gather.c
+ * (ZeRO-3 and 4-bit gathers), init.c and weights.c (values in and out), linear.c (a weight made readable for a
+ * GEMM), forward.c, backward.c, loss.c and step.c (the passes). */
 #ifndef SNUG_MODEL_H
 #define SNUG_MODEL_H
 
@@ -16,6 +21,8 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "model/config.h"
+#include "model/lora.h"
+#include "model/params.h"
 #include "model/quant4.h"
 
 /* Pointers to one layer's tensors inside a flat buffer (parameters or gradients). NULL where the arch has none. */
@@ -36,79 +43,16 @@ typedef struct snug_tensors {
     snug_layer_tensors *layers; /* (L) */
 } snug_tensors;
 
-#define SNUG_KEEP_MAX 8 /* row ranges of one tensor that unfrozen_parameters may train (merged) */
-
-/* One tensor as Hugging Face names and stores it, and where it lives in the flat buffer. */
-typedef struct snug_param_entry {
-    char name[96];          /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
-    int ndim;
-    int64_t shape[2];       /* shape in the HF file */
-    size_t offset;          /* in floats, into the flat buffer */
-    size_t numel;
-    int layer;              /* -1 for global tensors */
-    int decay;              /* 1 for matrices (weight decay applies), 0 for norms, biases, 1-D tensors */
-    double lr_scale;        /* the learning rate's factor for this tensor (LoRA+'s ratio on lora_B); 1 otherwise */
-    int transposed;         /* stored transposed in the file (GPT-2 Conv1D) */
-    int segs;               /* its rows are that many equal parts side by side (GPT-2's fused c_attn: q, k, v), each
-                             * split alone under tensor parallelism; 1 otherwise */
-    int frozen;             /* unfrozen_parameters names it not: no update, no optimizer state, a zero gradient */
-    int nkeep;              /* unfrozen_parameters' ranges: only rows [keep[k][0], keep[k][1]) of its first dimension
-                             * (as the file holds it) take a gradient, the others' is zeroed; 0 = every row */
-    int64_t keep[SNUG_KEEP_MAX][2];
-} snug_param_entry;
-
-typedef struct snug_param_table {
-    int n;
-    snug_param_entry *e;
-    size_t total;           /* floats in the flat buffer */
-    size_t *layer_offset;   /* (L) first float of each layer's range */
-    size_t *layer_numel;    /* (L) */
-} snug_param_table;
 
 /* The memory levers that change what a training step keeps and recomputes. Each is one switch, read in one place
- * (model.c); none changes the result: checkpointing gives bitwise the same gradients, the attention paths and the
- * loss chunking agree to fp32 rounding. */
+ * (the model's layout and passes); none changes the result: checkpointing gives bitwise the same gradients, the
+ * attention paths and the loss chunking agree to fp32 rounding. */
 typedef enum snug_ckpt {
     SNUG_CKPT_NONE = 0,   /* keep every activation backward needs */
     SNUG_CKPT_SELECTIVE,  /* drop the norm outputs and the MLP activation (cheap to recompute, C+C+I per token) */
     SNUG_CKPT_FULL,       /* keep only the layer input; recompute the whole layer in backward */
 } snug_ckpt;
 
-/* LoRA (adapter: lora): the base weights frozen, a trainable low-rank pair per adapted linear module,
- * out += scale * (dropout(x) A^T) B^T with A (r, in), B (out, r), scale = alpha / r (alpha / sqrt(r) with rsLoRA). The
- * modules are the architecture's linear layers as Hugging Face names them (snug_lora_module_name). */
-typedef enum snug_adapter {
-    SNUG_ADAPTER_NONE = 0, /* full fine-tuning: every parameter trains */
-    SNUG_ADAPTER_LORA,
-    SNUG_ADAPTER_QLORA,    /* LoRA on a base whose block matrices are stored 4-bit (quant4.h), dequantized one layer
-                            * at a time for forward and backward; embeddings, norms and the head stay 16-bit */
-} snug_adapter;
-
-enum { SNUG_LORA_MAX_MODULES = 8 };
-/* The global modules LoRA can train in full beside the adapters: an fp32 copy of the base's tensor in the adapter
- * table, which forward reads instead of the frozen original (PEFT's ModulesToSaveWrapper). */
-enum { SNUG_SAVE_EMBED = 1u, SNUG_SAVE_HEAD = 2u };
-
-typedef struct snug_lora_cfg {
-    snug_adapter kind;
-    int r;
-    float alpha;
-    float dropout;        /* on the adapter's input only */
-    int rslora;
-    int dora;             /* DoRA (PEFT's use_dora): each module's output columns scaled by magnitude / weight norm */
-    unsigned targets;     /* bit k: module k of the architecture (snug_lora_module_name(arch, k)) is adapted */
-    uint64_t layers[4];   /* PEFT's layers_to_transform: bit l of the whole model's layer l is adapted; all zero:
-                           * every layer */
-    double loraplus;      /* LoRA+ (loraplus_lr_ratio): lora_B and the 1-D tensors (DoRA's magnitudes) step at this
-                           * times the learning rate, as PEFT's create_loraplus_optimizer groups them; 0: off */
-    unsigned save_modules; /* lora_modules_to_save (PEFT's modules_to_save): SNUG_SAVE_EMBED, SNUG_SAVE_HEAD */
-    /* QLoRA: how the base's block matrices are stored (bitsandbytes' quantize_4bit) */
-    int q4_type;          /* snug_q4_type: NF4 (0) or FP4 */
-    int q4_nested;        /* double quantization of the absmax */
-    int q4_blocksize;     /* 64 unless a pre-quantized checkpoint says otherwise */
-    size_t q4_chunk;      /* elements of a 4-bit matrix dequantized at a time at most; 0 = 2^24 (64 MiB in fp32).
-                           * DoRA: of a module's weight at a time in its norms and gradient; 0 = 2^20 */
-} snug_lora_cfg;
 
 typedef struct snug_levers {
     snug_ckpt ckpt;
@@ -153,68 +97,12 @@ typedef struct snug_levers {
     snug_lora_cfg lora;   /* adapter: lora (kind SNUG_ADAPTER_NONE: full fine-tuning) */
 } snug_levers;
 
-/* The linear layers of a block, where the model computes them: the fused q/k/v projection, the attention output,
- * the fused gate/up (or GPT-2's c_fc) and the MLP output. */
-typedef enum snug_site { SNUG_SITE_QKV = 0, SNUG_SITE_O, SNUG_SITE_FC, SNUG_SITE_PROJ, SNUG_NSITES } snug_site;
 
 /* The weight of a site among a layer's tensors: (width, in). */
 static inline float *snug_site_weight(const snug_layer_tensors *w, snug_site site) {
     return site == SNUG_SITE_QKV ? w->qkv_w : site == SNUG_SITE_O ? w->o_w : site == SNUG_SITE_FC ? w->fc_w : w->proj_w;
 }
 
-/* One adapted module: its rows of a site's output and its input width. */
-typedef struct snug_lora_module {
-    int index;            /* the architecture's module number (snug_lora_module_name) */
-    snug_site site;
-    int row0, rows;       /* output columns [row0, row0 + rows) of the site's (N, width) output */
-    int in;               /* input features */
-    size_t a_off, b_off;  /* layer 0's A (r, in) and B (rows, r), floats into the adapter table; layer l adds
-                           * l * per_layer */
-    int group;            /* on the first module of a site: the site's adapted modules (adjacent in mod[]), whose
-                           * A's lie side by side, one (group r, in) matrix; 0 on the others */
-    size_t m_off;         /* DoRA: layer 0's magnitude (rows) in the adapter table, after the site's B's */
-    size_t n_off;         /* DoRA: the module's weight norms (rows) in a layer's part of `dn` */
-} snug_lora_module;
-
-/* The adapters of a model: their own parameter table (names as PEFT saves them), fp32 weights and gradients. */
-typedef struct snug_lora {
-    int on;
-    int r;
-    float scale;
-    float dropout;
-    int nmod;
-    snug_lora_module mod[SNUG_LORA_MAX_MODULES];
-    size_t per_layer;     /* adapter floats per layer */
-    int l0;               /* the whole model's index of layer 0 (pipeline parallelism: the stage's first layer), in
-                           * the names, the initial values' streams and dropout's masks */
-    size_t emb_off, head_off; /* the trained copies of embed_tokens and lm_head in the adapter table (after every
-                               * layer's adapters), (size_t)-1 when not trained */
-    int max_in;
-    int max_group;        /* the most modules of one site */
-    snug_param_table table;
-    float *params;        /* (table.total) SNUG_MEM_ADAPTER */
-    float *grads;         /* (table.total) SNUG_MEM_GRADS, training only */
-    float *u, *du;        /* (N, max_group r) workspace: x A^T of the site being run (its modules side by side)
-                           * and its gradient */
-    float *xd;            /* (N, max_in) workspace: the dropped-out input (dropout > 0 only) */
-    /* DoRA: y = bias + (mag / |W + s B A|_row) (x W^T + s x A^T B^T) on each module's columns, the norm a constant to
-     * backward (PEFT's detach) */
-    int dora;
-    size_t dn_per_layer;  /* the summed rows of the modules */
-    float *dn;            /* (layers, dn_per_layer) SNUG_MEM_ADAPTER: each module's row norms |W + s B A|, as the
-                           * layer's last forward computed them */
-    int dchunk;           /* rows of a module's weight in dw and dp at a time */
-    float *dw, *dp;       /* (dchunk, max(max_in, r)) workspace: rows of W + s B A; rows of dy^T x or dy^T u */
-    float *dmt;           /* (dchunk) workspace, training only: a chunk's magnitude gradient of this micro-batch */
-    float *dt, *vx;       /* with dropout, training only: (N, dchunk) a chunk's columns, (N, max_in) the input's
-                           * gradient before its mask */
-    float *dy;            /* (N, hidden) workspace, training only: the scaled output gradient of an o_proj or
-                           * down_proj module (its unscaled one is the residual stream's, read again after) */
-    int dora_fixed;       /* the norms in dn stay as they are (generation: the adapters do not change) */
-    int dora_pending;     /* the magnitudes await snug_lora_dora_start (a base sharded over ranks) */
-    uint64_t seed;        /* dropout's stream of this micro-batch (set by the caller before each training step) */
-    int training;         /* the step running trains (dropout applies); evaluation and generation see none */
-} snug_lora;
 
 /* Where the gradients of one contiguous range of the parameter table are (snug_model_ready_ranges). */
 typedef struct snug_grad_range {
@@ -561,18 +449,6 @@ float *snug_model_host_scratch(snug_model *m, size_t n);
  * param_sharded or q4_sharded (train: only the grads-ready callbacks, as ZeRO-2's idle rank makes them). */
 void snug_model_skip_step(snug_model *m, int train);
 
-/* The Hugging Face name of module k of an architecture's block ("self_attn.q_proj", "mlp.c_fc"), NULL past the
- * last; and the number of modules. */
-const char *snug_lora_module_name(snug_arch arch, int k);
-int snug_lora_module_count(snug_arch arch);
-/* Module k's site, its first row of the site's output, its rows and its input width. */
-snug_site snug_lora_module_site(snug_arch arch, int k);
-void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *rows, int *in);
-/* The modules Axolotl's lora_target_linear and Unsloth adapt: every linear layer of the block. */
-unsigned snug_lora_all_linear(snug_arch arch);
-/* PEFT's default when no target is named: q_proj and v_proj (Llama), c_attn (GPT-2). */
-unsigned snug_lora_default_targets(snug_arch arch);
-
 /* Entry i of the base as fp32 values into dst (backend memory, numel floats): the parameters, or widened. */
 void snug_model_entry_f32(const snug_model *m, int i, float *dst);
 /* 4-bit matrix i from buf (snug_q4_bytes of it, its parts as snug_q4_carve lays them out, host memory) and its
@@ -584,21 +460,15 @@ static inline const snug_param_table *snug_model_trainable(const snug_model *m) 
     return m->lora.on ? &m->lora.table : &m->table;
 }
 
+/* The adapters fitted to the model (adapter.c; the adapters themselves are lora.h's). */
+
 /* Builds the adapter table (A and B of each adapted module, layer by layer, named
  * "base_model.model.<module>.lora_A.weight"; in memory the A's of one site's modules side by side, then their B's)
  * and the module list of m->lora from m->lv.lora; nothing when kind is NONE. Called by snug_model_layout. */
 int snug_lora_build(snug_model *m, snug_error *e);
-/* The floats of the adapter table snug_lora_build lays out for config c (0 without an adapter): what trains, and so
- * what data parallel sums, under LoRA. */
-long long snug_lora_nparams(const snug_model_config *c, const snug_lora_cfg *lc);
 /* DoRA: the magnitudes set to the base's row norms, when snug_lora_init left them pending (the base sharded over
  * ranks, read through its gathers: every rank calls it, once they are set); nothing otherwise. */
 void snug_lora_dora_start(snug_model *m);
-/* Whether lc names its layers (lora_layers_to_transform), and whether the whole model's layer l then carries adapters
- * (every layer when it names none); the named layers as "1,3" into buf ("" when none are named). */
-int snug_lora_layers_named(const snug_lora_cfg *lc);
-int snug_lora_layer_on(const snug_lora_cfg *lc, int l);
-void snug_lora_layers_list(const snug_lora_cfg *lc, char *buf, size_t n);
 /* PEFT's initialisation: A Kaiming-uniform (bound 1/sqrt(in)), B zero; deterministic in seed. */
 int snug_lora_init(snug_model *m, uint64_t seed);
 /* The base table's entry that lora_modules_to_save's module `bit` (SNUG_SAVE_EMBED, SNUG_SAVE_HEAD) copies; -1: none. */
@@ -606,37 +476,13 @@ int snug_lora_saved_entry(const snug_model *m, unsigned bit);
 /* Under ZeRO-3 (a sharded base): the trained copies of lora_modules_to_save from the base folder's file, rounded to
  * the base's storage as loading rounds them, so they start as the base's tensors do without the shards. */
 int snug_lora_saved_from_file(snug_model *m, const char *dir, snug_error *e);
-/* After the base linear of a site has written out (N, width): adds the site's adapters. x (N, in) its input: rows
- * n0 .. n0 + N - 1 of the micro-batch (n0 > 0 for a shard of a tiled MLP; dropout's mask is the same whatever the
- * shards). */
-void snug_lora_fwd(snug_model *m, int l, snug_site site, float *out, int width, const float *x, int N, int n0,
-                   const float *bias);
-/* DoRA: the row norms of layer l's modules at site into lora.dn (nothing without DoRA, or with dora_fixed set).
- * snug_lora_fwd calls it; generation calls it once per layer and site, then sets dora_fixed. */
-void snug_lora_dora_norms(snug_model *m, int l, snug_site site);
-/* DoRA, before the site's base backward: the magnitudes' gradients accumulate from the unscaled dout (N, width) and
- * x (N, in), or with y non-NULL from the site's output as forward left it (N, width; the same row stride) and its
- * bias, without the GEMM over x; returns the gradient the base and snug_lora_bwd then read, each DoRA module's
- * columns scaled by mag / nrm: dout itself (in_place) or lora.dy. Without DoRA (or with dropout, which
- * snug_lora_bwd takes whole): dout. */
-const float *snug_lora_dora_bwd(snug_model *m, int l, snug_site site, float *dout, int width, const float *x, int N,
-                                const float *y, const float *bias, int in_place);
 /* Rows [row, row + nr) of layer l's weight at site (out features, in features as (rows, in)) in fp32 into dst
  * (nr, in): copied, widened from 16 bits or dequantized from 4. Within a layer's pass, or outside the passes where
  * nothing needs a collective (not under ZeRO-3). */
 void snug_model_site_rows(snug_model *m, int l, snug_site site, int row, int nr, int in, float *dst);
-/* After the base linear's backward: dx (N, in) += the adapters' input gradient (dx NULL: not wanted); dA, dB
- * accumulate. dout (N, width) the site's output gradient, x its input, rows from n0 as in snug_lora_fwd. */
-void snug_lora_bwd(snug_model *m, int l, snug_site site, float *dx, const float *dout, int width, const float *x,
-                   int N, int n0);
-void snug_lora_free(snug_lora *lora);
 /* Copies the adapter weights of src into dst (both laid out with the same adapters). */
 void snug_lora_copy(snug_model *dst, const snug_model *src);
 
-/* Appends a tensor of ndim (1 or 2) dimensions d0 (x d1) at *off (advanced past it); *cap: entries allocated.
- * -1 when out of memory. */
-int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char *name, int ndim, int64_t d0,
-                         int64_t d1, int layer, int transposed);
 /* Frees the host-side pieces snug_model_layout allocated (tables, views, the storage layout); not the arenas. */
 void snug_model_free_host(snug_model *m);
 
@@ -687,7 +533,6 @@ int snug_tp_slice_kind(const snug_param_entry *g, const snug_param_entry *l);
  * put set the other way: the slice written into its place in the whole tensor. */
 void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int part, float *whole, float *local,
                    int put);
-void snug_param_table_free(snug_param_table *t);
 
 /* Carves every buffer of a model for micro-batches of (B, T) from the arenas: parameters, gradients (when
  * with_grads), saved activations, workspace, data. Run it on counting arenas to plan, then on real arenas to

@@ -1,0 +1,108 @@
+/* views.c: which slot of the model's tensor views (snug_tensors, snug_layer_tensors) each named tensor fills, and
+ * the views themselves: over the parameters, the gradients, and the one-layer buffers (a ZeRO-3 gather buffer, the
+ * 16-bit widening buffer wl, QLoRA's dense tensors). */
+#include "model/model_impl.h"
+
+/* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. */
+float **model_slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
+    if (!L) {
+        if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight")) return &v->wte;
+        if (ends_with(n, "wpe.weight")) return &v->wpe;
+        if (ends_with(n, "model.norm.weight") || ends_with(n, "ln_f.weight")) return &v->lnf_w;
+        if (ends_with(n, "ln_f.bias")) return &v->lnf_b;
+        if (ends_with(n, "lm_head.weight")) return &v->lm_head;
+        return NULL;
+    }
+    if (ends_with(n, "input_layernorm.weight") || ends_with(n, "ln_1.weight")) return &L->ln1_w;
+    if (ends_with(n, "ln_1.bias")) return &L->ln1_b;
+    if (ends_with(n, "q_proj.weight") || ends_with(n, "c_attn.weight")) return &L->qkv_w;
+    if (ends_with(n, "q_proj.bias") || ends_with(n, "c_attn.bias")) return &L->qkv_b;
+    if (ends_with(n, "o_proj.weight") || ends_with(n, "attn.c_proj.weight")) return &L->o_w;
+    if (ends_with(n, "o_proj.bias") || ends_with(n, "attn.c_proj.bias")) return &L->o_b;
+    if (ends_with(n, "post_attention_layernorm.weight") || ends_with(n, "ln_2.weight")) return &L->ln2_w;
+    if (ends_with(n, "ln_2.bias")) return &L->ln2_b;
+    if (ends_with(n, "gate_proj.weight") || ends_with(n, "c_fc.weight")) return &L->fc_w;
+    if (ends_with(n, "gate_proj.bias") || ends_with(n, "c_fc.bias")) return &L->fc_b;
+    if (ends_with(n, "down_proj.weight") || ends_with(n, "mlp.c_proj.weight")) return &L->proj_w;
+    if (ends_with(n, "down_proj.bias") || ends_with(n, "mlp.c_proj.bias")) return &L->proj_b;
+    return NULL;
+}
+
+/* Points the named slots of v at their ranges of the flat fp32 buffer `base` (tensor i at off[i], or at its table
+ * offset when off is NULL). globals_only leaves the layer views NULL (their gradients are 16-bit). */
+void model_make_views(const snug_model *m, float *base, const size_t *off, int globals_only, snug_tensors *v) {
+    snug_layer_tensors *layers = v->layers;
+    memset(v, 0, sizeof *v);
+    v->layers = layers;
+    memset(layers, 0, (size_t)m->cfg.n_layer * sizeof *layers);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        if (p->layer >= 0 && globals_only)
+            continue;
+        float **s = model_slot_of(p->name, v, p->layer < 0 ? NULL : &layers[p->layer]);
+        if (s && !(off && off[i] == NO_GRAD))
+            *s = base + (off ? off[i] : p->offset);
+    }
+    if (m->cfg.tie_embeddings)
+        v->lm_head = v->wte;
+}
+
+/* Views of one layer's tensors in a buffer holding just that layer (every layer has layer 0's layout). */
+void model_layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
+    snug_tensors unused;
+    memset(L, 0, sizeof *L);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer == 0 ? model_slot_of(p->name, &unused, L) : NULL;
+        if (s)
+            *s = base + (p->offset - m->table.layer_offset[0]);
+    }
+}
+
+/* Where the global tensors start in the table (floats; (size_t)-1 when the arch has none). */
+void model_global_offsets(snug_model *m) {
+    snug_tensors v;
+    memset(&v, 0, sizeof v);
+    m->gwte = m->gwpe = m->glnf_w = m->glnf_b = m->ghead = (size_t)-1;
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer < 0 ? model_slot_of(p->name, &v, NULL) : NULL;
+        size_t *o = s == &v.wte ? &m->gwte : s == &v.wpe ? &m->gwpe : s == &v.lnf_w ? &m->glnf_w
+                  : s == &v.lnf_b ? &m->glnf_b : s == &v.lm_head ? &m->ghead : NULL;
+        if (o)
+            *o = m->soff ? m->soff[i] : p->offset;
+    }
+    if (m->cfg.tie_embeddings)
+        m->ghead = m->gwte;
+}
+
+/* The table entry of the tied embedding (the first tensor), or -1. */
+int model_wte_entry(const snug_model *m) {
+    for (int i = 0; i < m->table.n; i++)
+        if (m->table.e[i].layer < 0 && m->table.e[i].offset == m->gwte)
+            return i;
+    return -1;
+}
+
+/* QLoRA's layer views: the dense tensors at their place in wl; the 4-bit matrices have none (NULL). */
+void model_dense_layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
+    snug_tensors unused;
+    size_t start;
+    model_dense_layer(m, 0, &start);
+    memset(L, 0, sizeof *L);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer == 0 && !(m->q4 && m->q4[i].n) ? model_slot_of(p->name, &unused, L) : NULL;
+        if (s)
+            *s = base + (m->soff[i] - start);
+    }
+}
+
+/* The site whose weight a layer tensor is (the first of its rows: q_proj of q/k/v, gate_proj of gate/up), or -1 */
+int model_weight_site(const char *name) {
+    snug_tensors unused;
+    snug_layer_tensors L;
+    float **s = model_slot_of(name, &unused, &L);
+    return s == &L.qkv_w ? SNUG_SITE_QKV : s == &L.o_w ? SNUG_SITE_O : s == &L.fc_w ? SNUG_SITE_FC
+         : s == &L.proj_w ? SNUG_SITE_PROJ : -1;
+}
