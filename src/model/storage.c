@@ -24,6 +24,20 @@ size_t model_dense_layer(const snug_model *m, int l, size_t *start) {
     return n;
 }
 
+/* QLoRA's layer views: the dense tensors at their place in wl; the 4-bit matrices have none (NULL). */
+void model_dense_layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
+    snug_tensors unused;
+    size_t start;
+    model_dense_layer(m, 0, &start);
+    memset(L, 0, sizeof *L);
+    for (int i = 0; i < m->table.n; i++) {
+        const snug_param_entry *p = &m->table.e[i];
+        float **s = p->layer == 0 && !(m->q4 && m->q4[i].n) ? model_slot_of(p->name, &unused, L) : NULL;
+        if (s)
+            *s = base + (m->soff[i] - start);
+    }
+}
+
 size_t model_largest_dense_layer(const snug_model *m) {
     size_t mx = 0, start;
     for (int l = 0; l < m->cfg.n_layer; l++) {

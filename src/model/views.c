@@ -84,20 +84,6 @@ int model_wte_entry(const snug_model *m) {
     return -1;
 }
 
-/* QLoRA's layer views: the dense tensors at their place in wl; the 4-bit matrices have none (NULL). */
-void model_dense_layer_views(const snug_model *m, float *base, snug_layer_tensors *L) {
-    snug_tensors unused;
-    size_t start;
-    model_dense_layer(m, 0, &start);
-    memset(L, 0, sizeof *L);
-    for (int i = 0; i < m->table.n; i++) {
-        const snug_param_entry *p = &m->table.e[i];
-        float **s = p->layer == 0 && !(m->q4 && m->q4[i].n) ? model_slot_of(p->name, &unused, L) : NULL;
-        if (s)
-            *s = base + (m->soff[i] - start);
-    }
-}
-
 /* The site whose weight a layer tensor is (the first of its rows: q_proj of q/k/v, gate_proj of gate/up), or -1 */
 int model_weight_site(const char *name) {
     snug_tensors unused;

@@ -106,8 +106,8 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
                  r->eng.opt.sharded           ? ", optimizer state of its ZeRO shard"
                  : r->eng.model.param_sharded || r->eng.model.q4_parts > 1 ? ", its shard of the frozen base"
                                               : "");
-    if (!strcmp(r->eng.be->name, "cpu"))
-        fprintf(out, "memory plan (backend cpu, %d threads%s):\n", r->eng.be->nthreads, who);
+    if (r->eng.be->caps & SNUG_CAP_HOST_THREADS)
+        fprintf(out, "memory plan (backend %s, %d threads%s):\n", r->eng.be->name, r->eng.be->nthreads, who);
     else
         fprintf(out, "memory plan (backend %s%s):\n", r->eng.be->name, who);
     snug_plan_print(out, &r->s.plan, NULL);
