@@ -26,6 +26,7 @@
 #include "model/peft_io.h"
 #include "snug.h"
 #include "train/reshard.h"
+#include "train/state_io.h"
 
 #define STATE_JSON "trainer_state.json"
 #define STATE_HASH "trainer_state.hash"
@@ -567,24 +568,13 @@ static int write_state(struct snug_ckpt_job *j, snug_error *e) {
     const snug_setup *s = j->s;
     snprintf(part, sizeof part, "%s.partial", dir);
     int wa = weights_arena(j->eng);
-    json_t *js = json_pack(
-        "{s:i, s:s, s:i, s:i, s:I, s:I, s:i, s:{s:b, s:f, s:i, s:i}, s:f, s:o, s:O}", "format", STATE_FORMAT,
-        "snug_version", SNUG_VERSION, "step", st->step, "epochs_done", st->epochs_done, "in_epoch",
-        (json_int_t)st->in_epoch, "per_epoch", (json_int_t)st->per_epoch, "optimizer_step", st->opt_step,
-        "loss_scale", "on", st->ls.on, "scale", (double)st->ls.scale, "clean", st->ls.clean, "skipped",
-        st->ls.skipped, "loss_mean", st->loss_mean, "fixed", fixed_json(&s->c, s), "files", j->files);
-    if (js && st->watch_over) /* (absent: 0, as in checkpoints from before the watchdog) */
-        json_object_set_new(js, "loss_watchdog_steps", json_integer(st->watch_over));
-    if (js && st->es_step) /* early stopping and load_best_model_at_end (absent: none yet) */
-        json_object_set_new(js, "early_stopping", json_pack("{s:f, s:i, s:i}", "best", st->es_best, "step",
-                                                            st->es_step, "count", st->es_count));
-    if (js && isfinite(st->plateau.best)) /* reduce_lr_on_plateau, after an evaluation */
-        json_object_set_new(js, "plateau", json_pack("{s:f, s:f, s:i, s:i}", "lr", st->plateau.lr, "best",
-                                                     st->plateau.best, "bad", st->plateau.bad, "cooldown",
-                                                     st->plateau.cooldown));
-    if (js && st->best_step)
-        json_object_set_new(js, "best_checkpoint", json_pack("{s:f, s:i}", "val_loss", st->best_val, "step",
-                                                             st->best_step));
+    json_t *js = json_pack("{s:i, s:s, s:o, s:O}", "format", STATE_FORMAT, "snug_version", SNUG_VERSION, "fixed",
+                           fixed_json(&s->c, s), "files", j->files);
+    if (js && snug_state_to_json(st, js)) { /* the state's fields (checkpoint_state.c) */
+        json_decref(js);
+        return snug_fail(e, SNUG_ENOMEM, "%s: cannot write the training state into %s: out of memory, or a value "
+                         "JSON cannot hold (not finite)", dir, STATE_JSON);
+    }
     if (js && wa >= 0) /* resume reads this arena from model.safetensors */
         json_object_set_new(js, "weights_arena", json_string(kept[wa].file));
     if (js && j->eng->model.lv.ckpt_model_only) /* save_only_model: nothing to resume from */
@@ -1121,32 +1111,9 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         rc = refuse(e, dir, why);
     }
     if (!rc) {
-        st->step = (int)json_integer_value(json_object_get(j, "step"));
-        st->epochs_done = (int)json_integer_value(json_object_get(j, "epochs_done"));
-        st->in_epoch = (size_t)json_integer_value(json_object_get(j, "in_epoch"));
-        st->per_epoch = (size_t)json_integer_value(json_object_get(j, "per_epoch"));
-        st->opt_step = (int)json_integer_value(json_object_get(j, "optimizer_step"));
-        json_t *ls = json_object_get(j, "loss_scale");
-        st->ls.on = json_is_true(json_object_get(ls, "on"));
-        st->ls.scale = (float)json_real_value(json_object_get(ls, "scale"));
-        st->ls.clean = (int)json_integer_value(json_object_get(ls, "clean"));
-        st->ls.skipped = (int)json_integer_value(json_object_get(ls, "skipped"));
-        st->loss_mean = json_real_value(json_object_get(j, "loss_mean"));
-        st->watch_over = (int)json_integer_value(json_object_get(j, "loss_watchdog_steps"));
-        json_t *es = json_object_get(j, "early_stopping"), *best = json_object_get(j, "best_checkpoint");
-        st->es_best = json_number_value(json_object_get(es, "best"));
-        st->es_step = (int)json_integer_value(json_object_get(es, "step"));
-        st->es_count = (int)json_integer_value(json_object_get(es, "count"));
-        st->best_val = json_number_value(json_object_get(best, "val_loss"));
-        st->best_step = (int)json_integer_value(json_object_get(best, "step"));
-        json_t *pl = json_object_get(j, "plateau"); /* reduce_lr_on_plateau (absent: no evaluation yet) */
-        snug_plateau_init(&st->plateau, s->c.learning_rate, &s->c.sched);
-        if (pl) {
-            st->plateau.lr = json_number_value(json_object_get(pl, "lr"));
-            st->plateau.best = json_number_value(json_object_get(pl, "best"));
-            st->plateau.bad = (int)json_integer_value(json_object_get(pl, "bad"));
-            st->plateau.cooldown = (int)json_integer_value(json_object_get(pl, "cooldown"));
-        }
+        snug_train_state def; /* what a key the checkpoint does not hold reads as */
+        snug_state_init(&def, s->c.learning_rate, &s->c.sched);
+        snug_state_from_json(j, (int)format, &def, st);
         /* the fp32 weights' arena kept as model.safetensors alone: read first, as loading the weights also sets a
          * 16-bit copy, which its own file then restores bit for bit */
         const char *in_weights = json_string_value(json_object_get(j, "weights_arena"));
