@@ -5,8 +5,10 @@
  * codes and absmax, the fp32 state of small tensors; in pinned host memory when paged). Everything else is derived
  * again from the configuration: the learning rate from the step (reduce_lr_on_plateau's from the evaluations so far:
  * its state is a field here), the stochastic-rounding seed from the optimizer's step, the data order from the seed and
- * the number of micro-batches consumed (the loader replays them). A new piece of state is a field here, which the
- * checkpoint writes and reads whole.
+ * the number of micro-batches consumed (the loader replays them). A new piece of state is a field here and a row of
+ * the table in checkpoint_state.c (its key in trainer_state.json, the format that brought it, when it is written; a
+ * checkpoint without the key reads it as before any step), which both the writing and the reading walk: the
+ * checkpoint writes and reads the struct whole, and test_state fails for a field without its row.
  *
  * A checkpoint is a folder: the Hugging Face model files (loadable by transformers as they are), state-*.bin (the
  * arenas; the fp32 weights' arena, which model.safetensors holds bit for bit, is not written twice), trainer_state.json
