@@ -34,7 +34,15 @@
     .offset = _Generic(((snug_dataset_spec *)0)->f, char *: offsetof(snug_dataset_spec, f)), \
     .size = sizeof(((snug_dataset_spec *)0)->f)
 
-/* ---- the typed readers of list keys (key_spec.typed) ---- */
+/* ---- the typed readers (key_spec.typed) ---- */
+
+/* resume_from_checkpoint: latest (true's canonical spelling) asks for the newest complete checkpoint, whatever its
+ * folder; any other text is a folder. */
+static int read_resume(snug_run_config *o, const char *text, const char *written, const char *loc, snug_error *e) {
+    (void)written, (void)loc, (void)e;
+    o->resume_latest = !strcmp(text, "latest");
+    return 0;
+}
 
 /* peft_layers_to_transform ("1,3"; "" = every layer) into lora_layer_mask; the model's own count is checked where it
  * is known (snug_setup_resolve). */
@@ -444,7 +452,7 @@ const key_spec opt_keys[] = {
      .help = "copy a checkpoint's state to host memory (planned as the checkpoint snapshot) and write it while "
              "training goes on; false = training waits while the checkpoint is written, and needs no copy"},
     {.name = "resume_from_checkpoint", .type = KT_STRING, .group = G_OUTPUT, AT_STR(resume_from_checkpoint),
-     .def = "", .values = "true=latest false=",
+     .def = "", .values = "true=latest false=", .typed = read_resume,
      .help = "continue a run exactly where a checkpoint left it (weights, optimizer state, data position, loss "
              "scale): a checkpoint-N folder, or latest (also true) for the newest complete one in output_dir"},
     {.name = "overwrite_output_dir", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(overwrite_output_dir),

@@ -233,7 +233,8 @@ typedef struct snug_run_config {
     int save_only_model;      /* checkpoints hold the model files alone (no optimizer state): not resumable */
     int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
     char resume_from_checkpoint[1024]; /* "" = a new run; a checkpoint folder; "latest": the newest complete one in
-                                        * output_dir */
+                                        * output_dir (resume_latest; the text stays as written, for messages) */
+    int resume_latest;        /* resume_from_checkpoint: latest (or true): the newest complete checkpoint in output_dir */
     int overwrite_output_dir; /* 0: an output_dir that holds a run is refused (resume it, or say to overwrite) */
     int threads;              /* 0 = all cores */
 

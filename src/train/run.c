@@ -143,14 +143,12 @@ static int open_resolve(snug_run *r, const snug_run_config *config, snug_error *
     int rc = 0;
     /* the checkpoint to resume from; one that leaves loss_vocab_block to its auto value (which follows the ZeRO
      * stage) takes the checkpoint's, so that it continues the same loss on another stage */
-    if (!rc && config->resume_from_checkpoint[0]) {
-        if (!strcmp(config->resume_from_checkpoint, "latest")) {
-            if (snug_checkpoint_latest(config->output_dir, r->resume, sizeof r->resume))
-                rc = snug_fail(e, SNUG_EINPUT, "%s: resume_from_checkpoint is latest but the folder holds no complete "
-                               "checkpoint; start the run without it", config->output_dir);
-        } else {
-            snprintf(r->resume, sizeof r->resume, "%s", config->resume_from_checkpoint);
-        }
+    if (!rc && config->resume_latest) {
+        if (snug_checkpoint_latest(config->output_dir, r->resume, sizeof r->resume))
+            rc = snug_fail(e, SNUG_EINPUT, "%s: resume_from_checkpoint is latest but the folder holds no complete "
+                           "checkpoint; start the run without it", config->output_dir);
+    } else if (!rc && config->resume_from_checkpoint[0]) {
+        snprintf(r->resume, sizeof r->resume, "%s", config->resume_from_checkpoint);
     } else if (!rc && config->auto_resume && snug_checkpoint_latest(config->output_dir, r->resume, sizeof r->resume)) {
         r->resume[0] = '\0'; /* auto_resume_from_checkpoints: the newest complete checkpoint when there is one */
     }

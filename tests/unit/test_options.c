@@ -440,9 +440,11 @@ static void test_not_supported(void) {
         snug_run_config o;
         snug_error e;
         CHECK(load("save_total_limit: 3\nresume_from_checkpoint: out/checkpoint-10\n", &o, &e) == 0 &&
-              o.save_total_limit == 3 && !strcmp(o.resume_from_checkpoint, "out/checkpoint-10"));
-        CHECK(load("resume_from_checkpoint: true\n", &o, &e) == 0 && !strcmp(o.resume_from_checkpoint, "latest"));
-        CHECK(load("resume_from_checkpoint: false\n", &o, &e) == 0 && !o.resume_from_checkpoint[0]);
+              o.save_total_limit == 3 && !strcmp(o.resume_from_checkpoint, "out/checkpoint-10") && !o.resume_latest);
+        CHECK(load("resume_from_checkpoint: true\n", &o, &e) == 0 && !strcmp(o.resume_from_checkpoint, "latest") &&
+              o.resume_latest == 1);
+        CHECK(load("resume_from_checkpoint: latest\n", &o, &e) == 0 && o.resume_latest == 1);
+        CHECK(load("resume_from_checkpoint: false\n", &o, &e) == 0 && !o.resume_from_checkpoint[0] && !o.resume_latest);
         CHECK(load("overwrite_output_dir: true\n", &o, &e) == 0 && o.overwrite_output_dir == 1);
         EXPECT_YAML_ERROR("save_total_limit: -1\n", "cfg.yaml line 1: ", "save_total_limit is -1; it must be at least 0");
     }
