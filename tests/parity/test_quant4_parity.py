@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import bnb_generic_cpu, check, finish  # noqa: E402
 
 ROOT = os.environ.get("SNUG_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-SOURCES = ["tests/parity/quant4_driver.c", "src/model/quant4.c", "src/model/safetensors.c", "src/core/quant_map.c",
+SOURCES = ["tests/parity/quant4_driver.c", "src/model/quant4.c", "src/model/quant4_io.c",
+           "src/model/safetensors.c", "src/core/quant_map.c",
            "src/core/error.c", "src/core/dtype.c", "src/core/json_util.c", "src/core/fileio.c", "src/core/hash.c"]
 
 
