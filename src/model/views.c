@@ -3,28 +3,46 @@
  * 16-bit widening buffer wl, QLoRA's dense tensors). */
 #include "model/model_impl.h"
 
-/* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. */
+/* The bias slot paired with weight slot w (a norm's or a linear layer's), or NULL where the weight has none. */
+static float **bias_of(float **w, snug_tensors *v, snug_layer_tensors *L) {
+    if (!w)
+        return NULL;
+    if (!L)
+        return w == &v->lnf_w ? &v->lnf_b : NULL;
+    float **const pairs[][2] = {{&L->ln1_w, &L->ln1_b}, {&L->qkv_w, &L->qkv_b}, {&L->o_w, &L->o_b},
+                                {&L->ln2_w, &L->ln2_b}, {&L->fc_w, &L->fc_b},   {&L->proj_w, &L->proj_b}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+        if (w == pairs[i][0])
+            return pairs[i][1];
+    return NULL;
+}
+
+/* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. A
+ * fused matrix's view is its first part's (q_proj of q/k/v, gate_proj of gate/up), and a bias fills the slot paired
+ * with its weight's (the same name ending in .weight), so a family's names are listed once, by weight. */
 float **model_slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
+    if (ends_with(n, ".bias")) {
+        char w[256];
+        size_t len = strlen(n) - strlen(".bias");
+        if (len + sizeof ".weight" > sizeof w)
+            return NULL;
+        memcpy(w, n, len);
+        memcpy(w + len, ".weight", sizeof ".weight");
+        return bias_of(model_slot_of(w, v, L), v, L);
+    }
     if (!L) {
         if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight")) return &v->wte;
         if (ends_with(n, "wpe.weight")) return &v->wpe;
         if (ends_with(n, "model.norm.weight") || ends_with(n, "ln_f.weight")) return &v->lnf_w;
-        if (ends_with(n, "ln_f.bias")) return &v->lnf_b;
         if (ends_with(n, "lm_head.weight")) return &v->lm_head;
         return NULL;
     }
     if (ends_with(n, "input_layernorm.weight") || ends_with(n, "ln_1.weight")) return &L->ln1_w;
-    if (ends_with(n, "ln_1.bias")) return &L->ln1_b;
     if (ends_with(n, "q_proj.weight") || ends_with(n, "c_attn.weight")) return &L->qkv_w;
-    if (ends_with(n, "q_proj.bias") || ends_with(n, "c_attn.bias")) return &L->qkv_b;
     if (ends_with(n, "o_proj.weight") || ends_with(n, "attn.c_proj.weight")) return &L->o_w;
-    if (ends_with(n, "o_proj.bias") || ends_with(n, "attn.c_proj.bias")) return &L->o_b;
     if (ends_with(n, "post_attention_layernorm.weight") || ends_with(n, "ln_2.weight")) return &L->ln2_w;
-    if (ends_with(n, "ln_2.bias")) return &L->ln2_b;
     if (ends_with(n, "gate_proj.weight") || ends_with(n, "c_fc.weight")) return &L->fc_w;
-    if (ends_with(n, "gate_proj.bias") || ends_with(n, "c_fc.bias")) return &L->fc_b;
     if (ends_with(n, "down_proj.weight") || ends_with(n, "mlp.c_proj.weight")) return &L->proj_w;
-    if (ends_with(n, "down_proj.bias") || ends_with(n, "mlp.c_proj.bias")) return &L->proj_b;
     return NULL;
 }
 

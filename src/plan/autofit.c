@@ -52,7 +52,7 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
     if (lv->mlp_shards) {
         const snug_model_config *c = &s->cfg;
         double C = c->hidden_size, I = c->intermediate_size, q = (double)c->n_head * c->head_dim;
-        double kv = (double)c->n_kv_head * c->head_dim, mlp = (c->arch == SNUG_ARCH_GPT2 ? 2.0 : 3.0) * C * I;
+        double kv = (double)c->n_kv_head * c->head_dim, mlp = (snug_block_of(c).mlp == SNUG_MLP_GELU ? 2.0 : 3.0) * C * I;
         double share = mlp / (mlp + C * (q + 2 * kv) + q * C);
         int every = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
         double redone = lv->ckpt == SNUG_CKPT_FULL ? (double)((L + every - 1) / every) / L : 0.0;

@@ -163,7 +163,7 @@ int snug_plan_snapshot_layout(snug_arenas *A, const snug_model *m, void *dst[SNU
 
 size_t snug_plan_device_scratch(const snug_plan_spec *s) {
     const snug_model_config *c = &s->cfg;
-    int fc = c->arch == SNUG_ARCH_GPT2 ? c->intermediate_size : 2 * c->intermediate_size;
+    int fc = snug_block_of(c).mlp == SNUG_MLP_GELU ? c->intermediate_size : 2 * c->intermediate_size;
     int width = c->hidden_size, qkv = (c->n_head + 2 * c->n_kv_head) * c->head_dim;
     width = qkv > width ? qkv : width;
     width = fc > width ? fc : width;

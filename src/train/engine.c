@@ -21,7 +21,7 @@ int snug_engine_create_planned(snug_engine *g, const snug_plan_spec *spec, const
     memset(g, 0, sizeof *g);
     g->plan = *plan;
     const snug_model_config *c = &spec->cfg;
-    int fc = c->arch == SNUG_ARCH_GPT2 ? c->intermediate_size : 2 * c->intermediate_size;
+    int fc = snug_block_of(c).mlp == SNUG_MLP_GELU ? c->intermediate_size : 2 * c->intermediate_size;
     /* a GPU's scratch: the plan's size, which its overhead counts */
     if (!(g->be = snug_backend_create(device, threads, g->plan.device_scratch, e)))
         return e ? e->code : SNUG_EINPUT;
