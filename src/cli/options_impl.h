@@ -79,6 +79,9 @@ typedef struct key_spec {
                               /* KT_NAMES: reads the value again into its typed field of o (the string stays as
                                * written, for the checkpoint's record); writes nothing on failure */
     map_kind map;             /* KT_MAP, KT_LIST: what it holds */
+    const char *fixed;        /* non-NULL: the setting changes the run's results, so a resumed run must keep it; a
+                               * checkpoint records it under this name (its field's) */
+    const char *fixed_absent; /* with fixed: JSON of the value a checkpoint written before it was recorded holds */
     const char *help;
 } key_spec;
 

@@ -115,8 +115,10 @@ static int read_save_modules(snug_run_config *o, const char *text, const char *w
 const key_spec opt_keys[] = {
     /* model */
     {.name = "base_model", .aliases = "model_name_or_path", .type = KT_STRING, .group = G_MODEL, AT_STR(base_model),
+     .fixed = "base_model",
      .def = "", .help = "Hugging Face model folder to fine-tune; empty = train model_preset from scratch"},
-    {.name = "model_preset", .type = KT_STRING, .group = G_MODEL, AT_STR(model_preset), .def = "tiny-llama",
+    {.name = "model_preset", .type = KT_STRING, .group = G_MODEL, AT_STR(model_preset),
+     .fixed = "model_preset", .def = "tiny-llama",
      .help = "built-in architecture trained from scratch when base_model is empty"},
     {.name = "model_type", .type = KT_STRING, .group = G_MODEL, AT_STR(model_class), .def = "",
      .help = "the transformers class (Axolotl's): AutoModelForCausalLM, or the one config.json's architectures "
@@ -132,18 +134,23 @@ const key_spec opt_keys[] = {
      .help = "the validation set from these files instead of val_set_size's split (entries as under datasets; "
              "--test_datasets FILE.jsonl on the command line)"},
     {.name = "sequence_len", .aliases = "max_seq_length max_length", .type = KT_INT, .group = G_DATA,
-     AT_INT(sequence_len),
+     AT_INT(sequence_len), .fixed = "sequence_len",
      .def = "256", MIN(2), .help = "tokens per training row (the context length trained)"},
-    {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size), .def = "0",
+    {.name = "val_set_size", .type = KT_FLOAT, .group = G_DATA, AT_DBL(val_set_size),
+     .fixed = "val_set_size", .def = "0",
      .help = "examples held out for evaluation: a fraction (< 1) or a count (>= 1); 0 = none"},
     {.name = "dataset_exact_deduplication", .type = KT_BOOL, .group = G_DATA, AT_INT(dataset_exact_deduplication),
+     .fixed = "dataset_exact_deduplication",
      .def = "false", .help = "keep one of the examples that tokenize the same (tokens and targets), before the "
                              "validation split; test_datasets' examples that training has are dropped from them"},
-    {.name = "train_on_inputs", .type = KT_BOOL, .group = G_DATA, AT_INT(train_on_inputs), .def = "false",
+    {.name = "train_on_inputs", .type = KT_BOOL, .group = G_DATA, AT_INT(train_on_inputs),
+     .fixed = "train_on_inputs", .def = "false",
      .help = "also train on prompt, system and user tokens (alpaca, chat); the response and its EOS always are"},
-    {.name = "long_examples", .type = KT_ENUM, .group = G_DATA, AT_ENUM(long_examples), .def = "truncate",
+    {.name = "long_examples", .type = KT_ENUM, .group = G_DATA, AT_ENUM(long_examples),
+     .fixed = "long_examples", .def = "truncate",
      .values = "truncate drop", ENUMS({"truncate", SNUG_LONG_TRUNCATE}, {"drop", SNUG_LONG_DROP}), .help = "an example longer than sequence_len is truncated to it, or dropped"},
-    {.name = "skip_bad_examples", .type = KT_BOOL, .group = G_DATA, AT_INT(skip_bad_examples), .def = "false",
+    {.name = "skip_bad_examples", .type = KT_BOOL, .group = G_DATA, AT_INT(skip_bad_examples),
+     .fixed = "skip_bad_examples", .def = "false",
      .help = "skip malformed dataset lines and report how many; false = stop at the first with its file and line"},
     {.name = "dataset_prepared_path", .type = KT_STRING, .group = G_DATA, AT_STR(dataset_prepared_path),
      .def = "last_run_prepared",
@@ -202,18 +209,24 @@ const key_spec opt_keys[] = {
 
     /* batch & schedule */
     {.name = "micro_batch_size", .aliases = "per_device_train_batch_size", .type = KT_INT, .group = G_BATCH,
-     AT_INT(micro_batch_size), .def = "4", MIN(1), .help = "examples per forward/backward pass"},
+     AT_INT(micro_batch_size),
+     .fixed = "micro_batch_size", .def = "4", MIN(1), .help = "examples per forward/backward pass"},
     {.name = "sample_packing", .aliases = "packing", .type = KT_BOOL, .group = G_BATCH, AT_INT(sample_packing),
+     .fixed = "sample_packing",
      .def = "false",
      .help = "pack several examples into each row of sequence_len tokens (first-fit decreasing), attention and "
              "positions kept per example; false = one example per row, padded"},
-    {.name = "group_by_length", .type = KT_BOOL, .group = G_BATCH, AT_INT(group_by_length), .def = "false",
+    {.name = "group_by_length", .type = KT_BOOL, .group = G_BATCH, AT_INT(group_by_length),
+     .fixed = "group_by_length", .def = "false",
      .help = "without packing: put examples of similar length in the same micro-batch (less padding)"},
     {.name = "pad_to_sequence_len", .type = KT_BOOL, .group = G_BATCH, AT_INT(pad_to_sequence_len),
+     .fixed = "pad_to_sequence_len",
      .def = "false", .help = "pad every row to sequence_len; false = to the longest example of the micro-batch"},
-    {.name = "pad_to_multiple_of", .type = KT_INT, .group = G_BATCH, AT_INT(pad_to_multiple_of), .def = "0",
+    {.name = "pad_to_multiple_of", .type = KT_INT, .group = G_BATCH, AT_INT(pad_to_multiple_of),
+     .fixed = "pad_to_multiple_of", .def = "0",
      .help = "round a padded micro-batch's length up to a multiple of this; 0 = no rounding"},
-    {.name = "concatenate", .type = KT_BOOL, .group = G_BATCH, AT_INT(concatenate), .def = "false",
+    {.name = "concatenate", .type = KT_BOOL, .group = G_BATCH, AT_INT(concatenate),
+     .fixed = "concatenate", .def = "false",
      .help = "join all examples into one stream cut into rows (pretraining style): no padding, but tokens attend "
              "to and predict across example boundaries"},
     {.name = "ddp", .type = KT_BOOL, .group = G_BATCH, AT_INT(ddp), .def = "true",
@@ -272,7 +285,8 @@ const key_spec opt_keys[] = {
              "and its backward, the global tensors before the embedding and the loss (its checkpoints keep each "
              "rank's shards and no model files; under LoRA it shards the frozen base alone); 0 = every rank holds "
              "everything"},
-    {.name = "tensor_parallel_size", .type = KT_INT, .group = G_BATCH, AT_INT(tensor_parallel_size), .def = "1",
+    {.name = "tensor_parallel_size", .type = KT_INT, .group = G_BATCH, AT_INT(tensor_parallel_size),
+     .fixed = "tensor_parallel_size", .fixed_absent = "1", .def = "1",
      MIN(1),
      .help = "tensor parallelism (Megatron's layout) over that many ranks, launched as mpirun -np N: each rank holds "
              "1/N of every block's attention heads and MLP rows (q/k/v and gate/up split by rows, o_proj and "
@@ -284,6 +298,7 @@ const key_spec opt_keys[] = {
              "ranks, data parallel across the groups, on CPU ranks for now, with zero_stage 1 to 3 sharding the "
              "slices' state over them); checkpoints keep each rank's slices, the final model is written whole"},
     {.name = "pipeline_parallel_size", .type = KT_INT, .group = G_BATCH, AT_INT(pipeline_parallel_size),
+     .fixed = "pipeline_parallel_size", .fixed_absent = "1",
      .def = "1", MIN(1),
      .help = "pipeline parallelism over that many ranks, launched as mpirun -np N: the layers are split into N "
              "consecutive stages (the first also holds the embedding, the last the final norm, the head and the "
@@ -296,7 +311,8 @@ const key_spec opt_keys[] = {
              "multiple of N ranks (groups of N consecutive ranks, data parallel across the groups, zero_stage 1 or 2 "
              "sharding each stage's state over them with an untied head); checkpoints keep "
              "each stage's state, the final model (or adapter) is written whole"},
-    {.name = "pipeline_layers", .type = KT_NAMES, .group = G_BATCH, AT_STR(pipeline_layers), .def = "",
+    {.name = "pipeline_layers", .type = KT_NAMES, .group = G_BATCH, AT_STR(pipeline_layers),
+     .fixed = "pipeline_layers", .fixed_absent = "\"\"", .def = "",
      .items = "numbers", .typed = read_stage_layers,
      .help = "under pipeline_parallel_size N: how many layers each stage takes, N counts (a YAML list, or "
              "separated by commas) that sum to the model's layers, e.g. [7, 9, 9, 7] to give the stages that also "
@@ -308,6 +324,7 @@ const key_spec opt_keys[] = {
              "one micro-batch instead of one per micro-batch in flight, N - stage of them, for one more forward on "
              "those stages); the same bits either way"},
     {.name = "gradient_accumulation_steps", .type = KT_INT, .group = G_BATCH, AT_INT(gradient_accumulation_steps),
+     .fixed = "gradient_accumulation_steps",
      .def = "1", MIN(1), .help = "micro-batches per optimizer step (batch = micro_batch_size x this)"},
     {.name = "num_epochs", .aliases = "num_train_epochs", .type = KT_INT, .group = G_BATCH, AT_INT(num_epochs),
      .def = "1", .help = "passes over the training data (used when max_steps is -1)"},
@@ -316,6 +333,7 @@ const key_spec opt_keys[] = {
     {.name = "learning_rate", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(learning_rate), .def = "3e-4",
      .help = "peak learning rate, reached after warmup"},
     {.name = "lr_scheduler", .aliases = "lr_scheduler_type", .type = KT_ENUM, .group = G_BATCH, AT_ENUM(lr_scheduler),
+     .fixed = "lr_scheduler",
      .def = "cosine",
      .values = "cosine cosine_with_min_lr=cosine linear constant constant_with_warmup cosine_with_restarts polynomial "
                "inverse_sqrt warmup_stable_decay reduce_lr_on_plateau cosine_warmup_with_min_lr rex",
@@ -341,13 +359,16 @@ const key_spec opt_keys[] = {
              "stays there (0 to 1; 0 = off)"},
     {.name = "cosine_min_lr_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(cosine_min_lr_ratio), .def = "0",
      .help = "Axolotl's: cosine decays to this fraction of learning_rate instead of 0 (0 to 1)"},
-    {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps), .def = "0",
+    {.name = "warmup_steps", .type = KT_INT, .group = G_BATCH, AT_INT(warmup_steps),
+     .fixed = "warmup_steps", .def = "0",
      .help = "steps of linear warmup from 0 to learning_rate"},
-    {.name = "warmup_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(warmup_ratio), .def = "0",
+    {.name = "warmup_ratio", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(warmup_ratio),
+     .fixed = "warmup_ratio", .def = "0",
      .help = "warmup as a fraction of all steps, used when warmup_steps is 0"},
 
     /* optimizer */
-    {.name = "optimizer", .aliases = "optim", .type = KT_ENUM, .group = G_OPTIM, AT_ENUM(optimizer), .def = "adamw",
+    {.name = "optimizer", .aliases = "optim", .type = KT_ENUM, .group = G_OPTIM, AT_ENUM(optimizer),
+     .fixed = "optimizer", .def = "adamw",
      .values = "adamw adamw_torch=adamw adamw_torch_fused=adamw adamw_8bit adamw_bnb_8bit=adamw_8bit "
                "paged_adamw_8bit paged_adamw_32bit",
      ENUMS({"adamw", SNUG_OPTIMIZER_ADAMW}, {"adamw_8bit", SNUG_OPTIMIZER_ADAMW_8BIT},
@@ -356,29 +377,34 @@ const key_spec opt_keys[] = {
      .help = "AdamW with decoupled weight decay (adamw_torch and adamw_torch_fused mean the same); adamw_8bit "
              "(adamw_bnb_8bit): bitsandbytes' 8-bit blockwise moments, ~2 bytes of state per parameter instead of 8; "
              "paged_*: the state in host memory, streamed through the device in chunks"},
-    {.name = "optimizer_in_backward", .type = KT_BOOL, .group = G_OPTIM, AT_INT(optimizer_in_backward), .def = "false",
+    {.name = "optimizer_in_backward", .type = KT_BOOL, .group = G_OPTIM, AT_INT(optimizer_in_backward),
+     .fixed = "optimizer_in_backward", .def = "false",
      .help = "step each layer as soon as its gradients are complete and reuse its gradient buffer: gradients take "
              "one layer's memory; needs gradient_accumulation_steps 1 and max_grad_norm 0"},
     {.name = "neftune_noise_alpha", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(neftune_noise_alpha), .def = "0",
      .help = "NEFTune: a training step's embeddings get uniform noise in +-alpha / sqrt(sequence length x width) "
              "(the micro-batch's length as padded or packed), as transformers' hook; evaluation sees none; 0 = off"},
-    {.name = "weight_decay", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(weight_decay), .def = "0",
+    {.name = "weight_decay", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(weight_decay),
+     .fixed = "weight_decay", .def = "0",
      .help = "decoupled weight decay"},
-    {.name = "adam_beta1", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta1), .def = "0.9",
+    {.name = "adam_beta1", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta1), .fixed = "adam_beta1", .def = "0.9",
      .help = "decay of the first-moment average"},
-    {.name = "adam_beta2", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta2), .def = "0.999",
+    {.name = "adam_beta2", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_beta2),
+     .fixed = "adam_beta2", .def = "0.999",
      .help = "decay of the second-moment average"},
-    {.name = "adam_epsilon", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_epsilon), .def = "1e-8",
+    {.name = "adam_epsilon", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(adam_epsilon),
+     .fixed = "adam_epsilon", .def = "1e-8",
      .help = "added to the root of the second moment"},
-    {.name = "max_grad_norm", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(max_grad_norm), .def = "1.0",
+    {.name = "max_grad_norm", .type = KT_FLOAT, .group = G_OPTIM, AT_DBL(max_grad_norm),
+     .fixed = "max_grad_norm", .def = "1.0",
      .help = "clip the global gradient norm to this; 0 = no clipping"},
 
     /* output & logging */
     {.name = "output_dir", .type = KT_STRING, .group = G_OUTPUT, AT_STR(output_dir), .def = "out",
      .help = "folder for checkpoints and the final model (relative to the current directory)"},
-    {.name = "seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(seed), .def = "42",
+    {.name = "seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(seed), .fixed = "seed", .def = "42",
      .help = "seed for initialisation, shuffling and sampling"},
-    {.name = "data_seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(data_seed), .def = "-1",
+    {.name = "data_seed", .type = KT_INT, .group = G_OUTPUT, AT_INT(data_seed), .fixed = "data_seed", .def = "-1",
      .help = "seed for the data alone (validation split, shuffling, packing order); -1 = seed"},
     {.name = "logging_steps", .type = KT_INT, .group = G_OUTPUT, AT_INT(logging_steps), .def = "1",
      .help = "print loss, learning rate and throughput every N steps"},
@@ -459,7 +485,7 @@ const key_spec opt_keys[] = {
      .def = "false", .help = "train into an output_dir that already holds a run (its checkpoints are deleted); "
                              "false = such a folder is refused unless the run resumes"},
     /* adapters */
-    {.name = "adapter", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(adapter), .def = "none",
+    {.name = "adapter", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(adapter), .fixed = "adapter", .def = "none",
      .values = "none lora qlora", ENUMS({"none", SNUG_ADAPTER_NONE}, {"lora", SNUG_ADAPTER_LORA},
                                         {"qlora", SNUG_ADAPTER_QLORA}),
      .help = "lora: train low-rank adapters on a frozen base (PEFT's LoRA, saved in PEFT's format); qlora: the same "
@@ -475,55 +501,65 @@ const key_spec opt_keys[] = {
     {.name = "load_in_8bit", .type = KT_BOOL, .group = G_MODEL, AT_INT(load_in_8bit), .def = "false",
      .help = "with adapter: lora, store the base's block matrices in 8 bits as bitsandbytes' LLM.int8 does (a code "
              "per weight, a scale per row); the rest of the base in bf16 (fp16 with fp16: true)"},
-    {.name = "bnb_4bit_quant_type", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(bnb_4bit_quant_type), .def = "nf4",
+    {.name = "bnb_4bit_quant_type", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(bnb_4bit_quant_type),
+     .fixed = "bnb_4bit_quant_type", .def = "nf4",
      .values = "nf4 fp4", ENUMS({"nf4", SNUG_Q4_NF4}, {"fp4", SNUG_Q4_FP4}),
      .help = "the 4-bit code of QLoRA's base: nf4 (NormalFloat, QLoRA's choice) or fp4"},
     {.name = "bnb_4bit_use_double_quant", .type = KT_BOOL, .group = G_MODEL, AT_INT(bnb_4bit_use_double_quant),
+     .fixed = "bnb_4bit_use_double_quant",
      .def = "true", .help = "quantize the 4-bit blocks' scales again (8 bits, blocks of 256): 0.37 bit per weight less"},
     {.name = "bnb_4bit_compute_dtype", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(bnb_4bit_compute_fp16),
      .def = "bfloat16", .values = "bfloat16 bf16=bfloat16 float16 fp16=float16",
      ENUMS({"bfloat16", 0}, {"float16", 1}), .later_values = "float32",
      .help = "the 16-bit type of QLoRA's other tensors (embeddings, norms, head) and saved activations"},
-    {.name = "lora_r", .type = KT_INT, .group = G_MODEL, AT_INT(lora_r), .def = "8", MIN(1),
+    {.name = "lora_r", .type = KT_INT, .group = G_MODEL, AT_INT(lora_r), .fixed = "lora_r", .def = "8", MIN(1),
      .help = "the adapters' rank r"},
-    {.name = "lora_alpha", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(lora_alpha), .def = "0",
+    {.name = "lora_alpha", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(lora_alpha), .fixed = "lora_alpha", .def = "0",
      .help = "the adapters' scale numerator: scale = lora_alpha / lora_r; 0 = lora_r (scale 1)"},
-    {.name = "lora_dropout", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(lora_dropout), .def = "0",
+    {.name = "lora_dropout", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(lora_dropout),
+     .fixed = "lora_dropout", .def = "0",
      .help = "dropout on the adapters' input (the base path sees the input unchanged), in [0, 1)"},
-    {.name = "lora_target_modules", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_target_modules), .def = "",
+    {.name = "lora_target_modules", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_target_modules),
+     .fixed = "lora_target_modules", .def = "",
      .help = "the linear modules that get adapters, as PEFT matches them (q_proj, v_proj, ...; all-linear); empty = "
              "PEFT's default for the architecture (q_proj and v_proj; GPT-2 c_attn)"},
     {.name = "lora_fan_in_fan_out", .type = KT_ENUM, .group = G_MODEL, AT_ENUM(lora_fan_in_fan_out), .def = "auto",
      .values = "auto true yes=true on=true false no=false off=false", ENUMS({"auto", -1}, {"true", 1}, {"false", 0}),
      .help = "PEFT's fan_in_fan_out, what the model's layers are: true for GPT-2 (Conv1D), false otherwise; "
              "auto = that"},
-    {.name = "lora_target_linear", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_target_linear), .def = "false",
+    {.name = "lora_target_linear", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_target_linear),
+     .fixed = "lora_target_linear", .def = "false",
      .help = "adapt every linear module of each block (q, k, v, o, gate, up, down), as well as lora_target_modules"},
-    {.name = "lora_modules_to_save", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_modules_to_save), .def = "",
+    {.name = "lora_modules_to_save", .type = KT_NAMES, .group = G_MODEL, AT_STR(lora_modules_to_save),
+     .fixed = "lora_modules_to_save", .def = "",
      .typed = read_save_modules,
      .help = "embed_tokens and/or lm_head: trained in full (an fp32 copy of the base's tensor, with its gradient and "
              "optimizer state) beside the adapters, as PEFT's modules_to_save; not for tied embeddings"},
     {.name = "unfrozen_parameters", .type = KT_LIST, .group = G_MODEL, .map = KM_UNFROZEN,
-     AT_STR(unfrozen_parameters),
+     AT_STR(unfrozen_parameters), .fixed = "unfrozen_parameters", .fixed_absent = "\"\"",
      .help = "a full fine-tune trains only the tensors these patterns match (Axolotl's: a regular expression matched "
              "at the start of a Hugging Face tensor name, each '.' literal, e.g. ^lm_head.weight$ or "
              "model.layers.2[0-9]+.mlp; a trailing [a:b] trains only those rows); the others take no gradient, no "
              "optimizer state and no update"},
     {.name = "peft_use_rslora", .aliases = "use_rslora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_rslora),
+     .fixed = "lora_rslora",
      .def = "false", .help = "rank-stabilised LoRA: scale = lora_alpha / sqrt(lora_r)"},
     {.name = "peft_layers_pattern", .aliases = "layers_pattern", .type = KT_NAMES, .group = G_MODEL,
      AT_STR(lora_layers_pattern), .def = "", .items = "block list names",
      .help = "the name of the model's block list that peft_layers_to_transform counts in (PEFT's layers_pattern): "
              "layers (GPT-2: h), the only one snug's models have; empty: found by name"},
     {.name = "peft_layers_to_transform", .aliases = "lora_layers_to_transform layers_to_transform", .type = KT_NAMES,
-     .group = G_MODEL, AT_STR(lora_layers), .def = "", .items = "layer indices (integers from 0)", .typed = read_layers,
+     .group = G_MODEL, AT_STR(lora_layers),
+     .fixed = "lora_layers", .def = "", .items = "layer indices (integers from 0)", .typed = read_layers,
      .help = "adapters on these layers only (PEFT's layers_to_transform: indices from 0, a YAML list or \"0,5\"); "
              "empty: every layer"},
-    {.name = "loraplus_lr_ratio", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(loraplus_lr_ratio), .def = "0",
+    {.name = "loraplus_lr_ratio", .type = KT_FLOAT, .group = G_MODEL, AT_DBL(loraplus_lr_ratio),
+     .fixed = "loraplus_lr_ratio", .def = "0",
      .help = "LoRA+: lora_B (and DoRA's magnitudes) step at this times the learning rate, as PEFT's "
              "create_loraplus_optimizer (which Axolotl calls) groups them, and the adapters take no weight decay "
              "(its loraplus_weight_decay); 0: off"},
     {.name = "peft_use_dora", .aliases = "use_dora", .type = KT_BOOL, .group = G_MODEL, AT_INT(lora_dora),
+     .fixed = "lora_dora",
      .def = "false", .help = "DoRA: each adapted module's output rows scaled by a trained magnitude over the norm of "
                              "W + s B A (PEFT's use_dora; not with lora_dropout)"}, 
     {.name = "merge_lora", .type = KT_BOOL, .group = G_MODEL, AT_INT(merge_lora), .def = "false",
@@ -572,7 +608,8 @@ const key_spec opt_keys[] = {
     {.name = "gradient_checkpointing_every_n_layers", .type = KT_INT, .group = G_MEMORY,
      AT_INT(gradient_checkpointing_every_n_layers), .def = "1",
      .help = "with full checkpointing, checkpoint layers 0, n, 2n, ... (1 = every layer)"},
-    {.name = "flash_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(flash_attention), .def = "true",
+    {.name = "flash_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(flash_attention),
+     .fixed = "flash_attention", .def = "true",
      .help = "tiled attention with online softmax, no (T, T) buffer; false = the reference path that stores the "
              "attention probabilities"},
     {.name = "attn_implementation", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(attn_implementation), .def = "auto",
@@ -590,19 +627,23 @@ const key_spec opt_keys[] = {
              "snug's one"},
     {.name = "activation_offloading", .type = KT_BOOL, .group = G_MEMORY, AT_INT(activation_offloading),
      .def = "false", .help = "Axolotl's: gradient_checkpointing: offload (the layer inputs in host memory)"},
-    {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16), .def = "false", .values = "auto=true",
+    {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16),
+     .fixed = "bf16", .def = "false", .values = "auto=true",
      .help = "mixed precision: parameters, saved activations and gradients stored as bfloat16, computed in fp32 "
              "(auto: true, as every device snug runs on has bf16)"},
-    {.name = "fp16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(fp16), .def = "false",
+    {.name = "fp16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(fp16), .fixed = "fp16", .def = "false",
      .help = "mixed precision in float16 with dynamic loss scaling (from 2^16; halved and the step skipped on "
              "overflow, doubled after 2000 clean steps); needs master_weights"},
-    {.name = "master_weights", .type = KT_BOOL, .group = G_MEMORY, AT_INT(master_weights), .def = "true",
+    {.name = "master_weights", .type = KT_BOOL, .group = G_MEMORY, AT_INT(master_weights),
+     .fixed = "master_weights", .def = "true",
      .help = "with bf16 or fp16, an fp32 copy of the weights takes the update (4 more bytes per parameter); "
              "false (bf16 only): the update is rounded to bf16 stochastically"},
     {.name = "chunked_cross_entropy", .type = KT_BOOL, .group = G_MEMORY, AT_INT(chunked_cross_entropy),
+     .fixed = "chunked_cross_entropy",
      .def = "false", .help = "compute the output projection and loss a chunk of tokens at a time, so the (tokens, "
              "vocab) logits never exist whole"},
     {.name = "cross_entropy_chunk_tokens", .type = KT_INT, .group = G_MEMORY, AT_INT(cross_entropy_chunk_tokens),
+     .fixed = "cross_entropy_chunk_tokens",
      .def = "256", .help = "tokens per logits chunk with chunked_cross_entropy"},
     {.name = "loss_vocab_block", .type = KT_INT, .group = G_MEMORY, AT_INT(loss_vocab_block), .def = "0",
      .help = "compute the loss over this many rows of the output head at a time (two passes over the head), so the "
@@ -616,10 +657,11 @@ const key_spec opt_keys[] = {
              "and each layer's weights are copied to the device just before it runs, the next layer's while this one "
              "computes (FSDP's offload_params; at zero_stage 3 each rank keeps its share); fsdp_config's "
              "offload_params, DeepSpeed's offload_param and fsdp's offload set it too"},
-    {.name = "tiled_mlp", .type = KT_BOOL, .group = G_MEMORY, AT_INT(tiled_mlp), .def = "false",
+    {.name = "tiled_mlp", .type = KT_BOOL, .group = G_MEMORY, AT_INT(tiled_mlp), .fixed = "tiled_mlp", .def = "false",
      .help = "run each block's MLP over shards of the micro-batch's tokens (ALST's tiled MLP): its (tokens, "
              "intermediate) activations exist one shard at a time and are recomputed in backward, never saved"},
-    {.name = "tiled_mlp_num_shards", .type = KT_INT, .group = G_MEMORY, AT_INT(tiled_mlp_num_shards), .def = "0",
+    {.name = "tiled_mlp_num_shards", .type = KT_INT, .group = G_MEMORY, AT_INT(tiled_mlp_num_shards),
+     .fixed = "tiled_mlp_num_shards", .def = "0",
      .help = "shards of tiled_mlp; 0 = auto: ceil(tokens per micro-batch / hidden size), as Axolotl does"},
 
     /* flags of snug plan (not configuration keys: accepted on its command line only) */

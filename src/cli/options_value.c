@@ -420,9 +420,33 @@ void opt_apply_defaults(void *base, int scope) {
     }
 }
 
+/* The settings a resume must keep: the keys the table marks fixed, listed once. */
+static const snug_fixed_setting *fixed_settings(int *n) {
+    static snug_fixed_setting list[OPT_MAX_KEYS];
+    static int count = -1;
+    if (count < 0) {
+        int c = 0;
+        for (int i = 0; i < opt_nkeys; i++) {
+            const key_spec *k = &opt_keys[i];
+            if (!k->fixed)
+                continue;
+            snug_setting_kind kind = k->type == KT_FLOAT || k->type == KT_SIZE ? SNUG_SETTING_REAL
+                                     : k->type == KT_INT || k->type == KT_BOOL || k->type == KT_ENUM
+                                         ? SNUG_SETTING_INT
+                                         : SNUG_SETTING_TEXT;
+            list[c++] = (snug_fixed_setting){.name = k->fixed, .kind = kind, .offset = k->offset,
+                                             .absent = k->fixed_absent};
+        }
+        count = c;
+    }
+    *n = count;
+    return list;
+}
+
 void snug_options_defaults(snug_run_config *o) {
     memset(o, 0, sizeof *o);
     opt_apply_defaults(o, 0);
+    o->fixed = fixed_settings(&o->nfixed);
     o->fsdp_config_stage = -2;
     o->fsdp_activation_checkpointing = -1;
     o->min_lr = -1;

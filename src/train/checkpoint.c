@@ -54,42 +54,19 @@ static int file_rank(const snug_engine *eng, const snug_setup *s, int world) {
 
 /* ---- what must not change on resume: the settings that change the results ---- */
 
-typedef enum { F_INT, F_DBL, F_STR } field_kind;
-static const struct {
-    const char *name;
-    field_kind kind;
-    size_t off;
-} fixed[] = {
-#define I(f) {#f, F_INT, offsetof(snug_run_config, f)}
-#define D(f) {#f, F_DBL, offsetof(snug_run_config, f)}
-#define S(f) {#f, F_STR, offsetof(snug_run_config, f)}
-    S(base_model), S(model_preset), I(sequence_len), D(val_set_size), I(train_on_inputs), I(skip_bad_examples),
-    I(dataset_exact_deduplication),
-    I(long_examples), I(micro_batch_size), I(sample_packing), I(group_by_length), I(pad_to_sequence_len),
-    I(pad_to_multiple_of), I(concatenate), I(gradient_accumulation_steps), I(lr_scheduler), I(warmup_steps),
-    D(warmup_ratio), D(weight_decay), D(adam_beta1), D(adam_beta2), D(adam_epsilon), D(max_grad_norm),
-    I(optimizer_in_backward), I(tensor_parallel_size), I(pipeline_parallel_size), S(pipeline_layers), I(bf16),
-    I(fp16), I(master_weights), I(optimizer), I(seed), I(data_seed),
-    I(flash_attention), I(chunked_cross_entropy), I(cross_entropy_chunk_tokens), I(tiled_mlp),
-    I(tiled_mlp_num_shards), I(adapter), I(lora_r),
-    D(lora_alpha), D(lora_dropout), S(lora_target_modules), I(lora_target_linear), S(lora_modules_to_save), I(lora_rslora),
-    I(lora_dora), S(lora_layers), D(loraplus_lr_ratio), S(unfrozen_parameters),
-    I(bnb_4bit_quant_type), I(bnb_4bit_use_double_quant), I(bnb_4bit_blocksize),
-#undef I
-#undef D
-#undef S
-};
-#define NFIXED ((int)(sizeof fixed / sizeof fixed[0]))
-
+/* The settings the key table marks (c->fixed: snug_options_defaults sets it), then what the run derives: the data
+ * and tokenizer as used, the split of the ranks, the loss's blocks, and bnb_config_kwargs' blocksize. */
 json_t *snug_ckpt_fixed_json(const snug_run_config *c, const snug_setup *s) {
     json_t *o = json_object();
-    for (int i = 0; i < NFIXED; i++) {
-        const char *p = (const char *)c + fixed[i].off;
-        json_t *v = fixed[i].kind == F_INT   ? json_integer(*(const int *)p)
-                    : fixed[i].kind == F_DBL ? json_real(*(const double *)p)
-                                             : json_string(p);
-        json_object_set_new(o, fixed[i].name, v);
+    for (int i = 0; i < c->nfixed; i++) {
+        const snug_fixed_setting *f = &c->fixed[i];
+        const char *p = (const char *)c + f->offset;
+        json_t *v = f->kind == SNUG_SETTING_INT    ? json_integer(*(const int *)p)
+                    : f->kind == SNUG_SETTING_REAL ? json_real(*(const double *)p)
+                                                   : json_string(p);
+        json_object_set_new(o, f->name, v);
     }
+    json_object_set_new(o, "bnb_4bit_blocksize", json_integer(c->bnb_4bit_blocksize));
     /* the data as tokenized (the cache key hashes the files' contents, the tokenizer and the options) */
     const char *key = strrchr(s->drep.cache_path, '/');
     json_object_set_new(o, "data", json_string(key ? key + 1 : s->drep.cache_path));

@@ -300,10 +300,9 @@ int snug_checkpoint_load(const char *dir, snug_train_state *st, const snug_setup
         json_t *w = json_object_get(was, name), *one = NULL;
         if (!w && !strcmp(name, "loss_vocab_block"))
             w = one = json_integer(0);
-        if (!w && (!strcmp(name, "tensor_parallel_size") || !strcmp(name, "pipeline_parallel_size")))
-            w = one = json_integer(1); /* written before tensor (pipeline) parallelism: none */
-        if (!w && (!strcmp(name, "pipeline_layers") || !strcmp(name, "unfrozen_parameters")))
-            w = one = json_string(""); /* written before them: none (every tensor trained) */
+        for (int i = 0; !w && i < s->c.nfixed; i++) /* written before the setting was recorded: its value then */
+            if (s->c.fixed[i].absent && !strcmp(name, s->c.fixed[i].name))
+                w = one = json_loads(s->c.fixed[i].absent, JSON_DECODE_ANY, NULL);
         if (!w || !json_equal(w, f)) {
             char *a = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL, *b = json_dumps(f, JSON_ENCODE_ANY), fix[160] = "";
             /* the loss's blocks are resolved by the stage (auto): another stage needs the checkpoint's value set */

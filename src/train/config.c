@@ -343,6 +343,8 @@ int snug_run_config_validate(const snug_run_config *o, snug_error *e) {
 
 int snug_run_config_validate_train(const snug_run_config *o, snug_error *e) {
     SNUG_TRY(snug_run_config_validate(o, e));
+    REQUIRE(o->fixed && o->nfixed > 0, "%s: the configuration lists no settings a resume must keep (fixed); start it "
+            "from snug_options_defaults", o->config_path[0] ? o->config_path : "options");
     REQUIRE(o->ndatasets > 0, "%s: no training data; add 'datasets: [{path: data.jsonl}]' or --dataset data.jsonl",
             o->config_path[0] ? o->config_path : "options");
     return 0;

@@ -78,6 +78,17 @@ enum {
     SNUG_SCHED_KW_WARMUP_LR_RATE = 1 << 18,
 };
 
+/* A setting that changes a run's results, so that a resumed run must keep it: a checkpoint records it under `name`
+ * and a resume refuses another value. The key table of src/cli marks these keys; snug_options_defaults points the
+ * configuration at their list (snug_run_config.fixed). */
+typedef enum snug_setting_kind { SNUG_SETTING_INT, SNUG_SETTING_REAL, SNUG_SETTING_TEXT } snug_setting_kind;
+typedef struct snug_fixed_setting {
+    const char *name;       /* in trainer_state.json's "fixed": the field's name */
+    snug_setting_kind kind; /* int (numbers, booleans, enums), double, or text */
+    size_t offset;          /* in snug_run_config */
+    const char *absent;     /* JSON of the value a checkpoint written before the setting was recorded holds, or NULL */
+} snug_fixed_setting;
+
 typedef struct snug_run_config {
     char config_path[1024];   /* the YAML file read, "" for none (errors name it) */
 
@@ -234,6 +245,8 @@ typedef struct snug_run_config {
     int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
     char resume_from_checkpoint[1024]; /* "" = a new run; a checkpoint folder; "latest": the newest complete one in
                                         * output_dir (resume_latest; the text stays as written, for messages) */
+    const snug_fixed_setting *fixed; /* the settings a resume must keep (the key table's, set by snug_options_defaults) */
+    int nfixed;
     int resume_latest;        /* resume_from_checkpoint: latest (or true): the newest complete checkpoint in output_dir */
     int overwrite_output_dir; /* 0: an output_dir that holds a run is refused (resume it, or say to overwrite) */
     int threads;              /* 0 = all cores */

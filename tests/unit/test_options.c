@@ -1,6 +1,7 @@
 /* test_options.c: the YAML + command-line configuration (src/cli/options.c): defaults, an Axolotl-style config, the
  * Hugging Face aliases, command-line overrides, and every kind of error a user can make, each with its message. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1107,6 +1108,33 @@ static void test_axolotl_keys(void) {
     }
 }
 
+/* The settings a resume must keep come from the key table's flag: each once, each where its key stores it, with
+ * the kind of its field; the ones recorded later carry the value an older checkpoint holds. */
+static void test_fixed_settings(void) {
+    snug_run_config o;
+    snug_options_defaults(&o);
+    CHECKF(o.fixed && o.nfixed >= 50, "%d", o.nfixed);
+    int seen_r = 0, seen_alpha = 0, seen_targets = 0, seen_tp = 0;
+    for (int i = 0; o.fixed && i < o.nfixed; i++) {
+        const snug_fixed_setting *f = &o.fixed[i];
+        for (int k = 0; k < i; k++)
+            CHECKF(strcmp(o.fixed[k].name, f->name) != 0, "%s listed twice", f->name);
+        if (!strcmp(f->name, "lora_r"))
+            seen_r = f->kind == SNUG_SETTING_INT && f->offset == offsetof(snug_run_config, lora_r) && !f->absent;
+        if (!strcmp(f->name, "lora_alpha"))
+            seen_alpha = f->kind == SNUG_SETTING_REAL && f->offset == offsetof(snug_run_config, lora_alpha);
+        if (!strcmp(f->name, "lora_target_modules"))
+            seen_targets = f->kind == SNUG_SETTING_TEXT && f->offset == offsetof(snug_run_config, lora_target_modules);
+        if (!strcmp(f->name, "tensor_parallel_size"))
+            seen_tp = f->absent && !strcmp(f->absent, "1");
+    }
+    CHECK(seen_r && seen_alpha && seen_targets && seen_tp);
+    /* the output keys are not among them: a resume may change them */
+    for (int i = 0; o.fixed && i < o.nfixed; i++)
+        CHECKF(strcmp(o.fixed[i].name, "max_steps") && strcmp(o.fixed[i].name, "learning_rate") &&
+               strcmp(o.fixed[i].name, "save_steps"), "%s", o.fixed[i].name);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -1129,6 +1157,7 @@ int main(void) {
     test_zero();
     test_atomic();
     test_help();
+    test_fixed_settings();
     for (int i = 0; i < nwritten; i++) {
         char path[1100];
         snprintf(path, sizeof path, "%s/%s", dir, written[i]);
