@@ -199,6 +199,12 @@ typedef struct snug_act_set {
     snug_layer_acts16 *acts16; /* (L) */
 } snug_act_set;
 
+/* pipeline_layers: each stage's count of layers as listed (n counts), or n 0 for an even split. */
+typedef struct snug_pp_split {
+    const int *layers;
+    int n;
+} snug_pp_split;
+
 typedef struct snug_model {
     snug_model_config cfg;
     snug_backend *be;
@@ -399,7 +405,7 @@ typedef struct snug_model {
      * the output received (stages before the last), pp_din the input's gradient backward leaves to send (stages
      * after the first) (SNUG_MEM_WORKSPACE). */
     int pp, pp_stage, pp_l0, pp_L, pp_slots;
-    const char *pp_split;  /* pipeline_layers as configured (snug_pp_layers), or NULL */
+    snug_pp_split pp_split; /* pipeline_layers as configured (snug_pp_layers) */
     float *pp_in, *pp_out, *pp_dout, *pp_din;
     /* The saved activations as sets (set before layout: pp_keep, 0 or 1 for one): a stage before the last that does
      * not recompute keeps one set per micro-batch in flight (pp_keep = pp_slots), each a residual stream and every
@@ -509,13 +515,13 @@ enum {
 int snug_param_table_build_part(snug_param_table *t, const snug_model_config *cfg, int l0, int parts,
                                 snug_error *e);
 /* Pipeline parallelism: the layers [*l0, *l0 + *n) of stage `stage` of pp over a model of L layers: as split lists
- * them (pipeline_layers: pp counts, each at least 1, that sum to L, separated by commas), or with split NULL or ""
+ * them (pipeline_layers: pp counts, each at least 1, that sum to L), or with split.n 0
  * L / pp each, the remainder one more each on the stages after the first (which holds the embedding). -1 when it
  * cannot be (L < pp, a list that does not fit). */
-int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n);
+int snug_pp_layers(int L, int pp, snug_pp_split split, int stage, int *l0, int *n);
 /* The stage that holds layer `layer` of the whole model (-1: a global tensor, on the first stage when it comes before
  * the layers (pre: the embeddings), else on the last). */
-int snug_pp_stage_of(int L, int pp, const char *split, int layer, int pre);
+int snug_pp_stage_of(int L, int pp, snug_pp_split split, int layer, int pre);
 
 /* Tensor parallelism: one rank's share of a model config's blocks over tp ranks (n_head, n_kv_head and
  * intermediate_size divided by tp; the rest as it is). NULL, with why (naming the setting) in *why, where it does

@@ -389,26 +389,22 @@ void snug_tp_slice(const snug_param_entry *g, const snug_param_entry *l, int par
 
 /* ---- pipeline parallelism ---- */
 
-int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n) {
+int snug_pp_layers(int L, int pp, snug_pp_split split, int stage, int *l0, int *n) {
     if (pp < 1 || L < pp || stage < 0 || stage >= pp)
         return -1;
-    if (split && split[0]) { /* as listed: pp counts of at least 1 that sum to L */
-        int k = 0, sum = 0, v;
-        for (const char *c = split; *c;) {
-            char *end;
-            long x = strtol(c, &end, 10);
-            if (end == c || x < 1 || x > L)
+    if (split.n > 0) { /* as listed: pp counts of at least 1 that sum to L */
+        if (split.n != pp)
+            return -1;
+        int sum = 0;
+        for (int k = 0; k < split.n; k++) {
+            int v = split.layers[k];
+            if (v < 1 || v > L - sum)
                 return -1;
-            v = (int)x;
             if (k == stage)
                 *l0 = sum, *n = v;
             sum += v;
-            k++;
-            c = end;
-            while (*c == ',' || *c == ' ')
-                c++;
         }
-        return k == pp && sum == L ? 0 : -1;
+        return sum == L ? 0 : -1;
     }
     int base = L / pp, extra = L % pp; /* stages 1..extra take one more */
     *n = base + (stage >= 1 && stage <= extra);
@@ -417,8 +413,8 @@ int snug_pp_layers(int L, int pp, const char *split, int stage, int *l0, int *n)
     return 0;
 }
 
-int snug_pp_stage_of(int L, int pp, const char *split, int layer, int pre) {
-    int l0, n;
+int snug_pp_stage_of(int L, int pp, snug_pp_split split, int layer, int pre) {
+    int l0 = 0, n = 0;
     for (int q = 0; layer >= 0 && q < pp; q++)
         if (!snug_pp_layers(L, pp, split, q, &l0, &n) && layer >= l0 && layer < l0 + n)
             return q;

@@ -193,14 +193,18 @@ int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) 
     if (m->pp > 1) { /* the stage's layers, the embedding on the first, the head on the last */
         int n;
         m->pp_split = s->pp_split;
-        if (snug_pp_layers(s->cfg.n_layer, m->pp, s->pp_split, m->pp_stage, &m->pp_l0, &n))
-            return s->pp_split && s->pp_split[0]
+        if (snug_pp_layers(s->cfg.n_layer, m->pp, s->pp_split, m->pp_stage, &m->pp_l0, &n)) {
+            char list[256] = "";
+            for (int k = 0, len = 0; k < s->pp_split.n && len < (int)sizeof list; k++)
+                len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", k ? "," : "", s->pp_split.layers[k]);
+            return s->pp_split.n
                        ? snug_fail(e, SNUG_EINPUT, "pipeline_layers '%s' does not split the model's %d layers into "
-                                   "%d stages: list %d counts of at least 1 that sum to %d", s->pp_split,
+                                   "%d stages: list %d counts of at least 1 that sum to %d", list,
                                    s->cfg.n_layer, m->pp, m->pp, s->cfg.n_layer)
                        : snug_fail(e, SNUG_EINPUT, "pipeline_parallel_size %d is more than the model's %d layers: "
                                    "each stage takes at least one; choose at most %d", m->pp, s->cfg.n_layer,
                                    s->cfg.n_layer);
+        }
         m->cfg.n_layer = n;
         m->pp_slots = m->pp - m->pp_stage; /* 1F1B: the micro-batches in flight on this stage at most */
         m->pp_keep = s->pp_recompute || snug_pp_last(m) ? 1 : m->pp_slots; /* their activations, or inputs alone */

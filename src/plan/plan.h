@@ -42,7 +42,7 @@ typedef struct snug_plan_spec {
     int pp;                /* pipeline_parallel_size: stages the layers are split over (0 or 1: none); the plan is
                             * one stage's (snug_pp_layers) */
     int pp_stage;          /* which of them */
-    const char *pp_split;  /* pipeline_layers: the layers of each stage, or NULL / "" for an even split */
+    snug_pp_split pp_split; /* pipeline_layers: the layers of each stage (n 0: an even split) */
     const char *unfrozen;  /* unfrozen_parameters: the patterns of the tensors that train, one per line
                             * (snug_param_table_freeze); NULL or "" = every tensor (full fine-tuning) */
     int pp_recompute;      /* pipeline_recompute: a stage before the last keeps only each micro-batch's input and

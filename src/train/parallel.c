@@ -272,7 +272,7 @@ static int open_groups(snug_parallel *p, FILE *out, int rc, snug_error *e) {
                                       : "stage s keeps the activations of the N - s micro-batches it has in flight");
         for (int q = 0; q < r->ppn; q++) {
             int l0, nl;
-            snug_pp_layers(r->s.cfg.n_layer, r->ppn, o->pipeline_layers, q, &l0, &nl);
+            snug_pp_layers(r->s.cfg.n_layer, r->ppn, r->s.spec.pp_split, q, &l0, &nl);
             char span[32];
             snprintf(span, sizeof span, nl == 1 ? "layer %d" : "layers %d-%d", l0, l0 + nl - 1);
             fprintf(out, "                       stage %d: %s%s%s\n", q, span,

@@ -594,20 +594,22 @@ static void test_tensor_parallel(void) {
  * embedding on both; the stages' plans sum to the whole model's parameters (plus a tied head's second copy) */
 static void test_pipeline_parallel(void) {
     int l0, n, next = 0;
+    const snug_pp_split even = {0}, s165 = {(const int[]){1, 6, 5}, 3}, s164 = {(const int[]){1, 6, 4}, 3},
+                        s16 = {(const int[]){1, 6}, 2}, s066 = {(const int[]){0, 6, 6}, 3};
     for (int q = 0; q < 5; q++) { /* 12 layers over 5: 2, 3, 3, 2, 2 */
-        CHECK(snug_pp_layers(12, 5, NULL, q, &l0, &n) == 0 && l0 == next && n == (q == 1 || q == 2 ? 3 : 2));
+        CHECK(snug_pp_layers(12, 5, even, q, &l0, &n) == 0 && l0 == next && n == (q == 1 || q == 2 ? 3 : 2));
         next = l0 + n;
     }
-    CHECK(next == 12 && snug_pp_layers(3, 4, "", 0, &l0, &n) == -1 && snug_pp_layers(4, 4, NULL, 4, &l0, &n) == -1);
+    CHECK(next == 12 && snug_pp_layers(3, 4, even, 0, &l0, &n) == -1 && snug_pp_layers(4, 4, even, 4, &l0, &n) == -1);
     /* as listed: [1, 6, 5] of 12 */
-    CHECK(snug_pp_layers(12, 3, "1, 6,5", 1, &l0, &n) == 0 && l0 == 1 && n == 6);
-    CHECK(snug_pp_layers(12, 3, "1,6,5", 2, &l0, &n) == 0 && l0 == 7 && n == 5);
-    CHECK(snug_pp_layers(12, 3, "1,6,4", 0, &l0, &n) == -1 && snug_pp_layers(12, 3, "1,6", 0, &l0, &n) == -1);
-    CHECK(snug_pp_layers(12, 3, "0,6,6", 1, &l0, &n) == -1 && snug_pp_layers(12, 2, "1,6,5", 0, &l0, &n) == -1);
+    CHECK(snug_pp_layers(12, 3, s165, 1, &l0, &n) == 0 && l0 == 1 && n == 6);
+    CHECK(snug_pp_layers(12, 3, s165, 2, &l0, &n) == 0 && l0 == 7 && n == 5);
+    CHECK(snug_pp_layers(12, 3, s164, 0, &l0, &n) == -1 && snug_pp_layers(12, 3, s16, 0, &l0, &n) == -1);
+    CHECK(snug_pp_layers(12, 3, s066, 1, &l0, &n) == -1 && snug_pp_layers(12, 2, s165, 0, &l0, &n) == -1);
     /* which stage holds a layer, or a global tensor (the embeddings on the first, the rest on the last) */
-    CHECK(snug_pp_stage_of(12, 3, "1,6,5", 0, 0) == 0 && snug_pp_stage_of(12, 3, "1,6,5", 6, 0) == 1 &&
-          snug_pp_stage_of(12, 3, "1,6,5", 7, 1) == 2 && snug_pp_stage_of(12, 3, NULL, -1, 1) == 0 &&
-          snug_pp_stage_of(12, 3, NULL, -1, 0) == 2 && snug_pp_stage_of(12, 5, NULL, 4, 0) == 1);
+    CHECK(snug_pp_stage_of(12, 3, s165, 0, 0) == 0 && snug_pp_stage_of(12, 3, s165, 6, 0) == 1 &&
+          snug_pp_stage_of(12, 3, s165, 7, 1) == 2 && snug_pp_stage_of(12, 3, even, -1, 1) == 0 &&
+          snug_pp_stage_of(12, 3, even, -1, 0) == 2 && snug_pp_stage_of(12, 5, even, 4, 0) == 1);
     snug_error e = {0};
     for (int tied = 0; tied < 2; tied++) {
         snug_model_config c;
@@ -624,7 +626,7 @@ static void test_pipeline_parallel(void) {
             st.pp_stage = q;
             snug_model m = {0};
             CHECK(snug_plan_model_init(&m, &st, &e) == 0);
-            snug_pp_layers(c.n_layer, P, NULL, q, &l0, &n);
+            snug_pp_layers(c.n_layer, P, (snug_pp_split){0}, q, &l0, &n);
             CHECK(m.cfg.n_layer == n && m.pp_l0 == l0 && m.pp_L == c.n_layer && m.pp_slots == P - q);
             for (int i = 0; i < m.table.n; i++) { /* each tensor is the whole model's of that name */
                 const snug_param_entry *L = &m.table.e[i];
