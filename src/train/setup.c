@@ -406,7 +406,8 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
                         .ckpt_snapshot = snug_run_saves(c) && c->async_checkpoint,
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
                         .pp = c->pipeline_parallel_size, .pp_recompute = c->pipeline_recompute,
-                        .pp_split = {c->pipeline_stage_layers, c->pipeline_nstage_layers}, .unfrozen = c->unfrozen_parameters,
+                        .pp_split = {c->pipeline_stage_layers, c->pipeline_nstage_layers},
+                        .unfrozen = c->unfrozen_parameters,
                         .loss_vocab_block = c->loss_vocab_block,
                         .ddp_bucket_cap_mb = c->ddp_bucket_cap_mb, .comm_deterministic = c->ddp_deterministic,
                         .overlap_comm = c->zero_overlap_comm == SNUG_OVERLAP_ON    ? 1
