@@ -52,7 +52,8 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
     if (lv->mlp_shards) {
         const snug_model_config *c = &s->cfg;
         double C = c->hidden_size, I = c->intermediate_size, q = (double)c->n_head * c->head_dim;
-        double kv = (double)c->n_kv_head * c->head_dim, mlp = (snug_block_of(c).mlp == SNUG_MLP_GELU ? 2.0 : 3.0) * C * I;
+        double kv = (double)c->n_kv_head * c->head_dim;
+        double mlp = (snug_block_of(c).mlp == SNUG_MLP_GELU ? 2.0 : 3.0) * C * I;
         double share = mlp / (mlp + C * (q + 2 * kv) + q * C);
         int every = lv->ckpt_every > 0 ? lv->ckpt_every : 1;
         double redone = lv->ckpt == SNUG_CKPT_FULL ? (double)((L + every - 1) / every) / L : 0.0;
@@ -82,7 +83,7 @@ double snug_fit_time_factor(const snug_plan_spec *s, int GA, snug_device_kind ki
         double tps = snug_gpu_tokens_per_s(snug_gpu_find("a100-80gb"), s, P);
         double compute = tps > 0 ? tokens / tps : 0.0; /* one micro-batch */
         /* one process: the side stream's copies beside the compute; at ZeRO-3 the rank's pieces on the compute
-         * stream, exposed (model.c's q4_gather) */
+         * stream, exposed (model/gather.c's model_q4_layer) */
         double exposed = parts > 1 ? 2 * pass : fmax(0.0, 2 * pass - compute) + 2 * pass / L;
         f *= 1.0 + (compute > 0 ? exposed / compute : 0.0);
     }

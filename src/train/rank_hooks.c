@@ -41,7 +41,7 @@ void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
     const snug_param_table *t = &m->table;
     zero2_finish(c); /* the previous layer's, whose buffer is not this one's */
     /* layer 0's, the last, at once: the embeddings' backward that follows it writes the pre-layer globals'
-     * gradients, which share its buffer (model.c's grad_offsets), and has little to overlap with */
+     * gradients, which share its buffer (model/grads.c's model_grad_offsets), and has little to overlap with */
     int async = m->lv.zero_overlap && layer > 0;
     for (int i = 0; !c->rc && i < t->n;) {
         if (snug_model_ready_group(m, i) != layer) {

@@ -1,4 +1,4 @@
-/* test_options.c: the YAML + command-line configuration (src/cli/options.c): defaults, an Axolotl-style config, the
+/* test_options.c: the YAML + command-line configuration (src/cli/options_*.c): defaults, an Axolotl-style config, the
  * Hugging Face aliases, command-line overrides, and every kind of error a user can make, each with its message. */
 #include <math.h>
 #include <stddef.h>

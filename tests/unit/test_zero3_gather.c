@@ -1,7 +1,7 @@
 /* test_zero3_gather.c: ZeRO-3's gathers, prefetch included, are issued in one order and never read early.
  *
- * The model gathers each layer before it runs and prefetches the next one into the other buffer (model.c's
- * gathered_layer); under NCCL the prefetch runs beside the compute and the model must wait for it before it reads
+ * The model gathers each layer before it runs and prefetches the next one into the other buffer (model/gather.c's
+ * model_gathered_layer); under NCCL the prefetch runs beside the compute and the model must wait for it before it reads
  * or writes that buffer. Here rank 0 of two runs in one process with a gather callback that behaves as an
  * asynchronous all-gather would at its worst: a prefetch leaves the other rank's pieces NaN until the wait, and a
  * blocking gather fills them at once. Checked, for an untied Llama and a tied GPT-2, in fp32 and bf16 storage, with
