@@ -392,8 +392,6 @@ const char *snug_sched_name(snug_sched s) { return (unsigned)s <= SNUG_SCHED_REX
 _Static_assert(SNUG_CKPT_CHOICE_NONE == 0 && SNUG_CKPT_CHOICE_SELECTIVE == 1 && SNUG_CKPT_CHOICE_FULL == 2 &&
                    SNUG_CKPT_CHOICE_OFFLOAD == 3, "snug_ckpt_names (plan_json.h) is indexed by snug_ckpt_choice");
 
-const char *snug_ckpt_choice_name(snug_ckpt_choice c) { return (unsigned)c < 4 ? snug_ckpt_names[c] : "?"; }
-
 const snug_dataset_spec *snug_run_dataset(const snug_run_config *c, int i, const char **key) {
     if (key)
         *key = i < c->ndatasets ? "datasets" : "test_datasets";

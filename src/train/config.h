@@ -314,6 +314,5 @@ int snug_warmup_steps(const snug_run_config *c, int total);
  * (plan/plan_json.h), which the plan's reports print too. */
 extern const char *const snug_sched_names[];
 const char *snug_sched_name(snug_sched s);
-const char *snug_ckpt_choice_name(snug_ckpt_choice c);
 
 #endif
