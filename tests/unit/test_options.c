@@ -432,6 +432,8 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("layers_to_transform: 256\n", "layers_to_transform names '256'");
     EXPECT_YAML_ERROR("lora_modules_to_save: [norm]\n", "lora_modules_to_save names 'norm'", "embed_tokens and lm_head");
     EXPECT_YAML_ERROR("pipeline_layers: [2, 0]\n", "pipeline_layers lists '0'", "at least 1");
+    EXPECT_YAML_ERROR("pipeline_layers: \", ,\"\n", "pipeline_layers lists no count", "even split");
+    EXPECT_YAML_ERROR("peft_layers_to_transform: [1, 256]\n", "peft_layers_to_transform names '256'", "at most 255");
     EXPECT_YAML_ERROR("fsdp: \"full_shard; auto_wrap\"\n", "fsdp must list FSDP options");
     EXPECT_YAML_OK("model_type: LlamaForCausalLM\neval_table_size: 0\ntokenizer_type: PreTrainedTokenizerFast\n");
     EXPECT_YAML_OK("adapter:\nlora_target_modules: []\nspecial_tokens:\ndeepspeed: ~\nfsdp:\nwandb_project: ''\n");
