@@ -458,17 +458,19 @@ static int zero_max(const snug_run_config *c, const snug_model_config *cfg, int 
 }
 
 /* The plan spec of the configuration as it stands, for this rank (its slices, its stage) */
-static void derive_spec(snug_setup *r, snug_device_kind device) {
-    r->spec = snug_run_spec(&r->c, &r->cfg);
-    r->spec.ranks = r->ranks;
-    r->spec.rank = r->rank;
-    r->spec.tp_rank = r->tp_rank;
-    r->spec.pp_stage = r->pp_stage;
-    r->spec.device_cuda = device == SNUG_DEVICE_CUDA;
+static snug_plan_spec rank_spec(const snug_setup *r, snug_device_kind device) {
+    snug_plan_spec s = snug_run_spec(&r->c, &r->cfg);
+    s.ranks = r->ranks;
+    s.rank = r->rank;
+    s.tp_rank = r->tp_rank;
+    s.pp_stage = r->pp_stage;
+    s.device_cuda = device == SNUG_DEVICE_CUDA;
+    return s;
 }
 
-/* find_batch_size on this rank alone: its plan against its own memory */
-static int find_batch_size_here(snug_setup *r, snug_device_kind device, int *found, snug_error *e) {
+/* find_batch_size on this rank alone: its plan (of spec, the configuration's) against its own memory */
+static int find_batch_size_here(snug_setup *r, const snug_plan_spec *spec, snug_device_kind device, int *found,
+                                snug_error *e) {
     int gpu = device == SNUG_DEVICE_CUDA;
     double budget = (double)snug_backend_memory_available(gpu ? SNUG_BACKEND_CUDA : SNUG_BACKEND_CPU);
     const char *what = gpu ? "memory free on the GPU" : "memory available on the host";
@@ -478,10 +480,9 @@ static int find_batch_size_here(snug_setup *r, snug_device_kind device, int *fou
         return snug_fail(e, SNUG_EINPUT, "auto_find_batch_size: cannot tell how much memory the %s has free; set "
                          "memory_budget (e.g. 40GB), the memory to fit", gpu ? "GPU" : "host");
     int B;
-    SNUG_TRY(snug_fit_batch_halving(&r->spec, budget, what, device, r->data_host_est, &B, r->fit_note,
+    SNUG_TRY(snug_fit_batch_halving(spec, budget, what, device, r->data_host_est, &B, r->fit_note,
                                     sizeof r->fit_note, e));
     r->c.micro_batch_size = B;
-    derive_spec(r, device);
     *found = B;
     return 0;
 }
@@ -489,8 +490,8 @@ static int find_batch_size_here(snug_setup *r, snug_device_kind device, int *fou
 /* auto_find_batch_size: micro_batch_size halved until the plan fits the memory free on the device (memory_budget
  * when smaller), written into the configuration; over several ranks (each planning its own share: a ZeRO shard, a
  * pipeline stage) the smallest of their sizes, so that they run the same micro-batches */
-static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e) {
-    int B = 0, rc = find_batch_size_here(r, device, &B, e);
+static int find_batch_size(snug_setup *r, const snug_plan_spec *spec, snug_device_kind device, snug_error *e) {
+    int B = 0, rc = find_batch_size_here(r, spec, device, &B, e);
     snug_comm *c = r->agree;
     if (!c || c->size <= 1)
         return rc;
@@ -516,13 +517,28 @@ static int find_batch_size(snug_setup *r, snug_device_kind device, snug_error *e
                          "full, or run `snug plan` to see what each lever saves", at);
     if (least < B) {
         r->c.micro_batch_size = least;
-        derive_spec(r, device);
         snprintf(r->fit_note, sizeof r->fit_note, "auto_find_batch_size: micro_batch_size %d, the largest every "
                  "rank fits (rank %d's; this rank fits %d)", least, at, B);
     } else {
         size_t n = strlen(r->fit_note);
         snprintf(r->fit_note + n, sizeof r->fit_note - n, "; every one of the %d ranks fits it", c->size);
     }
+    return 0;
+}
+
+/* auto_fit: the setting of the levers whose plan fits memory_budget at the least predicted cost, chosen among
+ * candidates planned from spec (the configuration's, with the ZeRO stages it may take), written into the
+ * configuration, which is validated again like a hand-written one */
+static int fit(snug_setup *r, snug_plan_spec *spec, snug_device_kind device, snug_error *e) {
+    spec->zero_max = zero_max(&r->c, &r->cfg, r->ranks);
+    snug_fit_point best;
+    SNUG_TRY(snug_autofit(spec, r->c.memory_budget, device, r->data_host_est, &best, r->fit_note, sizeof r->fit_note,
+                          e));
+    apply_fit(&r->c, &best);
+    snug_error ve = {0};
+    if (snug_run_config_validate(&r->c, &ve))
+        return snug_fail(e, SNUG_EINTERNAL, "auto_fit chose a setting that is not a valid configuration (%s); "
+                         "turn auto_fit off and set the levers by hand", ve.msg);
     return 0;
 }
 
@@ -567,24 +583,16 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
                          c->pipeline_parallel_size, c->zero_stage);
     SNUG_TRY(resolve_adapter(r, e));
     SNUG_TRY(check_unfrozen(r, e));
-    derive_spec(r, device);
     r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
-    if (r->c.auto_find_batch_size)
-        SNUG_TRY(find_batch_size(r, device, e));
-    if (r->c.auto_fit) {
-        r->spec.zero_max = zero_max(&r->c, &r->cfg, r->ranks);
-        snug_fit_point best;
-        SNUG_TRY(snug_autofit(&r->spec, r->c.memory_budget, device, r->data_host_est, &best, r->fit_note,
-                              sizeof r->fit_note, e));
-        /* the chosen setting becomes the configuration, which is validated and derived again like a hand-written
-         * one: the fitted run is the run of the configuration it prints */
-        apply_fit(&r->c, &best);
-        snug_error ve = {0};
-        if (snug_run_config_validate(&r->c, &ve))
-            return snug_fail(e, SNUG_EINTERNAL, "auto_fit chose a setting that is not a valid configuration (%s); "
-                             "turn auto_fit off and set the levers by hand", ve.msg);
-        derive_spec(r, device);
+    /* the searches settle the configuration (auto_fit and auto_find_batch_size exclude each other): each plans its
+     * candidates from the spec of the configuration as written, and writes its choice into the configuration */
+    if (r->c.auto_find_batch_size || r->c.auto_fit) {
+        snug_plan_spec written = rank_spec(r, device);
+        SNUG_TRY(r->c.auto_fit ? fit(r, &written, device, e) : find_batch_size(r, &written, device, e));
     }
+    /* the configuration is final: its spec, derived once, exactly as a hand-written one's (the fitted run is the
+     * run of the configuration it prints) */
+    r->spec = rank_spec(r, device);
     SNUG_TRY(snug_plan_run(&r->plan, &r->spec, e));
     if (r->c.memory_budget > 0) { /* snug_engine_create refuses a plan over the budget */
         snug_overhead ov;

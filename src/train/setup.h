@@ -2,8 +2,9 @@
  * spec and its plan, auto_fit, and (on request) the data.
  *
  * `snug train`, `snug plan` and `snug preprocess` all resolve a configuration here, so what `snug plan` reports is
- * what `snug train` runs. When auto_fit changes the configuration, the changed configuration is validated again and
- * its spec rebuilt from it exactly as a hand-written one: a fitted run is the run of the configuration it prints. */
+ * what `snug train` runs. The configuration is made final first (auto_find_batch_size or auto_fit write their choice
+ * into it, auto_fit's validated again), then its spec is derived once, exactly as a hand-written one's: a fitted run
+ * is the run of the configuration it prints. */
 #ifndef SNUG_TRAIN_SETUP_H
 #define SNUG_TRAIN_SETUP_H
 
