@@ -290,10 +290,11 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                                  "it or set it to [assistant]", loc, written);
         }
         return 0;
-    case KM_UNFROZEN: { /* each item a pattern, joined by newlines */
+    case KM_UNFROZEN: { /* each item a pattern, into o->unfrozen; as written, joined by newlines (the record) */
         char *dst = (char *)base + k->offset;
         size_t at = 0;
         dst[0] = '\0';
+        o->unfrozen.n = 0;
         for (yaml_node_item_t *it = v ? v->data.sequence.items.start : NULL; v && it < v->data.sequence.items.top;
              it++) {
             const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
@@ -311,6 +312,7 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
                 return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (at most %zu characters in all); join patterns "
                                  "with |", loc, written, k->size - 2);
             at += (size_t)snprintf(dst + at, k->size - at, "%s%s", at ? "\n" : "", text);
+            snug_patterns_add(&o->unfrozen, text); /* (fits: as long as the joined text, with its NUL) */
         }
         return 0;
     }

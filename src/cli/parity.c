@@ -46,7 +46,7 @@ typedef struct parity_args {
     const char *dir, *in, *out, *save, *adapter, *qlora;
     snug_backend_choice device;
     int steps, threads, mlp_shards, offload_emb, q4_chunk;
-    char unfrozen[4096]; /* --unfrozen PATTERN, repeated: unfrozen_parameters, one pattern per line */
+    snug_patterns unfrozen; /* --unfrozen PATTERN, repeated: unfrozen_parameters */
     double lr, wd, clip, eps, loraplus;
 } parity_args;
 
@@ -91,10 +91,11 @@ static int parse_args(parity_args *a, int argc, char **argv, snug_error *e) {
         else if (!strcmp(k, "--adapter")) a->adapter = v;
         else if (!strcmp(k, "--qlora")) a->qlora = v;
         else if (!strcmp(k, "--unfrozen")) {
-            size_t n = strlen(a->unfrozen);
-            if (n + strlen(v) + 2 > sizeof a->unfrozen)
+            if (!*v)
+                return snug_fail(e, SNUG_EINPUT, "snug parity: an --unfrozen pattern is empty; give a pattern of "
+                                 "tensor names");
+            if (snug_patterns_add(&a->unfrozen, v))
                 return snug_fail(e, SNUG_EINPUT, "snug parity: the --unfrozen patterns are too long");
-            snprintf(a->unfrozen + n, sizeof a->unfrozen - n, "%s%s", n ? "\n" : "", v);
         }
         else if (!strcmp(k, "--device") && !strcmp(v, "cuda")) a->device = SNUG_BACKEND_CUDA;
         else if (!strcmp(k, "--device") && !strcmp(v, "cpu")) a->device = SNUG_BACKEND_CPU;
@@ -110,7 +111,7 @@ static int parse_args(parity_args *a, int argc, char **argv, snug_error *e) {
  * stored as LLM.int8's 8 bits (load_in_8bit). */
 static int build_spec(snug_plan_spec *spec, const parity_args *a, const snug_model_config *cfg, int B, int T,
                       snug_error *e) {
-    *spec = (snug_plan_spec){.cfg = *cfg, .B = B, .T = T, .with_grads = 1, .unfrozen = a->unfrozen,
+    *spec = (snug_plan_spec){.cfg = *cfg, .B = B, .T = T, .with_grads = 1, .unfrozen = &a->unfrozen,
                              .lv = {.ckpt_every = 1, .mlp_shards = a->mlp_shards, .offload_embedding = a->offload_emb}};
     if (a->adapter)
         SNUG_TRY(snug_peft_read_config(a->adapter, cfg->arch, &spec->lv.lora, e));

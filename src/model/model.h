@@ -497,13 +497,13 @@ int snug_param_table_build(snug_param_table *t, const snug_model_config *cfg, sn
 /* The index of the entry named name in t, or -1. */
 int snug_param_table_find(const snug_param_table *t, const char *name);
 /* unfrozen_parameters (Axolotl's freeze_layers_except): every tensor of t frozen but those a pattern matches. patterns:
- * one per line, "" = every tensor trains. A pattern is a regular expression matched at the start of a tensor's name
+ * NULL or none = every tensor trains. A pattern is a regular expression matched at the start of a tensor's name
  * (Python's re.match), each '.' a literal dot; an optional "[a:b]" at its end ("[a]", "[a:]", "[:b]") trains only
  * those rows of the tensor's first dimension, their gradient kept and the other rows' zeroed (the tensor stays in
- * the optimizer, so weight decay still reaches every row, as in Axolotl). *unmatched (when not NULL): the line number
+ * the optimizer, so weight decay still reaches every row, as in Axolotl). *unmatched (when not NULL): the number
  * (1-based) of the first pattern that matches no tensor of t, 0 when each matches one. A broken pattern or a range
  * outside the tensor is SNUG_EINPUT naming it. */
-int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unmatched, snug_error *e);
+int snug_param_table_freeze(snug_param_table *t, const snug_patterns *patterns, int *unmatched, snug_error *e);
 /* The floats of t that train (not frozen). */
 size_t snug_param_table_trained(const snug_param_table *t);
 /* The global tensors a table holds (pipeline parallelism: a stage's share of the model) */

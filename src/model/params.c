@@ -275,26 +275,31 @@ static int keep_ranges(snug_param_entry *p, int64_t (*r)[2], int n, snug_error *
     return 0;
 }
 
-int snug_param_table_freeze(snug_param_table *t, const char *patterns, int *unmatched, snug_error *e) {
+int snug_patterns_add(snug_patterns *p, const char *s) {
+    size_t used = p->n ? (size_t)p->at[p->n - 1] + strlen(snug_patterns_item(p, p->n - 1)) + 1 : 0;
+    size_t len = strlen(s);
+    if (!len || p->n == SNUG_PATTERNS_MAX || used + len + 1 > sizeof p->text)
+        return -1;
+    memcpy(p->text + used, s, len + 1);
+    p->at[p->n++] = (int)used;
+    return 0;
+}
+
+int snug_param_table_freeze(snug_param_table *t, const snug_patterns *patterns, int *unmatched, snug_error *e) {
     if (unmatched)
         *unmatched = 0;
     for (int i = 0; i < t->n; i++)
         t->e[i].frozen = 0, t->e[i].nkeep = 0;
-    if (!patterns || !*patterns)
+    if (!patterns || !patterns->n)
         return 0;
-    int np = 1;
-    for (const char *c = patterns; *c; c++)
-        np += *c == '\n';
+    int np = patterns->n;
     unfreeze_pattern *u = calloc((size_t)np, sizeof *u);
     int64_t (*r)[2] = calloc((size_t)np, sizeof *r);
     int *hits = calloc((size_t)np, sizeof *hits);
     int rc = u && r && hits ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory for unfrozen_parameters");
-    const char *c = patterns;
     for (int k = 0; k < np && !rc; k++) {
-        const char *nl = strchr(c, '\n');
-        size_t len = nl ? (size_t)(nl - c) : strlen(c);
-        rc = compile_pattern(c, len, k, &u[k], e);
-        c = nl ? nl + 1 : c + len;
+        const char *c = snug_patterns_item(patterns, k);
+        rc = compile_pattern(c, strlen(c), k, &u[k], e);
     }
     for (int i = 0; i < t->n && !rc; i++) {
         snug_param_entry *p = &t->e[i];

@@ -7,6 +7,23 @@
 #include <stdint.h>
 
 #define SNUG_KEEP_MAX 8 /* row ranges of one tensor that unfrozen_parameters may train (merged) */
+#define SNUG_PATTERNS_TEXT 4096 /* characters of all the patterns of one snug_patterns, each with its NUL */
+#define SNUG_PATTERNS_MAX (SNUG_PATTERNS_TEXT / 2) /* patterns: each at least one character and its NUL */
+
+/* unfrozen_parameters: the patterns of the tensor names that train, in the order written. The list holds its text
+ * itself, so that it copies by value with the configuration that holds it: pattern k is text + at[k] (NUL ended).
+ * n 0: no pattern (every tensor trains). Filled by snug_patterns_add. */
+typedef struct snug_patterns {
+    int n;
+    int at[SNUG_PATTERNS_MAX];
+    char text[SNUG_PATTERNS_TEXT];
+} snug_patterns;
+
+/* Pattern k (0 <= k < p->n) of p. */
+static inline const char *snug_patterns_item(const snug_patterns *p, int k) { return p->text + p->at[k]; }
+
+/* Appends pattern s (not empty) to p; -1 (p unchanged) when it does not fit. */
+int snug_patterns_add(snug_patterns *p, const char *s);
 
 /* One tensor as Hugging Face names and stores it, and where it lives in the flat buffer. */
 typedef struct snug_param_entry {

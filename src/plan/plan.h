@@ -43,8 +43,8 @@ typedef struct snug_plan_spec {
                             * one stage's (snug_pp_layers) */
     int pp_stage;          /* which of them */
     snug_pp_split pp_split; /* pipeline_layers: the layers of each stage (n 0: an even split) */
-    const char *unfrozen;  /* unfrozen_parameters: the patterns of the tensors that train, one per line
-                            * (snug_param_table_freeze); NULL or "" = every tensor (full fine-tuning) */
+    const snug_patterns *unfrozen; /* unfrozen_parameters: the patterns of the tensors that train
+                                    * (snug_param_table_freeze); NULL or none = every tensor (full fine-tuning) */
     int pp_recompute;      /* pipeline_recompute: a stage before the last keeps only each micro-batch's input and
                             * runs its forward again before its backward (else it keeps each one's activations) */
 } snug_plan_spec;

@@ -121,11 +121,11 @@ static int validate_splits(const snug_run_config *o, const char *src, snug_error
                 "optimizer_in_backward: false", src, pp);
     }
     /* unfrozen_parameters: some tensors of a full fine-tune */
-    REQUIRE(!o->unfrozen_parameters[0] || o->adapter == SNUG_ADAPTER_NONE,
+    REQUIRE(!o->unfrozen.n || o->adapter == SNUG_ADAPTER_NONE,
             "%s: unfrozen_parameters picks the tensors a full fine-tune trains; with adapter %s the base is frozen "
             "and only the adapters train (lora_modules_to_save trains embed_tokens or lm_head beside them); remove "
             "unfrozen_parameters or the adapter", src, o->adapter == SNUG_ADAPTER_QLORA ? "qlora" : "lora");
-    REQUIRE(!o->unfrozen_parameters[0] || o->tensor_parallel_size == 1,
+    REQUIRE(!o->unfrozen.n || o->tensor_parallel_size == 1,
             "%s: unfrozen_parameters with tensor_parallel_size %d is not supported yet (a rank holds slices of the "
             "tensors the patterns name); set tensor_parallel_size: 1 (data and pipeline parallelism go beside it)",
             src, o->tensor_parallel_size);

@@ -110,8 +110,11 @@ typedef struct snug_run_config {
     int lora_rslora;          /* scale alpha / sqrt(r) */
     int lora_dora;            /* DoRA: magnitude and direction (PEFT's use_dora) */
     double loraplus_lr_ratio; /* LoRA+: lora_B's learning rate over lora_A's; 0 = off */
-    char unfrozen_parameters[4096]; /* the tensors a full fine-tune trains: Axolotl's patterns, one per line
-                                     * (snug_param_table_freeze); "" = every tensor */
+    char unfrozen_parameters[4096]; /* the tensors a full fine-tune trains: Axolotl's patterns, one per line; ""
+                                     * = every tensor (as written, for the checkpoint's record; the code reads
+                                     * unfrozen) */
+    snug_patterns unfrozen;   /* unfrozen_parameters read by the command line: the patterns, in order; n 0 = every
+                               * tensor (snug_param_table_freeze) */
     int dataset_exact_deduplication; /* one of each set of equal examples (tokens and targets) */
     char lora_layers[256];    /* the adapted layers (PEFT's layers_to_transform), indices joined by commas; "" = all
                                * (as written, for the checkpoint's record; the code reads lora_layer_mask) */

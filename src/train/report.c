@@ -73,7 +73,7 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
     } else {
         fprintf(out, "  parameters           %lld (%.2fM)\n", r->s.plan.nparams, r->s.plan.nparams / 1e6);
     }
-    if (o->unfrozen_parameters[0]) /* the rank's (stage's) tensors the patterns name */
+    if (o->unfrozen.n) /* the rank's (stage's) tensors the patterns name */
         fprintf(out, "  unfrozen             %lld (%.2fM) of them train (unfrozen_parameters); the others are "
                 "frozen: no optimizer state, no update\n", r->s.plan.ntrain, r->s.plan.ntrain / 1e6);
     fprintf(out, "  tokenizer            %s\n", r->s.tok_path[0] ? r->s.tok_path : "byte-level (256 bytes + end of text)");

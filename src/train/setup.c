@@ -407,7 +407,7 @@ snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *
                         .zero_stage = c->zero_stage, .tp = c->tensor_parallel_size,
                         .pp = c->pipeline_parallel_size, .pp_recompute = c->pipeline_recompute,
                         .pp_split = {c->pipeline_stage_layers, c->pipeline_nstage_layers},
-                        .unfrozen = c->unfrozen_parameters,
+                        .unfrozen = &c->unfrozen,
                         .loss_vocab_block = c->loss_vocab_block,
                         .ddp_bucket_cap_mb = c->ddp_bucket_cap_mb, .comm_deterministic = c->ddp_deterministic,
                         .overlap_comm = c->zero_overlap_comm == SNUG_OVERLAP_ON    ? 1
@@ -546,11 +546,11 @@ static int fit(snug_setup *r, snug_plan_spec *spec, snug_device_kind device, snu
  * misspelt pattern would freeze what it meant to train) */
 static int check_unfrozen(const snug_setup *r, snug_error *e) {
     const char *src = r->c.config_path[0] ? r->c.config_path : "config";
-    if (!r->c.unfrozen_parameters[0])
+    if (!r->c.unfrozen.n)
         return 0;
     snug_param_table t;
     SNUG_TRY(snug_param_table_build(&t, &r->cfg, e));
-    int unmatched = 0, rc = snug_param_table_freeze(&t, r->c.unfrozen_parameters, &unmatched, e);
+    int unmatched = 0, rc = snug_param_table_freeze(&t, &r->c.unfrozen, &unmatched, e);
     char example[96] = "";
     for (int i = 0; i < t.n && !example[0]; i++) /* a block's matrix, as the names go */
         if (t.e[i].layer == 0 && t.e[i].ndim == 2)
@@ -560,14 +560,9 @@ static int check_unfrozen(const snug_setup *r, snug_error *e) {
         return snug_error_wrap(e, "%s: ", src);
     if (!unmatched)
         return 0;
-    const char *p = r->c.unfrozen_parameters;
-    for (int k = 1; k < unmatched; k++)
-        p = strchr(p, '\n') + 1;
-    const char *nl = strchr(p, '\n');
-    int len = nl ? (int)(nl - p) : (int)strlen(p);
-    return snug_fail(e, SNUG_EINPUT, "%s: unfrozen_parameters[%d] '%.*s' matches no tensor of the model; a pattern is "
+    return snug_fail(e, SNUG_EINPUT, "%s: unfrozen_parameters[%d] '%s' matches no tensor of the model; a pattern is "
                      "matched at the start of a tensor's name (such as %s), each '.' literal; fix it or remove it",
-                     src, unmatched - 1, len, p, example);
+                     src, unmatched - 1, snug_patterns_item(&r->c.unfrozen, unmatched - 1), example);
 }
 
 int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind device, snug_error *e) {

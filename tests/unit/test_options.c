@@ -385,7 +385,8 @@ static void test_not_supported(void) {
         snprintf(want, sizeof want, "%.*s is not supported yet", (int)strcspn(valued[i], ":"), valued[i]);
         EXPECT_YAML_ERROR(yaml, "cfg.yaml line 1: ", want, "remove it");
     }
-    /* unfrozen_parameters: the patterns kept one per line, as written (matched against the model in setup) */
+    /* unfrozen_parameters: the patterns as a list, and kept one per line as written (the checkpoint's record);
+     * matched against the model in setup */
     {
         snug_run_config o;
         snug_error e;
@@ -393,8 +394,10 @@ static void test_not_supported(void) {
                       &o, &e);
         CHECKF(rc == 0, "unfrozen_parameters: %s", e.msg);
         CHECK(!strcmp(o.unfrozen_parameters, "model.layers.1[0-5].mlp\n^model.embed_tokens.weight$[:32]"));
+        CHECK(o.unfrozen.n == 2 && !strcmp(snug_patterns_item(&o.unfrozen, 0), "model.layers.1[0-5].mlp") &&
+              !strcmp(snug_patterns_item(&o.unfrozen, 1), "^model.embed_tokens.weight$[:32]"));
         rc = load("unfrozen_parameters:\n", &o, &e);
-        CHECK(rc == 0 && !o.unfrozen_parameters[0]);
+        CHECK(rc == 0 && !o.unfrozen_parameters[0] && !o.unfrozen.n);
         EXPECT_YAML_ERROR("unfrozen_parameters: [[a]]\n", "cfg.yaml line 1: ", "must be a single value");
     }
     /* LoRA's keys (Axolotl's spellings) become typed fields; a list of modules is kept joined by commas */
