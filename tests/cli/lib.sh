@@ -11,6 +11,9 @@
 #   fatal MSG [LOG]     bad MSG [LOG], then finish: for a failure that leaves nothing more to check
 #   finish [NOTE]       the summary line "TEST: N passed, M failed" and the exit status: 1 when a check failed or
 #                       when none was made (a test that checks nothing passes nothing), else 0
+# and, for a test that starts several ranks:
+#   mpi_setup           sets MPI (mpirun with what it needs here) and one OpenMP thread per rank; fails (1) when
+#                       there is no mpirun, for the test to skip what needs it (ranks.sh skips the whole test)
 # A test that ends without finish, skip or an exit status of its own fails: its checks would go uncounted.
 set -u
 SNUG=$(realpath -m "${SNUG_BIN:-build/snug}")
@@ -70,4 +73,11 @@ finish() {
   fi
   [ "$fail" -eq 0 ] && exit 0
   exit 1
+}
+
+mpi_setup() {
+  MPI=(mpirun --oversubscribe)
+  [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+  export OMP_NUM_THREADS=1 # (3 ranks share 2 cores)
+  command -v mpirun >/dev/null
 }

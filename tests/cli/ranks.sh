@@ -1,10 +1,7 @@
 # ranks.sh: shared by the multi-rank CLI tests (sourced after lib.sh, not a test itself). Needs `common` (the options
-# every run shares) set by the sourcing script before the first run. Skips (77) without mpirun; sets MPI (mpirun with
-# what it needs here), one OpenMP thread per rank (3 ranks share 2 cores), and run.
-command -v mpirun >/dev/null || skip "no mpirun (scripts/setup.sh installs openmpi-bin)"
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
-export OMP_NUM_THREADS=1
+# every run shares) set by the sourcing script before the first run. Skips (77) without mpirun; sets MPI and one
+# OpenMP thread per rank (lib.sh's mpi_setup), and run.
+mpi_setup || skip "no mpirun (scripts/setup.sh installs openmpi-bin)"
 
 # run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME, its output in
 # $W/NAME.log

@@ -97,12 +97,11 @@ done
 # over several ranks auto_fit also chooses the ZeRO stage: every rank searches the same space with the largest rank's
 # plan of each setting, so all choose alike; the fitted run is the hand-written one (losses bitwise, each rank's plan
 # the same), and a budget DDP fits keeps DDP
-if ! command -v mpirun >/dev/null; then
+if ! mpi_setup; then
   echo "  the ranks' cases skipped: no mpirun"
 else
   . "$SRC/tests/cli/ids_data.sh"
-  mpi=(mpirun --oversubscribe -np 2)
-  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  mpi=("${MPI[@]}" -np 2)
   [ "${SNUG_SANITIZED:-0}" = 1 ] && mpi=(env ASAN_OPTIONS=detect_leaks=0 "${mpi[@]}")
   ranks() { # ranks NAME ARGS...: two ranks of a small run into $W/NAME
     local name=$1; shift

@@ -13,9 +13,7 @@
 # - a broken pattern, one that matches nothing, a range outside the tensor, an empty item, a non-list, an adapter and
 #   tensor parallelism are refused (exit 2) naming the key, before anything is written.
 . "$(dirname "$0")/lib.sh"
-export OMP_NUM_THREADS=1
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+mpi_setup # MPI, one OpenMP thread per process (without mpirun the several-rank checks below are skipped)
 
 . "$SRC/tests/cli/ids_data.sh"
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
