@@ -111,6 +111,19 @@ resumed gpt2 --max_steps 10 --base_model "$W/gpt2-base"
 resumed bf16 --max_steps 10 --bf16 true
 resumed bf16_sr --max_steps 10 --bf16 true --master_weights false
 resumed fp16 --max_steps 10 --fp16 true
+# metrics.jsonl's keys are the ones README.md lists where it describes the file: this run (fp16, evaluating) writes
+# each of them, and nothing else; every line holds all but val_loss, written on the steps that evaluate
+python3 - "$SRC/README.md" "$W/fp16.full/metrics.jsonl" <<'PY' && ok || bad "metrics.jsonl's keys are not README.md's"
+import json, re, sys
+text = open(sys.argv[1]).read()
+at = text.index("`metrics.jsonl`, one JSON object per")
+listed = re.findall(r"`([a-z_0-9]+)`", text[at + len("`metrics.jsonl`"):text.index("`memory.json`", at)])
+rows = [json.loads(l) for l in open(sys.argv[2])]
+written = sorted({k for r in rows for k in r})
+every = all(set(r) | {"val_loss"} == set(listed) for r in rows)
+print(f"  metrics.jsonl: {len(rows)} lines, keys {written}; README.md lists {sorted(listed)}")
+sys.exit(0 if rows and written == sorted(listed) and len(listed) == len(set(listed)) and every else 1)
+PY
 resumed adamw8 --max_steps 10 --optimizer adamw_8bit --gradient_checkpointing full
 resumed sync --max_steps 10 --async_checkpoint false
 resumed paged --max_steps 10 --optimizer paged_adamw_8bit --bf16 true
