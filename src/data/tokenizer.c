@@ -460,6 +460,49 @@ int snug_tok_load(snug_tokenizer **out, const char *path, snug_error *e) {
     return 0;
 }
 
+/* The file a path names: itself, or the tokenizer.json of a folder. */
+static void tokenizer_file(const char *path, char *file, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(file, n, "%s/tokenizer.json", path);
+    else
+        snprintf(file, n, "%s", path);
+}
+
+int snug_tok_vocab_size_of_file(const char *path, int *out, snug_error *e) {
+    char file[4200];
+    tokenizer_file(path, file, sizeof file);
+    char *buf = NULL;
+    size_t len = 0;
+    SNUG_TRY(read_file(file, &buf, &len, e));
+    json_error_t jerr;
+    json_t *root = snug_json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
+    free(buf);
+    if (!root)
+        return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: not valid JSON: %s", file, jerr.line, jerr.column, jerr.text);
+    json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab"), *v;
+    json_int_t most = -1;
+    const char *key;
+    size_t i;
+    if (json_is_array(vocab)) /* Unigram: [[piece, score], ...], the ids are the places */
+        most = (json_int_t)json_array_size(vocab) - 1;
+    json_object_foreach(vocab, key, v) {
+        if (json_is_integer(v) && json_integer_value(v) > most)
+            most = json_integer_value(v);
+    }
+    json_array_foreach(json_object_get(root, "added_tokens"), i, v) {
+        json_t *id = json_object_get(v, "id");
+        if (json_is_integer(id) && json_integer_value(id) > most)
+            most = json_integer_value(id);
+    }
+    json_decref(root);
+    if (most < 0 || most >= 1 << 24)
+        return snug_fail(e, SNUG_EINPUT, "%s: no model.vocab whose ids give a vocabulary size (0 < size <= 2^24)",
+                         file);
+    *out = (int)most + 1;
+    return 0;
+}
+
 void snug_tok_free(snug_tokenizer *t) {
     if (!t)
         return;

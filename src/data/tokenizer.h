@@ -50,6 +50,10 @@ int snug_tok_load(snug_tokenizer **out, const char *path, snug_error *e);
 /* json: the text of a tokenizer.json; name_for_errors: what error messages call it (e.g. "tokenizer.json"). */
 int snug_tok_load_from_string(snug_tokenizer **out, const char *json, const char *name_for_errors, snug_error *e);
 void snug_tok_free(snug_tokenizer *t);
+/* The vocabulary size (largest id + 1 over model.vocab and added_tokens) of a tokenizer.json, or of the one in a
+ * folder, read without loading the tokenizer: a plan needs the size even when snug cannot encode with the file (an
+ * unsupported component). */
+int snug_tok_vocab_size_of_file(const char *path, int *out, snug_error *e);
 
 /* Encodes len bytes of text (any bytes; see the note on UTF-8 above) as `tokenizers` encode(text,
  * add_special_tokens=False) does: added/special tokens written in the text are recognised, but the post-processor's
