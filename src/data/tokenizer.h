@@ -8,13 +8,15 @@
  *   added_tokens  split out before normalization (non-normalized ones) and after it (normalized ones), leftmost
  *                 longest match first, with lstrip / rstrip / single_word; ids assigned as `tokenizers` assigns them
  *                 (the "id" in the file only agrees with that in a consistent file).
- *   normalizer    NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace (String or Regex), Strip, StripAccents, Sequence.
+ *   normalizer    NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace (String or Regex), Strip, StripAccents, Nmt,
+ *                 ByteLevel, Sequence (not BertNormalizer, Precompiled).
  *   pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space), Split (String or Regex, all five behaviors, invert),
  *                 Metaspace (prepend_scheme always/first/never or the older add_prefix_space, split), Digits
  *                 (individual_digits), Punctuation (all five behaviors), Whitespace, WhitespaceSplit,
  *                 CharDelimiterSplit, UnicodeScripts (with its own script table), BertPreTokenizer, FixedLength,
  *                 Sequence.
- *   decoder       ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence.
+ *   decoder       ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, BPEDecoder, Sequence (not WordPiece,
+ *                 CTC).
  *   post_processor only read for the BOS/EOS it adds: TemplateProcessing (a single template of at most one special
  *                 token before $A and one after it), RobertaProcessing, BertProcessing, ByteLevel, Sequence.
  * Anything else fails to load with an error that names the file, the JSON path and the type.

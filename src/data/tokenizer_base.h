@@ -115,7 +115,7 @@ extern const int tok_script_han, tok_script_hiragana, tok_script_katakana;
 /* ---- the loaded tokenizer ---- */
 
 enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_LOWERCASE, TOK_NORM_PREPEND,
-       TOK_NORM_REPLACE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS };
+       TOK_NORM_REPLACE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_NMT, TOK_NORM_BYTELEVEL };
 
 typedef struct tok_norm {
     int kind;
@@ -150,12 +150,13 @@ typedef struct tok_pre {
     int split;                       /* Metaspace */
 } tok_pre;
 
-enum { TOK_DEC_BYTELEVEL, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE };
+enum { TOK_DEC_BYTELEVEL, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE,
+       TOK_DEC_BPE };
 
 typedef struct tok_dec {
     int kind;
     tok_regex re;      /* Replace (a String pattern is compiled as a literal) */
-    char *content;     /* Replace */
+    char *content;     /* Replace; BPEDecoder: the suffix */
     size_t content_len;
     char ch[4];        /* Strip: the character; Metaspace: the replacement */
     int ch_len;

@@ -110,6 +110,34 @@ static int norm_strip_accents(const char *s, size_t len, tok_buf *out) {
     return 0;
 }
 
+/* Nmt (unicode.rs do_nmt): ASCII control characters dropped, a few code points that are white space to NMT read
+ * as ' '. */
+static int norm_nmt(const char *s, size_t len, tok_buf *out) {
+    for (size_t i = 0; i < len;) {
+        int l;
+        uint32_t cp = tok_utf8_get(s + i, &l);
+        int drop = (cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || cp == 0x7F || cp == 0x8F ||
+                   cp == 0x9F;
+        int space = cp == 0x9 || cp == 0xA || cp == 0xC || cp == 0xD || cp == 0x1680 ||
+                    (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 || cp == 0x2581 || cp == 0xFEFF ||
+                    cp == 0xFFFD;
+        if (!drop && (space ? tok_buf_put(out, " ", 1) : tok_buf_put(out, s + i, (size_t)l)))
+            return -1;
+        i += (size_t)l;
+    }
+    return 0;
+}
+
+/* The ByteLevel normalizer (normalizers/byte_level.rs): every byte becomes its printable stand-in. */
+static int norm_bytelevel(const snug_tokenizer *t, const char *s, size_t len, tok_buf *out) {
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)s[i];
+        if (tok_buf_put(out, t->bl_char[b], t->bl_char_len[b]))
+            return -1;
+    }
+    return 0;
+}
+
 int tok_normalize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len, const char **out,
                   size_t *out_len) {
     const char *cur = s;
@@ -143,6 +171,12 @@ int tok_normalize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len
             break;
         case TOK_NORM_STRIP_ACCENTS:
             rc = norm_strip_accents(cur, cur_len, dst);
+            break;
+        case TOK_NORM_NMT:
+            rc = norm_nmt(cur, cur_len, dst);
+            break;
+        case TOK_NORM_BYTELEVEL:
+            rc = norm_bytelevel(t, cur, cur_len, dst);
             break;
         }
         if (rc)
@@ -479,6 +513,10 @@ int tok_parse_normalizer(snug_tokenizer *t, json_t *j, const char *path, snug_er
         op.kind = TOK_NORM_LOWERCASE;
     } else if (!strcmp(type, "StripAccents")) {
         op.kind = TOK_NORM_STRIP_ACCENTS;
+    } else if (!strcmp(type, "Nmt")) {
+        op.kind = TOK_NORM_NMT;
+    } else if (!strcmp(type, "ByteLevel")) {
+        op.kind = TOK_NORM_BYTELEVEL;
     } else if (!strcmp(type, "Strip")) {
         op.kind = TOK_NORM_STRIP;
         op.left = tok_json_bool(j, "strip_left", 1);
@@ -497,7 +535,7 @@ int tok_parse_normalizer(snug_tokenizer *t, json_t *j, const char *path, snug_er
     } else {
         return tok_bad(t, e, path,
                        "normalizer type \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Prepend, "
-                       "Replace, Strip, StripAccents, Sequence)",
+                       "Replace, Strip, StripAccents, Nmt, ByteLevel, Sequence)",
                        type);
     }
     if (add_norm(t, op, e)) {

@@ -339,8 +339,9 @@ static void test_bad_input(void) {
         "single character");
     /* a template snug could not add as one BOS and one EOS is refused, not half read */
     bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
-        "{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\","
-        "\"ids\":[1]}}}," MODEL_OK "}", "more than one special token before $A", "post_processor.single");
+        "{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}}],"
+        "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}}," MODEL_OK "}",
+        "more than one special token before $A", "post_processor.single");
     bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
         "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1,2]}}}," MODEL_OK "}",
         "stands for 2 ids", "post_processor.single");
@@ -487,6 +488,20 @@ static void test_pre_tokenizers(void) {
              (const int[]){6, 6, -1});
 }
 
+/* Nmt drops ASCII controls and reads tabs as spaces; BPEDecoder turns each suffix into a space, but in the last
+ * token (as `tokenizers` 0.23 does on the same file) */
+static void test_nmt_bpe_decoder(void) {
+    snug_tokenizer *t = load("{\"normalizer\":{\"type\":\"Nmt\"},\"decoder\":{\"type\":\"BPEDecoder\","
+                             "\"suffix\":\"</w>\"},\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":"
+                             "{\"a</w>\":0,\"b</w>\":1,\"c\":2,\" \":3,\"x\":4},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "x\tx\x01x", 4, 3, 4, 4);
+        CHECK(decodes_to(t, (const int[]){0, 2, 1, 0, -1}, "a cb a"));
+        snug_tok_free(t);
+    }
+}
+
 int main(void) {
     test_gpt2();
     test_llama3();
@@ -497,5 +512,6 @@ int main(void) {
     test_added_flags();
     test_odds_and_ends();
     test_pre_tokenizers();
+    test_nmt_bpe_decoder();
     return check_finish("test_tokenizer");
 }
