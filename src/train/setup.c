@@ -71,18 +71,19 @@ static int open_tokenizer(snug_setup *r, snug_error *e) {
     }
     snprintf(r->tok_path, sizeof r->tok_path, "%s", cand);
     snug_error te = {0};
-    if (r->plan_only && snug_tok_load(&r->tok, cand, &te)) { /* a plan needs only the vocabulary size */
+    int rc = snug_tok_load(&r->tok, cand, r->plan_only ? &te : e);
+    if (rc && !r->plan_only)
+        return rc;
+    if (rc) { /* a plan needs only the vocabulary size: from the file alone, else from the base model */
         snprintf(r->tok_error, sizeof r->tok_error, "%.1000s", te.msg);
         r->enc = snug_byte_encoder();
         r->enc.bos_id = r->enc.eos_id = -1;
         r->enc.vocab_size = 0; /* (0: the base model's config.json says it) */
-        return snug_tok_vocab_size_of_file(cand, &r->enc.vocab_size, &te) && !o->base_model[0]
-                   ? snug_fail(e, SNUG_EINPUT, "%s (and the vocabulary size the model needs: %s)", r->tok_error,
-                               te.msg)
-                   : 0;
+        if (snug_tok_vocab_size_of_file(cand, &r->enc.vocab_size, &te) && !o->base_model[0])
+            return snug_fail(e, SNUG_EINPUT, "%s (and the vocabulary size the model needs: %s)", r->tok_error,
+                             te.msg);
+        return 0;
     }
-    if (!r->plan_only)
-        SNUG_TRY(snug_tok_load(&r->tok, cand, e));
     r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .special_id = tok_special_id, .decode = tok_decode,
                             .vocab_size = snug_tok_vocab_size(r->tok), .bos_id = snug_tok_bos_id(r->tok),
                             .eos_id = snug_tok_eos_id(r->tok), .hash = snug_tok_hash(r->tok)};
