@@ -516,8 +516,8 @@ def main():
         write_docs(docs_path, docs)
         for name, tok, roundtrip in fams:
             run_family(exe, tmp, name, tok, roundtrip, docs, docs_path, texts, check)
-        # the extra families see every tenth long document and all the short ones (the boundaries)
-        pick = [i for i in range(len(docs)) if i % 10 == 0 or len(docs[i]) < 64]
+        # the extra families see every tenth long document, all the short ones (the boundaries) and STRESS
+        pick = [i for i in range(len(docs)) if i % 10 == 0 or len(docs[i]) < 64 or i >= len(docs) - len(STRESS)]
         sdocs, stexts = [docs[i] for i in pick], [texts[i] for i in pick]
         print(f"slice for the other pre-tokenizers: {len(sdocs)} documents, "
               f"{sum(len(d) for d in sdocs) / 1e6:.2f} MB")
