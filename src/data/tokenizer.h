@@ -29,10 +29,12 @@
  * Regexes run with PCRE2 (JIT when available). `tokenizers` uses Oniguruma, which reads a few escapes differently;
  * \s \S \w \W \h \H and \uHHHH are rewritten to Oniguruma's meaning first, and ^ $ match at line breaks as there.
  *
- * Known differences: normalization uses utf8proc's Unicode tables and the regex classes PCRE2's, so characters
- * assigned in newer Unicode versions than those may normalize or split differently; jansson refuses a vocabulary key
- * that holds U+0000 (the load fails with a message); "truncation" and "padding" are ignored; an added_tokens entry
- * without its flags gets the defaults (`tokenizers` refuses it).
+ * Known differences: normalization and the character classes of Digits, Punctuation, Whitespace and
+ * WhitespaceSplit (Rust's char methods and regex \w upstream) use utf8proc's Unicode tables and the regex classes
+ * PCRE2's, so characters assigned in newer Unicode versions than those may normalize or split differently
+ * (UnicodeScripts carries the table of `tokenizers` itself); jansson refuses a vocabulary key that holds U+0000 (the
+ * load fails with a message); "truncation" and "padding" are ignored; an added_tokens entry without its flags gets
+ * the defaults (`tokenizers` refuses it).
  *
  * A loaded tokenizer is immutable: snug_tok_encode and snug_tok_decode may run on the same tokenizer from several
  * threads at once (all scratch memory belongs to the call). */
