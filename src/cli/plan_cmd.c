@@ -75,6 +75,7 @@ int snug_plan_cmd(const snug_run_config *o, const snug_plan_args *a, FILE *out, 
     r->o = o;
     r->a = a;
     r->p = p;
+    p->plan_only = 1; /* a plan never needs the tokenizer to load */
     r->kind = a->backend == SNUG_BACKEND_CUDA || (a->backend == SNUG_BACKEND_AUTO && a->g) ? SNUG_DEVICE_CUDA
                                                                                           : SNUG_DEVICE_CPU;
     int rc = a->gpus > 1 && o->tensor_parallel_size > 1

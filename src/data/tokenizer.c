@@ -209,6 +209,9 @@ static int parse_post(snug_tokenizer *t, json_t *j, const char *path, snug_error
         }
         return 0;
     }
+    if ((!strcmp(type, "TemplateProcessing") || !strcmp(type, "RobertaProcessing") ||
+         !strcmp(type, "BertProcessing")) && (t->adds_bos || t->adds_eos))
+        return tok_bad(t, e, path, "a second post_processor that adds special tokens (%s) is not supported", type);
     if (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing")) {
         json_t *cls = json_array_get(json_object_get(j, "cls"), 1), *sep = json_array_get(json_object_get(j, "sep"), 1);
         if (!json_is_integer(cls) || !json_is_integer(sep) || json_integer_value(cls) < 0 ||
@@ -220,31 +223,49 @@ static int parse_post(snug_tokenizer *t, json_t *j, const char *path, snug_error
         return 0;
     }
     if (!strcmp(type, "TemplateProcessing")) {
+        /* Only the single-sequence template matters (snug encodes one sequence); snug adds what it says as one BOS
+         * and one EOS, so the template must be [special]? $A [special]? with one id per special token. */
         json_t *single = json_object_get(j, "single"), *specials = json_object_get(j, "special_tokens");
         if (!json_is_array(single))
             return tok_bad(t, e, path, "TemplateProcessing needs a \"single\" list");
-        int seen_a = 0, have_bos = 0, have_eos = 0;
+        int seen_a = 0, before = 0, after = 0;
         snprintf(sub, sizeof sub, "%s.single", path);
         for (size_t i = 0; i < json_array_size(single); i++) {
             json_t *item = json_array_get(single, i), *sp = json_object_get(item, "SpecialToken");
             json_t *seq = json_object_get(item, "Sequence");
             if (seq) {
+                json_t *sid = json_object_get(seq, "id");
+                if (seen_a || !json_is_string(sid) || strcmp(json_string_value(sid), "A"))
+                    return tok_bad(t, e, sub, "entry %zu: a single-sequence template holds the sequence $A once "
+                                   "(snug does not support this template)", i);
                 seen_a = 1;
                 continue;
             }
             json_t *name = json_object_get(sp, "id");
             if (!json_is_string(name))
                 return tok_bad(t, e, sub, "entry %zu is neither a SpecialToken nor a Sequence", i);
+            json_t *ids = json_object_get(json_object_get(specials, json_string_value(name)), "ids");
+            if (json_is_array(ids) && json_array_size(ids) > 1)
+                return tok_bad(t, e, sub, "special token \"%s\" stands for %zu ids; snug supports templates whose "
+                               "special tokens are one id each", json_string_value(name), json_array_size(ids));
             int32_t id = -1;
             SNUG_TRY(template_id(t, specials, json_string_value(name), sub, &id, e));
-            if (!seen_a && !have_bos && id >= 0) {
+            if (id < 0)
+                continue; /* no ids: it adds nothing */
+            if (seen_a ? after++ : before++)
+                return tok_bad(t, e, sub, "more than one special token %s $A; snug supports templates that add at "
+                               "most one before the sequence (a BOS) and one after it (an EOS)",
+                               seen_a ? "after" : "before");
+            if (!seen_a) {
                 t->bos_id = id;
-                t->adds_bos = have_bos = 1;
-            } else if (seen_a && !have_eos && id >= 0) {
+                t->adds_bos = 1;
+            } else {
                 t->eos_id = id;
-                t->adds_eos = have_eos = 1;
+                t->adds_eos = 1;
             }
         }
+        if (!seen_a)
+            return tok_bad(t, e, sub, "the single-sequence template has no $A");
         return 0;
     }
     return tok_bad(t, e, path,
@@ -436,6 +457,49 @@ int snug_tok_load(snug_tokenizer **out, const char *path, snug_error *e) {
         return rc;
     }
     *out = t;
+    return 0;
+}
+
+/* The file a path names: itself, or the tokenizer.json of a folder. */
+static void tokenizer_file(const char *path, char *file, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(file, n, "%s/tokenizer.json", path);
+    else
+        snprintf(file, n, "%s", path);
+}
+
+int snug_tok_vocab_size_of_file(const char *path, int *out, snug_error *e) {
+    char file[4200];
+    tokenizer_file(path, file, sizeof file);
+    char *buf = NULL;
+    size_t len = 0;
+    SNUG_TRY(read_file(file, &buf, &len, e));
+    json_error_t jerr;
+    json_t *root = snug_json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
+    free(buf);
+    if (!root)
+        return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: not valid JSON: %s", file, jerr.line, jerr.column, jerr.text);
+    json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab"), *v;
+    json_int_t most = -1;
+    const char *key;
+    size_t i;
+    if (json_is_array(vocab)) /* Unigram: [[piece, score], ...], the ids are the places */
+        most = (json_int_t)json_array_size(vocab) - 1;
+    json_object_foreach(vocab, key, v) {
+        if (json_is_integer(v) && json_integer_value(v) > most)
+            most = json_integer_value(v);
+    }
+    json_array_foreach(json_object_get(root, "added_tokens"), i, v) {
+        json_t *id = json_object_get(v, "id");
+        if (json_is_integer(id) && json_integer_value(id) > most)
+            most = json_integer_value(id);
+    }
+    json_decref(root);
+    if (most < 0 || most >= 1 << 24)
+        return snug_fail(e, SNUG_EINPUT, "%s: no model.vocab whose ids give a vocabulary size (0 < size <= 2^24)",
+                         file);
+    *out = (int)most + 1;
     return 0;
 }
 

@@ -8,12 +8,17 @@
  *   added_tokens  split out before normalization (non-normalized ones) and after it (normalized ones), leftmost
  *                 longest match first, with lstrip / rstrip / single_word; ids assigned as `tokenizers` assigns them
  *                 (the "id" in the file only agrees with that in a consistent file).
- *   normalizer    NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace (String or Regex), Strip, StripAccents, Sequence.
+ *   normalizer    NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace (String or Regex), Strip, StripAccents, Nmt,
+ *                 ByteLevel, Sequence (not BertNormalizer, Precompiled).
  *   pre_tokenizer ByteLevel (GPT-2 regex, add_prefix_space), Split (String or Regex, all five behaviors, invert),
- *                 Metaspace (prepend_scheme always/first/never or the older add_prefix_space, split), Sequence.
- *   decoder       ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence.
- *   post_processor only read for the BOS/EOS it adds: TemplateProcessing, RobertaProcessing, BertProcessing,
- *                 ByteLevel, Sequence.
+ *                 Metaspace (prepend_scheme always/first/never or the older add_prefix_space, split), Digits
+ *                 (individual_digits), Punctuation (all five behaviors), Whitespace, WhitespaceSplit,
+ *                 CharDelimiterSplit, UnicodeScripts (with its own script table), BertPreTokenizer, FixedLength,
+ *                 Sequence.
+ *   decoder       ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, BPEDecoder, Sequence (not WordPiece,
+ *                 CTC).
+ *   post_processor only read for the BOS/EOS it adds: TemplateProcessing (a single template of at most one special
+ *                 token before $A and one after it), RobertaProcessing, BertProcessing, ByteLevel, Sequence.
  * Anything else fails to load with an error that names the file, the JSON path and the type.
  *
  * Text that is not valid UTF-8: `tokenizers` only sees Rust strings, so callers in Python first decode the bytes.
@@ -24,10 +29,12 @@
  * Regexes run with PCRE2 (JIT when available). `tokenizers` uses Oniguruma, which reads a few escapes differently;
  * \s \S \w \W \h \H and \uHHHH are rewritten to Oniguruma's meaning first, and ^ $ match at line breaks as there.
  *
- * Known differences: normalization uses utf8proc's Unicode tables and the regex classes PCRE2's, so characters
- * assigned in newer Unicode versions than those may normalize or split differently; jansson refuses a vocabulary key
- * that holds U+0000 (the load fails with a message); "truncation" and "padding" are ignored; an added_tokens entry
- * without its flags gets the defaults (`tokenizers` refuses it).
+ * Known differences: normalization and the character classes of Digits, Punctuation, Whitespace and
+ * WhitespaceSplit (Rust's char methods and regex \w upstream) use utf8proc's Unicode tables and the regex classes
+ * PCRE2's, so characters assigned in newer Unicode versions than those may normalize or split differently
+ * (UnicodeScripts carries the table of `tokenizers` itself); jansson refuses a vocabulary key that holds U+0000 (the
+ * load fails with a message); "truncation" and "padding" are ignored; an added_tokens entry without its flags gets
+ * the defaults (`tokenizers` refuses it).
  *
  * A loaded tokenizer is immutable: snug_tok_encode and snug_tok_decode may run on the same tokenizer from several
  * threads at once (all scratch memory belongs to the call). */
@@ -47,6 +54,10 @@ int snug_tok_load(snug_tokenizer **out, const char *path, snug_error *e);
 /* json: the text of a tokenizer.json; name_for_errors: what error messages call it (e.g. "tokenizer.json"). */
 int snug_tok_load_from_string(snug_tokenizer **out, const char *json, const char *name_for_errors, snug_error *e);
 void snug_tok_free(snug_tokenizer *t);
+/* The vocabulary size (largest id + 1 over model.vocab and added_tokens) of a tokenizer.json, or of the one in a
+ * folder, read without loading the tokenizer: a plan needs the size even when snug cannot encode with the file (an
+ * unsupported component). */
+int snug_tok_vocab_size_of_file(const char *path, int *out, snug_error *e);
 
 /* Encodes len bytes of text (any bytes; see the note on UTF-8 above) as `tokenizers` encode(text,
  * add_special_tokens=False) does: added/special tokens written in the text are recognised, but the post-processor's

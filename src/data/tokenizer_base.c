@@ -474,6 +474,32 @@ int tok_char_events(tok_ctx *c, const char *ch, int ch_len, const char *s, size_
     return 0;
 }
 
+/* The same for a class of characters (pattern.rs, `impl Pattern for F: Fn(char) -> bool`): every character of the
+ * class is its own match, the stretches between are not matches. */
+int tok_pred_events(tok_ctx *c, int (*pred)(uint32_t cp, const void *arg), const void *arg, const char *s,
+                    size_t len, size_t *nev) {
+    size_t n = 0, prev = 0;
+    for (size_t i = 0; i < len;) {
+        int l;
+        uint32_t cp = tok_utf8_get(s + i, &l);
+        if (pred(cp, arg)) {
+            if (grow_events(c, n + 2))
+                return tok_oom(c->e), -1;
+            if (prev != i)
+                c->ev[n++] = (tok_event){prev, i, 0};
+            c->ev[n++] = (tok_event){i, i + (size_t)l, 1};
+            prev = i + (size_t)l;
+        }
+        i += (size_t)l;
+    }
+    if (grow_events(c, n + 1))
+        return tok_oom(c->e), -1;
+    if (prev != len)
+        c->ev[n++] = (tok_event){prev, len, 0};
+    *nev = n;
+    return 0;
+}
+
 /* Applies a SplitDelimiterBehavior to the events in place (normalizer.rs NormalizedString::split): afterwards
  * every event with match == 0 is a piece to keep and match == 1 one to drop. */
 size_t tok_apply_behavior(tok_event *ev, size_t n, int behavior, int invert) {

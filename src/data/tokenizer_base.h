@@ -3,7 +3,8 @@
  *   tokenizer_base.c  the base the others stand on: errors, JSON helpers, the encode scratch, buffers, UTF-8,
  *                     regexes (Oniguruma's meaning on PCRE2), splitting at matches;
  *   tokenizer_pre.c   normalizers and pre-tokenizers (text -> pieces);
- *   tokenizer_bpe.c   the BPE model (vocabulary, merges, pieces -> ids) and the decoders (ids -> text).
+ *   tokenizer_bpe.c   the BPE model (vocabulary, merges, pieces -> ids) and the decoders (ids -> text);
+ *   tokenizer_scripts.c  the script table of the UnicodeScripts pre-tokenizer (generated).
  *
  * Encoding follows `tokenizers` step by step, on plain strings (no offsets are kept):
  *   text -> valid UTF-8 -> split out non-normalized added tokens -> normalize each remaining segment -> split out
@@ -87,6 +88,10 @@ int tok_regex_find(const tok_regex *re, pcre2_match_data *md, const char *s, siz
 int tok_regex_events(tok_ctx *c, const tok_regex *re, const char *s, size_t len, size_t *nev);
 /* The same with every occurrence of one character as a match (Metaspace). */
 int tok_char_events(tok_ctx *c, const char *ch, int ch_len, const char *s, size_t len, size_t *nev);
+/* The same with every character for which pred(code point, arg) is true as a match of its own (`tokenizers`' char
+ * patterns: Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit). */
+int tok_pred_events(tok_ctx *c, int (*pred)(uint32_t cp, const void *arg), const void *arg, const char *s,
+                    size_t len, size_t *nev);
 /* Applies a Split behavior (TOK_ISOLATED...) in place; afterwards the events with match == 0 are the pieces. */
 size_t tok_apply_behavior(tok_event *ev, size_t n, int behavior, int invert);
 
@@ -103,10 +108,14 @@ int tok_utf8_put(uint32_t cp, char out[4]);      /* encodes; returns the length 
 int tok_utf8_sanitize(const char *s, size_t len, tok_buf *out);
 int tok_is_white_space(uint32_t cp); /* Unicode White_Space: Rust's char::is_whitespace and Oniguruma's \s */
 
+/* tokenizer_scripts.c: the script number of a code point in the table of `tokenizers`' UnicodeScripts (0: Any) */
+int tok_script(uint32_t cp);
+extern const int tok_script_han, tok_script_hiragana, tok_script_katakana;
+
 /* ---- the loaded tokenizer ---- */
 
 enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_LOWERCASE, TOK_NORM_PREPEND,
-       TOK_NORM_REPLACE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS };
+       TOK_NORM_REPLACE, TOK_NORM_STRIP, TOK_NORM_STRIP_ACCENTS, TOK_NORM_NMT, TOK_NORM_BYTELEVEL };
 
 typedef struct tok_norm {
     int kind;
@@ -118,7 +127,12 @@ typedef struct tok_norm {
     int left, right; /* Strip */
 } tok_norm;
 
-enum { TOK_PRE_BYTELEVEL, TOK_PRE_SPLIT, TOK_PRE_METASPACE };
+/* TOK_PRE_CHARS: split at every character of a class (Digits, Punctuation, WhitespaceSplit, CharDelimiterSplit, and
+ * BertPreTokenizer as WhitespaceSplit then Punctuation); TOK_PRE_WHITESPACE: the runs of \w and of [^\w\s] (Rust
+ * regex classes); TOK_PRE_SCRIPTS: UnicodeScripts; TOK_PRE_FIXED: FixedLength. */
+enum { TOK_PRE_BYTELEVEL, TOK_PRE_SPLIT, TOK_PRE_METASPACE, TOK_PRE_CHARS, TOK_PRE_WHITESPACE, TOK_PRE_SCRIPTS,
+       TOK_PRE_FIXED };
+enum { TOK_CLASS_NUMERIC, TOK_CLASS_PUNCT, TOK_CLASS_WHITESPACE, TOK_CLASS_CHAR };
 enum { TOK_ISOLATED, TOK_REMOVED, TOK_MERGED_PREV, TOK_MERGED_NEXT, TOK_CONTIGUOUS };
 enum { TOK_PREPEND_NEVER, TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST };
 
@@ -126,19 +140,23 @@ typedef struct tok_pre {
     int kind;
     int add_prefix_space, use_regex; /* ByteLevel */
     tok_regex re;                    /* Split (a String pattern is compiled as a literal); ByteLevel's GPT-2 regex */
-    int behavior, invert;            /* Split */
+    int behavior, invert;            /* Split; behavior also for TOK_PRE_CHARS */
+    int char_class;                  /* TOK_PRE_CHARS: TOK_CLASS_* */
+    uint32_t delim;                  /* TOK_PRE_CHARS with TOK_CLASS_CHAR: the delimiter */
+    size_t length;                   /* FixedLength: characters per piece */
     char rep[4];                     /* Metaspace: the replacement character */
     int rep_len;
     int prepend;                     /* Metaspace: TOK_PREPEND_* */
     int split;                       /* Metaspace */
 } tok_pre;
 
-enum { TOK_DEC_BYTELEVEL, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE };
+enum { TOK_DEC_BYTELEVEL, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE,
+       TOK_DEC_BPE };
 
 typedef struct tok_dec {
     int kind;
     tok_regex re;      /* Replace (a String pattern is compiled as a literal) */
-    char *content;     /* Replace */
+    char *content;     /* Replace; BPEDecoder: the suffix */
     size_t content_len;
     char ch[4];        /* Strip: the character; Metaspace: the replacement */
     int ch_len;

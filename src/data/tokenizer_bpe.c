@@ -473,6 +473,15 @@ int tok_parse_decoder(snug_tokenizer *t, json_t *j, const char *path, snug_error
         d.kind = TOK_DEC_METASPACE;
         SNUG_TRY(tok_parse_char(t, j, "replacement", path, d.ch, &d.ch_len, e));
         SNUG_TRY(tok_parse_prepend_scheme(t, j, path, &d.prepend, e));
+    } else if (!strcmp(type, "BPEDecoder")) {
+        d.kind = TOK_DEC_BPE;
+        json_t *suffix = json_object_get(j, "suffix");
+        if (suffix && (!json_is_string(suffix) || !json_string_length(suffix)))
+            return tok_bad(t, e, path, "\"suffix\" must be a non-empty string");
+        const char *sv = suffix ? json_string_value(suffix) : "</w>"; /* the default of decoders/bpe.rs */
+        d.content_len = strlen(sv);
+        if (!(d.content = tok_strndup(sv, d.content_len)))
+            return tok_oom(e);
     } else if (!strcmp(type, "Replace")) {
         d.kind = TOK_DEC_REPLACE;
         json_t *content = json_object_get(j, "content");
@@ -488,7 +497,7 @@ int tok_parse_decoder(snug_tokenizer *t, json_t *j, const char *path, snug_error
     } else {
         return tok_bad(t, e, path,
                        "decoder type \"%s\" is not supported (supported: ByteLevel, Replace, ByteFallback, Fuse, "
-                       "Strip, Metaspace, Sequence)",
+                       "Strip, Metaspace, BPEDecoder, Sequence)",
                        type);
     }
     return add_dec(t, d, e);
@@ -650,6 +659,24 @@ static int apply_decoder(const snug_tokenizer *t, tok_ctx *c, const tok_dec *d, 
                     k += l;
                 }
             }
+        }
+        return 0;
+    case TOK_DEC_BPE: /* every suffix becomes a space, in the last token nothing (decoders/bpe.rs) */
+        for (size_t i = 0; i < in->n; i++) {
+            const char *s = in->text.p + in->off[i];
+            size_t n = in->len[i], pos = 0, sl = d->content_len;
+            if (list_add(out, "", 0))
+                return -1;
+            for (size_t k = 0; k + sl <= n;) {
+                if (memcmp(s + k, d->content, sl) == 0) {
+                    if (list_extend(out, s + pos, k - pos) || (i + 1 < in->n && list_extend(out, " ", 1)))
+                        return -1;
+                    pos = k += sl;
+                } else
+                    k++;
+            }
+            if (list_extend(out, s + pos, n - pos))
+                return -1;
         }
         return 0;
     case TOK_DEC_REPLACE:

@@ -2,7 +2,8 @@
  *
  * Each normalizer maps a whole string to a new string; each pre-tokenizer maps a list of pieces to a new list. The
  * rules (which piece gets a prefix, how a split treats its delimiters, which empty pieces vanish) are those of
- * `tokenizers` (normalizer.rs split(), pre_tokenizers/{byte_level,split,metaspace}.rs), checked against it by
+ * `tokenizers` (normalizer.rs split(), pre_tokenizers/{byte_level,split,metaspace,digits,punctuation,whitespace,
+ * delimiter,bert,fixed_length}.rs and unicode_scripts/), checked against it by
  * tests/parity/test_tokenizer_parity.py. See tokenizer_base.h for the whole pipeline. */
 #include "data/tokenizer_base.h"
 
@@ -109,6 +110,34 @@ static int norm_strip_accents(const char *s, size_t len, tok_buf *out) {
     return 0;
 }
 
+/* Nmt (unicode.rs do_nmt): ASCII control characters dropped, a few code points that are white space to NMT read
+ * as ' '. */
+static int norm_nmt(const char *s, size_t len, tok_buf *out) {
+    for (size_t i = 0; i < len;) {
+        int l;
+        uint32_t cp = tok_utf8_get(s + i, &l);
+        int drop = (cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || cp == 0x7F || cp == 0x8F ||
+                   cp == 0x9F;
+        int space = cp == 0x9 || cp == 0xA || cp == 0xC || cp == 0xD || cp == 0x1680 ||
+                    (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 || cp == 0x2581 || cp == 0xFEFF ||
+                    cp == 0xFFFD;
+        if (!drop && (space ? tok_buf_put(out, " ", 1) : tok_buf_put(out, s + i, (size_t)l)))
+            return -1;
+        i += (size_t)l;
+    }
+    return 0;
+}
+
+/* The ByteLevel normalizer (normalizers/byte_level.rs): every byte becomes its printable stand-in. */
+static int norm_bytelevel(const snug_tokenizer *t, const char *s, size_t len, tok_buf *out) {
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)s[i];
+        if (tok_buf_put(out, t->bl_char[b], t->bl_char_len[b]))
+            return -1;
+    }
+    return 0;
+}
+
 int tok_normalize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len, const char **out,
                   size_t *out_len) {
     const char *cur = s;
@@ -142,6 +171,12 @@ int tok_normalize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t len
             break;
         case TOK_NORM_STRIP_ACCENTS:
             rc = norm_strip_accents(cur, cur_len, dst);
+            break;
+        case TOK_NORM_NMT:
+            rc = norm_nmt(cur, cur_len, dst);
+            break;
+        case TOK_NORM_BYTELEVEL:
+            rc = norm_bytelevel(t, cur, cur_len, dst);
             break;
         }
         if (rc)
@@ -199,15 +234,140 @@ static int pre_bytelevel(const snug_tokenizer *t, tok_ctx *c, const tok_pre *p, 
     return 0;
 }
 
+/* Adds the events left as pieces by tok_apply_behavior (match == 0) to out. */
+static int add_event_pieces(tok_ctx *c, size_t nev, const char *s, int at_start, tok_pieces *out) {
+    for (size_t i = 0; i < nev; i++)
+        if (!c->ev[i].match &&
+            tok_pieces_add(out, s + c->ev[i].start, c->ev[i].end - c->ev[i].start, at_start && c->ev[i].start == 0))
+            return tok_oom(c->e), -1;
+    return 0;
+}
+
 static int pre_split(tok_ctx *c, const tok_pre *p, const char *s, size_t len, int at_start, tok_pieces *out) {
     size_t nev;
     if (tok_regex_events(c, &p->re, s, len, &nev))
         return -1;
     nev = tok_apply_behavior(c->ev, nev, p->behavior, p->invert);
-    for (size_t i = 0; i < nev; i++)
-        if (!c->ev[i].match &&
-            tok_pieces_add(out, s + c->ev[i].start, c->ev[i].end - c->ev[i].start, at_start && c->ev[i].start == 0))
+    return add_event_pieces(c, nev, s, at_start, out);
+}
+
+/* The character classes of Rust's char methods and of `tokenizers`:
+ *   numeric     char::is_numeric: general categories Nd, Nl, No (Digits);
+ *   punctuation char::is_ascii_punctuation or a P* category (Punctuation, BertPreTokenizer);
+ *   whitespace  char::is_whitespace: the White_Space property (WhitespaceSplit, BertPreTokenizer). */
+static int is_numeric(uint32_t cp) {
+    if (cp < 0x80)
+        return cp >= '0' && cp <= '9';
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
+    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+}
+
+static int is_punct(uint32_t cp) {
+    if (cp < 0x80)
+        return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+               (cp >= 0x7B && cp <= 0x7E);
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
+    return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
+}
+
+static int class_pred(uint32_t cp, const void *arg) {
+    const tok_pre *p = arg;
+    switch (p->char_class) {
+    case TOK_CLASS_NUMERIC:
+        return is_numeric(cp);
+    case TOK_CLASS_PUNCT:
+        return is_punct(cp);
+    case TOK_CLASS_WHITESPACE:
+        return tok_is_white_space(cp);
+    default:
+        return cp == p->delim;
+    }
+}
+
+static int pre_chars(tok_ctx *c, const tok_pre *p, const char *s, size_t len, int at_start, tok_pieces *out) {
+    size_t nev;
+    if (tok_pred_events(c, class_pred, p, s, len, &nev))
+        return -1;
+    nev = tok_apply_behavior(c->ev, nev, p->behavior, 0);
+    return add_event_pieces(c, nev, s, at_start, out);
+}
+
+/* Rust regex's Unicode \w: Alphabetic, M*, Nd, Pc, Join_Control. Alphabetic is L*, Nl and Other_Alphabetic, which
+ * beyond marks holds only the circled and squared Latin letters (So). */
+static int is_rust_word(uint32_t cp) {
+    if (cp < 0x80)
+        return (cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z') || cp == '_';
+    if (cp == 0x200C || cp == 0x200D || (cp >= 0x24B6 && cp <= 0x24E9) || (cp >= 0x1F130 && cp <= 0x1F149) ||
+        (cp >= 0x1F150 && cp <= 0x1F169) || (cp >= 0x1F170 && cp <= 0x1F189))
+        return 1;
+    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ND) || k == UTF8PROC_CATEGORY_NL ||
+           k == UTF8PROC_CATEGORY_PC;
+}
+
+/* Whitespace: the matches of the Rust regex \w+|[^\w\s]+ are the pieces (Invert, Removed), that is the maximal
+ * runs of word characters and the maximal runs of characters that are neither word nor white space. */
+static int pre_whitespace(tok_ctx *c, const char *s, size_t len, int at_start, tok_pieces *out) {
+    size_t run = 0;
+    int run_class = 0; /* 0: none (white space), 1: word, 2: other */
+    for (size_t i = 0; i <= len;) {
+        int l = 1, cls = 0;
+        if (i < len) {
+            uint32_t cp = tok_utf8_get(s + i, &l);
+            cls = is_rust_word(cp) ? 1 : tok_is_white_space(cp) ? 0 : 2;
+        }
+        if (cls != run_class || i == len) {
+            if (run_class && tok_pieces_add(out, s + run, i - run, at_start && run == 0))
+                return tok_oom(c->e), -1;
+            run = i;
+            run_class = cls;
+        }
+        i += (size_t)l;
+    }
+    return 0;
+}
+
+/* UnicodeScripts (unicode_scripts/pre_tokenizer.rs): a cut before every character whose script differs from that
+ * of the last character with a script; ' ' and characters the table does not list have none (Any), Hiragana,
+ * Katakana and U+30FC count as Han. As upstream, the text before the first cut (leading Any characters) is
+ * dropped. */
+static int pre_scripts(tok_ctx *c, const char *s, size_t len, int at_start, tok_pieces *out) {
+    int last = -1;
+    size_t cut = len; /* the start of the current piece; len: no cut yet */
+    for (size_t i = 0; i < len;) {
+        int l;
+        uint32_t cp = tok_utf8_get(s + i, &l);
+        int sc = tok_script(cp);
+        if (cp == 0x30FC)
+            sc = tok_script_han;
+        else if (cp == ' ')
+            sc = 0;
+        else if (sc == tok_script_hiragana || sc == tok_script_katakana)
+            sc = tok_script_han;
+        if (sc != 0 && sc != last) {
+            if (cut < i && tok_pieces_add(out, s + cut, i - cut, at_start && cut == 0))
+                return tok_oom(c->e), -1;
+            cut = i;
+        }
+        if (sc != 0)
+            last = sc;
+        i += (size_t)l;
+    }
+    if (cut < len && tok_pieces_add(out, s + cut, len - cut, at_start && cut == 0))
+        return tok_oom(c->e), -1;
+    return 0;
+}
+
+/* FixedLength: pieces of p->length characters, the last one shorter. */
+static int pre_fixed(tok_ctx *c, const tok_pre *p, const char *s, size_t len, int at_start, tok_pieces *out) {
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        for (size_t k = 0; k < p->length && j < len; k++)
+            j += (size_t)tok_utf8_len((unsigned char)s[j]);
+        if (tok_pieces_add(out, s + i, j - i, at_start && i == 0))
             return tok_oom(c->e), -1;
+        i = j;
+    }
     return 0;
 }
 
@@ -254,12 +414,29 @@ int tok_pre_tokenize(const snug_tokenizer *t, tok_ctx *c, const char *s, size_t 
             const char *ps = a->text.p + a->v[i].off;
             size_t pl = a->v[i].len;
             int st = a->v[i].at_start, rc = 0;
-            if (p->kind == TOK_PRE_BYTELEVEL)
+            switch (p->kind) {
+            case TOK_PRE_BYTELEVEL:
                 rc = pre_bytelevel(t, c, p, ps, pl, st, b);
-            else if (p->kind == TOK_PRE_SPLIT)
+                break;
+            case TOK_PRE_SPLIT:
                 rc = pre_split(c, p, ps, pl, st, b);
-            else
+                break;
+            case TOK_PRE_METASPACE:
                 rc = pre_metaspace(c, p, ps, pl, st, b);
+                break;
+            case TOK_PRE_CHARS:
+                rc = pre_chars(c, p, ps, pl, st, b);
+                break;
+            case TOK_PRE_WHITESPACE:
+                rc = pre_whitespace(c, ps, pl, st, b);
+                break;
+            case TOK_PRE_SCRIPTS:
+                rc = pre_scripts(c, ps, pl, st, b);
+                break;
+            default:
+                rc = pre_fixed(c, p, ps, pl, st, b);
+                break;
+            }
             if (rc)
                 return -1;
         }
@@ -336,6 +513,10 @@ int tok_parse_normalizer(snug_tokenizer *t, json_t *j, const char *path, snug_er
         op.kind = TOK_NORM_LOWERCASE;
     } else if (!strcmp(type, "StripAccents")) {
         op.kind = TOK_NORM_STRIP_ACCENTS;
+    } else if (!strcmp(type, "Nmt")) {
+        op.kind = TOK_NORM_NMT;
+    } else if (!strcmp(type, "ByteLevel")) {
+        op.kind = TOK_NORM_BYTELEVEL;
     } else if (!strcmp(type, "Strip")) {
         op.kind = TOK_NORM_STRIP;
         op.left = tok_json_bool(j, "strip_left", 1);
@@ -354,7 +535,7 @@ int tok_parse_normalizer(snug_tokenizer *t, json_t *j, const char *path, snug_er
     } else {
         return tok_bad(t, e, path,
                        "normalizer type \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Prepend, "
-                       "Replace, Strip, StripAccents, Sequence)",
+                       "Replace, Strip, StripAccents, Nmt, ByteLevel, Sequence)",
                        type);
     }
     if (add_norm(t, op, e)) {
@@ -401,6 +582,27 @@ int tok_parse_prepend_scheme(snug_tokenizer *t, json_t *j, const char *path, int
     return 0;
 }
 
+/* A SplitDelimiterBehavior by its serde name; dflt < 0: the key is required. */
+static int parse_behavior(snug_tokenizer *t, json_t *j, const char *path, int dflt, int *out, snug_error *e) {
+    static const char *names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+    json_t *b = json_object_get(j, "behavior");
+    *out = -1;
+    if (!b && dflt >= 0) {
+        *out = dflt;
+        return 0;
+    }
+    const char *bs = json_is_string(b) ? json_string_value(b) : "";
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(bs, names[i]))
+            *out = i;
+    if (*out < 0)
+        return tok_bad(t, e, path,
+                       "behavior \"%s\" is not one of Isolated, Removed, MergedWithPrevious, MergedWithNext, "
+                       "Contiguous",
+                       bs);
+    return 0;
+}
+
 static const char gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -430,18 +632,7 @@ int tok_parse_pre_tokenizer(snug_tokenizer *t, json_t *j, const char *path, snug
             return snug_fail(e, SNUG_EINTERNAL, "%s: %s: the GPT-2 regex does not compile: %s", t->name, path, why);
     } else if (!strcmp(type, "Split")) {
         op.kind = TOK_PRE_SPLIT;
-        json_t *b = json_object_get(j, "behavior");
-        const char *bs = json_is_string(b) ? json_string_value(b) : "";
-        static const char *names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
-        op.behavior = -1;
-        for (int i = 0; i < 5; i++)
-            if (!strcmp(bs, names[i]))
-                op.behavior = i;
-        if (op.behavior < 0)
-            return tok_bad(t, e, path,
-                           "behavior \"%s\" is not one of Isolated, Removed, MergedWithPrevious, MergedWithNext, "
-                           "Contiguous",
-                           bs);
+        SNUG_TRY(parse_behavior(t, j, path, -1, &op.behavior, e));
         op.invert = tok_json_bool(j, "invert", 0);
         snprintf(sub, sizeof sub, "%s.pattern", path);
         SNUG_TRY(tok_parse_pattern(t, json_object_get(j, "pattern"), sub, &op.re, e));
@@ -450,9 +641,50 @@ int tok_parse_pre_tokenizer(snug_tokenizer *t, json_t *j, const char *path, snug
         SNUG_TRY(tok_parse_char(t, j, "replacement", path, op.rep, &op.rep_len, e));
         SNUG_TRY(tok_parse_prepend_scheme(t, j, path, &op.prepend, e));
         op.split = tok_json_bool(j, "split", 1);
+    } else if (!strcmp(type, "Digits")) {
+        op.kind = TOK_PRE_CHARS;
+        op.char_class = TOK_CLASS_NUMERIC;
+        op.behavior = tok_json_bool(j, "individual_digits", 0) ? TOK_ISOLATED : TOK_CONTIGUOUS;
+    } else if (!strcmp(type, "Punctuation")) {
+        op.kind = TOK_PRE_CHARS;
+        op.char_class = TOK_CLASS_PUNCT;
+        SNUG_TRY(parse_behavior(t, j, path, TOK_ISOLATED, &op.behavior, e));
+    } else if (!strcmp(type, "WhitespaceSplit")) {
+        op.kind = TOK_PRE_CHARS;
+        op.char_class = TOK_CLASS_WHITESPACE;
+        op.behavior = TOK_REMOVED;
+    } else if (!strcmp(type, "CharDelimiterSplit")) {
+        op.kind = TOK_PRE_CHARS;
+        op.char_class = TOK_CLASS_CHAR;
+        op.behavior = TOK_REMOVED;
+        char ch[4];
+        int ch_len;
+        SNUG_TRY(tok_parse_char(t, j, "delimiter", path, ch, &ch_len, e));
+        op.delim = tok_utf8_get(ch, &ch_len);
+    } else if (!strcmp(type, "BertPreTokenizer")) { /* white space removed, then each punctuation mark isolated */
+        op.kind = TOK_PRE_CHARS;
+        op.char_class = TOK_CLASS_WHITESPACE;
+        op.behavior = TOK_REMOVED;
+        SNUG_TRY(add_pre(t, op, e));
+        op.char_class = TOK_CLASS_PUNCT;
+        op.behavior = TOK_ISOLATED;
+    } else if (!strcmp(type, "Whitespace")) {
+        op.kind = TOK_PRE_WHITESPACE;
+    } else if (!strcmp(type, "UnicodeScripts")) {
+        op.kind = TOK_PRE_SCRIPTS;
+    } else if (!strcmp(type, "FixedLength")) {
+        op.kind = TOK_PRE_FIXED;
+        json_t *n = json_object_get(j, "length");
+        op.length = 5; /* the default of fixed_length.rs */
+        if (n && !(json_is_integer(n) && json_integer_value(n) > 0))
+            return tok_bad(t, e, path, "FixedLength needs \"length\" as a positive integer");
+        if (n)
+            op.length = (size_t)json_integer_value(n);
     } else {
         return tok_bad(t, e, path,
-                       "pre_tokenizer type \"%s\" is not supported (supported: ByteLevel, Split, Metaspace, Sequence)",
+                       "pre_tokenizer type \"%s\" is not supported (supported: ByteLevel, Split, Metaspace, Digits, "
+                       "Punctuation, Whitespace, WhitespaceSplit, CharDelimiterSplit, UnicodeScripts, "
+                       "BertPreTokenizer, FixedLength, Sequence)",
                        type);
     }
     return add_pre(t, op, e);

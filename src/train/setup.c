@@ -69,8 +69,21 @@ static int open_tokenizer(snug_setup *r, snug_error *e) {
         r->enc = snug_byte_encoder();
         return 0;
     }
-    SNUG_TRY(snug_tok_load(&r->tok, cand, e));
     snprintf(r->tok_path, sizeof r->tok_path, "%s", cand);
+    snug_error te = {0};
+    int rc = snug_tok_load(&r->tok, cand, r->plan_only ? &te : e);
+    if (rc && !r->plan_only)
+        return rc;
+    if (rc) { /* a plan needs only the vocabulary size: from the file alone, else from the base model */
+        snprintf(r->tok_error, sizeof r->tok_error, "%.1000s", te.msg);
+        r->enc = snug_byte_encoder();
+        r->enc.bos_id = r->enc.eos_id = -1;
+        r->enc.vocab_size = 0; /* (0: the base model's config.json says it) */
+        if (snug_tok_vocab_size_of_file(cand, &r->enc.vocab_size, &te) && !o->base_model[0])
+            return snug_fail(e, SNUG_EINPUT, "%s (and the vocabulary size the model needs: %s)", r->tok_error,
+                             te.msg);
+        return 0;
+    }
     r->enc = (snug_encoder){.ctx = r->tok, .encode = tok_encode, .special_id = tok_special_id, .decode = tok_decode,
                             .vocab_size = snug_tok_vocab_size(r->tok), .bos_id = snug_tok_bos_id(r->tok),
                             .eos_id = snug_tok_eos_id(r->tok), .hash = snug_tok_hash(r->tok)};
@@ -86,7 +99,7 @@ static int special_tokens(snug_setup *r, snug_error *e) {
     static const char *const names[4] = {"pad_token", "eos_token", "bos_token", "unk_token"};
     r->pad_id = -1;
     for (int i = 0; i < 4; i++) {
-        if (!text[i][0])
+        if (!text[i][0] || r->tok_error[0]) /* (a plan without its tokenizer: the run checks them) */
             continue;
         if (!r->tok)
             return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s needs a tokenizer (tokenizer.json), and this run "
@@ -125,7 +138,8 @@ static int resolve_model(snug_setup *r, snug_error *e) {
         if (r->enc.vocab_size > r->cfg.vocab_size)
             return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
                              "tokenizer that belongs to this model", p, r->cfg.vocab_size, r->enc.vocab_size);
-        if (!r->tok) /* no tokenizer: pretokenized data may hold any id of the model's vocabulary */
+        if (!r->tok && (!r->tok_error[0] || r->enc.vocab_size <= 0)) /* no tokenizer: pretokenized data may hold
+                                                                         * any id of the model's vocabulary */
             r->enc.vocab_size = r->cfg.vocab_size;
     } else {
         SNUG_TRY(snug_preset(&r->cfg, o->model_preset, r->enc.vocab_size, e));
@@ -168,6 +182,8 @@ static int resolve_model(snug_setup *r, snug_error *e) {
 
 int snug_setup_load_data(snug_setup *r, snug_error *e) {
     const snug_run_config *o = &r->c;
+    if (r->tok_error[0])
+        return snug_fail(e, SNUG_EINPUT, "%s", r->tok_error);
     if (o->ndatasets == 0)
         return snug_fail(e, SNUG_EINPUT, "no dataset given; add `datasets: [{path: data.jsonl}]` to the config or "
                          "pass --dataset data.jsonl");
@@ -206,8 +222,10 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
 
 int snug_setup_model(snug_setup *r, const snug_run_config *c, snug_error *e) {
     int ranks = r->ranks, rank = r->rank, tp_rank = r->tp_rank, pp_stage = r->pp_stage; /* the fields set before */
+    int plan_only = r->plan_only;
     snug_comm *agree = r->agree;
     memset(r, 0, sizeof *r);
+    r->plan_only = plan_only;
     r->agree = agree;
     r->ranks = ranks;
     r->rank = rank;
@@ -578,7 +596,7 @@ int snug_setup_resolve(snug_setup *r, const snug_run_config *c, snug_device_kind
                          c->pipeline_parallel_size, c->zero_stage);
     SNUG_TRY(resolve_adapter(r, e));
     SNUG_TRY(check_unfrozen(r, e));
-    r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok);
+    r->data_host_est = snug_dataset_bytes_estimate(&r->c, !r->tok && !r->tok_error[0]);
     /* the searches settle the configuration (auto_fit and auto_find_batch_size exclude each other): each plans its
      * candidates from the spec of the configuration as written, and writes its choice into the configuration */
     if (r->c.auto_find_batch_size || r->c.auto_fit) {

@@ -34,6 +34,10 @@ typedef struct snug_setup {
     snug_comm *agree;         /* every rank of the run, where they must agree on what each rank alone would find
                                * (auto_find_batch_size: the smallest size each rank's plan fits); NULL: one process
                                * (set likewise) */
+    int plan_only;            /* planning: a tokenizer that does not load is noted in tok_error, not an error (set
+                               * likewise) */
+    char tok_error[1024];     /* plan_only: why the tokenizer did not load ("" when it did); its vocabulary size
+                               * is then read from the file alone, and the data is not read */
     snug_plan_spec spec;      /* snug_run_spec(&c, &cfg), with ranks */
     snug_plan plan;           /* of spec, before anything is allocated */
     char fit_note[1024];      /* what auto_fit chose and why; "" when auto_fit is off */

@@ -4,12 +4,13 @@
 Builds a corpus of more than 5 MB (fortunes as prose, Python stdlib sources as code, numbers, runs of spaces and
 newlines, CJK, emoji, other scripts, Unicode spaces, invalid UTF-8 bytes and special-token strings), builds one
 tokenizer per supported family with the `tokenizers` package (trained on part of the corpus), saves each
-tokenizer.json, encodes every document with snug (tests/parity/tok_driver.c, compiled here with gcc) and with
-`tokenizers` (add_special_tokens=False, on the text decoded with errors="replace"), and compares:
+tokenizer.json, encodes every document (build_families: the whole corpus; build_extra_families, the other
+pre-tokenizers: a slice of it) with snug (tests/parity/tok_driver.c, compiled here with gcc) and with `tokenizers`
+(add_special_tokens=False, on the text decoded with errors="replace"), and compares:
   - the ids of every document (the first mismatch is shown with context);
   - snug's decode against `tokenizers`' decode(ids, skip_special_tokens=False);
   - decode(encode(x)) == x for the byte-level families without a prefix space or normalizer;
-  - vocab size and the post-processor's BOS;
+  - vocab size, and encode(add_special_tokens=True) against snug's BOS and EOS around the ids;
   - the same ids when 3 threads encode at once on one tokenizer.
 Prints "N passed, M failed" and exits non-zero on any failure.
 
@@ -41,6 +42,20 @@ SPECIAL_STRINGS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_te
                    "<mask>", " <mask> ", "  <mask>", "snug", " snug ", "snugly", "_snug", " banana split ",
                    "<|im_", "<<s>>", "<s><s>", "</s >", "<0x41>", "<0xE4><0xB8>", "\u2581", "\u2581\u2581x"]
 
+# Documents for the character-class pre-tokenizers (Digits, Punctuation, Whitespace, UnicodeScripts...): digit runs in
+# several scripts, number-like symbols, punctuation runs, the characters Rust's \w holds beyond letters and digits,
+# scripts switching with and without spaces, characters UnicodeScripts' table does not know.
+STRESS = ["1234567890", "abc123def4567", "x1y22z333",
+          "\uff11\uff12\uff13 \u0661\u0662\u0663 \u0967\u0968 \u00bd\u00b2\u2167 \u2460\u2461",
+          "3.14, 2,718; (42)!", "a!!,b..c?!\u2014d\u00bfe\u00a1f\u3002g\u300ch\u300d", "$100 + 5% = <x> ^ `y` | ~z",
+          "snake_case x_y __init__", "\u24b6\u24d1 \U0001F130x", "a\u200db\u200cc", "e\u0301 \u0301x",
+          " \u6771\u4eac", "  abc",
+          "\u6771\u4eac\u3072\u3089\u30ab\u30bf\u30fc\u30fc abc \u041f\u0440\u0438\u0432\u0435\u0442!!",
+          "\u30fcabc", "abc\u30fc", "\U0001F972\U0001FAE0 abc \U0001F972",
+          "\uac00\ub098 abc \u0e2a\u0e27\u0e31 \u05e9\u05dc",
+          "a\r\nb\r\n\r\n", "\ttab\t\tx\t", "\x0b\x0c\x1c\x1d\x1e\x1f\x85", "\u00a0\u2003\u3000x\u2028y", "x" * 37,
+          "a1\u3000\u4e00" * 20, "<|endoftext|>123<|im_start|> 456", "2024-12-07T18:44:27Z", "0x1F600 1e-9 -0.5",
+          "\ufeffBOM \u200b\u200f x\ufffd \u2581a</w>b </w>"]
 
 # ---------------------------------------------------------------- corpus
 
@@ -157,6 +172,7 @@ def make_corpus(rng, target):
     for _ in range(20000):
         docs.append(b"".join(rng.choice(tiny) for _ in range(rng.randint(1, 5))))
     docs += [b"", b" ", b"\n", b"<s>", b" <s>", b"<|endoftext|>", b"a", "\u2581".encode(), b"\xff", b"  hello"]
+    docs += [t.encode() for t in STRESS]
     return docs
 
 
@@ -309,6 +325,53 @@ def build_families(texts):
         {"type": "Replace", "pattern": {"Regex": "#+"}, "content": ""}, {"type": "Fuse"},
         {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}  # (stop > 0 panics upstream on an empty text)
     fams.append(("misc-split-behaviors", finish(j, [added("[SEP]"), added("year", special=False)]), False))
+
+    # SmolLM / SmolLM2 as published: Digits(individual_digits) before the GPT-2 ByteLevel split, no normalizer
+    smol_pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    j = train(texts, models.BPE(), smol_pre, special=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>",
+                                                      "<file_sep>", "<filename>"])
+    j["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    j["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    fams.append(("smollm", finish(j, []), True))
+    return fams
+
+
+def build_extra_families(smollm):
+    """The other pre-tokenizers, one family each, on SmolLM's byte-level vocabulary (every piece encodes without an
+    unknown token) and a smaller slice of the corpus: (name, Tokenizer, round-trips?)."""
+    base = json.loads(smollm.to_str())
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+
+    def fam(name, pres, roundtrip=False, normalizer=None, decoder=None):
+        j = json.loads(json.dumps(base))
+        j["pre_tokenizer"] = {"type": "Sequence",
+                              "pretokenizers": [json.loads(p.__getstate__()) if not isinstance(p, dict) else p
+                                                for p in pres]}
+        j["normalizer"] = normalizer
+        j["decoder"] = decoder or j["decoder"]
+        return (name, Tokenizer.from_str(json.dumps(j)), roundtrip)
+
+    P = pre_tokenizers
+    fams = [fam("digits-contiguous", [P.Digits(individual_digits=False), dict(bl, use_regex=True)], True),
+            fam("digits-alone", [P.Digits(individual_digits=True), bl], True),
+            fam("whitespace", [P.Whitespace(), bl]),
+            fam("whitespace-split", [P.WhitespaceSplit(), bl]),
+            fam("unicode-scripts", [P.UnicodeScripts(), bl]),
+            fam("unicode-scripts-digits", [P.Digits(individual_digits=True), P.UnicodeScripts(), bl]),
+            fam("bert-pre-tokenizer", [P.BertPreTokenizer(), bl]),
+            fam("char-delimiter-fixed-length", [P.CharDelimiterSplit("e"), P.FixedLength(length=3), bl]),
+            fam("split-invert", [P.Split(Regex(r"\p{L}+"), behavior="merged_with_next", invert=True),
+                                 P.Split(" ", behavior="merged_with_previous", invert=True),
+                                 P.Split(Regex(r"[0-9]+|\s"), behavior="removed", invert=True), bl])]
+    # the other normalizers and decoders: Nmt, the ByteLevel normalizer, BPEDecoder
+    fams.append(fam("nmt-bpe-decoder", [P.Digits(individual_digits=True), dict(bl, use_regex=True)],
+                    normalizer={"type": "Sequence", "normalizers": [{"type": "Nmt"}, {"type": "Lowercase"}]},
+                    decoder={"type": "Sequence", "decoders": [{"type": "BPEDecoder", "suffix": "ing"}, base["decoder"]]}))
+    fams.append(fam("bytelevel-normalizer", [P.Split(Regex("\u0120"), behavior="merged_with_next")],
+                    normalizer={"type": "ByteLevel"}))
+    for b in ["isolated", "removed", "merged_with_previous", "merged_with_next", "contiguous"]:
+        fams.append(fam("punctuation-" + b, [P.Punctuation(behavior=b), bl], b != "removed"))
     return fams
 
 
@@ -357,6 +420,67 @@ def context(tok, ids, at):
     return [tok.id_to_token(i) for i in ids[max(0, at - 4):at + 4]]
 
 
+def run_family(exe, tmp, name, tok, roundtrip, docs, docs_path, texts, check):
+    """Encodes and decodes docs (written to docs_path) with snug and with `tokenizers` and compares them (see the
+    module doc)."""
+    total = sum(len(d) for d in docs)
+    path = os.path.join(tmp, name + ".json")
+    tok.save(path)
+    ids_path, dec_path = os.path.join(tmp, name + ".ids"), os.path.join(tmp, name + ".dec")
+    r = subprocess.run([exe, path, docs_path, ids_path, dec_path, "--threads", "3"], capture_output=True, text=True)
+    if r.returncode != 0:
+        check(False, f"{name}: driver failed: {r.stderr.strip()[:2000]}")
+        return
+    info = dict(kv.split("=") for kv in r.stdout.split("\n")[0].split()[1:])
+    secs = float(r.stdout.split("seconds=")[1].split()[0])
+    c_ids = read_records(ids_path, True)
+    c_dec = read_records(dec_path, False)
+    t0 = time.time()
+    hf_ids = [enc.ids for enc in tok.encode_batch(texts, add_special_tokens=False)]
+    hf_secs = time.time() - t0
+
+    bad = [i for i in range(len(docs)) if c_ids[i] != hf_ids[i]]
+    for i in bad[:3]:
+        a, b = c_ids[i], hf_ids[i]
+        at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+        print(f"  {name}: document {i} differs at id {at} (snug {len(a)} ids, tokenizers {len(b)})\n"
+              f"    snug:       {a[max(0, at - 4):at + 4]} {context(tok, a, at)}\n"
+              f"    tokenizers: {b[max(0, at - 4):at + 4]} {context(tok, b, at)}\n"
+              f"    text: {texts[i][:300]!r}")
+    check(not bad, f"{name}: {len(bad)} of {len(docs)} documents encode differently")
+
+    hf_dec = tok.decode_batch(hf_ids, skip_special_tokens=False)
+    dbad = [i for i in range(len(docs)) if c_dec[i] != hf_dec[i].encode("utf-8", "surrogatepass")]
+    for i in dbad[:3]:
+        print(f"  {name}: document {i} decodes differently\n    snug:       {c_dec[i][:200]!r}\n"
+              f"    tokenizers: {hf_dec[i][:200]!r}")
+    check(not dbad, f"{name}: {len(dbad)} documents decode differently")
+
+    if roundtrip:  # (lstrip/rstrip tokens eat spaces: documents holding them cannot round-trip)
+        rbad = [i for i in range(len(docs)) if c_dec[i] != texts[i].encode()
+                and "<mask>" not in texts[i] and " banana split" not in texts[i]]
+        for i in rbad[:3]:
+            print(f"  {name}: document {i} does not round-trip\n    in:  {texts[i][:200]!r}\n"
+                  f"    out: {c_dec[i][:200]!r}")
+        check(not rbad, f"{name}: {len(rbad)} documents do not round-trip")
+
+    vocab = tok.get_vocab(with_added_tokens=True)
+    check(int(info["vocab_size"]) == max(vocab.values()) + 1,
+          f"{name}: vocab_size {info['vocab_size']} != {max(vocab.values()) + 1}")
+    # the post-processor: snug adds at most a BOS before and an EOS after; tokenizers must add exactly those
+    for text in ["hello", ""]:
+        with_sp = tok.encode(text, add_special_tokens=True).ids
+        without = tok.encode(text, add_special_tokens=False).ids
+        ours = ([int(info["bos"])] if info["adds_bos"] == "1" else []) + without + \
+            ([int(info["eos"])] if info["adds_eos"] == "1" else [])
+        check(with_sp == ours, f"{name}: with special tokens {with_sp} != snug's {ours} on {text!r}")
+    check("threads 3 same" in r.stdout, f"{name}: threads: {r.stdout.strip()[-200:]} {r.stderr[-500:]}")
+    nids = sum(len(x) for x in hf_ids)
+    print(f"{name}: {len(docs) - len(bad)}/{len(docs)} documents identical, {nids} ids; "
+          f"decode {len(docs) - len(dbad)}/{len(docs)}; snug {total / secs / 1e6:.1f} MB/s (1 thread), "
+          f"tokenizers encode_batch {total / hf_secs / 1e6:.1f} MB/s")
+
+
 def main():
     t_start = time.time()
     rng = random.Random(20240607)
@@ -382,67 +506,25 @@ def main():
 
     try:
         exe = build_driver(tmp)
-        docs_path = os.path.join(tmp, "docs.bin")
-        write_docs(docs_path, docs)
         # (jansson cannot load an object key holding U+0000, so keep that character out of the trained vocabularies)
         train_texts = [x.replace("\x00", "") for x in texts[: len(texts) // 3]]
         t0 = time.time()
         fams = build_families(train_texts)
-        print(f"built {len(fams)} tokenizers in {time.time() - t0:.1f}s")
+        extra = build_extra_families(next(tok for name, tok, _ in fams if name == "smollm"))
+        print(f"built {len(fams) + len(extra)} tokenizers in {time.time() - t0:.1f}s")
+        docs_path = os.path.join(tmp, "docs.bin")
+        write_docs(docs_path, docs)
         for name, tok, roundtrip in fams:
-            path = os.path.join(tmp, name + ".json")
-            tok.save(path)
-            ids_path, dec_path = os.path.join(tmp, name + ".ids"), os.path.join(tmp, name + ".dec")
-            r = subprocess.run([exe, path, docs_path, ids_path, dec_path, "--threads", "3"], capture_output=True,
-                               text=True)
-            if r.returncode != 0:
-                check(False, f"{name}: driver failed: {r.stderr.strip()[:2000]}")
-                continue
-            info = dict(kv.split("=") for kv in r.stdout.split("\n")[0].split()[1:])
-            secs = float(r.stdout.split("seconds=")[1].split()[0])
-            c_ids = read_records(ids_path, True)
-            c_dec = read_records(dec_path, False)
-            t0 = time.time()
-            hf_ids = [enc.ids for enc in tok.encode_batch(texts, add_special_tokens=False)]
-            hf_secs = time.time() - t0
-
-            bad = [i for i in range(len(docs)) if c_ids[i] != hf_ids[i]]
-            for i in bad[:3]:
-                a, b = c_ids[i], hf_ids[i]
-                at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-                print(f"  {name}: document {i} differs at id {at} (snug {len(a)} ids, tokenizers {len(b)})\n"
-                      f"    snug:       {a[max(0, at - 4):at + 4]} {context(tok, a, at)}\n"
-                      f"    tokenizers: {b[max(0, at - 4):at + 4]} {context(tok, b, at)}\n"
-                      f"    text: {texts[i][:300]!r}")
-            check(not bad, f"{name}: {len(bad)} of {len(docs)} documents encode differently")
-
-            hf_dec = tok.decode_batch(hf_ids, skip_special_tokens=False)
-            dbad = [i for i in range(len(docs)) if c_dec[i] != hf_dec[i].encode("utf-8", "surrogatepass")]
-            for i in dbad[:3]:
-                print(f"  {name}: document {i} decodes differently\n    snug:       {c_dec[i][:200]!r}\n"
-                      f"    tokenizers: {hf_dec[i][:200]!r}")
-            check(not dbad, f"{name}: {len(dbad)} documents decode differently")
-
-            if roundtrip:  # (lstrip/rstrip tokens eat spaces: documents holding them cannot round-trip)
-                rbad = [i for i in range(len(docs)) if c_dec[i] != texts[i].encode()
-                        and "<mask>" not in texts[i] and " banana split" not in texts[i]]
-                for i in rbad[:3]:
-                    print(f"  {name}: document {i} does not round-trip\n    in:  {texts[i][:200]!r}\n"
-                          f"    out: {c_dec[i][:200]!r}")
-                check(not rbad, f"{name}: {len(rbad)} documents do not round-trip")
-
-            vocab = tok.get_vocab(with_added_tokens=True)
-            check(int(info["vocab_size"]) == max(vocab.values()) + 1,
-                  f"{name}: vocab_size {info['vocab_size']} != {max(vocab.values()) + 1}")
-            with_bos = tok.encode("hello", add_special_tokens=True).ids
-            without = tok.encode("hello", add_special_tokens=False).ids
-            hf_bos = with_bos[0] if len(with_bos) > len(without) else -1
-            check(int(info["bos"]) == hf_bos, f"{name}: bos {info['bos']} != {hf_bos}")
-            check("threads 3 same" in r.stdout, f"{name}: threads: {r.stdout.strip()[-200:]} {r.stderr[-500:]}")
-            nids = sum(len(x) for x in hf_ids)
-            print(f"{name}: {len(docs) - len(bad)}/{len(docs)} documents identical, {nids} ids; "
-                  f"decode {len(docs) - len(dbad)}/{len(docs)}; snug {total / secs / 1e6:.1f} MB/s (1 thread), "
-                  f"tokenizers encode_batch {total / hf_secs / 1e6:.1f} MB/s")
+            run_family(exe, tmp, name, tok, roundtrip, docs, docs_path, texts, check)
+        # the extra families see every tenth long document, all the short ones (the boundaries) and STRESS
+        pick = [i for i in range(len(docs)) if i % 10 == 0 or len(docs[i]) < 64 or i >= len(docs) - len(STRESS)]
+        sdocs, stexts = [docs[i] for i in pick], [texts[i] for i in pick]
+        print(f"slice for the other pre-tokenizers: {len(sdocs)} documents, "
+              f"{sum(len(d) for d in sdocs) / 1e6:.2f} MB")
+        sdocs_path = os.path.join(tmp, "slice.bin")
+        write_docs(sdocs_path, sdocs)
+        for name, tok, roundtrip in extra:
+            run_family(exe, tmp, name, tok, roundtrip, sdocs, sdocs_path, stexts, check)
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,7 +6,7 @@
  * count and that many i32 ids; DECODED_OUT gets, per document, a u32 length and the bytes snug_tok_decode gives back
  * for those ids. --threads N encodes everything again from N threads at once on the same tokenizer and fails if any
  * document's ids differ from the single-threaded run. --repeat R times R single-threaded passes and reports the best.
- * Prints one line: "info vocab_size=.. bos=.. adds_bos=.. eos=.. hash=.." and one "encode bytes=.. ids=.. seconds=..".
+ * Prints one line: "info vocab_size=.. bos=.. adds_bos=.. eos=.. adds_eos=.. hash=.." and one "encode bytes=.. ids=.. seconds=..".
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -76,8 +76,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
-    printf("info vocab_size=%d bos=%d adds_bos=%d eos=%d hash=%016llx\n", snug_tok_vocab_size(tok),
-           snug_tok_bos_id(tok), snug_tok_adds_bos(tok), snug_tok_eos_id(tok),
+    printf("info vocab_size=%d bos=%d adds_bos=%d eos=%d adds_eos=%d hash=%016llx\n", snug_tok_vocab_size(tok),
+           snug_tok_bos_id(tok), snug_tok_adds_bos(tok), snug_tok_eos_id(tok), snug_tok_adds_eos(tok),
            (unsigned long long)snug_tok_hash(tok));
 
     FILE *f = fopen(argv[2], "rb");

@@ -330,7 +330,26 @@ static void test_bad_input(void) {
     bad("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
         "\"(ab\"},\"behavior\":\"Isolated\",\"invert\":false}]}," MODEL_OK "}",
         "pre_tokenizer.pretokenizers[0].pattern", "regex");
-    bad("{\"pre_tokenizer\":{\"type\":\"Whitespace\"}," MODEL_OK "}", "Whitespace", "pre_tokenizer");
+    bad("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\"},{\"type\":\"Wordish\"}]},"
+        MODEL_OK "}", "pre_tokenizer type \"Wordish\" is not supported", "pre_tokenizer.pretokenizers[1]");
+    bad("{\"pre_tokenizer\":{\"type\":\"Punctuation\",\"behavior\":\"Sideways\"}," MODEL_OK "}", "Sideways",
+        "pre_tokenizer");
+    bad("{\"pre_tokenizer\":{\"type\":\"FixedLength\",\"length\":0}," MODEL_OK "}", "length", "pre_tokenizer");
+    bad("{\"pre_tokenizer\":{\"type\":\"CharDelimiterSplit\",\"delimiter\":\"ab\"}," MODEL_OK "}", "delimiter",
+        "single character");
+    /* a template snug could not add as one BOS and one EOS is refused, not half read */
+    bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+        "{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}}],"
+        "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}}," MODEL_OK "}",
+        "more than one special token before $A", "post_processor.single");
+    bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+        "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1,2]}}}," MODEL_OK "}",
+        "stands for 2 ids", "post_processor.single");
+    bad("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"A\"}},"
+        "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{}}," MODEL_OK "}", "$A once", "post_processor.single");
+    bad("{\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"RobertaProcessing\",\"sep\":[\"b\",1],"
+        "\"cls\":[\"a\",0]},{\"type\":\"BertProcessing\",\"sep\":[\"b\",1],\"cls\":[\"a\",0]}]}," MODEL_OK "}",
+        "second post_processor", "post_processor.processors[1]");
     bad("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Sideways\"}," MODEL_OK
         "}",
         "Sideways", "pre_tokenizer");
@@ -433,6 +452,56 @@ static void test_odds_and_ends(void) {
     }
 }
 
+/* The character-class pre-tokenizers, on a vocabulary that holds whole pieces (ignore_merges): the ids show where
+ * each one cuts. The expected ids are those of `tokenizers` 0.23 on the same files. */
+static void pre_case(const char *pre, const char *text, const int *want) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"pre_tokenizer\":%s,\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{\"a\":0,\"b\":1,"
+             "\"1\":2,\"2\":3,\"12\":4,\" \":5,\"!\":6,\"!!\":7,\"a!\":8,\"!b\":9,\"ab\":10,\"\u6771\":11,"
+             "\"\u4eac\":12,\"\u6771\u4eac\":13},\"merges\":[]}}",
+             pre);
+    snug_tokenizer *t = load(json);
+    CHECKF(t != NULL, "%s did not load", pre);
+    if (t)
+        CHECKF(ids_are(t, text, strlen(text), want), "%s on \"%s\"", pre, text);
+    snug_tok_free(t);
+}
+
+static void test_pre_tokenizers(void) {
+    pre_case("{\"type\":\"Digits\",\"individual_digits\":true}", "a12", (const int[]){0, 2, 3, -1});
+    pre_case("{\"type\":\"Digits\",\"individual_digits\":false}", "a12", (const int[]){0, 4, -1});
+    pre_case("{\"type\":\"Punctuation\",\"behavior\":\"Isolated\"}", "a!!b", (const int[]){0, 6, 6, 1, -1});
+    pre_case("{\"type\":\"Punctuation\",\"behavior\":\"Removed\"}", "a!!b", (const int[]){0, 1, -1});
+    pre_case("{\"type\":\"Punctuation\",\"behavior\":\"MergedWithPrevious\"}", "a!!b", (const int[]){8, 6, 1, -1});
+    pre_case("{\"type\":\"Punctuation\",\"behavior\":\"MergedWithNext\"}", "a!!b", (const int[]){0, 6, 9, -1});
+    pre_case("{\"type\":\"Punctuation\",\"behavior\":\"Contiguous\"}", "a!!b", (const int[]){0, 7, 1, -1});
+    pre_case("{\"type\":\"Punctuation\"}", "a!!b", (const int[]){0, 6, 6, 1, -1}); /* Isolated by default */
+    pre_case("{\"type\":\"Whitespace\"}", "ab !! 12", (const int[]){10, 7, 4, -1});
+    pre_case("{\"type\":\"WhitespaceSplit\"}", "ab  a!", (const int[]){10, 8, -1});
+    /* the text before the first change of script (a leading space) is dropped, as upstream drops it */
+    pre_case("{\"type\":\"UnicodeScripts\"}", " ab\xe6\x9d\xb1\xe4\xba\xac", (const int[]){10, 13, -1});
+    pre_case("{\"type\":\"CharDelimiterSplit\",\"delimiter\":\"b\"}", "abab", (const int[]){0, 0, -1});
+    pre_case("{\"type\":\"FixedLength\",\"length\":2}", "ab12a", (const int[]){10, 4, 0, -1});
+    pre_case("{\"type\":\"BertPreTokenizer\"}", "ab !!a", (const int[]){10, 6, 6, 0, -1});
+    pre_case("{\"type\":\"Split\",\"pattern\":{\"String\":\"!\"},\"behavior\":\"Removed\",\"invert\":true}", "a!!b",
+             (const int[]){6, 6, -1});
+}
+
+/* Nmt drops ASCII controls and reads tabs as spaces; BPEDecoder turns each suffix into a space, but in the last
+ * token (as `tokenizers` 0.23 does on the same file) */
+static void test_nmt_bpe_decoder(void) {
+    snug_tokenizer *t = load("{\"normalizer\":{\"type\":\"Nmt\"},\"decoder\":{\"type\":\"BPEDecoder\","
+                             "\"suffix\":\"</w>\"},\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":"
+                             "{\"a</w>\":0,\"b</w>\":1,\"c\":2,\" \":3,\"x\":4},\"merges\":[]}}");
+    CHECK(t != NULL);
+    if (t) {
+        ENC(t, "x\tx\x01x", 4, 3, 4, 4);
+        CHECK(decodes_to(t, (const int[]){0, 2, 1, 0, -1}, "a cb a"));
+        snug_tok_free(t);
+    }
+}
+
 int main(void) {
     test_gpt2();
     test_llama3();
@@ -442,5 +511,7 @@ int main(void) {
     test_bad_input();
     test_added_flags();
     test_odds_and_ends();
+    test_pre_tokenizers();
+    test_nmt_bpe_decoder();
     return check_finish("test_tokenizer");
 }
