@@ -17,9 +17,12 @@
 /* Fills every field with its default (the defaults live in the key table, options_keys.c). */
 void snug_options_defaults(snug_run_config *o);
 
-/* Reads a YAML file into o (over the defaults). Errors: YAML syntax (with line and column), unknown key (with the
- * closest valid key), wrong type (with line), a key of a feature not built yet ("not supported yet"). A key left
- * empty (`key:`) keeps its default. o is unchanged when it fails. */
+/* Reads a YAML file into o (over the defaults), and resolves the other trainers' spellings in it (deepspeed, fsdp,
+ * attn_implementation, use_cpu...) into snug's own keys: the same as snug_options_parse_args with the file's path
+ * alone, so a program that only loads a YAML gets the configuration `snug train FILE` runs. Errors: YAML syntax
+ * (with line and column), unknown key (with the closest valid key), wrong type (with line), a key of a feature not
+ * built yet ("not supported yet"), spellings that disagree. A key left empty (`key:`) keeps its default. o is
+ * unchanged when it fails. Call it, or snug_options_parse_args, once per configuration: each resolves what it read. */
 int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e);
 
 /* Applies one key + value from the command line, with the same checks as the YAML; `where` names the source in

@@ -1,5 +1,6 @@
 /* options_args.c: the command line of snug train and snug plan: --key value / --key=value overrides over the YAML
- * (snug_options_set, snug_options_parse_args), then the other trainers' spellings resolved (options_compat.c); and
+ * (snug_options_set, snug_options_parse_args), then the other trainers' spellings resolved (options_compat.c), the
+ * one path the public loaders share (a YAML file alone, snug_options_load_yaml, is resolved the same way); and
  * the flags of `snug plan` taken out of argv (snug_plan_flags_take). */
 #include "cli/options_impl.h"
 
@@ -68,24 +69,15 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
     *value = argv[++*i];
     return 1;
 }
-int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
+/* The one place a configuration is read and resolved: the config file (NULL for none), then argv's --key value
+ * overrides in order, then the other trainers' spellings resolved into snug's own keys, once. o changes only when
+ * all of it succeeds. */
+static int parse(snug_run_config *o, const char *config, int argc, char **argv, snug_error *e) {
     snug_run_config tmp = *o;
     char key[128];
-    const char *value = NULL, *config = NULL;
-    for (int i = 0; i < argc; i++) { /* first the config file, whatever its position */
-        int rc = next_arg(argc, argv, &i, key, sizeof key, &value, e);
-        if (rc < 0 || rc > 1)
-            return rc;
-        if (rc == 0 && config)
-            return snug_fail(e, SNUG_EINPUT,
-                             "command line: unexpected argument '%.100s' (the config is '%.100s'); give one config "
-                             "file and --key value options",
-                             argv[i], config);
-        if (rc == 0)
-            config = argv[i];
-    }
+    const char *value = NULL;
     if (config)
-        SNUG_TRY(snug_options_load_yaml(&tmp, config, e));
+        SNUG_TRY(opt_load_yaml(&tmp, config, e));
     int cli_datasets = 0, cli_test = 0;
     for (int i = 0; i < argc; i++) { /* then the overrides, in order */
         if (next_arg(argc, argv, &i, key, sizeof key, &value, e) != 1)
@@ -101,6 +93,28 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
     SNUG_TRY(opt_apply_aliases(&tmp, e));
     *o = tmp;
     return 0;
+}
+
+int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
+    char key[128];
+    const char *value = NULL, *config = NULL;
+    for (int i = 0; i < argc; i++) { /* first the config file, whatever its position */
+        int rc = next_arg(argc, argv, &i, key, sizeof key, &value, e);
+        if (rc < 0 || rc > 1)
+            return rc;
+        if (rc == 0 && config)
+            return snug_fail(e, SNUG_EINPUT,
+                             "command line: unexpected argument '%.100s' (the config is '%.100s'); give one config "
+                             "file and --key value options",
+                             argv[i], config);
+        if (rc == 0)
+            config = argv[i];
+    }
+    return parse(o, config, argc, argv, e);
+}
+
+int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) {
+    return parse(o, path, 0, NULL, e);
 }
 
 /* ---- the flags of snug plan ---- */

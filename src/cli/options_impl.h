@@ -148,6 +148,9 @@ typedef struct yaml_src {
     yaml_document_t *doc;
 } yaml_src;
 
+/* Reads a YAML file's keys over o, as written: the other trainers' spellings are left for opt_apply_* (the public
+ * loaders, options_args.c, resolve them once everything is read). o is unchanged when it fails. */
+int opt_load_yaml(snug_run_config *o, const char *path, snug_error *e);
 
 /* YAML nodes (options_value.c) */
 int opt_node_is_null(const yaml_node_t *n);

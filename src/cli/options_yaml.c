@@ -1,4 +1,4 @@
-/* options_yaml.c: a YAML config file into snug_run_config (snug_options_load_yaml): each key of the document's
+/* options_yaml.c: a YAML config file into snug_run_config (opt_load_yaml): each key of the document's
  * mapping found in the key table and applied, lists and mappings (datasets, special_tokens, roles, lr_scheduler_kwargs,
  * bnb_config_kwargs, unfrozen_parameters...) read entry by entry, errors naming the file and line. */
 #include "cli/options_impl.h"
@@ -504,7 +504,7 @@ static int load_document(snug_run_config *o, yaml_src *y, snug_error *e) {
     return load_mapping(o, 0, y, root, "", e);
 }
 
-int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) {
+int opt_load_yaml(snug_run_config *o, const char *path, snug_error *e) {
     snug_run_config tmp = *o; /* o changes only when the whole file is good */
     if (strlen(path) >= sizeof tmp.config_path)
         return snug_fail(e, SNUG_EINPUT, "config path '%.60s...' is too long (at most %zu characters)", path,

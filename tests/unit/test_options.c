@@ -871,6 +871,47 @@ static void test_zero(void) {
     test_fsdp_config();
 }
 
+
+/* A YAML file loaded alone (snug_options_load_yaml, the library's way in) resolves the other trainers' spellings
+ * exactly as `snug train FILE` (snug_options_parse_args with the path alone) does: the same configuration to the
+ * byte, and the same refusals. */
+static void test_yaml_alone_resolves(void) {
+    static const char *const yamls[] = {
+        "attn_implementation: eager\n",
+        "attn_implementation: sdpa\nactivation_offloading: true\ngradient_checkpointing: true\n",
+        "use_cpu: true\nfull_determinism: true\nliger_fused_linear_cross_entropy: true\nreport_to: tensorboard\n",
+        "fsdp: [shard_grad_op, offload]\nfsdp_config:\n  activation_checkpointing: true\n",
+        "learning_rate: 2e-4\nlr_scheduler: cosine_with_min_lr\nlr_scheduler_kwargs:\n  min_lr: 5e-5\n",
+        "chat_template: llama3\ndatasets:\n  - path: a.jsonl\n    type: chat_template\n",
+    };
+    snug_run_config *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    snug_error e;
+    if (!a || !b) {
+        CHECK(0);
+        free(a), free(b);
+        return;
+    }
+    for (size_t i = 0; i < sizeof yamls / sizeof yamls[0]; i++) {
+        CHECKF(load(yamls[i], a, &e) == 0, "%s: %s", yamls[i], e.msg);
+        CHECKF(parse_config(yamls[i], b, &e) == 0, "%s: %s", yamls[i], e.msg);
+        CHECKF(!memcmp(a, b, sizeof *a), "load_yaml and parse_args differ on %s", yamls[i]);
+    }
+    CHECK(load(yamls[0], a, &e) == 0 && !a->flash_attention);
+    CHECK(load(yamls[1], a, &e) == 0 && a->flash_attention && a->gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD);
+    CHECK(load(yamls[2], a, &e) == 0 && a->device == SNUG_BACKEND_CPU && a->ddp_deterministic &&
+          a->chunked_cross_entropy && a->use_tensorboard);
+    CHECK(load(yamls[3], a, &e) == 0 && a->zero_stage == 2 && a->offload_params &&
+          a->gradient_checkpointing == SNUG_CKPT_CHOICE_FULL);
+    CHECK(load(yamls[4], a, &e) == 0 && fabs(a->cosine_min_lr_ratio - 0.25) < 1e-12);
+    CHECK(load(yamls[5], a, &e) == 0 && a->datasets[0].chat_template == SNUG_CHAT_LLAMA3);
+    EXPECT_YAML_ERROR("attn_implementation: eager\nsdp_attention: true\n", "ask for two kinds of attention");
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat_template\n", "names no chat_template");
+    EXPECT_YAML_ERROR("lr_scheduler: cosine_with_min_lr\n", "needs its floor");
+    EXPECT_YAML_ERROR("fsdp: [shard_grad_op]\nzero_stage: 1\n", "zero_stage is 1 but fsdp (shard_grad_op)");
+    free(a);
+    free(b);
+}
+
 /* A failed load leaves the options as they were. */
 static void test_atomic(void) {
     snug_run_config o, before;
@@ -1157,6 +1198,7 @@ int main(void) {
     test_datasets();
     test_validate();
     test_zero();
+    test_yaml_alone_resolves();
     test_atomic();
     test_help();
     test_fixed_settings();
