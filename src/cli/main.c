@@ -81,8 +81,9 @@ static int load_options(snug_run_config *o, int argc, char **argv, int train, sn
         char def[4096];
         snprintf(def, sizeof def, "%s/configs/default.yaml", SNUG_SOURCE_DIR);
         SNUG_TRY(snug_options_load_yaml(o, def, e));
+    } else {
+        SNUG_TRY(snug_options_parse_args(o, argc, argv, e));
     }
-    SNUG_TRY(snug_options_parse_args(o, argc, argv, e));
     return train ? snug_run_config_validate_train(o, e) : snug_run_config_validate(o, e);
 }
 

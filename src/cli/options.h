@@ -17,21 +17,21 @@
 /* Fills every field with its default (the defaults live in the key table, options_keys.c). */
 void snug_options_defaults(snug_run_config *o);
 
-/* Reads a YAML file into o (over the defaults). Errors: YAML syntax (with line and column), unknown key (with the
- * closest valid key), wrong type (with line), a key of a feature not built yet ("not supported yet"). A key left
- * empty (`key:`) keeps its default. o is unchanged when it fails. */
+/* Reads a YAML file into o (over the defaults), and resolves the other trainers' spellings in it (deepspeed, fsdp,
+ * attn_implementation, use_cpu...) into snug's own keys: the same as snug_options_parse_args with the file's path
+ * alone, so a program that only loads a YAML gets the configuration `snug train FILE` runs. Errors: YAML syntax
+ * (with line and column), unknown key (with the closest valid key), wrong type (with line), a key of a feature not
+ * built yet ("not supported yet"), spellings that disagree. A key left empty (`key:`) keeps its default. o is
+ * unchanged when it fails. Call it, or snug_options_parse_args, once per configuration: each resolves what it read. */
 int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e);
 
-/* Applies one key + value from the command line, with the same checks as the YAML; `where` names the source in
- * errors ("command line"). Dashes in key count as underscores (--learning-rate). Key "dataset"/"datasets" appends
- * one completion dataset with the path kept as written. */
-int snug_options_set(snug_run_config *o, const char *key, const char *value, const char *where, snug_error *e);
-
 /* Parses argv after the subcommand (argv[0] is the first argument, not the program or subcommand name): an optional
- * config path (the one non-flag argument) and --key value / --key=value overrides; a bare --flag of a boolean key
- * means true. Overrides win over the YAML whatever their position; the first --dataset replaces the config's datasets
- * and later ones add to it. o should hold the defaults (snug_options_defaults) first; it is unchanged on failure.
- * --help is not handled here. */
+ * config path (the one non-flag argument) and --key value / --key=value overrides (dashes in a key count as
+ * underscores: --learning-rate); a bare --flag of a boolean key means true. Overrides win over the YAML whatever
+ * their position; the first --dataset replaces the config's datasets and later ones add to it. Then the other
+ * trainers' spellings (deepspeed, fsdp, attn_implementation, use_cpu...), which only the command line knows, are
+ * resolved into snug's own keys; they are not kept in o, so a second call starts them afresh. o should hold the
+ * defaults (snug_options_defaults) first; it is unchanged on failure. --help is not handled here. */
 int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e);
 
 /* Prints every key with its type, default, aliases and one line of help, grouped as in src/train/config.h, then the keys

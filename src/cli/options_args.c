@@ -1,5 +1,6 @@
 /* options_args.c: the command line of snug train and snug plan: --key value / --key=value overrides over the YAML
- * (snug_options_set, snug_options_parse_args), then the other trainers' spellings resolved (options_compat.c); and
+ * (opt_set, snug_options_parse_args), then the other trainers' spellings resolved (options_compat.c), the
+ * one path the public loaders share (a YAML file alone, snug_options_load_yaml, is resolved the same way); and
  * the flags of `snug plan` taken out of argv (snug_plan_flags_take). */
 #include "cli/options_impl.h"
 
@@ -9,7 +10,8 @@
 
 /* ---- command line ---- */
 
-int snug_options_set(snug_run_config *o, const char *key, const char *value, const char *where, snug_error *e) {
+int opt_set(opt_state *st, const char *key, const char *value, const char *where, snug_error *e) {
+    snug_run_config *o = st->run;
     char name[128];
     if (strlen(key) >= sizeof name)
         return opt_unknown_key(key, 0, where, e);
@@ -28,15 +30,15 @@ int snug_options_set(snug_run_config *o, const char *key, const char *value, con
     if (k->type == KT_DATASETS)
         return opt_add_dataset_path(opt_list_of(o, k), value, "", where, e);
     if (k->type == KT_FSDP)
-        return opt_fsdp_config_file(o, value, where, e);
+        return opt_fsdp_config_file(&st->al, value, where, e);
     if (k->type == KT_MAP || k->type == KT_LIST)
         return snug_fail(e, SNUG_EINPUT, "%s: %s is a %s; set it in the YAML config", where, key,
                          k->type == KT_MAP ? "mapping" : "list");
     if (!strcmp(k->name, "chat_template"))
-        o->chat_template_set = 1;
+        st->al.chat_template_set = 1;
     if (!strcmp(k->name, "lr_scheduler"))
         o->sched_min_lr = opt_sched_needs_floor(value);
-    return opt_set_text(o, k, key, value, where, e);
+    return opt_set_text(opt_field_base(st, k), k, key, value, where, e);
 }
 
 /* Steps over one argument at *i. Returns 1 for an option (key and value filled), 0 for a plain argument, or an
@@ -68,8 +70,36 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
     *value = argv[++*i];
     return 1;
 }
-int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
+/* The one place a configuration is read and resolved: the config file (NULL for none), then argv's --key value
+ * overrides in order, each into o or, for another trainer's spelling, into the aliases read beside it (which start
+ * at their defaults: nothing of them is kept in o), then those spellings resolved into snug's own keys, once. o
+ * changes only when all of it succeeds. */
+static int parse(snug_run_config *o, const char *config, int argc, char **argv, snug_error *e) {
     snug_run_config tmp = *o;
+    opt_state st = {.run = &tmp};
+    opt_aliases_defaults(&st.al);
+    char key[128];
+    const char *value = NULL;
+    if (config)
+        SNUG_TRY(opt_load_yaml(&st, config, e));
+    int cli_datasets = 0, cli_test = 0;
+    for (int i = 0; i < argc; i++) { /* then the overrides, in order */
+        if (next_arg(argc, argv, &i, key, sizeof key, &value, e) != 1)
+            continue;
+        const key_spec *k = opt_find_key(key, 0);
+        int *seen = k && !strcmp(k->name, "test_datasets") ? &cli_test : &cli_datasets;
+        if (k && k->type == KT_DATASETS && (*seen)++ == 0)
+            *opt_list_of(&tmp, k).n = 0; /* the command line's datasets replace the config's */
+        SNUG_TRY(opt_set(&st, key, value, "command line", e));
+    }
+    SNUG_TRY(opt_apply_deepspeed(&st, e));
+    SNUG_TRY(opt_apply_fsdp(&st, e));
+    SNUG_TRY(opt_apply_aliases(&st, e));
+    *o = tmp;
+    return 0;
+}
+
+int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_error *e) {
     char key[128];
     const char *value = NULL, *config = NULL;
     for (int i = 0; i < argc; i++) { /* first the config file, whatever its position */
@@ -84,23 +114,11 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
         if (rc == 0)
             config = argv[i];
     }
-    if (config)
-        SNUG_TRY(snug_options_load_yaml(&tmp, config, e));
-    int cli_datasets = 0, cli_test = 0;
-    for (int i = 0; i < argc; i++) { /* then the overrides, in order */
-        if (next_arg(argc, argv, &i, key, sizeof key, &value, e) != 1)
-            continue;
-        const key_spec *k = opt_find_key(key, 0);
-        int *seen = k && !strcmp(k->name, "test_datasets") ? &cli_test : &cli_datasets;
-        if (k && k->type == KT_DATASETS && (*seen)++ == 0)
-            *opt_list_of(&tmp, k).n = 0; /* the command line's datasets replace the config's */
-        SNUG_TRY(snug_options_set(&tmp, key, value, "command line", e));
-    }
-    SNUG_TRY(opt_apply_deepspeed(&tmp, e));
-    SNUG_TRY(opt_apply_fsdp(&tmp, e));
-    SNUG_TRY(opt_apply_aliases(&tmp, e));
-    *o = tmp;
-    return 0;
+    return parse(o, config, argc, argv, e);
+}
+
+int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) {
+    return parse(o, path, 0, NULL, e);
 }
 
 /* ---- the flags of snug plan ---- */

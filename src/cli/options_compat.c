@@ -196,21 +196,21 @@ static int fsdp_entry(fsdp_read *r, const char *name, const fsdp_value *v, const
 
 /* Stores what one whole fsdp_config said: the stage (a sharding_strategy and a reshard_after_forward that disagree
  * are refused) and activation_checkpointing. */
-static int fsdp_store(snug_run_config *o, const fsdp_read *r, const char *loc, snug_error *e) {
+static int fsdp_store(opt_aliases *al, const fsdp_read *r, const char *loc, snug_error *e) {
     if (r->strategy >= 0 && r->reshard >= 0 && r->strategy != r->reshard)
         return snug_fail(e, SNUG_EINPUT, "%s: fsdp_config's sharding_strategy means ZeRO stage %d but its "
                          "reshard_after_forward means stage %d; keep one", loc, r->strategy, r->reshard);
-    o->fsdp_config_stage = r->strategy >= 0 ? r->strategy : r->reshard;
-    o->fsdp_activation_checkpointing = r->ckpt;
-    o->fsdp_offload_params = r->offload;
+    al->fsdp_config_stage = r->strategy >= 0 ? r->strategy : r->reshard;
+    al->fsdp_activation_checkpointing = r->ckpt;
+    al->fsdp_offload_params = r->offload;
     return 0;
 }
 
 /* fsdp_config as a JSON file (Hugging Face's --fsdp_config FILE). An empty path clears it. */
-int opt_fsdp_config_file(snug_run_config *o, const char *path, const char *where, snug_error *e) {
-    o->fsdp_config_stage = -2;
-    o->fsdp_activation_checkpointing = -1;
-    o->fsdp_offload_params = 0;
+int opt_fsdp_config_file(opt_aliases *al, const char *path, const char *where, snug_error *e) {
+    al->fsdp_config_stage = -2;
+    al->fsdp_activation_checkpointing = -1;
+    al->fsdp_offload_params = 0;
     if (!*path)
         return 0;
     json_error_t je;
@@ -249,19 +249,19 @@ int opt_fsdp_config_file(snug_run_config *o, const char *path, const char *where
         rc = fsdp_entry(&r, name, &v, loc, e);
     }
     if (!rc)
-        rc = fsdp_store(o, &r, loc, e);
+        rc = fsdp_store(al, &r, loc, e);
     json_decref(j);
     return rc;
 }
 
 /* fsdp_config in the YAML: a mapping, or a JSON file's path. */
-int opt_load_fsdp_config(snug_run_config *o, const char *written, const yaml_src *y, const yaml_node_t *v,
+int opt_load_fsdp_config(opt_aliases *al, const char *written, const yaml_src *y, const yaml_node_t *v,
                             const char *loc, snug_error *e) {
     if (opt_node_is_empty(v)) /* asks for nothing */
-        return opt_fsdp_config_file(o, "", loc, e);
+        return opt_fsdp_config_file(al, "", loc, e);
     if (v->type == YAML_SCALAR_NODE) {
         const char *text = opt_node_text(v, written, loc, e);
-        return text ? opt_fsdp_config_file(o, text, loc, e) : SNUG_EINPUT;
+        return text ? opt_fsdp_config_file(al, text, loc, e) : SNUG_EINPUT;
     }
     if (v->type != YAML_MAPPING_NODE)
         return snug_fail(e, SNUG_EINPUT, "%s: %s must be a mapping of FSDP's options (sharding_strategy: FULL_SHARD) "
@@ -292,22 +292,23 @@ int opt_load_fsdp_config(snug_run_config *o, const char *written, const yaml_src
         }
         SNUG_TRY(fsdp_entry(&r, (const char *)kn->data.scalar.value, &fv, here, e));
     }
-    return fsdp_store(o, &r, loc, e);
+    return fsdp_store(al, &r, loc, e);
 }
 
 
 /* deepspeed: ds_config.json. Its zero_optimization.stage means what zero_stage means, so it sets it (a zero_stage
  * given too must agree), and so does its overlap_comm for zero_overlap_comm; stages not built and offloading to the
  * CPU or NVMe are refused naming the file's key. */
-int opt_apply_deepspeed(snug_run_config *o, snug_error *e) {
-    if (!o->deepspeed[0])
+int opt_apply_deepspeed(opt_state *state, snug_error *e) {
+    snug_run_config *o = state->run;
+    const char *ds = state->al.deepspeed;
+    if (!ds[0])
         return 0;
     json_error_t je;
-    json_t *j = json_load_file(o->deepspeed, 0, &je);
+    json_t *j = json_load_file(ds, 0, &je);
     if (!j)
         return snug_fail(e, SNUG_EINPUT, "deepspeed: %s line %d: %s; give DeepSpeed's ds_config.json (JSON)",
-                         o->deepspeed, je.line, je.text);
-    const char *ds = o->deepspeed;
+                         ds, je.line, je.text);
     json_t *z = json_object_get(j, "zero_optimization"), *st = z ? json_object_get(z, "stage") : NULL;
     int rc = 0, stage = 0;
     if (z && !json_is_object(z))
@@ -360,12 +361,14 @@ int opt_apply_deepspeed(snug_run_config *o, snug_error *e) {
  * reshard_after_forward must agree with it, and a zero_stage given too with both. FSDP without a named strategy is
  * FULL_SHARD, as FSDP's default is, unless zero_stage names the stage. fsdp_config's activation_checkpointing turns
  * gradient_checkpointing on (full) where it is off. */
-int opt_apply_fsdp(snug_run_config *o, snug_error *e) {
-    if (o->fsdp_version > 2)
+int opt_apply_fsdp(opt_state *st, snug_error *e) {
+    snug_run_config *o = st->run;
+    opt_aliases *al = &st->al;
+    if (al->fsdp_version > 2)
         return snug_fail(e, SNUG_EINPUT, "fsdp_version is %d; it must be 1 or 2 (both shard the same way in snug)",
-                         o->fsdp_version);
+                         al->fsdp_version);
     int stage = -1, on = -1; /* on: fsdp: true or false */
-    for (const char *p = o->fsdp; *p;) {
+    for (const char *p = al->fsdp; *p;) {
         size_t k = strcspn(p, ", ");
         if (k == 13 && !strncmp(p, "shard_grad_op", k))
             stage = 2;
@@ -376,7 +379,7 @@ int opt_apply_fsdp(snug_run_config *o, snug_error *e) {
         else if ((k == 4 && !strncmp(p, "true", k)) || (k == 5 && !strncmp(p, "false", k)))
             on = k == 4;
         else if (k == 7 && !strncmp(p, "offload", k))
-            o->fsdp_offload_params = 1;
+            al->fsdp_offload_params = 1;
         else if (k && !(k == 9 && !strncmp(p, "auto_wrap", k)))
             return snug_fail(e, SNUG_EINPUT, "fsdp: '%.*s' is not supported; snug takes full_shard, shard_grad_op, "
                              "no_shard, auto_wrap, offload, or true with the strategy in fsdp_config (hybrid "
@@ -384,7 +387,7 @@ int opt_apply_fsdp(snug_run_config *o, snug_error *e) {
         p += k;
         p += strspn(p, ", ");
     }
-    int cs = o->fsdp_config_stage;
+    int cs = al->fsdp_config_stage;
     if (on == 0)
         return stage >= 0 || cs > -2 ? snug_fail(e, SNUG_EINPUT, "fsdp is false but %s; remove one",
                                                  stage >= 0 ? "it names a sharding strategy too"
@@ -392,7 +395,7 @@ int opt_apply_fsdp(snug_run_config *o, snug_error *e) {
                                      : 0;
     if (stage >= 0 && cs >= 0 && stage != cs)
         return snug_fail(e, SNUG_EINPUT, "fsdp (%s) means ZeRO stage %d but fsdp_config's sharding means stage %d; "
-                         "keep one", o->fsdp, stage, cs);
+                         "keep one", al->fsdp, stage, cs);
     if (stage < 0)
         stage = cs;
     int fsdp_on = stage >= 0 || cs == -1 || on == 1;
@@ -401,16 +404,16 @@ int opt_apply_fsdp(snug_run_config *o, snug_error *e) {
     if (stage < 0) /* FSDP's default strategy, FULL_SHARD, unless zero_stage says otherwise */
         stage = o->zero_stage ? o->zero_stage : 3;
     if (o->zero_stage && o->zero_stage != stage) {
-        if (o->fsdp[0])
+        if (al->fsdp[0])
             return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp (%s) means stage %d; keep one", o->zero_stage,
-                             o->fsdp, stage);
+                             al->fsdp, stage);
         return snug_fail(e, SNUG_EINPUT, "zero_stage is %d but fsdp_config means stage %d; keep one", o->zero_stage,
                          stage);
     }
     o->zero_stage = stage;
-    if (o->fsdp_offload_params)
+    if (al->fsdp_offload_params)
         o->offload_params = 1;
-    if (o->fsdp_activation_checkpointing == 1 && o->gradient_checkpointing == SNUG_CKPT_CHOICE_NONE)
+    if (al->fsdp_activation_checkpointing == 1 && o->gradient_checkpointing == SNUG_CKPT_CHOICE_NONE)
         o->gradient_checkpointing = SNUG_CKPT_CHOICE_FULL;
     return 0;
 }
@@ -418,7 +421,9 @@ int opt_apply_fsdp(snug_run_config *o, snug_error *e) {
 /* Keys that say what other keys say (Axolotl's and transformers' spellings), resolved once every key is read, in
  * whatever order they were written: the config-wide chat template for the chat entries that name none, the
  * attention keys as flash_attention, activation_offloading as gradient_checkpointing: offload. */
-int opt_apply_aliases(snug_run_config *o, snug_error *e) {
+int opt_apply_aliases(opt_state *st, snug_error *e) {
+    snug_run_config *o = st->run;
+    const opt_aliases *al = &st->al;
     const char *src = o->config_path[0] ? o->config_path : "options";
     for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) {
         const char *key;
@@ -426,7 +431,7 @@ int opt_apply_aliases(snug_run_config *o, snug_error *e) {
         int k = i < o->ndatasets ? i : i - o->ndatasets;
         /* Axolotl's type chat_template with no template named renders with the tokenizer's own (tokenizer_default),
          * which snug does not run: refused rather than read as chatml */
-        if (d->type_chat_template && !d->chat_template_own && !o->chat_template_set)
+        if (d->type_chat_template && !d->chat_template_own && !al->chat_template_set)
             return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is type chat_template and names no chat_template, so Axolotl "
                              "would render it with the tokenizer's own template (tokenizer_default), which snug does "
                              "not run; set chat_template: chatml or llama3 (the one the tokenizer's template writes) "
@@ -434,18 +439,18 @@ int opt_apply_aliases(snug_run_config *o, snug_error *e) {
         if (!d->chat_template_own)
             d->chat_template = o->chat_template;
     }
-    const char *fused = o->attn_sdp ? "sdp_attention: true" : o->attn_xformers ? "xformers_attention: true" : NULL;
-    if (o->attn_implementation == 0 && fused)
+    const char *fused = al->attn_sdp ? "sdp_attention: true" : al->attn_xformers ? "xformers_attention: true" : NULL;
+    if (al->attn_implementation == 0 && fused)
         return snug_fail(e, SNUG_EINPUT, "%s: attn_implementation: eager and %s ask for two kinds of attention; "
                          "remove one", src, fused);
-    if (o->attn_implementation == 0) {
+    if (al->attn_implementation == 0) {
         o->flash_attention = 0;
-    } else if ((o->attn_implementation == 1 || fused) && !o->flash_attention) {
+    } else if ((al->attn_implementation == 1 || fused) && !o->flash_attention) {
         return snug_fail(e, SNUG_EINPUT, "%s: flash_attention: false (the probabilities stored) and %s (fused "
                          "attention) disagree; remove one", src, fused ? fused : "attn_implementation");
     }
     /* report_to: the trackers snug writes for (a list, or one name; all means every one snug has) */
-    for (const char *p = o->report_to; *p;) {
+    for (const char *p = al->report_to; *p;) {
         size_t n = strcspn(p, ", ");
         if (n && !opt_word_matches("none tensorboard all", p, n))
             return snug_fail(e, SNUG_EINPUT, "%s: report_to '%.*s' is not supported yet (snug writes metrics.jsonl, "
@@ -455,13 +460,13 @@ int opt_apply_aliases(snug_run_config *o, snug_error *e) {
         p += n;
         p += strspn(p, ", ");
     }
-    if (o->min_lr >= 0 && o->lr_scheduler == SNUG_SCHED_PLATEAU) { /* ReduceLROnPlateau's floor */
-        o->sched.plat_min_lr = o->min_lr;
-    } else if (o->min_lr >= 0) { /* cosine_with_min_lr's floor as a learning rate */
-        if (o->learning_rate <= 0 || o->min_lr > o->learning_rate)
+    if (al->min_lr >= 0 && o->lr_scheduler == SNUG_SCHED_PLATEAU) { /* ReduceLROnPlateau's floor */
+        o->sched.plat_min_lr = al->min_lr;
+    } else if (al->min_lr >= 0) { /* cosine_with_min_lr's floor as a learning rate */
+        if (o->learning_rate <= 0 || al->min_lr > o->learning_rate)
             return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs.min_lr is %g, above learning_rate %g; the floor "
-                             "must be at most the peak", src, o->min_lr, o->learning_rate);
-        o->cosine_min_lr_ratio = o->min_lr / o->learning_rate;
+                             "must be at most the peak", src, al->min_lr, o->learning_rate);
+        o->cosine_min_lr_ratio = al->min_lr / o->learning_rate;
     }
     /* each lr_scheduler_kwargs key is one its schedule takes (transformers raises a TypeError for the others) */
     static const struct {
@@ -487,10 +492,10 @@ int opt_apply_aliases(snug_run_config *o, snug_error *e) {
         {SNUG_SCHED_REX, 0, "none"},
     };
     for (size_t i = 0; i < sizeof takes / sizeof takes[0]; i++)
-        if (takes[i].s == o->lr_scheduler && (o->sched_given & ~takes[i].keys))
+        if (takes[i].s == o->lr_scheduler && (al->sched_given & ~takes[i].keys))
             return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler_kwargs has a setting lr_scheduler %s does not take; "
                              "it takes %s", src, snug_sched_name(o->lr_scheduler), takes[i].names);
-    if (o->lr_scheduler == SNUG_SCHED_WSD && !(o->sched_given & SNUG_SCHED_KW_DECAY_STEPS))
+    if (o->lr_scheduler == SNUG_SCHED_WSD && !(al->sched_given & SNUG_SCHED_KW_DECAY_STEPS))
         return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler warmup_stable_decay needs its decay steps: "
                          "lr_scheduler_kwargs: {num_decay_steps: 100}", src);
     if (o->lr_scheduler == SNUG_SCHED_POLYNOMIAL && !(o->sched.lr_end < o->learning_rate))
@@ -498,23 +503,23 @@ int opt_apply_aliases(snug_run_config *o, snug_error *e) {
                          "polynomial decays from learning_rate down to lr_end", src, o->sched.lr_end,
                          o->learning_rate);
     if (o->sched_min_lr && o->cosine_min_lr_ratio == 0 &&
-        !(o->sched_given & (SNUG_SCHED_KW_MIN_LR_RATE | SNUG_SCHED_KW_MIN_LR)))
+        !(al->sched_given & (SNUG_SCHED_KW_MIN_LR_RATE | SNUG_SCHED_KW_MIN_LR)))
         return snug_fail(e, SNUG_EINPUT, "%s: lr_scheduler %s needs its floor: lr_scheduler_kwargs: {min_lr_rate: 0.1} "
                          "(or min_lr, or cosine_min_lr_ratio)", src,
                          o->lr_scheduler == SNUG_SCHED_COSINE_WARMUP_MIN ? "cosine_warmup_with_min_lr"
                                                                          : "cosine_with_min_lr");
-    if (o->use_cpu)
+    if (al->use_cpu)
         o->device = SNUG_BACKEND_CPU;
-    if (o->full_determinism)
+    if (al->full_determinism)
         o->ddp_deterministic = 1;
-    if (o->liger_flce)
+    if (al->liger_flce)
         o->chunked_cross_entropy = 1;
     /* Hugging Face's strategies: steps without a count take the Trainer's defaults */
     if (o->save_strategy == 1 && !o->save_steps && !o->saves_per_epoch)
         o->save_steps = 500;
     if (o->eval_strategy == 1 && !o->eval_steps && !o->evals_per_epoch)
         o->eval_steps = o->logging_steps;
-    if (o->activation_offloading) {
+    if (al->activation_offloading) {
         if (o->gradient_checkpointing == SNUG_CKPT_CHOICE_SELECTIVE)
             return snug_fail(e, SNUG_EINPUT, "%s: activation_offloading keeps whole layers' inputs in host memory, "
                              "which selective checkpointing does not recompute from; set gradient_checkpointing: true "

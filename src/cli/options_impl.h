@@ -32,8 +32,46 @@ typedef enum key_type {
 /* Groups of the --help listing, in the order of options.h. G_DATASET keys live inside each datasets entry. */
 enum { G_MODEL, G_DATA, G_DATASET, G_BATCH, G_OPTIM, G_OUTPUT, G_GEN, G_MEMORY, G_PLAN, NGROUPS };
 
-/* Where a key's field lives: the run configuration, one datasets entry, or the flags of `snug plan`. */
-enum { SCOPE_RUN, SCOPE_DATASET, SCOPE_PLAN };
+/* Where a key's field lives: the run configuration, one datasets entry, or the flags of `snug plan`; SCOPE_ALIAS
+ * names the run keys whose field is in opt_aliases (key_spec.alias), for opt_apply_defaults. */
+enum { SCOPE_RUN, SCOPE_DATASET, SCOPE_PLAN, SCOPE_ALIAS };
+
+/* Other trainers' spellings of what snug's own keys say, as read (Hugging Face TrainingArguments, Axolotl, DeepSpeed,
+ * FSDP): kept here, beside the run configuration, while a configuration is read, then resolved into snug's own
+ * fields of snug_run_config once every key is read (opt_apply_deepspeed, opt_apply_fsdp, opt_apply_aliases). Nothing
+ * below src/cli reads them. Defaults: opt_aliases_defaults. */
+typedef struct opt_aliases {
+    int trust_remote_code;    /* either value: snug runs no code of the model's */
+    int chat_template_set;    /* 1: the config (or the command line) names the config-wide chat_template */
+    char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */
+    char fsdp[256];           /* FSDP's options as written, joined by commas (shard_grad_op is zero_stage 2) */
+    int fsdp_version;         /* Axolotl's fsdp_version, 1 or 2: the same sharding to snug */
+    int fsdp_config_stage;    /* the ZeRO stage fsdp_config's sharding_strategy or reshard_after_forward means;
+                               * -1: an fsdp_config that names no sharding (FSDP's default, FULL_SHARD); -2: none */
+    int fsdp_activation_checkpointing; /* fsdp_config's activation_checkpointing: -1 unset, 0 or 1 */
+    int fsdp_offload_params;  /* fsdp_config's offload_params (or cpu_offload) true, or fsdp's offload */
+    char report_to[128];      /* trackers, names joined by commas: none or tensorboard (use_tensorboard) */
+    int use_cpu;              /* Hugging Face's: device cpu */
+    int full_determinism;     /* Hugging Face's: ddp_deterministic */
+    int liger_flce;           /* Axolotl's liger_fused_linear_cross_entropy: chunked_cross_entropy */
+    int metric_for_best_model; /* 0: eval_loss, the only one */
+    int eval_max_new_tokens;  /* Axolotl's tokens per row of eval_table_size's table (no table: it changes nothing) */
+    int attn_implementation;  /* -1 unset; 0 eager (the probabilities stored: flash_attention false); 1 a fused kernel
+                               * (sdpa, flash_attention_2, ...: flash_attention true) */
+    int activation_offloading; /* Axolotl's: gradient_checkpointing offload */
+    int attn_sdp, attn_xformers; /* Axolotl's sdp_attention, xformers_attention: true = flash_attention true */
+    double min_lr;            /* lr_scheduler_kwargs.min_lr (Hugging Face's cosine_with_min_lr): the floor as a learning
+                               * rate, cosine_min_lr_ratio = min_lr / learning_rate (reduce_lr_on_plateau's own floor
+                               * under that schedule); -1 = unset */
+    unsigned sched_given;     /* which lr_scheduler_kwargs were written (SNUG_SCHED_KW_*), each checked against
+                               * the schedules that take it */
+} opt_aliases;
+
+/* A configuration being read: the run configuration, and the spellings that resolve into it. */
+typedef struct opt_state {
+    snug_run_config *run;
+    opt_aliases al;
+} opt_state;
 
 typedef struct enum_name {
     const char *name;
@@ -77,13 +115,22 @@ typedef struct key_spec {
     const char *items;        /* KT_NAMES: what the list holds, in its error (NULL: module names) */
     int (*typed)(snug_run_config *o, const char *text, const char *written, const char *loc, snug_error *e);
                               /* KT_NAMES: reads the value again into its typed field of o (the string stays as
-                               * written, for the checkpoint's record); writes nothing on failure */
+                               * written, for the checkpoint's record); writes nothing on failure; never on an
+                               * alias row */
     map_kind map;             /* KT_MAP, KT_LIST: what it holds */
+    int alias;                /* 1: the field is in opt_aliases (another trainer's spelling, resolved into
+                               * snug_run_config by opt_apply_*), not in snug_run_config; set by the AL_* macros */
     const char *fixed;        /* non-NULL: the setting changes the run's results, so a resumed run must keep it; a
-                               * checkpoint records it under this name (its field's) */
+                               * checkpoint records it under this name (its field's, in snug_run_config: never on
+                               * an alias row) */
     const char *fixed_absent; /* with fixed: JSON of the value a checkpoint written before it was recorded holds */
     const char *help;
 } key_spec;
+
+/* The struct a run key's field lives in: st->al for an alias row, else the run configuration. */
+static inline void *opt_field_base(opt_state *st, const key_spec *k) {
+    return k->alias ? (void *)&st->al : (void *)st->run;
+}
 
 /* ---- the key table (options_keys.c) ---- */
 
@@ -126,8 +173,11 @@ int opt_refuse_later(const key_spec *k, const char *written, const char *text, i
 /* A key that changes nothing: its value checked for its type, then dropped. */
 int opt_noop_value(const key_spec *k, const char *written, const char *text, int null, const char *loc,
                    snug_error *e);
-/* Every key of one scope set to its default. */
+/* Every key of one scope set to its default (SCOPE_RUN: the rows whose field is in snug_run_config; SCOPE_ALIAS:
+ * those in opt_aliases). */
 void opt_apply_defaults(void *base, int scope);
+/* opt_aliases at its defaults: the table's, and "not given" for what no row sets. */
+void opt_aliases_defaults(opt_aliases *al);
 
 /* One list of dataset entries: datasets (training) or test_datasets (validation). */
 typedef struct ds_list {
@@ -148,6 +198,9 @@ typedef struct yaml_src {
     yaml_document_t *doc;
 } yaml_src;
 
+/* Reads a YAML file's keys over st, as written: the other trainers' spellings are left in st->al for opt_apply_*
+ * (the public loaders, options_args.c, resolve them once everything is read). st is unchanged when it fails. */
+int opt_load_yaml(opt_state *st, const char *path, snug_error *e);
 
 /* YAML nodes (options_value.c) */
 int opt_node_is_null(const yaml_node_t *n);
@@ -160,13 +213,20 @@ const char *opt_node_text(const yaml_node_t *n, const char *written, const char 
 /* ---- other trainers' spellings (options_compat.c) ---- */
 
 /* fsdp_config in the YAML (a mapping, or a JSON file's path), or as a JSON file from the command line. */
-int opt_load_fsdp_config(snug_run_config *o, const char *written, const yaml_src *y, const yaml_node_t *v,
+int opt_load_fsdp_config(opt_aliases *al, const char *written, const yaml_src *y, const yaml_node_t *v,
                          const char *loc, snug_error *e);
-int opt_fsdp_config_file(snug_run_config *o, const char *path, const char *where, snug_error *e);
-/* Resolved once every key is read: deepspeed's file, fsdp and fsdp_config, then the aliases. */
-int opt_apply_deepspeed(snug_run_config *o, snug_error *e);
-int opt_apply_fsdp(snug_run_config *o, snug_error *e);
-int opt_apply_aliases(snug_run_config *o, snug_error *e);
+int opt_fsdp_config_file(opt_aliases *al, const char *path, const char *where, snug_error *e);
+/* Resolved once every key is read, into st->run: deepspeed's file, fsdp and fsdp_config, then the aliases. */
+int opt_apply_deepspeed(opt_state *st, snug_error *e);
+int opt_apply_fsdp(opt_state *st, snug_error *e);
+int opt_apply_aliases(opt_state *st, snug_error *e);
+
+/* ---- the command line (options_args.c) ---- */
+
+/* One key + value (as from the command line) into st, with the same checks as the YAML; `where` names the source in
+ * errors. Dashes in key count as underscores (--learning-rate). Key "dataset"/"datasets" appends one completion
+ * dataset with the path kept as written. */
+int opt_set(opt_state *st, const char *key, const char *value, const char *where, snug_error *e);
 
 /* ---- help (options_help.c) ---- */
 

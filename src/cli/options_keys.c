@@ -1,5 +1,6 @@
 /* options_keys.c: the table of every key a user can write (see options.h): its name and other spellings (Hugging
- * Face TrainingArguments, TRL), its type, where it lives in snug_run_config, its default, one line of help, and
+ * Face TrainingArguments, TRL), its type, where it lives (snug_run_config; opt_aliases for another trainer's key that
+ * the command line resolves into snug's own: the AL_* rows), its default, one line of help, and
  * whether snug does it yet. Defaults, parsing, type errors, the "did you mean" suggestion, the refusal of features not
  * built and the --help listing all read this one table (through options_impl.h), so they cannot disagree.
  *
@@ -26,6 +27,13 @@
 #define ENUM_SIZE_CHECK(T, f) (sizeof(int) + 0 * sizeof(char[sizeof(((T *)0)->f) == sizeof(int) ? 1 : -1]))
 #define AT_ENUM(f) .offset = offsetof(snug_run_config, f), .size = ENUM_SIZE_CHECK(snug_run_config, f)
 #define DS_ENUM(f) .offset = offsetof(snug_dataset_spec, f), .size = ENUM_SIZE_CHECK(snug_dataset_spec, f)
+/* The same for a field of opt_aliases (another trainer's spelling, resolved into snug_run_config by opt_apply_*). */
+#define AL_INT(f) \
+    .alias = 1, .offset = _Generic(((opt_aliases *)0)->f, int: offsetof(opt_aliases, f)), .size = sizeof(int)
+#define AL_STR(f)                                                                      \
+    .alias = 1, .offset = _Generic(((opt_aliases *)0)->f, char *: offsetof(opt_aliases, f)), \
+    .size = sizeof(((opt_aliases *)0)->f)
+#define AL_ENUM(f) .alias = 1, .offset = offsetof(opt_aliases, f), .size = ENUM_SIZE_CHECK(opt_aliases, f)
 #define ENUMS(...) .enums = (const enum_name[]){__VA_ARGS__, {NULL, 0}}
 #define NAMES(list) .names = (list)
 #define MIN(v) .has_min = 1, .min = (v)
@@ -256,11 +264,11 @@ const key_spec opt_keys[] = {
              "naming the mismatch instead of hanging"},
     {.name = "dist_timeout", .type = KT_FLOAT, .group = G_BATCH, AT_DBL(dist_timeout), .def = "600", MIN(0),
      .help = "seconds a collective may wait for the other ranks before the run fails on every rank; 0 = forever"},
-    {.name = "deepspeed", .type = KT_STRING, .group = G_BATCH, AT_STR(deepspeed),
+    {.name = "deepspeed", .type = KT_STRING, .group = G_BATCH, AL_STR(deepspeed),
      .help = "DeepSpeed's ds_config.json: its zero_optimization.stage sets zero_stage, its overlap_comm "
              "zero_overlap_comm, offload_param to cpu offload_params and offload_optimizer to cpu a paged optimizer "
              "(nvme is refused; the file's other settings are DeepSpeed's own and are not read)"},
-    {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AT_STR(fsdp), .items = "FSDP options",
+    {.name = "fsdp", .type = KT_NAMES, .group = G_BATCH, AL_STR(fsdp), .items = "FSDP options",
      .help = "FSDP's sharding, as Hugging Face's Trainer takes it: full_shard is zero_stage 3, shard_grad_op 2, "
              "no_shard 0, auto_wrap is accepted (snug shards and reduces layer by layer anyway); true takes the "
              "strategy from fsdp_config (FULL_SHARD when it names none); offload is offload_params"},
@@ -275,7 +283,7 @@ const key_spec opt_keys[] = {
              "prefetches the next, loads every rank from the file block by block, checkpoints each rank's shards and "
              "writes the final model whole; offload_params (or cpu_offload) is offload_params; hybrid sharding and "
              "xla are refused"},
-    {.name = "fsdp_version", .type = KT_INT, .group = G_BATCH, AT_INT(fsdp_version), .def = "2", MIN(1),
+    {.name = "fsdp_version", .type = KT_INT, .group = G_BATCH, AL_INT(fsdp_version), .def = "2", MIN(1),
      .help = "Axolotl's FSDP version, 1 or 2: both shard the same way in snug"},
     {.name = "zero_stage", .type = KT_INT, .group = G_BATCH, AT_INT(zero_stage), .def = "0", MIN(0),
      .help = "ZeRO over the ranks: 1 = each rank keeps the optimizer state of 1/N of the parameters, steps only those "
@@ -428,7 +436,7 @@ const key_spec opt_keys[] = {
     {.name = "auto_resume_from_checkpoints", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(auto_resume),
      .def = "false", .help = "Axolotl's: resume from the newest complete checkpoint in output_dir when there is one "
                              "(resume_from_checkpoint: latest, without failing when there is none)"},
-    {.name = "report_to", .type = KT_NAMES, .group = G_OUTPUT, AT_STR(report_to), .def = "none",
+    {.name = "report_to", .type = KT_NAMES, .group = G_OUTPUT, AL_STR(report_to), .def = "none",
      .items = "trackers (none, tensorboard)",
      .help = "Hugging Face's: tensorboard also writes TensorBoard event files (train/loss, train/learning_rate, "
              "train/grad_norm, train/epoch, eval/loss) into logging_dir; none: metrics.jsonl alone"},
@@ -438,11 +446,11 @@ const key_spec opt_keys[] = {
      .help = "the folder of TensorBoard's event files (relative to the current directory); empty = output_dir/runs"},
     {.name = "disable_tqdm", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(no_progress_bar), .def = "false",
      .help = "Hugging Face's: no progress bar on a terminal, one line per logged step as in a file"},
-    {.name = "use_cpu", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(use_cpu), .def = "false",
+    {.name = "use_cpu", .type = KT_BOOL, .group = G_OUTPUT, AL_INT(use_cpu), .def = "false",
      .help = "Hugging Face's: true = device: cpu"},
-    {.name = "full_determinism", .type = KT_BOOL, .group = G_BATCH, AT_INT(full_determinism), .def = "false",
+    {.name = "full_determinism", .type = KT_BOOL, .group = G_BATCH, AL_INT(full_determinism), .def = "false",
      .help = "Hugging Face's: true = ddp_deterministic (gradients summed in rank order)"},
-    {.name = "liger_fused_linear_cross_entropy", .type = KT_BOOL, .group = G_MEMORY, AT_INT(liger_flce),
+    {.name = "liger_fused_linear_cross_entropy", .type = KT_BOOL, .group = G_MEMORY, AL_INT(liger_flce),
      .def = "false", .help = "Axolotl's Liger kernel that never holds the whole logits: chunked_cross_entropy: true"},
     {.name = "evals_per_epoch", .type = KT_INT, .group = G_OUTPUT, AT_INT(evals_per_epoch), .def = "0", MIN(0),
      .help = "instead of eval_steps: evaluate every ceil(steps / (evals_per_epoch x num_epochs)) steps, as Axolotl; "
@@ -466,7 +474,7 @@ const key_spec opt_keys[] = {
      .help = "the model saved at the end is the checkpoint with the lowest validation loss (kept from "
              "save_total_limit), or the last step's when that is lower; auto = with early_stopping_patience and "
              "checkpoints"},
-    {.name = "metric_for_best_model", .type = KT_ENUM, .group = G_OUTPUT, AT_ENUM(metric_for_best_model),
+    {.name = "metric_for_best_model", .type = KT_ENUM, .group = G_OUTPUT, AL_ENUM(metric_for_best_model),
      .def = "eval_loss", .values = "eval_loss loss=eval_loss", ENUMS({"eval_loss", 0}), .later_values = "*",
      .help = "what early stopping and load_best_model_at_end compare: the validation loss (lower is better)"},
     {.name = "save_only_model", .type = KT_BOOL, .group = G_OUTPUT, AT_INT(save_only_model), .def = "false",
@@ -612,20 +620,20 @@ const key_spec opt_keys[] = {
      .fixed = "flash_attention", .def = "true",
      .help = "tiled attention with online softmax, no (T, T) buffer; false = the reference path that stores the "
              "attention probabilities"},
-    {.name = "attn_implementation", .type = KT_ENUM, .group = G_MEMORY, AT_ENUM(attn_implementation), .def = "auto",
+    {.name = "attn_implementation", .type = KT_ENUM, .group = G_MEMORY, AL_ENUM(attn_implementation), .def = "auto",
      .values = "auto eager sdpa=fused flash_attention_2=fused flash_attention_3=fused flex_attention=fused "
                "xformers=fused",
      ENUMS({"auto", -1}, {"eager", 0}, {"fused", 1}),
      .help = "transformers' attention: eager stores the attention probabilities (flash_attention: false); sdpa, "
              "flash_attention_2, ... are exact fused attention (flash_attention: true); auto = flash_attention's"},
-    {.name = "sdp_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(attn_sdp), .def = "false",
+    {.name = "sdp_attention", .type = KT_BOOL, .group = G_MEMORY, AL_INT(attn_sdp), .def = "false",
      .help = "Axolotl's PyTorch fused attention: true = flash_attention: true"},
-    {.name = "xformers_attention", .type = KT_BOOL, .group = G_MEMORY, AT_INT(attn_xformers), .def = "false",
+    {.name = "xformers_attention", .type = KT_BOOL, .group = G_MEMORY, AL_INT(attn_xformers), .def = "false",
      .help = "Axolotl's xformers attention: true = flash_attention: true"},
     {.name = "gradient_checkpointing_kwargs", .type = KT_MAP, .group = G_MEMORY, .map = KM_CKPT_KWARGS,
      .help = "{use_reentrant: true or false}: PyTorch's two ways of recomputing give the same gradients, as "
              "snug's one"},
-    {.name = "activation_offloading", .type = KT_BOOL, .group = G_MEMORY, AT_INT(activation_offloading),
+    {.name = "activation_offloading", .type = KT_BOOL, .group = G_MEMORY, AL_INT(activation_offloading),
      .def = "false", .help = "Axolotl's: gradient_checkpointing: offload (the layer inputs in host memory)"},
     {.name = "bf16", .type = KT_BOOL, .group = G_MEMORY, AT_INT(bf16),
      .fixed = "bf16", .def = "false", .values = "auto=true",
@@ -752,7 +760,7 @@ const key_spec opt_keys[] = {
     LATER("wandb_name", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_watch", KT_STRING, "Weights & Biases logging"),
     LATER("wandb_log_model", KT_STRING, "Weights & Biases logging"),
-    {.name = "trust_remote_code", .type = KT_BOOL, .group = G_MODEL, AT_INT(trust_remote_code), .def = "false",
+    {.name = "trust_remote_code", .type = KT_BOOL, .group = G_MODEL, AL_INT(trust_remote_code), .def = "false",
      .help = "either value: snug runs no code of the model's; an architecture it does not build is refused where "
              "config.json is read"},
     {.name = "is_llama_derived_model", .type = KT_BOOL, .group = G_MODEL, AT_INT(derived_llama), .def = "false",
@@ -765,7 +773,7 @@ const key_spec opt_keys[] = {
     {.name = "eval_table_size", .type = KT_INT, .off = "0",
      .later = "a table of sampled predictions at each evaluation"},
     {.name = "eval_max_new_tokens", .aliases = "eval_table_max_new_tokens", .type = KT_INT, .group = G_OUTPUT,
-     AT_INT(eval_max_new_tokens), .def = "128",
+     AL_INT(eval_max_new_tokens), .def = "128",
      MIN(1), .help = "Axolotl's tokens per row of eval_table_size's table (which snug does not build)"},
     {.name = "tokenizer_type", .type = KT_STRING,
      .off = "AutoTokenizer PreTrainedTokenizerFast LlamaTokenizerFast LlamaTokenizer GPT2TokenizerFast "

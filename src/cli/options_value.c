@@ -407,11 +407,11 @@ int opt_noop_value(const key_spec *k, const char *written, const char *text, int
     return 0;
 }
 
-/* Sets every key of one scope to its default. */
+/* Sets every key of one scope to its default (SCOPE_ALIAS: the run keys whose field is in opt_aliases). */
 void opt_apply_defaults(void *base, int scope) {
     for (int i = 0; i < opt_nkeys; i++) {
         const key_spec *k = &opt_keys[i];
-        if (opt_scope_of(k) != scope || k->later || k->noop || k->type == KT_DATASETS)
+        if ((k->alias ? SCOPE_ALIAS : opt_scope_of(k)) != scope || k->later || k->noop || k->type == KT_DATASETS)
             continue;
         if (k->def)
             opt_set_text(base, k, k->name, k->def, "default", NULL);
@@ -447,10 +447,15 @@ void snug_options_defaults(snug_run_config *o) {
     memset(o, 0, sizeof *o);
     opt_apply_defaults(o, 0);
     o->fixed = fixed_settings(&o->nfixed);
-    o->fsdp_config_stage = -2;
-    o->fsdp_activation_checkpointing = -1;
-    o->min_lr = -1;
     snug_sched_params_default(&o->sched);
+}
+
+void opt_aliases_defaults(opt_aliases *al) {
+    memset(al, 0, sizeof *al);
+    opt_apply_defaults(al, SCOPE_ALIAS);
+    al->fsdp_config_stage = -2;
+    al->fsdp_activation_checkpointing = -1;
+    al->min_lr = -1;
 }
 
 ds_list opt_list_of(snug_run_config *o, const key_spec *k) {

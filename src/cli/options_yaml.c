@@ -1,4 +1,4 @@
-/* options_yaml.c: a YAML config file into snug_run_config (snug_options_load_yaml): each key of the document's
+/* options_yaml.c: a YAML config file into snug_run_config (opt_load_yaml): each key of the document's
  * mapping found in the key table and applied, lists and mappings (datasets, special_tokens, roles, lr_scheduler_kwargs,
  * bnb_config_kwargs, unfrozen_parameters...) read entry by entry, errors naming the file and line. */
 #include "cli/options_impl.h"
@@ -187,16 +187,17 @@ static int bnb_kwarg(snug_run_config *o, const char *written, const char *name, 
                      "llm_int8_enable_fp32_cpu_offload, llm_int8_skip_modules)", loc, written, name);
 }
 
-/* One lr_scheduler_kwargs entry (transformers' scheduler_specific_kwargs `name` = text) into o. */
-static int sched_kwarg(snug_run_config *o, const char *written, const char *name, const char *text, const char *loc,
-                       snug_error *e) {
+/* One lr_scheduler_kwargs entry (transformers' scheduler_specific_kwargs `name` = text) into o (min_lr, and which
+ * were written, into al: resolved against the schedule once every key is read). */
+static int sched_kwarg(snug_run_config *o, opt_aliases *al, const char *written, const char *name, const char *text,
+                       const char *loc, snug_error *e) {
     /* entry k is SNUG_SCHED_KW_*'s bit k, and where its number goes (words: none) */
     const struct {
         const char *name;
         double *d;
         int *i;
     } kw[] = {
-        {"min_lr_rate", &o->cosine_min_lr_ratio, NULL}, {"min_lr", &o->min_lr, NULL},
+        {"min_lr_rate", &o->cosine_min_lr_ratio, NULL}, {"min_lr", &al->min_lr, NULL},
         {"num_cycles", &o->sched.num_cycles, NULL}, {"power", &o->sched.power, NULL},
         {"lr_end", &o->sched.lr_end, NULL}, {"timescale", NULL, &o->sched.timescale},
         {"num_decay_steps", NULL, &o->sched.wsd_decay}, {"num_stable_steps", NULL, &o->sched.wsd_stable},
@@ -219,7 +220,7 @@ static int sched_kwarg(snug_run_config *o, const char *written, const char *name
                          "reduce_lr_on_plateau's mode, factor, patience, threshold, threshold_mode, cooldown, "
                          "eps)", loc, written, name);
     unsigned bit = 1u << k;
-    o->sched_given |= bit;
+    al->sched_given |= bit;
     if (bit & (SNUG_SCHED_KW_WARMUP_TYPE | SNUG_SCHED_KW_DECAY_TYPE)) {
         snug_wsd_shape *sh = bit == SNUG_SCHED_KW_WARMUP_TYPE ? &o->sched.wsd_warmup
                                                               : &o->sched.wsd_decay_type;
@@ -264,9 +265,9 @@ static int sched_kwarg(snug_run_config *o, const char *written, const char *name
     return 0;
 }
 
-/* A KT_MAP or KT_LIST key of a kind snug reads (k->map): its entries into base. */
-static int load_map_key(void *base, const key_spec *k, const char *written, const yaml_src *y, const yaml_node_t *v,
-                        const char *loc, snug_error *e) {
+/* A KT_MAP or KT_LIST key of a kind snug reads (k->map): its entries into base (and al, for a run key). */
+static int load_map_key(void *base, opt_aliases *al, const key_spec *k, const char *written, const yaml_src *y,
+                        const yaml_node_t *v, const char *loc, snug_error *e) {
     if (opt_node_is_null(v))
         v = NULL; /* null: the defaults */
     int want_list = k->type == KT_LIST;
@@ -363,7 +364,7 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
             SNUG_TRY(bnb_kwarg(o, written, name, text, loc, e));
             break;
         case KM_SCHED_KWARGS:
-            SNUG_TRY(sched_kwarg(o, written, name, text, loc, e));
+            SNUG_TRY(sched_kwarg(o, al, written, name, text, loc, e));
             break;
         case KM_MESSAGE_FIELDS:
             if (!strcmp(name, "role"))
@@ -382,8 +383,9 @@ static int load_map_key(void *base, const key_spec *k, const char *written, cons
     return 0;
 }
 
-/* Reads the keys of one mapping (the whole config, or one datasets entry) into base. */
-static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
+/* Reads the keys of one mapping (the whole config, or one datasets entry) into base, and another trainer's spelling
+ * into al (NULL for a datasets entry, whose keys are all the entry's). */
+static int load_mapping(void *base, opt_aliases *al, const yaml_src *y, const yaml_node_t *map, const char *what,
                         snug_error *e);
 
 static int load_dataset_entry(ds_list l, int index, const yaml_src *y, const yaml_node_t *item, snug_error *e) {
@@ -403,7 +405,7 @@ static int load_dataset_entry(ds_list l, int index, const yaml_src *y, const yam
     memset(&ds, 0, sizeof ds);
     opt_apply_defaults(&ds, 1);
     snprintf(what, sizeof what, "%s[%d]", l.key, index);
-    SNUG_TRY(load_mapping(&ds, 1, y, item, what, e));
+    SNUG_TRY(load_mapping(&ds, NULL, y, item, what, e));
     if (!ds.path[0])
         return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] has no path; add 'path: data.jsonl'", loc, l.key, index);
     SNUG_TRY(opt_add_dataset_path(l, ds.path, y->dir, loc, e));
@@ -431,8 +433,9 @@ static int load_datasets(ds_list l, const char *written, const yaml_src *y, cons
     return 0;
 }
 
-static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const yaml_node_t *map, const char *what,
+static int load_mapping(void *base, opt_aliases *al, const yaml_src *y, const yaml_node_t *map, const char *what,
                         snug_error *e) {
+    int dataset_scope = al == NULL;
     unsigned long seen[OPT_MAX_KEYS] = {0}; /* line where each key was set, to catch a key given twice */
     const char *seen_as[OPT_MAX_KEYS] = {0};
     char loc[1300];
@@ -458,18 +461,18 @@ static int load_mapping(void *base, int dataset_scope, const yaml_src *y, const 
         if (k->type == KT_DATASETS && !k->later)
             SNUG_TRY(load_datasets(opt_list_of(base, k), name, y, v, loc, e));
         else if (k->type == KT_FSDP)
-            SNUG_TRY(opt_load_fsdp_config(base, name, y, v, loc, e));
+            SNUG_TRY(opt_load_fsdp_config(al, name, y, v, loc, e));
         else if ((k->type == KT_MAP || k->type == KT_LIST) && !k->later)
-            SNUG_TRY(load_map_key(base, k, name, y, v, loc, e));
+            SNUG_TRY(load_map_key(base, al, k, name, y, v, loc, e));
         else
-            SNUG_TRY(apply_scalar_node(base, k, name, y, v, loc, e));
+            SNUG_TRY(apply_scalar_node(k->alias ? (void *)al : base, k, name, y, v, loc, e));
         if (dataset_scope && !strcmp(k->name, "chat_template"))
             ((snug_dataset_spec *)base)->chat_template_own = 1;
         if (dataset_scope && !strcmp(k->name, "type") && v->type == YAML_SCALAR_NODE)
             ((snug_dataset_spec *)base)->type_chat_template = !strcmp((const char *)v->data.scalar.value,
                                                                       "chat_template");
         if (!dataset_scope && !strcmp(k->name, "chat_template"))
-            ((snug_run_config *)base)->chat_template_set = 1;
+            al->chat_template_set = 1;
         if (!dataset_scope && !strcmp(k->name, "lr_scheduler") && v->type == YAML_SCALAR_NODE)
             ((snug_run_config *)base)->sched_min_lr = opt_sched_needs_floor((const char *)v->data.scalar.value);
     }
@@ -493,7 +496,7 @@ static int yaml_syntax_error(const yaml_parser_t *p, const char *path, snug_erro
                      p->problem ? p->problem : "invalid YAML", context);
 }
 
-static int load_document(snug_run_config *o, yaml_src *y, snug_error *e) {
+static int load_document(snug_run_config *o, opt_aliases *al, yaml_src *y, snug_error *e) {
     yaml_node_t *root = yaml_document_get_root_node(y->doc);
     if (!root || opt_node_is_null(root)) /* an empty file keeps every default */
         return 0;
@@ -503,11 +506,13 @@ static int load_document(snug_run_config *o, yaml_src *y, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: the config must be 'key: value' lines, got %s", loc,
                          root->type == YAML_SEQUENCE_NODE ? "a list" : "a single value");
     }
-    return load_mapping(o, 0, y, root, "", e);
+    return load_mapping(o, al, y, root, "", e);
 }
 
-int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) {
-    snug_run_config tmp = *o; /* o changes only when the whole file is good */
+int opt_load_yaml(opt_state *st, const char *path, snug_error *e) {
+    const snug_run_config *o = st->run;
+    snug_run_config tmp = *o; /* st changes only when the whole file is good */
+    opt_aliases al = st->al;
     if (strlen(path) >= sizeof tmp.config_path)
         return snug_fail(e, SNUG_EINPUT, "config path '%.60s...' is too long (at most %zu characters)", path,
                          sizeof tmp.config_path - 1);
@@ -533,7 +538,7 @@ int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) 
         rc = yaml_syntax_error(&p, path, e);
     } else {
         y.doc = &doc;
-        rc = load_document(&tmp, &y, e);
+        rc = load_document(&tmp, &al, &y, e);
         yaml_document_delete(&doc);
         if (rc == 0) { /* a second document ("---") would be silently ignored: refuse it */
             if (!yaml_parser_load(&p, &doc)) {
@@ -557,8 +562,10 @@ int snug_options_load_yaml(snug_run_config *o, const char *path, snug_error *e) 
         else
             memcpy(tmp.tokenizer, joined, sizeof joined);
     }
-    if (rc == 0)
-        *o = tmp;
+    if (rc == 0) {
+        *st->run = tmp;
+        st->al = al;
+    }
     return rc;
 }
 

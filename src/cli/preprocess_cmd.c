@@ -104,10 +104,10 @@ int snug_preprocess_cmd(int argc, char **argv, FILE *out, snug_error *e) {
             char def[4096];
             snprintf(def, sizeof def, "%s/configs/default.yaml", SNUG_SOURCE_DIR);
             rc = snug_options_load_yaml(o, def, e);
+        } else {
+            rc = snug_options_parse_args(o, nrest, rest, e);
         }
     }
-    if (!rc)
-        rc = snug_options_parse_args(o, nrest, rest, e);
     if (!rc)
         rc = snug_run_config_validate_train(o, e);
     if (!rc)

@@ -1,10 +1,11 @@
 /* config.h: the typed run configuration: what a training run (and `snug plan`, `snug preprocess`) is asked to do.
  *
  * The command line (src/cli/options_*.c) turns YAML and flags into this struct and is the only place that knows how
- * options are spelled; everything below it reads enums, numbers and paths. snug_run_config_validate checks it,
- * and snug_run_levers derives the memory levers from it (the one place a lever depends on other settings, e.g.
- * fp32 layer gradients under gradient accumulation), so a configuration changed after parsing (by auto_fit) is
- * validated and derived again exactly as a hand-written one. */
+ * options are spelled; everything below it reads enums, numbers and paths (other trainers' spellings, such as
+ * attn_implementation or deepspeed, are resolved into snug's own fields there and stay private to it).
+ * snug_run_config_validate checks it, and snug_run_levers derives the memory levers from it (the one place a lever
+ * depends on other settings, e.g. fp32 layer gradients under gradient accumulation), so a configuration changed
+ * after parsing (by auto_fit) is validated and derived again exactly as a hand-written one. */
 #ifndef SNUG_TRAIN_CONFIG_H
 #define SNUG_TRAIN_CONFIG_H
 
@@ -67,7 +68,7 @@ typedef struct snug_dataset_spec {
     char roles_system[256], roles_user[256], roles_assistant[256];
 } snug_dataset_spec;
 
-/* lr_scheduler_kwargs, each a bit of snug_run_config.sched_given */
+/* lr_scheduler_kwargs, each a bit of the command line's record of which were written (src/cli/options_impl.h) */
 enum {
     SNUG_SCHED_KW_MIN_LR_RATE = 1 << 0, SNUG_SCHED_KW_MIN_LR = 1 << 1, SNUG_SCHED_KW_NUM_CYCLES = 1 << 2,
     SNUG_SCHED_KW_POWER = 1 << 3, SNUG_SCHED_KW_LR_END = 1 << 4, SNUG_SCHED_KW_TIMESCALE = 1 << 5,
@@ -133,7 +134,6 @@ typedef struct snug_run_config {
     char model_preset[64];    /* built-in architecture when base_model is empty ("tiny-llama") */
     char model_class[64];     /* model_type (Axolotl's: the transformers class): "" or AutoModelForCausalLM, else it
                                * must be the class config.json's architectures names */
-    int trust_remote_code;    /* either value: snug runs no code of the model's */
     int derived_llama, derived_mistral, derived_qwen; /* Axolotl's is_*_derived_model: true must be config.json's */
     int lora_fan_in_fan_out;  /* -1 = what the model's layers are (GPT-2's Conv1D: 1, else 0); 0 or 1 must agree */
     char tokenizer[1024];     /* folder or tokenizer.json; "" = base_model's, or the built-in */
@@ -150,7 +150,6 @@ typedef struct snug_run_config {
     snug_long_policy long_examples;
     char dataset_prepared_path[1024];
     snug_chat_template chat_template; /* the config-wide chat_template: chat entries that name none use it */
-    int chat_template_set;    /* 1: the config (or the command line) names it */
     /* special_tokens: tokens of the tokenizer's vocabulary that take these roles ("" = the tokenizer's own) */
     char pad_token[128], eos_token[128], bos_token[128], unk_token[128];
     int debug;                /* 1: the first examples are printed token by token before training (Axolotl's debug) */
@@ -165,12 +164,8 @@ typedef struct snug_run_config {
     snug_sched lr_scheduler;
     int warmup_steps;
     double cosine_min_lr_ratio; /* Axolotl's: cosine decays to this fraction of learning_rate (0: to 0) */
-    double min_lr;            /* lr_scheduler_kwargs.min_lr (Hugging Face's cosine_with_min_lr): the floor as a learning
-                               * rate, cosine_min_lr_ratio = min_lr / learning_rate; -1 = unset */
     int sched_min_lr;         /* 1: lr_scheduler is written cosine_with_min_lr, which needs a floor */
     snug_sched_params sched;  /* lr_scheduler_kwargs of the other schedules (num_cycles, power, lr_end, ...) */
-    unsigned sched_given;     /* which lr_scheduler_kwargs were written (SNUG_SCHED_KW_*), each checked against
-                               * the schedules that take it */
     double warmup_ratio;      /* used when warmup_steps is 0 */
     double weight_decay;
     double neftune_noise_alpha; /* NEFTune's noise on the training embeddings; 0 = off */
@@ -200,13 +195,6 @@ typedef struct snug_run_config {
     int pipeline_nstage_layers; /* how many counts it lists (0 = an even split) */
     int zero_stage;           /* ZeRO: 0 = none (every rank holds everything); 1 = optimizer state sharded; 2 = and
                                * the gradients; 3 = and the parameters */
-    char deepspeed[1024];     /* DeepSpeed's ds_config.json ("" = none): its zero_optimization.stage is zero_stage */
-    char fsdp[256];           /* FSDP's options as written, joined by commas (shard_grad_op is zero_stage 2) */
-    int fsdp_version;         /* Axolotl's fsdp_version, 1 or 2: the same sharding to snug */
-    int fsdp_config_stage;    /* the ZeRO stage fsdp_config's sharding_strategy or reshard_after_forward means;
-                               * -1: an fsdp_config that names no sharding (FSDP's default, FULL_SHARD); -2: none */
-    int fsdp_activation_checkpointing; /* fsdp_config's activation_checkpointing: -1 unset, 0 or 1 */
-    int fsdp_offload_params;   /* fsdp_config's offload_params (or cpu_offload) true, or fsdp's offload */
     int dist_debug;           /* 1: every collective's signature compared across ranks before it runs */
     double dist_timeout;      /* seconds before a collective that does not complete fails the run; 0 = never */
 
@@ -224,12 +212,8 @@ typedef struct snug_run_config {
     int auto_resume;          /* Axolotl's auto_resume_from_checkpoints: resume the newest complete checkpoint in
                                * output_dir when there is one */
     int no_progress_bar;      /* disable_tqdm: plain lines on a terminal too */
-    char report_to[128];      /* trackers, names joined by commas: none or tensorboard (also use_tensorboard: true) */
     int use_tensorboard;      /* Axolotl's: report_to tensorboard */
     char logging_dir[1024];   /* TensorBoard's event files; "" = output_dir/runs */
-    int use_cpu;              /* Hugging Face's: device cpu */
-    int full_determinism;     /* Hugging Face's: ddp_deterministic */
-    int liger_flce;           /* Axolotl's liger_fused_linear_cross_entropy: chunked_cross_entropy */
     int evals_per_epoch;      /* Axolotl's: an evaluation every ceil(total / (evals_per_epoch x num_epochs)) steps,
                                * instead of eval_steps; 0 = unset */
     int saves_per_epoch;      /* likewise a checkpoint, instead of save_steps; 0 = unset */
@@ -241,8 +225,6 @@ typedef struct snug_run_config {
     int load_best_model_at_end; /* -1 auto (on with early_stopping_patience and checkpoints, as Axolotl), 0, 1: the
                                  * model saved at the end is the checkpoint with the lowest val_loss (or the last
                                  * step, when it is lower) */
-    int metric_for_best_model; /* 0: eval_loss, the only one */
-    int eval_max_new_tokens;  /* Axolotl's tokens per row of eval_table_size's table (no table: it changes nothing) */
     int save_total_limit;     /* 0 = keep every checkpoint; K = the K newest complete ones */
     int save_only_model;      /* checkpoints hold the model files alone (no optimizer state): not resumable */
     int async_checkpoint;     /* 1: a checkpoint is copied to host memory and written while training goes on */
@@ -268,10 +250,6 @@ typedef struct snug_run_config {
     snug_ckpt_choice gradient_checkpointing;
     int gradient_checkpointing_every_n_layers;
     int flash_attention;
-    int attn_implementation;  /* -1 unset; 0 eager (the probabilities stored: flash_attention false); 1 a fused kernel
-                               * (sdpa, flash_attention_2, ...: flash_attention true) */
-    int activation_offloading; /* Axolotl's: gradient_checkpointing offload */
-    int attn_sdp, attn_xformers; /* Axolotl's sdp_attention, xformers_attention: true = flash_attention true */
     int chunked_cross_entropy;
     int cross_entropy_chunk_tokens;
     int tiled_mlp;

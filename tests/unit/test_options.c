@@ -213,6 +213,15 @@ static void test_hf_aliases(void) {
     EXPECT_YAML_ERROR("seed: 1\nseed: 2\n", "line 2", "seed is set twice");
 }
 
+/* --key value over what o holds. */
+static int set1(snug_run_config *o, const char *key, const char *value, snug_error *e) {
+    char flag[128];
+    snprintf(flag, sizeof flag, "--%s", key);
+    char *argv[] = {flag, (char *)value};
+    snug_error_clear(e);
+    return snug_options_parse_args(o, 2, argv, e);
+}
+
 static void test_command_line(void) {
     snug_run_config o;
     snug_error e;
@@ -277,20 +286,23 @@ static void test_command_line(void) {
         CHECKF(o.seed == 99 && o.config_path[0] == '\0', "case %zu changed o", i);
     }
 
-    /* snug_options_set directly. */
+    /* one key at a time over what o holds */
     snug_options_defaults(&o);
-    CHECK(snug_options_set(&o, "num_train_epochs", "3", "test", &e) == 0 && o.num_epochs == 3);
-    CHECK(snug_options_set(&o, "temperature", "0.5", "test", &e) == 0 && o.temperature == 0.5);
-    CHECK(snug_options_set(&o, "dataset", "a.jsonl", "test", &e) == 0 && o.ndatasets == 1);
-    CHECK(snug_options_set(&o, "output_dir", "", "test", &e) == 0 && o.output_dir[0] == '\0');
+    CHECK(set1(&o, "num_train_epochs", "3", &e) == 0 && o.num_epochs == 3);
+    CHECK(set1(&o, "temperature", "0.5", &e) == 0 && o.temperature == 0.5 && o.num_epochs == 3);
+    CHECK(set1(&o, "dataset", "a.jsonl", &e) == 0 && o.ndatasets == 1);
+    CHECK(set1(&o, "output_dir", "", &e) == 0 && o.output_dir[0] == '\0');
     CHECK(snug_run_config_validate(&o, &e) == SNUG_EINPUT && has(&e, "output_dir is empty"));
-    CHECK(snug_options_set(&o, "sample_packing", "false", "test", &e) == 0);
-    CHECK(snug_options_set(&o, "wandb_project", "", "test", &e) == 0);
-    CHECK(snug_options_set(&o, "wandb_project", "p", "test", &e) == SNUG_EINPUT &&
-          has(&e, "test: wandb_project is not supported yet"));
-    for (int i = 0; i < SNUG_MAX_DATASETS - 1; i++)
-        CHECK(snug_options_set(&o, "dataset", "b.jsonl", "test", &e) == 0);
-    CHECK(snug_options_set(&o, "dataset", "c.jsonl", "test", &e) == SNUG_EINPUT && has(&e, "more than 16 datasets"));
+    CHECK(set1(&o, "sample_packing", "false", &e) == 0);
+    CHECK(set1(&o, "wandb_project", "", &e) == 0);
+    CHECK(set1(&o, "wandb_project", "p", &e) == SNUG_EINPUT &&
+          has(&e, "command line: wandb_project is not supported yet"));
+    char *many[2 * (SNUG_MAX_DATASETS + 1)];
+    for (int i = 0; i <= SNUG_MAX_DATASETS; i++)
+        many[2 * i] = "--dataset", many[2 * i + 1] = i < SNUG_MAX_DATASETS ? "b.jsonl" : "c.jsonl";
+    CHECK(snug_options_parse_args(&o, 2 * SNUG_MAX_DATASETS, many, &e) == 0 && o.ndatasets == SNUG_MAX_DATASETS);
+    CHECK(snug_options_parse_args(&o, 2 * (SNUG_MAX_DATASETS + 1), many, &e) == SNUG_EINPUT &&
+          has(&e, "more than 16 datasets"));
 }
 
 static void test_yaml_syntax(void) {
@@ -748,7 +760,7 @@ static void test_zero(void) {
     snug_run_config o;
     snug_error e;
     char yaml[1200];
-    CHECK(load("seed: 1\n", &o, &e) == 0 && o.zero_stage == 0 && !o.deepspeed[0]);
+    CHECK(load("seed: 1\n", &o, &e) == 0 && o.zero_stage == 0);
     CHECKF(load("zero_stage: 1\n", &o, &e) == 0 && o.zero_stage == 1 && snug_run_config_validate(&o, &e) == 0, "%s",
            e.msg);
     EXPECT_YAML_ERROR("zero_stage: -1\n", "zero_stage is -1; it must be at least 0");
@@ -874,6 +886,47 @@ static void test_zero(void) {
     test_fsdp_config();
 }
 
+
+/* A YAML file loaded alone (snug_options_load_yaml, the library's way in) resolves the other trainers' spellings
+ * exactly as `snug train FILE` (snug_options_parse_args with the path alone) does: the same configuration to the
+ * byte, and the same refusals. */
+static void test_yaml_alone_resolves(void) {
+    static const char *const yamls[] = {
+        "attn_implementation: eager\n",
+        "attn_implementation: sdpa\nactivation_offloading: true\ngradient_checkpointing: true\n",
+        "use_cpu: true\nfull_determinism: true\nliger_fused_linear_cross_entropy: true\nreport_to: tensorboard\n",
+        "fsdp: [shard_grad_op, offload]\nfsdp_config:\n  activation_checkpointing: true\n",
+        "learning_rate: 2e-4\nlr_scheduler: cosine_with_min_lr\nlr_scheduler_kwargs:\n  min_lr: 5e-5\n",
+        "chat_template: llama3\ndatasets:\n  - path: a.jsonl\n    type: chat_template\n",
+    };
+    snug_run_config *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    snug_error e;
+    if (!a || !b) {
+        CHECK(0);
+        free(a), free(b);
+        return;
+    }
+    for (size_t i = 0; i < sizeof yamls / sizeof yamls[0]; i++) {
+        CHECKF(load(yamls[i], a, &e) == 0, "%s: %s", yamls[i], e.msg);
+        CHECKF(parse_config(yamls[i], b, &e) == 0, "%s: %s", yamls[i], e.msg);
+        CHECKF(!memcmp(a, b, sizeof *a), "load_yaml and parse_args differ on %s", yamls[i]);
+    }
+    CHECK(load(yamls[0], a, &e) == 0 && !a->flash_attention);
+    CHECK(load(yamls[1], a, &e) == 0 && a->flash_attention && a->gradient_checkpointing == SNUG_CKPT_CHOICE_OFFLOAD);
+    CHECK(load(yamls[2], a, &e) == 0 && a->device == SNUG_BACKEND_CPU && a->ddp_deterministic &&
+          a->chunked_cross_entropy && a->use_tensorboard);
+    CHECK(load(yamls[3], a, &e) == 0 && a->zero_stage == 2 && a->offload_params &&
+          a->gradient_checkpointing == SNUG_CKPT_CHOICE_FULL);
+    CHECK(load(yamls[4], a, &e) == 0 && fabs(a->cosine_min_lr_ratio - 0.25) < 1e-12);
+    CHECK(load(yamls[5], a, &e) == 0 && a->datasets[0].chat_template == SNUG_CHAT_LLAMA3);
+    EXPECT_YAML_ERROR("attn_implementation: eager\nsdp_attention: true\n", "ask for two kinds of attention");
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat_template\n", "names no chat_template");
+    EXPECT_YAML_ERROR("lr_scheduler: cosine_with_min_lr\n", "needs its floor");
+    EXPECT_YAML_ERROR("fsdp: [shard_grad_op]\nzero_stage: 1\n", "zero_stage is 1 but fsdp (shard_grad_op)");
+    free(a);
+    free(b);
+}
+
 /* A failed load leaves the options as they were. */
 static void test_atomic(void) {
     snug_run_config o, before;
@@ -969,8 +1022,8 @@ static void test_axolotl_keys(void) {
                         &o, &e) == 0, "%s", e.msg);
     CHECK(!strcmp(o.pad_token, "<|end_of_text|>") && !strcmp(o.eos_token, "<|im_end|>") && !o.bos_token[0]);
     CHECK(o.evals_per_epoch == 4 && o.saves_per_epoch == 1 && o.loss_watchdog_threshold == 5.0 &&
-          o.loss_watchdog_patience == 2 && o.lora_fan_in_fan_out == -1 && o.debug && o.eval_max_new_tokens == 64);
-    CHECK(o.attn_implementation == 1 && o.flash_attention && o.gradient_checkpointing == SNUG_CKPT_CHOICE_FULL);
+          o.loss_watchdog_patience == 2 && o.lora_fan_in_fan_out == -1 && o.debug);
+    CHECK(o.flash_attention && o.gradient_checkpointing == SNUG_CKPT_CHOICE_FULL);
     const snug_dataset_spec *d = &o.datasets[0], *d1 = &o.datasets[1];
     CHECK(o.ndatasets == 2 && d->type == SNUG_DATA_CHAT && d->chat_template == SNUG_CHAT_LLAMA3 &&
           !strcmp(d->field_messages, "conversations") && !strcmp(d->field_role, "from") &&
@@ -990,7 +1043,10 @@ static void test_axolotl_keys(void) {
     CHECKF(parse_config("model_type: AutoModelForCausalLM\nspecial_tokens:\ntrust_remote_code: true\n"
                         "is_mistral_derived_model: true\neval_table_max_new_tokens: 32\ntokenizer_type: LlamaTokenizer\n",
                         &o, &e) == 0, "%s", e.msg);
-    CHECK(o.trust_remote_code && o.derived_mistral && !o.derived_llama && o.eval_max_new_tokens == 32);
+    CHECK(o.derived_mistral && !o.derived_llama);
+    /* keys that change nothing in snug keep their types and ranges */
+    EXPECT_YAML_ERROR("trust_remote_code: sometimes\n", "trust_remote_code must be true or false");
+    EXPECT_YAML_ERROR("eval_table_max_new_tokens: 0\n", "eval_table_max_new_tokens is 0; it must be at least 1");
     CHECK(!strcmp(o.model_class, "AutoModelForCausalLM") && !o.pad_token[0]);
     /* Hugging Face's and TRL's spellings of snug's settings; other trainers' knobs that change nothing */
     CHECKF(parse_config("packing: true\nmax_length: 128\ngradient_checkpointing: unsloth\nuse_cpu: true\n"
@@ -1160,6 +1216,7 @@ int main(void) {
     test_datasets();
     test_validate();
     test_zero();
+    test_yaml_alone_resolves();
     test_atomic();
     test_help();
     test_fixed_settings();
