@@ -23,8 +23,8 @@ const void *snug_model_stored(const snug_model *m, size_t offset) {
 /* ZeRO-3: the prefetched gather complete before the region is read or written again (a wait for it; with
  * offload_params and nothing to gather, a wait for the side stream's copy). */
 void model_gather_settle(snug_model *m) {
-    if (m->gbuf_prefetched && m->gather_params)
-        m->gather_params(m->gather_params_ud, NULL, 0, 0, 0);
+    if (m->gbuf_prefetched && model_hooks(m)->gather_params)
+        model_hooks(m)->gather_params(m->hooks.ud, NULL, 0, 0, 0);
     else if (m->gbuf_prefetched && m->lv.offload_params)
         m->be->copy_wait(m->be);
     m->gbuf_prefetched = 0;
@@ -43,11 +43,11 @@ void model_gather_range(snug_model *m, void *dst, size_t offset, size_t numel, i
      * compute (waited for in model_gather_settle); a gather's own piece goes on the compute stream, which it
      * precedes */
     void (*cp)(snug_backend *, void *, const void *, size_t) =
-        prefetch && m->lv.offload_params && !m->gather_params ? m->be->copy_in_async : m->be->copy;
+        prefetch && m->lv.offload_params && !model_hooks(m)->gather_params ? m->be->copy_in_async : m->be->copy;
     if (b > a)
         cp(m->be, (char *)dst + (a - offset) * es, src + (a - lo) * es, (b - a) * es);
-    if (m->gather_params)
-        m->gather_params(m->gather_params_ud, dst, offset, numel, prefetch);
+    if (model_hooks(m)->gather_params)
+        model_hooks(m)->gather_params(m->hooks.ud, dst, offset, numel, prefetch);
 }
 
 /* ZeRO-3: the global tensors into gglob (it aliases the layer buffers, which are then empty): `want` of them
@@ -94,8 +94,8 @@ const void *model_gathered_layer(snug_model *m, int l) {
 /* q4_sharded: the prefetched span complete before its buffer is read or another gather is issued (the gather
  * waited for, or the side stream's copy from host memory). */
 static void q4_settle(snug_model *m) {
-    if (m->q4_prefetched && m->gather_q4)
-        m->gather_q4(m->gather_q4_ud, NULL, 0, 0);
+    if (m->q4_prefetched && model_hooks(m)->gather_q4)
+        model_hooks(m)->gather_q4(m->hooks.ud, NULL, 0, 0);
     else if (m->q4_prefetched && m->lv.offload_params)
         m->be->copy_wait(m->be);
     m->q4_prefetched = 0;
@@ -110,13 +110,13 @@ static void q4_gather(snug_model *m, int l, int k, int prefetch) {
         q4_settle(m);
     size_t P = m->q4_piece[l];
     char *dst = m->q4_gbuf[k];
-    if (prefetch && m->lv.offload_params && !m->gather_q4)
+    if (prefetch && m->lv.offload_params && !model_hooks(m)->gather_q4)
         m->be->copy_in_async(m->be, dst, m->q4_shard + m->q4_soff[l], P);
     else
         m->be->copy(m->be, dst + (size_t)m->q4_part * P, m->q4_shard + m->q4_soff[l], P);
     m->q4_gbuf_layer[k] = l; /* set before the callback, which may look which layer it moves */
-    if (m->gather_q4)
-        m->gather_q4(m->gather_q4_ud, dst, P, prefetch);
+    if (model_hooks(m)->gather_q4)
+        model_hooks(m)->gather_q4(m->hooks.ud, dst, P, prefetch);
     for (int i = 0; i < m->table.n; i++)
         if (m->table.e[i].layer == l && m->q4[i].n)
             snug_q4_carve(&m->q4[i], dst + m->q4_rel[i]);

@@ -171,6 +171,6 @@ void model_linear_bwd(snug_model *m, int l, snug_site site, float *dinp, float *
 
 /* Tensor parallelism: n floats summed over the ranks in place (nothing on one rank) */
 void model_tp_sum(snug_model *m, float *x, size_t n) {
-    if (m->tp > 1 && m->tp_reduce)
-        m->tp_reduce(m->tp_reduce_ud, x, n);
+    if (m->tp > 1 && model_hooks(m)->tp_reduce)
+        model_hooks(m)->tp_reduce(m->hooks.ud, x, n);
 }

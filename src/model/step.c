@@ -36,8 +36,8 @@ void snug_model_skip_step(snug_model *m, int train) {
             (void)model_gathered_layer(m, l);
         if (m->q4_sharded)
             model_q4_layer(m, l);
-        if (m->on_grads_ready)
-            m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
+        if (model_hooks(m)->grads_ready)
+            model_hooks(m)->grads_ready(m->hooks.ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
     m->gdir = 0;
     if (m->vtied)
@@ -158,8 +158,8 @@ static double stage_bwd(snug_model *m, const int32_t *ids, double loss) {
     for (int l = L - 1; l >= 0; l--) {
         model_layer_bwd(m, l);
         model_mask_frozen(m, l);
-        if (m->on_grads_ready)
-            m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
+        if (model_hooks(m)->grads_ready)
+            model_hooks(m)->grads_ready(m->hooks.ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
     m->gdir = 0;
     if (!snug_pp_first(m)) /* the input's gradient, for the previous stage */

@@ -34,9 +34,7 @@ static void zero2_finish(snug_zero2_hook *c) {
     c->npend = 0;
 }
 
-void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    snug_zero2_hook *c = ud;
+void snug_zero2_ready(snug_zero2_hook *c, int layer) {
     snug_model *m = c->m;
     const snug_param_table *t = &m->table;
     zero2_finish(c); /* the previous layer's, whose buffer is not this one's */
@@ -80,8 +78,7 @@ static void zero3_issue(snug_zero3_hook *c, void *dst, snug_comm_dtype dt, int p
                 : c->comm->wait(c->comm, &c->e);
 }
 
-void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch) {
-    snug_zero3_hook *c = ud;
+void snug_zero3_gather(snug_zero3_hook *c, void *dst, size_t offset, size_t numel, int prefetch) {
     if (c->rc)
         return;
     if (dst) {
@@ -91,8 +88,7 @@ void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int pre
     zero3_issue(c, dst, c->dt, prefetch);
 }
 
-void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch) {
-    snug_zero3_hook *c = ud;
+void snug_zero3_gather_q4(snug_zero3_hook *c, void *dst, size_t piece, int prefetch) {
     if (c->rc)
         return;
     for (int r = 0; dst && r < c->comm->size; r++) /* opaque bytes as 16-bit halves (pieces: 64-byte multiples) */
@@ -100,8 +96,7 @@ void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch) {
     zero3_issue(c, dst, SNUG_COMM_U16, prefetch);
 }
 
-void snug_rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
-    snug_rows_hook *c = ud;
+void snug_rows_op(snug_rows_hook *c, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
     snug_zero2_hook *z2 = c->z2;
     int *rc = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->rc : &z2->rc;
     snug_error *e = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->e : &z2->e;
@@ -158,9 +153,7 @@ static void ddp_flush(snug_ddp_buckets *c) {
     c->lo = c->hi = 0;
 }
 
-void snug_ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    snug_ddp_buckets *c = ud;
+void snug_ddp_bucket_ready(snug_ddp_buckets *c, int layer) {
     snug_model *m = c->m;
     snug_grad_range g[SNUG_READY_MAX_RANGES];
     int n = snug_model_ready_ranges(m, layer, g, SNUG_READY_MAX_RANGES);
