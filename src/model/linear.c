@@ -53,7 +53,7 @@ const snug_layer_tensors *model_layer_weights(snug_model *m, int l) {
                               m->lv.dt);
         }
     } else if (m->param_sharded) {
-        if (m->gbuf_layer[l % 2] != l || m->wl_layer != l)
+        if (m->gpair.layer[l % 2] != l || m->wl_layer != l)
             m->be->from16(m->be, m->wl, model_gathered_layer(m, l), m->table.layer_numel[l], m->lv.dt);
     } else if (!m->q4) {
         size_t start = m->table.layer_offset[l];

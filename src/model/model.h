@@ -20,6 +20,7 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "dist/gather.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/params.h"
@@ -255,7 +256,7 @@ typedef struct snug_model {
     size_t gshard_lo, gshard_n;
     /* ZeRO-3 (param_sharded, set before layout): params (fp32) or params16 (16-bit) holds only table elements
      * [pshard_lo, +pshard_n), the rank's shard. Forward and backward read a layer from one of two layer-sized
-     * gather buffers (layer l in gbuf[l % 2], all-gathered before its forward and again before its backward unless
+     * gather buffers (layer l in gpair.buf[l % 2], all-gathered before its forward and again before its backward unless
      * it is still there), and the global tensors from `gglob` (pre-layer globals, then the post-layer ones),
      * gathered before the embedding and again before the loss. Both live in one region of SNUG_MEM_PARAMS of
      * max(globals, two layers) elements, since the globals and the layers are never read at the same time; with an
@@ -263,18 +264,17 @@ typedef struct snug_model {
      * are gathered one set at a time (gsplit) and the region is max(pre, post, two layers). */
     int param_sharded;
     size_t pshard_lo, pshard_n;
-    void *gbuf[2];         /* (largest layer) each, stored dtype */
-    int gbuf_layer[2];     /* the layer each holds, -1 none */
-    int gbuf_prefetched;   /* bit k: a prefetch may still be filling gbuf[k] (wait before touching the region) */
+    snug_gather_pair gpair; /* the two layer buffers (buf[k]: (largest layer) each, stored dtype), the layer each
+                             * holds and the prefetches under way (settled before the region is touched) */
     int gdir;              /* the pass under way: +1 forward, -1 backward (which layer to prefetch), 0 none */
-    void *gglob;           /* (globals) stored dtype; aliases gbuf */
+    void *gglob;           /* (globals) stored dtype; aliases the layer buffers */
     int gsplit;            /* untied head: the pre- and post-layer globals take turns at gglob's start (the region is
                             * max(pre, post, two layers)); else both, one after the other */
     int gglob_ok;          /* which globals gglob holds (bits 1 pre, 2 post; no layer gathered since) */
     size_t gbuf_n, gregion_n; /* elements of a layer buffer (the largest layer, rounded up to 32) and of the region */
     size_t gglob_n;        /* elements the globals take in the region at most (both sets, or the larger with gsplit) */
     size_t gpre_n, gpost_n; /* globals before the layers ([0, gpre_n)) and after them ([total - gpost_n, total)) */
-    snug_layer_tensors gbuf_t[2]; /* fp32: views into gbuf[k] */
+    snug_layer_tensors gbuf_t[2]; /* fp32: views into gpair.buf[k] */
     snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16); a
                             * global view whose tensors are all frozen is NULL (unfrozen_parameters) */
     int frozen_any;        /* a table entry is frozen or trained in ranges: backward skips and zeroes their gradients */
@@ -346,7 +346,7 @@ typedef struct snug_model {
      * l's 4-bit matrices are one span of bytes (matrix i at q4_rel[i] in it, 64-byte aligned) cut into q4_parts
      * equal pieces of q4_piece[l] bytes. The rank keeps piece q4_part of every layer in q4_shard (layer l's at
      * q4_soff[l]; in host memory with offload_params); before a layer's forward and backward its span is
-     * assembled in q4_gbuf[l % 2] (the rank's piece copied in, the others' all-gathered) unless it is still there,
+     * assembled in q4pair.buf[l % 2] (the rank's piece copied in, the others' all-gathered) unless it is still there,
      * and the next layer of the pass is prefetched into the other buffer, as gathered_layer does for the dense
      * layers. The base is frozen, so a gathered layer stays valid across steps. q4[i] is carved where its layer was
      * last gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank;
@@ -358,9 +358,9 @@ typedef struct snug_model {
     size_t *q4_rel;        /* (table.n) */
     size_t *q4_piece, *q4_soff; /* (n_layer) bytes */
     size_t q4_shard_n, q4_gbuf_n; /* bytes of q4_shard and of each buffer */
-    char *q4_shard, *q4_gbuf[2];
-    int q4_gbuf_layer[2];  /* the layer each buffer holds, -1 none */
-    int q4_prefetched;     /* bit k: a prefetch may still be filling q4_gbuf[k] */
+    char *q4_shard;
+    snug_gather_pair q4pair; /* the two buffers (buf[k]: q4_gbuf_n bytes each), the layer each holds and the
+                              * prefetches under way */
 
     snug_model_hooks hooks; /* the gathers, the grads-ready announcements, the rows and tensor parallelism's sums and
                              * gathers (see snug_model_hook_ops) */

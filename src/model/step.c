@@ -9,7 +9,7 @@ void snug_model_skip_step(snug_model *m, int train) {
         model_lookup_rows(m, 0);
     if (m->param_sharded) {
         m->gglob_ok = 0;
-        m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+        snug_gather_pair_forget(&m->gpair);
         model_gather_globals(m, GLOB_PRE);
         if (m->vtied)
             model_gather_lookup_rows(m);
@@ -60,7 +60,7 @@ double snug_model_stage(snug_model *m, float grad_scale, const float *in, const 
         model_lookup_rows(m, N);
     if (m->param_sharded) { /* the parameters may have changed since the last step: gather afresh */
         m->gglob_ok = 0;
-        m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+        snug_gather_pair_forget(&m->gpair);
         model_gather_globals(m, GLOB_PRE);
         if (m->vtied)
             model_gather_lookup_rows(m);

@@ -273,7 +273,7 @@ static void check_span(fake4 *f, const char *dst, int l) {
 static void on_gather4(void *ud, void *dst, size_t piece, int prefetch) {
     fake4 *f = ud;
     snug_model *m = f->m;
-    int l = !dst ? -1 : m->q4_gbuf_layer[(char *)dst == m->q4_gbuf[0] ? 0 : 1];
+    int l = !dst ? -1 : m->q4pair.layer[dst == m->q4pair.buf[0] ? 0 : 1];
     if (f->nev < MAX_EV)
         f->ev[f->nev++] = (event){.kind = !dst ? 2 : prefetch, .offset = (size_t)(l + 1), .numel = piece};
     if (!dst) {
