@@ -563,29 +563,24 @@ void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb) {
         snug_model_skip_step(&r->eng.model, 1);
 }
 
+int snug_parallel_hook_error(const snug_parallel *p, snug_error *e) {
+    const int *rc[] = {&p->z2.rc, &p->z3.rc, &p->in_bwd.rc, &p->buckets.rc, &p->tph.rc};
+    const snug_error *why[] = {&p->z2.e, &p->z3.e, &p->in_bwd.e, &p->buckets.e, &p->tph.e};
+    for (size_t k = 0; k < sizeof rc / sizeof *rc; k++)
+        if (*rc[k]) {
+            if (e)
+                *e = *why[k];
+            return *rc[k];
+        }
+    return 0;
+}
+
 int snug_parallel_reduce(snug_parallel *p, double *loss_sum, snug_error *e) {
     snug_run *r = p->r;
     const snug_run_config *o = &r->s.c;
     snug_comm *dp = p->dp;
     int rc;
-    if (p->z2.rc || p->z3.rc) {
-        rc = p->z2.rc ? p->z2.rc : p->z3.rc;
-        if (e)
-            *e = p->z2.rc ? p->z2.e : p->z3.e;
-        p->r->broken = 1;
-        return rc;
-    }
-    if (p->in_bwd.rc || p->buckets.rc) {
-        rc = p->in_bwd.rc ? p->in_bwd.rc : p->buckets.rc;
-        if (e)
-            *e = p->in_bwd.rc ? p->in_bwd.e : p->buckets.e;
-        p->r->broken = 1;
-        return rc;
-    }
-    if (p->tph.rc) {
-        rc = p->tph.rc;
-        if (e)
-            *e = p->tph.e;
+    if ((rc = snug_parallel_hook_error(p, e))) {
         p->r->broken = 1;
         return rc;
     }

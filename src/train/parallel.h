@@ -136,6 +136,12 @@ int snug_parallel_backward(snug_parallel *p, const snug_micro_batch *mb, const u
 /* A rank with fewer micro-batches than the others (the end of an epoch) still joins each one's collectives. */
 void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb);
 
+/* The first error the model's hooks kept during a pass (ZeRO-2/3's reduce-scatters and the rows, the gathers, the
+ * step inside backward, DDP's buckets, tensor parallelism's sums, in that order), copied to *e; 0 when none. The
+ * hooks report nothing themselves: whoever runs a pass asks here after it (snug_parallel_reduce after backward, the
+ * loop after an evaluation). */
+int snug_parallel_hook_error(const snug_parallel *p, snug_error *e);
+
 /* After backward: the hooks' first errors, then the loss and the gradients summed over the ranks (and a tied
  * head's two parts over the pipeline's ends). */
 int snug_parallel_reduce(snug_parallel *p, double *loss_sum, snug_error *e);
