@@ -24,3 +24,11 @@ void snug_zero_shards(const size_t *starts, int n, size_t total, int size, size_
         prev = next;
     }
 }
+
+void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, size_t *counts) {
+    size_t s0 = 0;
+    for (int r = 0; r < size; s0 += shard[r], r++) {
+        size_t a = s0 > lo ? s0 : lo, b = s0 + shard[r] < hi ? s0 + shard[r] : hi;
+        counts[r] += b > a ? b - a : 0;
+    }
+}

@@ -19,4 +19,7 @@
 /* counts[0..size-1] <- each rank's elements of [0, total); starts[0..n-1]: ascending tensor starts (starts[0] = 0). */
 void snug_zero_shards(const size_t *starts, int n, size_t total, int size, size_t block, size_t *counts);
 
+/* Adds to counts[r] the elements of table range [lo, hi) in rank r's shard (shard: each rank's elements, in order). */
+void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, size_t *counts);
+
 #endif

@@ -92,7 +92,7 @@ static int post_global(const snug_model *m, int i) {
 int snug_model_ready_group(const snug_model *m, int i) {
     if (m->table.e[i].layer >= 0)
         return m->table.e[i].layer;
-    if (m->vtied && m->table.e[i].offset == m->gwte) /* reduced by rows (rows_fn), never announced */
+    if (m->vtied && m->table.e[i].offset == m->gwte) /* reduced by the rows hook, never announced */
         return SNUG_READY_ROWS;
     return m->lv.zero_grads && post_global(m, i) ? SNUG_READY_POST : -1;
 }
@@ -137,15 +137,15 @@ static void globals_span(const snug_model *m, int group, size_t *offset, size_t 
         *numel += r[k].numel;
 }
 
-/* on_grads_ready for the global tensors of `group` (-1, or SNUG_READY_POST), when a callback is set; their gradients
+/* grads_ready for the global tensors of `group` (-1, or SNUG_READY_POST), when the hook is set; their gradients
  * final (frozen ones zeroed) either way. */
 void model_announce_globals(snug_model *m, int group) {
     model_mask_frozen(m, group);
-    if (!m->on_grads_ready)
+    if (!model_hooks(m)->grads_ready)
         return;
     size_t off, n;
     globals_span(m, group, &off, &n);
-    m->on_grads_ready(m->on_grads_ready_ud, group, off, n);
+    model_hooks(m)->grads_ready(m->hooks.ud, group, off, n);
 }
 
 /* Where each tensor's gradient lives (snug_model.grad_off). Normally the flat layout of the parameters. With 16-bit

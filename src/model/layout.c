@@ -85,8 +85,8 @@ static int layout_gather_region(snug_model *m, snug_arenas *A, snug_error *e) {
     char *g = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], (region ? region : 1) * es, e);
     if (!g)
         return e ? e->code : SNUG_ENOMEM;
-    m->gglob = m->gbuf[0] = g;
-    m->gbuf[1] = g + lay * es;
+    m->gglob = m->gpair.buf[0] = g;
+    m->gpair.buf[1] = g + lay * es;
     /* vtied: the lookup's rows where the loss's block goes later (the layers come between) */
     m->urows = m->vtied ? g + model_head_block_at(m) * es : NULL;
     return 0;
@@ -100,8 +100,8 @@ static int layout_params(snug_model *m, snug_arenas *A, snug_error *e) {
     m->params = NULL;
     m->params16 = NULL;
     m->emb16 = NULL;
-    m->gbuf[0] = m->gbuf[1] = m->gglob = NULL;
-    m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+    m->gpair.buf[0] = m->gpair.buf[1] = m->gglob = NULL;
+    snug_gather_pair_forget(&m->gpair);
     m->gglob_ok = 0;
     m->gpre_n = m->gpost_n = m->gbuf_n = m->gregion_n = 0;
     m->gsplit = 0;
@@ -118,19 +118,22 @@ static int layout_params(snug_model *m, snug_arenas *A, snug_error *e) {
             CARVE(m->emb16, SNUG_MEM_OFFLOAD, m->table.e[m->emb_entry].numel);
         if (m->lv.master_weights)
             CARVE(m->params, SNUG_MEM_MASTER, m->master_sharded ? m->master_n : m->table.total);
-        m->q4_shard = m->q4_gbuf[0] = m->q4_gbuf[1] = NULL;
-        m->q4_gbuf_layer[0] = m->q4_gbuf_layer[1] = -1;
-        m->q4_prefetched = 0;
+        m->q4_shard = NULL;
+        m->q4pair.buf[0] = m->q4pair.buf[1] = NULL;
+        snug_gather_pair_forget(&m->q4pair);
+        m->q4pair.prefetched = 0;
         if (m->q4 && m->q4_sharded) { /* the rank's pieces (ZeRO-3; in host memory with offload_params), and two
                                        * buffers a layer's span is gathered into */
             snug_category at = m->lv.offload_params ? SNUG_MEM_OFFLOAD : SNUG_MEM_PARAMS;
+            char *qb = NULL;
             if (!(m->q4_shard = snug_arena_alloc(&A->a[at], m->q4_shard_n ? m->q4_shard_n : 1, e)) ||
-                !(m->q4_gbuf[0] = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], 2 * (m->q4_gbuf_n ? m->q4_gbuf_n : 1), e)))
+                !(qb = snug_arena_alloc(&A->a[SNUG_MEM_PARAMS], 2 * (m->q4_gbuf_n ? m->q4_gbuf_n : 1), e)))
                 return e ? e->code : SNUG_ENOMEM;
-            m->q4_gbuf[1] = m->q4_gbuf[0] + m->q4_gbuf_n;
+            m->q4pair.buf[0] = qb;
+            m->q4pair.buf[1] = qb + m->q4_gbuf_n;
             for (int i = 0; i < m->table.n; i++) /* valid until the layer is first gathered */
                 if (m->q4[i].n)
-                    snug_q4_carve(&m->q4[i], m->q4_gbuf[0] + m->q4_rel[i]);
+                    snug_q4_carve(&m->q4[i], qb + m->q4_rel[i]);
         }
         for (int i = 0; m->q4 && !m->q4_sharded && i < m->table.n; i++)
             if (m->q4[i].n) { /* QLoRA: each block matrix in bitsandbytes' parts */
@@ -328,8 +331,8 @@ static int layout_views(snug_model *m, snug_arenas *A, size_t N, snug_error *e) 
                              : 0; /* vtied: no view of the embedding */
             model_make_views(m, m->gglob, off, 1, &m->w);
             free(off);
-            model_layer_views(m, m->gbuf[0], &m->gbuf_t[0]);
-            model_layer_views(m, m->gbuf[1], &m->gbuf_t[1]);
+            model_layer_views(m, m->gpair.buf[0], &m->gbuf_t[0]);
+            model_layer_views(m, m->gpair.buf[1], &m->gbuf_t[1]);
         }
         if (m->grads)
             model_make_views(m, m->grads, m->grad_off, m->grads16 != NULL, &m->g);

@@ -53,7 +53,7 @@ const snug_layer_tensors *model_layer_weights(snug_model *m, int l) {
                               m->lv.dt);
         }
     } else if (m->param_sharded) {
-        if (m->gbuf_layer[l % 2] != l || m->wl_layer != l)
+        if (m->gpair.layer[l % 2] != l || m->wl_layer != l)
             m->be->from16(m->be, m->wl, model_gathered_layer(m, l), m->table.layer_numel[l], m->lv.dt);
     } else if (!m->q4) {
         size_t start = m->table.layer_offset[l];
@@ -171,6 +171,6 @@ void model_linear_bwd(snug_model *m, int l, snug_site site, float *dinp, float *
 
 /* Tensor parallelism: n floats summed over the ranks in place (nothing on one rank) */
 void model_tp_sum(snug_model *m, float *x, size_t n) {
-    if (m->tp > 1 && m->tp_reduce)
-        m->tp_reduce(m->tp_reduce_ud, x, n);
+    if (m->tp > 1 && model_hooks(m)->tp_reduce)
+        model_hooks(m)->tp_reduce(m->hooks.ud, x, n);
 }

@@ -16,8 +16,8 @@ void model_lookup_rows(snug_model *m, int n) {
     int32_t *mine = m->uids + (size_t)m->rank * NM;
     for (size_t k = 0; k < NM; k++)
         mine[k] = k < (size_t)n ? m->ids[k] : -1;
-    if (m->rows_fn)
-        m->rows_fn(m->rows_ud, SNUG_ROWS_IDS, m->uids, 0, NULL, 0, (int)NM, 0);
+    if (model_hooks(m)->rows)
+        model_hooks(m)->rows(m->hooks.ud, SNUG_ROWS_IDS, m->uids, 0, NULL, 0, (int)NM, 0);
     /* the union, sorted (in place: uids is filled afresh each micro-batch); at most umax = min(V, ranks x B x T) */
     qsort(m->uids, R * NM, sizeof *m->uids, cmp_i32);
     int nu = 0;
@@ -44,8 +44,8 @@ void model_gather_lookup_rows(snug_model *m) {
         if (b > a)
             m->be->copy(m->be, (char *)m->urows + ((size_t)k * C + (a - o)) * es, src + (a - lo) * es, (b - a) * es);
     }
-    if (m->rows_fn)
-        m->rows_fn(m->rows_ud, SNUG_ROWS_GATHER, m->urows, m->gwte, m->urow, 0, m->nU, (int)C);
+    if (model_hooks(m)->rows)
+        model_hooks(m)->rows(m->hooks.ud, SNUG_ROWS_GATHER, m->urows, m->gwte, m->urow, 0, m->nU, (int)C);
 }
 
 /* The head's rows [v0, v0+n) as stored: in place, or under ZeRO-3 (vtied) gathered into the region after the
@@ -73,8 +73,8 @@ static void hand_block(snug_model *m, float *dw, int v0, int n, int *k) {
         be->copy(be, m->ubuf + (size_t)*k * C, row, C * sizeof(float));
         be->zero(be, row, C * sizeof(float));
     }
-    if (m->rows_fn)
-        m->rows_fn(m->rows_ud, SNUG_ROWS_REDUCE, dw, m->gwte, NULL, v0, n, (int)C);
+    if (model_hooks(m)->rows)
+        model_hooks(m)->rows(m->hooks.ud, SNUG_ROWS_REDUCE, dw, m->gwte, NULL, v0, n, (int)C);
 }
 
 /* Tensor parallelism over the vocabulary: each token's statistics over the rank's rows gathered from every rank
@@ -87,8 +87,8 @@ static void tp_combine_stats(snug_model *m, int N) {
         mine[N + n] = m->st_sum[n];
         mine[2 * N + n] = m->st_zy[n];
     }
-    if (m->tp_gather)
-        m->tp_gather(m->tp_gather_ud, m->tp_st, (size_t)3 * N);
+    if (model_hooks(m)->tp_gather)
+        model_hooks(m)->tp_gather(m->hooks.ud, m->tp_st, (size_t)3 * N);
     for (int n = 0; n < N; n++) {
         double mx = -INFINITY, sum = 0.0, zy = 0.0;
         for (int r = 0; r < m->tp; r++)
@@ -146,8 +146,8 @@ double model_loss_blocks(snug_model *m, const void *head, snug_dtype hdt, float 
 void model_reduce_lookup_rows(snug_model *m, int N, int skip) {
     if (!skip)
         m->be->embed_bwd(m->be, m->ubuf, m->d_res, m->ids_u, N, m->cfg.hidden_size);
-    if (m->rows_fn)
-        m->rows_fn(m->rows_ud, SNUG_ROWS_REDUCE, m->ubuf, m->gwte, m->urow, 0, m->nU, m->cfg.hidden_size);
+    if (model_hooks(m)->rows)
+        model_hooks(m)->rows(m->hooks.ud, SNUG_ROWS_REDUCE, m->ubuf, m->gwte, m->urow, 0, m->nU, m->cfg.hidden_size);
 }
 
 /* loss_vocab_block: the head's rows per block of the loss (vb, 0 off) and whether a tied embedding is split by rows

@@ -20,6 +20,7 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "dist/gather.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/params.h"
@@ -78,14 +79,14 @@ typedef struct snug_levers {
                            * gradients are summed and stepped tensor by tensor at their grad_off (not under ZeRO, whose
                            * shards are ranges of the table, nor with the step inside backward) */
     int optimizer_in_backward; /* gradients exist one layer at a time (plus the global tensors): each layer is
-                                * stepped from on_grads_ready and its buffer reused by the next */
+                                * stepped from grads_ready and its buffer reused by the next */
     /* precision (bf16: true / fp16: true): parameters, saved activations and layer gradients stored as dt, every op
      * computing in fp32 on widened copies (one layer's weights and activations at a time, in the workspace) */
     snug_dtype dt;        /* SNUG_DT_F32 (0, the default), SNUG_DT_BF16 or SNUG_DT_F16 */
     int master_weights;   /* 16-bit: an fp32 master copy of the parameters takes the update (SNUG_MEM_MASTER) */
     int grads_fp32;       /* 16-bit: layer gradients in fp32 anyway: accumulation over micro-batches sums in fp32 */
     int zero_grads;       /* ZeRO-2: the layers' gradients pass through one shared buffer (as optimizer_in_backward's),
-                           * each reduce-scattered from on_grads_ready into `gshard`, the rank's shard of the sum, which
+                           * each reduce-scattered from grads_ready into `gshard`, the rank's shard of the sum, which
                            * the optimizer reads (ZeRO-3 with optimizer_in_backward: no gshard; the rank's part of
                            * each layer's sum is stepped where the reduce-scatter leaves it, in the buffer) */
     int zero_overlap;     /* with zero_grads: two such buffers, the layers alternating between them (layer l in buffer
@@ -117,7 +118,7 @@ typedef struct snug_grad_range {
  * the layers are announced apart, as layer SNUG_READY_POST, and layer -1 is the ones before them. */
 enum { SNUG_READY_MAX_RANGES = 2, SNUG_READY_POST = -2, SNUG_READY_ROWS = -3 };
 
-/* The grads-ready callback (m->on_grads_ready), called by snug_model_step's backward as gradients become final for
+/* The hook grads_ready (snug_model_hook_ops), called by snug_model_step's backward as gradients become final for
  * the micro-batch, in backward order: layer L-1, ..., 0, each after its backward, then layer -1 (every global
  * tensor) after the embedding backward. Over one step each parameter of the table is announced exactly once.
  *   layer >= 0: [offset, offset+numel) = [table.layer_offset[layer], + table.layer_numel[layer]), the layer's range
@@ -137,7 +138,7 @@ enum { SNUG_READY_MAX_RANGES = 2, SNUG_READY_POST = -2, SNUG_READY_ROWS = -3 };
  * into it). */
 typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t numel);
 
-/* ZeRO-3's gather (m->gather_params): dst holds numel elements of the stored dtype (fp32, or m->lv.dt under 16-bit
+/* ZeRO-3's gather (hook gather_params): dst holds numel elements of the stored dtype (fp32, or m->lv.dt under 16-bit
  * storage) for the table elements [offset, offset+numel); the model has already copied this rank's piece (its
  * shard's part of the range) to its place in dst, and the callback fills the other ranks' pieces (an all-gather).
  * Every rank calls it in the same order with the same ranges (snug_model_step, snug_model_skip_step). With prefetch
@@ -145,7 +146,7 @@ typedef void (*snug_grads_ready_fn)(void *ud, int layer, size_t offset, size_t n
  * returns (SNUG_COMM_ASYNC): the model calls it again with dst NULL (a wait) before anything reads or writes dst. */
 typedef void (*snug_gather_fn)(void *ud, void *dst, size_t offset, size_t numel, int prefetch);
 
-/* QLoRA at ZeRO-3's gather (m->gather_q4): dst holds nranks pieces of `piece` bytes (a layer's 4-bit span), this
+/* QLoRA at ZeRO-3's gather (hook gather_q4): dst holds nranks pieces of `piece` bytes (a layer's 4-bit span), this
  * rank's already in place at rank x piece; the callback fills the others' (an all-gather of opaque bytes). The same
  * order on every rank, prefetch and the wait (dst NULL) as for snug_gather_fn. */
 typedef void (*snug_gather_q4_fn)(void *ud, void *dst, size_t piece, int prefetch);
@@ -160,12 +161,31 @@ typedef void (*snug_gather_q4_fn)(void *ud, void *dst, size_t piece, int prefetc
 enum { SNUG_ROWS_GATHER, SNUG_ROWS_REDUCE, SNUG_ROWS_IDS };
 typedef void (*snug_rows_fn)(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C);
 
-/* Tensor parallelism's sum (m->tp_reduce): buf (backend memory, n floats) summed over the tensor-parallel ranks in
+/* Tensor parallelism's sum (hook tp_reduce): buf (backend memory, n floats) summed over the tensor-parallel ranks in
  * place, the same bits on every rank. Every rank calls it in the same order with the same n. */
 typedef void (*snug_tp_reduce_fn)(void *ud, float *buf, size_t n);
-/* Tensor parallelism's gather (m->tp_gather): buf (host memory) holds tp pieces of n doubles, this rank's at
+/* Tensor parallelism's gather (hook tp_gather): buf (host memory) holds tp pieces of n doubles, this rank's at
  * tp_rank x n; the callback fills the others' (an all-gather). The same order on every rank. */
 typedef void (*snug_tp_gather_fn)(void *ud, double *buf, size_t n);
+
+/* The model's hooks: every way a step talks to the world outside the model (the other ranks), as one table of
+ * operations and the one context they all get (m->hooks). The table is filled in one place, the parallel object
+ * (train/parallel.c), whose state each operation finds in ud; a test fills one with fakes of its own. A NULL table
+ * or a NULL operation: not used (the step then does the one-process thing). */
+typedef struct snug_model_hook_ops {
+    snug_gather_fn gather_params;    /* ZeRO-3: the parameters of a range of the table, gathered */
+    snug_gather_q4_fn gather_q4;     /* QLoRA at ZeRO-3: a layer's 4-bit span, gathered */
+    snug_grads_ready_fn grads_ready; /* gradients final (DDP's buckets, ZeRO-2's reduce-scatter, the step inside
+                                      * backward) */
+    snug_rows_fn rows;               /* a tied embedding split by rows (vtied) */
+    snug_tp_reduce_fn tp_reduce;     /* tensor parallelism's sum */
+    snug_tp_gather_fn tp_gather;     /* tensor parallelism's gather */
+} snug_model_hook_ops;
+
+typedef struct snug_model_hooks {
+    const snug_model_hook_ops *ops; /* NULL: none */
+    void *ud;                       /* every operation's first argument */
+} snug_model_hooks;
 
 /* Activations saved by forward for backward, per layer. With a 16-bit dt the large ones are saved as dt in
  * snug_layer_acts16 and these pointers are the fp32 compute buffers of the layer being run (shared by all layers);
@@ -236,7 +256,7 @@ typedef struct snug_model {
     size_t gshard_lo, gshard_n;
     /* ZeRO-3 (param_sharded, set before layout): params (fp32) or params16 (16-bit) holds only table elements
      * [pshard_lo, +pshard_n), the rank's shard. Forward and backward read a layer from one of two layer-sized
-     * gather buffers (layer l in gbuf[l % 2], all-gathered before its forward and again before its backward unless
+     * gather buffers (layer l in gpair.buf[l % 2], all-gathered before its forward and again before its backward unless
      * it is still there), and the global tensors from `gglob` (pre-layer globals, then the post-layer ones),
      * gathered before the embedding and again before the loss. Both live in one region of SNUG_MEM_PARAMS of
      * max(globals, two layers) elements, since the globals and the layers are never read at the same time; with an
@@ -244,20 +264,17 @@ typedef struct snug_model {
      * are gathered one set at a time (gsplit) and the region is max(pre, post, two layers). */
     int param_sharded;
     size_t pshard_lo, pshard_n;
-    void *gbuf[2];         /* (largest layer) each, stored dtype */
-    int gbuf_layer[2];     /* the layer each holds, -1 none */
-    int gbuf_prefetched;   /* bit k: a prefetch may still be filling gbuf[k] (wait before touching the region) */
+    snug_gather_pair gpair; /* the two layer buffers (buf[k]: (largest layer) each, stored dtype), the layer each
+                             * holds and the prefetches under way (settled before the region is touched) */
     int gdir;              /* the pass under way: +1 forward, -1 backward (which layer to prefetch), 0 none */
-    void *gglob;           /* (globals) stored dtype; aliases gbuf */
+    void *gglob;           /* (globals) stored dtype; aliases the layer buffers */
     int gsplit;            /* untied head: the pre- and post-layer globals take turns at gglob's start (the region is
                             * max(pre, post, two layers)); else both, one after the other */
     int gglob_ok;          /* which globals gglob holds (bits 1 pre, 2 post; no layer gathered since) */
     size_t gbuf_n, gregion_n; /* elements of a layer buffer (the largest layer, rounded up to 32) and of the region */
     size_t gglob_n;        /* elements the globals take in the region at most (both sets, or the larger with gsplit) */
     size_t gpre_n, gpost_n; /* globals before the layers ([0, gpre_n)) and after them ([total - gpost_n, total)) */
-    snug_layer_tensors gbuf_t[2]; /* fp32: views into gbuf[k] */
-    snug_gather_fn gather_params;
-    void *gather_params_ud;
+    snug_layer_tensors gbuf_t[2]; /* fp32: views into gpair.buf[k] */
     snug_tensors w, g;     /* views into params / grads (fp32 tensors only: g has no layer views when grads16); a
                             * global view whose tensors are all frozen is NULL (unfrozen_parameters) */
     int frozen_any;        /* a table entry is frozen or trained in ranges: backward skips and zeroes their gradients */
@@ -329,7 +346,7 @@ typedef struct snug_model {
      * l's 4-bit matrices are one span of bytes (matrix i at q4_rel[i] in it, 64-byte aligned) cut into q4_parts
      * equal pieces of q4_piece[l] bytes. The rank keeps piece q4_part of every layer in q4_shard (layer l's at
      * q4_soff[l]; in host memory with offload_params); before a layer's forward and backward its span is
-     * assembled in q4_gbuf[l % 2] (the rank's piece copied in, the others' all-gathered) unless it is still there,
+     * assembled in q4pair.buf[l % 2] (the rank's piece copied in, the others' all-gathered) unless it is still there,
      * and the next layer of the pass is prefetched into the other buffer, as gathered_layer does for the dense
      * layers. The base is frozen, so a gathered layer stays valid across steps. q4[i] is carved where its layer was
      * last gathered (q4_block unused). The dense tensors (embedding, head, norms) stay whole on every rank;
@@ -341,19 +358,17 @@ typedef struct snug_model {
     size_t *q4_rel;        /* (table.n) */
     size_t *q4_piece, *q4_soff; /* (n_layer) bytes */
     size_t q4_shard_n, q4_gbuf_n; /* bytes of q4_shard and of each buffer */
-    char *q4_shard, *q4_gbuf[2];
-    int q4_gbuf_layer[2];  /* the layer each buffer holds, -1 none */
-    int q4_prefetched;     /* bit k: a prefetch may still be filling q4_gbuf[k] */
-    snug_gather_q4_fn gather_q4;
-    void *gather_q4_ud;
+    char *q4_shard;
+    snug_gather_pair q4pair; /* the two buffers (buf[k]: q4_gbuf_n bytes each), the layer each holds and the
+                              * prefetches under way */
 
-    snug_grads_ready_fn on_grads_ready;
-    void *on_grads_ready_ud;
+    snug_model_hooks hooks; /* the gathers, the grads-ready announcements, the rows and tensor parallelism's sums and
+                             * gathers (see snug_model_hook_ops) */
 
     /* loss_vocab_block: the loss vb rows of the head at a time (0: the whole vocabulary in one pass), with each
      * token's running statistics st_max, st_sum, st_zy (N each, workspace). vtied (ZeRO-2/3, tied head): the
      * embedding's gradient never exists whole. Each block's head gradient is reduced as soon as it is complete
-     * (through the layer buffer, rows_fn SNUG_ROWS_REDUCE), except the rows some rank's micro-batch looks up: those
+     * (through the layer buffer, hook rows, SNUG_ROWS_REDUCE), except the rows some rank's micro-batch looks up: those
      * (the union of every rank's ids, urow[0..nU), from SNUG_ROWS_IDS) wait in ubuf for the embedding's backward and
      * are reduced after it. Under ZeRO-3 the embedding is not among the gathered globals either: the loss gathers
      * each block into the region and the lookup gathers the urow rows into urows. nranks, rank: set before layout. */
@@ -368,8 +383,6 @@ typedef struct snug_model {
     void *urows;           /* ZeRO-3: (umax, C) stored dtype: the urow rows' weights, in the region after the
                             * globals, where the loss's block goes later */
     size_t gpre_lo;        /* ZeRO-3 with vtied: the pre-layer globals gathered are [gpre_lo, gpre_n) */
-    snug_rows_fn rows_fn;
-    void *rows_ud;
 
     /* Tensor parallelism (Megatron's layout; tp > 1, set before layout with tp_rank and tp_cfg): cfg is this rank's
      * share of tp_cfg's blocks (snug_tp_config: n_head, n_kv_head and intermediate_size divided by tp), so the table
@@ -387,13 +400,9 @@ typedef struct snug_model {
      * norm's output gradient is summed over the ranks. */
     int tp, tp_rank;
     snug_model_config tp_cfg;
-    snug_tp_reduce_fn tp_reduce;
-    void *tp_reduce_ud;
     int tp_vocab;
     int32_t *ids_tp;       /* (N) SNUG_MEM_DATA: the micro-batch's ids as rows of the rank's vocabulary, -1 elsewhere */
     double *tp_st;         /* (tp, 3, N) SNUG_MEM_WORKSPACE: every rank's statistics of each token */
-    snug_tp_gather_fn tp_gather;
-    void *tp_gather_ud;
 
     /* Pipeline parallelism (pp > 1, set before layout with pp_stage, pp_l0 and pp_L): this rank is stage pp_stage
      * of pp; cfg is the whole model's with n_layer its layers (layers pp_l0.. of pp_L, snug_pp_layers), the table
@@ -434,7 +443,7 @@ void *snug_model_grad(const snug_model *m, int i, snug_dtype *dt);
  * (1 for a layer, at most SNUG_READY_MAX_RANGES). Depends only on the layout, so it can be called at any time after
  * snug_model_layout, e.g. to plan buckets before the first step. */
 int snug_model_ready_ranges(const snug_model *m, int layer, snug_grad_range *out, int max);
-/* The announcement (the `layer` argument of on_grads_ready) that carries table entry i's gradients: its layer, -1,
+/* The announcement (the `layer` argument of grads_ready) that carries table entry i's gradients: its layer, -1,
  * or SNUG_READY_POST. */
 int snug_model_ready_group(const snug_model *m, int i);
 /* The fp32 parameters when they are host memory the caller may read and write in place (the CPU backend, fp32);

@@ -20,6 +20,13 @@ static inline int ends_with(const char *s, const char *suffix) {
 
 static inline int is16(const snug_model *m) { return m->lv.dt == SNUG_DT_BF16 || m->lv.dt == SNUG_DT_F16; }
 
+/* The model's hook operations (m->hooks): its table, or one of NULL operations when it has none. Call an operation
+ * as model_hooks(m)->op(m->hooks.ud, ...) after checking that it is set. */
+static inline const snug_model_hook_ops *model_hooks(const snug_model *m) {
+    static const snug_model_hook_ops none;
+    return m->hooks.ops ? m->hooks.ops : &none;
+}
+
 /* ptr = (count) elements of its type from arena `cat` of A; returns the error from the enclosing function (which
  * has snug_arenas *A and snug_error *e) when the arena is full. */
 #define CARVE(ptr, cat, count)                                                               \

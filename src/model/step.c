@@ -9,7 +9,7 @@ void snug_model_skip_step(snug_model *m, int train) {
         model_lookup_rows(m, 0);
     if (m->param_sharded) {
         m->gglob_ok = 0;
-        m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+        snug_gather_pair_forget(&m->gpair);
         model_gather_globals(m, GLOB_PRE);
         if (m->vtied)
             model_gather_lookup_rows(m);
@@ -36,8 +36,8 @@ void snug_model_skip_step(snug_model *m, int train) {
             (void)model_gathered_layer(m, l);
         if (m->q4_sharded)
             model_q4_layer(m, l);
-        if (m->on_grads_ready)
-            m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
+        if (model_hooks(m)->grads_ready)
+            model_hooks(m)->grads_ready(m->hooks.ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
     m->gdir = 0;
     if (m->vtied)
@@ -60,7 +60,7 @@ double snug_model_stage(snug_model *m, float grad_scale, const float *in, const 
         model_lookup_rows(m, N);
     if (m->param_sharded) { /* the parameters may have changed since the last step: gather afresh */
         m->gglob_ok = 0;
-        m->gbuf_layer[0] = m->gbuf_layer[1] = -1;
+        snug_gather_pair_forget(&m->gpair);
         model_gather_globals(m, GLOB_PRE);
         if (m->vtied)
             model_gather_lookup_rows(m);
@@ -158,8 +158,8 @@ static double stage_bwd(snug_model *m, const int32_t *ids, double loss) {
     for (int l = L - 1; l >= 0; l--) {
         model_layer_bwd(m, l);
         model_mask_frozen(m, l);
-        if (m->on_grads_ready)
-            m->on_grads_ready(m->on_grads_ready_ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
+        if (model_hooks(m)->grads_ready)
+            model_hooks(m)->grads_ready(m->hooks.ud, l, m->table.layer_offset[l], m->table.layer_numel[l]);
     }
     m->gdir = 0;
     if (!snug_pp_first(m)) /* the input's gradient, for the previous stage */

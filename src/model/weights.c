@@ -131,7 +131,7 @@ void snug_model_put_q4(snug_model *m, int i, const void *buf, float nested_offse
         else if (b > a)
             m->be->to_device(m->be, dst, (const char *)buf + (a - at), b - a);
         for (int k = 0; k < 2; k++) /* gathered again before it is read */
-            m->q4_gbuf_layer[k] = m->q4_gbuf_layer[k] == l ? -1 : m->q4_gbuf_layer[k];
+            m->q4pair.layer[k] = m->q4pair.layer[k] == l ? -1 : m->q4pair.layer[k];
     }
     m->q4[i].nested_offset = nested_offset;
     m->wl_layer = -1;

@@ -299,10 +299,8 @@ static int step_evaluate(snug_loop *l, int step, step_vals *v, snug_error *e) {
     v->val = NAN;
     if (r->s.val.nexamples && !l->eval_off && ((l->eval_every > 0 && (step + 1) % l->eval_every == 0) ||
                               (l->eval_every == 0 && v->epoch_end) || step + 1 == l->total) &&
-        ((rc = evaluate(r, l->mb[0], r->dp, r->ppn > 1 ? &l->par.pipe : NULL, &v->val, e)) || (rc = l->par.z3.rc) ||
-         (rc = l->par.tph.rc))) {
-        if ((l->par.z3.rc || l->par.tph.rc) && e)
-            *e = l->par.z3.rc ? l->par.z3.e : l->par.tph.e;
+        ((rc = evaluate(r, l->mb[0], r->dp, r->ppn > 1 ? &l->par.pipe : NULL, &v->val, e)) ||
+         (rc = snug_parallel_hook_error(&l->par, e)))) {
         r->broken = 1;
         return rc;
     }

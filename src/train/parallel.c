@@ -46,9 +46,7 @@ void snug_step_group(void *ud, int group) {
     snug_adamw_step_layer(&c->eng->opt, &c->eng->model, group, c->lr, 1.0f);
 }
 
-void snug_step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    snug_step_in_backward_ctx *c = ud;
+void snug_step_in_backward(snug_step_in_backward_ctx *c, int layer) {
     snug_model *m = &c->eng->model;
     snug_backend *be = c->eng->be;
     const snug_param_table *t = snug_model_trainable(m);
@@ -88,19 +86,51 @@ void snug_step_in_backward(void *ud, int layer, size_t offset, size_t numel) {
         }
 }
 
-void snug_tp_reduce(void *ud, float *buf, size_t n) {
-    snug_tp_hook *h = ud;
+void snug_tp_reduce(snug_tp_hook *h, float *buf, size_t n) {
     if (!h->rc)
         h->rc = h->comm->allreduce_sum(h->comm, buf, n, SNUG_COMM_F32, &h->e);
 }
 
 /* Tensor parallelism's gather (the model's tp_gather): every rank's n doubles, in host memory. */
-void snug_tp_gather(void *ud, double *buf, size_t n) {
-    snug_tp_hook *h = ud;
+void snug_tp_gather(snug_tp_hook *h, double *buf, size_t n) {
     for (int r = 0; r < h->comm->size; r++)
         h->counts[r] = n;
     if (!h->rc)
         h->rc = h->comm->allgather(h->comm, buf, h->counts, SNUG_COMM_F64 | SNUG_COMM_HOST, &h->e);
+}
+
+/* The model's hooks (parallel.h's snug_parallel.ops; ud: the snug_parallel): each finds its state in the object. */
+static void op_gather_params(void *ud, void *dst, size_t offset, size_t numel, int prefetch) {
+    snug_zero3_gather(&((snug_parallel *)ud)->z3, dst, offset, numel, prefetch);
+}
+
+static void op_gather_q4(void *ud, void *dst, size_t piece, int prefetch) {
+    snug_zero3_gather_q4(&((snug_parallel *)ud)->z3, dst, piece, prefetch);
+}
+
+static void op_grads_ready(void *ud, int layer, size_t offset, size_t numel) {
+    (void)offset, (void)numel;
+    snug_parallel *p = ud;
+    if (p->ready == SNUG_READY_TO_ZERO2)
+        snug_zero2_ready(&p->z2, layer);
+    else if (p->ready == SNUG_READY_TO_STEP)
+        snug_step_in_backward(&p->in_bwd, layer);
+    else if (p->ready == SNUG_READY_TO_BUCKETS && p->armed)
+        snug_ddp_bucket_ready(&p->buckets, layer);
+}
+
+static void op_rows(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
+    snug_rows_op(&((snug_parallel *)ud)->zr, op, buf, base, rows, first, n, C);
+}
+
+static void op_tp_reduce(void *ud, float *buf, size_t n) { snug_tp_reduce(&((snug_parallel *)ud)->tph, buf, n); }
+
+static void op_tp_gather(void *ud, double *buf, size_t n) { snug_tp_gather(&((snug_parallel *)ud)->tph, buf, n); }
+
+/* The model's grads_ready on, reaching `to`. */
+static void set_ready(snug_parallel *p, snug_ready_to to) {
+    p->ready = to;
+    p->ops.grads_ready = op_grads_ready;
 }
 
 /* Tensor parallelism: the global gradient norm (times grad_scale). The squares of the sliced tensors' gradients are
@@ -253,10 +283,8 @@ static int open_groups(snug_parallel *p, FILE *out, int rc, snug_error *e) {
             fprintf(out, "                       vocabulary whole on every rank (%s)\n",
                     r->on_gpu ? "the loss over blocks of the head's rows is not built for GPUs yet"
                            : "its size does not divide by tensor_parallel_size");
-        r->eng.model.tp_reduce = snug_tp_reduce;
-        r->eng.model.tp_reduce_ud = &p->tph;
-        r->eng.model.tp_gather = snug_tp_gather;
-        r->eng.model.tp_gather_ud = &p->tph;
+        p->ops.tp_reduce = op_tp_reduce;
+        p->ops.tp_gather = op_tp_gather;
         rc = snug_param_table_build(&p->tp_whole, &r->s.cfg, e);
         if (!rc && !(p->tph.counts = calloc((size_t)tp->size, sizeof *p->tph.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for tensor parallelism");
@@ -404,22 +432,19 @@ static int open_hooks(snug_parallel *p, FILE *out, int rc, snug_error *e) {
     if (!rc && p->shard && r->eng.model.lv.zero_grads) {
         if (!(p->z2.counts = malloc((size_t)W * sizeof *p->z2.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r->eng.model.on_grads_ready = snug_zero2_ready;
-        r->eng.model.on_grads_ready_ud = &p->z2;
+        set_ready(p, SNUG_READY_TO_ZERO2);
     }
     p->z3 = (snug_zero3_hook){.comm = dp, .shard = p->shard,
                     .dt = r->eng.model.lv.dt == SNUG_DT_F32 ? SNUG_COMM_F32 : SNUG_COMM_U16};
     if (!rc && p->shard && r->eng.model.param_sharded) {
         if (!(p->z3.counts = malloc((size_t)W * sizeof *p->z3.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r->eng.model.gather_params = snug_zero3_gather;
-        r->eng.model.gather_params_ud = &p->z3;
+        p->ops.gather_params = op_gather_params;
     }
     if (!rc && r->eng.model.q4_parts > 1) { /* equal byte pieces: no counts from the table */
         if (!(p->z3.counts = malloc((size_t)W * sizeof *p->z3.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r->eng.model.gather_q4 = snug_zero3_gather_q4;
-        r->eng.model.gather_q4_ud = &p->z3;
+        p->ops.gather_q4 = op_gather_q4;
     }
     if (!rc && r->eng.model.lora.dora_pending) /* (every rank: the base's layers gathered in turn) */
         snug_lora_dora_start(&r->eng.model);
@@ -427,8 +452,7 @@ static int open_hooks(snug_parallel *p, FILE *out, int rc, snug_error *e) {
     if (!rc && p->shard && r->eng.model.vtied) {
         if (!(p->zr.counts = malloc((size_t)W * sizeof *p->zr.counts)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
-        r->eng.model.rows_fn = snug_rows_op;
-        r->eng.model.rows_ud = &p->zr;
+        p->ops.rows = op_rows;
     }
     /* DDP and ZeRO-1 sum the gradients in buckets during the last micro-batch's backward (the adapters' stay one
      * sum; ZeRO-2/3 reduce every micro-batch's, snug_zero2_ready) */
@@ -439,8 +463,9 @@ static int open_hooks(snug_parallel *p, FILE *out, int rc, snug_error *e) {
     if (!rc && p->bucketed && p->shard && !(p->buckets.counts = malloc((size_t)W * sizeof *p->buckets.counts)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of host memory for the ZeRO shards");
     for (int l = r->eng.model.cfg.n_layer - 1; !rc && p->bucketed && l >= -1; l--) /* the buckets a backward forms */
-        snug_ddp_bucket_ready(&p->buckets, l, 0, 0);
-    if (p->bucketed) {
+        snug_ddp_bucket_ready(&p->buckets, l);
+    if (p->bucketed) { /* armed during the last micro-batch's backward only (snug_parallel_backward) */
+        set_ready(p, SNUG_READY_TO_BUCKETS);
         fprintf(out, "  gradient buckets     %d of up to %d MiB, summed during the last micro-batch's backward\n",
                 p->buckets.nbuckets, o->ddp_bucket_cap_mb);
         p->buckets.count_only = 0;
@@ -471,8 +496,7 @@ static int open_in_backward(snug_parallel *p, int rc, snug_error *e) {
         p->z2.step = snug_step_group;
         p->z2.step_ud = &p->in_bwd;
     } else if (o->optimizer_in_backward) {
-        r->eng.model.on_grads_ready = snug_step_in_backward;
-        r->eng.model.on_grads_ready_ud = &p->in_bwd;
+        set_ready(p, SNUG_READY_TO_STEP);
     }
     return rc;
 }
@@ -480,6 +504,8 @@ static int open_in_backward(snug_parallel *p, int rc, snug_error *e) {
 int snug_parallel_open(snug_parallel *p, snug_run *r, FILE *out, snug_error *e) {
     memset(p, 0, sizeof *p);
     p->r = r;
+    /* the model's hooks: p's table, each operation set below where the run uses it */
+    r->eng.model.hooks = (snug_model_hooks){.ops = &p->ops, .ud = p};
     p->dp = r->dp;
     p->tp = r->tp;
     int rc = open_groups(p, out, 0, e);
@@ -496,25 +522,23 @@ int snug_parallel_backward(snug_parallel *p, const snug_micro_batch *mb, const u
     /* pipeline parallelism: the rank's micro-batches through the stages (1F1B), the last stage's loss summed
      * over the pipeline */
     if (r->ppn > 1 && ((rc = snug_pipe_step(&p->pipe, &r->eng.model, mb + k0, seeds, k1 - k0, scale,
-                                         p->bucketed ? snug_ddp_bucket_ready : NULL, &p->buckets, loss_sum, e)) ||
+                                            p->bucketed ? &p->armed : NULL, loss_sum, e)) ||
                     (rc = tp->allreduce_sum(tp, loss_sum, 1, SNUG_COMM_F64 | SNUG_COMM_HOST, e)))) {
         p->r->broken = 1;
         return rc;
     }
     for (int k = k0; k < k1 && r->ppn <= 1; k++) {
-        if (p->bucketed) {
-            r->eng.model.on_grads_ready = k == k1 - 1 ? snug_ddp_bucket_ready : NULL;
-            r->eng.model.on_grads_ready_ud = &p->buckets;
-        }
+        if (p->bucketed)
+            p->armed = k == k1 - 1;
         snug_model_set_batch(&r->eng.model, mb[k].ids, mb[k].labels, mb[k].pos, mb[k].seg, mb[k].rows, mb[k].T);
         r->eng.model.lora.seed = seeds[k - k0];
         *loss_sum += snug_model_step(&r->eng.model, scale);
     }
     if (p->bucketed) {
-        r->eng.model.on_grads_ready = NULL;
+        p->armed = 0;
         /* no micro-batch for this rank (an epoch's end): its zero gradients join the same buckets */
         for (int l = r->eng.model.cfg.n_layer - 1; k0 == k1 && l >= -1; l--)
-            snug_ddp_bucket_ready(&p->buckets, l, 0, 0);
+            snug_ddp_bucket_ready(&p->buckets, l);
     }
     return 0;
 }
@@ -531,7 +555,7 @@ void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb) {
          * layer's sum, announced in backward's order (the last layer first, the global tensors last); with a
          * gathered base skip_step below announces them between the layers' gathers, as a step does */
         for (int l = r->eng.model.cfg.n_layer - 1; l >= -1; l--)
-            snug_step_in_backward(&p->in_bwd, l, 0, 0);
+            snug_step_in_backward(&p->in_bwd, l);
     }
     /* ZeRO-2/3: a rank with fewer micro-batches than rank 0 (the end of an epoch) still joins each one's
      * collectives (ZeRO-3's gathers; the reduce-scatters, with zero gradients), in the step's order */
@@ -539,29 +563,24 @@ void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb) {
         snug_model_skip_step(&r->eng.model, 1);
 }
 
+int snug_parallel_hook_error(const snug_parallel *p, snug_error *e) {
+    const int *rc[] = {&p->z2.rc, &p->z3.rc, &p->in_bwd.rc, &p->buckets.rc, &p->tph.rc};
+    const snug_error *why[] = {&p->z2.e, &p->z3.e, &p->in_bwd.e, &p->buckets.e, &p->tph.e};
+    for (size_t k = 0; k < sizeof rc / sizeof *rc; k++)
+        if (*rc[k]) {
+            if (e)
+                *e = *why[k];
+            return *rc[k];
+        }
+    return 0;
+}
+
 int snug_parallel_reduce(snug_parallel *p, double *loss_sum, snug_error *e) {
     snug_run *r = p->r;
     const snug_run_config *o = &r->s.c;
     snug_comm *dp = p->dp;
     int rc;
-    if (p->z2.rc || p->z3.rc) {
-        rc = p->z2.rc ? p->z2.rc : p->z3.rc;
-        if (e)
-            *e = p->z2.rc ? p->z2.e : p->z3.e;
-        p->r->broken = 1;
-        return rc;
-    }
-    if (p->in_bwd.rc || p->buckets.rc) {
-        rc = p->in_bwd.rc ? p->in_bwd.rc : p->buckets.rc;
-        if (e)
-            *e = p->in_bwd.rc ? p->in_bwd.e : p->buckets.e;
-        p->r->broken = 1;
-        return rc;
-    }
-    if (p->tph.rc) {
-        rc = p->tph.rc;
-        if (e)
-            *e = p->tph.e;
+    if ((rc = snug_parallel_hook_error(p, e))) {
         p->r->broken = 1;
         return rc;
     }

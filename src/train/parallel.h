@@ -52,12 +52,12 @@ void snug_zero_grads(snug_model *m);
 /* ZeRO-3's step of a group inside backward (snug_zero2_hook's step; ud: a snug_step_in_backward_ctx). */
 void snug_step_group(void *ud, int group);
 
-/* The model's on_grads_ready under optimizer_in_backward (ud: a snug_step_in_backward_ctx). */
-void snug_step_in_backward(void *ud, int layer, size_t offset, size_t numel);
+/* The model's grads_ready under optimizer_in_backward: layer's gradients summed, stepped, and their buffer zeroed. */
+void snug_step_in_backward(snug_step_in_backward_ctx *c, int layer);
 
-/* Tensor parallelism's hooks (the model's tp_reduce and tp_gather; ud: a snug_tp_hook). */
-void snug_tp_reduce(void *ud, float *buf, size_t n);
-void snug_tp_gather(void *ud, double *buf, size_t n);
+/* Tensor parallelism's hooks (the model's tp_reduce and tp_gather). */
+void snug_tp_reduce(snug_tp_hook *h, float *buf, size_t n);
+void snug_tp_gather(snug_tp_hook *h, double *buf, size_t n);
 
 /* Tensor parallelism: the global gradient norm (times grad_scale); whole: the whole model's table. */
 int snug_tp_grad_norm(snug_comm *c, const snug_model *m, const snug_param_table *whole, float grad_scale,
@@ -85,12 +85,26 @@ int snug_zero_tp_grad_norm(snug_comm *dpc, snug_comm *tpc, const snug_param_tabl
 /* ZeRO: every rank's updated shard of the parameters to every rank. */
 int snug_zero_gather_params(snug_comm *c, const snug_model *m, const size_t *shard, snug_error *e);
 
+/* What the model's grads_ready reaches (snug_parallel.ready): nothing, ZeRO-2/3's reduce-scatter (every
+ * micro-batch), the step inside backward (every micro-batch), or DDP's buckets (only while `armed`: the last
+ * micro-batch's backward). */
+typedef enum snug_ready_to {
+    SNUG_READY_TO_NONE = 0,
+    SNUG_READY_TO_ZERO2,
+    SNUG_READY_TO_STEP,
+    SNUG_READY_TO_BUCKETS,
+} snug_ready_to;
+
 /* The parallel object: everything a run over several ranks adds to a step, in one place. It owns ZeRO's shards,
  * the model's hooks (DDP's buckets, ZeRO-2/3's reduce-scatters and gathers, a tied embedding's rows, tensor
  * parallelism's sums, the step inside backward) and the pipeline, and answers the step's questions in the step's
  * order: backward over the rank's micro-batches, the joins of a rank with fewer of them (skip), the sums after
  * backward (reduce), the global gradient norm, and what follows the optimizer step (after_step). One process is the
- * case of one rank: each answer is then the plain one. */
+ * case of one rank: each answer is then the plain one.
+ *
+ * The model's hooks are one table, `ops`, with the object itself as their context (the model's hooks = {&ops, p}):
+ * each operation finds its own state here (z3 for the gathers, zr for the rows, tph for tensor parallelism's sums,
+ * and for grads_ready the state `ready` names). An operation this run does not use stays NULL. */
 typedef struct snug_parallel {
     snug_run *r;
     snug_comm *dp, *tp;           /* r's data-parallel ranks, and its tensor-parallel ranks or pipeline stages */
@@ -104,10 +118,13 @@ typedef struct snug_parallel {
     snug_ddp_buckets buckets;     /* DDP and ZeRO-1: the gradients summed in buckets in the last backward */
     int bucketed;
     snug_step_in_backward_ctx in_bwd; /* optimizer_in_backward */
+    snug_model_hook_ops ops;      /* the model's hooks, filled by snug_parallel_open */
+    snug_ready_to ready;          /* what grads_ready reaches */
+    int armed;                    /* SNUG_READY_TO_BUCKETS: 1 during a step's last micro-batch's backward */
 } snug_parallel;
 
-/* Sets up the run's parallelism and prints the header's lines on it to out; the model's hooks point into p, which
- * must stay where it is until snug_parallel_free. */
+/* Sets up the run's parallelism and prints the header's lines on it to out; the model's hooks are p's (its table,
+ * with p as their context), so p must stay where it is until snug_parallel_free. */
 int snug_parallel_open(snug_parallel *p, snug_run *r, FILE *out, snug_error *e);
 
 /* Forward and backward of the rank's micro-batches mb[k0..k1) of the step (seeds: their dropout seeds, from
@@ -118,6 +135,12 @@ int snug_parallel_backward(snug_parallel *p, const snug_micro_batch *mb, const u
 
 /* A rank with fewer micro-batches than the others (the end of an epoch) still joins each one's collectives. */
 void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb);
+
+/* The first error the model's hooks kept during a pass (ZeRO-2/3's reduce-scatters and the rows, the gathers, the
+ * step inside backward, DDP's buckets, tensor parallelism's sums, in that order), copied to *e; 0 when none. The
+ * hooks report nothing themselves: whoever runs a pass asks here after it (snug_parallel_reduce after backward, the
+ * loop after an evaluation). */
+int snug_parallel_hook_error(const snug_parallel *p, snug_error *e);
 
 /* After backward: the hooks' first errors, then the loss and the gradients summed over the ranks (and a tied
  * head's two parts over the pipeline's ends). */

@@ -59,7 +59,7 @@ static int bwd(snug_pipe *p, snug_model *m, int i, float grad_scale, double *los
 }
 
 int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, const uint64_t *seeds, int n,
-                   float grad_scale, snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e) {
+                   float grad_scale, int *last, double *loss, snug_error *e) {
     int s = p->c->rank, w = p->c->size - s - 1;
     w = w < n ? w : n;
     *loss = 0;
@@ -73,13 +73,11 @@ int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, cons
             SNUG_TRY(fwd(p, m, i + w, grad_scale, e));
         }
         set_batch(m, &mb[i], seeds, i);
-        if (hook) { /* (otherwise the model's own hook, ZeRO-2's, runs in every backward) */
-            m->on_grads_ready = i == n - 1 ? hook : NULL;
-            m->on_grads_ready_ud = ud;
-        }
+        if (last)
+            *last = i == n - 1;
         int rc = bwd(p, m, i, grad_scale, loss, e);
-        if (hook)
-            m->on_grads_ready = NULL;
+        if (last)
+            *last = 0;
         SNUG_TRY(rc);
     }
     return p->c->wait(p->c, e); /* every send received: the next step starts with nothing in flight */

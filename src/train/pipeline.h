@@ -29,11 +29,11 @@ typedef struct snug_pipe {
 } snug_pipe;
 
 /* One step's micro-batches mb[0..n) through this stage, gradients accumulated (grad_scale-scaled) into the model's.
- * seeds: LoRA dropout's seed of each micro-batch (NULL: none). hook / ud: the model's on_grads_ready during the last
- * micro-batch's backward (DDP's buckets), or NULL (the model's own hook, if any, then runs in every backward).
+ * seeds: LoRA dropout's seed of each micro-batch (NULL: none). last (NULL: none): set to 1 during the last
+ * micro-batch's backward and to 0 around it (what arms DDP's buckets in the model's grads_ready hook).
  * *loss: the summed loss on the last stage, 0 on the others. */
 int snug_pipe_step(snug_pipe *p, snug_model *m, const snug_micro_batch *mb, const uint64_t *seeds, int n,
-                   float grad_scale, snug_grads_ready_fn hook, void *ud, double *loss, snug_error *e);
+                   float grad_scale, int *last, double *loss, snug_error *e);
 
 /* The current batch (set on every stage) forward through the pipeline, for evaluation: *loss the summed loss on the
  * last stage, 0 on the others. */

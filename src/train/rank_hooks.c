@@ -5,14 +5,6 @@
 
 #include "backend/backend.h"
 
-void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, size_t *counts) {
-    size_t s0 = 0;
-    for (int r = 0; r < size; s0 += shard[r], r++) {
-        size_t a = s0 > lo ? s0 : lo, b = s0 + shard[r] < hi ? s0 + shard[r] : hi;
-        counts[r] += b > a ? b - a : 0;
-    }
-}
-
 /* The outstanding runs finished: waited for, this rank's segments added into its shard (or, with c->step, their
  * squares summed and the group stepped), their buffer zeroed. */
 static void zero2_finish(snug_zero2_hook *c) {
@@ -34,9 +26,7 @@ static void zero2_finish(snug_zero2_hook *c) {
     c->npend = 0;
 }
 
-void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    snug_zero2_hook *c = ud;
+void snug_zero2_ready(snug_zero2_hook *c, int layer) {
     snug_model *m = c->m;
     const snug_param_table *t = &m->table;
     zero2_finish(c); /* the previous layer's, whose buffer is not this one's */
@@ -74,34 +64,7 @@ void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel) {
     }
 }
 
-/* The all-gather of dst over c->counts (a prefetch issued SNUG_COMM_ASYNC), or with dst NULL the wait for one. */
-static void zero3_issue(snug_zero3_hook *c, void *dst, snug_comm_dtype dt, int prefetch) {
-    c->rc = dst ? c->comm->allgather(c->comm, dst, c->counts, dt | (prefetch ? SNUG_COMM_ASYNC : 0), &c->e)
-                : c->comm->wait(c->comm, &c->e);
-}
-
-void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch) {
-    snug_zero3_hook *c = ud;
-    if (c->rc)
-        return;
-    if (dst) {
-        memset(c->counts, 0, (size_t)c->comm->size * sizeof *c->counts);
-        snug_add_range_counts(c->shard, c->comm->size, offset, offset + numel, c->counts);
-    }
-    zero3_issue(c, dst, c->dt, prefetch);
-}
-
-void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch) {
-    snug_zero3_hook *c = ud;
-    if (c->rc)
-        return;
-    for (int r = 0; dst && r < c->comm->size; r++) /* opaque bytes as 16-bit halves (pieces: 64-byte multiples) */
-        c->counts[r] = piece / 2;
-    zero3_issue(c, dst, SNUG_COMM_U16, prefetch);
-}
-
-void snug_rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
-    snug_rows_hook *c = ud;
+void snug_rows_op(snug_rows_hook *c, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
     snug_zero2_hook *z2 = c->z2;
     int *rc = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->rc : &z2->rc;
     snug_error *e = op != SNUG_ROWS_REDUCE && c->z3 ? &c->z3->e : &z2->e;
@@ -158,9 +121,7 @@ static void ddp_flush(snug_ddp_buckets *c) {
     c->lo = c->hi = 0;
 }
 
-void snug_ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel) {
-    (void)offset, (void)numel;
-    snug_ddp_buckets *c = ud;
+void snug_ddp_bucket_ready(snug_ddp_buckets *c, int layer) {
     snug_model *m = c->m;
     snug_grad_range g[SNUG_READY_MAX_RANGES];
     int n = snug_model_ready_ranges(m, layer, g, SNUG_READY_MAX_RANGES);

@@ -1,10 +1,12 @@
-/* rank_hooks.h: the model's hooks that talk to the other ranks during a step (model.h's on_grads_ready,
- * gather_params and rows_fn): DDP's gradient buckets, ZeRO-2/3's reduce-scatter of each layer's gradients, ZeRO-3's
- * gathers of the parameters, and the rows of a tied embedding split by rows.
+/* rank_hooks.h: what the model's hooks (model.h's snug_model_hook_ops: grads_ready and rows) do to talk to the
+ * other ranks during a step: DDP's gradient buckets, ZeRO-2/3's reduce-scatter of each layer's gradients, and the
+ * rows of a tied embedding split by rows. ZeRO-3's gathers of the parameters (gather_params, gather_q4) are
+ * dist/gather.h's, the shards' counts dist/zero.h's.
  *
- * Each hook's context is filled by its caller (the trainer; a test with a communicator of its own) and keeps the
- * first error of the step in rc and e: once rc is set, nothing more is issued, and the caller checks rc after the
- * step. counts are caller-allocated scratch of comm->size elements. */
+ * Each function takes its own context, filled by its caller (the parallel object, whose hook operations call these
+ * with the context it owns; a test with a communicator of its own), which keeps the first error of the step in rc
+ * and e: once rc is set, nothing more is issued, and the caller checks rc after the step. counts are
+ * caller-allocated scratch of comm->size elements. */
 #ifndef SNUG_TRAIN_RANK_HOOKS_H
 #define SNUG_TRAIN_RANK_HOOKS_H
 
@@ -12,12 +14,11 @@
 
 #include "core/error.h"
 #include "dist/comm.h"
+#include "dist/gather.h"
+#include "dist/zero.h"
 #include "model/model.h"
 
-/* Adds to counts[r] the elements of table range [lo, hi) in rank r's shard (shard: each rank's elements, in order). */
-void snug_add_range_counts(const size_t *shard, int size, size_t lo, size_t hi, size_t *counts);
-
-/* ZeRO-2 (on_grads_ready of every micro-batch): as backward completes a layer's gradients (SNUG_READY_POST: the
+/* ZeRO-2 (grads_ready of every micro-batch): as backward completes a layer's gradients (SNUG_READY_POST: the
  * global tensors after the layers; -1 the ones before them), each run of its tensors is reduce-scattered over the
  * ranks' shards, this rank adds its segment of the sum into its shard (m->gshard), and the layer buffer is zeroed
  * for the layer that uses it next. As DeepSpeed's stage 2, no full gradient is kept to accumulate into.
@@ -54,26 +55,9 @@ typedef struct snug_zero2_hook {
     snug_error e;
 } snug_zero2_hook;
 
-void snug_zero2_ready(void *ud, int layer, size_t offset, size_t numel);
+void snug_zero2_ready(snug_zero2_hook *c, int layer);
 
-/* ZeRO-3 (gather_params, model.h's snug_gather_fn): the gather of table elements [offset, offset + numel). Each
- * rank's piece is its shard's part of the range, and one all-gather over those counts fills the others' in dst; a
- * prefetch is issued SNUG_COMM_ASYNC, and dst NULL is the wait for it. */
-typedef struct snug_zero3_hook {
-    snug_comm *comm;
-    const size_t *shard; /* each rank's elements of the table */
-    size_t *counts;      /* scratch: the range's elements in each rank's shard */
-    snug_comm_dtype dt;  /* as the parameters are stored: F32 or U16 */
-    int rc;
-    snug_error e;
-} snug_zero3_hook;
-
-void snug_zero3_gather(void *ud, void *dst, size_t offset, size_t numel, int prefetch);
-/* QLoRA at ZeRO-3 (gather_q4, model.h's snug_gather_q4_fn): every rank's piece is `piece` bytes, so the counts are
- * equal; the same hook (its comm, counts scratch and error), shard unused. */
-void snug_zero3_gather_q4(void *ud, void *dst, size_t piece, int prefetch);
-
-/* A tied embedding split by rows (rows_fn, model.h's snug_rows_fn): the rows' elements in each rank's shard are the
+/* A tied embedding split by rows (rows, model.h's snug_rows_fn): the rows' elements in each rank's shard are the
  * counts of one collective over buf, whose pieces follow the rows' order (the rows increase, so each rank's piece is
  * contiguous there). Errors go where the step's check looks: the gradients' (z2), or the gathers' under ZeRO-3. */
 typedef struct snug_rows_hook {
@@ -82,9 +66,9 @@ typedef struct snug_rows_hook {
     size_t *counts;      /* scratch */
 } snug_rows_hook;
 
-void snug_rows_op(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C);
+void snug_rows_op(snug_rows_hook *c, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C);
 
-/* DDP (on_grads_ready of a step's last micro-batch): the gradients summed over the ranks in buckets of consecutive
+/* DDP (grads_ready of a step's last micro-batch): the gradients summed over the ranks in buckets of consecutive
  * layers as backward completes them. Backward announces the layers last first, and the fp32 gradient buffer holds
  * them in table order, so a bucket grows downwards through the buffer until it holds `cap` bytes (PyTorch DDP's
  * 25 MiB by default) and is all-reduced, SNUG_COMM_ASYNC: NCCL sums it on its own stream while backward goes on,
@@ -106,6 +90,6 @@ typedef struct snug_ddp_buckets {
     snug_error e;
 } snug_ddp_buckets;
 
-void snug_ddp_bucket_ready(void *ud, int layer, size_t offset, size_t numel);
+void snug_ddp_bucket_ready(snug_ddp_buckets *c, int layer);
 
 #endif

@@ -122,8 +122,8 @@ static void run(const snug_model_config *cfg, snug_levers lv, const batch *b, co
         memset(r, 0, sizeof *r);
         r->m = m;
         r->by_args = calloc(P, 1), r->by_ranges = calloc(P, 1), r->seen = calloc(P, sizeof *r->seen);
-        m->on_grads_ready = on_ready;
-        m->on_grads_ready_ud = r;
+        static const snug_model_hook_ops ops = {.grads_ready = on_ready};
+        m->hooks = (snug_model_hooks){.ops = &ops, .ud = r};
     }
     snug_model_set_batch(m, b->ids, b->labels, b->pos, NULL, B, T);
     snug_model_step(m, 1.0f); /* the summed loss: gradients well inside fp16's range */

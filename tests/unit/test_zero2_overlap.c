@@ -149,6 +149,21 @@ typedef struct result {
     int odd_even_apart;
 } result;
 
+/* The model's hooks: ZeRO-2's reduce-scatter and a tied embedding's rows, each with its context */
+typedef struct hooks_ud {
+    snug_zero2_hook *z2;
+    snug_rows_hook *zr;
+} hooks_ud;
+
+static void on_ready(void *ud, int layer, size_t offset, size_t numel) {
+    (void)offset, (void)numel;
+    snug_zero2_ready(((hooks_ud *)ud)->z2, layer);
+}
+
+static void on_rows(void *ud, int op, void *buf, size_t base, const int32_t *rows, int first, int n, int C) {
+    snug_rows_op(((hooks_ud *)ud)->zr, op, buf, base, rows, first, n, C);
+}
+
 static void run(const snug_model_config *cfg, snug_levers lv, const float *init, int overlap, int deferred, int nmb,
                 result *res) {
     snug_engine g;
@@ -166,9 +181,10 @@ static void run(const snug_model_config *cfg, snug_levers lv, const float *init,
                    .reduce_scatter_sum = tw_reduce_scatter, .allgather = tw_allgather, .wait = tw_wait};
     snug_zero2_hook z2 = {.m = m, .comm = &c, .shard = shard, .counts = counts};
     snug_rows_hook zr = {.z2 = &z2, .counts = rcounts};
-    m->on_grads_ready = snug_zero2_ready, m->on_grads_ready_ud = &z2;
-    if (m->vtied)
-        m->rows_fn = snug_rows_op, m->rows_ud = &zr;
+    hooks_ud h = {.z2 = &z2, .zr = &zr};
+    static const snug_model_hook_ops ops = {.grads_ready = on_ready}, ops_rows = {.grads_ready = on_ready,
+                                                                                 .rows = on_rows};
+    m->hooks = (snug_model_hooks){.ops = m->vtied ? &ops_rows : &ops, .ud = &h};
     memset(m->grads, 0, m->grads_numel * sizeof(float));
     memset(m->gshard, 0, m->gshard_n * sizeof(float));
     int32_t ids[B * T], labels[B * T], pos[B * T];

@@ -38,6 +38,7 @@ typedef struct fake {
     size_t poff, pn;
     event ev[MAX_EV];
     int nev, races;
+    struct grads_out *out; /* what the grads_ready hook fills */
 } fake;
 
 /* dst's elements outside this rank's shard <- the reference (nan: NaN instead) */
@@ -85,7 +86,7 @@ typedef struct grads_out {
 
 static void on_ready(void *ud, int layer, size_t offset, size_t numel) {
     (void)offset, (void)numel;
-    grads_out *o = ud;
+    grads_out *o = ((fake *)ud)->out;
     snug_grad_range r[SNUG_READY_MAX_RANGES];
     int n = snug_model_ready_ranges(o->m, layer, r, SNUG_READY_MAX_RANGES);
     for (int k = 0; k < n && k < SNUG_READY_MAX_RANGES; k++) {
@@ -131,16 +132,17 @@ static void run(const snug_model_config *cfg, snug_levers lv, const float *init,
     snug_model_put_params(m, init);
     size_t P = m->table.total;
     res->grads = calloc(P, sizeof(float));
-    fake f = {.m = m, .ref = ref, .deferred = deferred};
     grads_out o = {.m = m, .g = res->grads};
-    m->gather_params = on_gather, m->gather_params_ud = &f;
-    m->on_grads_ready = on_ready, m->on_grads_ready_ud = &o;
+    fake f = {.m = m, .ref = ref, .deferred = deferred, .out = &o};
+    static const snug_model_hook_ops ops = {.gather_params = on_gather, .grads_ready = on_ready},
+                                     gathers_only = {.gather_params = on_gather};
+    m->hooks = (snug_model_hooks){.ops = &ops, .ud = &f};
     if (m->grads)
         memset(m->grads, 0, m->grads_numel * sizeof(float));
     set_batch(m);
     res->loss = snug_model_step(m, 1.0f);
     memcpy(res->step, f.ev, sizeof f.ev), res->nstep = f.nev, f.nev = 0;
-    m->on_grads_ready = NULL; /* the skipped step's zero gradients are not this step's */
+    m->hooks.ops = &gathers_only; /* the skipped step's zero gradients are not this step's */
     snug_model_skip_step(m, 1);
     memcpy(res->skip, f.ev, sizeof f.ev), res->nskip = f.nev, f.nev = 0;
     res->eval = snug_model_step(m, 0.0f);
@@ -271,7 +273,7 @@ static void check_span(fake4 *f, const char *dst, int l) {
 static void on_gather4(void *ud, void *dst, size_t piece, int prefetch) {
     fake4 *f = ud;
     snug_model *m = f->m;
-    int l = !dst ? -1 : m->q4_gbuf_layer[(char *)dst == m->q4_gbuf[0] ? 0 : 1];
+    int l = !dst ? -1 : m->q4pair.layer[dst == m->q4pair.buf[0] ? 0 : 1];
     if (f->nev < MAX_EV)
         f->ev[f->nev++] = (event){.kind = !dst ? 2 : prefetch, .offset = (size_t)(l + 1), .numel = piece};
     if (!dst) {
@@ -325,7 +327,8 @@ static void run4(const snug_model_config *cfg, int ckpt, const snug_model *ref, 
                        snug_q4_bytes(m->q4[i].type, m->q4[i].n, m->q4[i].blocksize, m->q4[i].nested));
     }
     fake4 f = {.m = m, .span = span, .ref = ref, .deferred = deferred};
-    m->gather_q4 = on_gather4, m->gather_q4_ud = &f;
+    static const snug_model_hook_ops ops = {.gather_q4 = on_gather4};
+    m->hooks = (snug_model_hooks){.ops = &ops, .ud = &f};
     set_batch(m);
     res->loss = snug_model_step(m, 1.0f); /* the buffers' state after a step is the same after every step */
     size_t A = m->lora.table.total;
