@@ -583,9 +583,9 @@ static json_t *llama_json(const snug_model_config *cfg) {
 }
 
 static json_t *gpt2_json(const snug_model_config *cfg) {
+    const char *cls = cfg->architecture[0] ? cfg->architecture : snug_family_of(cfg)->architecture;
     json_t *o = json_object();
-    json_object_set_new(o, "architectures", json_pack("[s]", cfg->architecture[0] ? cfg->architecture
-                                                                                   : snug_family_of(cfg)->architecture));
+    json_object_set_new(o, "architectures", json_pack("[s]", cls));
     json_object_set_new(o, "model_type", json_string(cfg->model_type));
     json_object_set_new(o, "vocab_size", json_integer(cfg->vocab_size));
     json_object_set_new(o, "n_embd", json_integer(cfg->hidden_size));

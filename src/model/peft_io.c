@@ -132,11 +132,12 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     for (int k = 0; k < snug_lora_module_count(m->cfg.arch); k++)
         if (lc->targets & (1u << k))
             json_array_append_new(targets, json_string(target_name(m->cfg.arch, k)));
+    int conv1d = snug_scheme_of(m->cfg.arch)->conv1d; /* PEFT's fan_in_fan_out */
     json_t *j = json_pack("{s:s, s:s, s:s, s:n, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b, s:b, s:n, s:n, s:{}, s:{}}",
                           "peft_type", "LORA", "task_type", "CAUSAL_LM", "base_model_name_or_path",
                           base_name ? base_name : "", "revision", "r", lc->r, "lora_alpha", (double)lc->alpha,
                           "lora_dropout", (double)lc->dropout, "target_modules", targets, "bias", "none",
-                          "fan_in_fan_out", snug_scheme_of(m->cfg.arch)->conv1d, "modules_to_save", "init_lora_weights", 1,
+                          "fan_in_fan_out", conv1d, "modules_to_save", "init_lora_weights", 1,
                           "inference_mode", 1, "layers_to_transform", "layers_pattern", "rank_pattern",
                           "alpha_pattern");
     if (j && lc->rslora)
