@@ -5,6 +5,7 @@
 #include "model/model_impl.h"
 
 #include "core/rng.h"
+#include "model/family.h"
 
 void model_lora_rows(void *ud, int l, snug_site site, int row, int nr, int in, float *dst) {
     snug_model_site_rows((snug_model *)ud, l, site, row, nr, in, dst);
@@ -92,7 +93,7 @@ int snug_lora_build(snug_model *m, snug_error *e) {
         for (int i = 0; i < lo->nmod && !rc && t->layer_numel[l]; i++) {
             const snug_lora_module *md = &lo->mod[i];
             char name[96];
-            const char *pre = c->arch == SNUG_ARCH_GPT2 ? "transformer.h" : "model.layers";
+            const char *pre = snug_scheme_of(c->arch)->layers;
             size_t a = at + md->a_off, b = at + md->b_off;
             snprintf(name, sizeof name, "base_model.model.%s.%d.%s.lora_A.weight", pre, lo->l0 + l,
                      snug_lora_module_name(c->arch, md->index));

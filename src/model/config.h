@@ -1,6 +1,7 @@
 /* config.h: the model architecture, as read from (and written to) a Hugging Face config.json.
  *
- * One layer implementation serves every family; the families differ only in the data below:
+ * One layer implementation serves every family; the families differ only in the data below and in their row of the
+ * family table (family.h: block, tensor names, config.json spelling):
  *   Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases except
  *   Qwen2's q/k/v bias, tied or untied embeddings.
  *   GPT-2: LayerNorm with bias, learned positions, tanh-GELU MLP, biases everywhere, tied head. */
@@ -14,7 +15,8 @@
  * keeps per-tile arrays of head_dim floats on the stack. A config above it is refused when it is validated. */
 #define SNUG_MAX_HEAD_DIM 256
 
-typedef enum snug_arch { SNUG_ARCH_LLAMA = 0, SNUG_ARCH_GPT2 = 1 } snug_arch;
+/* The scheme a family's files follow (family.h): how its tensors are named and its config.json spelled. */
+typedef enum snug_arch { SNUG_ARCH_LLAMA = 0, SNUG_ARCH_GPT2 = 1, SNUG_NARCH } snug_arch;
 
 typedef enum snug_rope_type { SNUG_ROPE_DEFAULT = 0, SNUG_ROPE_LLAMA3, SNUG_ROPE_LINEAR } snug_rope_type;
 
@@ -77,12 +79,8 @@ int snug_generation_config_save(const snug_model_config *cfg, const char *path, 
 /* Checks a config built in code (the built-in presets) the same way a loaded one is checked. */
 int snug_model_config_validate(const snug_model_config *cfg, const char *path, snug_error *e);
 
-/* The block of an architecture: a new architecture whose block is made of these parts is one more case here. */
-static inline snug_block snug_block_of(const snug_model_config *c) {
-    if (c->arch == SNUG_ARCH_GPT2)
-        return (snug_block){.norm = SNUG_NORM_LAYER, .mlp = SNUG_MLP_GELU, .pos = SNUG_POS_LEARNED};
-    return (snug_block){.norm = SNUG_NORM_RMS, .mlp = SNUG_MLP_SWIGLU, .pos = SNUG_POS_ROPE};
-}
+/* The block of a config's family (its row of the family table, family.c). */
+snug_block snug_block_of(const snug_model_config *c);
 
 /* Number of trainable parameters (tied embedding counted once). */
 long long snug_model_config_nparams(const snug_model_config *cfg);

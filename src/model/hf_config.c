@@ -1,5 +1,7 @@
-/* hf_config.c: reading and writing Hugging Face config.json for the Llama family (llama, mistral, qwen2; SmolLM and
- * TinyLlama are model_type llama) and GPT-2 (see config.h).
+/* hf_config.c: reading and writing Hugging Face config.json for the families of the family table (family.c): the
+ * Llama scheme (llama, mistral, qwen2; SmolLM and TinyLlama are model_type llama) and GPT-2 (see config.h). Each
+ * scheme's spelling of config.json is a dialect here (parse, write, check); what differs between the families of a
+ * scheme (defaults, biases, sliding-window keys) is read from their rows.
  *
  * Reading accepts the spellings of transformers v4 and v5 (torch_dtype/dtype, rope_scaling/rope_parameters with
  * rope_theta inside, rope_type/type) and takes transformers' defaults for keys that are absent. Writing uses the v4
@@ -15,6 +17,7 @@
 
 #include "core/fileio.h"
 #include "core/json_util.h"
+#include "model/family.h"
 
 #define HF_TRANSFORMERS_VERSION "4.46.0" /* written into saved configs; any 4.x reads them */
 #define REQUIRED INT_MIN                 /* default value meaning "the key must be present" */
@@ -195,15 +198,14 @@ static int parse_rope(snug_model_config *cfg, const ctx *c) {
 static int parse_llama(snug_model_config *cfg, const ctx *c) {
     json_t *r = c->root;
     const char *mt = cfg->model_type;
-    int is_llama = strcmp(mt, "llama") == 0, is_qwen2 = strcmp(mt, "qwen2") == 0;
-    cfg->arch = SNUG_ARCH_LLAMA;
+    const snug_family *f = snug_family_find(mt);
     SNUG_TRY(get_int(c, r, "vocab_size", "vocab_size", REQUIRED, &cfg->vocab_size));
     SNUG_TRY(get_int(c, r, "hidden_size", "hidden_size", REQUIRED, &cfg->hidden_size));
     SNUG_TRY(get_int(c, r, "intermediate_size", "intermediate_size", REQUIRED, &cfg->intermediate_size));
     SNUG_TRY(get_int(c, r, "num_hidden_layers", "num_hidden_layers", REQUIRED, &cfg->n_layer));
     SNUG_TRY(get_int(c, r, "num_attention_heads", "num_attention_heads", REQUIRED, &cfg->n_head));
-    /* transformers' defaults when the key is absent: Llama None (= heads), Mistral 8, Qwen2 32; null = heads */
-    int nkv_default = is_llama ? cfg->n_head : is_qwen2 ? 32 : 8;
+    /* transformers' default when the key is absent (the family's); null = heads */
+    int nkv_default = f->kv_heads_default ? f->kv_heads_default : cfg->n_head;
     json_t *nkv = json_object_get(r, "num_key_value_heads");
     SNUG_TRY(get_int(c, r, "num_key_value_heads", "num_key_value_heads",
                      nkv && json_is_null(nkv) ? cfg->n_head : nkv_default, &cfg->n_kv_head));
@@ -215,8 +217,7 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
                              cfg->hidden_size);
         cfg->head_dim = cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0;
     }
-    int maxpos_default = is_llama ? 2048 : is_qwen2 ? 32768 : 131072;
-    SNUG_TRY(get_int(c, r, "max_position_embeddings", "max_position_embeddings", maxpos_default,
+    SNUG_TRY(get_int(c, r, "max_position_embeddings", "max_position_embeddings", f->max_position_default,
                      &cfg->max_position));
     double eps = 0;
     SNUG_TRY(get_num(c, r, "rms_norm_eps", "rms_norm_eps", 0, 1e-6, &eps));
@@ -227,14 +228,14 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
         return snug_fail(c->e, SNUG_EINPUT, "%s: key \"hidden_act\" is \"%.40s\"; snug's %s MLP supports only "
                          "\"silu\"", c->path, act, mt);
     int attention_bias = 0, mlp_bias = 0;
-    if (is_llama) {
+    if (f->bias == SNUG_BIAS_KEYS) {
         SNUG_TRY(get_bool(c, r, "attention_bias", 0, &attention_bias));
         SNUG_TRY(get_bool(c, r, "mlp_bias", 0, &mlp_bias));
     }
-    cfg->qkv_bias = is_qwen2 || attention_bias;
+    cfg->qkv_bias = f->bias == SNUG_BIAS_QKV || attention_bias;
     cfg->o_bias = attention_bias;
     cfg->mlp_bias = mlp_bias;
-    if (is_qwen2) {
+    if (f->sliding & SNUG_SLIDING_FLAG) {
         int sliding = 0;
         SNUG_TRY(get_bool(c, r, "use_sliding_window", 0, &sliding));
         if (sliding)
@@ -257,7 +258,6 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
 
 static int parse_gpt2(snug_model_config *cfg, const ctx *c) {
     json_t *r = c->root;
-    cfg->arch = SNUG_ARCH_GPT2;
     SNUG_TRY(get_int(c, r, "vocab_size", "vocab_size", REQUIRED, &cfg->vocab_size));
     SNUG_TRY(get_int(c, r, "n_embd", "n_embd", REQUIRED, &cfg->hidden_size));
     SNUG_TRY(get_int(c, r, "n_layer", "n_layer", REQUIRED, &cfg->n_layer));
@@ -279,7 +279,7 @@ static int parse_gpt2(snug_model_config *cfg, const ctx *c) {
     if (act && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
         return snug_fail(c->e, SNUG_EINPUT, "%s: key \"activation_function\" is \"%.40s\"; snug's GPT-2 supports the "
                          "tanh GELU only (\"gelu_new\" or \"gelu_pytorch_tanh\")", c->path, act);
-    int flag;
+    int flag = 0;
     SNUG_TRY(get_bool(c, r, "tie_word_embeddings", 1, &flag));
     if (!flag)
         return snug_fail(c->e, SNUG_EINPUT, "%s: key \"tie_word_embeddings\" is false; snug's GPT-2 always ties the "
@@ -299,29 +299,39 @@ static int parse_gpt2(snug_model_config *cfg, const ctx *c) {
     return 0;
 }
 
-static const char *default_architecture(const char *model_type) {
-    if (strcmp(model_type, "mistral") == 0)
-        return "MistralForCausalLM";
-    if (strcmp(model_type, "qwen2") == 0)
-        return "Qwen2ForCausalLM";
-    if (strcmp(model_type, "gpt2") == 0)
-        return "GPT2LMHeadModel";
-    return "LlamaForCausalLM";
-}
+/* How each scheme spells config.json: read into a config, written from one, and checked past the checks common to
+ * all (the sizes, eps, token ids). */
+typedef struct dialect {
+    int (*parse)(snug_model_config *cfg, const ctx *c);
+    json_t *(*to_json)(const snug_model_config *cfg);
+    int (*check)(const snug_model_config *cfg, const char *path, snug_error *e);
+} dialect;
+static const dialect dialects[SNUG_NARCH];
 
 static int parse_root(snug_model_config *cfg, const ctx *c) {
     json_t *r = c->root;
     const char *mt;
     SNUG_TRY(get_str(c, r, "model_type", "model_type", &mt));
-    if (!mt)
-        return missing(c, "model_type", "\"llama\", \"mistral\", \"qwen2\" or \"gpt2\"");
-    if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "gpt2"))
+    char list[256];
+    if (!mt) {
+        snug_family_list(-1, list, sizeof list);
+        return missing(c, "model_type", list);
+    }
+    const snug_family *f = snug_family_find(mt);
+    if (!f) {
+        size_t len = 0;
+        for (int i = 0; snug_family_at(i) && len < sizeof list; i++) {
+            const snug_family *g = snug_family_at(i);
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s%s%s%s", i ? ", " : "", g->model_type,
+                                    g->aka ? " (also " : "", g->aka ? g->aka : "", g->aka ? ")" : "");
+        }
         return snug_fail(c->e, SNUG_EINPUT, "%s: key \"model_type\" is \"%.40s\", an architecture snug does not "
-                         "support; supported: llama (also SmolLM, TinyLlama), mistral, qwen2, gpt2", c->path, mt);
+                         "support; supported: %s", c->path, mt, list);
+    }
     SNUG_TRY(copy_str(c, cfg->model_type, sizeof cfg->model_type, mt, "model_type"));
 
     json_t *archs = json_object_get(r, "architectures");
-    const char *arch = default_architecture(mt);
+    const char *arch = f->architecture;
     if (archs && !json_is_null(archs)) {
         if (!json_is_array(archs))
             return wrong_type(c, "architectures", archs, "a list of strings");
@@ -334,7 +344,8 @@ static int parse_root(snug_model_config *cfg, const ctx *c) {
     }
     SNUG_TRY(copy_str(c, cfg->architecture, sizeof cfg->architecture, arch, "architectures[0]"));
 
-    SNUG_TRY(strcmp(mt, "gpt2") == 0 ? parse_gpt2(cfg, c) : parse_llama(cfg, c));
+    cfg->arch = f->arch;
+    SNUG_TRY(dialects[f->arch].parse(cfg, c));
 
     SNUG_TRY(get_token_id(c, "bos_token_id", &cfg->bos_token_id));
     SNUG_TRY(get_token_id(c, "eos_token_id", &cfg->eos_token_id));
@@ -382,70 +393,28 @@ int snug_model_config_load(snug_model_config *cfg, const char *path, snug_error 
 
 /* ---------------------------------------------------------------------------------------------------------------- */
 
-int snug_model_config_validate(const snug_model_config *cfg, const char *path, snug_error *e) {
-    int gpt2 = cfg->arch == SNUG_ARCH_GPT2;
-    const char *mt = cfg->model_type;
-    if (cfg->arch != SNUG_ARCH_LLAMA && !gpt2)
-        return snug_fail(e, SNUG_EINTERNAL, "%s: unknown architecture %d", path, (int)cfg->arch);
-    if (gpt2 ? strcmp(mt, "gpt2") != 0
-             : (strcmp(mt, "llama") != 0 && strcmp(mt, "mistral") != 0 && strcmp(mt, "qwen2") != 0))
-        return snug_fail(e, SNUG_EINPUT, "%s: model_type \"%.40s\" does not belong to the %s architecture; use %s",
-                         path, mt, gpt2 ? "GPT-2" : "Llama", gpt2 ? "\"gpt2\"" : "\"llama\", \"mistral\" or \"qwen2\"");
-    /* The keys as the user's config.json spells them. */
-    const char *kC = gpt2 ? "n_embd" : "hidden_size", *kI = gpt2 ? "n_inner" : "intermediate_size",
-               *kL = gpt2 ? "n_layer" : "num_hidden_layers", *kNH = gpt2 ? "n_head" : "num_attention_heads",
-               *kPos = gpt2 ? "n_positions" : "max_position_embeddings",
-               *kEps = gpt2 ? "layer_norm_epsilon" : "rms_norm_eps";
-    /* the upper bounds are far beyond any published model (a vocabulary of 262k, width 16k, 126 layers) and keep
-     * every size the layout code multiplies within its integers */
-    const struct {
-        const char *key;
-        int v, max;
-    } sizes[] = {
-        {"vocab_size", cfg->vocab_size, 1 << 24},
-        {kC, cfg->hidden_size, 1 << 17},
-        {kI, cfg->intermediate_size, 1 << 20},
-        {kL, cfg->n_layer, 1 << 12},
-        {kNH, cfg->n_head, 1 << 12},
-        {"num_key_value_heads", cfg->n_kv_head, 1 << 12},
-        {"head_dim", cfg->head_dim, INT_MAX},
-        {kPos, cfg->max_position, INT_MAX},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        if (sizes[i].v <= 0)
-            return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; it must be a positive integer", path, sizes[i].key,
-                             sizes[i].v);
-        if (sizes[i].v > sizes[i].max)
-            return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; snug plans and trains models with %s up to %d", path,
-                             sizes[i].key, sizes[i].v, sizes[i].key, sizes[i].max);
-    }
-    if (!(cfg->norm_eps > 0) || !isfinite(cfg->norm_eps))
-        return snug_fail(e, SNUG_EINPUT, "%s: %s is %g; it must be a small positive number such as 1e-05", path, kEps,
-                         (double)cfg->norm_eps);
-    if (!(cfg->initializer_range >= 0) || !isfinite(cfg->initializer_range))
-        return snug_fail(e, SNUG_EINPUT, "%s: initializer_range is %g; it must be a non-negative number such as 0.02",
-                         path, (double)cfg->initializer_range);
-    if (cfg->bos_token_id < -1 || cfg->eos_token_id < -1 || cfg->pad_token_id < -1)
-        return snug_fail(e, SNUG_EINPUT, "%s: a token id (bos/eos/pad) is negative; use a valid id or remove it", path);
-    if (cfg->head_dim > SNUG_MAX_HEAD_DIM) {
-        if (gpt2)
-            return snug_fail(e, SNUG_EINPUT, "%s: head_dim (n_embd / n_head) is %d but the attention kernels support "
-                             "at most %d; raise n_head so that n_embd / n_head <= %d", path, cfg->head_dim,
-                             SNUG_MAX_HEAD_DIM, SNUG_MAX_HEAD_DIM);
+/* GPT-2's own constraints: heads of equal width without grouped KV heads, biases everywhere, a tied head. */
+static int check_gpt2(const snug_model_config *cfg, const char *path, snug_error *e) {
+    if (cfg->head_dim > SNUG_MAX_HEAD_DIM)
+        return snug_fail(e, SNUG_EINPUT, "%s: head_dim (n_embd / n_head) is %d but the attention kernels support "
+                         "at most %d; raise n_head so that n_embd / n_head <= %d", path, cfg->head_dim,
+                         SNUG_MAX_HEAD_DIM, SNUG_MAX_HEAD_DIM);
+    if ((long long)cfg->n_head * cfg->head_dim != cfg->hidden_size || cfg->n_kv_head != cfg->n_head)
+        return snug_fail(e, SNUG_EINPUT, "%s: n_head (%d) must divide n_embd (%d) into heads of equal width with "
+                         "no grouped KV heads; fix n_head", path, cfg->n_head, cfg->hidden_size);
+    if (!cfg->qkv_bias || !cfg->o_bias || !cfg->mlp_bias || !cfg->tie_embeddings)
+        return snug_fail(e, SNUG_EINPUT, "%s: GPT-2 has biases everywhere and a tied head "
+                         "(tie_word_embeddings true); fix the configuration", path);
+    return 0;
+}
+
+/* The Llama scheme's constraints: grouped KV heads, RoPE, and the biases each family can express. */
+static int check_llama(const snug_model_config *cfg, const char *path, snug_error *e) {
+    if (cfg->head_dim > SNUG_MAX_HEAD_DIM)
         return snug_fail(e, SNUG_EINPUT, "%s: head_dim is %d but the attention kernels support at most %d; set "
                          "head_dim to at most %d (or, without head_dim, raise num_attention_heads so that "
                          "hidden_size / num_attention_heads <= %d)", path, cfg->head_dim, SNUG_MAX_HEAD_DIM,
                          SNUG_MAX_HEAD_DIM, SNUG_MAX_HEAD_DIM);
-    }
-    if (gpt2) {
-        if ((long long)cfg->n_head * cfg->head_dim != cfg->hidden_size || cfg->n_kv_head != cfg->n_head)
-            return snug_fail(e, SNUG_EINPUT, "%s: n_head (%d) must divide n_embd (%d) into heads of equal width with "
-                             "no grouped KV heads; fix n_head", path, cfg->n_head, cfg->hidden_size);
-        if (!cfg->qkv_bias || !cfg->o_bias || !cfg->mlp_bias || !cfg->tie_embeddings)
-            return snug_fail(e, SNUG_EINPUT, "%s: GPT-2 has biases everywhere and a tied head "
-                             "(tie_word_embeddings true); fix the configuration", path);
-        return 0;
-    }
     if (cfg->n_head % cfg->n_kv_head != 0)
         return snug_fail(e, SNUG_EINPUT, "%s: num_key_value_heads (%d) does not divide num_attention_heads (%d); set "
                          "num_key_value_heads to a divisor of %d", path, cfg->n_kv_head, cfg->n_head, cfg->n_head);
@@ -471,16 +440,62 @@ int snug_model_config_validate(const snug_model_config *cfg, const char *path, s
     if (cfg->rope_type != SNUG_ROPE_DEFAULT && cfg->rope_type != SNUG_ROPE_LINEAR && cfg->rope_type != SNUG_ROPE_LLAMA3)
         return snug_fail(e, SNUG_EINTERNAL, "%s: unknown rope type %d", path, (int)cfg->rope_type);
     /* Biases each family can express in its config.json. */
-    if (strcmp(mt, "qwen2") == 0 && (!cfg->qkv_bias || cfg->o_bias || cfg->mlp_bias))
-        return snug_fail(e, SNUG_EINPUT, "%s: qwen2 has q/k/v biases and no other biases; use model_type llama for "
-                         "other bias settings", path);
-    if (strcmp(mt, "mistral") == 0 && (cfg->qkv_bias || cfg->o_bias || cfg->mlp_bias))
-        return snug_fail(e, SNUG_EINPUT, "%s: mistral has no biases; use model_type llama (attention_bias, mlp_bias) "
-                         "for biases", path);
-    if (strcmp(mt, "llama") == 0 && cfg->qkv_bias != cfg->o_bias)
-        return snug_fail(e, SNUG_EINPUT, "%s: llama's attention_bias sets q/k/v and o biases together; use "
-                         "model_type qwen2 for q/k/v biases alone", path);
+    snug_bias_rule bias = snug_family_find(cfg->model_type)->bias;
+    if (bias == SNUG_BIAS_QKV && (!cfg->qkv_bias || cfg->o_bias || cfg->mlp_bias))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s has q/k/v biases and no other biases; use model_type llama for "
+                         "other bias settings", path, cfg->model_type);
+    if (bias == SNUG_BIAS_NONE && (cfg->qkv_bias || cfg->o_bias || cfg->mlp_bias))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s has no biases; use model_type llama (attention_bias, mlp_bias) "
+                         "for biases", path, cfg->model_type);
+    if (bias == SNUG_BIAS_KEYS && cfg->qkv_bias != cfg->o_bias)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s's attention_bias sets q/k/v and o biases together; use "
+                         "model_type qwen2 for q/k/v biases alone", path, cfg->model_type);
     return 0;
+}
+
+int snug_model_config_validate(const snug_model_config *cfg, const char *path, snug_error *e) {
+    const snug_scheme *sc = snug_scheme_of(cfg->arch);
+    const snug_family *f = snug_family_find(cfg->model_type);
+    if (!sc)
+        return snug_fail(e, SNUG_EINTERNAL, "%s: unknown architecture %d", path, (int)cfg->arch);
+    if (!f || f->arch != cfg->arch) {
+        char list[256];
+        snug_family_list(cfg->arch, list, sizeof list);
+        return snug_fail(e, SNUG_EINPUT, "%s: model_type \"%.40s\" does not belong to the %s architecture; use %s",
+                         path, cfg->model_type, sc->name, list);
+    }
+    /* the upper bounds are far beyond any published model (a vocabulary of 262k, width 16k, 126 layers) and keep
+     * every size the layout code multiplies within its integers; the keys as the user's config.json spells them */
+    const struct {
+        const char *key;
+        int v, max;
+    } sizes[] = {
+        {"vocab_size", cfg->vocab_size, 1 << 24},
+        {sc->k_hidden, cfg->hidden_size, 1 << 17},
+        {sc->k_inner, cfg->intermediate_size, 1 << 20},
+        {sc->k_layers, cfg->n_layer, 1 << 12},
+        {sc->k_heads, cfg->n_head, 1 << 12},
+        {"num_key_value_heads", cfg->n_kv_head, 1 << 12},
+        {"head_dim", cfg->head_dim, INT_MAX},
+        {sc->k_positions, cfg->max_position, INT_MAX},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (sizes[i].v <= 0)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; it must be a positive integer", path, sizes[i].key,
+                             sizes[i].v);
+        if (sizes[i].v > sizes[i].max)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is %d; snug plans and trains models with %s up to %d", path,
+                             sizes[i].key, sizes[i].v, sizes[i].key, sizes[i].max);
+    }
+    if (!(cfg->norm_eps > 0) || !isfinite(cfg->norm_eps))
+        return snug_fail(e, SNUG_EINPUT, "%s: %s is %g; it must be a small positive number such as 1e-05", path,
+                         sc->k_eps, (double)cfg->norm_eps);
+    if (!(cfg->initializer_range >= 0) || !isfinite(cfg->initializer_range))
+        return snug_fail(e, SNUG_EINPUT, "%s: initializer_range is %g; it must be a non-negative number such as 0.02",
+                         path, (double)cfg->initializer_range);
+    if (cfg->bos_token_id < -1 || cfg->eos_token_id < -1 || cfg->pad_token_id < -1)
+        return snug_fail(e, SNUG_EINPUT, "%s: a token id (bos/eos/pad) is negative; use a valid id or remove it", path);
+    return dialects[cfg->arch].check(cfg, path, e);
 }
 
 /* The shortest decimal that reads back as the same float, so 1e-5f is written 1e-05, not 9.99999975e-06. */
@@ -537,9 +552,10 @@ static json_t *rope_scaling_json(const snug_model_config *cfg) {
 
 static json_t *llama_json(const snug_model_config *cfg) {
     const char *mt = cfg->model_type;
+    const snug_family *f = snug_family_find(mt);
     json_t *o = json_object();
     json_object_set_new(o, "architectures", json_pack("[s]", cfg->architecture[0] ? cfg->architecture
-                                                                                   : default_architecture(mt)));
+                                                                                   : f->architecture));
     json_object_set_new(o, "model_type", json_string(mt));
     json_object_set_new(o, "vocab_size", json_integer(cfg->vocab_size));
     json_object_set_new(o, "hidden_size", json_integer(cfg->hidden_size));
@@ -553,24 +569,24 @@ static json_t *llama_json(const snug_model_config *cfg) {
     json_object_set_new(o, "max_position_embeddings", json_integer(cfg->max_position));
     json_object_set_new(o, "rope_theta", json_real(cfg->rope_theta));
     json_object_set_new(o, "rope_scaling", rope_scaling_json(cfg));
-    if (strcmp(mt, "llama") == 0) {
+    if (f->bias == SNUG_BIAS_KEYS) {
         json_object_set_new(o, "attention_bias", json_boolean(cfg->o_bias));
         json_object_set_new(o, "mlp_bias", json_boolean(cfg->mlp_bias));
     }
     json_object_set_new(o, "attention_dropout", json_real(0.0));
-    if (strcmp(mt, "qwen2") == 0)
+    if (f->sliding & SNUG_SLIDING_FLAG)
         json_object_set_new(o, "use_sliding_window", json_false());
-    if (strcmp(mt, "qwen2") == 0 || strcmp(mt, "mistral") == 0)
+    if (f->sliding & SNUG_SLIDING_NULL)
         json_object_set_new(o, "sliding_window", json_null()); /* snug trains with full attention */
     json_object_set_new(o, "tie_word_embeddings", json_boolean(cfg->tie_embeddings));
     return o;
 }
 
 static json_t *gpt2_json(const snug_model_config *cfg) {
+    const char *cls = cfg->architecture[0] ? cfg->architecture : snug_family_of(cfg)->architecture;
     json_t *o = json_object();
-    json_object_set_new(o, "architectures", json_pack("[s]", cfg->architecture[0] ? cfg->architecture
-                                                                                   : "GPT2LMHeadModel"));
-    json_object_set_new(o, "model_type", json_string("gpt2"));
+    json_object_set_new(o, "architectures", json_pack("[s]", cls));
+    json_object_set_new(o, "model_type", json_string(cfg->model_type));
     json_object_set_new(o, "vocab_size", json_integer(cfg->vocab_size));
     json_object_set_new(o, "n_embd", json_integer(cfg->hidden_size));
     json_object_set_new(o, "n_layer", json_integer(cfg->n_layer));
@@ -590,9 +606,14 @@ static json_t *gpt2_json(const snug_model_config *cfg) {
     return o;
 }
 
+static const dialect dialects[SNUG_NARCH] = {
+    [SNUG_ARCH_LLAMA] = {parse_llama, llama_json, check_llama},
+    [SNUG_ARCH_GPT2] = {parse_gpt2, gpt2_json, check_gpt2},
+};
+
 int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_error *e) {
     SNUG_TRY(snug_model_config_validate(cfg, path, e));
-    json_t *o = cfg->arch == SNUG_ARCH_GPT2 ? gpt2_json(cfg) : llama_json(cfg);
+    json_t *o = dialects[cfg->arch].to_json(cfg);
     if (!o)
         return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
     set_token(o, "bos_token_id", cfg->bos_token_id);
@@ -617,20 +638,16 @@ int snug_generation_config_save(const snug_model_config *cfg, const char *path, 
 }
 
 long long snug_model_config_nparams(const snug_model_config *cfg) {
+    snug_block b = snug_block_of(cfg);
     long long V = cfg->vocab_size, C = cfg->hidden_size, I = cfg->intermediate_size, L = cfg->n_layer;
-    if (cfg->arch == SNUG_ARCH_GPT2) {
-        long long layer = 4 * C                 /* ln_1, ln_2 weight and bias */
-                          + C * 3 * C + 3 * C   /* c_attn */
-                          + C * C + C           /* attn c_proj */
-                          + C * I + I           /* c_fc */
-                          + I * C + C;          /* mlp c_proj */
-        return V * C + (long long)cfg->max_position * C + 2 * C + L * layer;
-    }
     long long Q = (long long)cfg->n_head * cfg->head_dim, KV = (long long)cfg->n_kv_head * cfg->head_dim;
-    long long layer = 2 * C                     /* input and post-attention norms */
-                      + C * Q + 2 * C * KV      /* q, k, v */
-                      + Q * C                   /* o */
-                      + 3 * C * I               /* gate, up, down */
-                      + (cfg->qkv_bias ? Q + 2 * KV : 0) + (cfg->o_bias ? C : 0) + (cfg->mlp_bias ? 2 * I + C : 0);
-    return V * C + (cfg->tie_embeddings ? 0 : V * C) + C + L * layer;
+    long long norm = b.norm == SNUG_NORM_LAYER ? 2 * C : C; /* a weight (and LayerNorm's bias) */
+    long long fc = b.mlp == SNUG_MLP_SWIGLU ? 2 * I : I;    /* the rows of gate and up, or of the one up projection */
+    long long layer = 2 * norm                              /* before attention and before the MLP */
+                      + C * Q + 2 * C * KV                  /* q, k, v */
+                      + Q * C                               /* o */
+                      + fc * C + I * C                      /* the MLP */
+                      + (cfg->qkv_bias ? Q + 2 * KV : 0) + (cfg->o_bias ? C : 0) + (cfg->mlp_bias ? fc + C : 0);
+    long long pos = b.pos == SNUG_POS_LEARNED ? (long long)cfg->max_position * C : 0;
+    return V * C + (cfg->tie_embeddings ? 0 : V * C) + pos + norm + L * layer;
 }

@@ -60,8 +60,8 @@ static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5)
  * where the previous piece left it (len even but for the last piece, so the Box-Muller pairs stay whole). */
 static void init_values(const snug_param_entry *p, double std, int n_layer, uint64_t *s, float *x, size_t len) {
     int is_norm_w = p->ndim == 1 && (strstr(p->name, "norm") || strstr(p->name, "ln_")) && ends_with(p->name, "weight");
-    int residual_out = ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight") ||
-                       ends_with(p->name, "c_proj.weight");
+    int site = p->ndim == 2 ? model_weight_site(p->name) : -1; /* the outputs into the residual stream */
+    int residual_out = site == SNUG_SITE_O || site == SNUG_SITE_PROJ;
     double sd = residual_out ? std / sqrt(2.0 * n_layer) : std;
     if (p->ndim == 1) {
         for (size_t k = 0; k < len; k++)

@@ -19,66 +19,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/family.h"
 #include "model/lora.h"
 
-/* The adaptable modules of a block, in the order of the architecture's modules. */
-typedef struct module_def {
-    const char *name; /* Hugging Face module path inside a block */
-    snug_site site;
-} module_def;
-
-static const module_def llama_modules[] = {
-    {"self_attn.q_proj", SNUG_SITE_QKV}, {"self_attn.k_proj", SNUG_SITE_QKV}, {"self_attn.v_proj", SNUG_SITE_QKV},
-    {"self_attn.o_proj", SNUG_SITE_O},   {"mlp.gate_proj", SNUG_SITE_FC},     {"mlp.up_proj", SNUG_SITE_FC},
-    {"mlp.down_proj", SNUG_SITE_PROJ},
-};
-static const module_def gpt2_modules[] = {
-    {"attn.c_attn", SNUG_SITE_QKV},
-    {"attn.c_proj", SNUG_SITE_O},
-    {"mlp.c_fc", SNUG_SITE_FC},
-    {"mlp.c_proj", SNUG_SITE_PROJ},
-};
-
-static const module_def *modules(snug_arch arch, int *n) {
-    if (arch == SNUG_ARCH_GPT2) {
-        *n = (int)(sizeof gpt2_modules / sizeof *gpt2_modules);
-        return gpt2_modules;
-    }
-    *n = (int)(sizeof llama_modules / sizeof *llama_modules);
-    return llama_modules;
-}
-
+/* The adaptable modules of a block: its scheme's linear modules (family.c), in their order. */
 const char *snug_lora_module_name(snug_arch arch, int k) {
-    int n;
-    const module_def *d = modules(arch, &n);
-    return k >= 0 && k < n ? d[k].name : NULL;
+    const snug_scheme *s = snug_scheme_of(arch);
+    return s && k >= 0 && k < s->n_modules ? s->modules[k].name : NULL;
 }
 
 int snug_lora_module_count(snug_arch arch) {
-    int n;
-    modules(arch, &n);
-    return n;
+    const snug_scheme *s = snug_scheme_of(arch);
+    return s ? s->n_modules : 0;
 }
 
 unsigned snug_lora_all_linear(snug_arch arch) { return (1u << snug_lora_module_count(arch)) - 1u; }
 
-unsigned snug_lora_default_targets(snug_arch arch) { return arch == SNUG_ARCH_GPT2 ? 1u : (1u << 0) | (1u << 2); }
+unsigned snug_lora_default_targets(snug_arch arch) {
+    const snug_scheme *s = snug_scheme_of(arch);
+    unsigned t = 0;
+    for (int k = 0; s && k < s->n_modules; k++)
+        t |= s->modules[k].lora_default ? 1u << k : 0u;
+    return t;
+}
 
 snug_site snug_lora_module_site(snug_arch arch, int k) {
-    int n;
-    const module_def *d = modules(arch, &n);
-    return k >= 0 && k < n ? d[k].site : SNUG_NSITES;
+    const snug_scheme *s = snug_scheme_of(arch);
+    return s && k >= 0 && k < s->n_modules ? s->modules[k].site : SNUG_NSITES;
 }
 
 void snug_lora_module_shape(const snug_model_config *c, int k, int *row0, int *rows, int *in) {
-    int C = c->hidden_size, I = c->intermediate_size, q = c->n_head * c->head_dim, kv = c->n_kv_head * c->head_dim;
-    if (c->arch == SNUG_ARCH_GPT2) {
-        const int r0[] = {0, 0, 0, 0}, rs[] = {3 * C, C, I, C}, ins[] = {C, C, C, I};
-        *row0 = r0[k], *rows = rs[k], *in = ins[k];
-        return;
-    }
-    const int r0[] = {0, q, q + kv, 0, 0, I, 0}, rs[] = {q, kv, kv, C, I, I, C}, ins[] = {C, C, C, q, C, C, I};
-    *row0 = r0[k], *rows = rs[k], *in = ins[k];
+    int64_t r0 = 0, rs = 0, n = 0;
+    snug_module_shape(c, k, &r0, &rs, &n);
+    *row0 = (int)r0, *rows = (int)rs, *in = (int)n;
 }
 
 int snug_lora_layers_named(const snug_lora_cfg *lc) {

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/family.h" /* snug_site */
 #include "model/params.h"
 
 /* LoRA (adapter: lora): the base weights frozen, a trainable low-rank pair per adapted linear module,
@@ -48,10 +49,6 @@ typedef struct snug_lora_cfg {
     size_t q4_chunk;      /* elements of a 4-bit matrix dequantized at a time at most; 0 = 2^24 (64 MiB in fp32).
                            * DoRA: of a module's weight at a time in its norms and gradient; 0 = 2^20 */
 } snug_lora_cfg;
-
-/* The linear layers of a block, where the model computes them: the fused q/k/v projection, the attention output,
- * the fused gate/up (or GPT-2's c_fc) and the MLP output. */
-typedef enum snug_site { SNUG_SITE_QKV = 0, SNUG_SITE_O, SNUG_SITE_FC, SNUG_SITE_PROJ, SNUG_NSITES } snug_site;
 
 /* One adapted module: its rows of a site's output and its input width. */
 typedef struct snug_lora_module {

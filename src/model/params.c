@@ -2,7 +2,7 @@
  *
  * Order: token embedding, (GPT-2) position embedding, then each layer's tensors, then the final norm and, when not
  * tied, the output head. Within a layer, q/k/v weights (and biases) are adjacent so they form one (QKV, C) matrix,
- * and gate/up likewise form one (2I, C) matrix. */
+ * and gate/up likewise form one (2I, C) matrix. The names are the family's scheme's (family.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +10,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "model/family.h"
 #include "model/model.h"
 
 typedef struct builder {
@@ -50,81 +51,71 @@ int snug_param_table_add(snug_param_table *t, int *cap, size_t *off, const char 
     return 0;
 }
 
-static int build_llama(builder *b, const snug_model_config *c) {
-    int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
-    int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_kv_head * c->head_dim;
+/* A norm's tensors (C): its weight, and LayerNorm's bias. */
+static int add_norm(builder *b, const char *path, int C, int ln, int layer) {
+    char n[96];
+    snprintf(n, sizeof n, "%s.weight", path);
+    int rc = add(b, n, 1, C, 0, layer, 0);
+    if (ln) {
+        snprintf(n, sizeof n, "%s.bias", path);
+        rc |= add(b, n, 1, C, 0, layer, 0);
+    }
+    return rc;
+}
+
+/* Site s's modules of layer l: every weight ((rows, in), or Conv1D's (in, rows) transposed), then, with biases,
+ * every bias (rows). A module of several parts (GPT-2's c_attn: q, k, v) is a tensor of as many segments. */
+static int add_site(builder *b, const snug_model_config *c, const snug_scheme *sc, snug_site s, int bias, int l) {
+    char n[96];
+    int rc = 0;
+    for (int pass = 0; pass < 1 + !!bias; pass++)
+        for (int k = 0; k < sc->n_modules; k++) {
+            int64_t row0, rows, in;
+            const snug_module_def *d = snug_module_shape(c, k, &row0, &rows, &in);
+            if (d->site != s)
+                continue;
+            snprintf(n, sizeof n, "%s.%d.%s.%s", sc->layers, b->l0 + l, d->name, pass ? "bias" : "weight");
+            rc |= pass ? add(b, n, 1, rows, 0, l, 0)
+                  : sc->conv1d ? add(b, n, 2, in, rows, l, 1) : add(b, n, 2, rows, in, l, 0);
+            if (!rc && d->parts > 1)
+                b->t->e[b->t->n - 1].segs = d->parts;
+        }
+    return rc;
+}
+
+/* The table of a config's family, named as its scheme names the tensors (family.c). Layer l: norm1, q/k/v (and
+ * their biases), o, norm2, the MLP's first projection(s), its output. */
+static int build(builder *b, const snug_model_config *c) {
+    const snug_scheme *sc = snug_scheme_of(c->arch);
+    snug_block blk = snug_block_of(c);
+    int C = c->hidden_size, V = c->vocab_size, ln = blk.norm == SNUG_NORM_LAYER;
     char n[96];
     int tied_head = (b->parts & SNUG_PARTS_HEAD) && c->tie_embeddings;
-    int rc = (b->parts & SNUG_PARTS_EMBED) || tied_head ? add(b, "model.embed_tokens.weight", 2, V, C, -1, 0) : 0;
+    snprintf(n, sizeof n, "%s.weight", sc->embed);
+    int rc = (b->parts & SNUG_PARTS_EMBED) || tied_head ? add(b, n, 2, V, C, -1, 0) : 0;
+    if ((b->parts & SNUG_PARTS_EMBED) && blk.pos == SNUG_POS_LEARNED && sc->pos_embed) {
+        snprintf(n, sizeof n, "%s.weight", sc->pos_embed);
+        rc |= add(b, n, 2, c->max_position, C, -1, 0);
+    }
     for (int l = 0; l < c->n_layer && !rc; l++) {
         b->t->layer_offset[l] = b->off;
-#define P(fmt, nd, d0, d1)                                                                                             \
-    (snprintf(n, sizeof n, "model.layers.%d." fmt, b->l0 + l), rc |= add(b, n, nd, d0, d1, l, 0))
-        P("input_layernorm.weight", 1, C, 0);
-        P("self_attn.q_proj.weight", 2, qd, C);
-        P("self_attn.k_proj.weight", 2, kvd, C);
-        P("self_attn.v_proj.weight", 2, kvd, C);
-        if (c->qkv_bias) {
-            P("self_attn.q_proj.bias", 1, qd, 0);
-            P("self_attn.k_proj.bias", 1, kvd, 0);
-            P("self_attn.v_proj.bias", 1, kvd, 0);
-        }
-        P("self_attn.o_proj.weight", 2, C, qd);
-        if (c->o_bias)
-            P("self_attn.o_proj.bias", 1, C, 0);
-        P("post_attention_layernorm.weight", 1, C, 0);
-        P("mlp.gate_proj.weight", 2, I, C);
-        P("mlp.up_proj.weight", 2, I, C);
-        if (c->mlp_bias) {
-            P("mlp.gate_proj.bias", 1, I, 0);
-            P("mlp.up_proj.bias", 1, I, 0);
-        }
-        P("mlp.down_proj.weight", 2, C, I);
-        if (c->mlp_bias)
-            P("mlp.down_proj.bias", 1, C, 0);
-#undef P
+        char norm[64];
+        snprintf(norm, sizeof norm, "%s.%d.%s", sc->layers, b->l0 + l, sc->norm1);
+        rc |= add_norm(b, norm, C, ln, l);
+        rc |= add_site(b, c, sc, SNUG_SITE_QKV, c->qkv_bias, l);
+        rc |= add_site(b, c, sc, SNUG_SITE_O, c->o_bias, l);
+        snprintf(norm, sizeof norm, "%s.%d.%s", sc->layers, b->l0 + l, sc->norm2);
+        rc |= add_norm(b, norm, C, ln, l);
+        rc |= add_site(b, c, sc, SNUG_SITE_FC, c->mlp_bias, l);
+        rc |= add_site(b, c, sc, SNUG_SITE_PROJ, c->mlp_bias, l);
         b->t->layer_numel[l] = b->off - b->t->layer_offset[l];
     }
     if (!(b->parts & SNUG_PARTS_HEAD))
         return rc;
-    rc |= add(b, "model.norm.weight", 1, C, 0, -1, 0);
-    if (!c->tie_embeddings)
-        rc |= add(b, "lm_head.weight", 2, V, C, -1, 0);
-    return rc;
-}
-
-static int build_gpt2(builder *b, const snug_model_config *c) {
-    int C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
-    int qd = c->n_head * c->head_dim; /* C, but a tensor-parallel rank's share of the heads */
-    char n[96];
-    int embed = b->parts & SNUG_PARTS_EMBED, head = b->parts & SNUG_PARTS_HEAD; /* GPT-2's head is tied */
-    int rc = embed || head ? add(b, "transformer.wte.weight", 2, V, C, -1, 0) : 0;
-    if (embed)
-        rc |= add(b, "transformer.wpe.weight", 2, c->max_position, C, -1, 0);
-    for (int l = 0; l < c->n_layer && !rc; l++) {
-        b->t->layer_offset[l] = b->off;
-#define P(fmt, nd, d0, d1, tr)                                                                                         \
-    (snprintf(n, sizeof n, "transformer.h.%d." fmt, b->l0 + l), rc |= add(b, n, nd, d0, d1, l, tr))
-        P("ln_1.weight", 1, C, 0, 0);
-        P("ln_1.bias", 1, C, 0, 0);
-        P("attn.c_attn.weight", 2, C, 3 * qd, 1); /* Conv1D: file [in, out], flat [out, in]; q, k, v rows */
-        b->t->e[b->t->n - 1].segs = 3;
-        P("attn.c_attn.bias", 1, 3 * qd, 0, 0);
-        b->t->e[b->t->n - 1].segs = 3;
-        P("attn.c_proj.weight", 2, qd, C, 1);
-        P("attn.c_proj.bias", 1, C, 0, 0);
-        P("ln_2.weight", 1, C, 0, 0);
-        P("ln_2.bias", 1, C, 0, 0);
-        P("mlp.c_fc.weight", 2, C, I, 1);
-        P("mlp.c_fc.bias", 1, I, 0, 0);
-        P("mlp.c_proj.weight", 2, I, C, 1);
-        P("mlp.c_proj.bias", 1, C, 0, 0);
-#undef P
-        b->t->layer_numel[l] = b->off - b->t->layer_offset[l];
-    }
-    if (head) {
-        rc |= add(b, "transformer.ln_f.weight", 1, C, 0, -1, 0);
-        rc |= add(b, "transformer.ln_f.bias", 1, C, 0, -1, 0);
+    rc |= add_norm(b, sc->final_norm, C, ln, -1);
+    if (!c->tie_embeddings && sc->head) {
+        snprintf(n, sizeof n, "%s.weight", sc->head);
+        rc |= add(b, n, 2, V, C, -1, 0);
     }
     return rc;
 }
@@ -146,9 +137,7 @@ int snug_param_table_build_part(snug_param_table *t, const snug_model_config *cf
     t->layer_offset = calloc((size_t)cfg->n_layer + 1, sizeof *t->layer_offset);
     t->layer_numel = calloc((size_t)cfg->n_layer + 1, sizeof *t->layer_numel);
     builder b = {.t = t, .l0 = l0, .parts = parts};
-    int rc = (!t->layer_offset || !t->layer_numel) ? -1
-             : cfg->arch == SNUG_ARCH_GPT2        ? build_gpt2(&b, cfg)
-                                                  : build_llama(&b, cfg);
+    int rc = !t->layer_offset || !t->layer_numel || !snug_scheme_of(cfg->arch) ? -1 : build(&b, cfg);
     if (rc) {
         snug_param_table_free(t);
         return snug_fail(e, SNUG_ENOMEM, "out of host memory building the parameter table");

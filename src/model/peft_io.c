@@ -17,6 +17,7 @@
 
 #include "core/fileio.h"
 #include "core/json_util.h"
+#include "model/family.h"
 #include "model/model.h"
 #include "model/peft_io.h"
 #include "model/safetensors.h"
@@ -131,11 +132,12 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     for (int k = 0; k < snug_lora_module_count(m->cfg.arch); k++)
         if (lc->targets & (1u << k))
             json_array_append_new(targets, json_string(target_name(m->cfg.arch, k)));
+    int conv1d = snug_scheme_of(m->cfg.arch)->conv1d; /* PEFT's fan_in_fan_out */
     json_t *j = json_pack("{s:s, s:s, s:s, s:n, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b, s:b, s:n, s:n, s:{}, s:{}}",
                           "peft_type", "LORA", "task_type", "CAUSAL_LM", "base_model_name_or_path",
                           base_name ? base_name : "", "revision", "r", lc->r, "lora_alpha", (double)lc->alpha,
                           "lora_dropout", (double)lc->dropout, "target_modules", targets, "bias", "none",
-                          "fan_in_fan_out", m->cfg.arch == SNUG_ARCH_GPT2, "modules_to_save", "init_lora_weights", 1,
+                          "fan_in_fan_out", conv1d, "modules_to_save", "init_lora_weights", 1,
                           "inference_mode", 1, "layers_to_transform", "layers_pattern", "rank_pattern",
                           "alpha_pattern");
     if (j && lc->rslora)
@@ -257,12 +259,13 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
         rc = bad_key(e, path, "layers_to_transform", "must be a layer index or a list of them");
     }
     v = json_object_get(j, "layers_pattern");
-    const char *own = arch == SNUG_ARCH_GPT2 ? "h" : "layers";
+    const char *own = snug_scheme_of(arch)->blocks;
     if (!rc && v && !json_is_null(v)) {
         json_t *first = json_is_array(v) && json_array_size(v) == 1 ? json_array_get(v, 0) : v;
+        char why[96];
+        snprintf(why, sizeof why, "names other blocks than \"%s\"", own);
         if (!json_is_string(first) || strcmp(json_string_value(first), own))
-            rc = bad_key(e, path, "layers_pattern", arch == SNUG_ARCH_GPT2 ? "names other blocks than \"h\""
-                                                                           : "names other blocks than \"layers\"");
+            rc = bad_key(e, path, "layers_pattern", why);
     }
     /* modules trained in full: embed_tokens and lm_head */
     v = json_object_get(j, "modules_to_save");
@@ -314,11 +317,12 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
     } else if (!rc) {
         rc = bad_key(e, path, "target_modules", "is missing (PEFT's per-architecture default is not guessed)");
     }
-    char unknown[256];
-    if (!rc && snug_lora_targets_parse(arch, list, &out->targets, unknown, sizeof unknown))
+    char unknown[256], all[256];
+    if (!rc && snug_lora_targets_parse(arch, list, &out->targets, unknown, sizeof unknown)) {
+        snug_lora_targets_list(arch, snug_lora_all_linear(arch), all, sizeof all);
         rc = snug_fail(e, SNUG_EINPUT, "%s: target_modules names \"%s\", which is no linear module of this model "
-                       "(its modules: %s)", path, unknown, arch == SNUG_ARCH_GPT2 ? "c_attn, attn.c_proj, c_fc, mlp.c_proj"
-                       : "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+                       "(its modules: %s)", path, unknown, all);
+    }
     json_decref(j);
     return rc;
 }

@@ -3,6 +3,8 @@
  * 16-bit widening buffer wl, QLoRA's dense tensors). */
 #include "model/model_impl.h"
 
+#include "model/family.h"
+
 /* The bias slot paired with weight slot w (a norm's or a linear layer's), or NULL where the weight has none. */
 static float **bias_of(float **w, snug_tensors *v, snug_layer_tensors *L) {
     if (!w)
@@ -17,9 +19,42 @@ static float **bias_of(float **w, snug_tensors *v, snug_layer_tensors *L) {
     return NULL;
 }
 
+/* Whether n names the weight of module path p: ends in p + ".weight", after a '.' or as the whole name. */
+static int names_weight(const char *n, const char *p) {
+    size_t ln = strlen(n), lp = p ? strlen(p) : 0, lw = sizeof ".weight" - 1;
+    return p && ln >= lp + lw && !strcmp(n + ln - lw, ".weight") && !strncmp(n + ln - lw - lp, p, lp) &&
+           (ln == lp + lw || n[ln - lw - lp - 1] == '.');
+}
+
+/* The weight of site s's first module in scheme sc (q_proj of q/k/v, gate_proj of gate/up): the slot's view. */
+static const char *site_weight(const snug_scheme *sc, snug_site s) {
+    for (int k = 0; k < sc->n_modules; k++)
+        if (sc->modules[k].site == s)
+            return sc->modules[k].name;
+    return NULL;
+}
+
+/* The slot a weight named as scheme sc names its tensors fills (family.c), or NULL. */
+static float **scheme_slot(const snug_scheme *sc, const char *n, snug_tensors *v, snug_layer_tensors *L) {
+    if (!L) {
+        if (names_weight(n, sc->embed)) return &v->wte;
+        if (names_weight(n, sc->pos_embed)) return &v->wpe;
+        if (names_weight(n, sc->final_norm)) return &v->lnf_w;
+        if (names_weight(n, sc->head)) return &v->lm_head;
+        return NULL;
+    }
+    if (names_weight(n, sc->norm1)) return &L->ln1_w;
+    if (names_weight(n, site_weight(sc, SNUG_SITE_QKV))) return &L->qkv_w;
+    if (names_weight(n, site_weight(sc, SNUG_SITE_O))) return &L->o_w;
+    if (names_weight(n, sc->norm2)) return &L->ln2_w;
+    if (names_weight(n, site_weight(sc, SNUG_SITE_FC))) return &L->fc_w;
+    if (names_weight(n, site_weight(sc, SNUG_SITE_PROJ))) return &L->proj_w;
+    return NULL;
+}
+
 /* The slot of v (a global tensor) or of L (a layer tensor) that the tensor called `name` fills; NULL for none. A
  * fused matrix's view is its first part's (q_proj of q/k/v, gate_proj of gate/up), and a bias fills the slot paired
- * with its weight's (the same name ending in .weight), so a family's names are listed once, by weight. */
+ * with its weight's (the same name ending in .weight); the names are those of the schemes of the family table. */
 float **model_slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
     if (ends_with(n, ".bias")) {
         char w[256];
@@ -30,19 +65,11 @@ float **model_slot_of(const char *n, snug_tensors *v, snug_layer_tensors *L) {
         memcpy(w + len, ".weight", sizeof ".weight");
         return bias_of(model_slot_of(w, v, L), v, L);
     }
-    if (!L) {
-        if (ends_with(n, "embed_tokens.weight") || ends_with(n, "wte.weight")) return &v->wte;
-        if (ends_with(n, "wpe.weight")) return &v->wpe;
-        if (ends_with(n, "model.norm.weight") || ends_with(n, "ln_f.weight")) return &v->lnf_w;
-        if (ends_with(n, "lm_head.weight")) return &v->lm_head;
-        return NULL;
+    for (int a = 0; a < SNUG_NARCH; a++) {
+        float **slot = scheme_slot(snug_scheme_of((snug_arch)a), n, v, L);
+        if (slot)
+            return slot;
     }
-    if (ends_with(n, "input_layernorm.weight") || ends_with(n, "ln_1.weight")) return &L->ln1_w;
-    if (ends_with(n, "q_proj.weight") || ends_with(n, "c_attn.weight")) return &L->qkv_w;
-    if (ends_with(n, "o_proj.weight") || ends_with(n, "attn.c_proj.weight")) return &L->o_w;
-    if (ends_with(n, "post_attention_layernorm.weight") || ends_with(n, "ln_2.weight")) return &L->ln2_w;
-    if (ends_with(n, "gate_proj.weight") || ends_with(n, "c_fc.weight")) return &L->fc_w;
-    if (ends_with(n, "down_proj.weight") || ends_with(n, "mlp.c_proj.weight")) return &L->proj_w;
     return NULL;
 }
 

@@ -10,6 +10,7 @@
 
 #include "core/fileio.h"
 #include "core/json_util.h"
+#include "model/family.h"
 #include "model/peft_io.h"
 #include "model/presets.h"
 #include "backend/backend_select.h"
@@ -160,12 +161,13 @@ static int resolve_model(snug_setup *r, snug_error *e) {
         if (said[i] && strcmp(r->cfg.model_type, derived[i]))
             return snug_fail(e, SNUG_EINPUT, "%s: is_%s_derived_model is true, but the model's model_type is %s; set "
                              "it to false or remove it", src, i == 2 ? "qwen" : derived[i], r->cfg.model_type);
-    int conv1d = r->cfg.arch == SNUG_ARCH_GPT2; /* PEFT's fan_in_fan_out: the weights stored (in, out) */
+    const snug_scheme *scheme = snug_scheme_of(r->cfg.arch);
+    int conv1d = scheme->conv1d; /* PEFT's fan_in_fan_out: the weights stored (in, out) */
     if (o->adapter && o->lora_fan_in_fan_out >= 0 && o->lora_fan_in_fan_out != conv1d)
-        return snug_fail(e, SNUG_EINPUT, "%s: lora_fan_in_fan_out is %s, but this model's layers are %s "
+        return snug_fail(e, SNUG_EINPUT, "%s: lora_fan_in_fan_out is %s, but this model's layers are %s%s "
                          "(fan_in_fan_out %s); set it to %s or remove it", src,
-                         o->lora_fan_in_fan_out ? "true" : "false", conv1d ? "GPT-2's Conv1D" : "nn.Linear",
-                         conv1d ? "true" : "false", conv1d ? "true" : "false");
+                         o->lora_fan_in_fan_out ? "true" : "false", conv1d ? scheme->name : "nn.Linear",
+                         conv1d ? "'s Conv1D" : "", conv1d ? "true" : "false", conv1d ? "true" : "false");
     if (r->enc.eos_id < 0 && r->cfg.eos_token_id >= r->cfg.vocab_size) /* it would end every example */
         return snug_fail(e, SNUG_EINPUT, "%s/config.json: eos_token_id %d is outside the vocabulary (vocab_size %d); "
                          "set it to the id of the end-of-text token", o->base_model, r->cfg.eos_token_id,
@@ -324,7 +326,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     if (!c->lora_target_modules[0])
         t = c->lora_target_linear ? 0 : snug_lora_default_targets(r->cfg.arch);
     c->lora_targets = t | (c->lora_target_linear ? snug_lora_all_linear(r->cfg.arch) : 0);
-    const char *blocks = r->cfg.arch == SNUG_ARCH_GPT2 ? "h" : "layers";
+    const char *blocks = snug_scheme_of(r->cfg.arch)->blocks;
     if (c->lora_layers_pattern[0] && strcmp(c->lora_layers_pattern, blocks))
         return snug_fail(e, SNUG_EINPUT, "%s: peft_layers_pattern is '%s', but this model's blocks are in '%s'; set it "
                          "to %s or remove it", c->config_path[0] ? c->config_path : "config", c->lora_layers_pattern,

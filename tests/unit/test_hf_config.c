@@ -1,5 +1,6 @@
 /* test_hf_config.c: config.json parsing for Llama 3.1, Qwen2, GPT-2, Mistral, SmolLM, TinyLlama and transformers v5
- * spellings; rejection of bad configs with the key named; save -> parse round trips; parameter counts. */
+ * spellings; rejection of bad configs with the key named; save -> parse round trips; parameter counts; the family
+ * table's rows consistent with their schemes. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,8 @@
 #include "check.h"
 #include "core/fileio.h"
 #include "model/config.h"
+#include "model/family.h"
+#include "model/model.h" /* snug_param_table_build */
 
 static char tmpdir[256];
 
@@ -469,6 +472,51 @@ static void test_head_dim_bound(void) {
            "%s", e.msg);
 }
 
+/* Every row of the family table: found by its model_type, its scheme's modules by site with the parts its block
+ * computes (q, k, v; gate and up for SwiGLU, one up projection for GELU), and a small config of it, spelled as its
+ * scheme spells config.json, round-trips, gets the row's block and class, and counts the parameters its table
+ * lays out. */
+static void test_family_table(void) {
+    for (int i = 0; snug_family_at(i); i++) {
+        const snug_family *f = snug_family_at(i);
+        const snug_scheme *sc = snug_scheme_of(f->arch);
+        CHECKF(snug_family_find(f->model_type) == f && sc, "%s: not found, or no scheme", f->model_type);
+        if (!sc)
+            continue;
+        int parts[SNUG_NSITES] = {0}, last = 0;
+        for (int k = 0; k < sc->n_modules; k++) {
+            CHECKF((int)sc->modules[k].site >= last, "%s: module %s out of site order", f->model_type,
+                   sc->modules[k].name);
+            last = (int)sc->modules[k].site;
+            parts[last] += sc->modules[k].parts;
+        }
+        CHECKF(parts[SNUG_SITE_QKV] == 3 && parts[SNUG_SITE_O] == 1 && parts[SNUG_SITE_PROJ] == 1 &&
+                   parts[SNUG_SITE_FC] == (f->block.mlp == SNUG_MLP_SWIGLU ? 2 : 1),
+               "%s: its modules' parts (%d, %d, %d, %d) do not fit its block", f->model_type, parts[0], parts[1],
+               parts[2], parts[3]);
+        char text[1024];
+        snprintf(text, sizeof text, "{\"model_type\": \"%s\", \"vocab_size\": 100, \"%s\": 64, \"%s\": 96, "
+                 "\"%s\": 2, \"%s\": 4, \"num_key_value_heads\": 4}", f->model_type, sc->k_hidden, sc->k_inner,
+                 sc->k_layers, sc->k_heads);
+        snug_model_config c = PARSE_OK(f->model_type, text);
+        snug_block b = snug_block_of(&c);
+        CHECKF(c.arch == f->arch && b.norm == f->block.norm && b.mlp == f->block.mlp && b.pos == f->block.pos &&
+                   !strcmp(c.architecture, f->architecture),
+               "%s: read as arch %d, class %s", f->model_type, (int)c.arch, c.architecture);
+        snug_param_table t;
+        snug_error e = {0};
+        CHECKF(snug_param_table_build(&t, &c, &e) == 0, "%s: %s", f->model_type, e.msg);
+        CHECKF((long long)t.total == snug_model_config_nparams(&c), "%s: the table holds %zu floats, nparams says "
+               "%lld", f->model_type, t.total, snug_model_config_nparams(&c));
+        snug_param_table_free(&t);
+    }
+    char list[256];
+    snug_family_list(SNUG_ARCH_GPT2, list, sizeof list);
+    CHECKF(!strcmp(list, "\"gpt2\""), "%s", list);
+    snug_family_list(-1, list, sizeof list);
+    CHECKF(!strncmp(list, "\"llama\", \"mistral\", \"qwen2\"", 27) && strstr(list, " or \""), "%s", list);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/snug_test_cfg_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -480,6 +528,7 @@ int main(void) {
     test_huge_numbers();
     test_files();
     test_head_dim_bound();
+    test_family_table();
     CHECKF(rmdir(tmpdir) == 0, "temporary folder %s not empty", tmpdir);
     return check_finish("test_hf_config");
 }
