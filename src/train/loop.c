@@ -231,12 +231,10 @@ static int step_compute(snug_loop *l, int step, step_vals *v, snug_error *e) {
     float scale = nsup ? 1.0f / (float)nsup : 0.0f;
     v->lr = l->sched == SNUG_SCHED_PLATEAU ? l->st.plateau.lr /* what the evaluations so far made of it */
                 : snug_lr_at(l->sched, o->learning_rate, step, l->warmup, l->total, o->cosine_min_lr_ratio, &o->sched);
-    if (o->optimizer_in_backward) { /* the step happens inside backward, layer by layer */
-        r->eng.opt.step++;
-        l->par.in_bwd.lr = v->lr;
-    } else {
+    if (o->optimizer_in_backward) /* the step happens inside backward, layer by layer */
+        snug_parallel_step_in_backward_begin(&l->par, v->lr);
+    else
         snug_zero_grads(&r->eng.model);
-    }
     double loss_sum = 0;
     /* LoRA dropout's masks: a function of the seed, the step and the micro-batch (the same on resume) */
     for (int k = k0; k < k1; k++) {

@@ -575,6 +575,11 @@ int snug_parallel_hook_error(const snug_parallel *p, snug_error *e) {
     return 0;
 }
 
+void snug_parallel_step_in_backward_begin(snug_parallel *p, double lr) {
+    p->r->eng.opt.step++;
+    p->in_bwd.lr = lr;
+}
+
 int snug_parallel_reduce(snug_parallel *p, double *loss_sum, snug_error *e) {
     snug_run *r = p->r;
     const snug_run_config *o = &r->s.c;

@@ -142,6 +142,10 @@ void snug_parallel_skip(snug_parallel *p, int k0, int k1, int nmb);
  * loop after an evaluation). */
 int snug_parallel_hook_error(const snug_parallel *p, snug_error *e);
 
+/* Before a step's backward with optimizer_in_backward: the optimizer's step counted and the step's learning rate
+ * given to the step each layer runs inside backward. */
+void snug_parallel_step_in_backward_begin(snug_parallel *p, double lr);
+
 /* After backward: the hooks' first errors, then the loss and the gradients summed over the ranks (and a tied
  * head's two parts over the pipeline's ends). */
 int snug_parallel_reduce(snug_parallel *p, double *loss_sum, snug_error *e);

@@ -13,7 +13,8 @@
 #                       when none was made (a test that checks nothing passes nothing), else 0
 # and, for a test that starts several ranks:
 #   mpi_setup           sets MPI (mpirun with what it needs here) and one OpenMP thread per rank; fails (1) when
-#                       there is no mpirun, for the test to skip what needs it (ranks.sh skips the whole test)
+#                       there is no mpirun, for the test to skip what needs it
+#   need_mpi            mpi_setup, or the whole test skipped (77) without mpirun
 # A test that ends without finish, skip or an exit status of its own fails: its checks would go uncounted.
 set -u
 SNUG=$(realpath -m "${SNUG_BIN:-build/snug}")
@@ -81,3 +82,5 @@ mpi_setup() {
   export OMP_NUM_THREADS=1 # (3 ranks share 2 cores)
   command -v mpirun >/dev/null
 }
+
+need_mpi() { mpi_setup || skip "no mpirun (scripts/setup.sh installs openmpi-bin)"; }

@@ -1,7 +1,5 @@
-# ranks.sh: shared by the multi-rank CLI tests (sourced after lib.sh, not a test itself). Needs `common` (the options
-# every run shares) set by the sourcing script before the first run. Skips (77) without mpirun; sets MPI and one
-# OpenMP thread per rank (lib.sh's mpi_setup), and run.
-mpi_setup || skip "no mpirun (scripts/setup.sh installs openmpi-bin)"
+# ranks.sh: shared by the multi-rank CLI tests (sourced after lib.sh and its mpi_setup or need_mpi, not a test
+# itself). Needs `common` (the options every run shares) set by the sourcing script before the first run.
 
 # run NAME NP ARGS...: `snug train` as NP ranks (0: one process without mpirun) into $W/NAME, its output in
 # $W/NAME.log

@@ -6,6 +6,7 @@
 # load_best_model_at_end stops where one process stops and saves the same best checkpoint's weights, under ZeRO-1 and
 # 2 too. Skipped (77) without mpirun or an MPI build.
 . "$(dirname "$0")/lib.sh"
+need_mpi
 . "$SRC/tests/cli/ranks.sh"
 
 # Bitwise equality needs each micro-batch to add once to every gradient element, so that accumulating micro-batches

@@ -14,6 +14,7 @@
 #   process's; the settings it cannot take are refused before anything is written.
 # Skipped (77) without mpirun or an MPI build.
 . "$(dirname "$0")/lib.sh"
+need_mpi
 . "$SRC/tests/cli/ranks.sh"
 . "$SRC/tests/cli/noise_floor.sh"
 

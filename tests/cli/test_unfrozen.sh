@@ -14,6 +14,7 @@
 #   tensor parallelism are refused (exit 2) naming the key, before anything is written.
 . "$(dirname "$0")/lib.sh"
 mpi_setup # MPI, one OpenMP thread per process (without mpirun the several-rank checks below are skipped)
+. "$SRC/tests/cli/ranks.sh" # run, refused
 
 . "$SRC/tests/cli/ids_data.sh"
 tok="--tokenizer $SRC/assets/tokenizer --sequence_len 32 --sample_tokens 0 --seed 5 --threads 1"
@@ -29,15 +30,6 @@ config() {
 }
 PATTERNS=("model.layers.[13].mlp" "model.layers.2.self_attn.q_proj" '^model.embed_tokens.weight$[100:900]' "model.norm")
 config unf "${PATTERNS[@]}"
-
-# run NAME NP ARGS...: `snug train` as NP ranks (0: one process) into $W/NAME, its output in $W/NAME.log
-run() {
-  local name=$1 np=$2; shift 2
-  local pre=()
-  [ "$np" -gt 0 ] && pre=("${MPI[@]}" -np "$np")
-  [ "$np" -gt 0 ] && [ "${SNUG_SANITIZED:-0}" = 1 ] && pre=(env ASAN_OPTIONS=detect_leaks=0 "${pre[@]}")
-  "${pre[@]}" "$SNUG" train $common --output_dir "$W/$name" "$@" > "$W/$name.log" 2>&1
-}
 
 # same A B: the two runs' logged losses and final weights are the same bits
 same() {
@@ -171,24 +163,16 @@ else
 fi
 
 # --- refused, before anything is written ---
-# refused NAME PATTERN ARGS...: exit 2, the error matching PATTERN, no output folder
-refused() {
-  local name=$1 pat=$2; shift 2
-  run "$name" 0 "$@"
-  local st=$?
-  [ $st -eq 2 ] && grep -q "$pat" "$W/$name.log" && [ ! -e "$W/$name" ] && ok ||
-    bad "$name: exit $st, $(grep -a error "$W/$name.log" | head -1)"
-}
 config broken "model.layers.(" &&
-  refused broken "unfrozen_parameters\[0\] .* is not a regular expression" "$W/broken.yaml"
+  refused broken 0 "unfrozen_parameters\[0\] .* is not a regular expression" "$W/broken.yaml"
 config nothing "model.norm" "model.layer.0" &&
-  refused nothing "unfrozen_parameters\[1\] 'model.layer.0' matches no tensor" "$W/nothing.yaml"
-config outside "model.norm.weight[0:100000]" && refused outside "outside its 256 rows" "$W/outside.yaml"
-config backwards "model.norm.weight[9:3]" && refused backwards "end must come after its start" "$W/backwards.yaml"
-config empty "model.norm" "" && refused empty "unfrozen_parameters\[1\] is empty" "$W/empty.yaml"
+  refused nothing 0 "unfrozen_parameters\[1\] 'model.layer.0' matches no tensor" "$W/nothing.yaml"
+config outside "model.norm.weight[0:100000]" && refused outside 0 "outside its 256 rows" "$W/outside.yaml"
+config backwards "model.norm.weight[9:3]" && refused backwards 0 "end must come after its start" "$W/backwards.yaml"
+config empty "model.norm" "" && refused empty 0 "unfrozen_parameters\[1\] is empty" "$W/empty.yaml"
 { cat "$W/ids.yaml"; echo "unfrozen_parameters: model.norm"; } > "$W/scalar.yaml"
-refused scalar "unfrozen_parameters must be a list" "$W/scalar.yaml"
-refused lora "unfrozen_parameters picks the tensors a full fine-tune trains" "$W/unf.yaml" --adapter lora
-refused tp "unfrozen_parameters with tensor_parallel_size 2 is not supported" "$W/unf.yaml" --tensor_parallel_size 2
+refused scalar 0 "unfrozen_parameters must be a list" "$W/scalar.yaml"
+refused lora 0 "unfrozen_parameters picks the tensors a full fine-tune trains" "$W/unf.yaml" --adapter lora
+refused tp 0 "unfrozen_parameters with tensor_parallel_size 2 is not supported" "$W/unf.yaml" --tensor_parallel_size 2
 
 finish

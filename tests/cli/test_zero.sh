@@ -30,6 +30,7 @@
 # key. Skipped (77) without mpirun or an MPI
 # build.
 . "$(dirname "$0")/lib.sh"
+need_mpi
 . "$SRC/tests/cli/ranks.sh"
 
 # the data of test_ddp.sh: every id once, so DDP itself is the bits of one process (see there); here the reference
