@@ -2,13 +2,20 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/family.h"
 #include "model/presets.h"
 
-static void llama_base(snug_model_config *c) {
+/* c zeroed and named as the family of model_type names itself (its arch, model_type and class) */
+static void family_base(snug_model_config *c, const char *model_type) {
+    const snug_family *f = snug_family_find(model_type);
     memset(c, 0, sizeof *c);
-    c->arch = SNUG_ARCH_LLAMA;
-    snprintf(c->model_type, sizeof c->model_type, "llama");
-    snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
+    c->arch = f->arch;
+    snprintf(c->model_type, sizeof c->model_type, "%s", f->model_type);
+    snprintf(c->architecture, sizeof c->architecture, "%s", f->architecture);
+}
+
+static void llama_base(snug_model_config *c) {
+    family_base(c, "llama");
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0;
     c->rope_type = SNUG_ROPE_DEFAULT;
@@ -29,10 +36,7 @@ int snug_preset(snug_model_config *c, const char *name, int vocab_size, snug_err
         c->hidden_size = 512, c->intermediate_size = 1376, c->n_layer = 8, c->n_head = 8, c->n_kv_head = 4;
         c->max_position = 2048, c->tie_embeddings = 1;
     } else if (!strcmp(name, "gpt2-124m")) {
-        memset(c, 0, sizeof *c);
-        c->arch = SNUG_ARCH_GPT2;
-        snprintf(c->model_type, sizeof c->model_type, "gpt2");
-        snprintf(c->architecture, sizeof c->architecture, "GPT2LMHeadModel");
+        family_base(c, "gpt2");
         c->hidden_size = 768, c->intermediate_size = 3072, c->n_layer = 12, c->n_head = 12, c->n_kv_head = 12;
         c->max_position = 1024, c->tie_embeddings = 1, c->qkv_bias = c->o_bias = c->mlp_bias = 1;
         c->norm_eps = 1e-5f, c->initializer_range = 0.02f;
