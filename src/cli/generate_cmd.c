@@ -18,6 +18,16 @@
 static int generate(const char *dir, const char *adapter, const char *prompt_text, int max_new, int threads,
                     const snug_sampling *sp, FILE *out, snug_error *e);
 
+void snug_generate_usage(FILE *f) {
+    fprintf(f, "usage: snug generate MODEL_DIR [--prompt TEXT] [--max_new_tokens N] [--temperature T] [--top_k K] "
+               "[--top_p P] [--seed S] [--threads N] [--adapter DIR]\n\n"
+               "Continues --prompt with the model in MODEL_DIR (a Hugging Face folder, or a PEFT adapter folder, whose "
+               "base_model_name_or_path is then loaded under it). Its flags are configuration keys, range-checked as "
+               "in training:\n");
+    snug_generate_flags_help(f);
+    fprintf(f, "  adapter: a folder\n      a PEFT adapter applied on MODEL_DIR\n");
+}
+
 int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e) {
     if (argc < 1 || argv[0][0] == '-')
         return snug_fail(e, SNUG_EINPUT, "usage: snug generate MODEL_DIR [--prompt TEXT] [--max_new_tokens N] "

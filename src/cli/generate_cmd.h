@@ -7,5 +7,7 @@
 #include "core/error.h"
 
 int snug_generate_cmd(int argc, char **argv, FILE *out, snug_error *e);
+/* `snug generate --help`: the usage and every flag the command takes. */
+void snug_generate_usage(FILE *f);
 
 #endif

@@ -12,6 +12,7 @@
 #include "cli/options.h"
 #include "cli/parity.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "dist/comm.h"
 #include "cli/plan_cmd.h"
 #include "train/trainer.h"
@@ -33,12 +34,14 @@ static void usage(FILE *f) {
             "                        --dump FILE.jsonl writes every example as input_ids + labels\n"
             "  generate MODEL_DIR    sample from a saved model (--adapter DIR: with a PEFT LoRA adapter; an adapter\n"
             "                        folder alone uses the base it names): --prompt TEXT --max_new_tokens N --temperature T\n"
-            "                        --top_k K --top_p P --seed S\n"
+            "                        --top_k K --top_p P --seed S --threads N\n"
             "  merge BASE ADAPTER OUT  merge a PEFT LoRA adapter into its base and write a full model folder (fp32\n"
             "                        arithmetic, rounded once to the base's dtype); --base_as nf4: into the base's\n"
             "                        4-bit round trip, the weights a QLoRA adapter was trained on (int8: the 8-bit\n"
             "                        one of load_in_8bit)\n"
-            "  help                  this text; `snug train --help` lists every configuration key\n"
+            "  help                  this text; `snug train --help` lists every configuration key, `snug generate\n"
+            "                        --help` the flags of generate\n"
+            "  --version             snug's version\n"
             "\n"
             "Every configuration key can be given in the YAML file or on the command line (--learning_rate 1e-4).\n");
 }
@@ -147,6 +150,10 @@ int main(int argc, char **argv) {
         }
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("snug %s\n", SNUG_VERSION);
+        return 0;
+    }
     const char *cmd = argv[1];
     snug_error e = {0};
     snug_run_config *o = calloc(1, sizeof *o);
@@ -189,6 +196,11 @@ int main(int argc, char **argv) {
         }
         rc = snug_preprocess_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "generate")) {
+        if (has_help(argc - 2, argv + 2)) {
+            snug_generate_usage(stdout);
+            free(o);
+            return 0;
+        }
         rc = snug_generate_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "merge")) {
         /* --base_as nf4|fp4|int8: merge into the base's 4-bit round trip (what a QLoRA adapter was trained on), or

@@ -37,6 +37,8 @@ int snug_options_parse_args(snug_run_config *o, int argc, char **argv, snug_erro
 /* Prints every key with its type, default, aliases and one line of help, grouped as in src/train/config.h, then the keys
  * recognised but not supported yet. */
 void snug_options_print_help(FILE *f);
+/* The lines of `snug generate --help`: the generation keys, seed and threads, from the key table. */
+void snug_generate_flags_help(FILE *f);
 
 /* The flags of `snug plan` (--gpu, --backend, --json, --svg, --tokens_per_s, --price_per_hour), keys of the same
  * table: taken out of argv (*argc shrinks; the rest keeps its order for snug_options_parse_args) into a, with the

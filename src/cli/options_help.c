@@ -88,6 +88,12 @@ void snug_options_print_help(FILE *f) {
     print_environment(f);
 }
 
+void snug_generate_flags_help(FILE *f) {
+    for (int i = 0; i < opt_nkeys; i++)
+        if (opt_keys[i].group == G_GEN || !strcmp(opt_keys[i].name, "seed") || !strcmp(opt_keys[i].name, "threads"))
+            opt_print_key(f, &opt_keys[i]);
+}
+
 void snug_plan_flags_help(FILE *f) {
     for (int i = 0; i < opt_nkeys; i++)
         if (opt_keys[i].group == G_PLAN)

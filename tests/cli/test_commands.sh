@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The program's own flags, which a first user tries before anything else:
+# - `snug --version` (and `snug version`) prints the version of src/core/version.h and exits 0;
+# - `snug generate --help` (or -h, anywhere among its arguments) exits 0 and lists every flag the command takes, each
+#   from the key table with its default; `snug help` points to it;
+# - `snug help`, `snug train --help` and `snug plan --help` exit 0; an unknown command exits 2 naming it.
+. "$(dirname "$0")/lib.sh"
+
+want=$(sed -n 's/^#define SNUG_VERSION "\(.*\)"$/\1/p' "$SRC/src/core/version.h")
+[ -n "$want" ] || fatal "no SNUG_VERSION in src/core/version.h"
+for v in --version version; do
+  out=$("$SNUG" $v 2>&1); st=$?
+  [ $st -eq 0 ] && [ "$out" = "snug $want" ] && ok || bad "snug $v: exit $st, '$out' (want 'snug $want')"
+done
+
+for h in "--help" "-h" "/some/model --prompt x --help"; do
+  "$SNUG" generate $h > "$W/gen_help.log" 2>&1; st=$?
+  [ $st -eq 0 ] || bad "snug generate $h: exit $st" "$W/gen_help.log"
+  for flag in prompt max_new_tokens temperature top_k top_p seed threads adapter; do
+    grep -q -- "--$flag" "$W/gen_help.log" && grep -qE "^  ([a-z_]+: .*\(also: .*\b$flag\b|$flag: )" "$W/gen_help.log" &&
+      ok || bad "snug generate $h does not list --$flag with its line" "$W/gen_help.log"
+  done
+done
+grep -q "sample_tokens: int = 64" "$W/gen_help.log" && ok || bad "generate --help: max_new_tokens without its default"
+"$SNUG" help | grep -q "snug generate" && "$SNUG" help | grep -q -- "--version" && ok ||
+  bad "snug help names neither generate --help nor --version"
+
+for c in "help" "train --help" "plan --help" "preprocess --help"; do
+  "$SNUG" $c > "$W/help.log" 2>&1 && [ -s "$W/help.log" ] && ok || bad "snug $c did not exit 0" "$W/help.log"
+done
+"$SNUG" frobnicate > "$W/unknown.log" 2>&1; st=$?
+[ $st -eq 2 ] && grep -q "unknown command 'frobnicate'" "$W/unknown.log" && ok || bad "unknown command: exit $st" "$W/unknown.log"
+finish
