@@ -290,13 +290,16 @@ static void print_cost(const report *r, FILE *f) {
     const char *prices = r->a->price_per_hour > 0 ? (r->a->g ? "--price_per_hour for --gpu's GPU, the table's for "
                                                                  "the others" : "--price_per_hour on every GPU")
                                                   : "typical on-demand USD per GPU-hour (estimates, see docs/MEMORY.md)";
+    /* the peak snug_gpu_tokens_per_s prices: fp32 GEMMs are exact fp32 (no TF32), 16-bit ones on the tensor cores */
+    const char *peak = p->spec.lv.dt == SNUG_DT_F32 ? "FP32 (CUDA-core)" : "bf16 tensor-core";
     if (r->a->tokens_per_s > 0)
-        snprintf(head, sizeof head, "tokens/s: the measured %.0f%s, divided by the setting's predicted step time; "
+        snprintf(head, sizeof head, "tokens/s: the measured %.0f%s%s%s, divided by the setting's predicted step time; "
                  "prices: %s", r->a->tokens_per_s,
-                 r->a->g ? " on --gpu's GPU, scaled to the others by their TF32 peaks" : " on every GPU", prices);
+                 r->a->g ? " on --gpu's GPU, scaled to the others by their " : " on every GPU", r->a->g ? peak : "",
+                 r->a->g ? " peaks" : "", prices);
     else
-        snprintf(head, sizeof head, "tokens/s: estimated as the TF32 peak x %.0f%% MFU / %.3g FLOPs per token (6 per "
-                 "parameter + attention), divided by the setting's predicted step time; prices: %s",
+        snprintf(head, sizeof head, "tokens/s: estimated as the %s peak x %.0f%% MFU / %.3g FLOPs per token (6 per "
+                 "parameter + attention), divided by the setting's predicted step time; prices: %s", peak,
                  100 * SNUG_ASSUMED_MFU, snug_flops_per_token(&p->spec, pl->nparams), prices);
     plan_wrap(f, "  ", 4, head, 118);
 }

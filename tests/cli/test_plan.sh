@@ -56,6 +56,12 @@ expect_out auto-fit "auto_fit: chose .* needs .* of memory_budget 37\.25 GiB" --
   "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --auto_fit true --memory_budget 40GB --backend cuda
 expect_out measured-tps "the measured 3000 on --gpu's GPU" "--price_per_hour" -- \
   "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --gpu a100-80gb --tokens_per_s 3000 --price_per_hour 1.5
+# the peak named is the one priced: exact fp32 GEMMs at the FP32 (CUDA-core) peak, 16-bit at the tensor cores' bf16
+expect_out peak-fp32 "estimated as the FP32 \(CUDA-core\) peak x" -- "$SNUG" plan --base_model "$CFG/llama-3.2-3b"
+expect_out peak-bf16 "estimated as the bf16 tensor-core peak x" -- "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --bf16 true
+expect_out measured-peaks "scaled to the others by their FP32 \(CUDA-core\) peaks" -- \
+  "$SNUG" plan --base_model "$CFG/llama-3.2-3b" --gpu a100-80gb --tokens_per_s 3000
+"$SNUG" plan --base_model "$CFG/llama-3.2-3b" | grep -q "TF32" && bad "the plan names TF32, which snug never prices" || ok
 default_steps=$(sed -n 's/^max_steps: *\([0-9]*\).*/\1/p' "$SRC/configs/default.yaml")
 expect_out default-job "tiny-llama" "max_steps $default_steps x 1024 tokens per step" -- bash -c "cd '$W' && '$SNUG' plan"
 printf '{"text": "hello world, this is a small dataset line that repeats."}\n%.0s' $(seq 200) > "$W/data.jsonl"
