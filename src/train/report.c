@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "core/fileio.h"
+#include "model/quant4.h"
 #include "optim/optim.h"
 #include "plan/plan.h"
 #include "plan/plan_json.h"
@@ -72,6 +73,27 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
         snug_param_table_free(&whole);
     } else {
         fprintf(out, "  parameters           %lld (%.2fM)\n", r->s.plan.nparams, r->s.plan.nparams / 1e6);
+    }
+    const snug_lora_cfg *lc = &r->s.spec.lv.lora;
+    if (lc->kind != SNUG_ADAPTER_NONE) { /* what the adapters are, as PEFT's LoraConfig would say it */
+        char targets[512] = "";
+        size_t n = 0;
+        for (int k = 0; snug_lora_module_name(c->arch, k); k++)
+            if (lc->targets >> k & 1u) { /* as PEFT's target_modules name them: the module's last name */
+                const char *name = snug_lora_module_name(c->arch, k), *dot = strrchr(name, '.');
+                n += (size_t)snprintf(targets + n, n < sizeof targets ? sizeof targets - n : 0, "%s%s", n ? ", " : "",
+                                      dot ? dot + 1 : name);
+            }
+        const snug_param_table *t = snug_model_trainable(&r->eng.model);
+        double all = (double)r->s.plan.nparams + (double)t->total; /* PEFT's "all params": the base's and the adapters' */
+        fprintf(out, "  adapter              %s%s%s r=%d, alpha %g (scale %g%s), dropout %g, targets %s%s%s; %zu (%.2fM) "
+                "trainable, %.4f%% of all%s\n", lc->dora ? "DoRA" : "LoRA",
+                lc->kind == SNUG_ADAPTER_QLORA ? " on the " : "",
+                lc->kind == SNUG_ADAPTER_QLORA ? (lc->q4_type == SNUG_Q4_INT8 ? "8-bit base," : "4-bit base,") : "",
+                lc->r, (double)lc->alpha, (double)r->eng.model.lora.scale, lc->rslora ? ", rsLoRA" : "",
+                (double)lc->dropout, targets, o->lora_layers[0] ? ", layers " : "", o->lora_layers, t->total,
+                t->total / 1e6, all > 0 ? 100.0 * (double)t->total / all : 0.0,
+                o->lora_model_dir[0] ? " (every setting from lora_model_dir's adapter_config.json)" : "");
     }
     if (o->unfrozen.n) /* the rank's (stage's) tensors the patterns name */
         fprintf(out, "  unfrozen             %lld (%.2fM) of them train (unfrozen_parameters); the others are "

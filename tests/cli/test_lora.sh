@@ -145,6 +145,13 @@ fi
 if [ -f "$W/lora/adapter_config.json" ] && [ -f "$W/lora/adapter_model.safetensors" ] && [ ! -f "$W/lora/model.safetensors" ] &&
    grep -q '"peft_type": "LORA"' "$W/lora/adapter_config.json"; then ok; else bad "lora output: $(ls "$W/lora")"; fi
 grep -q "qlora\|QLoRA\|4-bit" "$W/qlora.log" && grep -q "PEFT adapter" "$W/qlora.log" && ok || bad "qlora log: $(grep -i saved "$W/qlora.log")"
+# the header says what the adapters are: r, alpha, dropout, PEFT's target names, and the trainable count, which is
+# the number of floats the saved adapter holds
+nst=$(python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); h=json.loads(f.read(struct.unpack("<Q",f.read(8))[0]))
+import math; print(sum(math.prod(v["shape"]) for k,v in h.items() if k!="__metadata__"))' "$W/lora/adapter_model.safetensors")
+grep -Eq "^  adapter +LoRA r=4, alpha 4 \(scale 1\), dropout 0, targets q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; $nst \(" "$W/lora.log" &&
+  grep -Eq "^  adapter +LoRA on the 4-bit base, r=4" "$W/qlora.log" && ok ||
+  bad "the adapter's header line (the saved adapter holds $nst floats): $(grep '^  adapter ' "$W/lora.log" "$W/qlora.log")"
 
 # a base folder to adapt, merge into and generate from
 "$SNUG" train $common --max_steps 2 --output_dir "$W/base" > "$W/base.log" 2>&1 || bad "base: $(tail -2 "$W/base.log")"
