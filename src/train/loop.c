@@ -354,7 +354,7 @@ static int step_log(snug_loop *l, int step, const step_vals *v, snug_error *e) {
             return rc;
         }
         if (l->tty) {
-            snug_progress_bar(out, step + 1, l->total, l->loss_mean, v->lr, v->norm, tps, rss, t - l->t0);
+            snug_progress_bar(out, step + 1, l->total, v->loss, l->loss_mean, v->lr, v->norm, tps, rss, t - l->t0);
             if (!isnan(v->val))
                 fprintf(out, "\n  step %d: validation loss %.4f\n", step + 1, v->val);
         } else {

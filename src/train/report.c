@@ -44,15 +44,15 @@ int snug_rank_memory_json(const snug_run *r, const char *file, const size_t *mea
 }
 
 /* One terminal line, redrawn in place: progress, the step's metrics, and the time left. */
-void snug_progress_bar(FILE *out, int step, int total, double loss, double lr, double norm, double tps, double rss,
-                       double elapsed) {
+void snug_progress_bar(FILE *out, int step, int total, double loss, double smoothed, double lr, double norm, double tps,
+                       double rss, double elapsed) {
     int width = 24, filled = (int)((double)step / total * width);
     double eta = step ? elapsed / step * (total - step) : 0;
     fprintf(out, "\r[");
     for (int i = 0; i < width; i++)
         fputc(i < filled ? '#' : '.', out);
-    fprintf(out, "] %d/%d loss %.4f lr %.2e gnorm %.3f %.0f tok/s %.0f MiB eta %dm%02ds ", step, total, loss, lr,
-            norm, tps, rss / 1048576.0, (int)eta / 60, (int)eta % 60);
+    fprintf(out, "] %d/%d loss %.4f (smoothed %.4f) lr %.2e gnorm %.3f %.0f tok/s %.0f MiB eta %dm%02ds ", step, total,
+            loss, smoothed, lr, norm, tps, rss / 1048576.0, (int)eta / 60, (int)eta % 60);
     fflush(out);
 }
 

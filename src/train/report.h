@@ -23,9 +23,10 @@ void snug_rank_overhead(const snug_run *r, snug_overhead *ov);
 /* memory.json (or a rank's memory.rankR.json) in output_dir: this process's plan beside its measured peaks. */
 int snug_rank_memory_json(const snug_run *r, const char *file, const size_t *measured, snug_error *e);
 
-/* One terminal line, redrawn in place: progress, the step's metrics, and the time left. */
-void snug_progress_bar(FILE *out, int step, int total, double loss, double lr, double norm, double tps, double rss,
-                       double elapsed);
+/* One terminal line, redrawn in place: progress, the step's metrics (its loss as metrics.jsonl logs it, beside the
+ * running mean the bar smooths it into), and the time left. */
+void snug_progress_bar(FILE *out, int step, int total, double loss, double smoothed, double lr, double norm, double tps,
+                       double rss, double elapsed);
 
 /* The run's header: the model, the data, the batch, the schedule, the precision and the memory plan. */
 void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_per_epoch);

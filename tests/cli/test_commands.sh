@@ -3,7 +3,8 @@
 # - `snug --version` (and `snug version`) prints the version of src/core/version.h and exits 0;
 # - `snug generate --help` (or -h, anywhere among its arguments) exits 0 and lists every flag the command takes, each
 #   from the key table with its default; `snug help` points to it;
-# - `snug help`, `snug train --help` and `snug plan --help` exit 0; an unknown command exits 2 naming it.
+# - `snug help`, `snug train --help` and `snug plan --help` exit 0; an unknown command exits 2 naming it;
+# - on a terminal, the progress bar's loss is the loss metrics.jsonl logs for that step, the smoothed one said so.
 . "$(dirname "$0")/lib.sh"
 
 want=$(sed -n 's/^#define SNUG_VERSION "\(.*\)"$/\1/p' "$SRC/src/core/version.h")
@@ -30,4 +31,19 @@ for c in "help" "train --help" "plan --help" "preprocess --help"; do
 done
 "$SNUG" frobnicate > "$W/unknown.log" 2>&1; st=$?
 [ $st -eq 2 ] && grep -q "unknown command 'frobnicate'" "$W/unknown.log" && ok || bad "unknown command: exit $st" "$W/unknown.log"
+
+# a terminal (util-linux's script gives the run one): each redraw of the bar against metrics.jsonl's step
+if command -v script > /dev/null; then
+  script -qc "'$SNUG' train --model_preset tiny-llama --max_steps 3 --logging_steps 1 --sample_tokens 0 --threads 2 \
+    --sequence_len 64 --dataset '$SRC/data/fortunes.jsonl' --output_dir '$W/bar'" /dev/null > "$W/bar.tty" 2>&1 < /dev/null
+  bar=$(tr '\r' '\n' < "$W/bar.tty" | sed -n 's#^\[[#.]*\] \([0-9]*\)/3 loss \([0-9.]*\) (smoothed [0-9.]*) .*#\1 \2#p')
+  # the same number printed two ways (%.4f; metrics.jsonl's 9 digits): equal within the last printed digit
+  python3 -c 'import json,sys
+logged = {j["step"]: j["loss"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j and "step" in j}
+bar = [l.split() for l in sys.argv[2].splitlines()]
+sys.exit(not (bar and len(bar) == len(logged) and all(abs(float(x) - logged[int(s)]) <= 6e-5 for s, x in bar)))' \
+    "$W/bar/metrics.jsonl" "$bar" && ok || bad "the bar's losses ($bar) are not metrics.jsonl's" "$W/bar.tty"
+else
+  echo "  (no script: the progress bar's check skipped)"
+fi
 finish
