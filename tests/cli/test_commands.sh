@@ -4,7 +4,9 @@
 # - `snug generate --help` (or -h, anywhere among its arguments) exits 0 and lists every flag the command takes, each
 #   from the key table with its default; `snug help` points to it;
 # - `snug help`, `snug train --help` and `snug plan --help` exit 0; an unknown command exits 2 naming it;
-# - on a terminal, the progress bar's loss is the loss metrics.jsonl logs for that step, the smoothed one said so.
+# - on a terminal, the progress bar's loss is the loss metrics.jsonl logs for that step, the smoothed one said so;
+# - README.md's quick start runs as written (its YAML, plan, train, generate, merge), on a tiny base named as its
+#   base_model and 64 alpaca lines: the adapter folder and the merged model folder are written.
 . "$(dirname "$0")/lib.sh"
 
 want=$(sed -n 's/^#define SNUG_VERSION "\(.*\)"$/\1/p' "$SRC/src/core/version.h")
@@ -46,4 +48,24 @@ sys.exit(not (bar and len(bar) == len(logged) and all(abs(float(x) - logged[int(
 else
   echo "  (no script: the progress bar's check skipped)"
 fi
+
+# README's quick start, as written: a tiny Llama saved under the base_model name it uses
+mkdir -p "$W/qs" && cd "$W/qs" || fatal "no $W/qs"
+"$SNUG" train --model_preset tiny-llama --max_steps 1 --sample_tokens 0 --sequence_len 64 --threads 2 \
+  --dataset "$SRC/data/fortunes.jsonl" --output_dir base > base.log 2>&1 || fatal "the tiny base did not train" base.log
+base=$(sed -n 's/^base_model: *\([^ ]*\).*/\1/p' "$SRC/README.md" | head -1)
+[ -n "$base" ] && mv base "$base" || fatal "README's quick start names no base_model"
+python3 -c 'import json
+with open("data.jsonl", "w") as f:
+    for i in range(64):
+        f.write(json.dumps({"instruction": "Add %d and %d." % (i, i + 1), "input": "", "output": str(2 * i + 1)}) + "\n")'
+sed -n "/^cat > instruct.yaml <<'EOF'$/,/^EOF$/p" "$SRC/README.md" | sed '1d;$d' > instruct.yaml
+sed -n '/^snug plan instruct.yaml/,/^snug merge /p' "$SRC/README.md" > quickstart.sh
+[ -s instruct.yaml ] && [ "$(wc -l < quickstart.sh)" -ge 4 ] || fatal "README's quick start not found"
+snug() { "$SNUG" "$@"; }
+export -f snug; export SNUG
+if bash -e quickstart.sh > quickstart.log 2>&1 && [ -f out/instruct/adapter_model.safetensors ] &&
+   [ -f out/merged/model.safetensors ] && grep -q "fits" quickstart.log; then ok
+else bad "README's quick start did not run as written" quickstart.log; fi
+cd - > /dev/null
 finish
