@@ -58,6 +58,11 @@ static int open_tokenizer(snug_setup *r, snug_error *e) {
             return snug_fail(e, SNUG_EINPUT, "%s: tokenizer file not found; set `tokenizer` to a tokenizer.json or "
                              "a folder that holds one", cand);
     } else if (o->base_model[0]) {
+        struct stat st; /* a wrong path is said as one, before anything that needs the folder's files */
+        if (stat(o->base_model, &st) != 0 || !S_ISDIR(st.st_mode))
+            return snug_fail(e, SNUG_EINPUT, "base_model %s: %s; base_model must be a Hugging Face model folder with "
+                             "config.json and model.safetensors", o->base_model,
+                             stat(o->base_model, &st) != 0 ? "no such folder" : "not a folder");
         snug_path_join(cand, sizeof cand, o->base_model, "tokenizer.json");
         if (!snug_file_exists(cand))
             cand[0] = '\0';

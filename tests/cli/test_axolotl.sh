@@ -482,6 +482,13 @@ sed -e 's/^base_model: base$/base_model: base_notok/' lora.yml > notok.yml
 "$SNUG" train notok.yml --output_dir out_refused > refused.log 2>&1
 [ $? -eq 2 ] && grep -q "special_tokens.pad_token needs a tokenizer (tokenizer.json), and this run has none" \
   refused.log && [ ! -e out_refused ] && ok || bad "special_tokens without a tokenizer" refused.log
+# a base_model path that does not exist is said to be one (not that special_tokens needs the tokenizer it would hold)
+sed -e 's/^base_model: base$/base_model: no_such_base/' lora.yml > nobase.yml
+for cmd in train plan; do
+  "$SNUG" $cmd nobase.yml --output_dir out_refused > refused.log 2>&1
+  [ $? -eq 2 ] && grep -q "base_model no_such_base: no such folder" refused.log && [ ! -e out_refused ] && ok ||
+    bad "$cmd with a wrong base_model path" refused.log
+done
 sed -e 's/^eval_table_size:$/eval_table_size: 5/' lora.yml > table.yml
 "$SNUG" train table.yml --output_dir out_refused > refused.log 2>&1
 [ $? -eq 2 ] && grep -q "table.yml line [0-9]*: eval_table_size is not supported yet" refused.log && ok ||
