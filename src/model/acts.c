@@ -11,7 +11,7 @@ int snug_model_layer_full_ckpt(const snug_model *m, int l) {
  * log-sum-exp (or, on the naive path, its probabilities). */
 static int carve_layer_stats(snug_model *m, snug_arenas *A, snug_category cat, snug_layer_acts *a, size_t N,
                              snug_error *e) {
-    int ln = snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER, NH = m->cfg.n_head; /* LayerNorm saves its mean too */
+    int ln = m->blk.norm == SNUG_NORM_LAYER, NH = m->cfg.n_head; /* LayerNorm saves its mean too */
     if (ln)
         CARVE(a->ln1_mean, cat, N);
     CARVE(a->ln1_rstd, cat, N);

@@ -5,7 +5,7 @@
 void model_norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                     const float *w, const float *mean, const float *rstd, int N) {
     snug_backend *be = m->be;
-    if (snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER)
+    if (m->blk.norm == SNUG_NORM_LAYER)
         be->layernorm_bwd(be, dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.hidden_size);
     else
         be->rmsnorm_bwd(be, dinp, dw, dout, inp, w, rstd, N, m->cfg.hidden_size);
@@ -15,7 +15,7 @@ void model_norm_bwd(const snug_model *m, float *dinp, float *dw, float *db, cons
 void model_layer_bwd(snug_model *m, int l) {
     snug_backend *be = m->be;
     const snug_model_config *c = &m->cfg;
-    const snug_block blk = snug_block_of(c);
+    const snug_block blk = m->blk;
     int Bc = m->cur_B, Tc = m->cur_T, N = Bc * Tc, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
     int HD = c->head_dim, I = c->intermediate_size;
     size_t Nn = (size_t)N;

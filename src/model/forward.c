@@ -5,7 +5,7 @@
 void model_norm_fwd(const snug_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
                     const float *b, int N) {
     snug_backend *be = m->be;
-    if (snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER)
+    if (m->blk.norm == SNUG_NORM_LAYER)
         be->layernorm_fwd(be, out, mean, rstd, inp, w, b, N, m->cfg.hidden_size, m->cfg.norm_eps);
     else
         be->rmsnorm_fwd(be, out, rstd, inp, w, N, m->cfg.hidden_size, m->cfg.norm_eps);
@@ -15,7 +15,7 @@ void model_norm_fwd(const snug_model *m, float *out, float *mean, float *rstd, c
 void model_mlp_act(const snug_model *m, float *act, const float *fc, int N) {
     snug_backend *be = m->be;
     int I = m->cfg.intermediate_size;
-    if (snug_block_of(&m->cfg).mlp == SNUG_MLP_GELU)
+    if (m->blk.mlp == SNUG_MLP_GELU)
         be->gelu_fwd(be, act, fc, (size_t)N * I);
     else
         be->swiglu_fwd(be, act, fc, N, I);
@@ -112,7 +112,7 @@ void model_layer_fwd(snug_model *m, int l, int recompute) {
     model_norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N);
     model_keep(m, s->ln1, a->ln1, Nn * C);
     model_linear_fwd(m, l, SNUG_SITE_QKV, a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, 0, C, m->QKV);
-    if (snug_block_of(c).pos == SNUG_POS_ROPE)
+    if (m->blk.pos == SNUG_POS_ROPE)
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     model_keep(m, s->qkv, a->qkv, Nn * m->QKV);
     if (m->lv.naive_attention)

@@ -231,7 +231,7 @@ static int layout_widen(snug_model *m, snug_arenas *A, size_t N, snug_error *e) 
 /* The last pipeline stage's final norm and loss: the norm's output and statistics, the logits chunk, and
  * loss_vocab_block's running statistics. */
 static int layout_loss(snug_model *m, snug_arenas *A, size_t N, snug_error *e) {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, ln = snug_block_of(&m->cfg).norm == SNUG_NORM_LAYER;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, ln = m->blk.norm == SNUG_NORM_LAYER;
     m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = NULL;
     m->st_max = m->st_zy = NULL;
     m->st_sum = NULL;
@@ -284,7 +284,7 @@ static int layout_backward(snug_model *m, snug_arenas *A, size_t N, int with_gra
 
 /* The micro-batch's data: ids, labels, positions, segments; tensor parallelism's and vtied's ids; the RoPE tables. */
 static int layout_data(snug_model *m, snug_arenas *A, size_t N, int T, snug_error *e) {
-    int C = m->cfg.hidden_size, HD = m->cfg.head_dim, rope = snug_block_of(&m->cfg).pos == SNUG_POS_ROPE;
+    int C = m->cfg.hidden_size, HD = m->cfg.head_dim, rope = m->blk.pos == SNUG_POS_ROPE;
     CARVE(m->ids, SNUG_MEM_DATA, N);
     CARVE(m->labels, SNUG_MEM_DATA, N);
     CARVE(m->pos, SNUG_MEM_DATA, N);

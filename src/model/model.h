@@ -227,6 +227,7 @@ typedef struct snug_pp_split {
 
 typedef struct snug_model {
     snug_model_config cfg;
+    snug_block blk;        /* snug_block_of(&cfg), resolved once (snug_plan_model_init) for the layer code */
     snug_backend *be;
     snug_param_table table;
     snug_levers lv;        /* set before layout */

@@ -94,7 +94,7 @@ double snug_model_stage(snug_model *m, float grad_scale, const float *in, const 
         be->embed_fwd(be, x0, ids, wte, wdt, N, C, 0);
         if (m->tp_vocab) /* each rank looked up the ids in its rows */
             model_tp_sum(m, x0, (size_t)N * C);
-        if (snug_block_of(c).pos == SNUG_POS_LEARNED)
+        if (m->blk.pos == SNUG_POS_LEARNED)
             be->embed_fwd(be, x0, m->pos, snug_model_stored(m, m->gwpe), dt, N, C, 1);
         if (train && m->neftune_alpha > 0) /* NEFTune (transformers' neftune_post_forward_hook): the sequence length
                                             * times the width, of the micro-batch as it is padded or packed */
@@ -170,7 +170,7 @@ static double stage_bwd(snug_model *m, const int32_t *ids, double loss) {
         be->embed_bwd(be, m->g.wte, m->d_res, ids, N, C);
     else if (lo->on && lo->emb_off != (size_t)-1 && lo->grads) /* unless lora_modules_to_save trains its copy */
         be->embed_bwd(be, lo->grads + lo->emb_off, m->d_res, m->ids, N, C);
-    if (snug_block_of(c).pos == SNUG_POS_LEARNED && m->g.wpe && snug_pp_first(m))
+    if (m->blk.pos == SNUG_POS_LEARNED && m->g.wpe && snug_pp_first(m))
         be->embed_bwd(be, m->g.wpe, m->d_res, m->pos, N, C);
     model_announce_globals(m, -1);
     return loss;

@@ -182,6 +182,7 @@ int snug_plan_model_init(snug_model *m, const snug_plan_spec *s, snug_error *e) 
     m->tp = s->tp > 1 ? s->tp : 1;
     m->tp_rank = s->tp > 1 ? s->tp_rank : 0;
     m->tp_cfg = s->cfg;
+    m->blk = snug_block_of(&m->cfg);
     m->tp_vocab = snug_tp_vocab_split(&s->cfg, s->tp, s->device_cuda);
     if (m->tp_vocab) /* the rank's rows of the embedding and the head */
         m->cfg.vocab_size = s->cfg.vocab_size / s->tp;
