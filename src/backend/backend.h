@@ -121,8 +121,12 @@ struct snug_backend {
     /* --- attention: causal, grouped-query, variable length; no (T,T) buffer anywhere --- */
     /* qkv (N, (NH + 2*NKV)*HD): per row, NH query heads, then NKV key heads, then NKV value heads (q already roped).
      * Query head h uses key/value head h / (NH/NKV). Token t of batch row b attends to tokens s of the same row with
-     * seg_start[b*T+t] <= s <= t; seg_start NULL means 0 (plain causal). out (N, NH*HD); lse (N, NH) the log-sum-exp
-     * of the scaled scores of each query row, saved for backward. scale is usually 1/sqrt(HD). */
+     * seg_start[b*T+t] <= s <= t; seg_start NULL means 0 (plain causal). seg_start is the first key each token
+     * sees: the start of its packed example, or, in a sliding-window layer of W keys, max(that, t - W + 1)
+     * (transformers' t - s < W; the model computes it, snug_attention_window_starts). Every implementation skips
+     * the keys before the earliest first key of a query tile and the query tiles that see none of a key tile, so
+     * a window costs O(T W), not O(T^2). out (N, NH*HD); lse (N, NH) the log-sum-exp of the scaled scores of each
+     * query row, saved for backward. scale is usually 1/sqrt(HD). */
     void (*attention_fwd)(snug_backend *be, float *out, float *lse, const float *qkv, const int32_t *seg_start,
                           int B, int T, int NH, int NKV, int HD, float scale);
     /* dqkv (N, (NH+2*NKV)*HD) += gradients for q, k, v; recomputes probabilities from qkv and lse. */
@@ -139,7 +143,8 @@ struct snug_backend {
                                 const float *probs, int B, int T, int NH, int NKV, int HD, float scale);
 
     /* Decoding with a KV cache: the attention of token p alone against the roped keys and values of tokens 0..p,
-     * which earlier steps left in rows 0..p of a layer's qkv buffer (T, (NH + 2*NKV)*HD). out (NH*HD). */
+     * which earlier steps left in rows 0..p of a layer's qkv buffer (T, (NH + 2*NKV)*HD). out (NH*HD). A sliding
+     * window of W keys passes the rows it sees: qkv from row k0 = max(0, p - W + 1), and p - k0. */
     void (*attention_decode)(snug_backend *be, float *out, const float *qkv, int p, int NH, int NKV, int HD,
                              float scale);
 

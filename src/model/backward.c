@@ -94,7 +94,7 @@ void model_layer_bwd(snug_model *m, int l) {
         be->attention_naive_bwd(be, m->d_qkv, m->d_att, a->qkv, a->probs, Bc, Tc, NH, NKV, HD,
                                 1.0f / sqrtf((float)HD));
     else
-        be->attention_bwd(be, m->d_qkv, m->d_att, a->qkv, a->att, a->lse, m->seg_used ? m->seg : NULL, Bc, Tc, NH,
+        be->attention_bwd(be, m->d_qkv, m->d_att, a->qkv, a->att, a->lse, model_att_first(m, l), Bc, Tc, NH,
                           NKV, HD, 1.0f / sqrtf((float)HD));
     if (blk.pos == SNUG_POS_ROPE)
         be->rope_bwd(be, m->d_qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);

@@ -14,6 +14,8 @@
  * naive and decode kernels; the tiled and tensor-core ones stop at 128 and fall back to them), and the CPU attention
  * keeps per-tile arrays of head_dim floats on the stack. A config above it is refused when it is validated. */
 #define SNUG_MAX_HEAD_DIM 256
+/* The most layers a config may have (validated): the per-layer attention flags below are a fixed array. */
+#define SNUG_MAX_LAYERS 4096
 
 /* The scheme a family's files follow (family.h): how its tensors are named and its config.json spelled. */
 typedef enum snug_arch { SNUG_ARCH_LLAMA = 0, SNUG_ARCH_GPT2 = 1, SNUG_NARCH } snug_arch;
@@ -64,7 +66,21 @@ typedef struct snug_model_config {
     int bos_token_id, eos_token_id, pad_token_id; /* -1 when absent; eos is the first when a list */
     char torch_dtype[16];     /* "float32", "bfloat16", ... as read; written back unchanged */
     float initializer_range;  /* default 0.02 */
+    /* Sliding-window attention, as transformers' mask has it: in a sliding layer query t sees key s when
+     * s <= t and t - s < sliding_window (W keys, itself included), within its packed example. Mistral: every layer
+     * when sliding_window is not null; Qwen2: the layers of layer_types "sliding_attention", by default those from
+     * max_window_layers on, when use_sliding_window. */
+    int sliding_window;       /* W; 0: every layer attends to all the keys before it */
+    unsigned char layer_sliding[SNUG_MAX_LAYERS]; /* (L) 1 where layer l attends within the window */
+    /* the config.json this was read from ("" for a config built in code): saving keeps its keys and values and
+     * changes only those training changed (snug_model_config_save) */
+    char json_path[1024];
 } snug_model_config;
+
+/* The window of layer l: W when it is a sliding layer, else 0 (full causal attention). */
+static inline int snug_layer_window(const snug_model_config *c, int l) {
+    return c->sliding_window > 0 && l >= 0 && l < SNUG_MAX_LAYERS && c->layer_sliding[l] ? c->sliding_window : 0;
+}
 
 /* Parses config.json (transformers v4 and v5 spellings: torch_dtype/dtype, rope_scaling/rope_parameters,
  * rope_type/type). Checks consistency: heads divide the width (unless head_dim is given), KV heads divide heads,
@@ -72,7 +88,10 @@ typedef struct snug_model_config {
 int snug_model_config_load(snug_model_config *cfg, const char *path, snug_error *e);
 /* Parses config.json text already in memory; `path` only names it in errors. */
 int snug_model_config_parse(snug_model_config *cfg, const char *json_text, const char *path, snug_error *e);
-/* Writes config.json atomically with the keys transformers' AutoConfig expects for this architecture. */
+/* Writes config.json atomically. A config read from a file (json_path) is written as that file was, key for key
+ * (unknown keys too), with only the values training can change set from cfg where they differ from the file's:
+ * vocab_size, the bos/eos/pad ids and torch_dtype (dtype in the v5 spelling); a config built in code gets the keys
+ * transformers' AutoConfig expects for its architecture. */
 int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_error *e);
 /* Writes generation_config.json (bos/eos ids) atomically. */
 int snug_generation_config_save(const snug_model_config *cfg, const char *path, snug_error *e);

@@ -55,10 +55,10 @@ typedef enum snug_bias_rule {
     SNUG_BIAS_ALL,        /* everywhere (gpt2) */
 } snug_bias_rule;
 
-/* The sliding-window keys of a family's config.json (snug trains with full attention). */
+/* How a family's config.json says which layers attend within a sliding window (config.h: sliding_window). */
 enum {
-    SNUG_SLIDING_FLAG = 1,  /* use_sliding_window: read (true is refused) and written false */
-    SNUG_SLIDING_NULL = 2,  /* sliding_window: written null */
+    SNUG_SLIDING_FLAG = 1,  /* Qwen2: use_sliding_window, then layer_types or max_window_layers */
+    SNUG_SLIDING_ALL = 2,   /* Mistral: every layer when sliding_window is not null */
 };
 
 typedef struct snug_family {

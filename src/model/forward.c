@@ -116,10 +116,10 @@ void model_layer_fwd(snug_model *m, int l, int recompute) {
         be->rope_fwd(be, a->qkv, m->pos, m->rope_cos, m->rope_sin, N, NH + NKV, HD, m->QKV);
     model_keep(m, s->qkv, a->qkv, Nn * m->QKV);
     if (m->lv.naive_attention)
-        be->attention_naive_fwd(be, a->att, a->probs, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
+        be->attention_naive_fwd(be, a->att, a->probs, a->qkv, model_att_first(m, l), Bc, Tc, NH, NKV, HD,
                                 1.0f / sqrtf((float)HD));
     else
-        be->attention_fwd(be, a->att, a->lse, a->qkv, m->seg_used ? m->seg : NULL, Bc, Tc, NH, NKV, HD,
+        be->attention_fwd(be, a->att, a->lse, a->qkv, model_att_first(m, l), Bc, Tc, NH, NKV, HD,
                           1.0f / sqrtf((float)HD));
     model_keep(m, s->att, a->att, Nn * NH * HD);
     model_linear_fwd(m, l, SNUG_SITE_O, a->res_mid, a->att, w->o_w, w->o_b, N, 0, NH * HD, C);

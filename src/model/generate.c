@@ -42,7 +42,8 @@ static void forward_row(snug_model *m, int p) {
         model_linear_fwd(m, l, SNUG_SITE_QKV, qkv, ln1, w->qkv_w, w->qkv_b, 1, 0, C, m->QKV);
         if (blk.pos == SNUG_POS_ROPE)
             be->rope_fwd(be, qkv, m->pos + p, m->rope_cos, m->rope_sin, 1, NH + NKV, HD, m->QKV);
-        be->attention_decode(be, att, a->qkv, p, NH, NKV, HD, 1.0f / sqrtf((float)HD));
+        int W = snug_layer_window(c, l), k0 = W > 0 && p - W + 1 > 0 ? p - W + 1 : 0; /* the first key it sees */
+        be->attention_decode(be, att, a->qkv + (size_t)k0 * m->QKV, p - k0, NH, NKV, HD, 1.0f / sqrtf((float)HD));
         model_linear_fwd(m, l, SNUG_SITE_O, mid, att, w->o_w, w->o_b, 1, 0, NH * HD, C);
         be->accumulate(be, mid, in, (size_t)C);
         model_norm_fwd(m, ln2, ln ? a->ln2_mean + p : NULL, a->ln2_rstd + p, mid, w->ln2_w, w->ln2_b, 1);

@@ -195,6 +195,62 @@ static int parse_rope(snug_model_config *cfg, const ctx *c) {
                      json_object_get(rs, "rope_type") ? "rope_type" : "type", type);
 }
 
+/* Which layers attend within a sliding window, and its width, as the family's modeling code in transformers decides
+ * them (config.h): Mistral slides every layer when sliding_window is not null (absent: 4096) and ignores
+ * layer_types; Qwen2 slides only when use_sliding_window, the layers layer_types names "sliding_attention" or, without
+ * layer_types, those from max_window_layers (absent: 28) on. Other families attend fully. */
+static int parse_sliding(snug_model_config *cfg, const ctx *c, const snug_family *f) {
+    json_t *r = c->root, *lt = json_object_get(r, "layer_types"), *sw = json_object_get(r, "sliding_window");
+    if (lt && json_is_null(lt))
+        lt = NULL;
+    if (lt && !json_is_array(lt))
+        return wrong_type(c, "layer_types", lt, "a list of strings");
+    for (size_t i = 0; lt && i < json_array_size(lt); i++) {
+        const char *kind = json_string_value(json_array_get(lt, i));
+        if (!kind || (strcmp(kind, "full_attention") != 0 && (!f->sliding || strcmp(kind, "sliding_attention") != 0)))
+            return snug_fail(c->e, SNUG_EINPUT, "%s: layer_types[%zu] is \"%.40s\"; snug's %s supports \"%s\"",
+                             c->path, i, kind ? kind : "?", cfg->model_type,
+                             f->sliding ? "full_attention\" and \"sliding_attention" : "full_attention");
+    }
+    if (!f->sliding)
+        return 0;
+    int use = (f->sliding & SNUG_SLIDING_ALL) != 0, W = 0;
+    if (f->sliding & SNUG_SLIDING_FLAG)
+        SNUG_TRY(get_bool(c, r, "use_sliding_window", 0, &use));
+    if (!use || (sw && json_is_null(sw)))
+        return 0;
+    SNUG_TRY(get_int(c, r, "sliding_window", "sliding_window", 4096, &W));
+    if (W <= 0)
+        return snug_fail(c->e, SNUG_EINPUT, "%s: key \"sliding_window\" is %d; it must be a positive number of "
+                         "tokens, or null for full attention", c->path, W);
+    cfg->sliding_window = W;
+    int L = cfg->n_layer < SNUG_MAX_LAYERS ? cfg->n_layer : SNUG_MAX_LAYERS; /* more is refused when validated */
+    if (f->sliding & SNUG_SLIDING_ALL) {
+        for (int l = 0; l < L; l++)
+            cfg->layer_sliding[l] = 1;
+        return 0;
+    }
+    if (lt) {
+        if (json_array_size(lt) != (size_t)cfg->n_layer)
+            return snug_fail(c->e, SNUG_EINPUT, "%s: layer_types has %zu entries but num_hidden_layers is %d; give "
+                             "one per layer", c->path, json_array_size(lt), cfg->n_layer);
+        int any = 0;
+        for (int l = 0; l < L; l++)
+            any |= cfg->layer_sliding[l] = !strcmp(json_string_value(json_array_get(lt, (size_t)l)),
+                                                   "sliding_attention");
+        if (!any)
+            cfg->sliding_window = 0;
+        return 0;
+    }
+    int first = 0;
+    SNUG_TRY(get_int(c, r, "max_window_layers", "max_window_layers", 28, &first));
+    for (int l = first < 0 ? 0 : first; l < L; l++)
+        cfg->layer_sliding[l] = 1;
+    if (first >= cfg->n_layer) /* no layer slides */
+        cfg->sliding_window = 0;
+    return 0;
+}
+
 static int parse_llama(snug_model_config *cfg, const ctx *c) {
     json_t *r = c->root;
     const char *mt = cfg->model_type;
@@ -235,23 +291,7 @@ static int parse_llama(snug_model_config *cfg, const ctx *c) {
     cfg->qkv_bias = f->bias == SNUG_BIAS_QKV || attention_bias;
     cfg->o_bias = attention_bias;
     cfg->mlp_bias = mlp_bias;
-    if (f->sliding & SNUG_SLIDING_FLAG) {
-        int sliding = 0;
-        SNUG_TRY(get_bool(c, r, "use_sliding_window", 0, &sliding));
-        if (sliding)
-            return snug_fail(c->e, SNUG_EINPUT, "%s: key \"use_sliding_window\" is true; snug has no sliding-window "
-                             "attention: set it to false", c->path);
-    }
-    /* v5 spells the attention kind per layer */
-    json_t *lt = json_object_get(r, "layer_types");
-    if (lt && !json_is_null(lt) && !json_is_array(lt))
-        return wrong_type(c, "layer_types", lt, "a list of strings");
-    for (size_t i = 0; lt && i < json_array_size(lt); i++) {
-        const char *kind = json_string_value(json_array_get(lt, i));
-        if (!kind || strcmp(kind, "full_attention") != 0)
-            return snug_fail(c->e, SNUG_EINPUT, "%s: layer_types[%zu] is \"%.40s\"; snug supports only "
-                             "\"full_attention\" (no sliding-window attention)", c->path, i, kind ? kind : "?");
-    }
+    SNUG_TRY(parse_sliding(cfg, c, f));
     SNUG_TRY(get_bool(c, r, "tie_word_embeddings", 0, &cfg->tie_embeddings));
     return parse_rope(cfg, c);
 }
@@ -388,6 +428,8 @@ int snug_model_config_load(snug_model_config *cfg, const char *path, snug_error 
     SNUG_TRY(snug_read_file(path, &text, NULL, e));
     int rc = snug_model_config_parse(cfg, text, path, e);
     free(text);
+    if (!rc && strlen(path) < sizeof cfg->json_path)
+        memcpy(cfg->json_path, path, strlen(path) + 1);
     return rc;
 }
 
@@ -473,7 +515,7 @@ int snug_model_config_validate(const snug_model_config *cfg, const char *path, s
         {"vocab_size", cfg->vocab_size, 1 << 24},
         {sc->k_hidden, cfg->hidden_size, 1 << 17},
         {sc->k_inner, cfg->intermediate_size, 1 << 20},
-        {sc->k_layers, cfg->n_layer, 1 << 12},
+        {sc->k_layers, cfg->n_layer, SNUG_MAX_LAYERS},
         {sc->k_heads, cfg->n_head, 1 << 12},
         {"num_key_value_heads", cfg->n_kv_head, 1 << 12},
         {"head_dim", cfg->head_dim, INT_MAX},
@@ -493,6 +535,9 @@ int snug_model_config_validate(const snug_model_config *cfg, const char *path, s
     if (!(cfg->initializer_range >= 0) || !isfinite(cfg->initializer_range))
         return snug_fail(e, SNUG_EINPUT, "%s: initializer_range is %g; it must be a non-negative number such as 0.02",
                          path, (double)cfg->initializer_range);
+    if (cfg->sliding_window < 0)
+        return snug_fail(e, SNUG_EINPUT, "%s: sliding_window is %d; it must be a positive number of tokens, or null",
+                         path, cfg->sliding_window);
     if (cfg->bos_token_id < -1 || cfg->eos_token_id < -1 || cfg->pad_token_id < -1)
         return snug_fail(e, SNUG_EINPUT, "%s: a token id (bos/eos/pad) is negative; use a valid id or remove it", path);
     return dialects[cfg->arch].check(cfg, path, e);
@@ -574,10 +619,21 @@ static json_t *llama_json(const snug_model_config *cfg) {
         json_object_set_new(o, "mlp_bias", json_boolean(cfg->mlp_bias));
     }
     json_object_set_new(o, "attention_dropout", json_real(0.0));
-    if (f->sliding & SNUG_SLIDING_FLAG)
+    int W = cfg->sliding_window, first = cfg->n_layer; /* the first sliding layer */
+    for (int l = cfg->n_layer - 1; l >= 0; l--)
+        first = snug_layer_window(cfg, l) ? l : first;
+    if (f->sliding)
+        json_object_set_new(o, "sliding_window", W > 0 && first < cfg->n_layer ? json_integer(W) : json_null());
+    if ((f->sliding & SNUG_SLIDING_FLAG) && (W <= 0 || first == cfg->n_layer))
         json_object_set_new(o, "use_sliding_window", json_false());
-    if (f->sliding & SNUG_SLIDING_NULL)
-        json_object_set_new(o, "sliding_window", json_null()); /* snug trains with full attention */
+    else if (f->sliding & SNUG_SLIDING_FLAG) {
+        json_t *lt = json_array();
+        for (int l = 0; l < cfg->n_layer; l++)
+            json_array_append_new(lt, json_string(snug_layer_window(cfg, l) ? "sliding_attention" : "full_attention"));
+        json_object_set_new(o, "use_sliding_window", json_true());
+        json_object_set_new(o, "max_window_layers", json_integer(first));
+        json_object_set_new(o, "layer_types", lt);
+    }
     json_object_set_new(o, "tie_word_embeddings", json_boolean(cfg->tie_embeddings));
     return o;
 }
@@ -611,8 +667,52 @@ static const dialect dialects[SNUG_NARCH] = {
     [SNUG_ARCH_GPT2] = {parse_gpt2, gpt2_json, check_gpt2},
 };
 
+/* cfg->json_path as read, with the values training changes set from cfg where they differ from the file's: the
+ * vocabulary's size, the special token ids and the dtype (in the spelling the file uses). NULL when the file can no
+ * longer be read as a config of the same architecture (the caller writes cfg whole). */
+static json_t *kept_json(const snug_model_config *cfg) {
+    char *text = NULL;
+    snug_error e2 = {0};
+    if (!cfg->json_path[0] || snug_read_file(cfg->json_path, &text, NULL, &e2))
+        return NULL;
+    json_error_t je;
+    json_t *o = snug_json_loadb(text, strlen(text), 0, &je);
+    snug_model_config *base = malloc(sizeof *base);
+    int ok = o && json_is_object(o) && base && !snug_model_config_parse(base, text, cfg->json_path, &e2) &&
+             base->arch == cfg->arch;
+    free(text);
+    if (!ok) {
+        json_decref(o);
+        free(base);
+        return NULL;
+    }
+    if (base->vocab_size != cfg->vocab_size)
+        json_object_set_new(o, "vocab_size", json_integer(cfg->vocab_size));
+    const struct {
+        const char *key;
+        int was, now;
+    } ids[] = {{"bos_token_id", base->bos_token_id, cfg->bos_token_id},
+               {"eos_token_id", base->eos_token_id, cfg->eos_token_id},
+               {"pad_token_id", base->pad_token_id, cfg->pad_token_id}};
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++)
+        if (ids[i].was != ids[i].now)
+            json_object_set_new(o, ids[i].key, ids[i].now >= 0 ? json_integer(ids[i].now) : json_null());
+    if (strcmp(base->torch_dtype, cfg->torch_dtype) != 0 && cfg->torch_dtype[0]) {
+        int v5 = json_object_get(o, "dtype") != NULL, v4 = json_object_get(o, "torch_dtype") != NULL || !v5;
+        if (v5)
+            json_object_set_new(o, "dtype", json_string(cfg->torch_dtype));
+        if (v4)
+            json_object_set_new(o, "torch_dtype", json_string(cfg->torch_dtype));
+    }
+    free(base);
+    return o;
+}
+
 int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_error *e) {
     SNUG_TRY(snug_model_config_validate(cfg, path, e));
+    json_t *kept = kept_json(cfg);
+    if (kept)
+        return dump_json(kept, path, e);
     json_t *o = dialects[cfg->arch].to_json(cfg);
     if (!o)
         return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);

@@ -167,4 +167,22 @@ void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labe
     if (seg)
         m->be->to_device(m->be, m->seg, seg, n);
     m->seg_used = seg != NULL;
+    /* a window as long as the rows changes nothing: those layers then take seg, as the others do */
+    int W = m->cfg.sliding_window;
+    m->win_used = m->win && W > 0 && W < t_used;
+    size_t N = (size_t)b_used * t_used;
+    for (size_t k0 = 0; m->win_used && k0 < N; k0 += 1024) {
+        int32_t first[1024];
+        size_t k = N - k0 < 1024 ? N - k0 : 1024;
+        snug_attention_window_starts(first, seg, k0, k, t_used, W);
+        m->be->to_device(m->be, m->win + k0, first, k * sizeof *first);
+    }
+}
+
+void snug_attention_window_starts(int32_t *first, const int32_t *seg, size_t k0, size_t n, int T, int W) {
+    for (size_t i = 0; i < n; i++) {
+        size_t k = k0 + i;
+        int t = (int)(k % (size_t)T), lo = seg ? seg[k] : 0;
+        first[i] = t - W + 1 > lo ? t - W + 1 : lo;
+    }
 }

@@ -289,6 +289,9 @@ static int layout_data(snug_model *m, snug_arenas *A, size_t N, int T, snug_erro
     CARVE(m->labels, SNUG_MEM_DATA, N);
     CARVE(m->pos, SNUG_MEM_DATA, N);
     CARVE(m->seg, SNUG_MEM_DATA, N);
+    m->win = NULL;
+    if (m->cfg.sliding_window > 0)
+        CARVE(m->win, SNUG_MEM_DATA, N);
     m->ids_tp = NULL;
     m->tp_st = NULL;
     if (m->tp_vocab) { /* the ids as the rank's rows, and every rank's statistics of each token */

@@ -316,6 +316,9 @@ typedef struct snug_model {
     /* data of the current micro-batch (SNUG_MEM_DATA) */
     int32_t *ids, *labels, *pos, *seg; /* (N) each */
     int seg_used;          /* seg holds segment starts for this batch (packing); else plain causal */
+    int32_t *win;          /* (N) the first key each token sees in a sliding layer, max(seg, t - W + 1); NULL
+                            * without a sliding window (cfg.sliding_window, laid out only then) */
+    int win_used;          /* win holds this batch's first keys (the window is shorter than its rows) */
     float *rope_cos, *rope_sin;        /* (T, HD/2) */
 
     snug_lora lora;        /* adapter: lora (lora.on) */
@@ -608,6 +611,11 @@ static inline int snug_model_entry_q4(const snug_model *m, int i) { return m->q4
  * buffers. b_used <= B rows, t_used <= T columns: the batch may be smaller than the layout. */
 void snug_model_set_batch(snug_model *m, const int32_t *ids, const int32_t *labels, const int32_t *pos,
                           const int32_t *seg, int b_used, int t_used);
+
+/* first (n) = the first key that tokens k0 .. k0+n-1 of a (B, T) batch see under a sliding window of W keys:
+ * max(seg[k] (0 when seg is NULL), t - W + 1) for token k at column t = k % T. The attention ops take it in place of
+ * the segment starts, so a sliding layer is the same op with a later first key. */
+void snug_attention_window_starts(int32_t *first, const int32_t *seg, size_t k0, size_t n, int T, int W);
 
 /* Forward over the current batch. Returns the summed loss over supervised tokens (divide by their count). When
  * grad_scale != 0, also runs backward, accumulating grad_scale * d(loss sum) into m->grads. */

@@ -18,6 +18,14 @@ static inline int ends_with(const char *s, const char *suffix) {
 
 #define NO_GRAD ((size_t)-1) /* grad_off of a frozen tensor without gradient storage (lv.pack_grads) */
 
+/* The first keys the attention of layer l (of this model or pipeline stage) takes (backend.h's seg_start): its
+ * window's, the batch's segment starts, or NULL (plain causal). cfg's flags are the whole model's layers. */
+static inline const int32_t *model_att_first(const snug_model *m, int l) {
+    if (m->win_used && snug_layer_window(&m->cfg, l + (m->pp > 1 ? m->pp_l0 : 0)))
+        return m->win;
+    return m->seg_used ? m->seg : NULL;
+}
+
 static inline int is16(const snug_model *m) { return m->lv.dt == SNUG_DT_BF16 || m->lv.dt == SNUG_DT_F16; }
 
 /* The model's hook operations (m->hooks): its table, or one of NULL operations when it has none. Call an operation

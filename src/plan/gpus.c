@@ -169,7 +169,14 @@ double snug_host_memory_bytes(void) {
 double snug_flops_per_token(const snug_plan_spec *s, long long nparams) {
     const snug_model_config *c = &s->cfg;
     int heads = s->tp > 1 ? c->n_head / s->tp : c->n_head; /* tensor parallelism: the rank's (nparams its share) */
-    return 6.0 * (double)nparams + 6.0 * c->n_layer * (double)s->T * heads * c->head_dim;
+    /* per layer and head 6 HD FLOPs (QK^T and PV, forward and backward) per key a token sees, twice the mean of
+     * which is T for a causal layer and W (2T - W + 1) / T for a sliding window of W < T keys */
+    double span = 0, T = s->T;
+    for (int l = 0; l < c->n_layer; l++) {
+        int W = snug_layer_window(c, l);
+        span += W > 0 && W < s->T ? fmin(W * (2.0 * T - W + 1) / T, T) : T;
+    }
+    return 6.0 * (double)nparams + 6.0 * span * heads * c->head_dim;
 }
 
 double snug_gpu_tokens_per_s(const snug_gpu *g, const snug_plan_spec *s, long long nparams) {

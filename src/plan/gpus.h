@@ -66,7 +66,8 @@ size_t snug_data_host_bytes(size_t ntokens, size_t nexamples, int T);
 /* Physical memory of this machine in bytes (0 when unknown). */
 double snug_host_memory_bytes(void);
 
-/* Model FLOPs per trained token: 6 per parameter (forward + backward) plus causal attention, 6 * L * T * NH * HD. */
+/* Model FLOPs per trained token: 6 per parameter (forward + backward) plus causal attention, 6 * L * T * NH * HD,
+ * with T in a sliding-window layer of W < T keys W (2T - W + 1) / T (twice the mean number of keys a token sees). */
 double snug_flops_per_token(const snug_plan_spec *s, long long nparams);
 
 /* The model-FLOPs utilisation assumed for the throughput estimate. */

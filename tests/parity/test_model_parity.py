@@ -1,5 +1,6 @@
 """snug against PyTorch/transformers in fp32: logits, loss and every parameter gradient of small random models
-(Llama with GQA, tied and untied; Llama-3 rope scaling; Qwen2 biases; GPT-2), 10 AdamW steps with clipping and
+(Llama with GQA, tied and untied; Llama-3 rope scaling; Qwen2 biases; GPT-2; Mistral's and Qwen2's sliding
+windows), 10 AdamW steps with clipping and
 weight decay against torch.optim.AdamW, and a model saved by snug loaded back by transformers."""
 import os
 import sys
@@ -25,6 +26,11 @@ def models():
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 16})
     yield "qwen2-bias", transformers.Qwen2Config(**base, tie_word_embeddings=False)
+    # sliding windows shorter than the 13 tokens: Mistral's on every layer, Qwen2's on the layers from
+    # max_window_layers on (transformers' mask keeps key s for query t when t - s < sliding_window)
+    yield "mistral-swa", transformers.MistralConfig(**base, sliding_window=5, tie_word_embeddings=False)
+    yield "qwen2-swa", transformers.Qwen2Config(**{**base, "num_hidden_layers": 3}, use_sliding_window=True,
+                                                sliding_window=4, max_window_layers=1, tie_word_embeddings=True)
     yield "gpt2", transformers.GPT2Config(vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64,
                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 

@@ -26,6 +26,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/quant_map.h"
+#include "model/model.h"
 #include "optim/optim.h"
 #include "plan/gpus.h"
 
@@ -392,11 +393,19 @@ static void run_attention_naive(snug_backend *be, const att_case *c, float *out,
         down(be, NULL, d_seg, 0);
 }
 
-static void test_attention_case(int B, int T, int NH, int NKV, int HD, int segmented) {
+/* W > 0: a sliding window of W keys, as the first keys the model computes (snug_attention_window_starts) */
+static void test_attention_case(int B, int T, int NH, int NKV, int HD, int segmented, int W) {
     size_t N = (size_t)B * T, R = (size_t)(NH + 2 * NKV) * HD, nq = N * R, no = N * NH * HD, nl = N * NH;
-    printf("attention B=%d T=%d NH=%d NKV=%d HD=%d %s\n", B, T, NH, NKV, HD, segmented ? "packed segments" : "causal");
+    printf("attention B=%d T=%d NH=%d NKV=%d HD=%d %s, window %d\n", B, T, NH, NKV, HD,
+           segmented ? "packed segments" : "causal", W);
     float *qkv = randf(nq, -1.5f, 1.5f), *dout = randf(no, -1, 1), *dq0 = randf(nq, -0.5f, 0.5f);
     int32_t *seg = segmented ? make_seg(B, T) : NULL;
+    if (W > 0) {
+        int32_t *win = malloc(N * sizeof *win);
+        snug_attention_window_starts(win, seg, 0, N, T, W);
+        free(seg);
+        seg = win;
+    }
     att_case c = {B, T, NH, NKV, HD, qkv, dout, dq0, seg};
     float *oc = malloc(no * 4), *lc = malloc(nl * 4), *dc = malloc(nq * 4);
     run_attention(cpu, &c, oc, lc, dc, NULL);
@@ -469,11 +478,13 @@ static void test_attention_case(int B, int T, int NH, int NKV, int HD, int segme
 }
 
 static void test_attention(void) {
-    test_attention_case(2, 77, 4, 2, 24, 0);   /* GQA 2:1, T not a multiple of 64, HD 24 */
-    test_attention_case(2, 130, 6, 2, 64, 1);  /* GQA 3:1, packed segments */
-    test_attention_case(1, 200, 4, 1, 128, 1); /* all heads on one kv head, HD 128 */
-    test_attention_case(3, 65, 2, 2, 40, 1);   /* MHA, one row past a tile, HD 40 */
-    test_attention_case(2, 93, 4, 2, 96, 0);   /* causal, HD 96 (the tc rung pads it to 128) */
+    test_attention_case(2, 77, 4, 2, 24, 0, 0);   /* GQA 2:1, T not a multiple of 64, HD 24 */
+    test_attention_case(2, 130, 6, 2, 64, 1, 0);  /* GQA 3:1, packed segments */
+    test_attention_case(1, 200, 4, 1, 128, 1, 0); /* all heads on one kv head, HD 128 */
+    test_attention_case(3, 65, 2, 2, 40, 1, 0);   /* MHA, one row past a tile, HD 40 */
+    test_attention_case(2, 93, 4, 2, 96, 0, 0);   /* causal, HD 96 (the tc rung pads it to 128) */
+    test_attention_case(2, 150, 4, 2, 32, 1, 40); /* a sliding window inside packed segments: whole tiles skipped */
+    test_attention_case(1, 200, 2, 1, 64, 0, 70); /* a sliding window across three 64-key tiles */
 }
 
 /* The rungs on a training-sized shape: milliseconds of forward and of forward + backward. tc runs under bf16 math. */
@@ -1471,8 +1482,8 @@ static void test_embed_bwd_bits(void) {
 /* Head dims above 128 (Gemma's 256; 192 is zero-padded to 256): the tiled rung with 32-row tiles, plain, naive and
  * decode, forward and backward, against the CPU. */
 static void test_attention_hd256(void) {
-    test_attention_case(2, 150, 4, 2, 256, 1); /* GQA 2:1, packed segments, T past a 32-row tile */
-    test_attention_case(1, 97, 2, 1, 192, 0);  /* causal, HD padded to 256 */
+    test_attention_case(2, 150, 4, 2, 256, 1, 0); /* GQA 2:1, packed segments, T past a 32-row tile */
+    test_attention_case(1, 97, 2, 1, 192, 0, 0);  /* causal, HD padded to 256 */
 }
 
 /* The smaller tiles a device with less shared memory per block gets (TILE 32 at HD 128, 16 at HD 256, e.g. on an

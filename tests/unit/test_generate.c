@@ -2,7 +2,8 @@
  *
  * Greedy generation (temperature 0) through snug_generate, which runs one row per new token against the cached keys
  * and values, must pick the same tokens as recomputing the whole sequence with the training forward pass and taking
- * the argmax of the last position; and sampling with a seed must be reproducible. Llama (GQA, RoPE) and GPT-2.
+ * the argmax of the last position; and sampling with a seed must be reproducible. Llama (GQA, RoPE; and with a
+ * sliding window on one layer) and GPT-2.
  * Then the context's edges: prompts of CTX-1, CTX, CTX+1 and 3*CTX tokens and max_new_tokens of 0, -5 and past the
  * context, where every refusal is one clear error that writes nothing, and generation that ends exactly at the last
  * position still agrees with the full forward pass. Output buffers are malloc'd to their exact size, so the
@@ -47,10 +48,13 @@ static int full_forward_next(snug_engine *g, const int32_t *ids, int n) {
     return best;
 }
 
-static void test_arch(snug_arch arch) {
-    const char *name = arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
+/* W > 0: layer 1 attends within a sliding window of W keys (the full forward's first keys, the decoder's rows) */
+static void test_arch(snug_arch arch, int W) {
+    const char *name = W ? "llama, a sliding window on layer 1" : arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
     snug_error e = {0};
     snug_plan_spec spec = {.cfg = config(arch), .B = 1, .T = T, .lv = {.ckpt_every = 1}, .with_grads = 0};
+    spec.cfg.sliding_window = W;
+    spec.cfg.layer_sliding[1] = W > 0;
     snug_engine g;
     if (snug_engine_create(&g, &spec, SNUG_BACKEND_CPU, 2, &e)) {
         fprintf(stderr, "%s\n", e.msg);
@@ -198,8 +202,9 @@ static void test_context_edges(snug_arch arch) {
 }
 
 int main(void) {
-    test_arch(SNUG_ARCH_LLAMA);
-    test_arch(SNUG_ARCH_GPT2);
+    test_arch(SNUG_ARCH_LLAMA, 0);
+    test_arch(SNUG_ARCH_GPT2, 0);
+    test_arch(SNUG_ARCH_LLAMA, 4);
     test_context_edges(SNUG_ARCH_LLAMA);
     test_context_edges(SNUG_ARCH_GPT2);
     return check_finish("test_generate");

@@ -111,7 +111,8 @@ static int same_config(const snug_model_config *a, const snug_model_config *b) {
            a->rope_high_freq_factor == b->rope_high_freq_factor &&
            a->rope_original_max_position == b->rope_original_max_position && a->bos_token_id == b->bos_token_id &&
            a->eos_token_id == b->eos_token_id && a->pad_token_id == b->pad_token_id &&
-           strcmp(a->torch_dtype, b->torch_dtype) == 0 && a->initializer_range == b->initializer_range;
+           strcmp(a->torch_dtype, b->torch_dtype) == 0 && a->initializer_range == b->initializer_range &&
+           a->sliding_window == b->sliding_window && !memcmp(a->layer_sliding, b->layer_sliding, (size_t)a->n_layer);
 }
 
 /* Parses text, saves it, loads the saved file and checks nothing changed. Returns the parsed config. */
@@ -295,11 +296,17 @@ static void test_bad_configs(void) {
     t = edit(LLAMA31_8B, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
     EXPECT_BAD(t, "hidden_act", "gelu");
     free(t);
-    t = edit(QWEN2_05B, "\"use_sliding_window\": false", "\"use_sliding_window\": true");
-    EXPECT_BAD(t, "use_sliding_window", NULL);
+    t = edit(MISTRAL_7B, "\"sliding_window\": 4096", "\"sliding_window\": 0");
+    EXPECT_BAD(t, "sliding_window", "positive");
     free(t);
-    t = edit(V5_DEFAULT_ROPE, "\"dtype\"", "\"layer_types\": [\"full_attention\", \"sliding_attention\"], \"dtype\"");
-    EXPECT_BAD(t, "layer_types[1]", "sliding_attention");
+    t = edit(V5_DEFAULT_ROPE, "\"dtype\"", "\"use_sliding_window\": true, \"layer_types\": [\"full_attention\"], \"dtype\"");
+    EXPECT_BAD(t, "layer_types", "num_hidden_layers");
+    free(t);
+    t = edit(V5_DEFAULT_ROPE, "\"dtype\"", "\"layer_types\": [\"full_attention\", \"chunked_attention\"], \"dtype\"");
+    EXPECT_BAD(t, "layer_types[1]", "chunked_attention");
+    free(t);
+    t = edit(SMOLLM_135M, "\"attention_bias\"", "\"layer_types\": [\"sliding_attention\"], \"attention_bias\"");
+    EXPECT_BAD(t, "layer_types[0]", "full_attention");
     free(t);
     t = edit(GPT2_124M, "\"activation_function\": \"gelu_new\"", "\"activation_function\": \"relu\"");
     EXPECT_BAD(t, "activation_function", "relu");
@@ -341,6 +348,77 @@ static void test_huge_numbers(void) {
     /* an error after a huge number is placed where it is in the file */
     EXPECT_BAD("{\"model_max_length\": 1000000000000000019884624838656, \"model_type\": }", "bad/config.json:1:69:",
                "invalid JSON");
+}
+
+/* Which layers slide, as transformers' Mistral and Qwen2 decide it (configuration_qwen2.py: sliding_window only
+ * with use_sliding_window; layer_types, else the layers from max_window_layers on; Mistral: every layer). */
+static void test_sliding(void) {
+    snug_model_config c = PARSE_OK("mistral", MISTRAL_7B);
+    CHECK(c.sliding_window == 4096 && snug_layer_window(&c, 0) == 4096 && snug_layer_window(&c, 31) == 4096);
+    char *t = edit(MISTRAL_7B, "\"sliding_window\": 4096", "\"sliding_window\": null");
+    c = PARSE_OK("mistral null", t);
+    CHECK(c.sliding_window == 0 && snug_layer_window(&c, 0) == 0);
+    free(t);
+    t = edit(MISTRAL_7B, "\"sliding_window\": 4096,", ""); /* absent: transformers' default, 4096 */
+    c = PARSE_OK("mistral absent", t);
+    CHECK(c.sliding_window == 4096 && snug_layer_window(&c, 5) == 4096);
+    free(t);
+    c = PARSE_OK("qwen2", QWEN2_05B); /* use_sliding_window false */
+    CHECK(c.sliding_window == 0 && snug_layer_window(&c, 23) == 0);
+    char *u = edit(QWEN2_05B, "\"use_sliding_window\": false", "\"use_sliding_window\": true");
+    t = edit(u, "\"max_window_layers\": 24", "\"max_window_layers\": 20");
+    c = PARSE_OK("qwen2 sliding", t);
+    CHECK(c.sliding_window == 131072 && snug_layer_window(&c, 19) == 0 && snug_layer_window(&c, 20) == 131072 &&
+          snug_layer_window(&c, 23) == 131072);
+    free(t);
+    c = PARSE_OK("qwen2 sliding, max_window_layers = L", u); /* no layer slides */
+    CHECK(snug_layer_window(&c, 23) == 0);
+    free(u);
+    t = edit(V5_DEFAULT_ROPE, "\"dtype\"", "\"use_sliding_window\": true, \"sliding_window\": 16, \"layer_types\": "
+             "[\"sliding_attention\", \"full_attention\"], \"dtype\"");
+    c = PARSE_OK("qwen2 layer_types", t);
+    CHECK(snug_layer_window(&c, 0) == 16 && snug_layer_window(&c, 1) == 0);
+    free(t);
+    t = edit(V5_DEFAULT_ROPE, "\"dtype\"", "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"dtype\"");
+    c = PARSE_OK("qwen2 layer_types without use_sliding_window", t);
+    CHECK(c.sliding_window == 0 && snug_layer_window(&c, 0) == 0);
+    free(t);
+}
+
+/* Saving a config read from a file keeps the file: every key and value (unknown keys, sliding_window, a list of eos
+ * ids) but those training changed. */
+static void test_kept_keys(void) {
+    char base[512], out[512];
+    snprintf(base, sizeof base, "%s/base.json", tmpdir);
+    snprintf(out, sizeof out, "%s/config.json", tmpdir);
+    char *t = edit(V5_LLAMA, "\"dtype\"", "\"sliding_window\": 24, \"some_future_key\": {\"a\": [1, 2]}, \"dtype\"");
+    snug_error e = {0};
+    CHECK(snug_write_file_atomic(base, t, strlen(t), &e) == 0);
+    free(t);
+    snug_model_config c;
+    CHECK(snug_model_config_load(&c, base, &e) == 0 && !strcmp(c.json_path, base));
+    CHECK(snug_model_config_save(&c, out, &e) == 0); /* unchanged: the same keys and values */
+    json_error_t je;
+    json_t *a = json_load_file(base, 0, &je), *b = json_load_file(out, 0, &je);
+    CHECK(a && b && json_equal(a, b));
+    json_decref(b);
+    c.vocab_size = 128300; /* resized, saved as float32, a pad token set */
+    snprintf(c.torch_dtype, sizeof c.torch_dtype, "float32");
+    c.pad_token_id = 128299;
+    CHECK(snug_model_config_save(&c, out, &e) == 0);
+    b = json_load_file(out, 0, &je);
+    CHECK(b && json_integer_value(json_object_get(b, "vocab_size")) == 128300);
+    CHECK(b && !strcmp(json_string_value(json_object_get(b, "dtype")), "float32") && !json_object_get(b, "torch_dtype"));
+    CHECK(b && json_integer_value(json_object_get(b, "pad_token_id")) == 128299);
+    const char *key;
+    json_t *v;
+    json_object_foreach(a, key, v) {
+        if (strcmp(key, "vocab_size") && strcmp(key, "dtype"))
+            CHECKF(json_equal(v, json_object_get(b, key)), "key %s changed on save", key);
+    }
+    CHECK(b && json_object_size(b) == json_object_size(a) + 1); /* pad_token_id */
+    json_decref(a), json_decref(b);
+    unlink(base), unlink(out);
 }
 
 static void test_files(void) {
@@ -527,6 +605,8 @@ int main(void) {
     test_bad_configs();
     test_huge_numbers();
     test_files();
+    test_sliding();
+    test_kept_keys();
     test_head_dim_bound();
     test_family_table();
     CHECKF(rmdir(tmpdir) == 0, "temporary folder %s not empty", tmpdir);

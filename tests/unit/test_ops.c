@@ -14,6 +14,7 @@
 #include "backend/cpu/expf_cpu.h"
 #include "check.h"
 #include "core/rng.h"
+#include "model/model.h"
 
 static snug_backend *be1, *be2, *be3; /* 1, 2 and 3 threads; be2 is the one under test, the others for determinism */
 
@@ -511,12 +512,21 @@ static void test_rope(void) {
 
 /* ------------------------------------------------------------------------------------------------ attention */
 
+/* The first key query t sees: its segment's start, and under a sliding window of W keys (W > 0) none that is W or
+ * more tokens back (transformers' mask keeps s when t - s < W). */
+static int ref_first_key(const int32_t *seg, size_t n, int t, int W) {
+    int lo = seg ? seg[n] : 0;
+    while (W > 0 && t - lo >= W)
+        lo++;
+    return lo;
+}
+
 /* Naive attention of one batch row, head and query token: probabilities p (T) over keys [lo, t], out (HD). */
-static double ref_att_row(double *p, double *o, const double *qkv, const int32_t *seg, int b, int h, int t, int T,
-                          int NH, int NKV, int HD, double scale) {
+static double ref_att_row(double *p, double *o, const double *qkv, const int32_t *seg, int W, int b, int h, int t,
+                          int T, int NH, int NKV, int HD, double scale) {
     int R = (NH + 2 * NKV) * HD, kh = h / (NH / NKV);
     size_t n = (size_t)b * T + t;
-    int lo = seg ? seg[n] : 0;
+    int lo = ref_first_key(seg, n, t, W);
     const double *q = qkv + n * R + (size_t)h * HD;
     double mx = -INFINITY, sum = 0;
     for (int s = lo; s <= t; s++) {
@@ -540,31 +550,31 @@ static double ref_att_row(double *p, double *o, const double *qkv, const int32_t
     return mx + log(sum); /* lse */
 }
 
-static void ref_attention(double *out, double *lse, const double *qkv, const int32_t *seg, int B, int T, int NH,
-                          int NKV, int HD, double scale) {
+static void ref_attention(double *out, double *lse, const double *qkv, const int32_t *seg, int W, int B, int T,
+                          int NH, int NKV, int HD, double scale) {
     double *p = zerod(T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
                 size_t n = (size_t)b * T + t;
-                double l = ref_att_row(p, out + n * NH * HD + (size_t)h * HD, qkv, seg, b, h, t, T, NH, NKV, HD,
-                                       scale);
+                double l = ref_att_row(p, out + n * NH * HD + (size_t)h * HD, qkv, seg, W, b, h, t, T, NH, NKV,
+                                       HD, scale);
                 if (lse)
                     lse[n * NH + h] = l;
             }
     free(p);
 }
 
-static void ref_attention_bwd(double *dqkv, const float *dout, const double *qkv, const int32_t *seg, int B, int T,
-                              int NH, int NKV, int HD, double scale) {
+static void ref_attention_bwd(double *dqkv, const float *dout, const double *qkv, const int32_t *seg, int W, int B,
+                              int T, int NH, int NKV, int HD, double scale) {
     int R = (NH + 2 * NKV) * HD, G = NH / NKV;
     double *p = zerod(T), *dp = zerod(T), *o = zerod(HD);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
                 size_t n = (size_t)b * T + t;
-                int lo = seg ? seg[n] : 0, kh = h / G;
-                ref_att_row(p, o, qkv, seg, b, h, t, T, NH, NKV, HD, scale);
+                int lo = ref_first_key(seg, n, t, W), kh = h / G;
+                ref_att_row(p, o, qkv, seg, W, b, h, t, T, NH, NKV, HD, scale);
                 const float *g = dout + n * NH * HD + (size_t)h * HD;
                 double D = 0;
                 for (int s = lo; s <= t; s++) {
@@ -588,7 +598,7 @@ static void ref_attention_bwd(double *dqkv, const float *dout, const double *qkv
 }
 
 typedef struct {
-    int B, T, NH, NKV, HD;
+    int B, T, NH, NKV, HD, W;
     double scale, *qkv;
     const int32_t *seg;
     const float *wt;
@@ -598,7 +608,7 @@ static double att_loss(void *p) {
     att_ctx *c = p;
     size_t n = (size_t)c->B * c->T * c->NH * c->HD;
     double *out = zerod(n);
-    ref_attention(out, NULL, c->qkv, c->seg, c->B, c->T, c->NH, c->NKV, c->HD, c->scale);
+    ref_attention(out, NULL, c->qkv, c->seg, c->W, c->B, c->T, c->NH, c->NKV, c->HD, c->scale);
     double L = wdot(out, c->wt, n);
     free(out);
     return L;
@@ -620,17 +630,22 @@ static int32_t *make_seg(int B, int T, const int *lens) {
 
 /* qkv uniform in [-amp, amp). With `spike`, queries and keys are made positive and the keys of the last third of
  * each row 30 times larger, so that late keys score far above early ones, further than exp() can span: the online
- * softmax must rescale its running sums. */
-static void test_attention_case(const char *label, int B, int T, int NH, int NKV, int HD, const int *lens, float amp,
-                                int spike, int fd) {
-    printf("attention %s: B=%d T=%d NH=%d NKV=%d HD=%d%s%s\n", label, B, T, NH, NKV, HD, lens ? " segmented" : "",
-           spike ? " spiked" : "");
+ * softmax must rescale its running sums. W > 0: a sliding window of W keys, which the ops take as the first keys the
+ * model computes (snug_attention_window_starts) and the reference applies as transformers' mask. */
+static void test_attention_case(const char *label, int B, int T, int NH, int NKV, int HD, const int *lens, int W,
+                                float amp, int spike, int fd) {
+    printf("attention %s: B=%d T=%d NH=%d NKV=%d HD=%d%s%s window %d\n", label, B, T, NH, NKV, HD,
+           lens ? " segmented" : "", spike ? " spiked" : "", W);
     char what[96];
     int N = B * T, R = (NH + 2 * NKV) * HD;
     size_t nq = (size_t)N * R, no = (size_t)N * NH * HD;
     float scale = 1.0f / sqrtf((float)HD);
     double tol = spike ? 4 * TOL_REF : TOL_REF; /* scores near 100 carry 100 times the rounding into exp() */
-    int32_t *seg = lens ? make_seg(B, T, lens) : NULL;
+    int32_t *rseg = lens ? make_seg(B, T, lens) : NULL, *seg = rseg; /* the reference's, the ops' */
+    if (W > 0) {
+        seg = malloc((size_t)N * sizeof *seg);
+        snug_attention_window_starts(seg, rseg, 0, (size_t)N, T, W);
+    }
     float *qkv = randf(nq, -amp, amp), *dout = randf(no, -1, 1);
     for (int n = 0; spike && n < N; n++)
         for (int i = 0; i < (NH + NKV) * HD; i++)
@@ -638,7 +653,7 @@ static void test_attention_case(const char *label, int B, int T, int NH, int NKV
     float *out = zerof(no), *lse = zerof((size_t)N * NH);
     be2->attention_fwd(be2, out, lse, qkv, seg, B, T, NH, NKV, HD, scale);
     double *qd = tod(qkv, nq), *rout = zerod(no), *rlse = zerod((size_t)N * NH);
-    ref_attention(rout, rlse, qd, seg, B, T, NH, NKV, HD, scale);
+    ref_attention(rout, rlse, qd, rseg, W, B, T, NH, NKV, HD, scale);
     snprintf(what, sizeof what, "attention_fwd out (%s)", label);
     expect(what, check_max_relerr(out, rout, no), tol);
     snprintf(what, sizeof what, "attention_fwd lse (%s)", label);
@@ -647,11 +662,11 @@ static void test_attention_case(const char *label, int B, int T, int NH, int NKV
     float *dq = zerof(nq);
     be2->attention_bwd(be2, dq, dout, qkv, out, lse, seg, B, T, NH, NKV, HD, scale);
     double *rdq = zerod(nq);
-    ref_attention_bwd(rdq, dout, qd, seg, B, T, NH, NKV, HD, scale);
+    ref_attention_bwd(rdq, dout, qd, rseg, W, B, T, NH, NKV, HD, scale);
     snprintf(what, sizeof what, "attention_bwd dqkv vs reference (%s)", label);
     expect(what, check_max_relerr(dq, rdq, nq), tol);
     if (fd) {
-        att_ctx ctx = {B, T, NH, NKV, HD, scale, qd, seg, dout};
+        att_ctx ctx = {B, T, NH, NKV, HD, W, scale, qd, rseg, dout};
         snprintf(what, sizeof what, "attention_bwd dqkv vs finite diff (%s)", label);
         expect_fd(what, att_loss, &ctx, qd, nq, dq, TOL_FD);
     }
@@ -671,7 +686,9 @@ static void test_attention_case(const char *label, int B, int T, int NH, int NKV
            "attention_fwd identical for 1, 2, 3 threads (%s)", label);
     CHECKF(same_bits(d1, dq, nq) && same_bits(d3, dq, nq), "attention_bwd identical for 1, 2, 3 threads (%s)", label);
 
-    free(seg), free(qkv), free(dout), free(out), free(lse), free(qd), free(rout), free(rlse), free(dq), free(rdq);
+    if (seg != rseg)
+        free(seg);
+    free(rseg), free(qkv), free(dout), free(out), free(lse), free(qd), free(rout), free(rlse), free(dq), free(rdq);
     free(acc), free(acci), free(o1), free(l1), free(o3), free(l3), free(d1), free(d3);
 }
 
@@ -680,13 +697,19 @@ static void test_attention(void) {
     static const int lens_b[] = {37, 64, 1, 48, 0};            /* B=1, T=150: segments across the key blocks */
     static const int lens_c[] = {2, 3, 0, 5, 0, 1, 1, 1, 2, 0}; /* B=3, T=5 */
     static const int lens_d[] = {5, 20, 12, 0};                 /* B=1, T=37: segments across query tiles */
-    test_attention_case("gqa 6/2 seg", 2, 11, 6, 2, 8, lens_a, 1.5f, 0, 1);
-    test_attention_case("gqa 6/3", 2, 11, 6, 3, 8, NULL, 1.5f, 0, 1);
-    test_attention_case("mha 3/3 seg", 3, 5, 3, 3, 6, lens_c, 1.5f, 0, 1);
-    test_attention_case("tiles seg hd5", 1, 37, 2, 1, 5, lens_d, 1.5f, 0, 1);
-    test_attention_case("long seg", 1, 150, 4, 2, 10, lens_b, 1.5f, 0, 0);
-    test_attention_case("long", 2, 131, 2, 1, 12, NULL, 1.5f, 0, 0);
-    test_attention_case("long, spiked", 1, 200, 2, 2, 16, NULL, 1.5f, 1, 0);
+    test_attention_case("gqa 6/2 seg", 2, 11, 6, 2, 8, lens_a, 0, 1.5f, 0, 1);
+    test_attention_case("gqa 6/3", 2, 11, 6, 3, 8, NULL, 0, 1.5f, 0, 1);
+    test_attention_case("mha 3/3 seg", 3, 5, 3, 3, 6, lens_c, 0, 1.5f, 0, 1);
+    test_attention_case("tiles seg hd5", 1, 37, 2, 1, 5, lens_d, 0, 1.5f, 0, 1);
+    test_attention_case("long seg", 1, 150, 4, 2, 10, lens_b, 0, 1.5f, 0, 0);
+    test_attention_case("long", 2, 131, 2, 1, 12, NULL, 0, 1.5f, 0, 0);
+    test_attention_case("long, spiked", 1, 200, 2, 2, 16, NULL, 0, 1.5f, 1, 0);
+    /* sliding windows: of 1 key (itself), shorter and longer than a segment, across query tiles and key blocks */
+    test_attention_case("window 4", 2, 11, 6, 2, 8, NULL, 4, 1.5f, 0, 1);
+    test_attention_case("window 1 seg", 2, 11, 6, 3, 8, lens_a, 1, 1.5f, 0, 1);
+    test_attention_case("window 6 seg, tiles", 1, 37, 2, 1, 5, lens_d, 6, 1.5f, 0, 1);
+    test_attention_case("window 70 seg, long", 1, 150, 4, 2, 10, lens_b, 70, 1.5f, 0, 0);
+    test_attention_case("window 20, long", 2, 131, 2, 1, 12, NULL, 20, 1.5f, 0, 0);
 }
 
 /* ------------------------------------------------------------------------------------------------ activations */

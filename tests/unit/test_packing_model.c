@@ -5,8 +5,8 @@
  * the loader into rows of T (several examples per row, seg starts, positions restarting), and padded by the loader
  * (dynamically, and to T). The summed loss and every gradient must agree to 1e-5 relative in fp32, for Llama (RoPE,
  * GQA) and GPT-2 (learned positions), with the tiled and the naive attention, chunked cross-entropy and full
- * checkpointing. The packed rows run with plain causal attention (seg ignored) must disagree: the test can see
- * cross-contamination. */
+ * checkpointing, and for Llama with a sliding window on one layer (the window stays inside each example). The packed
+ * rows run with plain causal attention (seg ignored) must disagree: the test can see cross-contamination. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,9 +84,12 @@ static double run_loader(snug_engine *g, const data *d, snug_batching how, int f
     return loss;
 }
 
-static void test_case(snug_arch arch, snug_levers lv, const char *what) {
+/* W > 0: layer 0 attends within a sliding window of W keys, which must stay inside each packed example */
+static void test_case(snug_arch arch, snug_levers lv, const char *what, int W) {
     const char *name = arch == SNUG_ARCH_GPT2 ? "gpt2" : "llama";
     snug_model_config cfg = check_small_model(arch, V, 2, 128, 64);
+    cfg.sliding_window = W;
+    cfg.layer_sliding[0] = W > 0;
     data d;
     make_data(&d);
     snug_engine g;
@@ -148,10 +151,12 @@ static void test_case(snug_arch arch, snug_levers lv, const char *what) {
 int main(void) {
     for (int a = 0; a < 2; a++) {
         snug_arch arch = a ? SNUG_ARCH_GPT2 : SNUG_ARCH_LLAMA;
-        test_case(arch, (snug_levers){.ckpt_every = 1}, "tiled attention");
-        test_case(arch, (snug_levers){.ckpt_every = 1, .naive_attention = 1}, "naive attention");
+        test_case(arch, (snug_levers){.ckpt_every = 1}, "tiled attention", 0);
+        test_case(arch, (snug_levers){.ckpt_every = 1, .naive_attention = 1}, "naive attention", 0);
         test_case(arch, (snug_levers){.ckpt = SNUG_CKPT_FULL, .ckpt_every = 1, .xent_chunk = 7},
-                  "full ckpt + chunked CE");
+                  "full ckpt + chunked CE", 0);
     }
+    test_case(SNUG_ARCH_LLAMA, (snug_levers){.ckpt_every = 1}, "tiled, window 6 on layer 0", 6);
+    test_case(SNUG_ARCH_LLAMA, (snug_levers){.ckpt_every = 1, .naive_attention = 1}, "naive, window 6 on layer 0", 6);
     return check_finish("test_packing_model");
 }

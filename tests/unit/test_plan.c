@@ -309,6 +309,16 @@ static void test_gpus(void) {
      * at the FP32 peaks of the data sheets (H100 SXM 66.9, A100 19.5 TFLOP/s), bf16 at the tensor cores' */
     double f = snug_flops_per_token(&s, p.nparams);
     CHECK(f > 6.0 * p.nparams);
+    { /* a sliding window shrinks the attention's share: a window of 1 costs 2 keys per token instead of T */
+        snug_plan_spec w = s;
+        w.cfg.sliding_window = 1;
+        for (int l = 0; l < w.cfg.n_layer; l++)
+            w.cfg.layer_sliding[l] = 1;
+        double fw = snug_flops_per_token(&w, p.nparams), att = f - 6.0 * p.nparams;
+        CHECKF(fabs((fw - 6.0 * p.nparams) - 2 * att / s.T) < 1e-9 * f, "flops per token with a window of 1: %g", fw);
+        w.cfg.sliding_window = s.T; /* as long as the rows: no change */
+        CHECK(snug_flops_per_token(&w, p.nparams) == f);
+    }
     double h = snug_gpu_tokens_per_s(snug_gpu_find("h100"), &s, p.nparams);
     double a = snug_gpu_tokens_per_s(snug_gpu_find("a100"), &s, p.nparams);
     CHECKF(fabs(h * f / (66.9e12 * SNUG_ASSUMED_MFU) - 1) < 1e-9, "h100 fp32 %.3g tok/s", h);
