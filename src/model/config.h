@@ -93,7 +93,8 @@ int snug_model_config_parse(snug_model_config *cfg, const char *json_text, const
  * vocab_size, the bos/eos/pad ids and torch_dtype (dtype in the v5 spelling); a config built in code gets the keys
  * transformers' AutoConfig expects for its architecture. */
 int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_error *e);
-/* Writes generation_config.json (bos/eos ids) atomically. */
+/* Writes generation_config.json atomically: the base's (beside json_path) with the bos/eos/pad ids that differ
+ * from its config.json's set from cfg, or one of cfg's bos/eos/pad ids when the base has none. */
 int snug_generation_config_save(const snug_model_config *cfg, const char *path, snug_error *e);
 /* Checks a config built in code (the built-in presets) the same way a loaded one is checked. */
 int snug_model_config_validate(const snug_model_config *cfg, const char *path, snug_error *e);

@@ -727,12 +727,49 @@ int snug_model_config_save(const snug_model_config *cfg, const char *path, snug_
     return dump_json(o, path, e);
 }
 
+/* The base's generation_config.json (beside cfg->json_path) as read, with the bos/eos/pad ids set from cfg where
+ * they differ from the base's config.json; NULL when there is none to keep. */
+static json_t *kept_generation_json(const snug_model_config *cfg) {
+    char p[sizeof cfg->json_path + 32];
+    snprintf(p, sizeof p, "%s", cfg->json_path);
+    char *slash = strrchr(p, '/');
+    if (!cfg->json_path[0])
+        return NULL;
+    snprintf(slash ? slash + 1 : p, sizeof p - (size_t)(slash ? slash + 1 - p : 0), "generation_config.json");
+    char *text = NULL;
+    snug_error e2 = {0};
+    if (!snug_file_exists(p) || snug_read_file(p, &text, NULL, &e2))
+        return NULL;
+    json_error_t je;
+    json_t *o = snug_json_loadb(text, strlen(text), 0, &je);
+    free(text);
+    snug_model_config *base = malloc(sizeof *base);
+    int ok = o && json_is_object(o) && base && !snug_model_config_load(base, cfg->json_path, &e2);
+    if (ok) {
+        const char *keys[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+        const int was[3] = {base->bos_token_id, base->eos_token_id, base->pad_token_id};
+        const int now[3] = {cfg->bos_token_id, cfg->eos_token_id, cfg->pad_token_id};
+        for (int i = 0; i < 3; i++)
+            if (was[i] != now[i] && now[i] >= 0)
+                json_object_set_new(o, keys[i], json_integer(now[i]));
+    } else {
+        json_decref(o);
+        o = NULL;
+    }
+    free(base);
+    return o;
+}
+
 int snug_generation_config_save(const snug_model_config *cfg, const char *path, snug_error *e) {
+    json_t *kept = kept_generation_json(cfg);
+    if (kept)
+        return dump_json(kept, path, e);
     json_t *o = json_object();
     if (!o)
         return snug_fail(e, SNUG_ENOMEM, "out of memory writing %s", path);
     set_token(o, "bos_token_id", cfg->bos_token_id);
     set_token(o, "eos_token_id", cfg->eos_token_id);
+    set_token(o, "pad_token_id", cfg->pad_token_id);
     json_object_set_new(o, "transformers_version", json_string(HF_TRANSFORMERS_VERSION));
     return dump_json(o, path, e);
 }

@@ -251,6 +251,8 @@ typedef struct snug_model {
     size_t grads_numel;    /* floats in grads */
     size_t grads16_numel;  /* elements in grads16 */
     float *gshard;         /* lv.zero_grads: (gshard_n) the summed gradients of table floats [gshard_lo, +gshard_n) */
+    snug_dtype file_dt;    /* the dtype model.safetensors gets fp32 weights in: F32 (0), or BF16/F16 rounded to nearest
+                            * even as torch rounds (a final save of a 16-bit base, as save_pretrained writes it) */
     int master_sharded;    /* ZeRO, 16-bit with master weights: `params` (the master copy) holds only table floats
                             * [master_lo, +master_n), the rank's shard; set before layout */
     size_t master_lo, master_n;
@@ -584,14 +586,14 @@ void snug_model_get_params(const snug_model *m, float *host);
 
 /* Loads weights from a Hugging Face folder's safetensors (checks every name, shape and dtype). */
 int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e);
-/* Writes model.safetensors into dir, atomically: F32 (fp32 parameters or the master copy), or the 16-bit
- * parameters as they are when there is no fp32 copy; opts (NULL: none) as snug_st_write takes them. */
+/* Writes model.safetensors into dir, atomically: F32 (fp32 parameters or the master copy; file_dt when it is set),
+ * or the 16-bit parameters as they are when there is no fp32 copy; opts (NULL: none) as snug_st_write takes them. */
 int snug_model_save_weights(const snug_model *m, const char *dir, const snug_write_opts *opts, snug_error *e);
-/* The same from host copies laid out like the model's parameters: F32 from p32, or (p32 NULL) lv.dt from p16; opts
+/* The same from host copies laid out like the model's parameters: F32 (file_dt) from p32, or (p32 NULL) lv.dt from p16; opts
  * (NULL: none) as snug_st_write takes them. */
 int snug_model_save_weights_host(const snug_model *m, const char *dir, const float *p32, const uint16_t *p16,
                                  const snug_write_opts *opts, snug_error *e);
-/* The weights as a stream (snug_st_out.fill): F32, each table tensor i fetched by fill(ud, i, dst) into a buffer of
+/* The weights as a stream (snug_st_out.fill): F32 (file_dt), each table tensor i fetched by fill(ud, i, dst) into a buffer of
  * its numel floats just before it is written, in the order snug_model_weights_order gives (a sharded master copy
  * gathered tensor by tensor: no whole copy anywhere). A 16-bit model without an fp32 copy (params NULL) is written
  * as lv.dt: fill gives its 16-bit values widened, which go back to 16 bits exactly. */

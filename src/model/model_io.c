@@ -258,7 +258,7 @@ int snug_model_save_weights_host(const snug_model *m, const char *dir, const flo
         return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
     for (int i = 0; i < m->table.n; i++) {
         const snug_param_entry *p = &m->table.e[i];
-        out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .transpose2d = p->transposed};
+        out[i] = (snug_st_out){.name = p->name, .dtype = m->file_dt, .ndim = p->ndim, .transpose2d = p->transposed};
         if (!p32) {
             out[i].dtype = out[i].h16_dtype = m->lv.dt;
             out[i].h16 = p16 + p->offset;
@@ -287,7 +287,7 @@ static const snug_param_table *whole_table(const snug_model *m, snug_param_table
 /* The streamed file's tensors: every tensor of table t F32 (16-bit without an fp32 copy), fetched by fill. */
 static snug_st_out *stream_outs(const snug_model *m, const snug_param_table *t, snug_weights_fill fill, void *ud) {
     snug_st_out *out = calloc((size_t)t->n, sizeof *out);
-    snug_dtype dt = m->lv.dt != SNUG_DT_F32 && !m->params ? m->lv.dt : SNUG_DT_F32;
+    snug_dtype dt = m->lv.dt != SNUG_DT_F32 && !m->params ? m->lv.dt : m->file_dt;
     for (int i = 0; out && i < t->n; i++) {
         const snug_param_entry *p = &t->e[i];
         out[i] = (snug_st_out){.name = p->name, .dtype = dt, .ndim = p->ndim, .transpose2d = p->transposed,

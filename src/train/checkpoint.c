@@ -154,11 +154,19 @@ static int write_arena(const char *path, const unsigned char *src, size_t n, int
 
 /* ---- the Hugging Face folder ---- */
 
+/* The dtype the base's config.json names (torch_dtype, or dtype in the v5 spelling), F32 when it names none. */
+static snug_dtype base_dtype(const snug_model_config *c) {
+    return !strcmp(c->torch_dtype, "bfloat16") ? SNUG_DT_BF16 : !strcmp(c->torch_dtype, "float16") ? SNUG_DT_F16
+                                                                                                    : SNUG_DT_F32;
+}
+
 /* The folder with the weights from p32 (F32) or p16 (16-bit, p32 NULL) in host memory, from a stream (fill, F32),
- * or (all NULL) from the engine's model itself; model.safetensors is written with wo (NULL: none). */
+ * or (all NULL) from the engine's model itself; model.safetensors is written with wo (NULL: none). The final save
+ * (`final`) writes fp32 weights in the base's dtype, rounded to nearest even as torch rounds, as transformers'
+ * save_pretrained of the fine-tuned base would; a checkpoint keeps them fp32, which resume reads back exactly. */
 static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *eng, const snug_model *am,
                       const float *p32, const uint16_t *p16, snug_weights_fill fill, void *ud,
-                      const snug_write_opts *wo, snug_error *e) {
+                      const snug_write_opts *wo, int final, snug_error *e) {
     char p[4096];
     SNUG_TRY(snug_mkdirs(dir, e));
     const snug_model *m = am ? am : &eng->model;
@@ -177,20 +185,34 @@ static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *e
      * written last, makes the folder an adapter */
     if (m->lora.on)
         return snug_peft_save(m, dir, s->c.base_model[0] ? s->c.base_model : s->c.model_preset, p32, e);
-    if (fill)
-        SNUG_TRY(snug_model_save_weights_stream(m, dir, fill, ud, wo, e));
-    else if (p32 || p16)
-        SNUG_TRY(snug_model_save_weights_host(m, dir, p32, p16, wo, e));
-    else
-        SNUG_TRY(snug_model_save_weights(m, dir, wo, e));
-    snug_model_config cfg = s->cfg;
-    /* the dtype the weights were saved in: fp32, or bf16/fp16 when there is no fp32 copy to save (a rank's shard
-     * of the master copy is not one) */
+    /* the dtype the weights are saved in: the 16-bit parameters as they are when there is no fp32 copy to save (a
+     * rank's shard of the master copy is not one); else fp32, rounded to the base's dtype by a final save */
     int half_only = fill ? m->lv.dt != SNUG_DT_F32 && !m->params
                     : (p32 || p16) ? !p32
                                    : m->lv.dt != SNUG_DT_F32 && (!m->params || m->master_sharded) && m->be->host_resident;
+    snug_dtype dt = half_only ? m->lv.dt : final ? base_dtype(&s->cfg) : SNUG_DT_F32;
+    snug_model *view = NULL; /* the same model, saved as dt */
+    if (!half_only && dt != SNUG_DT_F32) {
+        if (!(view = malloc(sizeof *view)))
+            return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the weights to %s", dir);
+        *view = *m;
+        view->file_dt = dt;
+        m = view;
+    }
+    int rc = fill ? snug_model_save_weights_stream(m, dir, fill, ud, wo, e)
+             : p32 || p16 ? snug_model_save_weights_host(m, dir, p32, p16, wo, e)
+                          : snug_model_save_weights(m, dir, wo, e);
+    free(view);
+    if (rc)
+        return rc;
+    snug_model_config cfg = s->cfg;
+    /* special_tokens' pad and eos tokens, which the tokenizer files now name, are the model's too */
+    if (s->c.pad_token[0] && s->pad_id >= 0)
+        cfg.pad_token_id = s->pad_id;
+    if (s->c.eos_token[0] && s->enc.eos_id >= 0)
+        cfg.eos_token_id = s->enc.eos_id;
     snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s",
-             !half_only ? "float32" : m->lv.dt == SNUG_DT_BF16 ? "bfloat16" : "float16");
+             dt == SNUG_DT_BF16 ? "bfloat16" : dt == SNUG_DT_F16 ? "float16" : "float32");
     snug_path_join(p, sizeof p, dir, "generation_config.json");
     SNUG_TRY(snug_generation_config_save(&cfg, p, e));
     snug_path_join(p, sizeof p, dir, "config.json"); /* last: the folder is loadable only once it is whole */
@@ -198,22 +220,23 @@ static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *e
 }
 
 static int save_hf(const char *dir, const snug_setup *s, const snug_engine *eng, const float *p32,
-                   const uint16_t *p16, snug_weights_fill fill, void *ud, const snug_write_opts *wo, snug_error *e) {
-    return save_hf_as(dir, s, eng, NULL, p32, p16, fill, ud, wo, e);
+                   const uint16_t *p16, snug_weights_fill fill, void *ud, const snug_write_opts *wo, int final,
+                   snug_error *e) {
+    return save_hf_as(dir, s, eng, NULL, p32, p16, fill, ud, wo, final, e);
 }
 
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e) {
-    return save_hf(dir, s, eng, NULL, NULL, NULL, NULL, NULL, e);
+    return save_hf(dir, s, eng, NULL, NULL, NULL, NULL, NULL, 1, e);
 }
 
 int snug_save_hf_folder_adapter(const char *dir, const snug_setup *s, const snug_engine *eng, const snug_model *whole,
                                 const float *host, snug_error *e) {
-    return save_hf_as(dir, s, eng, whole, host, NULL, NULL, NULL, NULL, e);
+    return save_hf_as(dir, s, eng, whole, host, NULL, NULL, NULL, NULL, 1, e);
 }
 
 int snug_save_hf_folder_stream(const char *dir, const snug_setup *s, const snug_engine *eng, snug_weights_fill fill,
                                void *ud, snug_error *e) {
-    return save_hf(dir, s, eng, NULL, NULL, fill, ud, NULL, e);
+    return save_hf(dir, s, eng, NULL, NULL, fill, ud, NULL, 1, e);
 }
 
 /* ---- folders ---- */
@@ -393,7 +416,7 @@ static int write_files(struct snug_ckpt_job *j, snug_error *e) {
     /* ZeRO-3 and tensor parallelism: no rank holds the model to write (state.h); under LoRA the model files are the
      * adapters' */
     if (j->rank == 0 && (!eng->model.param_sharded || eng->model.lora.on) && split_n(&eng->model) <= 1) {
-        SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, e));
+        SNUG_TRY(save_hf(part, j->s, eng, j->p32, j->p16, NULL, NULL, &wo, 0, e));
         if (!eng->model.lora.on)
             list_file(j->files, "model.safetensors", &h);
     }

@@ -56,7 +56,10 @@ typedef struct snug_train_state {
 } snug_train_state;
 
 /* Writes the Hugging Face folder of the model in eng into dir: model.safetensors and the tokenizer files first,
- * config.json last, so a save that fails part way (a full disk) leaves no folder that looks loadable. */
+ * config.json last, so a save that fails part way (a full disk) leaves no folder that looks loadable. The weights
+ * are in the base's dtype (its config.json's torch_dtype: fp32 rounded to nearest even to bf16 or fp16, as
+ * save_pretrained writes a model loaded in it), or the 16-bit parameters as they are when there is no fp32 copy;
+ * a checkpoint's folder keeps fp32, which resume reads back. */
 int snug_save_hf_folder(const char *dir, const snug_setup *s, const snug_engine *eng, snug_error *e);
 /* The same with F32 weights from a stream (snug_model_save_weights_stream): each tensor fetched by fill just before
  * it is written, e.g. gathered from the ranks' shards of the master copy. */
