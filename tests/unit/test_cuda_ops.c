@@ -12,7 +12,9 @@
  * the plan cache's second lookup, the bias epilogue, and the fp32 and tensor-core paths of the chunked loss (with
  * the CPU backend against the same reference). A bf16 GEMM's rate at 4096^3 is printed beside the device's peak.
  *
- * Without a CUDA build or a visible GPU the test prints why and exits 77, which ctest reports as skipped. */
+ * `test_cuda_ops gemm` runs the GEMM and loss checks alone, `test_cuda_ops attention` the attention rungs alone
+ * (sliding windows included). Without a CUDA build or a visible GPU the test prints why and exits 77, which ctest
+ * reports as skipped. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -1644,7 +1646,7 @@ static void test_deferred(void) {
 /* `test_cuda_ops gemm`: only the ops on cuBLASLt (run again on the emulated runtime with its stand-in refusing the bias
  * epilogue and the fast 16-bit compute types, so the backend's fallbacks are checked as well). */
 int main(int argc, char **argv) {
-    int gemm_only = argc > 1 && !strcmp(argv[1], "gemm");
+    int gemm_only = argc > 1 && !strcmp(argv[1], "gemm"), attention_only = argc > 1 && !strcmp(argv[1], "attention");
     if (snug_cuda_device_count() == 0) {
         printf("test_cuda_ops: skipped: no CUDA GPU (built with CUDA: yes)\n");
         return 77;
@@ -1669,6 +1671,15 @@ int main(int argc, char **argv) {
         gpu->destroy(gpu);
         cpu->destroy(cpu);
         return check_finish("test_cuda_ops gemm");
+    }
+    if (attention_only) { /* the attention rungs alone (quick on the emulated runtime) */
+        test_attention();
+        test_attention_hd256();
+        test_attention_small_tiles();
+        test_attention_long();
+        gpu->destroy(gpu);
+        cpu->destroy(cpu);
+        return check_finish("test_cuda_ops attention");
     }
     test_memory();
     test_embed();
