@@ -60,6 +60,10 @@ typedef enum snug_data_format {
 typedef enum snug_chat_template {
     SNUG_CHAT_CHATML, /* <|im_start|>role\ncontent<|im_end|>\n */
     SNUG_CHAT_LLAMA3, /* <|begin_of_text|> once, then <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    /* as a configuration says them; resolved (src/train/setup.c) into one of the built-ins or SNUG_CHAT_JINJA */
+    SNUG_CHAT_TOKENIZER,           /* tokenizer_default: the tokenizer's own template (an error when it has none) */
+    SNUG_CHAT_TOKENIZER_OR_CHATML, /* tokenizer_default_fallback_chatml: its own, else chatml (the default) */
+    SNUG_CHAT_JINJA,               /* a Jinja template: the configuration's chat_template_jinja, or resolved above */
 } snug_chat_template;
 
 const char *snug_data_format_name(snug_data_format f);
@@ -76,6 +80,10 @@ typedef struct snug_data_source {
     /* chat: the role values that mean system, user and assistant, each a list joined by commas; all NULL or "" = the
      * default (system; human and user; gpt and assistant), as Axolotl's; otherwise only the values listed */
     const char *roles[3];
+    /* chat with SNUG_CHAT_JINJA: the template's source, where it comes from (for errors), and the special-token strings
+     * it is rendered with (NULL: undefined in the template) */
+    const char *jinja, *jinja_where;
+    const char *bos_token, *eos_token, *unk_token, *pad_token;
 } snug_data_source;
 
 typedef struct snug_data_opts {

@@ -1,0 +1,48 @@
+/* chat_render.c: a conversation through a Jinja chat template, with the variables transformers' apply_chat_template
+ * passes (see chat_render.h). */
+#include "data/chat_render.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int set_str(json_t *vars, const char *key, const char *s) {
+    return s ? json_object_set_new(vars, key, json_string(s)) : 0;
+}
+
+int snug_chat_render(const snug_jinja *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
+                     const snug_chat_vars *v, snug_jinja_out *out, snug_error *e) {
+    memset(out, 0, sizeof *out);
+    /* transformers: {**special_tokens_map, messages, tools, documents, add_generation_prompt} */
+    json_t *vars = json_object();
+    int bad = !vars;
+    if (!bad && v)
+        bad = set_str(vars, "bos_token", v->bos_token) || set_str(vars, "eos_token", v->eos_token) ||
+              set_str(vars, "unk_token", v->unk_token) || set_str(vars, "pad_token", v->pad_token);
+    if (!bad)
+        bad = json_object_set(vars, "messages", (json_t *)messages) ||
+              (tools && json_object_set(vars, "tools", (json_t *)tools)) ||
+              json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
+    int rc = bad ? snug_fail(e, SNUG_ENOMEM, "out of memory rendering a chat template")
+                 : snug_jinja_render(t, vars, out, e);
+    json_decref(vars);
+    return rc;
+}
+
+int snug_chat_render_sample(const char *src, const char *where, const snug_chat_vars *v, char **out, snug_error *e) {
+    *out = NULL;
+    snug_jinja *t = NULL;
+    SNUG_TRY(snug_jinja_compile(src, strlen(src), where, &t, e));
+    json_error_t je;
+    json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"You are kind.\"}, {\"role\": \"user\", "
+                              "\"content\": \"Hi there.\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, "
+                              "{\"role\": \"user\", \"content\": \"How are you?\"}]", 0, &je);
+    snug_jinja_out o;
+    int rc = msgs ? snug_chat_render(t, msgs, NULL, 1, v, &o, e) : snug_fail(e, SNUG_ENOMEM, "out of memory");
+    if (!rc)
+        *out = o.text, o.text = NULL;
+    if (msgs && !rc)
+        snug_jinja_out_free(&o);
+    json_decref(msgs);
+    snug_jinja_free(t);
+    return rc;
+}

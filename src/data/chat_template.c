@@ -1,0 +1,152 @@
+/* chat_template.c: reading a tokenizer folder's chat template and special-token strings as transformers does, and
+ * the built-in templates as Jinja (see chat_template.h). */
+#include "data/chat_template.h"
+
+#include "core/fileio.h"
+#include "core/json_util.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The built-ins as Jinja. Their '\n' are Jinja string escapes inside expressions, so no whitespace control of the
+ * renderer (transformers renders with trim_blocks and lstrip_blocks) can touch them. */
+static const char CHATML_JINJA[] =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+static const char LLAMA3_JINJA[] =
+    "{{ '<|begin_of_text|>' }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + (message['content'] | trim) + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+/* dir + "/" + file into dst (cut at n bytes) */
+static void join(char *dst, size_t n, const char *dir, const char *file) {
+    size_t k = strlen(dir);
+    snprintf(dst, n, "%s%s%s", dir, k && dir[k - 1] != '/' ? "/" : "", file);
+}
+
+const char *snug_chat_builtin_jinja(int which) { return which == 1 ? LLAMA3_JINJA : CHATML_JINJA; }
+
+void snug_chat_files_free(snug_chat_files *f) {
+    free(f->jinja);
+    free(f->bos_token);
+    free(f->eos_token);
+    free(f->unk_token);
+    free(f->pad_token);
+    memset(f, 0, sizeof *f);
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+/* A special token's string: "..." or an AddedToken object {"content": "..."}; NULL for anything else. */
+static const char *token_string(json_t *v) {
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* tokenizer_config.json's "chat_template": a string, or [{"name", "template"}] of which "default" is taken. */
+static int config_template(json_t *ct, const char *p, char **out, snug_error *e) {
+    if (!ct || json_is_null(ct))
+        return 0;
+    if (json_is_string(ct)) {
+        *out = dup_n(json_string_value(ct), json_string_length(ct));
+        return *out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
+    }
+    if (!json_is_array(ct))
+        return snug_fail(e, SNUG_EINPUT, "%s: chat_template is %s; it must be a string or a list of {\"name\", "
+                         "\"template\"}", p, snug_json_type_name(ct));
+    size_t i;
+    json_t *it;
+    json_array_foreach(ct, i, it) {
+        json_t *name = json_object_get(it, "name"), *t = json_object_get(it, "template");
+        if (!json_is_string(name) || !json_is_string(t))
+            return snug_fail(e, SNUG_EINPUT, "%s: chat_template[%zu] is not a {\"name\": \"...\", \"template\": "
+                             "\"...\"} object", p, i);
+        if (!strcmp(json_string_value(name), "default")) {
+            *out = dup_n(json_string_value(t), json_string_length(t));
+            return *out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
+        }
+    }
+    return 0; /* named templates only: none is the default, as transformers has no default then either */
+}
+
+int snug_chat_files_read(const char *dir, snug_chat_files *out, snug_error *e) {
+    memset(out, 0, sizeof *out);
+    char p[4096];
+    join(p, sizeof p, dir, "chat_template.jinja");
+    int rc = 0;
+    if (snug_file_exists(p)) {
+        size_t len = 0;
+        SNUG_TRY(snug_read_file(p, &out->jinja, &len, e));
+        snprintf(out->where, sizeof out->where, "%s", p);
+    }
+    join(p, sizeof p, dir, "tokenizer_config.json");
+    if (!snug_file_exists(p))
+        return 0;
+    char *buf = NULL;
+    size_t len = 0;
+    if ((rc = snug_read_file(p, &buf, &len, e)))
+        goto fail;
+    json_error_t je;
+    json_t *j = snug_json_loadb(buf, len, 0, &je);
+    free(buf);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        rc = snug_fail(e, SNUG_EINPUT, "%s: not a JSON object (line %d: %s); fix or remove the file", p, je.line,
+                       je.text);
+        goto fail;
+    }
+    if (!out->jinja) {
+        rc = config_template(json_object_get(j, "chat_template"), p, &out->jinja, e);
+        if (!rc && out->jinja)
+            snprintf(out->where, sizeof out->where, "%s", p);
+    }
+    static const char *const keys[4] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+    char **dst[4] = {&out->bos_token, &out->eos_token, &out->unk_token, &out->pad_token};
+    for (int k = 0; !rc && k < 4; k++) {
+        const char *s = token_string(json_object_get(j, keys[k]));
+        if (s && !(*dst[k] = dup_n(s, strlen(s))))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
+    }
+    json_decref(j);
+fail:
+    if (rc)
+        snug_chat_files_free(out);
+    return rc;
+}
+
+int snug_chat_jinja_arg(const char *value, const char *base_dir, char **out, char *where, size_t where_cap,
+                        snug_error *e) {
+    *out = NULL;
+    char p[4096] = "";
+    int markup = strstr(value, "{%") || strstr(value, "{{");
+    if (!markup && *value) {
+        if (value[0] == '/' || !base_dir || !*base_dir)
+            snprintf(p, sizeof p, "%s", value);
+        else
+            join(p, sizeof p, base_dir, value);
+        if (!snug_file_exists(p))
+            p[0] = '\0';
+    }
+    if (p[0]) {
+        size_t len = 0;
+        SNUG_TRY(snug_read_file(p, out, &len, e));
+        snprintf(where, where_cap, "%s", p);
+        return 0;
+    }
+    if (!markup) /* a template without a tag or an expression would be a constant: it must have been a path */
+        return snug_fail(e, SNUG_EINPUT, "chat_template_jinja: %.300s: no such file; give the template's text or the "
+                         "path of a file that holds it", value);
+    *out = dup_n(value, strlen(value));
+    snprintf(where, where_cap, "chat_template_jinja");
+    return *out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of memory");
+}
