@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""test_chat_template_parity.py: snug's chat data through the tokenizer's own chat template against transformers'
+apply_chat_template(conversation, tools=..., tokenize=True, return_dict=True, return_assistant_tokens_mask=True), id
+for id and mask for mask.
+
+The templates: every published template in tests/data/chat_templates/*.jinja (their README names each source), and
+two written here: a ChatML template with {% generation %} blocks (the mask from the blocks) and a ChatML one with a
+default system prompt in the shape of SmolLM2's (the mask by rendering prefixes). For each template a tokenizer
+folder is made the way published ones are: tokenizer.json built with the `tokenizers` package (the byte-level BPE of
+assets/tokenizer, or a Metaspace BPE with byte_fallback trained here, as SentencePiece-converted Llama 2 / Mistral /
+Gemma tokenizers are) with the special tokens the template writes added, tokenizer_config.json with bos_token and
+eos_token (AddedToken objects for some), and the template in chat_template.jinja, in tokenizer_config.json's
+chat_template, or as its list form [{"name": "default", ...}]. snug (`snug preprocess --dump`, chat_template left at
+its default) and transformers (AutoTokenizer.from_pretrained of the same folder) read the same files.
+
+Conversations: system + user + assistant, multi-turn, tool calls (an assistant message with tool_calls and empty
+content, a tool message, the line's "tools"), empty assistant content. A conversation the template refuses
+(raise_exception) in transformers is left out of the data. The reference mask:
+  - a template with {% generation %} blocks: transformers' assistant_masks;
+  - otherwise snug's documented rule computed here: for each assistant message i, the text from the end of
+    render(messages[:i], add_generation_prompt=True) to the end of render(messages[:i+1]) is the assistant's, every
+    token overlapping it (by the tokenizer's offsets) supervised. A conversation whose prefixes do not render as
+    prefixes of the whole (snug refuses it, naming the message) is left out and checked apart: snug must refuse it.
+Also: train_on_inputs supervises every token; the run's template shows in `snug preprocess`'s data line.
+Prints "N passed, M failed" and exits non-zero on any failure.
+
+Run with the venv python: ~/.cache/snug/venv/bin/python tests/parity/test_chat_template_parity.py
+Env: SNUG_BIN (the snug program; default build/snug), SNUG_SOURCE_DIR (repository root; default two folders up).
+"""
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer
+
+ROOT = os.environ.get("SNUG_SOURCE_DIR") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SNUG = os.path.abspath(os.environ.get("SNUG_BIN", "build/snug"))
+
+# Written for this test (not published): ChatML with {% generation %} around each reply and its end token.
+CHATML_GEN = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+              "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}"
+              "{% else %}{{ m['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# Written for this test: ChatML with a default system prompt when the conversation has none (SmolLM2's shape).
+CHATML_SYS = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+              "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+              "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+# Strings templates write that published tokenizers hold as added tokens.
+SPECIAL_RE = re.compile(r"<\|[A-Za-z0-9_.\-]{1,40}\|>|<(?:start_of_turn|end_of_turn|bos|eos|s|/s|think|/think|"
+                        r"tool_call|/tool_call|tool_response|/tool_response|start_of_image)>|"
+                        r"\[/?(?:INST|AVAILABLE_TOOLS|/AVAILABLE_TOOLS|TOOL_CALLS|TOOL_RESULTS|/TOOL_RESULTS|"
+                        r"SYSTEM_PROMPT|/SYSTEM_PROMPT|TOOL_CONTENT)\]|<｜[^｜]{1,40}｜>")
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."}},
+                   "required": ["city"]}}}]
+
+passed, failed = 0, 0
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what, file=sys.stderr)
+
+
+# ---------------------------------------------------------------- tokenizers
+
+def corpus():
+    rng = random.Random(1)
+    words = ["the", "answer", "is", "café", "naïve", "日本語", "😀", "x = 1\n", "  indented", "\t", "42", "3.14",
+             "weather", "Paris", "sunny", "assistant", "user", "system", "You", "are", "a", "helpful", "function"]
+    return [" ".join(rng.choice(words) for _ in range(30)) for _ in range(1500)]
+
+
+def bytelevel_tokenizer():
+    return Tokenizer.from_file(os.path.join(ROOT, "assets/tokenizer/tokenizer.json"))
+
+
+def metaspace_tokenizer():
+    """A SentencePiece-converted shape: Metaspace, BPE with byte_fallback, <unk> <s> </s>."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = None
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    alphabet = [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=["<unk>", "<s>", "</s>"] + alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(corpus(), trainer)
+    return tok
+
+
+def family(src):
+    """bos, eos and the tokenizer shape a template's model family has (from what the template writes)."""
+    specials = sorted(set(SPECIAL_RE.findall(src)))
+    if "<|begin_of_text|>" in src or "<|start_header_id|>" in src:
+        bos, eos, shape = "<|begin_of_text|>", "<|eot_id|>", "bytelevel"
+    elif "<start_of_turn>" in src:
+        bos, eos, shape = "<bos>", "<eos>", "metaspace"
+    elif "[INST]" in src or "<|user|>" in src and "<|end|>" not in src:
+        bos, eos, shape = "<s>", "</s>", "metaspace"
+    elif "<｜begin▁of▁sentence｜>" in src or "<｜User｜>" in src:
+        bos, eos, shape = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "bytelevel"
+    elif "<|end|>" in src:
+        bos, eos, shape = "<|endoftext|>", "<|end|>", "bytelevel"
+    else:
+        bos, eos, shape = "<|im_start|>", "<|im_end|>", "bytelevel"
+    for s in (bos, eos):
+        if s not in specials:
+            specials.append(s)
+    return bos, eos, shape, specials
+
+
+def make_folder(d, src, where, k):
+    bos, eos, shape, specials = family(src)
+    tok = metaspace_tokenizer() if shape == "metaspace" else bytelevel_tokenizer()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    os.makedirs(d)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    # bos/eos as strings, or as AddedToken objects the way older tokenizer_config.json files write them
+    as_obj = k % 2 == 1
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast",
+           "bos_token": {"content": bos, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                         "__type": "AddedToken"} if as_obj else bos,
+           "eos_token": eos}
+    if where == "config":
+        cfg["chat_template"] = src
+    elif where == "config-list":
+        cfg["chat_template"] = [{"name": "default", "template": src}, {"name": "tool_use", "template": "{{ 1/0 }}"}]
+    else:
+        with open(os.path.join(d, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(src)
+    with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- conversations
+
+def conversations():
+    tool_call = {"id": "call12345", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    return [
+        {"messages": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}]},
+        {"messages": [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "2+2?"},
+                      {"role": "assistant", "content": "4"}]},
+        {"messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Ça va ?"},
+                      {"role": "assistant", "content": " Bien, merci."}, {"role": "user", "content": "Et toi?"},
+                      {"role": "assistant", "content": "Très bien.\n"}, {"role": "user", "content": "😀"},
+                      {"role": "assistant", "content": "日本語で答えます。"}]},
+        {"messages": [{"role": "user", "content": "Write code:\n```\nx = 1\n```"},
+                      {"role": "assistant", "content": "Sure:\n```python\nprint(1)\n```"}]},
+        {"messages": [{"role": "user", "content": "Say nothing."}, {"role": "assistant", "content": ""},
+                      {"role": "user", "content": "Now say yes."}, {"role": "assistant", "content": "Yes"}]},
+        {"messages": [{"role": "user", "content": "What is the weather in Paris?"},
+                      {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+                      {"role": "tool", "content": "Sunny, 21 C", "tool_call_id": "call12345",
+                       "name": "get_weather"},
+                      {"role": "assistant", "content": "It is sunny in Paris."}], "tools": TOOLS},
+        {"messages": [{"role": "system", "content": "Use tools."},
+                      {"role": "user", "content": "Weather?"},
+                      {"role": "assistant", "content": "Checking.", "tool_calls": [tool_call]},
+                      {"role": "tool", "content": "{\"temp\": 21}", "tool_call_id": "call12345",
+                       "name": "get_weather"},
+                      {"role": "assistant", "content": "21 degrees."}], "tools": TOOLS},
+    ]
+
+
+def has_generation(src):
+    return re.search(r"{%-?\s*generation\s*-?%}", src) is not None
+
+
+def render(tok, msgs, tools, gp):
+    return tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gp)
+
+
+def reference(tok, src, row):
+    """(ids, mask) or None when transformers refuses the conversation, "prefix" when the prefix rule cannot apply."""
+    msgs, tools = row["messages"], row.get("tools")
+    try:
+        out = tok.apply_chat_template(msgs, tools=tools, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+    except Exception:  # the template's raise_exception (or a template error)
+        return None
+    ids = list(out["input_ids"])
+    if has_generation(src):
+        return ids, list(out["assistant_masks"])
+    full = render(tok, msgs, tools, False)
+    spans = []
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        p, q = render(tok, msgs[:i], tools, True), render(tok, msgs[:i + 1], tools, False)
+        if not (full.startswith(p) and full.startswith(q) and len(p) <= len(q)):
+            return "prefix"
+        spans.append((len(p), len(q)))
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    assert list(enc["input_ids"]) == ids
+    mask = [1 if any(a < b and s < e for s, e in spans if s < e) else 0 for a, b in enc["offset_mapping"]]
+    return ids, mask
+
+
+# ---------------------------------------------------------------- snug
+
+def snug_dump(work, tdir, data, toi, name, extra=""):
+    cfg = os.path.join(work, name + ".yaml")
+    with open(cfg, "w") as f:
+        f.write(f"tokenizer: {tdir}\ndatasets:\n  - path: {data}\n    type: chat\n{extra}"
+                f"train_on_inputs: {'true' if toi else 'false'}\nsequence_len: 1024\n"
+                f"dataset_prepared_path: {os.path.join(work, 'prep')}\n")
+    dump = os.path.join(work, name + ".dump.jsonl")
+    r = subprocess.run([SNUG, "preprocess", cfg, "--dump", dump], capture_output=True, text=True, cwd=work)
+    if r.returncode != 0:
+        return None, r.stdout + r.stderr
+    return [json.loads(line) for line in open(dump)], r.stdout + r.stderr
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def run_template(work, name, src, k):
+    tdir = os.path.join(work, "tok-" + name)
+    where = ("jinja", "config", "config-list")[k % 3]
+    make_folder(tdir, src, where, k)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    rows, refs, refused = [], [], []
+    for row in conversations():
+        ref = reference(tok, src, row)
+        if ref == "prefix":
+            refused.append(row)
+        elif ref is not None:
+            rows.append(row)
+            refs.append(ref)
+    if not rows:
+        print(f"{name}: no conversation renders in transformers; skipped")
+        return
+    data = os.path.join(work, name + ".jsonl")
+    write_jsonl(data, rows)
+    got, log = snug_dump(work, tdir, data, False, name)
+    check(got is not None, f"{name}: snug preprocess failed: {log.strip()[-600:]}")
+    if got is None:
+        return
+    check(len(got) == len(rows), f"{name}: {len(got)} examples, expected {len(rows)}")
+    bad = 0
+    for i, (g, row, (ids, mask)) in enumerate(zip(got, rows, refs)):
+        gmask = [0 if lab == -100 else 1 for lab in g["labels"]]
+        # the first token's flag does not count: nothing predicts it (snug never supervises it)
+        ok = g["input_ids"] == ids and gmask[1:] == mask[1:]
+        if not ok and bad < 2:
+            print(f"{name} example {i}: {json.dumps(row, ensure_ascii=False)[:300]}\n  snug ids  {g['input_ids']}\n"
+                  f"  ref ids   {ids}\n  snug mask {gmask}\n  ref mask  {mask}", file=sys.stderr)
+        bad += not ok
+        check(ok, f"{name}: example {i} differs")
+    check(f"template of {tdir}" in log, f"{name}: the data line does not name the tokenizer's template: {log[-400:]}")
+    print(f"{name} ({where}, {'generation blocks' if has_generation(src) else 'prefix rule'}): "
+          f"{len(got) - bad}/{len(got)} identical, {len(refused)} refused by the prefix rule")
+    # train_on_inputs: every token but the first
+    got, log = snug_dump(work, tdir, data, True, name + "-toi")
+    check(got is not None and all(all(lab != -100 for lab in g["labels"][1:]) for g in got),
+          f"{name}: train_on_inputs leaves tokens unsupervised ({log.strip()[-300:]})")
+    if refused:  # a conversation the prefix rule cannot split is refused with the message named
+        data2 = os.path.join(work, name + "-refused.jsonl")
+        write_jsonl(data2, refused[:1])
+        got, log = snug_dump(work, tdir, data2, False, name + "-refused")
+        check(got is None and "cannot be found by rendering prefixes" in log,
+              f"{name}: a conversation the prefix rule cannot split was not refused: {log.strip()[-300:]}")
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="snug_chat_template_parity_")
+    try:
+        templates = [("chatml-generation", CHATML_GEN), ("chatml-default-system", CHATML_SYS)]
+        for p in sorted(glob.glob(os.path.join(ROOT, "tests/data/chat_templates/*.jinja"))):
+            with open(p, encoding="utf-8") as f:
+                templates.append((os.path.basename(p)[:-6], f.read()))
+        for k, (name, src) in enumerate(templates):
+            run_template(work, name, src, k)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"test_chat_template_parity: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
