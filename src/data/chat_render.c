@@ -20,7 +20,8 @@ int snug_chat_render(const snug_jinja *t, const json_t *messages, const json_t *
               set_str(vars, "unk_token", v->unk_token) || set_str(vars, "pad_token", v->pad_token);
     if (!bad)
         bad = json_object_set(vars, "messages", (json_t *)messages) ||
-              (tools && json_object_set(vars, "tools", (json_t *)tools)) ||
+              json_object_set(vars, "tools", tools ? (json_t *)tools : json_null()) ||
+              json_object_set_new(vars, "documents", json_null()) ||
               json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     int rc = bad ? snug_fail(e, SNUG_ENOMEM, "out of memory rendering a chat template")
                  : snug_jinja_render(t, vars, out, e);

@@ -15,8 +15,9 @@ typedef struct snug_chat_vars {
     const char *bos_token, *eos_token, *unk_token, *pad_token;
 } snug_chat_vars;
 
-/* Renders messages (a JSON array of message objects) with add_generation_prompt and tools (NULL: undefined, as
- * transformers leaves it when no tools are given) into out (free with snug_jinja_out_free). */
+/* Renders messages (a JSON array of message objects) with add_generation_prompt and tools into out (free with
+ * snug_jinja_out_free). As transformers' render_jinja_template, tools and documents are always defined: None when
+ * not given (tools NULL). */
 int snug_chat_render(const snug_jinja *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
                      const snug_chat_vars *v, snug_jinja_out *out, snug_error *e);
 

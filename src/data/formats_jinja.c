@@ -5,18 +5,24 @@
  * What the template sees: each message of the line with its role value replaced by the role's name (system, user,
  * assistant, tool; datasets[].roles maps the values), its text under "content" (datasets[].message_field_content),
  * its other keys as they are (tool_calls, ...), keys whose value is null dropped (transformers'
- * _normalize_chat_messages); the line's "tools" when it has them (else undefined); add_generation_prompt false;
+ * _normalize_chat_messages), and a message with reasoning ("reasoning_content", "thinking" or "reasoning", the first
+ * not null) gets it under "thinking" (first) and "reasoning_content" as well (_alias_reasoning_fields); the line's
+ * "tools" when it has them (else None, as documents); add_generation_prompt false;
  * bos_token, eos_token, unk_token and pad_token as tokenizer_config.json writes them.
  *
  * The assistant mask (which tokens are supervised):
  *   - a template with {% generation %} blocks: every token whose text overlaps the output of a block, as
  *     transformers' return_assistant_tokens_mask marks them (a token that straddles a block's edge included);
- *   - a template without them, by rendering prefixes: for each assistant message i, the text from the end of the
- *     rendering of messages[0, i) with add_generation_prompt true (the prompt that asks for the reply) to the end of
- *     the rendering of messages[0, i] with add_generation_prompt false (the reply and what the template writes after
- *     it: its end-of-turn token, a line break). Both renderings must be prefixes of the whole conversation's; a
- *     template that renders earlier turns differently once later ones follow (one that drops past reasoning, say)
- *     is refused for that line, naming the message: give it {% generation %} blocks through chat_template_jinja;
+ *   - a template without them, by rendering prefixes: for each assistant message i, the text from where the rendering
+ *     of messages[0, i) with add_generation_prompt true (the prompt that asks for the reply) stops agreeing with the
+ *     whole conversation's rendering, to where the rendering of messages[0, i] (add_generation_prompt false) stops
+ *     agreeing with it. For most templates both are prefixes of the whole, and the span is the reply and what the
+ *     template writes after it (its end-of-turn token, a line break); where a generation prompt writes more than
+ *     the turn holds (DeepSeek-R1's "<think>\n") the span starts where they part; where a template writes a trailer
+ *     after every conversation (the first Llama 3's assistant header) the span ends where the trailer and the next
+ *     turn part (the next header's first token included). A template that renders an earlier turn differently
+ *     once later ones follow, leaving the span empty (Qwen3 drops past reasoning), is refused for that line,
+ *     naming the message: give it {% generation %} blocks through chat_template_jinja;
  *   - train_on_inputs: every token.
  * The span edges become changes of supervision inside the text, pinned to tokens as formats.h describes. */
 #include "data/formats.h"
@@ -44,6 +50,16 @@ static json_t *template_messages(const snug_format *f, json_t *msgs) {
             json_decref(out);
             return NULL;
         }
+        static const char *const reasoning_keys[3] = {"reasoning_content", "thinking", "reasoning"};
+        json_t *reasoning = NULL;
+        for (int k = 0; k < 3 && !reasoning; k++) {
+            json_t *x = json_object_get(m, reasoning_keys[k]);
+            reasoning = x && !json_is_null(x) ? x : NULL;
+        }
+        if (reasoning && json_object_set(c, "thinking", reasoning)) {
+            json_decref(out);
+            return NULL;
+        }
         const char *key;
         json_t *v;
         json_object_foreach(m, key, v) {
@@ -60,6 +76,11 @@ static json_t *template_messages(const snug_format *f, json_t *msgs) {
                 json_decref(out);
                 return NULL;
             }
+        }
+        if (reasoning && (json_object_set(c, "thinking", reasoning) || json_object_set(c, "reasoning_content",
+                                                                                         reasoning))) {
+            json_decref(out);
+            return NULL;
         }
     }
     return out;
@@ -88,6 +109,17 @@ static int render_first(const snug_format *f, json_t *msgs, size_t n, json_t *to
     return rc;
 }
 
+/* The length of the common prefix of a[0, na) and b[0, nb), backed up to the start of a character of b (the rule is
+ * one of characters, as the reference computes it on Python strings). */
+static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
+    size_t k = 0, n = na < nb ? na : nb;
+    while (k < n && a[k] == b[k])
+        k++;
+    while (k > 0 && k < nb && ((unsigned char)b[k] & 0xc0) == 0x80)
+        k--;
+    return k;
+}
+
 /* The assistant spans by rendering prefixes (see the top of the file) into *r (grown), *nr. */
 static int prefix_spans(const snug_format *f, json_t *msgs, json_t *tools, const char *full, size_t nfull, range **r,
                         size_t *nr, snug_error *e) {
@@ -101,12 +133,12 @@ static int prefix_spans(const snug_format *f, json_t *msgs, json_t *tools, const
         int rc = render_first(f, msgs, i, tools, 1, &p, &np, e);
         if (!rc)
             rc = render_first(f, msgs, i + 1, tools, 0, &q, &nq, e);
-        int ok = !rc && np <= nfull && !memcmp(p, full, np) && nq <= nfull && !memcmp(q, full, nq) && np <= nq;
+        size_t a = rc ? 0 : common_prefix(p, np, full, nfull), b = rc ? 0 : common_prefix(q, nq, full, nfull);
         free(p);
         free(q);
         if (rc)
             return rc;
-        if (!ok)
+        if (b <= a)
             return snug_fail(e, SNUG_EINPUT, "%s[%zu]: the template (%s) renders the conversation up to this assistant "
                              "message differently from the start of the whole conversation, so its reply cannot be "
                              "found by rendering prefixes; give the template {%% generation %%} blocks around the "
@@ -116,7 +148,7 @@ static int prefix_spans(const snug_format *f, json_t *msgs, json_t *tools, const
         if (!g)
             return snug_fail(e, SNUG_ENOMEM, "out of memory");
         *r = g;
-        g[(*nr)++] = (range){np, nq};
+        g[(*nr)++] = (range){a, b};
     }
     return 0;
 }
