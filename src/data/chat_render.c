@@ -33,17 +33,35 @@ int snug_chat_render_sample(const char *src, const char *where, const snug_chat_
     *out = NULL;
     snug_jinja *t = NULL;
     SNUG_TRY(snug_jinja_compile(src, strlen(src), where, &t, e));
-    json_error_t je;
-    json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"You are kind.\"}, {\"role\": \"user\", "
-                              "\"content\": \"Hi there.\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, "
-                              "{\"role\": \"user\", \"content\": \"How are you?\"}]", 0, &je);
-    snug_jinja_out o;
-    int rc = msgs ? snug_chat_render(t, msgs, NULL, 1, v, &o, e) : snug_fail(e, SNUG_ENOMEM, "out of memory");
-    if (!rc)
-        *out = o.text, o.text = NULL;
-    if (msgs && !rc)
-        snug_jinja_out_free(&o);
-    json_decref(msgs);
+    /* without a system message (templates that add a default one differ there), then with one */
+    static const char *const convs[2] = {
+        "[{\"role\": \"user\", \"content\": \"Hi there.\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, "
+        "{\"role\": \"user\", \"content\": \"How are you?\"}]",
+        "[{\"role\": \"system\", \"content\": \"You are kind.\"}, {\"role\": \"user\", \"content\": \"Hi.\"}, "
+        "{\"role\": \"assistant\", \"content\": \"Hello!\"}]"};
+    char *text[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    int rc = 0;
+    for (int k = 0; !rc && k < 2; k++) {
+        json_error_t je;
+        json_t *msgs = json_loads(convs[k], 0, &je);
+        snug_jinja_out o;
+        rc = msgs ? snug_chat_render(t, msgs, NULL, k == 0, v, &o, e) : snug_fail(e, SNUG_ENOMEM, "out of memory");
+        if (!rc) {
+            text[k] = o.text, len[k] = o.len, o.text = NULL;
+            snug_jinja_out_free(&o);
+        }
+        json_decref(msgs);
+    }
+    if (!rc && !(*out = malloc(len[0] + len[1] + 2)))
+        rc = snug_fail(e, SNUG_ENOMEM, "out of memory");
+    if (!rc) { /* the two, apart by a byte no template writes */
+        memcpy(*out, text[0], len[0]);
+        (*out)[len[0]] = '\x01';
+        memcpy(*out + len[0] + 1, text[1], len[1] + 1);
+    }
+    free(text[0]);
+    free(text[1]);
     snug_jinja_free(t);
     return rc;
 }

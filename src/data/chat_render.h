@@ -21,8 +21,8 @@ typedef struct snug_chat_vars {
 int snug_chat_render(const snug_jinja *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
                      const snug_chat_vars *v, snug_jinja_out *out, snug_error *e);
 
-/* Compiles src (named `where` in errors) and renders a sample conversation (a system, a user and an assistant
- * message, then a user message with add_generation_prompt), *out malloc'd: what tells two templates apart. */
+/* Compiles src (named `where` in errors) and renders two sample conversations (user, assistant, user with
+ * add_generation_prompt; system, user, assistant), *out malloc'd: what tells two templates apart. */
 int snug_chat_render_sample(const char *src, const char *where, const snug_chat_vars *v, char **out, snug_error *e);
 
 #endif
