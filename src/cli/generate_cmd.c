@@ -146,8 +146,9 @@ static int chat_prompt(const char *tokdir, const snug_tokenizer *tok, const chat
     if (!rc)
         rc = snug_jinja_compile(src, strlen(src), where, &t, e);
     if (!rc) {
-        snug_chat_vars v = {.bos_token = cf.bos_token, .eos_token = cf.eos_token, .unk_token = cf.unk_token,
-                            .pad_token = cf.pad_token};
+        snug_chat_vars v;
+        for (int k = 0; k < 7; k++)
+            v.tokens[k] = cf.tokens[k];
         rc = snug_chat_render(t, msgs, tools, 1, &v, &o, e);
     }
     if (!rc && snug_tok_encode(tok, o.text, o.len, ids, n, cap, e) < 0)

@@ -3,6 +3,8 @@
 #include "data/chat_render.h"
 
 #include <stdlib.h>
+
+#include "data/chat_template.h"
 #include <string.h>
 
 static int set_str(json_t *vars, const char *key, const char *s) {
@@ -16,8 +18,8 @@ int snug_chat_render(const snug_jinja *t, const json_t *messages, const json_t *
     json_t *vars = json_object();
     int bad = !vars;
     if (!bad && v)
-        bad = set_str(vars, "bos_token", v->bos_token) || set_str(vars, "eos_token", v->eos_token) ||
-              set_str(vars, "unk_token", v->unk_token) || set_str(vars, "pad_token", v->pad_token);
+        for (int k = 0; k < 7 && !bad; k++)
+            bad = set_str(vars, snug_chat_token_names[k], v->tokens[k]);
     if (!bad)
         bad = json_object_set(vars, "messages", (json_t *)messages) ||
               json_object_set(vars, "tools", tools ? (json_t *)tools : json_null()) ||

@@ -10,9 +10,9 @@
 #include "core/error.h"
 #include "data/jinja.h"
 
-/* The special-token strings a template sees (transformers passes its special_tokens_map); NULL: undefined. */
+/* The special-token strings a template sees (bos_token, eos_token, ...) (transformers passes its special_tokens_map); NULL: undefined. */
 typedef struct snug_chat_vars {
-    const char *bos_token, *eos_token, *unk_token, *pad_token;
+    const char *tokens[7]; /* in the order of snug_chat_token_names (chat_template.h) */
 } snug_chat_vars;
 
 /* Renders messages (a JSON array of message objects) with add_generation_prompt and tools into out (free with

@@ -28,14 +28,16 @@ static void join(char *dst, size_t n, const char *dir, const char *file) {
 
 const char *snug_chat_builtin_jinja(int which) { return which == 1 ? LLAMA3_JINJA : CHATML_JINJA; }
 
+const char *const snug_chat_token_names[7] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                               "pad_token", "cls_token", "mask_token"};
+
 void snug_chat_files_free(snug_chat_files *f) {
     free(f->jinja);
-    free(f->bos_token);
-    free(f->eos_token);
-    free(f->unk_token);
-    free(f->pad_token);
+    for (int k = 0; k < 7; k++)
+        free(f->tokens[k]);
     memset(f, 0, sizeof *f);
 }
+
 
 static char *dup_n(const char *s, size_t n) {
     char *d = malloc(n + 1);
@@ -51,6 +53,19 @@ static const char *token_string(json_t *v) {
     if (json_is_object(v))
         v = json_object_get(v, "content");
     return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* Sets out's special-token strings from the object j (those it names, replacing what was there). */
+static int read_tokens(json_t *j, snug_chat_files *out, const char *p, snug_error *e) {
+    for (int k = 0; k < 7; k++) {
+        const char *s = token_string(json_object_get(j, snug_chat_token_names[k]));
+        if (!s)
+            continue;
+        free(out->tokens[k]);
+        if (!(out->tokens[k] = dup_n(s, strlen(s))))
+            return snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
+    }
+    return 0;
 }
 
 /* tokenizer_config.json's "chat_template": a string, or [{"name", "template"}] of which "default" is taken. */
@@ -110,14 +125,21 @@ int snug_chat_files_read(const char *dir, snug_chat_files *out, snug_error *e) {
         if (!rc && out->jinja)
             snprintf(out->where, sizeof out->where, "%s", p);
     }
-    static const char *const keys[4] = {"bos_token", "eos_token", "unk_token", "pad_token"};
-    char **dst[4] = {&out->bos_token, &out->eos_token, &out->unk_token, &out->pad_token};
-    for (int k = 0; !rc && k < 4; k++) {
-        const char *s = token_string(json_object_get(j, keys[k]));
-        if (s && !(*dst[k] = dup_n(s, strlen(s))))
-            rc = snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
-    }
+    if (!rc)
+        rc = read_tokens(j, out, p, e);
+    int legacy = !json_object_get(j, "added_tokens_decoder");
     json_decref(j);
+    join(p, sizeof p, dir, "special_tokens_map.json");
+    if (!rc && legacy && snug_file_exists(p)) { /* the legacy layout: its strings win */
+        buf = NULL;
+        if (!(rc = snug_read_file(p, &buf, &len, e))) {
+            j = snug_json_loadb(buf, len, 0, &je);
+            free(buf);
+            rc = json_is_object(j) ? read_tokens(j, out, p, e)
+                                   : snug_fail(e, SNUG_EINPUT, "%s: not a JSON object; fix or remove the file", p);
+            json_decref(j);
+        }
+    }
 fail:
     if (rc)
         snug_chat_files_free(out);

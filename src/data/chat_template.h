@@ -4,8 +4,10 @@
  * transformers (tokenization_utils_base.py, from_pretrained) takes the template from chat_template.jinja in the
  * tokenizer's folder when that file exists, else from tokenizer_config.json's "chat_template": a string, or a list
  * of {"name", "template"} of which the one named "default" is used. The render variables bos_token, eos_token,
- * unk_token and pad_token are tokenizer_config.json's strings (a string, or an AddedToken object {"content": ...}),
- * as its special_tokens_map gives them to the template. */
+ * unk_token, sep_token, pad_token, cls_token and mask_token are tokenizer_config.json's strings (a string, or an
+ * AddedToken object {"content": ...}), as its special_tokens_map gives them to the template; a folder whose
+ * tokenizer_config.json has no added_tokens_decoder (the legacy layout) takes them from special_tokens_map.json
+ * where that file names them, as transformers does. */
 #ifndef SNUG_DATA_CHAT_TEMPLATE_H
 #define SNUG_DATA_CHAT_TEMPLATE_H
 
@@ -17,8 +19,11 @@
 typedef struct snug_chat_files {
     char *jinja;       /* the template's source */
     char where[4200];  /* the file it came from ("DIR/chat_template.jinja", "DIR/tokenizer_config.json"), or "" */
-    char *bos_token, *eos_token, *unk_token, *pad_token;
+    char *tokens[7]; /* bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token */
 } snug_chat_files;
+
+/* The names of snug_chat_files.tokens, in order. */
+extern const char *const snug_chat_token_names[7];
 
 /* Reads dir's chat_template.jinja and tokenizer_config.json (either may be absent: then the fields stay NULL). A file
  * that exists but is unreadable, not JSON, or whose chat_template has the wrong shape is an error naming it. */

@@ -400,9 +400,9 @@ static uint64_t cache_key(const snug_data_source *src, const mapped_file *maps, 
             for (int r = 0; r < 3; r++)
                 hash_str(&h, src[i].roles[r] ? src[i].roles[r] : "");
             if (src[i].chat == SNUG_CHAT_JINJA) { /* the template and the strings it is rendered with */
-                const char *v[5] = {src[i].jinja, src[i].bos_token, src[i].eos_token, src[i].unk_token,
-                                    src[i].pad_token};
-                for (int k = 0; k < 5; k++) {
+                const char *v[8] = {src[i].jinja};
+                memcpy(v + 1, src[i].chat_tokens, sizeof src[i].chat_tokens);
+                for (int k = 0; k < 8; k++) {
                     hash_u64(&h, v[k] != NULL);
                     hash_str(&h, v[k] ? v[k] : "");
                 }

@@ -83,7 +83,7 @@ typedef struct snug_data_source {
     /* chat with SNUG_CHAT_JINJA: the template's source, where it comes from (for errors), and the special-token strings
      * it is rendered with (NULL: undefined in the template) */
     const char *jinja, *jinja_where;
-    const char *bos_token, *eos_token, *unk_token, *pad_token;
+    const char *chat_tokens[7]; /* bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token */
 } snug_data_source;
 
 typedef struct snug_data_opts {

@@ -658,8 +658,7 @@ int snug_format_init(snug_format *f, const snug_data_source *src, const snug_dat
             return snug_fail(e, SNUG_EINTERNAL, "%s: chat_template jinja without a template", src->path);
         SNUG_TRY(snug_jinja_compile(src->jinja, strlen(src->jinja), where, &f->jinja, e));
         f->jinja_gen = has_generation(src->jinja);
-        f->vars = (snug_chat_vars){.bos_token = src->bos_token, .eos_token = src->eos_token,
-                                   .unk_token = src->unk_token, .pad_token = src->pad_token};
+        memcpy(f->vars.tokens, src->chat_tokens, sizeof f->vars.tokens);
         return 0;
     }
     if (src->format != SNUG_DATA_CHAT || !enc->special_id)

@@ -34,16 +34,15 @@ static void use_template(snug_setup *r, snug_data_source *src, snug_chat_templat
         return;
     src->jinja = t;
     src->jinja_where = where;
-    src->bos_token = r->chat.bos_token;
-    src->eos_token = r->chat.eos_token;
-    src->unk_token = r->chat.unk_token;
-    src->pad_token = r->chat.pad_token;
+    for (int k = 0; k < 7; k++)
+        src->chat_tokens[k] = r->chat.tokens[k];
 }
 
 /* Whether the built-in renders a sample conversation differently from the tokenizer's template (1), the same (0). */
 static int builtin_differs(snug_setup *r, snug_chat_template which) {
-    const snug_chat_vars v = {.bos_token = r->chat.bos_token, .eos_token = r->chat.eos_token,
-                              .unk_token = r->chat.unk_token, .pad_token = r->chat.pad_token};
+    snug_chat_vars v;
+    for (int k = 0; k < 7; k++)
+        v.tokens[k] = r->chat.tokens[k];
     char *a = NULL, *b = NULL;
     snug_error ea = {0}, eb = {0};
     int ra = snug_chat_render_sample(r->chat.jinja, r->chat.where, &v, &a, &ea);

@@ -9,8 +9,8 @@ default system prompt in the shape of SmolLM2's (the mask by rendering prefixes)
 folder is made the way published ones are: tokenizer.json built with the `tokenizers` package (the byte-level BPE of
 assets/tokenizer, or a Metaspace BPE with byte_fallback trained here, as SentencePiece-converted Llama 2 / Mistral /
 Gemma tokenizers are) with the special tokens the template writes added, tokenizer_config.json with bos_token and
-eos_token (AddedToken objects for some), and the template in chat_template.jinja, in tokenizer_config.json's
-chat_template, or as its list form [{"name": "default", ...}]. snug (`snug preprocess --dump`, chat_template left at
+eos_token (AddedToken objects for some, or a special_tokens_map.json that overrides them), and the template in
+chat_template.jinja, in tokenizer_config.json's chat_template, or as its list form [{"name": "default", ...}]. snug (`snug preprocess --dump`, chat_template left at
 its default) and transformers (AutoTokenizer.from_pretrained of the same folder) read the same files.
 
 Conversations: system + user + assistant, multi-turn, tool calls (an assistant message with tool_calls and empty
@@ -146,6 +146,11 @@ def make_folder(d, src, where, k):
         cfg["chat_template"] = src
     elif where == "config-list":
         cfg["chat_template"] = [{"name": "default", "template": src}, {"name": "tool_use", "template": "{{ 1/0 }}"}]
+        # the legacy layout (no added_tokens_decoder): special_tokens_map.json's strings are the template's
+        cfg["bos_token"] = "<unk>" if shape == "metaspace" else "<|endoftext|>"
+        with open(os.path.join(d, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+            json.dump({"bos_token": {"content": bos, "lstrip": False, "normalized": False, "rstrip": False,
+                                     "single_word": False}}, f, ensure_ascii=False)
     else:
         with open(os.path.join(d, "chat_template.jinja"), "w", encoding="utf-8") as f:
             f.write(src)
