@@ -198,7 +198,7 @@ jv jv_list(jrender *r, size_t n, int tuple) {
     l->n = n;
     l->v = n ? ja_alloc(&r->a, n * sizeof *l->v) : NULL;
     l->tuple = tuple;
-    jv v = {JV_LIST, 0, {.l = l}};
+    jv v = {JV_LIST, 0, {.l = l}, 0};
     return v;
 }
 
@@ -212,7 +212,7 @@ jv jv_from_json(jrender *r, const json_t *j) {
             d->k[d->n] = jv_str(k, strlen(k));
             d->v[d->n++] = jv_from_json(r, x);
         }
-        jv v = {JV_DICT, 0, {.d = d}};
+        jv v = {JV_DICT, 0, {.d = d}, 0};
         return v;
     }
     case JSON_ARRAY: {
@@ -495,8 +495,17 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
         }
         }
     }
-    if (op == JOP_ADD && x->t == JV_STR && y->t == JV_STR)
-        return concat_str(r, x, y);
+    if (op == JOP_ADD && x->t == JV_STR && y->t == JV_STR) {
+        if (x->mk == y->mk) {
+            jv out = concat_str(r, x, y);
+            out.mk = x->mk;
+            return out;
+        }
+        jv ex = x->mk ? *x : jv_html_escape(r, x), ey = y->mk ? *y : jv_html_escape(r, y);
+        jv out = concat_str(r, &ex, &ey);
+        out.mk = 1;
+        return out;
+    }
     if (op == JOP_ADD && x->t == JV_LIST && y->t == JV_LIST && x->u.l->tuple == y->u.l->tuple) {
         jv out = jv_list(r, x->u.l->n + y->u.l->n, x->u.l->tuple);
         if (x->u.l->n)
@@ -505,10 +514,16 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
             memcpy(out.u.l->v + x->u.l->n, y->u.l->v, y->u.l->n * sizeof(jv));
         return out;
     }
-    if (op == JOP_MUL && (x->t == JV_STR || x->t == JV_LIST) && (y->t == JV_INT || y->t == JV_BOOL))
-        return repeat(r, x, num_i(y));
-    if (op == JOP_MUL && (y->t == JV_STR || y->t == JV_LIST) && (x->t == JV_INT || x->t == JV_BOOL))
-        return repeat(r, y, num_i(x));
+    if (op == JOP_MUL && (x->t == JV_STR || x->t == JV_LIST) && (y->t == JV_INT || y->t == JV_BOOL)) {
+        jv out = repeat(r, x, num_i(y));
+        out.mk = x->mk;
+        return out;
+    }
+    if (op == JOP_MUL && (y->t == JV_STR || y->t == JV_LIST) && (x->t == JV_INT || x->t == JV_BOOL)) {
+        jv out = repeat(r, y, num_i(x));
+        out.mk = y->mk;
+        return out;
+    }
     if (op == JOP_MOD && x->t == JV_STR)
         jr_fail(r, line, "printf-style string formatting ('...' %% x) is not supported; use ~ or format()");
     jr_fail(r, line, "unsupported operand type(s) for %s: '%s' and '%s'", OPNAME[op], jv_type_name(x),
@@ -604,7 +619,7 @@ jv jv_getattr(jrender *r, int line, const jv *obj, const char *name) {
             jmethod *m = ja_alloc(&r->a, sizeof *m);
             m->obj = *obj;
             m->name = name;
-            jv v = {JV_METHOD, 0, {.meth = m}};
+            jv v = {JV_METHOD, 0, {.meth = m}, 0};
             return v;
         }
         return loop_attr(r, obj->u.loop, name);
@@ -617,7 +632,7 @@ jv jv_getattr(jrender *r, int line, const jv *obj, const char *name) {
         jmethod *m = ja_alloc(&r->a, sizeof *m);
         m->obj = *obj;
         m->name = name;
-        jv v = {JV_METHOD, 0, {.meth = m}};
+        jv v = {JV_METHOD, 0, {.meth = m}, 0};
         return v;
     }
     if (obj->t == JV_DICT) {
