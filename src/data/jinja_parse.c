@@ -767,8 +767,13 @@ static jnode *parse_body(jcompiler *c, const char *const *ends) {
     for (;;) {
         jtok *t = cur(c);
         if (t->type == JT_EOF) {
-            if (ends)
-                jc_fail(c, line, "unexpected end of template: the block opened here needs {%% %s %%}", ends[0]);
+            if (ends) {
+                const char *close = ends[0];
+                for (size_t k = 0; ends[k]; k++)
+                    if (!strncmp(ends[k], "end", 3))
+                        close = ends[k];
+                jc_fail(c, line, "unexpected end of template: the block opened here needs {%% %s %%}", close);
+            }
             break;
         }
         if (t->type == JT_TEXT) {
