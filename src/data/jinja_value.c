@@ -411,6 +411,8 @@ int jv_compare(jrender *r, int line, const jv *x, const jv *y) {
 }
 
 /* ---- arithmetic ---- */
+static const char *OPNAME[] = {"+", "-", "*", "/", "//", "%", "**"};
+
 static jv concat_str(jrender *r, const jv *x, const jv *y) {
     char *p = ja_alloc(&r->a, x->n + y->n + 1);
     if (x->n)
@@ -437,8 +439,6 @@ static jv repeat(jrender *r, const jv *s, int64_t k) {
             out.u.l->v[(size_t)i * n + j] = s->u.l->v[j];
     return out;
 }
-
-static const char *OPNAME[] = {"+", "-", "*", "/", "//", "%", "**"};
 
 jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
     if (x->t == JV_UNDEF)
@@ -469,7 +469,8 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
             if (!fl && num_i(y) >= 0) {
                 int64_t a = num_i(x), e = num_i(y), p = 1;
                 while (e-- > 0)
-                    p *= a;
+                    if (__builtin_mul_overflow(p, a, &p))
+                        jr_fail(r, line, "integer overflow in ** (snug's integers have 64 bits)");
                 return jv_int(p);
             }
             return jv_float(pow(num_f(x), num_f(y)));
@@ -477,10 +478,15 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
         int64_t a = num_i(x), b = num_i(y);
         if (b == 0 && (op == JOP_FLOORDIV || op == JOP_MOD))
             jr_fail(r, line, "integer division or modulo by zero");
+        int64_t v;
         switch (op) {
-        case JOP_ADD: return jv_int(a + b);
-        case JOP_SUB: return jv_int(a - b);
-        case JOP_MUL: return jv_int(a * b);
+        case JOP_ADD:
+        case JOP_SUB:
+        case JOP_MUL:
+            if (op == JOP_ADD ? __builtin_add_overflow(a, b, &v) : op == JOP_SUB ? __builtin_sub_overflow(a, b, &v)
+                                                                              : __builtin_mul_overflow(a, b, &v))
+                jr_fail(r, line, "integer overflow in %s (snug's integers have 64 bits)", OPNAME[op]);
+            return jv_int(v);
         case JOP_FLOORDIV: {
             int64_t q = a / b;
             if ((a % b != 0) && ((a < 0) != (b < 0)))

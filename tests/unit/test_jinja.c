@@ -204,6 +204,8 @@ int main(void) {
     expect_error("{{ m.a.b }}", "{\"m\": {}}", SNUG_EINPUT, "'dict object' has no attribute 'a'");
     expect_error("{{ 'a' + 1 }}", NULL, SNUG_EINPUT, "unsupported operand type(s) for +: 'str' and 'int'");
     expect_error("{{ 1 // 0 }}", NULL, SNUG_EINPUT, "division");
+    expect_error("{{ 2 ** 64 }}", NULL, SNUG_EINPUT, "integer overflow");
+    expect_error("{{ 9223372036854775807 + 1 }}", NULL, SNUG_EINPUT, "integer overflow");
     expect_error("{{ undefined_fn(1) }}", NULL, SNUG_EINPUT, "'undefined_fn' is undefined");
     expect_error("{{ 'x'.nosuchmethod() }}", NULL, SNUG_EINPUT, "has no attribute 'nosuchmethod'");
     expect_error("{% set x = 1 %}{% set x.y = 2 %}", NULL, SNUG_EINPUT, "only a namespace()");
