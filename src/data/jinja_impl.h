@@ -264,8 +264,8 @@ int jinja_has_method(const jv *obj, const char *name);
 jv js_case(jrender *r, const jv *s, int mode); /* 'l' lower, 'u' upper, 'c' capitalize, 't' str.title, 'T' |title */
 jv js_strip(jrender *r, int line, const jv *s, const jv *chars, int left, int right);
 jv js_replace(jrender *r, const jv *s, const jv *old, const jv *new_, int64_t count);
-int jcp_space(int32_t c);
-jv jv_html_escape(jrender *r, const jv *s); /* markupsafe.escape: & < > " ' as entities, a Markup result */ /* Python's str.isspace for one code point */
+int jcp_space(int32_t c);                   /* Python's str.isspace for one code point */
+jv jv_html_escape(jrender *r, const jv *s); /* markupsafe.escape: & < > " ' as entities, a Markup result */
 jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const char **kwn, jv *kwv, size_t nkw);
 
 #endif

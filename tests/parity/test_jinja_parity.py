@@ -61,7 +61,8 @@ U1 = {"role": "user", "content": "Hello, who are you?"}
 A1 = {"role": "assistant", "content": "I am an assistant. How can I help?"}
 U2 = {"role": "user", "content": "What is 2 + 2?"}
 A2 = {"role": "assistant", "content": "2 + 2 = 4."}
-UNI = {"role": "user", "content": "Grüße aus Köln 👋 — 你好，世界! \"quotes\" 'single' back\\slash\ttab\nnew line  "}
+UNI = {"role": "user",
+       "content": "Grüße aus Köln 👋 — 你好，世界! \"quotes\" 'single' back\\slash\ttab\nnew line  "}
 AUNI = {"role": "assistant", "content": "  ¡Hola! ✓ ça va — 日本語 \u2028 done.\n"}
 TOOL_CALL = {"role": "assistant", "content": "", "tool_calls": [
     {"id": "abc123XYZ", "type": "function",
@@ -175,7 +176,8 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
               "{{ '<'|forceescape|forceescape }} {{ ('x'|safe) * 2 + '<' }} {{ none|selectattr('a')|list }} "
               "{{ none|map(attribute='a')|list }} {{ ''|select|list }}",
     "undefined-attr": "{{ messages[0].content.nothing.deeper }}",
-    "raise": "{% if messages | length > 1 %}{{ raise_exception('Only one message is supported, got ' ~ messages | length) }}{% endif %}ok",
+    "raise": "{% if messages | length > 1 %}"
+             "{{ raise_exception('Only one message is supported, got ' ~ messages | length) }}{% endif %}ok",
     "type-error": "{{ messages[0].content + 1 }}",
 }
 
@@ -246,7 +248,8 @@ def run_template(exe, tmp, name, source, cases):
             continue
         ok = out["text"] == text
         if not ok:
-            at = next((i for i, (x, y) in enumerate(zip(out["text"], text)) if x != y), min(len(text), len(out["text"])))
+            at = next((i for i, (x, y) in enumerate(zip(out["text"], text)) if x != y),
+                      min(len(text), len(out["text"])))
             check(False, f"{what}: text differs at character {at}: snug {out['text'][max(0, at - 30):at + 40]!r} "
                          f"Jinja2 {text[max(0, at - 30):at + 40]!r}")
             same = False

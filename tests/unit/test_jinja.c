@@ -16,6 +16,12 @@ typedef struct jcase {
     snug_jinja_span spans[4];
 } jcase;
 
+/* a conversation the cases below render */
+#define MSGS                                                                                                       \
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "                  \
+    "\"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], "                  \
+    "\"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}"
+
 static const jcase CASES[] = {
     {"text only",
      "plain text\n",
@@ -63,23 +69,26 @@ static const jcase CASES[] = {
      "[][False][][0]", 0, {}},
     {"messages",
      "{% for m in messages %}{{ m.role }}={{ m['content'] }};{% endfor %}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
+     MSGS,
      "system=Be brief.;user=Hi \342\230\203;assistant=Hello!;", 0, {}},
     {"loop variables",
-     "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ '!' if loop.last }}{{ loop.cycle('a', 'b') }} {% endfor %}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
+     "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ '!' if loop.last }}{{ loop.cycle('a', 'b"
+     "') }} {% endfor %}",
+     MSGS,
      "1/3a 2/3b 3/3!a ", 0, {}},
     {"loop filter and else",
-     "{% for m in messages if m.role == 'user' %}{{ loop.length }}{% else %}none{% endfor %}{% for x in [] %}x{% else %}empty{% endfor %}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
+     "{% for m in messages if m.role == 'user' %}{{ loop.length }}{% else %}none{% endfor %}{% for x in []"
+     " %}x{% else %}empty{% endfor %}",
+     MSGS,
      "1empty", 0, {}},
     {"break continue",
-     "{% for i in range(6) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 4 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+     "{% for i in range(6) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 4 %}{% break %}{% endif %}"
+     "{{ i }}{% endfor %}",
      NULL,
      "023", 0, {}},
     {"namespace",
      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
+     MSGS,
      "3", 0, {}},
     {"loop scope",
      "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}",
@@ -90,7 +99,8 @@ static const jcase CASES[] = {
      NULL,
      "[ 2 ]", 0, {}},
     {"macro",
-     "{% macro tag(name, v='x') %}<{{ name }}:{{ v }}>{% endmacro %}{{ tag('a') }}{{ tag('b', v='y') }}{{ tag(v='z', name='c') }}",
+     "{% macro tag(name, v='x') %}<{{ name }}:{{ v }}>{% endmacro %}{{ tag('a') }}{{ tag('b', v='y') }}{{ "
+     "tag(v='z', name='c') }}",
      NULL,
      "<a:x><b:y><c:z>", 0, {}},
     {"call block",
@@ -110,19 +120,24 @@ static const jcase CASES[] = {
      NULL,
      "el olleh [3, 4] \303\251 3", 0, {}},
     {"string methods",
-     "{{ '  a b  '.strip() }}|{{ 'x,y'.split(',') }}|{{ 'abc'.startswith('ab') }}|{{ 'Hi'.upper() }}|{{ 'a-b'.replace('-', '+') }}|{{ 'aXa'.lstrip('a') }}",
+     "{{ '  a b  '.strip() }}|{{ 'x,y'.split(',') }}|{{ 'abc'.startswith('ab') }}|{{ 'Hi'.upper() }}|{{ 'a"
+     "-b'.replace('-', '+') }}|{{ 'aXa'.lstrip('a') }}",
      NULL,
      "a b|['x', 'y']|True|HI|a+b|Xa", 0, {}},
     {"filters",
-     "{{ ' t ' | trim }}|{{ [3, 1, 2] | sort | join(',') }}|{{ messages | map(attribute='role') | list }}|{{ messages | selectattr('role', 'equalto', 'user') | list | length }}|{{ x | default('d') }}|{{ [1, 1, 2] | unique | list }}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
+     "{{ ' t ' | trim }}|{{ [3, 1, 2] | sort | join(',') }}|{{ messages | map(attribute='role') | list }}|"
+     "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}|{{ x | default('d') }}|{{ [1,"
+     " 1, 2] | unique | list }}",
+     MSGS,
      "t|1,2,3|['system', 'user', 'assistant']|1|d|[1, 2]", 0, {}},
     {"tojson",
      "{{ messages[1] | tojson }}|{{ {'a': [1, 2.0, true, none]} | tojson(indent=2) }}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
-     "{\"role\": \"user\", \"content\": \"Hi \342\230\203\"}|{\n  \"a\": [\n    1,\n    2.0,\n    true,\n    null\n  ]\n}", 0, {}},
+     MSGS,
+     "{\"role\": \"user\", \"content\": \"Hi \342\230\203\"}|{\n  \"a\": [\n    1,\n    2.0,\n    true,\n "
+     "   null\n  ]\n}", 0, {}},
     {"tests",
-     "{{ 3 is odd }}{{ 'x' is string }}{{ none is none }}{{ 1 is number }}{{ {} is mapping }}{{ x is undefined }}{{ 6 is divisibleby 3 }}",
+     "{{ 3 is odd }}{{ 'x' is string }}{{ none is none }}{{ 1 is number }}{{ {} is mapping }}{{ x is undef"
+     "ined }}{{ 6 is divisibleby 3 }}",
      NULL,
      "TrueTrueTrueTrueTrueTrueTrue", 0, {}},
     {"inline if",
@@ -130,8 +145,9 @@ static const jcase CASES[] = {
      NULL,
      "|c|z", 0, {}},
     {"generation",
-     "{% for m in messages %}{% if m.role == 'assistant' %}A:{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.role }}:{{ m.content }};{% endif %}{% endfor %}",
-     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi \342\230\203\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}",
+     "{% for m in messages %}{% if m.role == 'assistant' %}A:{% generation %}{{ m.content }}{% endgenerati"
+     "on %}{% else %}{{ m.role }}:{{ m.content }};{% endif %}{% endfor %}",
+     MSGS,
      "system:Be brief.;user:Hi \342\230\203;A:Hello!", 1, {{31, 37}}},
 };
 
