@@ -240,7 +240,7 @@ static jv eval(jrender *r, jscope *s, const jnode *n) {
         jdict *d = jd_new(r, n->nargs);
         for (size_t i = 0; i < n->nargs; i++)
             jd_set(r, d, eval(r, s, n->args[i]), eval(r, s, n->kwv[i]));
-        jv v = {JV_DICT, 0, {.d = d}};
+        jv v = {JV_DICT, 0, {.d = d}, 0};
         return v;
     }
     case JN_ATTR: {
@@ -363,7 +363,7 @@ static int exec_for(jrender *r, jscope *s, const jnode *n, jbuf *out) {
     l->items = items->v;
     l->n = items->n;
     l->depth = 1;
-    jv lv = {JV_LOOP, 0, {.loop = l}};
+    jv lv = {JV_LOOP, 0, {.loop = l}, 0};
     for (size_t i = 0; i < items->n; i++) {
         l->i = i;
         jscope *is = scope_new(r, s);
@@ -414,7 +414,7 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
         jmacro *m = ja_alloc(&r->a, sizeof *m);
         m->def = n;
         m->closure = s;
-        jv v = {JV_MACRO, 0, {.m = m}};
+        jv v = {JV_MACRO, 0, {.m = m}, 0};
         bind(r, s, n->name, v);
         return FLOW_NORMAL;
     }
@@ -422,7 +422,7 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
         jmacro *m = ja_alloc(&r->a, sizeof *m);
         m->def = n;
         m->closure = s;
-        jv caller = {JV_MACRO, 0, {.m = m}};
+        jv caller = {JV_MACRO, 0, {.m = m}, 0};
         jv f = eval(r, s, n->a->a);
         jargs a = eval_args(r, s, n->a);
         jv v = call_value(r, n->line, &f, &a, &caller);
@@ -497,7 +497,7 @@ jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const c
         }
         for (size_t i = 0; i < nkw; i++)
             jd_set(r, d, jv_str(kwn[i], strlen(kwn[i])), kwv[i]);
-        jv v = {fn == JF_DICT ? JV_DICT : JV_NS, 0, {.d = d}};
+        jv v = {fn == JF_DICT ? JV_DICT : JV_NS, 0, {.d = d}, 0};
         return v;
     }
     case JF_RANGE: {
@@ -588,7 +588,7 @@ int snug_jinja_render(const snug_jinja *t, const json_t *vars, snug_jinja_out *o
     } funcs[] = {{"raise_exception", JF_RAISE}, {"strftime_now", JF_STRFTIME}, {"namespace", JF_NAMESPACE},
                  {"dict", JF_DICT},         {"range", JF_RANGE}};
     for (size_t i = 0; i < sizeof funcs / sizeof *funcs; i++) {
-        jv f = {JV_FUNC, 0, {.fn = funcs[i].fn}};
+        jv f = {JV_FUNC, 0, {.fn = funcs[i].fn}, 0};
         bind(r, g, funcs[i].name, f);
     }
     jscope *top = scope_new(r, g);

@@ -103,7 +103,7 @@ static jv sort_key(jrender *r, int line, jv v, const jv *attr, int case_sensitiv
     return v;
 }
 
-static jv html_escape(jrender *r, const jv *s) {
+jv jv_html_escape(jrender *r, const jv *s) {
     jbuf b = {0};
     for (size_t i = 0; i < s->n; i++) {
         switch (s->u.s[i]) {
@@ -115,7 +115,9 @@ static jv html_escape(jrender *r, const jv *s) {
         default: jb_putc(&r->a, &b, s->u.s[i]);
         }
     }
-    return jv_str(b.p ? b.p : "", b.n);
+    jv out = jv_str(b.p ? b.p : "", b.n);
+    out.mk = 1;
+    return out;
 }
 
 static jv do_tojson(jrender *r, int line, const jv *v, const fargs *a) {
@@ -207,6 +209,8 @@ static jv do_printf(jrender *r, int line, const jv *fmt, const fargs *a) {
 
 /* select/reject/selectattr/rejectattr: keep the items whose test (or truthiness) is `want` */
 static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_attr, int want) {
+    if (!jv_truthy(v)) /* Jinja2 iterates only a truthy value: none|selectattr(...) is empty */
+        return list_of(r, 0);
     jlist *l = jv_iter(r, line, v);
     size_t off = by_attr ? 1 : 0;
     const jv *attr = by_attr ? A(a, 0, "attribute") : NULL;
@@ -232,6 +236,8 @@ static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_at
 }
 
 static jv do_map(jrender *r, int line, const jv *v, const fargs *a) {
+    if (!jv_truthy(v))
+        return list_of(r, 0);
     jlist *l = jv_iter(r, line, v);
     jv out = list_of(r, l->n);
     const jv *attr = A(a, 99, "attribute");
@@ -388,14 +394,21 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
     }
     if (!strcmp(f, "tojson")) return do_tojson(r, line, &v, &a);
     if (!strcmp(f, "length") || !strcmp(f, "count")) return do_length(r, line, &v);
-    if (!strcmp(f, "trim")) return js_strip(r, line, &s, A(&a, 0, "chars"), 1, 1);
-    if (!strcmp(f, "upper")) return js_case(r, &s, 'u');
-    if (!strcmp(f, "lower")) return js_case(r, &s, 'l');
-    if (!strcmp(f, "capitalize")) return js_case(r, &s, 'c');
-    if (!strcmp(f, "title")) return js_case(r, &s, 'T');
+    /* Markup stays Markup through the string methods (markupsafe wraps them) */
+    if (!strcmp(f, "trim") || !strcmp(f, "upper") || !strcmp(f, "lower") || !strcmp(f, "capitalize") ||
+        !strcmp(f, "title")) {
+        jv out = f[0] == 't' && f[1] == 'r' ? js_strip(r, line, &s, A(&a, 0, "chars"), 1, 1)
+                 : js_case(r, &s, f[0] == 'u' ? 'u' : f[0] == 'l' ? 'l' : f[0] == 'c' ? 'c' : 'T');
+        out.mk = s.mk;
+        return out;
+    }
     if (!strcmp(f, "string")) return s;
-    if (!strcmp(f, "safe")) return v;
-    if (!strcmp(f, "e") || !strcmp(f, "escape") || !strcmp(f, "forceescape")) return html_escape(r, &s);
+    if (!strcmp(f, "safe")) {
+        s.mk = 1;
+        return s;
+    }
+    if (!strcmp(f, "e") || !strcmp(f, "escape") || !strcmp(f, "forceescape"))
+        return s.mk && f[0] != 'f' ? s : jv_html_escape(r, &s);
     if (!strcmp(f, "replace")) {
         const jv *o = A(&a, 0, "old"), *n = A(&a, 1, "new");
         if (!o || !n)
@@ -568,7 +581,7 @@ int jinja_test(jrender *r, int line, const char *t, const jv *v, jv *args, size_
     if (!strcmp(t, "iterable")) return v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF;
     if (!strcmp(t, "sequence")) return v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF;
     if (!strcmp(t, "callable")) return v->t == JV_MACRO || v->t == JV_FUNC || v->t == JV_METHOD;
-    if (!strcmp(t, "escaped")) return 0;
+    if (!strcmp(t, "escaped")) return v->t == JV_STR && v->mk;
     if (!strcmp(t, "sameas")) {
         NEED_ARG;
         return is_same(v, x);

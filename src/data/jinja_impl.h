@@ -68,6 +68,7 @@ typedef struct jv {
         jmethod *meth;
         jloop *loop;
     } u;
+    int mk; /* JV_STR: a Markup string (from |safe or |escape): adding a plain string to it escapes that string */
 } jv;
 
 struct jlist {
@@ -101,27 +102,27 @@ struct jmacro {
 enum { JF_RAISE, JF_STRFTIME, JF_NAMESPACE, JF_DICT, JF_RANGE };
 
 static inline jv jv_undef(const char *hint) {
-    jv v = {JV_UNDEF, hint ? __builtin_strlen(hint) : 0, {.s = hint}};
+    jv v = {JV_UNDEF, hint ? __builtin_strlen(hint) : 0, {.s = hint}, 0};
     return v;
 }
 static inline jv jv_none(void) {
-    jv v = {JV_NONE, 0, {.i = 0}};
+    jv v = {JV_NONE, 0, {.i = 0}, 0};
     return v;
 }
 static inline jv jv_bool(int b) {
-    jv v = {JV_BOOL, 0, {.b = b != 0}};
+    jv v = {JV_BOOL, 0, {.b = b != 0}, 0};
     return v;
 }
 static inline jv jv_int(int64_t i) {
-    jv v = {JV_INT, 0, {.i = i}};
+    jv v = {JV_INT, 0, {.i = i}, 0};
     return v;
 }
 static inline jv jv_float(double f) {
-    jv v = {JV_FLOAT, 0, {.f = f}};
+    jv v = {JV_FLOAT, 0, {.f = f}, 0};
     return v;
 }
 static inline jv jv_str(const char *s, size_t n) {
-    jv v = {JV_STR, n, {.s = s}};
+    jv v = {JV_STR, n, {.s = s}, 0};
     return v;
 }
 
@@ -263,7 +264,8 @@ int jinja_has_method(const jv *obj, const char *name);
 jv js_case(jrender *r, const jv *s, int mode); /* 'l' lower, 'u' upper, 'c' capitalize, 't' str.title, 'T' |title */
 jv js_strip(jrender *r, int line, const jv *s, const jv *chars, int left, int right);
 jv js_replace(jrender *r, const jv *s, const jv *old, const jv *new_, int64_t count);
-int jcp_space(int32_t c); /* Python's str.isspace for one code point */
+int jcp_space(int32_t c);                   /* Python's str.isspace for one code point */
+jv jv_html_escape(jrender *r, const jv *s); /* markupsafe.escape: & < > " ' as entities, a Markup result */
 jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const char **kwn, jv *kwv, size_t nkw);
 
 #endif

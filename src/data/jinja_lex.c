@@ -239,8 +239,8 @@ static size_t lex_tag(jcompiler *c, const char *s, size_t n, size_t i, int *line
             if (!isf) {
                 int64_t v = 0;
                 for (size_t k = i; k < j; k++)
-                    if (s[k] != '_')
-                        v = v * 10 + (s[k] - '0');
+                    if (s[k] != '_' && (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s[k] - '0', &v)))
+                        jc_fail(c, *line, "integer literal beyond 64 bits");
                 t->i = v;
             }
             i = j;

@@ -389,7 +389,8 @@ static jv str_method(jrender *r, int line, const jv *s, const char *m, jv *args,
     if (!strcmp(m, "title")) return js_case(r, s, 't');
     if (!strcmp(m, "capitalize")) return js_case(r, s, 'c');
     if (!strcmp(m, "replace")) {
-        const jv *o = str_arg(r, line, A(0, "old"), "replace()'s old"), *n = str_arg(r, line, A(1, "new"), "replace()'s new");
+        const jv *o = str_arg(r, line, A(0, "old"), "replace()'s old");
+        const jv *n = str_arg(r, line, A(1, "new"), "replace()'s new");
         return js_replace(r, s, o, n, int_arg(r, line, A(2, "count"), -1, "count"));
     }
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index")) {
@@ -457,7 +458,8 @@ jv jinja_method(jrender *r, int line, const jv *obj, const char *m, jv *args, si
     if (obj->t == JV_DICT) {
         const jdict *d = obj->u.d;
         if (!strcmp(m, "get")) {
-            const jv *k = arg(args, nargs, kwn, kwv, nkw, 0, "key"), *def = arg(args, nargs, kwn, kwv, nkw, 1, "default");
+            const jv *k = arg(args, nargs, kwn, kwv, nkw, 0, "key");
+            const jv *def = arg(args, nargs, kwn, kwv, nkw, 1, "default");
             if (!k)
                 jr_fail(r, line, "dict.get() takes a key");
             for (size_t i = 0; i < d->n; i++)

@@ -596,135 +596,125 @@ static void parse_params(jcompiler *c, jnode *n) {
     n->nkw = kw.n;
 }
 
-static jnode *parse_statement(jcompiler *c) {
-    jtok *t = cur(c);
-    int line = t->line;
-    if (t->type != JT_NAME)
-        jc_fail(c, line, "expected a statement name after '{%%', got %s", describe(t));
-    const char *w = next(c)->s;
-    jnode *n;
-    if (!strcmp(w, "if")) {
-        static const char *const ends[] = {"elif", "else", "endif", NULL};
-        n = node(c, JN_IF, line);
-        n->a = parse_tuple(c, 0, 0, 1);
-        end_block(c);
-        n->b = parse_body(c, ends);
-        jnode *tail = n;
-        for (;;) {
-            if (is_name(c, "elif")) {
-                jnode *e = node(c, JN_IF, next(c)->line);
-                e->a = parse_tuple(c, 0, 0, 1);
-                end_block(c);
-                e->b = parse_body(c, ends);
-                tail->c = e;
-                tail = e;
-            } else if (is_name(c, "else")) {
-                next(c);
-                end_block(c);
-                static const char *const endif[] = {"endif", NULL};
-                tail->c = parse_body(c, endif);
-            } else {
-                next(c); /* endif */
-                end_block(c);
-                return n;
-            }
-        }
-    }
-    if (!strcmp(w, "for")) {
-        n = node(c, JN_FOR, line);
-        n->a = parse_tuple(c, 1, 0, 0);
-        if (!is_name(c, "in"))
-            jc_fail(c, line, "expected 'in' in a for loop, got %s", describe(cur(c)));
-        next(c);
-        n->b = parse_tuple(c, 0, 0, 0);
-        if (is_name(c, "if")) {
-            next(c);
-            n->c = parse_expr(c);
-        }
-        if (is_name(c, "recursive"))
-            jc_fail(c, line, "recursive for loops are not supported");
-        end_block(c);
-        static const char *const ends[] = {"endfor", "else", NULL};
-        n->d = parse_body(c, ends);
-        if (is_name(c, "else")) {
+static jnode *parse_if(jcompiler *c, int line) {
+    static const char *const ends[] = {"elif", "else", "endif", NULL}, *const endif[] = {"endif", NULL};
+    jnode *n = node(c, JN_IF, line);
+    n->a = parse_tuple(c, 0, 0, 1);
+    end_block(c);
+    n->b = parse_body(c, ends);
+    jnode *tail = n;
+    for (;;) {
+        if (is_name(c, "elif")) {
+            jnode *e = node(c, JN_IF, next(c)->line);
+            e->a = parse_tuple(c, 0, 0, 1);
+            end_block(c);
+            e->b = parse_body(c, ends);
+            tail->c = e;
+            tail = e;
+        } else if (is_name(c, "else")) {
             next(c);
             end_block(c);
-            static const char *const endfor[] = {"endfor", NULL};
-            n->args = ja_alloc(c->a, sizeof *n->args);
-            n->args[0] = parse_body(c, endfor);
-            n->nargs = 1;
-        }
-        next(c);
-        end_block(c);
-        return n;
-    }
-    if (!strcmp(w, "set")) {
-        jnode *target;
-        if (cur(c)->type == JT_NAME && c->pos + 2 < c->ntok && c->toks[c->pos + 1].type == JT_OP &&
-            !strcmp(c->toks[c->pos + 1].s, ".")) {
-            target = node(c, JN_ATTR, line);
-            target->a = node(c, JN_NAME, line);
-            target->a->name = next(c)->s;
-            next(c);
-            target->name = expect_name(c);
+            tail->c = parse_body(c, endif);
         } else {
-            target = parse_tuple(c, 1, 0, 0);
-        }
-        if (is_op(c, "=")) {
-            next(c);
-            n = node(c, JN_SET, line);
-            n->a = target;
-            n->b = parse_tuple(c, 0, 0, 1);
+            next(c); /* endif */
             end_block(c);
             return n;
         }
-        if (target->kind != JN_NAME)
-            jc_fail(c, line, "a block {%% set %%} assigns one name");
-        n = node(c, JN_SETBLOCK, line);
+    }
+}
+
+static jnode *parse_for(jcompiler *c, int line) {
+    static const char *const ends[] = {"endfor", "else", NULL}, *const endfor[] = {"endfor", NULL};
+    jnode *n = node(c, JN_FOR, line);
+    n->a = parse_tuple(c, 1, 0, 0);
+    if (!is_name(c, "in"))
+        jc_fail(c, line, "expected 'in' in a for loop, got %s", describe(cur(c)));
+    next(c);
+    n->b = parse_tuple(c, 0, 0, 0);
+    if (is_name(c, "if")) {
+        next(c);
+        n->c = parse_expr(c);
+    }
+    if (is_name(c, "recursive"))
+        jc_fail(c, line, "recursive for loops are not supported");
+    end_block(c);
+    n->d = parse_body(c, ends);
+    if (is_name(c, "else")) {
+        next(c);
+        end_block(c);
+        n->args = ja_alloc(c->a, sizeof *n->args);
+        n->args[0] = parse_body(c, endfor);
+        n->nargs = 1;
+    }
+    next(c);
+    end_block(c);
+    return n;
+}
+
+static jnode *parse_set(jcompiler *c, int line) {
+    static const char *const ends[] = {"endset", NULL};
+    jnode *target, *n;
+    if (cur(c)->type == JT_NAME && c->pos + 2 < c->ntok && c->toks[c->pos + 1].type == JT_OP &&
+        !strcmp(c->toks[c->pos + 1].s, ".")) {
+        target = node(c, JN_ATTR, line);
+        target->a = node(c, JN_NAME, line);
+        target->a->name = next(c)->s;
+        next(c);
+        target->name = expect_name(c);
+    } else {
+        target = parse_tuple(c, 1, 0, 0);
+    }
+    if (is_op(c, "=")) {
+        next(c);
+        n = node(c, JN_SET, line);
         n->a = target;
-        if (is_op(c, "|")) {
-            next(c);
-            n->c = parse_filter_chain(c);
-        }
-        end_block(c);
-        static const char *const ends[] = {"endset", NULL};
-        n->b = parse_body(c, ends);
-        next(c);
+        n->b = parse_tuple(c, 0, 0, 1);
         end_block(c);
         return n;
     }
-    if (!strcmp(w, "macro") || !strcmp(w, "call")) {
-        int is_macro = !strcmp(w, "macro");
-        n = node(c, is_macro ? JN_MACRO : JN_CALLBLOCK, line);
-        if (is_macro) {
-            n->name = expect_name(c);
-            parse_params(c, n);
-        } else {
-            if (is_op(c, "("))
-                parse_params(c, n);
-            n->a = parse_expr(c);
-            if (n->a->kind != JN_CALL)
-                jc_fail(c, line, "{%% call %%} needs a call expression");
-        }
-        end_block(c);
-        static const char *const endm[] = {"endmacro", NULL}, *const endc[] = {"endcall", NULL};
-        n->b = parse_body(c, is_macro ? endm : endc);
+    if (target->kind != JN_NAME)
+        jc_fail(c, line, "a block {%% set %%} assigns one name");
+    n = node(c, JN_SETBLOCK, line);
+    n->a = target;
+    if (is_op(c, "|")) {
         next(c);
-        end_block(c);
-        return n;
-    }
-    if (!strcmp(w, "filter")) {
-        n = node(c, JN_FILTERBLOCK, line);
         n->c = parse_filter_chain(c);
-        end_block(c);
-        static const char *const ends[] = {"endfilter", NULL};
-        n->b = parse_body(c, ends);
-        next(c);
-        end_block(c);
-        return n;
     }
-    if (!strcmp(w, "with")) {
-        n = node(c, JN_WITH, line);
+    end_block(c);
+    n->b = parse_body(c, ends);
+    next(c);
+    end_block(c);
+    return n;
+}
+
+/* {% macro name(params) %} and {% call(params) macro(args) %} */
+static jnode *parse_macro(jcompiler *c, int line, int is_macro) {
+    static const char *const endm[] = {"endmacro", NULL}, *const endc[] = {"endcall", NULL};
+    jnode *n = node(c, is_macro ? JN_MACRO : JN_CALLBLOCK, line);
+    if (is_macro) {
+        n->name = expect_name(c);
+        parse_params(c, n);
+    } else {
+        if (is_op(c, "("))
+            parse_params(c, n);
+        n->a = parse_expr(c);
+        if (n->a->kind != JN_CALL)
+            jc_fail(c, line, "{%% call %%} needs a call expression");
+    }
+    end_block(c);
+    n->b = parse_body(c, is_macro ? endm : endc);
+    next(c);
+    end_block(c);
+    return n;
+}
+
+/* a statement whose body runs to {% <end> %}: filter, with, generation */
+static jnode *parse_simple_block(jcompiler *c, int line, int kind, const char *end) {
+    const char *ends[] = {end, NULL};
+    jnode *n = node(c, kind, line);
+    if (kind == JN_FILTERBLOCK) {
+        n->c = parse_filter_chain(c);
+    } else if (kind == JN_WITH) {
         nlist kw = {0};
         while (cur(c)->type != JT_BLOCK_END) {
             if (kw.n)
@@ -736,24 +726,36 @@ static jnode *parse_statement(jcompiler *c) {
         n->kwv = kw.v;
         n->kwn = kw.names;
         n->nkw = kw.n;
-        end_block(c);
-        static const char *const ends[] = {"endwith", NULL};
-        n->b = parse_body(c, ends);
-        next(c);
-        end_block(c);
-        return n;
     }
-    if (!strcmp(w, "generation")) {
-        n = node(c, JN_GENERATION, line);
-        end_block(c);
-        static const char *const ends[] = {"endgeneration", NULL};
-        n->b = parse_body(c, ends);
-        next(c);
-        end_block(c);
-        return n;
-    }
+    end_block(c);
+    n->b = parse_body(c, ends);
+    next(c);
+    end_block(c);
+    return n;
+}
+
+static jnode *parse_statement(jcompiler *c) {
+    jtok *t = cur(c);
+    int line = t->line;
+    if (t->type != JT_NAME)
+        jc_fail(c, line, "expected a statement name after '{%%', got %s", describe(t));
+    const char *w = next(c)->s;
+    if (!strcmp(w, "if"))
+        return parse_if(c, line);
+    if (!strcmp(w, "for"))
+        return parse_for(c, line);
+    if (!strcmp(w, "set"))
+        return parse_set(c, line);
+    if (!strcmp(w, "macro") || !strcmp(w, "call"))
+        return parse_macro(c, line, w[0] == 'm');
+    if (!strcmp(w, "filter"))
+        return parse_simple_block(c, line, JN_FILTERBLOCK, "endfilter");
+    if (!strcmp(w, "with"))
+        return parse_simple_block(c, line, JN_WITH, "endwith");
+    if (!strcmp(w, "generation"))
+        return parse_simple_block(c, line, JN_GENERATION, "endgeneration");
     if (!strcmp(w, "break") || !strcmp(w, "continue")) {
-        n = node(c, w[0] == 'b' ? JN_BREAK : JN_CONTINUE, line);
+        jnode *n = node(c, w[0] == 'b' ? JN_BREAK : JN_CONTINUE, line);
         end_block(c);
         return n;
     }
@@ -767,8 +769,13 @@ static jnode *parse_body(jcompiler *c, const char *const *ends) {
     for (;;) {
         jtok *t = cur(c);
         if (t->type == JT_EOF) {
-            if (ends)
-                jc_fail(c, line, "unexpected end of template: the block opened here needs {%% %s %%}", ends[0]);
+            if (ends) {
+                const char *close = ends[0];
+                for (size_t k = 0; ends[k]; k++)
+                    if (!strncmp(ends[k], "end", 3))
+                        close = ends[k];
+                jc_fail(c, line, "unexpected end of template: the block opened here needs {%% %s %%}", close);
+            }
             break;
         }
         if (t->type == JT_TEXT) {

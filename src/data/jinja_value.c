@@ -1,6 +1,6 @@
 /* jinja_value.c: the values of the Jinja interpreter and the Python semantics they follow: truthiness, str() and
  * repr(), equality and ordering, arithmetic, attribute and item lookup as Jinja2's sandbox does it, iteration, and
- * json.dumps as transformers' tojson calls it. Also the arenas and byte buffers everything is built in. */
+ * the arenas and byte buffers everything is built in. JSON in and out is in jinja_json.c. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -198,36 +198,8 @@ jv jv_list(jrender *r, size_t n, int tuple) {
     l->n = n;
     l->v = n ? ja_alloc(&r->a, n * sizeof *l->v) : NULL;
     l->tuple = tuple;
-    jv v = {JV_LIST, 0, {.l = l}};
+    jv v = {JV_LIST, 0, {.l = l}, 0};
     return v;
-}
-
-jv jv_from_json(jrender *r, const json_t *j) {
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: {
-        jdict *d = jd_new(r, json_object_size(j));
-        const char *k;
-        json_t *x;
-        json_object_foreach((json_t *)j, k, x) {
-            d->k[d->n] = jv_str(k, strlen(k));
-            d->v[d->n++] = jv_from_json(r, x);
-        }
-        jv v = {JV_DICT, 0, {.d = d}};
-        return v;
-    }
-    case JSON_ARRAY: {
-        jv v = jv_list(r, json_array_size(j), 0);
-        for (size_t i = 0; i < v.u.l->n; i++)
-            v.u.l->v[i] = jv_from_json(r, json_array_get(j, i));
-        return v;
-    }
-    case JSON_STRING: return jv_str(json_string_value(j), json_string_length(j));
-    case JSON_INTEGER: return jv_int(json_integer_value(j));
-    case JSON_REAL: return jv_float(json_real_value(j));
-    case JSON_TRUE: return jv_bool(1);
-    case JSON_FALSE: return jv_bool(0);
-    default: return jv_none();
-    }
 }
 
 /* ---- str and repr ---- */
@@ -411,6 +383,8 @@ int jv_compare(jrender *r, int line, const jv *x, const jv *y) {
 }
 
 /* ---- arithmetic ---- */
+static const char *OPNAME[] = {"+", "-", "*", "/", "//", "%", "**"};
+
 static jv concat_str(jrender *r, const jv *x, const jv *y) {
     char *p = ja_alloc(&r->a, x->n + y->n + 1);
     if (x->n)
@@ -437,8 +411,6 @@ static jv repeat(jrender *r, const jv *s, int64_t k) {
             out.u.l->v[(size_t)i * n + j] = s->u.l->v[j];
     return out;
 }
-
-static const char *OPNAME[] = {"+", "-", "*", "/", "//", "%", "**"};
 
 jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
     if (x->t == JV_UNDEF)
@@ -469,7 +441,8 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
             if (!fl && num_i(y) >= 0) {
                 int64_t a = num_i(x), e = num_i(y), p = 1;
                 while (e-- > 0)
-                    p *= a;
+                    if (__builtin_mul_overflow(p, a, &p))
+                        jr_fail(r, line, "integer overflow in ** (snug's integers have 64 bits)");
                 return jv_int(p);
             }
             return jv_float(pow(num_f(x), num_f(y)));
@@ -477,26 +450,45 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
         int64_t a = num_i(x), b = num_i(y);
         if (b == 0 && (op == JOP_FLOORDIV || op == JOP_MOD))
             jr_fail(r, line, "integer division or modulo by zero");
+        int64_t v;
         switch (op) {
-        case JOP_ADD: return jv_int(a + b);
-        case JOP_SUB: return jv_int(a - b);
-        case JOP_MUL: return jv_int(a * b);
+        case JOP_ADD:
+        case JOP_SUB:
+        case JOP_MUL:
+            if (op == JOP_ADD ? __builtin_add_overflow(a, b, &v) : op == JOP_SUB ? __builtin_sub_overflow(a, b, &v)
+                                                                              : __builtin_mul_overflow(a, b, &v))
+                jr_fail(r, line, "integer overflow in %s (snug's integers have 64 bits)", OPNAME[op]);
+            return jv_int(v);
         case JOP_FLOORDIV: {
+            if (b == -1) {
+                if (a == INT64_MIN)
+                    jr_fail(r, line, "integer overflow in // (snug's integers have 64 bits)");
+                return jv_int(-a);
+            }
             int64_t q = a / b;
             if ((a % b != 0) && ((a < 0) != (b < 0)))
                 q--;
             return jv_int(q);
         }
         case JOP_MOD: {
-            int64_t m = a % b;
+            int64_t m = b == -1 ? 0 : a % b;
             if (m != 0 && ((m < 0) != (b < 0)))
                 m += b;
             return jv_int(m);
         }
         }
     }
-    if (op == JOP_ADD && x->t == JV_STR && y->t == JV_STR)
-        return concat_str(r, x, y);
+    if (op == JOP_ADD && x->t == JV_STR && y->t == JV_STR) {
+        if (x->mk == y->mk) {
+            jv out = concat_str(r, x, y);
+            out.mk = x->mk;
+            return out;
+        }
+        jv ex = x->mk ? *x : jv_html_escape(r, x), ey = y->mk ? *y : jv_html_escape(r, y);
+        jv out = concat_str(r, &ex, &ey);
+        out.mk = 1;
+        return out;
+    }
     if (op == JOP_ADD && x->t == JV_LIST && y->t == JV_LIST && x->u.l->tuple == y->u.l->tuple) {
         jv out = jv_list(r, x->u.l->n + y->u.l->n, x->u.l->tuple);
         if (x->u.l->n)
@@ -505,10 +497,16 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
             memcpy(out.u.l->v + x->u.l->n, y->u.l->v, y->u.l->n * sizeof(jv));
         return out;
     }
-    if (op == JOP_MUL && (x->t == JV_STR || x->t == JV_LIST) && (y->t == JV_INT || y->t == JV_BOOL))
-        return repeat(r, x, num_i(y));
-    if (op == JOP_MUL && (y->t == JV_STR || y->t == JV_LIST) && (x->t == JV_INT || x->t == JV_BOOL))
-        return repeat(r, y, num_i(x));
+    if (op == JOP_MUL && (x->t == JV_STR || x->t == JV_LIST) && (y->t == JV_INT || y->t == JV_BOOL)) {
+        jv out = repeat(r, x, num_i(y));
+        out.mk = x->mk;
+        return out;
+    }
+    if (op == JOP_MUL && (y->t == JV_STR || y->t == JV_LIST) && (x->t == JV_INT || x->t == JV_BOOL)) {
+        jv out = repeat(r, y, num_i(x));
+        out.mk = y->mk;
+        return out;
+    }
     if (op == JOP_MOD && x->t == JV_STR)
         jr_fail(r, line, "printf-style string formatting ('...' %% x) is not supported; use ~ or format()");
     jr_fail(r, line, "unsupported operand type(s) for %s: '%s' and '%s'", OPNAME[op], jv_type_name(x),
@@ -604,7 +602,7 @@ jv jv_getattr(jrender *r, int line, const jv *obj, const char *name) {
             jmethod *m = ja_alloc(&r->a, sizeof *m);
             m->obj = *obj;
             m->name = name;
-            jv v = {JV_METHOD, 0, {.meth = m}};
+            jv v = {JV_METHOD, 0, {.meth = m}, 0};
             return v;
         }
         return loop_attr(r, obj->u.loop, name);
@@ -617,7 +615,7 @@ jv jv_getattr(jrender *r, int line, const jv *obj, const char *name) {
         jmethod *m = ja_alloc(&r->a, sizeof *m);
         m->obj = *obj;
         m->name = name;
-        jv v = {JV_METHOD, 0, {.meth = m}};
+        jv v = {JV_METHOD, 0, {.meth = m}, 0};
         return v;
     }
     if (obj->t == JV_DICT) {
@@ -664,123 +662,4 @@ jv jv_getitem(jrender *r, int line, const jv *obj, const jv *key) {
     jbuf b = {0};
     jv_repr_into(r, &b, key);
     return missing(r, obj, b.p ? b.p : "", 0);
-}
-
-/* ---- tojson ---- */
-static void json_str(jrender *r, jbuf *b, const char *s, size_t n, int ascii) {
-    jb_putc(&r->a, b, '"');
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        switch (ch) {
-        case '"': jb_put(&r->a, b, "\\\"", 2); break;
-        case '\\': jb_put(&r->a, b, "\\\\", 2); break;
-        case '\n': jb_put(&r->a, b, "\\n", 2); break;
-        case '\r': jb_put(&r->a, b, "\\r", 2); break;
-        case '\t': jb_put(&r->a, b, "\\t", 2); break;
-        case '\b': jb_put(&r->a, b, "\\b", 2); break;
-        case '\f': jb_put(&r->a, b, "\\f", 2); break;
-        default:
-            if (ch < 0x20) {
-                jb_printf(&r->a, b, "\\u%04x", ch);
-            } else if (ch >= 0x80 && ascii) {
-                unsigned cp = 0;
-                int k = ch >= 0xF0 ? 3 : ch >= 0xE0 ? 2 : 1;
-                cp = ch & (0x3F >> k);
-                for (int m = 0; m < k && i + 1 < n; m++)
-                    cp = (cp << 6) | ((unsigned char)s[++i] & 0x3F);
-                if (cp >= 0x10000) {
-                    cp -= 0x10000;
-                    jb_printf(&r->a, b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
-                } else {
-                    jb_printf(&r->a, b, "\\u%04x", cp);
-                }
-            } else {
-                jb_putc(&r->a, b, (char)ch);
-            }
-        }
-    }
-    jb_putc(&r->a, b, '"');
-}
-
-static void newline_indent(jrender *r, jbuf *b, int indent, int level) {
-    jb_putc(&r->a, b, '\n');
-    for (int i = 0; i < indent * level; i++)
-        jb_putc(&r->a, b, ' ');
-}
-
-void jv_tojson(jrender *r, int line, jbuf *b, const jv *v, int indent, int level, int sort_keys, int ascii,
-               const char *item_sep, const char *key_sep) {
-    switch (v->t) {
-    case JV_NONE: jb_put(&r->a, b, "null", 4); return;
-    case JV_BOOL: jb_put(&r->a, b, v->u.b ? "true" : "false", v->u.b ? 4 : 5); return;
-    case JV_INT: jb_printf(&r->a, b, "%lld", (long long)v->u.i); return;
-    case JV_FLOAT: {
-        char tmp[32];
-        int k = snug_json_py_float(v->u.f, tmp);
-        jb_put(&r->a, b, tmp, (size_t)k);
-        return;
-    }
-    case JV_STR: json_str(r, b, v->u.s, v->n, ascii); return;
-    case JV_LIST: {
-        const jlist *l = v->u.l;
-        jb_putc(&r->a, b, '[');
-        if (!l->n) {
-            jb_putc(&r->a, b, ']');
-            return;
-        }
-        for (size_t i = 0; i < l->n; i++) {
-            if (i)
-                jb_put(&r->a, b, item_sep, strlen(item_sep));
-            if (indent >= 0)
-                newline_indent(r, b, indent, level + 1);
-            jv_tojson(r, line, b, &l->v[i], indent, level + 1, sort_keys, ascii, item_sep, key_sep);
-        }
-        if (indent >= 0)
-            newline_indent(r, b, indent, level);
-        jb_putc(&r->a, b, ']');
-        return;
-    }
-    case JV_DICT: {
-        const jdict *d = v->u.d;
-        jb_putc(&r->a, b, '{');
-        if (!d->n) {
-            jb_putc(&r->a, b, '}');
-            return;
-        }
-        size_t *ord = ja_alloc(&r->a, d->n * sizeof *ord);
-        for (size_t i = 0; i < d->n; i++)
-            ord[i] = i;
-        if (sort_keys) /* insertion sort: dicts in templates are small */
-            for (size_t i = 1; i < d->n; i++)
-                for (size_t j = i; j > 0 && jv_compare(r, line, &d->k[ord[j - 1]], &d->k[ord[j]]) > 0; j--) {
-                    size_t t = ord[j];
-                    ord[j] = ord[j - 1];
-                    ord[j - 1] = t;
-                }
-        for (size_t i = 0; i < d->n; i++) {
-            const jv *k = &d->k[ord[i]];
-            if (i)
-                jb_put(&r->a, b, item_sep, strlen(item_sep));
-            if (indent >= 0)
-                newline_indent(r, b, indent, level + 1);
-            if (k->t == JV_STR) {
-                json_str(r, b, k->u.s, k->n, ascii);
-            } else if (k->t == JV_INT || k->t == JV_FLOAT || k->t == JV_BOOL || k->t == JV_NONE) {
-                jbuf kb = {0};
-                jv_tojson(r, line, &kb, k, -1, 0, 0, ascii, item_sep, key_sep);
-                json_str(r, b, kb.p, kb.n, ascii);
-            } else {
-                jr_fail(r, line, "tojson: keys must be str, int, float, bool or None, not %s", jv_type_name(k));
-            }
-            jb_put(&r->a, b, key_sep, strlen(key_sep));
-            jv_tojson(r, line, b, &d->v[ord[i]], indent, level + 1, sort_keys, ascii, item_sep, key_sep);
-        }
-        if (indent >= 0)
-            newline_indent(r, b, indent, level);
-        jb_putc(&r->a, b, '}');
-        return;
-    }
-    default:
-        jr_fail(r, line, "tojson: Object of type %s is not JSON serializable", jv_type_name(v));
-    }
 }
