@@ -22,7 +22,8 @@ content, a tool message, the line's "tools"), empty assistant content. A convers
     render(messages[:i+1]) stops agreeing with it is the assistant's, every token overlapping it (by the tokenizer's
     offsets) supervised. A conversation where that leaves a reply empty (snug refuses it, naming the message) is left
     out and checked apart: snug must refuse it.
-Also: train_on_inputs supervises every token (on every fifth template); the run's template shows in `snug preprocess`'s data line.
+Also: `snug generate --chat` and `--messages` reply as transformers' greedy generate after apply_chat_template(...,
+add_generation_prompt=True) on a small random Llama; train_on_inputs supervises every token (on every fifth template); the run's template shows in `snug preprocess`'s data line.
 Prints "N passed, M failed" and exits non-zero on any failure.
 
 Run with the venv python: ~/.cache/snug/venv/bin/python tests/parity/test_chat_template_parity.py
@@ -312,6 +313,49 @@ def run_template(work, name, src, k):
               f"{name}: a conversation the prefix rule cannot split was not refused: {log.strip()[-300:]}")
 
 
+def generate_chat(work):
+    """`snug generate --chat` / `--messages` against transformers: a small random Llama saved beside a tokenizer with
+    a template, greedy tokens after apply_chat_template(..., add_generation_prompt=True)'s ids. Equal replies need
+    equal prompts (the model's logits already match transformers'; tests/parity/test_model_parity.py)."""
+    import torch
+    import transformers
+    tdir = os.path.join(work, "gen")
+    make_folder(tdir, CHATML_SYS, "jinja", 0)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=88, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=True, eos_token_id=tok.eos_token_id, initializer_range=0.5)
+    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    model.save_pretrained(tdir, safe_serialization=True)
+    convs = {"prompt": [{"role": "user", "content": "What is the weather?"}],
+             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "And?"}]}
+    for how, msgs in convs.items():
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([list(ids)]), max_new_tokens=6, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        new = [t for t in out[0, len(ids):].tolist()]
+        if new and new[-1] == tok.eos_token_id:
+            new = new[:-1]
+        want = tok.decode(new)
+        if how == "prompt":
+            args = ["--chat", "--prompt", msgs[0]["content"]]
+        else:
+            path = os.path.join(work, "conv.json")
+            with open(path, "w") as f:
+                json.dump({"messages": msgs}, f)
+            args = ["--messages", path]
+        r = subprocess.run([SNUG, "generate", tdir, *args, "--max_new_tokens", "6", "--temperature", "0"],
+                           capture_output=True, text=True)
+        got = r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout
+        check(r.returncode == 0 and got == want,
+              f"generate --{'chat' if how == 'prompt' else 'messages'}: {got!r} (rc {r.returncode}, "
+              f"{r.stderr.strip()[-300:]}), transformers {want!r}")
+    print(f"generate --chat / --messages: compared with transformers' greedy reply (the last: {want!r})")
+
+
 def main():
     work = tempfile.mkdtemp(prefix="snug_chat_template_parity_")
     try:
@@ -325,6 +369,7 @@ def main():
                 templates.append((os.path.basename(p)[:-6], f.read()))
         for k, (name, src) in enumerate(templates):
             run_template(work, name, src, k)
+        generate_chat(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"test_chat_template_parity: {passed} passed, {failed} failed")
