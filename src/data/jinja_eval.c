@@ -134,9 +134,15 @@ static jv call_value(jrender *r, int line, const jv *f, const jargs *a, const jv
 }
 
 /* A filter chain whose innermost operand is NULL applied to v (filter blocks, block set). */
+static void check_known(jrender *r, const jnode *n) {
+    if (n->unknown)
+        jr_fail(r, n->line, "no %s named '%s'", n->kind == JN_FILTER ? "filter" : "test", n->name);
+}
+
 static jv apply_filters(jrender *r, jscope *s, const jnode *f, jv v) {
     if (!f)
         return v;
+    check_known(r, f);
     jv in = f->a ? apply_filters(r, s, f->a, v) : v;
     jargs a = eval_args(r, s, f);
     return jinja_filter(r, f->line, f->name, in, a.pos, a.npos, a.kwn, a.kwv, a.nkw);
@@ -145,6 +151,8 @@ static jv apply_filters(jrender *r, jscope *s, const jnode *f, jv v) {
 static jv slice(jrender *r, int line, const jv *obj, const jv *b, const jv *e, const jv *st) {
     if (obj->t == JV_UNDEF)
         jv_fail_undef(r, line, obj);
+    if (obj->t == JV_LIST && obj->u.l->kind != JL_LIST && obj->u.l->kind != JL_RANGE)
+        return jv_undef("a generator or view cannot be sliced");
     if (obj->t != JV_LIST && obj->t != JV_STR)
         jr_fail(r, line, "'%s' object is not subscriptable with a slice", jv_type_name(obj));
     for (const jv *x = b; x; x = x == b ? e : x == e ? st : NULL)
@@ -189,7 +197,7 @@ static jv slice(jrender *r, int line, const jv *obj, const jv *b, const jv *e, c
     (void)lo;
     (void)hi;
     if (obj->t == JV_LIST) {
-        jv out = jv_list(r, (size_t)cnt, obj->u.l->tuple);
+        jv out = jv_list(r, (size_t)cnt, obj->u.l->tuple); /* a range's slice is a range: printed differently */
         for (int64_t i = 0; i < cnt; i++)
             out.u.l->v[i] = obj->u.l->v[start + i * step];
         return out;
@@ -263,11 +271,13 @@ static jv eval(jrender *r, jscope *s, const jnode *n) {
     }
     case JN_FILTER: {
         jv v = eval(r, s, n->a);
+        check_known(r, n);
         jargs a = eval_args(r, s, n);
         return jinja_filter(r, n->line, n->name, v, a.pos, a.npos, a.kwn, a.kwv, a.nkw);
     }
     case JN_TEST: {
         jv v = eval(r, s, n->a);
+        check_known(r, n);
         jargs a = eval_args(r, s, n);
         int ok = jinja_test(r, n->line, n->name, &v, a.pos, a.npos);
         return jv_bool(n->op ? !ok : ok);
@@ -379,6 +389,7 @@ static int exec_for(jrender *r, jscope *s, const jnode *n, jbuf *out) {
 }
 
 static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
+    r->line = n->line;
     switch (n->kind) {
     case JN_BODY:
         for (size_t i = 0; i < n->nargs; i++) {
@@ -518,9 +529,10 @@ jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const c
             cnt = (a[0] - a[1] - 1) / (-a[2]) + 1;
         if (cnt > 100000)
             jr_fail(r, line, "range() too big: %lld items (the sandbox allows 100000)", (long long)cnt);
-        jv out = jv_list(r, (size_t)cnt, 0);
+        jv out = jv_seq(r, (size_t)cnt, JL_RANGE);
         for (int64_t i = 0; i < cnt; i++)
             out.u.l->v[i] = jv_int(a[0] + i * a[2]);
+        memcpy(out.u.l->range, a, sizeof a);
         return out;
     }
     }

@@ -209,8 +209,8 @@ static jv do_printf(jrender *r, int line, const jv *fmt, const fargs *a) {
 
 /* select/reject/selectattr/rejectattr: keep the items whose test (or truthiness) is `want` */
 static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_attr, int want) {
-    if (!jv_truthy(v)) /* Jinja2 iterates only a truthy value: none|selectattr(...) is empty */
-        return list_of(r, 0);
+    if (!jv_truthy(v)) /* Jinja2 iterates only a truthy value: none|selectattr(...) is an empty generator */
+        return jv_seq(r, 0, JL_GEN);
     jlist *l = jv_iter(r, line, v);
     size_t off = by_attr ? 1 : 0;
     const jv *attr = by_attr ? A(a, 0, "attribute") : NULL;
@@ -222,7 +222,7 @@ static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_at
     char *tname = test ? ja_strdup(&r->a, test->u.s, test->n) : NULL;
     if (tname && !jinja_has_test(tname))
         jr_fail(r, line, "no test named '%s'", tname);
-    jv out = list_of(r, l->n);
+    jv out = jv_seq(r, l->n, JL_GEN);
     size_t k = 0;
     for (size_t i = 0; i < l->n; i++) {
         jv x = by_attr ? attr_path(r, line, l->v[i], attr) : l->v[i];
@@ -237,9 +237,9 @@ static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_at
 
 static jv do_map(jrender *r, int line, const jv *v, const fargs *a) {
     if (!jv_truthy(v))
-        return list_of(r, 0);
+        return jv_seq(r, 0, JL_GEN);
     jlist *l = jv_iter(r, line, v);
-    jv out = list_of(r, l->n);
+    jv out = jv_seq(r, l->n, JL_GEN);
     const jv *attr = A(a, 99, "attribute");
     if (attr) {
         const jv *def = A(a, 99, "default");
@@ -303,7 +303,7 @@ static jv do_unique(jrender *r, int line, const jv *v, const fargs *a) {
     jlist *l = jv_iter(r, line, v);
     int cs = flag(A(a, 0, "case_sensitive"), 0);
     const jv *attr = A(a, 1, "attribute");
-    jv out = list_of(r, l->n), *seen = l->n ? ja_alloc(&r->a, l->n * sizeof(jv)) : NULL;
+    jv out = jv_seq(r, l->n, JL_GEN), *seen = l->n ? ja_alloc(&r->a, l->n * sizeof(jv)) : NULL;
     size_t k = 0;
     for (size_t i = 0; i < l->n; i++) {
         jv key = sort_key(r, line, l->v[i], attr, cs);
@@ -319,12 +319,15 @@ static jv do_unique(jrender *r, int line, const jv *v, const fargs *a) {
     return out;
 }
 
+/* |items: a generator of (key, value) */
 static jv items_of(jrender *r, int line, const jv *v) {
     if (v->t == JV_UNDEF)
-        return list_of(r, 0);
+        return jv_seq(r, 0, JL_GEN);
     if (v->t != JV_DICT)
         jr_fail(r, line, "items: can only get items of a mapping, not %s", jv_type_name(v));
-    return jinja_method(r, line, v, "items", NULL, 0, NULL, NULL, 0);
+    jv out = jinja_method(r, line, v, "items", NULL, 0, NULL, NULL, 0);
+    out.u.l->kind = JL_GEN;
+    return out;
 }
 
 static jv do_round(jrender *r, int line, const jv *v, const fargs *a) {
@@ -345,7 +348,10 @@ static jv do_round(jrender *r, int line, const jv *v, const fargs *a) {
 static jv do_length(jrender *r, int line, const jv *v) {
     switch (v->t) {
     case JV_STR: return jv_int((int64_t)ju8_len(v->u.s, v->n));
-    case JV_LIST: return jv_int((int64_t)v->u.l->n);
+    case JV_LIST:
+        if (v->u.l->kind == JL_GEN || v->u.l->kind == JL_REVITER)
+            jr_fail(r, line, "object of type '%s' has no len()", jl_pyname(v->u.l));
+        return jv_int((int64_t)v->u.l->n);
     case JV_DICT:
     case JV_NS: return jv_int((int64_t)v->u.d->n);
     case JV_UNDEF: return jv_int(0);
@@ -385,7 +391,10 @@ static jv to_number(jrender *r, const jv *v, const fargs *a, int want_int) {
 jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t nargs, const char **kwn, jv *kwv,
                 size_t nkw) {
     fargs a = {args, nargs, kwn, kwv, nkw};
-    jv s = (v.t == JV_STR) ? v : jv_to_str(r, &v); /* for string filters */
+    static const char *const STRING_FILTERS[] = {"trim", "upper", "lower", "capitalize", "title", "string", "safe",
+                                                 "e", "escape", "forceescape", "replace", "indent", "format",
+                                                 "wordcount", "center", NULL};
+    jv s = v.t == JV_STR || !in_table(STRING_FILTERS, f) ? v : jv_to_str(r, &v); /* str() for string filters */
     if (!strcmp(f, "default") || !strcmp(f, "d")) {
         const jv *def = A(&a, 0, "default_value");
         if (v.t == JV_UNDEF || (flag(A(&a, 1, "boolean"), 0) && !jv_truthy(&v)))
@@ -444,6 +453,8 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
         return jv_str(b.p, b.n);
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
+        if (f[0] == 'l' && v.t == JV_LIST && (v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER))
+            jr_fail(r, line, "last: '%s' object is not reversible", jl_pyname(v.u.l));
         jlist *l = jv_iter(r, line, &v);
         if (!l->n)
             return jv_undef("the sequence is empty: no first or last item");
@@ -486,8 +497,10 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
                 jb_put(&r->a, &b, l->v[i].u.s, l->v[i].n);
             return jv_str(b.p ? b.p : "", b.n);
         }
+        /* reversed() where Python can (a reverse iterator), else a reversed list (of a generator) */
+        int lazy = !(v.t == JV_LIST && (v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER));
         jlist *l = jv_iter(r, line, &v);
-        jv out = list_of(r, l->n);
+        jv out = jv_seq(r, l->n, lazy ? JL_REVITER : JL_LIST);
         for (size_t i = 0; i < l->n; i++)
             out.u.l->v[i] = l->v[l->n - 1 - i];
         return out;
@@ -533,7 +546,7 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
         if (k <= 0)
             jr_fail(r, line, "batch: linecount must be positive");
         size_t nb = (l->n + (size_t)k - 1) / (size_t)k;
-        jv out = list_of(r, nb);
+        jv out = jv_seq(r, nb, JL_GEN);
         for (size_t b = 0; b < nb; b++) {
             size_t len = b + 1 < nb || !fill ? ((l->n - b * (size_t)k) < (size_t)k ? l->n - b * (size_t)k : (size_t)k)
                                              : (size_t)k;
@@ -579,7 +592,9 @@ int jinja_test(jrender *r, int line, const char *t, const jv *v, jv *args, size_
     if (!strcmp(t, "false")) return v->t == JV_BOOL && !v->u.b;
     if (!strcmp(t, "mapping")) return v->t == JV_DICT;
     if (!strcmp(t, "iterable")) return v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF;
-    if (!strcmp(t, "sequence")) return v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF;
+    if (!strcmp(t, "sequence"))
+        return v->t == JV_STR || v->t == JV_DICT || v->t == JV_UNDEF ||
+               (v->t == JV_LIST && (v->u.l->kind == JL_LIST || v->u.l->kind == JL_RANGE));
     if (!strcmp(t, "callable")) return v->t == JV_MACRO || v->t == JV_FUNC || v->t == JV_METHOD;
     if (!strcmp(t, "escaped")) return v->t == JV_STR && v->mk;
     if (!strcmp(t, "sameas")) {

@@ -71,10 +71,19 @@ typedef struct jv {
     int mk; /* JV_STR: a Markup string (from |safe or |escape): adding a plain string to it escapes that string */
 } jv;
 
+/* What a sequence is in Python, where it shows: JL_LIST and tuples are plain; generators (what |map, |select,
+ * |unique, |batch, |items yield) and reverse iterators are always truthy, have no len(), cannot be indexed, print
+ * as their address (an error here) and are used up by one iteration; dict views (items(), keys(), values()) and
+ * range() have a len() but print as dict_items([...]) / range(a, b); none of them but lists is JSON. */
+enum { JL_LIST, JL_GEN, JL_REVITER, JL_ITEMS, JL_KEYS, JL_VALUES, JL_RANGE };
+
 struct jlist {
     size_t n;
     jv *v;
     int tuple;
+    int kind;         /* JL_* */
+    int consumed;     /* JL_GEN, JL_REVITER: iterated once already */
+    int64_t range[3]; /* JL_RANGE: start, stop, step */
 };
 
 struct jdict {
@@ -162,6 +171,7 @@ enum { JOP_ADD, JOP_SUB, JOP_MUL, JOP_DIV, JOP_FLOORDIV, JOP_MOD, JOP_POW,
  *   FILTERBLOCK c (FILTER chain) of body b | WITH kwn = kwv, body b | GENERATION body b */
 struct jnode {
     int kind, line, op;
+    int unknown; /* FILTER, TEST: not a known name, an error when it runs (Jinja2 defers it inside an if) */
     jnode *a, *b, *c, *d;
     jnode **args;
     size_t nargs;
@@ -224,6 +234,7 @@ typedef struct jrender {
     size_t nspans, spancap;
     jscope *globals;
     int depth;           /* macro call depth, against runaway recursion */
+    int line;            /* the line of the statement being run, for errors deep in value code */
 } jrender;
 
 void jr_fail(jrender *r, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));
@@ -243,6 +254,8 @@ jdict *jd_new(jrender *r, size_t cap);
 jv *jd_get(const jdict *d, const char *k, size_t n);
 void jd_set(jrender *r, jdict *d, jv k, jv v);
 jv jv_list(jrender *r, size_t n, int tuple); /* n items, filled by the caller */
+jv jv_seq(jrender *r, size_t n, int kind);   /* the same, of kind JL_* */
+const char *jl_pyname(const jlist *l);       /* "list", "generator", "dict_items", ... */
 size_t ju8_len(const char *s, size_t n);      /* code points in UTF-8 text */
 size_t ju8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp (n if past the end) */
 jv jv_getattr(jrender *r, int line, const jv *obj, const char *name);

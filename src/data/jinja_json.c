@@ -92,6 +92,8 @@ void jv_tojson(jrender *r, int line, jbuf *b, const jv *v, int indent, int level
     case JV_STR: json_str(r, b, v->u.s, v->n, ascii); return;
     case JV_LIST: {
         const jlist *l = v->u.l;
+        if (l->kind != JL_LIST)
+            jr_fail(r, line, "tojson: Object of type %s is not JSON serializable", jl_pyname(l));
         jb_putc(&r->a, b, '[');
         if (!l->n) {
             jb_putc(&r->a, b, ']');

@@ -247,7 +247,7 @@ int jinja_has_method(const jv *obj, const char *name) {
     switch (obj->t) {
     case JV_STR: return in_list(STR_METHODS, name);
     case JV_DICT: return in_list(DICT_METHODS, name);
-    case JV_LIST: return in_list(LIST_METHODS, name);
+    case JV_LIST: return (obj->u.l->kind == JL_LIST || obj->u.l->kind == JL_RANGE) && in_list(LIST_METHODS, name);
     default: return 0;
     }
 }
@@ -467,7 +467,7 @@ jv jinja_method(jrender *r, int line, const jv *obj, const char *m, jv *args, si
                     return d->v[i];
             return def ? *def : jv_none();
         }
-        jv out = jv_list(r, d->n, 0);
+        jv out = jv_seq(r, d->n, !strcmp(m, "keys") ? JL_KEYS : !strcmp(m, "values") ? JL_VALUES : JL_ITEMS);
         for (size_t i = 0; i < d->n; i++) {
             if (!strcmp(m, "keys")) {
                 out.u.l->v[i] = d->k[i];

@@ -345,8 +345,6 @@ static jnode *parse_filter(jcompiler *c, jnode *operand) {
         snprintf(nm, l, "%s.%s", f->name, rest);
         f->name = nm;
     }
-    if (!jinja_has_filter(f->name))
-        jc_fail(c, line, "no filter named '%s'", f->name);
     if (is_op(c, "("))
         parse_call_args(c, f);
     return f;
@@ -366,8 +364,6 @@ static jnode *parse_filter_expr(jcompiler *c, jnode *n) {
             }
             t->a = n;
             t->name = expect_name(c);
-            if (!jinja_has_test(t->name))
-                jc_fail(c, line, "no test named '%s'", t->name);
             jtok *k = cur(c);
             if (is_op(c, "(")) {
                 parse_call_args(c, t);
@@ -808,7 +804,56 @@ static jnode *parse_body(jcompiler *c, const char *const *ends) {
     return b;
 }
 
+/* Unknown filters and tests, as Jinja2's compiler finds them: an error, except where Jinja2 defers it to the moment
+ * the filter runs, inside an {% if %} (its tests and branches) or an inline if, but not in a loop, macro, block set,
+ * filter block or {% with %} body nested there (their frames are not "soft"). */
+static void check_names(jcompiler *c, jnode *n, int soft) {
+    if (!n)
+        return;
+    if (n->kind == JN_FILTER || n->kind == JN_TEST) {
+        int known = n->kind == JN_FILTER ? jinja_has_filter(n->name) : jinja_has_test(n->name);
+        if (!known && !soft)
+            jc_fail(c, n->line, "no %s named '%s'", n->kind == JN_FILTER ? "filter" : "test", n->name);
+        n->unknown = !known;
+    }
+    int inner = soft; /* softness of the children */
+    switch (n->kind) {
+    case JN_IF:
+    case JN_COND: inner = 1; break;
+    case JN_FOR: /* the iterable in the enclosing frame, the rest in the loop's */
+        check_names(c, n->b, soft);
+        check_names(c, n->a, 0);
+        check_names(c, n->c, 0);
+        check_names(c, n->d, 0);
+        for (size_t i = 0; i < n->nargs; i++)
+            check_names(c, n->args[i], 0);
+        return;
+    case JN_CALLBLOCK: /* the call in the enclosing frame, the caller's body in its own */
+    case JN_WITH:
+        check_names(c, n->a, soft);
+        for (size_t i = 0; i < n->nkw; i++)
+            check_names(c, n->kwv[i], n->kind == JN_WITH ? soft : 0);
+        check_names(c, n->b, 0);
+        return;
+    case JN_MACRO:
+    case JN_SETBLOCK:
+    case JN_FILTERBLOCK:
+    case JN_GENERATION: inner = 0; break;
+    default: break;
+    }
+    check_names(c, n->a, inner);
+    check_names(c, n->b, inner);
+    check_names(c, n->c, inner);
+    check_names(c, n->d, inner);
+    for (size_t i = 0; i < n->nargs; i++)
+        check_names(c, n->args[i], inner);
+    for (size_t i = 0; i < n->nkw; i++)
+        check_names(c, n->kwv[i], inner);
+}
+
 jnode *jinja_parse(jcompiler *c) {
     c->pos = 0;
-    return parse_body(c, NULL);
+    jnode *root = parse_body(c, NULL);
+    check_names(c, root, 0);
+    return root;
 }

@@ -118,7 +118,7 @@ const char *jv_type_name(const jv *v) {
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v->u.l->tuple ? "tuple" : "list";
+    case JV_LIST: return jl_pyname(v->u.l);
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_MACRO: return "Macro";
@@ -143,7 +143,7 @@ int jv_truthy(const jv *v) {
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0.0;
     case JV_STR: return v->n != 0;
-    case JV_LIST: return v->u.l->n != 0;
+    case JV_LIST: return v->u.l->kind == JL_GEN || v->u.l->kind == JL_REVITER || v->u.l->n != 0;
     case JV_DICT: return v->u.d->n != 0;
     default: return 1;
     }
@@ -193,8 +193,21 @@ void jd_set(jrender *r, jdict *d, jv k, jv v) {
     d->v[d->n++] = v;
 }
 
+const char *jl_pyname(const jlist *l) {
+    static const char *const names[] = {"list", "generator", "list_reverseiterator", "dict_items", "dict_keys",
+                                        "dict_values", "range"};
+    return l->tuple ? "tuple" : names[l->kind];
+}
+
+jv jv_seq(jrender *r, size_t n, int kind) {
+    jv v = jv_list(r, n, 0);
+    v.u.l->kind = kind;
+    return v;
+}
+
 jv jv_list(jrender *r, size_t n, int tuple) {
     jlist *l = ja_alloc(&r->a, sizeof *l);
+    memset(l, 0, sizeof *l);
     l->n = n;
     l->v = n ? ja_alloc(&r->a, n * sizeof *l->v) : NULL;
     l->tuple = tuple;
@@ -246,6 +259,19 @@ void jv_repr_into(jrender *r, jbuf *b, const jv *v) {
     case JV_STR: repr_str(r, b, v->u.s, v->n); return;
     case JV_LIST: {
         const jlist *l = v->u.l;
+        if (l->kind == JL_GEN || l->kind == JL_REVITER)
+            jr_fail(r, r->line, "printing a %s, which Jinja2 prints as its memory address; add |list", jl_pyname(l));
+        if (l->kind == JL_RANGE) {
+            jb_printf(&r->a, b, "range(%lld, %lld", (long long)l->range[0], (long long)l->range[1]);
+            if (l->range[2] != 1)
+                jb_printf(&r->a, b, ", %lld", (long long)l->range[2]);
+            jb_putc(&r->a, b, ')');
+            return;
+        }
+        if (l->kind != JL_LIST) {
+            jb_put(&r->a, b, jl_pyname(l), strlen(jl_pyname(l)));
+            jb_putc(&r->a, b, '(');
+        }
         jb_putc(&r->a, b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i)
@@ -255,6 +281,8 @@ void jv_repr_into(jrender *r, jbuf *b, const jv *v) {
         if (l->tuple && l->n == 1)
             jb_putc(&r->a, b, ',');
         jb_putc(&r->a, b, l->tuple ? ')' : ']');
+        if (l->kind != JL_LIST)
+            jb_putc(&r->a, b, ')');
         return;
     }
     case JV_DICT:
@@ -330,7 +358,10 @@ int jv_equal(const jv *x, const jv *y) {
     case JV_NONE: return 1;
     case JV_STR: return x->n == y->n && (x->n == 0 || memcmp(x->u.s, y->u.s, x->n) == 0);
     case JV_LIST:
-        if (x->u.l->n != y->u.l->n || x->u.l->tuple != y->u.l->tuple)
+        if (x->u.l == y->u.l)
+            return 1;
+        if (x->u.l->n != y->u.l->n || x->u.l->tuple != y->u.l->tuple || x->u.l->kind != y->u.l->kind ||
+            x->u.l->kind == JL_GEN || x->u.l->kind == JL_REVITER)
             return 0;
         for (size_t i = 0; i < x->u.l->n; i++)
             if (!jv_equal(&x->u.l->v[i], &y->u.l->v[i]))
@@ -366,7 +397,7 @@ int jv_compare(jrender *r, int line, const jv *x, const jv *y) {
         int c = m ? memcmp(x->u.s, y->u.s, m) : 0;
         return c ? c : x->n < y->n ? -1 : x->n > y->n ? 1 : 0;
     }
-    if (x->t == JV_LIST && y->t == JV_LIST) {
+    if (x->t == JV_LIST && y->t == JV_LIST && x->u.l->kind == JL_LIST && y->u.l->kind == JL_LIST) {
         size_t m = x->u.l->n < y->u.l->n ? x->u.l->n : y->u.l->n;
         for (size_t i = 0; i < m; i++) {
             if (jv_equal(&x->u.l->v[i], &y->u.l->v[i]))
@@ -489,7 +520,8 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
         out.mk = 1;
         return out;
     }
-    if (op == JOP_ADD && x->t == JV_LIST && y->t == JV_LIST && x->u.l->tuple == y->u.l->tuple) {
+    if (op == JOP_ADD && x->t == JV_LIST && y->t == JV_LIST && x->u.l->tuple == y->u.l->tuple &&
+        x->u.l->kind == JL_LIST && y->u.l->kind == JL_LIST) {
         jv out = jv_list(r, x->u.l->n + y->u.l->n, x->u.l->tuple);
         if (x->u.l->n)
             memcpy(out.u.l->v, x->u.l->v, x->u.l->n * sizeof(jv));
@@ -497,12 +529,14 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
             memcpy(out.u.l->v + x->u.l->n, y->u.l->v, y->u.l->n * sizeof(jv));
         return out;
     }
-    if (op == JOP_MUL && (x->t == JV_STR || x->t == JV_LIST) && (y->t == JV_INT || y->t == JV_BOOL)) {
+    if (op == JOP_MUL && (x->t == JV_STR || (x->t == JV_LIST && x->u.l->kind == JL_LIST)) &&
+        (y->t == JV_INT || y->t == JV_BOOL)) {
         jv out = repeat(r, x, num_i(y));
         out.mk = x->mk;
         return out;
     }
-    if (op == JOP_MUL && (y->t == JV_STR || y->t == JV_LIST) && (x->t == JV_INT || x->t == JV_BOOL)) {
+    if (op == JOP_MUL && (y->t == JV_STR || (y->t == JV_LIST && y->u.l->kind == JL_LIST)) &&
+        (x->t == JV_INT || x->t == JV_BOOL)) {
         jv out = repeat(r, y, num_i(x));
         out.mk = y->mk;
         return out;
@@ -525,11 +559,13 @@ int jv_contains(jrender *r, int line, const jv *c, const jv *item) {
             if (memcmp(c->u.s + i, item->u.s, item->n) == 0)
                 return 1;
         return 0;
-    case JV_LIST:
-        for (size_t i = 0; i < c->u.l->n; i++)
-            if (jv_equal(&c->u.l->v[i], item))
+    case JV_LIST: {
+        jlist *l = jv_iter(r, line, c); /* uses up a generator */
+        for (size_t i = 0; i < l->n; i++)
+            if (jv_equal(&l->v[i], item))
                 return 1;
         return 0;
+    }
     case JV_DICT:
     case JV_NS: return jd_find(c->u.d, item) != NULL;
     case JV_UNDEF: return 0;
@@ -539,7 +575,13 @@ int jv_contains(jrender *r, int line, const jv *c, const jv *item) {
 
 jlist *jv_iter(jrender *r, int line, const jv *v) {
     switch (v->t) {
-    case JV_LIST: return v->u.l;
+    case JV_LIST:
+        if (v->u.l->kind == JL_GEN || v->u.l->kind == JL_REVITER) {
+            if (v->u.l->consumed)
+                return jv_list(r, 0, 0).u.l;
+            v->u.l->consumed = 1;
+        }
+        return v->u.l;
     case JV_DICT: {
         jv out = jv_list(r, v->u.d->n, 0);
         for (size_t i = 0; i < v->u.d->n; i++)
@@ -637,7 +679,9 @@ jv jv_getitem(jrender *r, int line, const jv *obj, const jv *key) {
         jv *x = jd_find(obj->u.d, key);
         if (x)
             return *x;
-    } else if ((obj->t == JV_LIST || obj->t == JV_STR) && (key->t == JV_INT || key->t == JV_BOOL)) {
+    } else if (((obj->t == JV_LIST && (obj->u.l->kind == JL_LIST || obj->u.l->kind == JL_RANGE)) ||
+                obj->t == JV_STR) &&
+               (key->t == JV_INT || key->t == JV_BOOL)) {
         int64_t k = key->t == JV_INT ? key->u.i : key->u.b;
         if (obj->t == JV_LIST) {
             int64_t i = norm_index(k, obj->u.l->n);

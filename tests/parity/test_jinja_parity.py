@@ -175,6 +175,19 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
               "{{ ('<p>'|safe + '&')|upper }} {{ '<'|safe is escaped }} {{ '<' is escaped }} {{ ('<'|e)|e }} "
               "{{ '<'|forceescape|forceescape }} {{ ('x'|safe) * 2 + '<' }} {{ none|selectattr('a')|list }} "
               "{{ none|map(attribute='a')|list }} {{ ''|select|list }}",
+    # what |map, |select, |unique, |items yield are generators: truthy even when empty, used up by one iteration,
+    # without len() or indexing; dict views and range() print as Python prints them
+    "lazy": "{% set g = messages | map(attribute='role') %}{{ g | list }}{{ g | list }}"
+            "{% if [] | select %}T{% endif %}{{ (messages | selectattr('role'))[0] is defined }}"
+            "{{ {'a': 1}.items() }}{{ {'a': 1}.keys() | length }}{{ {'a': 1}.values() }}{{ range(3) }}"
+            "{{ range(1, 9, 2) }}{{ range(4)[1] }}{{ [1, 2] | reverse | list }}{{ [3, 1] | select | sort }}"
+            "{{ [1, 2] | select | reverse }}{{ [1, 2] | select | first }}{{ 'user' in messages | map(attribute='role') }}"
+            "{% for x in messages | map(attribute='role') | unique %}{{ loop.index }}{{ x }}{% endfor %}"
+            "{{ {'b': 2} | items | list }}{{ [1, 2, 3] | batch(2) | list }}{{ ({'a': 1}.items() | list)[0] }}",
+    "lazy-len": "{{ messages | map(attribute='role') | length }}",
+    "lazy-last": "{{ messages | selectattr('role') | last }}",
+    "lazy-tojson": "{{ messages | map(attribute='role') | tojson }}",
+    "view-tojson": "{{ messages[0].items() | tojson }}",
     "undefined-attr": "{{ messages[0].content.nothing.deeper }}",
     "raise": "{% if messages | length > 1 %}"
              "{{ raise_exception('Only one message is supported, got ' ~ messages | length) }}{% endif %}ok",
@@ -200,7 +213,7 @@ def render_jinja2(compiled, case):
 
 # the templates above that Jinja2 renders for every conversation whose contents are strings (a check that failed on
 # both sides would prove nothing)
-MUST_RENDER = {"chatml-generation", "syntax", "markup"}
+MUST_RENDER = {"chatml-generation", "syntax", "markup", "lazy"}
 
 
 def run_template(exe, tmp, name, source, cases):

@@ -205,7 +205,20 @@ int main(void) {
 
     /* compile-time failures name the line and the construct */
     expect_error("a\n{{ x | nosuchfilter }}", NULL, SNUG_EINPUT, "line 2: no filter named 'nosuchfilter'");
-    expect_error("{% if x is nosuchtest %}{% endif %}", NULL, SNUG_EINPUT, "no test named 'nosuchtest'");
+    expect_error("{% for x in y %}{{ x is nosuchtest }}{% endfor %}", NULL, SNUG_EINPUT, "no test named 'nosuchtest'");
+    /* inside an if, as in Jinja2, an unknown filter or test fails only when it runs */
+    expect_error("{% if true %}{% for x in [1] %}{{ x | nosuch }}{% endfor %}{% endif %}", NULL, SNUG_EINPUT,
+                 "no filter named 'nosuch'");
+    expect_error("{% if x is string %}\n{{ x | from_json }}{% endif %}", "{\"x\": \"1\"}", SNUG_EINPUT,
+                 "line 2: no filter named 'from_json'");
+    {
+        snug_jinja_out o;
+        snug_error e = {0};
+        CHECK(render("{% if x is string %}{{ x | from_json }}{% else %}{{ y | nosuch if y }}ok{% endif %}",
+                     "{\"x\": 1}", &o, &e) == 0);
+        CHECKF(o.text && !strcmp(o.text, "ok"), "a deferred unknown filter: %s %s", o.text ? o.text : "", e.msg);
+        snug_jinja_out_free(&o);
+    }
     expect_error("\n\n{% include 'other.jinja' %}", NULL, SNUG_EINPUT, "line 3: unknown or unsupported statement");
     expect_error("{% if true %}open", NULL, SNUG_EINPUT, "needs {% endif %}");
     expect_error("{% endfor %}", NULL, SNUG_EINPUT, "unexpected '{% endfor %}'");
