@@ -243,7 +243,10 @@ static int load_source(builder *b, const snug_data_source *src, const mapped_fil
     SNUG_TRY(snug_format_init(&fmt, src, o, enc, e));
     line_span *lines = NULL;
     size_t nlines = 0;
-    SNUG_TRY(split_lines(m, &lines, &nlines, e));
+    if (split_lines(m, &lines, &nlines, e)) {
+        snug_format_free(&fmt);
+        return e->code ? e->code : SNUG_EINTERNAL;
+    }
     snug_example *ex = calloc(BLOCK, sizeof *ex);
     int *lrc = calloc(BLOCK, sizeof *lrc);
     char **lmsg = calloc(BLOCK, sizeof *lmsg);

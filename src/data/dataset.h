@@ -6,8 +6,10 @@
  *   alpaca        {"instruction", "input" (optional, may be empty), "output"}: the Alpaca prompt (unsupervised unless
  *                 train_on_inputs), then the output and the EOS after it (supervised).
  *   chat          {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} through the chatml or
- *                 llama3 template: assistant content and its end-of-turn token supervised, the rest not (unless
- *                 train_on_inputs). No BOS or EOS is added: the template's special tokens frame it.
+ *                 llama3 template (formats.c), or a Jinja template (the tokenizer's own, or the configuration's:
+ *                 formats_jinja.c, with "tool" messages and the line's "tools"): assistant content and its
+ *                 end-of-turn token supervised, the rest not (unless train_on_inputs). No BOS or EOS is added: the
+ *                 template frames it.
  *   pretokenized  {"input_ids": [...], "labels": [...]}: labels as in transformers (not shifted; -100 =
  *                 unsupervised; labels absent = all supervised); ids checked against the vocabulary.
  * A BOS the tokenizer puts in front of a text (and llama3's <|begin_of_text|>) is never supervised: nothing predicts

@@ -1,4 +1,5 @@
-/* formats.h (internal to src/data): one JSONL line of a dataset into token ids and supervised flags.
+/* formats.h (internal to src/data): one JSONL line of a dataset into token ids and supervised flags (formats.c; a
+ * chat line through a Jinja template: formats_jinja.c, whose text goes through the same pieces).
  *
  * A line becomes a sequence of pieces (template text, the user's text, template special tokens), each supervised or
  * not, grouped into units that are tokenized as one text: the whole conversation for chat (as transformers'
