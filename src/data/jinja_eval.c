@@ -151,9 +151,9 @@ static jv apply_filters(jrender *r, jscope *s, const jnode *f, jv v) {
 static jv slice(jrender *r, int line, const jv *obj, const jv *b, const jv *e, const jv *st) {
     if (obj->t == JV_UNDEF)
         jv_fail_undef(r, line, obj);
-    if (obj->t == JV_LIST && obj->u.l->kind != JL_LIST && obj->u.l->kind != JL_RANGE)
-        return jv_undef("a generator or view cannot be sliced");
-    if (obj->t != JV_LIST && obj->t != JV_STR)
+    /* Jinja2 slices with Python's own subscript (not its lenient getitem): the rest is a TypeError */
+    if ((obj->t == JV_LIST && obj->u.l->kind != JL_LIST && obj->u.l->kind != JL_RANGE) ||
+        (obj->t != JV_LIST && obj->t != JV_STR))
         jr_fail(r, line, "'%s' object is not subscriptable with a slice", jv_type_name(obj));
     for (const jv *x = b; x; x = x == b ? e : x == e ? st : NULL)
         if (x->t != JV_NONE && x->t != JV_INT && x->t != JV_BOOL)

@@ -83,6 +83,7 @@ struct jlist {
     int tuple;
     int kind;         /* JL_* */
     int consumed;     /* JL_GEN, JL_REVITER: iterated once already */
+    const char *fail; /* JL_GEN: the error its first iteration raises (a generator over what cannot be iterated) */
     int64_t range[3]; /* JL_RANGE: start, stop, step */
 };
 

@@ -576,6 +576,8 @@ int jv_contains(jrender *r, int line, const jv *c, const jv *item) {
 jlist *jv_iter(jrender *r, int line, const jv *v) {
     switch (v->t) {
     case JV_LIST:
+        if (v->u.l->fail)
+            jr_fail(r, line, "%s", v->u.l->fail);
         if (v->u.l->kind == JL_GEN || v->u.l->kind == JL_REVITER) {
             if (v->u.l->consumed)
                 return jv_list(r, 0, 0).u.l;

@@ -183,7 +183,10 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
             "{{ range(1, 9, 2) }}{{ range(4)[1] }}{{ [1, 2] | reverse | list }}{{ [3, 1] | select | sort }}"
             "{{ [1, 2] | select | reverse }}{{ [1, 2] | select | first }}{{ 'user' in messages | map(attribute='role') }}"
             "{% for x in messages | map(attribute='role') | unique %}{{ loop.index }}{{ x }}{% endfor %}"
-            "{{ {'b': 2} | items | list }}{{ [1, 2, 3] | batch(2) | list }}{{ ({'a': 1}.items() | list)[0] }}",
+            "{{ {'b': 2} | items | list }}{{ [1, 2, 3] | batch(2) | list }}{{ ({'a': 1}.items() | list)[0] }}"
+            "{{ 'T' if (1 | select) }}{{ 'T' if (3 | unique) }}{{ 2.0 is even }}{{ 'AB' is upper }}{{ ['x'] is lower }}"
+            "{{ true | round }}{{ 7 | round }}{{ 2.5 | round }}",
+    "lazy-iterate": "{% for x in 1 | select %}{{ x }}{% endfor %}",
     "lazy-len": "{{ messages | map(attribute='role') | length }}",
     "lazy-last": "{{ messages | selectattr('role') | last }}",
     "lazy-tojson": "{{ messages | map(attribute='role') | tojson }}",
