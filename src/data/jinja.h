@@ -49,6 +49,10 @@ int snug_jinja_compile(const char *src, size_t n, const char *name, snug_jinja *
  * the generation spans (free with snug_jinja_out_free); on failure *out is empty. */
 int snug_jinja_render(const snug_jinja *t, const json_t *vars, snug_jinja_out *out, snug_error *e);
 
+/* Whether the template has a {% generation %} block anywhere (outside comments and raw text): where it has none,
+ * the output has no spans and an assistant mask must come from elsewhere (rendering prefixes). */
+int snug_jinja_has_generation(const snug_jinja *t);
+
 void snug_jinja_out_free(snug_jinja_out *o);
 void snug_jinja_free(snug_jinja *t);
 

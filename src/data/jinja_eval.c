@@ -634,6 +634,23 @@ int snug_jinja_render(const snug_jinja *t, const json_t *vars, snug_jinja_out *o
     return 0;
 }
 
+static int has_generation(const jnode *n) {
+    if (!n)
+        return 0;
+    if (n->kind == JN_GENERATION)
+        return 1;
+    if (has_generation(n->a) || has_generation(n->b) || has_generation(n->c) || has_generation(n->d))
+        return 1;
+    for (size_t i = 0; i < n->nargs; i++)
+        if (has_generation(n->args[i]))
+            return 1;
+    return 0;
+}
+
+int snug_jinja_has_generation(const snug_jinja *t) {
+    return t && has_generation(t->root);
+}
+
 void snug_jinja_out_free(snug_jinja_out *o) {
     if (!o)
         return;

@@ -241,6 +241,18 @@ int main(void) {
     expect_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", NULL, SNUG_EINPUT, "nested too deeply");
     expect_error("{{ x }}", "[1]", SNUG_EINPUT, "must be a JSON object");
 
+    /* whether a template marks what the assistant generates */
+    {
+        const char *with = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+                           "{% endgeneration %}{% endif %}{% endfor %}",
+                   *without = "{# {% generation %} #}{% raw %}{% generation %}{% endraw %}";
+        snug_jinja *t = NULL;
+        snug_error e = {0};
+        CHECK(snug_jinja_compile(with, strlen(with), NULL, &t, &e) == 0 && snug_jinja_has_generation(t));
+        snug_jinja_free(t);
+        CHECK(snug_jinja_compile(without, strlen(without), NULL, &t, &e) == 0 && !snug_jinja_has_generation(t));
+        snug_jinja_free(t);
+    }
     /* strftime_now is today's date, as datetime.now().strftime */
     {
         snug_jinja_out o;
