@@ -105,6 +105,8 @@ static jv call_macro(jrender *r, int line, const jmacro *m, const jargs *a, cons
         if (i == def->nkw)
             jr_fail(r, line, "macro '%s' takes no keyword argument '%s'", mname, a->kwn[k]);
     }
+    if (caller && !def->op)
+        jr_fail(r, line, "{%% call %%} of macro '%s', which never calls caller()", mname);
     if (caller)
         bind(r, s, "caller", *caller);
     jbuf b = {0};
@@ -415,9 +417,11 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
         return FLOW_NORMAL;
     case JN_FOR: return exec_for(r, s, n, out);
     case JN_SET: assign(r, s, n->a, eval(r, s, n->b), n->line); return FLOW_NORMAL;
-    case JN_SETBLOCK: {
+    case JN_SETBLOCK: { /* a break or continue inside leaves before the assignment, as in Jinja2 */
         jbuf b = {0};
-        exec(r, scope_new(r, s), n->b, &b);
+        int f = exec(r, scope_new(r, s), n->b, &b);
+        if (f != FLOW_NORMAL)
+            return f;
         assign(r, s, n->a, apply_filters(r, s, n->c, jv_str(b.p ? b.p : "", b.n)), n->line);
         return FLOW_NORMAL;
     }
@@ -442,7 +446,9 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
     }
     case JN_FILTERBLOCK: {
         jbuf b = {0};
-        exec(r, scope_new(r, s), n->b, &b);
+        int f = exec(r, scope_new(r, s), n->b, &b);
+        if (f != FLOW_NORMAL)
+            return f;
         jv v = apply_filters(r, s, n->c, jv_str(b.p ? b.p : "", b.n));
         jv_str_into(r, out, &v);
         return FLOW_NORMAL;

@@ -186,6 +186,10 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
             "{{ {'b': 2} | items | list }}{{ [1, 2, 3] | batch(2) | list }}{{ ({'a': 1}.items() | list)[0] }}"
             "{{ 'T' if (1 | select) }}{{ 'T' if (3 | unique) }}{{ 2.0 is even }}{{ 'AB' is upper }}{{ ['x'] is lower }}"
             "{{ true | round }}{{ 7 | round }}{{ 2.5 | round }}",
+    # a continue inside a block set leaves the iteration before the assignment
+    "loop-control": "{% for m in messages %}{% set t %}{{ m.role }}{% if loop.first %}{% continue %}{% endif %}"
+                    "{% endset %}[{{ t }}]{% filter upper %}{% if loop.index == 3 %}{% break %}{% endif %}"
+                    "{{ m.role }}{% endfilter %}{% endfor %}",
     "lazy-iterate": "{% for x in 1 | select %}{{ x }}{% endfor %}",
     "lazy-len": "{{ messages | map(attribute='role') | length }}",
     "lazy-last": "{{ messages | selectattr('role') | last }}",
@@ -216,7 +220,7 @@ def render_jinja2(compiled, case):
 
 # the templates above that Jinja2 renders for every conversation whose contents are strings (a check that failed on
 # both sides would prove nothing)
-MUST_RENDER = {"chatml-generation", "syntax", "markup", "lazy"}
+MUST_RENDER = {"chatml-generation", "syntax", "markup", "lazy", "loop-control"}
 
 
 def run_template(exe, tmp, name, source, cases):

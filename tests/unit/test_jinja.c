@@ -226,6 +226,12 @@ int main(void) {
     expect_error("{{ 1 +", NULL, SNUG_EINPUT, "line 1");
     expect_error("{{ x", NULL, SNUG_EINPUT, "not closed");
     expect_error("{% for x in y recursive %}{% endfor %}", NULL, SNUG_EINPUT, "recursive for loops");
+    expect_error("{% if true %}{% break %}{% endif %}", NULL, SNUG_EINPUT, "{% break %} outside a for loop");
+    expect_error("{% for x in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", NULL, SNUG_EINPUT,
+                 "{% continue %} outside a for loop");
+    expect_error("{% for x in [] %}{% else %}{% break %}{% endfor %}", NULL, SNUG_EINPUT, "outside a for loop");
+    expect_error("{% macro m() %}x{% endmacro %}{% call m() %}y{% endcall %}", NULL, SNUG_EINPUT,
+                 "never calls caller()");
     /* render-time failures */
     expect_error("ok\n{{ raise_exception('Conversation roles must alternate') }}", NULL, SNUG_EINPUT,
                  "line 2: the template raised an error: Conversation roles must alternate");
