@@ -36,7 +36,10 @@ typedef struct snug_jinja_span {
 typedef struct snug_jinja_out {
     char *text;             /* the rendered text, NUL-terminated (malloc'd) */
     size_t len;             /* its length in bytes */
-    snug_jinja_span *spans; /* (nspans) the output of each {% generation %} block, in the order they ended */
+    /* (nspans) the output of each {% generation %} block, in the order they ended: transformers' assistant indices
+     * (characters) as byte offsets into text; where a block is nested in a macro, block set, filter block or another
+     * generation block they are, as in transformers, where the output would have landed at the top level */
+    snug_jinja_span *spans;
     size_t nspans;
 } snug_jinja_out;
 

@@ -460,9 +460,12 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
         return exec(r, w, n->b, out);
     }
     case JN_GENERATION: {
+        /* transformers' indices: in characters, from the top-level text so far, as long as the block's output
+         * (made bytes at the end, against the final text; they only tell where the output lands when the block is
+         * not nested in a macro, block set, filter block or other generation block) */
         jbuf b = {0};
         exec(r, scope_new(r, s), n->b, &b);
-        size_t start = r->root->n;
+        size_t start = ju8_len(r->root->p, r->root->n);
         if (r->nspans == r->spancap) {
             size_t cap = r->spancap ? 2 * r->spancap : 16;
             snug_jinja_span *sp = ja_alloc(&r->a, cap * sizeof *sp);
@@ -472,7 +475,7 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
             r->spancap = cap;
         }
         r->spans[r->nspans].begin = start;
-        r->spans[r->nspans++].end = start + b.n;
+        r->spans[r->nspans++].end = start + ju8_len(b.p, b.n);
         jb_put(&r->a, out, b.p ? b.p : "", b.n);
         return FLOW_NORMAL;
     }
@@ -632,8 +635,10 @@ int snug_jinja_render(const snug_jinja *t, const json_t *vars, snug_jinja_out *o
         memcpy(out->text, root.p, root.n);
     out->text[root.n] = 0;
     out->len = root.n;
-    if (r->nspans)
-        memcpy(out->spans, r->spans, r->nspans * sizeof *out->spans);
+    for (size_t i = 0; i < r->nspans; i++) { /* characters to bytes */
+        out->spans[i].begin = ju8_offset(root.p, root.n, r->spans[i].begin);
+        out->spans[i].end = ju8_offset(root.p, root.n, r->spans[i].end);
+    }
     out->nspans = r->nspans;
     ja_free(&r->a);
     free(r);

@@ -132,6 +132,13 @@ OWN = {
                          "{% endgeneration %}{{ '\\n' }}{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + "
                          "message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    # generation blocks nested in a macro, a block set, a filter block and each other: transformers measures each
+    # from the top-level text rendered so far, in characters
+    "generation-nested": "{% macro turn(m) %}<{% generation %}{{ m.content }}{% endgeneration %}>{% endmacro %}"
+                         "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}{{ turn(m) }}"
+                         "{% set t %}{% generation %}é{{ m.content }}{% endgeneration %}{% endset %}{{ t }}"
+                         "{% filter upper %}{% generation %}x{% generation %}{{ m.content }}{% endgeneration %}"
+                         "{% endgeneration %}{% endfilter %}{% else %}{{ m.content }}{% endif %};{% endfor %}",
     "syntax": r"""{#- a comment -#}
 {%- macro render(m, prefix='> ', upper=false) -%}
 {{ prefix }}{{ m.role | upper if upper else m.role }}: {{ m.content | trim }}
@@ -220,7 +227,7 @@ def render_jinja2(compiled, case):
 
 # the templates above that Jinja2 renders for every conversation whose contents are strings (a check that failed on
 # both sides would prove nothing)
-MUST_RENDER = {"chatml-generation", "syntax", "markup", "lazy", "loop-control"}
+MUST_RENDER = {"chatml-generation", "generation-nested", "syntax", "markup", "lazy", "loop-control"}
 
 
 def run_template(exe, tmp, name, source, cases):
