@@ -101,7 +101,10 @@ static jv attr_path(jrender *r, int line, jv v, const jv *path) {
         int digits = e > i;
         for (size_t k = i; k < e; k++)
             digits &= path->u.s[k] >= '0' && path->u.s[k] <= '9';
-        jv key = digits ? jv_int(strtoll(path->u.s + i, NULL, 10)) : jv_str(path->u.s + i, e - i);
+        int64_t idx = 0;
+        for (size_t k = i; digits && k < e && idx < INT64_MAX / 10 - 10; k++)
+            idx = idx * 10 + (path->u.s[k] - '0');
+        jv key = digits ? jv_int(idx) : jv_str(path->u.s + i, e - i);
         v = jv_getitem(r, line, &v, &key);
         i = e + 1;
     }

@@ -698,7 +698,7 @@ jv jv_getitem(jrender *r, int line, const jv *obj, const jv *key) {
             }
         }
     } else if (obj->t == JV_LOOP && key->t == JV_STR) {
-        return loop_attr(r, obj->u.loop, key->u.s);
+        return loop_attr(r, obj->u.loop, ja_strdup(&r->a, key->u.s, key->n));
     }
     if (key->t == JV_STR) { /* Jinja2 falls back to the attribute */
         char *name = ja_strdup(&r->a, key->u.s, key->n);
