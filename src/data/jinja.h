@@ -36,7 +36,10 @@ typedef struct snug_jinja_span {
 typedef struct snug_jinja_out {
     char *text;             /* the rendered text, NUL-terminated (malloc'd) */
     size_t len;             /* its length in bytes */
-    snug_jinja_span *spans; /* (nspans) the output of each {% generation %} block, in the order they ended */
+    /* (nspans) the output of each {% generation %} block, in the order they ended: transformers' assistant indices
+     * (characters) as byte offsets into text; where a block is nested in a macro, block set, filter block or another
+     * generation block they are, as in transformers, where the output would have landed at the top level */
+    snug_jinja_span *spans;
     size_t nspans;
 } snug_jinja_out;
 
@@ -48,6 +51,10 @@ int snug_jinja_compile(const char *src, size_t n, const char *name, snug_jinja *
  * tools, ...); vars may be NULL for none. JSON objects keep their key order. On success *out holds the text and
  * the generation spans (free with snug_jinja_out_free); on failure *out is empty. */
 int snug_jinja_render(const snug_jinja *t, const json_t *vars, snug_jinja_out *out, snug_error *e);
+
+/* Whether the template has a {% generation %} block anywhere (outside comments and raw text): where it has none,
+ * the output has no spans and an assistant mask must come from elsewhere (rendering prefixes). */
+int snug_jinja_has_generation(const snug_jinja *t);
 
 void snug_jinja_out_free(snug_jinja_out *o);
 void snug_jinja_free(snug_jinja *t);

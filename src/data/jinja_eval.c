@@ -105,6 +105,8 @@ static jv call_macro(jrender *r, int line, const jmacro *m, const jargs *a, cons
         if (i == def->nkw)
             jr_fail(r, line, "macro '%s' takes no keyword argument '%s'", mname, a->kwn[k]);
     }
+    if (caller && !def->op)
+        jr_fail(r, line, "{%% call %%} of macro '%s', which never calls caller()", mname);
     if (caller)
         bind(r, s, "caller", *caller);
     jbuf b = {0};
@@ -151,9 +153,9 @@ static jv apply_filters(jrender *r, jscope *s, const jnode *f, jv v) {
 static jv slice(jrender *r, int line, const jv *obj, const jv *b, const jv *e, const jv *st) {
     if (obj->t == JV_UNDEF)
         jv_fail_undef(r, line, obj);
-    if (obj->t == JV_LIST && obj->u.l->kind != JL_LIST && obj->u.l->kind != JL_RANGE)
-        return jv_undef("a generator or view cannot be sliced");
-    if (obj->t != JV_LIST && obj->t != JV_STR)
+    /* Jinja2 slices with Python's own subscript (not its lenient getitem): the rest is a TypeError */
+    if ((obj->t == JV_LIST && obj->u.l->kind != JL_LIST && obj->u.l->kind != JL_RANGE) ||
+        (obj->t != JV_LIST && obj->t != JV_STR))
         jr_fail(r, line, "'%s' object is not subscriptable with a slice", jv_type_name(obj));
     for (const jv *x = b; x; x = x == b ? e : x == e ? st : NULL)
         if (x->t != JV_NONE && x->t != JV_INT && x->t != JV_BOOL)
@@ -415,9 +417,11 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
         return FLOW_NORMAL;
     case JN_FOR: return exec_for(r, s, n, out);
     case JN_SET: assign(r, s, n->a, eval(r, s, n->b), n->line); return FLOW_NORMAL;
-    case JN_SETBLOCK: {
+    case JN_SETBLOCK: { /* a break or continue inside leaves before the assignment, as in Jinja2 */
         jbuf b = {0};
-        exec(r, scope_new(r, s), n->b, &b);
+        int f = exec(r, scope_new(r, s), n->b, &b);
+        if (f != FLOW_NORMAL)
+            return f;
         assign(r, s, n->a, apply_filters(r, s, n->c, jv_str(b.p ? b.p : "", b.n)), n->line);
         return FLOW_NORMAL;
     }
@@ -442,7 +446,9 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
     }
     case JN_FILTERBLOCK: {
         jbuf b = {0};
-        exec(r, scope_new(r, s), n->b, &b);
+        int f = exec(r, scope_new(r, s), n->b, &b);
+        if (f != FLOW_NORMAL)
+            return f;
         jv v = apply_filters(r, s, n->c, jv_str(b.p ? b.p : "", b.n));
         jv_str_into(r, out, &v);
         return FLOW_NORMAL;
@@ -454,9 +460,12 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
         return exec(r, w, n->b, out);
     }
     case JN_GENERATION: {
+        /* transformers' indices: in characters, from the top-level text so far, as long as the block's output
+         * (made bytes at the end, against the final text; they only tell where the output lands when the block is
+         * not nested in a macro, block set, filter block or other generation block) */
         jbuf b = {0};
         exec(r, scope_new(r, s), n->b, &b);
-        size_t start = r->root->n;
+        size_t start = ju8_len(r->root->p, r->root->n);
         if (r->nspans == r->spancap) {
             size_t cap = r->spancap ? 2 * r->spancap : 16;
             snug_jinja_span *sp = ja_alloc(&r->a, cap * sizeof *sp);
@@ -466,7 +475,7 @@ static int exec(jrender *r, jscope *s, const jnode *n, jbuf *out) {
             r->spancap = cap;
         }
         r->spans[r->nspans].begin = start;
-        r->spans[r->nspans++].end = start + b.n;
+        r->spans[r->nspans++].end = start + ju8_len(b.p, b.n);
         jb_put(&r->a, out, b.p ? b.p : "", b.n);
         return FLOW_NORMAL;
     }
@@ -626,12 +635,31 @@ int snug_jinja_render(const snug_jinja *t, const json_t *vars, snug_jinja_out *o
         memcpy(out->text, root.p, root.n);
     out->text[root.n] = 0;
     out->len = root.n;
-    if (r->nspans)
-        memcpy(out->spans, r->spans, r->nspans * sizeof *out->spans);
+    for (size_t i = 0; i < r->nspans; i++) { /* characters to bytes */
+        out->spans[i].begin = ju8_offset(root.p, root.n, r->spans[i].begin);
+        out->spans[i].end = ju8_offset(root.p, root.n, r->spans[i].end);
+    }
     out->nspans = r->nspans;
     ja_free(&r->a);
     free(r);
     return 0;
+}
+
+static int has_generation(const jnode *n) {
+    if (!n)
+        return 0;
+    if (n->kind == JN_GENERATION)
+        return 1;
+    if (has_generation(n->a) || has_generation(n->b) || has_generation(n->c) || has_generation(n->d))
+        return 1;
+    for (size_t i = 0; i < n->nargs; i++)
+        if (has_generation(n->args[i]))
+            return 1;
+    return 0;
+}
+
+int snug_jinja_has_generation(const snug_jinja *t) {
+    return t && has_generation(t->root);
 }
 
 void snug_jinja_out_free(snug_jinja_out *o) {

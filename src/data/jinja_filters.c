@@ -69,6 +69,18 @@ static int64_t intv(jrender *r, int line, const jv *v, int64_t def, const char *
     jr_fail(r, line, "%s must be an integer, not %s", what, jv_type_name(v));
 }
 
+/* The generator filters (map, select, unique, batch, items) only fail on what cannot be iterated when the generator
+ * runs, as in Jinja2: until then it is a generator like any other. Returns NULL and sets *gen to such a one. */
+static jlist *gen_input(jrender *r, int line, const jv *v, jv *gen) {
+    if (v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF)
+        return jv_iter(r, line, v);
+    *gen = jv_seq(r, 0, JL_GEN);
+    jbuf b = {0};
+    jb_printf(&r->a, &b, "'%s' object is not iterable", jv_type_name(v));
+    gen->u.l->fail = b.p;
+    return NULL;
+}
+
 static jv list_of(jrender *r, size_t n) {
     return jv_list(r, n, 0);
 }
@@ -89,7 +101,10 @@ static jv attr_path(jrender *r, int line, jv v, const jv *path) {
         int digits = e > i;
         for (size_t k = i; k < e; k++)
             digits &= path->u.s[k] >= '0' && path->u.s[k] <= '9';
-        jv key = digits ? jv_int(strtoll(path->u.s + i, NULL, 10)) : jv_str(path->u.s + i, e - i);
+        int64_t idx = 0;
+        for (size_t k = i; digits && k < e && idx < INT64_MAX / 10 - 10; k++)
+            idx = idx * 10 + (path->u.s[k] - '0');
+        jv key = digits ? jv_int(idx) : jv_str(path->u.s + i, e - i);
         v = jv_getitem(r, line, &v, &key);
         i = e + 1;
     }
@@ -211,7 +226,10 @@ static jv do_printf(jrender *r, int line, const jv *fmt, const fargs *a) {
 static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_attr, int want) {
     if (!jv_truthy(v)) /* Jinja2 iterates only a truthy value: none|selectattr(...) is an empty generator */
         return jv_seq(r, 0, JL_GEN);
-    jlist *l = jv_iter(r, line, v);
+    jv gen;
+    jlist *l = gen_input(r, line, v, &gen);
+    if (!l)
+        return gen;
     size_t off = by_attr ? 1 : 0;
     const jv *attr = by_attr ? A(a, 0, "attribute") : NULL;
     if (by_attr && !attr)
@@ -238,7 +256,10 @@ static jv do_select(jrender *r, int line, const jv *v, const fargs *a, int by_at
 static jv do_map(jrender *r, int line, const jv *v, const fargs *a) {
     if (!jv_truthy(v))
         return jv_seq(r, 0, JL_GEN);
-    jlist *l = jv_iter(r, line, v);
+    jv gen;
+    jlist *l = gen_input(r, line, v, &gen);
+    if (!l)
+        return gen;
     jv out = jv_seq(r, l->n, JL_GEN);
     const jv *attr = A(a, 99, "attribute");
     if (attr) {
@@ -300,7 +321,10 @@ static jv do_minmax(jrender *r, int line, const jv *v, const fargs *a, int want_
 }
 
 static jv do_unique(jrender *r, int line, const jv *v, const fargs *a) {
-    jlist *l = jv_iter(r, line, v);
+    jv gen;
+    jlist *l = gen_input(r, line, v, &gen);
+    if (!l)
+        return gen;
     int cs = flag(A(a, 0, "case_sensitive"), 0);
     const jv *attr = A(a, 1, "attribute");
     jv out = jv_seq(r, l->n, JL_GEN), *seen = l->n ? ja_alloc(&r->a, l->n * sizeof(jv)) : NULL;
@@ -323,8 +347,11 @@ static jv do_unique(jrender *r, int line, const jv *v, const fargs *a) {
 static jv items_of(jrender *r, int line, const jv *v) {
     if (v->t == JV_UNDEF)
         return jv_seq(r, 0, JL_GEN);
-    if (v->t != JV_DICT)
-        jr_fail(r, line, "items: can only get items of a mapping, not %s", jv_type_name(v));
+    if (v->t != JV_DICT) {
+        jv gen = jv_seq(r, 0, JL_GEN);
+        gen.u.l->fail = "items: can only get items of a mapping";
+        return gen;
+    }
     jv out = jinja_method(r, line, v, "items", NULL, 0, NULL, NULL, 0);
     out.u.l->kind = JL_GEN;
     return out;
@@ -341,7 +368,7 @@ static jv do_round(jrender *r, int line, const jv *v, const fargs *a) {
     if (m && m->t == JV_STR && m->n == 4 && !memcmp(m->u.s, "ceil", 4))
         return jv_float(ceil(x * p) / p);
     if (v->t != JV_FLOAT)
-        return *v;
+        return jv_int(v->t == JV_INT ? v->u.i : v->u.b); /* round() of an int or a bool is an int */
     return jv_float(nearbyint(x * p) / p);
 }
 
@@ -425,7 +452,13 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
         jv os = jv_to_str(r, o), ns = jv_to_str(r, n);
         return js_replace(r, &s, &os, &ns, intv(r, line, A(&a, 2, "count"), -1, "count"));
     }
-    if (!strcmp(f, "indent")) return do_indent(r, &s, &a);
+    if (!strcmp(f, "indent")) {
+        if (v.t == JV_UNDEF)
+            jv_fail_undef(r, line, &v);
+        if (v.t != JV_STR)
+            jr_fail(r, line, "indent needs a string, got %s", jv_type_name(&v));
+        return do_indent(r, &s, &a);
+    }
     if (!strcmp(f, "format")) return do_printf(r, line, &s, &a);
     if (!strcmp(f, "wordcount")) {
         int64_t k = 0;
@@ -482,6 +515,8 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
     }
     if (!strcmp(f, "items")) return items_of(r, line, &v);
     if (!strcmp(f, "dictsort")) {
+        if (v.t == JV_UNDEF)
+            jv_fail_undef(r, line, &v);
         jv it = items_of(r, line, &v);
         const jv *by = A(&a, 1, "by");
         jv path = jv_int(by && by->t == JV_STR && by->n == 5 && !memcmp(by->u.s, "value", 5) ? 1 : 0);
@@ -531,8 +566,11 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
         jr_fail(r, line, "bad operand type for abs(): '%s'", jv_type_name(&v));
     }
     if (!strcmp(f, "round")) return do_round(r, line, &v, &a);
-    if (!strcmp(f, "int")) return to_number(r, &v, &a, 1);
-    if (!strcmp(f, "float")) return to_number(r, &v, &a, 0);
+    if (!strcmp(f, "int") || !strcmp(f, "float")) {
+        if (v.t == JV_UNDEF)
+            jv_fail_undef(r, line, &v);
+        return to_number(r, &v, &a, f[0] == 'i');
+    }
     if (!strcmp(f, "attr")) {
         const jv *n = A(&a, 0, "name");
         if (!n || n->t != JV_STR)
@@ -629,24 +667,18 @@ int jinja_test(jrender *r, int line, const char *t, const jv *v, jv *args, size_
         NEED_ARG;
         return jv_contains(r, line, x, v);
     }
-    if (!strcmp(t, "odd") || !strcmp(t, "even") || !strcmp(t, "divisibleby")) {
-        if (v->t != JV_INT && v->t != JV_BOOL)
-            jr_fail(r, line, "the test '%s' needs an integer, got %s", t, jv_type_name(v));
-        int64_t i = v->t == JV_INT ? v->u.i : v->u.b, d = 2;
+    if (!strcmp(t, "odd") || !strcmp(t, "even") || !strcmp(t, "divisibleby")) { /* value % 2 == 1, ... */
+        jv d = jv_int(2), one = jv_int(1), zero = jv_int(0);
         if (t[0] == 'd') {
             NEED_ARG;
-            if (x->t != JV_INT || x->u.i == 0)
-                jr_fail(r, line, "divisibleby needs a non-zero integer");
-            d = x->u.i;
+            d = *x;
         }
-        int64_t m = i % d;
-        return t[0] == 'o' ? m != 0 : m == 0;
+        jv m = jv_binop(r, line, JOP_MOD, v, &d);
+        return jv_equal(&m, t[0] == 'o' ? &one : &zero);
     }
-    if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
-        if (v->t != JV_STR)
-            return 0;
-        jv c = js_case(r, v, t[0] == 'l' ? 'l' : 'u');
-        return jv_equal(&c, v);
+    if (!strcmp(t, "lower") || !strcmp(t, "upper")) { /* str(value).islower() */
+        jv s = jv_to_str(r, v);
+        return jinja_method(r, line, &s, t[0] == 'l' ? "islower" : "isupper", NULL, 0, NULL, NULL, 0).u.b;
     }
     if (!strcmp(t, "filter") || !strcmp(t, "test")) {
         NEED_ARG;

@@ -576,6 +576,8 @@ int jv_contains(jrender *r, int line, const jv *c, const jv *item) {
 jlist *jv_iter(jrender *r, int line, const jv *v) {
     switch (v->t) {
     case JV_LIST:
+        if (v->u.l->fail)
+            jr_fail(r, line, "%s", v->u.l->fail);
         if (v->u.l->kind == JL_GEN || v->u.l->kind == JL_REVITER) {
             if (v->u.l->consumed)
                 return jv_list(r, 0, 0).u.l;
@@ -696,7 +698,7 @@ jv jv_getitem(jrender *r, int line, const jv *obj, const jv *key) {
             }
         }
     } else if (obj->t == JV_LOOP && key->t == JV_STR) {
-        return loop_attr(r, obj->u.loop, key->u.s);
+        return loop_attr(r, obj->u.loop, ja_strdup(&r->a, key->u.s, key->n));
     }
     if (key->t == JV_STR) { /* Jinja2 falls back to the attribute */
         char *name = ja_strdup(&r->a, key->u.s, key->n);

@@ -132,6 +132,13 @@ OWN = {
                          "{% endgeneration %}{{ '\\n' }}{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + "
                          "message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    # generation blocks nested in a macro, a block set, a filter block and each other: transformers measures each
+    # from the top-level text rendered so far, in characters
+    "generation-nested": "{% macro turn(m) %}<{% generation %}{{ m.content }}{% endgeneration %}>{% endmacro %}"
+                         "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}{{ turn(m) }}"
+                         "{% set t %}{% generation %}é{{ m.content }}{% endgeneration %}{% endset %}{{ t }}"
+                         "{% filter upper %}{% generation %}x{% generation %}{{ m.content }}{% endgeneration %}"
+                         "{% endgeneration %}{% endfilter %}{% else %}{{ m.content }}{% endif %};{% endfor %}",
     "syntax": r"""{#- a comment -#}
 {%- macro render(m, prefix='> ', upper=false) -%}
 {{ prefix }}{{ m.role | upper if upper else m.role }}: {{ m.content | trim }}
@@ -183,7 +190,14 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
             "{{ range(1, 9, 2) }}{{ range(4)[1] }}{{ [1, 2] | reverse | list }}{{ [3, 1] | select | sort }}"
             "{{ [1, 2] | select | reverse }}{{ [1, 2] | select | first }}{{ 'user' in messages | map(attribute='role') }}"
             "{% for x in messages | map(attribute='role') | unique %}{{ loop.index }}{{ x }}{% endfor %}"
-            "{{ {'b': 2} | items | list }}{{ [1, 2, 3] | batch(2) | list }}{{ ({'a': 1}.items() | list)[0] }}",
+            "{{ {'b': 2} | items | list }}{{ [1, 2, 3] | batch(2) | list }}{{ ({'a': 1}.items() | list)[0] }}"
+            "{{ 'T' if (1 | select) }}{{ 'T' if (3 | unique) }}{{ 2.0 is even }}{{ 'AB' is upper }}{{ ['x'] is lower }}"
+            "{{ true | round }}{{ 7 | round }}{{ 2.5 | round }}",
+    # a continue inside a block set leaves the iteration before the assignment
+    "loop-control": "{% for m in messages %}{% set t %}{{ m.role }}{% if loop.first %}{% continue %}{% endif %}"
+                    "{% endset %}[{{ t }}]{% filter upper %}{% if loop.index == 3 %}{% break %}{% endif %}"
+                    "{{ m.role }}{% endfilter %}{% endfor %}",
+    "lazy-iterate": "{% for x in 1 | select %}{{ x }}{% endfor %}",
     "lazy-len": "{{ messages | map(attribute='role') | length }}",
     "lazy-last": "{{ messages | selectattr('role') | last }}",
     "lazy-tojson": "{{ messages | map(attribute='role') | tojson }}",
@@ -213,7 +227,7 @@ def render_jinja2(compiled, case):
 
 # the templates above that Jinja2 renders for every conversation whose contents are strings (a check that failed on
 # both sides would prove nothing)
-MUST_RENDER = {"chatml-generation", "syntax", "markup", "lazy"}
+MUST_RENDER = {"chatml-generation", "generation-nested", "syntax", "markup", "lazy", "loop-control"}
 
 
 def run_template(exe, tmp, name, source, cases):

@@ -226,6 +226,12 @@ int main(void) {
     expect_error("{{ 1 +", NULL, SNUG_EINPUT, "line 1");
     expect_error("{{ x", NULL, SNUG_EINPUT, "not closed");
     expect_error("{% for x in y recursive %}{% endfor %}", NULL, SNUG_EINPUT, "recursive for loops");
+    expect_error("{% if true %}{% break %}{% endif %}", NULL, SNUG_EINPUT, "{% break %} outside a for loop");
+    expect_error("{% for x in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", NULL, SNUG_EINPUT,
+                 "{% continue %} outside a for loop");
+    expect_error("{% for x in [] %}{% else %}{% break %}{% endfor %}", NULL, SNUG_EINPUT, "outside a for loop");
+    expect_error("{% macro m() %}x{% endmacro %}{% call m() %}y{% endcall %}", NULL, SNUG_EINPUT,
+                 "never calls caller()");
     /* render-time failures */
     expect_error("ok\n{{ raise_exception('Conversation roles must alternate') }}", NULL, SNUG_EINPUT,
                  "line 2: the template raised an error: Conversation roles must alternate");
@@ -241,6 +247,18 @@ int main(void) {
     expect_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", NULL, SNUG_EINPUT, "nested too deeply");
     expect_error("{{ x }}", "[1]", SNUG_EINPUT, "must be a JSON object");
 
+    /* whether a template marks what the assistant generates */
+    {
+        const char *with = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+                           "{% endgeneration %}{% endif %}{% endfor %}",
+                   *without = "{# {% generation %} #}{% raw %}{% generation %}{% endraw %}";
+        snug_jinja *t = NULL;
+        snug_error e = {0};
+        CHECK(snug_jinja_compile(with, strlen(with), NULL, &t, &e) == 0 && snug_jinja_has_generation(t));
+        snug_jinja_free(t);
+        CHECK(snug_jinja_compile(without, strlen(without), NULL, &t, &e) == 0 && !snug_jinja_has_generation(t));
+        snug_jinja_free(t);
+    }
     /* strftime_now is today's date, as datetime.now().strftime */
     {
         snug_jinja_out o;
