@@ -204,6 +204,9 @@ const key_spec opt_keys[] = {
      .def = "tokenizer_default_fallback_chatml", CHAT_TEMPLATE_VALUES,
      .help = "the template of a chat dataset (the values of the config-wide chat_template); unset = the config-wide "
              "one"},
+    {.name = "chat_template_jinja", .type = KT_STRING, .group = G_DATASET,
+     .later = "a Jinja chat template per dataset entry; set chat_template_jinja once for the whole config (the "
+              "entries with chat_template: jinja use it)"},
     {.name = "split", .type = KT_STRING, .group = G_DATASET, .off = "train",
      .later = "splits of Hugging Face hub datasets; snug reads local JSONL files"},
     {.name = "name", .type = KT_STRING, .group = G_DATASET,

@@ -932,6 +932,8 @@ static void test_yaml_alone_resolves(void) {
                "  - path: b.jsonl\n    type: chat\n    chat_template: chatml\n", a, &e) == 0 &&
           a->chat_template == SNUG_CHAT_JINJA && a->datasets[0].chat_template == SNUG_CHAT_JINJA &&
           a->datasets[1].chat_template == SNUG_CHAT_CHATML && !strcmp(a->chat_template_jinja, "{{ messages }}"));
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template_jinja: t.jinja\n",
+                      "chat_template_jinja is not supported yet", "set chat_template_jinja once for the whole config");
     CHECK(load("chat_template: tokenizer_default_fallback_chatml\ndatasets:\n  - path: a.jsonl\n    type: "
                "chat_template\n", a, &e) == 0 &&
           a->datasets[0].chat_template == SNUG_CHAT_TOKENIZER_OR_CHATML);
