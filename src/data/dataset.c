@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -408,6 +409,13 @@ static uint64_t cache_key(const snug_data_source *src, const mapped_file *maps, 
                 for (int k = 0; k < 8; k++) {
                     hash_u64(&h, v[k] != NULL);
                     hash_str(&h, v[k] ? v[k] : "");
+                }
+                if (src[i].jinja && strstr(src[i].jinja, "strftime_now")) { /* it renders today's date */
+                    char day[32];
+                    time_t now = time(NULL);
+                    struct tm tm;
+                    strftime(day, sizeof day, "%Y-%m-%d", localtime_r(&now, &tm));
+                    hash_str(&h, day);
                 }
             }
         }

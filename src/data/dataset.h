@@ -148,8 +148,9 @@ int snug_dataset_build(snug_dataset *ds, const snug_data_source *src, int nsrc, 
                        const snug_encoder *enc, snug_data_report *rep, snug_error *e);
 
 /* snug_dataset_build through a cache under cache_dir: the tokens are kept in one binary file named after a hash of
- * the files' contents, the tokenizer (enc->hash, vocab, BOS, EOS) and every option that changes the result. A valid
- * file is memory-mapped; a missing one is built, written atomically and mapped; a corrupt one (magic, version, sizes,
+ * the files' contents, the tokenizer (enc->hash, vocab, BOS, EOS) and every option that changes the result (a chat
+ * template's text and strings, and today's date when the template calls strftime_now). A valid file is
+ * memory-mapped; a missing one is built, written atomically and mapped; a corrupt one (magic, version, sizes,
  * checksum, ids) is rebuilt. rep must not be NULL. */
 int snug_dataset_prepare(snug_dataset *ds, const snug_data_source *src, int nsrc, const snug_data_opts *opts,
                          const snug_encoder *enc, const char *cache_dir, snug_data_report *rep, snug_error *e);
