@@ -120,10 +120,12 @@ static int read_save_modules(snug_run_config *o, const char *text, const char *w
 #define NOOP(n, t, why) {.name = n, .type = t, .noop = why}
 #define LATER(n, t, why) {.name = n, .type = t, .later = why}
 #define CHAT_TEMPLATE_VALUES                                                                                  \
-    .values = "tokenizer_default tokenizer_default_fallback_chatml chatml llama3 jinja",                       \
+    .values = "tokenizer_default tokenizer_default_fallback_chatml tokenizer_default_fallback_llama3 chatml "  \
+              "llama3 jinja",                                                                                  \
     ENUMS({"tokenizer_default", SNUG_CHAT_TOKENIZER}, {"tokenizer_default_fallback_chatml",                    \
                                                        SNUG_CHAT_TOKENIZER_OR_CHATML},                         \
-          {"chatml", SNUG_CHAT_CHATML}, {"llama3", SNUG_CHAT_LLAMA3}, {"jinja", SNUG_CHAT_JINJA}),             \
+          {"tokenizer_default_fallback_llama3", SNUG_CHAT_TOKENIZER_OR_LLAMA3}, {"chatml", SNUG_CHAT_CHATML},  \
+          {"llama3", SNUG_CHAT_LLAMA3}, {"jinja", SNUG_CHAT_JINJA}),                                           \
     .later_values = "*"
 
 const key_spec opt_keys[] = {
@@ -174,7 +176,8 @@ const key_spec opt_keys[] = {
      .def = "tokenizer_default_fallback_chatml", CHAT_TEMPLATE_VALUES,
      .help = "the template of every chat dataset entry that names none: tokenizer_default (the tokenizer's own "
              "chat_template.jinja or tokenizer_config.json chat_template, run as Jinja), "
-             "tokenizer_default_fallback_chatml (its own, else chatml), chatml, llama3 (built in), or jinja "
+             "tokenizer_default_fallback_chatml (its own, else chatml; _llama3: else llama3), chatml, llama3 (built "
+             "in), or jinja "
              "(chat_template_jinja)"},
     {.name = "chat_template_jinja", .type = KT_STRING, .group = G_DATA, AT_STR(chat_template_jinja), .def = "",
      .help = "a chat template in Jinja, its text or a file (relative to the YAML file's folder), for chat_template: "

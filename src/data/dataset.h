@@ -66,6 +66,7 @@ typedef enum snug_chat_template {
     SNUG_CHAT_TOKENIZER,           /* tokenizer_default: the tokenizer's own template (an error when it has none) */
     SNUG_CHAT_TOKENIZER_OR_CHATML, /* tokenizer_default_fallback_chatml: its own, else chatml (the default) */
     SNUG_CHAT_JINJA,               /* a Jinja template: the configuration's chat_template_jinja, or resolved above */
+    SNUG_CHAT_TOKENIZER_OR_LLAMA3, /* tokenizer_default_fallback_llama3: its own, else llama3 */
 } snug_chat_template;
 
 const char *snug_data_format_name(snug_data_format f);

@@ -37,7 +37,8 @@ static const char *const LLAMA3_SPECIALS[] = {"<|begin_of_text|>", "<|start_head
 
 static const char *const FORMAT_NAMES[] = {"completion", "alpaca", "chat", "pretokenized", "input_output"};
 static const char *const TEMPLATE_NAMES[] = {"chatml", "llama3", "tokenizer_default",
-                                             "tokenizer_default_fallback_chatml", "jinja"};
+                                             "tokenizer_default_fallback_chatml", "jinja",
+                                             "tokenizer_default_fallback_llama3"};
 
 const char *snug_data_format_name(snug_data_format f) {
     return (unsigned)f < sizeof FORMAT_NAMES / sizeof *FORMAT_NAMES ? FORMAT_NAMES[f] : "?";

@@ -96,13 +96,16 @@ int snug_setup_chat(snug_setup *r, snug_error *e) {
             use_template(r, src, SNUG_CHAT_JINJA, r->chat.jinja, r->chat.where);
             break;
         case SNUG_CHAT_TOKENIZER_OR_CHATML:
+        case SNUG_CHAT_TOKENIZER_OR_LLAMA3: {
+            int llama3 = d->chat_template == SNUG_CHAT_TOKENIZER_OR_LLAMA3;
             if (r->chat.jinja) {
                 use_template(r, src, SNUG_CHAT_JINJA, r->chat.jinja, r->chat.where);
             } else {
-                use_template(r, src, SNUG_CHAT_CHATML, NULL, NULL);
-                saved = snug_chat_builtin_jinja(0);
+                use_template(r, src, llama3 ? SNUG_CHAT_LLAMA3 : SNUG_CHAT_CHATML, NULL, NULL);
+                saved = snug_chat_builtin_jinja(llama3);
             }
             break;
+        }
         case SNUG_CHAT_JINJA:
             if (!r->chat_jinja)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] has chat_template jinja but chat_template_jinja is "

@@ -493,7 +493,7 @@ static void test_not_supported(void) {
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: freeform\n", "type must be one of completion");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template: qwen3\n",
                       "chat_template 'qwen3' is not supported yet; use tokenizer_default, tokenizer_default_fallback_chatml, "
-                      "chatml, llama3, jinja");
+                      "tokenizer_default_fallback_llama3, chatml, llama3, jinja");
     EXPECT_YAML_OK("datasets:\n  - path: a.jsonl\n    type: chat\n    field_messages: messages\n");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    split: test\n", "split is not supported yet",
                       "set it to train");
@@ -935,8 +935,10 @@ static void test_yaml_alone_resolves(void) {
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template_jinja: t.jinja\n",
                       "chat_template_jinja is not supported yet", "set chat_template_jinja once for the whole config");
     CHECK(load("chat_template: tokenizer_default_fallback_chatml\ndatasets:\n  - path: a.jsonl\n    type: "
-               "chat_template\n", a, &e) == 0 &&
-          a->datasets[0].chat_template == SNUG_CHAT_TOKENIZER_OR_CHATML);
+               "chat_template\n  - path: b.jsonl\n    type: chat\n    chat_template: tokenizer_default_fallback_llama3\n",
+               a, &e) == 0 &&
+          a->datasets[0].chat_template == SNUG_CHAT_TOKENIZER_OR_CHATML &&
+          a->datasets[1].chat_template == SNUG_CHAT_TOKENIZER_OR_LLAMA3);
     EXPECT_YAML_ERROR("lr_scheduler: cosine_with_min_lr\n", "needs its floor");
     EXPECT_YAML_ERROR("fsdp: [shard_grad_op]\nzero_stage: 1\n", "zero_stage is 1 but fsdp (shard_grad_op)");
     free(a);
