@@ -4,16 +4,19 @@
  * The environment is the one transformers builds for chat templates (ImmutableSandboxedEnvironment with
  * trim_blocks and lstrip_blocks, the loopcontrols extension and its {% generation %} tag): one trailing newline of
  * the source is dropped, line breaks in the source become "\n", the globals are raise_exception(msg),
- * strftime_now(fmt), namespace(...), dict(...), range(...), cycler/joiner, and tojson is json.dumps with
- * ensure_ascii=False. Values behave as Python's (truthiness, str() of lists and dicts as repr, int/float arithmetic,
- * negative indices, slices, string methods); an undefined name behaves as Jinja2's default Undefined (prints "",
- * is falsy, iterates empty; its attributes and arithmetic fail).
+ * strftime_now(fmt), namespace(...), dict(...) and range(...), and tojson is json.dumps with ensure_ascii=False.
+ * Values behave as Python's (truthiness, str() of lists and dicts as repr, 64-bit int and float arithmetic, negative
+ * indices, slices, string methods, Markup from |safe and |e); what |map, |select and the like return behaves as a
+ * Python generator (truthy, used up by one loop, no len()); an undefined name behaves as Jinja2's default Undefined
+ * (prints "", is falsy, iterates empty; its attributes and arithmetic fail).
  *
  * Supported: text, {{ }}, {% %}, {# #}, whitespace control (- and +), raw; if/elif/else, for (else, loop filter,
  * tuple targets, loop.*, break/continue), set (targets, tuples, namespace attributes, block set), macro and call,
- * filter blocks, with, generation. What is not supported (include, extends, import, custom extensions) fails to
- * compile with an error naming the construct and the line; unknown filters and tests fail at compile time as in
- * Jinja2, unknown functions and methods when they are called.
+ * filter blocks, with, generation; Jinja2's filters and tests but a few rare ones (truncate, wordwrap, urlencode,
+ * striptags, xmlattr, pprint, slice, random, filesizeformat). What is not supported (include, extends, import,
+ * recursive loops, other extensions' tags) fails to compile with an error naming the construct and the line;
+ * unknown filters and tests fail at compile time, or inside an {% if %} when they run, as in Jinja2; unknown
+ * functions and methods fail when called. Where Jinja2 would print a generator's memory address, rendering fails.
  *
  * The library never prints; errors come back through snug_error: SNUG_EINPUT for a template that fails to compile
  * or render (raise_exception's message included), SNUG_ENOMEM when memory runs out. */

@@ -415,21 +415,13 @@ static jv to_number(jrender *r, const jv *v, const fargs *a, int want_int) {
     }
 }
 
-jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t nargs, const char **kwn, jv *kwv,
-                size_t nkw) {
-    fargs a = {args, nargs, kwn, kwv, nkw};
-    static const char *const STRING_FILTERS[] = {"trim", "upper", "lower", "capitalize", "title", "string", "safe",
-                                                 "e", "escape", "forceescape", "replace", "indent", "format",
-                                                 "wordcount", "center", NULL};
-    jv s = v.t == JV_STR || !in_table(STRING_FILTERS, f) ? v : jv_to_str(r, &v); /* str() for string filters */
-    if (!strcmp(f, "default") || !strcmp(f, "d")) {
-        const jv *def = A(&a, 0, "default_value");
-        if (v.t == JV_UNDEF || (flag(A(&a, 1, "boolean"), 0) && !jv_truthy(&v)))
-            return def ? *def : jv_str("", 0);
-        return v;
-    }
-    if (!strcmp(f, "tojson")) return do_tojson(r, line, &v, &a);
-    if (!strcmp(f, "length") || !strcmp(f, "count")) return do_length(r, line, &v);
+static const char *const STRING_FILTERS[] = {"trim", "upper", "lower", "capitalize", "title", "string", "safe",
+                                             "e", "escape", "forceescape", "replace", "indent", "format",
+                                             "wordcount", "center", NULL};
+
+/* The filters on strings (STRING_FILTERS): v as str() makes it, s. */
+static jv string_filter(jrender *r, int line, const char *f, const jv *v, jv s, const fargs *a0) {
+    const fargs a = *a0;
     /* Markup stays Markup through the string methods (markupsafe wraps them) */
     if (!strcmp(f, "trim") || !strcmp(f, "upper") || !strcmp(f, "lower") || !strcmp(f, "capitalize") ||
         !strcmp(f, "title")) {
@@ -453,10 +445,10 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
         return js_replace(r, &s, &os, &ns, intv(r, line, A(&a, 2, "count"), -1, "count"));
     }
     if (!strcmp(f, "indent")) {
-        if (v.t == JV_UNDEF)
-            jv_fail_undef(r, line, &v);
-        if (v.t != JV_STR)
-            jr_fail(r, line, "indent needs a string, got %s", jv_type_name(&v));
+        if (v->t == JV_UNDEF)
+            jv_fail_undef(r, line, v);
+        if (v->t != JV_STR)
+            jr_fail(r, line, "indent needs a string, got %s", jv_type_name(v));
         return do_indent(r, &s, &a);
     }
     if (!strcmp(f, "format")) return do_printf(r, line, &s, &a);
@@ -485,6 +477,22 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
             jb_putc(&r->a, &b, ' ');
         return jv_str(b.p, b.n);
     }
+    jr_fail(r, line, "internal: '%s' is not a string filter", f);
+}
+
+jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t nargs, const char **kwn, jv *kwv,
+                size_t nkw) {
+    fargs a = {args, nargs, kwn, kwv, nkw};
+    if (in_table(STRING_FILTERS, f))
+        return string_filter(r, line, f, &v, v.t == JV_STR ? v : jv_to_str(r, &v), &a);
+    if (!strcmp(f, "default") || !strcmp(f, "d")) {
+        const jv *def = A(&a, 0, "default_value");
+        if (v.t == JV_UNDEF || (flag(A(&a, 1, "boolean"), 0) && !jv_truthy(&v)))
+            return def ? *def : jv_str("", 0);
+        return v;
+    }
+    if (!strcmp(f, "tojson")) return do_tojson(r, line, &v, &a);
+    if (!strcmp(f, "length") || !strcmp(f, "count")) return do_length(r, line, &v);
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         if (f[0] == 'l' && v.t == JV_LIST && (v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER))
             jr_fail(r, line, "last: '%s' object is not reversible", jl_pyname(v.u.l));

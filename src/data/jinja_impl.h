@@ -216,6 +216,8 @@ typedef struct jcompiler {
 void jc_fail(jcompiler *c, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));
 void jinja_lex(jcompiler *c, const char *src, size_t n);
 jnode *jinja_parse(jcompiler *c);
+void jinja_check(jcompiler *c, jnode *root);  /* jinja_check.c: Jinja2's compile-time checks */
+int jinja_names_caller(const jnode *macro); /* whether a macro's defaults or body name `caller` */
 int jinja_has_filter(const char *name);
 int jinja_has_test(const char *name);
 

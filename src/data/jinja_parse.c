@@ -683,33 +683,6 @@ static jnode *parse_set(jcompiler *c, int line) {
     return n;
 }
 
-/* Whether a macro's body names `caller` (outside macros nested in it): Jinja2 refuses {% call %} of one that
- * does not. */
-static int names_caller(const jnode *n) {
-    if (!n)
-        return 0;
-    if (n->kind == JN_NAME && !strcmp(n->name, "caller"))
-        return 1;
-    if (n->kind == JN_MACRO)
-        return 0;
-    if (names_caller(n->a) || names_caller(n->b) || names_caller(n->c) || names_caller(n->d))
-        return 1;
-    for (size_t i = 0; i < n->nargs; i++)
-        if (names_caller(n->args[i]))
-            return 1;
-    for (size_t i = 0; i < n->nkw; i++)
-        if (names_caller(n->kwv[i]))
-            return 1;
-    return 0;
-}
-
-static int names_caller_defaults(const jnode *n) {
-    for (size_t i = 0; i < n->nkw; i++)
-        if (names_caller(n->kwv[i]))
-            return 1;
-    return 0;
-}
-
 /* {% macro name(params) %} and {% call(params) macro(args) %} */
 static jnode *parse_macro(jcompiler *c, int line, int is_macro) {
     static const char *const endm[] = {"endmacro", NULL}, *const endc[] = {"endcall", NULL};
@@ -729,7 +702,7 @@ static jnode *parse_macro(jcompiler *c, int line, int is_macro) {
     next(c);
     end_block(c);
     if (is_macro)
-        n->op = names_caller(n->b) || names_caller_defaults(n);
+        n->op = jinja_names_caller(n);
     return n;
 }
 
@@ -833,60 +806,9 @@ static jnode *parse_body(jcompiler *c, const char *const *ends) {
     return b;
 }
 
-/* What Jinja2's compiler checks after parsing. Unknown filters and tests: an error, except where Jinja2 defers it to
- * the moment the filter runs, inside an {% if %} (its tests and branches) or an inline if, but not in a loop, macro,
- * block set, filter block or {% with %} body nested there (their frames are not "soft"). {% break %} and
- * {% continue %}: only in a loop's body, and not across a macro, call block or generation block (those compile to
- * functions of their own) nor in the loop's else. */
-static void check_names(jcompiler *c, jnode *n, int soft, int in_loop) {
-    if (!n)
-        return;
-    if (n->kind == JN_FILTER || n->kind == JN_TEST) {
-        int known = n->kind == JN_FILTER ? jinja_has_filter(n->name) : jinja_has_test(n->name);
-        if (!known && !soft)
-            jc_fail(c, n->line, "no %s named '%s'", n->kind == JN_FILTER ? "filter" : "test", n->name);
-        n->unknown = !known;
-    }
-    if ((n->kind == JN_BREAK || n->kind == JN_CONTINUE) && !in_loop)
-        jc_fail(c, n->line, "{%% %s %%} outside a for loop", n->kind == JN_BREAK ? "break" : "continue");
-    int inner = soft; /* softness of the children */
-    switch (n->kind) {
-    case JN_IF:
-    case JN_COND: inner = 1; break;
-    case JN_FOR: /* the iterable in the enclosing frame, the rest in the loop's */
-        check_names(c, n->b, soft, in_loop);
-        check_names(c, n->a, 0, 0);
-        check_names(c, n->c, 0, 0);
-        check_names(c, n->d, 0, 1);
-        for (size_t i = 0; i < n->nargs; i++)
-            check_names(c, n->args[i], 0, in_loop);
-        return;
-    case JN_CALLBLOCK: /* the call in the enclosing frame, the caller's body in its own */
-    case JN_WITH:
-        check_names(c, n->a, soft, in_loop);
-        for (size_t i = 0; i < n->nkw; i++)
-            check_names(c, n->kwv[i], n->kind == JN_WITH ? soft : 0, 0);
-        check_names(c, n->b, 0, n->kind == JN_WITH ? in_loop : 0);
-        return;
-    case JN_MACRO:
-    case JN_GENERATION: inner = 0, in_loop = 0; break;
-    case JN_SETBLOCK:
-    case JN_FILTERBLOCK: inner = 0; break;
-    default: break;
-    }
-    check_names(c, n->a, inner, in_loop);
-    check_names(c, n->b, inner, in_loop);
-    check_names(c, n->c, inner, in_loop);
-    check_names(c, n->d, inner, in_loop);
-    for (size_t i = 0; i < n->nargs; i++)
-        check_names(c, n->args[i], inner, in_loop);
-    for (size_t i = 0; i < n->nkw; i++)
-        check_names(c, n->kwv[i], inner, in_loop);
-}
-
 jnode *jinja_parse(jcompiler *c) {
     c->pos = 0;
     jnode *root = parse_body(c, NULL);
-    check_names(c, root, 0, 0);
+    jinja_check(c, root);
     return root;
 }
