@@ -657,7 +657,15 @@ int snug_format_init(snug_format *f, const snug_data_source *src, const snug_dat
         const char *where = src->jinja_where ? src->jinja_where : "chat template";
         if (!src->jinja)
             return snug_fail(e, SNUG_EINTERNAL, "%s: chat_template jinja without a template", src->path);
-        SNUG_TRY(snug_jinja_compile(src->jinja, strlen(src->jinja), where, &f->jinja, e));
+        int rc = snug_jinja_compile(src->jinja, strlen(src->jinja), where, &f->jinja, e);
+        if (rc == SNUG_EINPUT) { /* say what else the data can render with */
+            char msg[sizeof e->msg];
+            snprintf(msg, sizeof msg, "%s", e->msg);
+            return snug_fail(e, rc, "%.1200s (%s's chat template; chat_template: chatml or llama3 renders with a "
+                             "built-in instead)", msg, src->path);
+        }
+        if (rc)
+            return rc;
         f->jinja_gen = has_generation(src->jinja);
         memcpy(f->vars.tokens, src->chat_tokens, sizeof f->vars.tokens);
         return 0;

@@ -179,7 +179,12 @@ int snug_format_chat_jinja(const snug_format *f, json_t *obj, json_t *msgs, snug
     int rc = snug_chat_render(f->jinja, tm, tools, 0, &f->vars, &full, e);
     if (rc) {
         json_decref(tm);
-        return rc;
+        if (rc != SNUG_EINPUT)
+            return rc;
+        char msg[sizeof e->msg]; /* a template's error (raise_exception's message): say what else renders the line */
+        snprintf(msg, sizeof msg, "%s", e->msg);
+        return snug_fail(e, rc, "%.1200s (rendering the chat template; fix the line, skip such lines with "
+                         "skip_bad_examples: true, or render with a built-in: chat_template: chatml or llama3)", msg);
     }
     range *r = NULL;
     size_t nr = 0;
