@@ -2,7 +2,8 @@
 # The tokenizer's own chat template through the program: `type: chat` renders with it by default (the data line
 # names it), a built-in forced over it is named in the header and saved as the output folder's chat_template.jinja,
 # chat_template_jinja (a file beside the YAML), tokenizer_default without a template refused, and `snug generate
-# --chat` / `--messages` rendering a conversation through the saved folder's template.
+# --chat` / `--messages` rendering a conversation through the saved folder's template, and a template that raises on a
+# line reported with the file, the line and its message.
 . "$(dirname "$0")/lib.sh"
 
 cd "$W" || fatal "cd $W"
@@ -78,6 +79,22 @@ grep -q "chat.jsonl (chat, template of .*own.jinja)" "$W/t3" && cmp -s "$W/own.j
 { base; echo "tokenizer: plain"; echo "output_dir: $W/out5"; } > "$W/fb.yaml"
 "$SNUG" train "$W/fb.yaml" >"$W/t5" 2>&1 && grep -q "chat.jsonl (chat, chatml)" "$W/t5" && ok ||
   bad "the default without a tokenizer template is not chatml" "$W/t5"
+
+# a template that raises on a line: exit status 2, the file and line, the template's message and what else renders it
+mkdir -p "$W/raising"
+cp "$W/tok/tokenizer.json" "$W/raising/"
+python3 - "$W/raising/tokenizer_config.json" <<'PY'
+import json, sys
+t = ("{% for m in messages %}{% if loop.first and m['role'] != 'user' %}"
+     "{{ raise_exception('Conversations must start with a user message') }}{% endif %}{{ m['content'] }}{% endfor %}")
+json.dump({"eos_token": "<|im_end|>", "chat_template": t}, open(sys.argv[1], "w"))
+PY
+printf '{"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]}\n' > "$W/starts.jsonl"
+printf 'tokenizer: raising\ndatasets:\n  - path: starts.jsonl\n    type: chat\nsequence_len: 32\ndataset_prepared_path: %s\n' \
+  "$W/prep" > "$W/raise.yaml"
+"$SNUG" preprocess "$W/raise.yaml" >"$W/t6" 2>&1
+[ $? -eq 2 ] && grep -q "starts.jsonl line 1: .*Conversations must start with a user message.*chat_template: chatml" "$W/t6" &&
+  ok || bad "a template's raise_exception on a line" "$W/t6"
 
 # generate --chat through the saved template; --messages; a bad messages file
 "$SNUG" generate "$W/out1" --chat --prompt "Hi" --max_new_tokens 2 --temperature 0 >"$W/g1" 2>&1 && ok ||
