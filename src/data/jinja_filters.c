@@ -173,22 +173,20 @@ static jv do_indent(jrender *r, const jv *s, const fargs *a) {
     jbuf b = {0};
     if (first)
         jb_put(&r->a, &b, ind.u.s, ind.n);
-    /* lines as str.splitlines() of s + "\n" */
-    size_t i = 0, nline = 0;
-    while (i < s->n) {
-        size_t e = i;
-        while (e < s->n && s->u.s[e] != '\n' && s->u.s[e] != '\r')
-            e++;
-        if (nline) {
+    /* the lines of s + "\n" (str.splitlines: one more, empty, where s is empty or ends with a line break), joined by
+     * "\n", each but the first indented unless it is empty (blank: indented all the same) */
+    jv lines = js_splitlines(r, s);
+    size_t nl = lines.u.l->n + (s->n == 0 || js_line_break(s->u.s, s->n, s->n - 1) ||
+                                (s->n >= 2 && js_line_break(s->u.s, s->n, s->n - 2) == 2) ||
+                                (s->n >= 3 && js_line_break(s->u.s, s->n, s->n - 3) == 3));
+    for (size_t i = 0; i < nl; i++) {
+        jv ln = i < lines.u.l->n ? lines.u.l->v[i] : jv_str("", 0);
+        if (i) {
             jb_putc(&r->a, &b, '\n');
-            if (blank || e > i)
+            if (blank || ln.n)
                 jb_put(&r->a, &b, ind.u.s, ind.n);
         }
-        jb_put(&r->a, &b, s->u.s + i, e - i);
-        if (e < s->n && s->u.s[e] == '\r' && e + 1 < s->n && s->u.s[e + 1] == '\n')
-            e++;
-        i = e + 1;
-        nline++;
+        jb_put(&r->a, &b, ln.u.s, ln.n);
     }
     return jv_str(b.p ? b.p : "", b.n);
 }
@@ -452,18 +450,7 @@ static jv string_filter(jrender *r, int line, const char *f, const jv *v, jv s, 
         return do_indent(r, &s, &a);
     }
     if (!strcmp(f, "format")) return do_printf(r, line, &s, &a);
-    if (!strcmp(f, "wordcount")) {
-        int64_t k = 0;
-        int in = 0;
-        for (size_t i = 0; i < s.n; i++) {
-            unsigned char ch = (unsigned char)s.u.s[i];
-            int w = ch >= 0x80 || ch == '_' || (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'z');
-            if (w && !in)
-                k++;
-            in = w;
-        }
-        return jv_int(k);
-    }
+    if (!strcmp(f, "wordcount")) return jv_int(js_wordcount(&s));
     if (!strcmp(f, "center")) {
         int64_t w = intv(r, line, A(&a, 0, "width"), 80, "width"), len = (int64_t)ju8_len(s.u.s, s.n);
         if (w <= len)

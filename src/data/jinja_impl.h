@@ -281,6 +281,9 @@ jv js_case(jrender *r, const jv *s, int mode); /* 'l' lower, 'u' upper, 'c' capi
 jv js_strip(jrender *r, int line, const jv *s, const jv *chars, int left, int right);
 jv js_replace(jrender *r, const jv *s, const jv *old, const jv *new_, int64_t count);
 int jcp_space(int32_t c);                   /* Python's str.isspace for one code point */
+size_t js_line_break(const char *s, size_t n, size_t i); /* bytes of a str.splitlines() line break at s[i], or 0 */
+jv js_splitlines(jrender *r, const jv *s);
+int64_t js_wordcount(const jv *s);
 jv jv_html_escape(jrender *r, const jv *s); /* markupsafe.escape: & < > " ' as entities, a Markup result */
 jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const char **kwn, jv *kwv, size_t nkw);
 

@@ -33,7 +33,9 @@ int jcp_space(int32_t c) {
 }
 
 static int cp_cased(int32_t c) {
-    return utf8proc_tolower(c) != c || utf8proc_toupper(c) != c || utf8proc_totitle(c) != c;
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT ||
+           utf8proc_tolower(c) != c || utf8proc_toupper(c) != c || utf8proc_totitle(c) != c;
 }
 
 static int cp_alnum(int32_t c) {
@@ -42,30 +44,109 @@ static int cp_alnum(int32_t c) {
            (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
 }
 
-/* mode: 'l' lower, 'u' upper, 'c' capitalize, 't' str.title(), 'T' Jinja's title filter */
+/* Python's full case mappings where they differ from the simple ones utf8proc gives (SpecialCasing.txt, the
+ * unconditional ones outside Greek and Armenian ligatures): lower, title, upper as UTF-8, NULL where simple. */
+static const struct special_case {
+    int32_t cp;
+    const char *lower, *title, *upper;
+} SPECIAL[] = {
+    {0x00DF, NULL, "Ss", "SS"},                        /* ß */
+    {0x0130, "i\xcc\x87", NULL, NULL},                 /* İ */
+    {0x0149, NULL, "\xca\xbcN", "\xca\xbcN"},          /* ŉ */
+    {0x01F0, NULL, "J\xcc\x8c", "J\xcc\x8c"},          /* ǰ */
+    {0xFB00, NULL, "Ff", "FF"},  {0xFB01, NULL, "Fi", "FI"},   {0xFB02, NULL, "Fl", "FL"},
+    {0xFB03, NULL, "Ffi", "FFI"}, {0xFB04, NULL, "Ffl", "FFL"}, {0xFB05, NULL, "St", "ST"},
+    {0xFB06, NULL, "St", "ST"},
+};
+
+/* c mapped to lower ('l'), title ('t') or upper ('u') case, appended */
+static void put_case(jrender *r, jbuf *b, int32_t c, char to) {
+    for (size_t k = 0; k < sizeof SPECIAL / sizeof *SPECIAL; k++) {
+        if (SPECIAL[k].cp != c)
+            continue;
+        const char *m = to == 'l' ? SPECIAL[k].lower : to == 't' ? SPECIAL[k].title : SPECIAL[k].upper;
+        if (m) {
+            jb_put(&r->a, b, m, strlen(m));
+            return;
+        }
+    }
+    put_cp(r, b, to == 'l' ? utf8proc_tolower(c) : to == 't' ? utf8proc_totitle(c) : utf8proc_toupper(c));
+}
+
+/* mode: 'l' lower, 'u' upper, 'c' capitalize, 't' str.title(), 'T' Jinja's title filter (upper() of each word's first
+ * character, lower() of the rest) */
 jv js_case(jrender *r, const jv *s, int mode) {
     jbuf b = {0};
     size_t i = 0;
     int prev_cased = 0, first = 1;
     while (i < s->n) {
-        int32_t c = next_cp(s->u.s, s->n, &i), o;
+        int32_t c = next_cp(s->u.s, s->n, &i);
+        char to;
         switch (mode) {
-        case 'l': o = utf8proc_tolower(c); break;
-        case 'u': o = utf8proc_toupper(c); break;
-        case 'c': o = first ? utf8proc_totitle(c) : utf8proc_tolower(c); break;
+        case 'l':
+        case 'u': to = (char)mode; break;
+        case 'c': to = first ? 't' : 'l'; break;
         case 't':
-            o = prev_cased ? utf8proc_tolower(c) : utf8proc_totitle(c);
+            to = prev_cased ? 'l' : 't';
             prev_cased = cp_cased(c);
             break;
         default: /* words begin after - whitespace ( { [ < */
-            o = prev_cased ? utf8proc_tolower(c) : utf8proc_totitle(c);
+            to = prev_cased ? 'l' : 'u';
             prev_cased = !(c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || jcp_space(c));
             break;
         }
         first = 0;
-        put_cp(r, &b, o);
+        put_case(r, &b, c, to);
     }
     return jv_str(b.p ? b.p : "", b.n);
+}
+
+size_t js_line_break(const char *s, size_t n, size_t i) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '\r')
+        return i + 1 < n && s[i + 1] == '\n' ? 2 : 1;
+    if (c == '\n' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d || c == 0x1e)
+        return 1;
+    if (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] == 0x85)
+        return 2;
+    if (c == 0xE2 && i + 2 < n && (unsigned char)s[i + 1] == 0x80 &&
+        ((unsigned char)s[i + 2] == 0xA8 || (unsigned char)s[i + 2] == 0xA9))
+        return 3;
+    return 0;
+}
+
+jv js_splitlines(jrender *r, const jv *s) {
+    jv out = jv_list(r, 0, 0);
+    size_t cap = 0, i = 0;
+    while (i < s->n) {
+        size_t e = i, k = 0;
+        while (e < s->n && !(k = js_line_break(s->u.s, s->n, e)))
+            e++;
+        if (out.u.l->n == cap) {
+            cap = cap ? 2 * cap : 8;
+            jv *v = ja_alloc(&r->a, cap * sizeof *v);
+            if (out.u.l->n)
+                memcpy(v, out.u.l->v, out.u.l->n * sizeof *v);
+            out.u.l->v = v;
+        }
+        out.u.l->v[out.u.l->n++] = jv_str(s->u.s + i, e - i);
+        i = e + k;
+    }
+    return out;
+}
+
+/* \w+ runs, as re.findall(r"\w+", s) counts them (letters, digits and numbers, underscore) */
+int64_t js_wordcount(const jv *s) {
+    int64_t k = 0;
+    int in = 0;
+    size_t i = 0;
+    while (i < s->n) {
+        int32_t c = next_cp(s->u.s, s->n, &i);
+        int w = c == '_' || cp_alnum(c);
+        k += w && !in;
+        in = w;
+    }
+    return k;
 }
 
 static int in_chars(int32_t c, const jv *chars) {
@@ -209,10 +290,8 @@ static jv js_split(jrender *r, int line, const jv *s, const jv *sep, int64_t max
         }
         if (k >= s->n)
             break;
-        if (maxsplit >= 0 && done >= maxsplit) {
-            jv rest = jv_str(s->u.s + k, s->n - k);
-            rest = js_strip(r, line, &rest, NULL, 0, 1);
-            vl_push(r, &l, rest);
+        if (maxsplit >= 0 && done >= maxsplit) { /* the rest as it is, trailing whitespace included */
+            vl_push(r, &l, jv_str(s->u.s + k, s->n - k));
             break;
         }
         size_t e = k;
@@ -426,20 +505,7 @@ static jv str_method(jrender *r, int line, const jv *s, const char *m, jv *args,
         }
         return jv_str(b.p ? b.p : "", b.n);
     }
-    if (!strcmp(m, "splitlines")) {
-        vlist l = {0};
-        size_t i = 0;
-        while (i < s->n) {
-            size_t e = i;
-            while (e < s->n && s->u.s[e] != '\n' && s->u.s[e] != '\r')
-                e++;
-            vl_push(r, &l, jv_str(s->u.s + i, e - i));
-            if (e < s->n && s->u.s[e] == '\r' && e + 1 < s->n && s->u.s[e + 1] == '\n')
-                e++;
-            i = e + 1;
-        }
-        return vl_done(r, &l);
-    }
+    if (!strcmp(m, "splitlines")) return js_splitlines(r, s);
     if (!strcmp(m, "isdigit")) return jv_bool(all_cp(s, 'd'));
     if (!strcmp(m, "isalpha")) return jv_bool(all_cp(s, 'a'));
     if (!strcmp(m, "isalnum")) return jv_bool(all_cp(s, 'n'));

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "core/json_util.h"
 #include "data/jinja_impl.h"
 
@@ -247,8 +249,29 @@ static void repr_str(jrender *r, jbuf *b, const char *s, size_t n) {
             jb_put(&r->a, b, "\\t", 2);
         } else if (ch < 0x20 || ch == 0x7f) {
             jb_printf(&r->a, b, "\\x%02x", ch);
-        } else {
+        } else if (ch < 0x80) {
             jb_putc(&r->a, b, (char)ch);
+        } else { /* what str.isprintable() calls unprintable is escaped: Other and Separator but the space */
+            int32_t cp;
+            utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+            if (k <= 0) {
+                jb_putc(&r->a, b, (char)ch);
+                continue;
+            }
+            utf8proc_category_t cat = utf8proc_category(cp);
+            int unprintable = cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+                              cat == UTF8PROC_CATEGORY_CS || cat == UTF8PROC_CATEGORY_CO ||
+                              cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_ZL ||
+                              cat == UTF8PROC_CATEGORY_ZP || cat == UTF8PROC_CATEGORY_ZS;
+            if (!unprintable)
+                jb_put(&r->a, b, s + i, (size_t)k);
+            else if (cp < 0x100)
+                jb_printf(&r->a, b, "\\x%02x", (unsigned)cp);
+            else if (cp < 0x10000)
+                jb_printf(&r->a, b, "\\u%04x", (unsigned)cp);
+            else
+                jb_printf(&r->a, b, "\\U%08x", (unsigned)cp);
+            i += (size_t)k - 1;
         }
     }
     jb_putc(&r->a, b, q);

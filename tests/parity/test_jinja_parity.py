@@ -202,6 +202,11 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
     "lazy-last": "{{ messages | selectattr('role') | last }}",
     "lazy-tojson": "{{ messages | map(attribute='role') | tojson }}",
     "view-tojson": "{{ messages[0].items() | tojson }}",
+    # Python's string semantics past ASCII: full case mappings, str.isprintable() in repr, splitlines' line breaks
+    "unicode-strings": "{{ 'straße ﬁne İ'.upper() }}|{{ 'ß ﬁ'.title() }}|{{ 'ǆungla' | title }}|{{ 'ﬁne'.capitalize() }}"
+                       "|{{ ['a\\u00a0b', '\\u3000', '\\u2028', 'é', '\\x7f'] }}|{{ 'a\\u2028b\\x1cc\\r\\nd'.splitlines() }}"
+                       "|{{ 'x\\n\\ny\\n' | indent(2) }}|{{ '' | indent(2, true) }}|{{ 'hello\\u00a0wörld_1 x' | wordcount }}"
+                       "|{{ '  a  b  '.split(None, 1) }}|{{ 'İ'.lower() | length }}",
     "undefined-attr": "{{ messages[0].content.nothing.deeper }}",
     "raise": "{% if messages | length > 1 %}"
              "{{ raise_exception('Only one message is supported, got ' ~ messages | length) }}{% endif %}ok",
@@ -227,7 +232,7 @@ def render_jinja2(compiled, case):
 
 # the templates above that Jinja2 renders for every conversation whose contents are strings (a check that failed on
 # both sides would prove nothing)
-MUST_RENDER = {"chatml-generation", "generation-nested", "syntax", "markup", "lazy", "loop-control"}
+MUST_RENDER = {"chatml-generation", "generation-nested", "syntax", "markup", "lazy", "loop-control", "unicode-strings"}
 
 
 def run_template(exe, tmp, name, source, cases):
