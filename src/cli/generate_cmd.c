@@ -137,12 +137,14 @@ static int chat_prompt(const char *tokdir, const snug_tokenizer *tok, const chat
                        int32_t **ids, size_t *n, size_t *cap, snug_error *e) {
     snug_chat_files cf;
     SNUG_TRY(snug_chat_files_read(tokdir, &cf, e));
-    const char *src = cf.jinja ? cf.jinja : snug_chat_builtin_jinja(0);
-    const char *where = cf.jinja ? cf.where : "chatml";
     json_t *msgs = NULL, *tools = NULL;
     snug_jinja *t = NULL;
     snug_jinja_out o = {0};
     int rc = chat_conversation(chat, prompt_text, &msgs, &tools, e);
+    /* with tools, the tool_use template when the folder has one (transformers' get_chat_template) */
+    int tool_use = tools && cf.jinja_tool_use;
+    const char *src = tool_use ? cf.jinja_tool_use : cf.jinja ? cf.jinja : snug_chat_builtin_jinja(0);
+    const char *where = tool_use ? cf.where_tool_use : cf.jinja ? cf.where : "chatml";
     if (!rc)
         rc = snug_jinja_compile(src, strlen(src), where, &t, e);
     if (!rc) {

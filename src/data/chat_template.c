@@ -33,6 +33,7 @@ const char *const snug_chat_token_names[7] = {"bos_token", "eos_token", "unk_tok
 
 void snug_chat_files_free(snug_chat_files *f) {
     free(f->jinja);
+    free(f->jinja_tool_use);
     for (int k = 0; k < 7; k++)
         free(f->tokens[k]);
     memset(f, 0, sizeof *f);
@@ -68,8 +69,9 @@ static int read_tokens(json_t *j, snug_chat_files *out, const char *p, snug_erro
     return 0;
 }
 
-/* tokenizer_config.json's "chat_template": a string, or [{"name", "template"}] of which "default" is taken. */
-static int config_template(json_t *ct, const char *p, char **out, snug_error *e) {
+/* tokenizer_config.json's "chat_template": a string, or [{"name", "template"}] of which "default" is taken (and
+ * "tool_use" into *tool_use). */
+static int config_template(json_t *ct, const char *p, char **out, char **tool_use, snug_error *e) {
     if (!ct || json_is_null(ct))
         return 0;
     if (json_is_string(ct)) {
@@ -86,12 +88,13 @@ static int config_template(json_t *ct, const char *p, char **out, snug_error *e)
         if (!json_is_string(name) || !json_is_string(t))
             return snug_fail(e, SNUG_EINPUT, "%s: chat_template[%zu] is not a {\"name\": \"...\", \"template\": "
                              "\"...\"} object", p, i);
-        if (!strcmp(json_string_value(name), "default")) {
-            *out = dup_n(json_string_value(t), json_string_length(t));
-            return *out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
-        }
+        char **dst = !strcmp(json_string_value(name), "default")    ? out
+                     : !strcmp(json_string_value(name), "tool_use") ? tool_use
+                                                                    : NULL;
+        if (dst && !*dst && !(*dst = dup_n(json_string_value(t), json_string_length(t))))
+            return snug_fail(e, SNUG_ENOMEM, "out of memory reading %s", p);
     }
-    return 0; /* named templates only: none is the default, as transformers has no default then either */
+    return 0; /* without "default": no template, as transformers has no default then either */
 }
 
 int snug_chat_files_read(const char *dir, snug_chat_files *out, snug_error *e) {
@@ -104,6 +107,17 @@ int snug_chat_files_read(const char *dir, snug_chat_files *out, snug_error *e) {
         SNUG_TRY(snug_read_file(p, &out->jinja, &len, e));
         snprintf(out->where, sizeof out->where, "%s", p);
     }
+    join(p, sizeof p, dir, "additional_chat_templates/tool_use.jinja");
+    if (snug_file_exists(p)) {
+        size_t len = 0;
+        if ((rc = snug_read_file(p, &out->jinja_tool_use, &len, e))) {
+            snug_chat_files_free(out);
+            return rc;
+        }
+        snprintf(out->where_tool_use, sizeof out->where_tool_use, "%s", p);
+        out->tool_use_file = 1;
+    }
+    int files = out->jinja || out->jinja_tool_use; /* template files replace tokenizer_config.json's */
     join(p, sizeof p, dir, "tokenizer_config.json");
     if (!snug_file_exists(p))
         return 0;
@@ -120,10 +134,12 @@ int snug_chat_files_read(const char *dir, snug_chat_files *out, snug_error *e) {
                        je.text);
         goto fail;
     }
-    if (!out->jinja) {
-        rc = config_template(json_object_get(j, "chat_template"), p, &out->jinja, e);
+    if (!files) {
+        rc = config_template(json_object_get(j, "chat_template"), p, &out->jinja, &out->jinja_tool_use, e);
         if (!rc && out->jinja)
             snprintf(out->where, sizeof out->where, "%s", p);
+        if (!rc && out->jinja_tool_use)
+            snprintf(out->where_tool_use, sizeof out->where_tool_use, "%s (tool_use)", p);
     }
     if (!rc)
         rc = read_tokens(j, out, p, e);

@@ -3,7 +3,9 @@
  *
  * transformers (tokenization_utils_base.py, from_pretrained) takes the template from chat_template.jinja in the
  * tokenizer's folder when that file exists, else from tokenizer_config.json's "chat_template": a string, or a list
- * of {"name", "template"} of which the one named "default" is used. The render variables bos_token, eos_token,
+ * of {"name", "template"} of which the one named "default" is used; a conversation with tools renders with the one
+ * named "tool_use" when there is one (get_chat_template). Template files (chat_template.jinja, and
+ * additional_chat_templates/tool_use.jinja), when the folder has any, replace tokenizer_config.json's. The render variables bos_token, eos_token,
  * unk_token, sep_token, pad_token, cls_token and mask_token are tokenizer_config.json's strings (a string, or an
  * AddedToken object {"content": ...}), as its special_tokens_map gives them to the template; a folder whose
  * tokenizer_config.json has no added_tokens_decoder (the legacy layout) takes them from special_tokens_map.json
@@ -19,6 +21,9 @@
 typedef struct snug_chat_files {
     char *jinja;       /* the template's source */
     char where[4200];  /* the file it came from ("DIR/chat_template.jinja", "DIR/tokenizer_config.json"), or "" */
+    char *jinja_tool_use; /* the template for conversations with tools ("tool_use"), or NULL */
+    char where_tool_use[4200];
+    int tool_use_file; /* 1: jinja_tool_use is additional_chat_templates/tool_use.jinja */
     char *tokens[7]; /* bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token */
 } snug_chat_files;
 

@@ -404,9 +404,9 @@ static uint64_t cache_key(const snug_data_source *src, const mapped_file *maps, 
             for (int r = 0; r < 3; r++)
                 hash_str(&h, src[i].roles[r] ? src[i].roles[r] : "");
             if (src[i].chat == SNUG_CHAT_JINJA) { /* the template and the strings it is rendered with */
-                const char *v[8] = {src[i].jinja};
-                memcpy(v + 1, src[i].chat_tokens, sizeof src[i].chat_tokens);
-                for (int k = 0; k < 8; k++) {
+                const char *v[9] = {src[i].jinja, src[i].jinja_tool_use};
+                memcpy(v + 2, src[i].chat_tokens, sizeof src[i].chat_tokens);
+                for (int k = 0; k < 9; k++) {
                     hash_u64(&h, v[k] != NULL);
                     hash_str(&h, v[k] ? v[k] : "");
                 }

@@ -86,6 +86,7 @@ typedef struct snug_data_source {
     /* chat with SNUG_CHAT_JINJA: the template's source, where it comes from (for errors), and the special-token strings
      * it is rendered with (NULL: undefined in the template) */
     const char *jinja, *jinja_where;
+    const char *jinja_tool_use, *jinja_tool_use_where; /* for lines with "tools", when the tokenizer ships one */
     const char *chat_tokens[7]; /* bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token */
 } snug_data_source;
 

@@ -631,7 +631,21 @@ const char *snug_format_role_name(int role) { return (unsigned)role <= NROLES ? 
 
 void snug_format_free(snug_format *f) {
     snug_jinja_free(f->jinja);
-    f->jinja = NULL;
+    snug_jinja_free(f->jinja_tool_use);
+    f->jinja = f->jinja_tool_use = NULL;
+}
+
+/* Compiles a chat template of src; a template that does not compile says what else renders the data. */
+static int compile_template(const snug_data_source *src, const char *text, const char *where, snug_jinja **out,
+                            snug_error *e) {
+    int rc = snug_jinja_compile(text, strlen(text), where ? where : "chat template", out, e);
+    if (rc == SNUG_EINPUT) {
+        char msg[sizeof e->msg];
+        snprintf(msg, sizeof msg, "%s", e->msg);
+        return snug_fail(e, rc, "%.1200s (%s's chat template; chat_template: chatml or llama3 renders with a "
+                         "built-in instead)", msg, src->path);
+    }
+    return rc;
 }
 
 /* Whether a template's source has a {% generation %} tag (any whitespace control). */
@@ -654,19 +668,18 @@ int snug_format_init(snug_format *f, const snug_data_source *src, const snug_dat
                        .content = src->content && *src->content ? src->content : "content",
                        .special = {-1, -1, -1, -1}};
     if (src->format == SNUG_DATA_CHAT && src->chat == SNUG_CHAT_JINJA) {
-        const char *where = src->jinja_where ? src->jinja_where : "chat template";
         if (!src->jinja)
             return snug_fail(e, SNUG_EINTERNAL, "%s: chat_template jinja without a template", src->path);
-        int rc = snug_jinja_compile(src->jinja, strlen(src->jinja), where, &f->jinja, e);
-        if (rc == SNUG_EINPUT) { /* say what else the data can render with */
-            char msg[sizeof e->msg];
-            snprintf(msg, sizeof msg, "%s", e->msg);
-            return snug_fail(e, rc, "%.1200s (%s's chat template; chat_template: chatml or llama3 renders with a "
-                             "built-in instead)", msg, src->path);
-        }
-        if (rc)
-            return rc;
+        SNUG_TRY(compile_template(src, src->jinja, src->jinja_where, &f->jinja, e));
         f->jinja_gen = has_generation(src->jinja);
+        if (src->jinja_tool_use) {
+            int rc = compile_template(src, src->jinja_tool_use, src->jinja_tool_use_where, &f->jinja_tool_use, e);
+            if (rc) {
+                snug_format_free(f);
+                return rc;
+            }
+            f->tool_use_gen = has_generation(src->jinja_tool_use);
+        }
         memcpy(f->vars.tokens, src->chat_tokens, sizeof f->vars.tokens);
         return 0;
     }

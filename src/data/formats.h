@@ -53,6 +53,8 @@ typedef struct snug_format {
     int32_t special[4]; /* the template's special tokens' ids (in the order of formats.c's lists); -1: as text */
     snug_jinja *jinja;  /* chat through a Jinja template (src->chat SNUG_CHAT_JINJA), compiled once; else NULL */
     int jinja_gen;      /* 1: the template has {% generation %} blocks (they give the assistant mask) */
+    snug_jinja *jinja_tool_use; /* the template of lines with tools (src->jinja_tool_use), or NULL */
+    int tool_use_gen;
     snug_chat_vars vars; /* the special-token strings it is rendered with */
 } snug_format;
 

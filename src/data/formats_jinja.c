@@ -7,7 +7,8 @@
  * its other keys as they are (tool_calls, ...), keys whose value is null dropped (transformers'
  * _normalize_chat_messages), and a message with reasoning ("reasoning_content", "thinking" or "reasoning", the first
  * not null) gets it under "thinking" (first) and "reasoning_content" as well (_alias_reasoning_fields); the line's
- * "tools" when it has them (else None, as documents); add_generation_prompt false;
+ * "tools" when it has them (else None, as documents; with tools, the tokenizer's "tool_use" template when it ships
+ * one, as transformers' get_chat_template picks it); add_generation_prompt false;
  * bos_token, eos_token, unk_token and pad_token as tokenizer_config.json writes them.
  *
  * The assistant mask (which tokens are supervised):
@@ -87,8 +88,8 @@ static json_t *template_messages(const snug_format *f, json_t *msgs) {
 }
 
 /* Renders msgs[0, n) (add_generation_prompt gp) into *text (malloc'd), *len. */
-static int render_first(const snug_format *f, json_t *msgs, size_t n, json_t *tools, int gp, char **text, size_t *len,
-                        snug_error *e) {
+static int render_first(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t n, json_t *tools, int gp,
+                        char **text, size_t *len, snug_error *e) {
     json_t *sub = json_array();
     for (size_t i = 0; sub && i < n; i++)
         if (json_array_append(sub, json_array_get(msgs, i))) {
@@ -98,7 +99,7 @@ static int render_first(const snug_format *f, json_t *msgs, size_t n, json_t *to
     if (!sub)
         return snug_fail(e, SNUG_ENOMEM, "out of memory rendering a chat template");
     snug_jinja_out o;
-    int rc = snug_chat_render(f->jinja, sub, tools, gp, &f->vars, &o, e);
+    int rc = snug_chat_render(t, sub, tools, gp, &f->vars, &o, e);
     json_decref(sub);
     if (!rc) {
         *text = o.text;
@@ -121,8 +122,8 @@ static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) 
 }
 
 /* The assistant spans by rendering prefixes (see the top of the file) into *r (grown), *nr. */
-static int prefix_spans(const snug_format *f, json_t *msgs, json_t *tools, const char *full, size_t nfull, range **r,
-                        size_t *nr, snug_error *e) {
+static int prefix_spans(const snug_format *f, const snug_jinja *t, json_t *msgs, json_t *tools, const char *full,
+                        size_t nfull, range **r, size_t *nr, snug_error *e) {
     size_t nm = json_array_size(msgs);
     for (size_t i = 0; i < nm; i++) {
         json_t *m = json_array_get(msgs, i);
@@ -130,9 +131,9 @@ static int prefix_spans(const snug_format *f, json_t *msgs, json_t *tools, const
             continue;
         char *p = NULL, *q = NULL;
         size_t np = 0, nq = 0;
-        int rc = render_first(f, msgs, i, tools, 1, &p, &np, e);
+        int rc = render_first(f, t, msgs, i, tools, 1, &p, &np, e);
         if (!rc)
-            rc = render_first(f, msgs, i + 1, tools, 0, &q, &nq, e);
+            rc = render_first(f, t, msgs, i + 1, tools, 0, &q, &nq, e);
         size_t a = rc ? 0 : common_prefix(p, np, full, nfull), b = rc ? 0 : common_prefix(q, nq, full, nfull);
         free(p);
         free(q);
@@ -175,8 +176,11 @@ int snug_format_chat_jinja(const snug_format *f, json_t *obj, json_t *msgs, snug
         return snug_fail(e, SNUG_ENOMEM, "out of memory rendering a chat template");
     if (json_is_null(tools))
         tools = NULL;
+    /* a line with tools renders with the tokenizer's tool_use template when it has one, as transformers */
+    const snug_jinja *t = tools && f->jinja_tool_use ? f->jinja_tool_use : f->jinja;
+    int gen = tools && f->jinja_tool_use ? f->tool_use_gen : f->jinja_gen;
     snug_jinja_out full;
-    int rc = snug_chat_render(f->jinja, tm, tools, 0, &f->vars, &full, e);
+    int rc = snug_chat_render(t, tm, tools, 0, &f->vars, &full, e);
     if (rc) {
         json_decref(tm);
         if (rc != SNUG_EINPUT)
@@ -193,7 +197,7 @@ int snug_format_chat_jinja(const snug_format *f, json_t *obj, json_t *msgs, snug
             rc = snug_fail(e, SNUG_ENOMEM, "out of memory");
         else
             r[nr++] = (range){0, full.len};
-    } else if (f->jinja_gen) {
+    } else if (gen) {
         if (full.nspans && !(r = malloc(full.nspans * sizeof *r)))
             rc = snug_fail(e, SNUG_ENOMEM, "out of memory");
         for (size_t k = 0; !rc && k < full.nspans; k++)
@@ -201,7 +205,7 @@ int snug_format_chat_jinja(const snug_format *f, json_t *obj, json_t *msgs, snug
         if (nr)
             qsort(r, nr, sizeof *r, cmp_range);
     } else {
-        rc = prefix_spans(f, tm, tools, full.text, full.len, &r, &nr, e);
+        rc = prefix_spans(f, t, tm, tools, full.text, full.len, &r, &nr, e);
     }
     size_t nsup = 0;
     for (size_t k = 0; k < nr; k++)
@@ -210,7 +214,7 @@ int snug_format_chat_jinja(const snug_format *f, json_t *obj, json_t *msgs, snug
         rc = snug_fail(e, SNUG_EINPUT, "the template (%s) marks no text as the assistant's (%s); check that the "
                        "line has an assistant reply, or set train_on_inputs: true",
                        f->src->jinja_where ? f->src->jinja_where : "jinja",
-                       f->jinja_gen ? "its {% generation %} blocks rendered nothing" : "no assistant message");
+                       gen ? "its {% generation %} blocks rendered nothing" : "no assistant message");
     if (!rc)
         rc = emit(f, ex, full.text, full.len, r, nr, e);
     free(r);

@@ -26,7 +26,8 @@ static void folder_of(const char *path, char *dir, size_t cap) {
         snprintf(dir, cap, ".");
 }
 
-/* Sets src to render with a built-in (which: chatml or llama3), or with the Jinja text t from `where`. */
+/* Sets src to render with a built-in (which: chatml or llama3), or with the Jinja text t from `where` (the
+ * tokenizer's own: with its tool_use template too). */
 static void use_template(snug_setup *r, snug_data_source *src, snug_chat_template which, const char *t,
                          const char *where) {
     src->chat = which;
@@ -34,6 +35,10 @@ static void use_template(snug_setup *r, snug_data_source *src, snug_chat_templat
         return;
     src->jinja = t;
     src->jinja_where = where;
+    if (t == r->chat.jinja) {
+        src->jinja_tool_use = r->chat.jinja_tool_use;
+        src->jinja_tool_use_where = r->chat.where_tool_use;
+    }
     for (int k = 0; k < 7; k++)
         src->chat_tokens[k] = r->chat.tokens[k];
 }
@@ -133,9 +138,15 @@ int snug_setup_chat(snug_setup *r, snug_error *e) {
 }
 
 int snug_setup_save_chat_template(const snug_setup *s, const char *dir, snug_error *e) {
+    char p[4096];
+    if (!s->chat_saved && s->chat.tool_use_file) { /* the tokenizer's own, with its tool_use file */
+        snug_path_join(p, sizeof p, dir, "additional_chat_templates");
+        SNUG_TRY(snug_mkdirs(p, e));
+        snug_path_join(p, sizeof p, dir, "additional_chat_templates/tool_use.jinja");
+        return snug_write_file_atomic(p, s->chat.jinja_tool_use, strlen(s->chat.jinja_tool_use), e);
+    }
     if (!s->chat_saved)
         return 0;
-    char p[4096];
     snug_path_join(p, sizeof p, dir, "chat_template.jinja");
     SNUG_TRY(snug_write_file_atomic(p, s->chat_saved, strlen(s->chat_saved), e));
     snug_path_join(p, sizeof p, dir, "tokenizer_config.json");

@@ -57,6 +57,18 @@ grep -q "chat.jsonl (chat, template of .*tok/tokenizer_config.json)" "$W/t1" && 
 [ ! -e "$W/out1/chat_template.jinja" ] && grep -q '"chat_template"' "$W/out1/tokenizer_config.json" && ok ||
   bad "the saved folder does not keep the tokenizer's own template"
 
+# template files: chat_template.jinja and additional_chat_templates/tool_use.jinja, both kept by the saved folder
+mkdir -p "$W/tokf/additional_chat_templates"
+cp "$W/tok/tokenizer.json" "$W/tokf/"
+printf '{"eos_token": "<|im_end|>"}' > "$W/tokf/tokenizer_config.json"
+cp "$W/own.jinja" "$W/tokf/chat_template.jinja"
+printf '%s' "{{ 'with tools' }}" > "$W/tokf/additional_chat_templates/tool_use.jinja"
+{ base; echo "tokenizer: tokf"; echo "output_dir: $W/out6"; } > "$W/files.yaml"
+"$SNUG" train "$W/files.yaml" >"$W/t7" 2>&1 && grep -q "chat.jsonl (chat, template of .*tokf/chat_template.jinja)" "$W/t7" &&
+  cmp -s "$W/own.jinja" "$W/out6/chat_template.jinja" &&
+  cmp -s "$W/tokf/additional_chat_templates/tool_use.jinja" "$W/out6/additional_chat_templates/tool_use.jinja" &&
+  ok || bad "template files not used or not kept" "$W/t7"
+
 # chatml forced: named in the header, saved as chat_template.jinja, dropped from tokenizer_config.json
 { base; echo "tokenizer: tok"; echo "chat_template: chatml"; echo "output_dir: $W/out2"; } > "$W/ml.yaml"
 "$SNUG" train "$W/ml.yaml" >"$W/t2" 2>&1 || bad "train with chatml forced" "$W/t2"

@@ -10,7 +10,9 @@ folder is made the way published ones are: tokenizer.json built with the `tokeni
 assets/tokenizer, or a Metaspace BPE with byte_fallback trained here, as SentencePiece-converted Llama 2 / Mistral /
 Gemma tokenizers are) with the special tokens the template writes added, tokenizer_config.json with bos_token and
 eos_token (AddedToken objects for some, or a special_tokens_map.json that overrides them), and the template in
-chat_template.jinja, in tokenizer_config.json's chat_template, or as its list form [{"name": "default", ...}]. snug (`snug preprocess --dump`, chat_template left at
+chat_template.jinja (some with additional_chat_templates/tool_use.jinja), in tokenizer_config.json's chat_template,
+or as its list form [{"name": "default", ...}, {"name": "tool_use", ...}] (the tool_use template renders the
+conversations with tools, as transformers picks it). snug (`snug preprocess --dump`, chat_template left at
 its default) and transformers (AutoTokenizer.from_pretrained of the same folder) read the same files.
 
 Conversations: system + user + assistant, multi-turn, tool calls (an assistant message with tool_calls and empty
@@ -73,10 +75,7 @@ SEQ = 2048  # sequence_len (llama-30m's context): conversations the reference ma
 # Differences of snug's Jinja interpreter from Jinja2 that this test meets (the interpreter's own parity test is
 # tests/parity/test_jinja_parity.py): the template's examples that differ are reported, not failed; a template
 # listed here that matches prints so, to be taken off the list.
-KNOWN = {
-    "CohereForAI-c4ai-command-r-plus-tool_use": "indent(first=true) drops the trailing line break of '{\\n' "
-                                                "(Jinja2 3.1 keeps it)",
-}
+KNOWN = {}  # name: what differs
 
 passed, failed = 0, 0
 
@@ -154,7 +153,9 @@ def make_folder(d, src, where, k):
     if where == "config":
         cfg["chat_template"] = src
     elif where == "config-list":
-        cfg["chat_template"] = [{"name": "default", "template": src}, {"name": "tool_use", "template": "{{ 1/0 }}"}]
+        # with tools, transformers renders with the "tool_use" template: one that tells itself apart
+        cfg["chat_template"] = [{"name": "default", "template": src},
+                                {"name": "tool_use", "template": "{{ 'tool_use: ' }}" + src}]
         # the legacy layout (no added_tokens_decoder): special_tokens_map.json's strings are the template's
         cfg["bos_token"] = "<unk>" if shape == "metaspace" else "<|endoftext|>"
         with open(os.path.join(d, "special_tokens_map.json"), "w", encoding="utf-8") as f:
@@ -163,6 +164,10 @@ def make_folder(d, src, where, k):
     else:
         with open(os.path.join(d, "chat_template.jinja"), "w", encoding="utf-8") as f:
             f.write(src)
+        if k % 2 == 0:  # and additional_chat_templates/tool_use.jinja for conversations with tools
+            os.makedirs(os.path.join(d, "additional_chat_templates"))
+            with open(os.path.join(d, "additional_chat_templates", "tool_use.jinja"), "w", encoding="utf-8") as f:
+                f.write("{{ 'tool_use file: ' }}" + src)
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False)
 
