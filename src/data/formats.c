@@ -648,18 +648,6 @@ static int compile_template(const snug_data_source *src, const char *text, const
     return rc;
 }
 
-/* Whether a template's source has a {% generation %} tag (any whitespace control). */
-static int has_generation(const char *s) {
-    for (const char *p = s; (p = strstr(p, "{%")) != NULL; p += 2) {
-        const char *q = p + 2;
-        while (*q == '-' || *q == '+' || *q == ' ' || *q == '\t' || *q == '\n')
-            q++;
-        if (!strncmp(q, "generation", 10) && (q[10] == ' ' || q[10] == '-' || q[10] == '%' || q[10] == '\n'))
-            return 1;
-    }
-    return 0;
-}
-
 int snug_format_init(snug_format *f, const snug_data_source *src, const snug_data_opts *opts, const snug_encoder *enc,
                      snug_error *e) {
     *f = (snug_format){.src = src, .opts = opts, .enc = enc, .field = src->field && *src->field ? src->field : "text",
@@ -671,14 +659,14 @@ int snug_format_init(snug_format *f, const snug_data_source *src, const snug_dat
         if (!src->jinja)
             return snug_fail(e, SNUG_EINTERNAL, "%s: chat_template jinja without a template", src->path);
         SNUG_TRY(compile_template(src, src->jinja, src->jinja_where, &f->jinja, e));
-        f->jinja_gen = has_generation(src->jinja);
+        f->jinja_gen = snug_jinja_has_generation(f->jinja);
         if (src->jinja_tool_use) {
             int rc = compile_template(src, src->jinja_tool_use, src->jinja_tool_use_where, &f->jinja_tool_use, e);
             if (rc) {
                 snug_format_free(f);
                 return rc;
             }
-            f->tool_use_gen = has_generation(src->jinja_tool_use);
+            f->tool_use_gen = snug_jinja_has_generation(f->jinja_tool_use);
         }
         memcpy(f->vars.tokens, src->chat_tokens, sizeof f->vars.tokens);
         return 0;
