@@ -425,18 +425,16 @@ int opt_apply_aliases(opt_state *st, snug_error *e) {
     snug_run_config *o = st->run;
     const opt_aliases *al = &st->al;
     const char *src = o->config_path[0] ? o->config_path : "options";
+    /* chat_template_jinja alone says chat_template: jinja */
+    if (o->chat_template_jinja[0] && !al->chat_template_set)
+        o->chat_template = SNUG_CHAT_JINJA;
     for (int i = 0; i < o->ndatasets + o->ntest_datasets; i++) {
-        const char *key;
-        snug_dataset_spec *d = (snug_dataset_spec *)snug_run_dataset(o, i, &key); /* o's own entries */
-        int k = i < o->ndatasets ? i : i - o->ndatasets;
-        /* Axolotl's type chat_template with no template named renders with the tokenizer's own (tokenizer_default),
-         * which snug does not run: refused rather than read as chatml */
-        if (d->type_chat_template && !d->chat_template_own && !al->chat_template_set)
-            return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is type chat_template and names no chat_template, so Axolotl "
-                             "would render it with the tokenizer's own template (tokenizer_default), which snug does "
-                             "not run; set chat_template: chatml or llama3 (the one the tokenizer's template writes) "
-                             "in the entry or for the whole config", src, key, k);
-        if (!d->chat_template_own)
+        snug_dataset_spec *d = (snug_dataset_spec *)snug_run_dataset(o, i, NULL); /* o's own entries */
+        /* Axolotl's type chat_template with no template named renders with the tokenizer's own (tokenizer_default,
+         * an error when it has none); type chat falls back to chatml */
+        if (d->type_chat_template && !d->chat_template_own && !al->chat_template_set && !o->chat_template_jinja[0])
+            d->chat_template = SNUG_CHAT_TOKENIZER;
+        else if (!d->chat_template_own)
             d->chat_template = o->chat_template;
     }
     const char *fused = al->attn_sdp ? "sdp_attention: true" : al->attn_xformers ? "xformers_attention: true" : NULL;

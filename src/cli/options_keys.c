@@ -119,6 +119,14 @@ static int read_save_modules(snug_run_config *o, const char *text, const char *w
 #define LATER_BOOL(n, why) {.name = n, .type = KT_BOOL, .later = why}
 #define NOOP(n, t, why) {.name = n, .type = t, .noop = why}
 #define LATER(n, t, why) {.name = n, .type = t, .later = why}
+#define CHAT_TEMPLATE_VALUES                                                                                  \
+    .values = "tokenizer_default tokenizer_default_fallback_chatml tokenizer_default_fallback_llama3 chatml "  \
+              "llama3 jinja",                                                                                  \
+    ENUMS({"tokenizer_default", SNUG_CHAT_TOKENIZER}, {"tokenizer_default_fallback_chatml",                    \
+                                                       SNUG_CHAT_TOKENIZER_OR_CHATML},                         \
+          {"tokenizer_default_fallback_llama3", SNUG_CHAT_TOKENIZER_OR_LLAMA3}, {"chatml", SNUG_CHAT_CHATML},  \
+          {"llama3", SNUG_CHAT_LLAMA3}, {"jinja", SNUG_CHAT_JINJA}),                                           \
+    .later_values = "*"
 
 const key_spec opt_keys[] = {
     /* model */
@@ -164,9 +172,16 @@ const key_spec opt_keys[] = {
      .def = "last_run_prepared",
      .help = "folder of the tokenized-data cache (relative to the current directory); reused while the data, "
              "tokenizer and options are unchanged"},
-    {.name = "chat_template", .type = KT_ENUM, .group = G_DATA, AT_ENUM(chat_template), .def = "chatml",
-     .values = "chatml llama3", ENUMS({"chatml", SNUG_CHAT_CHATML}, {"llama3", SNUG_CHAT_LLAMA3}), .later_values = "*",
-     .help = "the template of every chat dataset entry that names none: chatml or llama3"},
+    {.name = "chat_template", .type = KT_ENUM, .group = G_DATA, AT_ENUM(chat_template),
+     .def = "tokenizer_default_fallback_chatml", CHAT_TEMPLATE_VALUES,
+     .help = "the template of every chat dataset entry that names none: tokenizer_default (the tokenizer's own "
+             "chat_template.jinja or tokenizer_config.json chat_template, run as Jinja), "
+             "tokenizer_default_fallback_chatml (its own, else chatml; _llama3: else llama3), chatml, llama3 (built "
+             "in), or jinja "
+             "(chat_template_jinja)"},
+    {.name = "chat_template_jinja", .type = KT_STRING, .group = G_DATA, AT_STR(chat_template_jinja), .def = "",
+     .help = "a chat template in Jinja, its text or a file (relative to the YAML file's folder), for chat_template: "
+             "jinja (setting it alone implies that)"},
     {.name = "special_tokens", .type = KT_MAP, .group = G_DATA, .map = KM_SPECIAL_TOKENS,
      .help = "tokens of the tokenizer's vocabulary that take a role: pad_token (pads batches; saved with the "
              "tokenizer), eos_token (ends every completion and alpaca example, stops generation; saved too); "
@@ -188,10 +203,13 @@ const key_spec opt_keys[] = {
              "label is true"},
     {.name = "field", .type = KT_STRING, .group = G_DATASET, DS_STR(field), .def = "text",
      .help = "the JSON field that holds the text (completion)"},
-    {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(chat_template), .def = "chatml",
-     .values = "chatml llama3", ENUMS({"chatml", SNUG_CHAT_CHATML}, {"llama3", SNUG_CHAT_LLAMA3}), .later_values = "*",
-     .help = "the template of a chat dataset: chatml (<|im_start|>role ... <|im_end|>) or llama3 (<|eot_id|>); "
-             "unset = the config-wide chat_template"},
+    {.name = "chat_template", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(chat_template),
+     .def = "tokenizer_default_fallback_chatml", CHAT_TEMPLATE_VALUES,
+     .help = "the template of a chat dataset (the values of the config-wide chat_template); unset = the config-wide "
+             "one"},
+    {.name = "chat_template_jinja", .type = KT_STRING, .group = G_DATASET,
+     .later = "a Jinja chat template per dataset entry; set chat_template_jinja once for the whole config (the "
+              "entries with chat_template: jinja use it)"},
     {.name = "split", .type = KT_STRING, .group = G_DATASET, .off = "train",
      .later = "splits of Hugging Face hub datasets; snug reads local JSONL files"},
     {.name = "name", .type = KT_STRING, .group = G_DATASET,
@@ -740,7 +758,6 @@ const key_spec opt_keys[] = {
     LATER_BOOL("push_to_hub", "pushing to the Hugging Face Hub; snug writes output_dir"),
     LATER("hub_model_id", KT_STRING, "pushing to the Hugging Face Hub; snug writes output_dir"),
     LATER_BOOL("embeddings_skip_upcast", "keeping LoRA's embeddings in 16 bits"),
-    LATER("chat_template_jinja", KT_STRING, "a chat template in Jinja; set chat_template: chatml or llama3"),
     LATER("default_system_message", KT_STRING, "adding a system message to chats without one"),
     LATER("pretraining_dataset", KT_STRING, "streaming pretraining data; list the files under datasets"),
     LATER_BOOL("skip_prepare_dataset", "tokenizing during training; snug tokenizes ahead into the cache"),

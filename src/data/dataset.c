@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -243,7 +244,10 @@ static int load_source(builder *b, const snug_data_source *src, const mapped_fil
     SNUG_TRY(snug_format_init(&fmt, src, o, enc, e));
     line_span *lines = NULL;
     size_t nlines = 0;
-    SNUG_TRY(split_lines(m, &lines, &nlines, e));
+    if (split_lines(m, &lines, &nlines, e)) {
+        snug_format_free(&fmt);
+        return e->code ? e->code : SNUG_EINTERNAL;
+    }
     snug_example *ex = calloc(BLOCK, sizeof *ex);
     int *lrc = calloc(BLOCK, sizeof *lrc);
     char **lmsg = calloc(BLOCK, sizeof *lmsg);
@@ -309,6 +313,7 @@ static int load_source(builder *b, const snug_data_source *src, const mapped_fil
     free(lrc);
     free(lmsg);
     free(lines);
+    snug_format_free(&fmt);
     if (!rc && st->examples == 0) {
         if (st->lines == 0)
             rc = snug_fail(e, SNUG_EINPUT, "%s: the file has no examples (every line is blank); add one JSON object "
@@ -398,6 +403,21 @@ static uint64_t cache_key(const snug_data_source *src, const mapped_file *maps, 
             hash_str(&h, src[i].content && *src[i].content ? src[i].content : "content");
             for (int r = 0; r < 3; r++)
                 hash_str(&h, src[i].roles[r] ? src[i].roles[r] : "");
+            if (src[i].chat == SNUG_CHAT_JINJA) { /* the template and the strings it is rendered with */
+                const char *v[9] = {src[i].jinja, src[i].jinja_tool_use};
+                memcpy(v + 2, src[i].chat_tokens, sizeof src[i].chat_tokens);
+                for (int k = 0; k < 9; k++) {
+                    hash_u64(&h, v[k] != NULL);
+                    hash_str(&h, v[k] ? v[k] : "");
+                }
+                if (src[i].jinja && strstr(src[i].jinja, "strftime_now")) { /* it renders today's date */
+                    char day[32];
+                    time_t now = time(NULL);
+                    struct tm tm;
+                    strftime(day, sizeof day, "%Y-%m-%d", localtime_r(&now, &tm));
+                    hash_str(&h, day);
+                }
+            }
         }
         hash_u64(&h, maps[i].len);
         hash_u64(&h, snug_hash64(maps[i].data, maps[i].len, 0x66696c65ull));
@@ -640,8 +660,10 @@ void snug_data_report_print(FILE *out, const char *label, const snug_data_report
                             const snug_data_opts *opts) {
     for (int i = 0; i < rep->nsources; i++) {
         const snug_source_stats *s = &rep->src[i];
-        char kind[64];
-        if (src[i].format == SNUG_DATA_CHAT)
+        char kind[320];
+        if (src[i].format == SNUG_DATA_CHAT && src[i].chat == SNUG_CHAT_JINJA) /* the template's file */
+            snprintf(kind, sizeof kind, "chat, template of %.300s", src[i].jinja_where ? src[i].jinja_where : "?");
+        else if (src[i].format == SNUG_DATA_CHAT)
             snprintf(kind, sizeof kind, "chat, %s", snug_chat_template_name(src[i].chat));
         else
             snprintf(kind, sizeof kind, "%s", snug_data_format_name(src[i].format));

@@ -6,8 +6,10 @@
  *   alpaca        {"instruction", "input" (optional, may be empty), "output"}: the Alpaca prompt (unsupervised unless
  *                 train_on_inputs), then the output and the EOS after it (supervised).
  *   chat          {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]} through the chatml or
- *                 llama3 template: assistant content and its end-of-turn token supervised, the rest not (unless
- *                 train_on_inputs). No BOS or EOS is added: the template's special tokens frame it.
+ *                 llama3 template (formats.c), or a Jinja template (the tokenizer's own, or the configuration's:
+ *                 formats_jinja.c, with "tool" messages and the line's "tools"): assistant content and its
+ *                 end-of-turn token supervised, the rest not (unless train_on_inputs). No BOS or EOS is added: the
+ *                 template frames it.
  *   pretokenized  {"input_ids": [...], "labels": [...]}: labels as in transformers (not shifted; -100 =
  *                 unsupervised; labels absent = all supervised); ids checked against the vocabulary.
  * A BOS the tokenizer puts in front of a text (and llama3's <|begin_of_text|>) is never supervised: nothing predicts
@@ -60,6 +62,11 @@ typedef enum snug_data_format {
 typedef enum snug_chat_template {
     SNUG_CHAT_CHATML, /* <|im_start|>role\ncontent<|im_end|>\n */
     SNUG_CHAT_LLAMA3, /* <|begin_of_text|> once, then <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    /* as a configuration says them; resolved (src/train/setup.c) into one of the built-ins or SNUG_CHAT_JINJA */
+    SNUG_CHAT_TOKENIZER,           /* tokenizer_default: the tokenizer's own template (an error when it has none) */
+    SNUG_CHAT_TOKENIZER_OR_CHATML, /* tokenizer_default_fallback_chatml: its own, else chatml (the default) */
+    SNUG_CHAT_JINJA,               /* a Jinja template: the configuration's chat_template_jinja, or resolved above */
+    SNUG_CHAT_TOKENIZER_OR_LLAMA3, /* tokenizer_default_fallback_llama3: its own, else llama3 */
 } snug_chat_template;
 
 const char *snug_data_format_name(snug_data_format f);
@@ -76,6 +83,11 @@ typedef struct snug_data_source {
     /* chat: the role values that mean system, user and assistant, each a list joined by commas; all NULL or "" = the
      * default (system; human and user; gpt and assistant), as Axolotl's; otherwise only the values listed */
     const char *roles[3];
+    /* chat with SNUG_CHAT_JINJA: the template's source, where it comes from (for errors), and the special-token strings
+     * it is rendered with (NULL: undefined in the template) */
+    const char *jinja, *jinja_where;
+    const char *jinja_tool_use, *jinja_tool_use_where; /* for lines with "tools", when the tokenizer ships one */
+    const char *chat_tokens[7]; /* bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token */
 } snug_data_source;
 
 typedef struct snug_data_opts {
@@ -138,8 +150,9 @@ int snug_dataset_build(snug_dataset *ds, const snug_data_source *src, int nsrc, 
                        const snug_encoder *enc, snug_data_report *rep, snug_error *e);
 
 /* snug_dataset_build through a cache under cache_dir: the tokens are kept in one binary file named after a hash of
- * the files' contents, the tokenizer (enc->hash, vocab, BOS, EOS) and every option that changes the result. A valid
- * file is memory-mapped; a missing one is built, written atomically and mapped; a corrupt one (magic, version, sizes,
+ * the files' contents, the tokenizer (enc->hash, vocab, BOS, EOS) and every option that changes the result (a chat
+ * template's text and strings, and today's date when the template calls strftime_now). A valid file is
+ * memory-mapped; a missing one is built, written atomically and mapped; a corrupt one (magic, version, sizes,
  * checksum, ids) is rebuilt. rep must not be NULL. */
 int snug_dataset_prepare(snug_dataset *ds, const snug_data_source *src, int nsrc, const snug_data_opts *opts,
                          const snug_encoder *enc, const char *cache_dir, snug_data_report *rep, snug_error *e);

@@ -36,12 +36,16 @@ static const char *const LLAMA3_SPECIALS[] = {"<|begin_of_text|>", "<|start_head
                                               "<|eot_id|>", NULL};
 
 static const char *const FORMAT_NAMES[] = {"completion", "alpaca", "chat", "pretokenized", "input_output"};
-static const char *const TEMPLATE_NAMES[] = {"chatml", "llama3"};
+static const char *const TEMPLATE_NAMES[] = {"chatml", "llama3", "tokenizer_default",
+                                             "tokenizer_default_fallback_chatml", "jinja",
+                                             "tokenizer_default_fallback_llama3"};
 
 const char *snug_data_format_name(snug_data_format f) {
     return (unsigned)f < sizeof FORMAT_NAMES / sizeof *FORMAT_NAMES ? FORMAT_NAMES[f] : "?";
 }
-const char *snug_chat_template_name(snug_chat_template t) { return (unsigned)t < 2 ? TEMPLATE_NAMES[t] : "?"; }
+const char *snug_chat_template_name(snug_chat_template t) {
+    return (unsigned)t < sizeof TEMPLATE_NAMES / sizeof *TEMPLATE_NAMES ? TEMPLATE_NAMES[t] : "?";
+}
 
 /* ---- building an example ---- */
 
@@ -435,9 +439,10 @@ static void trim(const char **s, size_t *n) {
     *n = b - a;
 }
 
-typedef enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, NROLES } role;
+typedef enum { ROLE_SYSTEM = SNUG_ROLE_SYSTEM, ROLE_USER = SNUG_ROLE_USER, ROLE_ASSISTANT = SNUG_ROLE_ASSISTANT,
+               NROLES } role;
 
-static const char *const role_names[NROLES] = {"system", "user", "assistant"};
+static const char *const role_names[NROLES + 1] = {"system", "user", "assistant", "tool"};
 
 /* The values that mean role r, joined by commas: the source's roles when it lists any, else Axolotl's default. */
 static const char *role_list(const snug_format *f, int r) {
@@ -448,8 +453,10 @@ static const char *role_list(const snug_format *f, int r) {
     return own ? (f->src->roles[r] ? f->src->roles[r] : "") : defaults[r];
 }
 
-/* The role a message's role value means, or -1. */
+/* The role a message's role value means, or -1 (tool: "tool", with a Jinja template only). */
 static int role_of(const snug_format *f, const char *value) {
+    if (f->jinja && !strcmp(value, "tool"))
+        return SNUG_ROLE_TOOL;
     for (int r = 0; r < NROLES; r++) {
         const char *list = role_list(f, r);
         size_t n = strlen(value);
@@ -507,21 +514,25 @@ static int do_chat(const snug_format *f, json_t *obj, snug_example *ex, snug_err
                              r ? snug_json_type_name(r) : "missing", role_values(f, vals, sizeof vals),
                              r || strcmp(fr, "role") ? "" : " (or set datasets[].message_field_role to the field that "
                                                            "holds the role, e.g. from)");
-        if (!c || !json_is_string(c))
+        int jinja_ok = f->jinja && (!c || json_is_null(c) || json_is_array(c)); /* a tool call's; content parts */
+        if (!jinja_ok && (!c || !json_is_string(c)))
             return snug_fail(e, SNUG_EINPUT, "%s[%zu].%s is %s; it must be a string%s", fm, i, fc,
                              c ? snug_json_type_name(c) : "missing",
                              c || strcmp(fc, "content") ? "" : " (or set datasets[].message_field_content to the "
                                                                "field that holds the text, e.g. value)");
         int role = role_of(f, json_string_value(r));
         if (role < 0)
-            return snug_fail(e, SNUG_EINPUT, "%s[%zu].%s is \"%.40s\"; use one of %s, or map it to a role with "
-                             "datasets[].roles", fm, i, fr, json_string_value(r), role_values(f, vals, sizeof vals));
+            return snug_fail(e, SNUG_EINPUT, "%s[%zu].%s is \"%.40s\"; use one of %s%s, or map it to a role with "
+                             "datasets[].roles", fm, i, fr, json_string_value(r), role_values(f, vals, sizeof vals),
+                             f->jinja ? ", \"tool\"" : "");
         any_assistant |= role == ROLE_ASSISTANT;
     }
     int toi = f->opts->train_on_inputs ? 1 : 0;
     if (!any_assistant && !toi)
         return snug_fail(e, SNUG_EINPUT, "no assistant message: nothing to train on; add the assistant's reply, or "
                          "set train_on_inputs: true to train on every message");
+    if (f->jinja)
+        return snug_format_chat_jinja(f, obj, msgs, ex, e);
     int llama3 = f->src->chat == SNUG_CHAT_LLAMA3;
     if (llama3)
         SNUG_TRY(put_special(f, ex, "<|begin_of_text|>", 0, e));
@@ -611,6 +622,32 @@ static int do_pretokenized(const snug_format *f, json_t *obj, snug_example *ex, 
     return 0;
 }
 
+int snug_format_put_text(const snug_format *f, snug_example *ex, const char *s, size_t n, int sup, snug_error *e) {
+    return put_text(f, ex, s, n, sup, e);
+}
+int snug_format_flush(const snug_format *f, snug_example *ex, snug_error *e) { return flush(f, ex, e); }
+int snug_format_role_of(const snug_format *f, const char *value) { return role_of(f, value); }
+const char *snug_format_role_name(int role) { return (unsigned)role <= NROLES ? role_names[role] : "?"; }
+
+void snug_format_free(snug_format *f) {
+    snug_jinja_free(f->jinja);
+    snug_jinja_free(f->jinja_tool_use);
+    f->jinja = f->jinja_tool_use = NULL;
+}
+
+/* Compiles a chat template of src; a template that does not compile says what else renders the data. */
+static int compile_template(const snug_data_source *src, const char *text, const char *where, snug_jinja **out,
+                            snug_error *e) {
+    int rc = snug_jinja_compile(text, strlen(text), where ? where : "chat template", out, e);
+    if (rc == SNUG_EINPUT) {
+        char msg[sizeof e->msg];
+        snprintf(msg, sizeof msg, "%s", e->msg);
+        return snug_fail(e, rc, "%.1200s (%s's chat template; chat_template: chatml or llama3 renders with a "
+                         "built-in instead)", msg, src->path);
+    }
+    return rc;
+}
+
 int snug_format_init(snug_format *f, const snug_data_source *src, const snug_data_opts *opts, const snug_encoder *enc,
                      snug_error *e) {
     *f = (snug_format){.src = src, .opts = opts, .enc = enc, .field = src->field && *src->field ? src->field : "text",
@@ -618,6 +655,22 @@ int snug_format_init(snug_format *f, const snug_data_source *src, const snug_dat
                        .role = src->role && *src->role ? src->role : "role",
                        .content = src->content && *src->content ? src->content : "content",
                        .special = {-1, -1, -1, -1}};
+    if (src->format == SNUG_DATA_CHAT && src->chat == SNUG_CHAT_JINJA) {
+        if (!src->jinja)
+            return snug_fail(e, SNUG_EINTERNAL, "%s: chat_template jinja without a template", src->path);
+        SNUG_TRY(compile_template(src, src->jinja, src->jinja_where, &f->jinja, e));
+        f->jinja_gen = snug_jinja_has_generation(f->jinja);
+        if (src->jinja_tool_use) {
+            int rc = compile_template(src, src->jinja_tool_use, src->jinja_tool_use_where, &f->jinja_tool_use, e);
+            if (rc) {
+                snug_format_free(f);
+                return rc;
+            }
+            f->tool_use_gen = snug_jinja_has_generation(f->jinja_tool_use);
+        }
+        memcpy(f->vars.tokens, src->chat_tokens, sizeof f->vars.tokens);
+        return 0;
+    }
     if (src->format != SNUG_DATA_CHAT || !enc->special_id)
         return 0;
     const char *const *specials = src->chat == SNUG_CHAT_LLAMA3 ? LLAMA3_SPECIALS : CHATML_SPECIALS;

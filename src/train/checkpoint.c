@@ -180,6 +180,7 @@ static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *e
             snprintf(srcdir, sizeof srcdir, ".");
         SNUG_TRY(snug_copy_tokenizer_files(srcdir, dir, e));
         SNUG_TRY(snug_tokenizer_files_set_special(dir, &s->c, e));
+        SNUG_TRY(snug_setup_save_chat_template(s, dir, e));
     }
     /* LoRA: the adapter as PEFT saves it (p32: the adapter table's values), naming its base; adapter_config.json,
      * written last, makes the folder an adapter */

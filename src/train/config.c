@@ -35,8 +35,12 @@ static int validate_model_data(const snug_run_config *o, const char *src, snug_e
                 k, (int)d->type);
         REQUIRE(d->field[0] || d->type != SNUG_DATA_COMPLETION,
                 "%s: %s[%d] field is empty; name the JSON field that holds the text", src, key, k);
-        REQUIRE(d->chat_template == SNUG_CHAT_CHATML || d->chat_template == SNUG_CHAT_LLAMA3,
-                "%s: %s[%d] chat_template %d is unknown; use chatml or llama3", src, key, k, (int)d->chat_template);
+        REQUIRE(d->chat_template >= SNUG_CHAT_CHATML && d->chat_template <= SNUG_CHAT_TOKENIZER_OR_LLAMA3,
+                "%s: %s[%d] chat_template %d is unknown; use tokenizer_default, tokenizer_default_fallback_chatml, "
+                "tokenizer_default_fallback_llama3, chatml, llama3 or jinja", src, key, k, (int)d->chat_template);
+        REQUIRE(d->chat_template != SNUG_CHAT_JINJA || o->chat_template_jinja[0],
+                "%s: %s[%d] chat_template is jinja but chat_template_jinja is empty; set chat_template_jinja to the "
+                "template's text or file", src, key, k);
     }
     REQUIRE(!o->ntest_datasets || o->val_set_size == 0,
             "%s: test_datasets and val_set_size %g both give a validation set; keep one", src, o->val_set_size);

@@ -55,7 +55,7 @@ typedef struct snug_dataset_spec {
     char path[1024];              /* a JSONL file (a relative path in a YAML file is joined to its folder) */
     snug_data_format type;        /* completion (default), alpaca, chat, pretokenized */
     char field[64];               /* the text field for completion (default "text") */
-    snug_chat_template chat_template; /* for chat: chatml (default) or llama3 */
+    snug_chat_template chat_template; /* for chat: tokenizer_default_fallback_chatml (default), ... (dataset.h) */
     int chat_template_own;        /* 1: the entry names its chat_template; 0: the config-wide one applies */
     int type_chat_template;       /* 1: its type is written chat_template (Axolotl's), whose template defaults to the
                                    * tokenizer's own */
@@ -150,6 +150,7 @@ typedef struct snug_run_config {
     snug_long_policy long_examples;
     char dataset_prepared_path[1024];
     snug_chat_template chat_template; /* the config-wide chat_template: chat entries that name none use it */
+    char chat_template_jinja[32768];  /* Axolotl's chat_template_jinja: a template's text or file ("" = none) */
     /* special_tokens: tokens of the tokenizer's vocabulary that take these roles ("" = the tokenizer's own) */
     char pad_token[128], eos_token[128], bos_token[128], unk_token[128];
     int debug;                /* 1: the first examples are printed token by token before training (Axolotl's debug) */

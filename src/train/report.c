@@ -102,6 +102,8 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
     fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->s.train.nexamples,
             r->s.train.ntokens, r->s.val.nexamples);
     snug_data_report_print(out, "data files", &r->s.drep, r->s.dsrc, &r->s.dopts);
+    if (r->s.chat_note[0]) /* a built-in chosen over the tokenizer's own template */
+        fprintf(out, "  chat template        %s\n", r->s.chat_note);
     if (o->ntest_datasets)
         snug_data_report_print(out, "validation files", &r->s.vrep, r->s.vsrc, &r->s.dopts);
     snug_batching_report_print(out, &r->brep);

@@ -202,6 +202,7 @@ int snug_setup_load_data(snug_setup *r, snug_error *e) {
                                .content = d->field_content,
                                .roles = {d->roles_system, d->roles_user, d->roles_assistant}};
     }
+    SNUG_TRY(snug_setup_chat(r, e));
     r->dopts = (snug_data_opts){.train_on_inputs = o->train_on_inputs, .sequence_len = o->sequence_len,
                                 .drop_long = o->long_examples == SNUG_LONG_DROP, .skip_bad = o->skip_bad_examples};
     SNUG_TRY(snug_dataset_prepare(&r->train, r->dsrc, o->ndatasets, &r->dopts, &r->enc,
@@ -691,6 +692,9 @@ void snug_setup_free(snug_setup *r) {
     if (r->tok)
         snug_tok_free(r->tok);
     r->tok = NULL;
+    snug_chat_files_free(&r->chat);
+    free(r->chat_jinja);
+    r->chat_jinja = NULL;
 }
 
 size_t snug_dataset_bytes_estimate(const snug_run_config *c, int byte_level) {

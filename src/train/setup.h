@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "data/chat_template.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
 #include "data/tokenizer.h"
@@ -49,6 +50,14 @@ typedef struct snug_setup {
     snug_data_report drep;    /* per file: examples, tokens, long and bad examples; the cache used */
     snug_data_source vsrc[SNUG_MAX_DATASETS]; /* test_datasets as src/data reads them, and their report */
     snug_data_report vrep;
+    /* the chat template (snug_setup_chat, from snug_setup_load_data) */
+    snug_chat_files chat;     /* the tokenizer folder's template and special-token strings */
+    char *chat_jinja;         /* chat_template_jinja's text ("" unset: NULL) */
+    char chat_jinja_where[4200];
+    const char *chat_saved;   /* what the saved folder keeps as its chat_template.jinja: the template the first chat
+                               * dataset rendered with, when it is not the tokenizer's own; NULL: the tokenizer's files
+                               * as they are */
+    char chat_note[1024];     /* the header's line on a built-in chosen over the tokenizer's own template, or "" */
 } snug_setup;
 
 /* The plan spec of a configuration for a model: micro-batch, accumulation, levers, optimizer state, budget. */
@@ -76,6 +85,15 @@ int snug_tokenizer_files_set_special(const char *dir, const snug_run_config *c, 
 /* Reads the datasets as the configuration says (the tokenizer, the model's EOS, the cache under
  * dataset_prepared_path, the validation split). */
 int snug_setup_load_data(snug_setup *s, snug_error *e);
+
+/* Resolves the template of every chat dataset (s->dsrc, s->vsrc filled): chatml and llama3 as built in, jinja as
+ * chat_template_jinja, tokenizer_default as the tokenizer folder's template (an error when it ships none),
+ * tokenizer_default_fallback_chatml as that or chatml. Sets chat_saved and chat_note. */
+int snug_setup_chat(snug_setup *s, snug_error *e);
+
+/* Writes s->chat_saved, when set, as dir's chat_template.jinja, and drops the chat_template of dir's
+ * tokenizer_config.json (transformers reads the file first; the key would only mislead a reader). */
+int snug_setup_save_chat_template(const snug_setup *s, const char *dir, snug_error *e);
 
 /* The first n examples of the datasets (every file, in file order, before the validation split) token by token:
  * position, id, whether it is supervised, the token's text escaped. */

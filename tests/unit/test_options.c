@@ -492,7 +492,8 @@ static void test_not_supported(void) {
     }
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: freeform\n", "type must be one of completion");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template: qwen3\n",
-                      "chat_template 'qwen3' is not supported yet; use chatml, llama3");
+                      "chat_template 'qwen3' is not supported yet; use tokenizer_default, tokenizer_default_fallback_chatml, "
+                      "tokenizer_default_fallback_llama3, chatml, llama3, jinja");
     EXPECT_YAML_OK("datasets:\n  - path: a.jsonl\n    type: chat\n    field_messages: messages\n");
     EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    split: test\n", "split is not supported yet",
                       "set it to train");
@@ -513,7 +514,8 @@ static void test_dataset_keys(void) {
                   &o, &e);
     CHECKF(rc == 0, "%s", e.msg);
     CHECK(o.ndatasets == 4 && o.datasets[0].type == SNUG_DATA_ALPACA && o.datasets[1].type == SNUG_DATA_CHAT);
-    CHECK(o.datasets[1].chat_template == SNUG_CHAT_LLAMA3 && o.datasets[2].chat_template == SNUG_CHAT_CHATML);
+    CHECK(o.datasets[1].chat_template == SNUG_CHAT_LLAMA3 &&
+          o.datasets[2].chat_template == SNUG_CHAT_TOKENIZER_OR_CHATML); /* the tokenizer's own, else chatml */
     CHECK(o.datasets[3].type == SNUG_DATA_PRETOKENIZED);
     CHECK(o.train_on_inputs == 1 && o.skip_bad_examples == 1 && o.long_examples == SNUG_LONG_DROP);
     CHECK(!strcmp(o.dataset_prepared_path, "prep/here")); /* relative to the current directory, as written */
@@ -920,7 +922,23 @@ static void test_yaml_alone_resolves(void) {
     CHECK(load(yamls[4], a, &e) == 0 && fabs(a->cosine_min_lr_ratio - 0.25) < 1e-12);
     CHECK(load(yamls[5], a, &e) == 0 && a->datasets[0].chat_template == SNUG_CHAT_LLAMA3);
     EXPECT_YAML_ERROR("attn_implementation: eager\nsdp_attention: true\n", "ask for two kinds of attention");
-    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat_template\n", "names no chat_template");
+    /* Axolotl's type chat_template naming no template: the tokenizer's own (tokenizer_default); type chat: the
+     * tokenizer's own else chatml; chat_template_jinja alone: jinja */
+    CHECK(load("datasets:\n  - path: a.jsonl\n    type: chat_template\n  - path: b.jsonl\n    type: chat\n", a,
+               &e) == 0 &&
+          a->datasets[0].chat_template == SNUG_CHAT_TOKENIZER &&
+          a->datasets[1].chat_template == SNUG_CHAT_TOKENIZER_OR_CHATML);
+    CHECK(load("chat_template_jinja: \"{{ messages }}\"\ndatasets:\n  - path: a.jsonl\n    type: chat_template\n"
+               "  - path: b.jsonl\n    type: chat\n    chat_template: chatml\n", a, &e) == 0 &&
+          a->chat_template == SNUG_CHAT_JINJA && a->datasets[0].chat_template == SNUG_CHAT_JINJA &&
+          a->datasets[1].chat_template == SNUG_CHAT_CHATML && !strcmp(a->chat_template_jinja, "{{ messages }}"));
+    EXPECT_YAML_ERROR("datasets:\n  - path: a.jsonl\n    type: chat\n    chat_template_jinja: t.jinja\n",
+                      "chat_template_jinja is not supported yet", "set chat_template_jinja once for the whole config");
+    CHECK(load("chat_template: tokenizer_default_fallback_chatml\ndatasets:\n  - path: a.jsonl\n    type: "
+               "chat_template\n  - path: b.jsonl\n    type: chat\n    chat_template: tokenizer_default_fallback_llama3\n",
+               a, &e) == 0 &&
+          a->datasets[0].chat_template == SNUG_CHAT_TOKENIZER_OR_CHATML &&
+          a->datasets[1].chat_template == SNUG_CHAT_TOKENIZER_OR_LLAMA3);
     EXPECT_YAML_ERROR("lr_scheduler: cosine_with_min_lr\n", "needs its floor");
     EXPECT_YAML_ERROR("fsdp: [shard_grad_op]\nzero_stage: 1\n", "zero_stage is 1 but fsdp (shard_grad_op)");
     free(a);
@@ -1105,16 +1123,12 @@ static void test_axolotl_keys(void) {
         {"attn_implementation: eager\nsdp_attention: true\n", "ask for two kinds of attention"},
         {"flash_attention: false\nxformers_attention: true\n", "xformers_attention: true (fused attention) disagree"},
         {"gradient_checkpointing: selective\nactivation_offloading: true\n", "set gradient_checkpointing: true"},
-        {"chat_template: tokenizer_default\n", "chat_template 'tokenizer_default' is not supported yet"},
         {"datasets:\n  - path: a.jsonl\n    roles:\n      tool: [tool]\n", "names the role 'tool'"},
         {"datasets:\n  - path: a.jsonl\n    roles:\n      user: ['a,b']\n", "without commas"},
         {"datasets:\n  - path: a.jsonl\n    roles_to_train: [user]\n", "roles_to_train other than [assistant]"},
         {"datasets:\n  - path: a.jsonl\n    message_property_mappings:\n      tool: tools\n",
          "message_property_mappings.tool is not supported"},
         {"lora_fan_in_fan_out: sometimes\n", "lora_fan_in_fan_out must be one of"},
-        {"datasets:\n  - path: a.jsonl\n    type: chat_template\n",
-         "datasets[0] is type chat_template and names no chat_template"},
-        {"test_datasets:\n  - path: a.jsonl\n    type: chat_template\n", "test_datasets[0] is type chat_template"},
         {"lr_scheduler_type: cosine_with_min_lr\n", "cosine_with_min_lr needs its floor"},
         {"lr_scheduler_kwargs: {num_cycles: 0}\n", "lr_scheduler_kwargs.num_cycles must be above 0"},
         {"lr_scheduler_kwargs: {power: 2}\n", "lr_scheduler cosine does not take; it takes min_lr_rate"},

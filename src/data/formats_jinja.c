@@ -1,0 +1,224 @@
+/* formats_jinja.c: a chat line through a Jinja chat template (the tokenizer's own, or chat_template_jinja): the text
+ * transformers' apply_chat_template renders, tokenized whole as it tokenizes it (add_special_tokens=False: the
+ * template writes any BOS itself), and the assistant mask.
+ *
+ * What the template sees: each message of the line with its role value replaced by the role's name (system, user,
+ * assistant, tool; datasets[].roles maps the values), its text under "content" (datasets[].message_field_content),
+ * its other keys as they are (tool_calls, ...), keys whose value is null dropped (transformers'
+ * _normalize_chat_messages), and a message with reasoning ("reasoning_content", "thinking" or "reasoning", the first
+ * not null) gets it under "thinking" (first) and "reasoning_content" as well (_alias_reasoning_fields); the line's
+ * "tools" when it has them (else None, as documents; with tools, the tokenizer's "tool_use" template when it ships
+ * one, as transformers' get_chat_template picks it); add_generation_prompt false;
+ * bos_token, eos_token, unk_token and pad_token as tokenizer_config.json writes them.
+ *
+ * The assistant mask (which tokens are supervised):
+ *   - a template with {% generation %} blocks: every token whose text overlaps the output of a block, as
+ *     transformers' return_assistant_tokens_mask marks them (a token that straddles a block's edge included);
+ *   - a template without them, by rendering prefixes: for each assistant message i, the text from where the rendering
+ *     of messages[0, i) with add_generation_prompt true (the prompt that asks for the reply) stops agreeing with the
+ *     whole conversation's rendering, to where the rendering of messages[0, i] (add_generation_prompt false) stops
+ *     agreeing with it. For most templates both are prefixes of the whole, and the span is the reply and what the
+ *     template writes after it (its end-of-turn token, a line break); where a generation prompt writes more than
+ *     the turn holds (DeepSeek-R1's "<think>\n") the span starts where they part; where a template writes a trailer
+ *     after every conversation (the first Llama 3's assistant header) the span ends where the trailer and the next
+ *     turn part (the next header's first token included). A template that renders an earlier turn differently
+ *     once later ones follow, leaving the span empty (Qwen3 drops past reasoning), is refused for that line,
+ *     naming the message: give it {% generation %} blocks through chat_template_jinja;
+ *   - train_on_inputs: every token.
+ * The span edges become changes of supervision inside the text, pinned to tokens as formats.h describes. */
+#include "data/formats.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct range {
+    size_t a, b;
+} range;
+
+static int cmp_range(const void *x, const void *y) {
+    const range *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a ? 1 : p->b < q->b ? -1 : p->b > q->b;
+}
+
+/* The messages as the template sees them (see the top of the file); NULL when out of memory. */
+static json_t *template_messages(const snug_format *f, json_t *msgs) {
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *c = json_object();
+        if (!out || !c || json_array_append_new(out, c)) {
+            json_decref(out);
+            return NULL;
+        }
+        static const char *const reasoning_keys[3] = {"reasoning_content", "thinking", "reasoning"};
+        json_t *reasoning = NULL;
+        for (int k = 0; k < 3 && !reasoning; k++) {
+            json_t *x = json_object_get(m, reasoning_keys[k]);
+            reasoning = x && !json_is_null(x) ? x : NULL;
+        }
+        if (reasoning && json_object_set(c, "thinking", reasoning)) {
+            json_decref(out);
+            return NULL;
+        }
+        const char *key;
+        json_t *v;
+        json_object_foreach(m, key, v) {
+            int rc = 0;
+            if (!strcmp(key, f->role)) {
+                int role = snug_format_role_of(f, json_string_value(v));
+                rc = json_object_set_new(c, "role", json_string(snug_format_role_name(role)));
+            } else if (!strcmp(key, f->content)) {
+                rc = json_is_null(v) ? 0 : json_object_set(c, "content", v);
+            } else if (!json_is_null(v) && strcmp(key, "role") && strcmp(key, "content")) {
+                rc = json_object_set(c, key, v);
+            }
+            if (rc) {
+                json_decref(out);
+                return NULL;
+            }
+        }
+        if (reasoning && (json_object_set(c, "thinking", reasoning) || json_object_set(c, "reasoning_content",
+                                                                                         reasoning))) {
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* Renders msgs[0, n) (add_generation_prompt gp) into *text (malloc'd), *len. */
+static int render_first(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t n, json_t *tools, int gp,
+                        char **text, size_t *len, snug_error *e) {
+    json_t *sub = json_array();
+    for (size_t i = 0; sub && i < n; i++)
+        if (json_array_append(sub, json_array_get(msgs, i))) {
+            json_decref(sub);
+            sub = NULL;
+        }
+    if (!sub)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory rendering a chat template");
+    snug_jinja_out o;
+    int rc = snug_chat_render(t, sub, tools, gp, &f->vars, &o, e);
+    json_decref(sub);
+    if (!rc) {
+        *text = o.text;
+        *len = o.len;
+        o.text = NULL;
+        snug_jinja_out_free(&o);
+    }
+    return rc;
+}
+
+/* The length of the common prefix of a[0, na) and b[0, nb), backed up to the start of a character of b (the rule is
+ * one of characters, as the reference computes it on Python strings). */
+static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
+    size_t k = 0, n = na < nb ? na : nb;
+    while (k < n && a[k] == b[k])
+        k++;
+    while (k > 0 && k < nb && ((unsigned char)b[k] & 0xc0) == 0x80)
+        k--;
+    return k;
+}
+
+/* The assistant spans by rendering prefixes (see the top of the file) into *r (grown), *nr. */
+static int prefix_spans(const snug_format *f, const snug_jinja *t, json_t *msgs, json_t *tools, const char *full,
+                        size_t nfull, range **r, size_t *nr, snug_error *e) {
+    size_t nm = json_array_size(msgs);
+    for (size_t i = 0; i < nm; i++) {
+        json_t *m = json_array_get(msgs, i);
+        if (strcmp(json_string_value(json_object_get(m, "role")), "assistant"))
+            continue;
+        char *p = NULL, *q = NULL;
+        size_t np = 0, nq = 0;
+        int rc = render_first(f, t, msgs, i, tools, 1, &p, &np, e);
+        if (!rc)
+            rc = render_first(f, t, msgs, i + 1, tools, 0, &q, &nq, e);
+        size_t a = rc ? 0 : common_prefix(p, np, full, nfull), b = rc ? 0 : common_prefix(q, nq, full, nfull);
+        free(p);
+        free(q);
+        if (rc)
+            return rc;
+        if (b <= a)
+            return snug_fail(e, SNUG_EINPUT, "%s[%zu]: the template (%s) renders the conversation up to this assistant "
+                             "message differently from the start of the whole conversation, so its reply cannot be "
+                             "found by rendering prefixes; give the template {%% generation %%} blocks around the "
+                             "reply (chat_template_jinja), or use chat_template: chatml", f->messages, i,
+                             f->src->jinja_where ? f->src->jinja_where : "jinja");
+        range *g = realloc(*r, (*nr + 1) * sizeof **r);
+        if (!g)
+            return snug_fail(e, SNUG_ENOMEM, "out of memory");
+        *r = g;
+        g[(*nr)++] = (range){a, b};
+    }
+    return 0;
+}
+
+/* Emits text[0, n) as pieces, supervised inside the ranges r[0, nr) (sorted), and tokenizes them. */
+static int emit(const snug_format *f, snug_example *ex, const char *text, size_t n, range *r, size_t nr,
+                snug_error *e) {
+    size_t pos = 0;
+    for (size_t k = 0; k < nr; k++) {
+        size_t a = r[k].a > pos ? r[k].a : pos, b = r[k].b < n ? r[k].b : n;
+        if (b <= a)
+            continue;
+        SNUG_TRY(snug_format_put_text(f, ex, text + pos, a - pos, 0, e));
+        SNUG_TRY(snug_format_put_text(f, ex, text + a, b - a, 1, e));
+        pos = b;
+    }
+    SNUG_TRY(snug_format_put_text(f, ex, text + pos, n - pos, 0, e));
+    return snug_format_flush(f, ex, e);
+}
+
+int snug_format_chat_jinja(const snug_format *f, json_t *obj, json_t *msgs, snug_example *ex, snug_error *e) {
+    json_t *tm = template_messages(f, msgs), *tools = json_object_get(obj, "tools");
+    if (!tm)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory rendering a chat template");
+    if (json_is_null(tools))
+        tools = NULL;
+    /* a line with tools renders with the tokenizer's tool_use template when it has one, as transformers */
+    const snug_jinja *t = tools && f->jinja_tool_use ? f->jinja_tool_use : f->jinja;
+    int gen = tools && f->jinja_tool_use ? f->tool_use_gen : f->jinja_gen;
+    snug_jinja_out full;
+    int rc = snug_chat_render(t, tm, tools, 0, &f->vars, &full, e);
+    if (rc) {
+        json_decref(tm);
+        if (rc != SNUG_EINPUT)
+            return rc;
+        char msg[sizeof e->msg]; /* a template's error (raise_exception's message): say what else renders the line */
+        snprintf(msg, sizeof msg, "%s", e->msg);
+        return snug_fail(e, rc, "%.1200s (rendering the chat template; fix the line, skip such lines with "
+                         "skip_bad_examples: true, or render with a built-in: chat_template: chatml or llama3)", msg);
+    }
+    range *r = NULL;
+    size_t nr = 0;
+    if (f->opts->train_on_inputs) {
+        if (!(r = malloc(sizeof *r)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of memory");
+        else
+            r[nr++] = (range){0, full.len};
+    } else if (gen) {
+        if (full.nspans && !(r = malloc(full.nspans * sizeof *r)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of memory");
+        for (size_t k = 0; !rc && k < full.nspans; k++)
+            r[nr++] = (range){full.spans[k].begin, full.spans[k].end};
+        if (nr)
+            qsort(r, nr, sizeof *r, cmp_range);
+    } else {
+        rc = prefix_spans(f, t, tm, tools, full.text, full.len, &r, &nr, e);
+    }
+    size_t nsup = 0;
+    for (size_t k = 0; k < nr; k++)
+        nsup += r[k].b > r[k].a;
+    if (!rc && !nsup)
+        rc = snug_fail(e, SNUG_EINPUT, "the template (%s) marks no text as the assistant's (%s); check that the "
+                       "line has an assistant reply, or set train_on_inputs: true",
+                       f->src->jinja_where ? f->src->jinja_where : "jinja",
+                       gen ? "its {% generation %} blocks rendered nothing" : "no assistant message");
+    if (!rc)
+        rc = emit(f, ex, full.text, full.len, r, nr, e);
+    free(r);
+    snug_jinja_out_free(&full);
+    json_decref(tm);
+    return rc;
+}
