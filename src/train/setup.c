@@ -344,7 +344,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     if (!c->lora_model_dir[0])
         return 0;
     snug_lora_cfg a;
-    SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, &a, e));
+    SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, r->cfg.n_layer, &a, e));
     for (int l = r->cfg.n_layer; snug_lora_layers_named(&a) && l < 256; l++)
         if (snug_lora_layer_on(&a, l))
             return snug_fail(e, SNUG_EINPUT, "%s/adapter_config.json: layers_to_transform names layer %d, and this "

@@ -1,0 +1,183 @@
+"""Adapters PEFT made with settings that change what the adapter means, read as PEFT reads them: PiSSA and OLoRA
+adapters saved unconverted (init_lora_weights "pissa"/"olora": the saved A and B sit on the base less the initial
+pair, which PEFT derives again from the base at load) and an adapter made with exclude_modules (a list, and a regular
+expression), each merged by `snug merge` against PeftModel.from_pretrained(...).merge_and_unload(): every tensor,
+and the logits of the merged folder against PEFT's adapted model. Then the keys snug cannot honour are refused by
+name (pissa_niter_K, corda, loftq, layer_replication, alora_invocation_tokens, an exclusion that leaves different
+modules on different layers).
+
+Tolerance: the SVD and QR of snug's LAPACK and torch's differ by rounding; the noise floor is measured here as the
+difference between torch's residual in fp32 and in fp64, and each merged tensor must be within 10 times it (at least
+1e-6 of the tensor's largest magnitude). Tensors no adapter touches must be bit-identical."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+import transformers
+from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import SNUG, check, finish, rel_max  # noqa: E402
+
+import peft  # noqa: E402
+
+LLAMA = dict(vocab_size=101, hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
+ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def base_model(work):
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(**LLAMA)
+    base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    bdir = os.path.join(work, "base")
+    base.save_pretrained(bdir, safe_serialization=True)
+    return bdir
+
+
+def load_base(bdir):
+    return transformers.AutoModelForCausalLM.from_pretrained(bdir, dtype=torch.float32, attn_implementation="eager")
+
+
+def make_adapter(bdir, out, lcfg, seed=2):
+    """A PEFT adapter made with lcfg on the base, its A and B then moved (as training would), saved unconverted."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = peft.get_peft_model(load_base(bdir), peft.LoraConfig(lora_dropout=0.0, **lcfg))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_" in n:
+                p.add_(0.05 * torch.randn_like(p))
+    m.save_pretrained(out)
+    return out
+
+
+def pissa_noise(bdir, r, scale):
+    """How far torch's fp32 PiSSA residual of each adapted weight is from the same in fp64: the rounding the SVD
+    brings, relative to the weight's largest magnitude."""
+    worst = 0.0
+    for k, w in load_file(os.path.join(bdir, "model.safetensors")).items():
+        if "proj" not in k:
+            continue
+        res = {}
+        for dt in (torch.float32, torch.float64):
+            V, S, Uh = torch.linalg.svd(w.to(dt), full_matrices=False)
+            Sr = S[:r] / scale
+            res[dt] = w.to(dt) - scale * (V[:, :r] @ torch.diag(Sr.sqrt())) @ (torch.diag(Sr.sqrt()) @ Uh[:r])
+        worst = max(worst, rel_max(res[torch.float32], res[torch.float64]))
+    return worst
+
+
+def merged_against_peft(tag, bdir, adir, work, floor):
+    out = os.path.join(work, f"merged-{tag}")
+    r = subprocess.run([SNUG, "merge", bdir, adir, out], capture_output=True, text=True)
+    check(r.returncode == 0, f"{tag}: snug merge failed: {r.stderr.strip()[-400:]}")
+    if r.returncode:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm = peft.PeftModel.from_pretrained(load_base(bdir), adir)
+    ids = torch.randint(0, LLAMA["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref_logits = pm(input_ids=ids).logits
+    ref = {k: v.detach() for k, v in pm.merge_and_unload().state_dict().items()}
+    got = load_file(os.path.join(out, "model.safetensors"))
+    base = load_file(os.path.join(bdir, "model.safetensors"))
+    tol = max(1e-6, 10 * floor)
+    worst, same, touched = 0.0, 0, 0
+    for k, v in ref.items():
+        if k not in got:
+            check(False, f"{tag}: merged folder has no {k}")
+            continue
+        if torch.equal(v, base[k]):  # untouched by PEFT: snug must leave it bit for bit
+            check(torch.equal(got[k], v), f"{tag}: {k} is not the base's, and PEFT leaves it as it is")
+            same += 1
+            continue
+        touched += 1
+        e = rel_max(got[k], v)
+        worst = max(worst, e)
+        check(e <= tol, f"{tag}: merged {k} relerr {e:.2e} against merge_and_unload (tolerance {tol:.1e})")
+    mm = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        e = rel_max(mm(input_ids=ids).logits, ref_logits)
+    check(e <= max(1e-5, 10 * floor), f"{tag}: logits of snug's merge relerr {e:.2e} against PEFT's adapted model")
+    print(f"  {tag:<16} {touched} merged tensors within {worst:.1e} (tolerance {tol:.1e}), {same} untouched "
+          f"identical; logits relerr {e:.1e}")
+    return worst
+
+
+def refused(tag, bdir, adir, work, *words):
+    out = os.path.join(work, f"refused-{tag}")
+    r = subprocess.run([SNUG, "merge", bdir, adir, out], capture_output=True, text=True)
+    msg = r.stderr.strip()
+    check(r.returncode == 2 and all(w in msg for w in words) and "adapter_config.json" in msg,
+          f"{tag}: want exit 2 naming {words}, got {r.returncode}: {msg[-300:]}")
+    print(f"  {tag:<16} refused: {msg.splitlines()[-1][:150] if msg else '(nothing)'}")
+
+
+def edit_config(src, dst, **keys):
+    """A copy of adapter src with adapter_config.json's keys set (a key PEFT writes for a feature it made)."""
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        with open(os.path.join(src, f), "rb") as a, open(os.path.join(dst, f), "wb") as b:
+            b.write(a.read())
+    p = os.path.join(dst, "adapter_config.json")
+    with open(p) as f:
+        c = json.load(f)
+    c.update(keys)
+    with open(p, "w") as f:
+        json.dump(c, f)
+    return dst
+
+
+def main():
+    with tempfile.TemporaryDirectory() as work:
+        bdir = base_model(work)
+        r, alpha = 4, 8
+        floor = pissa_noise(bdir, r, alpha / r)
+        print(f"  noise floor: torch's fp32 PiSSA residual against fp64, {floor:.1e}")
+        # PiSSA and OLoRA, every module, and PiSSA with rsLoRA on a few (another scale)
+        pissa = make_adapter(bdir, os.path.join(work, "pissa"), dict(r=r, lora_alpha=alpha, target_modules=ALL7,
+                                                                      init_lora_weights="pissa"))
+        with open(os.path.join(pissa, "adapter_config.json")) as f:
+            check(json.load(f)["init_lora_weights"] == "pissa", "pissa: PEFT saved it converted")
+        merged_against_peft("pissa", bdir, pissa, work, floor)
+        merged_against_peft("pissa-rslora", bdir, make_adapter(
+            bdir, os.path.join(work, "pissa-rs"), dict(r=8, lora_alpha=6, use_rslora=True, init_lora_weights="pissa",
+                                                       target_modules=["q_proj", "v_proj", "down_proj"])), work, floor)
+        merged_against_peft("olora", bdir, make_adapter(
+            bdir, os.path.join(work, "olora"), dict(r=r, lora_alpha=alpha, target_modules=ALL7,
+                                                    init_lora_weights="olora")), work, floor)
+        # plain adapters whatever their init (the base is not changed)
+        merged_against_peft("gaussian", bdir, make_adapter(
+            bdir, os.path.join(work, "gauss"), dict(r=r, lora_alpha=alpha, target_modules=["q_proj"],
+                                                    init_lora_weights="gaussian")), work, 0.0)
+        # exclude_modules: a list (PEFT's suffix rule) and a regular expression that leaves out a layer
+        merged_against_peft("exclude-list", bdir, make_adapter(
+            bdir, os.path.join(work, "excl"), dict(r=r, lora_alpha=alpha, target_modules="all-linear",
+                                                   exclude_modules=["k_proj", "mlp.down_proj"])), work, 0.0)
+        merged_against_peft("exclude-regex", bdir, make_adapter(
+            bdir, os.path.join(work, "exre"), dict(r=r, lora_alpha=alpha, target_modules=ALL7,
+                                                   exclude_modules=r"model\.layers\.0\..*")), work, 0.0)
+        # what snug cannot honour is refused by name
+        uneven = make_adapter(bdir, os.path.join(work, "uneven"), dict(
+            r=r, lora_alpha=alpha, target_modules=ALL7, exclude_modules=r".*\.1\.self_attn\.q_proj"))
+        refused("exclude-uneven", bdir, uneven, work, "exclude_modules", "layer")
+        gauss = os.path.join(work, "gauss")
+        for key, val, word in [("init_lora_weights", "pissa_niter_4", "pissa_niter_4"),
+                               ("init_lora_weights", "corda", "corda"), ("init_lora_weights", "loftq", "loftq"),
+                               ("layer_replication", [[0, 2], [1, 2]], "layer_replication"),
+                               ("alora_invocation_tokens", [5, 6], "alora_invocation_tokens"),
+                               ("exclude_modules", r"(?=q).*", "exclude_modules")]:
+            refused(f"{key[:12]}={val if isinstance(val, str) else 'set'}"[:16], bdir,
+                    edit_config(gauss, os.path.join(work, f"bad-{key}-{word}"), **{key: val}), work, key, word)
+    finish("test_peft_init_parity")
+
+
+if __name__ == "__main__":
+    main()
