@@ -126,6 +126,17 @@ void snug_lora_save_list(unsigned save, char *buf, size_t n) {
 
 /* ---- writing ---- */
 
+/* A float as the shortest decimal that reads back as it (0.1f as 0.1, not 0.10000000149011612). */
+static double shortest(float x) {
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if ((float)strtod(buf, NULL) == x)
+            break;
+    }
+    return strtod(buf, NULL);
+}
+
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e) {
     const snug_lora *lo = &m->lora;
     const snug_lora_cfg *lc = &m->lv.lora;
@@ -161,8 +172,8 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     int conv1d = snug_scheme_of(m->cfg.arch)->conv1d; /* PEFT's fan_in_fan_out */
     json_t *j = json_pack("{s:s, s:s, s:s, s:n, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b, s:b, s:n, s:n, s:{}, s:{}}",
                           "peft_type", "LORA", "task_type", "CAUSAL_LM", "base_model_name_or_path",
-                          base_name ? base_name : "", "revision", "r", lc->r, "lora_alpha", (double)lc->alpha,
-                          "lora_dropout", (double)lc->dropout, "target_modules", targets, "bias", "none",
+                          base_name ? base_name : "", "revision", "r", lc->r, "lora_alpha", shortest(lc->alpha),
+                          "lora_dropout", shortest(lc->dropout), "target_modules", targets, "bias", "none",
                           "fan_in_fan_out", conv1d, "modules_to_save", "init_lora_weights", 1,
                           "inference_mode", 1, "layers_to_transform", "layers_pattern", "rank_pattern",
                           "alpha_pattern");
