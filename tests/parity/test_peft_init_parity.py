@@ -4,13 +4,17 @@ pair, which PEFT derives again from the base at load) and an adapter made with e
 expression), each merged by `snug merge` against PeftModel.from_pretrained(...).merge_and_unload(): every tensor,
 and the logits of the merged folder against PEFT's adapted model. Then the keys snug cannot honour are refused by
 name (pissa_niter_K, corda, loftq, layer_replication, alora_invocation_tokens, an exclusion that leaves different
-modules on different layers).
+modules on different layers). Last, training from a PiSSA adapter (lora_model_dir): its first loss is that of a
+full fine-tune of snug's merge, the adapter it saves is PiSSA's still and PEFT merges it as snug does, a run resumed
+half-way derives the residual base again (the same losses), and `snug generate --adapter` gives the merged model's
+greedy text.
 
 Tolerance: the SVD and QR of snug's LAPACK and torch's differ by rounding; the noise floor is measured here as the
 difference between torch's residual in fp32 and in fp64, and each merged tensor must be within 10 times it (at least
 1e-6 of the tensor's largest magnitude). Tensors no adapter touches must be bit-identical."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,11 +34,11 @@ LLAMA = dict(vocab_size=101, hidden_size=64, intermediate_size=88, num_hidden_la
 ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def base_model(work):
+def base_model(work, vocab_size=LLAMA["vocab_size"], name="base"):
     torch.manual_seed(1)
-    cfg = transformers.LlamaConfig(**LLAMA)
+    cfg = transformers.LlamaConfig(**{**LLAMA, "vocab_size": vocab_size})
     base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
-    bdir = os.path.join(work, "base")
+    bdir = os.path.join(work, name)
     base.save_pretrained(bdir, safe_serialization=True)
     return bdir
 
@@ -135,6 +139,73 @@ def edit_config(src, dst, **keys):
     return dst
 
 
+def snug_train(out, *args):
+    """snug train on a few fortunes with the test tokenizer, the step losses from metrics.jsonl (and the log)."""
+    src = os.environ.get("SNUG_SOURCE_DIR", "..")
+    data = os.path.join(os.path.dirname(out), "data.jsonl")
+    if not os.path.exists(data):
+        with open(os.path.join(src, "data", "fortunes.jsonl")) as f, open(data, "w") as g:
+            g.writelines(f.readlines()[:64])
+    cmd = [SNUG, "train", "--dataset", data, "--tokenizer", os.path.join(src, "assets", "tokenizer"),
+           "--sequence_len", "32", "--micro_batch_size", "2", "--sample_tokens", "0", "--logging_steps", "1",
+           "--val_set_size", "0", "--lr_scheduler", "constant", "--learning_rate", "1e-3", "--max_steps", "4",
+           "--dataset_prepared_path", out + ".prep", "--output_dir", out, *args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        return None, r.stdout + r.stderr
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        losses = [json.loads(line)["loss"] for line in f if '"loss"' in line]
+    return losses, r.stdout
+
+
+def training_from(work):
+    """Training from a PiSSA adapter (lora_model_dir) sees PEFT's model: its first loss is that of a full fine-tune of
+    snug's merge (within fp32 rounding); it saves the adapter as PiSSA's still (PEFT reloads it the same); a resumed
+    run derives the residual base again (its losses those of the run without a stop); `snug generate --adapter`
+    gives the merged model's greedy text."""
+    bdir = base_model(work, vocab_size=2048, name="base2k")
+    tok = os.path.join(os.environ.get("SNUG_SOURCE_DIR", ".."), "assets", "tokenizer")
+    for f in os.listdir(tok):  # the tokenizer beside the base, as a published model has it (merge copies it on)
+        shutil.copy(os.path.join(tok, f), bdir)
+    pissa = make_adapter(bdir, os.path.join(work, "pissa2k"), dict(r=4, lora_alpha=8, target_modules=ALL7,
+                                                                    init_lora_weights="pissa"))
+    merged = os.path.join(work, "merged2k")
+    r = subprocess.run([SNUG, "merge", bdir, pissa, merged], capture_output=True, text=True)
+    check(r.returncode == 0, f"merge2k: {r.stderr[-300:]}")
+    lora = ["--base_model", bdir, "--adapter", "lora", "--lora_model_dir", pissa]
+    got, log = snug_train(os.path.join(work, "t-lora"), *lora)
+    ref, _ = snug_train(os.path.join(work, "t-full"), "--base_model", merged, "--learning_rate", "1e-30")
+    if got is None or ref is None:
+        check(False, f"train from pissa: {log[-400:]}")
+        return
+    e = abs(got[0] - ref[0]) / abs(ref[0])
+    check(e < 1e-5, f"train from pissa: first loss {got[0]:.6f}, the merged model's {ref[0]:.6f}")
+    check("its base less the initial pair of PiSSA" in log, "train from pissa: the header does not say PiSSA")
+    with open(os.path.join(work, "t-lora", "adapter_config.json")) as f:
+        check(json.load(f).get("init_lora_weights") == "pissa", "train from pissa: saved without init_lora_weights")
+    print(f"  train from pissa: first loss {got[0]:.6f}, a full run on snug's merge {ref[0]:.6f} (relerr {e:.1e})")
+    # the trained adapter, as PEFT reads it, against snug's merge of it
+    merged_against_peft("pissa-trained", bdir, os.path.join(work, "t-lora"), work, pissa_noise(bdir, 4, 2.0))
+    # resumed from step 2: the same losses
+    out = os.path.join(work, "t-resume")
+    snug_train(out, *lora, "--save_steps", "2")
+    for c in os.listdir(out):
+        if c.startswith("checkpoint-") and c != "checkpoint-2":
+            subprocess.run(["rm", "-rf", os.path.join(out, c)])
+    os.remove(os.path.join(out, "adapter_model.safetensors"))
+    res, log = snug_train(out, *lora, "--save_steps", "2", "--resume_from_checkpoint", "latest")
+    check(res is not None and "resumed from" in log and res[-2:] == got[-2:],
+          f"resume from pissa: losses {res} against {got}: {log[-300:] if res is None else ''}")
+    print(f"  resumed at step 2: steps 3, 4 losses {res[-2:] if res else None} (without a stop {got[-2:]})")
+    # generate: the adapter on the base as the merged model
+    gen = [[SNUG, "generate", bdir, "--adapter", pissa], [SNUG, "generate", merged]]
+    texts = [subprocess.run(g + ["--prompt", "The", "--max_new_tokens", "8", "--temperature", "0"],
+                            capture_output=True, text=True) for g in gen]
+    check(texts[0].returncode == 0 and texts[0].stdout == texts[1].stdout,
+          f"generate --adapter pissa: {texts[0].stdout!r} {texts[0].stderr[-200:]} against merged {texts[1].stdout!r}")
+    print(f"  generate --adapter: {texts[0].stdout.strip()!r}, the merged model's the same")
+
+
 def main():
     with tempfile.TemporaryDirectory() as work:
         bdir = base_model(work)
@@ -176,6 +247,7 @@ def main():
                                ("exclude_modules", r"(?=q).*", "exclude_modules")]:
             refused(f"{key[:12]}={val if isinstance(val, str) else 'set'}"[:16], bdir,
                     edit_config(gauss, os.path.join(work, f"bad-{key}-{word}"), **{key: val}), work, key, word)
+        training_from(work)
     finish("test_peft_init_parity")
 
 
