@@ -66,7 +66,7 @@ def pissa_noise(bdir, r, scale):
     brings, relative to the weight's largest magnitude."""
     worst = 0.0
     for k, w in load_file(os.path.join(bdir, "model.safetensors")).items():
-        if "proj" not in k:
+        if not any(m in k for m in ("proj.weight", "c_attn.weight", "c_fc.weight")):
             continue
         res = {}
         for dt in (torch.float32, torch.float64):
@@ -78,6 +78,9 @@ def pissa_noise(bdir, r, scale):
 
 
 def merged_against_peft(tag, bdir, adir, work, floor):
+    with open(os.path.join(bdir, "config.json")) as f:
+        cfg = json.load(f)
+    vocab = cfg["vocab_size"]
     out = os.path.join(work, f"merged-{tag}")
     r = subprocess.run([SNUG, "merge", bdir, adir, out], capture_output=True, text=True)
     check(r.returncode == 0, f"{tag}: snug merge failed: {r.stderr.strip()[-400:]}")
@@ -86,7 +89,7 @@ def merged_against_peft(tag, bdir, adir, work, floor):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pm = peft.PeftModel.from_pretrained(load_base(bdir), adir)
-    ids = torch.randint(0, LLAMA["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref_logits = pm(input_ids=ids).logits
     ref = {k: v.detach() for k, v in pm.merge_and_unload().state_dict().items()}
@@ -96,7 +99,7 @@ def merged_against_peft(tag, bdir, adir, work, floor):
     worst, same, touched = 0.0, 0, 0
     for k, v in ref.items():
         if k not in got:
-            check(False, f"{tag}: merged folder has no {k}")
+            check(k == "lm_head.weight" and cfg.get("tie_word_embeddings", True), f"{tag}: merged folder has no {k}")
             continue
         if torch.equal(v, base[k]):  # untouched by PEFT: snug must leave it bit for bit
             check(torch.equal(got[k], v), f"{tag}: {k} is not the base's, and PEFT leaves it as it is")
@@ -115,9 +118,9 @@ def merged_against_peft(tag, bdir, adir, work, floor):
     return worst
 
 
-def refused(tag, bdir, adir, work, *words):
+def refused(tag, bdir, adir, work, *words, flags=()):
     out = os.path.join(work, f"refused-{tag}")
-    r = subprocess.run([SNUG, "merge", bdir, adir, out], capture_output=True, text=True)
+    r = subprocess.run([SNUG, "merge", bdir, adir, out, *flags], capture_output=True, text=True)
     msg = r.stderr.strip()
     check(r.returncode == 2 and all(w in msg for w in words) and "adapter_config.json" in msg,
           f"{tag}: want exit 2 naming {words}, got {r.returncode}: {msg[-300:]}")
@@ -224,6 +227,18 @@ def main():
         merged_against_peft("olora", bdir, make_adapter(
             bdir, os.path.join(work, "olora"), dict(r=r, lora_alpha=alpha, target_modules=ALL7,
                                                     init_lora_weights="olora")), work, floor)
+        # GPT-2's Conv1D modules (PEFT's fan_in_fan_out: the SVD of the transposed weight)
+        torch.manual_seed(1)
+        gpt2 = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(
+            vocab_size=97, n_embd=48, n_layer=2, n_head=4, n_positions=64), attn_implementation="eager").float()
+        g2dir = os.path.join(work, "gpt2")
+        gpt2.save_pretrained(g2dir, safe_serialization=True)
+        merged_against_peft("gpt2-pissa", g2dir, make_adapter(
+            g2dir, os.path.join(work, "g2pissa"), dict(r=r, lora_alpha=alpha, target_modules=["c_attn", "c_proj", "c_fc"],
+                                                      init_lora_weights="pissa")), work, pissa_noise(g2dir, r, alpha / r))
+        refused("gpt2-olora", g2dir, edit_config(os.path.join(work, "g2pissa"), os.path.join(work, "g2olora"),
+                                                 init_lora_weights="olora"), work, "olora", "Conv1D")
+        refused("pissa-nf4", bdir, pissa, work, "pissa", "--base_as", flags=("--base_as", "nf4"))
         # plain adapters whatever their init (the base is not changed)
         merged_against_peft("gaussian", bdir, make_adapter(
             bdir, os.path.join(work, "gauss"), dict(r=r, lora_alpha=alpha, target_modules=["q_proj"],
