@@ -7,7 +7,7 @@
  *   PiSSA  W (out, in) = V S Uh (SVD); Sr = S[:r] / scale; A0 (r, in) = diag(sqrt Sr) Uh[:r]; B0 (out, r) =
  *          V[:, :r] diag(sqrt Sr). (scale B0 A0 is the rank-r truncation, whatever the signs of the vectors.)
  *   OLoRA  W (out, in) = Q R (reduced QR); A0 = R[:r] (r, in), B0 = Q[:, :r] (out, r).
- *   then   W_res = (W - scale * (B0 @ A0)) rounded to the weight's storage dtype.
+ *   then   W_res = (W - scale * (B0 @ A0)) rounded to the weight's dtype (16-bit storage, else the checkpoint's).
  * Refused where PEFT does not do this or snug cannot: a 4-bit or 8-bit base (PEFT refuses PiSSA there and requantizes
  * for OLoRA), OLoRA on Conv1D weights (PEFT takes the QR of the (in, out) matrix, which fits the adapter's shapes
  * only when square), a base sharded over ranks (ZeRO-3, tensor parallel), r above min(out, in). */
@@ -143,6 +143,12 @@ int snug_peft_residual(snug_model *m, int init, const char *path, snug_error *e)
                          snug_scheme_of(m->cfg.arch)->name, how);
     snug_backend *be = m->be;
     float *direct = snug_model_host_params(m);
+    /* rounded as PEFT's weight.to(dtype): to the 16-bit storage, or on fp32 weights to the checkpoint's dtype (the
+     * dtype from_pretrained loads a model in; merge and generate hold a 16-bit base in fp32) */
+    snug_dtype dt = m->lv.dt != SNUG_DT_F32               ? m->lv.dt
+                    : !strcmp(m->cfg.torch_dtype, "bfloat16") ? SNUG_DT_BF16
+                    : !strcmp(m->cfg.torch_dtype, "float16")  ? SNUG_DT_F16
+                                                              : SNUG_DT_F32;
     int rc = 0;
     for (int l = 0; !rc && l < m->cfg.n_layer; l++) {
         for (int i = 0; !rc && lo->table.layer_numel[l] && i < lo->nmod; i++) {
@@ -167,7 +173,7 @@ int snug_peft_residual(snug_model *m, int init, const char *path, snug_error *e)
                     snug_model_entry_f32(m, at, dev);
                     be->to_host(be, W, dev, p->numel * sizeof *W);
                 }
-                int info = residual(W, md->rows, md->in, lo->r, lo->scale, init, direct ? SNUG_DT_F32 : m->lv.dt);
+                int info = residual(W, md->rows, md->in, lo->r, lo->scale, init, dt);
                 if (info)
                     rc = snug_fail(e, info == -2 ? SNUG_ENOMEM : SNUG_EINPUT, "%s: the %s of %s failed (%s %d)", path,
                                    init == SNUG_LORA_INIT_PISSA ? "SVD" : "QR", name,

@@ -34,17 +34,18 @@ LLAMA = dict(vocab_size=101, hidden_size=64, intermediate_size=88, num_hidden_la
 ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def base_model(work, vocab_size=LLAMA["vocab_size"], name="base"):
+def base_model(work, vocab_size=LLAMA["vocab_size"], name="base", dtype=torch.float32):
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(**{**LLAMA, "vocab_size": vocab_size})
-    base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+    base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").to(dtype)
     bdir = os.path.join(work, name)
     base.save_pretrained(bdir, safe_serialization=True)
     return bdir
 
 
 def load_base(bdir):
-    return transformers.AutoModelForCausalLM.from_pretrained(bdir, dtype=torch.float32, attn_implementation="eager")
+    """The base as from_pretrained loads it by default: in the dtype it was saved in."""
+    return transformers.AutoModelForCausalLM.from_pretrained(bdir, dtype="auto", attn_implementation="eager")
 
 
 def make_adapter(bdir, out, lcfg, seed=2):
@@ -96,6 +97,9 @@ def merged_against_peft(tag, bdir, adir, work, floor):
     got = load_file(os.path.join(out, "model.safetensors"))
     base = load_file(os.path.join(bdir, "model.safetensors"))
     tol = max(1e-6, 10 * floor)
+    bf16 = cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
+    if bf16:  # the residual rounded to bf16 as PEFT rounds it, then the merge: a value whose residual lies within the
+        tol = 2.0 ** -8  # SVD's noise of a rounding boundary rounds the other way (one bf16 step of the residual)
     worst, same, touched = 0.0, 0, 0
     for k, v in ref.items():
         if k not in got:
@@ -109,6 +113,13 @@ def merged_against_peft(tag, bdir, adir, work, floor):
         e = rel_max(got[k], v)
         worst = max(worst, e)
         check(e <= tol, f"{tag}: merged {k} relerr {e:.2e} against merge_and_unload (tolerance {tol:.1e})")
+        if bf16:
+            n = (got[k] != v).sum().item()
+            check(n <= 0.005 * v.numel(), f"{tag}: merged {k} has {n} of {v.numel()} values off PEFT's")
+    if bf16:
+        print(f"  {tag:<16} {touched} merged tensors within {worst:.1e} (one bf16 step: {tol:.1e}), {same} untouched "
+              f"identical")
+        return worst
     mm = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         e = rel_max(mm(input_ids=ids).logits, ref_logits)
@@ -227,6 +238,14 @@ def main():
         merged_against_peft("olora", bdir, make_adapter(
             bdir, os.path.join(work, "olora"), dict(r=r, lora_alpha=alpha, target_modules=ALL7,
                                                     init_lora_weights="olora")), work, floor)
+        # DoRA on a PiSSA base: the magnitudes against the residual's norms; and a bf16 base (the residual in bf16)
+        merged_against_peft("pissa-dora", bdir, make_adapter(
+            bdir, os.path.join(work, "pissa-dora"), dict(r=r, lora_alpha=alpha, target_modules=ALL7, use_dora=True,
+                                                         init_lora_weights="pissa")), work, floor)
+        b16 = base_model(work, name="base-bf16", dtype=torch.bfloat16)
+        merged_against_peft("pissa-bf16", b16, make_adapter(
+            b16, os.path.join(work, "pissa-bf16"), dict(r=r, lora_alpha=alpha, target_modules=ALL7,
+                                                        init_lora_weights="pissa")), work, floor)
         # GPT-2's Conv1D modules (PEFT's fan_in_fan_out: the SVD of the transposed weight)
         torch.manual_seed(1)
         gpt2 = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(
