@@ -133,7 +133,8 @@ int snug_peft_residual(snug_model *m, int init, const char *path, snug_error *e)
         return snug_fail(e, SNUG_EINPUT, "%s: init_lora_weights is \"%s\", which changes the base, and this base is "
                          "quantized (QLoRA); PEFT derives it from a 16-bit or fp32 base: load the base unquantized, "
                          "or %s", path, init_name(init), how);
-    if (m->param_sharded || m->tp > 1)
+    /* (offload_params keeps a LoRA base whole in host memory, laid out as one rank's ZeRO-3 shard: that is whole) */
+    if ((m->param_sharded && (m->pshard_lo || m->pshard_n != m->table.total)) || m->tp > 1)
         return snug_fail(e, SNUG_EINPUT, "%s: init_lora_weights is \"%s\", which changes the base, and this run "
                          "shards the base over ranks (ZeRO-3 or tensor parallel), which snug does not derive it on; "
                          "%s", path, init_name(init), how);

@@ -198,6 +198,19 @@ def training_from(work):
     with open(os.path.join(work, "t-lora", "adapter_config.json")) as f:
         check(json.load(f).get("init_lora_weights") == "pissa", "train from pissa: saved without init_lora_weights")
     print(f"  train from pissa: first loss {got[0]:.6f}, a full run on snug's merge {ref[0]:.6f} (relerr {e:.1e})")
+    # the frozen base in host memory (offload_params) and in bf16: the residual derived there too
+    off, log = snug_train(os.path.join(work, "t-off"), *lora, "--offload_params", "true")
+    check(off == got, f"train from pissa, offload_params: losses {off} against {got}: {log[-300:]}")
+    # in bf16 within a tenth of what the residual changes (the same A and B on the base as it is)
+    b16, log = snug_train(os.path.join(work, "t-bf16"), *lora, "--bf16", "true")
+    plain = edit_config(pissa, os.path.join(work, "pissa2k-plain"), init_lora_weights=True)
+    wrong, _ = snug_train(os.path.join(work, "t-plain"), "--base_model", bdir, "--adapter", "lora", "--lora_model_dir",
+                          plain)
+    check(b16 is not None and wrong is not None and abs(b16[0] - got[0]) < 0.1 * abs(wrong[0] - got[0]),
+          f"train from pissa, bf16: first loss {b16 and b16[0]} against fp32 {got[0]} (on the base as it is: "
+          f"{wrong and wrong[0]}): {log[-300:]}")
+    print(f"  offload_params: the same losses; bf16: first loss {b16[0] if b16 else 0:.6f} (fp32 {got[0]:.6f}; the "
+          f"adapter on the base as it is: {wrong[0] if wrong else 0:.6f})")
     # the trained adapter, as PEFT reads it, against snug's merge of it
     merged_against_peft("pissa-trained", bdir, os.path.join(work, "t-lora"), work, pissa_noise(bdir, 4, 2.0))
     # resumed from step 2: the same losses
