@@ -172,7 +172,7 @@ static int generate(const char *dir, const char *adapter, const char *prompt_tex
     SNUG_TRY(snug_model_config_load(&cfg, p, e));
     snug_lora_cfg lora = {0};
     if (adapter)
-        SNUG_TRY(snug_peft_read_config(adapter, cfg.arch, &lora, e));
+        SNUG_TRY(snug_peft_read_config(adapter, cfg.arch, cfg.n_layer, &lora, e));
     snug_tokenizer *tok = NULL; /* the adapter's tokenizer when it has one (snug saves it beside the adapter) */
     snprintf(p, sizeof p, "%s/tokenizer.json", adapter ? adapter : dir);
     const char *tokdir = adapter && snug_file_exists(p) ? adapter : dir;

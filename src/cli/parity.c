@@ -114,7 +114,7 @@ static int build_spec(snug_plan_spec *spec, const parity_args *a, const snug_mod
     *spec = (snug_plan_spec){.cfg = *cfg, .B = B, .T = T, .with_grads = 1, .unfrozen = &a->unfrozen,
                              .lv = {.ckpt_every = 1, .mlp_shards = a->mlp_shards, .offload_embedding = a->offload_emb}};
     if (a->adapter)
-        SNUG_TRY(snug_peft_read_config(a->adapter, cfg->arch, &spec->lv.lora, e));
+        SNUG_TRY(snug_peft_read_config(a->adapter, cfg->arch, cfg->n_layer, &spec->lv.lora, e));
     spec->lv.lora.q4_chunk = a->q4_chunk > 0 ? (size_t)a->q4_chunk : 0;
     spec->lv.lora.loraplus = a->loraplus; /* --loraplus RATIO: LoRA+'s learning rate of lora_B */
     if (a->qlora) {

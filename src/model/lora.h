@@ -29,8 +29,19 @@ enum { SNUG_LORA_MAX_MODULES = 8 };
  * table, which forward reads instead of the frozen original (PEFT's ModulesToSaveWrapper). */
 enum { SNUG_SAVE_EMBED = 1u, SNUG_SAVE_HEAD = 2u };
 
+/* PEFT's init_lora_weights, where it changes the base: an adapter saved unconverted is relative to the base less
+ * scale * B0 A0, the initial pair the method derives from the original base (the top r of its SVD for PiSSA, of its
+ * QR for OLoRA), which loading derives again (snug_peft_residual). Every other value leaves the base as it is. */
+typedef enum snug_lora_init_kind {
+    SNUG_LORA_INIT_PLAIN = 0,
+    SNUG_LORA_INIT_PISSA,
+    SNUG_LORA_INIT_OLORA,
+} snug_lora_init_kind;
+
 typedef struct snug_lora_cfg {
     snug_adapter kind;
+    int init;             /* snug_lora_init_kind: what the adapters' base is (set by loading an adapter, kept when
+                           * saving) */
     int r;
     float alpha;
     float dropout;        /* on the adapter's input only */

@@ -7,11 +7,37 @@
  * entry or ends in "." + entry) or the string "all-linear"; modules_to_save (embed_tokens, lm_head: tensors
  * base_model.model.<path>.weight, trained in full); layers_to_transform (the adapted layers); features that change the
  * arithmetic and that snug does not implement (per-module ranks, bias training, embedding adapters) are refused by name
- * rather than silently ignored. */
+ * rather than silently ignored.
+ *
+ * Every key PEFT's LoraConfig writes (0.21), and what reading does with it:
+ *   honoured   r, lora_alpha, lora_dropout, use_rslora, use_dora, target_modules (a list, its entries a module's
+ *              name or one layer's module's path, as PEFT saves "all-linear" on a small model; or "all-linear"),
+ *              exclude_modules (a list by PEFT's suffix rule, or a Python regular expression matched whole against
+ *              "model.layers.<l>.<module>"), layers_to_transform, layers_pattern (the model's own), modules_to_save
+ *              (embed_tokens, lm_head), init_lora_weights (below)
+ *   no effect  peft_type (must be LORA), task_type, base_model_name_or_path, revision, peft_version, inference_mode,
+ *              auto_mapping; fan_in_fan_out (PEFT sets it from the layer's type, warning when the file disagrees);
+ *              megatron_config and megatron_core (only read for Megatron's parallel layers, which a Hugging Face model
+ *              has none of); loftq_config, eva_config, corda_config, lora_ga_config (read only by their
+ *              init_lora_weights); qalora_group_size (only with use_qalora); ensure_weight_tying (only for tied
+ *              modules PEFT adapts, which snug refuses by the keys below)
+ *   refused    rank_pattern, alpha_pattern, trainable_token_indices, target_parameters (when not empty); lora_bias,
+ *              use_qalora (when true); bias other than "none"; layer_replication, alora_invocation_tokens,
+ *              arrow_config, kasa_config, monteclora_config, velora_config, use_bdlora (when set); target_modules as
+ *              a regular expression; modules_to_save other than embed_tokens and lm_head; exclude_modules or per-layer
+ *              target_modules entries that leave different modules on different layers
+ * init_lora_weights: true, false, "gaussian", "eva", "orthogonal" leave the base as it is (the saved A and B are the
+ * adapter whole); "pissa" and "olora" are relative to a residual base that loading derives again (peft_init.c);
+ * "pissa_niter_<K>" (a randomized SVD drawn from torch's global generator), "corda" (needs preprocess_corda's
+ * covariances from data), "loftq" (re-quantizes the base), "lora_ga" (changed the base from gradients when it was
+ * made, and PEFT cannot derive that again) and "mica" (trains A alone) are refused by name. An adapter PEFT saved
+ * converted (path_initial_model_for_weight_conversion: rank 2r, init_lora_weights true) is plain. */
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <jansson.h>
 
@@ -100,6 +126,17 @@ void snug_lora_save_list(unsigned save, char *buf, size_t n) {
 
 /* ---- writing ---- */
 
+/* A float as the shortest decimal that reads back as it (0.1f as 0.1, not 0.10000000149011612). */
+static double shortest(float x) {
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if ((float)strtod(buf, NULL) == x)
+            break;
+    }
+    return strtod(buf, NULL);
+}
+
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e) {
     const snug_lora *lo = &m->lora;
     const snug_lora_cfg *lc = &m->lv.lora;
@@ -135,11 +172,13 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     int conv1d = snug_scheme_of(m->cfg.arch)->conv1d; /* PEFT's fan_in_fan_out */
     json_t *j = json_pack("{s:s, s:s, s:s, s:n, s:i, s:f, s:f, s:o, s:s, s:b, s:n, s:b, s:b, s:n, s:n, s:{}, s:{}}",
                           "peft_type", "LORA", "task_type", "CAUSAL_LM", "base_model_name_or_path",
-                          base_name ? base_name : "", "revision", "r", lc->r, "lora_alpha", (double)lc->alpha,
-                          "lora_dropout", (double)lc->dropout, "target_modules", targets, "bias", "none",
+                          base_name ? base_name : "", "revision", "r", lc->r, "lora_alpha", shortest(lc->alpha),
+                          "lora_dropout", shortest(lc->dropout), "target_modules", targets, "bias", "none",
                           "fan_in_fan_out", conv1d, "modules_to_save", "init_lora_weights", 1,
                           "inference_mode", 1, "layers_to_transform", "layers_pattern", "rank_pattern",
                           "alpha_pattern");
+    if (j && lc->init) /* adapters on a residual base stay relative to it, as PEFT saves them unconverted */
+        json_object_set_new(j, "init_lora_weights", json_string(lc->init == SNUG_LORA_INIT_PISSA ? "pissa" : "olora"));
     if (j && lc->rslora)
         json_object_set_new(j, "use_rslora", json_true());
     if (j && lc->dora) /* (only then: older PEFT releases refuse the key, and read no DoRA adapter anyway) */
@@ -195,7 +234,246 @@ static int load_config(const char *dir, char path[4096], json_t **out, snug_erro
     return 0;
 }
 
-int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e) {
+/* Keys of features that change the arithmetic, which snug does not compute: refused when set. */
+static int read_refused(json_t *j, const char *path, snug_error *e) {
+    static const struct {
+        const char *key, *what;
+    } set[] = {
+        {"layer_replication", "stacks copies of the base's layers (layer_replication), which snug does not build"},
+        {"alora_invocation_tokens", "makes an Activated LoRA (the adapters act only after the invocation tokens), "
+                                    "which snug does not compute"},
+        {"arrow_config", "makes an Arrow mixture of adapters, which snug does not compute"},
+        {"kasa_config", "makes a KaSA adapter, which snug does not compute"},
+        {"monteclora_config", "makes a MonteCLoRA adapter, which snug does not compute"},
+        {"velora_config", "makes a VeLoRA adapter, which snug does not compute"},
+        {"use_bdlora", "makes a block-diagonal LoRA, which snug does not compute"},
+        {"use_qalora", "makes a QA-LoRA adapter (the input pooled in groups), which snug does not compute"},
+    };
+    for (size_t i = 0; i < sizeof set / sizeof *set; i++) {
+        json_t *v = json_object_get(j, set[i].key);
+        int on = v && !json_is_null(v) && !json_is_false(v) && !(json_is_array(v) && !json_array_size(v)) &&
+                 !(json_is_object(v) && !json_object_size(v));
+        if (on) {
+            char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            int rc = snug_fail(e, SNUG_EINPUT, "%s: %s is %.60s: it %s; remove the key only if the adapter was made "
+                               "without it, or merge the adapter with PEFT", path, set[i].key, text ? text : "set",
+                               set[i].what);
+            free(text);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* init_lora_weights into out->init: what the saved adapter is relative to. */
+static int read_init(json_t *j, const char *path, snug_lora_cfg *out, snug_error *e) {
+    json_t *v = json_object_get(j, "init_lora_weights");
+    out->init = SNUG_LORA_INIT_PLAIN;
+    if (!v || json_is_null(v) || json_is_boolean(v))
+        return 0;
+    const char *s = json_is_string(v) ? json_string_value(v) : "";
+    static const char *const plain[] = {"gaussian", "eva", "orthogonal"};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
+        if (!strcmp(s, plain[i]))
+            return 0;
+    if (!strcmp(s, "pissa") || !strcmp(s, "olora")) { /* (PEFT compares "olora" case-blind) */
+        out->init = s[0] == 'p' ? SNUG_LORA_INIT_PISSA : SNUG_LORA_INIT_OLORA;
+        return 0;
+    }
+    if (!strcasecmp(s, "olora")) {
+        out->init = SNUG_LORA_INIT_OLORA;
+        return 0;
+    }
+    const char *why = !strncmp(s, "pissa_niter_", 12)
+                          ? "its base is the rest of a randomized SVD drawn from torch's global generator, which snug "
+                            "cannot draw again"
+                      : !strncmp(s, "corda", 5) ? "its base is derived from covariances of data (preprocess_corda)"
+                      : !strcmp(s, "loftq")     ? "its base is re-quantized by LoftQ, which snug does not compute"
+                      : !strcmp(s, "lora_ga")   ? "its base was changed by gradients when it was made, which no load "
+                                                  "can derive again"
+                      : !strcmp(s, "mica")      ? "MiCA trains lora_A alone, which snug does not"
+                                                : "snug does not know it";
+    char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    int rc = snug_fail(e, SNUG_EINPUT, "%s: init_lora_weights is %.60s: %s; save the adapter converted (PEFT's "
+                       "save_pretrained with path_initial_model_for_weight_conversion), which snug reads as plain LoRA",
+                       path, text ? text : "?", why);
+    free(text);
+    return rc;
+}
+
+/* A Python regular expression as POSIX's extended one (what fullmatch decides is the same): \d \w \s as classes,
+ * (?: as (, lazy quantifiers as greedy ones; 0, or -1 for what has no equal (look-arounds, back-references, \b). */
+static int py_regex(const char *py, char *out, size_t n) {
+    size_t o = 0;
+    int in_class = 0;
+#define PUT(str)                                                                                                      \
+    do {                                                                                                              \
+        const char *s_ = (str);                                                                                       \
+        size_t l_ = strlen(s_);                                                                                       \
+        if (o + l_ + 4 >= n)                                                                                          \
+            return -1;                                                                                                \
+        memcpy(out + o, s_, l_);                                                                                      \
+        o += l_;                                                                                                      \
+    } while (0)
+    PUT("^(");
+    for (const char *p = py; *p; p++) {
+        char c[2] = {*p, 0};
+        if (*p == '\\') {
+            char x = p[1];
+            if (!x)
+                return -1;
+            p++;
+            if (x == 'd')
+                PUT(in_class ? "0-9" : "[0-9]");
+            else if (x == 'w')
+                PUT(in_class ? "A-Za-z0-9_" : "[A-Za-z0-9_]");
+            else if (x == 's')
+                PUT(in_class ? "[:space:]" : "[[:space:]]");
+            else if ((x >= 'a' && x <= 'z') || (x >= 'A' && x <= 'Z') || (x >= '0' && x <= '9'))
+                return -1;
+            else if (in_class) { /* a backslash is literal in a POSIX class */
+                c[0] = x;
+                PUT(c);
+            } else {
+                char esc[3] = {'\\', x, 0};
+                PUT(esc);
+            }
+        } else if (in_class) {
+            in_class = *p != ']';
+            PUT(c);
+        } else if (*p == '[') {
+            in_class = 1;
+            PUT("[");
+            if (p[1] == '^') {
+                PUT("^");
+                p++;
+            }
+            if (p[1] == ']') {
+                PUT("]");
+                p++;
+            }
+        } else if (*p == '(' && p[1] == '?') {
+            if (p[2] != ':')
+                return -1;
+            PUT("(");
+            p += 2;
+        } else if (*p == '?' && p > py && strchr("*+?}", p[-1]) && !(p - 1 > py && p[-2] == '\\')) {
+            continue; /* lazy: the same strings match whole */
+        } else {
+            PUT(c);
+        }
+    }
+    PUT(")$");
+    out[o] = '\0';
+    return in_class ? -1 : 0;
+#undef PUT
+}
+
+/* Module k of layer l as PEFT names it in a causal LM ("model.layers.3.self_attn.q_proj"). */
+static void module_key(snug_arch arch, int l, int k, char *key, size_t n) {
+    snprintf(key, n, "%s.%d.%s", snug_scheme_of(arch)->layers, l, snug_lora_module_name(arch, k));
+}
+
+/* PEFT's rule for a list entry: the key itself, or the key ends in "." + the entry. */
+static int key_matches(const char *key, const char *t) {
+    size_t lk = strlen(key), lt = strlen(t);
+    return !strcmp(key, t) || (lt < lk && key[lk - lt - 1] == '.' && !strcmp(key + lk - lt, t));
+}
+
+/* Whether a list entry names some layer's module (a layer below n_layer; 256 when not known). */
+static int key_named(snug_arch arch, int n_layer, const char *t) {
+    char key[256];
+    for (int l = 0; l < (n_layer > 0 && n_layer <= 256 ? n_layer : 256); l++)
+        for (int k = 0; k < snug_lora_module_count(arch); k++) {
+            module_key(arch, l, k, key, sizeof key);
+            if (key_matches(key, t))
+                return 1;
+        }
+    return 0;
+}
+
+/* target_modules entries that name some layers' modules (targets: the array, NULL when none do), then
+ * exclude_modules: module k of layer l, named as PEFT names it ("model.layers.3.self_attn.q_proj"), is left out when
+ * the string matches the name whole as a regular expression, or when a list holds the name or a suffix after a dot.
+ * What remains must be the same modules on every adapted layer (snug's targets and layers_to_transform); otherwise
+ * the adapter is refused by name. */
+static int read_modules(json_t *j, const char *path, snug_arch arch, int n_layer, json_t *targets,
+                        snug_lora_cfg *out, snug_error *e) {
+    json_t *v = json_object_get(j, "exclude_modules");
+    if (!v || json_is_null(v) || (json_is_array(v) && !json_array_size(v)) || (json_is_string(v) &&
+                                                                                !json_string_length(v)))
+        v = NULL;
+    if (!v && !targets)
+        return 0;
+    regex_t re;
+    int is_re = v && json_is_string(v);
+    if (is_re) {
+        char posix[2048];
+        if (py_regex(json_string_value(v), posix, sizeof posix) || regcomp(&re, posix, REG_EXTENDED | REG_NOSUB))
+            return snug_fail(e, SNUG_EINPUT, "%s: exclude_modules \"%.200s\" is a regular expression snug cannot "
+                             "match as Python does (look-arounds, back-references, \\b and the like); list the "
+                             "module names instead", path, json_string_value(v));
+    } else if (v && !json_is_array(v)) {
+        return snug_fail(e, SNUG_EINPUT, "%s: exclude_modules must be a list of module names or a regular expression",
+                         path);
+    }
+    int rc = 0;
+    size_t ix;
+    json_t *x;
+    if (v && !is_re)
+        json_array_foreach(v, ix, x) if (!rc && !json_is_string(x)) rc =
+            snug_fail(e, SNUG_EINPUT, "%s: exclude_modules must list module names (strings)", path);
+    unsigned on[256] = {0}, any = 0; /* each layer's adapted modules */
+    uint64_t layers[4] = {0};
+    int L = n_layer > 0 && n_layer <= 256 ? n_layer : 256;
+    for (int l = 0; !rc && l < L; l++) {
+        if (!snug_lora_layer_on(out, l))
+            continue;
+        for (int k = 0; k < snug_lora_module_count(arch); k++) {
+            char key[256];
+            module_key(arch, l, k, key, sizeof key);
+            int targeted = out->targets >> k & 1u, excluded = 0;
+            if (targets)
+                json_array_foreach(targets, ix, x) targeted |= key_matches(key, json_string_value(x));
+            if (!targeted)
+                continue;
+            if (is_re)
+                excluded = regexec(&re, key, 0, NULL, 0) == 0;
+            else if (v)
+                json_array_foreach(v, ix, x) excluded |= key_matches(key, json_string_value(x));
+            if (!excluded)
+                on[l] |= 1u << k;
+        }
+        any |= on[l];
+        if (on[l])
+            layers[l / 64] |= 1ull << (l % 64);
+    }
+    if (is_re)
+        regfree(&re);
+    for (int l = 0; !rc && l < L; l++)
+        if (on[l] && on[l] != any) {
+            char a[256], b[256];
+            snug_lora_targets_list(arch, on[l], a, sizeof a);
+            snug_lora_targets_list(arch, any, b, sizeof b);
+            rc = snug_fail(e, SNUG_EINPUT, "%s: %s layer %d with [%s] adapted and others with [%s]; snug adapts the "
+                           "same modules on every adapted layer", path,
+                           v ? "exclude_modules leaves" : "target_modules names", l, a, b);
+        }
+    if (!rc && !any)
+        rc = snug_fail(e, SNUG_EINPUT, "%s: %s no module adapted", path,
+                       v ? "exclude_modules leaves" : "target_modules names");
+    if (rc)
+        return rc;
+    int all = 1;
+    for (int l = 0; l < L; l++)
+        all &= !!on[l];
+    out->targets = any;
+    if (!all || snug_lora_layers_named(out))
+        memcpy(out->layers, layers, sizeof layers);
+    return 0;
+}
+
+int snug_peft_read_config(const char *dir, snug_arch arch, int n_layer, snug_lora_cfg *out, snug_error *e) {
     char path[4096];
     json_t *j;
     SNUG_TRY(load_config(dir, path, &j, e));
@@ -296,33 +574,43 @@ int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, s
     if (!rc && v && !json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), "none")))
         rc = bad_key(e, path, "bias", "is not \"none\": trained biases are not supported by snug");
     v = json_object_get(j, "target_modules");
-    char list[1024] = "";
+    char unknown[256], all[256];
+    int per_layer = 0; /* an entry names a module of some layers only ("model.layers.1.mlp.down_proj") */
     if (!rc && json_is_string(v)) {
         if (strcmp(json_string_value(v), "all-linear"))
             rc = bad_key(e, path, "target_modules", "is a regular expression: snug reads a list of module names or "
                          "\"all-linear\"");
         else
-            snprintf(list, sizeof list, "all-linear");
+            out->targets = snug_lora_all_linear(arch);
     } else if (!rc && json_is_array(v)) {
-        size_t i, len2 = 0;
+        size_t i;
         json_t *x;
         json_array_foreach(v, i, x) {
+            unsigned t = 0;
             if (!json_is_string(x)) {
                 rc = bad_key(e, path, "target_modules", "must list module names (strings)");
                 break;
             }
-            len2 += (size_t)snprintf(list + len2, len2 < sizeof list ? sizeof list - len2 : 0, "%s%s",
-                                     len2 ? "," : "", json_string_value(x));
+            if (snug_lora_targets_parse(arch, json_string_value(x), &t, unknown, sizeof unknown) == 0) {
+                out->targets |= t;
+            } else if (key_named(arch, n_layer, json_string_value(x))) {
+                per_layer = 1; /* (PEFT saves "all-linear" so on a model of 20 modules or fewer) */
+            } else {
+                snug_lora_targets_list(arch, snug_lora_all_linear(arch), all, sizeof all);
+                rc = snug_fail(e, SNUG_EINPUT, "%s: target_modules names \"%s\", which is no linear module of this "
+                               "model (its modules: %s)", path, json_string_value(x), all);
+                break;
+            }
         }
     } else if (!rc) {
         rc = bad_key(e, path, "target_modules", "is missing (PEFT's per-architecture default is not guessed)");
     }
-    char unknown[256], all[256];
-    if (!rc && snug_lora_targets_parse(arch, list, &out->targets, unknown, sizeof unknown)) {
-        snug_lora_targets_list(arch, snug_lora_all_linear(arch), all, sizeof all);
-        rc = snug_fail(e, SNUG_EINPUT, "%s: target_modules names \"%s\", which is no linear module of this model "
-                       "(its modules: %s)", path, unknown, all);
-    }
+    if (!rc)
+        rc = read_refused(j, path, e);
+    if (!rc)
+        rc = read_init(j, path, out, e);
+    if (!rc)
+        rc = read_modules(j, path, arch, n_layer, per_layer ? json_object_get(j, "target_modules") : NULL, out, e);
     json_decref(j);
     return rc;
 }
@@ -357,7 +645,7 @@ int snug_peft_base_path(const char *dir, char *buf, size_t n, snug_error *e) {
 
 int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
     snug_lora_cfg want;
-    SNUG_TRY(snug_peft_read_config(dir, m->cfg.arch, &want, e));
+    SNUG_TRY(snug_peft_read_config(dir, m->cfg.arch, m->pp > 1 ? m->pp_L : m->cfg.n_layer, &want, e));
     const snug_lora_cfg *lc = &m->lv.lora;
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -414,5 +702,9 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
         m->be->to_device(m->be, lo->params, host, lo->table.total * sizeof *host);
     free(host);
     snug_st_close(&s);
+    if (!rc) { /* PiSSA, OLoRA: the base as PEFT's initialisation leaves it under the adapter */
+        snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+        rc = snug_peft_residual(m, want.init, path, e);
+    }
     return rc;
 }

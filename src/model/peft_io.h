@@ -23,16 +23,21 @@ void snug_lora_save_list(unsigned save, char *buf, size_t n);
 /* Writes m's adapters into dir as PEFT saves them; host: the adapter table's values in host memory, or NULL to read
  * them from the model. base_name: base_model_name_or_path. adapter_config.json is written last. */
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e);
-/* Reads dir's adapter_config.json: r, alpha, dropout, rsLoRA, DoRA and the targets, resolved against arch; refuses
- * by name what snug does not compute (per-module ranks, trained biases, saved modules other than embed_tokens and
- * lm_head). */
-int snug_peft_read_config(const char *dir, snug_arch arch, snug_lora_cfg *out, snug_error *e);
+/* Reads dir's adapter_config.json: r, alpha, dropout, rsLoRA, DoRA, the targets and layers (less exclude_modules),
+ * resolved against arch and its n_layer layers, and init_lora_weights; refuses by name what snug does not compute
+ * (per-module ranks, trained biases, saved modules other than embed_tokens and lm_head, LoRA variants, bases that
+ * PiSSA's randomized SVD, CorDA or LoftQ changed: the table in peft_io.c). */
+int snug_peft_read_config(const char *dir, snug_arch arch, int n_layer, snug_lora_cfg *out, snug_error *e);
 /* Whether dir holds an adapter (adapter_config.json) and no model of its own (config.json). */
 int snug_peft_is_adapter(const char *dir);
 /* base_model_name_or_path of dir's adapter_config.json into buf: the base the adapter was trained on. */
 int snug_peft_base_path(const char *dir, char *buf, size_t n, snug_error *e);
+/* PiSSA, OLoRA (init, snug_lora_init_kind): m's base weights under its adapted modules made the residual PEFT's
+ * initialisation leaves (peft_init.c), and m->lv.lora.init set so the adapters are saved as relative to it; nothing
+ * for SNUG_LORA_INIT_PLAIN. path names the adapter in errors. */
+int snug_peft_residual(snug_model *m, int init, const char *path, snug_error *e);
 /* Loads dir's adapter into m's adapters (laid out from the same r and targets): every tensor present with its
- * shape, and no other. */
+ * shape, and no other; then the base under a PiSSA or OLoRA adapter (snug_peft_residual). */
 int snug_peft_load(snug_model *m, const char *dir, snug_error *e);
 
 #endif

@@ -34,7 +34,11 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
     snprintf(p, sizeof p, "%s/config.json", base_dir);
     SNUG_TRY(snug_model_config_load(&cfg, p, e));
     snug_lora_cfg lora;
-    SNUG_TRY(snug_peft_read_config(adapter_dir, cfg.arch, &lora, e));
+    SNUG_TRY(snug_peft_read_config(adapter_dir, cfg.arch, cfg.n_layer, &lora, e));
+    if (q4 && lora.init) /* (PEFT refuses PiSSA on a quantized base, and re-quantizes OLoRA's residual) */
+        return snug_fail(e, SNUG_EINPUT, "%s/adapter_config.json: init_lora_weights is \"%s\", which changes the base, "
+                         "and --base_as quantizes it; merge into the 16-bit base (without --base_as)", adapter_dir,
+                         lora.init == SNUG_LORA_INIT_PISSA ? "pissa" : "olora");
     /* the base in fp32 on the CPU, the adapter beside it: an inference layout of one token */
     snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = 1, .lv = {.ckpt_every = 1, .lora = lora}, .with_grads = 0};
     snug_engine g = {0};

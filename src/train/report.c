@@ -87,13 +87,17 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
         const snug_param_table *t = snug_model_trainable(&r->eng.model);
         double all = (double)r->s.plan.nparams + (double)t->total; /* PEFT's "all params": the base's and the adapters' */
         fprintf(out, "  adapter              %s%s%s r=%d, alpha %g (scale %g%s), dropout %g, targets %s%s%s; %zu (%.2fM) "
-                "trainable, %.4f%% of all%s\n", lc->dora ? "DoRA" : "LoRA",
+                "trainable, %.4f%% of all%s%s%s%s%s\n", lc->dora ? "DoRA" : "LoRA",
                 lc->kind == SNUG_ADAPTER_QLORA ? " on the " : "",
                 lc->kind == SNUG_ADAPTER_QLORA ? (lc->q4_type == SNUG_Q4_INT8 ? "8-bit base," : "4-bit base,") : "",
                 lc->r, (double)lc->alpha, (double)r->eng.model.lora.scale, lc->rslora ? ", rsLoRA" : "",
                 (double)lc->dropout, targets, o->lora_layers[0] ? ", layers " : "", o->lora_layers, t->total,
                 t->total / 1e6, all > 0 ? 100.0 * (double)t->total / all : 0.0,
-                o->lora_model_dir[0] ? " (every setting from lora_model_dir's adapter_config.json)" : "");
+                o->lora_model_dir[0] ? "; every setting from the adapter (lora_model_dir's adapter_config.json)" : "",
+                r->s.adapter_overrides[0] ? ", over the config's " : "", r->s.adapter_overrides,
+                r->eng.model.lv.lora.init ? "; its base less the initial pair of " : "",
+                r->eng.model.lv.lora.init ? (r->eng.model.lv.lora.init == SNUG_LORA_INIT_PISSA ? "PiSSA" : "OLoRA")
+                                          : "");
     }
     if (o->unfrozen.n) /* the rank's (stage's) tensors the patterns name */
         fprintf(out, "  unfrozen             %lld (%.2fM) of them train (unfrozen_parameters); the others are "

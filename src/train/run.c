@@ -220,6 +220,8 @@ static int open_load(snug_run *r, snug_error *e) {
     }
     if (!rc && lora && !r->resume[0])
         rc = snug_setup_load_adapter(&r->s, &r->eng.model, e);
+    else if (!rc && lora) /* (PiSSA, OLoRA: the base the adapters were trained on) */
+        rc = snug_setup_adapter_base(&r->s, &r->eng.model, e);
     if (!rc && r->resume[0])
         rc = snug_checkpoint_load(r->resume, &r->saved, &r->s, &r->eng, e);
     return rc;

@@ -264,6 +264,36 @@ static snug_lora_cfg lora_cfg(const snug_run_config *c, snug_arch arch) {
     return l;
 }
 
+/* lora_model_dir: the configuration's adapter settings that its adapter_config.json overrides, named with the
+ * configuration's values for the header ("lora_r 8, lora_dropout 0"); "" when they agree. */
+static void adapter_overrides(snug_setup *r, const snug_lora_cfg *a) {
+    const snug_run_config *c = &r->c;
+    char *o = r->adapter_overrides, t[256];
+    size_t n = sizeof r->adapter_overrides, len = 0;
+    o[0] = '\0';
+#define NOTE(...) (len += (size_t)snprintf(o + len, len < n ? n - len : 0, __VA_ARGS__))
+    double alpha = c->lora_alpha > 0 ? c->lora_alpha : c->lora_r;
+    if (c->lora_r != a->r)
+        NOTE("%slora_r %d", len ? ", " : "", c->lora_r);
+    if ((float)alpha != a->alpha)
+        NOTE("%slora_alpha %g", len ? ", " : "", alpha);
+    if ((float)c->lora_dropout != a->dropout)
+        NOTE("%slora_dropout %g", len ? ", " : "", c->lora_dropout);
+    if (c->lora_targets != (a->targets ? a->targets : snug_lora_default_targets(r->cfg.arch))) {
+        snug_lora_targets_list(r->cfg.arch, c->lora_targets, t, sizeof t);
+        NOTE("%slora_target_modules [%s]", len ? ", " : "", t);
+    }
+    if (!c->lora_rslora != !a->rslora)
+        NOTE("%speft_use_rslora %s", len ? ", " : "", c->lora_rslora ? "true" : "false");
+    if (!c->lora_dora != !a->dora)
+        NOTE("%speft_use_dora %s", len ? ", " : "", c->lora_dora ? "true" : "false");
+    if (memcmp(c->lora_layer_mask, a->layers, sizeof a->layers))
+        NOTE("%slora_layers_to_transform [%s]", len ? ", " : "", c->lora_layers[0] ? c->lora_layers : "all");
+    if (c->lora_save_modules != a->save_modules)
+        NOTE("%slora_modules_to_save [%s]", len ? ", " : "", c->lora_modules_to_save);
+#undef NOTE
+}
+
 /* adapter: the names of lora_target_modules checked against the model, and a lora_model_dir's adapter settings
  * written into the configuration (the adapter says what it is) */
 static int resolve_adapter(snug_setup *r, snug_error *e) {
@@ -345,16 +375,18 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
     if (!c->lora_model_dir[0])
         return 0;
     snug_lora_cfg a;
-    SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, &a, e));
+    SNUG_TRY(snug_peft_read_config(c->lora_model_dir, r->cfg.arch, r->cfg.n_layer, &a, e));
     for (int l = r->cfg.n_layer; snug_lora_layers_named(&a) && l < 256; l++)
         if (snug_lora_layer_on(&a, l))
             return snug_fail(e, SNUG_EINPUT, "%s/adapter_config.json: layers_to_transform names layer %d, and this "
                              "model's layers are 0 to %d; the adapter is for another base", c->lora_model_dir, l,
                              r->cfg.n_layer - 1);
+    adapter_overrides(r, &a);
     snug_lora_layers_list(&a, c->lora_layers, sizeof c->lora_layers); /* the adapter's layers, as the run's */
     memcpy(c->lora_layer_mask, a.layers, sizeof c->lora_layer_mask);
     c->lora_r = a.r;
     c->lora_alpha = a.alpha;
+    c->lora_dropout = a.dropout;
     c->lora_rslora = a.rslora;
     c->lora_dora = a.dora;
     c->lora_target_linear = 0;
@@ -424,6 +456,16 @@ int snug_setup_load_adapter(const snug_setup *r, snug_model *m, snug_error *e) {
     if (snug_lora_init(m, (uint64_t)r->c.seed))
         return snug_fail(e, SNUG_ENOMEM, "out of host memory initialising the adapters");
     return snug_lora_saved_from_file(m, r->c.base_model, e);
+}
+
+int snug_setup_adapter_base(const snug_setup *r, snug_model *m, snug_error *e) {
+    if (!m->lora.on || !r->c.lora_model_dir[0])
+        return 0;
+    snug_lora_cfg a;
+    char path[1100];
+    SNUG_TRY(snug_peft_read_config(r->c.lora_model_dir, r->cfg.arch, r->cfg.n_layer, &a, e));
+    snprintf(path, sizeof path, "%s/adapter_config.json", r->c.lora_model_dir);
+    return snug_peft_residual(m, a.init, path, e);
 }
 
 snug_plan_spec snug_run_spec(const snug_run_config *c, const snug_model_config *cfg) {

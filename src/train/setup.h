@@ -42,6 +42,8 @@ typedef struct snug_setup {
     snug_plan_spec spec;      /* snug_run_spec(&c, &cfg), with ranks */
     snug_plan plan;           /* of spec, before anything is allocated */
     char fit_note[1024];      /* what auto_fit chose and why; "" when auto_fit is off */
+    char adapter_overrides[512]; /* lora_model_dir: the configuration's adapter settings its adapter overrides, with
+                                  * the configuration's values ("lora_r 8, lora_dropout 0"); "" when none differ */
     size_t data_host_est;     /* the datasets' host memory, estimated from their files before they are read */
     /* snug_setup_load_data */
     snug_dataset train, val;
@@ -73,6 +75,9 @@ int snug_setup_resolve(snug_setup *s, const snug_run_config *c, snug_device_kind
 /* The adapters' starting weights (adapter: lora): lora_model_dir's PEFT adapter, or PEFT's initialisation from the
  * seed. Nothing without adapters. */
 int snug_setup_load_adapter(const snug_setup *s, snug_model *m, snug_error *e);
+/* Resuming a run that started from lora_model_dir (the adapters come from the checkpoint): the base as a PiSSA or
+ * OLoRA adapter's initialisation leaves it (snug_peft_residual); nothing for other adapters. */
+int snug_setup_adapter_base(const snug_setup *s, snug_model *m, snug_error *e);
 
 /* Copies the Hugging Face tokenizer files that exist in src_dir (tokenizer.json, tokenizer_config.json,
  * special_tokens_map.json, chat_template.jinja) into dst_dir, each atomically. */

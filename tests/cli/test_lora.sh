@@ -5,7 +5,8 @@
 # accumulation matches to fp32 rounding, and a tiled MLP in several shards (with dropout too) to within four times that
 # rounding floor; 8-bit and paged AdamW and packing train; the plan equals every arena's measured peak; the output
 # folder is a PEFT adapter (no base weights), which `snug generate` samples from and `merge_lora` merges into
-# output_dir/merged; an unknown target module, a 4-bit base without an adapter, and lora_modules_to_save naming another
+# output_dir/merged; a run from an adapter (lora_model_dir) takes every adapter setting from it and says which of the
+# configuration's it overrode; an unknown target module, a 4-bit base without an adapter, and lora_modules_to_save naming another
 # module or on tied embeddings are refused with exit 2.
 . "$(dirname "$0")/lib.sh"
 # One GEMM path for every run: where the CPU has AVX512-BF16 and oneDNN is installed, bf16 GEMMs choose oneDNN or
@@ -261,6 +262,18 @@ PY
 run layers13_more --adapter lora --lora_model_dir "$W/layers13" --max_steps 2 &&
   grep -q "layers_to_transform" "$W/layers13_more/adapter_config.json" && ok ||
   bad "layers13_more: $(tail -1 "$W/layers13_more.log")"
+# an adapter as the start of a run (lora_model_dir): every adapter setting comes from its adapter_config.json, as PEFT
+# and Axolotl take them (r, alpha and dropout here), whatever the configuration says; the header says so and names the
+# configuration's values it overrode; the run is planned with the adapter's dropout, and saves the adapter's settings
+if run drop4 --adapter lora --lora_alpha 8 --lora_dropout 0.1 --max_steps 2; then
+  printf 'adapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_dropout: 0.0\nlora_model_dir: %s\n' "$W/drop4" > "$W/from4.yml"
+  "$SNUG" train "$W/from4.yml" ${common/--lora_r 4/} --max_steps 2 --output_dir "$W/from4" > "$W/from4.log" 2>&1 &&
+    grep -q "LoRA r=4, alpha 8 (scale 2), dropout 0.1, targets .*every setting from the adapter (lora_model_dir's \
+adapter_config.json), over the config's lora_r 8, lora_alpha 16, lora_dropout 0$" "$W/from4.log" && planned from4 &&
+    python3 -c 'import json, sys; c = json.load(open(sys.argv[1] + "/adapter_config.json"))
+sys.exit(0 if (c["r"], c["lora_alpha"], c["lora_dropout"]) == (4, 8, 0.1) else 1)' "$W/from4" && ok ||
+    bad "from4: the adapter's r 4, alpha 8, dropout 0.1 over the config's: $(grep -E 'adapter  |error' "$W/from4.log")"
+fi
 "$SNUG" train $common --adapter lora --lora_layers_to_transform 1,9 --output_dir "$W/l9" > "$W/l9.log" 2>&1
 [ $? -eq 2 ] && grep -q "lora_layers_to_transform names '9'" "$W/l9.log" && grep -q "0 to 3" "$W/l9.log" && ok ||
   bad "a layer the model lacks: $(tail -1 "$W/l9.log")"

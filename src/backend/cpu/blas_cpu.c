@@ -23,6 +23,7 @@ typedef void (*sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float a
 static struct {
     int loaded;
     sgemm_fn sgemm;
+    void *handle;
     void (*set_threads)(int);
     char kernel[64], path[1024], line[512], error[1024];
 } blas;
@@ -85,6 +86,7 @@ int snug_cpu_blas_load(void) {
             dlclose(h);
         return -1;
     }
+    blas.handle = h;
     blas.set_threads = (void (*)(int))dlsym(h, "openblas_set_num_threads");
     char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");
     char *(*config)(void) = (char *(*)(void))dlsym(h, "openblas_get_config");
@@ -116,6 +118,10 @@ void snug_cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const floa
 void snug_cpu_blas_set_threads(int n) {
     if (blas.set_threads)
         blas.set_threads(n);
+}
+
+void *snug_cpu_blas_symbol(const char *name) {
+    return snug_cpu_blas_load() == 0 ? dlsym(blas.handle, name) : NULL;
 }
 
 const char *snug_cpu_blas_kernel(void) { return blas.kernel; }

@@ -21,6 +21,9 @@ const char *snug_cpu_blas_error(void);
 void snug_cpu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                     int ldb, float beta, float *C, int ldc);
 void snug_cpu_blas_set_threads(int n);
+/* A symbol of the opened library (its LAPACK routines: "sgesdd_", "sgeqrf_", "sorgqr_"), loading it first; NULL when
+ * it cannot be opened or lacks the symbol. */
+void *snug_cpu_blas_symbol(const char *name);
 
 /* After a successful load: the kernel set in use as the library names it ("Zen", "SkylakeX"; "" if it cannot say),
  * the file opened, and one line for the training header:
