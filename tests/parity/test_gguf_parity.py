@@ -1,7 +1,7 @@
-"""`snug export --gguf` against llama.cpp: tiny models of each family snug exports (Llama with a Llama-3 tokenizer
-and untied head, Qwen2 with tied embeddings and q/k/v biases, GPT-2, Llama with a SentencePiece-style BPE), built with
-transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama.cpp's Python binding
-(llama-cpp-python) and compared with transformers on the same weights:
+"""`snug export --gguf` against llama.cpp: tiny models of each family snug exports (Llama with a Llama-3 tokenizer,
+RoPE scaling and untied head, Qwen2 with tied embeddings and q/k/v biases, GPT-2, Llama with a SentencePiece-style
+BPE), built with transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama.cpp's Python
+binding (llama-cpp-python) and compared with transformers on the same weights:
   - the logits on a prompt: llama.cpp's distance from transformers' fp32 logits stays within a noise floor the test
     measures, the distance of transformers run on the weights rounded as the file stores them (f16, bf16, the q8_0
     round trip), times a margin for llama.cpp's own rounding of activations (f16 / q8_0 dot products);
@@ -10,7 +10,8 @@ transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama
     tokenizer model and pre-tokenizer name, tokens by id, merges, special ids, chat template) and the tensor types
     (norms and biases f32, the matrices the requested type);
   - llama.cpp's tokenization of a text with the exported vocabulary equals the tokenizer's own.
-Also an adapter: `snug export --adapter` equals exporting the folder `snug merge` writes.
+Also an adapter: `snug export --adapter` equals exporting the folder `snug merge` writes; and bad input (a type
+llama.cpp has no writer here for, no tokenizer.json, a pre-tokenizer without a llama.cpp name) is refused, exit 2.
 Skips (77) when llama_cpp is not importable."""
 import json
 import os
@@ -92,8 +93,9 @@ def build(work, family):
                                                                 bl]),
                                   ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"],
                                   "<|begin_of_text|>")
-        cfg = LlamaConfig(tie_word_embeddings=False, rope_theta=500000.0, bos_token_id=0,
-                          eos_token_id=1, **small)
+        cfg = LlamaConfig(tie_word_embeddings=False, rope_theta=500000.0, bos_token_id=0, eos_token_id=1,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, **small)
         tc = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "chat_template": CHAT}
         pre, tmodel = "llama-bpe", "gpt2"
     elif family == "qwen2":
@@ -272,6 +274,7 @@ def main():
                 check(toks == want_toks, f"{tag}: llama.cpp tokenizes the text as {toks}, the tokenizer as {want_toks}")
         if family == "llama":
             check_adapter(work, d, model)
+            check_refusals(work, d)
     finish("test_gguf_parity")
 
 
@@ -293,6 +296,25 @@ def check_adapter(work, d, model):
     if ok:
         check(open(a, "rb").read() == open(b, "rb").read(), "adapter: export --adapter differs from merge + export")
         check(not [n for n in os.listdir(work) if ".merge." in n], "adapter: the merge folder was left behind")
+
+
+def check_refusals(work, d):
+    import shutil
+    out = os.path.join(work, "bad.gguf")
+    r = run_snug("export", "--gguf", out, "--type", "q4_0", d)
+    check(r.returncode == 2 and "q4_0" in r.stderr, f"--type q4_0: exit {r.returncode}, {r.stderr}")
+    bad = os.path.join(work, "no-tokenizer")
+    shutil.copytree(d, bad)
+    os.remove(os.path.join(bad, "tokenizer.json"))
+    r = run_snug("export", "--gguf", out, bad)
+    check(r.returncode == 2 and "tokenizer.json" in r.stderr, f"no tokenizer.json: exit {r.returncode}, {r.stderr}")
+    j = json.load(open(os.path.join(d, "tokenizer.json")))
+    j["pre_tokenizer"] = {"type": "Whitespace"}
+    json.dump(j, open(os.path.join(bad, "tokenizer.json"), "w"))
+    r = run_snug("export", "--gguf", out, bad)
+    check(r.returncode == 2 and "Whitespace" in r.stderr and "pre_tokenizer" in r.stderr,
+          f"an unknown pre-tokenizer: exit {r.returncode}, {r.stderr}")
+    check(not os.path.exists(out), "a refused export left a file")
 
 
 if __name__ == "__main__":
