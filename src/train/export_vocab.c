@@ -12,6 +12,7 @@
  * One difference, on purpose: the "llama" vocabulary's scores are minus the rank of the merge that makes each token
  * (0 for the rest), so llama.cpp's SentencePiece merge order is the BPE's; the converter writes -1000 for every token
  * when the folder has no tokenizer.model, which leaves llama.cpp merging left to right. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,8 +125,8 @@ static int looks_special(const char *s) {
 }
 
 static int is_byte_token(const char *s) {
-    return strlen(s) == 6 && !strncmp(s, "<0x", 3) && s[5] == '>' && strchr("0123456789ABCDEFabcdef", s[3]) &&
-           strchr("0123456789ABCDEFabcdef", s[4]) && s[3] && s[4];
+    return strlen(s) == 6 && !strncmp(s, "<0x", 3) && s[5] == '>' && isxdigit((unsigned char)s[3]) &&
+           isxdigit((unsigned char)s[4]);
 }
 
 typedef struct vocab_out {
@@ -290,7 +291,10 @@ static int gpt2_tokens(vocab_out *v, json_t *vocab, json_t *added, int64_t n, co
     json_t *val;
     json_object_foreach(vocab, k, val) {
         int64_t id = json_integer_value(val);
-        if (id >= 0 && id < n && !v->tok[id])
+        if (id >= n)
+            return snug_fail(e, SNUG_EINPUT, "%s: token '%s' has id %lld, past config.json's vocab_size %lld", path,
+                             k, (long long)id, (long long)n);
+        if (id >= 0 && !v->tok[id])
             v->tok[id] = k;
     }
     size_t i;
