@@ -155,13 +155,18 @@ def rounded(model, ftype):
 
 
 def greedy_hf(model, ids, n):
+    """n greedy tokens after ids (a plain loop: generate() would mask a BOS that shares the pad id)."""
+    seq = list(ids)
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
 
 
 def run_llama(path, ids, n):
-    llm = llama_cpp.Llama(model_path=path, n_ctx=64, logits_all=True, verbose=False, n_threads=2, seed=0)
+    # the KV cache in f32 (llama.cpp's default is f16), so an f32 file is compared with fp32 arithmetic throughout
+    llm = llama_cpp.Llama(model_path=path, n_ctx=64, logits_all=True, verbose=False, n_threads=2, seed=0,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     llm.eval(ids)
     logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
     gen = []
@@ -263,11 +268,21 @@ def main():
             scale = np.abs(ref).max()
             floor = np.abs(ref_r - ref).max() / scale
             dist = np.abs(got - ref).max() / scale
-            margin = {"f32": 1e-4, "f16": 4 * floor + 1e-3, "bf16": 4 * floor + 1e-3, "q8_0": 4 * floor + 2e-3}[ftype]
+            # ggml's GELU reads a table of fp16 values: GPT-2 differs from transformers by that in f32 too
+            f32_margin = 1e-3 if family == "gpt2" else 1e-5
+            margin = {"f32": f32_margin, "f16": 4 * floor + 1e-3, "bf16": 4 * floor + 1e-3,
+                      "q8_0": 4 * floor + 2e-3}[ftype]
             check(dist <= margin, f"{tag}: llama.cpp logits differ from transformers' by {dist:.2e} (relative), "
                   f"over the noise floor {floor:.2e} allows ({margin:.2e})")
+            # greedy: transformers' own tokens on the same weights; where they part, llama.cpp's choice must be a
+            # tie within the noise (transformers' logit of it within margin of its best, on llama.cpp's sequence)
             want = greedy_hf(mr, ids, 8)
-            check(gen == want, f"{tag}: llama.cpp greedy {gen}, transformers on the same weights {want}")
+            with torch.no_grad():
+                rows = mr(torch.tensor([ids + gen])).logits[0, len(ids) - 1: -1].double()
+            gaps = [(rows[k].max() - rows[k, t]).item() / scale for k, t in enumerate(gen)]
+            tie = ftype != "f32" and max(gaps) <= margin
+            check(gen == want or tie, f"{tag}: llama.cpp greedy {gen}, transformers on the same weights {want} "
+                  f"(gaps {['%.1e' % g for g in gaps]})")
             print(f"  {tag}: logits {dist:.1e} from transformers (floor {floor:.1e}); greedy {gen}")
             if ftype == "f32":
                 want_toks = tok.encode(TEXT).ids
