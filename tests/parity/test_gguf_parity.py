@@ -26,10 +26,10 @@ from common import check, finish, run_snug  # noqa: E402
 
 try:
     import llama_cpp  # noqa: F401
-    from gguf import GGUFReader
 except ImportError as err:
-    print(f"skipped: {err} (scripts/setup.sh installs llama-cpp-python and gguf into the venv)")
+    print(f"skipped: {err} (scripts/venv.sh installs llama-cpp-python and gguf into the venv)")
     sys.exit(77)
+from gguf import GGUFReader  # noqa: E402  (scripts/venv.sh installs it with llama-cpp-python)
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config  # noqa: E402
