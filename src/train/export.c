@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/json_util.h"
 #include "model/family.h"
 #include "model/safetensors.h"
 
@@ -184,8 +185,10 @@ static int add_tensors(snug_gguf *g, ex_ctx *x, const snug_family *f, snug_gguf_
     return 0;
 }
 
-/* The hyperparameters as the converter writes them (TextModel, LlamaModel, GPT2Model's set_gguf_parameters). */
-static void add_hparams(snug_gguf *g, const snug_model_config *c, const char *arch, int llama, snug_gguf_type type) {
+/* The hyperparameters as the converter writes them (TextModel, LlamaModel, GPT2Model's set_gguf_parameters).
+ * has_kv, has_hd: config.json names num_key_value_heads, head_dim (the converter writes their keys only then). */
+static void add_hparams(snug_gguf *g, const snug_model_config *c, const char *arch, int llama, snug_gguf_type type,
+                        int has_kv, int has_hd) {
     char k[128];
 #define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
     snug_gguf_kv_u32(g, KEY("block_count"), (uint32_t)c->n_layer);
@@ -196,11 +199,14 @@ static void add_hparams(snug_gguf *g, const snug_model_config *c, const char *ar
     if (c->arch == SNUG_ARCH_GPT2) {
         snug_gguf_kv_f32(g, KEY("attention.layer_norm_epsilon"), c->norm_eps);
     } else {
-        snug_gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_head);
+        if (has_kv)
+            snug_gguf_kv_u32(g, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_head);
         snug_gguf_kv_f32(g, KEY("rope.freq_base"), (float)c->rope_theta);
         snug_gguf_kv_f32(g, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
-        snug_gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)c->head_dim);
-        snug_gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)c->head_dim);
+        if (has_hd) {
+            snug_gguf_kv_u32(g, KEY("attention.key_length"), (uint32_t)c->head_dim);
+            snug_gguf_kv_u32(g, KEY("attention.value_length"), (uint32_t)c->head_dim);
+        }
         if (c->rope_type == SNUG_ROPE_LINEAR) {
             snug_gguf_kv_str(g, KEY("rope.scaling.type"), "linear");
             snug_gguf_kv_f32(g, KEY("rope.scaling.factor"), (float)c->rope_factor);
@@ -242,7 +248,18 @@ int snug_export_gguf(const char *model_dir, const char *out_path, snug_gguf_type
         snug_gguf_kv_str(&g, "general.architecture", arch);
         snug_gguf_kv_str(&g, "general.type", "model");
         snug_gguf_kv_str(&g, "general.name", name);
-        add_hparams(&g, &cfg, arch, llama, type);
+        char *text = NULL;
+        size_t len = 0;
+        json_error_t je;
+        json_t *cj = snug_read_file(p, &text, &len, e) ? NULL : snug_json_loadb(text, len, 0, &je);
+        free(text);
+        int has_kv = cj && json_is_integer(json_object_get(cj, "num_key_value_heads"));
+        int has_hd = cj && json_is_integer(json_object_get(cj, "head_dim"));
+        json_decref(cj);
+        /* without num_key_value_heads, llama.cpp reads head_count_kv as head_count: write it where the family's
+         * default differs (Mistral 8, Qwen2 32) */
+        has_kv = has_kv || cfg.n_kv_head != cfg.n_head;
+        add_hparams(&g, &cfg, arch, llama, type, has_kv, has_hd || cfg.head_dim * cfg.n_head != cfg.hidden_size);
         snug_gguf_kv_u32(&g, "general.quantization_version", 2);
         rc = snug_export_vocab(&g, model_dir, &cfg, llama, e);
     }
