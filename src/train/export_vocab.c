@@ -88,7 +88,10 @@ static const char *pre_name(json_t *pre) {
 static json_t *added_of(json_t *added, int64_t id) {
     size_t i;
     json_t *a;
-    json_array_foreach(added, i, a) if (json_integer_value(json_object_get(a, "id")) == id) return a;
+    json_array_foreach(added, i, a) {
+        if (json_integer_value(json_object_get(a, "id")) == id)
+            return a;
+    }
     return NULL;
 }
 
@@ -410,8 +413,10 @@ int snug_export_vocab(snug_gguf *g, const char *dir, const snug_model_config *cf
         size_t i;
         json_t *a;
         n = base;
-        json_array_foreach(added, i, a) if (json_integer_value(json_object_get(a, "id")) >= n) n =
-            json_integer_value(json_object_get(a, "id")) + 1;
+        json_array_foreach(added, i, a) {
+            int64_t id = json_integer_value(json_object_get(a, "id"));
+            n = id >= n ? id + 1 : n;
+        }
         if (!rc && n != cfg->vocab_size)
             rc = snug_fail(e, SNUG_EINPUT, "%s: the tokenizer has %lld tokens and config.json vocab_size is %d; "
                            "llama.cpp needs them equal for a SentencePiece-style vocabulary", tpath, (long long)n,
