@@ -1,4 +1,4 @@
-/* main.c: the snug command line: train, plan, generate, and the parity harness the tests drive.
+/* main.c: the snug command line: train, plan, generate, merge, export, and the parity harness the tests drive.
  *
  * The only place that prints errors and chooses exit statuses: 0 success, 2 bad input (config, data, model files),
  * 1 anything else. */
@@ -18,6 +18,7 @@
 #include "train/trainer.h"
 #include "cli/generate_cmd.h"
 #include "cli/preprocess_cmd.h"
+#include "cli/export_cmd.h"
 #include "train/merge.h"
 
 static void usage(FILE *f) {
@@ -39,6 +40,9 @@ static void usage(FILE *f) {
             "                        arithmetic, rounded once to the base's dtype); --base_as nf4: into the base's\n"
             "                        4-bit round trip, the weights a QLoRA adapter was trained on (int8: the 8-bit\n"
             "                        one of load_in_8bit)\n"
+            "  export --gguf OUT.gguf MODEL_DIR  write a model (--adapter DIR: merged with a LoRA adapter first) as\n"
+            "                        one GGUF file for llama.cpp and Ollama, with its tokenizer and chat template;\n"
+            "                        --type f32|f16|bf16|q8_0 (default f16); `snug export --help`\n"
             "  help                  this text; `snug train --help` lists every configuration key, `snug generate\n"
             "                        --help` the flags of generate\n"
             "  --version             snug's version\n"
@@ -219,6 +223,13 @@ int main(int argc, char **argv) {
             printf("merged %s into %s%s%s%s: %s (fp32, rounded once to the base's dtype)\n", argv[3], argv[2],
                    quant ? " (its " : "", quant ? snug_q4_width(q.q4_type) : "", quant ? " round trip)" : "",
                    argv[4]);
+    } else if (!strcmp(cmd, "export")) {
+        if (has_help(argc - 2, argv + 2)) {
+            snug_export_usage(stdout);
+            free(o);
+            return 0;
+        }
+        rc = snug_export_cmd(argc - 2, argv + 2, stdout, &e);
     } else if (!strcmp(cmd, "parity")) {
         rc = snug_parity_cmd(argc - 2, argv + 2, &e);
     } else {
