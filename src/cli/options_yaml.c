@@ -3,6 +3,8 @@
  * bnb_config_kwargs, unfrozen_parameters...) read entry by entry, errors naming the file and line. */
 #include "cli/options_impl.h"
 
+#include "data/tokenizer.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -317,6 +319,30 @@ static int load_map_key(void *base, opt_aliases *al, const key_spec *k, const ch
         }
         return 0;
     }
+    case KM_TOKENS: { /* each item a token, joined by newlines */
+        char *dst = (char *)base + k->offset;
+        size_t at = 0;
+        dst[0] = '\0';
+        for (yaml_node_item_t *it = v ? v->data.sequence.items.start : NULL; v && it < v->data.sequence.items.top;
+             it++) {
+            const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+            int idx = (int)(it - v->data.sequence.items.start);
+            char name[16];
+            snprintf(name, sizeof name, "[%d]", idx);
+            const char *text = item ? entry_text(item, written, name, loc, e) : NULL;
+            if (!text)
+                return e ? e->code : SNUG_EINPUT;
+            if (!*text || strchr(text, '\n') || idx >= SNUG_TOK_MAX_ADD / 2)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is %s; write one token per item, at most %d", loc,
+                                 written, idx, idx >= SNUG_TOK_MAX_ADD / 2 ? "one too many" : *text ?
+                                 "more than one line" : "empty", SNUG_TOK_MAX_ADD / 2);
+            if (at + strlen(text) + 2 > k->size)
+                return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (at most %zu characters in all)", loc, written,
+                                 k->size - 2);
+            at += (size_t)snprintf(dst + at, k->size - at, "%s%s", at ? "\n" : "", text);
+        }
+        return 0;
+    }
     default:
         break;
     }
@@ -345,8 +371,8 @@ static int load_map_key(void *base, opt_aliases *al, const key_spec *k, const ch
                 i++;
             if (i == 4)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads pad_token, eos_token, "
-                                 "bos_token and unk_token (adding tokens to the vocabulary is not supported yet)", loc,
-                                 written, name);
+                                 "bos_token and unk_token (list tokens to add under the key tokens)", loc, written,
+                                 name);
             SNUG_TRY(entry_copy(fields[i], sizeof o->pad_token, text, written, name, loc, e));
             break;
         }
@@ -554,8 +580,10 @@ int opt_load_yaml(opt_state *st, const char *path, snug_error *e) {
     }
     yaml_parser_delete(&p);
     fclose(f);
-    /* like dataset paths, a relative tokenizer path written in the file is relative to the file */
-    if (rc == 0 && y.dir[0] && tmp.tokenizer[0] && tmp.tokenizer[0] != '/' && strcmp(tmp.tokenizer, o->tokenizer)) {
+    /* like dataset paths, a relative tokenizer path written in the file is the current directory's (Axolotl's
+     * reading), else the file's folder's */
+    if (rc == 0 && tmp.tokenizer[0] && opt_path_from_file(tmp.tokenizer, y.dir) &&
+        strcmp(tmp.tokenizer, o->tokenizer)) {
         char joined[sizeof tmp.tokenizer];
         if (snprintf(joined, sizeof joined, "%s/%s", y.dir, tmp.tokenizer) >= (int)sizeof joined)
             rc = snug_fail(e, SNUG_EINPUT, "%s: tokenizer path is too long", path);

@@ -8,6 +8,8 @@
 #ifndef SNUG_MODEL_CONFIG_H
 #define SNUG_MODEL_CONFIG_H
 
+#include <stdint.h>
+
 #include "core/error.h"
 
 /* The largest head_dim every backend runs: the CUDA attention holds one head in 256 floats per row (its plain,
@@ -64,6 +66,13 @@ typedef struct snug_model_config {
     int bos_token_id, eos_token_id, pad_token_id; /* -1 when absent; eos is the first when a list */
     char torch_dtype[16];     /* "float32", "bfloat16", ... as read; written back unchanged */
     float initializer_range;  /* default 0.02 */
+    /* tokens added to the tokenizer past the base's vocabulary (never read from nor written to config.json): the
+     * rows the base's embedding and head hold (vocab_size counts the new ones too; 0 = vocab_size), and how the new
+     * rows start when they are loaded: vocab_mean 1 the mean of the old rows (transformers' mean_resizing), 0
+     * normal(0, initializer_range) drawn from the stream of vocab_seed (its _init_weights) */
+    int vocab_base;
+    int vocab_mean;
+    uint64_t vocab_seed;
 } snug_model_config;
 
 /* Parses config.json (transformers v4 and v5 spellings: torch_dtype/dtype, rope_scaling/rope_parameters,
