@@ -171,8 +171,8 @@ const key_spec opt_keys[] = {
     {.name = "special_tokens", .type = KT_MAP, .group = G_DATA, .map = KM_SPECIAL_TOKENS,
      .help = "tokens that take a role: pad_token (pads batches; saved with the tokenizer), eos_token (ends every "
              "completion and alpaca example, stops generation; saved too); bos_token and unk_token only as the "
-             "tokenizer's own. A token the tokenizer lacks is added as Axolotl adds it (a special token with the "
-             "next id: the embedding and lm_head grow, see mean_resizing_embeddings)"},
+             "tokenizer's own; additional_special_tokens: a list added as special tokens. A token the tokenizer lacks "
+             "is added as Axolotl adds it (the next id: the embedding and lm_head grow, see mean_resizing_embeddings)"},
     {.name = "tokens", .type = KT_LIST, .group = G_DATA, .map = KM_TOKENS, AT_STR(tokens), .fixed = "tokens",
      .fixed_absent = "\"\"",
      .help = "tokens added to the tokenizer (not special; Axolotl's add_tokens), each the next id where it has none; "

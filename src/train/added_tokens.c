@@ -28,6 +28,13 @@ static int file_add(const char *file, const char *dir, const snug_added_tokens *
     return rc;
 }
 
+static int count_lines(const char *s) {
+    int n = *s != '\0';
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
 void snug_added_tokens_of(const snug_run_config *c, snug_added_tokens *a) {
     memset(a, 0, sizeof *a);
     const char *given[4] = {c->bos_token, c->eos_token, c->pad_token, c->unk_token}; /* Axolotl's order */
@@ -36,15 +43,18 @@ void snug_added_tokens_of(const snug_run_config *c, snug_added_tokens *a) {
             a->special[a->n] = 1;
             a->text[a->n++] = given[i];
         }
-    snprintf(a->buf, sizeof a->buf, "%s", c->tokens);
-    for (char *s = a->buf; *s && a->n < SNUG_TOK_MAX_ADD;) {
-        char *nl = strchr(s, '\n');
-        if (nl)
-            *nl = '\0';
-        a->special[a->n] = 0;
-        a->text[a->n++] = s;
-        s = nl ? nl + 1 : s + strlen(s);
-    }
+    snprintf(a->buf, sizeof a->buf, "%s", c->tokens); /* then tokens, then additional_special_tokens */
+    size_t at = strlen(a->buf) + 1;
+    snprintf(a->buf + at, sizeof a->buf - at, "%s", c->extra_special);
+    for (int list = 0; list < 2; list++)
+        for (char *s = list ? a->buf + at : a->buf; *s && a->n < SNUG_TOK_MAX_ADD;) {
+            char *nl = strchr(s, '\n');
+            if (nl)
+                *nl = '\0';
+            a->special[a->n] = list;
+            a->text[a->n++] = s;
+            s = nl ? nl + 1 : s + strlen(s);
+        }
 }
 
 int snug_added_tokens_save(const char *dir, const snug_run_config *c, snug_error *e) {
@@ -58,7 +68,7 @@ int snug_added_tokens_save(const char *dir, const snug_run_config *c, snug_error
     int fresh[SNUG_TOK_MAX_ADD], changed = 0;
     SNUG_TRY(file_add(p, dir, &a, ids, fresh, &changed, e));
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
-    if (!changed || !snug_file_exists(p))
+    if ((!changed && !c->extra_special[0]) || !snug_file_exists(p))
         return 0;
     char *buf = NULL;
     size_t len = 0;
@@ -81,6 +91,13 @@ int snug_added_tokens_save(const char *dir, const snug_run_config *c, snug_error
             json_object_set_new(dec, key, json_pack("{s:s, s:b, s:b, s:b, s:b, s:b}", "content", a.text[i], "lstrip",
                                                     0, "normalized", 0, "rstrip", 0, "single_word", 0, "special",
                                                     a.special[i]));
+    }
+    if (c->extra_special[0]) { /* transformers (v5) keeps additional_special_tokens as extra_special_tokens */
+        json_t *list = json_array();
+        for (int i = 0; i < a.n; i++)
+            if (a.special[i] && i >= a.n - count_lines(c->extra_special))
+                json_array_append_new(list, json_string(a.text[i]));
+        json_object_set_new(j, "extra_special_tokens", list);
     }
     char *text = json_dumps(j, JSON_INDENT(2));
     json_decref(j);

@@ -1,6 +1,7 @@
 /* added_tokens.h: the tokens a run adds to its tokenizer, as Axolotl adds them (special_tokens' bos_token, eos_token,
- * pad_token and unk_token with add_special_tokens, in that order, then `tokens` with add_tokens), and the tokenizer
- * files a run saves with them (tokenizer.json's added_tokens, tokenizer_config.json's added_tokens_decoder). */
+ * pad_token and unk_token with add_special_tokens, in that order, then `tokens` with add_tokens, then special_tokens'
+ * additional_special_tokens with add_special_tokens), and the tokenizer files a run saves with them (tokenizer.json's
+ * added_tokens, tokenizer_config.json's added_tokens_decoder and extra_special_tokens). */
 #ifndef SNUG_TRAIN_ADDED_TOKENS_H
 #define SNUG_TRAIN_ADDED_TOKENS_H
 
@@ -13,7 +14,7 @@ typedef struct snug_added_tokens {
     int n;
     const char *text[SNUG_TOK_MAX_ADD]; /* point into c, or into buf */
     int special[SNUG_TOK_MAX_ADD];      /* 1: added as a special token */
-    char buf[2048];                     /* c->tokens, split at its newlines */
+    char buf[3072];                     /* c->tokens and c->extra_special, split at their newlines */
 } snug_added_tokens;
 
 /* The tokens c adds, in Axolotl's order (a token the tokenizer has keeps its id). */

@@ -100,6 +100,8 @@ grep -q "messages.jsonl (chat, llama3)" instruct-lora-8b.log && ok ||
 local_paths fft-8b.yaml base_nopad out_grown > grown.yml
 "$SNUG" plan grown.yml > grown_plan.txt 2>&1 || bad "plan with an added token" grown_plan.txt
 "$SNUG" train grown.yml --max_steps 2 > grown.log 2>&1 || bad "fft-8b with the pad token added" grown.log
+grep -q "tokenizer .*, 1 token added: the embedding and lm_head grown from [0-9]* to [0-9]* rows, the new ones normal(0, 0.02)" \
+  grown.log && ok || bad "the header does not say the token was added" grown.log
 if python3 - base_nopad out_grown grown_plan.txt <<'PY'
 import json, sys
 base, out, plan = sys.argv[1:4]

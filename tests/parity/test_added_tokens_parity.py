@@ -1,5 +1,6 @@
 """Tokens added as Axolotl adds them, against transformers: special_tokens the tokenizer lacks (eos_token, pad_token:
-add_special_tokens) and `tokens` (add_tokens, one of them a word of the vocabulary) give the ids transformers' tokenizer
+add_special_tokens), `tokens` (add_tokens, one of them a word of the vocabulary) and special_tokens'
+additional_special_tokens (add_special_tokens after them, one already a token) give the ids transformers' tokenizer
 gives after the same calls, in snug's tokenized data and in the tokenizer snug saves; the embedding and lm_head grow
 to len(tokenizer) as Axolotl's resize_token_embeddings(len(tokenizer)) grows them, the old rows unchanged and the new
 ones the mean of the old (mean_resizing_embeddings: true, transformers' mean_resizing up to its 1e-9-covariance noise)
@@ -20,9 +21,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import aligned_labels, check, finish, relerr, run_snug, snug_parity  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-NEW_EOS, NEW_PAD, TOKENS = "<|eot|>", "<|end_of_text|>", ["<tool>", "the"]
+NEW_EOS, NEW_PAD, TOKENS, EXTRA = "<|eot|>", "<|end_of_text|>", ["<tool>", "the"], ["<|im_start|>", "<tool>"]
 TEXTS = ["hello<|end_of_text|> the<tool>x <tool> 12", "the theme of the day<|eot|>", "", "plain words, no tokens",
-         "<|endoftext|>the<|eot|><|eot|> <tool>the"]
+         "<|endoftext|>the<|eot|><|eot|> <tool>the<|im_start|>user"]
 
 work = tempfile.mkdtemp()
 torch.manual_seed(0)
@@ -43,6 +44,7 @@ def config(name: str, extra: str) -> str:
     with open(path, "w") as f:
         f.write(f"base_model: {base}\ndatasets:\n  - path: {work}/data.jsonl\n    type: completion\n"
                 f"special_tokens:\n  eos_token: \"{NEW_EOS}\"\n  pad_token: \"{NEW_PAD}\"\n"
+                f"  additional_special_tokens: {json.dumps(EXTRA)}\n"
                 f"tokens: {json.dumps(TOKENS)}\nsequence_len: 64\nmicro_batch_size: 2\nsample_tokens: 0\n"
                 f"dataset_prepared_path: {work}/prep\noutput_dir: {work}/{name}\n" + extra)
     return path
@@ -53,6 +55,7 @@ ref = transformers.AutoTokenizer.from_pretrained(base)
 for k, v in (("eos_token", NEW_EOS), ("pad_token", NEW_PAD)):
     ref.add_special_tokens({k: AddedToken(v, rstrip=False, lstrip=False, normalized=False)})
 ref.add_tokens([AddedToken(t, rstrip=False, lstrip=False, normalized=False) for t in TOKENS])
+ref.add_special_tokens({"additional_special_tokens": EXTRA})
 
 # warmup's first step changes no weight: the saved model is the grown base
 mean_yml = config("mean", "mean_resizing_embeddings: true\nmax_steps: 1\nwarmup_steps: 10\n")
@@ -60,9 +63,10 @@ r = run_snug("train", mean_yml)
 check(r.returncode == 0, f"snug train with added tokens: {r.stderr[-600:]}")
 out = os.path.join(work, "mean")
 saved = transformers.AutoTokenizer.from_pretrained(out)
-check(len(saved) == len(ref) == 2051 and saved.pad_token == NEW_PAD and saved.eos_token == NEW_EOS and
-      saved.pad_token_id == ref.pad_token_id and saved.eos_token_id == ref.eos_token_id,
-      f"the saved tokenizer: {len(saved)} tokens (want {len(ref)}), pad {saved.pad_token_id}, eos {saved.eos_token_id}")
+check(len(saved) == len(ref) == 2052 and list(saved.extra_special_tokens) == EXTRA and saved.pad_token == NEW_PAD and
+      saved.eos_token == NEW_EOS and saved.pad_token_id == ref.pad_token_id and saved.eos_token_id == ref.eos_token_id,
+      f"the saved tokenizer: {len(saved)} tokens (want {len(ref)}), pad {saved.pad_token_id}, eos {saved.eos_token_id}, "
+      f"extra_special_tokens {saved.extra_special_tokens}")
 same = all(saved(t)["input_ids"] == ref(t)["input_ids"] for t in TEXTS)
 check(same, "the saved tokenizer's ids differ from transformers' after add_special_tokens / add_tokens")
 r = run_snug("preprocess", mean_yml, "--dump", os.path.join(work, "dump.jsonl"))
