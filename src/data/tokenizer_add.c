@@ -74,7 +74,7 @@ int snug_tok_json_add(const char *file, const char *dir, const char *json, size_
         if (!entry || json_array_append_new(json_object_get(root, "added_tokens"), entry))
             rc = snug_fail(e, SNUG_ENOMEM, "out of memory adding tokens to %s", file);
     }
-    if (!rc && !(*out = nchanged ? json_dumps(root, JSON_INDENT(2) | JSON_ALLOW_NUL) : tok_strndup(json, len)))
+    if (!rc && !(*out = nchanged ? json_dumps(root, JSON_INDENT(2)) : tok_strndup(json, len)))
         rc = snug_fail(e, SNUG_ENOMEM, "out of memory adding tokens to %s", file);
     json_decref(root);
     snug_tok_free(t0);

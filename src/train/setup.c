@@ -118,6 +118,9 @@ static int special_tokens(snug_setup *r, snug_error *e) {
         int id = snug_tok_token_id(r->tok, text[i]);
         if (id < 0 && i == 1) /* (Axolotl checks every role but the pad token's) */
             SNUG_TRY(snug_setup_check_new_token(r, names[i], text[i], e));
+        if (id < 0 && i == 1 && snug_tok_adds_eos(r->tok))
+            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.eos_token '%.60s': the tokenizer's post-processor "
+                             "appends its own EOS to every text; remove it", src, text[i]);
         if (id < 0 && i < 2)
             continue; /* added below */
         int own = i == 2 ? snug_tok_bos_id(r->tok) : i == 3 ? snug_tok_unk_id(r->tok) : -2;
