@@ -6,7 +6,8 @@ to len(tokenizer) as Axolotl's resize_token_embeddings(len(tokenizer)) grows the
 ones the mean of the old (mean_resizing_embeddings: true, transformers' mean_resizing up to its 1e-9-covariance noise)
 or drawn normal(0, initializer_range) (Axolotl's default); the saved config.json, tokenizer.json and
 tokenizer_config.json load in transformers with the grown vocabulary; and after a short run, snug's loss and logits on
-the saved model equal transformers' on it."""
+the saved model equal transformers' on it. Under LoRA with lora_modules_to_save, the adapter holds the grown tables,
+PEFT loads it on the base resized to its tokenizer, and `snug merge` gives PEFT's merge_and_unload."""
 import json
 import os
 import shutil
@@ -114,5 +115,22 @@ e_logits = relerr(got["logits"], res.logits.detach())
 check(e_logits < 1e-4 and abs(got["loss"].item() - res.loss.item()) < 1e-4 * abs(res.loss.item()),
       f"the trained model: logits relerr {e_logits:.1e}, loss {got['loss'].item()} vs {res.loss.item()}")
 print(f"  after 3 steps: transformers loads {d} ({model.config.vocab_size} tokens); logits relerr {e_logits:.1e}")
+# LoRA with the grown tables in lora_modules_to_save: the adapter holds them whole, PEFT loads it on the base
+# resized to the saved tokenizer, and `snug merge` gives PEFT's merge_and_unload
+r = run_snug("train", config("lora", "adapter: lora\nlora_r: 4\nlora_alpha: 8\nlora_target_linear: true\n"
+                                     "lora_modules_to_save: [embed_tokens, lm_head]\nmax_steps: 2\nlearning_rate: 0.01\n"))
+check(r.returncode == 0, f"the LoRA run with added tokens: {r.stderr[-600:]}")
+adapter, merged = os.path.join(work, "lora"), os.path.join(work, "merged")
+r = run_snug("merge", base, adapter, merged)
+check(r.returncode == 0, f"snug merge of the grown adapter: {r.stderr[-600:]}")
+import peft  # noqa: E402
+
+ref_base = transformers.LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+ref_base.resize_token_embeddings(len(transformers.AutoTokenizer.from_pretrained(adapter)))
+want = peft.PeftModel.from_pretrained(ref_base, adapter).merge_and_unload().state_dict()
+got = transformers.LlamaForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+worst = max(relerr(got[k], v) for k, v in want.items())
+check(got.keys() == want.keys() and worst < 1e-5, f"snug merge against PEFT's merge_and_unload: {worst:.1e}")
+print(f"  LoRA with embed_tokens and lm_head saved: snug merge equals PEFT's merge_and_unload to {worst:.1e}")
 shutil.rmtree(work)
 finish("test_added_tokens_parity")
