@@ -103,7 +103,7 @@ int snug_tok_unk_id(const snug_tokenizer *t);
  * vocabulary becomes an added token with its id (cut out of texts whole from then on); each other token is added with
  * the next id (the vocabulary grows by one). special[i] says whether token i is added as a special token. ids[i]
  * receives each token's id, fresh[i] 1 when it took a new id. */
-#define SNUG_TOK_MAX_ADD 64
+#define SNUG_TOK_MAX_ADD 512
 /* The text of tokenizer.json json (len bytes; file and dir as for loading it) with tokens added, malloc'd in *out
  * (the text unchanged when none is new). */
 int snug_tok_json_add(const char *file, const char *dir, const char *json, size_t len, const char *const *tokens,

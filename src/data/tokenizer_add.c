@@ -81,7 +81,7 @@ int snug_tok_json_add(const char *file, const char *dir, const char *json, size_
     return rc;
 }
 
-/* The whole of a file, NUL-terminated (tokenizer.c's reader, kept apart from core/fileio: the tokenizer builds alone). */
+/* The whole of a file, NUL-terminated (apart from core/fileio: the tokenizer builds alone, as its tests build it). */
 static int slurp(const char *path, char **buf, size_t *len, snug_error *e) {
     FILE *f = fopen(path, "rb");
     if (!f)

@@ -14,7 +14,7 @@ typedef struct snug_added_tokens {
     int n;
     const char *text[SNUG_TOK_MAX_ADD]; /* point into c, or into buf */
     int special[SNUG_TOK_MAX_ADD];      /* 1: added as a special token */
-    char buf[3072];                     /* c->tokens and c->extra_special, split at their newlines */
+    char buf[8192 + 4096 + 8];          /* c->tokens and c->extra_special, split at their newlines */
 } snug_added_tokens;
 
 /* The tokens c adds, in Axolotl's order (a token the tokenizer has keeps its id). */
