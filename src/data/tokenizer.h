@@ -112,6 +112,11 @@ int snug_tok_json_add(const char *file, const char *dir, const char *json, size_
 int snug_tok_load_adding(snug_tokenizer **out, const char *path, const char *const *tokens, const int *special,
                          int n, int32_t *ids, int *fresh, snug_error *e);
 
+/* How many of tokens a tokenizer.json (or a folder's) lacks, read from the file alone (as
+ * snug_tok_vocab_size_of_file: a plan counts the vocabulary that tokens added to a tokenizer snug cannot load
+ * would give). */
+int snug_tok_count_new_in_file(const char *path, const char *const *tokens, int n, int *count, snug_error *e);
+
 /* FNV-1a 64 of the tokenizer.json bytes: a cache key for tokenized data. */
 uint64_t snug_tok_hash(const snug_tokenizer *t);
 

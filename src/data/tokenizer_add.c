@@ -121,3 +121,25 @@ int snug_tok_load_adding(snug_tokenizer **out, const char *path, const char *con
     free(text);
     return rc;
 }
+
+int snug_tok_count_new_in_file(const char *path, const char *const *tokens, int n, int *count, snug_error *e) {
+    char file[4200], dir[4200], *buf = NULL;
+    tok_paths(path, file, sizeof file, dir, sizeof dir);
+    size_t len = 0;
+    *count = 0;
+    SNUG_TRY(slurp(file, &buf, &len, e));
+    json_error_t jerr;
+    json_t *root = snug_json_loadb(buf, len, JSON_ALLOW_NUL, &jerr);
+    free(buf);
+    if (!root)
+        return snug_fail(e, SNUG_EINPUT, "%s:%d:%d: not valid JSON: %s", file, jerr.line, jerr.column, jerr.text);
+    json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    for (int i = 0; i < n; i++) {
+        int seen = added_entry(root, tokens[i]) || (json_is_object(vocab) && json_object_get(vocab, tokens[i]));
+        for (int k = 0; k < i && !seen; k++)
+            seen = !strcmp(tokens[k], tokens[i]);
+        *count += !seen;
+    }
+    json_decref(root);
+    return 0;
+}

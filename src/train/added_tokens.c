@@ -127,6 +127,12 @@ int snug_setup_check_new_token(const snug_setup *r, const char *name, const char
 int snug_setup_add_tokens(snug_setup *r, snug_error *e) {
     snug_added_tokens a;
     snug_added_tokens_of(&r->c, &a);
+    if (r->tok_error[0]) { /* a plan, its tokenizer not loaded: the vocabulary the tokens would grow to */
+        int k = 0;
+        if (a.n && r->enc.vocab_size > 0 && snug_tok_count_new_in_file(r->tok_path, a.text, a.n, &k, NULL) == 0)
+            r->nadded = k, r->enc.vocab_size += k;
+        return 0;
+    }
     int change = 0; /* (a token that is already an added one changes nothing) */
     for (int i = 0; i < a.n; i++)
         change += !snug_tok_is_added(r->tok, a.text[i]);

@@ -29,7 +29,8 @@ int snug_added_tokens_save(const char *dir, const snug_run_config *c, snug_error
  * its tokenizer writes in more than 2 pieces needs lora_modules_to_save to hold the embedding and the head. */
 int snug_setup_check_new_token(const snug_setup *r, const char *name, const char *text, snug_error *e);
 /* The tokens of r->c the tokenizer lacks, added: r->tok becomes the grown tokenizer (r->enc its ids and hash; its
- * BOS and EOS as before), r->nadded counts them. */
+ * BOS and EOS as before), r->nadded counts them. A plan whose tokenizer did not load (tok_error) counts them from the
+ * file into r->enc.vocab_size. */
 int snug_setup_add_tokens(snug_setup *r, snug_error *e);
 /* The model config grown to the tokenizer (resize_token_embeddings(len(tokenizer)), Axolotl's call; a multiple of
  * 32 with resize_token_embeddings_to_32x) when tokens were added past config.json's vocab_size: cfg.vocab_base holds

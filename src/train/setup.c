@@ -133,7 +133,7 @@ static int special_tokens(snug_setup *r, snug_error *e) {
             return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.eos_token '%.60s': the tokenizer's post-processor "
                              "appends its own EOS to every text; remove it", src, text[i]);
     }
-    if (r->tok && !r->tok_error[0])
+    if (r->tok_error[0] || r->tok)
         SNUG_TRY(snug_setup_add_tokens(r, e));
     for (int i = 0; i < 2 && r->tok; i++)
         if (text[i][0])

@@ -117,5 +117,13 @@ sys.exit(0 if v == v0 + 1 and added.get("<|end_of_text|>") == v0 and shape == [v
          dec.get(str(v0), {}).get("special") is True and f"vocab {v})" in open(plan).read() else 1)
 PY
 then ok; else bad "the grown vocabulary in the saved folder and the plan" grown_plan.txt; fi
+# a plan whose tokenizer snug cannot load (a normalizer it lacks) still counts the token the run would add
+mkdir -p tok_unread && python3 -c "import json; t = json.load(open('tok_nopad/tokenizer.json'))
+t['normalizer'] = {'type': 'BertNormalizer', 'clean_text': True, 'handle_chinese_chars': True, 'strip_accents': None,
+                   'lowercase': False}
+json.dump(t, open('tok_unread/tokenizer.json', 'w'))"
+v=$(python3 -c "import json; print(json.load(open('out_grown/config.json'))['vocab_size'])")
+"$SNUG" plan grown.yml --tokenizer tok_unread > unread_plan.txt 2>&1 && grep -q "vocab $v)" unread_plan.txt && ok ||
+  bad "a plan with a tokenizer snug cannot load did not count the added token (want vocab $v)" unread_plan.txt
 
 finish
