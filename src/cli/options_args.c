@@ -70,6 +70,26 @@ static int next_arg(int argc, char **argv, int *i, char *key, size_t cap, const 
     *value = argv[++*i];
     return 1;
 }
+/* --dataset_type TYPE: the type (datasets[].type's values) of every file the command line gives with --dataset and
+ * --test_datasets, wherever it stands among them; a YAML's entries name their own type. */
+static int set_dataset_type(snug_run_config *o, const char *type, int cli_datasets, int cli_test, snug_error *e) {
+    if (!cli_datasets && !cli_test)
+        return snug_fail(e, SNUG_EINPUT, "command line: --dataset_type %.60s sets the type of the files given with "
+                         "--dataset (or --test_datasets), and none is; add --dataset FILE.jsonl, or write the type "
+                         "under each datasets entry of the YAML", type);
+    const key_spec *tk = opt_find_key("type", SCOPE_DATASET);
+    static const char *const lists[2] = {"datasets", "test_datasets"};
+    const int given[2] = {cli_datasets, cli_test};
+    for (int l = 0; l < 2; l++) {
+        if (!given[l])
+            continue;
+        ds_list dl = opt_list_of(o, opt_find_key(lists[l], SCOPE_RUN));
+        for (int i = 0; i < *dl.n; i++)
+            SNUG_TRY(opt_set_text(&dl.d[i], tk, "--dataset_type", type, "command line", e));
+    }
+    return 0;
+}
+
 /* The one place a configuration is read and resolved: the config file (NULL for none), then argv's --key value
  * overrides in order, each into o or, for another trainer's spelling, into the aliases read beside it (which start
  * at their defaults: nothing of them is kept in o), then those spellings resolved into snug's own keys, once. o
@@ -83,15 +103,22 @@ static int parse(snug_run_config *o, const char *config, int argc, char **argv, 
     if (config)
         SNUG_TRY(opt_load_yaml(&st, config, e));
     int cli_datasets = 0, cli_test = 0;
+    const char *dataset_type = NULL;
     for (int i = 0; i < argc; i++) { /* then the overrides, in order */
         if (next_arg(argc, argv, &i, key, sizeof key, &value, e) != 1)
             continue;
+        if (!strcmp(key, "dataset_type") || !strcmp(key, "dataset-type")) { /* applied once all are read */
+            dataset_type = value;
+            continue;
+        }
         const key_spec *k = opt_find_key(key, 0);
         int *seen = k && !strcmp(k->name, "test_datasets") ? &cli_test : &cli_datasets;
         if (k && k->type == KT_DATASETS && (*seen)++ == 0)
             *opt_list_of(&tmp, k).n = 0; /* the command line's datasets replace the config's */
         SNUG_TRY(opt_set(&st, key, value, "command line", e));
     }
+    if (dataset_type)
+        SNUG_TRY(set_dataset_type(&tmp, dataset_type, cli_datasets, cli_test, e));
     SNUG_TRY(opt_apply_deepspeed(&st, e));
     SNUG_TRY(opt_apply_fsdp(&st, e));
     SNUG_TRY(opt_apply_aliases(&st, e));

@@ -88,6 +88,7 @@ typedef enum map_kind {
     KM_ROLES,          /* roles: system, user, assistant, each a list of the values that mean it */
     KM_ROLES_TO_TRAIN, /* roles_to_train: [assistant] */
     KM_UNFROZEN,       /* unfrozen_parameters: a list of patterns, stored one per line */
+    KM_TOKENS,         /* tokens: a list of tokens to add, stored one per line */
     KM_SCHED_KWARGS,   /* lr_scheduler_kwargs: min_lr_rate, min_lr (cosine_with_min_lr's floor), num_cycles 0.5 */
 } map_kind;
 
@@ -187,7 +188,11 @@ typedef struct ds_list {
 } ds_list;
 
 ds_list opt_list_of(snug_run_config *o, const key_spec *k);
-/* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written). */
+/* 1 when a relative path written in a config file in folder dir is taken relative to dir: it is not found from the
+ * current directory (where Axolotl looks, and snug first). */
+int opt_path_from_file(const char *path, const char *dir);
+/* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written) when
+ * opt_path_from_file says so. */
 int opt_add_dataset_path(ds_list l, const char *path, const char *dir, const char *loc, snug_error *e);
 
 /* ---- YAML (options_yaml.c) ---- */

@@ -145,7 +145,8 @@ const key_spec opt_keys[] = {
     /* data */
     {.name = "datasets", .aliases = "dataset", .type = KT_DATASETS, .group = G_DATA,
      .help = "training data, a list of entries (keys below); --dataset FILE.jsonl on the command line replaces "
-             "it (repeat to add more)"},
+             "it (repeat to add more), and --dataset_type TYPE (a datasets[].type value) sets the type of the "
+             "files given so, completion when absent"},
     {.name = "test_datasets", .type = KT_DATASETS, .group = G_DATA,
      .help = "the validation set from these files instead of val_set_size's split (entries as under datasets; "
              "--test_datasets FILE.jsonl on the command line)"},
@@ -183,15 +184,28 @@ const key_spec opt_keys[] = {
      .help = "a chat template in Jinja, its text or a file (relative to the YAML file's folder), for chat_template: "
              "jinja (setting it alone implies that)"},
     {.name = "special_tokens", .type = KT_MAP, .group = G_DATA, .map = KM_SPECIAL_TOKENS,
-     .help = "tokens of the tokenizer's vocabulary that take a role: pad_token (pads batches; saved with the "
-             "tokenizer), eos_token (ends every completion and alpaca example, stops generation; saved too); "
-             "bos_token and unk_token only as the tokenizer's own"},
+     .help = "tokens that take a role: pad_token (pads batches; saved with the tokenizer), eos_token (ends every "
+             "completion and alpaca example, stops generation; saved too); bos_token and unk_token only as the "
+             "tokenizer's own; additional_special_tokens: a list added as special tokens. A token the tokenizer lacks "
+             "is added as Axolotl adds it (the next id: the embedding and lm_head grow, see mean_resizing_embeddings)"},
+    {.name = "tokens", .type = KT_LIST, .group = G_DATA, .map = KM_TOKENS, AT_STR(tokens), .fixed = "tokens",
+     .fixed_absent = "\"\"",
+     .help = "tokens added to the tokenizer (not special; Axolotl's add_tokens), each the next id where it has none; "
+             "the embedding and lm_head grow to the new vocabulary"},
+    {.name = "mean_resizing_embeddings", .type = KT_BOOL, .group = G_DATA, AT_INT(mean_resizing_embeddings),
+     .fixed = "mean_resizing_embeddings", .fixed_absent = "false", .def = "false",
+     .help = "rows that added tokens grow start at the mean of the old rows (transformers' mean_resizing); false (as "
+             "Axolotl): drawn normal(0, initializer_range) from the seed"},
+    {.name = "resize_token_embeddings_to_32x", .type = KT_BOOL, .group = G_DATA, AT_INT(resize_to_32x),
+     .fixed = "resize_token_embeddings_to_32x", .fixed_absent = "false", .def = "false",
+     .help = "the embedding and lm_head grow to the tokenizer's size rounded up to a multiple of 32 (Axolotl's)"},
     {.name = "debug", .type = KT_BOOL, .group = G_DATA, AT_INT(debug), .def = "false",
      .help = "print the first 3 examples token by token with their mask before training (snug preprocess --debug)"},
 
     /* each datasets entry */
     {.name = "path", .type = KT_STRING, .group = G_DATASET, DS_STR(path),
-     .help = "JSONL file, one example per line; a relative path is relative to the YAML file's folder"},
+     .help = "JSONL file, one example per line; a relative path is the current directory's (as Axolotl reads it), "
+             "else the YAML file's folder's"},
     {.name = "type", .type = KT_ENUM, .group = G_DATASET, DS_ENUM(type), .def = "completion",
      .values = "completion alpaca chat chat_template=chat pretokenized input_output",
      ENUMS({"completion", SNUG_DATA_COMPLETION}, {"alpaca", SNUG_DATA_ALPACA}, {"chat", SNUG_DATA_CHAT},
@@ -761,7 +775,6 @@ const key_spec opt_keys[] = {
     LATER("default_system_message", KT_STRING, "adding a system message to chats without one"),
     LATER("pretraining_dataset", KT_STRING, "streaming pretraining data; list the files under datasets"),
     LATER_BOOL("skip_prepare_dataset", "tokenizing during training; snug tokenizes ahead into the cache"),
-    LATER_BOOL("resize_token_embeddings_to_32x", "padding the vocabulary to a multiple of 32"),
     LATER("gpu_memory_limit", KT_STRING, "placing the model over devices; memory_budget bounds a run"),
     LATER("lr_div_factor", KT_FLOAT, "the one_cycle scheduler"),
     LATER_BOOL("bf16_full_eval", "evaluating in bf16 while training otherwise; evaluation uses the run's precision"),

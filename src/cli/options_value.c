@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 /* ---- YAML nodes: what a value is, and its text (the YAML reader and fsdp_config's both read them) ---- */
 
@@ -464,6 +465,12 @@ ds_list opt_list_of(snug_run_config *o, const key_spec *k) {
     return (ds_list){o->datasets, &o->ndatasets, "datasets"};
 }
 
+/* A relative path written in a config file: as Axolotl takes it, relative to the current directory, when it is
+ * there; else relative to the file's folder dir (snug's own reading, where Axolotl would find nothing). */
+int opt_path_from_file(const char *path, const char *dir) {
+    return *dir && path[0] != '/' && access(path, F_OK) != 0;
+}
+
 /* Adds a completion dataset; a relative path is taken relative to dir ("" = keep it as written). */
 int opt_add_dataset_path(ds_list l, const char *path, const char *dir, const char *loc, snug_error *e) {
     if (*l.n >= SNUG_MAX_DATASETS)
@@ -474,7 +481,7 @@ int opt_add_dataset_path(ds_list l, const char *path, const char *dir, const cha
     snug_dataset_spec ds;
     memset(&ds, 0, sizeof ds);
     opt_apply_defaults(&ds, 1);
-    int n = *dir && path[0] != '/' ? snprintf(ds.path, sizeof ds.path, "%s/%s", dir, path)
+    int n = opt_path_from_file(path, dir) ? snprintf(ds.path, sizeof ds.path, "%s/%s", dir, path)
                                    : snprintf(ds.path, sizeof ds.path, "%s", path);
     if (n < 0 || (size_t)n >= sizeof ds.path)
         return snug_fail(e, SNUG_EINPUT, "%s: dataset path '%.60s...' is too long (at most %zu characters)", loc,

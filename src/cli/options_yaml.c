@@ -3,6 +3,8 @@
  * bnb_config_kwargs, unfrozen_parameters...) read entry by entry, errors naming the file and line. */
 #include "cli/options_impl.h"
 
+#include "data/tokenizer.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -60,6 +62,33 @@ static const char *entry_text(const yaml_node_t *v, const char *written, const c
         return NULL;
     }
     return opt_node_is_null(v) ? "" : opt_node_text(v, what, loc, e);
+}
+
+/* A list of tokens to add (tokens, special_tokens.additional_special_tokens) into dst (cap bytes), one per line. */
+static int token_list(char *dst, size_t cap, const char *written, const yaml_src *y, const yaml_node_t *v,
+                      const char *loc, snug_error *e) {
+    size_t at = 0;
+    dst[0] = '\0';
+    if (v && v->type != YAML_SEQUENCE_NODE)
+        return snug_fail(e, SNUG_EINPUT, "%s: %s must be a list, got %s", loc, written, opt_node_kind(v));
+    for (yaml_node_item_t *it = v ? v->data.sequence.items.start : NULL; v && it < v->data.sequence.items.top; it++) {
+        const yaml_node_t *item = yaml_document_get_node(y->doc, *it);
+        int idx = (int)(it - v->data.sequence.items.start);
+        char name[16];
+        snprintf(name, sizeof name, "[%d]", idx);
+        const char *text = item ? entry_text(item, written, name, loc, e) : NULL;
+        if (!text)
+            return e ? e->code : SNUG_EINPUT;
+        if (!*text || strchr(text, '\n') || idx >= SNUG_TOK_MAX_ADD / 4)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s[%d] is %s; write one token per item, at most %d", loc, written,
+                             idx, idx >= SNUG_TOK_MAX_ADD / 4 ? "one too many" : *text ? "more than one line" :
+                             "empty", SNUG_TOK_MAX_ADD / 4);
+        if (at + strlen(text) + 2 > cap)
+            return snug_fail(e, SNUG_EINPUT, "%s: %s is too long (at most %zu characters in all)", loc, written,
+                             cap - 2);
+        at += (size_t)snprintf(dst + at, cap - at, "%s%s", at ? "\n" : "", text);
+    }
+    return 0;
 }
 
 /* A value of a mapping copied into a field of cap bytes. */
@@ -317,11 +346,13 @@ static int load_map_key(void *base, opt_aliases *al, const key_spec *k, const ch
         }
         return 0;
     }
+    case KM_TOKENS:
+        return token_list((char *)base + k->offset, k->size, written, y, v, loc, e);
     default:
         break;
     }
     if (k->map == KM_SPECIAL_TOKENS)
-        o->pad_token[0] = o->eos_token[0] = o->bos_token[0] = o->unk_token[0] = '\0';
+        o->pad_token[0] = o->eos_token[0] = o->bos_token[0] = o->unk_token[0] = o->extra_special[0] = '\0';
     if (k->map == KM_MESSAGE_FIELDS)
         snprintf(d->field_role, sizeof d->field_role, "role"), snprintf(d->field_content, sizeof d->field_content,
                                                                          "content");
@@ -331,6 +362,11 @@ static int load_map_key(void *base, opt_aliases *al, const key_spec *k, const ch
         const char *name = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
         if (k->map == KM_BNB_KWARGS && !strcmp(name, "llm_int8_skip_modules")) { /* a list of module names */
             SNUG_TRY(bnb_skip_modules(written, y, vn, loc, e));
+            continue;
+        }
+        if (k->map == KM_SPECIAL_TOKENS && !strcmp(name, "additional_special_tokens")) {
+            SNUG_TRY(token_list(o->extra_special, sizeof o->extra_special, "special_tokens.additional_special_tokens",
+                                y, opt_node_is_null(vn) ? NULL : vn, loc, e));
             continue;
         }
         const char *text = entry_text(vn, written, name, loc, e);
@@ -345,8 +381,7 @@ static int load_map_key(void *base, opt_aliases *al, const key_spec *k, const ch
                 i++;
             if (i == 4)
                 return snug_fail(e, SNUG_EINPUT, "%s: %s.%.40s is not supported; snug reads pad_token, eos_token, "
-                                 "bos_token and unk_token (adding tokens to the vocabulary is not supported yet)", loc,
-                                 written, name);
+                                 "bos_token, unk_token and additional_special_tokens", loc, written, name);
             SNUG_TRY(entry_copy(fields[i], sizeof o->pad_token, text, written, name, loc, e));
             break;
         }
@@ -554,8 +589,10 @@ int opt_load_yaml(opt_state *st, const char *path, snug_error *e) {
     }
     yaml_parser_delete(&p);
     fclose(f);
-    /* like dataset paths, a relative tokenizer path written in the file is relative to the file */
-    if (rc == 0 && y.dir[0] && tmp.tokenizer[0] && tmp.tokenizer[0] != '/' && strcmp(tmp.tokenizer, o->tokenizer)) {
+    /* like dataset paths, a relative tokenizer path written in the file is the current directory's (Axolotl's
+     * reading), else the file's folder's */
+    if (rc == 0 && tmp.tokenizer[0] && opt_path_from_file(tmp.tokenizer, y.dir) &&
+        strcmp(tmp.tokenizer, o->tokenizer)) {
         char joined[sizeof tmp.tokenizer];
         if (snprintf(joined, sizeof joined, "%s/%s", y.dir, tmp.tokenizer) >= (int)sizeof joined)
             rc = snug_fail(e, SNUG_EINPUT, "%s: tokenizer path is too long", path);

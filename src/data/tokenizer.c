@@ -422,29 +422,38 @@ static int config_eos(snug_tokenizer *t, const char *path, snug_error *e) {
     return 0;
 }
 
+void tok_paths(const char *path, char *file, size_t nfile, char *dir, size_t ndir) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(dir, ndir, "%s", path);
+        snprintf(file, nfile, "%s/tokenizer.json", path);
+    } else {
+        snprintf(file, nfile, "%s", path);
+        const char *slash = strrchr(path, '/');
+        snprintf(dir, ndir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    }
+}
+
 int snug_tok_load(snug_tokenizer **out, const char *path, snug_error *e) {
     *out = NULL;
-    struct stat st;
     char file[4200], dir[4200];
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(dir, sizeof dir, "%s", path);
-        snprintf(file, sizeof file, "%s/tokenizer.json", path);
-    } else {
-        snprintf(file, sizeof file, "%s", path);
-        const char *slash = strrchr(path, '/');
-        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    }
+    tok_paths(path, file, sizeof file, dir, sizeof dir);
     char *buf = NULL;
     size_t len = 0;
     SNUG_TRY(read_file(file, &buf, &len, e));
+    int rc = tok_load_text(out, file, dir, buf, len, e);
+    free(buf);
+    return rc;
+}
+
+int tok_load_text(snug_tokenizer **out, const char *file, const char *dir, const char *buf, size_t len,
+                  snug_error *e) {
+    *out = NULL;
     snug_tokenizer *t = tok_new(file, e);
-    if (!t) {
-        free(buf);
+    if (!t)
         return SNUG_ENOMEM;
-    }
     t->hash = fnv1a64(buf, len);
     int rc = load_json(t, buf, len, e);
-    free(buf);
     if (!rc && !t->adds_eos) {
         char cfg[4300];
         snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
@@ -671,6 +680,14 @@ int snug_tok_token_id(const snug_tokenizer *t, const char *token) {
         if (t->added[i].len == n && memcmp(t->added[i].content, token, n) == 0)
             return t->added[i].id;
     return tok_vocab_get(t, token, n);
+}
+
+int snug_tok_is_added(const snug_tokenizer *t, const char *token) {
+    size_t n = strlen(token);
+    for (size_t i = 0; i < t->nadded; i++)
+        if (t->added[i].len == n && memcmp(t->added[i].content, token, n) == 0)
+            return 1;
+    return 0;
 }
 
 const char *snug_tok_id_to_token(const snug_tokenizer *t, int32_t id) {

@@ -76,6 +76,8 @@ int snug_tok_decode(const snug_tokenizer *t, const int32_t *ids, size_t n, char 
 int snug_tok_vocab_size(const snug_tokenizer *t);
 /* The id of a token string (added tokens first, then the model vocabulary), or -1. */
 int snug_tok_token_id(const snug_tokenizer *t, const char *token);
+/* 1 when token is one of the added tokens (added_tokens), else 0. */
+int snug_tok_is_added(const snug_tokenizer *t, const char *token);
 /* The token string of an id (NUL-terminated, owned by t), or NULL for an id that has none. For an added token with
  * normalized=true this is its normalized text, as in `tokenizers` 0.23 (decode uses the same strings). */
 const char *snug_tok_id_to_token(const snug_tokenizer *t, int32_t id);
@@ -94,6 +96,26 @@ int snug_tok_adds_eos(const snug_tokenizer *t);
 
 /* The BPE model's unk_token id, or -1 when it has none. */
 int snug_tok_unk_id(const snug_tokenizer *t);
+
+/* ---- adding tokens (tokenizer_add.c) ----
+ * As transformers' add_special_tokens / add_tokens add tokens to a fast tokenizer, with AddedToken(lstrip=False,
+ * rstrip=False, normalized=False) as Axolotl passes them: an added token stays as it is; a word of the model's
+ * vocabulary becomes an added token with its id (cut out of texts whole from then on); each other token is added with
+ * the next id (the vocabulary grows by one). special[i] says whether token i is added as a special token. ids[i]
+ * receives each token's id, fresh[i] 1 when it took a new id. */
+#define SNUG_TOK_MAX_ADD 512
+/* The text of tokenizer.json json (len bytes; file and dir as for loading it) with tokens added, malloc'd in *out
+ * (the text unchanged when none is new). */
+int snug_tok_json_add(const char *file, const char *dir, const char *json, size_t len, const char *const *tokens,
+                      const int *special, int n, int32_t *ids, int *fresh, char **out, snug_error *e);
+/* snug_tok_load of path with tokens added (its hash is that of the text with them). */
+int snug_tok_load_adding(snug_tokenizer **out, const char *path, const char *const *tokens, const int *special,
+                         int n, int32_t *ids, int *fresh, snug_error *e);
+
+/* How many of tokens a tokenizer.json (or a folder's) lacks, read from the file alone (as
+ * snug_tok_vocab_size_of_file: a plan counts the vocabulary that tokens added to a tokenizer snug cannot load
+ * would give). */
+int snug_tok_count_new_in_file(const char *path, const char *const *tokens, int n, int *count, snug_error *e);
 
 /* FNV-1a 64 of the tokenizer.json bytes: a cache key for tokenized data. */
 uint64_t snug_tok_hash(const snug_tokenizer *t);

@@ -302,4 +302,11 @@ int tok_parse_char(snug_tokenizer *t, json_t *obj, const char *key, const char *
                    snug_error *e);
 char *tok_strndup(const char *s, size_t n);
 
+/* The tokenizer.json a path names (itself, or a folder's) and the folder whose tokenizer_config.json goes with it. */
+void tok_paths(const char *path, char *file, size_t nfile, char *dir, size_t ndir);
+/* A tokenizer from the len bytes of a tokenizer.json's text (file: its name in errors; dir: where its
+ * tokenizer_config.json is looked for), as snug_tok_load loads the file. */
+int tok_load_text(snug_tokenizer **out, const char *file, const char *dir, const char *buf, size_t len,
+                  snug_error *e);
+
 #endif

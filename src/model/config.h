@@ -8,6 +8,8 @@
 #ifndef SNUG_MODEL_CONFIG_H
 #define SNUG_MODEL_CONFIG_H
 
+#include <stdint.h>
+
 #include "core/error.h"
 
 /* The largest head_dim every backend runs: the CUDA attention holds one head in 256 floats per row (its plain,
@@ -75,6 +77,13 @@ typedef struct snug_model_config {
     /* the config.json this was read from ("" for a config built in code): saving keeps its keys and values and
      * changes only those training changed (snug_model_config_save) */
     char json_path[1024];
+    /* tokens added to the tokenizer past the base's vocabulary (never read from nor written to config.json): the
+     * rows the base's embedding and head hold (vocab_size counts the new ones too; 0 = vocab_size), and how the new
+     * rows start when they are loaded: vocab_mean 1 the mean of the old rows (transformers' mean_resizing), 0
+     * normal(0, initializer_range) drawn from the stream of vocab_seed (its _init_weights) */
+    int vocab_base;
+    int vocab_mean;
+    uint64_t vocab_seed;
 } snug_model_config;
 
 /* The window of layer l: W when it is a sliding layer, else 0 (full causal attention). */

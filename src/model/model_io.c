@@ -3,12 +3,15 @@
  * Loading checks every tensor the config implies: present, floating-point, the expected shape, no NaN/Inf. GPT-2
  * files come with or without the "transformer." prefix; tied heads are read from the embedding. Saving writes the
  * names and layouts transformers expects (Conv1D weights transposed back for GPT-2, no lm_head when tied). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "core/dtype.h"
+#include "core/rng.h"
 
 static const snug_st_tensor *find_tensor(const snug_st_set *s, const char *name) {
     const snug_st_tensor *t = snug_st_find(s, name);
@@ -29,8 +32,9 @@ static int match_tensor(const snug_st_set *s, const char *dir, const snug_param_
     int64_t numel = 1;
     for (int d = 0; d < t->ndim; d++)
         numel *= t->shape[d];
+    int grown = p->rows_base && t->ndim == 2 && t->shape[0] == p->rows_base && t->shape[1] == p->shape[1];
     int shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim == 1 || t->shape[1] == p->shape[1]);
-    if (!shape_ok || (size_t)numel != p->numel) {
+    if (!grown && (!shape_ok || (size_t)numel != p->numel)) {
         char got[128] = "", want[64];
         for (int d = 0; d < t->ndim; d++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
@@ -75,6 +79,54 @@ int snug_model_check_weights(const snug_param_table *table, const char *dir, snu
             rc = match_tensor(&s, dir, &table->e[i], &t, e);
     }
     snug_st_close(&s);
+    return rc;
+}
+
+static double uniform01(uint64_t *s) { return ((snug_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+/* The rows [V0, V) of w (V, C) that added tokens grew, as transformers' resize_token_embeddings starts them, in the
+ * file's dtype dt: the mean of the rows [0, V0) (mean_resizing; transformers adds a draw of a normal with 1e-9 times
+ * the rows' covariance, a spread of about 3e-5 of theirs, and takes the mean alone when that covariance is not
+ * positive definite: snug always takes the mean alone), else normal(0, initializer_range) (its _init_weights), drawn
+ * by Box-Muller from the stream of vocab_seed and the entry's index. */
+static void init_grown_rows(const snug_model_config *c, int index, float *w, size_t V0, size_t V, size_t C,
+                            snug_dtype dt) {
+    if (c->vocab_mean) {
+        for (size_t j = 0; j < C; j++) {
+            double sum = 0;
+            for (size_t r = 0; r < V0; r++)
+                sum += w[r * C + j];
+            w[V0 * C + j] = (float)(sum / (double)V0);
+        }
+        for (size_t r = V0 + 1; r < V; r++)
+            memcpy(w + r * C, w + V0 * C, C * sizeof *w);
+    } else {
+        uint64_t s = c->vocab_seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(index + 1));
+        for (size_t k = V0 * C; k < V * C; k += 2) {
+            double u1 = uniform01(&s), u2 = uniform01(&s), rad = sqrt(-2.0 * log(u1)) * c->initializer_range;
+            w[k] = (float)(rad * cos(2.0 * M_PI * u2));
+            if (k + 1 < V * C)
+                w[k + 1] = (float)(rad * sin(2.0 * M_PI * u2));
+        }
+    }
+    for (size_t k = V0 * C; k < V * C && dt != SNUG_DT_F32; k++) /* (as the file's dtype holds them) */
+        w[k] = dt == SNUG_DT_BF16 ? snug_bf16_to_f32(snug_f32_to_bf16(w[k])) : dt == SNUG_DT_F16 ?
+               snug_f16_to_f32(snug_f32_to_f16(w[k])) : w[k];
+}
+
+/* Entry i, an embedding or head that added tokens grew, from the file's tensor t of its old rows: those, then the
+ * new rows (init_grown_rows), put in place whole. */
+static int load_grown(snug_model *m, snug_st_set *s, const snug_st_tensor *t, int i, snug_error *e) {
+    const snug_param_entry *p = &m->table.e[i];
+    float *w = malloc(p->numel * sizeof *w);
+    if (!w)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory growing '%s' for the added tokens", p->name);
+    int rc = snug_st_to_f32(s, t, w, 0, e);
+    if (!rc) {
+        init_grown_rows(&m->cfg, i, w, (size_t)p->rows_base, (size_t)p->shape[0], (size_t)p->shape[1], t->dtype);
+        rc = snug_model_put_entry(m, i, w, e);
+    }
+    free(w);
     return rc;
 }
 
@@ -220,6 +272,11 @@ int snug_model_load_weights(snug_model *m, const char *dir, snug_error *e) {
         rc = match_tensor(&s, dir, p, &t, e);
         if (rc)
             break;
+        if (p->rows_base && t->shape[0] == p->rows_base) { /* the base's rows of a vocabulary tokens were added to */
+            rc = load_grown(m, &s, t, i, e);
+            snug_st_release(&s, t);
+            continue;
+        }
         if (!direct && p->numel > piece) { /* in pieces (ZeRO-3 above; piece < largest only there) */
             if (p->transposed || m->packed || snug_model_entry_q4(m, i)) { /* not by pieces: a copy of its own */
                 float *whole = malloc(p->numel * sizeof *whole);

@@ -91,8 +91,11 @@ static int build(builder *b, const snug_model_config *c) {
     int C = c->hidden_size, V = c->vocab_size, ln = blk.norm == SNUG_NORM_LAYER;
     char n[96];
     int tied_head = (b->parts & SNUG_PARTS_HEAD) && c->tie_embeddings;
+    int64_t grown = c->vocab_base > 0 && c->vocab_base < V ? c->vocab_base : 0; /* (added tokens) */
     snprintf(n, sizeof n, "%s.weight", sc->embed);
     int rc = (b->parts & SNUG_PARTS_EMBED) || tied_head ? add(b, n, 2, V, C, -1, 0) : 0;
+    if (((b->parts & SNUG_PARTS_EMBED) || tied_head) && !rc)
+        b->t->e[b->t->n - 1].rows_base = grown;
     if ((b->parts & SNUG_PARTS_EMBED) && blk.pos == SNUG_POS_LEARNED && sc->pos_embed) {
         snprintf(n, sizeof n, "%s.weight", sc->pos_embed);
         rc |= add(b, n, 2, c->max_position, C, -1, 0);
@@ -116,6 +119,8 @@ static int build(builder *b, const snug_model_config *c) {
     if (!c->tie_embeddings && sc->head) {
         snprintf(n, sizeof n, "%s.weight", sc->head);
         rc |= add(b, n, 2, V, C, -1, 0);
+        if (!rc)
+            b->t->e[b->t->n - 1].rows_base = grown;
     }
     return rc;
 }

@@ -42,6 +42,9 @@ typedef struct snug_param_entry {
     int nkeep;              /* unfrozen_parameters' ranges: only rows [keep[k][0], keep[k][1]) of its first dimension
                              * (as the file holds it) take a gradient, the others' is zeroed; 0 = every row */
     int64_t keep[SNUG_KEEP_MAX][2];
+    int64_t rows_base;      /* the embedding and head of a vocabulary that added tokens grew: the rows a base model's
+                             * file holds (shape[0] is the grown count; the rest start as config.h's vocab_mean says);
+                             * 0 = shape[0] only */
 } snug_param_entry;
 
 typedef struct snug_param_table {

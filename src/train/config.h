@@ -153,6 +153,12 @@ typedef struct snug_run_config {
     char chat_template_jinja[32768];  /* Axolotl's chat_template_jinja: a template's text or file ("" = none) */
     /* special_tokens: tokens of the tokenizer's vocabulary that take these roles ("" = the tokenizer's own) */
     char pad_token[128], eos_token[128], bos_token[128], unk_token[128];
+    char tokens[8192];        /* tokens: added to the tokenizer as tokens that are not special, one per line ("" = none) */
+    char extra_special[4096]; /* special_tokens.additional_special_tokens: added as special tokens after them, one
+                               * per line; the saved tokenizer's extra_special_tokens */
+    int mean_resizing_embeddings; /* rows of the embedding and head that added tokens grow start at 1: the mean of the
+                                   * old rows (transformers' mean_resizing), 0: normal(0, initializer_range) */
+    int resize_to_32x;        /* resize_token_embeddings_to_32x: the grown vocabulary rounded up to a multiple of 32 */
     int debug;                /* 1: the first examples are printed token by token before training (Axolotl's debug) */
 
     /* batch and schedule */

@@ -102,7 +102,17 @@ void snug_report_header(snug_run *r, FILE *out, int total_steps, size_t batches_
     if (o->unfrozen.n) /* the rank's (stage's) tensors the patterns name */
         fprintf(out, "  unfrozen             %lld (%.2fM) of them train (unfrozen_parameters); the others are "
                 "frozen: no optimizer state, no update\n", r->s.plan.ntrain, r->s.plan.ntrain / 1e6);
-    fprintf(out, "  tokenizer            %s\n", r->s.tok_path[0] ? r->s.tok_path : "byte-level (256 bytes + end of text)");
+    fprintf(out, "  tokenizer            %s", r->s.tok_path[0] ? r->s.tok_path : "byte-level (256 bytes + end of text)");
+    const snug_model_config *mc = &r->s.cfg;
+    char init[64];
+    snprintf(init, sizeof init, mc->vocab_mean ? "the mean of the old" : "normal(0, %.3g)",
+             (double)mc->initializer_range);
+    if (r->s.nadded && mc->vocab_base) /* (added_tokens.h) */
+        fprintf(out, ", %d token%s added: the embedding and lm_head grown from %d to %d rows, the new ones %s",
+                r->s.nadded, r->s.nadded > 1 ? "s" : "", mc->vocab_base, mc->vocab_size, init);
+    else if (r->s.nadded)
+        fprintf(out, ", %d token%s added into rows the model has spare", r->s.nadded, r->s.nadded > 1 ? "s" : "");
+    fprintf(out, "\n");
     fprintf(out, "  data                 %zu examples, %zu tokens (validation: %zu examples)\n", r->s.train.nexamples,
             r->s.train.ntokens, r->s.val.nexamples);
     snug_data_report_print(out, "data files", &r->s.drep, r->s.dsrc, &r->s.dopts);

@@ -15,6 +15,7 @@
 #include "model/presets.h"
 #include "backend/backend_select.h"
 #include "plan/autofit.h"
+#include "train/added_tokens.h"
 
 int snug_path_join(char *dst, size_t n, const char *dir, const char *file) {
     size_t a = strlen(dir), b = strlen(file);
@@ -96,14 +97,18 @@ static int open_tokenizer(snug_setup *r, snug_error *e) {
     return 0;
 }
 
-/* special_tokens: each a token of the vocabulary; pad_token and eos_token take their roles, bos_token and unk_token
- * must be the tokenizer's own (changing them would change how every text is tokenized) */
+/* special_tokens and tokens the tokenizer lacks are added as Axolotl adds them (added_tokens.h); pad_token and
+ * eos_token take their roles, bos_token and unk_token must be the tokenizer's own (changing them would change how
+ * every text is tokenized) */
 static int special_tokens(snug_setup *r, snug_error *e) {
     const snug_run_config *o = &r->c;
     const char *src = o->config_path[0] ? o->config_path : "options";
     const char *text[4] = {o->pad_token, o->eos_token, o->bos_token, o->unk_token};
     static const char *const names[4] = {"pad_token", "eos_token", "bos_token", "unk_token"};
     r->pad_id = -1;
+    if (o->tokens[0] && !r->tok && !r->tok_error[0])
+        return snug_fail(e, SNUG_EINPUT, "%s: tokens needs a tokenizer (tokenizer.json), and this run has none; set "
+                         "tokenizer, or remove it", src);
     for (int i = 0; i < 4; i++) {
         if (!text[i][0] || r->tok_error[0]) /* (a plan without its tokenizer: the run checks them) */
             continue;
@@ -111,10 +116,13 @@ static int special_tokens(snug_setup *r, snug_error *e) {
             return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s needs a tokenizer (tokenizer.json), and this run "
                              "has none; set tokenizer, or remove it", src, names[i]);
         int id = snug_tok_token_id(r->tok, text[i]);
-        if (id < 0)
-            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s '%.60s' is not a token of %s; name one of its "
-                             "tokens (adding tokens, which grows the embedding, is not supported yet)", src, names[i],
-                             text[i], r->tok_path);
+        if (id < 0 && i == 1) /* (Axolotl checks every role but the pad token's) */
+            SNUG_TRY(snug_setup_check_new_token(r, names[i], text[i], e));
+        if (id < 0 && i == 1 && snug_tok_adds_eos(r->tok))
+            return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.eos_token '%.60s': the tokenizer's post-processor "
+                             "appends its own EOS to every text; remove it", src, text[i]);
+        if (id < 0 && i < 2)
+            continue; /* added below */
         int own = i == 2 ? snug_tok_bos_id(r->tok) : i == 3 ? snug_tok_unk_id(r->tok) : -2;
         if ((i == 2 && own >= 0 && id != own) || (i == 3 && id != own))
             return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.%s '%.60s' is not the tokenizer's own (%s); changing "
@@ -124,11 +132,12 @@ static int special_tokens(snug_setup *r, snug_error *e) {
         if (i == 1 && snug_tok_adds_eos(r->tok) && id != r->enc.eos_id)
             return snug_fail(e, SNUG_EINPUT, "%s: special_tokens.eos_token '%.60s': the tokenizer's post-processor "
                              "appends its own EOS to every text; remove it", src, text[i]);
-        if (i == 0)
-            r->pad_id = id;
-        if (i == 1)
-            r->enc.eos_id = id;
     }
+    if (r->tok_error[0] || r->tok)
+        SNUG_TRY(snug_setup_add_tokens(r, e));
+    for (int i = 0; i < 2 && r->tok; i++)
+        if (text[i][0])
+            *(i ? &r->enc.eos_id : &r->pad_id) = snug_tok_token_id(r->tok, text[i]);
     return 0;
 }
 
@@ -141,6 +150,7 @@ static int resolve_model(snug_setup *r, snug_error *e) {
             return snug_fail(e, SNUG_EINPUT, "%s: not found; base_model must be a Hugging Face model folder with "
                              "config.json and model.safetensors", p);
         SNUG_TRY(snug_model_config_load(&r->cfg, p, e));
+        SNUG_TRY(snug_setup_grow_vocab(r, e));
         if (r->enc.vocab_size > r->cfg.vocab_size)
             return snug_fail(e, SNUG_EINPUT, "%s: vocab_size %d is smaller than the tokenizer's %d tokens; use the "
                              "tokenizer that belongs to this model", p, r->cfg.vocab_size, r->enc.vocab_size);
@@ -399,6 +409,7 @@ static int resolve_adapter(snug_setup *r, snug_error *e) {
 
 int snug_tokenizer_files_set_special(const char *dir, const snug_run_config *c, snug_error *e) {
     static const char *const files[] = {"tokenizer_config.json", "special_tokens_map.json"};
+    SNUG_TRY(snug_added_tokens_save(dir, c, e));
     if (!c->pad_token[0] && !c->eos_token[0])
         return 0;
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {

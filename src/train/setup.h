@@ -28,6 +28,7 @@ typedef struct snug_setup {
     char tok_path[4096];      /* the tokenizer.json used ("" for the byte-level stand-in) */
     snug_encoder enc;         /* its eos_id: special_tokens' eos_token, else the tokenizer's (else config.json's) */
     int pad_id;               /* the id that pads batches: special_tokens' pad_token, else the EOS (else 0) */
+    int nadded;               /* tokens added to the tokenizer (special_tokens, tokens: added_tokens.h) */
     int ranks, rank;          /* data-parallel ranks (0 or 1: one process) and this one: the fields set before
                                * snug_setup_resolve (which keeps them; the rest is zeroed there) */
     int tp_rank;              /* under tensor parallelism: this rank's place among its ranks (set likewise) */

@@ -470,9 +470,15 @@ refused model_type "model_type is MistralForCausalLM, but the model is a LlamaFo
 refused derived "is_mistral_derived_model is true, but the model's model_type is llama" --is_mistral_derived_model true
 refused fan_in_fan_out "lora_fan_in_fan_out is true, but this model's layers are nn.Linear" --lora_fan_in_fan_out true
 sed -e 's/  pad_token: "<|end_of_text|>"/  pad_token: "<pad>"/' lora.yml > newtok.yml
+# a new token grows the embedding and lm_head (tests/parity/test_added_tokens_parity.py): under an adapter only when
+# lora_modules_to_save holds them, which a tied head cannot; a new eos_token is refused as Axolotl refuses it
 "$SNUG" train newtok.yml --output_dir out_refused > refused.log 2>&1
-[ $? -eq 2 ] && grep -q "special_tokens.pad_token '<pad>' is not a token of base/tokenizer.json" refused.log &&
-  [ ! -e out_refused ] && ok || bad "a pad_token outside the vocabulary" refused.log
+[ $? -eq 2 ] && grep -q "the added tokens grow the embedding and lm_head from [0-9]* to [0-9]* rows, and an adapter keeps only what it trains: this model ties them" refused.log &&
+  [ ! -e out_refused ] && ok || bad "a new pad_token under LoRA with a tied head" refused.log
+sed -e 's/  pad_token: "<|end_of_text|>"/  eos_token: "<|eot|>"/' lora.yml > neweos.yml
+"$SNUG" train neweos.yml --output_dir out_refused > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "special_tokens.eos_token '<|eot|>' is a new token, trained with an adapter: set lora_modules_to_save: \[embed_tokens, lm_head\]" refused.log &&
+  [ ! -e out_refused ] && ok || bad "a new eos_token under LoRA" refused.log
 sed -e 's/  pad_token: "<|end_of_text|>"/  unk_token: "<|im_start|>"/' lora.yml > unk.yml
 "$SNUG" train unk.yml --output_dir out_refused > refused.log 2>&1
 [ $? -eq 2 ] && grep -q "special_tokens.unk_token '<|im_start|>' is not the tokenizer's own" refused.log && ok ||
@@ -489,6 +495,26 @@ for cmd in train plan; do
   [ $? -eq 2 ] && grep -q "base_model no_such_base: no such folder" refused.log && [ ! -e out_refused ] && ok ||
     bad "$cmd with a wrong base_model path" refused.log
 done
+# --dataset FILE --dataset_type TYPE on the command line: the tokens of the same file named so in a YAML; a type
+# with no --dataset is refused
+"$SNUG" preprocess --tokenizer tok --dataset alpaca.jsonl --dataset_type alpaca --dataset_prepared_path prep \
+  --sequence_len 256 --dump cli_type.dump > cli_type.log 2>&1
+sed -e '/^special_tokens:/,/eos_token/d' eos.yml > alpaca_yaml.yml
+"$SNUG" preprocess alpaca_yaml.yml --dump yaml_type.dump > yaml_type.log 2>&1
+cmp -s cli_type.dump yaml_type.dump && [ -s cli_type.dump ] && grep -q "alpaca.jsonl (alpaca)" cli_type.log && ok ||
+  bad "--dataset_type alpaca did not read the file as alpaca" cli_type.log
+"$SNUG" preprocess alpaca_yaml.yml --dataset_type alpaca > refused.log 2>&1
+[ $? -eq 2 ] && grep -q "dataset_type alpaca sets the type of the files given with --dataset" refused.log && ok ||
+  bad "--dataset_type without --dataset" refused.log
+# relative paths as Axolotl reads them: from the current directory (a YAML in another folder), else from the
+# YAML's folder
+mkdir -p cfgdir && sed -e 's#output_dir: out_eos_token#output_dir: out_cwd#' alpaca_yaml.yml > cfgdir/cwd.yml
+cp alpaca.jsonl cfgdir/only_here.jsonl && sed -e 's#path: alpaca.jsonl#path: only_here.jsonl#' alpaca_yaml.yml \
+  > cfgdir/near.yml
+"$SNUG" preprocess cfgdir/cwd.yml --dump cwd.dump > cwd.log 2>&1 && "$SNUG" preprocess cfgdir/near.yml \
+  --dump near.dump > near.log 2>&1 && cmp -s cwd.dump yaml_type.dump && cmp -s near.dump yaml_type.dump &&
+  grep -q "data files  *alpaca.jsonl (alpaca)" cwd.log && grep -q "cfgdir/only_here.jsonl (alpaca)" near.log && ok ||
+  bad "relative dataset paths: the current directory's, else the YAML's folder's" cwd.log
 sed -e 's/^eval_table_size:$/eval_table_size: 5/' lora.yml > table.yml
 "$SNUG" train table.yml --output_dir out_refused > refused.log 2>&1
 [ $? -eq 2 ] && grep -q "table.yml line [0-9]*: eval_table_size is not supported yet" refused.log && ok ||
