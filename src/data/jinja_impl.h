@@ -285,6 +285,7 @@ size_t js_line_break(const char *s, size_t n, size_t i); /* bytes of a str.split
 jv js_splitlines(jrender *r, const jv *s);
 int64_t js_wordcount(const jv *s);
 jv jv_html_escape(jrender *r, const jv *s); /* markupsafe.escape: & < > " ' as entities, a Markup result */
+jv jv_printf(jrender *r, int line, const jv *fmt, const jv *args, size_t nargs); /* fmt % args: %s %r %d %i %% */
 jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const char **kwn, jv *kwv, size_t nkw);
 
 #endif

@@ -564,8 +564,9 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
         out.mk = y->mk;
         return out;
     }
-    if (op == JOP_MOD && x->t == JV_STR)
-        jr_fail(r, line, "printf-style string formatting ('...' %% x) is not supported; use ~ or format()");
+    if (op == JOP_MOD && x->t == JV_STR) /* a tuple gives the arguments, anything else is the one argument */
+        return y->t == JV_LIST && y->u.l->tuple && y->u.l->kind == JL_LIST ? jv_printf(r, line, x, y->u.l->v, y->u.l->n)
+                                                                           : jv_printf(r, line, x, y, 1);
     jr_fail(r, line, "unsupported operand type(s) for %s: '%s' and '%s'", OPNAME[op], jv_type_name(x),
             jv_type_name(y));
 }
