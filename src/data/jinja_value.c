@@ -663,8 +663,14 @@ static jv loop_attr(jrender *r, const jloop *l, const char *name) {
 jv jv_getattr(jrender *r, int line, const jv *obj, const char *name) {
     if (obj->t == JV_UNDEF)
         jv_fail_undef(r, line, obj);
-    if (name[0] == '_')
-        jr_fail(r, line, "access to attribute '%s' of '%s' object is unsafe", name, jv_type_name(obj));
+    if (name[0] == '_') { /* the sandbox: never an attribute, but a dict's key of that name */
+        jv *x = obj->t == JV_DICT && strncmp(name, "__", 2) ? jd_get(obj->u.d, name, strlen(name)) : NULL;
+        if (x)
+            return *x;
+        jbuf b = {0};
+        jb_printf(&r->a, &b, "'%s': access to this attribute of a '%s' object is unsafe", name, jv_type_name(obj));
+        return jv_undef(b.p);
+    }
     if (obj->t == JV_LOOP) {
         if (!strcmp(name, "cycle") || !strcmp(name, "changed")) {
             jmethod *m = ja_alloc(&r->a, sizeof *m);
