@@ -191,32 +191,43 @@ static jv do_indent(jrender *r, const jv *s, const fargs *a) {
     return jv_str(b.p ? b.p : "", b.n);
 }
 
-static jv do_printf(jrender *r, int line, const jv *fmt, const fargs *a) {
+/* Python's printf-style formatting (fmt % args, |format) with %s, %r, %d, %i and %%, no flags or widths */
+jv jv_printf(jrender *r, int line, const jv *fmt, const jv *args, size_t nargs) {
     jbuf b = {0};
     size_t k = 0;
     for (size_t i = 0; i < fmt->n; i++) {
         char ch = fmt->u.s[i];
-        if (ch != '%' || i + 1 == fmt->n) {
+        if (ch != '%') {
             jb_putc(&r->a, &b, ch);
             continue;
         }
+        if (i + 1 == fmt->n)
+            jr_fail(r, line, "incomplete format");
         char c = fmt->u.s[++i];
         if (c == '%') {
             jb_putc(&r->a, &b, '%');
             continue;
         }
-        if (k >= a->npos)
-            jr_fail(r, line, "format: not enough arguments for format string");
-        const jv *v = &a->pos[k++];
+        if (c != 's' && c != 'r' && c != 'd' && c != 'i')
+            jr_fail(r, line, "printf-style formatting: only %%s, %%r, %%d and %%i are supported, got %%%c", c);
+        if (k >= nargs)
+            jr_fail(r, line, "not enough arguments for format string");
+        const jv *v = &args[k++];
         if (c == 's') {
             jv_str_into(r, &b, v);
-        } else if (c == 'd' && (v->t == JV_INT || v->t == JV_BOOL || v->t == JV_FLOAT)) {
+        } else if (c == 'r') {
+            jv_repr_into(r, &b, v);
+        } else if (v->t == JV_INT || v->t == JV_BOOL || v->t == JV_FLOAT) {
             jb_printf(&r->a, &b, "%lld", v->t == JV_INT ? (long long)v->u.i : v->t == JV_BOOL ? (long long)v->u.b
                                                                                             : (long long)v->u.f);
         } else {
-            jr_fail(r, line, "format: only %%s and %%d are supported, got %%%c", c);
+            jr_fail(r, line, "%%%c format: a real number is required, not %s", c, jv_type_name(v));
         }
     }
+    /* Python takes a lone list or dict for a mapping of named arguments, which need not all be used */
+    int mapping = nargs == 1 && (args[0].t == JV_DICT || (args[0].t == JV_LIST && !args[0].u.l->tuple));
+    if (k < nargs && !mapping)
+        jr_fail(r, line, "not all arguments converted during string formatting");
     return jv_str(b.p ? b.p : "", b.n);
 }
 
@@ -449,7 +460,11 @@ static jv string_filter(jrender *r, int line, const char *f, const jv *v, jv s, 
             jr_fail(r, line, "indent needs a string, got %s", jv_type_name(v));
         return do_indent(r, &s, &a);
     }
-    if (!strcmp(f, "format")) return do_printf(r, line, &s, &a);
+    if (!strcmp(f, "format")) {
+        if (a.nkw)
+            jr_fail(r, line, "format with keyword arguments is not supported");
+        return jv_printf(r, line, &s, a.pos, a.npos);
+    }
     if (!strcmp(f, "wordcount")) return jv_int(js_wordcount(&s));
     if (!strcmp(f, "center")) {
         int64_t w = intv(r, line, A(&a, 0, "width"), 80, "width"), len = (int64_t)ju8_len(s.u.s, s.n);

@@ -168,7 +168,8 @@ enum { JOP_ADD, JOP_SUB, JOP_MUL, JOP_DIV, JOP_FLOORDIV, JOP_MOD, JOP_POW,
  *   BODY args (statements) | TEXT val | OUTPUT a | IF a then b (BODY) else c (IF or BODY, may be NULL)
  *   FOR a (target: NAME or TUPLE) in b [if c], body d, else args[0] if nargs | SET a (NAME, TUPLE or ATTR) = b
  *   SETBLOCK a = body b, filtered by c (FILTER chain with a NULL innermost operand, may be NULL)
- *   MACRO name(kwn = kwv defaults, kwv[i] NULL where none) body b, op: whether it names caller | CALLBLOCK call a, caller's params kwn/kwv, body b
+ *   MACRO name(kwn = kwv defaults, kwv[i] NULL where none) body b, op: whether it names caller
+ *   CALLBLOCK call a, caller's params kwn/kwv, body b
  *   FILTERBLOCK c (FILTER chain) of body b | WITH kwn = kwv, body b | GENERATION body b */
 struct jnode {
     int kind, line, op;
@@ -285,6 +286,7 @@ size_t js_line_break(const char *s, size_t n, size_t i); /* bytes of a str.split
 jv js_splitlines(jrender *r, const jv *s);
 int64_t js_wordcount(const jv *s);
 jv jv_html_escape(jrender *r, const jv *s); /* markupsafe.escape: & < > " ' as entities, a Markup result */
+jv jv_printf(jrender *r, int line, const jv *fmt, const jv *args, size_t nargs); /* fmt % args: %s %r %d %i %% */
 jv jinja_call_func(jrender *r, int line, int fn, jv *args, size_t nargs, const char **kwn, jv *kwv, size_t nkw);
 
 #endif

@@ -564,8 +564,9 @@ jv jv_binop(jrender *r, int line, int op, const jv *x, const jv *y) {
         out.mk = y->mk;
         return out;
     }
-    if (op == JOP_MOD && x->t == JV_STR)
-        jr_fail(r, line, "printf-style string formatting ('...' %% x) is not supported; use ~ or format()");
+    if (op == JOP_MOD && x->t == JV_STR) /* a tuple gives the arguments, anything else is the one argument */
+        return y->t == JV_LIST && y->u.l->tuple && y->u.l->kind == JL_LIST ? jv_printf(r, line, x, y->u.l->v, y->u.l->n)
+                                                                           : jv_printf(r, line, x, y, 1);
     jr_fail(r, line, "unsupported operand type(s) for %s: '%s' and '%s'", OPNAME[op], jv_type_name(x),
             jv_type_name(y));
 }
@@ -662,8 +663,14 @@ static jv loop_attr(jrender *r, const jloop *l, const char *name) {
 jv jv_getattr(jrender *r, int line, const jv *obj, const char *name) {
     if (obj->t == JV_UNDEF)
         jv_fail_undef(r, line, obj);
-    if (name[0] == '_')
-        jr_fail(r, line, "access to attribute '%s' of '%s' object is unsafe", name, jv_type_name(obj));
+    if (name[0] == '_') { /* the sandbox: never an attribute, but a dict's key of that name */
+        jv *x = obj->t == JV_DICT && strncmp(name, "__", 2) ? jd_get(obj->u.d, name, strlen(name)) : NULL;
+        if (x)
+            return *x;
+        jbuf b = {0};
+        jb_printf(&r->a, &b, "'%s': access to this attribute of a '%s' object is unsafe", name, jv_type_name(obj));
+        return jv_undef(b.p);
+    }
     if (obj->t == JV_LOOP) {
         if (!strcmp(name, "cycle") || !strcmp(name, "changed")) {
             jmethod *m = ja_alloc(&r->a, sizeof *m);

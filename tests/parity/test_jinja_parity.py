@@ -207,6 +207,11 @@ dict: {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }}
                        "|{{ ['a\\u00a0b', '\\u3000', '\\u2028', 'é', '\\x7f'] }}|{{ 'a\\u2028b\\x1cc\\r\\nd'.splitlines() }}"
                        "|{{ 'x\\n\\ny\\n' | indent(2) }}|{{ '' | indent(2, true) }}|{{ 'hello\\u00a0wörld_1 x' | wordcount }}"
                        "|{{ '  a  b  '.split(None, 1) }}|{{ 'İ'.lower() | length }}",
+    "printf": "{{ '%s-%d' % ('a', 2.7) }}|{{ '%s' % [1] }}|{{ '%r' % 'x' }}|{{ '%%s' | format() }}"
+              "|{{ '%s %s' | format(1, none) }}|{{ 'a' % [1] }}|{{ 'n=%i' % messages | length }}",
+    "underscore": "{{ {'_id': 7, 'a': 1}._id }}|{{ messages[0].__class__ }}|{{ {'a': 1}._nope is defined }}",
+    "underscore-use": "{{ messages[0].__class__.__name__ }}",
+    "printf-extra": "{{ 'a' % 1 }}",
     "undefined-attr": "{{ messages[0].content.nothing.deeper }}",
     "raise": "{% if messages | length > 1 %}"
              "{{ raise_exception('Only one message is supported, got ' ~ messages | length) }}{% endif %}ok",
@@ -232,7 +237,8 @@ def render_jinja2(compiled, case):
 
 # the templates above that Jinja2 renders for every conversation whose contents are strings (a check that failed on
 # both sides would prove nothing)
-MUST_RENDER = {"chatml-generation", "generation-nested", "syntax", "markup", "lazy", "loop-control", "unicode-strings"}
+MUST_RENDER = {"chatml-generation", "generation-nested", "syntax", "markup", "lazy", "loop-control", "unicode-strings",
+               "printf", "underscore"}
 
 
 def run_template(exe, tmp, name, source, cases):
