@@ -154,8 +154,7 @@ static int write_arena(const char *path, const unsigned char *src, size_t n, int
 
 /* ---- the Hugging Face folder ---- */
 
-/* The dtype the base's config.json names (torch_dtype, or dtype in the v5 spelling), F32 when it names none. */
-static snug_dtype base_dtype(const snug_model_config *c) {
+snug_dtype snug_checkpoint_final_dtype(const snug_model_config *c) {
     return !strcmp(c->torch_dtype, "bfloat16") ? SNUG_DT_BF16 : !strcmp(c->torch_dtype, "float16") ? SNUG_DT_F16
                                                                                                     : SNUG_DT_F32;
 }
@@ -191,7 +190,7 @@ static int save_hf_as(const char *dir, const snug_setup *s, const snug_engine *e
     int half_only = fill ? m->lv.dt != SNUG_DT_F32 && !m->params
                     : (p32 || p16) ? !p32
                                    : m->lv.dt != SNUG_DT_F32 && (!m->params || m->master_sharded) && m->be->host_resident;
-    snug_dtype dt = half_only ? m->lv.dt : final ? base_dtype(&s->cfg) : SNUG_DT_F32;
+    snug_dtype dt = half_only ? m->lv.dt : final ? snug_checkpoint_final_dtype(&s->cfg) : SNUG_DT_F32;
     snug_model *view = NULL; /* the same model, saved as dt */
     if (!half_only && dt != SNUG_DT_F32) {
         if (!(view = malloc(sizeof *view)))

@@ -13,6 +13,7 @@
 #include "core/hash.h"
 #include "core/json_util.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "core/version.h"
 #include "train/checkpoint_files.h"
 #include "train/reshard.h"
@@ -207,7 +208,30 @@ static int read_state(const char *dir, char p[4400], json_t **out, snug_error *e
     return rc;
 }
 
-int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_error *e) {
+/* A checkpoint's fp32 weight file src written as dst with its F32 tensors in dt (BF16 or F16, rounded to nearest
+ * even by the writer as the final save rounds them); tensors of other dtypes go as they are. */
+static int write_as(const char *src, const char *dst, snug_dtype dt, snug_error *e) {
+    snug_st_set set = {0};
+    SNUG_TRY(snug_st_open_file(&set, src, e));
+    snug_st_out *out = calloc(set.ntensors ? (size_t)set.ntensors : 1, sizeof *out);
+    int rc = out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory writing %s", dst);
+    for (int i = 0; !rc && i < set.ntensors; i++) {
+        const snug_st_tensor *t = &set.tensors[i];
+        out[i] = (snug_st_out){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(out[i].shape, t->shape, sizeof t->shape);
+        if (t->dtype == SNUG_DT_F32)
+            out[i].dtype = dt, out[i].f32 = (const float *)t->data;
+        else
+            out[i].raw = t->data;
+    }
+    if (!rc)
+        rc = snug_st_write(dst, out, set.ntensors, NULL, e);
+    free(out);
+    snug_st_close(&set);
+    return rc;
+}
+
+int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_dtype dt, snug_error *e) {
     char p[4400];
     json_t *j;
     int rc = read_state(dir, p, &j, e);
@@ -224,8 +248,11 @@ int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_erro
         char src[4400], dst[4400];
         snug_path_join(src, sizeof src, dir, name);
         snug_path_join(dst, sizeof dst, out_dir, name);
+        /* the model's own weights (model.safetensors or its shards; not an adapter's) in the dtype the final save
+         * gives them */
+        int as_model = dt != SNUG_DT_F32 && !strncmp(name, "model", 5);
         if (!(rc = check_file(dir, name, f, e)))
-            rc = snug_copy_file(src, dst, e);
+            rc = as_model ? write_as(src, dst, dt, e) : snug_copy_file(src, dst, e);
         taken++;
     }
     json_decref(j);

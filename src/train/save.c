@@ -244,7 +244,7 @@ int snug_save_final(snug_loop *l, int rc, snug_error *e) {
     if (!rc && !l->stopped && lead && l->load_best && l->st.best_step && l->st.best_step != l->st.step) {
         char ck[4096];
         snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->output_dir, l->st.best_step);
-        rc = snug_checkpoint_take_weights(ck, o->output_dir, e);
+        rc = snug_checkpoint_take_weights(ck, o->output_dir, snug_checkpoint_final_dtype(&r->s.cfg), e);
         if (!rc)
             fprintf(out, "load_best_model_at_end: the model saved is checkpoint-%d's (validation loss %.6g, the "
                     "lowest), not step %d's\n", l->st.best_step, l->st.best_val, l->st.step);

@@ -122,8 +122,13 @@ int snug_checkpoint_fixed_int(const char *dir, const char *key, int *v);
 int snug_checkpoint_latest(const char *output_dir, char *path, size_t n);
 
 /* Copies the model's weight files (the .safetensors that transformers or PEFT load) of the complete checkpoint dir into
- * out_dir, each checked against the size and hash the checkpoint lists (load_best_model_at_end). */
-int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_error *e);
+ * out_dir, each checked against the size and hash the checkpoint lists (load_best_model_at_end). dt: the dtype the
+ * final save writes the model's fp32 weights in (snug_checkpoint_final_dtype); an adapter's files are copied as they
+ * are. */
+int snug_checkpoint_take_weights(const char *dir, const char *out_dir, snug_dtype dt, snug_error *e);
+/* The dtype a final save writes fp32 weights in: the one the base's config.json names (torch_dtype, or dtype in the
+ * v5 spelling), F32 when it names none. */
+snug_dtype snug_checkpoint_final_dtype(const snug_model_config *c);
 
 /* Deletes all but the `keep` newest complete checkpoints of output_dir (keep 0: none is deleted; -1: all are), and
  * checkpoint-<protect> besides (protect 0: none; load_best_model_at_end's best). */

@@ -347,6 +347,35 @@ grep -q "^step $stop: no validation loss lower than" es2.log && grep -q "the mod
 ! cmp -s out_es/model.safetensors out_es_last/model.safetensors && grep -q "^step $stop: no validation loss" es3.log &&
   ! grep -q "load_best_model_at_end:" es3.log && ok || bad "load_best_model_at_end: false saved the best" es3.log
 
+# the same from a base whose config.json says bfloat16: the model saved is the best checkpoint's fp32 weights in
+# bf16, each rounded to nearest even, as the final save writes them (not the checkpoint's fp32 file copied)
+rm -rf base16 && cp -r base base16
+python3 - base16/config.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["torch_dtype"] = "bfloat16"; c.pop("dtype", None)
+json.dump(c, open(sys.argv[1], "w"), indent=2)
+PY
+"$SNUG" train es.yml --base_model base16 --output_dir out_es16 > es16.log 2>&1 || bad "the bf16 early-stopped run failed" es16.log
+best16=$(grep -o "the model saved is checkpoint-[0-9]*" es16.log | grep -o "[0-9]*$")
+if [ -n "$best16" ] && python3 - out_es16/model.safetensors "out_es16/checkpoint-$best16/model.safetensors" <<'PY'
+import json, struct, sys
+def read(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return h, b[8 + n:]
+(hs, ds), (hc, dc) = read(sys.argv[1]), read(sys.argv[2])
+bad = [k for k in hc if k not in hs or hs[k]["dtype"] != "BF16" or hc[k]["dtype"] != "F32" or hs[k]["shape"] != hc[k]["shape"]]
+for k in hc:
+    if k in bad:
+        continue
+    a, z = hc[k]["data_offsets"]; f = struct.unpack(f"<{(z - a) // 4}I", dc[a:z])
+    a, z = hs[k]["data_offsets"]; g = struct.unpack(f"<{(z - a) // 2}H", ds[a:z])
+    if any(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) != v for u, v in zip(f, g)):
+        bad.append(k)
+print(f"  {len(hc)} tensors of checkpoint-{sys.argv[2].split('checkpoint-')[1].split('/')[0]} saved as bf16; differing: {bad[:4]}")
+sys.exit(1 if bad or len(hs) != len(hc) else 0)
+PY
+then ok; else bad "load_best_model_at_end with a bf16 base: the model saved is not the best checkpoint in bf16" es16.log; fi
+
 # Hugging Face's TrainingArguments keys: save_strategy epoch, eval_strategy steps (every logging_steps when eval_steps
 # is unset), save_first_step, cosine_min_lr_ratio (every logged lr against Axolotl's formula), disable_tqdm; then
 # auto_resume_from_checkpoints picks up the newest checkpoint, and eval_strategy no evaluates nothing
