@@ -21,9 +21,19 @@
  *     template writes after it (its end-of-turn token, a line break); where a generation prompt writes more than
  *     the turn holds (DeepSeek-R1's "<think>\n") the span starts where they part; where a template writes a trailer
  *     after every conversation (the first Llama 3's assistant header) the span ends where the trailer and the next
- *     turn part (the next header's first token included). A template that renders an earlier turn differently
- *     once later ones follow, leaving the span empty (Qwen3 drops past reasoning), is refused for that line,
- *     naming the message: give it {% generation %} blocks through chat_template_jinja;
+ *     turn part (the next header's first token included);
+ *   - where that leaves a reply's span empty (a template that renders a turn differently once later ones follow:
+ *     Qwen3 writes an empty <think></think> into the last turn only), by stand-in replies, as Axolotl's find_turn
+ *     finds turns: the whole conversation rendered with assistant message i replaced by {role: assistant,
+ *     content: s} for two stand-ins s (that differ in their first and last characters, so that a reply that starts
+ *     or ends like one still parts from the other where it starts and ends); where that rendering parts from the
+ *     real one (the earlier start and the later end over both stand-ins) is the reply, its tool calls and
+ *     reasoning included, and what the template writes after s when the stand-in ends the conversation (its
+ *     end-of-turn token), as far as it agrees with what follows in the real rendering, ends the span. An empty reply
+ *     the template writes nothing after supervises nothing. A line where s is not all that differs in that
+ *     rendering, is not once in the turn's own rendering, or is refused by the template (a tool reply with no tool
+ *     call before it), is refused, naming the message: give the template {% generation %} blocks through
+ *     chat_template_jinja;
  *   - train_on_inputs: every token.
  * The span edges become changes of supervision inside the text, pinned to tokens as formats.h describes. */
 #include "data/formats.h"
@@ -87,12 +97,13 @@ static json_t *template_messages(const snug_format *f, json_t *msgs) {
     return out;
 }
 
-/* Renders msgs[0, n) (add_generation_prompt gp) into *text (malloc'd), *len. */
-static int render_first(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t n, json_t *tools, int gp,
-                        char **text, size_t *len, snug_error *e) {
+/* Renders msgs[0, n) (add_generation_prompt gp), message i replaced by repl when repl is not NULL, into *text
+ * (malloc'd), *len. */
+static int render_with(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t n, size_t i, json_t *repl,
+                       json_t *tools, int gp, char **text, size_t *len, snug_error *e) {
     json_t *sub = json_array();
-    for (size_t i = 0; sub && i < n; i++)
-        if (json_array_append(sub, json_array_get(msgs, i))) {
+    for (size_t k = 0; sub && k < n; k++)
+        if (json_array_append(sub, repl && k == i ? repl : json_array_get(msgs, k))) {
             json_decref(sub);
             sub = NULL;
         }
@@ -110,6 +121,12 @@ static int render_first(const snug_format *f, const snug_jinja *t, json_t *msgs,
     return rc;
 }
 
+/* Renders msgs[0, n) (add_generation_prompt gp) into *text (malloc'd), *len. */
+static int render_first(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t n, json_t *tools, int gp,
+                        char **text, size_t *len, snug_error *e) {
+    return render_with(f, t, msgs, n, 0, NULL, tools, gp, text, len, e);
+}
+
 /* The length of the common prefix of a[0, na) and b[0, nb), backed up to the start of a character of b (the rule is
  * one of characters, as the reference computes it on Python strings). */
 static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
@@ -119,6 +136,71 @@ static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) 
     while (k > 0 && k < nb && ((unsigned char)b[k] & 0xc0) == 0x80)
         k--;
     return k;
+}
+
+/* The length of the common suffix of a[0, na) and b[0, nb), at most lim, backed up so that it starts at a
+ * character of a. */
+static size_t common_suffix(const char *a, size_t na, const char *b, size_t nb, size_t lim) {
+    size_t k = 0;
+    while (k < lim && k < na && k < nb && a[na - 1 - k] == b[nb - 1 - k])
+        k++;
+    while (k > 0 && ((unsigned char)a[na - k] & 0xc0) == 0x80)
+        k--;
+    return k;
+}
+
+/* Two stand-in replies that differ in their first and in their last character (so that a reply starting or ending
+ * as one of them still parts from the other where it starts and ends). */
+static const char *const stand_ins[2] = {"SNUGTURNSTANDINx", "snugturnstandinX"};
+
+/* Where stand-in reply s (message i replaced by {role: assistant, content: s}) parts from full[0, nfull): *p the
+ * start, *q the end of what differs in full; *ok false unless s is all that differs in the stand-in's rendering. */
+static int stand_in_diff(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t i, json_t *tools,
+                         const char *full, size_t nfull, json_t *m, const char *s, size_t *p, size_t *q, int *ok,
+                         snug_error *e) {
+    char *g = NULL;
+    size_t ng = 0, ns = strlen(s);
+    SNUG_TRY(render_with(f, t, msgs, json_array_size(msgs), i, m, tools, 0, &g, &ng, e));
+    *p = common_prefix(g, ng, full, nfull);
+    size_t lim = (nfull < ng ? nfull : ng) - *p, k = common_suffix(full, nfull, g, ng, lim);
+    *q = nfull - k;
+    *ok = ng - k - *p == ns && !memcmp(g + *p, s, ns);
+    free(g);
+    return 0;
+}
+
+/* Assistant message i's span in full[0, nfull) by stand-in replies (see the top of the file) into *a, *b (*b = *a
+ * for an empty reply the template writes nothing after); *found false when the rule does not apply to it. */
+static int stand_in_span(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t i, json_t *tools,
+                         const char *full, size_t nfull, size_t *a, size_t *b, int *found, snug_error *e) {
+    *a = *b = 0;
+    *found = 0;
+    size_t p[2], q[2];
+    int ok[2] = {0, 0}, rc = 0;
+    char *h = NULL;
+    size_t nh = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        json_t *m = json_pack("{s:s, s:s}", "role", "assistant", "content", stand_ins[k]);
+        if (!m)
+            return snug_fail(e, SNUG_ENOMEM, "out of memory");
+        rc = stand_in_diff(f, t, msgs, i, tools, full, nfull, m, stand_ins[k], &p[k], &q[k], &ok[k], e);
+        if (!rc && !k) /* the conversation up to the stand-in: what the template writes after a reply */
+            rc = render_with(f, t, msgs, i + 1, i, m, tools, 0, &h, &nh, e);
+        json_decref(m);
+    }
+    if (rc == SNUG_EINPUT) /* the template refuses a stand-in (a tool reply with no tool call before it) */
+        rc = ok[0] = 0;
+    const char *s = stand_ins[0], *at = !rc && h ? strstr(h, s) : NULL;
+    if (!rc && ok[0] && ok[1] && at && !strstr(at + 1, s)) {
+        const char *tr = at + strlen(s);
+        size_t start = p[0] < p[1] ? p[0] : p[1], end = q[0] > q[1] ? q[0] : q[1];
+        size_t ntr = (size_t)(h + nh - tr);
+        *a = start;
+        *b = end + common_prefix(tr, ntr, full + end, nfull - end);
+        *found = 1;
+    }
+    free(h);
+    return rc;
 }
 
 /* The assistant spans by rendering prefixes (see the top of the file) into *r (grown), *nr. */
@@ -139,10 +221,13 @@ static int prefix_spans(const snug_format *f, const snug_jinja *t, json_t *msgs,
         free(q);
         if (rc)
             return rc;
-        if (b <= a)
+        int found = b > a;
+        if (!found) /* the turn rendered as the last differs: find it by stand-in replies */
+            SNUG_TRY(stand_in_span(f, t, msgs, i, tools, full, nfull, &a, &b, &found, e));
+        if (!found)
             return snug_fail(e, SNUG_EINPUT, "%s[%zu]: the template (%s) renders the conversation up to this assistant "
                              "message differently from the start of the whole conversation, so its reply cannot be "
-                             "found by rendering prefixes; give the template {%% generation %%} blocks around the "
+                             "found by rendering prefixes (nor by a stand-in reply); give the template {%% generation %%} blocks around the "
                              "reply (chat_template_jinja), or use chat_template: chatml", f->messages, i,
                              f->src->jinja_where ? f->src->jinja_where : "jinja");
         range *g = realloc(*r, (*nr + 1) * sizeof **r);

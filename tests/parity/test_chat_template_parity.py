@@ -22,8 +22,10 @@ content, a tool message, the line's "tools"), empty assistant content. A convers
   - otherwise snug's documented rule computed here: for each assistant message i, the text from where
     render(messages[:i], add_generation_prompt=True) stops agreeing with the whole conversation's rendering to where
     render(messages[:i+1]) stops agreeing with it is the assistant's, every token overlapping it (by the tokenizer's
-    offsets) supervised. A conversation where that leaves a reply empty (snug refuses it, naming the message) is left
-    out and checked apart: snug must refuse it.
+    offsets) supervised; where that leaves a reply empty, snug's stand-in rule computed here (stand_in_span: the
+    whole conversation rendered with the reply replaced by a stand-in; Qwen3's tool-call and multi-turn lines,
+    Qwen3.5's, Step-3.5's, Nemotron-Nano-v2's). A conversation neither rule splits (snug refuses it, naming the
+    message) is left out and checked apart: snug must refuse it.
 Also: `snug generate --chat` and `--messages` reply as transformers' greedy generate after apply_chat_template(...,
 add_generation_prompt=True) on a small random Llama; train_on_inputs supervises every token (on every fifth template); the run's template shows in `snug preprocess`'s data line.
 Prints "N passed, M failed" and exits non-zero on any failure.
@@ -211,6 +213,50 @@ def render(tok, msgs, tools, gp):
     return tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gp)
 
 
+STAND_INS = ("SNUGTURNSTANDINx", "snugturnstandinX")  # differ in their first and last characters
+stand_ins_used = [0]
+
+
+def common_suffix(x, y, lim):
+    k = 0
+    while k < min(lim, len(x), len(y)) and x[-1 - k] == y[-1 - k]:
+        k += 1
+    return k
+
+
+def stand_in_span(tok, msgs, i, tools, full):
+    """The span of assistant message i by stand-in replies, as snug states the rule (formats_jinja.c): the whole
+    conversation rendered with message i replaced by {role: assistant, content: s}, for two stand-ins s; where it
+    parts from the real rendering (the earlier start, the later end over both) is the reply, and what the template
+    writes after s when the stand-in ends the conversation, as far as it agrees with what follows in the real
+    rendering, is its end of turn (an empty reply the template writes nothing after: an empty span). (None, None)
+    when s is not all that differs, is not once in that turn's rendering, or the template refuses it."""
+    try:
+        return stand_in_span_or_raise(tok, msgs, i, tools, full)
+    except Exception:  # the template refuses a stand-in (a tool reply with no tool call before it)
+        return None, None
+
+
+def stand_in_span_or_raise(tok, msgs, i, tools, full):
+    starts, ends, trail = [], [], None
+    for s in STAND_INS:
+        m = {"role": "assistant", "content": s}
+        g = render(tok, msgs[:i] + [m] + msgs[i + 1:], tools, False)
+        p = len(os.path.commonprefix([g, full]))
+        k = common_suffix(full, g, min(len(full), len(g)) - p)
+        if g[p:len(g) - k] != s:
+            return None, None
+        starts.append(p)
+        ends.append(len(full) - k)
+        if trail is None:
+            h = render(tok, msgs[:i] + [m], tools, False)
+            if h.count(s) != 1:
+                return None, None
+            trail = h[h.index(s) + len(s):]
+    end = max(ends)
+    return min(starts), end + len(os.path.commonprefix([trail, full[end:]]))
+
+
 def reference(tok, src, row):
     """(ids, mask) or None when transformers refuses the conversation, "prefix" when the prefix rule cannot apply."""
     msgs, tools = row["messages"], row.get("tools")
@@ -230,7 +276,10 @@ def reference(tok, src, row):
         p, q = render(tok, msgs[:i], tools, True), render(tok, msgs[:i + 1], tools, False)
         a, b = len(os.path.commonprefix([p, full])), len(os.path.commonprefix([q, full]))
         if b <= a:
-            return "prefix"
+            a, b = stand_in_span(tok, msgs, i, tools, full)
+            if a is None:
+                return "prefix"
+            stand_ins_used[0] += 1
         spans.append((a, b))
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     assert list(enc["input_ids"]) == ids
@@ -265,6 +314,7 @@ def run_template(work, name, src, k):
     make_folder(tdir, src, where, k)
     tok = AutoTokenizer.from_pretrained(tdir)
     rows, refs, refused = [], [], []
+    stand_ins_used[0] = 0
     for row in conversations():
         ref = reference(tok, src, row)
         if ref == "prefix":
@@ -305,7 +355,8 @@ def run_template(work, name, src, k):
               + ("; it matches now: take it off KNOWN" if not bad else ""))
     check(f"template of {tdir}" in log, f"{name}: the data line does not name the tokenizer's template: {log[-400:]}")
     print(f"{name} ({where}, {'generation blocks' if has_generation(src) else 'prefix rule'}): "
-          f"{len(got) - bad}/{len(got)} identical, {len(refused)} refused by the prefix rule")
+          f"{len(got) - bad}/{len(got)} identical, {stand_ins_used[0]} replies found by stand-ins, "
+          f"{len(refused)} refused")
     if k % 5 == 0:  # train_on_inputs (on some templates): every token but the first
         got, log = snug_dump(work, tdir, data, True, name + "-toi")
         check(got is not None and all(all(lab != -100 for lab in g["labels"][1:]) for g in got),
