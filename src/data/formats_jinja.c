@@ -30,10 +30,12 @@
  *     real one (the earlier start and the later end over both stand-ins) is the reply, its tool calls and
  *     reasoning included, and what the template writes after s when the stand-in ends the conversation (its
  *     end-of-turn token), as far as it agrees with what follows in the real rendering, ends the span. An empty reply
- *     the template writes nothing after supervises nothing. A line where s is not all that differs in that
- *     rendering, is not once in the turn's own rendering, or is refused by the template (a tool reply with no tool
- *     call before it), is refused, naming the message: give the template {% generation %} blocks through
- *     chat_template_jinja;
+ *     the template writes nothing after supervises nothing. Where s is not all that differs in that rendering, is
+ *     not once in the turn's own rendering, or is refused by the template (a tool reply with no tool call before
+ *     it: gpt-oss), the same with stand-ins that keep the message's other keys (tool_calls, reasoning), only its
+ *     content replaced (what the template writes after the content, its tool calls included, then agrees with the
+ *     real rendering and ends the span). A line neither finds is refused, naming the message: give the template
+ *     {% generation %} blocks through chat_template_jinja;
  *   - train_on_inputs: every token.
  * The span edges become changes of supervision inside the text, pinned to tokens as formats.h describes. */
 #include "data/formats.h"
@@ -170,8 +172,9 @@ static int stand_in_diff(const snug_format *f, const snug_jinja *t, json_t *msgs
 }
 
 /* Assistant message i's span in full[0, nfull) by stand-in replies (see the top of the file) into *a, *b (*b = *a
- * for an empty reply the template writes nothing after); *found false when the rule does not apply to it. */
-static int stand_in_span(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t i, json_t *tools,
+ * for an empty reply the template writes nothing after); *found false when the rule does not apply to it. keep: the
+ * stand-in keeps the message's other keys (tool_calls, reasoning), only its content replaced. */
+static int stand_in_span(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t i, json_t *tools, int keep,
                          const char *full, size_t nfull, size_t *a, size_t *b, int *found, snug_error *e) {
     *a = *b = 0;
     *found = 0;
@@ -180,7 +183,12 @@ static int stand_in_span(const snug_format *f, const snug_jinja *t, json_t *msgs
     char *h = NULL;
     size_t nh = 0;
     for (int k = 0; k < 2 && !rc; k++) {
-        json_t *m = json_pack("{s:s, s:s}", "role", "assistant", "content", stand_ins[k]);
+        json_t *m = keep ? json_copy(json_array_get(msgs, i)) : json_object();
+        if (m && (json_object_set_new(m, "role", json_string("assistant")) ||
+                  json_object_set_new(m, "content", json_string(stand_ins[k])))) {
+            json_decref(m);
+            m = NULL;
+        }
         if (!m)
             return snug_fail(e, SNUG_ENOMEM, "out of memory");
         rc = stand_in_diff(f, t, msgs, i, tools, full, nfull, m, stand_ins[k], &p[k], &q[k], &ok[k], e);
@@ -222,8 +230,9 @@ static int prefix_spans(const snug_format *f, const snug_jinja *t, json_t *msgs,
         if (rc)
             return rc;
         int found = b > a;
-        if (!found) /* the turn rendered as the last differs: find it by stand-in replies */
-            SNUG_TRY(stand_in_span(f, t, msgs, i, tools, full, nfull, &a, &b, &found, e));
+        /* the turn rendered as the last differs: find it by stand-in replies (then ones that keep its tool calls) */
+        for (int keep = 0; keep < 2 && !found; keep++)
+            SNUG_TRY(stand_in_span(f, t, msgs, i, tools, keep, full, nfull, &a, &b, &found, e));
         if (!found)
             return snug_fail(e, SNUG_EINPUT, "%s[%zu]: the template (%s) renders the conversation up to this assistant "
                              "message differently from the start of the whole conversation, so its reply cannot be "

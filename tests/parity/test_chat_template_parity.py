@@ -224,23 +224,24 @@ def common_suffix(x, y, lim):
     return k
 
 
-def stand_in_span(tok, msgs, i, tools, full):
+def stand_in_span(tok, msgs, i, tools, full, keep):
     """The span of assistant message i by stand-in replies, as snug states the rule (formats_jinja.c): the whole
     conversation rendered with message i replaced by {role: assistant, content: s}, for two stand-ins s; where it
     parts from the real rendering (the earlier start, the later end over both) is the reply, and what the template
     writes after s when the stand-in ends the conversation, as far as it agrees with what follows in the real
     rendering, is its end of turn (an empty reply the template writes nothing after: an empty span). (None, None)
-    when s is not all that differs, is not once in that turn's rendering, or the template refuses it."""
+    when s is not all that differs, is not once in that turn's rendering, or the template refuses it. keep: the
+    stand-in keeps the message's other keys (tool_calls), only its content replaced."""
     try:
-        return stand_in_span_or_raise(tok, msgs, i, tools, full)
+        return stand_in_span_or_raise(tok, msgs, i, tools, full, keep)
     except Exception:  # the template refuses a stand-in (a tool reply with no tool call before it)
         return None, None
 
 
-def stand_in_span_or_raise(tok, msgs, i, tools, full):
+def stand_in_span_or_raise(tok, msgs, i, tools, full, keep):
     starts, ends, trail = [], [], None
     for s in STAND_INS:
-        m = {"role": "assistant", "content": s}
+        m = dict(msgs[i], role="assistant", content=s) if keep else {"role": "assistant", "content": s}
         g = render(tok, msgs[:i] + [m] + msgs[i + 1:], tools, False)
         p = len(os.path.commonprefix([g, full]))
         k = common_suffix(full, g, min(len(full), len(g)) - p)
@@ -276,7 +277,9 @@ def reference(tok, src, row):
         p, q = render(tok, msgs[:i], tools, True), render(tok, msgs[:i + 1], tools, False)
         a, b = len(os.path.commonprefix([p, full])), len(os.path.commonprefix([q, full]))
         if b <= a:
-            a, b = stand_in_span(tok, msgs, i, tools, full)
+            a, b = stand_in_span(tok, msgs, i, tools, full, False)
+            if a is None:  # then stand-ins that keep the message's other keys
+                a, b = stand_in_span(tok, msgs, i, tools, full, True)
             if a is None:
                 return "prefix"
             stand_ins_used[0] += 1
