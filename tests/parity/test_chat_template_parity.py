@@ -16,7 +16,7 @@ conversations with tools, as transformers picks it). snug (`snug preprocess --du
 its default) and transformers (AutoTokenizer.from_pretrained of the same folder) read the same files.
 
 Conversations: system + user + assistant, multi-turn, tool calls (an assistant message with tool_calls and empty
-content, a tool message, the line's "tools"), empty assistant content. A conversation the template refuses
+content, a tool message, the line's "tools"), empty assistant content, replies with reasoning_content. A conversation the template refuses
 (raise_exception) in transformers is left out of the data. The reference mask:
   - a template with {% generation %} blocks: transformers' assistant_masks;
   - otherwise snug's documented rule computed here: for each assistant message i, the text from where
@@ -202,6 +202,10 @@ def conversations():
                       {"role": "tool", "content": "{\"temp\": 21}", "tool_call_id": "call12345",
                        "name": "get_weather"},
                       {"role": "assistant", "content": "21 degrees."}], "tools": TOOLS},
+        {"messages": [{"role": "user", "content": "Is 7 prime?"},
+                      {"role": "assistant", "content": "Yes.", "reasoning_content": "7 has no divisor but 1 and 7."},
+                      {"role": "user", "content": "And 9?"},
+                      {"role": "assistant", "content": "No.", "reasoning_content": "9 = 3 * 3."}]},
     ]
 
 
