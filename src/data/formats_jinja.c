@@ -30,9 +30,9 @@
  *     real one (the earlier start and the later end over both stand-ins) is the reply, its tool calls and
  *     reasoning included, and what the template writes after s when the stand-in ends the conversation (its
  *     end-of-turn token), as far as it agrees with what follows in the real rendering, ends the span. An empty reply
- *     the template writes nothing after supervises nothing. Where s is not all that differs in that rendering, is
- *     not once in the turn's own rendering, or is refused by the template (a tool reply with no tool call before
- *     it: gpt-oss), the same with stand-ins that keep the message's other keys (tool_calls, reasoning), only its
+ *     the template writes nothing after supervises nothing. Where s is not once in that rendering with all that
+ *     differs inside it, is not once in the turn's own rendering, or is refused by the template (a tool reply with
+ *     no tool call before it: gpt-oss), the same with stand-ins that keep the message's other keys (tool_calls, reasoning), only its
  *     content replaced (what the template writes after the content, its tool calls included, then agrees with the
  *     real rendering and ends the span). A line neither finds is refused, naming the message: give the template
  *     {% generation %} blocks through chat_template_jinja;
@@ -155,8 +155,9 @@ static size_t common_suffix(const char *a, size_t na, const char *b, size_t nb, 
  * as one of them still parts from the other where it starts and ends). */
 static const char *const stand_ins[2] = {"SNUGTURNSTANDINx", "snugturnstandinX"};
 
-/* Where stand-in reply s (message i replaced by {role: assistant, content: s}) parts from full[0, nfull): *p the
- * start, *q the end of what differs in full; *ok false unless s is all that differs in the stand-in's rendering. */
+/* Where stand-in reply s (message i replaced by m, whose content is s) parts from full[0, nfull): *p the start, *q
+ * the end of what differs in full; *ok false unless s is once in the stand-in's rendering and what differs there
+ * lies inside it (a reply that starts or ends like s parts from it inside s). */
 static int stand_in_diff(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t i, json_t *tools,
                          const char *full, size_t nfull, json_t *m, const char *s, size_t *p, size_t *q, int *ok,
                          snug_error *e) {
@@ -166,7 +167,8 @@ static int stand_in_diff(const snug_format *f, const snug_jinja *t, json_t *msgs
     *p = common_prefix(g, ng, full, nfull);
     size_t lim = (nfull < ng ? nfull : ng) - *p, k = common_suffix(full, nfull, g, ng, lim);
     *q = nfull - k;
-    *ok = ng - k - *p == ns && !memcmp(g + *p, s, ns);
+    const char *at = strstr(g, s);
+    *ok = at && !strstr(at + 1, s) && (size_t)(at - g) <= *p && ng - k <= (size_t)(at - g) + ns;
     free(g);
     return 0;
 }

@@ -16,7 +16,7 @@ conversations with tools, as transformers picks it). snug (`snug preprocess --du
 its default) and transformers (AutoTokenizer.from_pretrained of the same folder) read the same files.
 
 Conversations: system + user + assistant, multi-turn, tool calls (an assistant message with tool_calls and empty
-content, a tool message, the line's "tools"), empty assistant content, replies with reasoning_content. A conversation the template refuses
+content, a tool message, the line's "tools"), empty assistant content, replies with reasoning_content (one that starts as one stand-in and ends as the other). A conversation the template refuses
 (raise_exception) in transformers is left out of the data. The reference mask:
   - a template with {% generation %} blocks: transformers' assistant_masks;
   - otherwise snug's documented rule computed here: for each assistant message i, the text from where
@@ -203,7 +203,8 @@ def conversations():
                        "name": "get_weather"},
                       {"role": "assistant", "content": "21 degrees."}], "tools": TOOLS},
         {"messages": [{"role": "user", "content": "Is 7 prime?"},
-                      {"role": "assistant", "content": "Yes.", "reasoning_content": "7 has no divisor but 1 and 7."},
+                      {"role": "assistant", "content": "Sure, it is prime, as is x",
+                       "reasoning_content": "7 has no divisor but 1 and 7."},
                       {"role": "user", "content": "And 9?"},
                       {"role": "assistant", "content": "No.", "reasoning_content": "9 = 3 * 3."}]},
     ]
@@ -234,7 +235,8 @@ def stand_in_span(tok, msgs, i, tools, full, keep):
     parts from the real rendering (the earlier start, the later end over both) is the reply, and what the template
     writes after s when the stand-in ends the conversation, as far as it agrees with what follows in the real
     rendering, is its end of turn (an empty reply the template writes nothing after: an empty span). (None, None)
-    when s is not all that differs, is not once in that turn's rendering, or the template refuses it. keep: the
+    when s is not once in the rendering, or what differs there is not inside s, or s is not once in that turn's
+    rendering, or the template refuses it. keep: the
     stand-in keeps the message's other keys (tool_calls), only its content replaced."""
     try:
         return stand_in_span_or_raise(tok, msgs, i, tools, full, keep)
@@ -249,7 +251,7 @@ def stand_in_span_or_raise(tok, msgs, i, tools, full, keep):
         g = render(tok, msgs[:i] + [m] + msgs[i + 1:], tools, False)
         p = len(os.path.commonprefix([g, full]))
         k = common_suffix(full, g, min(len(full), len(g)) - p)
-        if g[p:len(g) - k] != s:
+        if g.count(s) != 1 or not g.index(s) <= p <= len(g) - k <= g.index(s) + len(s):
             return None, None
         starts.append(p)
         ends.append(len(full) - k)
