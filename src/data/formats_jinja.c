@@ -22,7 +22,9 @@
  *     the turn holds (DeepSeek-R1's "<think>\n") the span starts where they part; where a template writes a trailer
  *     after every conversation (the first Llama 3's assistant header) the span ends where the trailer and the next
  *     turn part (the next header's first token included);
- *   - where that leaves a reply's span empty (a template that renders a turn differently once later ones follow:
+ *   - where that leaves a reply's span empty, or starts it before the end of the previous message's content (found
+ *     by the stand-ins below, that message's content replaced: Mistral-Nemo writes the system prompt into the last
+ *     user turn, so the prompt that asks for an earlier reply parts from the whole inside that user's text) (a template that renders a turn differently once later ones follow:
  *     Qwen3 writes an empty <think></think> into the last turn only), by stand-in replies, as Axolotl's find_turn
  *     finds turns: the whole conversation rendered with assistant message i replaced by {role: assistant,
  *     content: s} for two stand-ins s (that differ in their first and last characters, so that a reply that starts
@@ -213,6 +215,29 @@ static int stand_in_span(const snug_format *f, const snug_jinja *t, json_t *msgs
     return rc;
 }
 
+/* Where message j's content ends in full[0, nfull), found by stand-ins (its content replaced, its other keys kept)
+ * into *end; *ok false when that cannot be told (the stand-ins not found, the template refuses them). */
+static int content_end(const snug_format *f, const snug_jinja *t, json_t *msgs, size_t j, json_t *tools,
+                       const char *full, size_t nfull, size_t *end, int *ok, snug_error *e) {
+    *end = 0;
+    *ok = 1;
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc && *ok; k++) {
+        json_t *m = json_copy(json_array_get(msgs, j));
+        if (!m || json_object_set_new(m, "content", json_string(stand_ins[k]))) {
+            json_decref(m);
+            return snug_fail(e, SNUG_ENOMEM, "out of memory");
+        }
+        size_t p, q;
+        rc = stand_in_diff(f, t, msgs, j, tools, full, nfull, m, stand_ins[k], &p, &q, ok, e);
+        json_decref(m);
+        *end = !rc && q > *end ? q : *end;
+    }
+    if (rc == SNUG_EINPUT) /* the template refuses a stand-in there */
+        rc = *ok = 0;
+    return rc;
+}
+
 /* The assistant spans by rendering prefixes (see the top of the file) into *r (grown), *nr. */
 static int prefix_spans(const snug_format *f, const snug_jinja *t, json_t *msgs, json_t *tools, const char *full,
                         size_t nfull, range **r, size_t *nr, snug_error *e) {
@@ -232,14 +257,22 @@ static int prefix_spans(const snug_format *f, const snug_jinja *t, json_t *msgs,
         if (rc)
             return rc;
         int found = b > a;
+        if (found && i > 0) { /* a span that starts inside the message before it (its text rendered differently
+                               * before a generation prompt: Mistral-Nemo's system prompt) is found by stand-ins */
+            size_t end;
+            int ok;
+            SNUG_TRY(content_end(f, t, msgs, i - 1, tools, full, nfull, &end, &ok, e));
+            found = !(ok && end > a);
+        }
         /* the turn rendered as the last differs: find it by stand-in replies (then ones that keep its tool calls) */
         for (int keep = 0; keep < 2 && !found; keep++)
             SNUG_TRY(stand_in_span(f, t, msgs, i, tools, keep, full, nfull, &a, &b, &found, e));
         if (!found)
             return snug_fail(e, SNUG_EINPUT, "%s[%zu]: the template (%s) renders the conversation up to this assistant "
                              "message differently from the start of the whole conversation, so its reply cannot be "
-                             "found by rendering prefixes (nor by a stand-in reply); give the template {%% generation %%} blocks around the "
-                             "reply (chat_template_jinja), or use chat_template: chatml", f->messages, i,
+                             "found by rendering prefixes (nor by a stand-in reply); give the template "
+                             "{%% generation %%} blocks around the reply (chat_template_jinja), or use chat_template: "
+                             "chatml", f->messages, i,
                              f->src->jinja_where ? f->src->jinja_where : "jinja");
         range *g = realloc(*r, (*nr + 1) * sizeof **r);
         if (!g)

@@ -22,7 +22,8 @@ content, a tool message, the line's "tools"), empty assistant content, replies w
   - otherwise snug's documented rule computed here: for each assistant message i, the text from where
     render(messages[:i], add_generation_prompt=True) stops agreeing with the whole conversation's rendering to where
     render(messages[:i+1]) stops agreeing with it is the assistant's, every token overlapping it (by the tokenizer's
-    offsets) supervised; where that leaves a reply empty, snug's stand-in rule computed here (stand_in_span: the
+    offsets) supervised; where that leaves a reply empty or starts it before the end of the previous message's
+    content (content_end: Mistral-Nemo), snug's stand-in rule computed here (stand_in_span: the
     whole conversation rendered with the reply replaced by a stand-in; Qwen3's tool-call and multi-turn lines,
     Qwen3.5's, Step-3.5's, Nemotron-Nano-v2's). A conversation neither rule splits (snug refuses it, naming the
     message) is left out and checked apart: snug must refuse it.
@@ -229,6 +230,24 @@ def common_suffix(x, y, lim):
     return k
 
 
+def content_end(tok, msgs, j, tools, full):
+    """Where message j's content ends in the rendering, found by stand-ins (its content replaced, its other keys
+    kept): the later end over both; None when a stand-in is not once in the rendering with what differs inside it,
+    or the template refuses it."""
+    ends = []
+    for s in STAND_INS:
+        try:
+            g = render(tok, msgs[:j] + [dict(msgs[j], content=s)] + msgs[j + 1:], tools, False)
+        except Exception:
+            return None
+        p = len(os.path.commonprefix([g, full]))
+        k = common_suffix(full, g, min(len(full), len(g)) - p)
+        if g.count(s) != 1 or not g.index(s) <= p <= len(g) - k <= g.index(s) + len(s):
+            return None
+        ends.append(len(full) - k)
+    return max(ends)
+
+
 def stand_in_span(tok, msgs, i, tools, full, keep):
     """The span of assistant message i by stand-in replies, as snug states the rule (formats_jinja.c): the whole
     conversation rendered with message i replaced by {role: assistant, content: s}, for two stand-ins s; where it
@@ -282,6 +301,10 @@ def reference(tok, src, row):
             continue
         p, q = render(tok, msgs[:i], tools, True), render(tok, msgs[:i + 1], tools, False)
         a, b = len(os.path.commonprefix([p, full])), len(os.path.commonprefix([q, full]))
+        if b > a and i > 0:  # a span that starts inside the message before it: by stand-ins
+            end = content_end(tok, msgs, i - 1, tools, full)
+            if end is not None and end > a:
+                b = a
         if b <= a:
             a, b = stand_in_span(tok, msgs, i, tools, full, False)
             if a is None:  # then stand-ins that keep the message's other keys
