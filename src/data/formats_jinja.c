@@ -22,10 +22,11 @@
  *     the turn holds (DeepSeek-R1's "<think>\n") the span starts where they part; where a template writes a trailer
  *     after every conversation (the first Llama 3's assistant header) the span ends where the trailer and the next
  *     turn part (the next header's first token included);
- *   - where that leaves a reply's span empty, or starts it before the end of the previous message's content (found
- *     by the stand-ins below, that message's content replaced: Mistral-Nemo writes the system prompt into the last
- *     user turn, so the prompt that asks for an earlier reply parts from the whole inside that user's text) (a template that renders a turn differently once later ones follow:
- *     Qwen3 writes an empty <think></think> into the last turn only), by stand-in replies, as Axolotl's find_turn
+ *   - where that leaves a reply's span empty (a template that renders a turn differently once later ones follow:
+ *     Qwen3 writes an empty <think></think> into the last turn only), or starts it before the end of the previous
+ *     message's content (found by the stand-ins below, that message's content replaced: Mistral-Nemo writes the
+ *     system prompt into the last user turn, so the prompt that asks for an earlier reply parts from the whole
+ *     inside that user's text), by stand-in replies, as Axolotl's find_turn
  *     finds turns: the whole conversation rendered with assistant message i replaced by {role: assistant,
  *     content: s} for two stand-ins s (that differ in their first and last characters, so that a reply that starts
  *     or ends like one still parts from the other where it starts and ends); where that rendering parts from the
