@@ -35,8 +35,8 @@
  *     end-of-turn token), as far as it agrees with what follows in the real rendering, ends the span. An empty reply
  *     the template writes nothing after supervises nothing. Where s is not once in that rendering with all that
  *     differs inside it, is not once in the turn's own rendering, or is refused by the template (a tool reply with
- *     no tool call before it: gpt-oss), the same with stand-ins that keep the message's other keys (tool_calls, reasoning), only its
- *     content replaced (what the template writes after the content, its tool calls included, then agrees with the
+ *     no tool call before it: gpt-oss), the same with stand-ins that keep the message's other keys (tool_calls,
+ *     reasoning), only its content replaced (what the template writes after the content, its tool calls included, then agrees with the
  *     real rendering and ends the span). A line neither finds is refused, naming the message: give the template
  *     {% generation %} blocks through chat_template_jinja;
  *   - train_on_inputs: every token.

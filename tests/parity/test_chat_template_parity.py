@@ -16,8 +16,8 @@ conversations with tools, as transformers picks it). snug (`snug preprocess --du
 its default) and transformers (AutoTokenizer.from_pretrained of the same folder) read the same files.
 
 Conversations: system + user + assistant, multi-turn, tool calls (an assistant message with tool_calls and empty
-content, a tool message, the line's "tools"), empty assistant content, replies with reasoning_content (one that starts as one stand-in and ends as the other). A conversation the template refuses
-(raise_exception) in transformers is left out of the data. The reference mask:
+content, a tool message, the line's "tools"), empty assistant content, replies with reasoning_content (one that
+starts as one stand-in and ends as the other). A conversation the template refuses (raise_exception) in transformers is left out of the data. The reference mask:
   - a template with {% generation %} blocks: transformers' assistant_masks;
   - otherwise snug's documented rule computed here: for each assistant message i, the text from where
     render(messages[:i], add_generation_prompt=True) stops agreeing with the whole conversation's rendering to where
