@@ -36,9 +36,9 @@
  *     the template writes nothing after supervises nothing. Where s is not once in that rendering with all that
  *     differs inside it, is not once in the turn's own rendering, or is refused by the template (a tool reply with
  *     no tool call before it: gpt-oss), the same with stand-ins that keep the message's other keys (tool_calls,
- *     reasoning), only its content replaced (what the template writes after the content, its tool calls included, then agrees with the
- *     real rendering and ends the span). A line neither finds is refused, naming the message: give the template
- *     {% generation %} blocks through chat_template_jinja;
+ *     reasoning), only its content replaced (what the template writes after the content, its tool calls
+ *     included, then agrees with the real rendering and ends the span). A line neither finds is refused, naming
+ *     the message: give the template {% generation %} blocks through chat_template_jinja;
  *   - train_on_inputs: every token.
  * The span edges become changes of supervision inside the text, pinned to tokens as formats.h describes. */
 #include "data/formats.h"
