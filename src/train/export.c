@@ -221,6 +221,25 @@ static void add_hparams(snug_gguf *g, const snug_model_config *c, const char *ar
 #undef KEY
 }
 
+/* The converter's general.size_label: the count of the values the file holds (every tensor written) in thousands,
+ * millions, billions or trillions, with as many decimals as bring it to two digits ("98K", "1.7B", "0.50K"). */
+static void size_label(const snug_gguf *g, char *out, size_t cap) {
+    int64_t n = 0;
+    for (int i = 0; i < g->nt; i++) {
+        int64_t k = 1;
+        for (int d = 0; d < g->t[i].ndim; d++)
+            k *= g->t[i].shape[d];
+        n += k;
+    }
+    double v = (double)n;
+    const char *suffix = v > 1e12 ? "T" : v > 1e9 ? "B" : v > 1e6 ? "M" : "K";
+    double s = v > 1e12 ? v * 1e-12 : v > 1e9 ? v * 1e-9 : v > 1e6 ? v * 1e-6 : v * 1e-3;
+    char whole[32];
+    snprintf(whole, sizeof whole, "%.0f", nearbyint(s)); /* Python's round(): half to even */
+    int digits = !strcmp(whole, "0") ? 0 : (int)strlen(whole);
+    snprintf(out, cap, "%.*f%s", digits < 2 ? 2 - digits : 0, s, suffix);
+}
+
 int snug_export_gguf(const char *model_dir, const char *out_path, snug_gguf_type type, const char *name,
                      snug_error *e) {
     char p[4096];
@@ -265,8 +284,12 @@ int snug_export_gguf(const char *model_dir, const char *out_path, snug_gguf_type
     }
     if (!rc)
         rc = add_tensors(&g, x, f, type, model_dir, e);
-    if (!rc)
+    if (!rc) {
+        char label[32];
+        size_label(&g, label, sizeof label);
+        snug_gguf_kv_str(&g, "general.size_label", label);
         rc = snug_gguf_write(&g, out_path, e);
+    }
     snug_gguf_free(&g);
     snug_st_close(&x->st);
     free(x);

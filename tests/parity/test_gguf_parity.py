@@ -265,9 +265,6 @@ def check_meta(tag, path, family, model, tok, pre, tmodel, ftype):
 EXPECTED = {
     "general.name": (None, "snug names the model after its folder (or --name) as given; the converter title-cases a "
                            "name it guesses from the folder's name"),
-    "general.size_label": (None, "the converter's guess of the parameter count as a label (\"212K\"): descriptive, "
-                                 "read by no loader"),
-    "GGUF.kv_count": (None, "follows from general.size_label"),
     "tokenizer.ggml.scores": (("spm",), "the converter has no scores for a tokenizer.json BPE (without tokenizer.model "
                                         "it writes -1000 for every token), which leaves llama.cpp's SentencePiece "
                                         "tokenizer no order to merge in; snug writes minus the merge rank, so "
