@@ -12,7 +12,8 @@ binding (llama-cpp-python) and compared with transformers on the same weights:
   - llama.cpp's tokenization of a text with the exported vocabulary equals the tokenizer's own.
 And, where scripts/venv.sh kept llama.cpp's own converter (convert_hf_to_gguf.py, from llama-cpp-python's source
 distribution), each file equals the converter's of the same folder and type key by key (metadata values) and tensor
-by tensor (names, types, shapes, bytes), but for the differences EXPECTED names with their reasons. The tiny
+by tensor (names, order, types, shapes, bytes), but for the differences EXPECTED names with their reasons; where
+general.name is the only one, the file `--name` gives the converter's name is the converter's, byte for byte. The tiny
 tokenizers' pre-tokenizer hashes are unknown to the converter: its get_vocab_base_pre is patched to return the name
 snug chose (the name itself is checked against the tokenizer's shape above). Only that comparison is skipped
 without the converter.
@@ -270,8 +271,6 @@ EXPECTED = {
                                         "tokenizer no order to merge in; snug writes minus the merge rank, so "
                                         "llama.cpp tokenizes as the tokenizer does (checked above)"),
 }
-# Also expected: the order of the tensors in the file (llama.cpp finds them by name; the converter follows the
-# safetensors files' order, snug the model's: embedding, blocks, norm, head).
 
 
 def converter_file(work, d, pre, ftype):
@@ -317,7 +316,10 @@ def check_converter(tag, work, d, family, pre, ftype, path):
             continue
         va, vb = meta_value(a, k), meta_value(b, k)
         check(va == vb, f"{tag}: {k} = {repr(va)[:120]}, the converter writes {repr(vb)[:120]}")
+    check(list(a.fields) == list(b.fields), f"{tag}: the keys are in another order than the converter's")
     ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    check(list(ta) == list(tb) or set(ta) != set(tb), f"{tag}: the tensors are in another order than the "
+          f"converter's: {list(ta)[:6]}..., the converter's {list(tb)[:6]}...")
     check(set(ta) == set(tb), f"{tag}: tensors only in snug's {sorted(set(ta) - set(tb))}, only in the "
           f"converter's {sorted(set(tb) - set(ta))}")
     for n in sorted(set(ta) & set(tb)):
@@ -327,6 +329,11 @@ def check_converter(tag, work, d, family, pre, ftype, path):
               f"{list(y.shape)}")
         check(np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(),
               f"{tag}: {n}'s bytes differ from the converter's")
+    if not [k for k in expected if k != "general.name"]:  # given the converter's name, the very same file
+        same = os.path.join(work, "named.gguf")
+        r = run_snug("export", "--gguf", same, "--type", ftype, d, "--name", meta_value(b, "general.name"))
+        check(r.returncode == 0 and open(same, "rb").read() == open(ref, "rb").read(),
+              f"{tag}: with --name as the converter names it, the file differs from the converter's {r.stderr}")
     os.remove(ref)
 
 
