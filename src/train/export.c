@@ -167,9 +167,9 @@ static int order_like_converter(snug_gguf *g, const ex_ctx *x, snug_error *e) {
     return 0;
 }
 
-/* The tensors by their ggml names, in the model's order (order_like_converter then sorts them): token embedding (and positions), each block, the final norm, the
- * head when the files hold one (a tied head is not written: llama.cpp uses the token embedding). A tensor of the
- * folder that has no ggml name is refused by name. */
+/* The tensors by their ggml names, in the model's order (order_like_converter then sorts them): token embedding
+ * (and positions), each block, the final norm, the head when the files hold one (a tied head is not written:
+ * llama.cpp uses the token embedding). A tensor of the folder that has no ggml name is refused by name. */
 static int add_tensors(snug_gguf *g, ex_ctx *x, const snug_family *f, snug_gguf_type want, const char *dir,
                        snug_error *e) {
     const snug_model_config *c = x->cfg;

@@ -1,6 +1,6 @@
 """`snug export --gguf` against llama.cpp: tiny models of each family snug exports (Llama with a Llama-3 tokenizer,
-RoPE scaling and untied head, Qwen2 with tied embeddings and q/k/v biases, GPT-2, Llama with a SentencePiece-style
-BPE), built with transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama.cpp's Python
+RoPE scaling and untied head, Qwen2 with tied embeddings and q/k/v biases in three shards, GPT-2, Llama with a
+SentencePiece-style BPE), built with transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama.cpp's Python
 binding (llama-cpp-python) and compared with transformers on the same weights:
   - the logits on a prompt: llama.cpp's distance from transformers' fp32 logits stays within a noise floor the test
     measures, the distance of transformers run on the weights rounded as the file stores them (f16, bf16, the q8_0
@@ -141,7 +141,8 @@ def build(work, family):
         for n, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(d)
+    # Qwen2's in shards (model-0000k-of-0000n.safetensors with an index), as larger published models are
+    model.save_pretrained(d, **({"max_shard_size": "150KB"} if family == "qwen2" else {}))
     if family == "gpt2":  # published GPT-2 configs carry n_ctx too (llama.cpp's converter reads it)
         j = json.load(open(os.path.join(d, "config.json")))
         j["n_ctx"] = j["n_positions"]
