@@ -133,9 +133,43 @@ static int is_used(const ex_ctx *x, const snug_st_tensor *s) {
     return 0;
 }
 
-/* The tensors in the converter's order of names: token embedding (and positions), each block, the final norm, the
- * head when the files hold one (a tied head is not written: llama.cpp uses the token embedding). A tensor of the
- * folder that has no ggml name is refused by name. */
+/* One tensor of the file with what orders it as the converter does. */
+typedef struct ex_order {
+    snug_gguf_tensor t;
+    const char *file, *name; /* the safetensors file's base name and the tensor's name in it; NULL: computed */
+    int seq;
+} ex_order;
+
+static int order_cmp(const void *pa, const void *pb) {
+    const ex_order *a = pa, *b = pb;
+    if (!a->name || !b->name)
+        return a->name ? 1 : b->name ? -1 : a->seq - b->seq;
+    int c = strcmp(a->file, b->file);
+    c = c ? c : strcmp(a->name, b->name);
+    return c ? c : a->seq - b->seq;
+}
+
+/* Puts the file's tensors in the converter's order: the computed ones (rope_freqs) first, then by safetensors file
+ * (sorted by name) and, within one, by tensor name (as gguf-py's SafetensorsLocal lists them). */
+static int order_like_converter(snug_gguf *g, const ex_ctx *x, snug_error *e) {
+    ex_order *o = malloc((size_t)(g->nt ? g->nt : 1) * sizeof *o);
+    if (!o)
+        return snug_fail(e, SNUG_ENOMEM, "out of host memory ordering the GGUF tensors");
+    for (int i = 0; i < g->nt; i++) {
+        const snug_st_tensor *src = x->t[g->t[i].tag].src;
+        const char *path = src ? x->st.paths[src->file] : NULL, *slash = path ? strrchr(path, '/') : NULL;
+        o[i] = (ex_order){.t = g->t[i], .file = slash ? slash + 1 : path, .name = src ? src->name : NULL, .seq = i};
+    }
+    qsort(o, (size_t)g->nt, sizeof *o, order_cmp);
+    for (int i = 0; i < g->nt; i++)
+        g->t[i] = o[i].t;
+    free(o);
+    return 0;
+}
+
+/* The tensors by their ggml names, in the model's order (order_like_converter then sorts them): token embedding
+ * (and positions), each block, the final norm, the head when the files hold one (a tied head is not written:
+ * llama.cpp uses the token embedding). A tensor of the folder that has no ggml name is refused by name. */
 static int add_tensors(snug_gguf *g, ex_ctx *x, const snug_family *f, snug_gguf_type want, const char *dir,
                        snug_error *e) {
     const snug_model_config *c = x->cfg;
@@ -221,6 +255,25 @@ static void add_hparams(snug_gguf *g, const snug_model_config *c, const char *ar
 #undef KEY
 }
 
+/* The converter's general.size_label: the count of the values the file holds (every tensor written) in thousands,
+ * millions, billions or trillions, with as many decimals as bring it to two digits ("98K", "1.7B", "0.50K"). */
+static void size_label(const snug_gguf *g, char *out, size_t cap) {
+    int64_t n = 0;
+    for (int i = 0; i < g->nt; i++) {
+        int64_t k = 1;
+        for (int d = 0; d < g->t[i].ndim; d++)
+            k *= g->t[i].shape[d];
+        n += k;
+    }
+    double v = (double)n;
+    const char *suffix = v > 1e12 ? "T" : v > 1e9 ? "B" : v > 1e6 ? "M" : "K";
+    double s = v > 1e12 ? v * 1e-12 : v > 1e9 ? v * 1e-9 : v > 1e6 ? v * 1e-6 : v * 1e-3;
+    char whole[32];
+    snprintf(whole, sizeof whole, "%.0f", nearbyint(s)); /* Python's round(): half to even */
+    int digits = !strcmp(whole, "0") ? 0 : (int)strlen(whole);
+    snprintf(out, cap, "%.*f%s", digits < 2 ? 2 - digits : 0, s, suffix);
+}
+
 int snug_export_gguf(const char *model_dir, const char *out_path, snug_gguf_type type, const char *name,
                      snug_error *e) {
     char p[4096];
@@ -244,10 +297,17 @@ int snug_export_gguf(const char *model_dir, const char *out_path, snug_gguf_type
     snug_gguf g;
     snug_gguf_init(&g);
     int rc = snug_st_open_dir(&x->st, model_dir, e);
+    if (!rc)
+        rc = add_tensors(&g, x, f, type, model_dir, e);
+    if (!rc)
+        rc = order_like_converter(&g, x, e);
     if (!rc) {
+        char label[32];
+        size_label(&g, label, sizeof label);
         snug_gguf_kv_str(&g, "general.architecture", arch);
         snug_gguf_kv_str(&g, "general.type", "model");
         snug_gguf_kv_str(&g, "general.name", name);
+        snug_gguf_kv_str(&g, "general.size_label", label);
         char *text = NULL;
         size_t len = 0;
         json_error_t je;
@@ -263,8 +323,6 @@ int snug_export_gguf(const char *model_dir, const char *out_path, snug_gguf_type
         snug_gguf_kv_u32(&g, "general.quantization_version", 2);
         rc = snug_export_vocab(&g, model_dir, &cfg, llama, e);
     }
-    if (!rc)
-        rc = add_tensors(&g, x, f, type, model_dir, e);
     if (!rc)
         rc = snug_gguf_write(&g, out_path, e);
     snug_gguf_free(&g);

@@ -1,6 +1,6 @@
 """`snug export --gguf` against llama.cpp: tiny models of each family snug exports (Llama with a Llama-3 tokenizer,
-RoPE scaling and untied head, Qwen2 with tied embeddings and q/k/v biases, GPT-2, Llama with a SentencePiece-style
-BPE), built with transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama.cpp's Python
+RoPE scaling and untied head, Qwen2 with tied embeddings and q/k/v biases in three shards, GPT-2, Llama with a
+SentencePiece-style BPE), built with transformers and written by snug as f32, f16, bf16 and q8_0, are loaded by llama.cpp's Python
 binding (llama-cpp-python) and compared with transformers on the same weights:
   - the logits on a prompt: llama.cpp's distance from transformers' fp32 logits stays within a noise floor the test
     measures, the distance of transformers run on the weights rounded as the file stores them (f16, bf16, the q8_0
@@ -10,9 +10,17 @@ binding (llama-cpp-python) and compared with transformers on the same weights:
     tokenizer model and pre-tokenizer name, tokens by id, merges, special ids, chat template) and the tensor types
     (norms and biases f32, the matrices the requested type);
   - llama.cpp's tokenization of a text with the exported vocabulary equals the tokenizer's own.
+And, where scripts/venv.sh kept llama.cpp's own converter (convert_hf_to_gguf.py, from llama-cpp-python's source
+distribution), each file equals the converter's of the same folder and type key by key (metadata values) and tensor
+by tensor (names, order, types, shapes, bytes), but for the differences EXPECTED names with their reasons; where
+general.name is the only one, the file `--name` gives the converter's name is the converter's, byte for byte. The tiny
+tokenizers' pre-tokenizer hashes are unknown to the converter: its get_vocab_base_pre is patched to return the name
+snug chose (the name itself is checked against the tokenizer's shape above). Only that comparison is skipped
+without the converter.
 Also an adapter: `snug export --adapter` equals exporting the folder `snug merge` writes; and bad input (a type
 llama.cpp has no writer here for, no tokenizer.json, a pre-tokenizer without a llama.cpp name) is refused, exit 2.
 Skips (77) when llama_cpp is not importable."""
+import importlib.util
 import json
 import os
 import sys
@@ -29,6 +37,13 @@ try:
 except ImportError as err:
     print(f"skipped: {err} (scripts/venv.sh installs llama-cpp-python and gguf into the venv)")
     sys.exit(77)
+# llama.cpp's own converter, kept by scripts/venv.sh from llama-cpp-python's source distribution with the gguf-py it
+# was written with (the reader below is then that gguf-py too: the converter needs its own version)
+CONVERT = os.path.join(sys.prefix, "share", "llama.cpp-convert")
+if os.path.isfile(os.path.join(CONVERT, "convert_hf_to_gguf.py")) and importlib.util.find_spec("sentencepiece"):
+    sys.path.insert(0, os.path.join(CONVERT, "gguf-py"))
+else:
+    CONVERT = None
 from gguf import GGUFReader  # noqa: E402  (scripts/venv.sh installs it with llama-cpp-python)
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
@@ -126,7 +141,12 @@ def build(work, family):
         for n, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(d)
+    # Qwen2's in shards (model-0000k-of-0000n.safetensors with an index), as larger published models are
+    model.save_pretrained(d, **({"max_shard_size": "150KB"} if family == "qwen2" else {}))
+    if family == "gpt2":  # published GPT-2 configs carry n_ctx too (llama.cpp's converter reads it)
+        j = json.load(open(os.path.join(d, "config.json")))
+        j["n_ctx"] = j["n_positions"]
+        json.dump(j, open(os.path.join(d, "config.json"), "w"), indent=2)
     return d, model, tok, pre, tmodel
 
 
@@ -243,6 +263,81 @@ def check_meta(tag, path, family, model, tok, pre, tmodel, ftype):
           f"{c.tie_word_embeddings}")
 
 
+# Where snug's file deliberately differs from the converter's: key -> (families it applies to or None for all, reason)
+EXPECTED = {
+    "general.name": (None, "snug names the model after its folder (or --name) as given; the converter title-cases a "
+                           "name it guesses from the folder's name"),
+    "tokenizer.ggml.scores": (("spm",), "the converter has no scores for a tokenizer.json BPE (without tokenizer.model "
+                                        "it writes -1000 for every token), which leaves llama.cpp's SentencePiece "
+                                        "tokenizer no order to merge in; snug writes minus the merge rank, so "
+                                        "llama.cpp tokenizes as the tokenizer does (checked above)"),
+}
+
+
+def converter_file(work, d, pre, ftype):
+    """The converter's GGUF of folder d as ftype, run in this process (offline: a local folder), its
+    get_vocab_base_pre patched to answer pre."""
+    import logging
+    logging.basicConfig(level=logging.WARNING)  # before the converter's own call, which then keeps it quiet
+    sys.path.insert(0, CONVERT)
+    import convert_hf_to_gguf
+    import conversion.base
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+    out = os.path.join(work, f"{os.path.basename(d)}-{ftype}.converter.gguf")
+    argv = sys.argv
+    sys.argv = ["convert_hf_to_gguf.py", "--outtype", ftype, "--outfile", out, d]
+    try:
+        convert_hf_to_gguf.main()
+    finally:
+        sys.argv = argv
+    return out
+
+
+def meta_value(r, key):
+    f = r.fields[key]
+    try:
+        return f.contents()
+    except Exception:  # noqa: BLE001  (a gguf-py without contents())
+        return field(r, key)
+
+
+def check_converter(tag, work, d, family, pre, ftype, path):
+    """snug's file against the converter's: every key and value, every tensor's type, shape and bytes."""
+    try:
+        ref = converter_file(work, d, pre, ftype)
+    except Exception as err:  # noqa: BLE001
+        check(False, f"{tag}: llama.cpp's converter failed on the folder: {err!r}")
+        return
+    a, b = GGUFReader(path), GGUFReader(ref)
+    expected = {k for k, (fams, _) in EXPECTED.items() if fams is None or family in fams}
+    for k in sorted((set(a.fields) | set(b.fields)) - expected):
+        if k not in a.fields or k not in b.fields:
+            check(False, f"{tag}: key {k} {'only in snug' if k in a.fields else 'missing'} (the converter's: "
+                  f"{repr(meta_value(b, k))[:80] if k in b.fields else '-'})")
+            continue
+        va, vb = meta_value(a, k), meta_value(b, k)
+        check(va == vb, f"{tag}: {k} = {repr(va)[:120]}, the converter writes {repr(vb)[:120]}")
+    check(list(a.fields) == list(b.fields), f"{tag}: the keys are in another order than the converter's")
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    check(list(ta) == list(tb) or set(ta) != set(tb), f"{tag}: the tensors are in another order than the "
+          f"converter's: {list(ta)[:6]}..., the converter's {list(tb)[:6]}...")
+    check(set(ta) == set(tb), f"{tag}: tensors only in snug's {sorted(set(ta) - set(tb))}, only in the "
+          f"converter's {sorted(set(tb) - set(ta))}")
+    for n in sorted(set(ta) & set(tb)):
+        x, y = ta[n], tb[n]
+        check(x.tensor_type == y.tensor_type and list(x.shape) == list(y.shape),
+              f"{tag}: {n} is {x.tensor_type.name} {list(x.shape)}, the converter's {y.tensor_type.name} "
+              f"{list(y.shape)}")
+        check(np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(),
+              f"{tag}: {n}'s bytes differ from the converter's")
+    if not [k for k in expected if k != "general.name"]:  # given the converter's name, the very same file
+        same = os.path.join(work, "named.gguf")
+        r = run_snug("export", "--gguf", same, "--type", ftype, d, "--name", meta_value(b, "general.name"))
+        check(r.returncode == 0 and open(same, "rb").read() == open(ref, "rb").read(),
+              f"{tag}: with --name as the converter names it, the file differs from the converter's {r.stderr}")
+    os.remove(ref)
+
+
 def main():
     work = tempfile.mkdtemp()
     prompt_text = "the quick brown fox jumps over the lazy dog and café 12345"
@@ -261,6 +356,8 @@ def main():
             if r.returncode:
                 continue
             check_meta(tag, path, family, model, tok, pre, tmodel, ftype)
+            if CONVERT:
+                check_converter(tag, work, d, family, pre, ftype, path)
             mr = rounded(model, ftype)
             with torch.no_grad():
                 ref_r = mr(torch.tensor([ids])).logits[0].double().numpy()
@@ -283,13 +380,17 @@ def main():
             tie = ftype != "f32" and max(gaps) <= margin
             check(gen == want or tie, f"{tag}: llama.cpp greedy {gen}, transformers on the same weights {want} "
                   f"(gaps {['%.1e' % g for g in gaps]})")
-            print(f"  {tag}: logits {dist:.1e} from transformers (floor {floor:.1e}); greedy {gen}")
+            print(f"  {tag}: logits {dist:.1e} from transformers (floor {floor:.1e}); greedy {gen}"
+                  f"{'; equal to the converter' + chr(39) + 's file' if CONVERT else ''}")
             if ftype == "f32":
                 want_toks = tok.encode(TEXT).ids
                 check(toks == want_toks, f"{tag}: llama.cpp tokenizes the text as {toks}, the tokenizer as {want_toks}")
         if family == "llama":
             check_adapter(work, d, model)
             check_refusals(work, d)
+    if not CONVERT:
+        print("skipped: the comparison with llama.cpp's converter (scripts/venv.sh keeps it in "
+              "<venv>/share/llama.cpp-convert, with sentencepiece)")
     finish("test_gguf_parity")
 
 
