@@ -149,7 +149,9 @@ static double shortest(float x) {
 static int grown_tables(const snug_model *m, int grown, char names[2][128], int entry[2]) {
     if ((grown && !(m->cfg.vocab_base > 0 && m->cfg.vocab_base < m->cfg.vocab_size)) || m->lv.lora.save_modules)
         return 0;
-    entry[0] = snug_lora_saved_entry(m, SNUG_SAVE_EMBED);
+    char embed[128];
+    snprintf(embed, sizeof embed, "%s.weight", snug_scheme_of(m->cfg.arch)->embed);
+    entry[0] = snug_param_table_find(&m->table, embed);
     entry[1] = m->cfg.tie_embeddings ? entry[0] : snug_lora_saved_entry(m, SNUG_SAVE_HEAD);
     if (entry[0] < 0 || entry[1] < 0)
         return 0;
@@ -179,9 +181,10 @@ int snug_peft_vocab(const char *dir, int *rows, snug_error *e) {
     SNUG_TRY(snug_st_open_file(&s, path, e));
     *rows = 0;
     for (int i = 0; i < s.ntensors && !*rows; i++) {
-        const char *n = s.tensors[i].name, *want = "embed_tokens.weight";
-        size_t len = strlen(n), k = strlen(want);
-        if (s.tensors[i].ndim == 2 && len >= k && !strcmp(n + len - k, want))
+        const char *n = s.tensors[i].name, *want = "embed_tokens.weight", *gpt2 = ".wte.weight";
+        size_t len = strlen(n), k = strlen(want), k2 = strlen(gpt2);
+        if (s.tensors[i].ndim == 2 && ((len >= k && !strcmp(n + len - k, want)) ||
+                                       (len >= k2 && !strcmp(n + len - k2, gpt2))))
             *rows = (int)s.tensors[i].shape[0];
     }
     snug_st_close(&s);
