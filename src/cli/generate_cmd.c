@@ -171,8 +171,13 @@ static int generate(const char *dir, const char *adapter, const char *prompt_tex
     snprintf(p, sizeof p, "%s/config.json", dir);
     SNUG_TRY(snug_model_config_load(&cfg, p, e));
     snug_lora_cfg lora = {0};
+    int vocab = 0; /* an adapter on a vocabulary grown for added tokens: the base grows to its tables' rows */
     if (adapter)
         SNUG_TRY(snug_peft_read_config(adapter, cfg.arch, cfg.n_layer, &lora, e));
+    if (adapter)
+        SNUG_TRY(snug_peft_vocab(adapter, &vocab, e));
+    if (vocab > cfg.vocab_size)
+        cfg.vocab_base = cfg.vocab_size, cfg.vocab_size = vocab, cfg.vocab_mean = 1;
     snug_tokenizer *tok = NULL; /* the adapter's tokenizer when it has one (snug saves it beside the adapter) */
     snprintf(p, sizeof p, "%s/tokenizer.json", adapter ? adapter : dir);
     const char *tokdir = adapter && snug_file_exists(p) ? adapter : dir;

@@ -235,6 +235,11 @@ int snug_parity_cmd(int argc, char **argv, snug_error *e) {
     char p[4096];
     snprintf(p, sizeof p, "%s/config.json", a.dir);
     SNUG_TRY(snug_model_config_load(&cfg, p, e));
+    int vocab = 0; /* an adapter on a vocabulary grown for added tokens: the base grows to its tables' rows */
+    if (a.adapter)
+        SNUG_TRY(snug_peft_vocab(a.adapter, &vocab, e));
+    if (vocab > cfg.vocab_size)
+        cfg.vocab_base = cfg.vocab_size, cfg.vocab_size = vocab, cfg.vocab_mean = 1;
 
     snug_st_set batch;
     memset(&batch, 0, sizeof batch);

@@ -5,9 +5,10 @@
  * release since 0.6 knows (older releases refuse unknown keys), plus use_rslora and use_dora when on. Read back from
  * snug or from any tool that writes PEFT's format: target_modules as a list (a module matches when its name is the
  * entry or ends in "." + entry) or the string "all-linear"; modules_to_save (embed_tokens, lm_head: tensors
- * base_model.model.<path>.weight, trained in full); layers_to_transform (the adapted layers); features that change the
- * arithmetic and that snug does not implement (per-module ranks, bias training, embedding adapters) are refused by name
- * rather than silently ignored.
+ * base_model.model.<path>.weight, trained in full; the same names hold the base's whole tables, frozen, when the
+ * vocabulary grew for added tokens: PEFT's save_embedding_layers); layers_to_transform (the adapted layers); features
+ * that change the arithmetic and that snug does not implement (per-module ranks, bias training, embedding adapters)
+ * are refused by name rather than silently ignored.
  *
  * Every key PEFT's LoraConfig writes (0.21), and what reading does with it:
  *   honoured   r, lora_alpha, lora_dropout, use_rslora, use_dora, target_modules (a list, its entries a module's
@@ -137,19 +138,88 @@ static double shortest(float x) {
     return strtod(buf, NULL);
 }
 
+/* ---- a vocabulary grown for added tokens ----
+ * PEFT (save_embedding_layers="auto") saves the embedding and lm_head whole beside the adapters when the model's
+ * vocab_size differs from its base's: base_model.model.<path>.weight (V, C), lm_head too when the model ties them (both
+ * names, the same values), and loading copies them into the resized base. modules_to_save's copies have the same
+ * names; an adapter with them holds the tables already. */
+
+/* The whole tables' names ([0] the embedding, [1] lm_head) and the model's entries they are ([1] = [0] when tied); 0
+ * when the adapter trains them (modules_to_save), the model lacks them, or (grown) its vocabulary is the base's. */
+static int grown_tables(const snug_model *m, int grown, char names[2][128], int entry[2]) {
+    if ((grown && !(m->cfg.vocab_base > 0 && m->cfg.vocab_base < m->cfg.vocab_size)) || m->lv.lora.save_modules)
+        return 0;
+    char embed[128];
+    snprintf(embed, sizeof embed, "%s.weight", snug_scheme_of(m->cfg.arch)->embed);
+    entry[0] = snug_param_table_find(&m->table, embed);
+    entry[1] = m->cfg.tie_embeddings ? entry[0] : snug_lora_saved_entry(m, SNUG_SAVE_HEAD);
+    if (entry[0] < 0 || entry[1] < 0)
+        return 0;
+    snprintf(names[0], sizeof names[0], "base_model.model.%s", m->table.e[entry[0]].name);
+    snprintf(names[1], sizeof names[1], "base_model.model.%s",
+             m->cfg.tie_embeddings ? "lm_head.weight" : m->table.e[entry[1]].name);
+    return 1;
+}
+
+/* Entry i of the base into host (numel fp32 values). */
+static int entry_to_host(const snug_model *m, int i, float *host, snug_error *e) {
+    size_t bytes = m->table.e[i].numel * sizeof *host;
+    float *d = m->be->alloc(m->be, bytes);
+    if (!d)
+        return snug_fail(e, SNUG_ENOMEM, "out of memory reading '%s' for the adapter", m->table.e[i].name);
+    snug_model_entry_f32(m, i, d);
+    m->be->to_host(m->be, host, d, bytes);
+    m->be->free(m->be, d);
+    return 0;
+}
+
+int snug_peft_vocab(const char *dir, int *rows, snug_error *e) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    snug_st_set s;
+    memset(&s, 0, sizeof s);
+    SNUG_TRY(snug_st_open_file(&s, path, e));
+    *rows = 0;
+    for (int i = 0; i < s.ntensors && !*rows; i++) {
+        const char *n = s.tensors[i].name, *want = "embed_tokens.weight", *gpt2 = ".wte.weight";
+        size_t len = strlen(n), k = strlen(want), k2 = strlen(gpt2);
+        if (s.tensors[i].ndim == 2 && ((len >= k && !strcmp(n + len - k, want)) ||
+                                       (len >= k2 && !strcmp(n + len - k2, gpt2))))
+            *rows = (int)s.tensors[i].shape[0];
+    }
+    snug_st_close(&s);
+    return 0;
+}
+
 int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, const float *host, snug_error *e) {
     const snug_lora *lo = &m->lora;
     const snug_lora_cfg *lc = &m->lv.lora;
     SNUG_TRY(snug_mkdirs(dir, e));
-    float *own = NULL;
+    char gname[2][128];
+    int gent[2], grown = grown_tables(m, 1, gname, gent);
+    float *own = NULL, *gtab = NULL; /* gtab: the grown embedding (V, C), then lm_head's (V, C) when not tied */
     if (!host) {
         if (!(own = malloc((lo->table.total ? lo->table.total : 1) * sizeof *own)))
             return snug_fail(e, SNUG_ENOMEM, "out of host memory saving the adapter to %s", dir);
         m->be->to_host(m->be, own, lo->params, lo->table.total * sizeof *own);
         host = own;
     }
-    snug_st_out *out = calloc((size_t)(lo->table.n ? lo->table.n : 1), sizeof *out);
+    snug_st_out *out = calloc((size_t)lo->table.n + 2, sizeof *out);
     int rc = out ? 0 : snug_fail(e, SNUG_ENOMEM, "out of host memory saving the adapter to %s", dir);
+    int nout = lo->table.n;
+    if (!rc && grown) {
+        size_t numel = m->table.e[gent[0]].numel;
+        if (!(gtab = malloc(numel * (gent[1] == gent[0] ? 1 : 2) * sizeof *gtab)))
+            rc = snug_fail(e, SNUG_ENOMEM, "out of host memory saving the grown embedding to %s", dir);
+        for (int k = 0; k < 2 && !rc; k++) {
+            const snug_param_entry *p = &m->table.e[gent[k]];
+            float *at = gtab + (gent[1] == gent[0] ? 0 : (size_t)k * numel);
+            if (k == 0 || gent[1] != gent[0])
+                rc = entry_to_host(m, gent[k], at, e);
+            out[nout++] = (snug_st_out){.name = gname[k], .dtype = SNUG_DT_F32, .ndim = 2, .f32 = at,
+                                        .shape = {p->shape[0], p->shape[1]}};
+        }
+    }
     for (int i = 0; !rc && i < lo->table.n; i++) {
         const snug_param_entry *p = &lo->table.e[i];
         out[i] = (snug_st_out){.name = p->name, .dtype = SNUG_DT_F32, .ndim = p->ndim, .f32 = host + p->offset};
@@ -159,10 +229,11 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
     char path[4096];
     if (!rc) {
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-        rc = snug_st_write(path, out, lo->table.n, NULL, e);
+        rc = snug_st_write(path, out, nout, NULL, e);
     }
     free(out);
     free(own);
+    free(gtab);
     if (rc)
         return rc;
     json_t *targets = json_array();
@@ -643,6 +714,23 @@ int snug_peft_base_path(const char *dir, char *buf, size_t n, snug_error *e) {
     return rc;
 }
 
+/* The adapter's grown table t (V, C) into the base's entry i, which must have its shape. */
+static int load_grown_table(snug_model *m, const snug_st_set *s, const snug_st_tensor *t, int i, const char *path,
+                            snug_error *e) {
+    const snug_param_entry *p = &m->table.e[i];
+    if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
+        return snug_fail(e, SNUG_EINPUT, "%s: %s has shape [%lld, %lld], this model's %s [%lld, %lld]; the adapter "
+                         "was trained on another vocabulary (give the run its special_tokens and tokens)", path,
+                         t->name, (long long)t->shape[0], t->ndim == 2 ? (long long)t->shape[1] : 1LL, p->name,
+                         (long long)p->shape[0], (long long)p->shape[1]);
+    float *w = malloc(p->numel * sizeof *w);
+    int rc = w ? snug_st_to_f32(s, t, w, 0, e) : snug_fail(e, SNUG_ENOMEM, "out of host memory reading %s", path);
+    if (!rc)
+        rc = snug_model_put_entry(m, i, w, e);
+    free(w);
+    return rc;
+}
+
 int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
     snug_lora_cfg want;
     SNUG_TRY(snug_peft_read_config(dir, m->cfg.arch, m->pp > 1 ? m->pp_L : m->cfg.n_layer, &want, e));
@@ -689,11 +777,17 @@ int snug_peft_load(snug_model *m, const char *dir, snug_error *e) {
         else
             rc = snug_st_to_f32(&s, t, host + p->offset, 0, e);
     }
-    /* a tensor snug would not use (an embedding adapter, a saved module) means the adapter is not what it seems */
+    /* a tensor snug would not use (an embedding adapter, a saved module) means the adapter is not what it seems; the
+     * grown embedding and lm_head replace the resized base's */
+    char gname[2][128];
+    int gent[2], whole = grown_tables(m, 0, gname, gent);
     for (int i = 0; !rc && i < s.ntensors; i++) {
         int known = 0;
         for (int k = 0; k < lo->table.n && !known; k++)
             known = !strcmp(s.tensors[i].name, lo->table.e[k].name);
+        for (int k = 0; k < 2 && whole && !known; k++)
+            if (!strcmp(s.tensors[i].name, gname[k]) && (known = 1))
+                rc = load_grown_table(m, &s, &s.tensors[i], gent[k], path, e);
         if (!known)
             rc = snug_fail(e, SNUG_EINPUT, "%s: tensor %s is not a LoRA A or B (or DoRA magnitude) of the modules "
                            "in adapter_config.json; snug does not load it", path, s.tensors[i].name);

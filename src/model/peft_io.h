@@ -28,6 +28,9 @@ int snug_peft_save(const snug_model *m, const char *dir, const char *base_name, 
  * (per-module ranks, trained biases, saved modules other than embed_tokens and lm_head, LoRA variants, bases that
  * PiSSA's randomized SVD, CorDA or LoftQ changed: the table in peft_io.c). */
 int snug_peft_read_config(const char *dir, snug_arch arch, int n_layer, snug_lora_cfg *out, snug_error *e);
+/* rows: the row count of the whole embedding dir's adapter holds (PEFT saves it beside the adapters when the base's
+ * vocabulary was grown for added tokens, or trained it in modules_to_save), 0 when it holds none. */
+int snug_peft_vocab(const char *dir, int *rows, snug_error *e);
 /* Whether dir holds an adapter (adapter_config.json) and no model of its own (config.json). */
 int snug_peft_is_adapter(const char *dir);
 /* base_model_name_or_path of dir's adapter_config.json into buf: the base the adapter was trained on. */
@@ -37,7 +40,10 @@ int snug_peft_base_path(const char *dir, char *buf, size_t n, snug_error *e);
  * for SNUG_LORA_INIT_PLAIN. path names the adapter in errors. */
 int snug_peft_residual(snug_model *m, int init, const char *path, snug_error *e);
 /* Loads dir's adapter into m's adapters (laid out from the same r and targets): every tensor present with its
- * shape, and no other; then the base under a PiSSA or OLoRA adapter (snug_peft_residual). */
+ * shape, and no other but the whole embedding and lm_head PEFT saves beside an adapter on a grown vocabulary, which
+ * replace m's (of the same shape: m grown to their rows); then the base under a PiSSA or OLoRA adapter
+ * (snug_peft_residual). snug_peft_save writes those tables when m's vocabulary was grown and modules_to_save is
+ * empty. */
 int snug_peft_load(snug_model *m, const char *dir, snug_error *e);
 
 #endif

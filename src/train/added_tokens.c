@@ -164,12 +164,20 @@ int snug_setup_grow_vocab(snug_setup *r, snug_error *e) {
         return snug_fail(e, SNUG_EINPUT, "%s: the added tokens grow the vocabulary from %d to %d, which "
                          "tensor_parallel_size %d does not support yet; train without tensor parallelism, or use a "
                          "tokenizer that has the tokens", src, r->cfg.vocab_size, need, o->tensor_parallel_size);
-    if (o->adapter && (r->cfg.tie_embeddings || (o->lora_save_modules & both) != both))
+    /* an adapter saves the grown tables whole beside it, as PEFT does (peft_io.c): lora_modules_to_save's trained
+     * copies, or else the base's, frozen */
+    unsigned saved = o->lora_save_modules & both;
+    if (o->adapter && saved && saved != both)
         return snug_fail(e, SNUG_EINPUT, "%s: the added tokens grow the embedding and lm_head from %d to %d rows, and "
-                         "an adapter keeps only what it trains: %s (PEFT's saving of the grown tables beside an "
-                         "adapter is not supported yet), or use a tokenizer that has the tokens", src,
-                         r->cfg.vocab_size, need, r->cfg.tie_embeddings ? "this model ties them, so train it in full"
-                         : "set lora_modules_to_save: [embed_tokens, lm_head]");
+                         "lora_modules_to_save trains only one of them; set lora_modules_to_save: [embed_tokens, "
+                         "lm_head], or remove it (the grown tables are then saved beside the adapter as PEFT saves "
+                         "them)", src, r->cfg.vocab_size, need);
+    if (o->adapter && !saved && (o->pipeline_parallel_size > 1 || o->zero_stage >= 3 || o->offload_params))
+        return snug_fail(e, SNUG_EINPUT, "%s: the added tokens grow the embedding and lm_head from %d to %d rows, "
+                         "saved beside the adapter, which %s does not support yet; train without it, or set "
+                         "lora_modules_to_save: [embed_tokens, lm_head]", src, r->cfg.vocab_size, need,
+                         o->pipeline_parallel_size > 1 ? "pipeline_parallel_size" : o->zero_stage >= 3 ? "ZeRO-3"
+                                                                                           : "offload_params");
     r->cfg.vocab_base = r->cfg.vocab_size;
     r->cfg.vocab_size = need;
     r->cfg.vocab_mean = o->mean_resizing_embeddings;

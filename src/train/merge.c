@@ -7,7 +7,6 @@
 
 #include "core/dtype.h"
 #include "core/fileio.h"
-#include "data/tokenizer.h"
 #include "model/peft_io.h"
 #include "train/engine.h"
 #include "train/setup.h"
@@ -40,12 +39,12 @@ int snug_merge_lora(const char *base_dir, const char *adapter_dir, const char *o
         return snug_fail(e, SNUG_EINPUT, "%s/adapter_config.json: init_lora_weights is \"%s\", which changes the base, "
                          "and --base_as quantizes it; merge into the 16-bit base (without --base_as)", adapter_dir,
                          lora.init == SNUG_LORA_INIT_PISSA ? "pissa" : "olora");
-    /* an adapter trained on tokens added to the base's vocabulary holds the grown embedding and lm_head whole
-     * (lora_modules_to_save): the base's tables grow to its tokenizer's size before they are replaced */
+    /* an adapter trained on tokens added to the base's vocabulary holds the grown embedding and lm_head whole (as
+     * PEFT saves them, trained in lora_modules_to_save or not): the base's tables grow to its rows before they are
+     * replaced */
     int vocab = 0;
-    snprintf(p, sizeof p, "%s/tokenizer.json", adapter_dir);
-    if ((lora.save_modules & (SNUG_SAVE_EMBED | SNUG_SAVE_HEAD)) && snug_file_exists(p) &&
-        snug_tok_vocab_size_of_file(p, &vocab, NULL) == 0 && vocab > cfg.vocab_size)
+    SNUG_TRY(snug_peft_vocab(adapter_dir, &vocab, e));
+    if (vocab > cfg.vocab_size)
         cfg.vocab_base = cfg.vocab_size, cfg.vocab_size = vocab, cfg.vocab_mean = 1;
     /* the base in fp32 on the CPU, the adapter beside it: an inference layout of one token */
     snug_plan_spec spec = {.cfg = cfg, .B = 1, .T = 1, .lv = {.ckpt_every = 1, .lora = lora}, .with_grads = 0};

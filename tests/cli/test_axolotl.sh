@@ -499,11 +499,13 @@ refused model_type "model_type is MistralForCausalLM, but the model is a LlamaFo
 refused derived "is_mistral_derived_model is true, but the model's model_type is llama" --is_mistral_derived_model true
 refused fan_in_fan_out "lora_fan_in_fan_out is true, but this model's layers are nn.Linear" --lora_fan_in_fan_out true
 sed -e 's/  pad_token: "<|end_of_text|>"/  pad_token: "<pad>"/' lora.yml > newtok.yml
-# a new token grows the embedding and lm_head (tests/parity/test_added_tokens_parity.py): under an adapter only when
-# lora_modules_to_save holds them, which a tied head cannot; a new eos_token is refused as Axolotl refuses it
-"$SNUG" train newtok.yml --output_dir out_refused > refused.log 2>&1
-[ $? -eq 2 ] && grep -q "the added tokens grow the embedding and lm_head from [0-9]* to [0-9]* rows, and an adapter keeps only what it trains: this model ties them" refused.log &&
-  [ ! -e out_refused ] && ok || bad "a new pad_token under LoRA with a tied head" refused.log
+# a new token grows the embedding and lm_head (tests/parity/test_added_tokens_parity.py): under an adapter without
+# lora_modules_to_save (here a tied head) the grown tables are saved beside it as PEFT saves them; a new eos_token is
+# refused as Axolotl refuses it
+"$SNUG" train newtok.yml --output_dir out_newtok --max_steps 1 > newtok.log 2>&1 &&
+  head -c 4096 out_newtok/adapter_model.safetensors | grep -aq '"base_model.model.lm_head.weight"' &&
+  head -c 4096 out_newtok/adapter_model.safetensors | grep -aq '"base_model.model.model.embed_tokens.weight"' && ok ||
+  bad "a new pad_token under LoRA with a tied head: the grown tables beside the adapter" newtok.log
 sed -e 's/  pad_token: "<|end_of_text|>"/  eos_token: "<|eot|>"/' lora.yml > neweos.yml
 "$SNUG" train neweos.yml --output_dir out_refused > refused.log 2>&1
 [ $? -eq 2 ] && grep -q "special_tokens.eos_token '<|eot|>' is a new token, trained with an adapter: set lora_modules_to_save: \[embed_tokens, lm_head\]" refused.log &&

@@ -7,7 +7,9 @@ ones the mean of the old (mean_resizing_embeddings: true, transformers' mean_res
 or drawn normal(0, initializer_range) (Axolotl's default); the saved config.json, tokenizer.json and
 tokenizer_config.json load in transformers with the grown vocabulary; and after a short run, snug's loss and logits on
 the saved model equal transformers' on it. Under LoRA with lora_modules_to_save, the adapter holds the grown tables,
-PEFT loads it on the base resized to its tokenizer, and `snug merge` gives PEFT's merge_and_unload."""
+PEFT loads it on the base resized to its tokenizer, and `snug merge` gives PEFT's merge_and_unload; without it (a new
+pad_token, tied head or not) the adapter holds the grown tables frozen as PEFT's save_embedding_layers saves them, and
+PEFT's logits and merge are snug's."""
 import json
 import os
 import shutil
@@ -132,5 +134,56 @@ got = transformers.LlamaForCausalLM.from_pretrained(merged, dtype=torch.float32)
 worst = max(relerr(got[k], v) for k, v in want.items())
 check(got.keys() == want.keys() and worst < 1e-5, f"snug merge against PEFT's merge_and_unload: {worst:.1e}")
 print(f"  LoRA with embed_tokens and lm_head saved: snug merge equals PEFT's merge_and_unload to {worst:.1e}")
+
+# LoRA adding only pad_token (which Axolotl lets an adapter add without lora_modules_to_save): the adapter holds the
+# grown embedding and lm_head as PEFT's save_embedding_layers="auto" saves them (both names, tied or not), PEFT loads it
+# on the base resized to the saved tokenizer and gives snug's logits, and `snug merge` gives PEFT's merge_and_unload
+from safetensors import safe_open  # noqa: E402
+
+for tied in (False, True):
+    tag = "tied" if tied else "untied"
+    bdir = base
+    if tied:
+        bdir = os.path.join(work, "base_tied")
+        cfg_t = transformers.LlamaConfig(**{**cfg.to_dict(), "tie_word_embeddings": True})
+        transformers.LlamaForCausalLM(cfg_t).save_pretrained(bdir)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(ROOT, "assets/tokenizer", f), bdir)
+    yml = os.path.join(work, f"pad_{tag}.yml")
+    with open(yml, "w") as f:
+        f.write(f"base_model: {bdir}\ndatasets:\n  - path: {work}/data.jsonl\n    type: completion\n"
+                f"special_tokens:\n  pad_token: \"{NEW_PAD}\"\nsequence_len: 64\nmicro_batch_size: 2\n"
+                f"sample_tokens: 0\ndataset_prepared_path: {work}/prep_{tag}\noutput_dir: {work}/pad_{tag}\n"
+                "adapter: lora\nlora_r: 4\nlora_alpha: 8\nlora_target_linear: true\nmax_steps: 2\n"
+                "learning_rate: 0.01\n")
+    r = run_snug("train", yml)
+    check(r.returncode == 0, f"the LoRA run adding pad_token ({tag}): {r.stderr[-600:]}")
+    adapter = os.path.join(work, f"pad_{tag}")
+    vocab = len(transformers.AutoTokenizer.from_pretrained(adapter))
+    with safe_open(os.path.join(adapter, "adapter_model.safetensors"), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys() if "lora_" not in k}
+    want_shapes = {"base_model.model.model.embed_tokens.weight": (vocab, 64),
+                   "base_model.model.lm_head.weight": (vocab, 64)}
+    check(shapes == want_shapes, f"{tag}: the adapter's whole tables {shapes}, want {want_shapes}")
+    ref_base = transformers.LlamaForCausalLM.from_pretrained(bdir, dtype=torch.float32)
+    ref_base.resize_token_embeddings(vocab)
+    pm = peft.PeftModel.from_pretrained(ref_base, adapter)
+    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(adapter)(TEXTS[0])["input_ids"]])
+    with torch.no_grad():
+        logits = pm(input_ids=ids).logits
+    got = snug_parity(bdir, ids, aligned_labels(ids), "--adapter", adapter)
+    e_logits = relerr(got["logits"], logits)
+    check(e_logits < 1e-4, f"{tag}: snug's logits with the adapter against PEFT's: relerr {e_logits:.1e}")
+    merged = os.path.join(work, f"merged_{tag}")
+    r = run_snug("merge", bdir, adapter, merged)
+    check(r.returncode == 0, f"snug merge of the pad_token adapter ({tag}): {r.stderr[-600:]}")
+    want = pm.merge_and_unload().state_dict()
+    got = transformers.LlamaForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+    worst = max(relerr(got[k], v) for k, v in want.items())
+    check(got.keys() == want.keys() and worst < 1e-5, f"{tag}: snug merge against PEFT's merge_and_unload: {worst:.1e}")
+    r = run_snug("generate", bdir, "--adapter", adapter, "--prompt", "hello", "--max_new_tokens", "3")
+    check(r.returncode == 0, f"{tag}: snug generate --adapter: {r.stderr[-600:]}")
+    print(f"  LoRA adding pad_token without lora_modules_to_save ({tag}): the adapter holds the {vocab}-row tables; "
+          f"logits as PEFT's to {e_logits:.1e}, snug merge as merge_and_unload to {worst:.1e}")
 shutil.rmtree(work)
 finish("test_added_tokens_parity")
