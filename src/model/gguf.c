@@ -19,7 +19,7 @@ void snug_gguf_free(snug_gguf *g) {
 }
 
 static void put(snug_gguf *g, const void *p, size_t n) {
-    if (g->oom)
+    if (g->oom || !n) /* (an empty array's values may be NULL) */
         return;
     if (g->kv_cap - g->kv_len < n) {
         size_t cap = g->kv_cap ? g->kv_cap : 4096;
