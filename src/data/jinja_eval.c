@@ -16,16 +16,6 @@
 
 enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };
 
-void jr_fail(jrender *r, int line, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    snug_fail(r->e, SNUG_EINPUT, "%s, line %d: %s", r->t->name, line, msg);
-    longjmp(r->jmp, 1);
-}
-
 static jscope *scope_new(jrender *r, jscope *parent) {
     jscope *s = ja_alloc(&r->a, sizeof *s);
     memset(s, 0, sizeof *s);

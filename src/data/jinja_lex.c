@@ -12,16 +12,6 @@
 
 #include "data/jinja_impl.h"
 
-void jc_fail(jcompiler *c, int line, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    snug_fail(c->e, SNUG_EINPUT, "%s, line %d: %s", c->name, line, msg);
-    longjmp(c->jmp, 1);
-}
-
 static jtok *push(jcompiler *c, int type, int line) {
     if (c->ntok == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 256;

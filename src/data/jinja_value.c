@@ -739,3 +739,25 @@ jv jv_getitem(jrender *r, int line, const jv *obj, const jv *key) {
     jv_repr_into(r, &b, key);
     return missing(r, obj, b.p ? b.p : "", 0);
 }
+
+/* ---- errors: a compile or render stops here, its message kept in the snug_error, by a longjmp to its entry ---- */
+
+void jc_fail(jcompiler *c, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snug_fail(c->e, SNUG_EINPUT, "%s, line %d: %s", c->name, line, msg);
+    longjmp(c->jmp, 1);
+}
+
+void jr_fail(jrender *r, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snug_fail(r->e, SNUG_EINPUT, "%s, line %d: %s", r->t->name, line, msg);
+    longjmp(r->jmp, 1);
+}
