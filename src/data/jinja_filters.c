@@ -59,16 +59,6 @@ static int flag(const jv *v, int def) {
     return v ? jv_truthy(v) : def;
 }
 
-static int64_t intv(jrender *r, int line, const jv *v, int64_t def, const char *what) {
-    if (!v || v->t == JV_NONE)
-        return def;
-    if (v->t == JV_INT)
-        return v->u.i;
-    if (v->t == JV_BOOL)
-        return v->u.b;
-    jr_fail(r, line, "%s must be an integer, not %s", what, jv_type_name(v));
-}
-
 /* The generator filters (map, select, unique, batch, items) only fail on what cannot be iterated when the generator
  * runs, as in Jinja2: until then it is a generator like any other. Returns NULL and sets *gen to such a one. */
 static jlist *gen_input(jrender *r, int line, const jv *v, jv *gen) {
@@ -367,7 +357,7 @@ static jv items_of(jrender *r, int line, const jv *v) {
 }
 
 static jv do_round(jrender *r, int line, const jv *v, const fargs *a) {
-    int64_t prec = intv(r, line, A(a, 0, "precision"), 0, "precision");
+    int64_t prec = jv_int_arg(r, line, A(a, 0, "precision"), 0, "precision");
     const jv *m = A(a, 1, "method");
     if (v->t != JV_INT && v->t != JV_FLOAT && v->t != JV_BOOL)
         jr_fail(r, line, "round: expected a number, got %s", jv_type_name(v));
@@ -451,7 +441,7 @@ static jv string_filter(jrender *r, int line, const char *f, const jv *v, jv s, 
         if (!o || !n)
             jr_fail(r, line, "replace needs old and new");
         jv os = jv_to_str(r, o), ns = jv_to_str(r, n);
-        return js_replace(r, &s, &os, &ns, intv(r, line, A(&a, 2, "count"), -1, "count"));
+        return js_replace(r, &s, &os, &ns, jv_int_arg(r, line, A(&a, 2, "count"), -1, "count"));
     }
     if (!strcmp(f, "indent")) {
         if (v->t == JV_UNDEF)
@@ -467,7 +457,7 @@ static jv string_filter(jrender *r, int line, const char *f, const jv *v, jv s, 
     }
     if (!strcmp(f, "wordcount")) return jv_int(js_wordcount(&s));
     if (!strcmp(f, "center")) {
-        int64_t w = intv(r, line, A(&a, 0, "width"), 80, "width"), len = (int64_t)ju8_len(s.u.s, s.n);
+        int64_t w = jv_int_arg(r, line, A(&a, 0, "width"), 80, "width"), len = (int64_t)ju8_len(s.u.s, s.n);
         if (w <= len)
             return s;
         int64_t left = (w - len) / 2 + ((w - len) & w & 1);
@@ -588,7 +578,7 @@ jv jinja_filter(jrender *r, int line, const char *f, jv v, jv *args, size_t narg
         return jv_getattr(r, line, &v, ja_strdup(&r->a, n->u.s, n->n));
     }
     if (!strcmp(f, "batch")) {
-        int64_t k = intv(r, line, A(&a, 0, "linecount"), 1, "linecount");
+        int64_t k = jv_int_arg(r, line, A(&a, 0, "linecount"), 1, "linecount");
         const jv *fill = A(&a, 1, "fill_with");
         jlist *l = jv_iter(r, line, &v);
         if (k <= 0)

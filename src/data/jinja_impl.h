@@ -277,6 +277,7 @@ int jinja_test(jrender *r, int line, const char *name, const jv *v, jv *args, si
 jv jinja_method(jrender *r, int line, const jv *obj, const char *name, jv *args, size_t nargs, const char **kwn,
                 jv *kwv, size_t nkw);
 int jinja_has_method(const jv *obj, const char *name);
+int64_t jv_int_arg(jrender *r, int line, const jv *v, int64_t def, const char *what); /* an integer argument */
 /* string operations shared by filters and methods (jinja_methods.c) */
 jv js_case(jrender *r, const jv *s, int mode); /* 'l' lower, 'u' upper, 'c' capitalize, 't' str.title, 'T' |title */
 jv js_strip(jrender *r, int line, const jv *s, const jv *chars, int left, int right);

@@ -340,16 +340,6 @@ static const jv *arg(jv *args, size_t nargs, const char **kwn, jv *kwv, size_t n
     return NULL;
 }
 
-static int64_t int_arg(jrender *r, int line, const jv *v, int64_t def, const char *what) {
-    if (!v || v->t == JV_NONE)
-        return def;
-    if (v->t == JV_INT)
-        return v->u.i;
-    if (v->t == JV_BOOL)
-        return v->u.b;
-    jr_fail(r, line, "%s must be an integer, not %s", what, jv_type_name(v));
-}
-
 static const jv *str_arg(jrender *r, int line, const jv *v, const char *what) {
     if (!v || v->t != JV_STR)
         jr_fail(r, line, "%s must be a str, not %s", what, v ? jv_type_name(v) : "missing");
@@ -450,9 +440,9 @@ static jv str_method(jrender *r, int line, const jv *s, const char *m, jv *args,
     if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip"))
         return js_strip(r, line, s, A(0, "chars"), m[0] != 'r', m[0] != 'l');
     if (!strcmp(m, "split"))
-        return js_split(r, line, s, A(0, "sep"), int_arg(r, line, A(1, "maxsplit"), -1, "maxsplit"));
+        return js_split(r, line, s, A(0, "sep"), jv_int_arg(r, line, A(1, "maxsplit"), -1, "maxsplit"));
     if (!strcmp(m, "rsplit")) {
-        int64_t ms = int_arg(r, line, A(1, "maxsplit"), -1, "maxsplit");
+        int64_t ms = jv_int_arg(r, line, A(1, "maxsplit"), -1, "maxsplit");
         if (ms >= 0)
             jr_fail(r, line, "rsplit() with maxsplit is not supported");
         return js_split(r, line, s, A(0, "sep"), -1);
@@ -470,7 +460,7 @@ static jv str_method(jrender *r, int line, const jv *s, const char *m, jv *args,
     if (!strcmp(m, "replace")) {
         const jv *o = str_arg(r, line, A(0, "old"), "replace()'s old");
         const jv *n = str_arg(r, line, A(1, "new"), "replace()'s new");
-        return js_replace(r, s, o, n, int_arg(r, line, A(2, "count"), -1, "count"));
+        return js_replace(r, s, o, n, jv_int_arg(r, line, A(2, "count"), -1, "count"));
     }
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index")) {
         int64_t k = find_cp(s, str_arg(r, line, A(0, "sub"), "the substring"), m[0] == 'r');

@@ -740,6 +740,18 @@ jv jv_getitem(jrender *r, int line, const jv *obj, const jv *key) {
     return missing(r, obj, b.p ? b.p : "", 0);
 }
 
+/* An argument that must be an integer (a bool counts, as in Python): def when absent or none; else a render error
+ * naming `what`. */
+int64_t jv_int_arg(jrender *r, int line, const jv *v, int64_t def, const char *what) {
+    if (!v || v->t == JV_NONE)
+        return def;
+    if (v->t == JV_INT)
+        return v->u.i;
+    if (v->t == JV_BOOL)
+        return v->u.b;
+    jr_fail(r, line, "%s must be an integer, not %s", what, jv_type_name(v));
+}
+
 /* ---- errors: a compile or render stops here, its message kept in the snug_error, by a longjmp to its entry ---- */
 
 void jc_fail(jcompiler *c, int line, const char *fmt, ...) {
